@@ -1,0 +1,114 @@
+"""Collective cost (alpha-beta) and which link a process group spans (vectorised).
+
+Conventions: nccl-tests doc/PERFORMANCE.md (reference D.1): all-reduce moves 2(n-1)/n of the
+buffer S per rank, reduce-scatter / all-gather (n-1)/n of the full buffer, all-to-all (n-1)/n of a
+rank's send buffer, send/recv all of it. A group that spans nodes is modelled hierarchically
+(reference D.3): the in-node part on NVLink, the cross-node part on the g NIC rails of the g group
+members in each node.
+
+Placement: ranks are laid out in MESH_ORDER with tp innermost (autopar.spec.plan), so a group is
+`size` ranks at a fixed `stride`; `gpus_per_node` consecutive ranks share a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.spec.hardware import ClusterSpec
+
+
+@dataclass
+class Links:
+    """Effective link figures of a cluster, in bytes/s and seconds."""
+
+    gpus_per_node: int
+    intra_bw: float
+    intra_full_mesh: bool
+    inter_bw: float
+    intra_lat: float
+    inter_lat: float
+
+    @classmethod
+    def of(cls, cluster: ClusterSpec) -> "Links":
+        k = cluster.constants
+        return cls(gpus_per_node=cluster.gpus_per_node,
+                   intra_bw=cluster.intra_node_gbps * 1e9 * k.intra_node_bw_efficiency,
+                   intra_full_mesh=cluster.intra_node_topology == "full-mesh",
+                   inter_bw=cluster.inter_node_gbps * 1e9 * k.inter_node_bw_efficiency,
+                   intra_lat=cluster.intra_node_latency_us * 1e-6,
+                   inter_lat=cluster.inter_node_latency_us * 1e-6)
+
+
+@dataclass
+class Group:
+    """A process group: `size` ranks at `stride`, `per_node` of them in each of `nodes` nodes."""
+
+    size: np.ndarray
+    per_node: np.ndarray
+    nodes: np.ndarray
+
+
+def place(size, stride, gpus_per_node: int) -> Group:
+    """Ranks per node of a group of `size` ranks spaced `stride` apart (ranks fill nodes in order).
+    Source: the rank-order rule of Megatron-Core parallel_state (tp innermost)."""
+    size = np.asarray(size, dtype=np.int64)
+    stride = np.asarray(stride, dtype=np.int64)
+    per_node = np.clip(gpus_per_node // np.maximum(stride, 1), 1, None)
+    per_node = np.minimum(per_node, size)
+    nodes = -(-size // per_node)
+    return Group(size=size, per_node=per_node, nodes=nodes)
+
+
+def _intra_bw(links: Links, per_node: np.ndarray) -> np.ndarray:
+    """NVSwitch gives every GPU its full rate; a full mesh (MI300X) gives a group of g ranks g-1 links."""
+    if links.intra_full_mesh:
+        return links.intra_bw * np.maximum(per_node - 1, 1)
+    return np.full(per_node.shape, links.intra_bw)
+
+
+def all_reduce_time(nbytes, group: Group, links: Links) -> np.ndarray:
+    """Ring all-reduce: 2(g-1)/g * S/B_nvlink + 2(N-1)/N * (S/g)/B_nic + 2(g-1)a_i + 2(N-1)a_e
+    (reference D.2 and D.3, hierarchical form)."""
+    return 2.0 * _half_ring(nbytes, group, links)
+
+
+def reduce_scatter_time(nbytes, group: Group, links: Links) -> np.ndarray:
+    """Reduce-scatter of a full buffer S: (n-1)/n factor, hierarchical (reference D.2/D.3)."""
+    return _half_ring(nbytes, group, links)
+
+
+all_gather_time = reduce_scatter_time  # same factor, S = the gathered (full) buffer (reference D.1)
+
+
+def _half_ring(nbytes, group: Group, links: Links) -> np.ndarray:
+    s = np.asarray(nbytes, dtype=float)
+    g = group.per_node.astype(float)
+    nn = group.nodes.astype(float)
+    intra = (g - 1) / g * s / _intra_bw(links, group.per_node) + (g - 1) * links.intra_lat
+    inter = (nn - 1) / nn * (s / g) / links.inter_bw + (nn - 1) * links.inter_lat
+    return np.where(group.size > 1, intra + inter, 0.0)
+
+
+def all_to_all_time(nbytes, group: Group, links: Links) -> np.ndarray:
+    """All-to-all of a rank's send buffer S: the (g-1)/n share to in-node peers over NVLink, the
+    (n-g)/n share over the rank's own NIC, plus (n-1) latencies (reference D.2, D.3)."""
+    s = np.asarray(nbytes, dtype=float)
+    n = group.size.astype(float)
+    g = group.per_node.astype(float)
+    lat = np.where(group.nodes > 1, links.inter_lat, links.intra_lat)
+    t = (g - 1) / n * s / _intra_bw(links, group.per_node) + (n - g) / n * s / links.inter_bw + (n - 1) * lat
+    return np.where(group.size > 1, t, 0.0)
+
+
+def p2p_time(nbytes, crosses_node, links: Links) -> np.ndarray:
+    """Send/recv: S/B + a on the link between the two ranks (reference D.2)."""
+    s = np.asarray(nbytes, dtype=float)
+    return np.where(crosses_node, s / links.inter_bw + links.inter_lat, s / links.intra_bw + links.intra_lat)
+
+
+def allreduce_bytes_moved(nbytes: float, n: int) -> float:
+    """Bytes each rank sends (and receives) in a ring all-reduce: 2(n-1)/n * S
+    (seed distributed-training-ii, 'The Communication Cost of TP'; nccl#457)."""
+    return 2 * (n - 1) / n * nbytes

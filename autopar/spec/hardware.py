@@ -1,0 +1,181 @@
+"""Hardware: GPU presets (data/gpus.toml), the cluster they sit in, and the cost model's
+calibratable constants (a "hardware profile" is a cluster YAML with these filled in)."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from autopar.errors import InputError, did_you_mean
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSpec:
+    key: str
+    name: str
+    bf16_tflops: float  # dense peak
+    fp8_tflops: float  # dense peak; 0 = no FP8
+    hbm_gib: float
+    hbm_gbps: float
+    intra_node_gbps: float  # per GPU per direction (per link when topology is full-mesh)
+    nic_gbps: float  # scale-out, per GPU per direction
+    gpus_per_node: int = 8
+    intra_node_topology: str = "switch"  # "switch" (NVSwitch) | "full-mesh" (MI300X xGMI)
+    source: str = ""
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gib * GIB
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for the GEMM dtype."""
+        return (self.fp8_tflops if dtype == "fp8" else self.bf16_tflops) * 1e12
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostConstants:
+    """Efficiency and overlap constants of the cost model. Defaults were fitted to
+    ../shared/reference/calibration_runs.csv by `autopar validate --fit` (see README); `autopar
+    calibrate` refits them from trial measurements."""
+
+    #: achieved fraction of dense peak on large BF16 GEMMs
+    gemm_efficiency: float = 0.80
+    #: achieved fraction of FP8 dense peak on large FP8 GEMMs
+    fp8_gemm_efficiency: float = 0.62
+    #: GEMM size (per-GPU output columns x rows, in elements^0.5) at which efficiency is halved
+    gemm_half_efficiency_dim: float = 256.0
+    #: core attention (flash) efficiency relative to the GEMM efficiency
+    attention_efficiency: float = 0.75
+    #: bytes of HBM traffic per stored activation byte for the non-GEMM ops (norms, SwiGLU, RoPE,
+    #: residuals): read and write around every kernel
+    elementwise_traffic_factor: float = 3.0
+    #: fraction of a link's per-direction bandwidth a NCCL collective achieves (busBw / line rate)
+    intra_node_bw_efficiency: float = 0.80
+    inter_node_bw_efficiency: float = 0.85
+    #: fraction of TP communication hidden under GEMMs (Megatron --tp-comm-overlap; 0 = off)
+    tp_overlap: float = 0.0
+    #: fraction of EP all-to-all hidden under compute
+    ep_overlap: float = 0.0
+    #: fraction of PP send/recv hidden (Megatron overlaps P2P with compute in steady state)
+    pp_overlap: float = 0.5
+    #: fraction of the last microbatch's backward that the DP gradient reduce can hide under
+    #: (--overlap-grad-reduce); also applied to the parameter all-gather (--overlap-param-gather)
+    dp_overlap: float = 0.9
+    #: CUDA context, cuBLAS workspace and NCCL buffers per GPU
+    runtime_reserved_gib: float = 1.5
+    #: allocator fragmentation and temporaries, as a fraction of activation memory
+    #: (Megatron theoretical_memory_usage.py multiplies by 1.05: "5% overhead")
+    allocator_overhead_fraction: float = 0.05
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    gpu: GpuSpec
+    gpus_per_node: int
+    intra_node_gbps: float
+    inter_node_gbps: float
+    intra_node_topology: str = "switch"
+    intra_node_latency_us: float = 3.0  # [assumed] NCCL per-step latency over NVLink
+    inter_node_latency_us: float = 8.0  # [assumed] NCCL per-step latency over IB
+    constants: CostConstants = field(default_factory=CostConstants)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        bad = [f.name for f in fields(self) if isinstance(getattr(self, f.name), (int, float))
+               and not isinstance(getattr(self, f.name), bool) and getattr(self, f.name) <= 0]
+        if bad:
+            raise InputError(f"cluster: {', '.join(bad)} must be positive; fix the cluster file")
+        if self.intra_node_topology not in ("switch", "full-mesh"):
+            raise InputError(f"cluster: intra_node_topology must be 'switch' or 'full-mesh', got "
+                             f"'{self.intra_node_topology}'")
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["gpu"] = self.gpu.key
+        return out
+
+
+@cache
+def _gpu_table() -> dict[str, dict]:
+    return tomllib.loads(resources.files("autopar.spec").joinpath("data/gpus.toml").read_text())
+
+
+def gpu_names() -> list[str]:
+    return list(_gpu_table())
+
+
+def get_gpu(name: str) -> GpuSpec:
+    table = _gpu_table()
+    aliases = {k: k for k in table} | {a: k for k, row in table.items() for a in row.get("aliases", [])}
+    key = aliases.get(name.lower())
+    if key is None:
+        raise InputError(f"unknown GPU '{name}'{did_you_mean(name, aliases)}; run `autopar hardware` "
+                         f"for the presets, or describe it in a --cluster YAML file")
+    row = {k: v for k, v in table[key].items() if k != "aliases"}
+    return GpuSpec(key=key, **row)
+
+
+def default_cluster(gpu: str | GpuSpec = "h100-sxm", gpus_per_node: int | None = None) -> ClusterSpec:
+    """A cluster of identical nodes of the preset GPU: NVLink inside a node, one NIC per GPU."""
+    g = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    if gpus_per_node is not None and gpus_per_node <= 0:
+        raise InputError(f"--gpus-per-node must be a positive integer, got {gpus_per_node}")
+    return ClusterSpec(gpu=g, gpus_per_node=gpus_per_node or g.gpus_per_node,
+                       intra_node_gbps=g.intra_node_gbps, inter_node_gbps=g.nic_gbps,
+                       intra_node_topology=g.intra_node_topology, name=g.key)
+
+
+_CLUSTER_KEYS = {f.name for f in fields(ClusterSpec)} - {"constants"}
+_CONSTANT_KEYS = {f.name for f in fields(CostConstants)}
+
+
+def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
+    """The cluster-file schema: `gpu` (preset name, or a mapping of GpuSpec fields), optional link
+    figures overriding the preset's, and an optional `constants` mapping (a calibrated profile)."""
+    if not isinstance(data, dict):
+        raise InputError(f"{origin}: the top level must be a mapping of cluster fields")
+    unknown = set(data) - _CLUSTER_KEYS - {"constants"}
+    if unknown:
+        raise InputError(f"{origin}: unknown field(s) {sorted(unknown)}; known: {sorted(_CLUSTER_KEYS | {'constants'})}")
+    gpu = data.get("gpu", "h100-sxm")
+    if isinstance(gpu, dict):
+        base = get_gpu(gpu["base"]) if "base" in gpu else None
+        fields_ = {k: v for k, v in gpu.items() if k != "base"}
+        try:
+            gpu_spec = replace(base, **fields_) if base else GpuSpec(key=fields_.pop("key", "custom"), **fields_)
+        except TypeError as e:
+            raise InputError(f"{origin}: bad gpu mapping ({e}); give `base: h100-sxm` plus fields to change") from None
+    else:
+        gpu_spec = get_gpu(str(gpu))
+    cluster = default_cluster(gpu_spec, data.get("gpus_per_node"))
+    consts = data.get("constants", {}) or {}
+    bad_consts = set(consts) - _CONSTANT_KEYS
+    if bad_consts:
+        raise InputError(f"{origin}: unknown constant(s) {sorted(bad_consts)}; known: {sorted(_CONSTANT_KEYS)}")
+    overrides = {k: v for k, v in data.items() if k not in ("gpu", "constants", "gpus_per_node")}
+    for k, v in list(overrides.items()) + list(consts.items()):
+        if k in ("name", "intra_node_topology"):
+            continue
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise InputError(f"{origin}: '{k}' must be a number, got {v!r}")
+    return replace(cluster, **overrides, constants=replace(cluster.constants, **consts))
+
+
+def load_cluster_file(path: str | Path) -> ClusterSpec:
+    import yaml  # only needed for cluster files
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"cluster file '{path}' does not exist; pass a YAML file (see README, 'Hardware')")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise InputError(f"cluster file '{path}' is not valid YAML{where}; fix the syntax") from None
+    return cluster_from_dict(data, origin=f"cluster file '{path}'")

@@ -1,0 +1,276 @@
+"""The model spec: a decoder-only transformer's shape. Parameter counts are derived, never typed in.
+
+Parameter counting follows Megatron-LM `megatron/training/theoretical_memory_usage.py` (HEAD
+d98e8a6, reference section A.1.a), term for term, with three additions that model cards count and
+Megatron's estimator leaves out: linear biases (GPT-3), QK-norm weights (Qwen3) and learned position
+embeddings (GPT-3).
+
+MLA (DeepSeek-V3): parameters use Megatron's exact MLA terms. Activations and attention FLOPs use
+the *equivalent projection sizes* that MLA materialises after up-projection: every head gets its own
+K of width qk_nope+qk_rope and V of width v_head_dim (so kv heads = attention heads), which is what
+Megatron-Core's MLA attention computes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from autopar.errors import InputError
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-experts shape. Which layers are MoE: after `first_k_dense` dense layers, every
+    `layer_freq`-th layer (Megatron `--moe-layer-freq`, DeepSeek `first_k_dense_replace`)."""
+
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden_size: int
+    num_shared_experts: int = 0
+    #: total intermediate size of the shared experts (Megatron `moe_shared_expert_intermediate_size`)
+    shared_expert_ffn_hidden_size: int = 0
+    first_k_dense: int = 0
+    layer_freq: int = 1
+    #: DeepSeek-V3's aux-loss-free balancing bias: one extra parameter per expert
+    router_bias: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3). `q_lora_rank` None = no query compression."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerParams:
+    """Parameters of one transformer layer, split the way Megatron shards them."""
+
+    tp_sharded: int  # attention + dense MLP / shared experts: divided by TP
+    replicated: int  # norms, router, row-parallel biases: on every TP rank
+    expert: int  # routed experts: divided by EP x ETP
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    seq_len: int
+    gated_mlp: bool = True
+    tied_embeddings: bool = False
+    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    linear_bias: bool = False  # every linear layer has a bias (GPT-2/3 style)
+    learned_position_embeddings: bool = False
+    dropout: bool = False
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise InputError(f"model '{self.name}': " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every inconsistency in the shape, as sentences."""
+        out = []
+        for f in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                  "num_kv_heads", "head_dim", "vocab_size", "seq_len"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                out.append(f"{f} must be a positive integer, got {v!r}")
+        if out:
+            return out
+        if self.num_attention_heads % self.num_kv_heads:
+            out.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                       f"num_kv_heads ({self.num_kv_heads})")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            out.append(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
+        if self.moe is not None:
+            m = self.moe
+            for f in ("num_experts", "top_k", "expert_ffn_hidden_size", "layer_freq"):
+                if getattr(m, f) <= 0:
+                    out.append(f"moe.{f} must be positive, got {getattr(m, f)}")
+            if m.top_k > m.num_experts:
+                out.append(f"moe.top_k ({m.top_k}) exceeds moe.num_experts ({m.num_experts})")
+            if not 0 <= m.first_k_dense <= self.num_layers:
+                out.append(f"moe.first_k_dense ({m.first_k_dense}) must be within 0..num_layers")
+            if m.num_shared_experts and not m.shared_expert_ffn_hidden_size:
+                out.append("moe.num_shared_experts is set but shared_expert_ffn_hidden_size is 0")
+        return out
+
+    # ---- shape facts shared by memory, FLOPs and the built-in model ---------------------------
+
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one norm: RMSNorm has a weight, LayerNorm a weight and a bias."""
+        return self.hidden_size * (1 if self.norm == "rmsnorm" else 2)
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim if self.mla else self.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.mla.v_head_dim if self.mla else self.head_dim
+
+    @property
+    def kv_heads_effective(self) -> int:
+        """K/V heads as computed on: MLA up-projects a K and V for every head."""
+        return self.num_attention_heads if self.mla else self.num_kv_heads
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.qk_head_dim
+
+    @property
+    def k_size(self) -> int:
+        return self.kv_heads_effective * self.qk_head_dim
+
+    @property
+    def v_size(self) -> int:
+        return self.kv_heads_effective * self.v_head_dim
+
+    @property
+    def attn_out_size(self) -> int:
+        """Width of the attention output, the input of the output projection."""
+        return self.num_attention_heads * self.v_head_dim
+
+    def is_moe_layer(self, index: int) -> bool:
+        m = self.moe
+        if m is None or index < m.first_k_dense:
+            return False
+        return (index - m.first_k_dense) % m.layer_freq == 0
+
+    @property
+    def moe_layer_mask(self) -> tuple[bool, ...]:
+        return tuple(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer_mask)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    # ---- parameters ---------------------------------------------------------------------------
+
+    @property
+    def attention_weight_params(self) -> int:
+        """Attention projection weights. Source: Megatron theoretical_memory_usage.py (A.1.a)
+        `self_attn_term` (GQA form, and the MLA form when `mla` is set)."""
+        h = self.hidden_size
+        if self.mla is None:
+            return h * (self.q_size + self.k_size + self.v_size) + self.attn_out_size * h
+        m, n = self.mla, self.num_attention_heads
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank is None:
+            q_term = h * n * qk
+        else:  # down-projection, its norm, up-projection
+            q_term = m.q_lora_rank * (h + n * qk + 1)
+        kv_term = m.kv_lora_rank * (h + n * (m.qk_nope_head_dim + m.v_head_dim) + 1)
+        return q_term + kv_term + h * m.qk_rope_head_dim + n * m.v_head_dim * h
+
+    def _mlp_weight_params(self, ffn: int) -> int:
+        """Source: Megatron A.1.a `dense_mlp_params = 2*h*ffn*gated_linear_multiplier`."""
+        return (3 if self.gated_mlp else 2) * self.hidden_size * ffn
+
+    def _mlp_bias_params(self, ffn: int) -> tuple[int, int]:
+        """(column-parallel, row-parallel) MLP bias parameters when linear layers carry biases."""
+        if not self.linear_bias:
+            return 0, 0
+        return (2 if self.gated_mlp else 1) * ffn, self.hidden_size
+
+    def layer_params(self, moe_layer: bool) -> LayerParams:
+        """One layer's parameters by sharding class (Megatron A.1.a `tp_sharded`/`replicated`/
+        `expert_sharded` split)."""
+        h = self.hidden_size
+        col_bias = (self.q_size + self.k_size + self.v_size) if (self.qkv_bias or self.linear_bias) else 0
+        row_bias = h if self.linear_bias else 0
+        replicated = 2 * self.norm_params + row_bias + (2 * self.qk_head_dim if self.qk_norm else 0)
+        tp_sharded = self.attention_weight_params + col_bias
+        expert = 0
+        if not moe_layer:
+            mlp_col_bias, mlp_row_bias = self._mlp_bias_params(self.ffn_hidden_size)
+            tp_sharded += self._mlp_weight_params(self.ffn_hidden_size) + mlp_col_bias
+            replicated += mlp_row_bias
+        else:
+            m = self.moe
+            assert m is not None
+            tp_sharded += self._mlp_weight_params(m.shared_expert_ffn_hidden_size)
+            replicated += h * m.num_experts + (m.num_experts if m.router_bias else 0)
+            expert = m.num_experts * self._mlp_weight_params(m.expert_ffn_hidden_size)
+        return LayerParams(tp_sharded=tp_sharded, replicated=replicated, expert=expert)
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding (vocab x hidden). Source: Megatron A.1.a `embedding_size`."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def output_params(self) -> int:
+        """The LM head's own weights: 0 when tied to the embedding."""
+        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def position_embedding_params(self) -> int:
+        return self.seq_len * self.hidden_size if self.learned_position_embeddings else 0
+
+    @property
+    def params_total(self) -> int:
+        """All parameters. Source: Megatron A.1.a (sum of every term) + the additions above."""
+        dense = self.layer_params(False)
+        moe = self.layer_params(True) if self.moe else dense
+        per_dense = dense.tp_sharded + dense.replicated + dense.expert
+        per_moe = moe.tp_sharded + moe.replicated + moe.expert
+        return (per_dense * self.num_dense_layers + per_moe * self.num_moe_layers
+                + self.embedding_params + self.output_params + self.norm_params
+                + self.position_embedding_params)
+
+    @property
+    def params_active(self) -> int:
+        """Parameters one token touches: routed experts count top-k of num_experts."""
+        if self.moe is None:
+            return self.params_total
+        inactive = self.layer_params(True).expert * (1 - self.moe.top_k / self.moe.num_experts)
+        return round(self.params_total - inactive * self.num_moe_layers)
+
+    def scaled(self, *, num_layers: int | None = None, width_divisor: int = 1) -> "ModelSpec":
+        """A proxy: fewer layers and/or every width divided by `width_divisor` (same ratios)."""
+        d = width_divisor
+        changes: dict = {"name": f"{self.name}-proxy"}
+        if num_layers is not None:
+            changes["num_layers"] = num_layers
+        if d != 1:
+            changes.update(hidden_size=self.hidden_size // d, ffn_hidden_size=self.ffn_hidden_size // d,
+                           num_attention_heads=max(1, self.num_attention_heads // d),
+                           num_kv_heads=max(1, self.num_kv_heads // d))
+            if self.moe:
+                changes["moe"] = replace(self.moe, expert_ffn_hidden_size=self.moe.expert_ffn_hidden_size // d,
+                                         shared_expert_ffn_hidden_size=self.moe.shared_expert_ffn_hidden_size // d)
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain-data form (the autopar model-file schema)."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "source":
+                continue
+            if isinstance(v, (MoESpec, MLASpec)):
+                v = {g.name: getattr(v, g.name) for g in fields(v)}
+            out[f.name] = v
+        return out

@@ -1,0 +1,162 @@
+"""Validity rules of a plan for a model, GPU count and cluster, vectorised over a PlanTable.
+
+Each rule is a mask over the table and a sentence for a violating row. The scalar
+`ParallelPlan.problems` runs the same rules on a one-row table, so the search and `autopar
+estimate` can never disagree about what is valid. Sources: Megatron-LM arguments.py and
+Megatron-Core asserts (divisibility of heads, query groups, experts, batch), Megatron's interleaved
+schedule (microbatches % pp), load-balanced causal CP (sequence in 2*cp chunks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.spec.hardware import ClusterSpec
+from autopar.spec.model import ModelSpec
+from autopar.spec.plan import ParallelPlan
+from autopar.spec.stages import StageProfiles, stage_profiles
+from autopar.spec.table import DTYPE, RECOMP, SCHED, PlanTable
+
+
+@dataclass
+class Context:
+    model: ModelSpec
+    num_gpus: int | None
+    cluster: ClusterSpec | None
+    seq_len: int
+    stages: StageProfiles
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    violated: Callable[[PlanTable, Context], np.ndarray]
+    explain: Callable[[dict, Context], str]
+
+
+def _moe(c: Context) -> bool:
+    return c.model.moe is not None
+
+
+def _interleaved(t: PlanTable) -> np.ndarray:
+    return t.schedule == SCHED["interleaved-1f1b"]
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("gpus",
+         lambda t, c: (t.num_gpus != c.num_gpus) if c.num_gpus else np.zeros(len(t), bool),
+         lambda r, c: f"tp*pp*cp*dp = {r['tp']}*{r['pp']}*{r['cp']}*{r['dp']} = "
+                      f"{r['tp'] * r['pp'] * r['cp'] * r['dp']} is not the {c.num_gpus} GPUs; change dp"),
+    Rule("heads%tp",
+         lambda t, c: c.model.num_attention_heads % t.tp != 0,
+         lambda r, c: f"{c.model.num_attention_heads} attention heads do not divide by tp={r['tp']}"),
+    Rule("kv_heads%tp",
+         lambda t, c: c.model.kv_heads_effective % t.tp != 0,
+         lambda r, c: f"{c.model.kv_heads_effective} KV heads do not divide by tp={r['tp']} "
+                      f"(Megatron-Core shards query groups over tp); use tp <= {c.model.kv_heads_effective}"),
+    Rule("ffn%tp",
+         lambda t, c: c.model.ffn_hidden_size % t.tp != 0,
+         lambda r, c: f"FFN hidden size {c.model.ffn_hidden_size} does not divide by tp={r['tp']}"),
+    Rule("layout",
+         lambda t, c: c.stages.layout_problem != "",
+         lambda r, c: str(c.stages.layout_problem[r["_i"]])),
+    Rule("vpp",
+         lambda t, c: ((t.vpp > 1) & ~_interleaved(t)) | (_interleaved(t) & (t.vpp == 1)) | ((t.vpp > 1) & (t.pp == 1)),
+         lambda r, c: ("vpp > 1 needs pp > 1" if r["pp"] == 1 else
+                       "vpp > 1 needs the interleaved-1f1b schedule" if r["vpp"] > 1 else
+                       "the interleaved-1f1b schedule needs vpp > 1")),
+    Rule("microbatches%pp",
+         lambda t, c: _interleaved(t) & (t.num_microbatches % t.pp != 0),
+         lambda r, c: f"interleaved 1F1B needs microbatches ({r['_m']}) to be a multiple of pp={r['pp']} "
+                      f"(Megatron schedules.py); change the global batch"),
+    Rule("seq%cp",
+         lambda t, c: (t.cp > 1) & (c.seq_len % (2 * t.cp) != 0),
+         lambda r, c: f"sequence {c.seq_len} does not split into 2*cp = {2 * r['cp']} chunks "
+                      f"(load-balanced causal context parallelism)"),
+    Rule("seq%sp",
+         lambda t, c: t.sequence_parallel.astype(bool) & ((c.seq_len % t.cp != 0) | ((c.seq_len // t.cp) % t.tp != 0)),
+         lambda r, c: f"sequence parallelism splits the {c.seq_len // r['cp']} local tokens over tp={r['tp']}, "
+                      f"which does not divide"),
+    Rule("sp_needs_tp",
+         lambda t, c: t.sequence_parallel.astype(bool) & (t.tp == 1),
+         lambda r, c: "sequence parallelism needs tp > 1 (Megatron turns it off at tp = 1)"),
+    Rule("ep_needs_moe",
+         lambda t, c: (t.ep > 1) & (not _moe(c)),
+         lambda r, c: f"ep={r['ep']} needs a mixture-of-experts model; {c.model.name} is dense"),
+    Rule("experts%ep",
+         lambda t, c: (c.model.moe.num_experts % t.ep != 0) if _moe(c) else np.zeros(len(t), bool),
+         lambda r, c: f"{c.model.moe.num_experts} experts do not divide by ep={r['ep']}"),
+    Rule("ep*etp|tp*cp*dp",
+         lambda t, c: ((t.tp * t.cp * t.dp) % (t.ep * t.etp) != 0) if _moe(c) else (t.etp != t.tp),
+         lambda r, c: (f"ep*etp = {r['ep'] * r['etp']} must divide tp*cp*dp = {r['tp'] * r['cp'] * r['dp']} "
+                       f"(EP is carved out of the dp x cp (x tp) ranks)") if _moe(c)
+         else "etp only applies to mixture-of-experts models"),
+    Rule("expert_ffn%etp",
+         lambda t, c: (c.model.moe.expert_ffn_hidden_size % t.etp != 0) if _moe(c) else np.zeros(len(t), bool),
+         lambda r, c: f"expert FFN size {c.model.moe.expert_ffn_hidden_size} does not divide by etp={r['etp']}"),
+    Rule("moe_needs_sp",
+         lambda t, c: ((t.tp > 1) & ~t.sequence_parallel.astype(bool)) if _moe(c) else np.zeros(len(t), bool),
+         lambda r, c: "MoE with tp > 1 needs sequence parallelism (Megatron-Core asserts it)"),
+    Rule("gbs%(mbs*dp)",
+         lambda t, c: (t.global_batch_size % (t.micro_batch_size * t.dp) != 0) | (t.global_batch_size < t.micro_batch_size * t.dp),
+         lambda r, c: f"global batch {r['global_batch_size']} is not a multiple of micro-batch*dp = "
+                      f"{r['micro_batch_size']}*{r['dp']} = {r['micro_batch_size'] * r['dp']}"),
+    Rule("fp8",
+         lambda t, c: (t.dtype == DTYPE["fp8"]) & (c.cluster is not None and c.cluster.gpu.fp8_tflops <= 0),
+         lambda r, c: f"{c.cluster.gpu.key} has no FP8 tensor cores; use --dtype bf16"),
+    Rule("recompute_layers",
+         lambda t, c: (t.recompute == RECOMP["full"]) & (t.recompute_layers > c.stages.max_rank_layers),
+         lambda r, c: f"recompute layers ({r['recompute_layers']}) exceed the layers on one stage "
+                      f"({int(c.stages.max_rank_layers[r['_i']])})"),
+)
+
+
+@dataclass
+class RuleResult:
+    masks: dict[str, np.ndarray]
+    context: Context
+    table: PlanTable
+
+    @property
+    def valid(self) -> np.ndarray:
+        bad = np.zeros(len(self.table), bool)
+        for m in self.masks.values():
+            bad |= m
+        return ~bad
+
+    def short_reasons(self) -> np.ndarray:
+        """Per row, the names of the broken rules joined by ', ' ('' if valid)."""
+        out = np.full(len(self.table), "", dtype=object)
+        for name, m in self.masks.items():
+            if m.any():
+                out[m] = np.where(out[m] == "", name, out[m] + ", " + name)
+        return out
+
+    def reasons(self, i: int) -> list[str]:
+        """Row i's broken rules, each as a sentence."""
+        row = {k: int(v[i]) for k, v in self.table.columns.items()}
+        row["_i"] = i
+        row["_m"] = int(self.table.num_microbatches[i])
+        return [rule.explain(row, self.context) for rule in RULES if self.masks[rule.name][i]]
+
+
+def check_rules(table: PlanTable, model: ModelSpec, *, num_gpus: int | None = None,
+                cluster: ClusterSpec | None = None, seq_len: int | None = None,
+                stages: StageProfiles | None = None) -> RuleResult:
+    ctx = Context(model=model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len or model.seq_len,
+                  stages=stages if stages is not None else stage_profiles(table, model))
+    masks = {}
+    for rule in RULES:
+        m = np.asarray(rule.violated(table, ctx), dtype=bool)
+        masks[rule.name] = np.broadcast_to(m, (len(table),))
+    return RuleResult(masks, ctx, table)
+
+
+def plan_problems(plan: ParallelPlan, model: ModelSpec, *, num_gpus: int | None = None,
+                  cluster: ClusterSpec | None = None, seq_len: int | None = None) -> list[str]:
+    result = check_rules(PlanTable.from_plans([plan]), model, num_gpus=num_gpus, cluster=cluster,
+                         seq_len=seq_len)
+    return result.reasons(0)
