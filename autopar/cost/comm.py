@@ -1,0 +1,122 @@
+"""Communication per axis: which collectives a GPU issues, their payload bytes and their time.
+
+Each axis is described as a list of collective calls (kind, full buffer bytes, count); the payload
+bytes (what a byte-counting hook on the running model sees: the input buffer of each call, sends
+only for P2P) and the time both come from that one list, so they cannot drift apart.
+
+Sources: TP + SP collectives per layer: Megatron-LM (Shoeybi et al. 2019 f/g operators; Korthikanti
+et al. 2022 §4.2.2: SP turns each all-reduce into reduce-scatter + all-gather); vocab-parallel
+embedding and cross-entropy: seed distributed-training-ii 'The Vocabulary'; CP ring K/V exchange:
+Liu et al. 2023 Ring Attention, Megatron/TE p2p CP (backward sends K/V and dK/dV); EP dispatch and
+combine all-to-all, forward and backward: seed distributed-training-ii 'Expert Parallelism'; PP
+send/recv per microbatch per boundary, v times with interleaving: seed tensor-and-pipeline §3.4;
+DP all-reduce / reduce-scatter + all-gather / FSDP per-microbatch gathers: ZeRO paper (reference B.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.cost.collectives import (Links, all_gather_time, all_reduce_time, all_to_all_time, p2p_time,
+                                      place, reduce_scatter_time)
+
+ACT_BYTES = 2.0  # bf16 activations on the wire
+
+
+@dataclass
+class Call:
+    kind: str  # "all_reduce" | "reduce_scatter" | "all_gather" | "all_to_all" | "send"
+    full_bytes: np.ndarray  # S: the whole buffer (gathered size for all-gather)
+    count: np.ndarray
+
+
+def payload(call: Call, group_size) -> np.ndarray:
+    """Bytes this GPU hands to the call: an all-gather's input is its 1/n shard."""
+    s = call.full_bytes / (np.asarray(group_size, dtype=float) if call.kind == "all_gather" else 1.0)
+    return s * call.count
+
+
+def call_time(call: Call, group, links: Links, crosses_node=None) -> np.ndarray:
+    fn = {"all_reduce": all_reduce_time, "reduce_scatter": reduce_scatter_time,
+          "all_gather": all_gather_time, "all_to_all": all_to_all_time}.get(call.kind)
+    if fn is None:
+        return p2p_time(call.full_bytes, crosses_node, links) * call.count
+    return fn(call.full_bytes, group, links) * call.count
+
+
+def traffic(calls: list[Call], group_size, group, links: Links, crosses_node=None) -> tuple[np.ndarray, np.ndarray]:
+    """(payload bytes, time) of a list of calls on one group."""
+    nbytes = sum((payload(c, group_size) for c in calls), np.zeros(()))
+    seconds = sum((call_time(c, group, links, crosses_node) for c in calls), np.zeros(()))
+    return nbytes, seconds
+
+
+def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_head, recompute_share, etp) -> list[Call]:
+    """TP collectives of one GPU for one microbatch. Every layer block (attention, MLP) is one sync
+    point: per pass an all-reduce (no SP) or an all-gather + reduce-scatter (SP); passes = forward,
+    backward, and the recomputed forward of the `recompute_share` of layers fully recomputed.
+    MoE layers sync on tp for attention, and for the MLP only with shared experts or expert-TP
+    (which gathers the k routed copies). Embedding output, LM-head input and the three fp32
+    reductions of the vocab-parallel cross-entropy come on top."""
+    s = tokens * model.hidden_size * ACT_BYTES
+    moe = model.moe
+    shared = 1.0 if (moe is not None and moe.num_shared_experts) else 0.0
+    k = moe.top_k if moe is not None else 1
+    passes = 2.0 + recompute_share
+    sync = (dense_layers * 2.0 + moe_layers * (1.0 + shared * (etp <= 1))) * passes
+    sync_k = moe_layers * (etp > 1) * passes
+    on_sp, off_sp = np.where(sp, 1.0, 0.0), np.where(sp, 0.0, 1.0)
+    return [
+        Call("all_gather", s, sync * on_sp), Call("reduce_scatter", s, sync * on_sp),
+        Call("all_reduce", s, sync * off_sp),
+        Call("all_gather", s * k, sync_k * on_sp), Call("reduce_scatter", s * k, sync_k * on_sp),
+        Call("reduce_scatter", s, has_embedding * on_sp), Call("all_reduce", s, has_embedding * off_sp),
+        Call("all_gather", s, has_head * on_sp), Call("reduce_scatter", s, has_head * on_sp),
+        Call("all_reduce", s, has_head * off_sp),
+        Call("all_reduce", tokens * 4.0, has_head * 3.0),
+    ]
+
+
+def cp_calls(model, tokens, tp, cp, layers, recompute_share) -> list[Call]:
+    """Ring attention: forward passes the local K/V block cp-1 times; backward passes K/V and
+    dK/dV cp-1 times each (TE/Megatron p2p CP); recomputed forwards repeat the forward ring."""
+    kv = tokens * (model.k_size + model.v_size) / np.asarray(tp, dtype=float) * ACT_BYTES
+    steps = np.asarray(cp, dtype=float) - 1
+    return [Call("send", kv, layers * steps * (3.0 + recompute_share))]
+
+
+def ep_calls(model, tokens, tp, sp, moe_layers, imbalance) -> list[Call]:
+    """Dispatch and combine all-to-alls, forward and backward, of the k routed copies of the
+    tp-local tokens (seed distributed-training-ii EP section; Megatron alltoall dispatcher)."""
+    if model.moe is None:
+        return []
+    local = tokens / np.where(sp, np.asarray(tp, dtype=float), 1.0)
+    s = local * model.moe.top_k * model.hidden_size * ACT_BYTES * imbalance
+    return [Call("all_to_all", s, moe_layers * 4.0)]
+
+
+def pp_calls(model, tokens, tp, sp, pp, vpp, rank) -> list[Call]:
+    """Activations forward and gradients backward at each (virtual) stage boundary, per microbatch:
+    rank r sends v forward (less the last virtual stage's) and v backward (less the first's)."""
+    s = tokens * model.hidden_size * ACT_BYTES / np.where(sp, np.asarray(tp, dtype=float), 1.0)
+    v = np.asarray(vpp, dtype=float)
+    fwd = v - (rank == np.asarray(pp) - 1)
+    bwd = v - (rank == 0)
+    return [Call("send", s, np.where(np.asarray(pp) > 1, fwd + bwd, 0.0))]
+
+
+def dp_calls(params, zero_stage, grad_bytes, m) -> tuple[list[Call], list[Call]]:
+    """(gradient reduction, parameter gathering) calls of one GPU per step for `params` reduced
+    over one data-parallel group. ZeRO-0: all-reduce of the gradients; ZeRO-1/2: reduce-scatter of
+    the gradients and all-gather of the bf16 parameters; ZeRO-3/FSDP: per microbatch, all-gather
+    forward and backward and reduce-scatter of the gradients (torch FSDP2 default)."""
+    z = np.asarray(zero_stage)
+    grads = params * grad_bytes
+    weights = params * 2.0
+    per_mb = np.where(z == 3, m, 1.0)
+    reduce = [Call("all_reduce", grads, np.where(z == 0, 1.0, 0.0)),
+              Call("reduce_scatter", grads, np.where(z >= 1, per_mb, 0.0))]
+    gather = [Call("all_gather", weights, np.where(z == 3, 2.0 * m, np.where(z >= 1, 1.0, 0.0)))]
+    return reduce, gather

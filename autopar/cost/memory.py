@@ -1,0 +1,49 @@
+"""Static memory per GPU by ZeRO stage: weights, gradients, optimizer state (vectorised).
+
+Default accounting is Megatron-Core's (reference A.1.a, docs dist_optimizer.md): bf16 weights (2 B),
+fp32 main gradients (4 B), fp32 master weights + Adam m and v (12 B) = 18 B/param; the distributed
+optimizer (ZeRO-1) shards the 12 optimizer bytes over the data-parallel group: 6 + 12/d.
+`main_grads_fp32=False` gives the seeds' 16N (2 + 2 + 12; seed distributed-training-ii, 'The
+Memory Wall'). ZeRO-2 also shards gradients, ZeRO-3/FSDP also weights (Rajbhandari et al. 2020,
+reference B.3). The data-parallel group of dense parameters is dp x cp (Megatron-Core reduces
+gradients over the dp-cp group); routed experts use the expert-data-parallel group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+WEIGHT_BYTES = 2.0  # bf16 (FP8 training keeps bf16 weights; TE's fp8 copies are transient)
+OPTIMIZER_BYTES = 12.0  # fp32 master + Adam m + v
+
+
+@dataclass
+class StateBytes:
+    weights: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+
+
+def state_bytes(dense_params, expert_params, zero_stage, dense_dp, expert_dp, main_grads_fp32) -> StateBytes:
+    """Weights, gradients and optimizer bytes of one GPU holding `dense_params` (sharded over
+    `dense_dp`) and `expert_params` (sharded over `expert_dp`) under the ZeRO stage."""
+    z = np.asarray(zero_stage)
+    grad_b = np.where(main_grads_fp32, 4.0, 2.0)
+
+    def sharded(params, group, from_stage, per_param):
+        return params * per_param / np.where(z >= from_stage, group, 1.0)
+
+    dense_dp = np.asarray(dense_dp, dtype=float)
+    expert_dp = np.asarray(expert_dp, dtype=float)
+    return StateBytes(
+        weights=sharded(dense_params, dense_dp, 3, WEIGHT_BYTES) + sharded(expert_params, expert_dp, 3, WEIGHT_BYTES),
+        gradients=sharded(dense_params, dense_dp, 2, grad_b) + sharded(expert_params, expert_dp, 2, grad_b),
+        optimizer=sharded(dense_params, dense_dp, 1, OPTIMIZER_BYTES) + sharded(expert_params, expert_dp, 1, OPTIMIZER_BYTES),
+    )
+
+
+def megatron_bytes_per_param(distributed_optimizer: bool, dp: int) -> float:
+    """Megatron `num_bytes_per_parameter`: 18, or 6 + 12/dp with the distributed optimizer."""
+    return 6 + 12 / dp if distributed_optimizer else 18.0
