@@ -115,7 +115,7 @@ def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, 
         per_expert = b * s * mo.top_k * e * et / (mo.num_experts * t * c)
         x_exp = np.minimum.reduce([per_expert, mo.expert_ffn_hidden_size / et.astype(float),
                                    np.full_like(tokens, model.hidden_size)])
-        rate_expert = gemm_rate(cluster, table.dtype, x_exp)
+        rate_expert = gemm_rate(cluster, table.dtype, x_exp) * k.expert_gemm_efficiency
     else:
         rate_expert = rate_dense
     if model.moe:
@@ -126,7 +126,8 @@ def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, 
     attn_time = (3 * fwd_core + recompute_core) / attention_rate(cluster)
     elementwise = (k.elementwise_traffic_factor * (full_layers_act * (1 + recompute_share))
                    / (cluster.gpu.hbm_gbps * 1e9))
-    compute_mb = gemm_time + attn_time + elementwise
+    launch = layers * (1 + recompute_share / 2) * k.layer_overhead_us * 1e-6
+    compute_mb = gemm_time + attn_time + elementwise + launch
 
     # ---- communication ---------------------------------------------------------------------
     gpn = cluster.gpus_per_node
@@ -150,7 +151,7 @@ def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, 
     dp_bytes = rb_d + gb_d + rb_e + gb_e
     reduce_t, gather_t = rt_d + rt_e, gt_d + gt_e
 
-    tp_exp = tp_time * (1 - k.tp_overlap)
+    tp_exp = tp_time * (1 - k.tp_overlap * table.tp_comm_overlap)
     ep_exp = ep_time * (1 - k.ep_overlap)
     cp_exp = np.maximum(0.0, cp_time - attn_time)  # the ring overlaps with the blockwise attention
     pp_exp = pp_time * (1 - k.pp_overlap)

@@ -39,26 +39,32 @@ class GpuSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class CostConstants:
-    """Efficiency and overlap constants of the cost model. Defaults were fitted to
-    ../shared/reference/calibration_runs.csv by `autopar validate --fit` (see README); `autopar
-    calibrate` refits them from trial measurements."""
+    """Efficiency and overlap constants of the cost model. The compute and TP-overlap defaults
+    were fitted to the 52 evaluable rows of ../shared/reference/calibration_runs.csv by
+    `autopar validate --fit` (bounded least squares, autopar/cost/fit.py; README 'Validation');
+    the link efficiencies and DP/PP overlaps are stated assumptions. `autopar calibrate` refits
+    them from trial measurements."""
 
     #: achieved fraction of dense peak on large BF16 GEMMs
-    gemm_efficiency: float = 0.80
+    gemm_efficiency: float = 0.745
     #: achieved fraction of FP8 dense peak on large FP8 GEMMs
-    fp8_gemm_efficiency: float = 0.62
+    fp8_gemm_efficiency: float = 0.563
     #: GEMM size (per-GPU output columns x rows, in elements^0.5) at which efficiency is halved
-    gemm_half_efficiency_dim: float = 256.0
+    gemm_half_efficiency_dim: float = 66.0
     #: core attention (flash) efficiency relative to the GEMM efficiency
-    attention_efficiency: float = 0.75
+    attention_efficiency: float = 0.713
     #: bytes of HBM traffic per stored activation byte for the non-GEMM ops (norms, SwiGLU, RoPE,
     #: residuals): read and write around every kernel
-    elementwise_traffic_factor: float = 3.0
+    elementwise_traffic_factor: float = 13.9
+    #: fixed time per layer per microbatch (forward + backward): kernel launches, FP8 scaling, syncs
+    layer_overhead_us: float = 280.0
+    #: grouped-GEMM efficiency of routed experts relative to dense GEMMs (permutation, padding)
+    expert_gemm_efficiency: float = 1.0
     #: fraction of a link's per-direction bandwidth a NCCL collective achieves (busBw / line rate)
     intra_node_bw_efficiency: float = 0.80
     inter_node_bw_efficiency: float = 0.85
-    #: fraction of TP communication hidden under GEMMs (Megatron --tp-comm-overlap; 0 = off)
-    tp_overlap: float = 0.0
+    #: fraction of TP communication hidden under GEMMs when the plan turns on --tp-comm-overlap
+    tp_overlap: float = 0.95
     #: fraction of EP all-to-all hidden under compute
     ep_overlap: float = 0.0
     #: fraction of PP send/recv hidden (Megatron overlaps P2P with compute in steady state)

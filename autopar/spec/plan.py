@@ -52,6 +52,7 @@ class ParallelPlan:
     recompute_layers: int | None = None  # full recompute: layers per stage recomputed; None = all
     dtype: str = "bf16"
     main_grads_fp32: bool = True  # Megatron's fp32 main grads (18 B/param); False = the seeds' 16N
+    tp_comm_overlap: bool = False  # overlap TP collectives with GEMMs (Megatron --tp-comm-overlap)
     layout: PipelineLayout | None = field(default=None)  # None = auto (see layout.auto_layout)
 
     def __post_init__(self) -> None:

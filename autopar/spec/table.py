@@ -13,7 +13,7 @@ from autopar.spec.plan import DTYPES, RECOMPUTE, SCHEDULES, ParallelPlan
 
 INT_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero_stage", "micro_batch_size",
                "global_batch_size", "schedule", "recompute", "recompute_layers", "dtype", "layout_id")
-BOOL_COLUMNS = ("sequence_parallel", "main_grads_fp32")
+BOOL_COLUMNS = ("sequence_parallel", "main_grads_fp32", "tp_comm_overlap")
 
 # integer codes of the categorical columns
 SCHED = {name: i for i, name in enumerate(SCHEDULES)}
@@ -52,7 +52,8 @@ class PlanTable:
         n = len(next(iter(cols.values())))
         defaults = {"cp": 1, "ep": 1, "vpp": 1, "zero_stage": 1, "micro_batch_size": 1,
                     "recompute_layers": -1, "dtype": DTYPE["bf16"], "layout_id": -1,
-                    "main_grads_fp32": True, "recompute": RECOMP["none"]}
+                    "main_grads_fp32": True, "recompute": RECOMP["none"],
+                    "tp_comm_overlap": False}
         out = {}
         for name in INT_COLUMNS + BOOL_COLUMNS:
             if name in cols:
@@ -92,6 +93,7 @@ class PlanTable:
             "layout_id": layout_ids,
             "sequence_parallel": [bool(p.sequence_parallel) for p in plans],
             "main_grads_fp32": [p.main_grads_fp32 for p in plans],
+            "tp_comm_overlap": [p.tp_comm_overlap for p in plans],
         }
         return cls.from_columns(layouts, **cols)
 
@@ -107,6 +109,7 @@ class PlanTable:
             recompute=RECOMPUTE[int(c["recompute"])],
             recompute_layers=None if c["recompute_layers"] < 0 else int(c["recompute_layers"]),
             dtype=DTYPES[int(c["dtype"])], main_grads_fp32=bool(c["main_grads_fp32"]),
+            tp_comm_overlap=bool(c["tp_comm_overlap"]),
             layout=None if lid < 0 else self.layouts[lid])
 
     def take(self, idx: np.ndarray) -> "PlanTable":

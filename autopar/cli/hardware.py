@@ -1,0 +1,34 @@
+"""`autopar hardware`: the GPU presets with their key figures."""
+
+from __future__ import annotations
+
+import json
+
+from autopar.cli import app
+from autopar.cli import options as o
+
+
+@app.command()
+def hardware(as_json: o.Json = False) -> None:
+    """List GPU presets: dense peaks, HBM, NVLink and NIC bandwidth (per GPU, per direction)."""
+    from dataclasses import asdict
+
+    from autopar.spec.hardware import get_gpu, gpu_names
+
+    gpus = [get_gpu(n) for n in gpu_names()]
+    if as_json:
+        print(json.dumps([asdict(g) for g in gpus], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="GPU presets (sources: ../shared/reference/formulas-and-formats.md section C)")
+    for col in ("key", "name", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM GiB", "HBM GB/s", "NVLink GB/s/dir",
+                "NIC GB/s/dir", "GPUs/node"):
+        t.add_column(col, justify="left" if col in ("key", "name") else "right")
+    for g in gpus:
+        t.add_row(g.key, g.name, f"{g.bf16_tflops:g}", f"{g.fp8_tflops:g}" if g.fp8_tflops else "-",
+                  f"{g.hbm_gib:g}", f"{g.hbm_gbps:g}",
+                  f"{g.intra_node_gbps:g}" + (" per link" if g.intra_node_topology == "full-mesh" else ""),
+                  f"{g.nic_gbps:g}", str(g.gpus_per_node))
+    Console().print(t)

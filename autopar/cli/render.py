@@ -1,0 +1,81 @@
+"""Rich tables for the terminal (presentation only; the numbers come from the library)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS, Estimate
+from autopar.spec.hardware import GIB, ClusterSpec
+from autopar.spec.model import ModelSpec
+
+TIME_LABELS = {"compute": "compute", "tp": "TP comm (exposed)", "cp": "CP comm (exposed)",
+               "ep": "EP all-to-all (exposed)", "pp": "PP send/recv (exposed)", "dp": "DP comm (exposed)",
+               "bubble": "pipeline bubble", "optimizer": "optimizer step"}
+
+
+def human_count(n: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def plan_line(est: Estimate) -> str:
+    p = est.plan
+    parts = [p.describe(), f"zero{p.zero_stage}", f"sp={'on' if p.sequence_parallel else 'off'}",
+             f"mbs={p.micro_batch_size}", f"gbs={p.global_batch_size}", f"m={est.num_microbatches}",
+             f"schedule={p.pp_schedule}" if p.pp > 1 else "", f"recompute={p.recompute}"
+             + (f"({p.recompute_layers} layers)" if p.recompute_layers is not None else ""),
+             f"dtype={p.dtype}", f"layout={est.layout}" if p.pp > 1 else ""]
+    return "  ".join(x for x in parts if x)
+
+
+def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_gpus: int, seq_len: int) -> list:
+    cap = est.memory_capacity_bytes
+    verdict = Text("FITS", style="bold green") if est.fits else Text("DOES NOT FIT", style="bold red")
+    head = Text.assemble(
+        (f"{model.name}", "bold"), f" ({human_count(est.params_total)} params) on {num_gpus} x {cluster.gpu.key} "
+        f"({cluster.gpus_per_node}/node), seq {seq_len}\n", plan_line(est), "\n", verdict,
+        f"  peak {est.peak_memory_bytes / GIB:.1f} / {cap / GIB:.1f} GiB on pipeline rank "
+        f"{est.extra.get('memory_rank', 0)}")
+    out: list = [head]
+    for r in est.reasons:
+        out.append(Text(f"  - {r}", style="red"))
+
+    mem = Table(title="Memory per GPU (most loaded rank)", title_justify="left")
+    mem.add_column("term")
+    mem.add_column("GiB", justify="right")
+    mem.add_column("% of HBM", justify="right")
+    for name in MEMORY_TERMS:
+        v = est.memory_bytes[name]
+        mem.add_row(name, f"{v / GIB:.2f}", f"{100 * v / cap:.1f}")
+    mem.add_row("total", f"{est.peak_memory_bytes / GIB:.2f}", f"{100 * est.peak_memory_bytes / cap:.1f}", style="bold")
+
+    tim = Table(title="Step time", title_justify="left")
+    tim.add_column("term")
+    tim.add_column("seconds", justify="right")
+    tim.add_column("%", justify="right")
+    for name in TIME_TERMS:
+        v = est.time_s[name]
+        tim.add_row(TIME_LABELS[name], f"{v:.4f}", f"{100 * v / est.step_time_s:.1f}")
+    tim.add_row("step", f"{est.step_time_s:.4f}", "100.0", style="bold")
+
+    com = Table(title="Communication per GPU per step (payload)", title_justify="left")
+    com.add_column("axis")
+    com.add_column("GB", justify="right")
+    for axis, v in est.comm_bytes_per_gpu.items():
+        com.add_row(axis, f"{v / 1e9:.3f}")
+
+    thr = Table(title="Throughput", title_justify="left")
+    thr.add_column("metric")
+    thr.add_column("value", justify="right")
+    thr.add_row("tokens/s", f"{est.tokens_per_s:,.0f}")
+    thr.add_row("tokens/s/GPU", f"{est.tokens_per_s_per_gpu:,.1f}")
+    thr.add_row("model TFLOP/s/GPU", f"{est.model_tflops_per_gpu:.1f}")
+    thr.add_row("MFU (vs BF16 dense peak)", f"{100 * est.mfu:.1f}%")
+    thr.add_row("HFU (incl. recompute)", f"{100 * est.hfu:.1f}%")
+    thr.add_row("bubble fraction", f"{100 * est.bubble_fraction:.1f}%")
+    thr.add_row("params per GPU", human_count(est.params_per_gpu))
+    out += [mem, tim, com, thr]
+    return out
