@@ -1,0 +1,103 @@
+"""Terminal output of `autopar search`: progress, the top-k table, the winner's reason, what-if."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from autopar.search.run import SearchResult
+from autopar.spec.hardware import GIB
+
+
+class SearchProgress:
+    """A progress bar that appears only once an operation has run for more than a second."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self.progress: Progress | None = None
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
+
+    def update(self, label: str, done: int, total: int) -> None:
+        if not self.enabled or time.perf_counter() - self.start < 1.0:
+            return
+        if self.progress is None:
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), transient=True, console=Console(stderr=True))
+            self.progress.start()
+        if label not in self.tasks:
+            self.tasks[label] = self.progress.add_task(label, total=total)
+        self.progress.update(self.tasks[label], completed=done, total=total)
+
+
+def top_table(r: SearchResult) -> Table:
+    q = r.question
+    t = Table(title=f"Top {len(r.top)} of {int(r.plans['fits'].sum())} plans that fit "
+                    f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})",
+              title_justify="left")
+    for col in ("#", "layout", "schedule", "recompute", "ZeRO", "mbs", "memory GiB", "step s", "tokens/s", "MFU",
+                "bubble", "dominant cost"):
+        t.add_column(col, justify="left" if col in ("layout", "schedule", "recompute", "dominant cost") else "right")
+    cap = q.cluster.gpu.hbm_bytes / GIB
+    for i, (_, row) in enumerate(r.top.iterrows(), start=1):
+        sched = row["pp_schedule"] if row["pp"] > 1 else "-"
+        t.add_row(str(i), str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""), sched,
+                  row["recompute"], str(row["zero_stage"]), str(row["micro_batch_size"]),
+                  f"{row['memory_gib']:.1f} / {cap:.0f}", f"{row['step_time_s']:.3f}", f"{row['tokens_per_s']:,.0f}",
+                  f"{100 * row['mfu']:.1f}%", f"{100 * row['bubble_fraction']:.1f}%", str(row["dominant_cost"]))
+    return t
+
+
+def console() -> Console:
+    """The terminal's width, or a wide one when piped (tables stay readable in files and CI logs)."""
+    import sys
+
+    return Console() if sys.stdout.isatty() else Console(width=170)
+
+
+def print_result(r: SearchResult) -> None:
+    c = console()
+    n = len(r.plans)
+    valid, fit = int(r.plans["valid"].sum()), int(r.plans["fits"].sum())
+    if not r.top.empty:
+        c.print(top_table(r))
+    c.print(f"[bold]{r.why}[/bold]")
+    how = ("exhaustive: every plan of the space evaluated, so this is the exact optimum of the cost model"
+           if r.method == "exhaustive" else f"{r.method}: Optuna sampled the space ({len(r.history)} trials)")
+    c.print(f"{n:,} plans evaluated ({valid:,} valid, {fit:,} fit) in {r.timings.get('total_s', 0):.2f} s; {how}.")
+    rej = r.plans.loc[~r.plans["fits"], "rejected_by"].str.split(", ").explode().value_counts()
+    if len(rej):
+        c.print("Rejected by: " + ", ".join(f"{k} ({v})" for k, v in rej.head(6).items()))
+    files = "plans.parquet, plans.csv, top.json, search.json" + ("" if r.method == "exhaustive" else ", study.db")
+    c.print(f"Results: {r.run_dir}/ ({files})")
+
+
+def print_whatif(results: list[SearchResult]) -> None:
+    t = Table(title="What-if: the best plan per scenario", title_justify="left")
+    for col in ("GPUs", "GPU", "seq", "gbs", "best layout", "schedule", "recompute", "memory GiB", "step s",
+                "tokens/s", "tokens/s/GPU", "MFU"):
+        t.add_column(col, justify="left" if col in ("GPU", "best layout", "schedule", "recompute") else "right")
+    for r in results:
+        q, w = r.question, r.winner
+        if w is None:
+            t.add_row(str(q.num_gpus), q.cluster.gpu.key, str(q.seq_len), str(q.global_batch_size), "nothing fits",
+                      *[""] * 7)
+            continue
+        t.add_row(str(q.num_gpus), q.cluster.gpu.key, str(q.seq_len), str(q.global_batch_size), str(w["plan_name"]),
+                  w["pp_schedule"] if w["pp"] > 1 else "-", w["recompute"], f"{w['memory_gib']:.1f}",
+                  f"{w['step_time_s']:.3f}", f"{w['tokens_per_s']:,.0f}", f"{w['tokens_per_s_per_gpu']:,.0f}",
+                  f"{100 * w['mfu']:.1f}%")
+    c = console()
+    c.print(t)
+    for r in results:
+        c.print(f"  {r.run_dir}: {r.why}")

@@ -1,0 +1,145 @@
+"""Optuna drives the search where the space is too large to enumerate (or when asked with
+`--max-exhaustive 0`): each trial proposes one plan, the analytic estimate scores it, infeasible
+plans are reported through `constraints_func`, and every trial keeps its plan and estimate as user
+attributes. The study lives in a persistent storage (SQLite in the run directory by default, any
+Optuna storage URL or a journal file otherwise), so reruns resume and many workers share one study.
+
+This is the only module of the search layer that imports optuna.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from autopar.errors import InputError
+from autopar.search.enumerate import AXES, Question, build_table, knob_choices
+from autopar.search.space import SearchSpace
+
+SAMPLERS = ("tpe", "nsga2", "random")
+INFEASIBLE_STEP_TIME = 1e9  # objective of a plan that is not a plan (divisibility) or not valid
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def storage_url(storage: str | None, run_dir: Path) -> str:
+    """Default: SQLite in the run directory. A path ending in .log/.jsonl is a journal file."""
+    if storage is None:
+        return f"sqlite:///{run_dir / 'study.db'}"
+    return storage
+
+
+def open_storage(url: str):
+    """An Optuna storage for the URL; a journal file for *.log / *.jsonl paths. Bad URLs are
+    one-line InputErrors."""
+    try:
+        if url.endswith((".log", ".jsonl")) and "://" not in url:
+            from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+            Path(url).parent.mkdir(parents=True, exist_ok=True)
+            return JournalStorage(JournalFileBackend(url))
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else {})
+    except Exception as e:  # noqa: BLE001 - any driver error is a bad storage for the user
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"cannot open storage '{url}': {first}; check the URL, the server and its driver") from None
+
+
+def make_sampler(name: str, seed: int | None, multi_objective: bool):
+    if name not in SAMPLERS:
+        raise InputError(f"unknown sampler '{name}'; choose from {', '.join(SAMPLERS)}")
+    constraints = lambda t: t.user_attrs.get("constraint", (1.0,))  # noqa: E731
+    if name == "nsga2" or (multi_objective and name == "tpe"):
+        return optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, constraints_func=constraints, multivariate=True, group=True,
+                                      n_startup_trials=20)
+
+
+def load_or_create_study(url: str, study_name: str, sampler, directions: list[str]) -> optuna.Study:
+    storage = open_storage(url)
+    try:
+        return optuna.create_study(storage=storage, study_name=study_name, sampler=sampler, directions=directions,
+                                   load_if_exists=True)
+    except ValueError as e:  # e.g. the study exists with other directions
+        raise InputError(f"study '{study_name}' in '{url}' cannot be used: {e}; pick another --study-name") from None
+
+
+def _counts(t: optuna.trial.FrozenTrial) -> bool:
+    """Whether a trial uses up budget: finished (complete, or pruned but not surplus)."""
+    return t.state == TrialState.COMPLETE or (t.state == TrialState.PRUNED and not t.user_attrs.get("surplus"))
+
+
+def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False) if _counts(t)]
+
+
+def fail_stale(study: optuna.Study, older_than_s: float) -> int:
+    """Mark RUNNING trials older than `older_than_s` failed (their process died): a rerun then
+    redoes them instead of waiting for them."""
+    import datetime as dt
+
+    now = dt.datetime.now()
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.datetime_start and (now - t.datetime_start).total_seconds() > older_than_s:
+            study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+            n += 1
+    return n
+
+
+def _budget_taken_before(study: optuna.Study, number: int) -> int:
+    """Budget used by trials numbered before `number`: finished ones and those still running."""
+    return sum(1 for t in study.get_trials(deepcopy=False)
+               if t.number < number and (_counts(t) or t.state == TrialState.RUNNING))
+
+
+def run_study(space: SearchSpace, q: Question, study: optuna.Study, n_trials: int,
+              evaluate: Callable, multi_objective: bool, on_trial: Callable | None = None) -> None:
+    """Run trials until the study holds `n_trials` finished ones. Trial numbers are handed out by
+    the storage, so concurrent workers never run the same trial; a worker that draws a number
+    beyond the budget marks that trial pruned ('surplus') and stops."""
+    choices = knob_choices(space, q)
+    dists = {a: optuna.distributions.CategoricalDistribution(list(range(len(choices[a])))) for a in AXES
+             if len(choices[a]) > 1}
+    while len(finished(study)) < n_trials:
+        trial = study.ask(dists)
+        if _budget_taken_before(study, trial.number) >= n_trials:
+            trial.set_user_attr("surplus", True)
+            study.tell(trial, state=TrialState.PRUNED)
+            break
+        values = {a: np.array([trial.params.get(a, 0)]) for a in AXES}
+        table = build_table(space, q, values, choices)
+        if len(table) == 0:
+            trial.set_user_attr("constraint", (1.0,))
+            trial.set_user_attr("rejected_by", "not a canonical plan for this GPU count")
+            study.tell(trial, [INFEASIBLE_STEP_TIME] + ([0.0] if multi_objective else []))
+            continue
+        row = evaluate(table)
+        trial.set_user_attr("plan", row["plan"])
+        trial.set_user_attr("estimate", row["estimate"])
+        trial.set_user_attr("constraint", (0.0 if row["fits"] else 1.0 + row["miss_gib"],))
+        trial.set_user_attr("rejected_by", row["rejected_by"])
+        step = row["step_time_s"] if row["valid"] and math.isfinite(row["step_time_s"]) else INFEASIBLE_STEP_TIME
+        study.tell(trial, [step] + ([row["headroom_gib"]] if multi_objective else []))
+        if on_trial is not None:
+            on_trial(len(finished(study)))
+
+
+def study_history(study: optuna.Study) -> list[dict]:
+    """Trial number, objective and best-so-far, for reports."""
+    out, best = [], math.inf
+    for t in study.get_trials(deepcopy=False):
+        if t.state != TrialState.COMPLETE or not t.values:
+            continue
+        v = t.values[0]
+        feasible = t.user_attrs.get("constraint", (0.0,))[0] <= 0
+        if feasible:
+            best = min(best, v)
+        out.append({"number": t.number, "step_time_s": v, "feasible": feasible, "best_so_far": best})
+    return out

@@ -1,0 +1,106 @@
+"""Search results as a pandas DataFrame: one row per plan with its plan columns, every estimate
+column and, when rejected, the reason. Ranking, the Pareto front and 'why the winner wins'."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from autopar.cost.estimate import TIME_TERMS
+from autopar.spec.plan import DTYPES, RECOMPUTE, SCHEDULES, ParallelPlan
+from autopar.spec.table import PlanTable
+
+PLAN_COLUMNS = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage", "sequence_parallel", "micro_batch_size",
+                "global_batch_size", "num_microbatches", "pp_schedule", "recompute", "recompute_layers", "dtype",
+                "tp_comm_overlap", "layout")
+COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
+
+
+def frame(table: PlanTable, est: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Plans and their estimates as one DataFrame (categoricals as names, not codes)."""
+    c = table.columns
+    df = pd.DataFrame({
+        "tp": c["tp"], "pp": c["pp"], "vpp": c["vpp"], "cp": c["cp"], "dp": c["dp"], "ep": c["ep"], "etp": c["etp"],
+        "zero_stage": c["zero_stage"], "sequence_parallel": c["sequence_parallel"],
+        "micro_batch_size": c["micro_batch_size"], "global_batch_size": c["global_batch_size"],
+        "pp_schedule": np.asarray(SCHEDULES, dtype=object)[c["schedule"]],
+        "recompute": np.asarray(RECOMPUTE, dtype=object)[c["recompute"]],
+        "recompute_layers": c["recompute_layers"], "dtype": np.asarray(DTYPES, dtype=object)[c["dtype"]],
+        "tp_comm_overlap": c["tp_comm_overlap"], "layout_id": c["layout_id"],
+    })
+    for name, arr in est.items():
+        if not name.startswith("stage_"):
+            df[name] = arr
+    df["layout_text"] = df.pop("layout")
+    df["plan_name"] = plan_names(df)
+    terms = np.stack([df[f"time_{t}"].to_numpy() for t in COMM_TERMS], axis=1)
+    df["dominant_cost"] = np.where(terms.max(axis=1) > 0, np.asarray(COMM_TERMS, dtype=object)[terms.argmax(axis=1)],
+                                   "compute")
+    df["memory_gib"] = df["peak_memory_bytes"] / 2**30
+    return df
+
+
+def plan_names(df: pd.DataFrame) -> np.ndarray:
+    """Short layout names, e.g. tp8.pp4.v2.dp8 (axes of size 1 omitted but dp), vectorised."""
+    def part(col, prefix, always=False):
+        v = df[col].astype(str).to_numpy()
+        keep = df[col].to_numpy() > 1 if not always else np.ones(len(df), bool)
+        return np.where(keep, prefix + v + ".", "")
+    name = (part("tp", "tp") + part("cp", "cp") + part("pp", "pp") + part("vpp", "v") + part("dp", "dp", True)
+            + part("ep", "ep"))
+    name = np.where(df["etp"].to_numpy() != df["tp"].to_numpy(), name + "etp" + df["etp"].astype(str).to_numpy() + ".",
+                    name)
+    return np.char.rstrip(name.astype(str), ".")
+
+
+def ranked(df: pd.DataFrame) -> pd.DataFrame:
+    """Plans that fit, fastest first (ties: less memory first)."""
+    fit = df[df["fits"]]
+    return fit.sort_values(["step_time_s", "peak_memory_bytes"], kind="stable")
+
+
+def row_plan(row: pd.Series, layouts) -> ParallelPlan:
+    """A DataFrame row back to a ParallelPlan."""
+    lid = int(row["layout_id"])
+    return ParallelPlan(
+        tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), cp=int(row["cp"]), ep=int(row["ep"]),
+        etp=int(row["etp"]), vpp=int(row["vpp"]), zero_stage=int(row["zero_stage"]),
+        sequence_parallel=bool(row["sequence_parallel"]), micro_batch_size=int(row["micro_batch_size"]),
+        global_batch_size=int(row["global_batch_size"]), pp_schedule=str(row["pp_schedule"]),
+        recompute=str(row["recompute"]),
+        recompute_layers=None if int(row["recompute_layers"]) < 0 else int(row["recompute_layers"]),
+        dtype=str(row["dtype"]), tp_comm_overlap=bool(row["tp_comm_overlap"]),
+        layout=None if lid < 0 else layouts[lid])
+
+
+def pareto_front(df: pd.DataFrame) -> pd.DataFrame:
+    """Plans that fit and that no other fitting plan beats on both throughput and memory."""
+    fit = df[df["fits"]].sort_values(["step_time_s", "peak_memory_bytes"])
+    best_mem = np.inf
+    keep = []
+    for i, mem in zip(fit.index, fit["peak_memory_bytes"].to_numpy()):
+        if mem < best_mem:
+            keep.append(i)
+            best_mem = mem
+    return fit.loc[keep]
+
+
+def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
+    """One line on why the winner beats the runner-up: the step-time terms that differ most."""
+    if runner is None:
+        return f"{winner['plan_name']} is the only plan that fits."
+    gain = runner["step_time_s"] / winner["step_time_s"] - 1
+    diffs = sorted(((runner[f"time_{t}"] - winner[f"time_{t}"], t) for t in TIME_TERMS), reverse=True)
+    labels = {"compute": "compute", "tp": "TP comm", "cp": "CP comm", "ep": "EP all-to-all", "pp": "PP send/recv",
+              "dp": "exposed DP comm", "bubble": "pipeline bubble", "optimizer": "optimizer step"}
+    saved = [f"{d:.3g} s less {labels[t]}" for d, t in diffs if d > 1e-9][:2]
+    paid = [f"{-d:.3g} s more {labels[t]}" for d, t in diffs[::-1] if d < -1e-9][:1]
+    runner_desc = _config_diff(winner, runner)
+    return (f"{winner['plan_name']} beats the runner-up {runner['plan_name']}{runner_desc} by {100 * gain:.1f}% "
+            f"per step: " + ", ".join(saved + paid) + ".")
+
+
+def _config_diff(a: pd.Series, b: pd.Series) -> str:
+    keys = ("pp_schedule", "recompute", "zero_stage", "micro_batch_size", "dtype", "tp_comm_overlap", "layout_text")
+    d = [f"{k}={b[k]}" for k in keys if a[k] != b[k]]
+    return f" ({', '.join(d)})" if d and a["plan_name"] == b["plan_name"] else ""

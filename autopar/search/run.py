@@ -1,0 +1,227 @@
+"""`autopar search`: enumerate and evaluate the whole space (exact, vectorised), or let Optuna
+sample it when it is too large; rank what fits; persist everything in the run directory."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autopar import __version__
+from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate_table
+from autopar.search.enumerate import Question, enumerate_plans, space_size
+from autopar.search.results import frame, pareto_front, ranked, row_plan, why_winner
+from autopar.search.space import SearchSpace
+from autopar.spec.hardware import GIB
+from autopar.spec.table import PlanTable
+
+DEFAULT_MAX_EXHAUSTIVE = 2_000_000
+
+
+@dataclass
+class SearchOptions:
+    space: SearchSpace
+    top_k: int = 10
+    max_exhaustive: int = DEFAULT_MAX_EXHAUSTIVE
+    sampler: str = "tpe"
+    n_trials: int = 200
+    seed: int | None = None
+    storage: str | None = None
+    study_name: str | None = None
+    multi_objective: bool = False
+    run_dir: Path | None = None
+
+
+@dataclass
+class SearchResult:
+    question: Question
+    options: SearchOptions
+    plans: pd.DataFrame  # every evaluated plan
+    top: pd.DataFrame  # the top-k that fit, fastest first
+    method: str  # "exhaustive" | "optuna-<sampler>"
+    why: str
+    run_dir: Path
+    timings: dict = field(default_factory=dict)
+    layouts: list = field(default_factory=list)
+    history: list = field(default_factory=list)
+
+    @property
+    def winner(self) -> pd.Series | None:
+        return None if self.top.empty else self.top.iloc[0]
+
+
+def run_slug(q: Question, space: SearchSpace) -> str:
+    """A stable run-directory name from the question, so a rerun finds (and resumes) its study."""
+    raw = f"{q.model.name}_{q.num_gpus}x{q.cluster.gpu.key}_s{q.seq_len}_gbs{q.global_batch_size}_{space.name}"
+    return re.sub(r"[^A-Za-z0-9_.+-]", "-", raw)
+
+
+def _apply_headroom(df: pd.DataFrame, headroom_gib: float) -> None:
+    if headroom_gib <= 0:
+        return
+    limit = df["memory_capacity_bytes"] - headroom_gib * GIB
+    over = df["valid"] & (df["peak_memory_bytes"] > limit)
+    df.loc[over, "fits"] = False
+    df.loc[over, "rejected_by"] = "memory"
+    df.loc[over, "memory_miss_gib"] = (df.loc[over, "peak_memory_bytes"] - limit[over]) / GIB
+
+
+def evaluate(table: PlanTable, q: Question, headroom_gib: float) -> pd.DataFrame:
+    est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
+    df = frame(table, est)
+    _apply_headroom(df, headroom_gib)
+    return df
+
+
+def row_summary(row: pd.Series, layouts) -> dict:
+    """A plan and its estimate as plain data (top.json entries, Optuna user attributes)."""
+    plan = row_plan(row, layouts)
+    return {
+        "plan_name": str(row["plan_name"]),
+        "plan": plan.to_dict(),
+        "fits": bool(row["fits"]),
+        "rejected_by": str(row["rejected_by"]),
+        "step_time_s": float(row["step_time_s"]),
+        "tokens_per_s": float(row["tokens_per_s"]),
+        "tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
+        "model_tflops_per_gpu": float(row["model_tflops_per_gpu"]),
+        "mfu": float(row["mfu"]), "hfu": float(row["hfu"]),
+        "bubble_fraction": float(row["bubble_fraction"]),
+        "peak_memory_bytes": float(row["peak_memory_bytes"]),
+        "memory_capacity_bytes": float(row["memory_capacity_bytes"]),
+        "memory_bytes": {t: float(row[f"mem_{t}"]) for t in MEMORY_TERMS},
+        "time_s": {t: float(row[f"time_{t}"]) for t in TIME_TERMS},
+        "comm_bytes_per_gpu": {a: float(row[f"comm_bytes_{a}"]) for a in AXES},
+        "dominant_cost": str(row["dominant_cost"]),
+        "layout": str(row["layout_text"]),
+    }
+
+
+def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, int], None] | None = None) -> SearchResult:
+    """Answer the question under the space; write the run directory; return the result."""
+    t0 = time.perf_counter()
+    run_dir = opts.run_dir or Path("reports") / run_slug(q, opts.space)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    headroom = float(opts.space.constraints.get("memory_headroom_gib", 0.0))
+    size = space_size(opts.space, q.model)
+    timings: dict[str, float] = {}
+    history: list = []
+    if size <= opts.max_exhaustive:
+        method = "exhaustive"
+        table = enumerate_plans(opts.space, q)
+        timings["enumerate_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        df = evaluate(table, q, headroom)
+        timings["evaluate_s"] = time.perf_counter() - t1
+        layouts = table.layouts
+    else:
+        method = f"optuna-{opts.sampler}"
+        df, layouts, history = _optuna_search(q, opts, run_dir, headroom, progress)
+        timings["optuna_s"] = time.perf_counter() - t0
+    top = ranked(df).head(opts.top_k)
+    runner = top.iloc[1] if len(top) > 1 else None
+    why = why_winner(top.iloc[0], runner) if len(top) else _no_fit_reason(df)
+    result = SearchResult(question=q, options=opts, plans=df, top=top, method=method, why=why, run_dir=run_dir,
+                          timings=timings, layouts=layouts, history=history)
+    t2 = time.perf_counter()
+    write_run(result)
+    timings["write_s"] = time.perf_counter() - t2
+    timings["total_s"] = time.perf_counter() - t0
+    _write_search_json(result)
+    return result
+
+
+def _no_fit_reason(df: pd.DataFrame) -> str:
+    valid = df[df["valid"]]
+    if valid.empty:
+        reasons = df["rejected_by"].str.split(", ").explode().value_counts()
+        return f"No plan is valid; the most common broken rules: {', '.join(reasons.index[:3])}."
+    best = valid.sort_values("memory_miss_gib").iloc[0]
+    return (f"No plan fits in memory; the closest is {best['plan_name']} ({best['recompute']} recompute, "
+            f"zero {best['zero_stage']}), {best['memory_miss_gib']:.1f} GiB over. Add GPUs, or widen the space "
+            f"(more pp/tp, full recompute, zero 3).")
+
+
+def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: float, progress):
+    from autopar.search import optuna_driver as od
+
+    url = od.storage_url(opts.storage, run_dir)
+    name = opts.study_name or run_dir.name
+    directions = ["minimize", "maximize"] if opts.multi_objective else ["minimize"]
+    study = od.load_or_create_study(url, name, od.make_sampler(opts.sampler, opts.seed, opts.multi_objective),
+                                    directions)
+    od.fail_stale(study, older_than_s=5.0)
+
+    def evaluate_one(table: PlanTable) -> dict:
+        row = evaluate(table, q, headroom).iloc[0]
+        s = row_summary(row, table.layouts)
+        return {"plan": s["plan"], "estimate": {k: s[k] for k in ("step_time_s", "tokens_per_s", "mfu",
+                                                                   "peak_memory_bytes", "plan_name")},
+                "fits": bool(row["fits"]), "valid": bool(row["valid"]), "rejected_by": str(row["rejected_by"]),
+                "miss_gib": float(row["memory_miss_gib"]), "step_time_s": float(row["step_time_s"]),
+                "headroom_gib": float((row["memory_capacity_bytes"] - row["peak_memory_bytes"]) / GIB)}
+
+    od.run_study(opts.space, q, study, opts.n_trials, evaluate_one, opts.multi_objective,
+                 on_trial=(lambda n: progress("optuna trials", n, opts.n_trials)) if progress else None)
+    plans = {}
+    from autopar.spec.plan import ParallelPlan
+
+    for t in study.get_trials(deepcopy=False):
+        if "plan" in t.user_attrs:
+            p = ParallelPlan.from_dict(t.user_attrs["plan"])
+            plans[p] = None
+    table = PlanTable.from_plans(list(plans))
+    df = evaluate(table, q, headroom)
+    df["found_at_trial"] = _first_trial_numbers(study, list(plans))
+    return df, table.layouts, od.study_history(study)
+
+
+def _first_trial_numbers(study, plans) -> np.ndarray:
+    from autopar.spec.plan import ParallelPlan
+
+    first = {}
+    for t in study.get_trials(deepcopy=False):
+        if "plan" in t.user_attrs:
+            first.setdefault(ParallelPlan.from_dict(t.user_attrs["plan"]), t.number)
+    return np.array([first[p] for p in plans])
+
+
+def write_run(result: SearchResult) -> None:
+    """plans.parquet + plans.csv (every evaluated plan), top.json (top-k with full breakdowns)."""
+    d = result.run_dir
+    result.plans.to_parquet(d / "plans.parquet", index=False)
+    result.plans.to_csv(d / "plans.csv", index=False)
+    top = [row_summary(r, result.layouts) | {"rank": i + 1} for i, (_, r) in enumerate(result.top.iterrows())]
+    pareto = [row_summary(r, result.layouts)["plan_name"] for _, r in pareto_front(result.plans).iterrows()]
+    (d / "top.json").write_text(json.dumps({"why": result.why, "top": top, "pareto": pareto}, indent=2))
+
+
+def _write_search_json(result: SearchResult) -> None:
+    q, o = result.question, result.options
+    from importlib.metadata import version
+
+    info = {
+        "autopar_version": __version__,
+        "question": {"model": q.model.to_dict(), "num_gpus": q.num_gpus, "cluster": q.cluster.to_dict(),
+                     "seq_len": q.seq_len, "global_batch_size": q.global_batch_size},
+        "space": {"name": o.space.name, "source": o.space.source, "knobs": o.space.knobs,
+                  "constraints": o.space.constraints},
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items() if k != "space"},
+        "method": result.method,
+        "plans_evaluated": int(len(result.plans)),
+        "plans_valid": int(result.plans["valid"].sum()),
+        "plans_fit": int(result.plans["fits"].sum()),
+        "why": result.why,
+        "timings_s": result.timings,
+        "history": result.history,
+        "versions": {"python": platform.python_version(), "numpy": np.__version__, "pandas": pd.__version__,
+                     "optuna": version("optuna")},
+    }
+    (result.run_dir / "search.json").write_text(json.dumps(info, indent=2, default=str))

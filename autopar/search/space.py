@@ -1,0 +1,127 @@
+"""Search spaces: user-editable YAML files (search_spaces/*.yaml) naming the choices of every knob
+and the constraints every plan must meet. Unknown keys and bad values are errors that name them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autopar.errors import InputError, did_you_mean
+from autopar.spec.plan import DTYPES, RECOMPUTE, SCHEDULES
+
+SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+
+INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "mbs", "recompute_layers", "gbs")
+CHOICE_KNOBS = {"pp_schedule": [s for s in SCHEDULES if s != "interleaved-1f1b"], "recompute": list(RECOMPUTE),
+                "dtype": list(DTYPES), "pp_layout": ["auto", "balanced", "embedding+loss"]}
+BOOL_KNOBS = ("sp", "tp_comm_overlap")
+KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + ("tokens_per_step",)
+CONSTRAINTS = {"tp_within_node": bool, "max_pp": int, "max_cp": int, "min_dp": int, "ep_within": int,
+               "memory_headroom_gib": float, "max_tp": int}
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    name: str
+    description: str
+    knobs: dict = field(default_factory=dict)  # knob -> list of choices, or "auto"
+    constraints: dict = field(default_factory=dict)
+    source: str = ""
+
+    def choices(self, knob: str, default):
+        v = self.knobs.get(knob, default)
+        return v
+
+    def with_knobs(self, **overrides) -> "SearchSpace":
+        """A copy with some knobs pinned (CLI flags such as --tp 8 narrow the space)."""
+        knobs = dict(self.knobs)
+        for k, v in overrides.items():
+            if v is not None:
+                knobs[k] = v if isinstance(v, list) else [v]
+        return SearchSpace(self.name, self.description, knobs, dict(self.constraints), self.source)
+
+
+def _check_list(name: str, value, origin: str) -> list:
+    if value == "auto" and name in ("ep", "sp", "etp"):
+        return value
+    if not isinstance(value, list) or not value:
+        raise InputError(f"{origin}: knob '{name}' must be a non-empty list of choices (or 'auto' where allowed), "
+                         f"got {value!r}")
+    if name in INT_KNOBS:
+        for v in value:
+            ok = isinstance(v, int) and not isinstance(v, bool) and (v > 0 or (name in ("zero", "recompute_layers") and v >= 0))
+            if name == "etp" and v == "tp":
+                continue
+            if not ok:
+                raise InputError(f"{origin}: knob '{name}' has a bad choice {v!r}; use positive integers")
+        if name == "zero" and any(v > 3 for v in value):
+            raise InputError(f"{origin}: knob 'zero' choices must be 0-3, got {value}")
+    elif name in CHOICE_KNOBS:
+        allowed = CHOICE_KNOBS[name] + (["interleaved-1f1b"] if name == "pp_schedule" else [])
+        for v in value:
+            if v not in allowed:
+                raise InputError(f"{origin}: knob '{name}' has an unknown choice '{v}'{did_you_mean(str(v), allowed)}; "
+                                 f"choose from {', '.join(allowed)}")
+    elif name in BOOL_KNOBS:
+        if any(not isinstance(v, bool) for v in value):
+            raise InputError(f"{origin}: knob '{name}' choices must be true/false, got {value}")
+    return value
+
+
+def space_from_dict(data, origin: str) -> SearchSpace:
+    if not isinstance(data, dict):
+        raise InputError(f"{origin}: the top level must be a mapping with 'knobs' and 'constraints'")
+    unknown = set(data) - {"name", "description", "knobs", "constraints"}
+    if unknown:
+        raise InputError(f"{origin}: unknown key(s) {sorted(unknown)}; a space has name, description, knobs, constraints")
+    knobs = data.get("knobs") or {}
+    if not isinstance(knobs, dict):
+        raise InputError(f"{origin}: 'knobs' must be a mapping of knob -> choices")
+    for k in knobs:
+        if k not in KNOBS:
+            raise InputError(f"{origin}: unknown knob '{k}'{did_you_mean(k, KNOBS)}; known knobs: {', '.join(KNOBS)}")
+    checked = {}
+    for k, v in knobs.items():
+        if k == "tokens_per_step":
+            if not isinstance(v, int) or v <= 0:
+                raise InputError(f"{origin}: 'tokens_per_step' must be a positive integer, got {v!r}")
+            checked[k] = v
+        else:
+            checked[k] = _check_list(k, v, origin)
+    cons = data.get("constraints") or {}
+    if not isinstance(cons, dict):
+        raise InputError(f"{origin}: 'constraints' must be a mapping")
+    for k, v in cons.items():
+        if k not in CONSTRAINTS:
+            raise InputError(f"{origin}: unknown constraint '{k}'{did_you_mean(k, CONSTRAINTS)}; known: {', '.join(CONSTRAINTS)}")
+        typ = CONSTRAINTS[k]
+        if typ is bool and not isinstance(v, bool) or typ is int and (not isinstance(v, int) or isinstance(v, bool) or v <= 0) \
+                or typ is float and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+            raise InputError(f"{origin}: constraint '{k}' must be {'true/false' if typ is bool else 'a non-negative number'}, got {v!r}")
+    return SearchSpace(name=str(data.get("name", origin)), description=str(data.get("description", "")),
+                       knobs=checked, constraints=dict(cons), source=origin)
+
+
+def space_names() -> list[str]:
+    return sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
+
+
+def load_space(name_or_file: str) -> SearchSpace:
+    """`--space NAME|FILE`: a shipped space by name, or a YAML file."""
+    import yaml
+
+    path = Path(name_or_file)
+    if not (path.suffix in (".yaml", ".yml") or "/" in name_or_file):
+        path = SPACES_DIR / f"{name_or_file}.yaml"
+        if not path.is_file():
+            raise InputError(f"unknown search space '{name_or_file}'{did_you_mean(name_or_file, space_names())}; "
+                             f"shipped spaces: {', '.join(space_names())}, or pass a YAML file")
+    elif not path.is_file():
+        raise InputError(f"search space file '{name_or_file}' does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise InputError(f"search space '{path}' is not valid YAML{where}; fix the syntax") from None
+    return space_from_dict(data, f"search space '{path.name}'")
