@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0)
     except click_exc.ClickException as e:
         cmd = e.ctx.command_path if e.ctx else "autopar"
-        print(f"autopar: error: {e.format_message()}; see `{cmd} --help`", file=sys.stderr)
+        msg = e.format_message().strip().rstrip(".").replace("\n", " ")
+        print(f"autopar: error: {msg}; see `{cmd} --help`", file=sys.stderr)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         print("autopar: aborted", file=sys.stderr)

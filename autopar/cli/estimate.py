@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from autopar.cli import app
 from autopar.cli import options as o
@@ -32,13 +33,13 @@ def estimate(
 
     spec = resolve_model(model)
     clus = resolve_cluster(gpu, gpus_per_node, cluster)
-    s = seq_len or spec.seq_len
+    s = spec.seq_len if seq_len is None else seq_len
     plan = resolve_plan(spec, gpus, s, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, vpp=vpp, zero=zero, sp=sp,
                         mbs=mbs, gbs=gbs, pp_schedule=pp_schedule, recompute=recompute,
                         recompute_layers=recompute_layers, dtype=dtype, grads=grads, pp_layout=pp_layout,
                         pp_first=pp_first, pp_last=pp_last, embedding_as_layer=pp_embedding_as_layer,
                         loss_as_layer=pp_loss_as_layer, tp_comm_overlap=tp_comm_overlap)
-    if routing_imbalance < 1:
+    if not math.isfinite(routing_imbalance) or routing_imbalance < 1:
         raise InputError(f"--routing-imbalance must be >= 1 (busiest / mean), got {routing_imbalance}")
     est = run_estimate(plan, spec, clus, num_gpus=gpus, seq_len=s, routing_imbalance=routing_imbalance)
     if not est.valid:
@@ -48,8 +49,8 @@ def estimate(
         out.update(model=spec.name, gpu=clus.gpu.key, num_gpus=gpus, seq_len=s)
         print(json.dumps(out, indent=2, default=float))
         return
-    from rich.console import Console
+    from autopar.cli.render import console
 
-    console = Console()
+    out = console()
     for renderable in estimate_tables(est, spec, clus, gpus, s):
-        console.print(renderable)
+        out.print(renderable)

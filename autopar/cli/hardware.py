@@ -19,7 +19,7 @@ def hardware(as_json: o.Json = False) -> None:
     if as_json:
         print(json.dumps([asdict(g) for g in gpus], indent=2))
         return
-    from rich.console import Console
+    from autopar.cli.render import console
     from rich.table import Table
 
     t = Table(title="GPU presets (sources: ../shared/reference/formulas-and-formats.md section C)")
@@ -31,4 +31,4 @@ def hardware(as_json: o.Json = False) -> None:
                   f"{g.hbm_gib:g}", f"{g.hbm_gbps:g}",
                   f"{g.intra_node_gbps:g}" + (" per link" if g.intra_node_topology == "full-mesh" else ""),
                   f"{g.nic_gbps:g}", str(g.gpus_per_node))
-    Console().print(t)
+    console().print(t)

@@ -19,7 +19,7 @@ def models(as_json: o.Json = False) -> None:
         print(json.dumps([s.to_dict() | {"params_total": s.params_total, "params_active": s.params_active}
                           for s in specs], indent=2))
         return
-    from rich.console import Console
+    from autopar.cli.render import console
     from rich.table import Table
 
     t = Table(title="Model presets (parameter counts derived from the shapes)")
@@ -31,4 +31,4 @@ def models(as_json: o.Json = False) -> None:
         t.add_row(s.name, str(s.num_layers), str(s.hidden_size), str(s.ffn_hidden_size),
                   f"{s.num_attention_heads}/{s.num_kv_heads}", str(s.vocab_size), str(s.seq_len), moe,
                   human_count(s.params_total), human_count(s.params_active))
-    Console().print(t)
+    console().print(t)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -12,6 +15,11 @@ from autopar.spec.model import ModelSpec
 TIME_LABELS = {"compute": "compute", "tp": "TP comm (exposed)", "cp": "CP comm (exposed)",
                "ep": "EP all-to-all (exposed)", "pp": "PP send/recv (exposed)", "dp": "DP comm (exposed)",
                "bubble": "pipeline bubble", "optimizer": "optimizer step"}
+
+
+def console() -> Console:
+    """The terminal's width, or a wide one when piped (tables stay whole in files, greps and CI logs)."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def human_count(n: float) -> str:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from autopar.cli.render import console
 from autopar.search.run import SearchResult
 from autopar.spec.hardware import GIB
 
@@ -56,13 +57,6 @@ def top_table(r: SearchResult) -> Table:
                   f"{row['memory_gib']:.1f} / {cap:.0f}", f"{row['step_time_s']:.3f}", f"{row['tokens_per_s']:,.0f}",
                   f"{100 * row['mfu']:.1f}%", f"{100 * row['bubble_fraction']:.1f}%", str(row["dominant_cost"]))
     return t
-
-
-def console() -> Console:
-    """The terminal's width, or a wide one when piped (tables stay readable in files and CI logs)."""
-    import sys
-
-    return Console() if sys.stdout.isatty() else Console(width=170)
 
 
 def print_result(r: SearchResult) -> None:

@@ -43,20 +43,21 @@ def fit_summary(fitted, write_profile: str | None) -> None:
     """Print the fitted constants (and write them as a cluster profile when asked)."""
     from dataclasses import asdict
 
-    from rich.console import Console
+    from autopar.cli.render import console
 
+    out = console()
     f = fitted.fit
     t = Table(title="Fitted constants (bounded least squares on log throughput ratio)", title_justify="left")
     t.add_column("constant")
     t.add_column("value", justify="right")
     for n in f.names:
         t.add_row(n, f"{getattr(f.constants, n):.4g}")
-    Console().print(t)
-    Console().print(f"MAPE before {100 * abs(f.initial_residuals).mean():.1f}% -> after {100 * abs(f.residuals).mean():.1f}% "
+    out.print(t)
+    out.print(f"MAPE before {100 * abs(f.initial_residuals).mean():.1f}% -> after {100 * abs(f.residuals).mean():.1f}% "
                     f"({f.message})")
     if write_profile:
         import yaml
 
         with open(write_profile, "w") as fh:
             yaml.safe_dump({"gpu": "h100-sxm", "constants": asdict(f.constants)}, fh, sort_keys=False)
-        Console().print(f"wrote {write_profile}")
+        out.print(f"wrote {write_profile}")

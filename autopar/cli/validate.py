@@ -38,10 +38,9 @@ def validate(
 
         print(json.dumps(result.to_dict(), indent=2))
         return
-    from rich.console import Console
-
+    from autopar.cli.render import console
     from autopar.cli.render_validate import validation_tables
 
-    console = Console(width=200)
+    out = console()
     for r in validation_tables(result, path):
-        console.print(r)
+        out.print(r)

@@ -33,9 +33,11 @@ class Call:
 
 
 def payload(call: Call, group_size) -> np.ndarray:
-    """Bytes this GPU hands to the call: an all-gather's input is its 1/n shard."""
-    s = call.full_bytes / (np.asarray(group_size, dtype=float) if call.kind == "all_gather" else 1.0)
-    return s * call.count
+    """Bytes this GPU hands to the call: an all-gather's input is its 1/n shard. A group of one
+    GPU issues no collective (Megatron skips them), so it hands over nothing."""
+    n = np.asarray(group_size, dtype=float)
+    s = call.full_bytes / (n if call.kind == "all_gather" else 1.0)
+    return np.where(n > 1, s * call.count, 0.0)
 
 
 def call_time(call: Call, group, links: Links, crosses_node=None) -> np.ndarray:

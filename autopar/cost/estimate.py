@@ -29,7 +29,7 @@ from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.rules import check_rules
-from autopar.spec.stages import CANDIDATES, stage_profiles
+from autopar.spec.stages import stage_profiles
 from autopar.spec.table import RECOMP, PlanTable
 
 AXES = ("tp", "cp", "ep", "pp", "dp")
@@ -44,6 +44,11 @@ OPTIMIZER_BYTES_PER_PARAM = 34.0
 def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus: int | None = None,
                    seq_len: int | None = None, routing_imbalance: float = 1.0) -> dict[str, np.ndarray]:
     """Every estimate column for every plan of the table."""
+    with np.errstate(divide="ignore", invalid="ignore"):  # invalid plans (e.g. FP8 on A100) are marked, not warned
+        return _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
+
+
+def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance) -> dict[str, np.ndarray]:
     s = seq_len or model.seq_len
     k = cluster.constants
     links = Links.of(cluster)
@@ -59,7 +64,8 @@ def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, 
     tokens = b * s / c  # tokens of one microbatch on one CP rank
     edp = np.maximum(1, (t * c * d) // np.maximum(e * et, 1))
 
-    # candidate ranks: arrays shaped (3, n)
+    # every pipeline rank: arrays shaped (R, n); `active` marks ranks the plan has
+    active = st.active
     dense_l, moe_l = st.dense_layers.astype(float), st.moe_layers.astype(float)
     layers = dense_l + moe_l
     emb, head = st.has_embedding.astype(float), st.has_head.astype(float)
@@ -83,14 +89,14 @@ def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, 
     inflight = microbatches_in_flight(table.schedule, p, rank, m, v)
     working_set = np.where(recompute_share > 0, np.maximum(a_dense, a_moe), 0.0)
     activations = inflight * stored + working_set
-    fsdp_gather = np.where(table.zero_stage == 3, 2.0 * 2.0 * prm.dense_layer_max, 0.0)
+    fsdp_gather = np.where((table.zero_stage == 3) & (d * c > 1), 2.0 * 2.0 * prm.dense_layer_max, 0.0)
     moe_buffers = (2.0 * tokens / np.where(sp, tf, 1.0) * model.moe.top_k * model.hidden_size * 2.0 * et
                    if model.moe else 0.0) * (moe_l > 0)
     other = (k.runtime_reserved_gib * GIB + k.allocator_overhead_fraction * activations
              + fsdp_gather + moe_buffers)
     memory = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
               "activations": activations, "other": other}
-    mem_total = sum(memory.values())
+    mem_total = np.where(active, sum(memory.values()), -np.inf)
     mem_rank = np.argmax(mem_total, axis=0)
     pick = lambda a: np.take_along_axis(np.broadcast_to(a, mem_total.shape), mem_rank[None], 0)[0]  # noqa: E731
     peak = pick(mem_total)
@@ -155,7 +161,7 @@ def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, 
     ep_exp = ep_time * (1 - k.ep_overlap)
     cp_exp = np.maximum(0.0, cp_time - attn_time)  # the ring overlaps with the blockwise attention
     pp_exp = pp_time * (1 - k.pp_overlap)
-    t_mb = compute_mb + tp_exp + ep_exp + cp_exp + pp_exp
+    t_mb = np.where(active, compute_mb + tp_exp + ep_exp + cp_exp + pp_exp, -np.inf)
 
     # DP: gradient reduce under the last microbatch's backward, parameter gather under the first
     # forward; FSDP (ZeRO-3) gathers and reduces every microbatch under its compute
@@ -173,7 +179,7 @@ def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, 
     pace = at(t_mb)
     f = bubble_fraction(table.schedule, p, m, v)
     pipeline_t = m * pace / (1 - f)
-    tail = dp_exposed + optimizer_t
+    tail = np.where(active, dp_exposed + optimizer_t, -np.inf)
     tail_rank = np.argmax(tail, axis=0)
     at_tail = lambda a: np.take_along_axis(np.broadcast_to(a, tail.shape), tail_rank[None], 0)[0]  # noqa: E731
     step = pipeline_t + at_tail(tail)
@@ -207,7 +213,7 @@ def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, 
         "hfu": (flops + hw_extra) / step / n_gpus / peak_bf16,
         "bubble_fraction": f,
         "num_microbatches": table.num_microbatches,
-        "params_per_gpu": np.max(prm.total, axis=0),
+        "params_per_gpu": np.max(np.where(active, prm.total, 0.0), axis=0),
         "params_total": np.full(len(table), float(model.params_total)),
         "model_flops_per_step": flops,
         "stage_imbalance": st.imbalance,
@@ -215,18 +221,17 @@ def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, 
     }
     for name, arr in memory.items():
         out[f"mem_{name}"] = pick(arr)
-    for axis, arr in (("tp", tp_bytes), ("cp", cp_bytes), ("ep", ep_bytes), ("pp", pp_bytes)):
-        out[f"comm_bytes_{axis}"] = np.max(np.broadcast_to(arr * m, t_mb.shape), axis=0)
-    out["comm_bytes_dp"] = np.max(np.broadcast_to(dp_bytes, t_mb.shape), axis=0)
-    # per-stage figures (first / last / busiest middle rank), for tests and the detailed report
-    for ci, name in enumerate(CANDIDATES):
-        out[f"stage_{name}_rank"] = rank[ci]
-        out[f"stage_{name}_memory_bytes"] = mem_total[ci]
-        out[f"stage_{name}_time_per_mb"] = t_mb[ci]
-        out[f"stage_{name}_params"] = prm.total[ci]
-        for axis, arr in (("tp", tp_bytes * m), ("cp", cp_bytes * m), ("ep", ep_bytes * m), ("pp", pp_bytes * m),
-                          ("dp", dp_bytes)):
-            out[f"stage_{name}_comm_bytes_{axis}"] = np.broadcast_to(arr, t_mb.shape)[ci]
+    per_rank_bytes = {"tp": tp_bytes * m, "cp": cp_bytes * m, "ep": ep_bytes * m, "pp": pp_bytes * m, "dp": dp_bytes}
+    for axis, arr in per_rank_bytes.items():
+        out[f"comm_bytes_{axis}"] = np.max(np.where(active, np.broadcast_to(arr, t_mb.shape), 0.0), axis=0)
+    # per pipeline rank ((R, n) arrays, inactive ranks masked), for the detailed report and tests
+    out["stage_active"] = active
+    out["stage_memory_bytes"] = np.where(active, mem_total, 0.0)
+    out["stage_time_per_mb"] = np.where(active, t_mb, 0.0)
+    out["stage_params"] = np.where(active, prm.total, 0.0)
+    out["stage_layers"] = np.where(active, layers, 0.0)
+    for axis, arr in per_rank_bytes.items():
+        out[f"stage_comm_bytes_{axis}"] = np.where(active, np.broadcast_to(arr, t_mb.shape), 0.0)
     return out
 
 
@@ -273,14 +278,19 @@ def estimate(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, *, num_
     table = PlanTable.from_plans([plan])
     cols = estimate_table(table, model, cluster, num_gpus=num_gpus, seq_len=seq_len,
                           routing_imbalance=routing_imbalance)
-    row = {k: v[0] for k, v in cols.items()}
+    row = {k: v[0] for k, v in cols.items() if not k.startswith("stage_") or k == "stage_imbalance"}
     reasons = plan.problems(model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len)
     if row["valid"] and not row["fits"]:
         reasons.append(f"needs {row['peak_memory_bytes'] / GIB:.1f} GiB on pipeline rank {int(row['memory_rank'])} "
                        f"but the {cluster.gpu.key} has {row['memory_capacity_bytes'] / GIB:.1f} GiB "
                        f"({row['memory_miss_gib']:.1f} GiB short)")
     extra = {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()
-             if k.startswith("stage_") or k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step")}
+             if k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step")}
+    extra["stages"] = [
+        {"rank": r, "layers": int(cols["stage_layers"][r, 0]), "memory_bytes": float(cols["stage_memory_bytes"][r, 0]),
+         "time_per_mb_s": float(cols["stage_time_per_mb"][r, 0]), "params": float(cols["stage_params"][r, 0]),
+         "comm_bytes": {a: float(cols[f"stage_comm_bytes_{a}"][r, 0]) for a in AXES}}
+        for r in range(plan.pp)]
     return Estimate(
         plan=plan, fits=bool(row["fits"]), valid=bool(row["valid"]), reasons=reasons,
         peak_memory_bytes=float(row["peak_memory_bytes"]),

@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autopar.errors import InputError
-from autopar.search.enumerate import AXES, Question, build_table, knob_choices
+from autopar.search.enumerate import Question, build_table, knob_choices
 from autopar.search.space import SearchSpace
 
 SAMPLERS = ("tpe", "nsga2", "random")
@@ -52,13 +52,30 @@ def open_storage(url: str):
 def make_sampler(name: str, seed: int | None, multi_objective: bool):
     if name not in SAMPLERS:
         raise InputError(f"unknown sampler '{name}'; choose from {', '.join(SAMPLERS)}")
-    constraints = lambda t: t.user_attrs.get("constraint", (1.0,))  # noqa: E731
     if name == "nsga2" or (multi_objective and name == "tpe"):
-        return optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints)
+        return optuna.samplers.NSGAIISampler(seed=seed, **_constraints_kw())
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, constraints_func=constraints, multivariate=True, group=True,
-                                      n_startup_trials=20)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=20, **_constraints_kw())
+
+
+def _new_optuna() -> bool:
+    return int(optuna.__version__.split(".")[0]) >= 5
+
+
+def _constraints_kw() -> dict:
+    """Optuna >= 5 reads constraints set on the trial (Trial.set_constraint); older versions need
+    a constraints_func reading our user attribute."""
+    if _new_optuna():
+        return {}
+    return {"constraints_func": lambda t: t.user_attrs.get("constraint", (1.0,))}
+
+
+def set_constraint(trial, value: float) -> None:
+    """Feasible when <= 0 (memory misses are positive: 1 + GiB over)."""
+    trial.set_user_attr("constraint", (value,))
+    if _new_optuna():
+        trial.set_constraint("memory", value)
 
 
 def load_or_create_study(url: str, study_name: str, sampler, directions: list[str]) -> optuna.Study:
@@ -99,36 +116,60 @@ def _budget_taken_before(study: optuna.Study, number: int) -> int:
                if t.number < number and (_counts(t) or t.state == TrialState.RUNNING))
 
 
+def suggest_values(trial: optuna.Trial, choices: dict, moe: bool) -> dict[str, int]:
+    """Define-by-run: a trial's knob choices as indices into `choices`. Every knob is an ordinal
+    integer (its position in the sorted choices), so TPE's kernels see that tp 4 lies between 2
+    and 8; conditional knobs are only asked where they matter (schedule with pp > 1, recompute
+    layers with full recompute, expert knobs for MoE models)."""
+    def pick(axis: str, when: bool = True, default: int = 0) -> int:
+        n = len(choices[axis])
+        if not when or n == 1:
+            return default
+        return trial.suggest_int(axis, 0, n - 1)
+
+    v = {"tp": pick("tp"), "cp": pick("cp"), "pp": pick("pp")}
+    tp, pp = choices["tp"][v["tp"]], choices["pp"][v["pp"]]
+    single = [i for i, (sch, vpp) in enumerate(choices["sched_vpp"]) if sch == 1 and vpp == 1]
+    v["sched_vpp"] = pick("sched_vpp", pp > 1, single[0] if single else 0)
+    for axis in ("zero", "mbs", "recompute", "dtype"):
+        v[axis] = pick(axis)
+    v["recompute_layers"] = pick("recompute_layers", choices["recompute"][v["recompute"]] == 2)
+    v["tp_comm_overlap"] = pick("tp_comm_overlap", tp > 1)
+    v["ep"] = pick("ep", moe)
+    v["etp"] = pick("etp", moe)
+    v["pp_layout"] = pick("pp_layout", pp > 1)
+    v["sp"] = choices["sp"].index(tp > 1) if (tp > 1) in choices["sp"] else 0
+    return v
+
+
 def run_study(space: SearchSpace, q: Question, study: optuna.Study, n_trials: int,
               evaluate: Callable, multi_objective: bool, on_trial: Callable | None = None) -> None:
     """Run trials until the study holds `n_trials` finished ones. Trial numbers are handed out by
-    the storage, so concurrent workers never run the same trial; a worker that draws a number
-    beyond the budget marks that trial pruned ('surplus') and stops."""
+    the storage, so concurrent workers never run the same trial; a worker that draws a trial
+    beyond the budget marks it pruned ('surplus') and stops."""
     choices = knob_choices(space, q)
-    dists = {a: optuna.distributions.CategoricalDistribution(list(range(len(choices[a])))) for a in AXES
-             if len(choices[a]) > 1}
     while len(finished(study)) < n_trials:
-        trial = study.ask(dists)
+        trial = study.ask()
         if _budget_taken_before(study, trial.number) >= n_trials:
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.PRUNED)
             break
-        values = {a: np.array([trial.params.get(a, 0)]) for a in AXES}
+        values = {a: np.array([x]) for a, x in suggest_values(trial, choices, q.model.moe is not None).items()}
         table = build_table(space, q, values, choices)
         if len(table) == 0:
-            trial.set_user_attr("constraint", (1.0,))
-            trial.set_user_attr("rejected_by", "not a canonical plan for this GPU count")
+            set_constraint(trial, 1.0)
+            trial.set_user_attr("rejected_by", "not a canonical plan")
             study.tell(trial, [INFEASIBLE_STEP_TIME] + ([0.0] if multi_objective else []))
             continue
         row = evaluate(table)
         trial.set_user_attr("plan", row["plan"])
         trial.set_user_attr("estimate", row["estimate"])
-        trial.set_user_attr("constraint", (0.0 if row["fits"] else 1.0 + row["miss_gib"],))
+        set_constraint(trial, 0.0 if row["fits"] else 1.0 + row["miss_gib"])
         trial.set_user_attr("rejected_by", row["rejected_by"])
         step = row["step_time_s"] if row["valid"] and math.isfinite(row["step_time_s"]) else INFEASIBLE_STEP_TIME
         study.tell(trial, [step] + ([row["headroom_gib"]] if multi_objective else []))
         if on_trial is not None:
-            on_trial(len(finished(study)))
+            on_trial(trial.number + 1)
 
 
 def study_history(study: optuna.Study) -> list[dict]:

@@ -78,6 +78,18 @@ class CostConstants:
     #: (Megatron theoretical_memory_usage.py multiplies by 1.05: "5% overhead")
     allocator_overhead_fraction: float = 0.05
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            fraction = f.name.endswith(("_efficiency", "_overlap"))
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v < 0 or (fraction and v > 1):
+                raise InputError(f"cost constant '{f.name}' must be a number in {'[0, 1]' if fraction else '[0, inf)'}, "
+                                 f"got {v!r}; fix the cluster profile")
+        for name in ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "intra_node_bw_efficiency",
+                     "inter_node_bw_efficiency", "gemm_half_efficiency_dim", "expert_gemm_efficiency"):
+            if getattr(self, name) <= 0:
+                raise InputError(f"cost constant '{name}' must be positive; fix the cluster profile")
+
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
@@ -160,6 +172,8 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
         gpu_spec = get_gpu(str(gpu))
     cluster = default_cluster(gpu_spec, data.get("gpus_per_node"))
     consts = data.get("constants", {}) or {}
+    if not isinstance(consts, dict):
+        raise InputError(f"{origin}: 'constants' must be a mapping of constant -> number, got {consts!r}")
     bad_consts = set(consts) - _CONSTANT_KEYS
     if bad_consts:
         raise InputError(f"{origin}: unknown constant(s) {sorted(bad_consts)}; known: {sorted(_CONSTANT_KEYS)}")

@@ -61,7 +61,7 @@ def load_model_file(path: Path) -> ModelSpec:
     if not isinstance(data, dict):
         got = "nothing" if data is None else f"a {type(data).__name__}"
         raise InputError(f"model file '{path.name}' must hold a mapping of field names to values, "
-                         f"got {got}; see `autopar models --schema`")
+                         f"got {got}; see README 'Model files' for the schema")
     if path.suffix.lower() == ".json" and any(k in data for k in _HF_MARKERS):
         return model_from_hf_config(data, _default_name(path), source=path.name)
     row = dict(data)
@@ -71,5 +71,5 @@ def load_model_file(path: Path) -> ModelSpec:
     for key in ("moe", "mla"):
         if row.get(key) is not None and not isinstance(row[key], dict):
             raise InputError(f"model file '{path.name}': '{key}' must be a mapping of its fields, "
-                             f"got {row[key]!r}; see `autopar models --schema`")
+                             f"got {row[key]!r}; see README 'Model files' for the schema")
     return model_from_dict(name, row, source=str(row.get("source") or path))

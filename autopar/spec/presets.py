@@ -3,6 +3,7 @@ an autopar model file (YAML/JSON)."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from functools import cache
 from importlib import resources
@@ -57,7 +58,9 @@ def model_from_dict(name: str, row: dict, source: str = "") -> ModelSpec:
             kwargs["mla"] = MLASpec(**kwargs["mla"])
         return ModelSpec(name=name, source=source or row.get("source", ""), **kwargs)
     except TypeError as e:  # missing or unknown nested field
-        raise InputError(f"model '{name}': {e}; see `autopar models --schema`") from None
+        missing = re.findall(r"'(\w+)'", str(e))
+        what = f"missing or unknown field(s) {', '.join(missing)}" if missing else str(e)
+        raise InputError(f"model '{name}': {what}; see README 'Model files' for the schema") from None
 
 
 def get_preset(name: str) -> ModelSpec:

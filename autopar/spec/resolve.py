@@ -11,6 +11,8 @@ from autopar.spec.plan import ParallelPlan
 
 #: tokens per step when no global batch is given (a common pre-training setting)
 DEFAULT_TOKENS_PER_STEP = 4 * 1024 * 1024
+#: sanity bound on every size (GPUs, degrees, batch, sequence): keeps numbers inside int64
+MAX_SIZE = 1 << 30
 
 
 def resolve_cluster(gpu: str = "h100-sxm", gpus_per_node: int | None = None, cluster_file: str | None = None) -> ClusterSpec:
@@ -41,9 +43,9 @@ def resolve_plan(model: ModelSpec, num_gpus: int, seq_len: int, *, tp: int = 1, 
     """A ParallelPlan from flag values. dp defaults to gpus / (tp*pp*cp); the global batch to
     DEFAULT_TOKENS_PER_STEP tokens."""
     for name, v in (("gpus", num_gpus), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("vpp", vpp),
-                    ("mbs", mbs), ("seq-len", seq_len)):
-        if v is None or v <= 0:
-            raise InputError(f"--{name} must be a positive integer, got {v}")
+                    ("mbs", mbs), ("seq-len", seq_len), ("gbs", gbs), ("dp", dp)):
+        if v is not None and (v <= 0 or v > MAX_SIZE):
+            raise InputError(f"--{name} must be a positive integer up to {MAX_SIZE:,}, got {v}")
     if dp is None:
         if num_gpus % (tp * pp * cp):
             raise InputError(f"{num_gpus} GPUs do not divide by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}; "

@@ -1,9 +1,9 @@
 """Per-rank stage profiles of a pipeline layout, vectorised over a PlanTable.
 
-The cost model evaluates three candidate pipeline ranks per plan: rank 0 (embedding, most
-microbatches in flight), rank pp-1 (LM head and loss) and the busiest middle rank (most layers;
-the earliest such rank, which has the most microbatches in flight). Memory and time are monotone
-in layers and in-flight microbatches, so the most loaded rank and the slowest stage are among them.
+Every pipeline rank of every plan is profiled: arrays are shaped (R, n) with R the largest pp in
+the table; `active` marks the ranks a plan really has (rank < pp). The cost model evaluates memory
+and time on all of them, so the most loaded rank and the slowest stage are found exactly, whatever
+the layout (a middle rank with fewer layers but more microbatches in flight can be the peak).
 """
 
 from __future__ import annotations
@@ -12,18 +12,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.spec.layout import PipelineLayout, auto_layout
+from autopar.spec.layout import auto_layout
 from autopar.spec.model import ModelSpec
 from autopar.spec.table import PlanTable
-
-CANDIDATES = ("first", "last", "middle")
 
 
 @dataclass
 class StageProfiles:
-    """Arrays of shape (3, n): one row per candidate rank (CANDIDATES order)."""
+    """(R, n) arrays, one row per pipeline rank; inactive ranks (rank >= pp) hold zeros."""
 
     rank: np.ndarray
+    active: np.ndarray
     dense_layers: np.ndarray
     moe_layers: np.ndarray
     has_embedding: np.ndarray
@@ -34,35 +33,16 @@ class StageProfiles:
     imbalance: np.ndarray  # (n,) max rank layers / mean rank layers
 
 
-def _profile(layout: PipelineLayout, pp: int, model: ModelSpec) -> tuple:
-    mask = model.moe_layer_mask
-    per_rank_dense = [0] * pp
-    per_rank_moe = [0] * pp
-    for vstage, layers in enumerate(layout.layer_ranges()):
-        r = vstage % pp
-        for i in layers:
-            if mask[i]:
-                per_rank_moe[r] += 1
-            else:
-                per_rank_dense[r] += 1
-    totals = [d + m for d, m in zip(per_rank_dense, per_rank_moe)]
-    if pp > 2:
-        mid = max(range(1, pp - 1), key=lambda r: (totals[r], per_rank_moe[r], -r))
-    else:
-        mid = 0
-    ranks = (0, pp - 1, mid)
-    mean = model.num_layers / pp
-    return (ranks, [per_rank_dense[r] for r in ranks], [per_rank_moe[r] for r in ranks],
-            max(totals), max(totals) / mean)
-
-
 def stage_profiles(table: PlanTable, model: ModelSpec) -> StageProfiles:
     n = len(table)
-    out = {k: np.zeros((3, n), dtype=np.int64) for k in ("rank", "dense", "moe")}
+    R = int(table.pp.max()) if n else 1
+    dense = np.zeros((R, n), dtype=np.int64)
+    moe = np.zeros((R, n), dtype=np.int64)
     problem = np.full(n, "", dtype=object)
     text = np.full(n, "", dtype=object)
     max_layers = np.zeros(n)
     imbalance = np.ones(n)
+    mask = np.asarray(model.moe_layer_mask, dtype=bool)
     keys = np.stack([table.pp, table.vpp, table.layout_id], axis=1)
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
@@ -77,16 +57,15 @@ def stage_profiles(table: PlanTable, model: ModelSpec) -> StageProfiles:
         if probs:
             problem[rows] = "; ".join(probs)
             continue
-        ranks, dense, moe, mx, imb = _profile(layout, pp, model)
-        for c in range(3):
-            out["rank"][c, rows] = ranks[c]
-            out["dense"][c, rows] = dense[c]
-            out["moe"][c, rows] = moe[c]
-        max_layers[rows] = mx
-        imbalance[rows] = imb
-    last = table.pp - 1
-    rank = out["rank"]
-    return StageProfiles(rank=rank, dense_layers=out["dense"], moe_layers=out["moe"],
-                         has_embedding=rank == 0, has_head=rank == last[None, :],
-                         layout_problem=problem, layout_text=text, max_rank_layers=max_layers,
-                         imbalance=imbalance)
+        for vstage, layers in enumerate(layout.layer_ranges()):
+            r = vstage % pp
+            n_moe = int(mask[layers.start:layers.stop].sum())
+            moe[r, rows] += n_moe
+            dense[r, rows] += len(layers) - n_moe
+        per_rank = layout.rank_layers(pp)
+        max_layers[rows] = max(per_rank)
+        imbalance[rows] = max(per_rank) / (model.num_layers / pp)
+    rank = np.broadcast_to(np.arange(R)[:, None], (R, n))
+    return StageProfiles(rank=rank, active=rank < table.pp[None, :], dense_layers=dense, moe_layers=moe,
+                         has_embedding=rank == 0, has_head=rank == (table.pp - 1)[None, :],
+                         layout_problem=problem, layout_text=text, max_rank_layers=max_layers, imbalance=imbalance)

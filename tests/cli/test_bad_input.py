@@ -67,7 +67,7 @@ CASES = [
     ("gpus-zero", ["estimate", "--model", "llama3-70b", "--gpus", "0"], ["--gpus"]),
     ("tp-zero", E70 + ["--tp", "0"], ["--tp"]),
     ("mbs-negative", E70 + ["--mbs", "-1"], ["--mbs"]),
-    ("gbs-zero", E70 + ["--tp", "8", "--gbs", "0"], ["global_batch_size"]),
+    ("gbs-zero", E70 + ["--tp", "8", "--gbs", "0"], ["--gbs"]),
     ("gpus-per-node-zero", E70 + ["--tp", "8", "--gpus-per-node", "0"], ["--gpus-per-node"]),
     ("seq-len-zero", E70 + ["--tp", "8", "--seq-len", "0"], ["--seq-len"]),
     ("gpus-overflow", ["estimate", "--model", "llama3-70b", "--gpus", "99999999999999999999999"], ["gpus"]),

@@ -94,8 +94,8 @@ def test_cost_model_static_state_near_35_gb_for_the_chapter_70b() -> None:
     model = get_preset("llama2-70b")
     plan = ParallelPlan(tp=8, pp=4, dp=8, global_batch_size=256, zero_stage=0, main_grads_fp32=False)
     est = estimate(plan, model, CLUSTER, num_gpus=256)
-    assert est.extra["stage_middle_params"] == per_gpu
-    assert 16 * est.extra["stage_middle_params"] == pytest.approx(35e9, rel=0.025)
+    assert est.extra["stages"][1]["params"] == per_gpu
+    assert 16 * est.extra["stages"][1]["params"] == pytest.approx(35e9, rel=0.025)
 
 
 # ---- bubble (TP §3.2, §3.4; D2 Pipeline section; D2 Exercise 2) ---------------------------------
