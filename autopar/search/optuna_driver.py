@@ -116,60 +116,94 @@ def _budget_taken_before(study: optuna.Study, number: int) -> int:
                if t.number < number and (_counts(t) or t.state == TrialState.RUNNING))
 
 
-def suggest_values(trial: optuna.Trial, choices: dict, moe: bool) -> dict[str, int]:
-    """Define-by-run: a trial's knob choices as indices into `choices`. Every knob is an ordinal
-    integer (its position in the sorted choices), so TPE's kernels see that tp 4 lies between 2
-    and 8; conditional knobs are only asked where they matter (schedule with pp > 1, recompute
-    layers with full recompute, expert knobs for MoE models)."""
-    def pick(axis: str, when: bool = True, default: int = 0) -> int:
-        n = len(choices[axis])
-        if not when or n == 1:
-            return default
-        return trial.suggest_int(axis, 0, n - 1)
+#: knobs Optuna chooses (the structure of the layout) and knobs each trial completes exhaustively
+#: (cheap to evaluate side by side, vectorised): a trial is one structure plus its best completion
+OUTER = ("tp", "cp", "pp", "ep", "etp", "dtype", "tp_comm_overlap")
+INNER = ("sched_vpp", "zero", "mbs", "recompute", "recompute_layers", "pp_layout")
 
-    v = {"tp": pick("tp"), "cp": pick("cp"), "pp": pick("pp")}
-    tp, pp = choices["tp"][v["tp"]], choices["pp"][v["pp"]]
-    single = [i for i, (sch, vpp) in enumerate(choices["sched_vpp"]) if sch == 1 and vpp == 1]
-    v["sched_vpp"] = pick("sched_vpp", pp > 1, single[0] if single else 0)
-    for axis in ("zero", "mbs", "recompute", "dtype"):
-        v[axis] = pick(axis)
-    v["recompute_layers"] = pick("recompute_layers", choices["recompute"][v["recompute"]] == 2)
-    v["tp_comm_overlap"] = pick("tp_comm_overlap", tp > 1)
-    v["ep"] = pick("ep", moe)
-    v["etp"] = pick("etp", moe)
-    v["pp_layout"] = pick("pp_layout", pp > 1)
-    v["sp"] = choices["sp"].index(tp > 1) if (tp > 1) in choices["sp"] else 0
+
+def suggest_outer(trial: optuna.Trial, choices: dict, moe: bool) -> dict[str, int]:
+    """Define-by-run: the structural knobs as ordinal integers (positions in the sorted choices,
+    so TPE's kernels see that tp 4 lies between 2 and 8); expert knobs only for MoE models, the
+    TP-overlap switch only with tp > 1."""
+    def pick(axis: str, when: bool = True) -> int:
+        n = len(choices[axis])
+        return trial.suggest_int(axis, 0, n - 1) if when and n > 1 else 0
+
+    v = {"tp": pick("tp"), "cp": pick("cp"), "pp": pick("pp"), "ep": pick("ep", moe), "etp": pick("etp", moe),
+         "dtype": pick("dtype")}
+    v["tp_comm_overlap"] = pick("tp_comm_overlap", choices["tp"][v["tp"]] > 1)
     return v
+
+
+def completion_values(outer: dict[str, int], choices: dict) -> dict[str, np.ndarray]:
+    """Index arrays for every completion of one structure: the product of the INNER choices."""
+    grids = np.meshgrid(*[np.arange(len(choices[a])) for a in INNER], indexing="ij")
+    n = grids[0].size
+    values = {a: g.ravel() for a, g in zip(INNER, grids)}
+    values.update({a: np.full(n, x) for a, x in outer.items()})
+    tp = choices["tp"][outer["tp"]]
+    values["sp"] = np.full(n, choices["sp"].index(tp > 1) if (tp > 1) in choices["sp"] else 0)
+    return values
+
+
+def structures_table(space: SearchSpace, q: Question, outers: list[dict[str, int]]):
+    """One PlanTable holding every completion of the given structures."""
+    choices = knob_choices(space, q)
+    parts = [completion_values(o, choices) for o in outers]
+    values = {a: np.concatenate([p[a] for p in parts]) for a in parts[0]}
+    return build_table(space, q, values, choices)
 
 
 def run_study(space: SearchSpace, q: Question, study: optuna.Study, n_trials: int,
               evaluate: Callable, multi_objective: bool, on_trial: Callable | None = None) -> None:
-    """Run trials until the study holds `n_trials` finished ones. Trial numbers are handed out by
-    the storage, so concurrent workers never run the same trial; a worker that draws a trial
-    beyond the budget marks it pruned ('surplus') and stops."""
+    """Run trials until the study holds `n_trials` finished ones. Each trial: Optuna proposes a
+    structure, `evaluate(table)` scores all its completions (a DataFrame), the best that fits is
+    the trial's value. Trial numbers are handed out by the storage, so concurrent workers never
+    run the same trial; a worker that draws a trial beyond the budget marks it pruned ('surplus')
+    and stops."""
     choices = knob_choices(space, q)
+    moe = q.model.moe is not None
     while len(finished(study)) < n_trials:
         trial = study.ask()
         if _budget_taken_before(study, trial.number) >= n_trials:
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.PRUNED)
             break
-        values = {a: np.array([x]) for a, x in suggest_values(trial, choices, q.model.moe is not None).items()}
-        table = build_table(space, q, values, choices)
-        if len(table) == 0:
-            set_constraint(trial, 1.0)
-            trial.set_user_attr("rejected_by", "not a canonical plan")
-            study.tell(trial, [INFEASIBLE_STEP_TIME] + ([0.0] if multi_objective else []))
-            continue
-        row = evaluate(table)
-        trial.set_user_attr("plan", row["plan"])
-        trial.set_user_attr("estimate", row["estimate"])
-        set_constraint(trial, 0.0 if row["fits"] else 1.0 + row["miss_gib"])
-        trial.set_user_attr("rejected_by", row["rejected_by"])
-        step = row["step_time_s"] if row["valid"] and math.isfinite(row["step_time_s"]) else INFEASIBLE_STEP_TIME
-        study.tell(trial, [step] + ([row["headroom_gib"]] if multi_objective else []))
+        outer = suggest_outer(trial, choices, moe)
+        trial.set_user_attr("outer", outer)
+        table = build_table(space, q, completion_values(outer, choices), choices)
+        values = _score(trial, table, evaluate, multi_objective)
+        study.tell(trial, values)
         if on_trial is not None:
             on_trial(trial.number + 1)
+
+
+def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[float]:
+    """The structure's value: its fastest completion that fits (or, if none fits, the valid one
+    closest to fitting, marked infeasible through the constraint)."""
+    if len(table) == 0:
+        set_constraint(trial, 1.0)
+        trial.set_user_attr("rejected_by", "tp*pp*cp does not divide the GPUs")
+        return [INFEASIBLE_STEP_TIME] + ([0.0] if multi_objective else [])
+    df = evaluate(table)
+    trial.set_user_attr("completions", int(len(df)))
+    fit = df[df["fits"]]
+    valid = df[df["valid"]]
+    if len(fit):
+        best = fit.loc[fit["step_time_s"].idxmin()]
+        set_constraint(trial, 0.0)
+    elif len(valid):
+        best = valid.loc[valid["memory_miss_gib"].idxmin()]
+        set_constraint(trial, 1.0 + float(best["memory_miss_gib"]))
+    else:
+        set_constraint(trial, 1.0)
+        trial.set_user_attr("rejected_by", str(df["rejected_by"].iloc[0]))
+        return [INFEASIBLE_STEP_TIME] + ([0.0] if multi_objective else [])
+    trial.set_user_attr("plan_name", str(best["plan_name"]))
+    trial.set_user_attr("rejected_by", str(best["rejected_by"]))
+    headroom = float((best["memory_capacity_bytes"] - best["peak_memory_bytes"]) / 2**30)
+    return [float(best["step_time_s"])] + ([headroom] if multi_objective else [])
 
 
 def study_history(study: optuna.Study) -> list[dict]:

@@ -158,39 +158,18 @@ def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: fl
     study = od.load_or_create_study(url, name, od.make_sampler(opts.sampler, opts.seed, opts.multi_objective),
                                     directions)
     od.fail_stale(study, older_than_s=5.0)
-
-    def evaluate_one(table: PlanTable) -> dict:
-        row = evaluate(table, q, headroom).iloc[0]
-        s = row_summary(row, table.layouts)
-        return {"plan": s["plan"], "estimate": {k: s[k] for k in ("step_time_s", "tokens_per_s", "mfu",
-                                                                   "peak_memory_bytes", "plan_name")},
-                "fits": bool(row["fits"]), "valid": bool(row["valid"]), "rejected_by": str(row["rejected_by"]),
-                "miss_gib": float(row["memory_miss_gib"]), "step_time_s": float(row["step_time_s"]),
-                "headroom_gib": float((row["memory_capacity_bytes"] - row["peak_memory_bytes"]) / GIB)}
-
-    od.run_study(opts.space, q, study, opts.n_trials, evaluate_one, opts.multi_objective,
+    od.run_study(opts.space, q, study, opts.n_trials, lambda table: evaluate(table, q, headroom),
+                 opts.multi_objective,
                  on_trial=(lambda n: progress("optuna trials", n, opts.n_trials)) if progress else None)
-    plans = {}
-    from autopar.spec.plan import ParallelPlan
-
-    for t in study.get_trials(deepcopy=False):
-        if "plan" in t.user_attrs:
-            p = ParallelPlan.from_dict(t.user_attrs["plan"])
-            plans[p] = None
-    table = PlanTable.from_plans(list(plans))
+    # every completion of every structure any worker tried, re-evaluated in one vectorised pass
+    trials = [t for t in study.get_trials(deepcopy=False) if "outer" in t.user_attrs]
+    first_seen: dict[tuple, int] = {}
+    for t in trials:
+        first_seen.setdefault(tuple(sorted(t.user_attrs["outer"].items())), t.number)
+    outers = [dict(k) for k in first_seen]
+    table = od.structures_table(opts.space, q, outers)
     df = evaluate(table, q, headroom)
-    df["found_at_trial"] = _first_trial_numbers(study, list(plans))
     return df, table.layouts, od.study_history(study)
-
-
-def _first_trial_numbers(study, plans) -> np.ndarray:
-    from autopar.spec.plan import ParallelPlan
-
-    first = {}
-    for t in study.get_trials(deepcopy=False):
-        if "plan" in t.user_attrs:
-            first.setdefault(ParallelPlan.from_dict(t.user_attrs["plan"]), t.number)
-    return np.array([first[p] for p in plans])
 
 
 def write_run(result: SearchResult) -> None:
