@@ -17,13 +17,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(VENV)/bin/autopar estimate --model 70b --gpus 256 --tp 8 --pp 4 --seq-len 8192 --gbs 512
+	$(VENV)/bin/autopar search --model 70b --gpus 256
 
 test: setup
 	$(PY) -m pytest
 
 bench: setup
 	$(PY) benchmarks/bench_estimate.py
+	$(PY) benchmarks/bench_search.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

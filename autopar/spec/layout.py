@@ -55,10 +55,17 @@ class PipelineLayout:
         return out
 
     def describe(self) -> str:
+        """Run-length form, e.g. '4x20 (even)' or '[1, 62x2, 1] (embedding+loss as layers)'."""
         s = self.stages
         if len(set(s)) == 1:
             return f"{len(s)}x{s[0]} ({self.rule})"
-        return f"[{','.join(map(str, s))}] ({self.rule})"
+        runs: list[list[int]] = []
+        for x in s:
+            if runs and runs[-1][1] == x:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, x])
+        return "[" + ", ".join(f"{n}x{x}" if n > 1 else str(x) for n, x in runs) + f"] ({self.rule})"
 
 
 def even_layout(num_layers: int, stages: int) -> PipelineLayout | None:
