@@ -10,6 +10,8 @@ Source: Korthikanti et al. 2022 (arXiv:2205.05198) §4 and Table 2 (reference A.
   forward again; `full` keeps only each layer's input (2h, sharded by SP).
 - context parallelism divides the tokens by cp (Megatron docs context_parallel.md); sequence
   parallelism divides everything by tp, otherwise only the tensor-parallel part is divided.
+- 32-bit training (dtype fp32) doubles every activation but the 1-byte masks, int64 ids and the
+  fp32 logits (the estimate scales the layer terms by act_bytes / 2).
 - MoE layers: router logits (fp32), each token's k routed copies (dispatched input, expert hidden
   units, output kept for the probability weighting) and the shared experts (like a dense MLP).
 """
@@ -77,9 +79,9 @@ def embedding_bytes(model: ModelSpec, tokens, tp, sp) -> np.ndarray:
     return 8.0 * tokens + mask
 
 
-def head_bytes(model: ModelSpec, tokens, tp, sp) -> np.ndarray:
+def head_bytes(model: ModelSpec, tokens, tp, sp, act_bytes=2.0) -> np.ndarray:
     """Last stage: final-norm input, LM-head input and fp32 vocab-parallel logits
-    (Korthikanti §4.3: 4sbh/t * (1 + v/h))."""
+    (Korthikanti §4.3: 4sbh/t * (1 + v/h) with 2-byte activations)."""
     tokens = np.asarray(tokens, dtype=float)
     tp = np.asarray(tp, dtype=float)
-    return tokens * (4.0 * model.hidden_size / np.where(sp, tp, 1.0) + 4.0 * padded_vocab(model, tp) / tp)
+    return tokens * (2.0 * act_bytes * model.hidden_size / np.where(sp, tp, 1.0) + 4.0 * padded_vocab(model, tp) / tp)

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.spec.sharding import block_plan, sync_points
 from autopar.cost.collectives import (Links, all_gather_time, all_reduce_time, all_to_all_time, p2p_time,
                                       place, reduce_scatter_time)
 
-ACT_BYTES = 2.0  # bf16 activations on the wire
 
 
 @dataclass
@@ -55,19 +55,23 @@ def traffic(calls: list[Call], group_size, group, links: Links, crosses_node=Non
     return nbytes, seconds
 
 
-def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_head, recompute_share, etp) -> list[Call]:
-    """TP collectives of one GPU for one microbatch. Every layer block (attention, MLP) is one sync
-    point: per pass an all-reduce (no SP) or an all-gather + reduce-scatter (SP); passes = forward,
-    backward, and the recomputed forward of the `recompute_share` of layers fully recomputed.
-    MoE layers sync on tp for attention, and for the MLP only with shared experts or expert-TP
-    (which gathers the k routed copies). Embedding output, LM-head input and the three fp32
-    reductions of the vocab-parallel cross-entropy come on top."""
-    s = tokens * model.hidden_size * ACT_BYTES
+def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_head, recompute_share, etp,
+             act_bytes) -> list[Call]:
+    """TP collectives of one GPU for one microbatch. The sync points per block come from the
+    sharding tables (autopar.spec.sharding) the built-in model applies: each row-parallel module
+    is one sync point, costing per pass an all-reduce (no SP) or an all-gather + reduce-scatter
+    (SP); passes = forward, backward, and the recomputed forward of the `recompute_share` of
+    layers fully recomputed. Expert-TP (etp > 1) also gathers the k routed copies on MoE layers.
+    Embedding output, LM-head input and the three fp32 reductions of the vocab-parallel
+    cross-entropy come on top."""
+    s = tokens * model.hidden_size * act_bytes
     moe = model.moe
-    shared = 1.0 if (moe is not None and moe.num_shared_experts) else 0.0
+    shared = moe is not None and moe.num_shared_experts > 0
     k = moe.top_k if moe is not None else 1
     passes = 2.0 + recompute_share
-    sync = (dense_layers * 2.0 + moe_layers * (1.0 + shared * (etp <= 1))) * passes
+    dense_sync = sync_points(block_plan(moe_layer=False, shared_experts=False))
+    moe_sync = sync_points(block_plan(moe_layer=True, shared_experts=shared))
+    sync = (dense_layers * dense_sync + moe_layers * moe_sync) * passes
     sync_k = moe_layers * (etp > 1) * passes
     on_sp, off_sp = np.where(sp, 1.0, 0.0), np.where(sp, 0.0, 1.0)
     return [
@@ -81,42 +85,42 @@ def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_hea
     ]
 
 
-def cp_calls(model, tokens, tp, cp, layers, recompute_share) -> list[Call]:
+def cp_calls(model, tokens, tp, cp, layers, recompute_share, act_bytes) -> list[Call]:
     """Ring attention: forward passes the local K/V block cp-1 times; backward passes K/V and
     dK/dV cp-1 times each (TE/Megatron p2p CP); recomputed forwards repeat the forward ring."""
-    kv = tokens * (model.k_size + model.v_size) / np.asarray(tp, dtype=float) * ACT_BYTES
+    kv = tokens * (model.k_size + model.v_size) / np.asarray(tp, dtype=float) * act_bytes
     steps = np.asarray(cp, dtype=float) - 1
     return [Call("send", kv, layers * steps * (3.0 + recompute_share))]
 
 
-def ep_calls(model, tokens, tp, sp, moe_layers, imbalance) -> list[Call]:
+def ep_calls(model, tokens, tp, sp, moe_layers, imbalance, act_bytes) -> list[Call]:
     """Dispatch and combine all-to-alls, forward and backward, of the k routed copies of the
     tp-local tokens (seed distributed-training-ii EP section; Megatron alltoall dispatcher)."""
     if model.moe is None:
         return []
     local = tokens / np.where(sp, np.asarray(tp, dtype=float), 1.0)
-    s = local * model.moe.top_k * model.hidden_size * ACT_BYTES * imbalance
+    s = local * model.moe.top_k * model.hidden_size * act_bytes * imbalance
     return [Call("all_to_all", s, moe_layers * 4.0)]
 
 
-def pp_calls(model, tokens, tp, sp, pp, vpp, rank) -> list[Call]:
+def pp_calls(model, tokens, tp, sp, pp, vpp, rank, act_bytes) -> list[Call]:
     """Activations forward and gradients backward at each (virtual) stage boundary, per microbatch:
     rank r sends v forward (less the last virtual stage's) and v backward (less the first's)."""
-    s = tokens * model.hidden_size * ACT_BYTES / np.where(sp, np.asarray(tp, dtype=float), 1.0)
+    s = tokens * model.hidden_size * act_bytes / np.where(sp, np.asarray(tp, dtype=float), 1.0)
     v = np.asarray(vpp, dtype=float)
     fwd = v - (rank == np.asarray(pp) - 1)
     bwd = v - (rank == 0)
     return [Call("send", s, np.where(np.asarray(pp) > 1, fwd + bwd, 0.0))]
 
 
-def dp_calls(params, zero_stage, grad_bytes, m) -> tuple[list[Call], list[Call]]:
+def dp_calls(params, zero_stage, grad_bytes, weight_bytes, m) -> tuple[list[Call], list[Call]]:
     """(gradient reduction, parameter gathering) calls of one GPU per step for `params` reduced
     over one data-parallel group. ZeRO-0: all-reduce of the gradients; ZeRO-1/2: reduce-scatter of
-    the gradients and all-gather of the bf16 parameters; ZeRO-3/FSDP: per microbatch, all-gather
+    the gradients and all-gather of the (bf16) parameters; ZeRO-3/FSDP: per microbatch, all-gather
     forward and backward and reduce-scatter of the gradients (torch FSDP2 default)."""
     z = np.asarray(zero_stage)
     grads = params * grad_bytes
-    weights = params * 2.0
+    weights = params * weight_bytes
     per_mb = np.where(z == 3, m, 1.0)
     reduce = [Call("all_reduce", grads, np.where(z == 0, 1.0, 0.0)),
               Call("reduce_scatter", grads, np.where(z >= 1, per_mb, 0.0))]

@@ -27,7 +27,10 @@ def gemm_rate(cluster: ClusterSpec, dtype, smallest_dim) -> np.ndarray:
     k = cluster.constants
     g = cluster.gpu
     fp8 = np.asarray(dtype) == DTYPE["fp8"]
-    peak = np.where(fp8, g.fp8_tflops * 1e12 * k.fp8_gemm_efficiency, g.bf16_tflops * 1e12 * k.gemm_efficiency)
+    fp32 = np.asarray(dtype) == DTYPE["fp32"]
+    bf16 = g.bf16_tflops * 1e12 * k.gemm_efficiency
+    # TF32 tensor cores run at half the BF16 rate (H100/A100 datasheets, reference C)
+    peak = np.where(fp8, g.fp8_tflops * 1e12 * k.fp8_gemm_efficiency, np.where(fp32, bf16 / 2, bf16))
     return peak * shape_efficiency(smallest_dim, k.gemm_half_efficiency_dim)
 
 

@@ -22,7 +22,7 @@ from autopar.cost.comm import cp_calls, dp_calls, ep_calls, pp_calls, tp_calls, 
 from autopar.cost.compute import attention_rate, gemm_rate
 from autopar.cost.flops import (attention_core_flops_per_token, attention_linear_flops_per_token,
                                 head_flops_per_token, mlp_flops_per_token, model_flops_per_step)
-from autopar.cost.memory import state_bytes
+from autopar.cost.memory import precision_bytes, state_bytes
 from autopar.cost.params import rank_params
 from autopar.cost.pipeline import bubble_fraction, microbatches_in_flight
 from autopar.spec.hardware import GIB, ClusterSpec
@@ -30,7 +30,7 @@ from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.rules import check_rules
 from autopar.spec.stages import stage_profiles
-from autopar.spec.table import RECOMP, PlanTable
+from autopar.spec.table import DTYPE, RECOMP, PlanTable
 
 AXES = ("tp", "cp", "ep", "pp", "dp")
 TIME_TERMS = ("compute", "tp", "cp", "ep", "pp", "dp", "bubble", "optimizer")
@@ -76,21 +76,25 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
     rl = np.where(table.recompute_layers < 0, np.inf, table.recompute_layers)
     recompute_share = np.where(full, np.minimum(1.0, rl / np.maximum(layers, 1.0)), 0.0)
     selective = table.recompute == RECOMP["selective"]
+    fp32 = table.dtype == DTYPE["fp32"]
+    act_bytes = np.where(fp32, 4.0, 2.0)
+    act_scale = act_bytes / 2.0  # the activation formulas are for 2-byte activations
+    weight_bytes, _ = precision_bytes(fp32)
 
     # ---- memory ----------------------------------------------------------------------------
     prm = rank_params(model, dense_l, moe_l, emb, head, t, p, e, et)
-    states = state_bytes(prm.dense, prm.expert, table.zero_stage, d * c, edp, table.main_grads_fp32)
-    a_dense = act.dense_layer_bytes(model, tokens, t, sp)
-    a_moe = act.moe_layer_bytes(model, tokens, t, et) if model.moe else np.zeros_like(a_dense)
-    a_input = act.layer_input_bytes(model, tokens, t, sp)
+    states = state_bytes(prm.dense, prm.expert, table.zero_stage, d * c, edp, table.main_grads_fp32, fp32)
+    a_dense = act.dense_layer_bytes(model, tokens, t, sp) * act_scale
+    a_moe = (act.moe_layer_bytes(model, tokens, t, et) if model.moe else np.zeros_like(a_dense)) * act_scale
+    a_input = act.layer_input_bytes(model, tokens, t, sp) * act_scale
     full_layers_act = dense_l * a_dense + moe_l * a_moe
     stored = (full_layers_act * (1 - recompute_share) + layers * a_input * recompute_share
-              + emb * act.embedding_bytes(model, tokens, t, sp) + head * act.head_bytes(model, tokens, t, sp))
+              + emb * act.embedding_bytes(model, tokens, t, sp) + head * act.head_bytes(model, tokens, t, sp, act_bytes))
     inflight = microbatches_in_flight(table.schedule, p, rank, m, v)
     working_set = np.where(recompute_share > 0, np.maximum(a_dense, a_moe), 0.0)
     activations = inflight * stored + working_set
-    fsdp_gather = np.where((table.zero_stage == 3) & (d * c > 1), 2.0 * 2.0 * prm.dense_layer_max, 0.0)
-    moe_buffers = (2.0 * tokens / np.where(sp, tf, 1.0) * model.moe.top_k * model.hidden_size * 2.0 * et
+    fsdp_gather = np.where((table.zero_stage == 3) & (d * c > 1), 2.0 * weight_bytes * prm.dense_layer_max, 0.0)
+    moe_buffers = (2.0 * tokens / np.where(sp, tf, 1.0) * model.moe.top_k * model.hidden_size * act_bytes * et
                    if model.moe else 0.0) * (moe_l > 0)
     other = (k.runtime_reserved_gib * GIB + k.allocator_overhead_fraction * activations
              + fsdp_gather + moe_buffers)
@@ -137,18 +141,19 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
 
     # ---- communication ---------------------------------------------------------------------
     gpn = cluster.gpus_per_node
-    tp_bytes, tp_time = traffic(tp_calls(model, tokens, sp, dense_l, moe_l, emb, head, recompute_share, et),
+    tp_bytes, tp_time = traffic(tp_calls(model, tokens, sp, dense_l, moe_l, emb, head, recompute_share, et, act_bytes),
                                 t, place(t, 1, gpn), links)
     cp_group = place(c, t, gpn)
-    cp_bytes, cp_time = traffic(cp_calls(model, tokens, t, c, layers, recompute_share), c, cp_group, links,
+    cp_bytes, cp_time = traffic(cp_calls(model, tokens, t, c, layers, recompute_share, act_bytes), c, cp_group, links,
                                 crosses_node=cp_group.nodes > 1)
-    ep_bytes, ep_time = traffic(ep_calls(model, tokens, t, sp, moe_l, routing_imbalance), e, place(e, et, gpn), links)
+    ep_bytes, ep_time = traffic(ep_calls(model, tokens, t, sp, moe_l, routing_imbalance, act_bytes), e,
+                                place(e, et, gpn), links)
     pp_stride = t * c * d
-    pp_bytes, pp_time = traffic(pp_calls(model, tokens, t, sp, p, v, rank), p, None, links,
+    pp_bytes, pp_time = traffic(pp_calls(model, tokens, t, sp, p, v, rank, act_bytes), p, None, links,
                                 crosses_node=pp_stride * np.minimum(p, 2) > gpn)
-    grad_b = np.where(table.main_grads_fp32, 4.0, 2.0)
-    red_d, gat_d = dp_calls(prm.dense, table.zero_stage, grad_b, m)
-    red_e, gat_e = dp_calls(prm.expert, table.zero_stage, grad_b, m)
+    grad_b = np.where(table.main_grads_fp32 | fp32, 4.0, 2.0)
+    red_d, gat_d = dp_calls(prm.dense, table.zero_stage, grad_b, weight_bytes, m)
+    red_e, gat_e = dp_calls(prm.expert, table.zero_stage, grad_b, weight_bytes, m)
     dgroup, egroup = place(d * c, t, gpn), place(edp, e * et, gpn)
     rb_d, rt_d = traffic(red_d, d * c, dgroup, links)
     gb_d, gt_d = traffic(gat_d, d * c, dgroup, links)

@@ -17,6 +17,12 @@ import numpy as np
 
 WEIGHT_BYTES = 2.0  # bf16 (FP8 training keeps bf16 weights; TE's fp8 copies are transient)
 OPTIMIZER_BYTES = 12.0  # fp32 master + Adam m + v
+FP32_OPTIMIZER_BYTES = 8.0  # fp32 training: Adam m + v, no master copy
+
+
+def precision_bytes(fp32) -> tuple[np.ndarray, np.ndarray]:
+    """(weight bytes, optimizer bytes) per parameter: mixed precision 2 and 12, fp32 4 and 8."""
+    return np.where(fp32, 4.0, WEIGHT_BYTES), np.where(fp32, FP32_OPTIMIZER_BYTES, OPTIMIZER_BYTES)
 
 
 @dataclass
@@ -26,11 +32,13 @@ class StateBytes:
     optimizer: np.ndarray
 
 
-def state_bytes(dense_params, expert_params, zero_stage, dense_dp, expert_dp, main_grads_fp32) -> StateBytes:
+def state_bytes(dense_params, expert_params, zero_stage, dense_dp, expert_dp, main_grads_fp32, fp32=False) -> StateBytes:
     """Weights, gradients and optimizer bytes of one GPU holding `dense_params` (sharded over
-    `dense_dp`) and `expert_params` (sharded over `expert_dp`) under the ZeRO stage."""
+    `dense_dp`) and `expert_params` (sharded over `expert_dp`) under the ZeRO stage; `fp32` is
+    full-precision training (4-byte weights and gradients, Adam m and v only)."""
     z = np.asarray(zero_stage)
-    grad_b = np.where(main_grads_fp32, 4.0, 2.0)
+    grad_b = np.where(np.asarray(main_grads_fp32) | np.asarray(fp32), 4.0, 2.0)
+    weight_b, opt_b = precision_bytes(fp32)
 
     def sharded(params, group, from_stage, per_param):
         return params * per_param / np.where(z >= from_stage, group, 1.0)
@@ -38,9 +46,9 @@ def state_bytes(dense_params, expert_params, zero_stage, dense_dp, expert_dp, ma
     dense_dp = np.asarray(dense_dp, dtype=float)
     expert_dp = np.asarray(expert_dp, dtype=float)
     return StateBytes(
-        weights=sharded(dense_params, dense_dp, 3, WEIGHT_BYTES) + sharded(expert_params, expert_dp, 3, WEIGHT_BYTES),
+        weights=sharded(dense_params, dense_dp, 3, weight_b) + sharded(expert_params, expert_dp, 3, weight_b),
         gradients=sharded(dense_params, dense_dp, 2, grad_b) + sharded(expert_params, expert_dp, 2, grad_b),
-        optimizer=sharded(dense_params, dense_dp, 1, OPTIMIZER_BYTES) + sharded(expert_params, expert_dp, 1, OPTIMIZER_BYTES),
+        optimizer=sharded(dense_params, dense_dp, 1, opt_b) + sharded(expert_params, expert_dp, 1, opt_b),
     )
 
 

@@ -24,7 +24,7 @@ EXPERT_MESH_ORDER = ("pp", "edp", "ep", "etp")
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
-DTYPES = ("bf16", "fp8")
+DTYPES = ("bf16", "fp8", "fp32")  # fp32: full-precision training (CPU trials)
 ZERO_STAGES = (0, 1, 2, 3)
 
 _POSITIVE = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "global_batch_size")
