@@ -46,17 +46,26 @@ def top_table(r: SearchResult) -> Table:
     t = Table(title=f"Top {len(r.top)} of {int(r.plans['fits'].sum())} plans that fit "
                     f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})",
               title_justify="left")
-    for col in ("#", "layout", "schedule", "recompute", "ZeRO", "mbs", "memory GiB", "step s", "tokens/s", "MFU",
-                "bubble", "dominant cost"):
-        t.add_column(col, justify="left" if col in ("layout", "schedule", "recompute", "dominant cost") else "right")
+    for col in ("#", "layout", "schedule", "stages", "recompute", "ZeRO", "mbs", "memory GiB", "step s", "tokens/s",
+                "MFU", "bubble", "dominant cost"):
+        t.add_column(col, justify="left" if col in ("layout", "schedule", "stages", "recompute", "dominant cost")
+                     else "right")
     cap = q.cluster.gpu.hbm_bytes / GIB
     for i, (_, row) in enumerate(r.top.iterrows(), start=1):
         sched = row["pp_schedule"] if row["pp"] > 1 else "-"
         t.add_row(str(i), str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""), sched,
-                  row["recompute"], str(row["zero_stage"]), str(row["micro_batch_size"]),
+                  stage_balance(row), row["recompute"], str(row["zero_stage"]), str(row["micro_batch_size"]),
                   f"{row['memory_gib']:.1f} / {cap:.0f}", f"{row['step_time_s']:.3f}", f"{row['tokens_per_s']:,.0f}",
                   f"{100 * row['mfu']:.1f}%", f"{100 * row['bubble_fraction']:.1f}%", str(row["dominant_cost"]))
     return t
+
+
+def stage_balance(row) -> str:
+    """'-' without a pipeline, 'even', or the uneven layout's busiest-rank imbalance."""
+    if row["pp"] == 1:
+        return "-"
+    imb = float(row["stage_imbalance"])
+    return "even" if imb <= 1.0 + 1e-9 else f"uneven {imb:.2f}x"
 
 
 def print_result(r: SearchResult) -> None:

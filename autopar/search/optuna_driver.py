@@ -19,9 +19,13 @@ from optuna.trial import TrialState
 
 from autopar.errors import InputError
 from autopar.search.enumerate import Question, build_table, knob_choices
+from autopar.search.results import row_plan
 from autopar.search.space import SearchSpace
 
 SAMPLERS = ("tpe", "nsga2", "random")
+#: the estimate figures every trial keeps (with its plan) as user attributes
+ESTIMATE_ATTRS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_bytes",
+                  "memory_capacity_bytes", "bubble_fraction")
 INFEASIBLE_STEP_TIME = 1e9  # objective of a plan that is not a plan (divisibility) or not valid
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -68,12 +72,12 @@ def _constraints_kw() -> dict:
     a constraints_func reading our user attribute."""
     if _new_optuna():
         return {}
-    return {"constraints_func": lambda t: t.user_attrs.get("constraint", (1.0,))}
+    return {"constraints_func": lambda t: (t.user_attrs.get("estimate", {}).get("constraint", 1.0),)}
 
 
 def set_constraint(trial, value: float) -> None:
-    """Feasible when <= 0 (memory misses are positive: 1 + GiB over)."""
-    trial.set_user_attr("constraint", (value,))
+    """Feasible when <= 0 (memory misses are positive: 1 + GiB over). Optuna < 5 reads it back
+    from the trial's "estimate" user attribute through `constraints_func`."""
     if _new_optuna():
         trial.set_constraint("memory", value)
 
@@ -181,27 +185,30 @@ def run_study(space: SearchSpace, q: Question, study: optuna.Study, n_trials: in
 
 def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[float]:
     """The structure's value: its fastest completion that fits (or, if none fits, the valid one
-    closest to fitting, marked infeasible through the constraint)."""
+    closest to fitting, marked infeasible through the constraint). The trial keeps that plan and
+    its estimate as user attributes (few writes: each is a storage round trip)."""
+    infeasible = [INFEASIBLE_STEP_TIME] + ([0.0] if multi_objective else [])
     if len(table) == 0:
         set_constraint(trial, 1.0)
-        trial.set_user_attr("rejected_by", "tp*pp*cp does not divide the GPUs")
-        return [INFEASIBLE_STEP_TIME] + ([0.0] if multi_objective else [])
+        trial.set_user_attr("estimate", {"rejected_by": "tp*pp*cp does not divide the GPUs", "constraint": 1.0})
+        return infeasible
     df = evaluate(table)
-    trial.set_user_attr("completions", int(len(df)))
-    fit = df[df["fits"]]
-    valid = df[df["valid"]]
+    fit, valid = df[df["fits"]], df[df["valid"]]
     if len(fit):
-        best = fit.loc[fit["step_time_s"].idxmin()]
-        set_constraint(trial, 0.0)
+        best, constraint = fit.loc[fit["step_time_s"].idxmin()], 0.0
     elif len(valid):
         best = valid.loc[valid["memory_miss_gib"].idxmin()]
-        set_constraint(trial, 1.0 + float(best["memory_miss_gib"]))
+        constraint = 1.0 + float(best["memory_miss_gib"])
     else:
         set_constraint(trial, 1.0)
-        trial.set_user_attr("rejected_by", str(df["rejected_by"].iloc[0]))
-        return [INFEASIBLE_STEP_TIME] + ([0.0] if multi_objective else [])
-    trial.set_user_attr("plan_name", str(best["plan_name"]))
-    trial.set_user_attr("rejected_by", str(best["rejected_by"]))
+        trial.set_user_attr("estimate", {"rejected_by": str(df["rejected_by"].iloc[0]), "constraint": 1.0,
+                                         "completions": int(len(df))})
+        return infeasible
+    set_constraint(trial, constraint)
+    trial.set_user_attr("plan", row_plan(best, table.layouts).to_dict())
+    trial.set_user_attr("estimate", {k: float(best[k]) for k in ESTIMATE_ATTRS} | {
+        "fits": bool(best["fits"]), "plan_name": str(best["plan_name"]), "rejected_by": str(best["rejected_by"]),
+        "completions": int(len(df)), "constraint": constraint})
     headroom = float((best["memory_capacity_bytes"] - best["peak_memory_bytes"]) / 2**30)
     return [float(best["step_time_s"])] + ([headroom] if multi_objective else [])
 
@@ -213,7 +220,7 @@ def study_history(study: optuna.Study) -> list[dict]:
         if t.state != TrialState.COMPLETE or not t.values:
             continue
         v = t.values[0]
-        feasible = t.user_attrs.get("constraint", (0.0,))[0] <= 0
+        feasible = t.user_attrs.get("estimate", {}).get("constraint", 1.0) <= 0
         if feasible:
             best = min(best, v)
         out.append({"number": t.number, "step_time_s": v, "feasible": feasible, "best_so_far": best})

@@ -29,7 +29,7 @@ def frame(table: PlanTable, est: dict[str, np.ndarray]) -> pd.DataFrame:
         "tp_comm_overlap": c["tp_comm_overlap"], "layout_id": c["layout_id"],
     })
     for name, arr in est.items():
-        if not name.startswith("stage_"):
+        if np.ndim(arr) == 1:  # per-rank (R, n) arrays stay out of the table
             df[name] = arr
     df["layout_text"] = df.pop("layout")
     df["plan_name"] = plan_names(df)
