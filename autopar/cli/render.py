@@ -39,6 +39,18 @@ def plan_line(est: Estimate) -> str:
     return "  ".join(x for x in parts if x)
 
 
+def breakdown_table(title: str, columns: tuple[str, ...], rows: list[tuple], total: tuple) -> Table:
+    """A titled table: a label column, right-aligned figures, and a bold total row."""
+    t = Table(title=title, title_justify="left")
+    t.add_column(columns[0])
+    for c in columns[1:]:
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(*r)
+    t.add_row(*total, style="bold")
+    return t
+
+
 def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_gpus: int, seq_len: int) -> list:
     cap = est.memory_capacity_bytes
     verdict = Text("FITS", style="bold green") if est.fits else Text("DOES NOT FIT", style="bold red")
@@ -51,25 +63,16 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     for r in est.reasons:
         out.append(Text(f"  - {r}", style="red"))
 
-    mem = Table(title="Memory per GPU (most loaded rank)", title_justify="left")
-    mem.add_column("term")
-    mem.add_column("GiB", justify="right")
-    mem.add_column("% of HBM", justify="right")
-    for name in MEMORY_TERMS:
-        v = est.memory_bytes[name]
-        mem.add_row(name, f"{v / GIB:.2f}", f"{100 * v / cap:.1f}")
-    mem.add_row("total", f"{est.peak_memory_bytes / GIB:.2f}", f"{100 * est.peak_memory_bytes / cap:.1f}", style="bold")
+    mem = breakdown_table("Memory per GPU (most loaded rank)", ("term", "GiB", "% of HBM"),
+                          [(n, f"{est.memory_bytes[n] / GIB:.2f}", f"{100 * est.memory_bytes[n] / cap:.1f}")
+                           for n in MEMORY_TERMS],
+                          ("total", f"{est.peak_memory_bytes / GIB:.2f}", f"{100 * est.peak_memory_bytes / cap:.1f}"))
+    tim = breakdown_table("Step time", ("term", "seconds", "%"),
+                          [(TIME_LABELS[n], f"{est.time_s[n]:.4f}", f"{100 * est.time_s[n] / est.step_time_s:.1f}")
+                           for n in TIME_TERMS],
+                          ("step", f"{est.step_time_s:.4f}", "100.0"))
 
-    tim = Table(title="Step time", title_justify="left")
-    tim.add_column("term")
-    tim.add_column("seconds", justify="right")
-    tim.add_column("%", justify="right")
-    for name in TIME_TERMS:
-        v = est.time_s[name]
-        tim.add_row(TIME_LABELS[name], f"{v:.4f}", f"{100 * v / est.step_time_s:.1f}")
-    tim.add_row("step", f"{est.step_time_s:.4f}", "100.0", style="bold")
-
-    com = Table(title="Communication per GPU per step (payload)", title_justify="left")
+    com = Table(title="Communication per GPU per step", title_justify="left")
     com.add_column("axis")
     com.add_column("GB", justify="right")
     for axis, v in est.comm_bytes_per_gpu.items():

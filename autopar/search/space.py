@@ -8,6 +8,7 @@ from pathlib import Path
 
 from autopar.errors import InputError, did_you_mean
 from autopar.spec.plan import DTYPES, RECOMPUTE, SCHEDULES
+from autopar.spec.yaml_io import load_yaml
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 
@@ -108,8 +109,6 @@ def space_names() -> list[str]:
 
 def load_space(name_or_file: str) -> SearchSpace:
     """`--space NAME|FILE`: a shipped space by name, or a YAML file."""
-    import yaml
-
     path = Path(name_or_file)
     if not (path.suffix in (".yaml", ".yml") or "/" in name_or_file):
         path = SPACES_DIR / f"{name_or_file}.yaml"
@@ -118,10 +117,5 @@ def load_space(name_or_file: str) -> SearchSpace:
                              f"shipped spaces: {', '.join(space_names())}, or pass a YAML file")
     elif not path.is_file():
         raise InputError(f"search space file '{name_or_file}' does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise InputError(f"search space '{path}' is not valid YAML{where}; fix the syntax") from None
+    data = load_yaml(path, f"search space '{path}'")
     return space_from_dict(data, f"search space '{path.name}'")

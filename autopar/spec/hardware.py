@@ -187,15 +187,7 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
 
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:
-    import yaml  # only needed for cluster files
+    from autopar.spec.yaml_io import load_yaml
 
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"cluster file '{path}' does not exist; pass a YAML file (see README, 'Hardware')")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise InputError(f"cluster file '{path}' is not valid YAML{where}; fix the syntax") from None
+    data = load_yaml(path, f"cluster file '{path}'")
     return cluster_from_dict(data, origin=f"cluster file '{path}'")

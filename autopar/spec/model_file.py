@@ -11,6 +11,7 @@ from autopar.errors import InputError
 from autopar.spec.hf_config import model_from_hf_config
 from autopar.spec.model import ModelSpec
 from autopar.spec.presets import model_from_dict
+from autopar.spec.yaml_io import parse_yaml
 
 _HF_MARKERS = ("model_type", "architectures", "num_hidden_layers")
 
@@ -29,16 +30,7 @@ def _parse(path: Path, text: str) -> Any:
             raise InputError(f"model file '{path.name}' is not valid JSON (line {e.lineno}, column "
                              f"{e.colno}): {e.msg}; fix the syntax") from None
     if suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            what = ": ".join(p for p in (getattr(e, "context", None), getattr(e, "problem", None)) if p)
-            raise InputError(f"model file '{path.name}' is not valid YAML{where}: "
-                             f"{_one_line(what or e)}; fix the syntax") from None
+        return parse_yaml(text, f"model file '{path.name}'")
     raise InputError(f"model file '{path.name}' has an unknown extension '{path.suffix}'; use "
                      f".json (HuggingFace config.json or autopar schema) or .yaml/.yml")
 
