@@ -72,7 +72,7 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
                            for n in TIME_TERMS],
                           ("step", f"{est.step_time_s:.4f}", "100.0"))
 
-    com = Table(title="Communication per GPU per step", title_justify="left")
+    com = Table(title="Communication per GPU per step", title_justify="left", min_width=34)
     com.add_column("axis")
     com.add_column("GB", justify="right")
     for axis, v in est.comm_bytes_per_gpu.items():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.spec.sharding import block_plan, sync_points
+from autopar.spec.sharding import MODEL_PLAN, block_plan, sync_points
 from autopar.cost.collectives import (Links, all_gather_time, all_reduce_time, all_to_all_time, p2p_time,
                                       place, reduce_scatter_time)
 
@@ -63,7 +63,9 @@ def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_hea
     (SP); passes = forward, backward, and the recomputed forward of the `recompute_share` of
     layers fully recomputed. Expert-TP (etp > 1) also gathers the k routed copies on MoE layers.
     Embedding output, LM-head input and the three fp32 reductions of the vocab-parallel
-    cross-entropy come on top."""
+    cross-entropy come on top. Under SP the embedding's output reduce-scatter has an all-gather of
+    its gradient in the backward (Megatron `reduce_scatter_to_sequence_parallel_region`, whose
+    backward is `_gather_along_first_dim`; measured on the built-in model)."""
     s = tokens * model.hidden_size * act_bytes
     moe = model.moe
     shared = moe is not None and moe.num_shared_experts > 0
@@ -78,11 +80,33 @@ def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_hea
         Call("all_gather", s, sync * on_sp), Call("reduce_scatter", s, sync * on_sp),
         Call("all_reduce", s, sync * off_sp),
         Call("all_gather", s * k, sync_k * on_sp), Call("reduce_scatter", s * k, sync_k * on_sp),
-        Call("reduce_scatter", s, has_embedding * on_sp), Call("all_reduce", s, has_embedding * off_sp),
+        Call("reduce_scatter", s, has_embedding * on_sp), Call("all_gather", s, has_embedding * on_sp),
+        Call("all_reduce", s, has_embedding * off_sp),
         Call("all_gather", s, has_head * on_sp), Call("reduce_scatter", s, has_head * on_sp),
         Call("all_reduce", s, has_head * off_sp),
         Call("all_reduce", tokens * 4.0, has_head * 3.0),
     ]
+
+
+def tp_step_calls(model, sp, dense_layers, moe_layers, has_head, grad_bytes) -> list[Call]:
+    """TP collectives of one GPU once per step (not per microbatch): under SP the gradients of the
+    sequence-parallel parameters (the modules styled "sequence" in the sharding tables: the block
+    norms and the final norm) are partial sums over the sequence shards, all-reduced over the TP
+    group after the last microbatch (Megatron `finalize_model_grads` -> `_allreduce_layernorm_grads`,
+    one coalesced buffer; measured on the built-in model, where DTensor reduces them at the
+    optimizer step). Without SP every TP rank computes the same full gradient: nothing to reduce."""
+    moe = model.moe
+    shared = moe is not None and moe.num_shared_experts > 0
+    dense_seq = _sequence_modules(block_plan(moe_layer=False, shared_experts=False))
+    moe_seq = _sequence_modules(block_plan(moe_layer=True, shared_experts=shared))
+    head_seq = _sequence_modules(MODEL_PLAN)
+    params = (dense_layers * dense_seq + moe_layers * moe_seq + has_head * head_seq) * model.norm_params
+    return [Call("all_reduce", params * grad_bytes, np.where(sp, 1.0, 0.0))]
+
+
+def _sequence_modules(plan) -> int:
+    """Modules a sharding table runs sequence-parallel (each a norm of `norm_params` weights)."""
+    return sum(1 for style in plan.values() if style == "sequence")
 
 
 def cp_calls(model, tokens, tp, cp, layers, recompute_share, act_bytes) -> list[Call]:

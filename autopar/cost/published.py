@@ -34,15 +34,15 @@ VOCAB_BY_FAMILY = (("llama2", 32000, "Llama 2 tokenizer"), ("gpt", 50257, "GPT-2
 
 
 def default_runs_path() -> Path:
-    """../shared/reference/calibration_runs.csv, looked up from the working directory upwards."""
-    for base in [Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[2]]:
-        p = base / "shared" / "reference" / "calibration_runs.csv"
-        if p.is_file():
-            return p
-        p = base.parent / "shared" / "reference" / "calibration_runs.csv"
-        if p.is_file():
-            return p
-    raise InputError("calibration_runs.csv not found next to the project (../shared/reference/); pass --runs FILE")
+    """../shared/reference/calibration_runs.csv next to the project (looked up from the working
+    directory and from the package), else the project's own copy (autopar/cost/data/)."""
+    here = Path(__file__).resolve()
+    for base in [Path.cwd(), *Path.cwd().parents, here.parents[2]]:
+        for p in (base / "shared" / "reference" / "calibration_runs.csv",
+                  base.parent / "shared" / "reference" / "calibration_runs.csv"):
+            if p.is_file():
+                return p
+    return here.parent / "data" / "calibration_runs.csv"
 
 
 def load_runs(path: str | Path) -> list[dict]:

@@ -1,0 +1,330 @@
+"""The exporter contract: a plan, a model and a cluster in, the files a trainer runs out.
+
+    Exporter.render(plan, model, cluster, options) -> ExportBundle
+    Exporter.parse(bundle) -> dict          (the plan as the trainer will read it back)
+
+Contract every exporter keeps (tests/export/test_contract.py checks it for every registered one):
+- Pure and deterministic: the same inputs give byte-identical files (no clock, no environment).
+- Faithful or refused: every field of the plan that the trainer's layout depends on (degrees,
+  batch sizes, pipeline schedule and layout, recompute choice, precision, overlap) is expressed in
+  the files, or `render` raises `ExportRefused` (an `InputError`) whose one-line message names what
+  the trainer cannot run and why. Nothing is silently dropped or approximated.
+- Round trip: `parse(render(plan, ...))` equals `plan_view(plan, model)` after `normalize`.
+- Every text file starts with the header (model, cluster, predicted memory, step time, MFU, the
+  autopar command that produced it); JSON files carry it under the "_autopar" key.
+- The launch scripts place ranks the way the cost model assumed (autopar.spec.plan.MESH_ORDER:
+  tp innermost on consecutive ranks of one node, then cp, dp, and pp outermost).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autopar.errors import InputError
+from autopar.spec.hardware import GIB, ClusterSpec
+from autopar.spec.model import ModelSpec
+from autopar.spec.plan import ParallelPlan
+
+
+class ExportRefused(InputError):
+    """The trainer cannot express this plan. The message says what and why, on one line."""
+
+    def __init__(self, trainer: str, reason: str):
+        self.trainer = trainer
+        self.reason = reason
+        super().__init__(f"{trainer} cannot run this plan: {reason}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmOptions:
+    job_name: str = "autopar"
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None  # e.g. 04:00:00
+    container_image: str | None = None  # pyxis/enroot --container-image
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportOptions:
+    """Everything an exporter needs beyond (plan, model, cluster). All optional."""
+
+    seq_len: int | None = None  # default: the model's
+    #: the autopar command line that produced the export (header); default: the equivalent
+    #: `autopar estimate` command
+    command: str | None = None
+    #: where the plan came from, e.g. "rank 1 of reports/run/top.json"
+    source: str | None = None
+    #: torchtitan release: "0.3" (Python config, current) or "0.2.2" (TOML, any release <= 0.2.2)
+    torchtitan_version: str = "0.3"
+    #: torchtitan base config: "module:function" (>= 0.3) or "name:flavor" (<= 0.2.2); default
+    #: from the model preset
+    torchtitan_base: str | None = None
+    #: what the torchrun / slurm exporters launch
+    trainer: str = "megatron"
+    master_port: int = 29500
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+
+
+@dataclass(frozen=True)
+class ExportFile:
+    name: str
+    text: str
+    executable: bool = False
+
+
+@dataclass(frozen=True)
+class ExportBundle:
+    """The files of one export, what to run, and what the user must still fill in."""
+
+    format: str
+    files: tuple[ExportFile, ...]
+    run: str  # the command a user runs (from the output directory)
+    notes: tuple[str, ...] = ()
+    #: parse-back hints that are not file content (e.g. which trainer a launcher wraps)
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def file(self, name: str) -> ExportFile:
+        for f in self.files:
+            if f.name == name:
+                return f
+        raise KeyError(f"{self.format} export has no file {name!r}; it has {[f.name for f in self.files]}")
+
+    def text(self, name: str) -> str:
+        return self.file(name).text
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for f in self.files:
+            p = out / f.name
+            p.write_text(f.text)
+            if f.executable:
+                p.chmod(0o755)
+            paths.append(p)
+        return paths
+
+
+class Exporter:
+    """Base class of the trainer exporters. Subclasses set the class attributes and implement
+    `_render` and `parse`; `render` wraps `_render` with the shared checks and the header."""
+
+    name: str = ""
+    title: str = ""  # one line for `autopar export --help`
+    example: str = ""  # an `autopar export` command line
+    description: str = ""  # a few lines: what the files are and how to run them
+
+    def render(self, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
+               options: ExportOptions | None = None) -> ExportBundle:
+        ctx = Context.make(self.name, plan, model, cluster, options or ExportOptions())
+        return self._render(ctx)
+
+    def _render(self, ctx: "Context") -> ExportBundle:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def parse(self, bundle: ExportBundle) -> dict:  # pragma: no cover - abstract
+        """The plan as the trainer reads it back from the files: the keys of `plan_view`."""
+        raise NotImplementedError
+
+
+# ---- the plan as every exporter must reproduce it -----------------------------------------------
+
+VIEW_KEYS = ("num_gpus", "tp", "pp", "vpp", "cp", "dp", "ep", "etp", "sequence_parallel", "zero_stage",
+             "micro_batch_size", "global_batch_size", "num_microbatches", "pp_schedule", "layout", "recompute",
+             "recompute_layers", "dtype", "main_grads_fp32", "tp_comm_overlap")
+
+
+def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
+    """What a trainer must reproduce of a plan, as plain values (normalized)."""
+    layout = plan.resolved_layout(model.num_layers)
+    return normalize({
+        "num_gpus": plan.num_gpus, "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "cp": plan.cp, "dp": plan.dp,
+        "ep": plan.ep, "etp": plan.etp, "sequence_parallel": bool(plan.sequence_parallel),
+        "zero_stage": plan.zero_stage, "micro_batch_size": plan.micro_batch_size,
+        "global_batch_size": plan.global_batch_size, "num_microbatches": plan.num_microbatches,
+        "pp_schedule": plan.pp_schedule, "layout": tuple(layout.stages), "recompute": plan.recompute,
+        "recompute_layers": plan.recompute_layers, "dtype": plan.dtype, "main_grads_fp32": plan.main_grads_fp32,
+        "tp_comm_overlap": plan.tp_comm_overlap,
+    })
+
+
+def normalize(view: dict) -> dict:
+    """Drop distinctions that do not exist in a run: no schedule or layout without a pipeline, no
+    sharding stage without data-parallel ranks to shard over, no SP without TP."""
+    v = {k: view.get(k) for k in VIEW_KEYS}
+    if v["pp"] == 1:
+        v["pp_schedule"] = None
+        v["layout"] = None
+    elif v["layout"] is not None:
+        v["layout"] = tuple(int(x) for x in v["layout"])
+    if v["dp"] is not None and v["cp"] is not None and v["dp"] * v["cp"] == 1:
+        v["zero_stage"] = None
+    if v["tp"] == 1:
+        v["sequence_parallel"] = False
+        v["tp_comm_overlap"] = False
+    if v["recompute"] != "full":
+        v["recompute_layers"] = None
+    return v
+
+
+# ---- the rendering context shared by every exporter ---------------------------------------------
+
+@dataclass(frozen=True)
+class Context:
+    trainer: str
+    plan: ParallelPlan
+    model: ModelSpec
+    cluster: ClusterSpec
+    options: ExportOptions
+    seq_len: int
+    num_gpus: int
+    nodes: int
+    gpus_per_node: int
+    stages: tuple[int, ...]  # layers per virtual stage (the resolved layout)
+    estimate: object  # autopar.cost.estimate.Estimate
+
+    @classmethod
+    def make(cls, trainer: str, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
+             options: ExportOptions) -> "Context":
+        from autopar.cost.estimate import estimate
+
+        s = options.seq_len or model.seq_len
+        n = plan.num_gpus
+        est = estimate(plan, model, cluster, num_gpus=n, seq_len=s)
+        if not est.valid:
+            raise InputError("invalid plan: " + "; ".join(est.reasons))
+        g = cluster.gpus_per_node
+        if n % g and n > g:
+            raise InputError(f"{n} GPUs do not fill whole nodes of {g} GPUs; launch scripts need "
+                             f"gpus a multiple of --gpus-per-node (or fewer GPUs than one node)")
+        per_node = min(g, n)
+        return cls(trainer=trainer, plan=plan, model=model, cluster=cluster, options=options, seq_len=s,
+                   num_gpus=n, nodes=max(1, n // g), gpus_per_node=per_node,
+                   stages=tuple(plan.resolved_layout(model.num_layers).stages), estimate=est)
+
+    # ---- small shared facts ----
+
+    @property
+    def layout_is_even(self) -> bool:
+        return len(set(self.stages)) == 1
+
+    def refuse(self, reason: str) -> ExportRefused:
+        return ExportRefused(self.trainer, reason)
+
+    def header_lines(self) -> list[str]:
+        return header_lines(self)
+
+
+def plan_flags(ctx: Context) -> str:
+    """The `autopar estimate` command that reproduces the plan (same flags as `autopar export`)."""
+    p, m = ctx.plan, ctx.model
+    args = ["--model", m.name, "--gpus", str(ctx.num_gpus), "--gpu", ctx.cluster.gpu.key,
+            "--gpus-per-node", str(ctx.cluster.gpus_per_node), "--seq-len", str(ctx.seq_len),
+            "--tp", str(p.tp), "--pp", str(p.pp)]
+    if p.vpp > 1:
+        args += ["--vpp", str(p.vpp)]
+    args += ["--cp", str(p.cp), "--dp", str(p.dp)]
+    if m.moe is not None:
+        args += ["--ep", str(p.ep), "--etp", str(p.etp)]
+    args += ["--zero", str(p.zero_stage), "--sp" if p.sequence_parallel else "--no-sp", "--mbs",
+             str(p.micro_batch_size), "--gbs", str(p.global_batch_size), "--pp-schedule", str(p.pp_schedule),
+             "--recompute", p.recompute]
+    if p.recompute_layers is not None:
+        args += ["--recompute-layers", str(p.recompute_layers)]
+    args += ["--dtype", p.dtype]
+    if not p.main_grads_fp32:
+        args += ["--grads", "bf16"]
+    if p.layout is not None:
+        args += ["--pp-layout", ",".join(str(x) for x in p.layout.stages)]
+    if p.tp_comm_overlap:
+        args += ["--tp-comm-overlap"]
+    return shlex.join(["autopar", "estimate", *args])
+
+
+def header_lines(ctx: Context) -> list[str]:
+    """The header every export carries (without comment markers)."""
+    p, m, c, e = ctx.plan, ctx.model, ctx.cluster, ctx.estimate
+    fit = "fits" if e.fits else "DOES NOT FIT (predicted out of memory)"
+    sched = p.pp_schedule if p.pp > 1 else "no pipeline"
+    lines = [
+        f"autopar export: {ctx.trainer}",
+        f"model:      {m.name} ({m.num_layers} layers, hidden {m.hidden_size}, {m.params_total / 1e9:.1f}B params"
+        + (f", {m.params_active / 1e9:.1f}B active" if m.moe else "") + f"), sequence {ctx.seq_len}",
+        f"cluster:    {ctx.num_gpus} x {c.gpu.key} = {ctx.nodes} node(s) x {ctx.gpus_per_node} GPUs "
+        f"({c.gpu.hbm_gib:g} GiB HBM each)",
+        f"plan:       {p.describe()} | {sched} | recompute {p.recompute}"
+        + (f" ({p.recompute_layers} layers/stage)" if p.recompute_layers is not None else "")
+        + f" | ZeRO-{p.zero_stage} | mbs {p.micro_batch_size} | gbs {p.global_batch_size} "
+        f"({p.num_microbatches} microbatches) | {p.dtype}" + (" | tp-comm-overlap" if p.tp_comm_overlap else ""),
+    ]
+    if p.pp > 1:
+        lines.append(f"layout:     {p.resolved_layout(m.num_layers).describe()} layers per virtual stage")
+    lines += [
+        f"predicted:  {e.peak_memory_bytes / GIB:.1f} GiB peak memory per GPU of {e.memory_capacity_bytes / GIB:.1f} "
+        f"({fit}), step {e.step_time_s:.3f} s, MFU {100 * e.mfu:.1f}%, {e.tokens_per_s:,.0f} tokens/s",
+        f"produced by: {ctx.options.command or plan_flags(ctx)}",
+    ]
+    if ctx.options.source:
+        lines.append(f"source:     {ctx.options.source}")
+    lines += [
+        f"plan flags: {plan_flags(ctx)}",
+        "rank order: tp innermost (consecutive ranks, one node), then cp, dp; pp outermost "
+        "(autopar MESH_ORDER = Megatron-Core's tp-cp-ep-dp-pp)",
+    ]
+    return lines
+
+
+def comment_header(ctx: Context, prefix: str = "#") -> str:
+    return "\n".join(f"{prefix} {line}" for line in header_lines(ctx)) + "\n"
+
+
+def header_dict(ctx: Context) -> dict:
+    e = ctx.estimate
+    return {
+        "header": header_lines(ctx),
+        "model": ctx.model.name, "gpu": ctx.cluster.gpu.key, "num_gpus": ctx.num_gpus, "nodes": ctx.nodes,
+        "gpus_per_node": ctx.gpus_per_node, "seq_len": ctx.seq_len,
+        "predicted_peak_memory_gib": round(e.peak_memory_bytes / GIB, 2),
+        "predicted_step_time_s": round(e.step_time_s, 4), "predicted_mfu": round(e.mfu, 4),
+        "fits": bool(e.fits), "command": ctx.options.command or plan_flags(ctx),
+    }
+
+
+def bash_array(name: str, groups: list[tuple[str, list[str]]]) -> str:
+    """A bash array literal, one flag (and its value) per line, grouped under comments."""
+    out = [f"{name}=("]
+    for title, argv in groups:
+        if not argv:
+            continue
+        out.append(f"  # {title}")
+        i = 0
+        while i < len(argv):
+            if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out.append(f"  {argv[i]} {shlex.quote(argv[i + 1])}")
+                i += 2
+            else:
+                out.append(f"  {argv[i]}")
+                i += 1
+    out.append(")")
+    return "\n".join(out) + "\n"
+
+
+def read_bash_array(text: str, name: str) -> list[str]:
+    """The words of `NAME=( ... )` in a script written by `bash_array` (comments dropped)."""
+    start = text.find(f"\n{name}=(")
+    if start < 0 and text.startswith(f"{name}=("):
+        start = 0
+    if start < 0:
+        raise ValueError(f"no {name}=( ... ) array in the script")
+    body = text[text.index("(", start) + 1:]
+    words: list[str] = []
+    for line in body.splitlines():
+        s = line.strip()
+        if s == ")":
+            return words
+        if not s or s.startswith("#"):
+            continue
+        words += shlex.split(s, comments=True)
+    raise ValueError(f"unterminated {name}=( ... ) array")

@@ -1,0 +1,342 @@
+"""Assemble the report and comparison pages: one self-contained HTML file each, plotly.js inlined
+once, no network access (no CDN, no fonts, no MathJax), a few lines of inline JavaScript to sort
+tables. Opens from disk in any browser.
+
+`write_report(run_dir)` is what `autopar search` calls after writing a run directory.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pandas as pd
+
+from autopar import __version__
+from autopar.report import figures as F
+from autopar.report import tables as T
+from autopar.report.format import compare_kind, fmt
+
+REPORT_FILE = "report.html"
+
+CSS = """
+:root{--fg:#1d1d1f;--muted:#666;--line:#e3e3e3;--accent:#1f6feb;--diff:#fff6d6;--best:#0a7f2e}
+*{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:var(--fg);margin:0;background:#fff;font-size:13.5px}
+main{max-width:1280px;margin:0 auto;padding:18px 28px 60px}
+h1{font-size:22px;margin:8px 0 4px}h2{font-size:18px;margin:34px 0 8px;border-bottom:1px solid var(--line);padding-bottom:4px}
+.answer{font-size:16px;font-weight:600;margin:10px 0 4px}.why{color:#333;margin:4px 0 10px}
+.muted{color:var(--muted)}nav a{margin-right:14px;color:var(--accent);text-decoration:none}
+table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums}
+th,td{padding:4px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}
+th{background:#f4f4f6;font-weight:600;position:sticky;top:0}
+td.t,th.t{text-align:left}
+table.kv td{text-align:left;white-space:normal}table.kv td:first-child{font-weight:600;color:#444;min-width:150px;white-space:nowrap}
+table.sortable th{cursor:pointer;user-select:none}table.sortable th:hover{background:#e8e8ee}
+table.sortable th[data-dir=asc]::after{content:" \\25B2"}table.sortable th[data-dir=desc]::after{content:" \\25BC"}
+tr.win td{background:#eef8ee}
+tr.sec td{background:#f4f4f6;font-weight:700;text-align:left}
+tr.diff td{background:var(--diff)}tr.diff td.m{font-weight:700}
+td.best{color:var(--best);font-weight:700}
+.scroll{overflow-x:auto}.fig{margin:6px 0 18px}
+.note{color:var(--muted);font-size:13px}
+footer{margin-top:40px;color:var(--muted);font-size:12px}
+"""
+
+SORT_JS = """
+document.querySelectorAll('table.sortable').forEach(function(table){
+  table.querySelectorAll('th').forEach(function(th, i){
+    th.addEventListener('click', function(){
+      var dir = th.dataset.dir === 'asc' ? 'desc' : 'asc';
+      table.querySelectorAll('th').forEach(function(h){ delete h.dataset.dir; });
+      th.dataset.dir = dir;
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      var key = function(r){ var c = r.cells[i], v = c.dataset.v !== undefined ? c.dataset.v : c.textContent;
+                             var n = Number(v); return (v === '' || isNaN(n)) ? v : n; };
+      rows.sort(function(a, b){ var x = key(a), y = key(b);
+        var c = (typeof x === 'number' && typeof y === 'number') ? x - y : String(x).localeCompare(String(y));
+        return dir === 'asc' ? c : -c; });
+      rows.forEach(function(r){ body.appendChild(r); });
+    });
+  });
+});
+"""
+
+#: draws the figures: those in the first screen at once, then the rest one per task (so the page
+#: is usable while they draw); marks <html data-plotted-ms> when the first screen is drawn and
+#: data-drawn-ms when every figure is (ms since navigation start; the benchmark and tests read them)
+DRAW_JS = """
+(function(){
+  var figs = Array.prototype.slice.call(document.querySelectorAll('div.plotly-fig'));
+  var root = document.documentElement, left = figs.length;
+  var stamp = function(name){ root.setAttribute(name, String(Math.round(performance.now()))); };
+  var draw = function(div){
+    if (div.getAttribute('data-state')) return;
+    div.setAttribute('data-state', 'drawing');
+    var spec = JSON.parse(document.getElementById(div.id + '-json').textContent);
+    Plotly.newPlot(div, spec.data, spec.layout, spec.config).then(function(){
+      div.setAttribute('data-state', 'drawn');
+      if (--left === 0) stamp('data-drawn-ms');
+    });
+  };
+  var inView = function(div){ return div.getBoundingClientRect().top < window.innerHeight + 200; };
+  figs.filter(inView).forEach(draw);
+  stamp('data-plotted-ms');
+  if (!left) stamp('data-drawn-ms');
+  var queue = figs.filter(function(d){ return !d.getAttribute('data-state'); });
+  var next = function(){ if (queue.length) { draw(queue.shift()); setTimeout(next, 0); } };
+  setTimeout(next, 0);
+  window.addEventListener('scroll', function(){ queue.filter(inView).forEach(draw); }, {passive: true});
+})();
+"""
+
+e = html.escape
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<meta name=\"generator\" content=\"autopar {e(__version__)}\"><title>{e(title)}</title>"
+            f"<style>{CSS}</style></head>\n"
+            f"<body><main>\n{body}\n</main>\n<script>{SORT_JS}</script>\n"
+            f"<script type=\"text/javascript\">{F.plotly_js()}</script>\n<script>{DRAW_JS}</script>\n</body></html>\n")
+
+
+def _fig(fig: dict, div_id: str) -> str:
+    """A placeholder of the figure's height and its JSON; DRAW_JS draws it once plotly.js is loaded."""
+    return (f"<div class=\"fig\"><div id=\"{div_id}\" class=\"plotly-fig\" style=\"height:{F.height(fig)}px\"></div>"
+            f"<script type=\"application/json\" id=\"{div_id}-json\">{F.to_json(fig)}</script></div>")
+
+
+def _cell(value, kind: str = "", text: bool = False, sort_value=None, cls: str = "") -> str:
+    v = value.item() if hasattr(value, "item") else value
+    sv = sort_value if sort_value is not None else v
+    data = ""
+    if isinstance(sv, (int, float)) and not isinstance(sv, bool):
+        data = f" data-v=\"{sv!r}\"" if sv == sv else " data-v=\"\""
+    classes = " ".join(c for c in ("t" if text else "", cls) if c)
+    return f"<td{f' class={chr(34)}{classes}{chr(34)}' if classes else ''}{data}>{e(fmt(v, kind))}</td>"
+
+
+def _table(df: pd.DataFrame, columns: list[tuple[str, str, str]], *, sortable: bool = True,
+           row_class=None) -> str:
+    """columns: (frame column, header, kind); kind 't' = left-aligned text, 'html' = trusted markup
+    (built and escaped by the caller)."""
+    head = "".join(f"<th class=\"{'t' if k in ('t', 'html') else ''}\">{e(h)}</th>" for _, h, k in columns)
+    rows = []
+    for i, (_, r) in enumerate(df.iterrows()):
+        cls = row_class(i, r) if row_class else ""
+        cells = "".join(f"<td class=\"t\">{r[c]}</td>" if k == "html" else _cell(r[c], "" if k == "t" else k, text=k == "t")
+                        for c, _, k in columns)
+        rows.append(f"<tr{f' class={chr(34)}{cls}{chr(34)}' if cls else ''}>{cells}</tr>")
+    return (f"<div class=\"scroll\"><table class=\"{'sortable' if sortable else ''}\"><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def _kv(df: pd.DataFrame) -> str:
+    return "<table class=\"kv\">" + "".join(f"<tr><td>{e(str(a))}</td><td>{e(str(b))}</td></tr>"
+                                            for a, b in zip(df["item"], df["value"])) + "</table>"
+
+
+TOP_COLUMNS = [("rank", "#", "int"), ("plan_name", "layout", "t"), ("pp_schedule", "schedule", "t"),
+               ("recompute", "recompute", "t"), ("zero_stage", "ZeRO", "int"), ("micro_batch_size", "mbs", "int"),
+               ("layout_text", "stages", "t"), ("memory_gib", "memory GiB", "gib"),
+               ("step_time_s", "step s", "s"), ("tokens_per_s", "tokens/s", "count"),
+               ("tokens_per_s_per_gpu", "tokens/s/GPU", "count"), ("mfu", "MFU", "pct"),
+               ("bubble_fraction", "bubble", "pct"), ("dominant_cost", "dominant cost", "t")]
+PARETO_COLUMNS = [("plan_name", "layout", "t"), ("pp_schedule", "schedule", "t"), ("recompute", "recompute", "t"),
+                  ("zero_stage", "ZeRO", "int"), ("micro_batch_size", "mbs", "int"), ("memory_gib", "memory GiB", "gib"),
+                  ("tokens_per_s", "tokens/s", "count"), ("step_time_s", "step s", "s"), ("mfu", "MFU", "pct")]
+TRIAL_COLUMNS = [("trial", "trial", "t"), ("plan_name", "layout", "t"), ("status", "status", "t"),
+                 ("predicted_step_time_s", "predicted s", "s"), ("measured_step_time_s", "measured s", "s"),
+                 ("step_time_error_s", "error s", "s_signed"), ("step_time_error", "error", "pct_signed"),
+                 ("predicted_memory_gib", "predicted GiB", "gib"), ("measured_memory_gib", "measured GiB", "gib"),
+                 ("memory_error_gib", "error GiB", "gib_signed"), ("memory_error", "error", "pct_signed")]
+WHATIF_COLUMNS = [("scenario", "scenario", "t"), ("plan_name", "best layout", "t"), ("pp_schedule", "schedule", "t"),
+                  ("recompute", "recompute", "t"), ("memory_gib", "memory GiB", "gib"), ("step_time_s", "step s", "s"),
+                  ("tokens_per_s", "tokens/s", "count"), ("tokens_per_s_per_gpu", "tokens/s/GPU", "count"),
+                  ("mfu", "MFU", "pct"), ("plans_fit", "plans that fit", "count"), ("link", "report", "html")]
+
+
+def _pp_dash(df: pd.DataFrame) -> pd.DataFrame:
+    """Schedules shown only where there is a pipeline."""
+    df = df.copy()
+    if "pp" in df.columns:
+        df["pp_schedule"] = df["pp_schedule"].where(df["pp"] > 1, "-")
+    return df
+
+
+# ---- the report ----------------------------------------------------------------------------------
+
+def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, out_dir: Path | None = None) -> str:
+    q = run.question
+    model = q.get("model", {}).get("name", "?")
+    title = f"autopar: {model} on {q.get('num_gpus', '?')} x {q.get('cluster', {}).get('gpu', '?')}"
+    parts = [f"<h1>{e(title)}</h1>", f"<p class=\"answer\">{e(T.answer(run))}</p>"]
+    why = run.top.get("why") or run.search.get("why", "")
+    if why:
+        parts.append(f"<p class=\"why\">{e(why)}</p>")
+    nav = [("question", "question"), ("top", "top plans"), ("breakdown", "breakdowns"), ("plans", "every plan")]
+
+    top = T.top_table(run)
+    sections = [f"<h2 id=\"question\">The question</h2>{_kv(T.question_rows(run))}"]
+    if len(top):
+        rows = T.top_rows(run)
+        sections.append(f"<h2 id=\"top\">Top {len(top)} plans that fit</h2>"
+                        f"<p class=\"note\">Click a column to sort. Memory: peak per GPU on the most loaded "
+                        f"pipeline rank, of {top['memory_capacity_gib'].iloc[0]:.1f} GiB.</p>"
+                        + _table(_pp_dash(top), TOP_COLUMNS, row_class=lambda i, r: "win" if i == 0 else ""))
+        sections.append("<h2 id=\"breakdown\">Where the step time and the memory go</h2>"
+                        + _fig(F.time_figure(T.time_breakdown(rows)), "fig-time")
+                        + _fig(F.memory_figure(T.memory_breakdown(rows), run.headroom_gib), "fig-memory"))
+    else:
+        sections.append("<h2 id=\"top\">No plan fits</h2>"
+                        f"<p>{e(why)}</p>")
+        nav = [n for n in nav if n[0] != "breakdown"]
+
+    keep = T.top_rows(run).index
+    sc = T.scatter_frame(run.plans, keep=keep)
+    w = T.winner(run)
+    win = (float(w["peak_memory_bytes"]) / T.GIB, float(w["tokens_per_s"]), str(w["plan_name"])) if w is not None else None
+    cap = float(run.plans["memory_capacity_bytes"].max()) / T.GIB if len(run.plans) else None
+    pareto = T.pareto_table(run.plans)
+    note = ""
+    if sc.attrs.get("without_estimate"):
+        note = f" {sc.attrs['without_estimate']:,} plans have no finite estimate and are not drawn."
+    sections.append("<h2 id=\"plans\">Every evaluated plan</h2>"
+                    "<p class=\"note\">Peak memory per GPU (log scale) against throughput; hover a point for its "
+                    f"layout. The dashed red line is the GPU's capacity.{e(note)}</p>"
+                    + _fig(F.scatter_figure(sc, T.category_order(sc["category"]), win, cap), "fig-scatter")
+                    + f"<h3>Pareto front ({len(pareto)} plans): no other fitting plan is both faster and smaller</h3>"
+                    + _table(_pp_dash(pareto), PARETO_COLUMNS))
+
+    hist = T.optuna_history(run)
+    if len(hist):
+        nav.append(("optuna", "Optuna"))
+        sections.append("<h2 id=\"optuna\">Optuna optimisation history</h2>"
+                        f"<p class=\"note\">{e(T._method_text(run.search))}.</p>"
+                        + _fig(F.history_figure(hist), "fig-optuna"))
+
+    if run.trials or run.trial_problems:
+        nav.append(("trials", "trials"))
+        tt = T.trials_table(run.trials)
+        summ = T.trials_summary(tt)
+        body = [f"<h2 id=\"trials\">Trials: predicted vs measured ({summ['trials']})</h2>"]
+        if len(tt):
+            body.append(f"<p class=\"note\">Error = (predicted - measured) / measured. Mean absolute error: step time "
+                        f"{fmt(summ['step_time_mape'], 'pct')}, peak memory {fmt(summ['memory_mape'], 'pct')}.</p>")
+            body.append(_table(tt, TRIAL_COLUMNS))
+            figs = F.trials_figures(tt)
+            body.append(_fig(figs[0], "fig-trials-time") + _fig(figs[1], "fig-trials-memory"))
+        for p in run.trial_problems:
+            body.append(f"<p class=\"note\">skipped {e(p)}</p>")
+        sections.append("".join(body))
+
+    if scenario_runs and len(scenario_runs) > 1:
+        nav.append(("whatif", "what-if"))
+        wt = T.whatif_table(scenario_runs, current=run.run_dir)
+        base = Path(out_dir or run.run_dir).resolve()
+        links = []
+        for r, cur in zip(scenario_runs, wt["current"]):
+            target = Path(r.run_dir).resolve() / REPORT_FILE
+            links.append("this report" if cur else quote(Path(os.path.relpath(target, base)).as_posix()))
+        wt = wt.assign(link=[lk if lk == "this report" else
+                             f"<a href=\"{e(lk)}\" title=\"{e(lk)}\">open</a>" for lk in links])
+        table = _table(wt, WHATIF_COLUMNS, row_class=lambda i, r: "win" if r["current"] else "")
+        sections.append(f"<h2 id=\"whatif\">What-if: the best plan per scenario ({len(wt)})</h2>"
+                        + table + _fig(F.whatif_figure(wt), "fig-whatif"))
+
+    head = "<nav>" + "".join(f"<a href=\"#{a}\">{e(b)}</a>" for a, b in nav) + "</nav>"
+    foot = (f"<footer>autopar {e(__version__)}; run directory {e(str(run.run_dir))}; "
+            f"written {time.strftime('%Y-%m-%d %H:%M:%S')}. Numbers from plans.parquet (every evaluated plan), "
+            f"top.json and search.json.</footer>")
+    return _page(title, "\n".join(parts + [head] + sections + [foot]))
+
+
+def write_report(run_dir: str | Path, *, out: str | Path | None = None,
+                 scenarios: list[str | Path] | None = None) -> Path:
+    """(Re)build the report of a run directory; returns the file written (default
+    RUN_DIR/report.html). `scenarios`: the run directories of a what-if this run belongs to (this
+    one included); they are recorded in RUN_DIR/whatif.json so a later `autopar report` keeps the
+    what-if section. Raises InputError for a missing or corrupt run directory."""
+    run = T.load_run(run_dir)
+    d = Path(run_dir)
+    if scenarios is not None:
+        dirs = [Path(s) for s in scenarios]
+        if len(dirs) > 1:
+            T.write_scenarios(d, dirs)
+        run.scenarios = dirs
+    scenario_runs = None
+    if len(run.scenarios) > 1:
+        scenario_runs = []
+        for s in run.scenarios:
+            if Path(s).resolve() == d.resolve():
+                scenario_runs.append(run)
+            elif Path(s).is_dir():
+                try:
+                    scenario_runs.append(T.load_run(s, with_trials=False, with_scenarios=False))
+                except Exception:  # a scenario removed or rewritten since: leave it out
+                    continue
+    path = Path(out) if out is not None else d / REPORT_FILE
+    text = report_html(run, scenario_runs, out_dir=path.parent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_reports(run_dirs: list[str | Path]) -> list[Path]:
+    """One report per run directory; several directories are the scenarios of one what-if, and each
+    report shows them side by side."""
+    dirs = [Path(d) for d in run_dirs]
+    # one directory twice (e.g. two scenarios into one --run-dir) is one scenario
+    unique = list(dict.fromkeys(d.resolve() for d in dirs))
+    return [write_report(d, scenarios=unique if len(unique) > 1 else None) for d in unique]
+
+
+# ---- the comparison ------------------------------------------------------------------------------
+
+def compare_html(cmp) -> str:
+    """cmp: autopar.report.compare.Comparison."""
+    q = cmp.question
+    labels = cmp.labels
+    title = f"autopar compare: {len(labels)} layouts of {q.describe()}"
+    parts = [f"<h1>{e(title)}</h1>",
+             f"<p class=\"why\">{e(q.model.name)} on {q.num_gpus} x {q.cluster.gpu.key} ({q.cluster.gpus_per_node} per "
+             f"node), sequence length {q.seq_len}. Rows that differ are shaded; the best value of a ranked row is "
+             f"green.</p>",
+             "<table class=\"kv\">" + "".join(f"<tr><td>{e(it.label)}</td><td>{e(it.source)}</td></tr>"
+                                             for it in cmp.items) + "</table>"]
+    t = cmp.table
+    head = "<th class=\"t\">metric</th>" + "".join(f"<th>{e(lab)}</th>" for lab in labels)
+    rows, section = [], None
+    for _, r in t.iterrows():
+        if r["section"] != section:
+            section = r["section"]
+            rows.append(f"<tr class=\"sec\"><td colspan=\"{len(labels) + 1}\">{e(section)}</td></tr>")
+        kind = compare_kind(r["section"], r["key"])
+        best = set(str(r["best"]).split(", ")) if r["best"] else set()
+        cells = "".join(_cell(r[lab], kind, text=not isinstance(r[lab], (int, float)) or isinstance(r[lab], bool),
+                              cls="best" if lab in best else "") for lab in labels)
+        better = {"lower": " (lower is better)", "higher": " (higher is better)"}.get(r["better"], "")
+        cls = " class=\"diff\"" if r["differs"] else ""
+        rows.append(f"<tr{cls}><td class=\"t m\" title=\"{e(r['key'] + better)}\">{e(r['metric'])}</td>{cells}</tr>")
+    parts.append(f"<h2 id=\"table\">Side by side</h2><div class=\"scroll\"><table class=\"cmp\"><thead><tr>{head}"
+                 f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+    est_rows = T.estimate_rows(labels, cmp.estimate_dicts())
+    parts.append("<h2 id=\"breakdown\">Breakdowns</h2>"
+                 + _fig(F.time_figure(T.time_breakdown(est_rows, labels)), "fig-time")
+                 + _fig(F.memory_figure(T.memory_breakdown(est_rows, labels)), "fig-memory")
+                 + _fig(F.comm_figure(T.comm_breakdown(est_rows, labels)), "fig-comm"))
+    parts.append(f"<footer>autopar {e(__version__)}; estimates of the analytic cost model; written "
+                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}.</footer>")
+    return _page(title, "\n".join(parts))
+
+
+def write_compare(cmp, out: str | Path) -> Path:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(compare_html(cmp), encoding="utf-8")
+    return path

@@ -1,0 +1,601 @@
+"""The report's data, computed in one step: a run directory in, plain pandas frames and strings out.
+
+Nothing here draws (that is `figures.py`, the only plotly importer) or formats HTML (`html.py`).
+Every frame keeps the raw numbers of `plans.parquet` (seconds, bytes, tokens/s, fractions) next to
+derived display units (GiB), so tests can compare them with the estimates exactly.
+
+A run directory is what `autopar search` writes: `plans.parquet` (every evaluated plan with every
+estimate column), `top.json` (top-k, why, Pareto names), `search.json` (question, space, method,
+timings, Optuna history); optionally `trials/*.json` (predicted vs measured, from the trials layer)
+and `whatif.json` (the run directories of the other scenarios of a what-if).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
+from autopar.errors import InputError
+from autopar.search.results import ranked
+from autopar.spec.hardware import GIB
+
+#: the files `autopar search` writes that a report needs
+RUN_FILES = ("plans.parquet", "top.json", "search.json")
+#: plans.parquet columns the report reads
+REQUIRED_COLUMNS = (("plan_name", "fits", "valid", "rejected_by", "peak_memory_bytes", "memory_capacity_bytes",
+                     "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction",
+                     "dominant_cost", "tp", "cp", "pp", "vpp", "dp", "ep", "zero_stage", "micro_batch_size",
+                     "pp_schedule", "recompute", "layout_text")
+                    + tuple(f"time_{t}" for t in TIME_TERMS) + tuple(f"mem_{t}" for t in MEMORY_TERMS))
+#: most points drawn in the all-plans scatter (SVG); beyond it a deterministic sample plus every
+#: Pareto and top-k plan
+MAX_SCATTER_POINTS = 20_000
+#: most distinct colours in the scatter: further rejection reasons share "other rules"
+MAX_CATEGORIES = 8
+
+TIME_LABELS = {"compute": "compute", "tp": "TP comm", "cp": "CP comm", "ep": "EP all-to-all", "pp": "PP send/recv",
+               "dp": "DP comm (exposed)", "bubble": "pipeline bubble", "optimizer": "optimizer step"}
+MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
+                 "activations": "activations", "other": "other (runtime, buffers)"}
+
+
+# ---- loading -------------------------------------------------------------------------------------
+
+@dataclass
+class RunData:
+    """A run directory, loaded."""
+
+    run_dir: Path
+    plans: pd.DataFrame
+    top: dict
+    search: dict
+    trials: list[dict] = field(default_factory=list)  # each: the trial JSON plus "_file"
+    trial_problems: list[str] = field(default_factory=list)  # trial files skipped, and why
+    scenarios: list[Path] = field(default_factory=list)  # what-if run directories (this one included)
+
+    @property
+    def question(self) -> dict:
+        return self.search.get("question", {})
+
+    @property
+    def headroom_gib(self) -> float:
+        return float(self.search.get("space", {}).get("constraints", {}).get("memory_headroom_gib", 0.0) or 0.0)
+
+    @property
+    def top_k(self) -> int:
+        return len(self.top.get("top", []))
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return (text[:160] + "...") if len(text) > 160 else text or type(e).__name__
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"'{path}' is corrupt or unreadable ({_one_line(e)}); rerun `autopar search` to "
+                         f"rewrite the run directory") from None
+    if not isinstance(data, dict):
+        raise InputError(f"'{path}' is corrupt: expected a JSON object; rerun `autopar search` to rewrite it")
+    return data
+
+
+def load_run(run_dir: str | Path, *, with_trials: bool = True, with_scenarios: bool = True) -> RunData:
+    """Read a run directory. Missing or corrupt: InputError with one line naming the file and the fix."""
+    d = Path(run_dir)
+    hint = "give a directory written by `autopar search --run-dir DIR`"
+    if not d.exists():
+        raise InputError(f"run directory '{d}' does not exist; {hint}")
+    if not d.is_dir():
+        raise InputError(f"'{d}' is not a directory; {hint}")
+    missing = [f for f in RUN_FILES if not (d / f).is_file()]
+    if missing:
+        raise InputError(f"'{d}' is not a complete autopar run directory: {', '.join(missing)} missing; "
+                         f"rerun `autopar search ... --run-dir {d}`")
+    try:
+        plans = pd.read_parquet(d / "plans.parquet")
+    except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError, ...) for a bad file
+        raise InputError(f"'{d / 'plans.parquet'}' is corrupt or unreadable ({_one_line(e)}); rerun "
+                         f"`autopar search ... --run-dir {d}`") from None
+    lacking = [c for c in REQUIRED_COLUMNS if c not in plans.columns]
+    if lacking:
+        raise InputError(f"'{d / 'plans.parquet'}' lacks column(s) {', '.join(lacking[:5])}"
+                         f"{' ...' if len(lacking) > 5 else ''}; it was not written by this autopar version; "
+                         f"rerun `autopar search`")
+    run = RunData(run_dir=d, plans=plans, top=_read_json(d / "top.json"), search=_read_json(d / "search.json"))
+    if with_trials:
+        run.trials, run.trial_problems = load_trials(d)
+    if with_scenarios:
+        run.scenarios = read_scenarios(d)
+    return run
+
+
+def load_trials(run_dir: Path) -> tuple[list[dict], list[str]]:
+    """`trials/*.json` of the run: each needs `plan` (dict), `predicted` and `measured`
+    {step_time_s, peak_memory_bytes}. Files that do not parse are skipped and reported, so one bad
+    trial does not hide the others."""
+    out, problems = [], []
+    for path in sorted((run_dir / "trials").glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            problems.append(f"trials/{path.name}: not JSON ({_one_line(e)})")
+            continue
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), dict)
+                                                 for k in ("plan", "predicted", "measured")):
+            problems.append(f"trials/{path.name}: needs 'plan', 'predicted' and 'measured' objects")
+            continue
+        out.append(data | {"_file": path.name})
+    return out, problems
+
+
+WHATIF_FILE = "whatif.json"
+
+
+def read_scenarios(run_dir: Path) -> list[Path]:
+    """The what-if scenarios recorded with this run (whatif.json), as directories; [] when none."""
+    path = run_dir / WHATIF_FILE
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        dirs = [Path(p) for p in data["scenarios"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [p if p.is_absolute() else (run_dir / p) for p in dirs]
+
+
+def write_scenarios(run_dir: Path, scenarios: list[Path]) -> None:
+    """Record the what-if scenario directories (relative to this run directory) in whatif.json."""
+    import os
+
+    rel = [os.path.relpath(Path(s).resolve(), Path(run_dir).resolve()) for s in scenarios]
+    (Path(run_dir) / WHATIF_FILE).write_text(json.dumps({"scenarios": rel}, indent=2))
+
+
+# ---- the question and the answer -----------------------------------------------------------------
+
+def winner(run: RunData) -> pd.Series | None:
+    top = top_rows(run)
+    return None if top.empty else top.iloc[0]
+
+
+def scenario_label(q: dict) -> str:
+    c = q.get("cluster", {})
+    return f"{q.get('num_gpus', '?')} x {c.get('gpu', '?')}, seq {q.get('seq_len', '?')}, gbs {q.get('global_batch_size', '?')}"
+
+
+def _params_text(model: dict) -> str:
+    try:
+        from autopar.spec.presets import model_from_dict
+
+        spec = model_from_dict(model["name"], {k: v for k, v in model.items() if k != "name"})
+        n = spec.params_total
+        return f"{n / 1e9:.1f}B parameters" if n >= 1e9 else f"{n / 1e6:.0f}M parameters"
+    except Exception:  # an older or foreign model dict: the name alone will do
+        return ""
+
+
+def question_rows(run: RunData) -> pd.DataFrame:
+    """What was asked: model, cluster, GPUs, batch, sequence, search space, method, counts."""
+    s, q = run.search, run.question
+    m, c = q.get("model", {}), q.get("cluster", {})
+    gbs, seq = q.get("global_batch_size"), q.get("seq_len")
+    space = s.get("space", {})
+    knobs = space.get("knobs", {})
+    rows = [
+        ("model", f"{m.get('name', '?')}" + (f" ({p})" if (p := _params_text(m)) else "")),
+        ("GPUs", f"{q.get('num_gpus', '?')} x {c.get('gpu', '?')} ({c.get('gpus_per_node', '?')} per node; "
+                 f"{c.get('intra_node_gbps', '?')} GB/s in a node, {c.get('inter_node_gbps', '?')} GB/s between)"),
+        ("global batch", f"{gbs} sequences x {seq} tokens = {gbs * seq:,} tokens per step"
+         if isinstance(gbs, int) and isinstance(seq, int) else str(gbs)),
+        ("sequence length", str(seq)),
+        ("search space", f"{space.get('name', '?')}: " + "; ".join(
+            f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in knobs.items())),
+        ("constraints", "; ".join(f"{k}={v}" for k, v in space.get("constraints", {}).items()) or "none"),
+        ("method", _method_text(s)),
+        ("plans", f"{s.get('plans_evaluated', len(run.plans)):,} evaluated, {s.get('plans_valid', 0):,} valid, "
+                  f"{s.get('plans_fit', 0):,} fit"),
+        ("rejected by", rejection_text(run.plans) or "nothing"),
+        ("autopar", f"{s.get('autopar_version', '?')}; search took {s.get('timings_s', {}).get('total_s', 0):.2f} s"),
+    ]
+    return pd.DataFrame(rows, columns=["item", "value"])
+
+
+def _method_text(s: dict) -> str:
+    method = s.get("method", "?")
+    if method == "exhaustive":
+        return "exhaustive: every plan of the space evaluated (the exact optimum of the cost model)"
+    return f"{method}: Optuna sampled the space ({len(s.get('history', []))} trials)"
+
+
+def rejection_text(plans: pd.DataFrame) -> str:
+    rej = plans.loc[~plans["fits"].astype(bool), "rejected_by"].astype(str).str.split(", ").explode()
+    counts = rej[rej != ""].value_counts()
+    return ", ".join(f"{k} ({v:,})" for k, v in counts.items())
+
+
+def _plan_words(row: pd.Series) -> str:
+    parts = []
+    if int(row["pp"]) > 1:
+        parts.append(str(row["pp_schedule"]))
+    parts += [f"{row['recompute']} recompute" if row["recompute"] != "none" else "no recompute",
+              f"ZeRO {int(row['zero_stage'])}", f"micro-batch {int(row['micro_batch_size'])}"]
+    return ", ".join(parts)
+
+
+def answer(run: RunData) -> str:
+    """The answer in one sentence."""
+    q = run.question
+    model = q.get("model", {}).get("name", "the model")
+    where = f"{q.get('num_gpus', '?')} x {q.get('cluster', {}).get('gpu', '?')}"
+    w = winner(run)
+    if w is None:
+        return f"Nothing fits {model} on {where}: {run.top.get('why', run.search.get('why', ''))}"
+    return (f"On {where}, {model} trains fastest with {w['plan_name']} ({_plan_words(w)}): "
+            f"{w['step_time_s']:.3f} s per step, {w['tokens_per_s']:,.0f} tokens/s, {100 * w['mfu']:.1f}% MFU, "
+            f"peak memory {w['peak_memory_bytes'] / GIB:.1f} of {w['memory_capacity_bytes'] / GIB:.1f} GiB.")
+
+
+# ---- top-k and breakdowns ------------------------------------------------------------------------
+
+TOP_COLUMNS = ("rank", "label", "plan_name", "tp", "cp", "pp", "vpp", "dp", "ep", "pp_schedule", "recompute",
+               "zero_stage", "micro_batch_size", "layout_text", "peak_memory_bytes", "memory_gib",
+               "memory_capacity_gib", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
+               "bubble_fraction", "dominant_cost")
+
+
+def top_rows(run: RunData) -> pd.DataFrame:
+    """The top-k rows of plans.parquet, ranked as the search ranked them (top.json's k)."""
+    k = run.top_k or int(run.search.get("options", {}).get("top_k", 10))
+    return ranked(run.plans).head(k) if k else run.plans.iloc[:0]
+
+
+def _labels(top: pd.DataFrame) -> list[str]:
+    return [f"#{i} {n}" for i, n in enumerate(top["plan_name"].astype(str), start=1)]
+
+
+def top_table(run: RunData) -> pd.DataFrame:
+    """The top-k table: one row per candidate, raw estimate numbers (plus GiB for display)."""
+    top = top_rows(run).copy()
+    top.insert(0, "rank", np.arange(1, len(top) + 1))
+    top.insert(1, "label", _labels(top))
+    top["memory_gib"] = top["peak_memory_bytes"] / GIB
+    top["memory_capacity_gib"] = top["memory_capacity_bytes"] / GIB
+    return top.loc[:, list(TOP_COLUMNS)].reset_index(drop=True)
+
+
+def time_breakdown(rows: pd.DataFrame, labels: list[str] | None = None) -> pd.DataFrame:
+    """Step-time terms (seconds) per candidate; the terms sum to step_time_s."""
+    out = pd.DataFrame({t: rows[f"time_{t}"].to_numpy(dtype=float) for t in TIME_TERMS},
+                       index=pd.Index(labels or _labels(rows), name="candidate"))
+    out["step_time_s"] = rows["step_time_s"].to_numpy(dtype=float)
+    return out
+
+
+def memory_breakdown(rows: pd.DataFrame, labels: list[str] | None = None) -> pd.DataFrame:
+    """Memory terms per candidate (bytes); they sum to peak_memory_bytes. Plus the capacity."""
+    out = pd.DataFrame({t: rows[f"mem_{t}"].to_numpy(dtype=float) for t in MEMORY_TERMS},
+                       index=pd.Index(labels or _labels(rows), name="candidate"))
+    out["peak_memory_bytes"] = rows["peak_memory_bytes"].to_numpy(dtype=float)
+    out["memory_capacity_bytes"] = rows["memory_capacity_bytes"].to_numpy(dtype=float)
+    return out
+
+
+# ---- every evaluated plan: scatter and Pareto front ----------------------------------------------
+
+def pareto_mask(throughput: np.ndarray, memory: np.ndarray) -> np.ndarray:
+    """Points no other point beats: higher throughput and lower memory, one strictly. Of exact
+    duplicates one is kept. O(n log n)."""
+    throughput, memory = np.asarray(throughput, float), np.asarray(memory, float)
+    order = np.lexsort((memory, -throughput))  # fastest first, then least memory
+    mem_sorted = memory[order]
+    best_before = np.minimum.accumulate(np.concatenate(([np.inf], mem_sorted[:-1])))
+    keep = np.zeros(len(memory), bool)
+    keep[order] = mem_sorted < best_before
+    return keep
+
+
+def pareto_table(plans: pd.DataFrame) -> pd.DataFrame:
+    """Fitting plans on the throughput / memory front, least memory first."""
+    fit = plans[plans["fits"].astype(bool)]
+    front = fit[pareto_mask(fit["tokens_per_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy())].copy()
+    front["memory_gib"] = front["peak_memory_bytes"] / GIB
+    front = front.sort_values(["peak_memory_bytes", "tokens_per_s"], ascending=[True, False], kind="stable")
+    cols = ["plan_name", "pp", "pp_schedule", "recompute", "zero_stage", "micro_batch_size", "peak_memory_bytes",
+            "memory_gib", "tokens_per_s", "step_time_s", "mfu"]
+    return front[cols]
+
+
+def categories(plans: pd.DataFrame) -> pd.Series:
+    """Colour class of every plan: 'fits', 'memory' (over capacity or headroom) or the rule it breaks
+    (the first one; rare rules share 'other rules')."""
+    fits = plans["fits"].astype(bool).to_numpy()
+    first = plans["rejected_by"].astype(str).str.split(", ").str[0].to_numpy(dtype=object)
+    cat = pd.Series(np.where(fits, "fits", first), index=plans.index, dtype=object)
+    counts = cat[cat != "fits"].value_counts()
+    rare = counts.index[MAX_CATEGORIES - 2:] if len(counts) > MAX_CATEGORIES - 1 else []
+    return cat.where(~cat.isin(rare), "other rules")
+
+
+def hover_text(plans: pd.DataFrame) -> pd.Series:
+    """One hover label per plan: the layout and its key numbers."""
+    s = lambda c: plans[c].astype(str)  # noqa: E731
+    sched = np.where(plans["pp"].to_numpy() > 1, s("pp_schedule") + ", ", "")
+    text = (s("plan_name") + "<br>" + sched + s("recompute") + " recompute, ZeRO " + s("zero_stage")
+            + ", mbs " + s("micro_batch_size") + "<br>layout " + s("layout_text")
+            + "<br>" + (plans["peak_memory_bytes"] / GIB).map("{:.1f}".format) + " GiB, "
+            + plans["step_time_s"].map("{:.3f}".format) + " s/step, MFU "
+            + (100 * plans["mfu"]).map("{:.1f}".format) + "%")
+    rej = plans["rejected_by"].astype(str)
+    return text.where(rej == "", text + "<br>rejected: " + rej)
+
+
+def _short(plans: pd.DataFrame) -> pd.Series:
+    s = lambda c: plans[c].astype(str)  # noqa: E731
+    sched = np.where(plans["pp"].to_numpy() > 1, s("pp_schedule") + ", ", "")
+    return s("plan_name") + " (" + sched + s("recompute") + ", ZeRO " + s("zero_stage") + ", mbs " + s("micro_batch_size") + ")"
+
+
+def scatter_frame(plans: pd.DataFrame, keep: pd.Index | None = None, max_points: int = MAX_SCATTER_POINTS,
+                  seed: int = 0) -> pd.DataFrame:
+    """Every evaluated plan with a finite estimate: memory (GiB) vs throughput, its colour class,
+    whether it is on the Pareto front, and the hover text. Plans with the same estimate (same
+    memory, throughput and class, e.g. schedules that do not matter without a pipeline) share one
+    point: `n_plans` counts them and the hover names them. Above max_points points, a
+    deterministic sample that always keeps the Pareto front and the rows in `keep` (e.g. the
+    top-k). The frame is indexed by the first plan of each point; attrs say how many plans there
+    were, how many were drawn and how many have no finite estimate."""
+    finite = np.isfinite(plans["tokens_per_s"].to_numpy(float)) & np.isfinite(plans["peak_memory_bytes"].to_numpy(float))
+    p = plans[finite]
+    fit = p["fits"].astype(bool).to_numpy()
+    front = np.zeros(len(p), bool)
+    front[fit] = pareto_mask(p["tokens_per_s"].to_numpy()[fit], p["peak_memory_bytes"].to_numpy()[fit])
+    per_plan = pd.DataFrame({
+        "plan_name": p["plan_name"].astype(str).to_numpy(),
+        "peak_memory_bytes": p["peak_memory_bytes"].to_numpy(float),
+        "memory_gib": p["peak_memory_bytes"].to_numpy(float) / GIB,
+        "tokens_per_s": p["tokens_per_s"].to_numpy(float),
+        "step_time_s": p["step_time_s"].to_numpy(float),
+        "category": categories(p).to_numpy(),
+        "pareto": front,
+        "hover": hover_text(p).to_numpy(),
+        "short": _short(p).to_numpy(),
+        "row": p.index.to_numpy(),
+    })
+    gid = per_plan.groupby(["peak_memory_bytes", "tokens_per_s", "category"], sort=False).ngroup().to_numpy()
+    first = ~pd.Series(gid).duplicated().to_numpy()
+    out = per_plan[first].copy()
+    out["n_plans"] = np.bincount(gid)[gid[first]]
+    out["pareto"] = np.bincount(gid, weights=per_plan["pareto"].to_numpy())[gid[first]] > 0
+    more = {}  # group -> the other plans' short names (a loop over duplicated plans only)
+    for g, short in zip(gid[~first], per_plan["short"].to_numpy()[~first]):
+        more.setdefault(g, []).append(short)
+    extra = [("" if g not in more else "<br>same estimate: " + ", ".join(more[g][:4])
+              + (f" and {len(more[g]) - 4} more" if len(more[g]) > 4 else "")) for g in gid[first]]
+    out["hover"] = out["hover"] + np.asarray(extra, dtype=object)
+    out = out.set_index("row").drop(columns=["short"])
+    out.index.name = None
+    out = out.sort_index()
+    points = len(out)
+    if points > max_points:
+        must = out["pareto"].to_numpy() | out.index.isin(keep if keep is not None else [])
+        rest = out[~must]
+        n = max(0, max_points - int(must.sum()))
+        out = pd.concat([out[must], rest.sample(n=min(n, len(rest)), random_state=seed)]).sort_index()
+    out.attrs.update(total=int(len(plans)), points=int(points), plotted=int(len(out)),
+                     plotted_plans=int(out["n_plans"].sum()), without_estimate=int((~finite).sum()))
+    return out
+
+
+CATEGORY_ORDER = ("fits", "memory")
+
+
+def category_order(cats: pd.Series) -> list[str]:
+    """Legend order: fits, memory, then rules by frequency, 'other rules' last."""
+    counts = cats.value_counts()
+    rest = [c for c in counts.index if c not in CATEGORY_ORDER and c != "other rules"]
+    return [c for c in CATEGORY_ORDER if c in counts.index] + rest + (["other rules"] if "other rules" in counts.index else [])
+
+
+# ---- Optuna ----------------------------------------------------------------------------------------
+
+def optuna_history(run: RunData) -> pd.DataFrame:
+    """Optuna's trials in order: objective (step time), feasible, best feasible so far. Empty when
+    the search was exhaustive."""
+    hist = run.search.get("history") or []
+    df = pd.DataFrame(hist, columns=["number", "step_time_s", "feasible", "best_so_far"])
+    if df.empty:
+        return df
+    for c in ("step_time_s", "best_so_far"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").replace([np.inf, -np.inf], np.nan)
+    df["feasible"] = df["feasible"].astype(bool)
+    return df.sort_values("number", kind="stable").reset_index(drop=True)
+
+
+# ---- trials: predicted vs measured --------------------------------------------------------------
+
+def _num(d: dict, key: str) -> float:
+    v = d.get(key) if isinstance(d, dict) else None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return v if math.isfinite(v) else math.nan
+
+
+def _trial_name(plan: dict, fallback: str) -> str:
+    try:
+        from autopar.spec.plan import ParallelPlan
+
+        return ParallelPlan.from_dict(plan).describe()
+    except Exception:  # a plan dict from a newer/older trials layer: its file name will do
+        return fallback
+
+
+def relative_error(predicted, measured):
+    """(predicted - measured) / measured: positive = the model over-predicts."""
+    predicted, measured = np.asarray(predicted, float), np.asarray(measured, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(measured > 0, (predicted - measured) / measured, np.nan)
+
+
+def trials_table(trials: list[dict]) -> pd.DataFrame:
+    """One row per trialled plan: predicted and measured step time and peak memory, and the errors
+    (absolute: predicted - measured; relative: / measured)."""
+    rows = []
+    for t in trials:
+        pred, meas = t.get("predicted") or {}, t.get("measured") or {}
+        rows.append({
+            "trial": str(t.get("_file", "")).removesuffix(".json"),
+            "plan_name": _trial_name(t.get("plan") or {}, str(t.get("_file", "?"))),
+            "status": str(t.get("status", "ok" if meas else "")),
+            "predicted_step_time_s": _num(pred, "step_time_s"),
+            "measured_step_time_s": _num(meas, "step_time_s"),
+            "predicted_peak_memory_bytes": _num(pred, "peak_memory_bytes"),
+            "measured_peak_memory_bytes": _num(meas, "peak_memory_bytes"),
+        })
+    cols = ["trial", "plan_name", "status", "predicted_step_time_s", "measured_step_time_s",
+            "predicted_peak_memory_bytes", "measured_peak_memory_bytes"]
+    df = pd.DataFrame(rows, columns=cols)
+    df["step_time_error_s"] = df["predicted_step_time_s"] - df["measured_step_time_s"]
+    df["step_time_error"] = relative_error(df["predicted_step_time_s"], df["measured_step_time_s"])
+    df["predicted_memory_gib"] = df["predicted_peak_memory_bytes"] / GIB
+    df["measured_memory_gib"] = df["measured_peak_memory_bytes"] / GIB
+    df["memory_error_gib"] = df["predicted_memory_gib"] - df["measured_memory_gib"]
+    df["memory_error"] = relative_error(df["predicted_peak_memory_bytes"], df["measured_peak_memory_bytes"])
+    return df
+
+
+def trials_summary(df: pd.DataFrame) -> dict:
+    """Mean absolute relative error of step time and memory over the trials that have both numbers."""
+    return {"trials": int(len(df)),
+            "step_time_mape": float(np.nanmean(np.abs(df["step_time_error"]))) if df["step_time_error"].notna().any() else math.nan,
+            "memory_mape": float(np.nanmean(np.abs(df["memory_error"]))) if df["memory_error"].notna().any() else math.nan}
+
+
+# ---- what-if: the best plan per scenario ---------------------------------------------------------
+
+WHATIF_COLUMNS = ("scenario", "num_gpus", "gpu", "seq_len", "global_batch_size", "plan_name", "pp_schedule",
+                  "recompute", "zero_stage", "micro_batch_size", "peak_memory_bytes", "memory_gib",
+                  "memory_capacity_gib", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "plans_fit",
+                  "run_dir", "current")
+
+
+def whatif_table(runs: list[RunData], current: Path | None = None) -> pd.DataFrame:
+    """One row per scenario: the question's knobs and its best plan (NaN numbers: nothing fits)."""
+    rows = []
+    cur = Path(current).resolve() if current is not None else None
+    for r in runs:
+        q = r.question
+        w = winner(r)
+        row = {"scenario": scenario_label(q), "num_gpus": q.get("num_gpus"), "gpu": q.get("cluster", {}).get("gpu"),
+               "seq_len": q.get("seq_len"), "global_batch_size": q.get("global_batch_size"),
+               "plans_fit": int(r.plans["fits"].sum()), "run_dir": str(r.run_dir),
+               "current": cur is not None and Path(r.run_dir).resolve() == cur}
+        if w is None:
+            row.update(plan_name="nothing fits", pp_schedule="", recompute="", zero_stage=np.nan,
+                       micro_batch_size=np.nan, peak_memory_bytes=np.nan, memory_gib=np.nan,
+                       memory_capacity_gib=np.nan, step_time_s=np.nan, tokens_per_s=np.nan,
+                       tokens_per_s_per_gpu=np.nan, mfu=np.nan)
+        else:
+            row.update({k: w[k] for k in ("plan_name", "pp_schedule", "recompute", "zero_stage", "micro_batch_size",
+                                          "peak_memory_bytes", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu",
+                                          "mfu")})
+            row["memory_gib"] = w["peak_memory_bytes"] / GIB
+            row["memory_capacity_gib"] = w["memory_capacity_bytes"] / GIB
+        rows.append(row)
+    return pd.DataFrame(rows, columns=list(WHATIF_COLUMNS))
+
+
+# ---- compare: layouts side by side ---------------------------------------------------------------
+
+#: (section, key, label, better) rows of a comparison; key is a path into Estimate.to_dict()
+#: ("plan.tp", "time_s.compute", ...); better: "lower", "higher" or "" (not ranked)
+COMPARE_ROWS: tuple[tuple[str, str, str, str], ...] = (
+    ("layout", "name", "name", ""),
+    *(("layout", f"plan.{k}", k, "") for k in ("tp", "cp", "pp", "vpp", "dp", "ep", "etp", "zero_stage",
+                                               "sequence_parallel", "micro_batch_size", "global_batch_size",
+                                               "num_microbatches", "pp_schedule", "recompute", "recompute_layers",
+                                               "dtype", "main_grads_fp32", "tp_comm_overlap")),
+    ("layout", "layout", "stage layout", ""),
+    ("verdict", "fits", "fits", ""),
+    ("verdict", "reasons", "reasons", ""),
+    ("time (s)", "step_time_s", "step time", "lower"),
+    *(("time (s)", f"time_s.{t}", TIME_LABELS[t], "lower") for t in TIME_TERMS),
+    ("throughput", "tokens_per_s", "tokens/s", "higher"),
+    ("throughput", "tokens_per_s_per_gpu", "tokens/s per GPU", "higher"),
+    ("throughput", "model_tflops_per_gpu", "model TFLOP/s per GPU", "higher"),
+    ("throughput", "mfu", "MFU", "higher"),
+    ("throughput", "hfu", "HFU", "higher"),
+    ("throughput", "bubble_fraction", "bubble fraction", "lower"),
+    ("memory (GiB)", "peak_memory_bytes", "peak memory", "lower"),
+    *(("memory (GiB)", f"memory_bytes.{t}", MEMORY_LABELS[t], "lower") for t in MEMORY_TERMS),
+    ("memory (GiB)", "memory_capacity_bytes", "capacity", ""),
+    ("memory (GiB)", "headroom_bytes", "headroom", "higher"),
+    ("memory (GiB)", "params_per_gpu", "parameters per GPU", "lower"),
+    *(("comm per GPU per step (GB)", f"comm_bytes_per_gpu.{a}", a.upper(), "lower") for a in AXES),
+)
+#: display scale of a row's raw value, by section
+COMPARE_SCALE = {"memory (GiB)": GIB, "comm per GPU per step (GB)": 1e9}
+
+
+def _path(d: dict, key: str):
+    for part in key.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
+def compare_table(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
+    """Every metric of every compared plan, aligned: one row per metric, one column per plan (raw
+    values: seconds, bytes, fractions), plus `differs` (not all equal) and `best` (the labels with
+    the best value, for ranked numeric rows that differ)."""
+    if len(labels) != len(estimates) or len(set(labels)) != len(labels):
+        raise ValueError("compare_table needs one unique label per estimate")
+    ests = []
+    for e in estimates:
+        e = dict(e)
+        e["name"] = e.get("name") or _trial_name(e.get("plan", {}), "?")
+        e["headroom_bytes"] = e["memory_capacity_bytes"] - e["peak_memory_bytes"]
+        e["reasons"] = "; ".join(e.get("reasons") or [])
+        ests.append(e)
+    rows = []
+    for section, key, label, better in COMPARE_ROWS:
+        vals = [_path(e, key) for e in ests]
+        if key == "plan.recompute_layers" and all(v is None for v in vals):
+            continue
+        differs = len({json.dumps(v, sort_keys=True, default=str) for v in vals}) > 1
+        best = ""
+        if better and differs and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            target = min(vals) if better == "lower" else max(vals)
+            best = ", ".join(lab for lab, v in zip(labels, vals) if math.isclose(v, target, rel_tol=1e-12, abs_tol=0))
+        rows.append({"section": section, "key": key, "metric": label, "better": better, "scale":
+                     COMPARE_SCALE.get(section, 1.0), **dict(zip(labels, vals)), "differs": differs, "best": best})
+    return pd.DataFrame(rows)
+
+
+def estimate_rows(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
+    """Estimate dicts as plans.parquet-style rows (time_*, mem_*, ...), for the breakdown frames."""
+    data = []
+    for e in estimates:
+        r = {"plan_name": e.get("name", ""), "step_time_s": e["step_time_s"], "peak_memory_bytes": e["peak_memory_bytes"],
+             "memory_capacity_bytes": e["memory_capacity_bytes"], "tokens_per_s": e["tokens_per_s"]}
+        r |= {f"time_{t}": e["time_s"][t] for t in TIME_TERMS}
+        r |= {f"mem_{t}": e["memory_bytes"][t] for t in MEMORY_TERMS}
+        r |= {f"comm_bytes_{a}": e["comm_bytes_per_gpu"][a] for a in AXES}
+        data.append(r)
+    return pd.DataFrame(data, index=pd.Index(labels, name="candidate"))
+
+
+def comm_breakdown(rows: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+    """Bytes each GPU sends per step, per parallel axis."""
+    return pd.DataFrame({a: rows[f"comm_bytes_{a}"].to_numpy(float) for a in AXES},
+                        index=pd.Index(labels, name="candidate"))

@@ -1,0 +1,93 @@
+"""Bytes every collective hands over, per mesh axis: a TorchDispatchMode over the c10d ops.
+
+Source: the CommBytesMode of the project reference (shared/reference/cpu-distributed.md section 6),
+which sees DTensor/funcol collectives, FSDP2's and DDP's c10d calls, and P2P send/recv, unlike
+CommDebugMode. The count follows the cost model's convention (autopar/cost/comm.py): the payload of
+a call is this process's input buffer (an all-gather's 1/n shard, a reduce-scatter's full buffer),
+and for P2P only sends count (a receive is the peer's send). Each call is attributed to the mesh
+axis whose ranks its process group spans; a group of no axis lands in "other".
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"}
+#: ops whose input buffer is argument 1 (argument 0 is the output)
+_INPUT_IS_ARG1 = {"_allgather_base_", "_reduce_scatter_base_", "alltoall_base_", "allgather_", "reduce_scatter_",
+                  "alltoall_", "allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_", "gather_",
+                  "scatter_"}
+#: not a data movement, or the receiving half of a P2P pair
+_IGNORED = {"barrier", "monitored_barrier", "_wrap_tensor_autograd", "recv_", "recv_any_source_",
+            "wait_tensor"}
+
+
+@dataclass
+class CommCount:
+    """Calls and payload bytes, keyed by axis and by op."""
+
+    bytes_by_axis: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    calls_by_op: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bytes_by_op: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def to_dict(self) -> dict:
+        return {"bytes_by_axis": dict(self.bytes_by_axis), "calls_by_op": dict(self.calls_by_op),
+                "bytes_by_op": dict(self.bytes_by_op)}
+
+
+def _process_group(args, kwargs) -> ProcessGroup | None:
+    """The process group of a c10d call: c10d ops carry it boxed in a ScriptObject; functional
+    collectives carry its name as their last string argument (earlier strings are reduce ops)."""
+    values = list(args) + list((kwargs or {}).values())
+    for a in values:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return ProcessGroup.unbox(a)
+            except RuntimeError:
+                continue  # another boxed object (a reduce op, a work handle)
+    names = [a for a in values if isinstance(a, str)]
+    return _resolve_process_group(names[-1]) if names else None
+
+
+class CommBytesMode(TorchDispatchMode):
+    """`with CommBytesMode(axis_ranks) as cb:` counts every collective issued inside, by axis.
+    `axis_ranks` maps the rank set of each axis group to its name (autopar.trial.mesh.axis_ranks)."""
+
+    def __init__(self, axis_ranks: dict[frozenset[int], str]) -> None:
+        super().__init__()
+        self.axis_ranks = axis_ranks
+        self.count = CommCount()
+        self._axis_of_group: dict[str, str] = {}
+
+    def _axis(self, group: ProcessGroup | None) -> str:
+        if group is None:
+            return "other"
+        name = group.group_name
+        if name not in self._axis_of_group:
+            ranks = frozenset(dist.get_process_group_ranks(group))
+            self._axis_of_group[name] = self.axis_ranks.get(ranks, "other")
+        return self._axis_of_group[name]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # let DTensor lower to its local collectives, which come back here
+        if func.namespace in _NAMESPACES:
+            name = func._overloadpacket.__name__
+            if not name.startswith("wait") and name not in _IGNORED:
+                src = args[1] if name in _INPUT_IS_ARG1 and len(args) > 1 else args[0]
+                nbytes = sum(t.numel() * t.element_size() for t in tree_leaves(src) if isinstance(t, torch.Tensor))
+                axis = self._axis(_process_group(args, kwargs))
+                key = f"{func.namespace}.{name}"
+                self.count.bytes_by_axis[axis] += nbytes
+                self.count.calls_by_op[key] += 1
+                self.count.bytes_by_op[key] += nbytes
+        return func(*args, **(kwargs or {}))

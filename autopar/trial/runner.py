@@ -1,0 +1,205 @@
+"""Run one trial on every rank: build, parallelise, train N steps, measure; rank 0 gets the result.
+
+Measured per rank: wall time of each step (after a barrier, so a step does not absorb the previous
+one's stragglers), peak memory over the steps after warm-up (autopar.trial.memory), parameters held
+under TP (before ZeRO sharding: the cost model's per-GPU count), and the collective payload bytes
+per mesh axis of the last step (autopar.trial.comm_count; counted apart, since the counting mode
+slows the step, and left out of the timing statistics when other steps are timed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from autopar.cost.flops import model_flops_per_step, padded_vocab
+from autopar.spec.plan import MESH_ORDER
+from autopar.trial.batch import dp_share, synthetic_batch
+from autopar.trial.comm_count import CommBytesMode
+from autopar.trial.config import TrialConfig
+from autopar.trial.memory import PeakMemory
+from autopar.trial.mesh import Runtime, axis_ranks, build_mesh
+from autopar.trial.model import ModelConfig, Transformer
+from autopar.trial.optim import make_optimizer
+from autopar.trial.parallel.data import microbatch_context
+from autopar.trial.parallelize import ParallelModel, cross_entropy, parallelize, plan_problems
+
+
+class TrialError(ValueError):
+    """A trial that cannot run (invalid plan for the model, or a feature not built)."""
+
+
+@dataclass
+class RankReport:
+    """What one rank measured (gathered to rank 0)."""
+
+    rank: int
+    coords: dict[str, int]  # mesh coordinates: pp, dp, cp, tp
+    stages: list[int]  # virtual pipeline stages held
+    param_count: int
+    step_times_s: list[float]
+    peak_memory_bytes: int
+    peak_memory_delta_bytes: int
+    memory_method: str
+    comm: dict | None = None  # CommCount.to_dict() of the counted step
+    extra: dict = field(default_factory=dict)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_step(pm: ParallelModel, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+    """Forward + backward of this rank's share of the global batch; returns the mean loss over its
+    microbatches on ranks that compute the loss (the last stage), else None."""
+    plan = pm.plan
+    if pm.schedule is not None:
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": targets, "losses": losses} if pm.is_last else {}
+        pm.schedule.step(*((tokens,) if pm.is_first else ()), **kwargs)
+        return torch.stack([_local(x).detach() for x in losses]).mean() if pm.is_last else None
+    module = pm.stages[0][1]
+    m = plan.num_microbatches
+    total = torch.zeros((), device=tokens.device)
+    for i, (x, y) in enumerate(zip(tokens.split(plan.micro_batch_size), targets.split(plan.micro_batch_size))):
+        with microbatch_context(module, plan.zero_stage, last=i == m - 1):
+            loss = cross_entropy(module(x), y)
+            (loss / m).backward()  # the mean over microbatches, as the pipeline schedules scale
+        total = total + _local(loss).detach()
+    return total / m
+
+
+def _step_context(pm: ParallelModel, device: torch.device) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    if pm.plan.tp > 1:  # vocab-parallel cross-entropy, forward and backward
+        stack.enter_context(loss_parallel())
+    if pm.plan.dtype == "bf16":
+        stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
+    return stack
+
+
+def _global_losses(local: list[torch.Tensor | None], pm: ParallelModel, device: torch.device) -> list[float]:
+    """Mean loss over the global batch per step: the last stage's ranks hold it (tp copies, dp shares)."""
+    plan = pm.plan
+    vals = torch.zeros(len(local), dtype=torch.float64, device=device)
+    if pm.is_last:
+        vals = torch.stack([x.double() for x in local]) / (plan.dp * plan.tp * plan.cp)
+    dist.all_reduce(vals)
+    return vals.tolist()
+
+
+def build(cfg: TrialConfig, runtime: Runtime) -> tuple[ParallelModel, ModelConfig]:
+    """The trial's model, parallelised on a fresh mesh over all ranks."""
+    plan, spec = cfg.parallel_plan(), cfg.model_spec()
+    seq = cfg.sequence_length
+    problems = plan.problems(spec, num_gpus=dist.get_world_size(), seq_len=seq) + plan_problems(plan)
+    if problems:
+        raise TrialError(f"{cfg.label}: " + "; ".join(problems))
+    if runtime.device.type == "cpu" and plan.dtype != "fp32":
+        raise TrialError(f"{cfg.label}: use dtype fp32 on CPU (bf16 parity needs a GPU)")
+    mesh = build_mesh(plan, runtime)
+    config = ModelConfig(spec=spec, vocab_rows=int(padded_vocab(spec, plan.tp)), max_seq_len=seq)
+    with torch.device("meta"):
+        model = Transformer(config)
+    return parallelize(model, plan, mesh, device=runtime.device, seed=cfg.seed), config
+
+
+def run_trial(cfg: TrialConfig, runtime: Runtime) -> dict | None:
+    """Run the trial on this rank (all ranks call it); the result dict on rank 0, None elsewhere."""
+    pm, config = build(cfg, runtime)
+    plan, seq, device = pm.plan, cfg.sequence_length, runtime.device
+    coords = {axis: pm.mesh.get_local_rank(axis) for axis in MESH_ORDER}
+    opt = make_optimizer(list(pm.params.values()), cfg.optimizer, cfg.lr)
+    axes = axis_ranks(pm.mesh)
+    mem = PeakMemory(device)
+    count_step = cfg.steps - 1 if cfg.count_comm else -1
+    mem_start = min(cfg.warmup, cfg.steps - 1)
+    times: list[float] = []
+    local_losses: list[torch.Tensor | None] = []
+    comm = None
+    for step in range(cfg.steps):
+        tokens, targets = synthetic_batch(cfg.seed, step, plan.global_batch_size, seq, config.spec.vocab_size)
+        tokens = dp_share(tokens, plan, coords["dp"]).to(device)
+        targets = dp_share(targets, plan, coords["dp"]).to(device)
+        if step == mem_start:
+            mem.reset()
+        dist.barrier()
+        _sync(device)
+        counting = CommBytesMode(axes) if step == count_step else contextlib.nullcontext()
+        t0 = time.perf_counter()
+        with counting, _step_context(pm, device):
+            loss = train_step(pm, tokens, targets)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        local_losses.append(loss)
+        if step == count_step:
+            comm = counting.count.to_dict()
+    peak, delta, method = mem.peak()
+    losses = _global_losses(local_losses, pm, device)
+    report = RankReport(rank=dist.get_rank(), coords=coords, stages=[i for i, _ in pm.stages],
+                        param_count=pm.param_count, step_times_s=times, peak_memory_bytes=peak,
+                        peak_memory_delta_bytes=delta, memory_method=method, comm=comm)
+    parity_params = pm.full_params() if cfg.check_parity else None
+    reports: list = [None] * dist.get_world_size()
+    dist.gather_object(asdict(report), reports if dist.get_rank() == 0 else None, dst=0)
+    # parameters: one copy per pipeline stage (tp and dp ranks hold the same full values)
+    shared = parity_params if (coords["tp"] == 0 and coords["dp"] == 0) else None
+    gathered: list = [None] * dist.get_world_size()
+    if cfg.check_parity:
+        dist.gather_object(shared, gathered if dist.get_rank() == 0 else None, dst=0)
+    if dist.get_rank() != 0:
+        return None
+    return _result(cfg, pm, config, reports, losses, gathered, count_step)
+
+
+def _result(cfg: TrialConfig, pm: ParallelModel, config: ModelConfig, reports: list[dict], losses: list[float],
+            gathered: list, count_step: int) -> dict:
+    """Rank 0's result document for one trial."""
+    plan, seq = pm.plan, cfg.sequence_length
+    timed = [i for i in range(cfg.warmup, cfg.steps) if i != count_step] or [cfg.steps - 1]
+    step_time = [max(r["step_times_s"][i] for r in reports) for i in range(cfg.steps)]  # the slowest rank
+    mean_time = statistics.fmean(step_time[i] for i in timed)
+    tokens = plan.global_batch_size * seq
+    result = {
+        "name": cfg.label,
+        "status": "ok",
+        "config": cfg.to_dict(),
+        "plan": plan.to_dict(),
+        "model": config.spec.to_dict() | {"name": config.spec.name},
+        "vocab_rows": config.vocab_rows,
+        "seq_len": seq,
+        "world_size": plan.num_gpus,
+        "num_microbatches": plan.num_microbatches,
+        "step_time_s": step_time,
+        "timed_steps": timed,
+        "mean_step_time_s": mean_time,
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / mean_time,
+        "model_flops_per_step": float(model_flops_per_step(config.spec, plan.global_batch_size, seq, plan.tp)),
+        "losses": losses,
+        "final_loss": losses[-1],
+        "ranks": reports,
+        "comm_step": count_step if count_step >= 0 else None,
+    }
+    if cfg.check_parity:
+        from autopar.trial.parity import compare
+
+        params: dict = {}
+        for part in gathered:
+            params.update(part or {})
+        result["parity"] = compare(cfg, config, plan.global_batch_size, losses, params)
+    return result

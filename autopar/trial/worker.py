@@ -1,0 +1,98 @@
+"""torchrun entry: `python -m autopar.trial.worker --spec run.json --out result.json`.
+
+Runs every trial of the run file in order on all ranks (autopar.trial.config for the schema) and
+has rank 0 write the result JSON after each trial (atomically: write, then rename), so a crash
+keeps what was done. The document: {"env": ..., "trials": [...], "complete": bool}; a trial that
+raised is recorded with status "error" and ends the run (the other ranks may be inside a
+collective with it, so the run cannot go on safely).
+
+Ending: gloo sometimes aborts at process exit after the work is done ("terminate called without
+an active exception", reference cpu-distributed.md). So the worker writes its result first, then
+waits at a barrier, flushes and leaves with os._exit, skipping the interpreter and process-group
+teardown where the abort happens. The launcher still treats "result complete, then a non-zero
+exit" as success-with-teardown-abort.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from autopar.trial.config import TrialConfig, load_run
+from autopar.trial.mesh import Runtime, detect_runtime, init_distributed
+from autopar.trial.runner import run_trial
+
+
+def environment(runtime: Runtime) -> dict:
+    """Versions and hardware of this run."""
+    env = {"torch": torch.__version__, "python": platform.python_version(), "device": str(runtime.device),
+           "backend": runtime.backend, "world_size": dist.get_world_size(), "hostname": platform.node(),
+           "cpu_threads": torch.get_num_threads()}
+    if runtime.device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(runtime.device)
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def run(trials: list[TrialConfig], out: Path) -> int:
+    """All trials on this rank; rank 0 writes `out`. Returns the exit code."""
+    runtime = detect_runtime(trials[0].device if trials else "auto")
+    init_distributed(runtime)
+    rank = dist.get_rank()
+    doc = {"env": environment(runtime), "trials": [], "complete": False}
+    code = 0
+    for cfg in trials:
+        t0 = time.perf_counter()
+        try:
+            result = run_trial(cfg, runtime)
+        except Exception as e:  # noqa: BLE001 - recorded, then the run ends
+            print(f"[rank {rank}] trial {cfg.label} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            if rank == 0:
+                doc["trials"].append({"name": cfg.label, "status": "error", "error": f"{type(e).__name__}: {e}",
+                                      "config": cfg.to_dict()})
+                write_json(out, doc)
+            code = 1
+            break
+        if rank == 0:
+            result["wall_s"] = time.perf_counter() - t0
+            doc["trials"].append(result)
+            write_json(out, doc)
+    if code:
+        sys.stderr.flush()
+        os._exit(code)  # peers may be blocked in a collective: do not wait for them
+    if rank == 0:
+        doc["complete"] = True
+        write_json(out, doc)
+    dist.barrier()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m autopar.trial.worker", description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", required=True, type=Path, help="run file (one trial or {\"trials\": [...]})")
+    ap.add_argument("--out", required=True, type=Path, help="result JSON, written by rank 0")
+    args = ap.parse_args(argv)
+    trials = load_run(json.loads(args.spec.read_text()))
+    code = run(trials, args.out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip process-group teardown, where gloo sometimes aborts
+
+
+if __name__ == "__main__":
+    main()
