@@ -71,8 +71,11 @@ def _question(base, *, model=None, gpus=None, gpu=None, gpus_per_node=None, clus
     if base is None and (model is None or gpus is None):
         raise InputError(f"{where}: give --model and --gpus (or a run directory) so the layouts have a model and "
                          f"cluster, e.g. autopar compare --model 70b --gpus 256 \"--tp 8 --pp 4\" \"--tp 4 --pp 8\"")
-    q = replace(base) if base is not None else Question(model=resolve_model(model), cluster=resolve_cluster(gpu or "h100-sxm", gpus_per_node, cluster),
-                                                        num_gpus=gpus, seq_len=0)
+    if base is None:
+        q = Question(model=resolve_model(model), cluster=resolve_cluster(gpu or "h100-sxm", gpus_per_node, cluster),
+                     num_gpus=gpus, seq_len=0)
+    else:
+        q = replace(base)
     if base is not None:
         if model is not None:
             q.model = resolve_model(model)
@@ -85,7 +88,7 @@ def _question(base, *, model=None, gpus=None, gpu=None, gpus_per_node=None, clus
         q.seq_len = seq_len
     if not q.seq_len:
         q.seq_len = q.model.seq_len
-    if q.num_gpus is not None and q.num_gpus <= 0 or q.seq_len <= 0:
+    if (q.num_gpus is not None and q.num_gpus <= 0) or q.seq_len <= 0:
         raise InputError(f"{where}: --gpus and --seq-len must be positive")
     if gbs is not None:
         q.global_batch_size = gbs
@@ -140,7 +143,8 @@ def compare(
     Example: autopar compare --model 70b --gpus 256 "--tp 8 --pp 4" "--tp 4 --pp 8 --recompute full" reports/run#2
     """
     from autopar.errors import InputError
-    from autopar.report.compare import compare as run_compare, item_from_file, item_from_run, split_rank
+    from autopar.report.compare import compare as run_compare
+    from autopar.report.compare import file_names_its_question, item_from_file, item_from_run, split_rank
 
     if out is not None and out.is_dir():
         raise InputError(f"--out '{out}' is a directory; give a file name such as {out / 'compare.html'}")
@@ -149,7 +153,7 @@ def compare(
         path, _ = split_rank(arg)
         if arg.lstrip().startswith("-"):
             kinds.append("flags")
-        elif Path(path).is_dir():
+        elif Path(arg).is_dir() or Path(path).is_dir():
             kinds.append("run")
         elif Path(arg).is_file():
             kinds.append("file")
@@ -157,9 +161,11 @@ def compare(
             raise InputError(f"layout #{i} '{arg}' is not a run directory, a plan JSON file or a quoted flag string "
                              f"such as \"--tp 8 --pp 4\"")
     items: list = [None] * len(layouts)
-    for i, (arg, kind) in enumerate(zip(layouts, kinds)):
+    for i, (arg, kind) in enumerate(zip(layouts, kinds)):  # layouts that know their question first
         if kind == "run":
             items[i] = item_from_run(arg)
+        elif kind == "file" and file_names_its_question(arg):
+            items[i] = item_from_file(arg, None)
     base = next((it.question for it in items if it is not None), None)
     options_given = any(v is not None for v in (model, gpus, gpu, gpus_per_node, cluster, seq_len))
     shared = None
@@ -167,7 +173,7 @@ def compare(
         shared = _question(base, model=model, gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node, cluster=cluster,
                            seq_len=seq_len, gbs=gbs, where="compare")
     for i, (arg, kind) in enumerate(zip(layouts, kinds)):
-        if kind == "file":
+        if kind == "file" and items[i] is None:
             items[i] = item_from_file(arg, shared)
         elif kind == "flags":
             items[i] = item_from_flags(arg, i + 1, shared)

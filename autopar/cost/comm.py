@@ -88,20 +88,32 @@ def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_hea
     ]
 
 
-def tp_step_calls(model, sp, dense_layers, moe_layers, has_head, grad_bytes) -> list[Call]:
-    """TP collectives of one GPU once per step (not per microbatch): under SP the gradients of the
-    sequence-parallel parameters (the modules styled "sequence" in the sharding tables: the block
-    norms and the final norm) are partial sums over the sequence shards, all-reduced over the TP
-    group after the last microbatch (Megatron `finalize_model_grads` -> `_allreduce_layernorm_grads`,
-    one coalesced buffer; measured on the built-in model, where DTensor reduces them at the
-    optimizer step). Without SP every TP rank computes the same full gradient: nothing to reduce."""
+def tp_step_calls(model, sp, dense_layers, moe_layers, has_head, grad_bytes, reductions=1.0) -> list[Call]:
+    """TP collectives of one GPU per step that do not scale with the microbatches: under SP the
+    gradients of the sequence-parallel parameters (the modules styled "sequence" in the sharding
+    tables: the block norms and the final norm) are partial sums over the sequence shards,
+    all-reduced over the TP group with each gradient reduction: once per step after the last
+    microbatch (Megatron `finalize_model_grads` -> `_allreduce_layernorm_grads`, one coalesced
+    buffer), or `reductions` times when data parallelism reduces every microbatch
+    (`grad_reductions_per_step`). Measured on the built-in model (DTensor reduces them at the
+    optimizer step, or at each FSDP2 reduce-scatter). Without SP every TP rank computes the same
+    full gradient: nothing to reduce."""
     moe = model.moe
     shared = moe is not None and moe.num_shared_experts > 0
     dense_seq = _sequence_modules(block_plan(moe_layer=False, shared_experts=False))
     moe_seq = _sequence_modules(block_plan(moe_layer=True, shared_experts=shared))
     head_seq = _sequence_modules(MODEL_PLAN)
     params = (dense_layers * dense_seq + moe_layers * moe_seq + has_head * head_seq) * model.norm_params
-    return [Call("all_reduce", params * grad_bytes, np.where(sp, 1.0, 0.0))]
+    return [Call("all_reduce", params * grad_bytes, np.where(sp, 1.0, 0.0) * reductions)]
+
+
+def grad_reductions_per_step(zero_stage, m, pp, dp_group_size) -> np.ndarray:
+    """How often a GPU's gradients are reduced over data parallelism per step: once, after the last
+    microbatch (ZeRO-0/1, and every stage under pipeline parallelism, where
+    torch.distributed.pipelining defers the reduction to the end of the step), or after every
+    microbatch (ZeRO-2/3 without pipelining, to keep the gradients sharded)."""
+    per_mb = (np.asarray(zero_stage) >= 2) & (np.asarray(pp) == 1) & (np.asarray(dp_group_size) > 1)
+    return np.where(per_mb, np.asarray(m, dtype=float), 1.0)
 
 
 def _sequence_modules(plan) -> int:
@@ -137,16 +149,22 @@ def pp_calls(model, tokens, tp, sp, pp, vpp, rank, act_bytes) -> list[Call]:
     return [Call("send", s, np.where(np.asarray(pp) > 1, fwd + bwd, 0.0))]
 
 
-def dp_calls(params, zero_stage, grad_bytes, weight_bytes, m) -> tuple[list[Call], list[Call]]:
+def dp_calls(params, zero_stage, grad_bytes, weight_bytes, m, pp=None) -> tuple[list[Call], list[Call]]:
     """(gradient reduction, parameter gathering) calls of one GPU per step for `params` reduced
     over one data-parallel group. ZeRO-0: all-reduce of the gradients; ZeRO-1/2: reduce-scatter of
     the gradients and all-gather of the (bf16) parameters; ZeRO-3/FSDP: per microbatch, all-gather
-    forward and backward and reduce-scatter of the gradients (torch FSDP2 default)."""
+    forward and backward and reduce-scatter of the gradients (torch FSDP2 default).
+    With `pp` given, pipeline ranks (pp > 1) follow torch.distributed.pipelining, measured on the
+    built-in model: ZeRO-3 reduce-scatters once per step and gathers m + 1 times (each backward
+    keeps the parameters gathered, so only the first forward and the backward after each forward
+    gather); `pp=None` keeps the pipeline-agnostic count above."""
     z = np.asarray(zero_stage)
     grads = params * grad_bytes
     weights = params * weight_bytes
-    per_mb = np.where(z == 3, m, 1.0)
+    piped = np.asarray(pp) > 1 if pp is not None else np.zeros((), dtype=bool)
+    per_mb = np.where((z == 3) & ~piped, m, 1.0)
+    z3_gathers = np.where(piped, np.asarray(m, dtype=float) + 1.0, 2.0 * np.asarray(m, dtype=float))
     reduce = [Call("all_reduce", grads, np.where(z == 0, 1.0, 0.0)),
               Call("reduce_scatter", grads, np.where(z >= 1, per_mb, 0.0))]
-    gather = [Call("all_gather", weights, np.where(z == 3, 2.0 * m, np.where(z >= 1, 1.0, 0.0)))]
+    gather = [Call("all_gather", weights, np.where(z == 3, z3_gathers, np.where(z >= 1, 1.0, 0.0)))]
     return reduce, gather

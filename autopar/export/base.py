@@ -61,6 +61,9 @@ class ExportOptions:
     #: torchtitan base config: "module:function" (>= 0.3) or "name:flavor" (<= 0.2.2); default
     #: from the model preset
     torchtitan_base: str | None = None
+    #: NeMo 2 recipe module (e.g. llama3_70b) / Megatron-Bridge recipe function (e.g.
+    #: llama3_70b_pretrain_config); default from the model preset
+    recipe: str | None = None
     #: what the torchrun / slurm exporters launch
     trainer: str = "megatron"
     master_port: int = 29500
@@ -268,8 +271,9 @@ def header_lines(ctx: Context) -> list[str]:
     ]
     if ctx.options.source:
         lines.append(f"source:     {ctx.options.source}")
+    if ctx.options.command:
+        lines.append(f"plan flags: {plan_flags(ctx)}")
     lines += [
-        f"plan flags: {plan_flags(ctx)}",
         "rank order: tp innermost (consecutive ranks, one node), then cp, dp; pp outermost "
         "(autopar MESH_ORDER = Megatron-Core's tp-cp-ep-dp-pp)",
     ]

@@ -93,7 +93,7 @@ def question_from_search(search: dict, origin: str) -> Question:
 
 def item_from_run(arg: str) -> CompareItem:
     """A run directory's winner, or DIR#rank (1-based, from top.json)."""
-    path, rank = split_rank(arg)
+    path, rank = (arg, None) if Path(arg).is_dir() else split_rank(arg)  # a directory named 'x#2' is one
     d = Path(path)
     if not d.is_dir():
         raise InputError(f"run directory '{d}' does not exist; give a run directory, a plan JSON file or a "
@@ -102,7 +102,7 @@ def item_from_run(arg: str) -> CompareItem:
     if missing:
         raise InputError(f"'{d}' is not an autopar run directory: {', '.join(missing)} missing; rerun "
                          f"`autopar search ... --run-dir {d}`")
-    top, search = T._read_json(d / "top.json"), T._read_json(d / "search.json")
+    top, search = T.read_json(d / "top.json"), T.read_json(d / "search.json")
     entries = top.get("top") or []
     r = rank or 1
     if not entries:
@@ -117,11 +117,18 @@ def item_from_run(arg: str) -> CompareItem:
     return CompareItem(source=f"{d}#{r}", plan=plan, question=question_from_search(search, f"'{d / 'search.json'}'"))
 
 
+def file_names_its_question(arg: str) -> bool:
+    """Whether a plan file says its model (so it can stand without --model, and lend its question
+    to flag-string layouts)."""
+    data = T.read_json(Path(arg))
+    return "model" in data or "question" in data
+
+
 def item_from_file(arg: str, shared: Question | None) -> CompareItem:
     """A JSON file holding a `plan` mapping, and optionally `model` (preset name or model dict),
     `num_gpus`, `gpu`, `seq_len` (the shared question fills in what is absent)."""
     path = Path(arg)
-    data = T._read_json(path)
+    data = T.read_json(path)
     if not isinstance(data.get("plan"), dict):
         raise InputError(f"'{path}': no 'plan' object; a plan file is JSON with a 'plan' mapping (a trial file, "
                          f"or `autopar estimate --json` output)")

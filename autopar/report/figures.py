@@ -48,7 +48,10 @@ def height(fig: dict) -> int:
 
 
 def _layout(title: str, height: float, **kw) -> dict:
-    """Title top left, legend in one row above the plot on the right."""
+    """Title top left, legend in one row above the plot on the right; axes make room for their
+    tick labels and titles (automargin)."""
+    for axis in ("xaxis", "yaxis"):
+        kw[axis] = {"automargin": True, **kw.get(axis, {})}
     return {"title": {"text": title, "x": 0, "xanchor": "left", "y": 0.98, "yref": "container", "yanchor": "top",
                       "font": {"size": 15}},
             "height": int(height), "margin": {"l": 10, "r": 20, "t": 80, "b": 50}, "font": FONT,
@@ -85,7 +88,8 @@ def time_figure(tb: pd.DataFrame, title: str = "Step time breakdown (s)") -> dic
     return {"data": data, "layout": layout}
 
 
-def memory_figure(mb: pd.DataFrame, headroom_gib: float = 0.0, title: str = "Memory per GPU (GiB), most loaded rank") -> dict:
+def memory_figure(mb: pd.DataFrame, headroom_gib: float = 0.0,
+                  title: str = "Memory per GPU (GiB), most loaded rank") -> dict:
     """Stacked horizontal bars of the memory terms per candidate, against the GPU's capacity."""
     labels = list(mb.index)
     data = []
@@ -207,8 +211,9 @@ def _parity(tt: pd.DataFrame, pred: str, meas: str, err: str, unit: str, title: 
             {"type": "scatter", "mode": "markers", "name": "trialled plan", "x": _floats(m), "y": _floats(p),
              "text": text, "marker": {"color": "#4c78a8", "size": 10},
              "hovertemplate": f"%{{text}}<br>measured %{{x:{fmt}}} {unit}<br>predicted %{{y:{fmt}}} {unit}<extra></extra>"}]
-    return {"data": data, "layout": _layout(title, 420, xaxis={"title": {"text": f"measured ({unit})"}},
-                                            yaxis={"title": {"text": f"predicted ({unit})"}})}
+    square = [lo - pad, hi + pad]  # one range on both axes: the diagonal is at 45 degrees
+    return {"data": data, "layout": _layout(title, 420, xaxis={"title": {"text": f"measured ({unit})"}, "range": square},
+                                            yaxis={"title": {"text": f"predicted ({unit})"}, "range": square})}
 
 
 def trials_figures(tt: pd.DataFrame) -> list[dict]:

@@ -16,6 +16,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from autopar import __version__
+from autopar.errors import InputError
 from autopar.report import figures as F
 from autopar.report import tables as T
 from autopar.report.format import compare_kind, fmt
@@ -209,7 +210,8 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
     sections.append("<h2 id=\"plans\">Every evaluated plan</h2>"
                     "<p class=\"note\">Peak memory per GPU (log scale) against throughput; hover a point for its "
                     f"layout. The dashed red line is the GPU's capacity.{e(note)}</p>"
-                    + _fig(F.scatter_figure(sc, T.category_order(sc["category"]), win, cap), "fig-scatter")
+                    + (_fig(F.scatter_figure(sc, T.category_order(sc["category"]), win, cap), "fig-scatter")
+                       if len(sc) else "<p>No plan has an estimate to draw.</p>")
                     + f"<h3>Pareto front ({len(pareto)} plans): no other fitting plan is both faster and smaller</h3>"
                     + _table(_pp_dash(pareto), PARETO_COLUMNS))
 
@@ -217,7 +219,7 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
     if len(hist):
         nav.append(("optuna", "Optuna"))
         sections.append("<h2 id=\"optuna\">Optuna optimisation history</h2>"
-                        f"<p class=\"note\">{e(T._method_text(run.search))}.</p>"
+                        f"<p class=\"note\">{e(T.method_text(run.search))}.</p>"
                         + _fig(F.history_figure(hist), "fig-optuna"))
 
     if run.trials or run.trial_problems:
@@ -259,15 +261,19 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
 def write_report(run_dir: str | Path, *, out: str | Path | None = None,
                  scenarios: list[str | Path] | None = None) -> Path:
     """(Re)build the report of a run directory; returns the file written (default
-    RUN_DIR/report.html). `scenarios`: the run directories of a what-if this run belongs to (this
-    one included); they are recorded in RUN_DIR/whatif.json so a later `autopar report` keeps the
-    what-if section. Raises InputError for a missing or corrupt run directory."""
+    RUN_DIR/report.html). `scenarios`: the run directories of the search this run belongs to (this
+    one included); several are a what-if, recorded in RUN_DIR/whatif.json so a later `autopar
+    report` keeps the what-if section; one (or none) removes a whatif.json left by an earlier
+    what-if. None (the default, a rebuild): keep whatever whatif.json says. Raises InputError for
+    a missing or corrupt run directory."""
     run = T.load_run(run_dir)
     d = Path(run_dir)
-    if scenarios is not None:
+    if scenarios is not None:  # a fresh search: record its scenarios, or forget a what-if of the past
         dirs = [Path(s) for s in scenarios]
         if len(dirs) > 1:
             T.write_scenarios(d, dirs)
+        else:
+            (d / T.WHATIF_FILE).unlink(missing_ok=True)
         run.scenarios = dirs
     scenario_runs = None
     if len(run.scenarios) > 1:
@@ -278,7 +284,7 @@ def write_report(run_dir: str | Path, *, out: str | Path | None = None,
             elif Path(s).is_dir():
                 try:
                     scenario_runs.append(T.load_run(s, with_trials=False, with_scenarios=False))
-                except Exception:  # a scenario removed or rewritten since: leave it out
+                except InputError:  # a scenario removed or broken since: leave it out
                     continue
     path = Path(out) if out is not None else d / REPORT_FILE
     text = report_html(run, scenario_runs, out_dir=path.parent)
@@ -288,12 +294,14 @@ def write_report(run_dir: str | Path, *, out: str | Path | None = None,
 
 
 def write_reports(run_dirs: list[str | Path]) -> list[Path]:
-    """One report per run directory; several directories are the scenarios of one what-if, and each
-    report shows them side by side."""
-    dirs = [Path(d) for d in run_dirs]
+    """The reports of one search (what `autopar search` calls): one report per run directory;
+    several directories are the scenarios of a what-if, and each report shows them side by side."""
     # one directory twice (e.g. two scenarios into one --run-dir) is one scenario
-    unique = list(dict.fromkeys(d.resolve() for d in dirs))
-    return [write_report(d, scenarios=unique if len(unique) > 1 else None) for d in unique]
+    seen: dict[Path, Path] = {}
+    for d in run_dirs:
+        seen.setdefault(Path(d).resolve(), Path(d))
+    unique = list(seen.values())
+    return [write_report(d, scenarios=unique) for d in unique]
 
 
 # ---- the comparison ------------------------------------------------------------------------------

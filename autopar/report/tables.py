@@ -33,9 +33,9 @@ REQUIRED_COLUMNS = (("plan_name", "fits", "valid", "rejected_by", "peak_memory_b
                      "dominant_cost", "tp", "cp", "pp", "vpp", "dp", "ep", "zero_stage", "micro_batch_size",
                      "pp_schedule", "recompute", "layout_text")
                     + tuple(f"time_{t}" for t in TIME_TERMS) + tuple(f"mem_{t}" for t in MEMORY_TERMS))
-#: most points drawn in the all-plans scatter (SVG); beyond it a deterministic sample plus every
-#: Pareto and top-k plan
-MAX_SCATTER_POINTS = 20_000
+#: most points drawn in the all-plans scatter (SVG: each is a DOM node, ~0.2 ms to draw); beyond
+#: it a deterministic sample plus every Pareto and top-k plan
+MAX_SCATTER_POINTS = 5_000
 #: most distinct colours in the scatter: further rejection reasons share "other rules"
 MAX_CATEGORIES = 8
 
@@ -77,7 +77,7 @@ def _one_line(e: BaseException) -> str:
     return (text[:160] + "...") if len(text) > 160 else text or type(e).__name__
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -110,7 +110,7 @@ def load_run(run_dir: str | Path, *, with_trials: bool = True, with_scenarios: b
         raise InputError(f"'{d / 'plans.parquet'}' lacks column(s) {', '.join(lacking[:5])}"
                          f"{' ...' if len(lacking) > 5 else ''}; it was not written by this autopar version; "
                          f"rerun `autopar search`")
-    run = RunData(run_dir=d, plans=plans, top=_read_json(d / "top.json"), search=_read_json(d / "search.json"))
+    run = RunData(run_dir=d, plans=plans, top=read_json(d / "top.json"), search=read_json(d / "search.json"))
     if with_trials:
         run.trials, run.trial_problems = load_trials(d)
     if with_scenarios:
@@ -170,7 +170,8 @@ def winner(run: RunData) -> pd.Series | None:
 
 def scenario_label(q: dict) -> str:
     c = q.get("cluster", {})
-    return f"{q.get('num_gpus', '?')} x {c.get('gpu', '?')}, seq {q.get('seq_len', '?')}, gbs {q.get('global_batch_size', '?')}"
+    return (f"{q.get('num_gpus', '?')} x {c.get('gpu', '?')}, seq {q.get('seq_len', '?')}, "
+            f"gbs {q.get('global_batch_size', '?')}")
 
 
 def _params_text(model: dict) -> str:
@@ -201,7 +202,7 @@ def question_rows(run: RunData) -> pd.DataFrame:
         ("search space", f"{space.get('name', '?')}: " + "; ".join(
             f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in knobs.items())),
         ("constraints", "; ".join(f"{k}={v}" for k, v in space.get("constraints", {}).items()) or "none"),
-        ("method", _method_text(s)),
+        ("method", method_text(s)),
         ("plans", f"{s.get('plans_evaluated', len(run.plans)):,} evaluated, {s.get('plans_valid', 0):,} valid, "
                   f"{s.get('plans_fit', 0):,} fit"),
         ("rejected by", rejection_text(run.plans) or "nothing"),
@@ -210,7 +211,7 @@ def question_rows(run: RunData) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["item", "value"])
 
 
-def _method_text(s: dict) -> str:
+def method_text(s: dict) -> str:
     method = s.get("method", "?")
     if method == "exhaustive":
         return "exhaustive: every plan of the space evaluated (the exact optimum of the cost model)"
@@ -218,9 +219,14 @@ def _method_text(s: dict) -> str:
 
 
 def rejection_text(plans: pd.DataFrame) -> str:
-    rej = plans.loc[~plans["fits"].astype(bool), "rejected_by"].astype(str).str.split(", ").explode()
-    counts = rej[rej != ""].value_counts()
-    return ", ".join(f"{k} ({v:,})" for k, v in counts.items())
+    """'memory (1,406), microbatches%pp (66)': how many plans each rule rejected (a plan can break
+    several). Counted over distinct reason strings, so it stays fast for millions of plans."""
+    counts: dict[str, int] = {}
+    for reasons, n in plans.loc[~plans["fits"].astype(bool), "rejected_by"].astype(str).value_counts().items():
+        for r in reasons.split(", "):
+            if r:
+                counts[r] = counts.get(r, 0) + int(n)
+    return ", ".join(f"{k} ({v:,})" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _plan_words(row: pd.Series) -> str:
@@ -319,7 +325,8 @@ def categories(plans: pd.DataFrame) -> pd.Series:
     """Colour class of every plan: 'fits', 'memory' (over capacity or headroom) or the rule it breaks
     (the first one; rare rules share 'other rules')."""
     fits = plans["fits"].astype(bool).to_numpy()
-    first = plans["rejected_by"].astype(str).str.split(", ").str[0].to_numpy(dtype=object)
+    codes, uniques = pd.factorize(plans["rejected_by"].astype(str))  # split each distinct string once
+    first = np.asarray([u.split(", ")[0] for u in uniques] or [""], dtype=object)[np.maximum(codes, 0)]
     cat = pd.Series(np.where(fits, "fits", first), index=plans.index, dtype=object)
     counts = cat[cat != "fits"].value_counts()
     rare = counts.index[MAX_CATEGORIES - 2:] if len(counts) > MAX_CATEGORIES - 1 else []
@@ -328,6 +335,8 @@ def categories(plans: pd.DataFrame) -> pd.Series:
 
 def hover_text(plans: pd.DataFrame) -> pd.Series:
     """One hover label per plan: the layout and its key numbers."""
+    if plans.empty:
+        return pd.Series([], index=plans.index, dtype=object)
     s = lambda c: plans[c].astype(str)  # noqa: E731
     sched = np.where(plans["pp"].to_numpy() > 1, s("pp_schedule") + ", ", "")
     text = (s("plan_name") + "<br>" + sched + s("recompute") + " recompute, ZeRO " + s("zero_stage")
@@ -340,9 +349,12 @@ def hover_text(plans: pd.DataFrame) -> pd.Series:
 
 
 def _short(plans: pd.DataFrame) -> pd.Series:
+    if plans.empty:
+        return pd.Series([], index=plans.index, dtype=object)
     s = lambda c: plans[c].astype(str)  # noqa: E731
     sched = np.where(plans["pp"].to_numpy() > 1, s("pp_schedule") + ", ", "")
-    return s("plan_name") + " (" + sched + s("recompute") + ", ZeRO " + s("zero_stage") + ", mbs " + s("micro_batch_size") + ")"
+    return (s("plan_name") + " (" + sched + s("recompute") + ", ZeRO " + s("zero_stage") + ", mbs "
+            + s("micro_batch_size") + ")")
 
 
 def scatter_frame(plans: pd.DataFrame, keep: pd.Index | None = None, max_points: int = MAX_SCATTER_POINTS,
@@ -353,44 +365,52 @@ def scatter_frame(plans: pd.DataFrame, keep: pd.Index | None = None, max_points:
     point: `n_plans` counts them and the hover names them. Above max_points points, a
     deterministic sample that always keeps the Pareto front and the rows in `keep` (e.g. the
     top-k). The frame is indexed by the first plan of each point; attrs say how many plans there
-    were, how many were drawn and how many have no finite estimate."""
-    finite = np.isfinite(plans["tokens_per_s"].to_numpy(float)) & np.isfinite(plans["peak_memory_bytes"].to_numpy(float))
+    were, how many were drawn and how many have no finite estimate. Text is built only for the
+    points drawn, so millions of plans cost little more than the numbers."""
+    mem_all = plans["peak_memory_bytes"].to_numpy(float)
+    tput_all = plans["tokens_per_s"].to_numpy(float)
+    finite = np.isfinite(tput_all) & np.isfinite(mem_all)
     p = plans[finite]
+    mem, tput = mem_all[finite], tput_all[finite]
     fit = p["fits"].astype(bool).to_numpy()
     front = np.zeros(len(p), bool)
-    front[fit] = pareto_mask(p["tokens_per_s"].to_numpy()[fit], p["peak_memory_bytes"].to_numpy()[fit])
-    per_plan = pd.DataFrame({
-        "plan_name": p["plan_name"].astype(str).to_numpy(),
-        "peak_memory_bytes": p["peak_memory_bytes"].to_numpy(float),
-        "memory_gib": p["peak_memory_bytes"].to_numpy(float) / GIB,
-        "tokens_per_s": p["tokens_per_s"].to_numpy(float),
-        "step_time_s": p["step_time_s"].to_numpy(float),
-        "category": categories(p).to_numpy(),
-        "pareto": front,
-        "hover": hover_text(p).to_numpy(),
-        "short": _short(p).to_numpy(),
-        "row": p.index.to_numpy(),
-    })
-    gid = per_plan.groupby(["peak_memory_bytes", "tokens_per_s", "category"], sort=False).ngroup().to_numpy()
+    front[fit] = pareto_mask(tput[fit], mem[fit])
+    cat = categories(p).to_numpy()
+    gid = pd.DataFrame({"m": mem, "t": tput, "c": cat}).groupby(["m", "t", "c"], sort=False).ngroup().to_numpy()
     first = ~pd.Series(gid).duplicated().to_numpy()
-    out = per_plan[first].copy()
-    out["n_plans"] = np.bincount(gid)[gid[first]]
-    out["pareto"] = np.bincount(gid, weights=per_plan["pareto"].to_numpy())[gid[first]] > 0
-    more = {}  # group -> the other plans' short names (a loop over duplicated plans only)
-    for g, short in zip(gid[~first], per_plan["short"].to_numpy()[~first]):
-        more.setdefault(g, []).append(short)
-    extra = [("" if g not in more else "<br>same estimate: " + ", ".join(more[g][:4])
-              + (f" and {len(more[g]) - 4} more" if len(more[g]) > 4 else "")) for g in gid[first]]
-    out["hover"] = out["hover"] + np.asarray(extra, dtype=object)
-    out = out.set_index("row").drop(columns=["short"])
-    out.index.name = None
-    out = out.sort_index()
-    points = len(out)
+    n_plans = np.bincount(gid)
+    on_front = np.bincount(gid, weights=front) > 0
+    pos = np.flatnonzero(first)  # positions (in p) of each point's first plan, in gid order
+    points = len(pos)
     if points > max_points:
-        must = out["pareto"].to_numpy() | out.index.isin(keep if keep is not None else [])
-        rest = out[~must]
+        must = on_front[gid[pos]] | p.index[pos].isin(keep if keep is not None else [])
+        rest = np.flatnonzero(~must)
         n = max(0, max_points - int(must.sum()))
-        out = pd.concat([out[must], rest.sample(n=min(n, len(rest)), random_state=seed)]).sort_index()
+        pick = np.random.default_rng(seed).choice(rest, size=min(n, len(rest)), replace=False)
+        pos = np.sort(np.concatenate([np.flatnonzero(must), pick]))
+        pos = np.flatnonzero(first)[pos]
+    g = gid[pos]
+    sel = p.iloc[pos]
+    out = pd.DataFrame({
+        "plan_name": sel["plan_name"].astype(str).to_numpy(),
+        "peak_memory_bytes": mem[pos], "memory_gib": mem[pos] / GIB, "tokens_per_s": tput[pos],
+        "step_time_s": sel["step_time_s"].to_numpy(float), "category": cat[pos], "pareto": on_front[g],
+        "n_plans": n_plans[g],
+    }, index=sel.index)
+    # hover: the first plan's text, then up to four more plans that share its estimate
+    hover = hover_text(sel).to_numpy(dtype=object)
+    dup = np.flatnonzero(~first & np.isin(gid, g[n_plans[g] > 1]))
+    if len(dup):
+        rank = pd.Series(gid[dup]).groupby(gid[dup]).cumcount().to_numpy()
+        dup = dup[rank < 4]
+        shorts: dict[int, list[str]] = {}
+        for gg, sh in zip(gid[dup], _short(p.iloc[dup]).to_numpy()):
+            shorts.setdefault(int(gg), []).append(sh)
+        hover = hover + np.asarray([
+            "" if n_plans[gg] < 2 else "<br>same estimate: " + ", ".join(shorts.get(int(gg), []))
+            + (f" and {n_plans[gg] - 5:,} more" if n_plans[gg] > 5 else "") for gg in g], dtype=object)
+    out["hover"] = hover
+    out = out.sort_index()
     out.attrs.update(total=int(len(plans)), points=int(points), plotted=int(len(out)),
                      plotted_plans=int(out["n_plans"].sum()), without_estimate=int((~finite).sum()))
     return out
@@ -403,7 +423,8 @@ def category_order(cats: pd.Series) -> list[str]:
     """Legend order: fits, memory, then rules by frequency, 'other rules' last."""
     counts = cats.value_counts()
     rest = [c for c in counts.index if c not in CATEGORY_ORDER and c != "other rules"]
-    return [c for c in CATEGORY_ORDER if c in counts.index] + rest + (["other rules"] if "other rules" in counts.index else [])
+    last = ["other rules"] if "other rules" in counts.index else []
+    return [c for c in CATEGORY_ORDER if c in counts.index] + rest + last
 
 
 # ---- Optuna ----------------------------------------------------------------------------------------
@@ -477,9 +498,10 @@ def trials_table(trials: list[dict]) -> pd.DataFrame:
 
 def trials_summary(df: pd.DataFrame) -> dict:
     """Mean absolute relative error of step time and memory over the trials that have both numbers."""
-    return {"trials": int(len(df)),
-            "step_time_mape": float(np.nanmean(np.abs(df["step_time_error"]))) if df["step_time_error"].notna().any() else math.nan,
-            "memory_mape": float(np.nanmean(np.abs(df["memory_error"]))) if df["memory_error"].notna().any() else math.nan}
+    def mape(col: str) -> float:
+        return float(np.nanmean(np.abs(df[col]))) if df[col].notna().any() else math.nan
+
+    return {"trials": int(len(df)), "step_time_mape": mape("step_time_error"), "memory_mape": mape("memory_error")}
 
 
 # ---- what-if: the best plan per scenario ---------------------------------------------------------

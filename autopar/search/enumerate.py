@@ -52,16 +52,10 @@ def ep_choices(space: SearchSpace, model: ModelSpec) -> list[int]:
     return sorted(x for x in set(v) if x <= limit)
 
 
-def space_size(space: SearchSpace, model: ModelSpec) -> int:
-    """Upper bound of the number of plans (the product of the choices), before canonicalisation."""
-    n = 1
-    for knob, default in (("tp", [1]), ("pp", [1]), ("cp", [1]), ("zero", [1]), ("mbs", [1]), ("dtype", ["bf16"]),
-                          ("recompute", ["none"]), ("tp_comm_overlap", [False]), ("pp_layout", ["auto"])):
-        n *= len(space.knobs.get(knob, default))
-    n *= len(space.knobs.get("pp_schedule", ["1f1b"])) + len([v for v in space.knobs.get("vpp", [1]) if v > 1])
-    n *= len(ep_choices(space, model)) * len(space.knobs.get("etp", ["tp"]) if model.moe else [1])
-    n *= 1 + len(space.knobs.get("recompute_layers", []))
-    return n
+def space_size(space: SearchSpace, q: "Question") -> int:
+    """Upper bound of the number of plans: the product of every axis's choices, before
+    canonicalisation (what `run_search` compares with --max-exhaustive)."""
+    return int(np.prod([len(v) for v in knob_choices(space, q).values()], dtype=np.float64))
 
 
 #: the product axes, in order; values are what `knob_choices` returns for each
@@ -76,9 +70,11 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
     k = space.knobs
     cons = space.constraints
     tp = [t for t in _int_choices(space, "tp", [1]) if not cons.get("tp_within_node") or t <= q.cluster.gpus_per_node]
-    sched_vpp = [(SCHED[s], 1) for s in k.get("pp_schedule", ["1f1b"]) if s != "interleaved-1f1b"]
+    sched_vpp = [(SCHED[s], 1) for s in dict.fromkeys(k.get("pp_schedule", ["1f1b"])) if s != "interleaved-1f1b"]
     sched_vpp += [(SCHED["interleaved-1f1b"], v) for v in _int_choices(space, "vpp", [1]) if v > 1]
     etp_raw = k.get("etp", ["tp"]) if model.moe else ["tp"]
+    if etp_raw == "auto":  # Megatron's default (= tp) and expert-TP folding (1)
+        etp_raw = ["tp", 1]
     sp_knob = k.get("sp", "auto")
     return {
         "tp": [t for t in tp if t <= cons.get("max_tp", t)],
@@ -89,12 +85,12 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
         "etp": sorted({0 if e == "tp" else int(e) for e in etp_raw}),
         "zero": _int_choices(space, "zero", [1]),
         "mbs": _int_choices(space, "mbs", [1]),
-        "recompute": [RECOMP[r] for r in k.get("recompute", ["none"])],
+        "recompute": sorted({RECOMP[r] for r in k.get("recompute", ["none"])}),
         "recompute_layers": [-1] + sorted(set(k.get("recompute_layers", []))),
-        "dtype": [DTYPE[d] for d in k.get("dtype", ["bf16"])],
+        "dtype": sorted({DTYPE[d] for d in k.get("dtype", ["bf16"])}),
         "tp_comm_overlap": sorted(set(k.get("tp_comm_overlap", [False]))),
         "sp": [True, False] if sp_knob == "auto" else sorted(set(sp_knob)),
-        "pp_layout": list(k.get("pp_layout", ["auto"])),
+        "pp_layout": ["auto"] + [x for x in dict.fromkeys(k.get("pp_layout", ["auto"])) if x != "auto"],
     }
 
 
@@ -123,6 +119,12 @@ def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], 
         keep &= et == t
     layout_list, layout_id = _layout_ids(q.model, choices["pp_layout"], p, vpp, lo)
     keep &= layout_id >= -1
+    # the same plan reached through different choices (etp "tp" and 1 at tp 1, ...) counts once
+    key = np.stack([t, p, c, sched, vpp, col["ep"], et, col["zero"], col["mbs"], col["recompute"],
+                    col["recompute_layers"], col["dtype"], col["tp_comm_overlap"].astype(np.int64),
+                    col["sp"].astype(np.int64), layout_id], axis=1)
+    _, first = np.unique(np.where(keep[:, None], key, -3), axis=0, return_index=True)
+    keep &= np.isin(np.arange(len(t)), first)
     idx = np.flatnonzero(keep)
     table = PlanTable.from_columns(
         layout_list, tp=t, pp=p, dp=G // (t * p * c), cp=c, ep=col["ep"], etp=et, vpp=vpp, zero_stage=col["zero"],

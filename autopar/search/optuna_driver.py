@@ -10,6 +10,9 @@ This is the only module of the search layer that imports optuna.
 from __future__ import annotations
 
 import math
+import os
+import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,10 +50,26 @@ def open_storage(url: str):
 
             Path(url).parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(url))
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else {})
+        return _rdb_storage(url)
     except Exception as e:  # noqa: BLE001 - any driver error is a bad storage for the user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"cannot open storage '{url}': {first}; check the URL, the server and its driver") from None
+
+
+def _rdb_storage(url: str, attempts: int = 5):
+    """An RDB storage; retried when another worker is creating the same schema at that moment
+    (two workers starting on a fresh database race on CREATE TABLE)."""
+    kwargs = {} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except Exception as e:  # noqa: BLE001
+            text = str(e)
+            racing = any(w in text for w in ("UniqueViolation", "already exists", "duplicate key", "IntegrityError"))
+            if not racing or attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def make_sampler(name: str, seed: int | None, multi_objective: bool):
@@ -100,15 +119,35 @@ def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if _counts(t)]
 
 
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(worker: str) -> bool:
+    """Whether the worker (host:pid) that ran a trial still runs; other hosts are assumed alive."""
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def fail_stale(study: optuna.Study, older_than_s: float) -> int:
-    """Mark RUNNING trials older than `older_than_s` failed (their process died): a rerun then
-    redoes them instead of waiting for them."""
+    """Mark RUNNING trials failed whose process died: at once when it ran on this host (its pid is
+    gone), after `older_than_s` for other hosts. A rerun then redoes them."""
     import datetime as dt
 
     now = dt.datetime.now()
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.datetime_start and (now - t.datetime_start).total_seconds() > older_than_s:
+        worker = t.user_attrs.get("worker", "")
+        old = t.datetime_start is not None and (now - t.datetime_start).total_seconds() > older_than_s
+        if (worker and not _alive(worker)) or (not worker and old) or (worker and old and not worker.startswith(
+                socket.gethostname() + ":")):
             study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
             n += 1
     return n
@@ -170,6 +209,7 @@ def run_study(space: SearchSpace, q: Question, study: optuna.Study, n_trials: in
     moe = q.model.moe is not None
     while len(finished(study)) < n_trials:
         trial = study.ask()
+        trial.set_user_attr("worker", WORKER)
         if _budget_taken_before(study, trial.number) >= n_trials:
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.PRUNED)

@@ -108,14 +108,14 @@ def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, i
     """Answer the question under the space; write the run directory; return the result."""
     t0 = time.perf_counter()
     run_dir = opts.run_dir or Path("reports") / run_slug(q, opts.space)
-    run_dir.mkdir(parents=True, exist_ok=True)
     headroom = float(opts.space.constraints.get("memory_headroom_gib", 0.0))
-    size = space_size(opts.space, q.model)
+    size = space_size(opts.space, q)
     timings: dict[str, float] = {}
     history: list = []
     if size <= opts.max_exhaustive:
         method = "exhaustive"
         table = enumerate_plans(opts.space, q)
+        run_dir.mkdir(parents=True, exist_ok=True)
         timings["enumerate_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         df = evaluate(table, q, headroom)
@@ -123,6 +123,7 @@ def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, i
         layouts = table.layouts
     else:
         method = f"optuna-{opts.sampler}"
+        run_dir.mkdir(parents=True, exist_ok=True)
         df, layouts, history = _optuna_search(q, opts, run_dir, headroom, progress)
         timings["optuna_s"] = time.perf_counter() - t0
     top = ranked(df).head(opts.top_k)

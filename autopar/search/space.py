@@ -118,4 +118,7 @@ def load_space(name_or_file: str) -> SearchSpace:
     elif not path.is_file():
         raise InputError(f"search space file '{name_or_file}' does not exist")
     data = load_yaml(path, f"search space '{path}'")
-    return space_from_dict(data, f"search space '{path.name}'")
+    space = space_from_dict(data, f"search space '{path.name}'")
+    if not (isinstance(data, dict) and data.get("name")):  # a file without a name is named after it
+        space = SearchSpace(path.stem, space.description, space.knobs, space.constraints, space.source)
+    return space

@@ -304,10 +304,3 @@ def build_model(config: ModelConfig, seed: int, device: torch.device | str = "cp
     model.tie_weights()
     model.init_weights(seed)
     return model
-
-
-def count_params(module: nn.Module) -> int:
-    """Parameters held by this process (local shards of DTensors), each shared tensor once."""
-    from torch.distributed.tensor import DTensor
-
-    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())

@@ -16,7 +16,7 @@ Axes of size 1 are skipped, so they issue no collective.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,10 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
 from autopar.spec.plan import ParallelPlan
-from autopar.trial.model import Transformer, count_params, initial_value
+from autopar.trial.model import Transformer, initial_value
 from autopar.trial.parallel.data import apply_dp
 from autopar.trial.parallel.pipeline import apply_pp, build_schedule
 from autopar.trial.parallel.tensor import apply_tp
@@ -67,7 +66,6 @@ class ParallelModel:
     schedule: Any | None  # torch.distributed.pipelining schedule when pp > 1
     params: dict[str, nn.Parameter]  # name -> parameter as the optimizer sees it
     param_count: int  # parameters this rank holds under TP (before ZeRO sharding)
-    dtensor_specs: dict[str, DTensorSpec] = field(default_factory=dict)  # TP layout of DDP-unwrapped params
 
     @property
     def num_stages(self) -> int:
@@ -87,14 +85,15 @@ class ParallelModel:
         out = {}
         for name, p in self.params.items():
             t: torch.Tensor = p
-            spec = self.dtensor_specs.get(name)
-            if spec is not None and not isinstance(t, DTensor):
-                t = DTensor.from_local(t.detach(), spec.mesh, spec.placements, run_check=False,
-                                       shape=spec.shape, stride=spec.stride)
             if isinstance(t, DTensor):
                 t = t.full_tensor()
             out[name] = t.detach().float().cpu().clone()
         return out
+
+
+def count_params(module: nn.Module) -> int:
+    """Parameters this process holds (the local shard of a DTensor), each shared tensor once."""
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
 
 
 def materialize(module: nn.Module, seed: int, device: torch.device) -> None:
@@ -136,20 +135,17 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
             stage.to(device)
     param_count = sum(count_params(s) for _, s in stages)
     # 4. data parallelism, per stage module
-    dtensor_specs: dict[str, DTensorSpec] = {}
     wrapped: list[tuple[int, nn.Module]] = []
     for i, stage in stages:
         if plan.dp > 1:
-            if plan.zero_stage == 0:  # DDP replaces DTensor params by local tensors: remember the layout
-                dtensor_specs.update({n: p._spec for n, p in stage.named_parameters() if isinstance(p, DTensor)})
             wrapped.append((i, apply_dp(stage, mesh["dp"], zero_stage=plan.zero_stage, bf16=plan.dtype == "bf16")))
         else:
             wrapped.append((i, stage))
-    # parameters as the optimizer must see them (DDP+TP swaps module attributes during forward)
+    # parameters as the optimizer sees them (FSDP2 swaps in unsharded ones only inside a step)
     params: dict[str, nn.Parameter] = {}
     for _, stage in stages:
         params.update(dict(stage.named_parameters()))
     # 5. the pipeline schedule over the wrapped stages
     schedule = build_schedule(wrapped, plan, mesh["pp"], device, cross_entropy) if plan.pp > 1 else None
     return ParallelModel(plan=plan, mesh=mesh, stages=wrapped, unwrapped=[s for _, s in stages],
-                         schedule=schedule, params=params, param_count=param_count, dtensor_specs=dtensor_specs)
+                         schedule=schedule, params=params, param_count=param_count)

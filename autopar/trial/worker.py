@@ -43,6 +43,23 @@ def environment(runtime: Runtime) -> dict:
     return env
 
 
+def summary_line(result: dict) -> str:
+    """One line per trial on stdout: step time, throughput, loss, peak memory, bytes per axis."""
+    peak = max(r["peak_memory_bytes"] for r in result["ranks"]) / 2**20
+    comm = {}
+    for r in result["ranks"]:
+        for axis, n in ((r.get("comm") or {}).get("bytes_by_axis") or {}).items():
+            comm[axis] = max(comm.get(axis, 0), n)
+    axes = " ".join(f"{a}={n / 2**20:.2f}MiB" for a, n in sorted(comm.items())) or "-"
+    line = (f"[autopar.trial] {result['name']}: {result['mean_step_time_s']:.3f} s/step, "
+            f"{result['tokens_per_s']:.0f} tokens/s, loss {result['final_loss']:.4f}, "
+            f"peak {peak:.0f} MiB/rank, bytes/step/rank {axes}")
+    if "parity" in result:
+        p = result["parity"]
+        line += f", parity loss {p['loss_max_rel']:.1e} params {p['param_max_rel']:.1e}"
+    return line
+
+
 def write_json(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=str))
@@ -72,6 +89,7 @@ def run(trials: list[TrialConfig], out: Path) -> int:
             result["wall_s"] = time.perf_counter() - t0
             doc["trials"].append(result)
             write_json(out, doc)
+            print(summary_line(result), flush=True)
     if code:
         sys.stderr.flush()
         os._exit(code)  # peers may be blocked in a collective: do not wait for them

@@ -4,10 +4,14 @@ The plan's `zero_stage` maps to (Rajbhandari et al. 2020 ZeRO; torch FSDP2 `full
 
 | stage | wrapper | parameters | gradients | optimizer state | collectives per step (m microbatches) |
 |---|---|---|---|---|---|
-| 0 | DDP | replicated | replicated, all-reduced once, after the last microbatch (no_sync before) | replicated | 1 all-reduce |
+| 0 | DDP (FSDP2 `replicate` with TP) | replicated | replicated, all-reduced once, after the last microbatch (no_sync before) | replicated | 1 all-reduce |
 | 1 | FSDP2, reshard_after_forward=False | sharded at rest, gathered once per step and kept for every microbatch | accumulated unsharded, reduce-scattered once after the last microbatch | sharded | 1 all-gather + 1 reduce-scatter |
 | 2 | FSDP2, reshard_after_forward=False | as stage 1 | reduce-scattered after every microbatch, accumulated sharded | sharded | 1 all-gather + m reduce-scatters |
 | 3 | FSDP2, reshard_after_forward=True | gathered for each forward and again for each backward | reduce-scattered after every microbatch | sharded | 2m all-gathers + m reduce-scatters |
+
+Stage 0 with tensor parallelism uses FSDP2's `replicate` (the same gradient all-reduce, per unit):
+DDP cannot hold DTensor parameters, and its `_pre_dp_module_transform` workaround re-reduces the
+sequence-parallel norm gradients every microbatch and broke under pipelining.
 
 Stage 1 is Megatron's distributed optimizer in communication (one reduce-scatter of the gradients
 and one all-gather of the parameters per step); torch has no "shard only the optimizer" wrapper
@@ -17,22 +21,25 @@ drives the FSDP2 flags itself: it defers the reduce-scatter to the end of the st
 (so stages 2 and 3 keep unsharded gradients across microbatches there) and keeps parameters
 gathered after each backward (stage 3 gathers m + 1 times, not 2m).
 
-FSDP2 units: the embedding, each transformer block, and the final norm with the LM head; the root
-(a stage module) then holds no parameter of its own, so every unit follows the stage's resharding
-rule (FSDP2 never reshards a root after forward). A tied embedding stays in the root unit.
+FSDP2 units: the embedding, each transformer block, the final norm and the LM head; the root (a
+stage module) then holds no parameter of its own, so every unit follows the stage's resharding rule
+(FSDP2 never reshards a root after forward). A tied embedding stays in the root unit. Gradient-sync
+flags are set on the root per microbatch (`microbatch_context`); `set_is_last_backward(False)` is
+deliberately not used: it makes FSDP2 re-gather the embedding once more per step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from autopar.trial.model import Transformer
@@ -40,9 +47,11 @@ from autopar.trial.model import Transformer
 
 def apply_dp(module: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16: bool) -> nn.Module:
     """Wrap one (stage) module for data parallelism over `dp_mesh` by ZeRO stage (table above)."""
+    tensor_parallel = any(isinstance(p, DTensor) for p in module.parameters())
+    if zero_stage == 0 and tensor_parallel:
+        # DDP cannot hold DTensor parameters: FSDP2's replicate (all-reduce, DTensor-aware)
+        return _wrap_units(module, lambda unit: replicate(unit, mesh=dp_mesh, mp_policy=_mp(bf16)))
     if zero_stage == 0:
-        if any(hasattr(p, "device_mesh") for p in module.parameters()):
-            _pre_dp_module_transform(module)  # DDP reduces local tensors; DTensor params are unwrapped
         # buffers are the RoPE table, identical everywhere: no per-forward broadcast
         no_sync_buffers = ({"forward_sync_buffers": False}
                            if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
@@ -50,8 +59,18 @@ def apply_dp(module: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16:
         return DistributedDataParallel(module, process_group=dp_mesh.get_group(), **no_sync_buffers)
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"zero stage must be 0..3, got {zero_stage}")
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     reshard = zero_stage == 3
+    return _wrap_units(module, lambda unit: fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard,
+                                                        mp_policy=_mp(bf16)))
+
+
+def _mp(bf16: bool) -> MixedPrecisionPolicy:
+    """bf16 compute copies of the parameters, fp32 gradient reduction (Megatron's main grads)."""
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+
+
+def _wrap_units(module: Transformer, wrap: Callable[[nn.Module], object]) -> nn.Module:
+    """Apply an FSDP2-style wrapper to each unit (embedding, blocks, norm, head), then the root."""
     tied = module.config.spec.tied_embeddings
     units: list[nn.Module] = []
     if module.tok_embeddings is not None and not tied:
@@ -59,8 +78,8 @@ def apply_dp(module: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16:
     units.extend(module.layers.values())
     units.extend(m for m in (module.norm, None if tied else module.output) if m is not None)
     for unit in units:
-        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+        wrap(unit)
+    wrap(module)
     return module
 
 

@@ -9,7 +9,8 @@ Korthikanti et al. 2022; torchtitan `apply_tp`):
   (a DTensor), for `loss_parallel` cross-entropy: [tokens, vocab] logits are never gathered;
 - `sequence` (norms) -> SequenceParallel when SP is on, else nothing (the norm runs replicated).
 The entry of every column-parallel region (the parent of its colwise modules: `attention`,
-`feed_forward`) gets a PrepareModuleInput that all-gathers the sequence-sharded input under SP.
+`feed_forward`) gets a PrepareModuleInput that makes its input one replicated DTensor (an
+all-gather of the sequence under SP), so the backward reduces the region's input gradient once.
 
 KV heads: wk/wv are column-sharded like wq, so each rank holds kv_heads/tp KV heads and the
 kv_heads/tp * (heads/kv_heads) query heads that use them. This needs tp to divide kv_heads (and
@@ -61,10 +62,13 @@ def block_styles(table: Mapping[str, str], sequence_parallel: bool) -> dict[str,
                 styles[name] = SequenceParallel()
         else:
             raise ValueError(f"unknown sharding style {style!r} for {name}")
-    if sequence_parallel:  # each column-parallel region gathers its sequence-sharded input
-        for region in sorted({n.rsplit(".", 1)[0] for n, s in table.items() if s == "colwise"}):
-            rest = (None,) * (_REGION_ARITY[region] - 1)
-            styles[region] = PrepareModuleInput(input_layouts=(seq, *rest), desired_input_layouts=(Replicate(), *rest))
+    # Each column-parallel region turns its input into one replicated DTensor at its entry
+    # (Megatron's f operator): under SP that all-gathers the sequence; in the backward the partial
+    # input gradients of its column-parallel modules add up first and are reduced once (one
+    # reduce-scatter, or one all-reduce without SP), not once per module.
+    for region in sorted({n.rsplit(".", 1)[0] for n, s in table.items() if s == "colwise"}):
+        rest = (None,) * (_REGION_ARITY[region] - 1)
+        styles[region] = PrepareModuleInput(input_layouts=(seq, *rest), desired_input_layouts=(Replicate(), *rest))
     return styles
 
 

@@ -1,0 +1,132 @@
+"""Megatron-Bridge: Hydra-style overrides of a recipe's ConfigContainer, one per line
+(bridge_overrides.txt), for `scripts/training/run_recipe.py --recipe <name> key=value ...`.
+
+Paths (NVIDIA-NeMo/Megatron-Bridge `docs/megatron-lm-to-megatron-bridge.md` and the recipes):
+`model.*` are the GPT model provider's TransformerConfig fields, `train.micro_batch_size` /
+`train.global_batch_size` the batch, `ddp.*` Megatron-Core's DistributedDataParallelConfig,
+`optimizer.use_distributed_optimizer` (kept equal to ddp's), `dataset.seq_length`, and
+`mixed_precision` a registered recipe name (bf16_mixed, bf16_with_fp8_delayed_scaling_mixed).
+Megatron-Bridge runs Megatron-Core, so the Megatron-Core rules apply.
+"""
+
+from __future__ import annotations
+
+from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header
+from autopar.export.launch import Entry, launch_files, parse_world, run_hint
+from autopar.export.megatron import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, check_megatron_core,
+                                     core_parallel_fields, core_recompute_fields, view_from_core_fields)
+from autopar.export.nemo import recipe_name
+
+#: autopar preset -> megatron.bridge.recipes function
+BRIDGE_RECIPES = {
+    "llama2-7b": "llama2_7b_pretrain_config", "llama3-8b": "llama3_8b_pretrain_config",
+    "llama3-70b": "llama3_70b_pretrain_config", "llama3.1-405b": "llama31_405b_pretrain_config",
+    "gpt3-175b": "gpt3_175b_pretrain_config", "qwen3-30b-a3b": "qwen3_30b_a3b_pretrain_config",
+    "qwen3-235b-a22b": "qwen3_235b_a22b_pretrain_config", "deepseek-v3": "deepseek_v3_pretrain_config",
+}
+
+FILE = "bridge_overrides.txt"
+MIXED = {"bf16": "bf16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
+MIXED_BACK = {v: k for k, v in MIXED.items()}
+
+
+def bridge_overrides(ctx: Context) -> dict:
+    p = ctx.plan
+    out = {f"model.{k}": v for k, v in core_parallel_fields(ctx).items()}
+    out.update({"model.num_layers": ctx.model.num_layers, "model.seq_length": ctx.seq_len,
+                "dataset.seq_length": ctx.seq_len, "train.micro_batch_size": p.micro_batch_size,
+                "train.global_batch_size": p.global_batch_size})
+    out.update({f"model.{k}": v for k, v in core_recompute_fields(ctx).items()})
+    out.update({"ddp.use_distributed_optimizer": p.zero_stage >= 1,
+                "optimizer.use_distributed_optimizer": p.zero_stage >= 1,
+                "ddp.overlap_grad_reduce": True, "ddp.overlap_param_gather": p.zero_stage >= 1,
+                "ddp.grad_reduce_in_fp32": p.main_grads_fp32,
+                "ddp.use_megatron_fsdp": p.zero_stage >= 2,
+                "ddp.data_parallel_sharding_strategy": ZERO_FSDP_STRATEGY.get(p.zero_stage, "no_shard"),
+                "model.tp_comm_overlap": bool(p.tp_comm_overlap),
+                "mixed_precision": MIXED[p.dtype]})
+    return out
+
+
+def hydra_value(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str) and any(c in v for c in "|*()[]{},=:' "):
+        return "'" + v + "'"
+    return str(v)
+
+
+def parse_hydra_value(s: str):
+    if s == "null":
+        return None
+    if s in ("true", "false"):
+        return s == "true"
+    if s.startswith("'") and s.endswith("'"):
+        return s[1:-1]
+    try:
+        return int(s)
+    except ValueError:
+        return s
+
+
+def parse_bridge_overrides(text: str) -> dict:
+    out = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        k, v = line.split("=", 1)
+        out[k] = parse_hydra_value(v)
+    return out
+
+
+class BridgeExporter(Exporter):
+    name = "bridge"
+    title = "Megatron-Bridge recipe overrides (run_recipe.py --recipe <name> key=value ...)"
+    example = "autopar export --run reports/run --rank 3 --to bridge --out launch/"
+    description = ("bridge_overrides.txt (model.* parallel sizes, layout and recompute, train.* batch, ddp.*, "
+                   "mixed_precision), and launch scripts running scripts/training/run_recipe.py with them. Set "
+                   "MEGATRON_BRIDGE to your Megatron-Bridge checkout.")
+
+    def _render(self, ctx: Context) -> ExportBundle:
+        check_megatron_core(ctx)
+        if ctx.plan.dtype == "fp32":
+            raise ctx.refuse("autopar emits Megatron-Bridge recipes in mixed precision only (bf16 / fp8); fp32 is "
+                             "for CPU trials")
+        recipe = recipe_name(ctx, BRIDGE_RECIPES, "Megatron-Bridge")
+        ov = bridge_overrides(ctx)
+        lines = [comment_header(ctx).rstrip("\n"),
+                 "# Megatron-Bridge overrides, one per line (Hydra syntax):",
+                 f"#   python scripts/training/run_recipe.py --recipe {recipe} $(grep -v '^#' bridge_overrides.txt)",
+                 f"# recipe: {recipe}"]
+        lines += [f"{k}={hydra_value(v)}" for k, v in ov.items()]
+        entry = Entry(program='"$MEGATRON_BRIDGE/scripts/training/run_recipe.py"',
+                      args=f'--recipe {recipe} "${{OVERRIDES[@]}}"',
+                      setup=("MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
+                             f"mapfile -t OVERRIDES < <(grep -v '^#' \"$HERE/{FILE}\")"),
+                      env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
+        return ExportBundle(format=self.name, files=(ExportFile(FILE, "\n".join(lines) + "\n"),
+                                                     *launch_files(ctx, entry)),
+                            run=run_hint(ctx),
+                            notes=("set MEGATRON_BRIDGE and the recipe's dataset/tokenizer before launching",),
+                            meta={"recipe": recipe})
+
+    def parse(self, bundle: ExportBundle) -> dict:
+        ov = parse_bridge_overrides(bundle.text(FILE))
+        return view_from_bridge(ov, parse_world(bundle))
+
+
+def view_from_bridge(ov: dict, num_gpus: int) -> dict:
+    model = {k.removeprefix("model."): v for k, v in ov.items() if k.startswith("model.")}
+    if ov["ddp.use_distributed_optimizer"] != ov["optimizer.use_distributed_optimizer"]:
+        raise ValueError("ddp.use_distributed_optimizer and optimizer.use_distributed_optimizer disagree")
+    if ov["ddp.use_megatron_fsdp"]:
+        zero = FSDP_STRATEGY_ZERO[ov["ddp.data_parallel_sharding_strategy"]]
+    else:
+        zero = 1 if ov["ddp.use_distributed_optimizer"] else 0
+    return view_from_core_fields(model, num_layers=ov["model.num_layers"], num_gpus=num_gpus,
+                                 mbs=ov["train.micro_batch_size"], gbs=ov["train.global_batch_size"], zero=zero,
+                                 dtype=MIXED_BACK[ov["mixed_precision"]],
+                                 main_grads_fp32=ov["ddp.grad_reduce_in_fp32"],
+                                 tp_comm_overlap=ov["model.tp_comm_overlap"])

@@ -1,0 +1,192 @@
+"""DeepSpeed: `ds_config.json` plus the Megatron-DeepSpeed `pretrain_gpt.py` flags.
+
+Batch: train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * DP world,
+where DeepSpeed's world size is the data-parallel size when Megatron's mpu is passed
+(deepspeed/runtime/config.py `_batch_assertion`). Refused, with the reason:
+- pipeline parallelism with ZeRO-2/3 (deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are
+  incompatible with pipeline parallelism");
+- schedules other than DeepSpeed's 1F1B pipeline (no interleaving / vpp, no GPipe, no zero-bubble);
+- uneven pipeline layouts (Megatron-DeepSpeed partitions transformer layers evenly);
+- context parallelism (Megatron-DeepSpeed has DeepSpeed-Ulysses sequence parallelism, a different
+  algorithm that cannot be combined with Megatron SP);
+- MoE (DeepSpeed-MoE's capacity-factor gating is not the dropless MoE autopar priced);
+- FP8, --tp-comm-overlap, and partial full recompute under the pipeline engine;
+- model features Megatron-DeepSpeed has no flag for (MLA, QK-norm, QKV-only biases).
+"""
+
+from __future__ import annotations
+
+import json
+
+from autopar.export.base import (Context, ExportBundle, ExportFile, Exporter, bash_array, comment_header, header_dict,
+                                 normalize, read_bash_array)
+from autopar.export.launch import Entry, launch_files, parse_world, run_hint
+from autopar.export.megatron import USER_ARGS, recompute_from
+
+CONFIG = "ds_config.json"
+ARGS = "megatron_deepspeed_args.sh"
+
+
+def _check(ctx: Context) -> None:
+    p, m = ctx.plan, ctx.model
+    if p.pp > 1 and p.zero_stage >= 2:
+        raise ctx.refuse(f"DeepSpeed's pipeline engine rejects ZeRO-{p.zero_stage} (pipe/engine.py: 'ZeRO-2 and "
+                         f"ZeRO-3 are incompatible with pipeline parallelism'); use --zero 1 with pp > 1, or pp = 1")
+    if p.pp > 1 and p.vpp > 1:
+        raise ctx.refuse("DeepSpeed's pipeline engine has no interleaved (virtual-stage) schedule; use vpp = 1")
+    if p.pp > 1 and p.pp_schedule not in ("1f1b",):
+        raise ctx.refuse(f"DeepSpeed's pipeline engine runs only its 1F1B train schedule, not {p.pp_schedule}; "
+                         f"re-export with --pp-schedule 1f1b")
+    if p.pp > 1 and len(set(ctx.stages)) != 1:
+        raise ctx.refuse(f"Megatron-DeepSpeed splits transformer layers evenly over pipeline stages; the uneven "
+                         f"layout {list(ctx.stages)} cannot be expressed")
+    if p.cp > 1:
+        raise ctx.refuse("Megatron-DeepSpeed has no Megatron-style context parallelism (its Ulysses sequence "
+                         "parallelism is a different algorithm and excludes Megatron SP); use --to megatron")
+    if m.moe is not None:
+        raise ctx.refuse("Megatron-DeepSpeed's MoE is DeepSpeed-MoE (capacity-factor gating), not the dropless "
+                         "grouped-GEMM MoE autopar priced; use --to megatron, nemo or bridge")
+    if p.dtype == "fp8":
+        raise ctx.refuse("Megatron-DeepSpeed has no FP8 training flags; use --dtype bf16 or --to megatron")
+    if p.tp_comm_overlap:
+        raise ctx.refuse("Megatron-DeepSpeed has no TP communication overlap (--tp-comm-overlap); drop it")
+    if p.recompute == "full" and p.recompute_layers is not None and (p.pp > 1 or p.recompute_layers == 0):
+        raise ctx.refuse("DeepSpeed's pipeline engine checkpoints every layer uniformly; it cannot recompute only "
+                         "some layers per stage; drop --recompute-layers")
+    if m.mla is not None or m.qk_norm or (m.qkv_bias and not m.linear_bias):
+        raise ctx.refuse("Megatron-DeepSpeed has no flags for this model's attention (MLA, QK-norm or QKV-only "
+                         "biases)")
+
+
+def ds_config(ctx: Context) -> dict:
+    p = ctx.plan
+    zero: dict = {"stage": p.zero_stage}
+    if p.zero_stage >= 1:
+        zero.update(overlap_comm=True, contiguous_gradients=True, reduce_scatter=True,
+                    reduce_bucket_size=500_000_000, allgather_bucket_size=500_000_000)
+    if p.zero_stage == 3:
+        zero.update(stage3_prefetch_bucket_size=500_000_000, stage3_param_persistence_threshold=1_000_000,
+                    stage3_max_live_parameters=1_000_000_000, stage3_max_reuse_distance=1_000_000_000)
+    cfg = {
+        "_autopar": header_dict(ctx),
+        "train_batch_size": p.global_batch_size,
+        "train_micro_batch_size_per_gpu": p.micro_batch_size,
+        "gradient_accumulation_steps": p.num_microbatches,
+        "steps_per_print": 10,
+        "gradient_clipping": 1.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": p.dtype == "bf16"},
+        "data_types": {"grad_accum_dtype": "fp32" if p.main_grads_fp32 else "bf16"},
+        "wall_clock_breakdown": False,
+    }
+    return cfg
+
+
+def mds_args(ctx: Context) -> list[tuple[str, list[str]]]:
+    p, m, s = ctx.plan, ctx.model, ctx.seq_len
+    model = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+             "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads),
+             "--kv-channels", str(m.head_dim)]
+    if m.num_kv_heads != m.num_attention_heads:
+        model += ["--num-key-value-heads", str(m.num_kv_heads)]
+    model += ["--seq-length", str(s), "--max-position-embeddings", str(max(s, m.seq_len))]
+    if m.gated_mlp:
+        model += ["--swiglu"]
+    model += ["--normalization", "rmsnorm" if m.norm == "rmsnorm" else "layernorm"]
+    if not m.learned_position_embeddings:
+        model += ["--use-rotary-position-embeddings"]
+    if not m.tied_embeddings:
+        model += ["--untie-embeddings-and-output-weights"]
+    if not m.linear_bias:
+        model += ["--disable-bias-linear"]
+    if not m.dropout:
+        model += ["--attention-dropout", "0", "--hidden-dropout", "0"]
+    par = ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp)]
+    if p.pp == 1:
+        par += ["--no-pipeline-parallel"]
+    if p.sequence_parallel:
+        par += ["--sequence-parallel"]
+    batch = ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(p.global_batch_size)]
+    rec = []
+    if p.recompute == "selective":
+        rec = ["--recompute-granularity", "selective"]
+    elif p.recompute == "full":
+        if p.recompute_layers is None:
+            rec = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        else:
+            rec = ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+                   str(p.recompute_layers)]
+        rec += ["--deepspeed-activation-checkpointing"]
+    prec = ["--bf16"] if p.dtype == "bf16" else []
+    return [("model shape", model), ("parallelism", par), ("batch", batch), ("recompute", rec), ("precision", prec)]
+
+
+class DeepSpeedExporter(Exporter):
+    name = "deepspeed"
+    title = "DeepSpeed ds_config.json + Megatron-DeepSpeed pretrain_gpt.py flags (refuses what DeepSpeed cannot run)"
+    example = "autopar export --model 70b --gpus 64 --tp 8 --pp 4 --zero 1 --to deepspeed --out launch/"
+    description = ("ds_config.json (train batch = micro x grad-accum x DP, ZeRO stage and its keys, bf16), "
+                   "megatron_deepspeed_args.sh (AUTOPAR_ARGS, DS_ARGS with --deepspeed_config and --zero-stage, "
+                   "USER_ARGS), launch_torchrun.sh and launch_slurm.sbatch. Set MEGATRON_DEEPSPEED to your checkout.")
+
+    def _render(self, ctx: Context) -> ExportBundle:
+        _check(ctx)
+        cfg = json.dumps(ds_config(ctx), indent=2) + "\n"
+        args = (comment_header(ctx) + "# Megatron-DeepSpeed flags for pretrain_gpt.py; sourced by the launch scripts.\n"
+                + bash_array("AUTOPAR_ARGS", mds_args(ctx))
+                + f'DS_ARGS=(\n  --deepspeed\n  --deepspeed_config "$HERE/{CONFIG}"\n'
+                  f"  --zero-stage {ctx.plan.zero_stage}\n)\n" + USER_ARGS)
+        entry = Entry(program='"$MEGATRON_DEEPSPEED/pretrain_gpt.py"',
+                      args='"${AUTOPAR_ARGS[@]}" "${DS_ARGS[@]}" "${USER_ARGS[@]}"',
+                      setup=("MEGATRON_DEEPSPEED=${MEGATRON_DEEPSPEED:-/opt/Megatron-DeepSpeed}",
+                             f'source "$HERE/{ARGS}"'),
+                      env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
+        return ExportBundle(format=self.name, files=(ExportFile(CONFIG, cfg), ExportFile(ARGS, args),
+                                                     *launch_files(ctx, entry)),
+                            run=run_hint(ctx),
+                            notes=("set MEGATRON_DEEPSPEED, DATA_PATH and TOKENIZER before launching",))
+
+    def parse(self, bundle: ExportBundle) -> dict:
+        cfg = json.loads(bundle.text(CONFIG))
+        text = bundle.text(ARGS)
+        argv = read_bash_array(text, "AUTOPAR_ARGS")
+        ds = read_bash_array(text, "DS_ARGS")
+        return view_from_deepspeed(cfg, argv, ds, parse_world(bundle))
+
+
+def _flag(argv: list[str], name: str, default=None):
+    if name in argv:
+        i = argv.index(name)
+        return argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True
+    return default
+
+
+def view_from_deepspeed(cfg: dict, argv: list[str], ds_argv: list[str], num_gpus: int) -> dict:
+    tp = int(_flag(argv, "--tensor-model-parallel-size", 1))
+    pp = int(_flag(argv, "--pipeline-model-parallel-size", 1))
+    if _flag(argv, "--no-pipeline-parallel") and pp != 1:
+        raise ValueError("--no-pipeline-parallel with pp > 1")
+    dp = num_gpus // (tp * pp)
+    stage = cfg["zero_optimization"]["stage"]
+    if int(_flag(ds_argv, "--zero-stage")) != stage:
+        raise ValueError("--zero-stage and ds_config.json zero_optimization.stage disagree")
+    mbs, gbs, gas = cfg["train_micro_batch_size_per_gpu"], cfg["train_batch_size"], cfg["gradient_accumulation_steps"]
+    if int(_flag(argv, "--micro-batch-size")) != mbs or int(_flag(argv, "--global-batch-size")) != gbs:
+        raise ValueError("Megatron-DeepSpeed batch flags and ds_config.json disagree")
+    if gbs != mbs * gas * dp:
+        raise ValueError(f"train_batch_size {gbs} != {mbs} * {gas} * dp {dp}")
+    n = int(_flag(argv, "--num-layers"))
+    recompute, rl = recompute_from(_flag(argv, "--recompute-granularity"), _flag(argv, "--recompute-method"),
+                                   int(_flag(argv, "--recompute-num-layers", 0)) or None, 1)
+    bf16 = cfg.get("bf16", {}).get("enabled", False)
+    if bool(_flag(argv, "--bf16", False)) != bf16:
+        raise ValueError("--bf16 and ds_config.json bf16.enabled disagree")
+    return normalize({
+        "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": 1, "cp": 1, "dp": dp, "ep": 1, "etp": tp,
+        "sequence_parallel": bool(_flag(argv, "--sequence-parallel", False)), "zero_stage": stage,
+        "micro_batch_size": mbs, "global_batch_size": gbs, "num_microbatches": gas,
+        "pp_schedule": "1f1b", "layout": (n // pp,) * pp, "recompute": recompute, "recompute_layers": rl,
+        "dtype": "bf16" if bf16 else "fp32",
+        "main_grads_fp32": cfg.get("data_types", {}).get("grad_accum_dtype", "fp32") == "fp32",
+        "tp_comm_overlap": False,
+    })

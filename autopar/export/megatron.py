@@ -1,0 +1,371 @@
+"""Megatron-LM `pretrain_gpt.py`: the flags of a plan, and launch scripts (torchrun, and srun with
+one task per GPU).
+
+Flag names are Megatron-LM's (reference section B.1; at HEAD they are generated from the
+TransformerConfig / ModelParallelConfig / DistributedDataParallelConfig field names, `_` -> `-`).
+The shared Megatron-Core rules live here too, since NeMo 2 and Megatron-Bridge run the same core:
+- schedules: 1F1B, or interleaved 1F1B when vpp > 1 (Megatron-Core has no GPipe and no
+  zero-bubble schedule: megatron/core/pipeline_parallel/schedules.py);
+- recompute: selective (core attention), full with `uniform` 1 (every layer), or full with
+  `block` N (the first N layers of every model chunk, so N*vpp layers per pipeline rank);
+- ZeRO: 0 = DDP, 1 = distributed optimizer, 2 / 3 = Megatron-FSDP with the `optim_grads` /
+  `optim_grads_params` sharding strategy;
+- uneven pipeline layouts: see autopar/export/layouts.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from autopar.export.base import (Context, ExportBundle, ExportFile, Exporter, bash_array, comment_header, normalize,
+                                 read_bash_array)
+from autopar.export.launch import Entry, launch_files, parse_world, run_hint
+from autopar.export.layouts import megatron_layout, stages_from_megatron
+
+ZERO_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+FSDP_STRATEGY_ZERO = {v: k for k, v in ZERO_FSDP_STRATEGY.items()}
+
+
+# ---- Megatron-Core rules shared by megatron, nemo and bridge ------------------------------------
+
+def check_megatron_core(ctx: Context) -> None:
+    """Refuse what Megatron-Core cannot run (raises ExportRefused)."""
+    p, m = ctx.plan, ctx.model
+    if p.pp > 1 and p.pp_schedule == "zero-bubble":
+        raise ctx.refuse("Megatron-Core has no zero-bubble pipeline schedule (only 1F1B and interleaved 1F1B); "
+                         "re-export with --pp-schedule 1f1b (autopar re-estimates it), or use --to torchtitan")
+    if p.pp > 1 and p.pp_schedule == "gpipe":
+        raise ctx.refuse("Megatron-Core has no GPipe schedule (only 1F1B and interleaved 1F1B); "
+                         "re-export with --pp-schedule 1f1b")
+    if p.recompute == "full" and p.recompute_layers is not None:
+        if p.recompute_layers == 0:
+            raise ctx.refuse("full recompute of 0 layers is no recompute; use --recompute none")
+        if p.recompute_layers % p.vpp:
+            raise ctx.refuse(f"--recompute-method block recomputes the same number of layers in each of the "
+                             f"vpp={p.vpp} model chunks, so recompute layers per stage ({p.recompute_layers}) must "
+                             f"be a multiple of vpp")
+    if p.tp_comm_overlap and not p.sequence_parallel:
+        raise ctx.refuse("--tp-comm-overlap needs sequence parallelism (Megatron asserts it); drop --no-sp")
+    if m.moe is not None and m.linear_bias and p.etp > 1:
+        raise ctx.refuse("MoE layers with biases need expert tensor parallel size 1 in Megatron-Core "
+                         "('Bias in Moe is only supported when ETP==1')")
+
+
+def recompute_settings(ctx: Context) -> dict:
+    """TransformerConfig recompute fields for the plan."""
+    p = ctx.plan
+    if p.recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    if p.recompute == "full":
+        if p.recompute_layers is None:
+            return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+        return {"recompute_granularity": "full", "recompute_method": "block",
+                "recompute_num_layers": p.recompute_layers // p.vpp}
+    return {}
+
+
+def recompute_from(granularity: str | None, method: str | None, num_layers: int | None, vpp: int) -> tuple:
+    """(recompute, recompute_layers) from Megatron's recompute settings."""
+    if granularity in (None, "none"):
+        return "none", None
+    if granularity == "selective":
+        return "selective", None
+    if method == "uniform" and num_layers == 1:
+        return "full", None
+    if method == "block":
+        return "full", int(num_layers) * vpp
+    raise ValueError(f"recompute {granularity}/{method}/{num_layers} is not one autopar emits")
+
+
+# ---- flags --------------------------------------------------------------------------------------
+
+def _moe_layer_freq(mask: tuple[bool, ...]) -> str:
+    runs: list[list[int]] = []
+    for x in mask:
+        v = int(x)
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return "(" + "+".join(f"[{v}]*{n}" for v, n in runs) + ")"
+
+
+def model_args(ctx: Context) -> list[str]:
+    m, s = ctx.model, ctx.seq_len
+    a = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+         "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads),
+         "--kv-channels", str(m.head_dim)]
+    if m.num_kv_heads != m.num_attention_heads and m.mla is None:
+        a += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
+    a += ["--seq-length", str(s), "--max-position-embeddings", str(max(s, m.seq_len))]
+    if m.gated_mlp:
+        a += ["--swiglu"]
+    a += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    a += ["--position-embedding-type", "learned_absolute" if m.learned_position_embeddings else "rope"]
+    if not m.tied_embeddings:
+        a += ["--untie-embeddings-and-output-weights"]
+    if not m.linear_bias:
+        a += ["--disable-bias-linear"]
+        if m.qkv_bias:
+            a += ["--add-qkv-bias"]
+    if m.qk_norm:
+        a += ["--qk-layernorm"]
+    if not m.dropout:
+        a += ["--attention-dropout", "0", "--hidden-dropout", "0"]
+    if m.mla is not None:
+        ml = m.mla
+        a += ["--multi-latent-attention"]
+        if ml.q_lora_rank is not None:
+            a += ["--q-lora-rank", str(ml.q_lora_rank)]
+        a += ["--kv-lora-rank", str(ml.kv_lora_rank), "--qk-head-dim", str(ml.qk_nope_head_dim),
+              "--qk-pos-emb-head-dim", str(ml.qk_rope_head_dim), "--v-head-dim", str(ml.v_head_dim)]
+    if m.moe is not None:
+        mo = m.moe
+        a += ["--num-experts", str(mo.num_experts), "--moe-router-topk", str(mo.top_k),
+              "--moe-ffn-hidden-size", str(mo.expert_ffn_hidden_size)]
+        if mo.shared_expert_ffn_hidden_size:
+            a += ["--moe-shared-expert-intermediate-size", str(mo.shared_expert_ffn_hidden_size)]
+        if mo.first_k_dense or mo.layer_freq != 1:
+            a += ["--moe-layer-freq", _moe_layer_freq(m.moe_layer_mask)]
+        if mo.router_bias:
+            a += ["--moe-router-enable-expert-bias"]
+        a += ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+    return a
+
+
+def parallel_args(ctx: Context) -> list[str]:
+    p, m = ctx.plan, ctx.model
+    a = ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp)]
+    lay = megatron_layout(ctx.stages, p.pp, p.vpp)
+    if lay.layers_per_virtual_stage is not None:
+        a += ["--num-layers-per-virtual-pipeline-stage", str(lay.layers_per_virtual_stage)]
+    if lay.virtual_stages_per_rank is not None:
+        a += ["--num-virtual-stages-per-pipeline-rank", str(lay.virtual_stages_per_rank)]
+    if lay.first is not None:
+        a += ["--decoder-first-pipeline-num-layers", str(lay.first)]
+    if lay.last is not None:
+        a += ["--decoder-last-pipeline-num-layers", str(lay.last)]
+    if lay.layout is not None:
+        a += ["--pipeline-model-parallel-layout", lay.layout]
+    a += ["--context-parallel-size", str(p.cp)]
+    if m.moe is not None:
+        a += ["--expert-model-parallel-size", str(p.ep), "--expert-tensor-parallel-size", str(p.etp)]
+    if p.sequence_parallel:
+        a += ["--sequence-parallel"]
+    if p.zero_stage >= 1:
+        a += ["--use-distributed-optimizer"]
+    if p.zero_stage >= 2:
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", ZERO_FSDP_STRATEGY[p.zero_stage]]
+    a += ["--overlap-grad-reduce"]
+    if p.zero_stage >= 1:
+        a += ["--overlap-param-gather"]
+    if p.tp_comm_overlap:
+        a += ["--tp-comm-overlap"]
+    return a
+
+
+def batch_args(ctx: Context) -> list[str]:
+    p = ctx.plan
+    return ["--micro-batch-size", str(p.micro_batch_size), "--global-batch-size", str(p.global_batch_size)]
+
+
+def recompute_args(ctx: Context) -> list[str]:
+    r = recompute_settings(ctx)
+    a = []
+    if "recompute_granularity" in r:
+        a += ["--recompute-granularity", r["recompute_granularity"]]
+    if "recompute_method" in r:
+        a += ["--recompute-method", r["recompute_method"], "--recompute-num-layers", str(r["recompute_num_layers"])]
+    return a
+
+
+def precision_args(ctx: Context) -> list[str]:
+    p = ctx.plan
+    a = []
+    if p.dtype in ("bf16", "fp8"):
+        a += ["--bf16"]
+    if p.dtype == "fp8":
+        a += ["--fp8-format", "hybrid"]
+    if not p.main_grads_fp32 and p.dtype != "fp32":
+        a += ["--grad-reduce-in-bf16"]
+    return a
+
+
+USER_ARGS = """# Fill in: data, tokenizer, schedule and checkpoints (not part of the plan).
+USER_ARGS=(
+  --data-path "${DATA_PATH:?set DATA_PATH to a Megatron indexed dataset prefix}"
+  --split 99,1,0
+  --tokenizer-type HuggingFaceTokenizer
+  --tokenizer-model "${TOKENIZER:?set TOKENIZER to a HuggingFace tokenizer name or path}"
+  --train-iters "${TRAIN_ITERS:-1000}"
+  --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --lr-warmup-iters 100
+  --weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95
+  --log-interval 1 --eval-interval 1000 --eval-iters 10
+)
+"""
+
+
+def megatron_argv(ctx: Context) -> list[tuple[str, list[str]]]:
+    return [("model shape", model_args(ctx)), ("parallelism", parallel_args(ctx)), ("batch", batch_args(ctx)),
+            ("recompute", recompute_args(ctx)), ("precision", precision_args(ctx))]
+
+
+class MegatronExporter(Exporter):
+    name = "megatron"
+    title = "Megatron-LM pretrain_gpt.py: flags + torchrun and srun (one task per GPU) launch scripts"
+    example = "autopar export --run reports/run --rank 1 --to megatron --out launch/"
+    description = ("megatron_args.sh (AUTOPAR_ARGS: model shape and every parallel, batch, recompute, precision and "
+                   "overlap flag; USER_ARGS: data and tokenizer to fill in), launch_torchrun.sh (per node) and "
+                   "launch_slurm.sbatch (srun, one task per GPU). Set MEGATRON_LM to your Megatron-LM checkout.")
+
+    def _render(self, ctx: Context) -> ExportBundle:
+        check_megatron_core(ctx)
+        args = (comment_header(ctx) + "# Megatron-LM flags for pretrain_gpt.py; sourced by the launch scripts.\n"
+                + bash_array("AUTOPAR_ARGS", megatron_argv(ctx)) + USER_ARGS)
+        entry = Entry(program='"$MEGATRON_LM/pretrain_gpt.py"', args='"${AUTOPAR_ARGS[@]}" "${USER_ARGS[@]}"',
+                      setup=('MEGATRON_LM=${MEGATRON_LM:-/opt/Megatron-LM}', 'source "$HERE/megatron_args.sh"'),
+                      env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),), one_task_per_gpu=True)
+        notes = ["set MEGATRON_LM, DATA_PATH and TOKENIZER (and review USER_ARGS) before launching"]
+        if ctx.plan.zero_stage >= 2:
+            notes.append("ZeRO-2/3 map to Megatron-FSDP (--use-megatron-fsdp); it needs a Megatron-LM from 2025 on")
+        if ctx.plan.dtype == "fp8" or ctx.plan.tp_comm_overlap:
+            notes.append("FP8 and --tp-comm-overlap need Transformer Engine (--transformer-impl transformer_engine)")
+        return ExportBundle(format=self.name, files=(ExportFile("megatron_args.sh", args), *launch_files(ctx, entry)),
+                            run=run_hint(ctx),
+                            notes=tuple(notes))
+
+    def parse(self, bundle: ExportBundle) -> dict:
+        argv = read_bash_array(bundle.text("megatron_args.sh"), "AUTOPAR_ARGS")
+        return view_from_megatron_argv(argv, parse_world(bundle))
+
+
+# ---- parsing back -------------------------------------------------------------------------------
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """The subset of Megatron-LM's argparse that autopar emits (names and types as in arguments.py)."""
+    ap = argparse.ArgumentParser(prog="pretrain_gpt.py", add_help=False, allow_abbrev=False)
+    ints = ["--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
+            "--num-query-groups", "--seq-length", "--max-position-embeddings", "--q-lora-rank", "--kv-lora-rank",
+            "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--num-experts", "--moe-router-topk",
+            "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--tensor-model-parallel-size",
+            "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+            "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
+            "--decoder-last-pipeline-num-layers", "--context-parallel-size", "--expert-model-parallel-size",
+            "--expert-tensor-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers"]
+    for f in ints:
+        ap.add_argument(f, type=int)
+    strs = ["--normalization", "--position-embedding-type", "--moe-layer-freq", "--moe-token-dispatcher-type",
+            "--pipeline-model-parallel-layout", "--data-parallel-sharding-strategy", "--recompute-granularity",
+            "--recompute-method", "--fp8-format"]
+    for f in strs:
+        ap.add_argument(f, type=str)
+    for f in ("--attention-dropout", "--hidden-dropout"):
+        ap.add_argument(f, type=float)
+    flags = ["--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+             "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention", "--moe-router-enable-expert-bias",
+             "--moe-grouped-gemm", "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
+             "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--grad-reduce-in-bf16"]
+    for f in flags:
+        ap.add_argument(f, action="store_true")
+    return ap
+
+
+def parse_megatron_args(argv: list[str]) -> argparse.Namespace:
+    """Parse flags written by the megatron exporter (unknown flags are an error)."""
+    ns, unknown = megatron_parser().parse_known_args(argv)
+    if unknown:
+        raise ValueError(f"flags autopar does not emit: {unknown}")
+    return ns
+
+
+def megatron_vpp(ns: argparse.Namespace) -> int:
+    pp = ns.pipeline_model_parallel_size or 1
+    if ns.pipeline_model_parallel_layout:
+        from autopar.export.layouts import parse_layout_string
+
+        return len(parse_layout_string(ns.pipeline_model_parallel_layout)) // pp
+    if ns.num_virtual_stages_per_pipeline_rank:
+        return ns.num_virtual_stages_per_pipeline_rank
+    if ns.num_layers_per_virtual_pipeline_stage:
+        return (ns.num_layers // pp) // ns.num_layers_per_virtual_pipeline_stage
+    return 1
+
+
+def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
+    ns = parse_megatron_args(argv)
+    tp, pp, cp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size
+    if num_gpus % (tp * pp * cp):
+        raise ValueError(f"world size {num_gpus} does not divide by tp*pp*cp")
+    dp = num_gpus // (tp * pp * cp)
+    vpp = megatron_vpp(ns)
+    stages = stages_from_megatron(ns.num_layers, pp, vpp=vpp, first=ns.decoder_first_pipeline_num_layers,
+                                  last=ns.decoder_last_pipeline_num_layers, layout=ns.pipeline_model_parallel_layout)
+    if ns.use_megatron_fsdp:
+        zero = FSDP_STRATEGY_ZERO[ns.data_parallel_sharding_strategy]
+    else:
+        zero = 1 if ns.use_distributed_optimizer else 0
+    recompute, rl = recompute_from(ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers, vpp)
+    mbs, gbs = ns.micro_batch_size, ns.global_batch_size
+    ep = ns.expert_model_parallel_size or 1
+    return normalize({
+        "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": dp, "ep": ep,
+        "etp": ns.expert_tensor_parallel_size or tp, "sequence_parallel": ns.sequence_parallel, "zero_stage": zero,
+        "micro_batch_size": mbs, "global_batch_size": gbs, "num_microbatches": gbs // (mbs * dp),
+        "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "layout": stages, "recompute": recompute,
+        "recompute_layers": rl, "dtype": "fp8" if ns.fp8_format else ("bf16" if ns.bf16 else "fp32"),
+        "main_grads_fp32": not ns.grad_reduce_in_bf16, "tp_comm_overlap": ns.tp_comm_overlap,
+    })
+
+
+def quote_argv(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+# ---- Megatron-Core config fields (NeMo 2 strategy / Megatron-Bridge model overrides) ------------
+
+def core_parallel_fields(ctx: Context) -> dict:
+    """TransformerConfig / ModelParallelConfig fields of the plan (every layout field explicit, so a
+    recipe's own layout settings cannot linger)."""
+    p, m = ctx.plan, ctx.model
+    lay = megatron_layout(ctx.stages, p.pp, p.vpp)
+    out = {"tensor_model_parallel_size": p.tp, "pipeline_model_parallel_size": p.pp,
+           "virtual_pipeline_model_parallel_size": p.vpp if p.vpp > 1 else None,
+           "context_parallel_size": p.cp, "sequence_parallel": bool(p.sequence_parallel)}
+    if m.moe is not None:
+        out.update(expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp)
+    out.update(num_layers_in_first_pipeline_stage=lay.first, num_layers_in_last_pipeline_stage=lay.last,
+               pipeline_model_parallel_layout=lay.layout, account_for_embedding_in_pipeline_split=False,
+               account_for_loss_in_pipeline_split=False)
+    return out
+
+
+def core_recompute_fields(ctx: Context) -> dict:
+    r = recompute_settings(ctx)
+    return {"recompute_granularity": r.get("recompute_granularity"), "recompute_method": r.get("recompute_method"),
+            "recompute_num_layers": r.get("recompute_num_layers")}
+
+
+def view_from_core_fields(f: dict, *, num_layers: int, num_gpus: int, mbs: int, gbs: int, zero: int, dtype: str,
+                          main_grads_fp32: bool, tp_comm_overlap: bool) -> dict:
+    """The plan from Megatron-Core config fields (the NeMo / Bridge override values)."""
+    tp, pp, cp = f["tensor_model_parallel_size"], f["pipeline_model_parallel_size"], f["context_parallel_size"]
+    dp = num_gpus // (tp * pp * cp)
+    layout = f.get("pipeline_model_parallel_layout")
+    vpp = f.get("virtual_pipeline_model_parallel_size") or 1
+    if layout:
+        from autopar.export.layouts import parse_layout_string
+
+        vpp = len(parse_layout_string(layout)) // pp
+    stages = stages_from_megatron(num_layers, pp, vpp=vpp, first=f.get("num_layers_in_first_pipeline_stage"),
+                                  last=f.get("num_layers_in_last_pipeline_stage"), layout=layout)
+    recompute, rl = recompute_from(f.get("recompute_granularity"), f.get("recompute_method"),
+                                   f.get("recompute_num_layers"), vpp)
+    ep = f.get("expert_model_parallel_size", 1)
+    return normalize({
+        "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": dp, "ep": ep,
+        "etp": f.get("expert_tensor_parallel_size") or tp, "sequence_parallel": f["sequence_parallel"],
+        "zero_stage": zero, "micro_batch_size": mbs, "global_batch_size": gbs, "num_microbatches": gbs // (mbs * dp),
+        "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "layout": stages, "recompute": recompute,
+        "recompute_layers": rl, "dtype": dtype, "main_grads_fp32": main_grads_fp32, "tp_comm_overlap": tp_comm_overlap,
+    })

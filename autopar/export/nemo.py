@@ -1,0 +1,184 @@
+"""NeMo 2: overrides of a `nemo.collections.llm` pretraining recipe, as a Python script that applies
+them (nemo_pretrain.py) and as `nemo llm pretrain --factory` CLI overrides (nemo_overrides.txt).
+
+Override paths are those of NeMo 2 recipes (NVIDIA/NeMo `nemo/collections/llm/recipes/llama3_70b.py`):
+`trainer.strategy.*` are `nemo.lightning.MegatronStrategy` arguments (tensor/pipeline/virtual/
+context/expert parallel sizes, sequence_parallel, the uneven-layout fields), `data.*` the batch,
+`model.config.*` the TransformerConfig (recompute), `optim.config.use_distributed_optimizer`,
+`trainer.strategy.ddp.*` the DDP config and `trainer.plugins.*` MegatronMixedPrecision (fp8).
+NeMo 2 runs Megatron-Core, so the Megatron-Core rules apply (no GPipe / zero-bubble).
+The last NeMo release with NeMo 2 LLM recipes is nemo-toolkit 2.7.x (3.0 moved them to Megatron-Bridge).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header
+from autopar.export.launch import Entry, launch_files, parse_world, run_hint
+from autopar.export.megatron import (ZERO_FSDP_STRATEGY, check_megatron_core, core_parallel_fields,
+                                     core_recompute_fields, view_from_core_fields)
+
+#: autopar preset -> nemo.collections.llm.recipes module
+NEMO_RECIPES = {
+    "llama2-7b": "llama2_7b", "llama3-8b": "llama3_8b", "llama3-70b": "llama3_70b", "llama3.1-405b": "llama31_405b",
+    "gpt3-175b": "gpt3_175b", "mixtral-8x7b": "mixtral_8x7b", "mixtral-8x22b": "mixtral_8x22b",
+    "qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b", "deepseek-v3": "deepseek_v3",
+}
+
+SCRIPT = "nemo_pretrain.py"
+OVERRIDES = "nemo_overrides.txt"
+
+
+def recipe_name(ctx: Context, table: dict, what: str) -> str:
+    if ctx.options.recipe:
+        return ctx.options.recipe
+    name = table.get(ctx.model.name)
+    if name is None:
+        raise ctx.refuse(f"{what} has no recipe autopar knows for {ctx.model.name}; pass --recipe NAME naming one "
+                         f"with this model's shape")
+    return name
+
+
+def nemo_overrides(ctx: Context) -> dict:
+    p = ctx.plan
+    out: dict = {"trainer.num_nodes": ctx.nodes, "trainer.devices": ctx.gpus_per_node}
+    out.update({f"trainer.strategy.{k}": v for k, v in core_parallel_fields(ctx).items()})
+    out.update({"data.micro_batch_size": p.micro_batch_size, "data.global_batch_size": p.global_batch_size,
+                "data.seq_length": ctx.seq_len, "model.config.seq_length": ctx.seq_len,
+                # restated so the layer split above and the recipe's model agree (a no-op for the preset's recipe)
+                "model.config.num_layers": ctx.model.num_layers})
+    out.update({f"model.config.{k}": v for k, v in core_recompute_fields(ctx).items()})
+    out.update({"optim.config.use_distributed_optimizer": p.zero_stage >= 1,
+                "trainer.strategy.ddp.overlap_grad_reduce": True,
+                "trainer.strategy.ddp.overlap_param_gather": p.zero_stage >= 1,
+                "trainer.strategy.ddp.grad_reduce_in_fp32": p.main_grads_fp32,
+                "trainer.plugins.grad_reduce_in_fp32": p.main_grads_fp32})
+    if p.zero_stage >= 2:
+        out.update({"trainer.strategy.fsdp": "megatron",
+                    "trainer.strategy.ddp.data_parallel_sharding_strategy": ZERO_FSDP_STRATEGY[p.zero_stage]})
+    out["trainer.plugins.fp8"] = "hybrid" if p.dtype == "fp8" else None
+    return out
+
+
+def _cli_value(v) -> str:
+    if v is None:
+        return "None"
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, str):
+        return repr(v) if any(c in v for c in "|*()[], ") else v
+    return str(v)
+
+
+class NemoExporter(Exporter):
+    name = "nemo"
+    title = "NeMo 2 recipe overrides: nemo_pretrain.py (applies them) + nemo_overrides.txt (nemo llm pretrain)"
+    example = "autopar export --run reports/run --rank 3 --to nemo --out launch/"
+    description = ("nemo_pretrain.py builds the NeMo 2 recipe (nemo.collections.llm.recipes.<model>.pretrain_recipe), "
+                   "sets trainer.strategy / data / model.config / optim overrides and runs it in-process under the "
+                   "launch scripts; nemo_overrides.txt holds the same overrides for `nemo llm pretrain --factory`.")
+
+    def _render(self, ctx: Context) -> ExportBundle:
+        check_megatron_core(ctx)
+        if ctx.plan.dtype == "fp32":
+            raise ctx.refuse("autopar emits NeMo recipes in mixed precision only (bf16 / fp8); fp32 is for CPU trials")
+        recipe = recipe_name(ctx, NEMO_RECIPES, "NeMo 2")
+        ov = nemo_overrides(ctx)
+        tp_overlap = bool(ctx.plan.tp_comm_overlap)
+        items = "".join(f"    {k!r}: {v!r},\n" for k, v in ov.items())
+        script = f'''{comment_header(ctx)}"""NeMo 2 pretraining with the autopar plan: the {recipe} recipe plus the overrides below.
+
+Under the launch scripts every rank runs this file (torchrun, or one srun task per GPU); it
+builds the recipe and runs it in-process (nemo_run direct mode).
+"""
+
+import nemo_run as run
+from nemo.collections.llm.recipes import {recipe} as recipe_module
+
+RECIPE = {recipe!r}
+OVERRIDES = {{
+{items}}}
+TP_COMM_OVERLAP = {tp_overlap!r}
+
+
+def configure():
+    recipe = recipe_module.pretrain_recipe(name="autopar", num_nodes=OVERRIDES["trainer.num_nodes"],
+                                           num_gpus_per_node=OVERRIDES["trainer.devices"])
+    for path, value in OVERRIDES.items():
+        *parents, leaf = path.split(".")
+        target = recipe
+        for name in parents:
+            target = getattr(target, name)
+        setattr(target, leaf, value)
+    if TP_COMM_OVERLAP:  # NeMo 2 turns TP overlap on through this callback
+        from nemo.lightning.pytorch.callbacks.megatron_comm_overlap import MegatronCommOverlapCallback
+
+        recipe.trainer.callbacks = list(recipe.trainer.callbacks or []) + [
+            run.Config(MegatronCommOverlapCallback, tp_comm_overlap=True)]
+    return recipe
+
+
+if __name__ == "__main__":
+    run.run(configure(), direct=True)
+'''
+        lines = [comment_header(ctx).rstrip("\n"),
+                 f"# NeMo 2 CLI form: nemo llm pretrain --factory {recipe} -y $(grep -v '^#' nemo_overrides.txt)"]
+        if tp_overlap:
+            lines.append("# tp-comm-overlap needs MegatronCommOverlapCallback, which CLI overrides cannot add: "
+                         "run nemo_pretrain.py (it adds it)")
+        lines += [f"{k}={_cli_value(v)}" for k, v in ov.items()]
+        entry = Entry(program='"$HERE/nemo_pretrain.py"', args="", one_task_per_gpu=False,
+                      env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
+        return ExportBundle(format=self.name, files=(ExportFile(SCRIPT, script), ExportFile(OVERRIDES, "\n".join(lines) + "\n"),
+                                                     *launch_files(ctx, entry)),
+                            run=run_hint(ctx),
+                            notes=("needs nemo-toolkit 2.x (NeMo 2 LLM recipes) and nemo_run; set the recipe's data "
+                                   "(the default is MockDataModule)",))
+
+    def parse(self, bundle: ExportBundle) -> dict:
+        ov, tp_overlap = parse_nemo_script(bundle.text(SCRIPT))
+        txt = parse_nemo_overrides(bundle.text(OVERRIDES))
+        if txt != ov:
+            raise ValueError("nemo_overrides.txt and nemo_pretrain.py disagree")
+        return view_from_nemo(ov, tp_overlap, parse_world(bundle))
+
+
+def parse_nemo_script(text: str) -> tuple[dict, bool]:
+    found = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper():
+            found[node.targets[0].id] = ast.literal_eval(node.value)
+    return found["OVERRIDES"], found["TP_COMM_OVERLAP"]
+
+
+def parse_nemo_overrides(text: str) -> dict:
+    out = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        k, v = line.split("=", 1)
+        try:
+            out[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            out[k] = v
+    return out
+
+
+def view_from_nemo(ov: dict, tp_overlap: bool, num_gpus: int) -> dict:
+    if ov["trainer.num_nodes"] * ov["trainer.devices"] != num_gpus:
+        raise ValueError("trainer.num_nodes * trainer.devices is not the launch world size")
+    strat = {k.removeprefix("trainer.strategy."): v for k, v in ov.items() if k.startswith("trainer.strategy.")}
+    strat.update({k.removeprefix("model.config."): v for k, v in ov.items() if k.startswith("model.config.")})
+    if ov.get("trainer.strategy.fsdp") == "megatron":
+        from autopar.export.megatron import FSDP_STRATEGY_ZERO
+
+        zero = FSDP_STRATEGY_ZERO[ov["trainer.strategy.ddp.data_parallel_sharding_strategy"]]
+    else:
+        zero = 1 if ov["optim.config.use_distributed_optimizer"] else 0
+    return view_from_core_fields(strat, num_layers=ov["model.config.num_layers"], num_gpus=num_gpus, mbs=ov["data.micro_batch_size"],
+                                 gbs=ov["data.global_batch_size"], zero=zero,
+                                 dtype="fp8" if ov.get("trainer.plugins.fp8") else "bf16",
+                                 main_grads_fp32=ov["trainer.strategy.ddp.grad_reduce_in_fp32"],
+                                 tp_comm_overlap=tp_overlap)
+

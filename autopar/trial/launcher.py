@@ -1,0 +1,161 @@
+"""Launch trials under torchrun in a subprocess and classify the outcome; imports no torch.
+
+`launch(trials, nproc)` writes the run file, runs
+`python -m torch.distributed.run --standalone --nproc_per_node N -m autopar.trial.worker ...`
+in its own session (process group), and on timeout kills the whole group (torchrun, its workers
+and anything they started), so no process outlives the call. Outcomes:
+
+| outcome | meaning |
+|---|---|
+| ok | exit 0 and the result document is complete |
+| teardown-abort | the result document is complete, then the exit was non-zero (gloo's abort at process exit, reference cpu-distributed.md): the measurements stand |
+| oom | out of memory: a CUDA/CPU allocation failure in the logs or a trial error, or the kernel's OOM kill (SIGKILL without our timeout) |
+| timeout | still running after `timeout_s`; killed |
+| crash | anything else: a trial raised (its error is in the result), or a worker died |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autopar.trial.config import TrialConfig
+
+OUTCOMES = ("ok", "teardown-abort", "oom", "timeout", "crash")
+_OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "std::bad_alloc", "DefaultCPUAllocator: can't allocate memory",
+                "Cannot allocate memory")
+#: gloo's abort at process exit (cpu-distributed.md caveat 1)
+TEARDOWN_ABORT_MARKER = "terminate called without an active exception"
+
+
+@dataclass
+class LaunchResult:
+    """What one launch produced: its outcome, the worker's result document (if any) and log tails."""
+
+    outcome: str
+    returncode: int | None
+    wall_s: float
+    result: dict | None
+    command: list[str]
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.outcome in ("ok", "teardown-abort")
+
+    @property
+    def trials(self) -> list[dict]:
+        return list((self.result or {}).get("trials", []))
+
+
+def torchrun_command(nproc: int, spec: Path, out: Path, python: str = sys.executable) -> list[str]:
+    """The torchrun command line of a run file (torchrun is `python -m torch.distributed.run`)."""
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "autopar.trial.worker", "--spec", str(spec), "--out", str(out)]
+
+
+def launch(trials: list[TrialConfig], nproc: int, *, timeout_s: float = 600.0, workdir: Path | None = None,
+           env: dict[str, str] | None = None, python: str = sys.executable) -> LaunchResult:
+    """Run the trials in one torchrun launch of `nproc` processes; never raises on a failed run."""
+    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="autopar-trial-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec, out = workdir / "run.json", workdir / "result.json"
+    spec.write_text(json.dumps({"trials": [t.to_dict() for t in trials]}, indent=1))
+    return run_command(torchrun_command(nproc, spec, out, python), out, timeout_s=timeout_s, workdir=workdir, env=env)
+
+
+def run_command(command: list[str], result_path: Path, *, timeout_s: float, workdir: Path,
+                env: dict[str, str] | None = None) -> LaunchResult:
+    """Run a worker command in its own process group, kill the group on timeout, classify."""
+    result_path.unlink(missing_ok=True)
+    run_env = dict(os.environ if env is None else env)
+    repo = str(Path(__file__).resolve().parents[2])  # so the workers import this autopar
+    run_env["PYTHONPATH"] = repo + os.pathsep + run_env.get("PYTHONPATH", "")
+    stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
+    t0 = time.perf_counter()
+    with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
+        proc = subprocess.Popen(command, stdout=so, stderr=se, cwd=workdir, env=run_env, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+        finally:
+            _kill_group(proc, grace_s=0.0)  # orphans of a finished run
+    wall = time.perf_counter() - t0
+    stdout, stderr = _tail(stdout_path), _tail(stderr_path)
+    result = _read_result(result_path)
+    outcome, reasons = classify(proc.returncode, timed_out, result, stdout + stderr)
+    return LaunchResult(outcome=outcome, returncode=proc.returncode, wall_s=wall, result=result, command=command,
+                        stdout_tail=stdout, stderr_tail=stderr, reasons=reasons)
+
+
+def classify(returncode: int | None, timed_out: bool, result: dict | None, logs: str) -> tuple[str, list[str]]:
+    """The outcome of a finished launch, and why (see the table in the module docstring)."""
+    complete = bool(result and result.get("complete"))
+    errors = [f"{t.get('name')}: {t.get('error')}" for t in (result or {}).get("trials", []) if t.get("status") == "error"]
+    if timed_out:
+        return "timeout", ["killed after the timeout"] + errors
+    if complete and returncode == 0:
+        return "ok", []
+    if complete:
+        why = "gloo abort at exit" if TEARDOWN_ABORT_MARKER in logs else f"exit code {returncode}"
+        return "teardown-abort", [f"result complete, then {why}"]
+    text = logs + "\n".join(errors)
+    if any(m in text for m in _OOM_MARKERS) or returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
+        return "oom", errors or ["out of memory (allocation failure or killed by the kernel)"]
+    return "crash", errors or [f"exit code {returncode}, no complete result"]
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """End the process group of `proc` (its own session): SIGTERM and up to `grace_s` to exit,
+    then SIGKILL whatever is left, leader and orphans alike."""
+    if grace_s > 0 and _signal_group(proc.pid, signal.SIGTERM):
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, else its zombie keeps the group "alive"
+            if not _group_alive(proc.pid):
+                return
+            time.sleep(0.05)
+    _signal_group(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    return _signal_group(pgid, 0)
+
+
+def _tail(path: Path, limit: int = 20_000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-limit:].decode("utf-8", "replace")
+
+
+def _read_result(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,174 @@
+"""The exhaustive search's answer for Llama 3 70B on 256 H100 (seq 8192, default space): a sane
+winner that is truly the fastest fitting plan of everything evaluated, and a run directory that
+says the same thing. Plus the what-if over two GPU counts through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from autopar.search.run import SearchOptions, run_search
+from autopar.spec.hardware import GIB
+
+
+@pytest.fixture(scope="module")
+def result(sh, tmp_path_factory):
+    q, space = sh.question("llama3-70b", 256, "default", 8192)
+    return run_search(q, SearchOptions(space=space, run_dir=tmp_path_factory.mktemp("winner")))
+
+
+def test_question(result):
+    q, space = result.question, result.options.space
+    assert space.name == "default"
+    assert q.seq_len == 8192 and q.num_gpus == 256
+    assert q.global_batch_size == round(space.knobs["tokens_per_step"] / 8192) == 512
+
+
+def test_method_is_exhaustive(result):
+    assert result.method == "exhaustive"
+    assert result.history == []
+    assert len(result.plans) > 1000  # the whole default space for 70B / 256
+
+
+def test_winner_fits_with_headroom(result):
+    w = result.winner
+    assert w is not None
+    headroom = result.options.space.constraints["memory_headroom_gib"]
+    assert headroom > 0
+    assert bool(w["valid"]) and bool(w["fits"]) and w["rejected_by"] == ""
+    assert w["peak_memory_bytes"] <= w["memory_capacity_bytes"] - headroom * GIB
+    assert w["tp"] <= result.question.cluster.gpus_per_node == 8  # TP within a node
+    assert w["tp"] * w["pp"] * w["cp"] * w["dp"] == 256
+
+
+def test_headroom_rejections_are_consistent(result):
+    df = result.plans
+    headroom = result.options.space.constraints["memory_headroom_gib"] * GIB
+    over = df["valid"] & (df["peak_memory_bytes"] > df["memory_capacity_bytes"] - headroom)
+    assert not df.loc[over, "fits"].any()
+    assert (df.loc[over, "rejected_by"] == "memory").all()
+    assert (df.loc[over, "memory_miss_gib"] > 0).all()
+    # some plans are rejected by the headroom alone (they would fit without it)
+    assert (over & (df["peak_memory_bytes"] <= df["memory_capacity_bytes"])).any()
+    fit = df[df["fits"]]
+    assert (fit["peak_memory_bytes"] <= fit["memory_capacity_bytes"] - headroom).all()
+    assert (fit["rejected_by"] == "").all()
+
+
+def test_winner_is_fastest_fitting_plan(result):
+    df, w = result.plans, result.winner
+    fit = df[df["fits"]]
+    assert len(fit) > 0
+    assert w["step_time_s"] == fit["step_time_s"].min()
+    assert np.isclose(w["tokens_per_s"], fit["tokens_per_s"].max(), rtol=1e-12)
+    # no plan that does not fit is counted as the winner
+    assert df.loc[~df["fits"], "rejected_by"].ne("").all()
+
+
+def test_top_is_sorted_and_fits(result):
+    top = result.top
+    assert 1 < len(top) <= result.options.top_k
+    assert top["fits"].all()
+    st = top["step_time_s"].to_numpy()
+    assert np.all(np.diff(st) >= 0)
+    # the top-k are the k fastest fitting plans
+    fit = np.sort(result.plans.loc[result.plans["fits"], "step_time_s"].to_numpy())
+    assert np.allclose(st, fit[:len(st)], rtol=0, atol=0)
+
+
+def test_mfu_plausible(result):
+    w = result.winner
+    assert 0.3 <= w["mfu"] <= 0.7, w["mfu"]
+    assert w["hfu"] >= w["mfu"]
+    # tokens/s agrees with the step time
+    assert np.isclose(w["tokens_per_s"], 512 * 8192 / w["step_time_s"], rtol=1e-12)
+
+
+def test_why_names_the_winner(result):
+    w = result.winner
+    assert result.why.startswith(str(w["plan_name"]))
+    assert str(result.top.iloc[1]["plan_name"]) in result.why  # and the runner-up
+
+
+def test_files(result):
+    d = result.run_dir
+    for name in ("plans.parquet", "plans.csv", "top.json", "search.json"):
+        assert (d / name).is_file(), name
+    assert not (d / "study.db").exists()  # exhaustive: no Optuna study
+
+
+def test_parquet_round_trip(result):
+    back = pd.read_parquet(result.run_dir / "plans.parquet")
+    assert len(back) == len(result.plans)
+    assert list(back.columns) == list(result.plans.columns)
+    for col in ("rejected_by", "memory_miss_gib", "step_time_s", "peak_memory_bytes", "fits", "valid"):
+        assert col in back.columns
+    fit = back[back["fits"]]
+    best = fit.loc[fit["step_time_s"].idxmin()]
+    w = result.winner
+    assert best["plan_name"] == w["plan_name"]
+    assert best["step_time_s"] == w["step_time_s"]
+    for col in ("tp", "pp", "cp", "dp", "vpp", "zero_stage", "micro_batch_size", "pp_schedule", "recompute",
+                "layout_text"):
+        assert best[col] == w[col], col
+    csv = pd.read_csv(result.run_dir / "plans.csv")
+    assert len(csv) == len(result.plans)
+
+
+def test_top_json(result):
+    data = json.loads((result.run_dir / "top.json").read_text())
+    w = result.winner
+    assert data["why"] == result.why
+    assert len(data["top"]) == len(result.top)
+    first = data["top"][0]
+    assert first["rank"] == 1
+    assert first["step_time_s"] == float(w["step_time_s"])
+    assert first["plan_name"] == w["plan_name"]
+    assert first["fits"] is True
+    assert first["plan"]["tp"] == int(w["tp"]) and first["plan"]["pp"] == int(w["pp"])
+    assert [e["rank"] for e in data["top"]] == list(range(1, len(data["top"]) + 1))
+    assert [e["step_time_s"] for e in data["top"]] == sorted(e["step_time_s"] for e in data["top"])
+    assert w["plan_name"] in data["pareto"]
+
+
+def test_search_json(result):
+    info = json.loads((result.run_dir / "search.json").read_text())
+    assert info["method"] == "exhaustive"
+    assert info["plans_evaluated"] == len(result.plans)
+    assert info["plans_fit"] == int(result.plans["fits"].sum())
+    assert info["question"]["num_gpus"] == 256 and info["question"]["seq_len"] == 8192
+    assert info["space"]["name"] == "default"
+
+
+def test_cli_what_if_two_gpu_counts(run_cli, tmp_path):
+    r = run_cli("search", "--model", "llama3-70b", "--gpus", "128,256", "--seq-len", "8192", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert isinstance(out, list) and len(out) == 2
+    assert [s["num_gpus"] for s in out] == [128, 256]
+    for s in out:
+        assert s["method"] == "exhaustive"
+        assert s["top"], f"no plan for {s['num_gpus']} GPUs"
+        top = s["top"][0]
+        assert top["rank"] == 1 and top["fits"]
+        p = top["plan"]
+        assert p["tp"] * p["pp"] * p["cp"] * p["dp"] == s["num_gpus"]
+        assert s["why"].startswith(top["plan_name"])
+    # more GPUs, same global batch: more tokens per second
+    assert out[1]["top"][0]["tokens_per_s"] > out[0]["top"][0]["tokens_per_s"]
+    # the default run directories went under the working directory
+    assert len(list((tmp_path / "reports").iterdir())) == 2
+
+
+def test_cli_single_scenario_matches_library(run_cli, result, tmp_path):
+    r = run_cli("search", "--model", "llama3-70b", "--gpus", "256", "--seq-len", "8192", "--json",
+                "--run-dir", tmp_path / "one")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert isinstance(out, dict)
+    assert out["top"][0]["plan_name"] == result.winner["plan_name"]
+    assert out["top"][0]["step_time_s"] == float(result.winner["step_time_s"])
+    assert (tmp_path / "one" / "plans.parquet").is_file()
