@@ -25,6 +25,7 @@ test: setup
 bench: setup
 	$(PY) benchmarks/bench_estimate.py
 	$(PY) benchmarks/bench_search.py
+	$(PY) benchmarks/bench_report.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -128,7 +128,7 @@ def compare(
     layouts: Annotated[list[str], typer.Argument(
         help="Two or more layouts: quoted plan flags (\"--tp 8 --pp 4\", the flags of `autopar estimate`), a run "
              "directory (its winner) or DIR#RANK, or a plan JSON file (a trial file, `autopar estimate --json`).",
-        show_default=False, metavar="PLAN_OR_RUN...")],
+        show_default=False, metavar="PLAN_OR_RUN")],
     model: OptModel = None, gpus: OptGpus = None, gpu: OptGpu = None, gpus_per_node: o.GpusPerNode = None,
     cluster: o.ClusterFile = None, seq_len: o.SeqLen = None,
     gbs: Annotated[Optional[int], typer.Option("--gbs", help="Global batch of the flag-string layouts (default: "

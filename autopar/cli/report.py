@@ -14,7 +14,7 @@ from autopar.cli import app
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directory written by `autopar search`; several: the "
                                                    "scenarios of a what-if, shown side by side in each report.",
-                                                   show_default=False)],
+                                                   show_default=False, metavar="RUN_DIR")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the report here instead of "
                                                 "RUN_DIR/report.html (one run directory only).")] = None,
 ) -> None:

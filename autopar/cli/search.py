@@ -72,13 +72,18 @@ def search(
                                 top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials,
                                 seed=seed, storage=storage, study_name=study_name, multi_objective=multi_objective,
                                 run_dir=run_dir, progress=progress.update)
+    from autopar.report import write_reports
+
+    reports = write_reports([r.run_dir for r in results])  # RUN_DIR/report.html; a what-if links them
     if as_json:
         from autopar.search.scenarios import result_json
 
-        out = [result_json(r) for r in results]
+        out = [result_json(r) | {"report": str(Path(r.run_dir) / "report.html")} for r in results]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2, default=float))
         return
     if len(results) == 1:
         print_result(results[0])
     else:
         print_whatif(results)
+    for p in reports:
+        print(f"Report: {p}")

@@ -132,7 +132,7 @@ def comm_figure(cb: pd.DataFrame, title: str = "Communication per GPU per step (
 
 
 def scatter_figure(sc: pd.DataFrame, order: list[str], winner: tuple[float, float, str] | None = None,
-                   capacity_gib: float | None = None) -> dict:
+                   capacity_gib: float | None = None, headroom_gib: float = 0.0) -> dict:
     """Every evaluated plan: peak memory vs throughput, one colour per class, the Pareto front as a
     line, the winner as a star."""
     data = []
@@ -161,6 +161,10 @@ def scatter_figure(sc: pd.DataFrame, order: list[str], winner: tuple[float, floa
     if capacity_gib:
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": capacity_gib, "x1": capacity_gib, "y0": 0,
                        "y1": 1, "line": {"color": "#d62728", "width": 1.5, "dash": "dash"}})
+        if 0 < headroom_gib < capacity_gib:  # the search's limit: capacity less the space's headroom
+            h = capacity_gib - headroom_gib
+            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": h, "x1": h, "y0": 0, "y1": 1,
+                           "line": {"color": "#d62728", "width": 1, "dash": "dot"}})
     plotted, total = sc.attrs.get("plotted_plans", len(sc)), sc.attrs.get("total", len(sc))
     sub = f" ({plotted:,} of {total:,} shown)" if plotted < total else f" ({total:,})"
     mem = sc["memory_gib"].to_numpy(float)

@@ -209,8 +209,10 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
         note = f" {sc.attrs['without_estimate']:,} plans have no finite estimate and are not drawn."
     sections.append("<h2 id=\"plans\">Every evaluated plan</h2>"
                     "<p class=\"note\">Peak memory per GPU (log scale) against throughput; hover a point for its "
-                    f"layout. The dashed red line is the GPU's capacity.{e(note)}</p>"
-                    + (_fig(F.scatter_figure(sc, T.category_order(sc["category"]), win, cap), "fig-scatter")
+                    f"layout. The dashed red line is the GPU's capacity"
+                    + (f", the dotted one the search's limit ({run.headroom_gib:g} GiB headroom)" if run.headroom_gib
+                       else "") + f".{e(note)}</p>"
+                    + (_fig(F.scatter_figure(sc, T.category_order(sc["category"]), win, cap, run.headroom_gib), "fig-scatter")
                        if len(sc) else "<p>No plan has an estimate to draw.</p>")
                     + f"<h3>Pareto front ({len(pareto)} plans): no other fitting plan is both faster and smaller</h3>"
                     + _table(_pp_dash(pareto), PARETO_COLUMNS))
@@ -287,10 +289,20 @@ def write_report(run_dir: str | Path, *, out: str | Path | None = None,
                 except InputError:  # a scenario removed or broken since: leave it out
                     continue
     path = Path(out) if out is not None else d / REPORT_FILE
-    text = report_html(run, scenario_runs, out_dir=path.parent)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    _write_atomic(path, report_html(run, scenario_runs, out_dir=path.parent))
     return path
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and a rename: a reader (or a second search worker writing the
+    same run directory) never sees half a page."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_reports(run_dirs: list[str | Path]) -> list[Path]:
@@ -345,6 +357,5 @@ def compare_html(cmp) -> str:
 
 def write_compare(cmp, out: str | Path) -> Path:
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(compare_html(cmp), encoding="utf-8")
+    _write_atomic(path, compare_html(cmp))
     return path
