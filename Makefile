@@ -2,10 +2,12 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup run test bench clean
+.PHONY: setup setup-test run test bench clean
 
 setup: $(STAMP)
+setup-test: $(TEST_STAMP)
 
 # CPU machines (no nvidia-smi) get the local CPU build of torch first; GPU machines get the normal
 # build through the package's own torch range.
@@ -13,13 +15,21 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch==2.13.0; fi
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e .
 	touch $(STAMP)
+
+# The test extras (pytest, hypothesis, the trainers' own config parsers for the export tests), and
+# older / CUDA-only trainer releases that the export tests read without importing (no dependencies).
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test]'
+	rm -rf $(VENV)/trainer-refs
+	$(PY) -m pip install -q --no-deps --target $(VENV)/trainer-refs torchtitan==0.2.2 megatron-bridge==0.3.1 nemo-toolkit==2.7.3
+	touch $(TEST_STAMP)
 
 run: setup
 	$(VENV)/bin/autopar search --model 70b --gpus 256
 
-test: setup
+test: setup-test
 	$(PY) -m pytest
 
 bench: setup

@@ -140,9 +140,9 @@ def export(
         except ExportRefused as e:
             if to.strip() != "all":
                 raise
-            refused.append(e)
+            refused.append((name, e))
     if not bundles:
-        raise InputError("no format can run this plan: " + " | ".join(str(e) for e in refused))
+        raise InputError("no format can run this plan: " + " | ".join(str(e) for _, e in refused))
     base = out or default_out
     for b in bundles:
         d = base / b.format
@@ -151,8 +151,8 @@ def export(
         print(f"  run: cd {shlex.quote(str(d))} && {b.run}")
         for n in b.notes:
             print(f"  note: {n}")
-    for e in refused:
-        print(f"{e.trainer}: skipped, {e.reason}", file=sys.stderr)
+    for name, e in refused:
+        print(f"{name}: skipped, {e}", file=sys.stderr)
     from autopar.cost.estimate import estimate as run_estimate
 
     est = run_estimate(plan, spec, clus, num_gpus=plan.num_gpus, seq_len=s)

@@ -153,6 +153,10 @@ def _values(ctx: Context, toml: bool) -> dict:
     training = {"local_batch_size": local, "global_batch_size": p.global_batch_size, "seq_len": ctx.seq_len,
                 "mixed_precision_param": "float32" if p.dtype == "fp32" else "bfloat16",
                 "mixed_precision_reduce": "float32"}
+    if not toml and (p.pp > 1 or p.ep > 1):
+        # torchtitan >= 0.3 captures CUDA graphs by default and refuses them with PP or the all-to-all
+        # EP dispatcher (Trainer.Config._validate_cuda_graphs); autopar's estimate assumes none
+        training["disable_cuda_graphs"] = True
     compile_ = {"enable": bool(p.tp_comm_overlap), "components": ["model", "loss"]}
     if not toml:
         compile_["enable_async_tensor_parallel"] = bool(p.tp_comm_overlap)

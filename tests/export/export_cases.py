@@ -1,0 +1,109 @@
+"""Plans covering every axis, and which exporters must refuse each (with a word of the reason).
+
+Shared by test_export_contract.py and test_export_trainers.py (pytest puts this directory on
+sys.path). Variants are (variant id, exporter name, ExportOptions changes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+
+from autopar.export import ExportOptions
+from autopar.spec.presets import resolve_model
+from autopar.spec.resolve import resolve_cluster, resolve_plan
+
+VARIANTS = [
+    ("megatron", "megatron", {}),
+    ("torchtitan", "torchtitan", {"torchtitan_version": "0.3"}),
+    ("torchtitan-toml", "torchtitan", {"torchtitan_version": "0.2.2"}),
+    ("deepspeed", "deepspeed", {}),
+    ("nemo", "nemo", {}),
+    ("bridge", "bridge", {}),
+    ("torchrun", "torchrun", {}),
+    ("slurm", "slurm", {}),
+    ("slurm-torchtitan", "slurm", {"trainer": "torchtitan"}),
+]
+TITAN = ("torchtitan", "torchtitan-toml", "slurm-torchtitan")
+CORE = ("megatron", "nemo", "bridge", "torchrun", "slurm")  # Megatron-Core runtimes
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    model: str
+    gpus: int
+    kwargs: dict
+    seq_len: int | None = None
+    #: variant id -> a word the refusal must contain; variants not listed must accept
+    refuse: dict = field(default_factory=dict)
+
+    @property
+    def spec(self):
+        return _model(self.model)
+
+    @property
+    def seq(self) -> int:
+        return self.seq_len or self.spec.seq_len
+
+    @property
+    def plan(self):
+        return resolve_plan(self.spec, self.gpus, self.seq, **self.kwargs)
+
+    def options(self, variant_opts: dict) -> ExportOptions:
+        return ExportOptions(seq_len=self.seq, **variant_opts)
+
+
+@cache
+def _model(name: str):
+    return resolve_model(name)
+
+
+CLUSTER = resolve_cluster("h100-sxm")
+
+
+def _titan(word: str) -> dict:
+    return {v: word for v in TITAN}
+
+
+def _core(word: str) -> dict:
+    return {v: word for v in CORE}
+
+
+CASES = [
+    Case("dp-zero1-selective", "llama3-8b", 16, dict(tp=2, zero=1, recompute="selective", gbs=64),
+         refuse=_titan("ZeRO-1")),
+    Case("tp-pp-1f1b", "llama3-70b", 64, dict(tp=8, pp=4, zero=1, gbs=64), refuse=_titan("ZeRO-1")),
+    Case("vpp-interleaved-full", "llama3-70b", 64, dict(tp=4, pp=4, vpp=5, zero=1, recompute="full", gbs=128),
+         refuse=_titan("ZeRO-1") | {"deepspeed": "interleaved"}),
+    Case("vpp-zero2", "llama3-70b", 64, dict(tp=4, pp=4, vpp=2, zero=2, recompute="full", gbs=128),
+         refuse={"deepspeed": "ZeRO-2"}),
+    Case("cp-long-context", "llama3-8b", 32, dict(tp=4, cp=4, zero=3, gbs=64), seq_len=32768,
+         refuse={"deepspeed": "context"}),
+    Case("uneven-first-last", "llama3-70b", 128, dict(tp=8, pp=4, pp_first=18, pp_last=22, zero=1, gbs=512),
+         refuse=_titan("ZeRO-1") | {"deepspeed": "uneven"}),
+    Case("uneven-first-only-vpp", "llama3-70b", 64, dict(tp=8, pp=4, vpp=2, pp_layout="7,11,11,11,7,11,11,11",
+                                                         zero=3, gbs=64),
+         refuse={"deepspeed": "ZeRO-3"}),
+    Case("uneven-layout-string", "llama3-70b", 128, dict(tp=8, pp=4, pp_layout="19,21,19,21", zero=3, gbs=512),
+         refuse={"deepspeed": "ZeRO-3"}),
+    Case("vpp-embedding-loss-balanced", "llama3-70b", 64,
+         dict(tp=4, pp=4, vpp=2, embedding_as_layer=True, loss_as_layer=True, zero=2, gbs=128),
+         refuse={"deepspeed": "ZeRO-2"}),
+    Case("recompute-block", "llama3-70b", 64, dict(tp=8, pp=4, zero=0, recompute="full", recompute_layers=6, gbs=64),
+         refuse=_titan("recompute") | {"deepspeed": "some layers"}),
+    Case("fp8-tp-overlap", "llama3-70b", 64, dict(tp=8, pp=2, zero=3, dtype="fp8", tp_comm_overlap=True, gbs=128),
+         refuse={"deepspeed": "ZeRO-3"}),
+    Case("zero-bubble", "llama3-8b", 16, dict(tp=2, pp=4, zero=2, pp_schedule="zero-bubble", gbs=32),
+         refuse=_core("zero-bubble") | {"deepspeed": "ZeRO-2"}),
+    Case("gpipe", "llama3-8b", 16, dict(tp=2, pp=2, zero=3, pp_schedule="gpipe", gbs=32),
+         refuse=_core("GPipe") | {"deepspeed": "ZeRO-3"}),
+    Case("moe-etp-tp", "qwen3-30b-a3b", 32, dict(tp=2, pp=2, ep=8, zero=3, gbs=64),
+         refuse={"torchtitan": "expert tensor", "slurm-torchtitan": "expert tensor", "deepspeed": "ZeRO-3"}),
+    Case("moe-etp1", "qwen3-30b-a3b", 32, dict(tp=2, ep=16, etp=1, zero=2, gbs=64), refuse={"deepspeed": "MoE"}),
+    Case("ddp-fp32-single-node", "llama3-8b", 8, dict(zero=0, dtype="fp32", gbs=32),
+         refuse={"nemo": "mixed precision", "bridge": "mixed precision"}),
+    Case("bf16-main-grads", "llama3-8b", 16, dict(tp=2, zero=3, grads="bf16", gbs=64), refuse=_titan("float32")),
+    Case("tp-without-sp", "llama3-8b", 16, dict(tp=2, sp=False, zero=3, gbs=64),
+         refuse={"torchtitan-toml": "sequence parallelism"}),
+]
