@@ -30,7 +30,8 @@ def _help() -> str:
         lines.append(f"\b\n  {name}: {e.title}\n    {e.example}")
     lines.append("\b\nExample, end to end:\n"
                  "  autopar search --model 70b --gpus 256 --run-dir runs/70b\n"
-                 "  autopar export --run runs/70b --rank 1 --to megatron --out launch/\n"
+                 "  autopar export --run runs/70b --rank 1 --to megatron --pp-schedule 1f1b --out launch/\n"
+                 "  (Megatron-Core has no zero-bubble schedule: the ranked plan is re-estimated with 1F1B)\n"
                  "  cd launch/megatron && sbatch launch_slurm.sbatch")
     return "\n\n".join(lines)
 
