@@ -149,22 +149,23 @@ def pp_calls(model, tokens, tp, sp, pp, vpp, rank, act_bytes) -> list[Call]:
     return [Call("send", s, np.where(np.asarray(pp) > 1, fwd + bwd, 0.0))]
 
 
-def dp_calls(params, zero_stage, grad_bytes, weight_bytes, m, pp=None) -> tuple[list[Call], list[Call]]:
+def dp_calls(params, zero_stage, grad_bytes, weight_bytes, m, pp, group_size) -> tuple[list[Call], list[Call]]:
     """(gradient reduction, parameter gathering) calls of one GPU per step for `params` reduced
-    over one data-parallel group. ZeRO-0: all-reduce of the gradients; ZeRO-1/2: reduce-scatter of
-    the gradients and all-gather of the (bf16) parameters; ZeRO-3/FSDP: per microbatch, all-gather
-    forward and backward and reduce-scatter of the gradients (torch FSDP2 default).
-    With `pp` given, pipeline ranks (pp > 1) follow torch.distributed.pipelining, measured on the
-    built-in model: ZeRO-3 reduce-scatters once per step and gathers m + 1 times (each backward
-    keeps the parameters gathered, so only the first forward and the backward after each forward
-    gather); `pp=None` keeps the pipeline-agnostic count above."""
+    over one data-parallel group of `group_size`. ZeRO-0: one all-reduce of the gradients; ZeRO-1:
+    one reduce-scatter of the gradients and one all-gather of the parameters (Megatron's distributed
+    optimizer); ZeRO-2/3 reduce-scatter as often as `grad_reductions_per_step` says (every
+    microbatch without pipelining, to keep the gradients sharded); ZeRO-3 (FSDP2) gathers the
+    parameters twice per microbatch (forward, backward), or m + 1 times under
+    torch.distributed.pipelining, whose backward keeps them gathered (measured on the built-in
+    model)."""
     z = np.asarray(zero_stage)
     grads = params * grad_bytes
     weights = params * weight_bytes
-    piped = np.asarray(pp) > 1 if pp is not None else np.zeros((), dtype=bool)
-    per_mb = np.where((z == 3) & ~piped, m, 1.0)
-    z3_gathers = np.where(piped, np.asarray(m, dtype=float) + 1.0, 2.0 * np.asarray(m, dtype=float))
+    piped = np.asarray(pp) > 1
+    m = np.asarray(m, dtype=float)
+    reductions = grad_reductions_per_step(z, m, pp, group_size)
+    z3_gathers = np.where(piped, m + 1.0, 2.0 * m)
     reduce = [Call("all_reduce", grads, np.where(z == 0, 1.0, 0.0)),
-              Call("reduce_scatter", grads, np.where(z >= 1, per_mb, 0.0))]
+              Call("reduce_scatter", grads, np.where(z >= 1, reductions, 0.0))]
     gather = [Call("all_gather", weights, np.where(z == 3, z3_gathers, np.where(z >= 1, 1.0, 0.0)))]
     return reduce, gather

@@ -18,7 +18,8 @@ import numpy as np
 
 from autopar.cost import activations as act
 from autopar.cost.collectives import Links, place
-from autopar.cost.comm import cp_calls, dp_calls, ep_calls, pp_calls, tp_calls, traffic
+from autopar.cost.comm import (cp_calls, dp_calls, ep_calls, grad_reductions_per_step, pp_calls, tp_calls,
+                               tp_step_calls, traffic)
 from autopar.cost.compute import attention_rate, gemm_rate
 from autopar.cost.flops import (attention_core_flops_per_token, attention_linear_flops_per_token,
                                 head_flops_per_token, mlp_flops_per_token, model_flops_per_step)
@@ -83,7 +84,7 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
 
     # ---- memory ----------------------------------------------------------------------------
     prm = rank_params(model, dense_l, moe_l, emb, head, t, p, e, et)
-    states = state_bytes(prm.dense, prm.expert, table.zero_stage, d * c, edp, table.main_grads_fp32, fp32)
+    states = state_bytes(prm.dense, prm.expert, table.zero_stage, d * c, edp, table.main_grads_fp32, fp32, p)
     a_dense = act.dense_layer_bytes(model, tokens, t, sp) * act_scale
     a_moe = (act.moe_layer_bytes(model, tokens, t, et) if model.moe else np.zeros_like(a_dense)) * act_scale
     a_input = act.layer_input_bytes(model, tokens, t, sp) * act_scale
@@ -152,8 +153,12 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
     pp_bytes, pp_time = traffic(pp_calls(model, tokens, t, sp, p, v, rank, act_bytes), p, None, links,
                                 crosses_node=pp_stride * np.minimum(p, 2) > gpn)
     grad_b = np.where(table.main_grads_fp32 | fp32, 4.0, 2.0)
-    red_d, gat_d = dp_calls(prm.dense, table.zero_stage, grad_b, weight_bytes, m)
-    red_e, gat_e = dp_calls(prm.expert, table.zero_stage, grad_b, weight_bytes, m)
+    red_d, gat_d = dp_calls(prm.dense, table.zero_stage, grad_b, weight_bytes, m, p, d * c)
+    red_e, gat_e = dp_calls(prm.expert, table.zero_stage, grad_b, weight_bytes, m, p, edp)
+    # once-per-step TP traffic: SP norm gradients, all-reduced with each gradient reduction
+    tps_bytes, tps_time = traffic(tp_step_calls(model, sp, dense_l, moe_l, head, grad_b,
+                                                grad_reductions_per_step(table.zero_stage, m, p, d * c)),
+                                  t, place(t, 1, gpn), links)
     dgroup, egroup = place(d * c, t, gpn), place(edp, e * et, gpn)
     rb_d, rt_d = traffic(red_d, d * c, dgroup, links)
     gb_d, gt_d = traffic(gat_d, d * c, dgroup, links)
@@ -184,7 +189,7 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
     pace = at(t_mb)
     f = bubble_fraction(table.schedule, p, m, v)
     pipeline_t = m * pace / (1 - f)
-    tail = np.where(active, dp_exposed + optimizer_t, -np.inf)
+    tail = np.where(active, dp_exposed + optimizer_t + tps_time, -np.inf)
     tail_rank = np.argmax(tail, axis=0)
     at_tail = lambda a: np.take_along_axis(np.broadcast_to(a, tail.shape), tail_rank[None], 0)[0]  # noqa: E731
     step = pipeline_t + at_tail(tail)
@@ -207,7 +212,8 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
         "memory_capacity_bytes": np.full(len(table), cap),
         "memory_rank": np.take_along_axis(rank, mem_rank[None], 0)[0],
         "step_time_s": step,
-        "time_compute": m * at(compute_mb), "time_tp": m * at(tp_exp), "time_cp": m * at(cp_exp),
+        "time_compute": m * at(compute_mb), "time_tp": m * at(tp_exp) + at_tail(tps_time),
+        "time_tp_per_step": at_tail(tps_time), "time_cp": m * at(cp_exp),
         "time_ep": m * at(ep_exp), "time_pp": m * at(pp_exp), "time_dp": at_tail(dp_exposed),
         "time_bubble": pipeline_t - m * pace, "time_optimizer": at_tail(optimizer_t),
         "pace_rank": np.take_along_axis(rank, pace_rank[None], 0)[0],
@@ -226,7 +232,7 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
     }
     for name, arr in memory.items():
         out[f"mem_{name}"] = pick(arr)
-    per_rank_bytes = {"tp": tp_bytes * m, "cp": cp_bytes * m, "ep": ep_bytes * m, "pp": pp_bytes * m, "dp": dp_bytes}
+    per_rank_bytes = {"tp": tp_bytes * m + tps_bytes, "cp": cp_bytes * m, "ep": ep_bytes * m, "pp": pp_bytes * m, "dp": dp_bytes}
     for axis, arr in per_rank_bytes.items():
         out[f"comm_bytes_{axis}"] = np.max(np.where(active, np.broadcast_to(arr, t_mb.shape), 0.0), axis=0)
     # per pipeline rank ((R, n) arrays, inactive ranks masked), for the detailed report and tests
@@ -290,7 +296,7 @@ def estimate(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, *, num_
                        f"but the {cluster.gpu.key} has {row['memory_capacity_bytes'] / GIB:.1f} GiB "
                        f"({row['memory_miss_gib']:.1f} GiB short)")
     extra = {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()
-             if k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step")}
+             if k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step", "time_tp_per_step")}
     extra["stages"] = [
         {"rank": r, "layers": int(cols["stage_layers"][r, 0]), "memory_bytes": float(cols["stage_memory_bytes"][r, 0]),
          "time_per_mb_s": float(cols["stage_time_per_mb"][r, 0]), "params": float(cols["stage_params"][r, 0]),

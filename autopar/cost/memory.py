@@ -32,22 +32,29 @@ class StateBytes:
     optimizer: np.ndarray
 
 
-def state_bytes(dense_params, expert_params, zero_stage, dense_dp, expert_dp, main_grads_fp32, fp32=False) -> StateBytes:
+def state_bytes(dense_params, expert_params, zero_stage, dense_dp, expert_dp, main_grads_fp32, fp32=False,
+                pp=1) -> StateBytes:
     """Weights, gradients and optimizer bytes of one GPU holding `dense_params` (sharded over
     `dense_dp`) and `expert_params` (sharded over `expert_dp`) under the ZeRO stage; `fp32` is
-    full-precision training (4-byte weights and gradients, Adam m and v only)."""
+    full-precision training (4-byte weights and gradients, Adam m and v only). Under pipeline
+    parallelism (pp > 1) gradients stay unsharded across the microbatches of a step (the
+    reduce-scatter waits for the last one: torch.distributed.pipelining with FSDP2, measured on
+    the built-in model), so ZeRO-2/3 shard them only without pipelining."""
     z = np.asarray(zero_stage)
     grad_b = np.where(np.asarray(main_grads_fp32) | np.asarray(fp32), 4.0, 2.0)
     weight_b, opt_b = precision_bytes(fp32)
 
-    def sharded(params, group, from_stage, per_param):
-        return params * per_param / np.where(z >= from_stage, group, 1.0)
+    def sharded(params, group, from_stage, per_param, when=True):
+        return params * per_param / np.where((z >= from_stage) & when, group, 1.0)
+
+    grads_sharded = np.asarray(pp) == 1
 
     dense_dp = np.asarray(dense_dp, dtype=float)
     expert_dp = np.asarray(expert_dp, dtype=float)
     return StateBytes(
         weights=sharded(dense_params, dense_dp, 3, weight_b) + sharded(expert_params, expert_dp, 3, weight_b),
-        gradients=sharded(dense_params, dense_dp, 2, grad_b) + sharded(expert_params, expert_dp, 2, grad_b),
+        gradients=(sharded(dense_params, dense_dp, 2, grad_b, grads_sharded)
+                   + sharded(expert_params, expert_dp, 2, grad_b, grads_sharded)),
         optimizer=sharded(dense_params, dense_dp, 1, opt_b) + sharded(expert_params, expert_dp, 1, opt_b),
     )
 

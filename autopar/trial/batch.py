@@ -7,7 +7,8 @@ import torch
 from autopar.spec.plan import ParallelPlan
 
 
-def synthetic_batch(seed: int, step: int, global_batch: int, seq_len: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(seed: int, step: int, global_batch: int, seq_len: int,
+                    vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, next-token targets), each [global_batch, seq_len], uniform over the real vocabulary;
     the same on every rank, drawn from its own stream (not the parameters')."""
     g = torch.Generator().manual_seed(1_000_000_007 * (seed + 1) + step)

@@ -29,8 +29,8 @@ from pathlib import Path
 from autopar.trial.config import TrialConfig
 
 OUTCOMES = ("ok", "teardown-abort", "oom", "timeout", "crash")
-_OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "std::bad_alloc", "DefaultCPUAllocator: can't allocate memory",
-                "Cannot allocate memory")
+_OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "std::bad_alloc",
+                "DefaultCPUAllocator: can't allocate memory", "Cannot allocate memory")
 #: gloo's abort at process exit (cpu-distributed.md caveat 1)
 TEARDOWN_ABORT_MARKER = "terminate called without an active exception"
 
@@ -103,7 +103,8 @@ def run_command(command: list[str], result_path: Path, *, timeout_s: float, work
 def classify(returncode: int | None, timed_out: bool, result: dict | None, logs: str) -> tuple[str, list[str]]:
     """The outcome of a finished launch, and why (see the table in the module docstring)."""
     complete = bool(result and result.get("complete"))
-    errors = [f"{t.get('name')}: {t.get('error')}" for t in (result or {}).get("trials", []) if t.get("status") == "error"]
+    trials = (result or {}).get("trials", [])
+    errors = [f"{t.get('name')}: {t.get('error')}" for t in trials if t.get("status") == "error"]
     if timed_out:
         return "timeout", ["killed after the timeout"] + errors
     if complete and returncode == 0:

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 
 from autopar.spec.plan import ParallelPlan
-from autopar.trial.model import Transformer, initial_value
+from autopar.trial.loss import cross_entropy
+from autopar.trial.materialize import count_params, materialize
+from autopar.trial.model import Transformer
 from autopar.trial.parallel.data import apply_dp
 from autopar.trial.parallel.pipeline import apply_pp, build_schedule
 from autopar.trial.parallel.tensor import apply_tp
@@ -48,12 +49,6 @@ def plan_problems(plan: ParallelPlan) -> list[str]:
     return out
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy in fp32; vocab-parallel when the logits are a vocab-sharded DTensor
-    and the step runs under `loss_parallel()` (the runner enters it whenever tp > 1)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
-
-
 @dataclass
 class ParallelModel:
     """A parallelised model on this rank: its stage modules (wrapped for DP), the schedule when
@@ -62,7 +57,7 @@ class ParallelModel:
     plan: ParallelPlan
     mesh: DeviceMesh
     stages: list[tuple[int, nn.Module]]  # (virtual stage index, module as run: maybe DDP/FSDP)
-    unwrapped: list[nn.Module]  # the same stages without the DDP wrapper
+    unwrapped: list[nn.Module]  # the stage modules as built (DDP wraps them; FSDP2 in place)
     schedule: Any | None  # torch.distributed.pipelining schedule when pp > 1
     params: dict[str, nn.Parameter]  # name -> parameter as the optimizer sees it
     param_count: int  # parameters this rank holds under TP (before ZeRO sharding)
@@ -89,29 +84,6 @@ class ParallelModel:
                 t = t.full_tensor()
             out[name] = t.detach().float().cpu().clone()
         return out
-
-
-def count_params(module: nn.Module) -> int:
-    """Parameters this process holds (the local shard of a DTensor), each shared tensor once."""
-    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
-
-
-def materialize(module: nn.Module, seed: int, device: torch.device) -> None:
-    """Give a meta-built (stage) module its initial values on `device`: each parameter's full
-    value sliced to this rank's shard (DTensor layout), then the RoPE buffers."""
-    module.to_empty(device=device)
-    if isinstance(module, Transformer):
-        module.tie_weights()
-    config = module.config
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if isinstance(p, DTensor):
-                full = initial_value(config, name, tuple(p.shape), seed).to(device)
-                local = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
-                p.to_local().copy_(local)
-            else:
-                p.copy_(initial_value(config, name, tuple(p.shape), seed))
-        module.reset_buffers()
 
 
 def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, device: torch.device,

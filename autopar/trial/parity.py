@@ -15,9 +15,9 @@ import torch
 
 from autopar.trial.batch import synthetic_batch
 from autopar.trial.config import TrialConfig
+from autopar.trial.loss import cross_entropy
 from autopar.trial.model import ModelConfig, build_model, initial_value
 from autopar.trial.optim import make_optimizer
-from autopar.trial.parallelize import cross_entropy
 
 _CACHE: dict[str, "Reference"] = {}
 

@@ -17,19 +17,19 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import loss_parallel
 
 from autopar.cost.flops import model_flops_per_step, padded_vocab
 from autopar.spec.plan import MESH_ORDER
 from autopar.trial.batch import dp_share, synthetic_batch
 from autopar.trial.comm_count import CommBytesMode
 from autopar.trial.config import TrialConfig
+from autopar.trial.loss import cross_entropy, loss_context
 from autopar.trial.memory import PeakMemory
 from autopar.trial.mesh import Runtime, axis_ranks, build_mesh
 from autopar.trial.model import ModelConfig, Transformer
 from autopar.trial.optim import make_optimizer
 from autopar.trial.parallel.data import microbatch_context
-from autopar.trial.parallelize import ParallelModel, cross_entropy, parallelize, plan_problems
+from autopar.trial.parallelize import ParallelModel, parallelize, plan_problems
 
 
 class TrialError(ValueError):
@@ -83,8 +83,7 @@ def train_step(pm: ParallelModel, tokens: torch.Tensor, targets: torch.Tensor) -
 
 def _step_context(pm: ParallelModel, device: torch.device) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
-    if pm.plan.tp > 1:  # vocab-parallel cross-entropy, forward and backward
-        stack.enter_context(loss_parallel())
+    stack.enter_context(loss_context(pm.plan.tp > 1))  # vocab-parallel cross-entropy, forward and backward
     if pm.plan.dtype == "bf16":
         stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
     return stack

@@ -73,10 +73,11 @@ def test_deepseek_v3_pp16_is_valid_with_auto_layout() -> None:
 
 
 def _step_by_hand(est, p: int, m: int, v: int) -> float:
-    """step = m * max_stage(t_mb) / (1 - bubble) + exposed DP + optimizer, bubble = (p-1)/(m+p-1)/v."""
+    """step = m * max_stage(t_mb) / (1 - bubble) + exposed DP + optimizer + the once-per-step TP
+    all-reduce of the SP norm gradients, bubble = (p-1)/(m+p-1)/v."""
     f = (p - 1) / (m + p - 1) / v
     pace = max(st["time_per_mb_s"] for st in est.extra["stages"])
-    return m * pace / (1 - f) + est.time_s["dp"] + est.time_s["optimizer"]
+    return m * pace / (1 - f) + est.time_s["dp"] + est.time_s["optimizer"] + est.extra["time_tp_per_step"]
 
 
 @pytest.mark.parametrize("layout", [(21, 20, 20, 19), (20, 20, 20, 20), (19, 20, 20, 21), (10, 30, 25, 15)])

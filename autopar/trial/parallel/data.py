@@ -66,7 +66,9 @@ def apply_dp(module: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16:
 
 def _mp(bf16: bool) -> MixedPrecisionPolicy:
     """bf16 compute copies of the parameters, fp32 gradient reduction (Megatron's main grads)."""
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    if not bf16:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 def _wrap_units(module: Transformer, wrap: Callable[[nn.Module], object]) -> nn.Module:

@@ -1,0 +1,170 @@
+"""The distributed trial cases and their launches (one torchrun launch per world size, run once per
+session), handed out as fixtures so the tests work in any pytest import mode.
+
+Every case trains 3 SGD steps (SGD is linear in the gradient, so fp32 summation-order noise stays
+~1e-7 relative) with the parity check against the single-process model on. Every case must also
+match the cost model byte for byte (parameters and collective payload per axis per rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from autopar.cost.estimate import estimate
+from autopar.spec.hardware import default_cluster
+from autopar.spec.plan import ParallelPlan
+from autopar.spec.presets import get_preset, model_from_dict
+from autopar.trial.config import TrialConfig
+from autopar.trial.launcher import LaunchResult, launch
+
+CLUSTER = default_cluster("h100-sxm")  # does not affect bytes or parameters
+#: one launch per world size; torchrun start-up plus all its cases (world 8: ~40 s on 2 cores)
+LAUNCH_TIMEOUT_S = 300
+
+#: tp4 needs 4 KV heads (tiny has 2; the plan rules and Megatron-Core refuse kv_heads % tp != 0):
+#: tiny's widths with 8 heads of 16 over 4 KV heads, still GQA (2 query heads per KV head)
+TINY_KV4 = get_preset("tiny").to_dict() | {"name": "tiny-kv4", "num_attention_heads": 8, "num_kv_heads": 4,
+                                            "head_dim": 16}
+
+TINY_TIED = get_preset("tiny").to_dict() | {"name": "tiny-tied", "tied_embeddings": True}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    world: int
+    plan: dict
+    model: str | dict = "tiny"
+    scale: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    def trial(self) -> TrialConfig:
+        plan = {"dtype": "fp32", "micro_batch_size": 1, "global_batch_size": 4} | self.plan
+        return TrialConfig(name=self.name, model=self.model, scale=self.scale, plan=plan, steps=3, warmup=1,
+                           seed=1234, optimizer="sgd", lr=0.5, check_parity=True, count_comm=True)
+
+
+def _pp4(schedule: str) -> Case:
+    vpp = 2 if schedule == "interleaved-1f1b" else 1
+    return Case(f"pp4-{schedule}", 4, {"pp": 4, "vpp": vpp, "pp_schedule": schedule}, scale={"num_layers": 8})
+
+
+CASES: tuple[Case, ...] = (
+    # world 2
+    Case("tp2", 2, {"tp": 2, "global_batch_size": 2}),
+    Case("tp2-nosp", 2, {"tp": 2, "sequence_parallel": False}),
+    Case("dp2-ddp", 2, {"dp": 2, "zero_stage": 0}),
+    Case("dp2-zero1", 2, {"dp": 2, "zero_stage": 1}),
+    Case("dp2-zero2", 2, {"dp": 2, "zero_stage": 2}),
+    Case("dp2-fsdp", 2, {"dp": 2, "zero_stage": 3}),
+    Case("pp2-gpipe", 2, {"pp": 2, "pp_schedule": "gpipe"}),
+    Case("pp2-1f1b", 2, {"pp": 2, "pp_schedule": "1f1b"}),
+    Case("pp2-interleaved-1f1b", 2, {"pp": 2, "vpp": 2, "pp_schedule": "interleaved-1f1b"}),
+    Case("pp2-zero-bubble", 2, {"pp": 2, "pp_schedule": "zero-bubble"}),
+    # 5 layers at pp2: auto layout [2, 3]; interleaved [0, 2, 2, 1] (stage 0 holds only the embedding)
+    Case("pp2-uneven", 2, {"pp": 2}, scale={"num_layers": 5}),
+    Case("pp2-uneven-interleaved", 2, {"pp": 2, "vpp": 2, "pp_schedule": "interleaved-1f1b"},
+         scale={"num_layers": 5}),
+    # the optional parts: MoE layers (experts local) under PP and ZeRO-1, a tied embedding under TP and DP
+    Case("moe-pp2", 2, {"pp": 2}, model="tiny-moe"),
+    Case("moe-dp2-zero1", 2, {"dp": 2, "zero_stage": 1}, model="tiny-moe"),
+    Case("tied-tp2", 2, {"tp": 2}, model=TINY_TIED),
+    Case("tied-dp2-ddp", 2, {"dp": 2, "zero_stage": 0}, model=TINY_TIED),
+    Case("tied-dp2-zero1", 2, {"dp": 2, "zero_stage": 1}, model=TINY_TIED),
+    # world 4
+    Case("tp4", 4, {"tp": 4}, model=TINY_KV4),
+    Case("tp2xdp2-zero0", 4, {"tp": 2, "dp": 2, "zero_stage": 0}),
+    Case("tp2xdp2-zero1", 4, {"tp": 2, "dp": 2, "zero_stage": 1}),
+    Case("tp2xdp2-fsdp", 4, {"tp": 2, "dp": 2, "zero_stage": 3, "global_batch_size": 8}),
+    Case("tp2xpp2", 4, {"tp": 2, "pp": 2}),
+    Case("pp2xdp2-ddp", 4, {"pp": 2, "dp": 2, "zero_stage": 0, "global_batch_size": 8}),
+    Case("pp2xdp2-zero1", 4, {"pp": 2, "dp": 2, "zero_stage": 1, "global_batch_size": 8}),
+    Case("pp2xdp2-fsdp", 4, {"pp": 2, "dp": 2, "zero_stage": 3, "global_batch_size": 8}),
+    _pp4("gpipe"), _pp4("1f1b"), _pp4("interleaved-1f1b"), _pp4("zero-bubble"),
+    # world 8
+    Case("pp2xdp2xtp2", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 1, "global_batch_size": 8}),
+    Case("pp2xdp2xtp2-zero0", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 0, "global_batch_size": 8}),
+    Case("pp2xdp2xtp2-nosp", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 1, "sequence_parallel": False,
+                                 "global_batch_size": 8}),
+)
+WORLDS = tuple(sorted({c.world for c in CASES}))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`case` runs over every case (parity and exactness), `world` over the launch sizes."""
+    groups = {"case": CASES}
+    for name, values in groups.items():
+        if name in metafunc.fixturenames:
+            metafunc.parametrize(name, values, ids=[c.name for c in values])
+    if "world" in metafunc.fixturenames:
+        metafunc.parametrize("world", WORLDS, ids=[f"world{w}" for w in WORLDS])
+
+
+class Launches:
+    """Launches each world's cases once, on first use."""
+
+    def __init__(self, tmp_factory: pytest.TempPathFactory) -> None:
+        self._tmp = tmp_factory
+        self._done: dict[int, LaunchResult] = {}
+
+    def of(self, world: int) -> LaunchResult:
+        if world not in self._done:
+            trials = [c.trial() for c in CASES if c.world == world]
+            self._done[world] = launch(trials, world, timeout_s=LAUNCH_TIMEOUT_S,
+                                       workdir=self._tmp.mktemp(f"world{world}"))
+        return self._done[world]
+
+
+@pytest.fixture(scope="session")
+def launches(tmp_path_factory: pytest.TempPathFactory) -> Launches:
+    return Launches(tmp_path_factory)
+
+
+def _describe(run: LaunchResult) -> str:
+    return (f"outcome {run.outcome} ({'; '.join(run.reasons)}), exit {run.returncode}, {run.wall_s:.0f} s\n"
+            f"--- stderr tail ---\n{run.stderr_tail[-6000:]}")
+
+
+@pytest.fixture
+def launch_of(launches: Launches):
+    """world -> its LaunchResult, failing the test with the logs when the launch did not succeed."""
+    def get(world: int) -> LaunchResult:
+        run = launches.of(world)
+        assert run.succeeded, _describe(run)
+        return run
+    return get
+
+
+@pytest.fixture
+def result_of(launch_of):
+    """Case -> its trial result document (status ok)."""
+    def get(case: Case) -> dict:
+        run = launch_of(case.world)
+        found = [t for t in run.trials if t.get("name") == case.name]
+        assert found, f"{case.name} has no result; the launch recorded {[t.get('name') for t in run.trials]}"
+        assert found[0]["status"] == "ok", found[0].get("error")
+        return found[0]
+    return get
+
+
+# ---- the cost model's prediction ------------------------------------------------------------------
+
+def model_of(result: dict):
+    row = dict(result["model"])
+    return model_from_dict(row.pop("name"), row)
+
+
+def predicted_stages(result: dict) -> list[dict]:
+    """The cost model's per-pipeline-rank parameters and collective bytes for a trial's plan."""
+    plan = ParallelPlan.from_dict(result["plan"])
+    spec = model_of(result)
+    est = estimate(plan, spec, CLUSTER, num_gpus=plan.num_gpus, seq_len=result["seq_len"])
+    assert est.valid, est.reasons
+    return [{"params": st["params"], "comm_bytes": dict(st["comm_bytes"])} for st in est.extra["stages"]]
+
+
+@pytest.fixture
+def predict():
+    return predicted_stages
