@@ -115,25 +115,22 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
     fwd_gemm = tokens * (lin_layer + head_f) / tf
     fwd_expert = tokens * expert_layer / tf
     fwd_core = tokens * core / tf
-    recompute_gemm = recompute_share * tokens * (lin_layer / tf + expert_layer / tf)
+    recompute_dense = recompute_share * tokens * lin_layer / tf
+    recompute_expert = recompute_share * tokens * expert_layer / tf
+    recompute_gemm = recompute_dense + recompute_expert
     recompute_core = np.where(selective | full, np.where(full, recompute_share, 1.0), 0.0) * fwd_core
 
     x_dense = np.minimum.reduce([tokens, np.full_like(tokens, model.hidden_size), model.ffn_hidden_size / tf,
                                  model.q_size / tf])
     rate_dense = gemm_rate(cluster, table.dtype, x_dense)
-    if model.moe:
+    rate_expert = rate_dense
+    if model.moe:  # grouped expert GEMMs: tokens per expert instance, expert ffn / etp
         mo = model.moe
         per_expert = b * s * mo.top_k * e * et / (mo.num_experts * t * c)
         x_exp = np.minimum.reduce([per_expert, mo.expert_ffn_hidden_size / et.astype(float),
                                    np.full_like(tokens, model.hidden_size)])
         rate_expert = gemm_rate(cluster, table.dtype, x_exp) * k.expert_gemm_efficiency
-    else:
-        rate_expert = rate_dense
-    if model.moe:
-        gemm_time = (3 * fwd_gemm / rate_dense + 3 * fwd_expert / rate_expert
-                     + recompute_share * tokens * (lin_layer / tf / rate_dense + expert_layer / tf / rate_expert))
-    else:
-        gemm_time = (3 * fwd_gemm + recompute_share * tokens * lin_layer / tf) / rate_dense
+    gemm_time = (3 * fwd_gemm + recompute_dense) / rate_dense + (3 * fwd_expert + recompute_expert) / rate_expert
     attn_time = (3 * fwd_core + recompute_core) / attention_rate(cluster)
     elementwise = (k.elementwise_traffic_factor * (full_layers_act * (1 + recompute_share))
                    / (cluster.gpu.hbm_gbps * 1e9))
