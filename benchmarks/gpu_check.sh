@@ -13,3 +13,5 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch sees no CUDA device')"
 timeout 290 "$PY" benchmarks/gpu_check.py "$@"
+# issue 6: calibration run (probe + 3 single-GPU trials + fit), under 5 minutes
+timeout 290 "$PY" benchmarks/gpu_calibrate.py

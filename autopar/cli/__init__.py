@@ -29,7 +29,8 @@ app = typer.Typer(
 
 def _register() -> None:
     # each module adds its command to `app`; none imports torch, optuna or plotly at import time
-    from autopar.cli import compare, estimate, export, hardware, models, report, search, validate  # noqa: F401
+    from autopar.cli import (calibrate, compare, estimate, export, hardware, models, probe, report,  # noqa: F401
+                             search, trial, validate)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,6 +43,13 @@ def search(
                                                   "memory headroom together (NSGA-II).")] = False,
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Where results go (default: "
                                                     "reports/<model>_<gpus>x<gpu>_s<seq>_gbs<gbs>_<space>).")] = None,
+    trials: Annotated[int, typer.Option("--trials", help="Measured stage: run the analytic top-K plans for real "
+                                        "(torchrun on this machine), ranked by measured step time.")] = 0,
+    trial_budget: Annotated[Optional[int], typer.Option("--trial-budget", help="Plans to measure per round "
+                                                        "(>= K; the sampler proposes the rest).")] = None,
+    rounds: Annotated[int, typer.Option("--rounds", help="Measure, recalibrate, re-rank the untried, repeat.")] = 1,
+    trial_steps: Annotated[int, typer.Option("--trial-steps", help="Timed steps per trial (after warm-up).")] = 5,
+    trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds before a trial is killed.")] = 120.0,
     as_json: o.Json = False,
 ) -> None:
     """Search every layout of the space for MODEL on GPUS: what fits, what is fastest, why.
@@ -55,6 +62,8 @@ def search(
     from autopar.spec.presets import resolve_model
 
     spec = resolve_model(model)
+    if gpu == "local" and space == "default":
+        space = "local"  # CPU trials: fp32, small batch, the knobs the trial model runs
     sp = load_space(space)
     gpu_counts = _list(gpus, int, "--gpus")
     gpu_kinds = _list(gpu, str, "--gpu") if not cluster else [None]
@@ -72,6 +81,11 @@ def search(
                                 top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials,
                                 seed=seed, storage=storage, study_name=study_name, multi_objective=multi_objective,
                                 run_dir=run_dir, progress=progress.update)
+    if trials > 0:
+        if len(results) != 1:
+            raise InputError("--trials applies to one scenario")
+        _measured_stage(results[0], spec, trials, trial_budget, rounds, trial_steps, trial_timeout, storage,
+                        quiet=as_json)
     from autopar.report import write_reports
 
     reports = write_reports([r.run_dir for r in results])  # RUN_DIR/report.html; a what-if links them
@@ -87,3 +101,75 @@ def search(
         print_whatif(results)
     for p in reports:
         print(f"Report: {p}")
+
+
+def _measured_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: float, storage, quiet: bool) -> None:
+    """Optuna's measured stage over the search result; figures into measured.json and search.json."""
+    import sys
+    import time
+
+    from autopar.search.trials import acceptance, run_measured
+    from autopar.trial.measure import measure_plan
+
+    q = result.question
+    model = spec.to_dict() | {"name": spec.name}
+    peak = q.cluster.gpu.peak_flops("bf16") / 2 if q.cluster.gpu.key == "local" else q.cluster.gpu.peak_flops("bf16")
+    workroot = Path(result.run_dir) / "trials" / "work"
+
+    def measure(plan: dict, predicted: dict) -> dict:
+        from autopar.search.trials import plan_key
+
+        return measure_plan(model, plan, q.num_gpus, predicted=predicted, steps=steps, timeout_s=timeout,
+                            seq_len=q.seq_len, workdir=workroot / plan_key(plan), peak_flops=peak)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr if quiet else sys.stdout, flush=True)
+
+    t0 = time.perf_counter()
+    stage = run_measured(result, measure, k, budget, rounds, storage=storage,
+                         log=log)
+    figs = acceptance(result, stage) | {"wall_s_measured_stage": time.perf_counter() - t0}
+    import os
+
+    cores = os.cpu_count() or 1
+    if q.cluster.gpu.key == "local" and q.num_gpus > cores:
+        figs["oversubscribed"] = (f"{q.num_gpus} ranks on {cores} cores: the timings mostly measure CPU contention "
+                                  f"and are not comparable with the cost model's one-core-per-rank profile")
+    try:
+        figs["load_average"] = os.getloadavg()  # other work on the machine distorts CPU timings
+    except OSError:
+        pass
+    if stage.calibration is not None:
+        import yaml
+
+        from autopar.cost.calibrate import profile_dict
+
+        (Path(result.run_dir) / "calibrated.yaml").write_text(yaml.safe_dump(profile_dict(stage.calibration.cluster)))
+    (Path(result.run_dir) / "measured.json").write_text(json.dumps(figs, indent=2, default=float))
+    info_path = Path(result.run_dir) / "search.json"
+    info = json.loads(info_path.read_text())
+    info["measured"] = figs
+    info_path.write_text(json.dumps(info, indent=2, default=str))
+    print_measured(figs, file=sys.stderr if quiet else sys.stdout)
+
+
+def print_measured(f: dict, file=None) -> None:
+    """The measured stage's summary lines."""
+    w = f.get("winner")
+    lines = [f"Measured stage: {f['trialled']} plans trialled, {f['succeeded']} ran, {f['failed']} failed"
+             + (f" ({'; '.join(f'{k}: {v}' for k, v in f['failures'].items())[:300]})" if f["failed"] else "")]
+    if w:
+        lines.append(f"Winner (fastest measured that fitted): {w['key']} {w['measured_step_time_s']:.4f} s/step "
+                     f"(predicted {w['predicted_step_time_s']:.4f})")
+        lines.append(f"Spearman predicted vs measured: analytic {f['spearman_analytic']:.3f}"
+                     + (f", calibrated {f['spearman_calibrated']:.3f}; measured-fastest in calibrated top 2: "
+                        f"{f['fastest_in_calibrated_top2']}" if "spearman_calibrated" in f else ""))
+        lines.append(f"Peak memory (tensor) error, max |predicted/measured - 1|: analytic "
+                     f"{100 * f['memory_error_max_abs']:.1f}%"
+                     + (f", calibrated {100 * f['memory_error_calibrated_max_abs']:.1f}%"
+                        if "memory_error_calibrated_max_abs" in f else ""))
+    if f.get("oversubscribed"):
+        lines.append(f"Note: {f['oversubscribed']}")
+    if "wall_s_measured_stage" in f:
+        lines.append(f"Measured stage wall time: {f['wall_s_measured_stage']:.1f} s")
+    print("\n".join(lines), file=file)

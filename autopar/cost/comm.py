@@ -129,14 +129,38 @@ def cp_calls(model, tokens, tp, cp, layers, recompute_share, act_bytes) -> list[
     return [Call("send", kv, layers * steps * (3.0 + recompute_share))]
 
 
+def cp_moe_stat_calls(model, micro_batch, cp, moe_layers) -> list[Call]:
+    """Under context parallelism the MoE load-balancing loss needs each sequence's routing
+    statistics over all its cp ranks (autopar.trial.model.MoE.aux_loss; Megatron reduces them over
+    tp x cp): per MoE layer per microbatch one all-reduce of the [b, E] fp32 copy counts, one of the
+    [b, E] probability sums, and that one's backward."""
+    if model.moe is None:
+        return []
+    s = np.asarray(micro_batch, dtype=float) * model.moe.num_experts * 4.0
+    return [Call("all_reduce", s, np.where(np.asarray(cp) > 1, np.asarray(moe_layers, dtype=float) * 3.0, 0.0))]
+
+
+#: bytes of one routed-copy count (int64) in the dispatcher's count exchange
+COUNT_BYTES = 8
+
+
 def ep_calls(model, tokens, tp, sp, moe_layers, imbalance, act_bytes) -> list[Call]:
     """Dispatch and combine all-to-alls, forward and backward, of the k routed copies of the
-    tp-local tokens (seed distributed-training-ii EP section; Megatron alltoall dispatcher)."""
+    tp-local tokens (seed distributed-training-ii EP section; Megatron alltoall dispatcher).
+
+    Measured on the running model (autopar/trial/parallel/expert.py): a rank's send buffer is its
+    own k*T copies for the forward dispatch and the backward of the combine whatever the routing
+    (dropless), and the R rows it received for the forward combine and the backward of the
+    dispatch; `imbalance` = R / (k*T) of the busiest rank (1 when balanced). Before each dispatch
+    the ranks exchange their per-expert copy counts (one all-to-all of E int64 per MoE layer per
+    forward): the receive buffers cannot be sized without it."""
     if model.moe is None:
         return []
     local = tokens / np.where(sp, np.asarray(tp, dtype=float), 1.0)
-    s = local * model.moe.top_k * model.hidden_size * act_bytes * imbalance
-    return [Call("all_to_all", s, moe_layers * 4.0)]
+    s = local * model.moe.top_k * model.hidden_size * act_bytes
+    counts = np.full_like(np.asarray(s, dtype=float), float(model.moe.num_experts * COUNT_BYTES))
+    return [Call("all_to_all", s, moe_layers * 2.0), Call("all_to_all", s * imbalance, moe_layers * 2.0),
+            Call("all_to_all", counts, moe_layers * 1.0)]
 
 
 def pp_calls(model, tokens, tp, sp, pp, vpp, rank, act_bytes) -> list[Call]:

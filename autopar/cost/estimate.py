@@ -18,8 +18,8 @@ import numpy as np
 
 from autopar.cost import activations as act
 from autopar.cost.collectives import Links, place
-from autopar.cost.comm import (cp_calls, dp_calls, ep_calls, grad_reductions_per_step, pp_calls, tp_calls,
-                               tp_step_calls, traffic)
+from autopar.cost.comm import (cp_calls, cp_moe_stat_calls, dp_calls, ep_calls, grad_reductions_per_step, pp_calls,
+                               tp_calls, tp_step_calls, traffic)
 from autopar.cost.compute import attention_rate, gemm_rate
 from autopar.cost.flops import (attention_core_flops_per_token, attention_linear_flops_per_token,
                                 head_flops_per_token, mlp_flops_per_token, model_flops_per_step)
@@ -142,7 +142,8 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
     tp_bytes, tp_time = traffic(tp_calls(model, tokens, sp, dense_l, moe_l, emb, head, recompute_share, et, act_bytes),
                                 t, place(t, 1, gpn), links)
     cp_group = place(c, t, gpn)
-    cp_bytes, cp_time = traffic(cp_calls(model, tokens, t, c, layers, recompute_share, act_bytes), c, cp_group, links,
+    cp_bytes, cp_time = traffic(cp_calls(model, tokens, t, c, layers, recompute_share, act_bytes)
+                                + cp_moe_stat_calls(model, b, c, moe_l), c, cp_group, links,
                                 crosses_node=cp_group.nodes > 1)
     ep_bytes, ep_time = traffic(ep_calls(model, tokens, t, sp, moe_l, routing_imbalance, act_bytes), e,
                                 place(e, et, gpn), links)

@@ -3,6 +3,7 @@ calibratable constants (a "hardware profile" is a cluster YAML with these filled
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache
@@ -140,6 +141,8 @@ def get_gpu(name: str) -> GpuSpec:
 
 def default_cluster(gpu: str | GpuSpec = "h100-sxm", gpus_per_node: int | None = None) -> ClusterSpec:
     """A cluster of identical nodes of the preset GPU: NVLink inside a node, one NIC per GPU."""
+    if isinstance(gpu, str) and gpu.lower() == LOCAL:
+        return local_cluster(gpus_per_node)
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if gpus_per_node is not None and gpus_per_node <= 0:
         raise InputError(f"--gpus-per-node must be a positive integer, got {gpus_per_node}")
@@ -191,3 +194,35 @@ def load_cluster_file(path: str | Path) -> ClusterSpec:
 
     data = load_yaml(path, f"cluster file '{path}'")
     return cluster_from_dict(data, origin=f"cluster file '{path}'")
+
+
+# ---- `--gpu local`: this machine, as `autopar probe` measured it ---------------------------------
+
+LOCAL = "local"
+
+#: the CPU profile used until `autopar probe` has written one: [assumed] figures for one core per
+#: rank (fp32 GEMMs; the cost model runs fp32 at half its `bf16_tflops`), memory in RAM, links in
+#: shared memory (gloo). No runtime reservation (the torch runtime is not tensor memory) and a
+#: small allocator allowance.
+LOCAL_DEFAULTS: dict = {
+    "name": "local (unprobed defaults)",
+    "gpu": {"key": LOCAL, "name": "this machine (CPU, one core per rank)", "bf16_tflops": 0.1, "fp8_tflops": 0.0,
+            "hbm_gib": 4.0, "hbm_gbps": 10.0, "intra_node_gbps": 2.0, "nic_gbps": 2.0,
+            "gpus_per_node": max(1, os.cpu_count() or 1), "source": "autopar LOCAL_DEFAULTS [assumed]"},
+    "intra_node_latency_us": 50.0,
+    "inter_node_latency_us": 50.0,
+    "constants": {"runtime_reserved_gib": 0.0, "allocator_overhead_fraction": 0.0, "gemm_efficiency": 0.9},
+}
+
+
+def local_profile_path() -> Path:
+    """Where `autopar probe` writes (and `--gpu local` reads) this machine's profile:
+    $AUTOPAR_LOCAL_PROFILE, else ~/.autopar/local.yaml."""
+    return Path(os.environ.get("AUTOPAR_LOCAL_PROFILE") or "~/.autopar/local.yaml").expanduser()
+
+
+def local_cluster(gpus_per_node: int | None = None) -> ClusterSpec:
+    """`--gpu local`: the probed profile if there is one, else LOCAL_DEFAULTS."""
+    path = local_profile_path()
+    cluster = load_cluster_file(path) if path.exists() else cluster_from_dict(LOCAL_DEFAULTS, origin="local defaults")
+    return replace(cluster, gpus_per_node=gpus_per_node) if gpus_per_node else cluster

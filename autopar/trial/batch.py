@@ -20,3 +20,8 @@ def dp_share(batch: torch.Tensor, plan: ParallelPlan, dp_rank: int) -> torch.Ten
     """The rows of the global batch that data-parallel rank `dp_rank` trains on (contiguous blocks)."""
     n = plan.global_batch_size // plan.dp
     return batch[dp_rank * n:(dp_rank + 1) * n]
+
+
+def cp_share(batch: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    """The sequence columns a context-parallel rank holds (autopar.trial.parallel.context.cp_positions)."""
+    return batch if positions is None else batch[:, positions].contiguous()

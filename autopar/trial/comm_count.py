@@ -5,7 +5,10 @@ which sees DTensor/funcol collectives, FSDP2's and DDP's c10d calls, and P2P sen
 CommDebugMode. The count follows the cost model's convention (autopar/cost/comm.py): the payload of
 a call is this process's input buffer (an all-gather's 1/n shard, a reduce-scatter's full buffer),
 and for P2P only sends count (a receive is the peer's send). Each call is attributed to the mesh
-axis whose ranks its process group spans; a group of no axis lands in "other".
+axis whose ranks its process group spans, looked up first by ("name", group name), then by (kind, ranks) with kind "p2p" (send),
+"all_to_all" or "collective", then by ranks alone (one rank set can serve several axes: with dp = 1
+the dp x cp gradient group is the cp ring's group; an EP group can be the dp group;
+autopar.trial.mesh.axis_ranks); a group of no axis lands in "other".
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ _NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_
 _INPUT_IS_ARG1 = {"_allgather_base_", "_reduce_scatter_base_", "alltoall_base_", "allgather_", "reduce_scatter_",
                   "alltoall_", "allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_", "gather_",
                   "scatter_"}
+_P2P = {"send", "send_"}
+_ALL_TO_ALL = {"alltoall_base_", "alltoall_", "all_to_all_single"}
 #: not a data movement, or the receiving half of a P2P pair
 _IGNORED = {"barrier", "monitored_barrier", "_wrap_tensor_autograd", "recv_", "recv_any_source_",
             "wait_tensor"}
@@ -66,16 +71,18 @@ class CommBytesMode(TorchDispatchMode):
         super().__init__()
         self.axis_ranks = axis_ranks
         self.count = CommCount()
-        self._axis_of_group: dict[str, str] = {}
+        self._axis_of_group: dict[tuple[str, str], str] = {}
 
-    def _axis(self, group: ProcessGroup | None) -> str:
+    def _axis(self, group: ProcessGroup | None, kind: str) -> str:
+        """The axis of a call: by (kind, rank set) first (mesh.axis_ranks), then by rank set."""
         if group is None:
             return "other"
-        name = group.group_name
-        if name not in self._axis_of_group:
+        key = (group.group_name, kind)
+        if key not in self._axis_of_group:
             ranks = frozenset(dist.get_process_group_ranks(group))
-            self._axis_of_group[name] = self.axis_ranks.get(ranks, "other")
-        return self._axis_of_group[name]
+            named = self.axis_ranks.get(("name", group.group_name))
+            self._axis_of_group[key] = named or self.axis_ranks.get((kind, ranks), self.axis_ranks.get(ranks, "other"))
+        return self._axis_of_group[key]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(issubclass(t, DTensor) for t in types):
@@ -85,7 +92,8 @@ class CommBytesMode(TorchDispatchMode):
             if not name.startswith("wait") and name not in _IGNORED:
                 src = args[1] if name in _INPUT_IS_ARG1 and len(args) > 1 else args[0]
                 nbytes = sum(t.numel() * t.element_size() for t in tree_leaves(src) if isinstance(t, torch.Tensor))
-                axis = self._axis(_process_group(args, kwargs))
+                kind = "p2p" if name in _P2P else "all_to_all" if name in _ALL_TO_ALL else "collective"
+                axis = self._axis(_process_group(args, kwargs), kind)
                 key = f"{func.namespace}.{name}"
                 self.count.bytes_by_axis[axis] += nbytes
                 self.count.calls_by_op[key] += 1

@@ -7,7 +7,9 @@ machines). A trial: `model` (preset name or a ModelSpec dict), optional `scale`
 ({"num_layers": n, "width_divisor": d}, ModelSpec.scaled), `plan` (ParallelPlan.to_dict),
 `seq_len`, `steps`, `warmup`, `seed`, `device` (auto|cpu|cuda), `optimizer` (adamw|sgd), `lr`,
 `count_comm` (count collective bytes on the last step), `check_parity` (compare with a
-single-process run of the same model, seed and global batch).
+single-process run of the same model, seed and global batch), and for MoE models `moe_routing`
+(topk | balanced | skewed, autopar.trial.model.ROUTING_MODES), `moe_capacity_factor` (null =
+dropless) and `moe_aux_loss_coeff` (the load-balancing loss weight).
 """
 
 from __future__ import annotations
@@ -38,12 +40,17 @@ class TrialConfig:
     count_comm: bool = True
     check_parity: bool = False
     extra: dict = field(default_factory=dict)  # free-form labels carried into the result
+    moe_routing: str = "topk"
+    moe_capacity_factor: float | None = None
+    moe_aux_loss_coeff: float = 1e-2
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup < 0:
             raise ValueError(f"steps must be >= 1 and warmup >= 0, got {self.steps}, {self.warmup}")
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be adamw or sgd, got {self.optimizer!r}")
+        if self.moe_routing not in ("topk", "balanced", "skewed"):
+            raise ValueError(f"moe_routing must be topk, balanced or skewed, got {self.moe_routing!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
 

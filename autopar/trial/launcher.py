@@ -57,20 +57,35 @@ class LaunchResult:
         return list((self.result or {}).get("trials", []))
 
 
-def torchrun_command(nproc: int, spec: Path, out: Path, python: str = sys.executable) -> list[str]:
-    """The torchrun command line of a run file (torchrun is `python -m torch.distributed.run`)."""
-    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "autopar.trial.worker", "--spec", str(spec), "--out", str(out)]
+def torchrun_command(nproc: int, spec: Path, out: Path, python: str = sys.executable, *,
+                     rdzv: dict | None = None, worker_args: list[str] | None = None) -> list[str]:
+    """The torchrun command line of a run file (torchrun is `python -m torch.distributed.run`).
+    `rdzv` = {"nnodes", "node_rank", "endpoint"} for a multi-node c10d rendezvous instead of
+    --standalone; `worker_args` are extra worker options (--memory-limit-mib, --fault)."""
+    return rendezvous_command(nproc, python, rdzv) + ["-m", "autopar.trial.worker", "--spec", str(spec),
+                                                      "--out", str(out)] + list(worker_args or [])
+
+
+def rendezvous_command(nproc: int | str, python: str = sys.executable, rdzv: dict | None = None) -> list[str]:
+    """`python -m torch.distributed.run` with --standalone, or the c10d rendezvous flags."""
+    cmd = [python, "-m", "torch.distributed.run"]
+    if not rdzv:
+        return cmd + ["--standalone", f"--nproc_per_node={nproc}"]
+    return cmd + [f"--nnodes={rdzv['nnodes']}", f"--node_rank={rdzv.get('node_rank', 0)}",
+                  f"--nproc_per_node={nproc}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv['endpoint']}",
+                  f"--rdzv_id={rdzv.get('id', 'autopar')}"]
 
 
 def launch(trials: list[TrialConfig], nproc: int, *, timeout_s: float = 600.0, workdir: Path | None = None,
-           env: dict[str, str] | None = None, python: str = sys.executable) -> LaunchResult:
+           env: dict[str, str] | None = None, python: str = sys.executable, rdzv: dict | None = None,
+           worker_args: list[str] | None = None) -> LaunchResult:
     """Run the trials in one torchrun launch of `nproc` processes; never raises on a failed run."""
-    workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="autopar-trial-"))
+    workdir = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="autopar-trial-"))
     workdir.mkdir(parents=True, exist_ok=True)
     spec, out = workdir / "run.json", workdir / "result.json"
     spec.write_text(json.dumps({"trials": [t.to_dict() for t in trials]}, indent=1))
-    return run_command(torchrun_command(nproc, spec, out, python), out, timeout_s=timeout_s, workdir=workdir, env=env)
+    cmd = torchrun_command(nproc, spec, out, python, rdzv=rdzv, worker_args=worker_args)
+    return run_command(cmd, out, timeout_s=timeout_s, workdir=workdir, env=env)
 
 
 def run_command(command: list[str], result_path: Path, *, timeout_s: float, workdir: Path,
@@ -81,9 +96,12 @@ def run_command(command: list[str], result_path: Path, *, timeout_s: float, work
     repo = str(Path(__file__).resolve().parents[2])  # so the workers import this autopar
     run_env["PYTHONPATH"] = repo + os.pathsep + run_env.get("PYTHONPATH", "")
     stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
+    reap_stale(workdir)
     t0 = time.perf_counter()
     with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
-        proc = subprocess.Popen(command, stdout=so, stderr=se, cwd=workdir, env=run_env, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=so, stderr=se, cwd=workdir, env=run_env, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+        (workdir / PGID_FILE).write_text(str(proc.pid))
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
@@ -92,12 +110,40 @@ def run_command(command: list[str], result_path: Path, *, timeout_s: float, work
             _kill_group(proc)
         finally:
             _kill_group(proc, grace_s=0.0)  # orphans of a finished run
+    (workdir / PGID_FILE).unlink(missing_ok=True)
     wall = time.perf_counter() - t0
     stdout, stderr = _tail(stdout_path), _tail(stderr_path)
     result = _read_result(result_path)
     outcome, reasons = classify(proc.returncode, timed_out, result, stdout + stderr)
     return LaunchResult(outcome=outcome, returncode=proc.returncode, wall_s=wall, result=result, command=command,
                         stdout_tail=stdout, stderr_tail=stderr, reasons=reasons)
+
+
+PGID_FILE = "launch.pgid"
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the launching process dies (prctl(2)
+    PR_SET_PDEATHSIG; Linux), so a killed search leaves no torchrun behind (torchrun's SIGTERM
+    handler stops its workers)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def reap_stale(workdir: Path) -> bool:
+    """Kill the process group a previous, killed launcher left in `workdir` (its pgid file), if alive."""
+    path = Path(workdir) / PGID_FILE
+    try:
+        pgid = int(path.read_text())
+    except (OSError, ValueError):
+        return False
+    alive = _signal_group(pgid, signal.SIGKILL)
+    path.unlink(missing_ok=True)
+    return alive
 
 
 def classify(returncode: int | None, timed_out: bool, result: dict | None, logs: str) -> tuple[str, list[str]]:

@@ -3,15 +3,27 @@
 Sources: torch.cuda.max_memory_allocated; Linux /proc/self/status VmHWM, reset by writing 5 to
 /proc/self/clear_refs (proc(5)), as the project reference (cpu-distributed.md section 6) measured.
 On CPU the figure is the whole process's resident peak (torch runtime included); `delta` is the
-growth over the resident size at the window's start.
+growth over the resident size at the window's start. With AUTOPAR_TENSOR_MEMORY=1 (worker
+--tensor-memory) the CPU figure is instead the peak of live tensor bytes, from
+a dispatch-mode storage tracker like torch.distributed._tools.MemTracker's (cpu-distributed.md
+section 6; MemTracker itself refuses modules called more than once per window, i.e. microbatches),
+counting every tensor storage alive at the window's start (found through the garbage collector)
+and every one an op creates after, each freed when its storage dies (weakref.finalize).
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import re
 from dataclasses import dataclass
 
+import weakref
+
 import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 def _status_kib(field: str) -> int | None:
@@ -29,8 +41,18 @@ class PeakMemory:
 
     device: torch.device
     _start: int = 0
+    _tracker: object = None
+
+    def _tensor_mode(self) -> bool:
+        return self.device.type == "cpu" and os.environ.get("AUTOPAR_TENSOR_MEMORY") == "1"
 
     def reset(self) -> None:
+        if self._tensor_mode():
+            if self._tracker is not None:
+                self._tracker.__exit__(None, None, None)
+            self._tracker = TensorPeak([o for o in gc.get_objects() if _is_tensor(o)])
+            self._tracker.__enter__()
+            return
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -44,9 +66,60 @@ class PeakMemory:
         self._start = (_status_kib("VmRSS") or 0) * 1024
 
     def peak(self) -> tuple[int, int, str]:
+        if self._tracker is not None:
+            mt, self._tracker = self._tracker, None
+            mt.__exit__(None, None, None)
+            return mt.peak, mt.peak - mt.start, "tensor-peak"
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device)
             return peak, peak - self._start, "cuda.max_memory_allocated"
         hwm = (_status_kib("VmHWM") or 0) * 1024
         return hwm, max(0, hwm - self._start), "VmHWM"
+
+
+class TensorPeak(TorchDispatchMode):
+    """Live tensor-storage bytes and their peak while active (storages counted once, views free)."""
+
+    def __init__(self, existing: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.live = WeakIdKeyDictionary()
+        self.current = self.peak = 0
+        self.limit = int(os.environ.get("AUTOPAR_MEMORY_LIMIT_BYTES") or 0)  # worker --memory-limit-mib
+        for t in existing:
+            self._add(t)
+        self.start = self.current
+
+    def _free(self, n: int) -> None:
+        self.current -= n
+
+    def _add(self, t) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        t = getattr(t, "_local_tensor", t)  # DTensor: this rank's shard
+        if t.device.type == "meta" or t.is_sparse:
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if st in self.live:
+            return
+        n = st.nbytes()
+        self.live[st] = n
+        self.current += n
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(st, self._free, n)
+        if self.limit and self.current > self.limit:
+            raise torch.OutOfMemoryError(f"CPU out of memory: {self.current} tensor bytes live, over the emulated "
+                                         f"capacity of {self.limit} bytes (--memory-limit-mib)")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            self._add(t)
+        return out
+
+
+def _is_tensor(o) -> bool:
+    return issubclass(type(o), torch.Tensor)  # type(): lazy module proxies warn or raise on isinstance

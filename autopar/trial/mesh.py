@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from autopar.spec.plan import MESH_ORDER, ParallelPlan
+from autopar.spec.plan import EXPERT_MESH_ORDER, MESH_ORDER, ParallelPlan
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,73 @@ def build_mesh(plan: ParallelPlan, runtime: Runtime) -> DeviceMesh:
     return init_device_mesh(runtime.device_type, mesh_shape(plan), mesh_dim_names=MESH_ORDER)
 
 
-def axis_ranks(mesh: DeviceMesh) -> dict[frozenset[int], str]:
+def dp_cp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The dense-gradient reduction mesh: dp x cp flattened (cp ranks hold different tokens of the
+    same sequences, so their gradients add up like data-parallel ones; the cost model's `d * c`)."""
+    try:
+        return mesh["dp_cp"]
+    except (KeyError, RuntimeError, ValueError):  # not flattened yet
+        return mesh["dp", "cp"]._flatten("dp_cp")
+
+
+def new_axis_group(mesh: DeviceMesh, axis: str):
+    """A fresh process group over this rank's `axis` group's ranks (every rank creates every one,
+    in the same order, as new_group requires); its name is unique, so the byte counter can
+    attribute it by name."""
+    names = list(mesh.mesh_dim_names)
+    i = names.index(axis)
+    table = mesh.mesh.movedim(i, -1).reshape(-1, mesh.mesh.shape[i])
+    mine = None
+    for row in table.tolist():
+        group = dist.new_group(row)
+        if dist.get_rank() in row:
+            mine = group
+    return mine
+
+
+def build_expert_mesh(plan: ParallelPlan, runtime: Runtime) -> DeviceMesh:
+    """The expert view of the same ranks, `EXPERT_MESH_ORDER = (pp, edp, ep, etp)`: inside a stage
+    the tp*cp*dp consecutive ranks re-viewed with etp innermost, then ep, then expert-dp (so an EP
+    group takes ep ranks at stride etp, as autopar.spec.plan and the cost model say)."""
+    world = dist.get_world_size()
+    shape = (plan.pp, plan.expert_dp, plan.ep, plan.etp)
+    if plan.pp * plan.expert_dp * plan.ep * plan.etp != world:
+        raise ValueError(f"expert mesh {shape} does not cover the {world} ranks")
+    return DeviceMesh(runtime.device_type, torch.arange(world).view(shape), mesh_dim_names=EXPERT_MESH_ORDER)
+
+
+def axis_ranks(mesh: DeviceMesh, expert_mesh: DeviceMesh | None = None) -> dict:
     """Global ranks of this process's group on each axis of size > 1 -> the axis name. Collectives
     are attributed by rank set, not group name: DTensor caches sharding decisions by mesh value,
-    so a later, equal mesh may run its collectives on an earlier mesh's groups of the same ranks."""
-    out = {}
+    so a later, equal mesh may run its collectives on an earlier mesh's groups of the same ranks.
+
+    One rank set can serve several axes (dp = 1: the dp x cp gradient group is the cp group; an EP
+    group over dp ranks is the dp group), so entries keyed `(kind, ranks)` come first for P2P
+    ("p2p": cp ring, pp) and all-to-all ("all_to_all": ep) calls; a plain `ranks` key serves the
+    other collectives, where gradient reductions (dp x cp, expert-dp) count as "dp". Collectives
+    that belong to an axis whose rank set another axis also claims (the MoE aux-loss statistics
+    over cp when dp = 1) run on a group of their own (`new_axis_group`), keyed `("name", name)`:
+    torch hands out one process group per rank set, so the mesh's cp group is the dp x cp one."""
+    out: dict = {}
+
+    def ranks(group) -> frozenset[int] | None:
+        return frozenset(dist.get_process_group_ranks(group)) if group.size() > 1 else None
+
     for axis in MESH_ORDER:
-        group = mesh.get_group(axis)
-        if group.size() > 1:
-            out[frozenset(dist.get_process_group_ranks(group))] = axis
+        key = ranks(mesh.get_group(axis))
+        if key is not None:
+            out.setdefault(key, axis)
+            if axis in ("cp", "pp"):
+                out[("p2p", key)] = axis
+    if mesh["dp"].size() * mesh["cp"].size() > 1:
+        key = ranks(dp_cp_mesh(mesh).get_group())
+        if key is not None:
+            out[key] = "dp"
+    if expert_mesh is not None:
+        key = ranks(expert_mesh.get_group("ep"))
+        if key is not None:
+            out[("all_to_all", key)] = "ep"
+        key = ranks(expert_mesh.get_group("edp"))
+        if key is not None:
+            out[key] = "dp"
     return out

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autopar.spec.model import ModelSpec
+from autopar.trial.parallel.context import ring_attention
 
 INIT_STD = 0.02  # GPT-2 / Megatron `init_method_std`
 
@@ -44,6 +45,9 @@ class ModelConfig:
     max_seq_len: int  # RoPE table length: the full sequence, never a local (SP/PP) slice
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    moe_routing: str = "topk"  # MoE router mode (model.ROUTING_MODES)
+    moe_capacity_factor: float | None = None  # None = dropless
+    moe_aux_loss_coeff: float = 1e-2  # Switch load-balancing loss weight (Megatron's usual 1e-2)
 
     def __post_init__(self) -> None:
         problems = unsupported(self.spec)
@@ -116,6 +120,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, spec.num_kv_heads * d, bias=False)
         self.wv = nn.Linear(h, spec.num_kv_heads * d, bias=False)
         self.wo = nn.Linear(spec.num_attention_heads * d, h, bias=False)
+        # context parallelism (autopar.trial.parallel.context.apply_cp): the cp process group, when
+        # the sequence is split over ranks; attention then runs as a ring over it
+        self.cp_group = None
+        self.cp_load_balance = True
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -124,6 +132,9 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         q, k = apply_rope(q, cos[:s], sin[:s]), apply_rope(k, cos[:s], sin[:s])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self.cp_group is not None:
+            out = ring_attention(q, k, v, self.cp_group, self.cp_load_balance)
+            return self.wo(out.transpose(1, 2).reshape(b, s, -1))
         rep = q.shape[1] // k.shape[1]
         if rep > 1:  # explicit repeat: the CPU flash kernel has no GQA path
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -145,63 +156,190 @@ class FeedForward(nn.Module):
 
 
 class GroupedExperts(nn.Module):
-    """E SwiGLU experts as stacked weights [E, ...] (torchtitan `GroupedExperts`), run locally."""
+    """E SwiGLU experts as stacked weights [E, ...] (torchtitan `GroupedExperts`), run locally.
+    Under expert parallelism a rank holds experts [offset, offset + E_local) of `total`."""
 
-    def __init__(self, num_experts: int, hidden: int, ffn: int) -> None:
+    def __init__(self, num_experts: int, hidden: int, ffn: int, offset: int = 0, total: int | None = None) -> None:
         super().__init__()
+        self.offset, self.total = offset, total if total is not None else num_experts
         self.w1 = nn.Parameter(torch.empty(num_experts, ffn, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, ffn))
         self.w3 = nn.Parameter(torch.empty(num_experts, ffn, hidden))
+        # factor on the weight gradients (expert parallelism: 1/ep, autopar.trial.parallel.expert)
+        self.grad_scale = 1.0
 
-    def forward(self, x: torch.Tensor, expert: int) -> torch.Tensor:
-        return (F.silu(x @ self.w1[expert].t()) * (x @ self.w3[expert].t())) @ self.w2[expert].t()
+    def forward(self, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """Rows of x grouped by local expert (`sizes[e]` rows for expert e, in order) through their
+        experts, in one call (an FSDP unit must run one forward per step, or it re-gathers)."""
+        outs = [self.expert(part, e) for e, part in enumerate(x.split(sizes)) if part.shape[0]]
+        return torch.cat(outs) if outs else x[:0]
+
+    def expert(self, x: torch.Tensor, expert: int) -> torch.Tensor:
+        w1, w2, w3 = self.w1[expert], self.w2[expert], self.w3[expert]
+        if self.grad_scale != 1.0:
+            w1, w2, w3 = (GradScale.apply(w, self.grad_scale) for w in (w1, w2, w3))
+        return (F.silu(x @ w1.t()) * (x @ w3.t())) @ w2.t()
+
+
+class GradScale(torch.autograd.Function):
+    """Identity whose backward multiplies the gradient by a constant."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+#: router modes: "topk" (learned), "balanced" (round-robin by token position: every expert gets the
+#: same count; Megatron-Bridge's forced balancing for MoE benchmarks), "skewed" (top-k of the logits
+#: plus a fixed ramp favouring low expert ids: deliberately uneven splits, for tests)
+ROUTING_MODES = ("topk", "balanced", "skewed")
+
+
+class AuxLossScaler(torch.autograd.Function):
+    """Identity on the activations whose backward also feeds d(aux)/d(aux) = scale to the auxiliary
+    loss (Megatron `MoEAuxLossAutoScaler`): the load-balancing loss trains the router without
+    changing the reported language-model loss."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(aux)
+        ctx.scale = scale
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (aux,) = ctx.saved_tensors
+        return grad, torch.full_like(aux, ctx.scale), None
 
 
 class MoE(nn.Module):
-    """Top-k routed experts + optional shared expert (Mixtral / DeepSeek-MoE). All experts are
-    computed on this process; expert parallelism will move the dispatch into an all-to-all. No
-    load-balancing loss (it does not change the parallel structure)."""
+    """Top-k routed experts + optional shared expert (Mixtral / DeepSeek-MoE).
 
-    def __init__(self, spec: ModelSpec) -> None:
+    Router: softmax top-k (the k weights are the softmax over the k chosen logits, Mixtral), an
+    optional DeepSeek-V3 bias that steers only the choice, and the Switch-Transformer auxiliary
+    load-balancing loss aux = coeff * E * sum_e f_e * P_e (Fedus et al. 2021), computed per sequence
+    and averaged over sequences (DeepSeek-V3's sequence-wise form): f_e is the share of the
+    sequence's k*s routed copies sent to expert e, P_e its mean router probability. Its statistics
+    are global to the sequence: under context parallelism they are summed over the cp ranks
+    (`stats_group`), so every parallel layout trains the same loss as one process.
+
+    Expert parallelism (autopar.trial.parallel.expert.apply_ep) sets `ep_group`; the routed copies
+    then go to the experts' ranks by all-to-all (dispatch / combine). `capacity_factor` (None =
+    dropless) caps each expert at ceil(cf * copies / E) of this rank's copies, dropping the rest."""
+
+    def __init__(self, spec: ModelSpec, routing: str = "topk", capacity_factor: float | None = None,
+                 aux_loss_coeff: float = 0.0) -> None:
         super().__init__()
         m = spec.moe
         assert m is not None
+        if routing not in ROUTING_MODES:
+            raise ValueError(f"routing must be one of {ROUTING_MODES}, got {routing!r}")
         self.top_k = m.top_k
+        self.num_experts = m.num_experts
+        self.routing, self.capacity_factor, self.aux_loss_coeff = routing, capacity_factor, aux_loss_coeff
         self.router = nn.Linear(spec.hidden_size, m.num_experts, bias=False)
         # DeepSeek-V3 aux-loss-free bias: steers the choice only, updated outside autograd
         self.expert_bias = nn.Parameter(torch.zeros(m.num_experts), requires_grad=False) if m.router_bias else None
         self.experts = GroupedExperts(m.num_experts, spec.hidden_size, m.expert_ffn_hidden_size)
         self.shared_expert = (FeedForward(spec.hidden_size, m.shared_expert_ffn_hidden_size)
                               if m.num_shared_experts else None)
+        self.ep_group = None  # expert-parallel group (apply_ep)
+        self.stats_group = None  # ranks holding other tokens of the same sequences (cp), for aux stats
+        self.aux_scale = 1.0  # gradient of the aux loss per microbatch (1/microbatches outside a pipeline)
+        self.positions: torch.Tensor | None = None  # token positions (for balanced routing), set per forward
+        self.last_counts: torch.Tensor | None = None  # routed copies per expert, last forward (no grad)
+        self.rows_log: list | None = None  # EP: (rows sent, rows received) per forward, when a list
+
+    def route(self, flat: torch.Tensor, seq: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(chosen experts [T, k], their weights [T, k], probabilities [T, E]) of T = b*seq tokens."""
+        logits = self.router(flat).float()
+        probs = torch.softmax(logits, dim=-1)
+        e, k = self.num_experts, self.top_k
+        if self.routing == "balanced":
+            pos = self.positions if self.positions is not None else torch.arange(seq)
+            pos = pos.to(flat.device).repeat(flat.shape[0] // seq)
+            top = (pos[:, None] * k + torch.arange(k, device=flat.device)) % e
+        else:
+            choice = logits.detach() + self.expert_bias if self.expert_bias is not None else logits.detach()
+            if self.routing == "skewed":
+                choice = choice + torch.linspace(4.0, 0.0, e, device=flat.device)
+            top = choice.topk(k, dim=-1).indices
+        weights = torch.softmax(logits.gather(-1, top), dim=-1)
+        return top, weights, probs
+
+    def keep_mask(self, top: torch.Tensor) -> torch.Tensor | None:
+        """Capacity factor: True for the copies kept (the first `capacity` per expert in token order)."""
+        if self.capacity_factor is None:
+            return None
+        flat = top.reshape(-1)
+        cap = math.ceil(self.capacity_factor * flat.numel() / self.num_experts)
+        onehot = F.one_hot(flat, self.num_experts)
+        rank_in_expert = (onehot.cumsum(0) * onehot).sum(-1) - 1
+        return (rank_in_expert < cap).view(top.shape)
+
+    def aux_loss(self, top: torch.Tensor, probs: torch.Tensor, b: int, seq: int) -> torch.Tensor:
+        e, k = self.num_experts, self.top_k
+        counts = F.one_hot(top, e).sum(1).view(b, seq, e).sum(1).float()  # [b, E]
+        prob_sum = probs.view(b, seq, e).sum(1)  # [b, E]
+        n = torch.tensor(float(seq), device=probs.device)
+        if self.stats_group is not None:
+            import torch.distributed as dist
+            import torch.distributed.nn.functional as dnn
+
+            counts = counts.clone()
+            dist.all_reduce(counts, group=self.stats_group)
+            prob_sum = dnn.all_reduce(prob_sum, group=self.stats_group)
+            n = n * dist.get_world_size(self.stats_group)
+        f = counts / (n * k)
+        p = prob_sum / n
+        return self.aux_loss_coeff * e * (f * p).sum(-1).mean()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
+        b, seq = shape[0], shape[1]
         flat = x.reshape(-1, shape[-1])
-        logits = self.router(flat).float()
-        choice = logits + self.expert_bias if self.expert_bias is not None else logits
-        top = choice.topk(self.top_k, dim=-1).indices
-        weights = torch.softmax(logits.gather(-1, top), dim=-1).type_as(x)
-        out = torch.zeros_like(flat)
-        for e in range(self.experts.w1.shape[0]):
-            token, slot = (top == e).nonzero(as_tuple=True)
-            if token.numel():
-                y = self.experts(flat[token], e) * weights[token, slot, None]
-                out = out.index_add(0, token, y)
+        top, weights, probs = self.route(flat, seq)
+        keep = self.keep_mask(top)
+        if keep is not None:
+            weights = weights * keep
+        self.last_counts = torch.bincount(top[keep] if keep is not None else top.reshape(-1),
+                                          minlength=self.num_experts).detach()
+        weights = weights.type_as(x)
+        if self.ep_group is not None:
+            from autopar.trial.parallel.expert import expert_parallel_forward
+
+            out = expert_parallel_forward(self, flat, top, weights, keep)
+        else:
+            out = torch.zeros_like(flat)
+            for e in range(self.experts.w1.shape[0]):
+                hit = top == e if keep is None else (top == e) & keep
+                token, slot = hit.nonzero(as_tuple=True)
+                if token.numel():
+                    y = self.experts.expert(flat[token], e) * weights[token, slot, None]
+                    out = out.index_add(0, token, y)
         if self.shared_expert is not None:
             out = out + self.shared_expert(flat)
+        if self.aux_loss_coeff and self.training and torch.is_grad_enabled():
+            out = AuxLossScaler.apply(out, self.aux_loss(top, probs, b, seq), self.aux_scale)
         return out.view(shape)
 
 
 class TransformerBlock(nn.Module):
     """Pre-norm block: x + attention(norm(x)), then + ffn(norm(x))."""
 
-    def __init__(self, spec: ModelSpec, moe_layer: bool, eps: float) -> None:
+    def __init__(self, spec: ModelSpec, moe_layer: bool, eps: float, config: "ModelConfig | None" = None) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(spec.hidden_size, eps)
         self.attention = Attention(spec)
         self.ffn_norm = RMSNorm(spec.hidden_size, eps)
         self.feed_forward = None if moe_layer else FeedForward(spec.hidden_size, spec.ffn_hidden_size)
-        self.moe = MoE(spec) if moe_layer else None
+        self.moe = (MoE(spec, config.moe_routing, config.moe_capacity_factor, config.moe_aux_loss_coeff)
+                    if config is not None else MoE(spec)) if moe_layer else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -218,7 +356,7 @@ class Transformer(nn.Module):
         spec = config.spec
         self.config = config
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.vocab_rows, spec.hidden_size)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec, spec.is_moe_layer(i), config.norm_eps)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec, spec.is_moe_layer(i), config.norm_eps, config)
                                      for i in range(spec.num_layers)})
         self.norm: RMSNorm | None = RMSNorm(spec.hidden_size, config.norm_eps)
         self.output: nn.Linear | None = nn.Linear(spec.hidden_size, config.vocab_rows, bias=False)
@@ -226,6 +364,8 @@ class Transformer(nn.Module):
         cos, sin = rope_table(spec.head_dim, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        #: token positions this rank holds when the sequence is split over cp ranks (None = all, in order)
+        self.rope_positions: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tok_embeddings is not None:
@@ -233,8 +373,12 @@ class Transformer(nn.Module):
             dtype = _autocast_dtype(x)
             if dtype is not None:  # keep the residual stream in the compute dtype (Megatron bf16)
                 x = x.to(dtype)
+        cos, sin = self.rope_cos, self.rope_sin
+        if self.rope_positions is not None:  # RoPE at this rank's real token positions (CP)
+            pos = self.rope_positions.to(cos.device)
+            cos, sin = cos[pos], sin[pos]
         for layer in self.layers.values():
-            x = layer(x, self.rope_cos, self.rope_sin)
+            x = layer(x, cos, sin)
         if self.norm is not None:
             x = self.norm(x)
         if self.output is not None:

@@ -3,11 +3,17 @@
 Order, and why:
 1. apply_tp  - tensor/sequence parallelism on the whole model, once, so every stage is sharded by
                the same tables (autopar/spec/sharding.py) whatever the pipeline split;
+   apply_cp  - context parallelism: attention becomes a ring over the cp group, RoPE and the batch
+               follow this rank's load-balanced token positions (parallel/context.py);
+   apply_ep  - expert parallelism: each MoE layer keeps this EP rank's experts and dispatches by
+               all-to-all over the EP group of the expert mesh (parallel/expert.py);
 2. apply_pp  - cut the TP-sharded model into this rank's stage modules (sharing its blocks);
 3. materialise - a model built on the meta device gets its values here: each parameter's full
                initial value (a function of seed and name) sliced to this rank's TP shard, so no
                rank ever holds more than its stage;
-4. apply_dp  - DDP / FSDP2 wraps each stage module last: it must see the final local parameters,
+4. apply_dp  - DDP / FSDP2 wraps each stage module last, over dp x cp (cp ranks hold other tokens of
+               the same sequences, so their gradients add up as data-parallel ones), experts over
+               expert-dp: it must see the final local parameters,
                and the pipeline stage recognises a DDP/FSDP module to defer gradient sync to the
                last microbatch;
 5. the pipeline schedule over the wrapped stages.
@@ -16,7 +22,7 @@ Axes of size 1 are skipped, so they issue no collective.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,7 +34,10 @@ from autopar.spec.plan import ParallelPlan
 from autopar.trial.loss import cross_entropy
 from autopar.trial.materialize import count_params, materialize
 from autopar.trial.model import Transformer
+from autopar.trial.mesh import dp_cp_mesh, new_axis_group
+from autopar.trial.parallel.context import apply_cp
 from autopar.trial.parallel.data import apply_dp
+from autopar.trial.parallel.expert import apply_ep, init_local_experts
 from autopar.trial.parallel.pipeline import apply_pp, build_schedule
 from autopar.trial.parallel.tensor import apply_tp
 
@@ -36,10 +45,8 @@ from autopar.trial.parallel.tensor import apply_tp
 def plan_problems(plan: ParallelPlan) -> list[str]:
     """Plan features the built-in model cannot run yet, as sentences."""
     out = []
-    if plan.cp > 1:
-        out.append("context parallelism (cp > 1) is not built yet")
-    if plan.ep > 1 or plan.etp != plan.tp:
-        out.append("expert parallelism (ep > 1, etp != tp) is not built yet")
+    if plan.etp != plan.tp:
+        out.append("expert tensor parallelism other than etp = tp (expert-TP folding) is not built yet")
     if plan.recompute != "none":
         out.append("activation recomputation is not built yet")
     if plan.dtype == "fp8":
@@ -61,6 +68,10 @@ class ParallelModel:
     schedule: Any | None  # torch.distributed.pipelining schedule when pp > 1
     params: dict[str, nn.Parameter]  # name -> parameter as the optimizer sees it
     param_count: int  # parameters this rank holds under TP (before ZeRO sharding)
+    positions: torch.Tensor | None = None  # token positions this cp rank holds (None: all)
+    expert_mesh: DeviceMesh | None = None  # (pp, edp, ep, etp) view, when ep > 1
+    expert_names: frozenset[str] = frozenset()  # parameters split over ep (full_params gathers them)
+    named_axes: dict = field(default_factory=dict)  # ("name", group name) -> axis, for the byte counter
 
     @property
     def num_stages(self) -> int:
@@ -82,12 +93,17 @@ class ParallelModel:
             t: torch.Tensor = p
             if isinstance(t, DTensor):
                 t = t.full_tensor()
+            if name in self.expert_names:  # each EP rank holds E/ep experts: gather the stack
+                group = self.expert_mesh.get_group("ep")
+                parts = [torch.empty_like(t) for _ in range(group.size())]
+                torch.distributed.all_gather(parts, t.detach().contiguous(), group=group)
+                t = torch.cat(parts)
             out[name] = t.detach().float().cpu().clone()
         return out
 
 
 def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, device: torch.device,
-                seed: int) -> ParallelModel:
+                seed: int, expert_mesh: DeviceMesh | None = None) -> ParallelModel:
     """Apply the plan to `model` (built on the meta device, or already initialised) on `mesh`."""
     problems = plan_problems(plan)
     if problems:
@@ -97,6 +113,25 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
     # 1. tensor + sequence parallelism over the whole model
     if plan.tp > 1:
         apply_tp(model, mesh["tp"], sequence_parallel=bool(plan.sequence_parallel))
+    moe_blocks = [b.moe for b in model.layers.values() if b.moe is not None]
+    positions = None
+    named_axes: dict = {}
+    if plan.cp > 1:
+        positions = apply_cp(model, mesh["cp"], model.config.max_seq_len)
+        stats = new_axis_group(mesh, "cp") if moe_blocks else None
+        if stats is not None:
+            named_axes[("name", stats.group_name)] = "cp"
+        for moe in moe_blocks:  # the aux loss's statistics are the whole sequence's
+            moe.stats_group, moe.positions = stats, positions
+    # the aux loss's gradient per microbatch: the pipeline schedules scale all gradients by
+    # 1/microbatches themselves; outside them each microbatch's loss is divided by it
+    for moe in moe_blocks:
+        moe.aux_scale = 1.0 if plan.pp > 1 else 1.0 / plan.num_microbatches
+    expert_params: list = []
+    if plan.ep > 1:
+        if expert_mesh is None:
+            raise ValueError("ep > 1 needs the expert mesh (autopar.trial.mesh.build_expert_mesh)")
+        expert_params = apply_ep(model, expert_mesh["ep"])
     # 2. this rank's pipeline stages
     stages: list[tuple[int, Transformer]] = apply_pp(model, plan, mesh["pp"]) if plan.pp > 1 else [(0, model)]
     # 3. values: each rank initialises only what it holds
@@ -105,12 +140,18 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
             materialize(stage, seed, device)
         else:
             stage.to(device)
+        if plan.ep > 1 and on_meta:
+            init_local_experts(stage, seed)
     param_count = sum(count_params(s) for _, s in stages)
-    # 4. data parallelism, per stage module
+    # 4. data parallelism, per stage module: dense over dp x cp, experts over expert-dp
+    ep_on = plan.ep > 1
+    edp_mesh = expert_mesh["edp"] if ep_on and plan.expert_dp > 1 else None
     wrapped: list[tuple[int, nn.Module]] = []
     for i, stage in stages:
-        if plan.dp > 1:
-            wrapped.append((i, apply_dp(stage, mesh["dp"], zero_stage=plan.zero_stage, bf16=plan.dtype == "bf16")))
+        if plan.dp * plan.cp > 1:
+            dmesh = mesh["dp"] if plan.cp == 1 else dp_cp_mesh(mesh)
+            wrapped.append((i, apply_dp(stage, dmesh, zero_stage=plan.zero_stage, bf16=plan.dtype == "bf16",
+                                        expert_mesh=edp_mesh, experts=ep_on)))
         else:
             wrapped.append((i, stage))
     # parameters as the optimizer sees them (FSDP2 swaps in unsharded ones only inside a step)
@@ -119,5 +160,7 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
         params.update(dict(stage.named_parameters()))
     # 5. the pipeline schedule over the wrapped stages
     schedule = build_schedule(wrapped, plan, mesh["pp"], device, cross_entropy) if plan.pp > 1 else None
+    expert_names = frozenset(n for n in params if ".moe.experts." in n) if ep_on else frozenset()
     return ParallelModel(plan=plan, mesh=mesh, stages=wrapped, unwrapped=[s for _, s in stages],
-                         schedule=schedule, params=params, param_count=param_count)
+                         schedule=schedule, params=params, param_count=param_count, positions=positions,
+                         expert_mesh=expert_mesh, expert_names=expert_names, named_axes=named_axes)

@@ -20,12 +20,12 @@ from torch.distributed.tensor import DTensor
 
 from autopar.cost.flops import model_flops_per_step, padded_vocab
 from autopar.spec.plan import MESH_ORDER
-from autopar.trial.batch import dp_share, synthetic_batch
+from autopar.trial.batch import cp_share, dp_share, synthetic_batch
 from autopar.trial.comm_count import CommBytesMode
 from autopar.trial.config import TrialConfig
 from autopar.trial.loss import cross_entropy, loss_context
 from autopar.trial.memory import PeakMemory
-from autopar.trial.mesh import Runtime, axis_ranks, build_mesh
+from autopar.trial.mesh import Runtime, axis_ranks, build_expert_mesh, build_mesh
 from autopar.trial.model import ModelConfig, Transformer
 from autopar.trial.optim import make_optimizer
 from autopar.trial.parallel.data import microbatch_context
@@ -109,10 +109,13 @@ def build(cfg: TrialConfig, runtime: Runtime) -> tuple[ParallelModel, ModelConfi
     if runtime.device.type == "cpu" and plan.dtype != "fp32":
         raise TrialError(f"{cfg.label}: use dtype fp32 on CPU (bf16 parity needs a GPU)")
     mesh = build_mesh(plan, runtime)
-    config = ModelConfig(spec=spec, vocab_rows=int(padded_vocab(spec, plan.tp)), max_seq_len=seq)
+    expert_mesh = build_expert_mesh(plan, runtime) if plan.ep > 1 else None
+    config = ModelConfig(spec=spec, vocab_rows=int(padded_vocab(spec, plan.tp)), max_seq_len=seq,
+                         moe_routing=cfg.moe_routing, moe_capacity_factor=cfg.moe_capacity_factor,
+                         moe_aux_loss_coeff=cfg.moe_aux_loss_coeff)
     with torch.device("meta"):
         model = Transformer(config)
-    return parallelize(model, plan, mesh, device=runtime.device, seed=cfg.seed), config
+    return parallelize(model, plan, mesh, device=runtime.device, seed=cfg.seed, expert_mesh=expert_mesh), config
 
 
 def run_trial(cfg: TrialConfig, runtime: Runtime) -> dict | None:
@@ -121,17 +124,22 @@ def run_trial(cfg: TrialConfig, runtime: Runtime) -> dict | None:
     plan, seq, device = pm.plan, cfg.sequence_length, runtime.device
     coords = {axis: pm.mesh.get_local_rank(axis) for axis in MESH_ORDER}
     opt = make_optimizer(list(pm.params.values()), cfg.optimizer, cfg.lr)
-    axes = axis_ranks(pm.mesh)
+    axes = axis_ranks(pm.mesh, pm.expert_mesh) | pm.named_axes
+    moes = [b.moe for m in pm.unwrapped for b in m.layers.values() if b.moe is not None]
     mem = PeakMemory(device)
     count_step = cfg.steps - 1 if cfg.count_comm else -1
     mem_start = min(cfg.warmup, cfg.steps - 1)
     times: list[float] = []
     local_losses: list[torch.Tensor | None] = []
     comm = None
+    extra: dict = {}
     for step in range(cfg.steps):
         tokens, targets = synthetic_batch(cfg.seed, step, plan.global_batch_size, seq, config.spec.vocab_size)
-        tokens = dp_share(tokens, plan, coords["dp"]).to(device)
-        targets = dp_share(targets, plan, coords["dp"]).to(device)
+        tokens = cp_share(dp_share(tokens, plan, coords["dp"]), pm.positions).to(device)
+        targets = cp_share(dp_share(targets, plan, coords["dp"]), pm.positions).to(device)
+        if step == count_step:
+            for moe in moes:  # EP: rows sent and received by each dispatch of the counted step
+                moe.rows_log = []
         if step == mem_start:
             mem.reset()
         dist.barrier()
@@ -147,11 +155,18 @@ def run_trial(cfg: TrialConfig, runtime: Runtime) -> dict | None:
         local_losses.append(loss)
         if step == count_step:
             comm = counting.count.to_dict()
+            rows = [r for moe in moes for r in (moe.rows_log or [])]
+            if rows:
+                extra["ep_rows_sent"] = sum(r[0] for r in rows)
+                extra["ep_rows_received"] = sum(r[1] for r in rows)
+                extra["ep_dispatches"] = len(rows)
+            for moe in moes:
+                moe.rows_log = None
     peak, delta, method = mem.peak()
     losses = _global_losses(local_losses, pm, device)
     report = RankReport(rank=dist.get_rank(), coords=coords, stages=[i for i, _ in pm.stages],
                         param_count=pm.param_count, step_times_s=times, peak_memory_bytes=peak,
-                        peak_memory_delta_bytes=delta, memory_method=method, comm=comm)
+                        peak_memory_delta_bytes=delta, memory_method=method, comm=comm, extra=extra)
     parity_params = pm.full_params() if cfg.check_parity else None
     reports: list = [None] * dist.get_world_size()
     dist.gather_object(asdict(report), reports if dist.get_rank() == 0 else None, dst=0)

@@ -1,4 +1,5 @@
-"""torchrun entry: `python -m autopar.trial.worker --spec run.json --out result.json`.
+"""torchrun entry: `python -m autopar.trial.worker --spec run.json --out result.json
+[--tensor-memory] [--memory-limit-mib N] [--fault raise|hang|raise-rank1]`.
 
 Runs every trial of the run file in order on all ranks (autopar.trial.config for the schema) and
 has rank 0 write the result JSON after each trial (atomically: write, then rename), so a crash
@@ -66,16 +67,43 @@ def write_json(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def run(trials: list[TrialConfig], out: Path) -> int:
+def limit_memory(mib: float) -> None:
+    """Emulate a device-memory capacity on CPU: live tensor bytes of a rank beyond `mib` MiB raise
+    torch.OutOfMemoryError, as the CUDA caching allocator does past HBM (autopar.trial.memory's
+    tensor tracker, on for every trial). A process limit (RLIMIT_DATA) was tried first: it also
+    fails thread-stack allocations, which abort the process instead of raising."""
+    os.environ["AUTOPAR_MEMORY_LIMIT_BYTES"] = str(int(mib * 2**20))
+    os.environ["AUTOPAR_TENSOR_MEMORY_ALL"] = "1"
+
+
+def inject_fault(fault: str | None) -> None:
+    """Test hooks for the failure paths: `raise` (a trial raises on every rank), `hang` (every rank
+    sleeps past any timeout), `raise-rank1` (only rank 1 raises; its peers block)."""
+    if not fault:
+        return
+    if fault == "hang":
+        time.sleep(10**6)
+    if fault == "raise" or (fault == "raise-rank1" and dist.get_rank() == 1):
+        raise RuntimeError(f"injected fault '{fault}'")
+
+
+def run(trials: list[TrialConfig], out: Path, memory_limit_mib: float | None = None, fault: str | None = None) -> int:
     """All trials on this rank; rank 0 writes `out`. Returns the exit code."""
     runtime = detect_runtime(trials[0].device if trials else "auto")
     init_distributed(runtime)
     rank = dist.get_rank()
+    if memory_limit_mib is not None:
+        limit_memory(memory_limit_mib)
     doc = {"env": environment(runtime), "trials": [], "complete": False}
     code = 0
     for cfg in trials:
         t0 = time.perf_counter()
+        if cfg.extra.get("tensor_memory") or os.environ.get("AUTOPAR_TENSOR_MEMORY_ALL") == "1":
+            os.environ["AUTOPAR_TENSOR_MEMORY"] = "1"
+        else:
+            os.environ.pop("AUTOPAR_TENSOR_MEMORY", None)
         try:
+            inject_fault(fault)
             result = run_trial(cfg, runtime)
         except Exception as e:  # noqa: BLE001 - recorded, then the run ends
             print(f"[rank {rank}] trial {cfg.label} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -104,9 +132,17 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m autopar.trial.worker", description=__doc__.splitlines()[0])
     ap.add_argument("--spec", required=True, type=Path, help="run file (one trial or {\"trials\": [...]})")
     ap.add_argument("--out", required=True, type=Path, help="result JSON, written by rank 0")
+    ap.add_argument("--memory-limit-mib", type=float, default=None,
+                    help="emulated memory capacity per rank (live tensor bytes): past it, OutOfMemoryError")
+    ap.add_argument("--fault", choices=("raise", "hang", "raise-rank1"), default=None, help="inject a failure (tests)")
+    ap.add_argument("--tensor-memory", action="store_true",
+                    help="peak memory as live tensor bytes (autopar.trial.memory) instead of VmHWM on CPU, for every "
+                    "trial (a trial asks for it alone with extra: {tensor_memory: true})")
     args = ap.parse_args(argv)
+    if args.tensor_memory:
+        os.environ["AUTOPAR_TENSOR_MEMORY_ALL"] = "1"
     trials = load_run(json.loads(args.spec.read_text()))
-    code = run(trials, args.out)
+    code = run(trials, args.out, args.memory_limit_mib, args.fault)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # skip process-group teardown, where gloo sometimes aborts

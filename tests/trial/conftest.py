@@ -30,6 +30,12 @@ TINY_KV4 = get_preset("tiny").to_dict() | {"name": "tiny-kv4", "num_attention_he
 
 TINY_TIED = get_preset("tiny").to_dict() | {"name": "tiny-tied", "tied_embeddings": True}
 
+#: tiny-moe (4 experts, top-2) and its top-1 variant
+_MOE = get_preset("tiny-moe").to_dict()
+TINY_MOE_TOP1 = _MOE | {"name": "tiny-moe-top1", "moe": _MOE["moe"] | {"top_k": 1}}
+#: forced-balanced routing (every expert gets the same count: the cost model's imbalance 1)
+BALANCED = {"moe_routing": "balanced"}
+
 
 @dataclass(frozen=True)
 class Case:
@@ -39,11 +45,13 @@ class Case:
     model: str | dict = "tiny"
     scale: dict | None = None
     extra: dict = field(default_factory=dict)
+    trial_kwargs: dict = field(default_factory=dict)  # TrialConfig fields (MoE routing)
 
     def trial(self) -> TrialConfig:
         plan = {"dtype": "fp32", "micro_batch_size": 1, "global_batch_size": 4} | self.plan
         return TrialConfig(name=self.name, model=self.model, scale=self.scale, plan=plan, steps=3, warmup=1,
-                           seed=1234, optimizer="sgd", lr=0.5, check_parity=True, count_comm=True)
+                           seed=1234, optimizer="sgd", lr=0.5, check_parity=True, count_comm=True,
+                           **self.trial_kwargs)
 
 
 def _pp4(schedule: str) -> Case:
@@ -73,6 +81,16 @@ CASES: tuple[Case, ...] = (
     Case("tied-tp2", 2, {"tp": 2}, model=TINY_TIED),
     Case("tied-dp2-ddp", 2, {"dp": 2, "zero_stage": 0}, model=TINY_TIED),
     Case("tied-dp2-zero1", 2, {"dp": 2, "zero_stage": 1}, model=TINY_TIED),
+    # issue 5: context parallelism (ring attention, load-balanced causal chunks) and expert parallelism
+    Case("cp2", 2, {"cp": 2}),
+    Case("ep2-top2", 2, {"dp": 2, "ep": 2, "zero_stage": 1}, model="tiny-moe", trial_kwargs=BALANCED),
+    # top-1 with learned routing: under forced balancing the top-1 router has no gradient at all
+    Case("ep2-top1", 2, {"dp": 2, "ep": 2, "zero_stage": 0}, model=TINY_MOE_TOP1),
+    Case("ep2-learned", 2, {"dp": 2, "ep": 2, "zero_stage": 1}, model="tiny-moe"),
+    # EP over the cp ranks (dp = 1): the aux-loss statistics are reduced over cp
+    Case("moe-cp2-ep2", 2, {"cp": 2, "ep": 2}, model="tiny-moe", trial_kwargs=BALANCED),
+    Case("ep2-skewed", 2, {"dp": 2, "ep": 2, "zero_stage": 1}, model="tiny-moe",
+         trial_kwargs={"moe_routing": "skewed"}),
     # world 4
     Case("tp4", 4, {"tp": 4}, model=TINY_KV4),
     Case("tp2xdp2-zero0", 4, {"tp": 2, "dp": 2, "zero_stage": 0}),
@@ -83,11 +101,24 @@ CASES: tuple[Case, ...] = (
     Case("pp2xdp2-zero1", 4, {"pp": 2, "dp": 2, "zero_stage": 1, "global_batch_size": 8}),
     Case("pp2xdp2-fsdp", 4, {"pp": 2, "dp": 2, "zero_stage": 3, "global_batch_size": 8}),
     _pp4("gpipe"), _pp4("1f1b"), _pp4("interleaved-1f1b"), _pp4("zero-bubble"),
+    Case("cp4", 4, {"cp": 4}),
+    Case("cp2xtp2", 4, {"cp": 2, "tp": 2}),
+    Case("cp2xdp2", 4, {"cp": 2, "dp": 2, "zero_stage": 1}),
+    Case("ep4-top2", 4, {"dp": 4, "ep": 4, "zero_stage": 1}, model="tiny-moe", trial_kwargs=BALANCED),
+    Case("ep2xdp2-top1", 4, {"dp": 4, "ep": 2, "zero_stage": 1}, model=TINY_MOE_TOP1),
+    Case("ep2xdp2-top2-zero0", 4, {"dp": 4, "ep": 2, "zero_stage": 0}, model="tiny-moe", trial_kwargs=BALANCED),
     # world 8
     Case("pp2xdp2xtp2", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 1, "global_batch_size": 8}),
     Case("pp2xdp2xtp2-zero0", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 0, "global_batch_size": 8}),
     Case("pp2xdp2xtp2-nosp", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 1, "sequence_parallel": False,
                                  "global_batch_size": 8}),
+    # compositions: CP with TP and PP (dense), and MoE on ep4 over the dp x cp ranks of each stage
+    Case("pp2xcp2xtp2", 8, {"pp": 2, "cp": 2, "tp": 2}),
+    Case("pp2xdp2xcp2-ep4", 8, {"pp": 2, "dp": 2, "cp": 2, "ep": 4, "zero_stage": 1, "global_batch_size": 8},
+         model="tiny-moe", trial_kwargs=BALANCED),
+    # ep2 over the cp pairs, expert-dp 2 over dp, ZeRO-0 (FSDP2 replicate), learned routing
+    Case("pp2xdp2xcp2-ep2-edp2", 8, {"pp": 2, "dp": 2, "cp": 2, "ep": 2, "zero_stage": 0, "global_batch_size": 8},
+         model="tiny-moe"),
 )
 WORLDS = tuple(sorted({c.world for c in CASES}))
 
@@ -156,11 +187,12 @@ def model_of(result: dict):
     return model_from_dict(row.pop("name"), row)
 
 
-def predicted_stages(result: dict) -> list[dict]:
+def predicted_stages(result: dict, routing_imbalance: float = 1.0) -> list[dict]:
     """The cost model's per-pipeline-rank parameters and collective bytes for a trial's plan."""
     plan = ParallelPlan.from_dict(result["plan"])
     spec = model_of(result)
-    est = estimate(plan, spec, CLUSTER, num_gpus=plan.num_gpus, seq_len=result["seq_len"])
+    est = estimate(plan, spec, CLUSTER, num_gpus=plan.num_gpus, seq_len=result["seq_len"],
+                   routing_imbalance=routing_imbalance)
     assert est.valid, est.reasons
     return [{"params": st["params"], "comm_bytes": dict(st["comm_bytes"])} for st in est.extra["stages"]]
 
@@ -168,3 +200,9 @@ def predicted_stages(result: dict) -> list[dict]:
 @pytest.fixture
 def predict():
     return predicted_stages
+
+
+@pytest.fixture
+def case_named():
+    """A case by name (test modules cannot import this conftest: several test directories have one)."""
+    return lambda name: next(c for c in CASES if c.name == name)

@@ -40,3 +40,15 @@ def test_groups_of_no_axis_are_other(one_rank_group) -> None:
     with CommBytesMode({}) as cb:
         dist.all_reduce(torch.ones(3))
     assert dict(cb.count.bytes_by_axis) == {"other": 12}
+
+
+def test_kind_keyed_entries_come_first(one_rank_group) -> None:
+    """One rank set, two axes: all-to-alls go to the (kind, ranks) entry, other collectives to the
+    plain entry (an EP group that is also the dp group)."""
+    ranks = frozenset({0})
+    with CommBytesMode({ranks: "dp", ("all_to_all", ranks): "ep"}) as cb:
+        x = torch.ones(4)
+        out = torch.empty(4)
+        dist.all_to_all_single(out, x)
+        dist.all_reduce(x)
+    assert dict(cb.count.bytes_by_axis) == {"ep": 16, "dp": 16}

@@ -42,8 +42,18 @@ def test_parameters_and_bytes_equal_the_cost_model(case, result_of, predict) -> 
     equal `estimate(...).extra["stages"][pp_rank]` byte for byte."""
     result = result_of(case)
     stages = predict(result)
+    balanced = result["config"].get("moe_routing") == "balanced"
     for rank in result["ranks"]:
         want = stages[rank["coords"]["pp"]]
+        sent, received = rank["extra"].get("ep_rows_sent"), rank["extra"].get("ep_rows_received")
+        if sent is not None and not balanced:
+            # learned / skewed routing: the cost model given this rank's measured routing imbalance
+            # (rows received / rows sent, autopar.cost.comm.ep_calls)
+            want = predict(result, routing_imbalance=received / sent)[rank["coords"]["pp"]]
+            want = {"params": want["params"], "comm_bytes": {a: round(v) for a, v in want["comm_bytes"].items()}}
+        if sent is not None and balanced:
+            assert received == sent, f"forced-balanced routing received {received} rows, sent {sent}"
+        want = {"params": want["params"], "comm_bytes": dict(want["comm_bytes"])}
         got = rank["comm"]["bytes_by_axis"]
         assert "other" not in got, f"rank {rank['rank']}: collectives on no mesh axis: {rank['comm']}"
         assert rank["param_count"] == want["params"], f"rank {rank['rank']} {rank['coords']}"
@@ -73,3 +83,13 @@ def test_result_document(world: int, launch_of) -> None:
             assert r["param_count"] > 0
             assert set(r["comm"]["bytes_by_axis"]) <= set(AXES)
             assert len(r["step_times_s"]) == 3
+
+
+def test_skewed_routing_gives_uneven_splits(result_of, case_named) -> None:
+    """Skewed routing makes the all-to-all splits uneven (one EP rank receives far more rows than
+    it sends, the other far fewer); parity with the single-process run (above) still holds."""
+    case = case_named("ep2-skewed")
+    result = result_of(case)
+    ratios = sorted(r["extra"]["ep_rows_received"] / r["extra"]["ep_rows_sent"] for r in result["ranks"])
+    assert ratios[0] < 0.8 and ratios[-1] > 1.2, ratios
+    assert result["parity"]["param_max_rel"] <= PARITY_REL

@@ -162,7 +162,9 @@ def test_tensor_parallel_needs_divisible_heads_and_kv_heads() -> None:
 
 def test_plan_features_not_built_are_named() -> None:
     assert plan_problems(ParallelPlan(tp=2, dtype="fp32")) == []
-    assert any("context" in p for p in plan_problems(ParallelPlan(cp=2, dtype="fp32")))
+    assert plan_problems(ParallelPlan(cp=2, dtype="fp32")) == []  # issue 5: ring attention
+    assert plan_problems(ParallelPlan(dp=2, ep=2, dtype="fp32")) == []  # issue 5: expert parallelism
+    assert any("etp" in p for p in plan_problems(ParallelPlan(tp=2, dp=2, ep=4, etp=1, dtype="fp32")))
     assert any("recomputation" in p for p in plan_problems(ParallelPlan(recompute="full", dtype="fp32")))
     assert any("fp8" in p for p in plan_problems(ParallelPlan(dtype="fp8")))
 

@@ -45,9 +45,33 @@ from torch.nn.parallel import DistributedDataParallel
 from autopar.trial.model import Transformer
 
 
-def apply_dp(module: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16: bool) -> nn.Module:
-    """Wrap one (stage) module for data parallelism over `dp_mesh` by ZeRO stage (table above)."""
+def apply_dp(module: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16: bool,
+             expert_mesh: DeviceMesh | None = None, experts: bool = False) -> nn.Module:
+    """Wrap one (stage) module for data parallelism over `dp_mesh` (dp x cp) by ZeRO stage (table
+    above). Under expert parallelism (`experts`), the routed-expert stacks are not reduced over
+    `dp_mesh`: each is its own unit on the expert-dp mesh `expert_mesh` (None when expert-dp is 1:
+    they are left out of every unit); the 1/ep share of their gradient is applied in the experts'
+    backward (GroupedExperts.grad_scale; FSDP2's own divide factor needs PREMUL_SUM, which gloo
+    lacks). DDP cannot hold two reduction groups, so ZeRO-0 uses FSDP2's replicate then."""
     tensor_parallel = any(isinstance(p, DTensor) for p in module.parameters())
+    if experts:
+        if zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero stage must be 0..3, got {zero_stage}")
+        reshard = zero_stage == 3
+        if zero_stage == 0:
+            make = lambda unit, mesh, ignored: replicate(unit, mesh=mesh, mp_policy=_mp(bf16),  # noqa: E731
+                                                         ignored_params=ignored)
+        else:
+            make = lambda unit, mesh, ignored: fully_shard(unit, mesh=mesh, reshard_after_forward=reshard,  # noqa: E731
+                                                           mp_policy=_mp(bf16), ignored_params=ignored)
+        stacks = [b.moe.experts for b in module.layers.values() if b.moe is not None]
+        ignored = None
+        if expert_mesh is not None:
+            for unit in stacks:
+                make(unit, expert_mesh, None)
+        else:
+            ignored = {p for unit in stacks for p in unit.parameters()} or None
+        return _wrap_units(module, lambda unit: make(unit, dp_mesh, ignored))
     if zero_stage == 0 and tensor_parallel:
         # DDP cannot hold DTensor parameters: FSDP2's replicate (all-reduce, DTensor-aware)
         return _wrap_units(module, lambda unit: replicate(unit, mesh=dp_mesh, mp_policy=_mp(bf16)))

@@ -1,0 +1,113 @@
+"""`autopar calibrate RUN_DIR`: fit the cost model's constants to the run's trials, write a profile,
+re-rank the untried plans, optionally measure more rounds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from autopar.cli import app
+
+
+def _question(run_dir: Path):
+    """The run's question and space from search.json (the cluster as the search used it)."""
+    from dataclasses import fields, replace
+
+    from autopar.errors import InputError
+    from autopar.search.enumerate import Question
+    from autopar.search.space import load_space
+    from autopar.spec.hardware import ClusterSpec, CostConstants, default_cluster
+    from autopar.spec.presets import model_from_dict
+
+    path = run_dir / "search.json"
+    if not path.exists():
+        raise InputError(f"{run_dir} has no search.json; give the run directory of `autopar search`")
+    info = json.loads(path.read_text())
+    qd = info["question"]
+    c = dict(qd["cluster"])
+    base = default_cluster(c.pop("gpu"))
+    consts = CostConstants(**c.pop("constants"))
+    c = {k: v for k, v in c.items() if k in {f.name for f in fields(ClusterSpec)}}
+    cluster = replace(base, **c, constants=consts)
+    m = dict(qd["model"])
+    model = model_from_dict(m.pop("name", "model"), m)
+    q = Question(model=model, num_gpus=qd["num_gpus"], cluster=cluster, seq_len=qd["seq_len"],
+                 global_batch_size=qd["global_batch_size"])
+    return q, _space(info["space"], run_dir), info
+
+
+def _space(sd: dict, run_dir: Path):
+    """The run's search space: the shipped one of that name if its knobs match, else rebuilt from
+    the knobs and constraints search.json recorded."""
+    import yaml
+
+    from autopar.errors import InputError
+    from autopar.search.space import load_space
+
+    try:
+        space = load_space(sd["name"])
+        if space.knobs == sd["knobs"] and space.constraints == sd["constraints"]:
+            return space
+    except InputError:
+        pass
+    path = run_dir / f"space-{sd['name']}.yaml"
+    path.write_text(yaml.safe_dump({"name": sd["name"], "knobs": sd["knobs"], "constraints": sd["constraints"]}))
+    return load_space(str(path))
+
+
+@app.command()
+def calibrate(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory of `autopar search --trials`.")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Profile to write (default RUN_DIR/calibrated.yaml).")] = None,
+    top: Annotated[int, typer.Option("--top", help="Untried plans to list, re-ranked.")] = 5,
+    rounds: Annotated[int, typer.Option("--rounds", help="Then measure this many more rounds of --trials plans "
+                                        "from the re-ranked list, recalibrating after each.")] = 0,
+    trials: Annotated[int, typer.Option("--trials", help="Plans per round (with --rounds).")] = 4,
+) -> None:
+    """Fit efficiency, overlap and memory constants to RUN_DIR/trials/*.json (bounded least squares).
+
+    Example: autopar calibrate reports/tiny_2xlocal_s128_gbs8_local --rounds 1
+    """
+    import yaml
+
+    from autopar.cost.calibrate import profile_dict
+    from autopar.errors import InputError
+    from autopar.search.run import SearchOptions, run_search
+    from autopar.search.trials import calibrate_docs, candidates, evaluate_with, load_docs
+
+    q, space, info = _question(run_dir)
+    result = run_search(q, SearchOptions(space=space, run_dir=run_dir))
+    docs = load_docs(run_dir / "trials")
+    calib = calibrate_docs(result, list(docs.values()))
+    if calib is None:
+        raise InputError(f"{run_dir}/trials has fewer than 2 successful trials to fit")
+    f = calib.time_fit
+    print(f"Step-time fit ({'converged' if f.success else f.message}) over {len(f.residuals)} trials:")
+    for n in f.names:
+        print(f"  {n:28s} {getattr(q.cluster.constants, n):>10.4g} -> {getattr(calib.cluster.constants, n):.4g}")
+    if calib.memory_fit:
+        for n in calib.memory_fit.names:
+            print(f"  {n:28s} {getattr(q.cluster.constants, n):>10.4g} -> {getattr(calib.cluster.constants, n):.4g}")
+    ok = [d for d in docs.values() if d.get("status") == "ok" and d.get("measured")]
+    print("Residuals (predicted/measured - 1), before -> after:")
+    for d, r0, r1 in zip(ok, f.initial_residuals, f.residuals):
+        print(f"  {d['key']:55s} {100 * r0:+7.1f}% -> {100 * r1:+7.1f}%")
+    if calib.memory_fit:
+        print(f"Memory residuals after: max |err| {100 * max(abs(calib.memory_fit.residuals)):.1f}%")
+    print(f"Spearman: {calib.spearman_before:.3f} -> {calib.spearman_after:.3f}")
+    dest = out or run_dir / "calibrated.yaml"
+    dest.write_text(yaml.safe_dump(profile_dict(calib.cluster)))
+    print(f"Profile: {dest} (use with --cluster)")
+    ranking = candidates(result, evaluate_with(result, calib))
+    untried = [(k, c) for k, c in ranking.items() if k not in docs][:top]
+    print("Untried plans, re-ranked by the calibrated model:")
+    for i, (k, c) in enumerate(untried, 1):
+        print(f"  {i}. {k}  {c['predicted']['step_time_s']:.4f} s/step")
+    if rounds > 0:
+        from autopar.cli.search import _measured_stage
+
+        n_done = len(docs)
+        _measured_stage(result, q.model, trials, n_done + trials, rounds + 1, 5, 120.0, None, quiet=False)

@@ -1,0 +1,133 @@
+"""`autopar trial`: run one plan for real under torchrun (or write the sbatch script that would)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from autopar.cli import app
+from autopar.cli import options as o
+
+SBATCH = """#!/bin/bash
+#SBATCH --job-name=autopar-trial
+#SBATCH --nodes={nnodes}
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node={nproc}
+#SBATCH --time={minutes}
+# autopar trial: srun starts one torchrun per node; c10d rendezvous on the first node.
+set -euo pipefail
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+srun {python} -m torch.distributed.run --nnodes={nnodes} --nproc_per_node={nproc} \\
+  --rdzv_backend=c10d --rdzv_endpoint="$head:29500" --rdzv_id="$SLURM_JOB_ID" \\
+  -m autopar.trial.worker --spec {spec} --out {out}
+"""
+
+
+@app.command()
+def trial(
+    model: o.Model,
+    gpus: Annotated[int, typer.Option("--gpus", "-g", help="Ranks in all (nodes x per node).")],
+    tp: Annotated[int, typer.Option("--tp")] = 1, pp: Annotated[int, typer.Option("--pp")] = 1,
+    vpp: Annotated[int, typer.Option("--vpp")] = 1,
+    zero: Annotated[int, typer.Option("--zero", help="0 DDP, 1-2 ZeRO, 3 FSDP2.")] = 1,
+    mbs: Annotated[int, typer.Option("--mbs")] = 1, gbs: Annotated[Optional[int], typer.Option("--gbs")] = None,
+    schedule: Annotated[str, typer.Option("--schedule")] = "1f1b",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32 on CPU, bf16 on GPU.")] = "fp32",
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s")] = None,
+    gpu: Annotated[str, typer.Option("--gpu", help="Hardware profile of the prediction (local = `autopar probe`).")] = "local",
+    cluster: o.ClusterFile = None,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps after warm-up.")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup")] = 2,
+    proxy_layers: Annotated[Optional[int], typer.Option("--proxy-layers", help="Proxy: run this many layers "
+                                                        "(same shapes, pp/vpp split kept), scale the time back.")] = None,
+    proxy_width: Annotated[Optional[int], typer.Option("--proxy-width", help="Proxy: a model this many times "
+                                                       "narrower, same ratios; scale the time back.")] = None,
+    nnodes: Annotated[int, typer.Option("--nnodes")] = 1, node_rank: Annotated[int, typer.Option("--node-rank")] = 0,
+    rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="host:port (multi-node).")] = None,
+    emit_slurm: Annotated[Optional[Path], typer.Option("--emit-slurm", help="Write an sbatch script, run nothing.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the trial is killed.")] = 300.0,
+    memory_limit_mib: Annotated[Optional[float], typer.Option("--memory-limit-mib", help="Cap each rank's memory "
+                                                              "growth (forces an OOM past it).")] = None,
+    run_dir: Annotated[Path, typer.Option("--run-dir", help="Results go to RUN_DIR/trials/.")] = Path("reports/trials"),
+    as_json: o.Json = False,
+) -> None:
+    """Run one plan of MODEL on GPUS ranks for real; record times, memory, bytes; compare with the estimate.
+
+    Example: autopar trial --model tiny --gpus 2 --tp 2 --mbs 2 --gbs 8
+    """
+    import sys
+
+    from autopar.cost.estimate import estimate
+    from autopar.errors import InputError
+    from autopar.search.trials import plan_key
+    from autopar.spec.plan import ParallelPlan
+    from autopar.spec.presets import resolve_model
+    from autopar.spec.resolve import resolve_cluster
+    from autopar.trial.config import TrialConfig
+    from autopar.trial.measure import measure_plan, write_trial
+
+    spec = resolve_model(model)
+    seq = seq_len or spec.seq_len
+    if gpus % (tp * pp * nnodes) or gpus <= 0:
+        raise InputError(f"--gpus {gpus} must be a multiple of tp*pp ({tp * pp}) and of --nnodes")
+    dp = gpus // (tp * pp)
+    plan = ParallelPlan(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mbs,
+                        global_batch_size=gbs or mbs * dp * max(1, pp), pp_schedule=schedule, dtype=dtype,
+                        sequence_parallel=tp > 1)
+    problems = plan.problems(spec, num_gpus=gpus, seq_len=seq)
+    if problems:
+        raise InputError("; ".join(problems))
+    cl = resolve_cluster(gpu, None, cluster)
+    est = estimate(plan, spec, cl, num_gpus=gpus, seq_len=seq)
+    predicted = {"step_time_s": float(est.step_time_s), "peak_memory_bytes": float(est.peak_memory_bytes),
+                 "cluster": cl.name or cl.gpu.key}
+    proxy, ratio = None, None
+    if proxy_layers or proxy_width:
+        proxy = {"num_layers": proxy_layers} if proxy_layers else {"width_divisor": proxy_width}
+        if proxy_layers and proxy_layers % (pp * vpp):
+            raise InputError(f"--proxy-layers must be a multiple of pp*vpp ({pp * vpp}) to keep the split")
+        small = estimate(plan, spec.scaled(**proxy), cl, num_gpus=gpus, seq_len=seq)
+        ratio = float(est.step_time_s / small.step_time_s)
+    key = plan_key(plan.to_dict())
+    mdl = spec.to_dict() | {"name": spec.name}
+    rdzv = {"nnodes": nnodes, "node_rank": node_rank, "endpoint": rdzv_endpoint} if nnodes > 1 else None
+    nproc = gpus // nnodes
+    if emit_slurm:
+        spec_path = emit_slurm.with_suffix(".run.json")
+        configs = [TrialConfig(name=key, model=mdl, plan=plan.to_dict(), scale=proxy, seq_len=seq, steps=steps + 1,
+                               warmup=warmup, device="auto")]
+        spec_path.write_text(json.dumps({"trials": [c.to_dict() for c in configs]}, indent=1))
+        emit_slurm.write_text(SBATCH.format(nnodes=nnodes, nproc=nproc, minutes=max(5, int(timeout // 60) + 5),
+                                            python="python", spec=spec_path.resolve(),
+                                            out=(run_dir / "trials" / f"{key}.result.json").resolve()))
+        print(f"sbatch script: {emit_slurm} (run file {spec_path})")
+        return
+    if nnodes > 1 and not rdzv_endpoint:
+        raise InputError("--nnodes > 1 needs --rdzv-endpoint host:port (or --emit-slurm)")
+    peak = cl.gpu.peak_flops("bf16") / (2 if dtype == "fp32" else 1)
+    doc = measure_plan(mdl, plan.to_dict(), nproc, predicted=predicted, steps=steps, warmup=warmup, seq_len=seq,
+                       proxy=proxy, proxy_ratio=ratio, timeout_s=timeout, rdzv=rdzv, peak_flops=peak,
+                       worker_args=["--memory-limit-mib", str(memory_limit_mib)] if memory_limit_mib else None,
+                       workdir=run_dir / "trials" / "work" / key)
+    path = write_trial(doc | {"key": key}, run_dir / "trials", key)
+    if as_json:
+        print(json.dumps(doc, indent=1, default=str))
+    else:
+        m = doc["measured"]
+        if doc["status"] != "ok":
+            print(f"{key}: {doc['status']} ({doc['outcome']}): {'; '.join(doc['reasons'])[:400]}")
+        else:
+            print(f"{key}: {m['step_time_s']:.4f} s/step median (spread {100 * m['step_time_spread']:.0f}%), "
+                  f"{m['tokens_per_s']:.0f} tokens/s, MFU {100 * m.get('mfu', 0):.1f}%, peak "
+                  f"{m['peak_memory_bytes'] / 2**20:.1f} MiB/rank ({m['memory_method']}); predicted "
+                  f"{predicted['step_time_s']:.4f} s, {predicted['peak_memory_bytes'] / 2**20:.1f} MiB"
+                  + (f"; proxy {m['proxy']['kind']} x{m['proxy']['ratio']:.2f}" if "proxy" in m else ""))
+            comm = " ".join(f"{a}={b / 2**20:.2f}MiB" for a, b in m["comm_bytes_per_rank_by_axis"].items())
+            print(f"  collective bytes/step/rank: {comm or '-'}; env: {doc['environment'].get('torch')} "
+                  f"{doc['environment'].get('device')} {doc['environment'].get('backend')}")
+        print(f"Result: {path}")
+    if doc["status"] != "ok":
+        sys.exit(1)

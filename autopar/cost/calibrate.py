@@ -1,0 +1,143 @@
+"""Fit the cost model to this machine: a hardware profile from `autopar probe` microbenchmarks, and
+the efficiency/overlap/memory constants from trial measurements (bounded least squares on log
+predicted/measured, autopar/cost/fit.py); Spearman rank correlation by scipy.stats.spearmanr."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from autopar.cost.estimate import estimate_table
+from autopar.cost.fit import FitResult, fit_constants
+from autopar.spec.hardware import LOCAL, ClusterSpec
+from autopar.spec.model import ModelSpec
+from autopar.spec.plan import ParallelPlan
+from autopar.spec.table import PlanTable
+
+#: step-time constants `calibrate` moves, with bounds wide enough for CPUs (one core per rank)
+TIME_BOUNDS: dict[str, tuple[float, float]] = {
+    "gemm_efficiency": (0.05, 1.0),
+    "gemm_half_efficiency_dim": (1.0, 4096.0),
+    "layer_overhead_us": (0.0, 100_000.0),
+    "elementwise_traffic_factor": (0.0, 1000.0),  # CPU elementwise ops run far below memory bandwidth
+    "intra_node_bw_efficiency": (0.01, 1.0),
+    "pp_overlap": (0.0, 1.0),
+    "dp_overlap": (0.0, 1.0),
+}
+#: memory constants: allocator allowance on activations, fixed reservation
+MEMORY_BOUNDS: dict[str, tuple[float, float]] = {"allocator_overhead_fraction": (0.0, 1.0),
+                                                 "runtime_reserved_gib": (0.0, 2.0)}
+
+
+def predict(plans: list[ParallelPlan], model: ModelSpec, cluster: ClusterSpec, num_gpus: int,
+            seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted step time (s) and peak memory (bytes) of each plan."""
+    est = estimate_table(PlanTable.from_plans(plans), model, cluster, num_gpus=num_gpus, seq_len=seq_len)
+    return np.asarray(est["step_time_s"], float), np.asarray(est["peak_memory_bytes"], float)
+
+
+@dataclass
+class Calibration:
+    cluster: ClusterSpec
+    time_fit: FitResult
+    memory_fit: FitResult | None
+    predicted_s: np.ndarray
+    measured_s: np.ndarray
+    spearman_before: float
+    spearman_after: float
+
+
+def spearman(a, b) -> float:
+    from scipy.stats import spearmanr
+
+    if len(a) < 2:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
+
+
+def calibrate(plans: list[ParallelPlan], measured_s, measured_mem, model: ModelSpec, cluster: ClusterSpec,
+              num_gpus: int, seq_len: int, names: list[str] | None = None) -> Calibration:
+    """Fit the step-time constants to measured step times, then the memory constants to measured
+    peaks (bounded least squares, autopar.cost.fit); returns the calibrated cluster and residuals."""
+    measured_s = np.asarray(measured_s, float)
+    measured_mem = np.asarray(measured_mem, float)
+
+    def time_errors(k):
+        return predict(plans, model, replace(cluster, constants=k), num_gpus, seq_len)[0] / measured_s - 1
+
+    names = [n for n in (names or TIME_BOUNDS) if n in TIME_BOUNDS]
+    before = predict(plans, model, cluster, num_gpus, seq_len)[0]
+    tfit = _multistart(time_errors, cluster.constants, names, TIME_BOUNDS)
+    mfit = None
+    if np.all(measured_mem > 0):
+        def mem_errors(k):
+            return predict(plans, model, replace(cluster, constants=k), num_gpus, seq_len)[1] / measured_mem - 1
+
+        mfit = fit_constants(mem_errors, tfit.constants, list(MEMORY_BOUNDS), MEMORY_BOUNDS)
+    consts = mfit.constants if mfit else tfit.constants
+    out = replace(cluster, constants=consts, name=(cluster.name or cluster.gpu.key) + " (calibrated)")
+    after = predict(plans, model, out, num_gpus, seq_len)[0]
+    return Calibration(cluster=out, time_fit=tfit, memory_fit=mfit, predicted_s=after, measured_s=measured_s,
+                       spearman_before=spearman(before, measured_s), spearman_after=spearman(after, measured_s))
+
+
+def _multistart(errors_for, start, names: list[str], bounds: dict, fractions=(0.1, 0.5)) -> FitResult:
+    """fit_constants from the given constants and from points a fraction of the way up every bound
+    (the fit is non-convex: overlaps and per-layer overheads trade off), the lowest cost kept."""
+    fits = [fit_constants(errors_for, start, names, bounds)]
+    for f in fractions:
+        s = replace(start, **{n: bounds[n][0] + f * (bounds[n][1] - bounds[n][0]) for n in names})
+        fits.append(fit_constants(errors_for, s, names, bounds))
+    return min(fits, key=lambda r: float(np.sum(np.log1p(r.residuals) ** 2)))
+
+
+def profile_dict(cluster: ClusterSpec, **extra) -> dict:
+    """A cluster as a profile file (`--cluster`, or the `local` profile): gpu fields, links, constants."""
+    gpu = asdict(cluster.gpu)
+    out = {"name": cluster.name, "gpu": gpu, "gpus_per_node": cluster.gpus_per_node,
+           "intra_node_gbps": cluster.intra_node_gbps, "inter_node_gbps": cluster.inter_node_gbps,
+           "intra_node_latency_us": cluster.intra_node_latency_us,
+           "inter_node_latency_us": cluster.inter_node_latency_us,
+           "constants": asdict(cluster.constants)}
+    return out | extra
+
+
+def fit_gemm(gemm: list[dict]) -> tuple[float, float]:
+    """Peak FLOP/s and half-efficiency dimension of rate = peak * x / (x + half), x = smallest GEMM
+    dimension, least squares on log rates (the cost model's shape-efficiency curve)."""
+    from scipy.optimize import least_squares
+
+    x = np.array([min(g["m"], g["n"], g["k"]) for g in gemm], float)
+    r = np.array([g["flops_per_s"] for g in gemm], float)
+
+    def res(z):
+        return np.log(np.exp(z[0]) * x / (x + np.exp(z[1]))) - np.log(r)
+
+    sol = least_squares(res, [np.log(r.max()), np.log(16.0)])
+    return float(np.exp(sol.x[0])), float(np.exp(sol.x[1]))
+
+
+def profile_from_probe(gemm: dict, colls: list[dict], ranks: int, ram_bytes: float, efficiency: float = 0.9) -> dict:
+    """The `local` profile from probe results: fp32 GEMM peak (the cost model runs fp32 at half its
+    bf16 figure, so bf16_tflops = 2 x fitted fp32 peak / gemm_efficiency), memory bandwidth of an
+    elementwise add, link bandwidth = the largest all-reduce bus bandwidth, latency = the smallest
+    all-reduce's time / 2(n-1) steps; memory = RAM / ranks; one node of `ranks` ranks (on one
+    machine there is no inter-node link: it is set equal to the intra-node one)."""
+    peak, half = fit_gemm(gemm["gemm"])
+    busbw = max((c["busbw_gbps"] for coll in colls for c in coll["all_reduce"]), default=1.0)
+    lat = min((c["seconds"] / max(1, 2 * (coll["world_size"] - 1)) for coll in colls for c in coll["all_reduce"]),
+              default=50e-6)
+    return {
+        "name": "local (autopar probe)",
+        "gpu": {"key": LOCAL, "name": f"this machine (CPU, {gemm.get('threads', 1)} thread(s) per rank)",
+                "bf16_tflops": 2 * peak / efficiency / 1e12, "fp8_tflops": 0.0,
+                "hbm_gib": ram_bytes / ranks / 2**30, "hbm_gbps": gemm["memory_bytes_per_s"] / 1e9,
+                "intra_node_gbps": busbw, "nic_gbps": busbw, "gpus_per_node": ranks,
+                "source": "autopar probe: GEMM, elementwise add and gloo collectives on this machine"},
+        "gpus_per_node": ranks, "intra_node_gbps": busbw, "inter_node_gbps": busbw,
+        "intra_node_latency_us": lat * 1e6, "inter_node_latency_us": lat * 1e6,
+        "constants": {"gemm_efficiency": efficiency, "gemm_half_efficiency_dim": max(half, 1.0), "runtime_reserved_gib": 0.0,
+                      "allocator_overhead_fraction": 0.0, "intra_node_bw_efficiency": 1.0,
+                      "inter_node_bw_efficiency": 1.0},
+    }

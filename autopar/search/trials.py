@@ -1,0 +1,235 @@
+"""The measured stage of `autopar search --trials K` (Optuna, design-lessons.md lesson 11): a study
+in the run directory (SQLite `trials.db`, or any --storage) seeded with the analytic top-K through
+`enqueue_trial`; each Optuna trial measures one plan for real through a `measure(plan, predicted)`
+callable (the CLI wires autopar.trial.measure: this layer imports no torch); per-step times are
+reported as intermediate values so the pruner (MedianPruner, after the K seeded trials) stops plans
+already slower than the others; while `budget` remains the sampler proposes further plans among the
+analytic plans that fit. Results are trial JSON files (`trials/<key>.json`) and user attributes.
+
+Resume: a rerun finds the study; trials left RUNNING by a dead process are failed (fail_stale) and
+their plans rerun; finished plans are kept. Between rounds (`rounds`), the cost model is refitted
+to the measurements (autopar.cost.calibrate) and the untried plans re-ranked and enqueued.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from autopar.cost.calibrate import Calibration, calibrate, predict, spearman
+from autopar.search import optuna_driver as od
+from autopar.search.results import ranked, row_plan
+from autopar.search.run import SearchResult, evaluate
+from autopar.spec.plan import ParallelPlan
+
+STUDY = "measured"
+
+
+def plan_key(plan: dict) -> str:
+    """A short, file-name-safe key of a plan: axes, schedule, micro-batch, ZeRO, recompute."""
+    p = ParallelPlan.from_dict(plan)
+    return (f"tp{p.tp}.pp{p.pp}.v{p.vpp}.dp{p.dp}.cp{p.cp}.ep{p.ep}.{p.pp_schedule}.mb{p.micro_batch_size}"
+            f".z{p.zero_stage}.{p.recompute}.{p.dtype}" + (".sp" if p.sequence_parallel else ""))
+
+
+def diverse(keys: list[str], cands: dict[str, dict]) -> list[str]:
+    """The ranking reordered round-robin over layouts (axes + schedule), fastest first within each,
+    so the top-K measured spans axes, schedules, micro-batches and ZeRO stages, not one layout's
+    near-ties."""
+    groups: dict[str, list[str]] = {}
+    for k in keys:
+        p = cands[k]["plan"]
+        groups.setdefault(f"{p['tp']}.{p['pp']}.{p['vpp']}.{p['dp']}.{p.get('pp_schedule')}", []).append(k)
+    out, i = [], 0
+    while len(out) < len(keys):
+        for g in groups.values():
+            if i < len(g):
+                out.append(g[i])
+        i += 1
+    return out
+
+
+def candidates(result: SearchResult, df=None) -> dict[str, dict]:
+    """Every distinct plan that fits, fastest predicted first: key -> {plan, predicted} (ZeRO stages
+    folded to 0 where dp*cp = 1, where they are one plan)."""
+    out: dict[str, dict] = {}
+    for _, row in ranked(result.plans if df is None else df).iterrows():
+        plan = row_plan(row, result.layouts).to_dict()
+        if plan["dp"] * plan["cp"] == 1:
+            plan["zero_stage"] = 0  # one data-parallel rank: ZeRO stages are the same plan; run it plainly
+        out.setdefault(plan_key(plan), {"plan": plan, "predicted": {
+            "step_time_s": float(row["step_time_s"]), "peak_memory_bytes": float(row["peak_memory_bytes"]),
+            "tokens_per_s": float(row["tokens_per_s"]), "mfu": float(row["mfu"])}})
+    return out
+
+
+@dataclass
+class MeasuredStage:
+    docs: dict[str, dict]  # key -> trial document (latest)
+    order: list[str]  # keys in measurement order
+    summary: dict = field(default_factory=dict)
+    calibration: Calibration | None = None
+
+
+def _done(study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
+    """Measured plans (completed, pruned, or failed as data), by key."""
+    out = {}
+    for t in study.get_trials(deepcopy=False):
+        if "key" in t.user_attrs and (t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                                      or (t.state == TrialState.FAIL and "failure" in t.user_attrs)):
+            out[t.user_attrs["key"]] = t
+    return out
+
+
+def _enqueue(study: optuna.Study, keys: list[str]) -> None:
+    waiting = {t.params.get("plan") for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+    done = _done(study)
+    for k in keys:
+        if k not in waiting and k not in done:
+            study.enqueue_trial({"plan": k}, user_attrs={"seeded": True})
+
+
+def run_measured(result: SearchResult, measure: Callable[[dict, dict], dict], k: int, budget: int | None = None,
+                 rounds: int = 1, storage: str | None = None, seed: int | None = 0,
+                 log: Callable[[str], None] = print) -> MeasuredStage:
+    """Measure the analytic top-k (then sampler proposals up to `budget`), for `rounds` rounds."""
+    run_dir = Path(result.run_dir)
+    trials_dir = run_dir / "trials"
+    cands = candidates(result)
+    keys = sorted(cands)  # the categorical choices: fixed for the life of the study
+    url = storage or f"sqlite:///{run_dir / 'trials.db'}"
+    name = STUDY if storage is None else f"{run_dir.name}-{STUDY}"  # a shared storage holds many runs
+    study = optuna.create_study(storage=od.open_storage(url), study_name=name, load_if_exists=True,
+                                direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed),
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=k, n_warmup_steps=1))
+    stale = od.fail_stale(study, older_than_s=0.0)
+    if stale:
+        log(f"measured stage: {stale} interrupted trial(s) of a dead process failed; their plans rerun")
+    budget = max(budget or k, k)
+    order = [kk for kk, _ in sorted(_done(study).items(), key=lambda kv: kv[1].number)]
+    ranking = diverse(list(cands), cands)
+    calib = None
+    for rnd in range(rounds):
+        target = budget * (rnd + 1)
+        _enqueue(study, [kk for kk in ranking if kk not in _done(study)][:k])
+        attempts = 0
+        while len(_done(study)) < min(target, len(keys)) and attempts < 4 * target:
+            attempts += 1
+            trial = study.ask({"plan": optuna.distributions.CategoricalDistribution(keys)})
+            trial.set_user_attr("worker", od.WORKER)
+            key = trial.params["plan"]
+            if key in _done(study):  # the sampler proposed a measured plan again
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
+            trial.set_user_attr("key", key)
+            c = cands[key]
+            log(f"trial {trial.number}: {key} (predicted {c['predicted']['step_time_s']:.3f} s/step)")
+            doc = measure(c["plan"], c["predicted"]) | {"key": key, "optuna_trial": trial.number, "round": rnd}
+            _tell(study, trial, doc, trials_dir)
+            m = doc.get("measured") or {}
+            log(f"  -> {doc['status']}" + (f" {m['step_time_s']:.3f} s/step, peak {m['peak_memory_bytes'] / 2**20:.1f}"
+                                           f" MiB/rank" if m else f": {'; '.join(doc.get('reasons', []))[:200]}")
+                + (" (pruned)" if doc.get("pruned") else ""))
+        order = [kk for kk, _ in sorted(_done(study).items(), key=lambda kv: kv[1].number)]
+        docs = load_docs(trials_dir)
+        calib = calibrate_docs(result, [docs[kk] for kk in order if kk in docs])
+        if calib is not None and rnd < rounds - 1:
+            ranking = list(candidates(result, evaluate_with(result, calib)))  # calibrated order, untried first
+            log(f"round {rnd + 1}: recalibrated; next untried by the calibrated model: "
+                + ", ".join(kk for kk in ranking if kk not in _done(study))[:300])
+    docs = load_docs(trials_dir)
+    return MeasuredStage(docs=docs, order=order, calibration=calib)
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, doc: dict, trials_dir: Path) -> None:
+    """Report the per-step times, let the pruner judge, record the document, finish the trial."""
+    from autopar.search.trial_files import write_trial_doc
+
+    m = doc.get("measured") or {}
+    attrs = {k: doc.get(k) for k in ("name", "status", "outcome", "reasons", "wall_s", "predicted", "errors")}
+    if doc["status"] != "ok" or not m:
+        doc["pruned"] = False
+        write_trial_doc(doc, trials_dir)
+        trial.set_user_attr("failure", attrs)
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    for i, t in enumerate(m["step_times_s"]):
+        trial.report(t, i)
+    doc["pruned"] = trial.should_prune()
+    write_trial_doc(doc, trials_dir)
+    trial.set_user_attr("result", attrs | {"measured": {k: v for k, v in m.items() if not isinstance(v, (list, dict))}})
+    if doc["pruned"]:
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, m["step_time_s"])
+
+
+def load_docs(trials_dir: Path) -> dict[str, dict]:
+    out = {}
+    for p in sorted(Path(trials_dir).glob("*.json")):
+        try:
+            d = json.loads(p.read_text())
+        except ValueError:
+            continue
+        if "key" in d:
+            out[d["key"]] = d
+    return out
+
+
+def calibrate_docs(result: SearchResult, docs: list[dict]) -> Calibration | None:
+    """Fit the cost model to the successful trials of the run (None if fewer than 2)."""
+    ok = [d for d in docs if d.get("status") == "ok" and d.get("measured")]
+    if len(ok) < 2:
+        return None
+    q = result.question
+    plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
+    return calibrate(plans, [d["measured"]["step_time_s"] for d in ok], [d["measured"]["peak_memory_bytes"] for d in ok],
+                     q.model, q.cluster, q.num_gpus, q.seq_len)
+
+
+def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
+    """The figures of the measured stage: winner, Spearman before/after calibration, whether the
+    measured-fastest plan is in the calibrated model's top 2, memory errors, counts."""
+    q = result.question
+    ok = [stage.docs[k] for k in stage.order if k in stage.docs and stage.docs[k].get("status") == "ok"]
+    failed = [stage.docs[k] for k in stage.order if k in stage.docs and stage.docs[k].get("status") != "ok"]
+    out: dict = {"trialled": len(stage.order), "succeeded": len(ok), "failed": len(failed),
+                 "failures": {d["key"]: d.get("reasons") for d in failed}}
+    if not ok:
+        return out
+    meas = [d["measured"]["step_time_s"] for d in ok]
+    fastest = ok[min(range(len(ok)), key=lambda i: meas[i])]
+    out["winner"] = {"key": fastest["key"], "measured_step_time_s": fastest["measured"]["step_time_s"],
+                     "predicted_step_time_s": fastest["predicted"].get("step_time_s")}
+    plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
+    before_t, before_m = predict(plans, q.model, q.cluster, q.num_gpus, q.seq_len)
+    mem = [d["measured"]["peak_memory_bytes"] for d in ok]
+    out["spearman_analytic"] = spearman(before_t, meas)
+    out["memory_error_analytic"] = {d["key"]: float(p / m - 1) for d, p, m in zip(ok, before_m, mem)}
+    out["memory_error_max_abs"] = max(abs(v) for v in out["memory_error_analytic"].values())
+    if stage.calibration is not None:
+        c = stage.calibration
+        after_t, after_m = predict(plans, q.model, c.cluster, q.num_gpus, q.seq_len)
+        top2 = sorted(range(len(ok)), key=lambda i: after_t[i])[:2]
+        out["spearman_calibrated"] = spearman(after_t, meas)
+        out["fastest_in_calibrated_top2"] = fastest["key"] in [ok[i]["key"] for i in top2]
+        out["calibrated_constants"] = {n: float(getattr(c.cluster.constants, n)) for n in c.time_fit.names}
+        out["time_residuals_calibrated"] = {d["key"]: float(p / m - 1) for d, p, m in zip(ok, after_t, meas)}
+        out["memory_error_calibrated_max_abs"] = float(max(abs(p / m - 1) for p, m in zip(after_m, mem)))
+    return out
+
+
+def evaluate_with(result: SearchResult, calib: Calibration):
+    """The run's plans re-evaluated with a calibrated cluster."""
+    from dataclasses import replace
+
+    from autopar.search.enumerate import enumerate_plans
+
+    q = replace(result.question, cluster=calib.cluster)
+    headroom = float(result.options.space.constraints.get("memory_headroom_gib", 0.0))
+    return evaluate(enumerate_plans(result.options.space, q), q, headroom)

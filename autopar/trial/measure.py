@@ -1,0 +1,103 @@
+"""Measure one plan for real and say how it compares with the estimate; imports no torch.
+
+`measure_plan` launches one torchrun run of two trials of the plan (autopar.trial.launcher): a timed
+one (warm-up, then N steps; VmHWM) and a short one with tensor-memory tracking (live tensor bytes,
+autopar.trial.memory; kept apart because tracking slows the step), and returns the trial document
+`reports/<run>/trials/*.json` holds: plan, predicted, measured, status/outcome/reasons, environment.
+
+Proxies (a machine smaller than the target): `proxy={"num_layers": n}` runs the same per-rank
+program with fewer layers (every layer keeps its shape, pp/vpp split kept: n must be a multiple of
+pp*vpp); the step time is scaled back by the ratio of the estimate's full and proxy step times (the
+cost model carries the non-layer terms); `{"width_divisor": d}` runs a narrower model with the same
+ratios (ModelSpec.scaled) and scales back the same way. Both say so in `measured.proxy`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from autopar.spec.plan import ParallelPlan
+from autopar.trial.config import TrialConfig
+from autopar.trial.launcher import launch
+
+OUTCOME_STATUS = {"ok": "ok", "teardown-abort": "ok", "oom": "oom", "timeout": "timeout", "crash": "crash"}
+
+
+def trial_configs(model: str | dict, plan: dict, *, steps: int = 5, warmup: int = 1, seq_len: int | None = None,
+                  scale: dict | None = None, device: str = "cpu", name: str = "") -> list[TrialConfig]:
+    """The timed trial and the tensor-memory trial of one plan."""
+    base = dict(model=model, plan=plan, scale=scale, seq_len=seq_len, device=device, optimizer="adamw", seed=0)
+    return [TrialConfig(name=name or "timed", steps=steps + 1, warmup=warmup, count_comm=True, **base),
+            TrialConfig(name=(name or "timed") + ":memory", steps=2, warmup=1, count_comm=False,
+                        extra={"tensor_memory": True}, **base)]
+
+
+def summarise(timed: dict, memory: dict | None) -> dict:
+    """The measured figures of a result: per-step times (median and spread), tokens/s, MFU-ready
+    FLOPs, peak memory per rank (tensor and process), collective bytes per axis."""
+    times = [timed["step_time_s"][i] for i in timed["timed_steps"]]
+    med = statistics.median(times)
+    comm: dict[str, float] = {}
+    for r in timed["ranks"]:
+        for axis, n in ((r.get("comm") or {}).get("bytes_by_axis") or {}).items():
+            comm[axis] = max(comm.get(axis, 0), n)
+    out = {"step_time_s": med, "step_times_s": times, "step_time_spread": (max(times) - min(times)) / med,
+           "mean_step_time_s": statistics.fmean(times), "tokens_per_s": timed["tokens_per_step"] / med,
+           "model_flops_per_step": timed["model_flops_per_step"], "final_loss": timed["final_loss"],
+           "process_peak_bytes_per_rank": [r["peak_memory_bytes"] for r in timed["ranks"]],
+           "comm_bytes_per_rank_by_axis": comm, "param_count_per_rank": [r["param_count"] for r in timed["ranks"]]}
+    if memory:
+        per_rank = [r["peak_memory_bytes"] for r in memory["ranks"]]
+        out |= {"peak_memory_bytes": max(per_rank), "peak_memory_bytes_per_rank": per_rank,
+                "memory_method": memory["ranks"][0]["memory_method"]}
+    else:
+        out |= {"peak_memory_bytes": max(out["process_peak_bytes_per_rank"]), "memory_method": "VmHWM"}
+    return out
+
+
+def measure_plan(model: str | dict, plan: dict, nproc: int, *, predicted: dict | None = None, steps: int = 5,
+                 warmup: int = 1, seq_len: int | None = None, proxy: dict | None = None, timeout_s: float = 120.0,
+                 workdir: Path | None = None, worker_args: list[str] | None = None, rdzv: dict | None = None,
+                 peak_flops: float | None = None, proxy_ratio: float | None = None, device: str = "cpu") -> dict:
+    """Run the plan and return its trial document; never raises on a failed run (failures are data)."""
+    name = ParallelPlan.from_dict(plan).describe()
+    t0 = time.time()
+    res = launch(trial_configs(model, plan, steps=steps, warmup=warmup, seq_len=seq_len, scale=proxy, name=name,
+                                 device=device),
+                 nproc, timeout_s=timeout_s, workdir=workdir, worker_args=worker_args, rdzv=rdzv)
+    ok = [t for t in res.trials if t.get("status") == "ok"]
+    doc = {"name": name, "plan": plan, "model": model, "nproc": nproc, "predicted": predicted or {},
+           "status": OUTCOME_STATUS[res.outcome] if ok or not res.succeeded else "crash", "outcome": res.outcome,
+           "reasons": res.reasons, "wall_s": res.wall_s, "started_at": t0, "command": res.command,
+           "environment": (res.result or {}).get("env", {}), "measured": {}}
+    if res.succeeded and ok:
+        doc["measured"] = summarise(ok[0], ok[1] if len(ok) > 1 else None)
+        if proxy:
+            ratio = proxy_ratio or 1.0
+            doc["measured"]["proxy"] = {"kind": "fewer-layers" if "num_layers" in proxy else "narrower", **proxy,
+                                        "scale_back": "step time x (estimate full / estimate proxy)",
+                                        "ratio": ratio, "proxy_step_time_s": doc["measured"]["step_time_s"]}
+            doc["measured"]["step_time_s"] *= ratio
+        if peak_flops:
+            doc["measured"]["mfu"] = doc["measured"]["model_flops_per_step"] / (
+                doc["measured"]["step_time_s"] * peak_flops * nproc)
+    elif not res.reasons:
+        doc["reasons"] = [f"exit {res.returncode}: {res.stderr_tail[-300:]}"]
+    if predicted and doc["measured"]:
+        m = doc["measured"]
+        doc["errors"] = {"step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
+                         "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1}
+    return doc
+
+
+def write_trial(doc: dict, trials_dir: Path, key: str) -> Path:
+    """reports/<run>/trials/<key>.json, atomically."""
+    trials_dir.mkdir(parents=True, exist_ok=True)
+    path = trials_dir / f"{key}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    tmp.replace(path)
+    return path

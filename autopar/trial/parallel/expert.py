@@ -1,0 +1,157 @@
+"""Expert parallelism: the routed experts of each MoE layer split over an EP group, tokens moved by
+all-to-all (dispatch, then combine), forward and backward.
+
+Sources: GShard (Lepikhin et al. 2020) / Switch (Fedus et al. 2021) all-to-all dispatch; Megatron-Core
+`MoEAlltoAllTokenDispatcher` (count exchange, variable splits, sort by local expert, combine with the
+swapped splits, unsort); seed distributed-training-ii 'Expert Parallelism'; project reference
+shared/reference/cpu-distributed.md section 5 (all_to_all_single with uneven splits on gloo).
+
+Groups (autopar.trial.mesh.build_expert_mesh): inside a pipeline stage the tp*cp*dp ranks are
+re-viewed as (edp, ep, etp), etp innermost, so an EP group takes ep ranks at stride etp: with
+etp = tp it spans dp x cp ranks. EP rank j holds experts [j*E/ep, (j+1)*E/ep). Dense parameters
+reduce their gradients over dp x cp; expert parameters over expert-dp (edp = tp*cp*dp/(ep*etp)),
+scaled by 1/ep in their backward: an expert's gradient already sums the tokens of its whole EP group,
+and the loss is the mean over all dp*cp ranks' tokens.
+
+One MoE layer per microbatch, on each EP rank with T local tokens and k copies each:
+1. count exchange: all_to_all_single of the per-expert copy counts (E int64): each rank learns how
+   many rows it receives from each peer for each of its local experts (the receive buffer size);
+2. dispatch: the k*T copies sorted by expert, all_to_all_single with splits per destination rank;
+3. the received rows (source-major, expert-sorted inside each source) regrouped by local expert and
+   run through the local experts;
+4. combine: the outputs back with the swapped splits, unsorted to (token, slot) and summed with the
+   router weights (top-k > 1: k rows per token, scatter-added back).
+The two payload all-to-alls are differentiable (their backward is the all-to-all with the splits
+swapped), so per layer a rank hands over k*T rows (dispatch), R rows (combine, R = rows received),
+and the same again backward: 2(kT + R) rows, = 4kT with balanced routing (autopar.cost.comm.ep_calls).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autopar.trial.model import GroupedExperts, MoE, Transformer
+
+
+class AllToAll(torch.autograd.Function):
+    """all_to_all_single with explicit splits; the backward sends the gradients back (splits swapped)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=out_splits, input_split_sizes=in_splits,
+                               group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=in_splits, input_split_sizes=out_splits,
+                               group=ctx.group)
+        return back, None, None, None
+
+
+def expert_parallel_forward(moe: MoE, flat: torch.Tensor, top: torch.Tensor, weights: torch.Tensor,
+                            keep: torch.Tensor | None) -> torch.Tensor:
+    """The routed-expert output [T, h] of this rank's tokens, experts spread over `moe.ep_group`."""
+    group = moe.ep_group
+    ep = dist.get_world_size(group)
+    e, k = moe.num_experts, moe.top_k
+    local_e = e // ep
+    t = flat.shape[0]
+    expert_of_copy = top.reshape(-1)
+    copy_ids = torch.arange(t * k, device=flat.device)
+    if keep is not None:  # capacity: dropped copies are neither sent nor combined
+        copy_ids = copy_ids[keep.reshape(-1)]
+        expert_of_copy = expert_of_copy[copy_ids]
+    order = torch.argsort(expert_of_copy, stable=True)
+    copy_sorted = copy_ids[order]
+    x_sorted = flat[copy_sorted // k]
+    counts = torch.bincount(expert_of_copy, minlength=e)  # copies this rank sends to each expert
+    # 1. count exchange: row r of recv = counts source rank r sends to each of my local experts
+    recv = torch.empty_like(counts)
+    dist.all_to_all_single(recv, counts, group=group)
+    send_splits = counts.view(ep, local_e).sum(1).tolist()
+    recv_counts = recv.view(ep, local_e)
+    recv_splits = recv_counts.sum(1).tolist()
+    # 2. dispatch
+    x_recv = AllToAll.apply(x_sorted, recv_splits, send_splits, group)
+    # 3. regroup source-major -> expert-major, run the local experts, restore the order
+    seg = recv_counts.reshape(-1).tolist()  # segments in (source, expert) order
+    starts = [0]
+    for n in seg:
+        starts.append(starts[-1] + n)
+    pieces: list[tuple[int, int]] = []  # (start, len) in received order, expert-major
+    sizes: list[int] = []
+    for j in range(local_e):
+        idx = [i * local_e + j for i in range(ep)]
+        pieces.extend((starts[i], seg[i]) for i in idx)
+        sizes.append(sum(seg[i] for i in idx))
+    perm = torch.cat([torch.arange(s, s + n, device=flat.device) for s, n in pieces])
+    if x_recv.shape[0]:
+        y_expert_major = moe.experts(x_recv.index_select(0, perm), sizes)
+        y_recv = y_expert_major.new_zeros(x_recv.shape).index_copy(0, perm, y_expert_major)
+    else:
+        y_recv = x_recv * 0  # keeps the graph (and the backward all-to-all) when nothing arrived
+    if moe.rows_log is not None:
+        moe.rows_log.append((sum(send_splits), sum(recv_splits)))
+    # 4. combine, unsort, weight and sum the k copies of each token
+    y_sorted = AllToAll.apply(y_recv, send_splits, recv_splits, group)
+    y_copies = y_sorted.new_zeros(t * k, y_sorted.shape[-1]).index_copy(0, copy_sorted, y_sorted)
+    return (y_copies.view(t, k, -1) * weights[..., None]).sum(1)
+
+
+def apply_ep(model: Transformer, ep_mesh) -> list[nn.Parameter]:
+    """Give every MoE layer of `model` (before pipelining, on the meta device or initialised) only
+    this EP rank's experts and the EP group; returns the expert parameters (reduced over expert-dp).
+    Their gradients are scaled by 1/ep in the backward: the expert-dp reduction averages over edp,
+    and dp*cp = edp*ep (etp = tp), so each expert's gradient is its tokens' sum / (dp*cp), the
+    mean over all ranks' losses like the dense gradients."""
+    ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
+    group = ep_mesh.get_group()
+    spec = model.config.spec
+    assert spec.moe is not None
+    if spec.moe.num_experts % ep:
+        raise ValueError(f"{spec.moe.num_experts} experts do not divide by ep={ep}")
+    local = spec.moe.num_experts // ep
+    params: list[nn.Parameter] = []
+    for block in model.layers.values():
+        moe = block.moe
+        if moe is None:
+            continue
+        old = moe.experts
+        on_meta = old.w1.is_meta
+        device = "meta" if on_meta else old.w1.device
+        with torch.device(device):
+            new = GroupedExperts(local, spec.hidden_size, spec.moe.expert_ffn_hidden_size, offset=rank * local,
+                                 total=spec.moe.num_experts)
+        if not on_meta:
+            with torch.no_grad():
+                for name in ("w1", "w2", "w3"):
+                    getattr(new, name).copy_(getattr(old, name)[rank * local:(rank + 1) * local])
+        new.grad_scale = 1.0 / ep
+        moe.experts = new
+        moe.ep_group = group
+        params.extend(new.parameters())
+    return params
+
+
+def init_local_experts(model: Transformer, seed: int) -> None:
+    """Set each local expert stack to its slice of the full initial value (after materialisation,
+    which sees only the local shape)."""
+    from autopar.trial.model import initial_value
+
+    with torch.no_grad():
+        for key, block in model.layers.items():
+            if block.moe is None or block.moe.ep_group is None:
+                continue
+            ex = block.moe.experts
+            for name in ("w1", "w2", "w3"):
+                p = getattr(ex, name)
+                full_shape = (ex.total,) + tuple(p.shape[1:])
+                full = initial_value(model.config, f"layers.{key}.moe.experts.{name}", full_shape, seed)
+                p.copy_(full[ex.offset:ex.offset + p.shape[0]])
