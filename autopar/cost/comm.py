@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.spec.sharding import MODEL_PLAN, block_plan, sync_points
+from autopar.spec.sharding import MODEL_PLAN, SEQUENCE_STYLES, block_plan, sync_points
 from autopar.cost.collectives import (Links, all_gather_time, all_reduce_time, all_to_all_time, p2p_time,
                                       place, reduce_scatter_time)
 
@@ -90,20 +90,20 @@ def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_hea
 
 def tp_step_calls(model, sp, dense_layers, moe_layers, has_head, grad_bytes, reductions=1.0) -> list[Call]:
     """TP collectives of one GPU per step that do not scale with the microbatches: under SP the
-    gradients of the sequence-parallel parameters (the modules styled "sequence" in the sharding
-    tables: the block norms and the final norm) are partial sums over the sequence shards,
-    all-reduced over the TP group with each gradient reduction: once per step after the last
-    microbatch (Megatron `finalize_model_grads` -> `_allreduce_layernorm_grads`, one coalesced
-    buffer), or `reductions` times when data parallelism reduces every microbatch
-    (`grad_reductions_per_step`). Measured on the built-in model (DTensor reduces them at the
-    optimizer step, or at each FSDP2 reduce-scatter). Without SP every TP rank computes the same
-    full gradient: nothing to reduce."""
+    gradients of the sequence-parallel parameters (the modules styled "sequence"/"sequence-tokens"
+    in the sharding tables: the block norms, the final norm, the MoE router) are partial sums over
+    the sequence shards, all-reduced over the TP group with each gradient reduction: once per step
+    after the last microbatch (Megatron `finalize_model_grads` -> `_allreduce_layernorm_grads`,
+    one coalesced buffer, which also takes the router weight), or `reductions` times when data
+    parallelism reduces every microbatch (`grad_reductions_per_step`). Measured on the built-in
+    model (DTensor reduces them at the optimizer step, or at each FSDP2 reduce-scatter). Without
+    SP every TP rank computes the same full gradient: nothing to reduce."""
     moe = model.moe
     shared = moe is not None and moe.num_shared_experts > 0
-    dense_seq = _sequence_modules(block_plan(moe_layer=False, shared_experts=False))
-    moe_seq = _sequence_modules(block_plan(moe_layer=True, shared_experts=shared))
-    head_seq = _sequence_modules(MODEL_PLAN)
-    params = (dense_layers * dense_seq + moe_layers * moe_seq + has_head * head_seq) * model.norm_params
+    dense_seq = _sequence_params(block_plan(moe_layer=False, shared_experts=False), model)
+    moe_seq = _sequence_params(block_plan(moe_layer=True, shared_experts=shared), model) if moe is not None else 0
+    head_seq = _sequence_params(MODEL_PLAN, model)
+    params = dense_layers * dense_seq + moe_layers * moe_seq + has_head * head_seq
     return [Call("all_reduce", params * grad_bytes, np.where(sp, 1.0, 0.0) * reductions)]
 
 
@@ -116,9 +116,14 @@ def grad_reductions_per_step(zero_stage, m, pp, dp_group_size) -> np.ndarray:
     return np.where(per_mb, np.asarray(m, dtype=float), 1.0)
 
 
-def _sequence_modules(plan) -> int:
-    """Modules a sharding table runs sequence-parallel (each a norm of `norm_params` weights)."""
-    return sum(1 for style in plan.values() if style == "sequence")
+def _sequence_params(plan, model) -> int:
+    """Parameters of the modules a sharding table runs sequence-parallel: a norm has `norm_params`
+    weights, the router hidden x experts (autopar.spec.model.ModelSpec.layer_params)."""
+    total = 0
+    for name, style in plan.items():
+        if style in SEQUENCE_STYLES:
+            total += model.hidden_size * model.moe.num_experts if name.endswith("router") else model.norm_params
+    return total
 
 
 def cp_calls(model, tokens, tp, cp, layers, recompute_share, act_bytes) -> list[Call]:
@@ -129,15 +134,16 @@ def cp_calls(model, tokens, tp, cp, layers, recompute_share, act_bytes) -> list[
     return [Call("send", kv, layers * steps * (3.0 + recompute_share))]
 
 
-def cp_moe_stat_calls(model, micro_batch, cp, moe_layers) -> list[Call]:
-    """Under context parallelism the MoE load-balancing loss needs each sequence's routing
-    statistics over all its cp ranks (autopar.trial.model.MoE.aux_loss; Megatron reduces them over
-    tp x cp): per MoE layer per microbatch one all-reduce of the [b, E] fp32 copy counts, one of the
-    [b, E] probability sums, and that one's backward."""
+def moe_stat_calls(model, micro_batch, stat_group, moe_layers) -> list[Call]:
+    """The MoE load-balancing loss needs each sequence's routing statistics over all the ranks
+    holding its tokens: cp ranks, and tp ranks under SP (autopar.trial.model.MoE.aux_loss;
+    Megatron-Core reduces them over the tp x cp group, `sequence_load_balancing_loss_func`): per MoE
+    layer per microbatch one all-reduce of the [b, E] fp32 copy counts, one of the [b, E]
+    probability sums, and that one's backward. `stat_group` = cp x (tp under SP) ranks."""
     if model.moe is None:
         return []
     s = np.asarray(micro_batch, dtype=float) * model.moe.num_experts * 4.0
-    return [Call("all_reduce", s, np.where(np.asarray(cp) > 1, np.asarray(moe_layers, dtype=float) * 3.0, 0.0))]
+    return [Call("all_reduce", s, np.where(np.asarray(stat_group) > 1, np.asarray(moe_layers, dtype=float) * 3.0, 0.0))]
 
 
 #: bytes of one routed-copy count (int64) in the dispatcher's count exchange

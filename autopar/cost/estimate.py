@@ -18,7 +18,7 @@ import numpy as np
 
 from autopar.cost import activations as act
 from autopar.cost.collectives import Links, place
-from autopar.cost.comm import (cp_calls, cp_moe_stat_calls, dp_calls, ep_calls, grad_reductions_per_step, pp_calls,
+from autopar.cost.comm import (cp_calls, moe_stat_calls, dp_calls, ep_calls, grad_reductions_per_step, pp_calls,
                                tp_calls, tp_step_calls, traffic)
 from autopar.cost.compute import attention_rate, gemm_rate
 from autopar.cost.flops import (attention_core_flops_per_token, attention_linear_flops_per_token,
@@ -139,12 +139,18 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
 
     # ---- communication ---------------------------------------------------------------------
     gpn = cluster.gpus_per_node
+    # MoE aux-loss statistics over the ranks holding a sequence's tokens (cp x tp under SP): booked
+    # on cp when cp > 1, else on tp (the built-in model names its group so: autopar.trial.parallelize)
+    stat_n = c * np.where(sp, t, 1)
+    stat_bytes, stat_time = traffic(moe_stat_calls(model, b, stat_n, moe_l), stat_n, place(stat_n, 1, gpn), links)
+    on_cp = c > 1
     tp_bytes, tp_time = traffic(tp_calls(model, tokens, sp, dense_l, moe_l, emb, head, recompute_share, et, act_bytes),
                                 t, place(t, 1, gpn), links)
+    tp_bytes, tp_time = tp_bytes + np.where(on_cp, 0.0, stat_bytes), tp_time + np.where(on_cp, 0.0, stat_time)
     cp_group = place(c, t, gpn)
-    cp_bytes, cp_time = traffic(cp_calls(model, tokens, t, c, layers, recompute_share, act_bytes)
-                                + cp_moe_stat_calls(model, b, c, moe_l), c, cp_group, links,
+    cp_bytes, cp_time = traffic(cp_calls(model, tokens, t, c, layers, recompute_share, act_bytes), c, cp_group, links,
                                 crosses_node=cp_group.nodes > 1)
+    cp_bytes, cp_time = cp_bytes + np.where(on_cp, stat_bytes, 0.0), cp_time + np.where(on_cp, stat_time, 0.0)
     ep_bytes, ep_time = traffic(ep_calls(model, tokens, t, sp, moe_l, routing_imbalance, act_bytes), e,
                                 place(e, et, gpn), links)
     pp_stride = t * c * d

@@ -75,13 +75,17 @@ def dp_cp_mesh(mesh: DeviceMesh) -> DeviceMesh:
         return mesh["dp", "cp"]._flatten("dp_cp")
 
 
-def new_axis_group(mesh: DeviceMesh, axis: str):
-    """A fresh process group over this rank's `axis` group's ranks (every rank creates every one,
-    in the same order, as new_group requires); its name is unique, so the byte counter can
-    attribute it by name."""
+def new_axes_group(mesh: DeviceMesh, axes: tuple[str, ...]):
+    """A fresh process group over this rank's group of the `axes` flattened (in mesh order; every
+    rank creates every one, in the same order, as new_group requires); its name is unique, so the
+    byte counter can attribute it by name."""
     names = list(mesh.mesh_dim_names)
-    i = names.index(axis)
-    table = mesh.mesh.movedim(i, -1).reshape(-1, mesh.mesh.shape[i])
+    dims = sorted(names.index(a) for a in axes)
+    size = 1
+    for d in dims:
+        size *= mesh.mesh.shape[d]
+    rest = [d for d in range(mesh.mesh.ndim) if d not in dims]
+    table = mesh.mesh.permute(*rest, *dims).reshape(-1, size)
     mine = None
     for row in table.tolist():
         group = dist.new_group(row)
@@ -90,7 +94,15 @@ def new_axis_group(mesh: DeviceMesh, axis: str):
     return mine
 
 
-def build_expert_mesh(plan: ParallelPlan, runtime: Runtime) -> DeviceMesh:
+def fresh_axis_mesh(mesh: DeviceMesh, axis: str) -> DeviceMesh:
+    """A 1-D mesh over this rank's `axis` group on a process group of its own (`new_axes_group`):
+    a mesh dimension spanning every rank runs on the default group, which other axes share, so
+    its collectives could not be told apart by group."""
+    group = new_axes_group(mesh, (axis,))
+    return DeviceMesh.from_group(group, mesh.device_type, mesh_dim_names=(axis,))
+
+
+def build_expert_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh:
     """The expert view of the same ranks, `EXPERT_MESH_ORDER = (pp, edp, ep, etp)`: inside a stage
     the tp*cp*dp consecutive ranks re-viewed with etp innermost, then ep, then expert-dp (so an EP
     group takes ep ranks at stride etp, as autopar.spec.plan and the cost model say)."""
@@ -98,7 +110,7 @@ def build_expert_mesh(plan: ParallelPlan, runtime: Runtime) -> DeviceMesh:
     shape = (plan.pp, plan.expert_dp, plan.ep, plan.etp)
     if plan.pp * plan.expert_dp * plan.ep * plan.etp != world:
         raise ValueError(f"expert mesh {shape} does not cover the {world} ranks")
-    return DeviceMesh(runtime.device_type, torch.arange(world).view(shape), mesh_dim_names=EXPERT_MESH_ORDER)
+    return DeviceMesh(device_type, torch.arange(world).view(shape), mesh_dim_names=EXPERT_MESH_ORDER)
 
 
 def axis_ranks(mesh: DeviceMesh, expert_mesh: DeviceMesh | None = None) -> dict:
@@ -111,7 +123,7 @@ def axis_ranks(mesh: DeviceMesh, expert_mesh: DeviceMesh | None = None) -> dict:
     ("p2p": cp ring, pp) and all-to-all ("all_to_all": ep) calls; a plain `ranks` key serves the
     other collectives, where gradient reductions (dp x cp, expert-dp) count as "dp". Collectives
     that belong to an axis whose rank set another axis also claims (the MoE aux-loss statistics
-    over cp when dp = 1) run on a group of their own (`new_axis_group`), keyed `("name", name)`:
+    over cp when dp = 1) run on a group of their own (`new_axes_group`), keyed `("name", name)`:
     torch hands out one process group per rank set, so the mesh's cp group is the dp x cp one."""
     out: dict = {}
 
@@ -132,7 +144,8 @@ def axis_ranks(mesh: DeviceMesh, expert_mesh: DeviceMesh | None = None) -> dict:
         key = ranks(expert_mesh.get_group("ep"))
         if key is not None:
             out[("all_to_all", key)] = "ep"
-        key = ranks(expert_mesh.get_group("edp"))
+        edp = expert_mesh.get_group("edp")
+        key = ranks(edp)
         if key is not None:
-            out[key] = "dp"
+            out.setdefault(key, "dp")
     return out

@@ -217,6 +217,18 @@ class AuxLossScaler(torch.autograd.Function):
         return grad, torch.full_like(aux, ctx.scale), None
 
 
+def sort_copies(top: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routed copies (token t, slot j -> id t*k + j) kept by the capacity mask, sorted by expert
+    (stable: token order inside each expert): (copy ids, their experts)."""
+    expert_of_copy = top.reshape(-1)
+    copy_ids = torch.arange(top.numel(), device=top.device)
+    if keep is not None:  # capacity: dropped copies are neither run nor combined
+        copy_ids = copy_ids[keep.reshape(-1)]
+        expert_of_copy = expert_of_copy[copy_ids]
+    order = torch.argsort(expert_of_copy, stable=True)
+    return copy_ids[order], expert_of_copy[order]
+
+
 class MoE(nn.Module):
     """Top-k routed experts + optional shared expert (Mixtral / DeepSeek-MoE).
 
@@ -314,16 +326,14 @@ class MoE(nn.Module):
             from autopar.trial.parallel.expert import expert_parallel_forward
 
             out = expert_parallel_forward(self, flat, top, weights, keep)
-        else:
-            out = torch.zeros_like(flat)
-            for e in range(self.experts.w1.shape[0]):
-                hit = top == e if keep is None else (top == e) & keep
-                token, slot = hit.nonzero(as_tuple=True)
-                if token.numel():
-                    y = self.experts.expert(flat[token], e) * weights[token, slot, None]
-                    out = out.index_add(0, token, y)
-        if self.shared_expert is not None:
-            out = out + self.shared_expert(flat)
+        else:  # every expert here: one grouped call (an FSDP unit runs one forward per microbatch)
+            copy_sorted, expert_sorted = sort_copies(top, keep)
+            sizes = torch.bincount(expert_sorted, minlength=self.num_experts).tolist()
+            y_sorted = self.experts(flat[copy_sorted // self.top_k], sizes)
+            y_copies = y_sorted.new_zeros(top.numel(), flat.shape[-1]).index_copy(0, copy_sorted, y_sorted)
+            out = (y_copies.view(*top.shape, -1) * weights[..., None]).sum(1)
+        if self.shared_expert is not None:  # on [b, s, h]: under TP its region gathers the sequence
+            out = out + self.shared_expert(x).reshape(flat.shape)
         if self.aux_loss_coeff and self.training and torch.is_grad_enabled():
             out = AuxLossScaler.apply(out, self.aux_loss(top, probs, b, seq), self.aux_scale)
         return out.view(shape)

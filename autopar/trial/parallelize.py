@@ -30,23 +30,25 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
 from autopar.trial.loss import cross_entropy
 from autopar.trial.materialize import count_params, materialize
 from autopar.trial.model import Transformer
-from autopar.trial.mesh import dp_cp_mesh, new_axis_group
+from autopar.trial.mesh import build_expert_mesh, dp_cp_mesh, fresh_axis_mesh, new_axes_group
 from autopar.trial.parallel.context import apply_cp
 from autopar.trial.parallel.data import apply_dp
-from autopar.trial.parallel.expert import apply_ep, init_local_experts
+from autopar.trial.parallel.expert import apply_ep, expert_grad_scale, init_local_experts
 from autopar.trial.parallel.pipeline import apply_pp, build_schedule
 from autopar.trial.parallel.tensor import apply_tp
 
 
-def plan_problems(plan: ParallelPlan) -> list[str]:
-    """Plan features the built-in model cannot run yet, as sentences."""
+def plan_problems(plan: ParallelPlan, spec: ModelSpec | None = None) -> list[str]:
+    """Plan features the built-in model cannot run yet, as sentences (MoE ones when `spec` is given)."""
     out = []
-    if plan.etp != plan.tp:
-        out.append("expert tensor parallelism other than etp = tp (expert-TP folding) is not built yet")
+    if spec is not None and spec.moe is not None and plan.etp > 1:
+        out.append(f"expert tensor parallelism (etp = {plan.etp}) is not built: use etp = 1 (each expert whole "
+                   f"on its rank, EP folded over the tp ranks, Megatron-Core's MoE parallel folding)")
     if plan.recompute != "none":
         out.append("activation recomputation is not built yet")
     if plan.dtype == "fp8":
@@ -105,7 +107,7 @@ class ParallelModel:
 def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, device: torch.device,
                 seed: int, expert_mesh: DeviceMesh | None = None) -> ParallelModel:
     """Apply the plan to `model` (built on the meta device, or already initialised) on `mesh`."""
-    problems = plan_problems(plan)
+    problems = plan_problems(plan, model.config.spec)
     if problems:
         raise ValueError(f"plan {plan.describe()}: " + "; ".join(problems))
     on_meta = any(p.is_meta for p in model.parameters())
@@ -118,20 +120,28 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
     named_axes: dict = {}
     if plan.cp > 1:
         positions = apply_cp(model, mesh["cp"], model.config.max_seq_len)
-        stats = new_axis_group(mesh, "cp") if moe_blocks else None
-        if stats is not None:
-            named_axes[("name", stats.group_name)] = "cp"
-        for moe in moe_blocks:  # the aux loss's statistics are the whole sequence's
-            moe.stats_group, moe.positions = stats, positions
+    if moe_blocks:
+        _share_moe_statistics(moe_blocks, plan, mesh, positions, model.config.max_seq_len, named_axes)
     # the aux loss's gradient per microbatch: the pipeline schedules scale all gradients by
-    # 1/microbatches themselves; outside them each microbatch's loss is divided by it
+    # 1/microbatches themselves; outside them each microbatch's loss is divided by it. Under SP
+    # every tp rank computes the same aux loss from the all-reduced statistics, and the
+    # statistics' backward sums the tp ranks' gradients, which are then summed again over tp (the
+    # router is a sequence-parallel parameter), not averaged like cp's: 1/tp undoes the double count
+    tp_copies = plan.tp if plan.tp > 1 and plan.sequence_parallel else 1
     for moe in moe_blocks:
-        moe.aux_scale = 1.0 if plan.pp > 1 else 1.0 / plan.num_microbatches
+        moe.aux_scale = (1.0 if plan.pp > 1 else 1.0 / plan.num_microbatches) / tp_copies
+    # routed experts get their own gradient group whenever their ranks do not all see the same
+    # tokens' gradients as the dense layers do: split over EP, or whole on each tp rank (etp = 1)
+    experts_apart = bool(moe_blocks) and (plan.ep > 1 or plan.tp > 1)
+    if experts_apart and expert_mesh is None:
+        expert_mesh = build_expert_mesh(plan, device.type)
+    scale = expert_grad_scale(plan.tp, plan.ep, plan.etp)
     expert_params: list = []
     if plan.ep > 1:
-        if expert_mesh is None:
-            raise ValueError("ep > 1 needs the expert mesh (autopar.trial.mesh.build_expert_mesh)")
-        expert_params = apply_ep(model, expert_mesh["ep"])
+        expert_params = apply_ep(model, expert_mesh["ep"], scale)
+    elif experts_apart:
+        for moe in moe_blocks:
+            moe.experts.grad_scale = scale
     # 2. this rank's pipeline stages
     stages: list[tuple[int, Transformer]] = apply_pp(model, plan, mesh["pp"]) if plan.pp > 1 else [(0, model)]
     # 3. values: each rank initialises only what it holds
@@ -145,13 +155,18 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
     param_count = sum(count_params(s) for _, s in stages)
     # 4. data parallelism, per stage module: dense over dp x cp, experts over expert-dp
     ep_on = plan.ep > 1
-    edp_mesh = expert_mesh["edp"] if ep_on and plan.expert_dp > 1 else None
+    edp_mesh = fresh_axis_mesh(expert_mesh, "edp") if experts_apart and plan.expert_dp > 1 else None
+    if edp_mesh is not None:  # booked as data-parallel traffic, whatever other axis has its ranks
+        named_axes[("name", edp_mesh.get_group().group_name)] = "dp"
     wrapped: list[tuple[int, nn.Module]] = []
     for i, stage in stages:
         if plan.dp * plan.cp > 1:
             dmesh = mesh["dp"] if plan.cp == 1 else dp_cp_mesh(mesh)
             wrapped.append((i, apply_dp(stage, dmesh, zero_stage=plan.zero_stage, bf16=plan.dtype == "bf16",
-                                        expert_mesh=edp_mesh, experts=ep_on)))
+                                        expert_mesh=edp_mesh, experts=experts_apart)))
+        elif edp_mesh is not None:  # dp = cp = 1 under TP: only the experts have data-parallel peers
+            wrapped.append((i, apply_dp(stage, mesh["dp"], zero_stage=plan.zero_stage, bf16=plan.dtype == "bf16",
+                                        expert_mesh=edp_mesh, experts=True)))
         else:
             wrapped.append((i, stage))
     # parameters as the optimizer sees them (FSDP2 swaps in unsharded ones only inside a step)
@@ -164,3 +179,21 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
     return ParallelModel(plan=plan, mesh=mesh, stages=wrapped, unwrapped=[s for _, s in stages],
                          schedule=schedule, params=params, param_count=param_count, positions=positions,
                          expert_mesh=expert_mesh, expert_names=expert_names, named_axes=named_axes)
+
+
+def _share_moe_statistics(moe_blocks: list, plan: ParallelPlan, mesh: DeviceMesh, positions: torch.Tensor | None,
+                          seq_len: int, named_axes: dict) -> None:
+    """The aux loss's routing statistics are the whole sequence's: summed over the ranks holding
+    its tokens (cp, and tp under SP), on a group of their own named after the axis the cost model
+    books them on (cp when cp > 1, else tp: autopar.cost.estimate). Balanced routing needs each
+    token's real position: this cp rank's positions, split over tp by SP."""
+    axes = tuple(a for a in ("cp", "tp") if getattr(plan, a) > 1 and (a == "cp" or plan.sequence_parallel))
+    stats = new_axes_group(mesh, axes) if axes else None
+    if stats is not None:
+        named_axes[("name", stats.group_name)] = "cp" if plan.cp > 1 else "tp"
+    pos = positions if positions is not None else torch.arange(seq_len // plan.cp)
+    if plan.tp > 1 and plan.sequence_parallel:
+        pos = pos.chunk(plan.tp)[mesh["tp"].get_local_rank()]
+    for moe in moe_blocks:
+        moe.stats_group = stats
+        moe.positions = pos if (positions is not None or plan.tp > 1) else None

@@ -25,7 +25,7 @@ from autopar.trial.comm_count import CommBytesMode
 from autopar.trial.config import TrialConfig
 from autopar.trial.loss import cross_entropy, loss_context
 from autopar.trial.memory import PeakMemory
-from autopar.trial.mesh import Runtime, axis_ranks, build_expert_mesh, build_mesh
+from autopar.trial.mesh import Runtime, axis_ranks, build_mesh
 from autopar.trial.model import ModelConfig, Transformer
 from autopar.trial.optim import make_optimizer
 from autopar.trial.parallel.data import microbatch_context
@@ -103,19 +103,18 @@ def build(cfg: TrialConfig, runtime: Runtime) -> tuple[ParallelModel, ModelConfi
     """The trial's model, parallelised on a fresh mesh over all ranks."""
     plan, spec = cfg.parallel_plan(), cfg.model_spec()
     seq = cfg.sequence_length
-    problems = plan.problems(spec, num_gpus=dist.get_world_size(), seq_len=seq) + plan_problems(plan)
+    problems = plan.problems(spec, num_gpus=dist.get_world_size(), seq_len=seq) + plan_problems(plan, spec)
     if problems:
         raise TrialError(f"{cfg.label}: " + "; ".join(problems))
     if runtime.device.type == "cpu" and plan.dtype != "fp32":
         raise TrialError(f"{cfg.label}: use dtype fp32 on CPU (bf16 parity needs a GPU)")
     mesh = build_mesh(plan, runtime)
-    expert_mesh = build_expert_mesh(plan, runtime) if plan.ep > 1 else None
     config = ModelConfig(spec=spec, vocab_rows=int(padded_vocab(spec, plan.tp)), max_seq_len=seq,
                          moe_routing=cfg.moe_routing, moe_capacity_factor=cfg.moe_capacity_factor,
                          moe_aux_loss_coeff=cfg.moe_aux_loss_coeff)
     with torch.device("meta"):
         model = Transformer(config)
-    return parallelize(model, plan, mesh, device=runtime.device, seed=cfg.seed, expert_mesh=expert_mesh), config
+    return parallelize(model, plan, mesh, device=runtime.device, seed=cfg.seed), config
 
 
 def run_trial(cfg: TrialConfig, runtime: Runtime) -> dict | None:

@@ -8,6 +8,7 @@ match the cost model byte for byte (parameters and collective payload per axis p
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import pytest
@@ -33,6 +34,9 @@ TINY_TIED = get_preset("tiny").to_dict() | {"name": "tiny-tied", "tied_embedding
 #: tiny-moe (4 experts, top-2) and its top-1 variant
 _MOE = get_preset("tiny-moe").to_dict()
 TINY_MOE_TOP1 = _MOE | {"name": "tiny-moe-top1", "moe": _MOE["moe"] | {"top_k": 1}}
+#: tiny-moe with one shared expert (a column/row-parallel MLP inside the MoE block under TP)
+TINY_MOE_SHARED = _MOE | {"name": "tiny-moe-shared",
+                          "moe": _MOE["moe"] | {"num_shared_experts": 1, "shared_expert_ffn_hidden_size": 192}}
 #: forced-balanced routing (every expert gets the same count: the cost model's imbalance 1)
 BALANCED = {"moe_routing": "balanced"}
 
@@ -91,6 +95,10 @@ CASES: tuple[Case, ...] = (
     Case("moe-cp2-ep2", 2, {"cp": 2, "ep": 2}, model="tiny-moe", trial_kwargs=BALANCED),
     Case("ep2-skewed", 2, {"dp": 2, "ep": 2, "zero_stage": 1}, model="tiny-moe",
          trial_kwargs={"moe_routing": "skewed"}),
+    # MoE under TP with EP folded over the tp ranks (etp = 1): each tp rank dispatches its SP shard
+    Case("moe-tp2-ep2", 2, {"tp": 2, "ep": 2, "etp": 1}, model="tiny-moe", trial_kwargs=BALANCED),
+    # ep = 1: every expert whole on both tp ranks, their gradients reduced over the tp pair (expert-dp 2)
+    Case("moe-tp2-learned", 2, {"tp": 2, "etp": 1, "zero_stage": 1}, model="tiny-moe"),
     # world 4
     Case("tp4", 4, {"tp": 4}, model=TINY_KV4),
     Case("tp2xdp2-zero0", 4, {"tp": 2, "dp": 2, "zero_stage": 0}),
@@ -107,6 +115,9 @@ CASES: tuple[Case, ...] = (
     Case("ep4-top2", 4, {"dp": 4, "ep": 4, "zero_stage": 1}, model="tiny-moe", trial_kwargs=BALANCED),
     Case("ep2xdp2-top1", 4, {"dp": 4, "ep": 2, "zero_stage": 1}, model=TINY_MOE_TOP1),
     Case("ep2xdp2-top2-zero0", 4, {"dp": 4, "ep": 2, "zero_stage": 0}, model="tiny-moe", trial_kwargs=BALANCED),
+    Case("moe-tp2xdp2-ep4-shared", 4, {"tp": 2, "dp": 2, "ep": 4, "etp": 1, "zero_stage": 1}, model=TINY_MOE_SHARED,
+         trial_kwargs=BALANCED),
+    Case("moe-tp2xdp2-ep2-learned", 4, {"tp": 2, "dp": 2, "ep": 2, "etp": 1, "zero_stage": 1}, model="tiny-moe"),
     # world 8
     Case("pp2xdp2xtp2", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 1, "global_batch_size": 8}),
     Case("pp2xdp2xtp2-zero0", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 0, "global_batch_size": 8}),
@@ -116,10 +127,15 @@ CASES: tuple[Case, ...] = (
     Case("pp2xcp2xtp2", 8, {"pp": 2, "cp": 2, "tp": 2}),
     Case("pp2xdp2xcp2-ep4", 8, {"pp": 2, "dp": 2, "cp": 2, "ep": 4, "zero_stage": 1, "global_batch_size": 8},
          model="tiny-moe", trial_kwargs=BALANCED),
+    # the five axes: pp2 x cp2 x tp2 (dp 1) with MoE on ep4 over the cp x tp ranks of each stage (etp = 1)
+    Case("pp2xcp2xtp2-ep4", 8, {"pp": 2, "cp": 2, "tp": 2, "ep": 4, "etp": 1}, model="tiny-moe",
+         trial_kwargs=BALANCED),
     # ep2 over the cp pairs, expert-dp 2 over dp, ZeRO-0 (FSDP2 replicate), learned routing
     Case("pp2xdp2xcp2-ep2-edp2", 8, {"pp": 2, "dp": 2, "cp": 2, "ep": 2, "zero_stage": 0, "global_batch_size": 8},
          model="tiny-moe"),
 )
+if os.environ.get("AUTOPAR_TRIAL_CASES"):  # a developer's subset: comma-separated case names
+    CASES = tuple(c for c in CASES if c.name in os.environ["AUTOPAR_TRIAL_CASES"].split(","))
 WORLDS = tuple(sorted({c.world for c in CASES}))
 
 
@@ -205,4 +221,9 @@ def predict():
 @pytest.fixture
 def case_named():
     """A case by name (test modules cannot import this conftest: several test directories have one)."""
-    return lambda name: next(c for c in CASES if c.name == name)
+    def get(name: str) -> Case:
+        found = [c for c in CASES if c.name == name]
+        if not found and os.environ.get("AUTOPAR_TRIAL_CASES"):
+            pytest.skip(f"{name} is not in AUTOPAR_TRIAL_CASES")
+        return found[0]
+    return get

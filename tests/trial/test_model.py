@@ -157,14 +157,16 @@ def test_tensor_parallel_needs_divisible_heads_and_kv_heads() -> None:
     assert any("KV heads" in p for p in tp_problems(model, 4))
     with torch.device("meta"):
         moe = Transformer(config(get_preset("tiny-moe")))
-    assert any("MoE" in p for p in tp_problems(moe, 2))
+    assert tp_problems(moe, 2) == []  # routed experts fold into EP over the tp ranks (etp = 1)
 
 
 def test_plan_features_not_built_are_named() -> None:
     assert plan_problems(ParallelPlan(tp=2, dtype="fp32")) == []
     assert plan_problems(ParallelPlan(cp=2, dtype="fp32")) == []  # issue 5: ring attention
     assert plan_problems(ParallelPlan(dp=2, ep=2, dtype="fp32")) == []  # issue 5: expert parallelism
-    assert any("etp" in p for p in plan_problems(ParallelPlan(tp=2, dp=2, ep=4, etp=1, dtype="fp32")))
+    moe = get_preset("tiny-moe")
+    assert plan_problems(ParallelPlan(tp=2, dp=2, ep=4, etp=1, dtype="fp32"), moe) == []  # MoE folding
+    assert any("etp" in p for p in plan_problems(ParallelPlan(tp=2, dp=2, ep=2, dtype="fp32"), moe))  # etp = tp
     assert any("recomputation" in p for p in plan_problems(ParallelPlan(recompute="full", dtype="fp32")))
     assert any("fp8" in p for p in plan_problems(ParallelPlan(dtype="fp8")))
 

@@ -8,10 +8,10 @@ shared/reference/cpu-distributed.md section 5 (all_to_all_single with uneven spl
 
 Groups (autopar.trial.mesh.build_expert_mesh): inside a pipeline stage the tp*cp*dp ranks are
 re-viewed as (edp, ep, etp), etp innermost, so an EP group takes ep ranks at stride etp: with
-etp = tp it spans dp x cp ranks. EP rank j holds experts [j*E/ep, (j+1)*E/ep). Dense parameters
-reduce their gradients over dp x cp; expert parameters over expert-dp (edp = tp*cp*dp/(ep*etp)),
-scaled by 1/ep in their backward: an expert's gradient already sums the tokens of its whole EP group,
-and the loss is the mean over all dp*cp ranks' tokens.
+etp = tp it spans dp x cp ranks; with etp = 1 under tp > 1 it folds the tp ranks in (each holds its
+own sequence shard under SP: Megatron-Core's MoE parallel folding). EP rank j holds experts
+[j*E/ep, (j+1)*E/ep). Dense parameters reduce their gradients over dp x cp; expert parameters over
+expert-dp (edp = tp*cp*dp/(ep*etp)), scaled by `expert_grad_scale` in their backward.
 
 One MoE layer per microbatch, on each EP rank with T local tokens and k copies each:
 1. count exchange: all_to_all_single of the per-expert copy counts (E int64): each rank learns how
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autopar.trial.model import GroupedExperts, MoE, Transformer
+from autopar.trial.model import GroupedExperts, MoE, Transformer, sort_copies
 
 
 class AllToAll(torch.autograd.Function):
@@ -63,15 +63,9 @@ def expert_parallel_forward(moe: MoE, flat: torch.Tensor, top: torch.Tensor, wei
     e, k = moe.num_experts, moe.top_k
     local_e = e // ep
     t = flat.shape[0]
-    expert_of_copy = top.reshape(-1)
-    copy_ids = torch.arange(t * k, device=flat.device)
-    if keep is not None:  # capacity: dropped copies are neither sent nor combined
-        copy_ids = copy_ids[keep.reshape(-1)]
-        expert_of_copy = expert_of_copy[copy_ids]
-    order = torch.argsort(expert_of_copy, stable=True)
-    copy_sorted = copy_ids[order]
+    copy_sorted, expert_sorted = sort_copies(top, keep)  # capacity: dropped copies are not sent
     x_sorted = flat[copy_sorted // k]
-    counts = torch.bincount(expert_of_copy, minlength=e)  # copies this rank sends to each expert
+    counts = torch.bincount(expert_sorted, minlength=e)  # copies this rank sends to each expert
     # 1. count exchange: row r of recv = counts source rank r sends to each of my local experts
     recv = torch.empty_like(counts)
     dist.all_to_all_single(recv, counts, group=group)
@@ -105,12 +99,19 @@ def expert_parallel_forward(moe: MoE, flat: torch.Tensor, top: torch.Tensor, wei
     return (y_copies.view(t, k, -1) * weights[..., None]).sum(1)
 
 
-def apply_ep(model: Transformer, ep_mesh) -> list[nn.Parameter]:
+def expert_grad_scale(tp: int, ep: int, etp: int) -> float:
+    """Factor on the expert gradients so that, after the expert-dp average, they are the mean over
+    the dp*cp data-parallel losses like the dense gradients: each rank's expert gradient sums the
+    tokens its EP group routed to it, every token of a dp x cp group is held by exactly one of its
+    tp ranks (SP), so the sum over all edp groups covers every dp x cp loss once; averaging divides
+    by edp = tp*cp*dp/(ep*etp) instead of dp*cp, hence tp/(ep*etp) (1/ep without TP)."""
+    return tp / (ep * etp)
+
+
+def apply_ep(model: Transformer, ep_mesh, grad_scale: float) -> list[nn.Parameter]:
     """Give every MoE layer of `model` (before pipelining, on the meta device or initialised) only
-    this EP rank's experts and the EP group; returns the expert parameters (reduced over expert-dp).
-    Their gradients are scaled by 1/ep in the backward: the expert-dp reduction averages over edp,
-    and dp*cp = edp*ep (etp = tp), so each expert's gradient is its tokens' sum / (dp*cp), the
-    mean over all ranks' losses like the dense gradients."""
+    this EP rank's experts and the EP group; returns the expert parameters (reduced over expert-dp),
+    whose backward multiplies their gradient by `grad_scale` (`expert_grad_scale`)."""
     ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
     group = ep_mesh.get_group()
     spec = model.config.spec
@@ -133,7 +134,7 @@ def apply_ep(model: Transformer, ep_mesh) -> list[nn.Parameter]:
             with torch.no_grad():
                 for name in ("w1", "w2", "w3"):
                     getattr(new, name).copy_(getattr(old, name)[rank * local:(rank + 1) * local])
-        new.grad_scale = 1.0 / ep
+        new.grad_scale = grad_scale
         moe.experts = new
         moe.ep_group = group
         params.extend(new.parameters())

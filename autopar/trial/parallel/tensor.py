@@ -7,7 +7,12 @@ Korthikanti et al. 2022; torchtitan `apply_tp`):
 - model `rowwise` (tok_embeddings) -> vocab-parallel embedding (rows sharded, replicated token ids);
 - model `colwise` (output) -> vocab-parallel LM head whose logits stay sharded on the vocabulary
   (a DTensor), for `loss_parallel` cross-entropy: [tokens, vocab] logits are never gathered;
-- `sequence` (norms) -> SequenceParallel when SP is on, else nothing (the norm runs replicated).
+- `sequence` (norms) -> SequenceParallel when SP is on, else nothing (the norm runs replicated);
+  `sequence-tokens` (the MoE router, fed flattened [tokens, hidden]) -> SequenceParallel on dim 0;
+- `local` (the MoE region) -> its input becomes this rank's plain sequence shard: the routed experts
+  are not split over tp but folded into EP (each tp rank dispatches its own tokens, Megatron-Core's
+  MoE parallel folding, etp = 1); the router's gradient is reduced over tp like a norm's, and the
+  shared expert inside is an ordinary column/row-parallel region.
 The entry of every column-parallel region (the parent of its colwise modules: `attention`,
 `feed_forward`) gets a PrepareModuleInput that makes its input one replicated DTensor (an
 all-gather of the sequence under SP), so the backward reduces the region's input gradient once.
@@ -43,8 +48,6 @@ def tp_problems(model: Transformer, tp: int) -> list[str]:
                     ("FFN hidden size", spec.ffn_hidden_size), ("padded vocabulary", model.config.vocab_rows)):
         if n % tp:
             out.append(f"{what} ({n}) do not divide by tp={tp}")
-    if spec.moe is not None:
-        out.append("MoE layers under tp > 1 need expert tensor/expert parallelism (not built yet)")
     return out
 
 
@@ -60,6 +63,15 @@ def block_styles(table: Mapping[str, str], sequence_parallel: bool) -> dict[str,
         elif style == "sequence":
             if sequence_parallel:
                 styles[name] = SequenceParallel()
+        elif style == "sequence-tokens":
+            if not sequence_parallel:
+                raise ValueError(f"{name} needs sequence parallelism under tp > 1 (MoE layers)")
+            styles[name] = SequenceParallel(sequence_dim=0, use_local_output=True)
+        elif style == "local":
+            if not sequence_parallel:
+                raise ValueError(f"{name} needs sequence parallelism under tp > 1 (MoE layers)")
+            styles[name] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(seq,),
+                                              use_local_output=True)
         else:
             raise ValueError(f"unknown sharding style {style!r} for {name}")
     # Each column-parallel region turns its input into one replicated DTensor at its entry
