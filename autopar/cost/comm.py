@@ -61,7 +61,9 @@ def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_hea
     sharding tables (autopar.spec.sharding) the built-in model applies: each row-parallel module
     is one sync point, costing per pass an all-reduce (no SP) or an all-gather + reduce-scatter
     (SP); passes = forward, backward, and the recomputed forward of the `recompute_share` of
-    layers fully recomputed. Expert-TP (etp > 1) also gathers the k routed copies on MoE layers.
+    layers fully recomputed. Expert-TP (etp > 1) also gathers the k routed copies on MoE layers
+    (and reduce-scatters their partial outputs), after gathering each rank's per-expert row counts
+    (E int64 per forward; Megatron-Core `MoEAlltoAllTokenDispatcher` with tp > 1).
     Embedding output, LM-head input and the three fp32 reductions of the vocab-parallel
     cross-entropy come on top. Under SP the embedding's output reduce-scatter has an all-gather of
     its gradient in the backward (Megatron `reduce_scatter_to_sequence_parallel_region`, whose
@@ -80,6 +82,8 @@ def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_hea
         Call("all_gather", s, sync * on_sp), Call("reduce_scatter", s, sync * on_sp),
         Call("all_reduce", s, sync * off_sp),
         Call("all_gather", s * k, sync_k * on_sp), Call("reduce_scatter", s * k, sync_k * on_sp),
+        Call("all_gather", np.full_like(np.asarray(s, dtype=float), moe.num_experts * COUNT_BYTES if moe else 0.0)
+             * np.asarray(etp, dtype=float), moe_layers * (etp > 1) * (1.0 + recompute_share)),
         Call("reduce_scatter", s, has_embedding * on_sp), Call("all_gather", s, has_embedding * on_sp),
         Call("all_reduce", s, has_embedding * off_sp),
         Call("all_gather", s, has_head * on_sp), Call("reduce_scatter", s, has_head * on_sp),

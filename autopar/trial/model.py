@@ -138,8 +138,7 @@ class Attention(nn.Module):
         rep = q.shape[1] // k.shape[1]
         if rep > 1:  # explicit repeat: the CPU flash kernel has no GQA path
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class FeedForward(nn.Module):
@@ -157,11 +156,15 @@ class FeedForward(nn.Module):
 
 class GroupedExperts(nn.Module):
     """E SwiGLU experts as stacked weights [E, ...] (torchtitan `GroupedExperts`), run locally.
-    Under expert parallelism a rank holds experts [offset, offset + E_local) of `total`."""
+    Under expert parallelism a rank holds experts [offset, offset + E_local) of `total`; under expert
+    tensor parallelism the FFN columns [ffn_offset, ffn_offset + ffn_local) of `ffn_total` (its
+    output is then a partial sum over the shards)."""
 
-    def __init__(self, num_experts: int, hidden: int, ffn: int, offset: int = 0, total: int | None = None) -> None:
+    def __init__(self, num_experts: int, hidden: int, ffn: int, offset: int = 0, total: int | None = None,
+                 ffn_offset: int = 0, ffn_total: int | None = None) -> None:
         super().__init__()
         self.offset, self.total = offset, total if total is not None else num_experts
+        self.ffn_offset, self.ffn_total = ffn_offset, ffn_total if ffn_total is not None else ffn
         self.w1 = nn.Parameter(torch.empty(num_experts, ffn, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, ffn))
         self.w3 = nn.Parameter(torch.empty(num_experts, ffn, hidden))
@@ -240,8 +243,9 @@ class MoE(nn.Module):
     are global to the sequence: under context parallelism they are summed over the cp ranks
     (`stats_group`), so every parallel layout trains the same loss as one process.
 
-    Expert parallelism (autopar.trial.parallel.expert.apply_ep) sets `ep_group`; the routed copies
-    then go to the experts' ranks by all-to-all (dispatch / combine). `capacity_factor` (None =
+    Expert parallelism (autopar.trial.parallel.expert.apply_ep) sets `ep_group` and/or `etp_group`;
+    the routed copies then go to the experts' ranks by all-to-all (dispatch / combine), and are
+    gathered over the expert-TP ranks that split each expert's FFN. `capacity_factor` (None =
     dropless) caps each expert at ceil(cf * copies / E) of this rank's copies, dropping the rest."""
 
     def __init__(self, spec: ModelSpec, routing: str = "topk", capacity_factor: float | None = None,
@@ -261,6 +265,7 @@ class MoE(nn.Module):
         self.shared_expert = (FeedForward(spec.hidden_size, m.shared_expert_ffn_hidden_size)
                               if m.num_shared_experts else None)
         self.ep_group = None  # expert-parallel group (apply_ep)
+        self.etp_group = None  # expert-tensor-parallel group: the experts' FFN split over it (apply_ep)
         self.stats_group = None  # ranks holding other tokens of the same sequences (cp), for aux stats
         self.aux_scale = 1.0  # gradient of the aux loss per microbatch (1/microbatches outside a pipeline)
         self.positions: torch.Tensor | None = None  # token positions (for balanced routing), set per forward
@@ -322,7 +327,7 @@ class MoE(nn.Module):
         self.last_counts = torch.bincount(top[keep] if keep is not None else top.reshape(-1),
                                           minlength=self.num_experts).detach()
         weights = weights.type_as(x)
-        if self.ep_group is not None:
+        if self.ep_group is not None or self.etp_group is not None:
             from autopar.trial.parallel.expert import expert_parallel_forward
 
             out = expert_parallel_forward(self, flat, top, weights, keep)

@@ -46,9 +46,10 @@ from autopar.trial.parallel.tensor import apply_tp
 def plan_problems(plan: ParallelPlan, spec: ModelSpec | None = None) -> list[str]:
     """Plan features the built-in model cannot run yet, as sentences (MoE ones when `spec` is given)."""
     out = []
-    if spec is not None and spec.moe is not None and plan.etp > 1:
-        out.append(f"expert tensor parallelism (etp = {plan.etp}) is not built: use etp = 1 (each expert whole "
-                   f"on its rank, EP folded over the tp ranks, Megatron-Core's MoE parallel folding)")
+    if spec is not None and spec.moe is not None and plan.etp not in (1, plan.tp):
+        out.append(f"expert tensor parallelism over part of the tp group (etp = {plan.etp}, tp = {plan.tp}) is not "
+                   f"built: use etp = tp (each expert's FFN split like the dense MLP) or etp = 1 (experts whole, "
+                   f"EP folded over the tp ranks)")
     if plan.recompute != "none":
         out.append("activation recomputation is not built yet")
     if plan.dtype == "fp8":
@@ -72,7 +73,7 @@ class ParallelModel:
     param_count: int  # parameters this rank holds under TP (before ZeRO sharding)
     positions: torch.Tensor | None = None  # token positions this cp rank holds (None: all)
     expert_mesh: DeviceMesh | None = None  # (pp, edp, ep, etp) view, when ep > 1
-    expert_names: frozenset[str] = frozenset()  # parameters split over ep (full_params gathers them)
+    expert_names: frozenset[str] = frozenset()  # parameters split over ep / etp (full_params gathers them)
     named_axes: dict = field(default_factory=dict)  # ("name", group name) -> axis, for the byte counter
 
     @property
@@ -95,11 +96,14 @@ class ParallelModel:
             t: torch.Tensor = p
             if isinstance(t, DTensor):
                 t = t.full_tensor()
-            if name in self.expert_names:  # each EP rank holds E/ep experts: gather the stack
-                group = self.expert_mesh.get_group("ep")
-                parts = [torch.empty_like(t) for _ in range(group.size())]
-                torch.distributed.all_gather(parts, t.detach().contiguous(), group=group)
-                t = torch.cat(parts)
+            if name in self.expert_names:  # E/ep experts, ffn/etp of each: gather the FFN, then the stack
+                ffn_dim = 2 if name.endswith("w2") else 1
+                for axis, dim in (("etp", ffn_dim), ("ep", 0)):
+                    if getattr(self.plan, axis) > 1:
+                        group = self.expert_mesh.get_group(axis)
+                        parts = [torch.empty_like(t) for _ in range(group.size())]
+                        torch.distributed.all_gather(parts, t.detach().contiguous(), group=group)
+                        t = torch.cat(parts, dim=dim)
             out[name] = t.detach().float().cpu().clone()
         return out
 
@@ -137,8 +141,10 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
         expert_mesh = build_expert_mesh(plan, device.type)
     scale = expert_grad_scale(plan.tp, plan.ep, plan.etp)
     expert_params: list = []
-    if plan.ep > 1:
-        expert_params = apply_ep(model, expert_mesh["ep"], scale)
+    experts_split = bool(moe_blocks) and (plan.ep > 1 or plan.etp > 1)
+    if experts_split:
+        expert_params = apply_ep(model, expert_mesh["ep"] if plan.ep > 1 else None,
+                                 expert_mesh["etp"] if plan.etp > 1 else None, scale)
     elif experts_apart:
         for moe in moe_blocks:
             moe.experts.grad_scale = scale
@@ -150,11 +156,10 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
             materialize(stage, seed, device)
         else:
             stage.to(device)
-        if plan.ep > 1 and on_meta:
+        if experts_split and on_meta:
             init_local_experts(stage, seed)
     param_count = sum(count_params(s) for _, s in stages)
     # 4. data parallelism, per stage module: dense over dp x cp, experts over expert-dp
-    ep_on = plan.ep > 1
     edp_mesh = fresh_axis_mesh(expert_mesh, "edp") if experts_apart and plan.expert_dp > 1 else None
     if edp_mesh is not None:  # booked as data-parallel traffic, whatever other axis has its ranks
         named_axes[("name", edp_mesh.get_group().group_name)] = "dp"
@@ -175,7 +180,7 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
         params.update(dict(stage.named_parameters()))
     # 5. the pipeline schedule over the wrapped stages
     schedule = build_schedule(wrapped, plan, mesh["pp"], device, cross_entropy) if plan.pp > 1 else None
-    expert_names = frozenset(n for n in params if ".moe.experts." in n) if ep_on else frozenset()
+    expert_names = frozenset(n for n in params if ".moe.experts." in n) if experts_split else frozenset()
     return ParallelModel(plan=plan, mesh=mesh, stages=wrapped, unwrapped=[s for _, s in stages],
                          schedule=schedule, params=params, param_count=param_count, positions=positions,
                          expert_mesh=expert_mesh, expert_names=expert_names, named_axes=named_axes)

@@ -99,6 +99,10 @@ CASES: tuple[Case, ...] = (
     Case("moe-tp2-ep2", 2, {"tp": 2, "ep": 2, "etp": 1}, model="tiny-moe", trial_kwargs=BALANCED),
     # ep = 1: every expert whole on both tp ranks, their gradients reduced over the tp pair (expert-dp 2)
     Case("moe-tp2-learned", 2, {"tp": 2, "etp": 1, "zero_stage": 1}, model="tiny-moe"),
+    # expert tensor parallelism (etp = tp, Megatron-Core's default): each expert's FFN split over tp
+    Case("moe-tp2-etp2", 2, {"tp": 2}, model="tiny-moe", trial_kwargs=BALANCED),
+    # learned routing: with ep = 1 every rank still gathers exactly its k*T/tp copies (bytes exact)
+    Case("moe-tp2-etp2-learned", 2, {"tp": 2, "zero_stage": 0}, model=TINY_MOE_TOP1),
     # world 4
     Case("tp4", 4, {"tp": 4}, model=TINY_KV4),
     Case("tp2xdp2-zero0", 4, {"tp": 2, "dp": 2, "zero_stage": 0}),
@@ -117,6 +121,8 @@ CASES: tuple[Case, ...] = (
     Case("ep2xdp2-top2-zero0", 4, {"dp": 4, "ep": 2, "zero_stage": 0}, model="tiny-moe", trial_kwargs=BALANCED),
     Case("moe-tp2xdp2-ep4-shared", 4, {"tp": 2, "dp": 2, "ep": 4, "etp": 1, "zero_stage": 1}, model=TINY_MOE_SHARED,
          trial_kwargs=BALANCED),
+    Case("moe-tp2xdp2-ep2-etp2", 4, {"tp": 2, "dp": 2, "ep": 2, "zero_stage": 1}, model=TINY_MOE_SHARED,
+         trial_kwargs=BALANCED),
     Case("moe-tp2xdp2-ep2-learned", 4, {"tp": 2, "dp": 2, "ep": 2, "etp": 1, "zero_stage": 1}, model="tiny-moe"),
     # world 8
     Case("pp2xdp2xtp2", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 1, "global_batch_size": 8}),
@@ -127,7 +133,9 @@ CASES: tuple[Case, ...] = (
     Case("pp2xcp2xtp2", 8, {"pp": 2, "cp": 2, "tp": 2}),
     Case("pp2xdp2xcp2-ep4", 8, {"pp": 2, "dp": 2, "cp": 2, "ep": 4, "zero_stage": 1, "global_batch_size": 8},
          model="tiny-moe", trial_kwargs=BALANCED),
-    # the five axes: pp2 x cp2 x tp2 (dp 1) with MoE on ep4 over the cp x tp ranks of each stage (etp = 1)
+    # the five axes: pp2 x cp2 x tp2 (dp 1) with MoE on ep2 over the cp ranks, each expert's FFN over tp
+    Case("pp2xcp2xtp2-ep2-etp2", 8, {"pp": 2, "cp": 2, "tp": 2, "ep": 2}, model="tiny-moe", trial_kwargs=BALANCED),
+    # ... and with MoE on ep4 over the cp x tp ranks of each stage (etp = 1, MoE parallel folding)
     Case("pp2xcp2xtp2-ep4", 8, {"pp": 2, "cp": 2, "tp": 2, "ep": 4, "etp": 1}, model="tiny-moe",
          trial_kwargs=BALANCED),
     # ep2 over the cp pairs, expert-dp 2 over dp, ZeRO-0 (FSDP2 replicate), learned routing

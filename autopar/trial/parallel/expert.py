@@ -10,8 +10,14 @@ Groups (autopar.trial.mesh.build_expert_mesh): inside a pipeline stage the tp*cp
 re-viewed as (edp, ep, etp), etp innermost, so an EP group takes ep ranks at stride etp: with
 etp = tp it spans dp x cp ranks; with etp = 1 under tp > 1 it folds the tp ranks in (each holds its
 own sequence shard under SP: Megatron-Core's MoE parallel folding). EP rank j holds experts
-[j*E/ep, (j+1)*E/ep). Dense parameters reduce their gradients over dp x cp; expert parameters over
-expert-dp (edp = tp*cp*dp/(ep*etp)), scaled by `expert_grad_scale` in their backward.
+[j*E/ep, (j+1)*E/ep). With etp = tp > 1 (expert tensor parallelism, Megatron-Core's default) each
+expert's FFN is split over the etp ranks like a dense MLP (w1/w3 columns, w2 rows): after the
+dispatch the etp ranks all-gather the rows they received (variable sizes, after gathering their
+per-expert counts), run their FFN shard, and reduce-scatter the partial outputs back to the rows'
+owners before the combine (`gather_from_sequence_parallel_region` / `reduce_scatter_to_sequence_
+parallel_region` with split sizes in Megatron-Core). Dense parameters reduce their gradients over
+dp x cp; expert parameters over expert-dp (edp = tp*cp*dp/(ep*etp)), scaled by `expert_grad_scale`
+in their backward.
 
 One MoE layer per microbatch, on each EP rank with T local tokens and k copies each:
 1. count exchange: all_to_all_single of the per-expert copy counts (E int64): each rank learns how
@@ -55,11 +61,64 @@ class AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
+class GatherRows(torch.autograd.Function):
+    """All-gather of a variable number of rows per rank (rank i holds rows[i]); the backward
+    reduce-scatters the gradient back to each rank's rows (Megatron-Core
+    `gather_from_sequence_parallel_region` with output_split_sizes)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rows: list[int], group) -> torch.Tensor:
+        ctx.rows, ctx.group = rows, group
+        return gather_rows(x, rows, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return reduce_scatter_rows(grad, ctx.rows, ctx.group), None, None
+
+
+class ScatterRows(torch.autograd.Function):
+    """Reduce-scatter (sum) of variable row blocks: rank i gets the sum of every rank's block i; the
+    backward all-gathers (Megatron-Core `reduce_scatter_to_sequence_parallel_region`)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rows: list[int], group) -> torch.Tensor:
+        ctx.rows, ctx.group = rows, group
+        return reduce_scatter_rows(x, rows, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return gather_rows(grad, ctx.rows, ctx.group), None, None
+
+
+def gather_rows(x: torch.Tensor, rows: list[int], group) -> torch.Tensor:
+    """Every rank's rows, concatenated in rank order. gloo's all-gather needs equal sizes: the
+    blocks are padded to the largest (equal under balanced routing, so nothing is padded then)."""
+    if dist.get_backend(group) != "gloo":
+        parts = [x.new_empty((n,) + tuple(x.shape[1:])) for n in rows]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts)
+    most = max(rows)
+    buf = x.new_zeros((most,) + tuple(x.shape[1:]))
+    buf[:x.shape[0]] = x
+    out = x.new_empty((most * len(rows),) + tuple(x.shape[1:]))
+    dist.all_gather_into_tensor(out, buf, group=group)
+    return torch.cat([out[i * most:i * most + n] for i, n in enumerate(rows)])
+
+
+def reduce_scatter_rows(x: torch.Tensor, rows: list[int], group) -> torch.Tensor:
+    """This rank's block of the sum over ranks of x split into `rows` blocks."""
+    me = dist.get_rank(group)
+    out = x.new_empty((rows[me],) + tuple(x.shape[1:]))
+    dist.reduce_scatter(out, [b.contiguous() for b in x.split(rows)], group=group)
+    return out
+
+
 def expert_parallel_forward(moe: MoE, flat: torch.Tensor, top: torch.Tensor, weights: torch.Tensor,
                             keep: torch.Tensor | None) -> torch.Tensor:
-    """The routed-expert output [T, h] of this rank's tokens, experts spread over `moe.ep_group`."""
-    group = moe.ep_group
-    ep = dist.get_world_size(group)
+    """The routed-expert output [T, h] of this rank's tokens, experts spread over `moe.ep_group`
+    (None: ep = 1) and each expert's FFN over `moe.etp_group` (None: etp = 1)."""
+    ep_group, etp_group = moe.ep_group, moe.etp_group
+    ep = dist.get_world_size(ep_group) if ep_group is not None else 1
     e, k = moe.num_experts, moe.top_k
     local_e = e // ep
     t = flat.shape[0]
@@ -67,34 +126,46 @@ def expert_parallel_forward(moe: MoE, flat: torch.Tensor, top: torch.Tensor, wei
     x_sorted = flat[copy_sorted // k]
     counts = torch.bincount(expert_sorted, minlength=e)  # copies this rank sends to each expert
     # 1. count exchange: row r of recv = counts source rank r sends to each of my local experts
-    recv = torch.empty_like(counts)
-    dist.all_to_all_single(recv, counts, group=group)
+    recv = counts
+    if ep_group is not None:
+        recv = torch.empty_like(counts)
+        dist.all_to_all_single(recv, counts, group=ep_group)
     send_splits = counts.view(ep, local_e).sum(1).tolist()
-    recv_counts = recv.view(ep, local_e)
-    recv_splits = recv_counts.sum(1).tolist()
-    # 2. dispatch
-    x_recv = AllToAll.apply(x_sorted, recv_splits, send_splits, group)
-    # 3. regroup source-major -> expert-major, run the local experts, restore the order
-    seg = recv_counts.reshape(-1).tolist()  # segments in (source, expert) order
+    recv_counts = recv.view(1, ep, local_e)
+    recv_splits = recv_counts.sum((0, 2)).tolist()
+    # 2. dispatch (and, under expert TP, every expert-TP rank takes the rows all of them received)
+    x_recv = AllToAll.apply(x_sorted, recv_splits, send_splits, ep_group) if ep_group is not None else x_sorted
+    if etp_group is not None:
+        etp = dist.get_world_size(etp_group)
+        gathered = recv.new_empty(etp * recv.numel())
+        dist.all_gather_into_tensor(gathered, recv, group=etp_group)
+        recv_counts = gathered.view(etp, ep, local_e)
+        etp_rows = recv_counts.sum((1, 2)).tolist()
+        x_recv = GatherRows.apply(x_recv, etp_rows, etp_group)
+    # 3. regroup (etp rank, source, expert)-major -> expert-major, run the local experts, restore
+    seg = recv_counts.reshape(-1).tolist()
     starts = [0]
     for n in seg:
         starts.append(starts[-1] + n)
+    blocks = recv_counts.shape[0] * ep  # (etp rank, source) blocks, each expert-sorted
     pieces: list[tuple[int, int]] = []  # (start, len) in received order, expert-major
     sizes: list[int] = []
     for j in range(local_e):
-        idx = [i * local_e + j for i in range(ep)]
+        idx = [i * local_e + j for i in range(blocks)]
         pieces.extend((starts[i], seg[i]) for i in idx)
         sizes.append(sum(seg[i] for i in idx))
-    perm = torch.cat([torch.arange(s, s + n, device=flat.device) for s, n in pieces])
     if x_recv.shape[0]:
+        perm = torch.cat([torch.arange(s, s + n, device=flat.device) for s, n in pieces])
         y_expert_major = moe.experts(x_recv.index_select(0, perm), sizes)
         y_recv = y_expert_major.new_zeros(x_recv.shape).index_copy(0, perm, y_expert_major)
     else:
-        y_recv = x_recv * 0  # keeps the graph (and the backward all-to-all) when nothing arrived
+        y_recv = x_recv * 0  # keeps the graph (and the backward collectives) when nothing arrived
+    if etp_group is not None:  # sum the FFN shards' partial outputs, each rank keeping its rows
+        y_recv = ScatterRows.apply(y_recv, etp_rows, etp_group)
     if moe.rows_log is not None:
         moe.rows_log.append((sum(send_splits), sum(recv_splits)))
     # 4. combine, unsort, weight and sum the k copies of each token
-    y_sorted = AllToAll.apply(y_recv, send_splits, recv_splits, group)
+    y_sorted = AllToAll.apply(y_recv, send_splits, recv_splits, ep_group) if ep_group is not None else y_recv
     y_copies = y_sorted.new_zeros(t * k, y_sorted.shape[-1]).index_copy(0, copy_sorted, y_sorted)
     return (y_copies.view(t, k, -1) * weights[..., None]).sum(1)
 
@@ -108,17 +179,22 @@ def expert_grad_scale(tp: int, ep: int, etp: int) -> float:
     return tp / (ep * etp)
 
 
-def apply_ep(model: Transformer, ep_mesh, grad_scale: float) -> list[nn.Parameter]:
+def apply_ep(model: Transformer, ep_mesh, etp_mesh, grad_scale: float) -> list[nn.Parameter]:
     """Give every MoE layer of `model` (before pipelining, on the meta device or initialised) only
-    this EP rank's experts and the EP group; returns the expert parameters (reduced over expert-dp),
-    whose backward multiplies their gradient by `grad_scale` (`expert_grad_scale`)."""
-    ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
-    group = ep_mesh.get_group()
+    this rank's experts (its EP rank's E/ep, when `ep_mesh`) and of each only its FFN shard (its
+    expert-TP rank's ffn/etp columns of w1, w3 and rows of w2, when `etp_mesh`), and the groups;
+    returns the expert parameters (reduced over expert-dp), whose backward multiplies their
+    gradient by `grad_scale` (`expert_grad_scale`)."""
     spec = model.config.spec
     assert spec.moe is not None
+    ep, rank = (ep_mesh.size(), ep_mesh.get_local_rank()) if ep_mesh is not None else (1, 0)
+    etp, etp_rank = (etp_mesh.size(), etp_mesh.get_local_rank()) if etp_mesh is not None else (1, 0)
     if spec.moe.num_experts % ep:
         raise ValueError(f"{spec.moe.num_experts} experts do not divide by ep={ep}")
-    local = spec.moe.num_experts // ep
+    if spec.moe.expert_ffn_hidden_size % etp:
+        raise ValueError(f"expert FFN size {spec.moe.expert_ffn_hidden_size} does not divide by etp={etp}")
+    local, ffn = spec.moe.num_experts // ep, spec.moe.expert_ffn_hidden_size // etp
+    rows, cols = slice(rank * local, (rank + 1) * local), slice(etp_rank * ffn, (etp_rank + 1) * ffn)
     params: list[nn.Parameter] = []
     for block in model.layers.values():
         moe = block.moe
@@ -128,31 +204,35 @@ def apply_ep(model: Transformer, ep_mesh, grad_scale: float) -> list[nn.Paramete
         on_meta = old.w1.is_meta
         device = "meta" if on_meta else old.w1.device
         with torch.device(device):
-            new = GroupedExperts(local, spec.hidden_size, spec.moe.expert_ffn_hidden_size, offset=rank * local,
-                                 total=spec.moe.num_experts)
+            new = GroupedExperts(local, spec.hidden_size, ffn, offset=rank * local, total=spec.moe.num_experts,
+                                 ffn_offset=etp_rank * ffn, ffn_total=spec.moe.expert_ffn_hidden_size)
         if not on_meta:
             with torch.no_grad():
-                for name in ("w1", "w2", "w3"):
-                    getattr(new, name).copy_(getattr(old, name)[rank * local:(rank + 1) * local])
+                new.w1.copy_(old.w1[rows, cols])
+                new.w3.copy_(old.w3[rows, cols])
+                new.w2.copy_(old.w2[rows, :, cols])
         new.grad_scale = grad_scale
         moe.experts = new
-        moe.ep_group = group
+        moe.ep_group = ep_mesh.get_group() if ep_mesh is not None else None
+        moe.etp_group = etp_mesh.get_group() if etp_mesh is not None else None
         params.extend(new.parameters())
     return params
 
 
 def init_local_experts(model: Transformer, seed: int) -> None:
-    """Set each local expert stack to its slice of the full initial value (after materialisation,
-    which sees only the local shape)."""
+    """Set each local expert stack to its slice (experts, and FFN columns under expert TP) of the
+    full initial value (after materialisation, which sees only the local shape)."""
     from autopar.trial.model import initial_value
 
+    spec = model.config.spec
     with torch.no_grad():
         for key, block in model.layers.items():
-            if block.moe is None or block.moe.ep_group is None:
+            if block.moe is None or (block.moe.ep_group is None and block.moe.etp_group is None):
                 continue
             ex = block.moe.experts
-            for name in ("w1", "w2", "w3"):
-                p = getattr(ex, name)
-                full_shape = (ex.total,) + tuple(p.shape[1:])
-                full = initial_value(model.config, f"layers.{key}.moe.experts.{name}", full_shape, seed)
-                p.copy_(full[ex.offset:ex.offset + p.shape[0]])
+            rows = slice(ex.offset, ex.offset + ex.w1.shape[0])
+            cols = slice(ex.ffn_offset, ex.ffn_offset + ex.w1.shape[1])
+            ffn, h = ex.ffn_total, spec.hidden_size
+            for name, shape in (("w1", (ex.total, ffn, h)), ("w2", (ex.total, h, ffn)), ("w3", (ex.total, ffn, h))):
+                full = initial_value(model.config, f"layers.{key}.moe.experts.{name}", shape, seed)
+                getattr(ex, name).copy_(full[rows, :, cols] if name == "w2" else full[rows, cols])
