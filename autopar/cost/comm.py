@@ -138,23 +138,25 @@ def cp_calls(model, tokens, tp, cp, layers, recompute_share, act_bytes) -> list[
     return [Call("send", kv, layers * steps * (3.0 + recompute_share))]
 
 
-def moe_stat_calls(model, micro_batch, stat_group, moe_layers) -> list[Call]:
+def moe_stat_calls(model, micro_batch, stat_group, moe_layers, recompute_share=0.0) -> list[Call]:
     """The MoE load-balancing loss needs each sequence's routing statistics over all the ranks
     holding its tokens: cp ranks, and tp ranks under SP (autopar.trial.model.MoE.aux_loss;
     Megatron-Core reduces them over the tp x cp group, `sequence_load_balancing_loss_func`): per MoE
     layer per microbatch one all-reduce of the [b, E] fp32 copy counts, one of the [b, E]
-    probability sums, and that one's backward. `stat_group` = cp x (tp under SP) ranks."""
+    probability sums, and that one's backward; a fully recomputed layer repeats the two forward
+    ones. `stat_group` = cp x (tp under SP) ranks."""
     if model.moe is None:
         return []
     s = np.asarray(micro_batch, dtype=float) * model.moe.num_experts * 4.0
-    return [Call("all_reduce", s, np.where(np.asarray(stat_group) > 1, np.asarray(moe_layers, dtype=float) * 3.0, 0.0))]
+    calls = 3.0 + 2.0 * np.asarray(recompute_share, dtype=float)
+    return [Call("all_reduce", s, np.where(np.asarray(stat_group) > 1, np.asarray(moe_layers, dtype=float) * calls, 0.0))]
 
 
 #: bytes of one routed-copy count (int64) in the dispatcher's count exchange
 COUNT_BYTES = 8
 
 
-def ep_calls(model, tokens, tp, sp, moe_layers, imbalance, act_bytes) -> list[Call]:
+def ep_calls(model, tokens, tp, sp, moe_layers, imbalance, act_bytes, recompute_share=0.0) -> list[Call]:
     """Dispatch and combine all-to-alls, forward and backward, of the k routed copies of the
     tp-local tokens (seed distributed-training-ii EP section; Megatron alltoall dispatcher).
 
@@ -163,14 +165,16 @@ def ep_calls(model, tokens, tp, sp, moe_layers, imbalance, act_bytes) -> list[Ca
     (dropless), and the R rows it received for the forward combine and the backward of the
     dispatch; `imbalance` = R / (k*T) of the busiest rank (1 when balanced). Before each dispatch
     the ranks exchange their per-expert copy counts (one all-to-all of E int64 per MoE layer per
-    forward): the receive buffers cannot be sized without it."""
+    forward): the receive buffers cannot be sized without it. A fully recomputed layer runs its
+    forward dispatch, combine and count exchange once more (Megatron recomputes the whole layer)."""
     if model.moe is None:
         return []
     local = tokens / np.where(sp, np.asarray(tp, dtype=float), 1.0)
     s = local * model.moe.top_k * model.hidden_size * act_bytes
     counts = np.full_like(np.asarray(s, dtype=float), float(model.moe.num_experts * COUNT_BYTES))
-    return [Call("all_to_all", s, moe_layers * 2.0), Call("all_to_all", s * imbalance, moe_layers * 2.0),
-            Call("all_to_all", counts, moe_layers * 1.0)]
+    forwards = 1.0 + np.asarray(recompute_share, dtype=float)
+    return [Call("all_to_all", s, moe_layers * (1.0 + forwards)), Call("all_to_all", s * imbalance, moe_layers * (1.0 + forwards)),
+            Call("all_to_all", counts, moe_layers * forwards)]
 
 
 def pp_calls(model, tokens, tp, sp, pp, vpp, rank, act_bytes) -> list[Call]:

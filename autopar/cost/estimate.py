@@ -142,7 +142,7 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
     # MoE aux-loss statistics over the ranks holding a sequence's tokens (cp x tp under SP): booked
     # on cp when cp > 1, else on tp (the built-in model names its group so: autopar.trial.parallelize)
     stat_n = c * np.where(sp, t, 1)
-    stat_bytes, stat_time = traffic(moe_stat_calls(model, b, stat_n, moe_l), stat_n, place(stat_n, 1, gpn), links)
+    stat_bytes, stat_time = traffic(moe_stat_calls(model, b, stat_n, moe_l, recompute_share), stat_n, place(stat_n, 1, gpn), links)
     on_cp = c > 1
     tp_bytes, tp_time = traffic(tp_calls(model, tokens, sp, dense_l, moe_l, emb, head, recompute_share, et, act_bytes),
                                 t, place(t, 1, gpn), links)
@@ -151,7 +151,7 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
     cp_bytes, cp_time = traffic(cp_calls(model, tokens, t, c, layers, recompute_share, act_bytes), c, cp_group, links,
                                 crosses_node=cp_group.nodes > 1)
     cp_bytes, cp_time = cp_bytes + np.where(on_cp, stat_bytes, 0.0), cp_time + np.where(on_cp, stat_time, 0.0)
-    ep_bytes, ep_time = traffic(ep_calls(model, tokens, t, sp, moe_l, routing_imbalance, act_bytes), e,
+    ep_bytes, ep_time = traffic(ep_calls(model, tokens, t, sp, moe_l, routing_imbalance, act_bytes, recompute_share), e,
                                 place(e, et, gpn), links)
     pp_stride = t * c * d
     pp_bytes, pp_time = traffic(pp_calls(model, tokens, t, sp, p, v, rank, act_bytes), p, None, links,
