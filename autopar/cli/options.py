@@ -48,3 +48,8 @@ RoutingImbalance = Annotated[float, typer.Option("--routing-imbalance", help="Mo
                                                  "the mean (1 = balanced).")]
 TpCommOverlap = Annotated[bool, typer.Option("--tp-comm-overlap", help="Overlap TP collectives with GEMMs "
                                               "(Megatron --tp-comm-overlap / async TP).")]
+
+# ---- `autopar trial` (a plan run for real: small batches, fp32 on CPU) ----------------------------
+TrialGbs = Annotated[Optional[int], typer.Option("--gbs", help="Global batch size in sequences (default: "
+                                                 "mbs x dp x pp, one microbatch per pipeline stage).")]
+TrialDtype = Annotated[str, typer.Option("--dtype", help="fp32 (CPU trials) | bf16 (GPU).")]

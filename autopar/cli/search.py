@@ -85,7 +85,7 @@ def search(
         if len(results) != 1:
             raise InputError("--trials applies to one scenario")
         _measured_stage(results[0], spec, trials, trial_budget, rounds, trial_steps, trial_timeout, storage,
-                        quiet=as_json)
+                        quiet=as_json, study_name=study_name)
     from autopar.report import write_reports
 
     reports = write_reports([r.run_dir for r in results])  # RUN_DIR/report.html; a what-if links them
@@ -103,11 +103,14 @@ def search(
         print(f"Report: {p}")
 
 
-def _measured_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: float, storage, quiet: bool) -> None:
-    """Optuna's measured stage over the search result; figures into measured.json and search.json."""
+def _measured_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: float, storage, quiet: bool,
+                    study_name: str | None = None) -> None:
+    """Optuna's measured stage over the search result; figures into measured.json and search.json
+    (written atomically: another worker may share the run directory)."""
     import sys
     import time
 
+    from autopar.search.trial_files import write_atomic
     from autopar.search.trials import acceptance, run_measured
     from autopar.trial.measure import measure_plan
 
@@ -116,18 +119,19 @@ def _measured_stage(result, spec, k: int, budget, rounds: int, steps: int, timeo
     peak = q.cluster.gpu.peak_flops("bf16") / 2 if q.cluster.gpu.key == "local" else q.cluster.gpu.peak_flops("bf16")
     workroot = Path(result.run_dir) / "trials" / "work"
 
-    def measure(plan: dict, predicted: dict) -> dict:
+    def measure(plan: dict, predicted: dict, on_step) -> dict:
         from autopar.search.trials import plan_key
 
         return measure_plan(model, plan, q.num_gpus, predicted=predicted, steps=steps, timeout_s=timeout,
-                            seq_len=q.seq_len, workdir=workroot / plan_key(plan), peak_flops=peak)
+                            seq_len=q.seq_len, workdir=workroot / plan_key(plan), peak_flops=peak, on_step=on_step)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr if quiet else sys.stdout, flush=True)
 
     t0 = time.perf_counter()
-    stage = run_measured(result, measure, k, budget, rounds, storage=storage,
-                         log=log)
+    # another worker's trial ends within its timeout; one of another host silent far longer is dead
+    stage = run_measured(result, measure, k, budget, rounds, storage=storage, log=log, study_name=study_name,
+                         stale_after_s=max(600.0, 4 * timeout), wait_s=timeout + 60)
     figs = acceptance(result, stage) | {"wall_s_measured_stage": time.perf_counter() - t0}
     import os
 
@@ -144,12 +148,12 @@ def _measured_stage(result, spec, k: int, budget, rounds: int, steps: int, timeo
 
         from autopar.cost.calibrate import profile_dict
 
-        (Path(result.run_dir) / "calibrated.yaml").write_text(yaml.safe_dump(profile_dict(stage.calibration.cluster)))
-    (Path(result.run_dir) / "measured.json").write_text(json.dumps(figs, indent=2, default=float))
+        write_atomic(Path(result.run_dir) / "calibrated.yaml", yaml.safe_dump(profile_dict(stage.calibration.cluster)))
+    write_atomic(Path(result.run_dir) / "measured.json", json.dumps(figs, indent=2, default=float))
     info_path = Path(result.run_dir) / "search.json"
     info = json.loads(info_path.read_text())
     info["measured"] = figs
-    info_path.write_text(json.dumps(info, indent=2, default=str))
+    write_atomic(info_path, json.dumps(info, indent=2, default=str))
     print_measured(figs, file=sys.stderr if quiet else sys.stdout)
 
 
@@ -157,7 +161,10 @@ def print_measured(f: dict, file=None) -> None:
     """The measured stage's summary lines."""
     w = f.get("winner")
     lines = [f"Measured stage: {f['trialled']} plans trialled, {f['succeeded']} ran, {f['failed']} failed"
-             + (f" ({'; '.join(f'{k}: {v}' for k, v in f['failures'].items())[:300]})" if f["failed"] else "")]
+             + (f" ({'; '.join(f'{k}: {v}' for k, v in f['failures'].items())[:300]})" if f["failed"] else "")
+             + (f", {f['pruned']} pruned mid-run (" + ", ".join(f"{k} after {n} steps" for k, n in
+                                                             f["pruned_after_steps"].items())[:300] + ")"
+                if f.get("pruned") else "")]
     if w:
         lines.append(f"Winner (fastest measured that fitted): {w['key']} {w['measured_step_time_s']:.4f} s/step "
                      f"(predicted {w['predicted_step_time_s']:.4f})")

@@ -30,22 +30,22 @@ srun {python} -m torch.distributed.run --nnodes={nnodes} --nproc_per_node={nproc
 def trial(
     model: o.Model,
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Ranks in all (nodes x per node).")],
-    tp: Annotated[int, typer.Option("--tp")] = 1, pp: Annotated[int, typer.Option("--pp")] = 1,
-    vpp: Annotated[int, typer.Option("--vpp")] = 1,
-    zero: Annotated[int, typer.Option("--zero", help="0 DDP, 1-2 ZeRO, 3 FSDP2.")] = 1,
-    mbs: Annotated[int, typer.Option("--mbs")] = 1, gbs: Annotated[Optional[int], typer.Option("--gbs")] = None,
-    schedule: Annotated[str, typer.Option("--schedule")] = "1f1b",
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32 on CPU, bf16 on GPU.")] = "fp32",
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s")] = None,
+    tp: o.Tp = 1, pp: o.Pp = 1, vpp: o.Vpp = 1, cp: o.Cp = 1, dp: o.Dp = None, ep: o.Ep = 1, etp: o.Etp = None,
+    zero: o.Zero = 1, sp: o.Sp = None, mbs: o.Mbs = 1, gbs: o.TrialGbs = None, pp_schedule: o.PpSchedule = None,
+    recompute: o.Recompute = "none", recompute_layers: o.RecomputeLayers = None, dtype: o.TrialDtype = "fp32",
+    pp_layout: o.PpLayout = None, pp_first: o.PpFirst = None, pp_last: o.PpLast = None,
+    pp_embedding_as_layer: o.EmbeddingAsLayer = False, pp_loss_as_layer: o.LossAsLayer = False,
+    seq_len: o.SeqLen = None,
     gpu: Annotated[str, typer.Option("--gpu", help="Hardware profile of the prediction (local = `autopar probe`).")] = "local",
     cluster: o.ClusterFile = None,
     steps: Annotated[int, typer.Option("--steps", help="Timed steps after warm-up.")] = 5,
-    warmup: Annotated[int, typer.Option("--warmup")] = 2,
+    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps, left out of the timing.")] = 2,
     proxy_layers: Annotated[Optional[int], typer.Option("--proxy-layers", help="Proxy: run this many layers "
                                                         "(same shapes, pp/vpp split kept), scale the time back.")] = None,
     proxy_width: Annotated[Optional[int], typer.Option("--proxy-width", help="Proxy: a model this many times "
                                                        "narrower, same ratios; scale the time back.")] = None,
-    nnodes: Annotated[int, typer.Option("--nnodes")] = 1, node_rank: Annotated[int, typer.Option("--node-rank")] = 0,
+    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes (multi-node: one torchrun per node).")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank (multi-node).")] = 0,
     rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="host:port (multi-node).")] = None,
     emit_slurm: Annotated[Optional[Path], typer.Option("--emit-slurm", help="Write an sbatch script, run nothing.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the trial is killed.")] = 300.0,
@@ -56,6 +56,9 @@ def trial(
 ) -> None:
     """Run one plan of MODEL on GPUS ranks for real; record times, memory, bytes; compare with the estimate.
 
+    The plan flags are `autopar estimate`'s (dp = gpus / (tp*pp*cp)); plans the built-in model
+    cannot run yet are refused before anything starts.
+
     Example: autopar trial --model tiny --gpus 2 --tp 2 --mbs 2 --gbs 8
     """
     import sys
@@ -63,23 +66,31 @@ def trial(
     from autopar.cost.estimate import estimate
     from autopar.errors import InputError
     from autopar.search.trials import plan_key
-    from autopar.spec.plan import ParallelPlan
     from autopar.spec.presets import resolve_model
-    from autopar.spec.resolve import resolve_cluster
+    from autopar.spec.resolve import resolve_cluster, resolve_plan
     from autopar.trial.config import TrialConfig
     from autopar.trial.measure import measure_plan, write_trial
 
     spec = resolve_model(model)
     seq = seq_len or spec.seq_len
-    if gpus % (tp * pp * nnodes) or gpus <= 0:
-        raise InputError(f"--gpus {gpus} must be a multiple of tp*pp ({tp * pp}) and of --nnodes")
-    dp = gpus // (tp * pp)
-    plan = ParallelPlan(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mbs,
-                        global_batch_size=gbs or mbs * dp * max(1, pp), pp_schedule=schedule, dtype=dtype,
-                        sequence_parallel=tp > 1)
+    if nnodes <= 0 or gpus % nnodes:
+        raise InputError(f"--gpus {gpus} must be a multiple of --nnodes {nnodes}; change one of them")
+    if gbs is None and min(tp, pp, cp, mbs) > 0:  # one microbatch per pipeline stage: the smallest batch
+        gbs = mbs * (dp or max(1, gpus // (tp * pp * cp))) * pp
+    plan = resolve_plan(spec, gpus, seq, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, vpp=vpp, zero=zero, sp=sp,
+                        mbs=mbs, gbs=gbs, pp_schedule=pp_schedule, recompute=recompute,
+                        recompute_layers=recompute_layers, dtype=dtype, pp_layout=pp_layout, pp_first=pp_first,
+                        pp_last=pp_last, embedding_as_layer=pp_embedding_as_layer, loss_as_layer=pp_loss_as_layer)
     problems = plan.problems(spec, num_gpus=gpus, seq_len=seq)
     if problems:
-        raise InputError("; ".join(problems))
+        raise InputError("invalid plan: " + "; ".join(problems))
+    if dtype != "fp32" and not emit_slurm:
+        raise InputError(f"--dtype {dtype}: trials here run on the CPU, which needs fp32; use --dtype fp32 "
+                         f"(or --emit-slurm for a GPU machine)")
+    unbuilt = _unbuilt(plan, spec)
+    if unbuilt:
+        raise InputError(f"the built-in model cannot run this plan yet: {'; '.join(unbuilt)}; "
+                         f"change the plan flags (`autopar estimate` predicts any plan)")
     cl = resolve_cluster(gpu, None, cluster)
     est = estimate(plan, spec, cl, num_gpus=gpus, seq_len=seq)
     predicted = {"step_time_s": float(est.step_time_s), "peak_memory_bytes": float(est.peak_memory_bytes),
@@ -97,8 +108,8 @@ def trial(
     nproc = gpus // nnodes
     if emit_slurm:
         spec_path = emit_slurm.with_suffix(".run.json")
-        configs = [TrialConfig(name=key, model=mdl, plan=plan.to_dict(), scale=proxy, seq_len=seq, steps=steps + 1,
-                               warmup=warmup, device="auto")]
+        configs = [TrialConfig(name=key, model=mdl, plan=plan.to_dict(), scale=proxy, seq_len=seq,
+                               steps=warmup + steps + 1, warmup=warmup, device="auto")]  # + the byte-counting step
         spec_path.write_text(json.dumps({"trials": [c.to_dict() for c in configs]}, indent=1))
         emit_slurm.write_text(SBATCH.format(nnodes=nnodes, nproc=nproc, minutes=max(5, int(timeout // 60) + 5),
                                             python="python", spec=spec_path.resolve(),
@@ -131,3 +142,11 @@ def trial(
         print(f"Result: {path}")
     if doc["status"] != "ok":
         sys.exit(1)
+
+
+def _unbuilt(plan, spec) -> list[str]:
+    """What the built-in model cannot run of this plan (autopar.trial.parallelize.plan_problems;
+    importing it loads torch, as the trial itself will)."""
+    from autopar.trial.parallelize import plan_problems
+
+    return plan_problems(plan, spec)

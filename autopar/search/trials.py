@@ -1,14 +1,18 @@
 """The measured stage of `autopar search --trials K` (Optuna, design-lessons.md lesson 11): a study
 in the run directory (SQLite `trials.db`, or any --storage) seeded with the analytic top-K through
-`enqueue_trial`; each Optuna trial measures one plan for real through a `measure(plan, predicted)`
-callable (the CLI wires autopar.trial.measure: this layer imports no torch); per-step times are
-reported as intermediate values so the pruner (MedianPruner, after the K seeded trials) stops plans
-already slower than the others; while `budget` remains the sampler proposes further plans among the
-analytic plans that fit. Results are trial JSON files (`trials/<key>.json`) and user attributes.
+`enqueue_trial`; each Optuna trial measures one plan for real through a `measure(plan, predicted,
+on_step)` callable (the CLI wires autopar.trial.measure: this layer imports no torch). The running
+trial streams its per-step times: each is reported to Optuna as it ends and the pruner
+(MedianPruner, after the K seeded trials) is asked at once, so a plan whose first steps are already
+slower than the finished trials' median is killed mid-run and recorded as pruned with the steps it
+ran. While `budget` remains the sampler proposes further plans among the analytic plans that fit.
+Results are trial JSON files (`trials/<key>.json`) and user attributes (the same document).
 
 Resume: a rerun finds the study; trials left RUNNING by a dead process are failed (fail_stale) and
 their plans rerun; finished plans are kept. Between rounds (`rounds`), the cost model is refitted
-to the measurements (autopar.cost.calibrate) and the untried plans re-ranked and enqueued.
+to the measurements (autopar.cost.calibrate) and the untried plans re-ranked and enqueued. Several
+workers can share the study (autopar.search.trial_claims): no plan is measured twice, the budget is
+shared, and each worker's final ranking covers all workers' measurements.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from optuna.trial import TrialState
 
 from autopar.cost.calibrate import Calibration, calibrate, predict, spearman
 from autopar.search import optuna_driver as od
+from autopar.search import trial_claims as claims
 from autopar.search.results import ranked, row_plan
 from autopar.search.run import SearchResult, evaluate
 from autopar.spec.plan import ParallelPlan
 
 STUDY = "measured"
+#: measure(plan, predicted, on_step) -> trial document; on_step(index, step_time_s) -> stop?
+Measure = Callable[[dict, dict, Callable[[int, float], bool]], dict]
 
 
 def plan_key(plan: dict) -> str:
@@ -77,96 +84,138 @@ class MeasuredStage:
 
 
 def _done(study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
-    """Measured plans (completed, pruned, or failed as data), by key."""
-    out = {}
-    for t in study.get_trials(deepcopy=False):
-        if "key" in t.user_attrs and (t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                                      or (t.state == TrialState.FAIL and "failure" in t.user_attrs)):
-            out[t.user_attrs["key"]] = t
-    return out
+    """Measured plans (completed, pruned mid-run, or failed as data), by key."""
+    return {t.user_attrs["key"]: t for t in study.get_trials(deepcopy=False) if claims.measured(t)}
 
 
-def _enqueue(study: optuna.Study, keys: list[str]) -> None:
-    waiting = {t.params.get("plan") for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
-    done = _done(study)
+def _enqueue(study: optuna.Study, keys: list[str], stale_after_s: float) -> None:
+    held = claims.held_keys(study, stale_after_s)
     for k in keys:
-        if k not in waiting and k not in done:
+        if k not in held:
             study.enqueue_trial({"plan": k}, user_attrs={"seeded": True})
 
 
-def run_measured(result: SearchResult, measure: Callable[[dict, dict], dict], k: int, budget: int | None = None,
+def run_measured(result: SearchResult, measure: Measure, k: int, budget: int | None = None,
                  rounds: int = 1, storage: str | None = None, seed: int | None = 0,
-                 log: Callable[[str], None] = print) -> MeasuredStage:
-    """Measure the analytic top-k (then sampler proposals up to `budget`), for `rounds` rounds."""
+                 log: Callable[[str], None] = print, study_name: str | None = None,
+                 stale_after_s: float = 3600.0, wait_s: float = 600.0) -> MeasuredStage:
+    """Measure the analytic top-k (then sampler proposals up to `budget`), for `rounds` rounds.
+    `measure(plan, predicted, on_step)` runs one plan; `on_step(index, step_time_s)` reports each
+    timed step as it ends and returns True when the pruner says stop. Several workers may run this
+    at once on one `storage` (see autopar.search.trial_claims); at the end each waits up to
+    `wait_s` for the others' running trials, so every worker ranks every measurement."""
     run_dir = Path(result.run_dir)
     trials_dir = run_dir / "trials"
     cands = candidates(result)
     keys = sorted(cands)  # the categorical choices: fixed for the life of the study
     url = storage or f"sqlite:///{run_dir / 'trials.db'}"
-    name = STUDY if storage is None else f"{run_dir.name}-{STUDY}"  # a shared storage holds many runs
+    # a shared storage holds many runs: the study is named after --study-name, else the run
+    name = STUDY if storage is None else f"{study_name or run_dir.name}-{STUDY}"
     study = optuna.create_study(storage=od.open_storage(url), study_name=name, load_if_exists=True,
                                 direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed),
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=k, n_warmup_steps=1))
-    stale = od.fail_stale(study, older_than_s=0.0)
+    stale = od.fail_stale(study, older_than_s=stale_after_s)
     if stale:
         log(f"measured stage: {stale} interrupted trial(s) of a dead process failed; their plans rerun")
     budget = max(budget or k, k)
-    order = [kk for kk, _ in sorted(_done(study).items(), key=lambda kv: kv[1].number)]
     ranking = diverse(list(cands), cands)
     calib = None
     for rnd in range(rounds):
-        target = budget * (rnd + 1)
-        _enqueue(study, [kk for kk in ranking if kk not in _done(study)][:k])
+        target = min(budget * (rnd + 1), len(keys))
+        _enqueue(study, [kk for kk in ranking if kk not in _done(study)][:k], stale_after_s)
         attempts = 0
-        while len(_done(study)) < min(target, len(keys)) and attempts < 4 * target:
+        while len(_done(study)) < target and attempts < 4 * target:
             attempts += 1
             trial = study.ask({"plan": optuna.distributions.CategoricalDistribution(keys)})
             trial.set_user_attr("worker", od.WORKER)
             key = trial.params["plan"]
-            if key in _done(study):  # the sampler proposed a measured plan again
+            why = claims.verdict(study, trial.number, key, target, stale_after_s)
+            if why != "measure":  # another trial holds the plan, or the budget is spent
+                trial.set_user_attr(why, True)
                 study.tell(trial, state=TrialState.PRUNED)
+                if why == "surplus":
+                    break
                 continue
             trial.set_user_attr("key", key)
-            c = cands[key]
-            log(f"trial {trial.number}: {key} (predicted {c['predicted']['step_time_s']:.3f} s/step)")
-            doc = measure(c["plan"], c["predicted"]) | {"key": key, "optuna_trial": trial.number, "round": rnd}
-            _tell(study, trial, doc, trials_dir)
-            m = doc.get("measured") or {}
-            log(f"  -> {doc['status']}" + (f" {m['step_time_s']:.3f} s/step, peak {m['peak_memory_bytes'] / 2**20:.1f}"
-                                           f" MiB/rank" if m else f": {'; '.join(doc.get('reasons', []))[:200]}")
-                + (" (pruned)" if doc.get("pruned") else ""))
+            _measure_one(study, trial, key, cands[key], measure, rnd, trials_dir, log)
+        claims.wait_for_others(study, wait_s, stale_after_s, log)
+        docs = sync_docs(study, trials_dir)
         order = [kk for kk, _ in sorted(_done(study).items(), key=lambda kv: kv[1].number)]
-        docs = load_docs(trials_dir)
         calib = calibrate_docs(result, [docs[kk] for kk in order if kk in docs])
         if calib is not None and rnd < rounds - 1:
             ranking = list(candidates(result, evaluate_with(result, calib)))  # calibrated order, untried first
             log(f"round {rnd + 1}: recalibrated; next untried by the calibrated model: "
                 + ", ".join(kk for kk in ranking if kk not in _done(study))[:300])
-    docs = load_docs(trials_dir)
+    docs = sync_docs(study, trials_dir)
+    order = [kk for kk, _ in sorted(_done(study).items(), key=lambda kv: kv[1].number)]
     return MeasuredStage(docs=docs, order=order, calibration=calib)
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, doc: dict, trials_dir: Path) -> None:
-    """Report the per-step times, let the pruner judge, record the document, finish the trial."""
+def _measure_one(study: optuna.Study, trial: optuna.Trial, key: str, cand: dict, measure: Measure, rnd: int,
+                 trials_dir: Path, log: Callable[[str], None]) -> None:
+    """Run one plan, reporting its steps to the pruner as they end, and record the outcome."""
+    reported: set[int] = set()
+
+    def on_step(index: int, step_time_s: float) -> bool:
+        trial.report(step_time_s, index)  # persisted in the storage as it happens
+        reported.add(index)
+        return trial.should_prune()
+
+    log(f"trial {trial.number}: {key} (predicted {cand['predicted']['step_time_s']:.3f} s/step)")
+    doc = measure(cand["plan"], cand["predicted"], on_step) | {"key": key, "optuna_trial": trial.number, "round": rnd,
+                                                               "worker": od.WORKER}
+    _tell(study, trial, doc, trials_dir, reported)
+    m = doc.get("measured") or {}
+    if doc["status"] == "pruned":
+        log(f"  -> pruned after {m.get('steps_run', 0)} timed step(s)"
+            + (f", {m['step_time_s']:.3f} s/step so far" if m else ""))
+    elif doc["status"] == "ok" and m:
+        log(f"  -> ok {m['step_time_s']:.3f} s/step, peak {m['peak_memory_bytes'] / 2**20:.1f} MiB/rank")
+    else:
+        log(f"  -> {doc['status']}: {'; '.join(doc.get('reasons', []))[:200]}")
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, doc: dict, trials_dir: Path, reported: set[int]) -> None:
+    """Report the steps not streamed live, record the document (trial file, then user attribute:
+    the whole document but its command line), finish the trial: COMPLETE, PRUNED (stopped
+    mid-run, its partial step times kept) or FAIL (a failure recorded as data)."""
     from autopar.search.trial_files import write_trial_doc
 
     m = doc.get("measured") or {}
-    attrs = {k: doc.get(k) for k in ("name", "status", "outcome", "reasons", "wall_s", "predicted", "errors")}
-    if doc["status"] != "ok" or not m:
+    attrs = {k: v for k, v in doc.items() if k != "command"}
+    if doc["status"] not in ("ok", "pruned") or not m:
         doc["pruned"] = False
         write_trial_doc(doc, trials_dir)
-        trial.set_user_attr("failure", attrs)
+        trial.set_user_attr("failure", attrs | {"pruned": False})
         study.tell(trial, state=TrialState.FAIL)
         return
     for i, t in enumerate(m["step_times_s"]):
-        trial.report(t, i)
-    doc["pruned"] = trial.should_prune()
+        if i not in reported:
+            trial.report(t, i)
+    doc["pruned"] = doc["status"] == "pruned"
+    if doc["pruned"]:
+        doc["reasons"] = list(doc.get("reasons", [])) + ["the median pruner: its first steps were slower than the "
+                                                         "median of the finished trials at the same step"]
     write_trial_doc(doc, trials_dir)
-    trial.set_user_attr("result", attrs | {"measured": {k: v for k, v in m.items() if not isinstance(v, (list, dict))}})
+    trial.set_user_attr("result", attrs | {"pruned": doc["pruned"], "reasons": doc.get("reasons", [])})
     if doc["pruned"]:
         study.tell(trial, state=TrialState.PRUNED)
     else:
         study.tell(trial, m["step_time_s"])
+
+
+def sync_docs(study: optuna.Study, trials_dir: Path) -> dict[str, dict]:
+    """The trial documents of the run: the files in `trials_dir`, completed by the documents other
+    workers recorded in the study (written here, so the run directory holds every measurement)."""
+    from autopar.search.trial_files import write_trial_doc
+
+    docs = load_docs(trials_dir)
+    for key, t in _done(study).items():
+        doc = t.user_attrs.get("result") or t.user_attrs.get("failure") or {}
+        if key not in docs and isinstance(doc.get("plan"), dict) and doc.get("key") == key:
+            write_trial_doc(doc, trials_dir)
+            docs[key] = doc
+    return docs
 
 
 def load_docs(trials_dir: Path) -> dict[str, dict]:
@@ -194,12 +243,16 @@ def calibrate_docs(result: SearchResult, docs: list[dict]) -> Calibration | None
 
 def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
     """The figures of the measured stage: winner, Spearman before/after calibration, whether the
-    measured-fastest plan is in the calibrated model's top 2, memory errors, counts."""
+    measured-fastest plan is in the calibrated model's top 2, memory errors, counts (pruned plans
+    ran only their first steps and no memory trial: counted apart, left out of the fits)."""
     q = result.question
     ok = [stage.docs[k] for k in stage.order if k in stage.docs and stage.docs[k].get("status") == "ok"]
-    failed = [stage.docs[k] for k in stage.order if k in stage.docs and stage.docs[k].get("status") != "ok"]
+    pruned = [stage.docs[k] for k in stage.order if k in stage.docs and stage.docs[k].get("status") == "pruned"]
+    failed = [stage.docs[k] for k in stage.order
+              if k in stage.docs and stage.docs[k].get("status") not in ("ok", "pruned")]
     out: dict = {"trialled": len(stage.order), "succeeded": len(ok), "failed": len(failed),
-                 "failures": {d["key"]: d.get("reasons") for d in failed}}
+                 "failures": {d["key"]: d.get("reasons") for d in failed}, "pruned": len(pruned),
+                 "pruned_after_steps": {d["key"]: (d.get("measured") or {}).get("steps_run") for d in pruned}}
     if not ok:
         return out
     meas = [d["measured"]["step_time_s"] for d in ok]

@@ -12,6 +12,12 @@ and anything they started), so no process outlives the call. Outcomes:
 | oom | out of memory: a CUDA/CPU allocation failure in the logs or a trial error, or the kernel's OOM kill (SIGKILL without our timeout) |
 | timeout | still running after `timeout_s`; killed |
 | crash | anything else: a trial raised (its error is in the result), or a worker died |
+| pruned | the caller's progress callback asked to stop (a pruner judged the first steps too slow); killed |
+
+Progress: with `on_progress`, the worker's rank 0 appends one JSON line per step to
+`<workdir>/progress.jsonl` as it happens ({"trial", "name", "step", "time_s", "timed"}); the
+launcher polls the file while torchrun runs and hands each new record to the callback, which
+returns True to stop the run (the process group is killed as on timeout).
 """
 
 from __future__ import annotations
@@ -23,12 +29,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from autopar.trial.config import TrialConfig
 
-OUTCOMES = ("ok", "teardown-abort", "oom", "timeout", "crash")
+OUTCOMES = ("ok", "teardown-abort", "oom", "timeout", "crash", "pruned")
+PROGRESS_FILE = "progress.jsonl"
+#: seconds between looks at the progress file (a step of the smallest trials takes ~50 ms)
+POLL_S = 0.1
 _OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "std::bad_alloc",
                 "DefaultCPUAllocator: can't allocate memory", "Cannot allocate memory")
 #: gloo's abort at process exit (cpu-distributed.md caveat 1)
@@ -47,6 +57,7 @@ class LaunchResult:
     stdout_tail: str = ""
     stderr_tail: str = ""
     reasons: list[str] = field(default_factory=list)
+    progress: list[dict] = field(default_factory=list)  # the step records read, in order
 
     @property
     def succeeded(self) -> bool:
@@ -61,7 +72,7 @@ def torchrun_command(nproc: int, spec: Path, out: Path, python: str = sys.execut
                      rdzv: dict | None = None, worker_args: list[str] | None = None) -> list[str]:
     """The torchrun command line of a run file (torchrun is `python -m torch.distributed.run`).
     `rdzv` = {"nnodes", "node_rank", "endpoint"} for a multi-node c10d rendezvous instead of
-    --standalone; `worker_args` are extra worker options (--memory-limit-mib, --fault)."""
+    --standalone; `worker_args` are extra worker options (--memory-limit-mib, --fault, --progress)."""
     return rendezvous_command(nproc, python, rdzv) + ["-m", "autopar.trial.worker", "--spec", str(spec),
                                                       "--out", str(out)] + list(worker_args or [])
 
@@ -76,22 +87,61 @@ def rendezvous_command(nproc: int | str, python: str = sys.executable, rdzv: dic
                   f"--rdzv_id={rdzv.get('id', 'autopar')}"]
 
 
+ProgressCallback = Callable[[dict], bool]
+
+
 def launch(trials: list[TrialConfig], nproc: int, *, timeout_s: float = 600.0, workdir: Path | None = None,
            env: dict[str, str] | None = None, python: str = sys.executable, rdzv: dict | None = None,
-           worker_args: list[str] | None = None) -> LaunchResult:
-    """Run the trials in one torchrun launch of `nproc` processes; never raises on a failed run."""
+           worker_args: list[str] | None = None, on_progress: ProgressCallback | None = None) -> LaunchResult:
+    """Run the trials in one torchrun launch of `nproc` processes; never raises on a failed run.
+    `on_progress(record)` sees each step as it ends and returns True to stop the run ("pruned")."""
     workdir = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="autopar-trial-"))
     workdir.mkdir(parents=True, exist_ok=True)
     spec, out = workdir / "run.json", workdir / "result.json"
     spec.write_text(json.dumps({"trials": [t.to_dict() for t in trials]}, indent=1))
-    cmd = torchrun_command(nproc, spec, out, python, rdzv=rdzv, worker_args=worker_args)
-    return run_command(cmd, out, timeout_s=timeout_s, workdir=workdir, env=env)
+    progress = workdir / PROGRESS_FILE if on_progress else None
+    args = list(worker_args or []) + (["--progress", str(progress)] if progress else [])
+    cmd = torchrun_command(nproc, spec, out, python, rdzv=rdzv, worker_args=args)
+    return run_command(cmd, out, timeout_s=timeout_s, workdir=workdir, env=env, progress=progress,
+                       on_progress=on_progress)
+
+
+class ProgressReader:
+    """The complete JSON lines appended to a progress file since the last read (a line still
+    being written waits for its newline)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.pending = Path(path), 0, b""
+
+    def read(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # not ours to judge: skip a malformed line
+                continue
+        return out
 
 
 def run_command(command: list[str], result_path: Path, *, timeout_s: float, workdir: Path,
-                env: dict[str, str] | None = None) -> LaunchResult:
-    """Run a worker command in its own process group, kill the group on timeout, classify."""
+                env: dict[str, str] | None = None, progress: Path | None = None,
+                on_progress: ProgressCallback | None = None) -> LaunchResult:
+    """Run a worker command in its own process group, kill the group on timeout or when
+    `on_progress` asks to stop, classify."""
     result_path.unlink(missing_ok=True)
+    reader = None
+    if progress is not None and on_progress is not None:
+        progress.unlink(missing_ok=True)
+        reader = ProgressReader(progress)
+    records: list[dict] = []
     run_env = dict(os.environ if env is None else env)
     repo = str(Path(__file__).resolve().parents[2])  # so the workers import this autopar
     run_env["PYTHONPATH"] = repo + os.pathsep + run_env.get("PYTHONPATH", "")
@@ -102,21 +152,48 @@ def run_command(command: list[str], result_path: Path, *, timeout_s: float, work
         proc = subprocess.Popen(command, stdout=so, stderr=se, cwd=workdir, env=run_env, start_new_session=True,
                                 preexec_fn=_die_with_parent)
         (workdir / PGID_FILE).write_text(str(proc.pid))
-        timed_out = False
+        timed_out = stopped = False
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
+            ended = _wait(proc, t0 + timeout_s, reader, on_progress, records)
+            timed_out, stopped = ended == "timeout", ended == "stopped"
+            if ended != "exited":
+                _kill_group(proc)
         finally:
-            _kill_group(proc, grace_s=0.0)  # orphans of a finished run
+            _kill_group(proc, grace_s=0.0)  # orphans of a finished run; all of it if a callback raised
     (workdir / PGID_FILE).unlink(missing_ok=True)
+    if reader is not None and not stopped:
+        for rec in reader.read():  # the last steps, written just before the exit: seen, too late to stop
+            records.append(rec)
+            on_progress(rec)
     wall = time.perf_counter() - t0
     stdout, stderr = _tail(stdout_path), _tail(stderr_path)
     result = _read_result(result_path)
-    outcome, reasons = classify(proc.returncode, timed_out, result, stdout + stderr)
+    if stopped:
+        outcome, reasons = "pruned", [f"stopped by the caller after {len(records)} step record(s)"]
+    else:
+        outcome, reasons = classify(proc.returncode, timed_out, result, stdout + stderr)
     return LaunchResult(outcome=outcome, returncode=proc.returncode, wall_s=wall, result=result, command=command,
-                        stdout_tail=stdout, stderr_tail=stderr, reasons=reasons)
+                        stdout_tail=stdout, stderr_tail=stderr, reasons=reasons, progress=records)
+
+
+def _wait(proc: subprocess.Popen, deadline: float, reader: ProgressReader | None,
+          on_progress: ProgressCallback | None, records: list[dict]) -> str:
+    """Wait for the process to exit ("exited"), the deadline ("timeout", perf_counter clock) or the
+    callback to ask for a stop ("stopped"), feeding it the progress records meanwhile."""
+    while True:
+        left = deadline - time.perf_counter()
+        try:
+            proc.wait(timeout=max(0.0, min(POLL_S, left)) if reader is not None else max(0.0, left))
+            return "exited"
+        except subprocess.TimeoutExpired:
+            pass
+        if reader is not None:
+            for rec in reader.read():
+                records.append(rec)
+                if on_progress(rec):
+                    return "stopped"
+        if time.perf_counter() >= deadline:
+            return "timeout"
 
 
 PGID_FILE = "launch.pgid"

@@ -10,6 +10,11 @@ program with fewer layers (every layer keeps its shape, pp/vpp split kept: n mus
 pp*vpp); the step time is scaled back by the ratio of the estimate's full and proxy step times (the
 cost model carries the non-layer terms); `{"width_divisor": d}` runs a narrower model with the same
 ratios (ModelSpec.scaled) and scales back the same way. Both say so in `measured.proxy`.
+
+Pruning: with `on_step(index, time_s)`, each timed step of the timed trial is handed over as it
+ends (index 0, 1, ... = its place in `measured.step_times_s`); when it returns True the run is
+killed and the document says status "pruned", with the steps that ran in `measured`
+(`partial: true`, no memory figures: the memory trial never ran).
 """
 
 from __future__ import annotations
@@ -17,20 +22,23 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from autopar.spec.plan import ParallelPlan
 from autopar.trial.config import TrialConfig
 from autopar.trial.launcher import launch
 
-OUTCOME_STATUS = {"ok": "ok", "teardown-abort": "ok", "oom": "oom", "timeout": "timeout", "crash": "crash"}
+OUTCOME_STATUS = {"ok": "ok", "teardown-abort": "ok", "oom": "oom", "timeout": "timeout", "crash": "crash",
+                  "pruned": "pruned"}
 
 
 def trial_configs(model: str | dict, plan: dict, *, steps: int = 5, warmup: int = 1, seq_len: int | None = None,
                   scale: dict | None = None, device: str = "cpu", name: str = "") -> list[TrialConfig]:
-    """The timed trial and the tensor-memory trial of one plan."""
+    """The timed trial (`warmup` steps, `steps` timed ones, then the byte-counting step) and the
+    tensor-memory trial of one plan."""
     base = dict(model=model, plan=plan, scale=scale, seq_len=seq_len, device=device, optimizer="adamw", seed=0)
-    return [TrialConfig(name=name or "timed", steps=steps + 1, warmup=warmup, count_comm=True, **base),
+    return [TrialConfig(name=name or "timed", steps=warmup + steps + 1, warmup=warmup, count_comm=True, **base),
             TrialConfig(name=(name or "timed") + ":memory", steps=2, warmup=1, count_comm=False,
                         extra={"tensor_memory": True}, **base)]
 
@@ -58,16 +66,40 @@ def summarise(timed: dict, memory: dict | None) -> dict:
     return out
 
 
+def partial_summary(times: list[float], steps: int) -> dict:
+    """The measured figures of a trial stopped after `len(times)` of its `steps` timed steps."""
+    med = statistics.median(times)
+    return {"step_time_s": med, "step_times_s": times, "mean_step_time_s": statistics.fmean(times),
+            "step_time_spread": (max(times) - min(times)) / med, "steps_run": len(times), "steps_planned": steps,
+            "partial": True}
+
+
 def measure_plan(model: str | dict, plan: dict, nproc: int, *, predicted: dict | None = None, steps: int = 5,
                  warmup: int = 1, seq_len: int | None = None, proxy: dict | None = None, timeout_s: float = 120.0,
                  workdir: Path | None = None, worker_args: list[str] | None = None, rdzv: dict | None = None,
-                 peak_flops: float | None = None, proxy_ratio: float | None = None, device: str = "cpu") -> dict:
-    """Run the plan and return its trial document; never raises on a failed run (failures are data)."""
+                 peak_flops: float | None = None, proxy_ratio: float | None = None, device: str = "cpu",
+                 on_step: Callable[[int, float], bool] | None = None) -> dict:
+    """Run the plan and return its trial document; never raises on a failed run (failures are data).
+    `on_step(index, time_s)` sees each timed step live and returns True to stop (prune) the run."""
     name = ParallelPlan.from_dict(plan).describe()
     t0 = time.time()
+    seen: list[float] = []  # the timed trial's timed steps, as streamed
+
+    def progress(rec: dict) -> bool:
+        if rec.get("trial") != 0 or not rec.get("timed"):
+            return False  # warm-up, the byte-counting step, the memory trial
+        seen.append(float(rec["time_s"]))
+        return bool(on_step(len(seen) - 1, seen[-1]))
+
     res = launch(trial_configs(model, plan, steps=steps, warmup=warmup, seq_len=seq_len, scale=proxy, name=name,
                                  device=device),
-                 nproc, timeout_s=timeout_s, workdir=workdir, worker_args=worker_args, rdzv=rdzv)
+                 nproc, timeout_s=timeout_s, workdir=workdir, worker_args=worker_args, rdzv=rdzv,
+                 on_progress=progress if on_step is not None else None)
+    if res.outcome == "pruned":
+        return {"name": name, "plan": plan, "model": model, "nproc": nproc, "predicted": predicted or {},
+                "status": "pruned", "outcome": "pruned", "wall_s": res.wall_s, "started_at": t0,
+                "reasons": [f"pruned after {len(seen)} of {steps} timed steps"], "command": res.command,
+                "environment": {}, "measured": partial_summary(seen, steps) if seen else {}}
     ok = [t for t in res.trials if t.get("status") == "ok"]
     doc = {"name": name, "plan": plan, "model": model, "nproc": nproc, "predicted": predicted or {},
            "status": OUTCOME_STATUS[res.outcome] if ok or not res.succeeded else "crash", "outcome": res.outcome,

@@ -5,6 +5,10 @@ one's stragglers), peak memory over the steps after warm-up (autopar.trial.memor
 under TP (before ZeRO sharding: the cost model's per-GPU count), and the collective payload bytes
 per mesh axis of the last step (autopar.trial.comm_count; counted apart, since the counting mode
 slows the step, and left out of the timing statistics when other steps are timed).
+
+`on_step(step, time_s, timed)`, when given (on every rank: it costs one all-reduce per step, after
+the timed region), is called on rank 0 as each step ends with the slowest rank's time, the value
+the result reports, so a caller can watch or prune the trial while it runs.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -117,8 +122,15 @@ def build(cfg: TrialConfig, runtime: Runtime) -> tuple[ParallelModel, ModelConfi
     return parallelize(model, plan, mesh, device=runtime.device, seed=cfg.seed), config
 
 
-def run_trial(cfg: TrialConfig, runtime: Runtime) -> dict | None:
-    """Run the trial on this rank (all ranks call it); the result dict on rank 0, None elsewhere."""
+def timed_steps(cfg: TrialConfig, count_step: int) -> list[int]:
+    """The steps the statistics use: after warm-up, not the byte-counting one (else the last)."""
+    return [i for i in range(cfg.warmup, cfg.steps) if i != count_step] or [cfg.steps - 1]
+
+
+def run_trial(cfg: TrialConfig, runtime: Runtime, *, on_step: Callable[[int, float, bool], None] | None = None,
+              step_delay_s: float = 0.0) -> dict | None:
+    """Run the trial on this rank (all ranks call it); the result dict on rank 0, None elsewhere.
+    `step_delay_s` is added inside every step (a deliberately slow plan, for the pruner's tests)."""
     pm, config = build(cfg, runtime)
     plan, seq, device = pm.plan, cfg.sequence_length, runtime.device
     coords = {axis: pm.mesh.get_local_rank(axis) for axis in MESH_ORDER}
@@ -127,6 +139,7 @@ def run_trial(cfg: TrialConfig, runtime: Runtime) -> dict | None:
     moes = [b.moe for m in pm.unwrapped for b in m.layers.values() if b.moe is not None]
     mem = PeakMemory(device)
     count_step = cfg.steps - 1 if cfg.count_comm else -1
+    timed = set(timed_steps(cfg, count_step))
     mem_start = min(cfg.warmup, cfg.steps - 1)
     times: list[float] = []
     local_losses: list[torch.Tensor | None] = []
@@ -149,9 +162,16 @@ def run_trial(cfg: TrialConfig, runtime: Runtime) -> dict | None:
             loss = train_step(pm, tokens, targets)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if step_delay_s:
+                time.sleep(step_delay_s)
         _sync(device)
         times.append(time.perf_counter() - t0)
         local_losses.append(loss)
+        if on_step is not None:
+            slowest = torch.tensor([times[-1]], dtype=torch.float64, device=device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            if dist.get_rank() == 0:
+                on_step(step, float(slowest.item()), step in timed)
         if step == count_step:
             comm = counting.count.to_dict()
             rows = [r for moe in moes for r in (moe.rows_log or [])]
@@ -183,7 +203,7 @@ def _result(cfg: TrialConfig, pm: ParallelModel, config: ModelConfig, reports: l
             gathered: list, count_step: int) -> dict:
     """Rank 0's result document for one trial."""
     plan, seq = pm.plan, cfg.sequence_length
-    timed = [i for i in range(cfg.warmup, cfg.steps) if i != count_step] or [cfg.steps - 1]
+    timed = timed_steps(cfg, count_step)
     step_time = [max(r["step_times_s"][i] for r in reports) for i in range(cfg.steps)]  # the slowest rank
     mean_time = statistics.fmean(step_time[i] for i in timed)
     tokens = plan.global_batch_size * seq

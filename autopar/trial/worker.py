@@ -1,11 +1,15 @@
 """torchrun entry: `python -m autopar.trial.worker --spec run.json --out result.json
-[--tensor-memory] [--memory-limit-mib N] [--fault raise|hang|raise-rank1]`.
+[--tensor-memory] [--memory-limit-mib N] [--fault raise|hang|raise-rank1|slow] [--progress FILE]`.
 
 Runs every trial of the run file in order on all ranks (autopar.trial.config for the schema) and
 has rank 0 write the result JSON after each trial (atomically: write, then rename), so a crash
 keeps what was done. The document: {"env": ..., "trials": [...], "complete": bool}; a trial that
 raised is recorded with status "error" and ends the run (the other ranks may be inside a
 collective with it, so the run cannot go on safely).
+
+With --progress, rank 0 also appends one JSON line per step as it ends (the slowest rank's time,
+as the result reports it) and flushes it, so the launcher can show or prune a trial mid-run:
+{"trial": index in the run file, "name", "step", "time_s", "timed": counted in the statistics}.
 
 Ending: gloo sometimes aborts at process exit after the work is done ("terminate called without
 an active exception", reference cpu-distributed.md). So the worker writes its result first, then
@@ -78,8 +82,9 @@ def limit_memory(mib: float) -> None:
 
 def inject_fault(fault: str | None) -> None:
     """Test hooks for the failure paths: `raise` (a trial raises on every rank), `hang` (every rank
-    sleeps past any timeout), `raise-rank1` (only rank 1 raises; its peers block)."""
-    if not fault:
+    sleeps past any timeout), `raise-rank1` (only rank 1 raises; its peers block); `slow` is a
+    plan SLOW_STEP_S slower per step (run_trial's step delay), for the pruner's tests."""
+    if not fault or fault == "slow":
         return
     if fault == "hang":
         time.sleep(10**6)
@@ -87,8 +92,28 @@ def inject_fault(fault: str | None) -> None:
         raise RuntimeError(f"injected fault '{fault}'")
 
 
-def run(trials: list[TrialConfig], out: Path, memory_limit_mib: float | None = None, fault: str | None = None) -> int:
-    """All trials on this rank; rank 0 writes `out`. Returns the exit code."""
+#: seconds `--fault slow` adds to every step (well above a tiny CPU trial's ~0.05-0.3 s step)
+SLOW_STEP_S = 1.0
+
+
+class ProgressWriter:
+    """Rank 0's step records, one flushed JSON line each (the file is opened in append mode, so a
+    reader polling it sees whole lines or a partial last one)."""
+
+    def __init__(self, path: Path, trial: int, name: str) -> None:
+        self.path, self.trial, self.name = path, trial, name
+
+    def __call__(self, step: int, time_s: float, timed: bool) -> None:
+        line = json.dumps({"trial": self.trial, "name": self.name, "step": step, "time_s": time_s, "timed": timed})
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+
+
+def run(trials: list[TrialConfig], out: Path, memory_limit_mib: float | None = None, fault: str | None = None,
+        progress: Path | None = None) -> int:
+    """All trials on this rank; rank 0 writes `out` (and the step records to `progress`). Returns
+    the exit code."""
     runtime = detect_runtime(trials[0].device if trials else "auto")
     init_distributed(runtime)
     rank = dist.get_rank()
@@ -96,7 +121,7 @@ def run(trials: list[TrialConfig], out: Path, memory_limit_mib: float | None = N
         limit_memory(memory_limit_mib)
     doc = {"env": environment(runtime), "trials": [], "complete": False}
     code = 0
-    for cfg in trials:
+    for i, cfg in enumerate(trials):
         t0 = time.perf_counter()
         if cfg.extra.get("tensor_memory") or os.environ.get("AUTOPAR_TENSOR_MEMORY_ALL") == "1":
             os.environ["AUTOPAR_TENSOR_MEMORY"] = "1"
@@ -104,7 +129,8 @@ def run(trials: list[TrialConfig], out: Path, memory_limit_mib: float | None = N
             os.environ.pop("AUTOPAR_TENSOR_MEMORY", None)
         try:
             inject_fault(fault)
-            result = run_trial(cfg, runtime)
+            on_step = ProgressWriter(progress, i, cfg.label) if progress is not None else None
+            result = run_trial(cfg, runtime, on_step=on_step, step_delay_s=SLOW_STEP_S if fault == "slow" else 0.0)
         except Exception as e:  # noqa: BLE001 - recorded, then the run ends
             print(f"[rank {rank}] trial {cfg.label} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
             if rank == 0:
@@ -134,7 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, type=Path, help="result JSON, written by rank 0")
     ap.add_argument("--memory-limit-mib", type=float, default=None,
                     help="emulated memory capacity per rank (live tensor bytes): past it, OutOfMemoryError")
-    ap.add_argument("--fault", choices=("raise", "hang", "raise-rank1"), default=None, help="inject a failure (tests)")
+    ap.add_argument("--fault", choices=("raise", "hang", "raise-rank1", "slow"), default=None,
+                    help=f"inject a failure (tests); slow = {SLOW_STEP_S:g} s more per step")
+    ap.add_argument("--progress", type=Path, default=None,
+                    help="rank 0 appends one JSON line per step to this file as it ends (live pruning)")
     ap.add_argument("--tensor-memory", action="store_true",
                     help="peak memory as live tensor bytes (autopar.trial.memory) instead of VmHWM on CPU, for every "
                     "trial (a trial asks for it alone with extra: {tensor_memory: true})")
@@ -142,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.tensor_memory:
         os.environ["AUTOPAR_TENSOR_MEMORY_ALL"] = "1"
     trials = load_run(json.loads(args.spec.read_text()))
-    code = run(trials, args.out, args.memory_limit_mib, args.fault)
+    code = run(trials, args.out, args.memory_limit_mib, args.fault, args.progress)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # skip process-group teardown, where gloo sometimes aborts

@@ -62,7 +62,7 @@ def _cli():
 
 @pytest.fixture(name="cli_popen")
 def _cli_popen():
-    def start(args: list[str], tmp_path: Path) -> subprocess.Popen:
+    def start(args: list[str], tmp_path: Path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-c", CLI, *args], cwd=tmp_path, env=cli_env(tmp_path),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=stdout, stderr=stderr)
     return start

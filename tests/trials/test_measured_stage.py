@@ -32,7 +32,7 @@ def test_seeded_failures_budget_winner(local_env, tmp_path):
     seeded = diverse(list(cands), cands)[:4]
     calls = []
 
-    def measure(plan, predicted):
+    def measure(plan, predicted, on_step):
         i = len(calls)
         calls.append(plan)
         status = {1: "crash", 2: "oom"}.get(i, "ok")
@@ -60,7 +60,7 @@ def test_seeded_failures_budget_winner(local_env, tmp_path):
     trials, problems = load_trials(result.run_dir)
     assert len(trials) == 6 and not problems
     # a rerun keeps everything and measures nothing new
-    again = run_measured(result, lambda p, q: (_ for _ in ()).throw(AssertionError("re-measured")), k=4, budget=6,
+    again = run_measured(result, lambda p, q, s: (_ for _ in ()).throw(AssertionError("re-measured")), k=4, budget=6,
                          log=lambda s: None)
     assert again.order == stage.order
     assert json.loads((result.run_dir / "trials" / f"{stage.order[0]}.json").read_text())["key"] == stage.order[0]
@@ -79,7 +79,7 @@ def test_calibrate_cli(local_env, tmp_path, cli):
     truth = replace(result.question.cluster, constants=replace(result.question.cluster.constants,
                                                                gemm_efficiency=0.25, layer_overhead_us=2000.0))
 
-    def measure(plan, predicted):
+    def measure(plan, predicted, on_step):
         t, mem = predict([ParallelPlan.from_dict(plan)], result.question.model, truth, 2, 128)
         m = {"step_time_s": float(t[0]), "step_times_s": [float(t[0])] * 3, "peak_memory_bytes": float(mem[0])}
         return {"plan": plan, "predicted": predicted, "status": "ok", "outcome": "ok", "reasons": [], "measured": m}
