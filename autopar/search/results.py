@@ -96,6 +96,11 @@ def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
     saved = [f"{d:.3g} s less {labels[t]}" for d, t in diffs if d > 1e-9][:2]
     paid = [f"{-d:.3g} s more {labels[t]}" for d, t in diffs[::-1] if d < -1e-9][:1]
     runner_desc = _config_diff(winner, runner)
+    if not saved and not paid:  # same predicted time: the tie is broken by memory, then by order
+        mem = (runner["peak_memory_bytes"] - winner["peak_memory_bytes"]) / 2**30
+        why = f"{mem:.3g} GiB less memory" if mem > 0 else "listed first"
+        return (f"{winner['plan_name']} ties the runner-up {runner['plan_name']}{runner_desc} on predicted step "
+                f"time; {why}.")
     return (f"{winner['plan_name']} beats the runner-up {runner['plan_name']}{runner_desc} by {100 * gain:.1f}% "
             f"per step: " + ", ".join(saved + paid) + ".")
 

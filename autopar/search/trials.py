@@ -45,13 +45,14 @@ def plan_key(plan: dict) -> str:
 
 
 def diverse(keys: list[str], cands: dict[str, dict]) -> list[str]:
-    """The ranking reordered round-robin over layouts (axes + schedule), fastest first within each,
-    so the top-K measured spans axes, schedules, micro-batches and ZeRO stages, not one layout's
-    near-ties."""
+    """The ranking reordered round-robin over layouts (axes, schedule, recomputation), fastest first
+    within each, so the top-K measured spans axes, schedules, recomputation, micro-batches and ZeRO
+    stages, not one layout's near-ties."""
     groups: dict[str, list[str]] = {}
     for k in keys:
         p = cands[k]["plan"]
-        groups.setdefault(f"{p['tp']}.{p['pp']}.{p['vpp']}.{p['dp']}.{p.get('pp_schedule')}", []).append(k)
+        layout = (p["tp"], p["pp"], p["vpp"], p.get("cp", 1), p["dp"], p.get("pp_schedule"), p.get("recompute"))
+        groups.setdefault(".".join(map(str, layout)), []).append(k)
     out, i = [], 0
     while len(out) < len(keys):
         for g in groups.values():
