@@ -85,3 +85,90 @@ def head_bytes(model: ModelSpec, tokens, tp, sp, act_bytes=2.0) -> np.ndarray:
     tokens = np.asarray(tokens, dtype=float)
     tp = np.asarray(tp, dtype=float)
     return tokens * (2.0 * act_bytes * model.hidden_size / np.where(sp, tp, 1.0) + 4.0 * padded_vocab(model, tp) / tp)
+
+
+# ---- the "torch" training stack: PyTorch eager autograd, as the built-in trial model runs -----------
+# Each term is a tensor an op's backward saves, read off the built-in model's code and checked against
+# its measured live tensors (autopar.trial.memory tensor peak, tiny model, fp32, every tp/sp/cp split).
+
+def eager_attention_bytes_per_token(model: ModelSpec, tp, cp, act_bytes, selective) -> np.ndarray:
+    """Attention core inputs and outputs per token (tp-sharded with the heads): Q after RoPE, K and V
+    repeated to every query head (the model's explicit GQA repeat before SDPA) and the attention
+    output at `act_bytes`, plus SDPA's fp32 log-sum-exp per head. Selective recompute
+    (autopar.trial.parallel.recompute) keeps q, k, v unrepeated and nothing else of the core. Ring
+    attention (cp > 1, not recomputed) keeps q, k, v unrepeated, its output and the log-sum-exp, the
+    output twice below fp32 (its fp32 accumulator and the copy wo reads)."""
+    rep = model.num_attention_heads / model.num_kv_heads
+    q, kv, o = model.q_size, model.k_size + model.v_size, model.attn_out_size
+    a = np.asarray(act_bytes, dtype=float)
+    lse = 4.0 * model.num_attention_heads
+    sdpa = np.where(selective, (q + kv + o) * a, (q + rep * kv + o) * a + lse)
+    ring = (q + kv + o) * a + np.where(a < 4, 4.0 * o, 0.0) + lse
+    return np.where(np.asarray(cp) > 1, ring, sdpa) / np.asarray(tp, dtype=float)
+
+
+def eager_norm_bytes_per_token(model: ModelSpec, act_bytes, norms: int = 2) -> np.ndarray:
+    """RMSNorms on their (sequence-parallel) tokens: each keeps its input (the residual stream),
+    its fp32 1/rms (4 bytes a token) and its normalised output before the weight product (the
+    unfused RMSNorm's `* weight` saves it): 2h + 4 each. The weighted output is kept only as the
+    column-parallel input."""
+    return norms * (2.0 * model.hidden_size * np.asarray(act_bytes, dtype=float) + 4.0)
+
+
+def eager_dense_layer_bytes(model: ModelSpec, tokens, tp, sp, cp, act_bytes, selective=False) -> np.ndarray:
+    """Bytes one dense block of the built-in model keeps per microbatch of `tokens` (per CP rank):
+    the norms on the sequence-parallel tokens; on all tokens the attention and MLP inputs (2h: the
+    column-parallel linears save them; under SP that is DTensor's all-gathered copy, where Megatron
+    keeps the shard and gathers again in the backward), the attention terms, and SwiGLU's w1 x,
+    w3 x, silu(w1 x) and their product (4F/tp; Korthikanti's fused count is 3F)."""
+    tokens = np.asarray(tokens, dtype=float)
+    tp = np.asarray(tp, dtype=float)
+    a = np.asarray(act_bytes, dtype=float)
+    seq = tokens / np.where(sp, tp, 1.0)
+    full = (2.0 * model.hidden_size * a + eager_attention_bytes_per_token(model, tp, cp, act_bytes, selective)
+            + 4.0 * model.ffn_hidden_size * a / tp)
+    return seq * eager_norm_bytes_per_token(model, act_bytes) + tokens * full
+
+
+def eager_moe_layer_bytes(model: ModelSpec, tokens, tp, sp, cp, etp, act_bytes, selective=False) -> np.ndarray:
+    """An MoE block under the torch stack: the eager attention side and MLP input of a dense block;
+    the router logits, routed copies and shared experts as `moe_layer_bytes` counts them (not
+    re-derived from the built-in model)."""
+    m = model.moe
+    dense = eager_dense_layer_bytes(model, tokens, tp, sp, cp, act_bytes, selective)
+    mlp = np.asarray(tokens, dtype=float) * 4.0 * model.ffn_hidden_size * np.asarray(act_bytes, dtype=float) / tp
+    local = np.asarray(tokens, dtype=float) / np.asarray(tp, dtype=float)
+    routed = m.top_k * (2 * model.hidden_size * np.asarray(etp, dtype=float)
+                        + _mlp_hidden_bytes(model, m.expert_ffn_hidden_size) + 2 * model.hidden_size)
+    experts = local * (4 * m.num_experts + routed + _mlp_hidden_bytes(model, m.shared_expert_ffn_hidden_size))
+    return dense - mlp + experts * np.asarray(act_bytes, dtype=float) / 2.0
+
+
+def eager_head_bytes(model: ModelSpec, tokens, tp, sp, act_bytes) -> np.ndarray:
+    """Last stage: the final norm as a block's (sequence-parallel tokens), the LM head's input on
+    all tokens (DTensor's gathered copy under SP), and the fp32 log-softmax of the vocab-parallel
+    logits that the cross-entropy backward needs (the logits themselves are freed)."""
+    tokens = np.asarray(tokens, dtype=float)
+    tp = np.asarray(tp, dtype=float)
+    a = np.asarray(act_bytes, dtype=float)
+    norm = eager_norm_bytes_per_token(model, act_bytes, norms=1)
+    return tokens * (norm / np.where(sp, tp, 1.0) + model.hidden_size * a + 4.0 * padded_vocab(model, tp) / tp)
+
+
+def eager_loss_transient_bytes(model: ModelSpec, tokens, tp) -> np.ndarray:
+    """Live at the start of the last stage's backward, on top of the stored activations: the fp32
+    [tokens, vocab/tp] gradients torch's cross-entropy materialises. Plain `F.cross_entropy`
+    (log_softmax + nll_loss): d(log-probabilities) and d(logits), two; DTensor `loss_parallel`
+    (tp > 1): one, its nll_loss backward returns the logits' gradient and the log-softmax backward
+    passes it through (torch/distributed/tensor/parallel/loss.py). Megatron's fused vocab-parallel
+    cross-entropy computes it in place."""
+    tp = np.asarray(tp, dtype=float)
+    return np.asarray(tokens, dtype=float) * 4.0 * padded_vocab(model, tp) / tp * np.where(tp > 1, 1.0, 2.0)
+
+
+def eager_backward_working_bytes(model: ModelSpec, tokens, tp, act_bytes) -> np.ndarray:
+    """A block's backward, on top of what is stored: the down projection's input gradient
+    [tokens, F/tp] and its fresh fp32 weight gradient [h, F/tp] before it is accumulated
+    (measured on the built-in model: the largest pair of gradient temporaries of a SwiGLU block)."""
+    ffn = model.ffn_hidden_size / np.asarray(tp, dtype=float)
+    return ffn * (np.asarray(tokens, dtype=float) * np.asarray(act_bytes, dtype=float) + 4.0 * model.hidden_size)

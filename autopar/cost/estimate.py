@@ -26,6 +26,7 @@ from autopar.cost.flops import (attention_core_flops_per_token, attention_linear
 from autopar.cost.memory import precision_bytes, state_bytes
 from autopar.cost.params import rank_params
 from autopar.cost.pipeline import bubble_fraction, microbatches_in_flight
+from autopar.cost.torch_stack import torch_stack_memory
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -101,6 +102,10 @@ def _estimate_table(table, model, cluster, num_gpus, seq_len, routing_imbalance)
              + fsdp_gather + moe_buffers)
     memory = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
               "activations": activations, "other": other}
+    if cluster.training_stack == "torch":  # PyTorch eager + FSDP2/DDP + torch pipelining (the built-in model)
+        memory = torch_stack_memory(model, table, st, prm, states, tokens=tokens, m=m, inflight=inflight,
+                                    recompute_share=recompute_share, selective=selective, act_bytes=act_bytes,
+                                    fp32=fp32, edp=edp, constants=k, fsdp_gather=fsdp_gather, moe_buffers=moe_buffers)
     mem_total = np.where(active, sum(memory.values()), -np.inf)
     mem_rank = np.argmax(mem_total, axis=0)
     pick = lambda a: np.take_along_axis(np.broadcast_to(a, mem_total.shape), mem_rank[None], 0)[0]  # noqa: E731

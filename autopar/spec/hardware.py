@@ -13,6 +13,7 @@ from pathlib import Path
 from autopar.errors import InputError, did_you_mean
 
 GIB = 1024**3
+TRAINING_STACKS = ("megatron", "torch")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,8 +104,19 @@ class ClusterSpec:
     inter_node_latency_us: float = 8.0  # [assumed] NCCL per-step latency over IB
     constants: CostConstants = field(default_factory=CostConstants)
     name: str = ""
+    #: the program trained, for its activation and buffer memory (autopar.cost.torch_stack):
+    #: "megatron" (Megatron-Core with fused kernels, Korthikanti et al.'s accounting) or "torch"
+    #: (PyTorch eager autograd + DTensor + FSDP2 + torch.distributed.pipelining: autopar's built-in
+    #: trial model, torchtitan without compile). None = "torch" on the `local` profile, where trials
+    #: run the built-in model, else "megatron".
+    training_stack: str | None = None
 
     def __post_init__(self) -> None:
+        if self.training_stack is None:
+            object.__setattr__(self, "training_stack", "torch" if self.gpu.key == LOCAL else "megatron")
+        if self.training_stack not in TRAINING_STACKS:
+            raise InputError(f"cluster: training_stack must be one of {', '.join(TRAINING_STACKS)}, got "
+                             f"'{self.training_stack}'")
         bad = [f.name for f in fields(self) if isinstance(getattr(self, f.name), (int, float))
                and not isinstance(getattr(self, f.name), bool) and getattr(self, f.name) <= 0]
         if bad:
@@ -182,7 +194,7 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
         raise InputError(f"{origin}: unknown constant(s) {sorted(bad_consts)}; known: {sorted(_CONSTANT_KEYS)}")
     overrides = {k: v for k, v in data.items() if k not in ("gpu", "constants", "gpus_per_node")}
     for k, v in list(overrides.items()) + list(consts.items()):
-        if k in ("name", "intra_node_topology"):
+        if k in ("name", "intra_node_topology", "training_stack"):
             continue
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise InputError(f"{origin}: '{k}' must be a number, got {v!r}")

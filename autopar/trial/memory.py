@@ -7,8 +7,10 @@ growth over the resident size at the window's start. With AUTOPAR_TENSOR_MEMORY=
 --tensor-memory) the CPU figure is instead the peak of live tensor bytes, from
 a dispatch-mode storage tracker like torch.distributed._tools.MemTracker's (cpu-distributed.md
 section 6; MemTracker itself refuses modules called more than once per window, i.e. microbatches),
-counting every tensor storage alive at the window's start (found through the garbage collector)
-and every one an op creates after, each freed when its storage dies (weakref.finalize).
+counting every tensor storage alive at the window's start (found through the garbage collector,
+after a collection: an earlier trial's model left in reference cycles is not this trial's) and
+every one an op creates after, each at its current size (storages resized in place are followed)
+and freed when its storage dies (weakref.finalize).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class PeakMemory:
         return self.device.type == "cpu" and os.environ.get("AUTOPAR_TENSOR_MEMORY") == "1"
 
     def reset(self) -> None:
+        # garbage in reference cycles (a previous trial's model, optimizer, DTensors) is still
+        # found by gc.get_objects and still held by the CUDA allocator until collected
+        gc.collect()
         if self._tensor_mode():
             if self._tracker is not None:
                 self._tracker.__exit__(None, None, None)
@@ -79,19 +84,65 @@ class PeakMemory:
 
 
 class TensorPeak(TorchDispatchMode):
-    """Live tensor-storage bytes and their peak while active (storages counted once, views free)."""
+    """Live tensor-storage bytes and their peak while active (storages counted once, views free).
+
+    A storage's size is followed through `UntypedStorage.resize_`, which no dispatched op sees:
+    FSDP2 frees and re-allocates its unsharded parameters that way (`free_storage` /
+    `alloc_storage` in torch/distributed/fsdp/_fully_shard/_fsdp_param.py), and MemTracker
+    patches it for the same reason (torch/distributed/_tools/mem_tracker.py `_track_resize`)."""
 
     def __init__(self, existing: list[torch.Tensor]) -> None:
         super().__init__()
-        self.live = WeakIdKeyDictionary()
+        self.live = WeakIdKeyDictionary()  # storage -> [its current bytes]
         self.current = self.peak = 0
         self.limit = int(os.environ.get("AUTOPAR_MEMORY_LIMIT_BYTES") or 0)  # worker --memory-limit-mib
         for t in existing:
             self._add(t)
         self.start = self.current
+        self._resize = None
 
-    def _free(self, n: int) -> None:
-        self.current -= n
+    def __enter__(self):
+        self._resize = orig = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(st, size):
+            out = orig(st, size)
+            tracker._resized(st)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._resize is not None:
+            torch.UntypedStorage.resize_ = self._resize
+            self._resize = None
+        return super().__exit__(*exc)
+
+    @staticmethod
+    def _free(cell: list) -> None:
+        cell[1].current -= cell[0]
+
+    def _grow(self, delta: int) -> None:
+        self.current += delta
+        self.peak = max(self.peak, self.current)
+        if self.limit and self.current > self.limit:
+            raise torch.OutOfMemoryError(f"CPU out of memory: {self.current} tensor bytes live, over the emulated "
+                                         f"capacity of {self.limit} bytes (--memory-limit-mib)")
+
+    def _track(self, st) -> None:
+        cell = [st.nbytes(), self]
+        self.live[st] = cell
+        weakref.finalize(st, self._free, cell)
+        self._grow(cell[0])
+
+    def _resized(self, st) -> None:
+        cell = self.live.get(st)
+        if cell is None:
+            self._track(st)
+            return
+        delta, cell[0] = st.nbytes() - cell[0], st.nbytes()
+        self._grow(delta)
 
     def _add(self, t) -> None:
         if not isinstance(t, torch.Tensor):
@@ -103,16 +154,8 @@ class TensorPeak(TorchDispatchMode):
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
-        if st in self.live:
-            return
-        n = st.nbytes()
-        self.live[st] = n
-        self.current += n
-        self.peak = max(self.peak, self.current)
-        weakref.finalize(st, self._free, n)
-        if self.limit and self.current > self.limit:
-            raise torch.OutOfMemoryError(f"CPU out of memory: {self.current} tensor bytes live, over the emulated "
-                                         f"capacity of {self.limit} bytes (--memory-limit-mib)")
+        if st not in self.live:
+            self._track(st)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

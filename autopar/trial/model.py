@@ -110,7 +110,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class Attention(nn.Module):
     """GQA self-attention through SDPA (causal). Head counts come from the projection widths, so a
-    column-sharded copy (fewer local heads) runs unchanged."""
+    column-sharded copy (fewer local heads) runs unchanged. `core` is the attention core
+    softmax(QK^T/sqrt(d))V alone, the unit selective recomputation re-runs (Korthikanti et al. 2022
+    section 5; autopar.trial.parallel.recompute)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -132,9 +134,14 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         q, k = apply_rope(q, cos[:s], sin[:s]), apply_rope(k, cos[:s], sin[:s])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = self.core(q, k, v)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of q [b, heads, s, d] over k, v [b, kv_heads, s, d]: a ring over the cp
+        group under context parallelism, else SDPA."""
         if self.cp_group is not None:
-            out = ring_attention(q, k, v, self.cp_group, self.cp_load_balance)
-            return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+            return ring_attention(q, k, v, self.cp_group, self.cp_load_balance)
         rep = q.shape[1] // k.shape[1]
         if rep > 1:  # explicit repeat: the CPU flash kernel has no GQA path
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)

@@ -7,6 +7,9 @@ Order, and why:
                follow this rank's load-balanced token positions (parallel/context.py);
    apply_ep  - expert parallelism: each MoE layer keeps this EP rank's experts and dispatches by
                all-to-all over the EP group of the expert mesh (parallel/expert.py);
+   apply_ac  - activation recomputation (parallel/recompute.py): after TP/CP/EP, so a recomputed
+               block re-issues their collectives, and before the cut and DP wrapping (torchtitan:
+               TP -> AC -> compile -> FSDP);
 2. apply_pp  - cut the TP-sharded model into this rank's stage modules (sharing its blocks);
 3. materialise - a model built on the meta device gets its values here: each parameter's full
                initial value (a function of seed and name) sliced to this rank's TP shard, so no
@@ -40,6 +43,7 @@ from autopar.trial.parallel.context import apply_cp
 from autopar.trial.parallel.data import apply_dp
 from autopar.trial.parallel.expert import apply_ep, expert_grad_scale, init_local_experts
 from autopar.trial.parallel.pipeline import apply_pp, build_schedule
+from autopar.trial.parallel.recompute import apply_ac, recomputed_layers
 from autopar.trial.parallel.tensor import apply_tp
 
 
@@ -50,8 +54,6 @@ def plan_problems(plan: ParallelPlan, spec: ModelSpec | None = None) -> list[str
         out.append(f"expert tensor parallelism over part of the tp group (etp = {plan.etp}, tp = {plan.tp}) is not "
                    f"built: use etp = tp (each expert's FFN split like the dense MLP) or etp = 1 (experts whole, "
                    f"EP folded over the tp ranks)")
-    if plan.recompute != "none":
-        out.append("activation recomputation is not built yet")
     if plan.dtype == "fp8":
         out.append("fp8 training is not built (use bf16 or fp32)")
     if plan.sequence_parallel and plan.tp == 1:
@@ -148,6 +150,9 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
     elif experts_apart:
         for moe in moe_blocks:
             moe.experts.grad_scale = scale
+    if plan.recompute != "none":  # this pipeline rank's layers (or the first recompute_layers of them)
+        apply_ac(model, plan.recompute,
+                 recomputed_layers(plan, model.config.spec.num_layers, mesh["pp"].get_local_rank()))
     # 2. this rank's pipeline stages
     stages: list[tuple[int, Transformer]] = apply_pp(model, plan, mesh["pp"]) if plan.pp > 1 else [(0, model)]
     # 3. values: each rank initialises only what it holds

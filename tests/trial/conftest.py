@@ -103,6 +103,17 @@ CASES: tuple[Case, ...] = (
     Case("moe-tp2-etp2", 2, {"tp": 2}, model="tiny-moe", trial_kwargs=BALANCED),
     # learned routing: with ep = 1 every rank still gathers exactly its k*T/tp copies (bytes exact)
     Case("moe-tp2-etp2-learned", 2, {"tp": 2, "zero_stage": 0}, model=TINY_MOE_TOP1),
+    # activation recomputation (autopar/trial/parallel/recompute.py): full blocks re-issue their TP
+    # collectives and CP ring in the backward (the cost model's recompute_share), selective the core
+    Case("tp2-full", 2, {"tp": 2, "recompute": "full"}),
+    Case("tp2-full-2layers", 2, {"tp": 2, "recompute": "full", "recompute_layers": 2}),
+    Case("pp2-1f1b-selective", 2, {"pp": 2, "pp_schedule": "1f1b", "recompute": "selective"}),
+    Case("dp2-fsdp-full", 2, {"dp": 2, "zero_stage": 3, "recompute": "full"}),
+    Case("cp2-full", 2, {"cp": 2, "recompute": "full"}),
+    Case("moe-pp2-full", 2, {"pp": 2, "recompute": "full"}, model="tiny-moe"),
+    # the recomputed MoE forward repeats its dispatch/combine all-to-alls over ep (folded over tp)
+    Case("moe-tp2-ep2-full", 2, {"tp": 2, "ep": 2, "etp": 1, "recompute": "full"}, model="tiny-moe",
+         trial_kwargs=BALANCED),
     # world 4
     Case("tp4", 4, {"tp": 4}, model=TINY_KV4),
     Case("tp2xdp2-zero0", 4, {"tp": 2, "dp": 2, "zero_stage": 0}),
@@ -146,6 +157,32 @@ if os.environ.get("AUTOPAR_TRIAL_CASES"):  # a developer's subset: comma-separat
     CASES = tuple(c for c in CASES if c.name in os.environ["AUTOPAR_TRIAL_CASES"].split(","))
 WORLDS = tuple(sorted({c.world for c in CASES}))
 
+#: peak-memory trials (test_memory_accuracy.py): the search's memory trial of each plan (AdamW, the
+#: second of 2 steps measured as live tensor bytes; autopar.trial.measure.trial_configs), tiny model,
+#: world 2, global batch 8 as in search_spaces/local.yaml. They run first in the world-2 launch: the
+#: tracker counts every tensor alive, and the parity cases leave their reference runs cached.
+MEMORY_PLANS: tuple[dict, ...] = (
+    {"tp": 2, "micro_batch_size": 2}, {"tp": 2, "recompute": "full"},
+    {"dp": 2, "zero_stage": 0}, {"dp": 2, "zero_stage": 1}, {"dp": 2, "zero_stage": 3},
+    {"pp": 2, "pp_schedule": "1f1b", "recompute": "selective"}, {"pp": 2, "pp_schedule": "gpipe", "micro_batch_size": 2},
+    {"pp": 2, "vpp": 2, "pp_schedule": "interleaved-1f1b"},
+)
+MEMORY_PREFIX = "memory:"
+
+
+def memory_plan(plan: dict) -> ParallelPlan:
+    return ParallelPlan(dtype="fp32", global_batch_size=8, **plan)
+
+
+def memory_name(plan: dict) -> str:
+    return MEMORY_PREFIX + "-".join(f"{k}={v}" for k, v in plan.items())
+
+
+def memory_trials() -> list[TrialConfig]:
+    from autopar.trial.measure import trial_configs
+
+    return [trial_configs("tiny", memory_plan(p).to_dict(), name=memory_name(p))[1] for p in MEMORY_PLANS]
+
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """`case` runs over every case (parity and exactness), `world` over the launch sizes."""
@@ -155,6 +192,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize(name, values, ids=[c.name for c in values])
     if "world" in metafunc.fixturenames:
         metafunc.parametrize("world", WORLDS, ids=[f"world{w}" for w in WORLDS])
+    if "memory_plan_dict" in metafunc.fixturenames:
+        metafunc.parametrize("memory_plan_dict", MEMORY_PLANS, ids=[memory_name(p)[len(MEMORY_PREFIX):]
+                                                                   for p in MEMORY_PLANS])
 
 
 class Launches:
@@ -166,7 +206,7 @@ class Launches:
 
     def of(self, world: int) -> LaunchResult:
         if world not in self._done:
-            trials = [c.trial() for c in CASES if c.world == world]
+            trials = (memory_trials() if world == 2 else []) + [c.trial() for c in CASES if c.world == world]
             self._done[world] = launch(trials, world, timeout_s=LAUNCH_TIMEOUT_S,
                                        workdir=self._tmp.mktemp(f"world{world}"))
         return self._done[world]
@@ -234,4 +274,15 @@ def case_named():
         if not found and os.environ.get("AUTOPAR_TRIAL_CASES"):
             pytest.skip(f"{name} is not in AUTOPAR_TRIAL_CASES")
         return found[0]
+    return get
+
+
+@pytest.fixture
+def memory_result_of(launch_of):
+    """A MEMORY_PLANS entry -> (its ParallelPlan, its memory trial's result document)."""
+    def get(plan: dict) -> tuple[ParallelPlan, dict]:
+        name = memory_name(plan) + ":memory"  # trial_configs names the memory trial so
+        found = [t for t in launch_of(2).trials if t.get("name") == name]
+        assert found and found[0]["status"] == "ok", (name, found[:1])
+        return memory_plan(plan), found[0]
     return get

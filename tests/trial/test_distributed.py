@@ -72,6 +72,8 @@ def test_result_document(world: int, launch_of) -> None:
     assert env["backend"] == "gloo" and env["device"] == "cpu" and env["world_size"] == world
     assert env["torch"]
     for t in run.trials:
+        if t["name"].startswith("memory:"):  # test_memory_accuracy.py's tensor-memory trials
+            continue
         assert len(t["step_time_s"]) == 3 and all(x > 0 for x in t["step_time_s"])
         assert t["tokens_per_s"] > 0 and t["tokens_per_step"] == t["plan"]["global_batch_size"] * t["seq_len"]
         assert math.isfinite(t["final_loss"]) and t["final_loss"] == t["losses"][-1]

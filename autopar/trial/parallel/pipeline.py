@@ -18,6 +18,7 @@ step's gradient is the mean over the global batch, as in a single-process run.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 
 import torch
@@ -80,9 +81,14 @@ def build_schedule(stages: list[tuple[int, nn.Module]], plan: ParallelPlan, pp_m
     if name in SINGLE_STAGE:
         if plan.vpp != 1:
             raise ValueError(f"the {name} schedule runs one stage per rank; vpp={plan.vpp} needs interleaved-1f1b")
-        return SINGLE_STAGE[name](pipe[0], m, loss_fn=loss_fn)
-    if name == "interleaved-1f1b" and plan.vpp == 1:
+        schedule = SINGLE_STAGE[name](pipe[0], m, loss_fn=loss_fn)
+    elif name == "interleaved-1f1b" and plan.vpp == 1:
         raise ValueError("interleaved-1f1b needs vpp > 1")
-    if name in MULTI_STAGE:
-        return MULTI_STAGE[name](pipe, m, loss_fn=loss_fn)
-    raise ValueError(f"unknown pipeline schedule {name!r}")
+    elif name in MULTI_STAGE:
+        schedule = MULTI_STAGE[name](pipe, m, loss_fn=loss_fn)
+    else:
+        raise ValueError(f"unknown pipeline schedule {name!r}")
+    # the losses come back through `losses=`; merged outputs would keep every microbatch's logits on
+    # the last stage to the end of the step (torchtitan's trainer passes return_outputs=False too)
+    schedule.step = functools.partial(schedule.step, return_outputs=False)
+    return schedule
