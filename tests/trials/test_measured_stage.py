@@ -43,6 +43,7 @@ def test_seeded_failures_budget_winner(local_env, tmp_path):
                 "reasons": [] if status == "ok" else [f"{status} for the test"], "measured": m}
 
     stage = run_measured(result, measure, k=4, budget=6, log=lambda s: None)
+    from autopar.search.trial_claims import measured
     from autopar.search.trials import plan_key
 
     assert [plan_key(p) for p in calls[:4]] == seeded  # the analytic top-K, in seeding order, first
@@ -50,8 +51,11 @@ def test_seeded_failures_budget_winner(local_env, tmp_path):
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{result.run_dir / 'trials.db'}")
     failed = [t for t in study.trials if t.state == TrialState.FAIL]
     assert {t.user_attrs["failure"]["status"] for t in failed} == {"crash", "oom"}
-    done = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert all("measured" in t.user_attrs["result"] for t in done)
+    # measured trials carry their result; a sampled plan another trial holds is pruned as a duplicate
+    done = [t for t in study.trials if measured(t) and t.state != TrialState.FAIL]
+    assert len(done) == 4 and all("measured" in t.user_attrs["result"] for t in done)
+    assert all(t.user_attrs.get("duplicate") or t.user_attrs.get("surplus")
+               for t in study.trials if not measured(t))
     figs = acceptance(result, stage)
     assert figs["failed"] == 2 and figs["succeeded"] == 4
     ok = [d for d in stage.docs.values() if d["status"] == "ok"]
