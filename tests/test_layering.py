@@ -179,6 +179,15 @@ def violations(path: Path) -> list[str]:
 FILES = _files()
 
 
+def test_trial_checks_and_emits_without_torch(tmp_path: Path) -> None:
+    """`autopar trial` validates the plan (autopar.trial.features) and writes an sbatch script
+    without loading torch: only the trial processes it launches need it."""
+    out = _probe(["trial", "--model", "tiny", "--gpus", "2", "--tp", "2", "--emit-slurm", str(tmp_path / "t.sbatch")])
+    assert out["code"] == 0, out
+    assert "torch" not in out["heavy"]
+    assert (tmp_path / "t.sbatch").exists()
+
+
 def test_every_layer_is_declared() -> None:
     undeclared = sorted({_layer_of_file(p) for p in FILES} - set(LAYERS))
     assert not undeclared, f"add these to LAYERS in tests/test_layering.py: {undeclared}"

@@ -145,8 +145,7 @@ def trial(
 
 
 def _unbuilt(plan, spec) -> list[str]:
-    """What the built-in model cannot run of this plan (autopar.trial.parallelize.plan_problems;
-    importing it loads torch, as the trial itself will)."""
-    from autopar.trial.parallelize import plan_problems
+    """What the built-in model cannot run of this plan (autopar.trial.features, no torch import)."""
+    from autopar.trial.features import plan_problems
 
     return plan_problems(plan, spec)

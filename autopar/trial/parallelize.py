@@ -33,8 +33,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
+from autopar.trial.features import plan_problems
 from autopar.trial.loss import cross_entropy
 from autopar.trial.materialize import count_params, materialize
 from autopar.trial.model import Transformer
@@ -45,20 +45,6 @@ from autopar.trial.parallel.expert import apply_ep, expert_grad_scale, init_loca
 from autopar.trial.parallel.pipeline import apply_pp, build_schedule
 from autopar.trial.parallel.recompute import apply_ac, recomputed_layers
 from autopar.trial.parallel.tensor import apply_tp
-
-
-def plan_problems(plan: ParallelPlan, spec: ModelSpec | None = None) -> list[str]:
-    """Plan features the built-in model cannot run yet, as sentences (MoE ones when `spec` is given)."""
-    out = []
-    if spec is not None and spec.moe is not None and plan.etp not in (1, plan.tp):
-        out.append(f"expert tensor parallelism over part of the tp group (etp = {plan.etp}, tp = {plan.tp}) is not "
-                   f"built: use etp = tp (each expert's FFN split like the dense MLP) or etp = 1 (experts whole, "
-                   f"EP folded over the tp ranks)")
-    if plan.dtype == "fp8":
-        out.append("fp8 training is not built (use bf16 or fp32)")
-    if plan.sequence_parallel and plan.tp == 1:
-        out.append("sequence parallelism needs tp > 1")
-    return out
 
 
 @dataclass

@@ -34,7 +34,8 @@ from autopar.trial.mesh import Runtime, axis_ranks, build_mesh
 from autopar.trial.model import ModelConfig, Transformer
 from autopar.trial.optim import make_optimizer
 from autopar.trial.parallel.data import microbatch_context
-from autopar.trial.parallelize import ParallelModel, parallelize, plan_problems
+from autopar.trial.features import plan_problems
+from autopar.trial.parallelize import ParallelModel, parallelize
 
 
 class TrialError(ValueError):

@@ -18,7 +18,7 @@ from autopar.trial.materialize import count_params
 from autopar.trial.model import ModelConfig, Transformer, apply_rope, build_model, initial_value, rope_table
 from autopar.trial.parallel.pipeline import stage_module, virtual_stages
 from autopar.trial.parallel.tensor import tp_problems
-from autopar.trial.parallelize import plan_problems
+from autopar.trial.features import plan_problems
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,7 +17,7 @@ from autopar.trial.loss import cross_entropy
 from autopar.trial.memory import TensorPeak, _is_tensor
 from autopar.trial.model import ModelConfig, build_model
 from autopar.trial.parallel.recompute import apply_ac, recomputed_layers
-from autopar.trial.parallelize import plan_problems
+from autopar.trial.features import plan_problems
 
 SEQ, BATCH, VOCAB_ROWS = 128, 2, 512
 
