@@ -110,7 +110,7 @@ def _measured_stage(result, spec, k: int, budget, rounds: int, steps: int, timeo
     import sys
     import time
 
-    from autopar.search.trial_files import write_atomic
+    from autopar.search.atomic import write_atomic
     from autopar.search.trials import acceptance, run_measured
     from autopar.trial.measure import measure_plan
 

@@ -20,6 +20,7 @@ from autopar.errors import InputError
 from autopar.report import figures as F
 from autopar.report import tables as T
 from autopar.report.format import compare_kind, fmt
+from autopar.search.atomic import write_with
 
 REPORT_FILE = "report.html"
 
@@ -289,20 +290,8 @@ def write_report(run_dir: str | Path, *, out: str | Path | None = None,
                 except InputError:  # a scenario removed or broken since: leave it out
                     continue
     path = Path(out) if out is not None else d / REPORT_FILE
-    _write_atomic(path, report_html(run, scenario_runs, out_dir=path.parent))
+    _mkdir_write(path, report_html(run, scenario_runs, out_dir=path.parent))
     return path
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and a rename: a reader (or a second search worker writing the
-    same run directory) never sees half a page."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_reports(run_dirs: list[str | Path]) -> list[Path]:
@@ -357,5 +346,12 @@ def compare_html(cmp) -> str:
 
 def write_compare(cmp, out: str | Path) -> Path:
     path = Path(out)
-    _write_atomic(path, compare_html(cmp))
+    _mkdir_write(path, compare_html(cmp))
     return path
+
+
+def _mkdir_write(path: Path, text: str) -> None:
+    """Atomically (a reader, or a second search worker writing the same run directory, never sees
+    half a page), creating the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_with(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

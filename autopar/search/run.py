@@ -16,6 +16,7 @@ import pandas as pd
 
 from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate_table
+from autopar.search.atomic import write_atomic, write_with
 from autopar.search.enumerate import Question, enumerate_plans, space_size
 from autopar.search.results import frame, pareto_front, ranked, row_plan, why_winner
 from autopar.search.space import SearchSpace
@@ -176,11 +177,12 @@ def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: fl
 def write_run(result: SearchResult) -> None:
     """plans.parquet + plans.csv (every evaluated plan), top.json (top-k with full breakdowns)."""
     d = result.run_dir
-    result.plans.to_parquet(d / "plans.parquet", index=False)
-    result.plans.to_csv(d / "plans.csv", index=False)
+    # atomically: several workers sharing a run directory each write these (search --trials)
+    write_with(d / "plans.parquet", lambda tmp: result.plans.to_parquet(tmp, index=False))
+    write_with(d / "plans.csv", lambda tmp: result.plans.to_csv(tmp, index=False))
     top = [row_summary(r, result.layouts) | {"rank": i + 1} for i, (_, r) in enumerate(result.top.iterrows())]
     pareto = [row_summary(r, result.layouts)["plan_name"] for _, r in pareto_front(result.plans).iterrows()]
-    (d / "top.json").write_text(json.dumps({"why": result.why, "top": top, "pareto": pareto}, indent=2))
+    write_atomic(d / "top.json", json.dumps({"why": result.why, "top": top, "pareto": pareto}, indent=2))
 
 
 def _write_search_json(result: SearchResult) -> None:
@@ -204,4 +206,4 @@ def _write_search_json(result: SearchResult) -> None:
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "pandas": pd.__version__,
                      "optuna": version("optuna")},
     }
-    (result.run_dir / "search.json").write_text(json.dumps(info, indent=2, default=str))
+    write_atomic(result.run_dir / "search.json", json.dumps(info, indent=2, default=str))
