@@ -93,8 +93,9 @@ def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
     diffs = sorted(((runner[f"time_{t}"] - winner[f"time_{t}"], t) for t in TIME_TERMS), reverse=True)
     labels = {"compute": "compute", "tp": "TP comm", "cp": "CP comm", "ep": "EP all-to-all", "pp": "PP send/recv",
               "dp": "exposed DP comm", "bubble": "pipeline bubble", "optimizer": "optimizer step"}
-    saved = [f"{d:.3g} s less {labels[t]}" for d, t in diffs if d > 1e-9][:2]
-    paid = [f"{-d:.3g} s more {labels[t]}" for d, t in diffs[::-1] if d < -1e-9][:1]
+    tiny = 1e-4 * float(winner["step_time_s"])  # differences below 0.01 % of the step are noise to a reader
+    saved = [f"{d:.3g} s less {labels[t]}" for d, t in diffs if d > tiny][:2]
+    paid = [f"{-d:.3g} s more {labels[t]}" for d, t in diffs[::-1] if d < -tiny][:1]
     runner_desc = _config_diff(winner, runner)
     if not saved and not paid:  # same predicted time: the tie is broken by memory, then by order
         mem = (runner["peak_memory_bytes"] - winner["peak_memory_bytes"]) / 2**30

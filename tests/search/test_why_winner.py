@@ -29,3 +29,8 @@ def test_a_tie_on_time_says_so_and_names_the_memory_saved() -> None:
     line = why_winner(winner, runner)
     assert line == "dp2 ties the runner-up dp2 (zero_stage=0) on predicted step time; 2 GiB less memory."
     assert ": ." not in why_winner(winner, _row("dp2", 10, compute=1.0))
+
+
+def test_negligible_differences_are_not_listed() -> None:
+    line = why_winner(_row("a", 10, compute=1.0, dp=0.0, tp=1e-7), _row("b", 10, compute=1.0, dp=0.02))
+    assert line.endswith("per step: 0.02 s less exposed DP comm.")
