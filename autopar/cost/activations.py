@@ -131,17 +131,22 @@ def eager_dense_layer_bytes(model: ModelSpec, tokens, tp, sp, cp, act_bytes, sel
 
 
 def eager_moe_layer_bytes(model: ModelSpec, tokens, tp, sp, cp, etp, act_bytes, selective=False) -> np.ndarray:
-    """An MoE block under the torch stack: the eager attention side and MLP input of a dense block;
-    the router logits, routed copies and shared experts as `moe_layer_bytes` counts them (not
-    re-derived from the built-in model)."""
+    """An MoE block under the torch stack (measured on the built-in model, autopar/trial/model.py
+    MoE): the eager attention side and MLP input of a dense block; the fp32 router probabilities
+    and top-k weights; per routed copy of the tp-local tokens, the expert input (gathered over etp:
+    etp rows of h), SwiGLU's four hidden tensors of the expert's ffn/etp columns (w1 x, w3 x,
+    silu(w1 x), their product: 4F where the fused count is 3F) and the expert output kept for the
+    router-weight product; a shared expert keeps a dense MLP's four hidden tensors."""
     m = model.moe
+    a = np.asarray(act_bytes, dtype=float)
+    h = model.hidden_size
     dense = eager_dense_layer_bytes(model, tokens, tp, sp, cp, act_bytes, selective)
-    mlp = np.asarray(tokens, dtype=float) * 4.0 * model.ffn_hidden_size * np.asarray(act_bytes, dtype=float) / tp
+    mlp = np.asarray(tokens, dtype=float) * 4.0 * model.ffn_hidden_size * a / tp
     local = np.asarray(tokens, dtype=float) / np.asarray(tp, dtype=float)
-    routed = m.top_k * (2 * model.hidden_size * np.asarray(etp, dtype=float)
-                        + _mlp_hidden_bytes(model, m.expert_ffn_hidden_size) + 2 * model.hidden_size)
-    experts = local * (4 * m.num_experts + routed + _mlp_hidden_bytes(model, m.shared_expert_ffn_hidden_size))
-    return dense - mlp + experts * np.asarray(act_bytes, dtype=float) / 2.0
+    routed = m.top_k * (h * np.asarray(etp, dtype=float) + 4.0 * m.expert_ffn_hidden_size + h) * a
+    router = 4.0 * (m.num_experts + m.top_k)  # fp32 softmax probabilities and top-k weights
+    shared = 4.0 * m.shared_expert_ffn_hidden_size * a
+    return dense - mlp + local * (router + routed + shared)
 
 
 def eager_head_bytes(model: ModelSpec, tokens, tp, sp, act_bytes) -> np.ndarray:

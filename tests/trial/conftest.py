@@ -166,12 +166,19 @@ MEMORY_PLANS: tuple[dict, ...] = (
     {"dp": 2, "zero_stage": 0}, {"dp": 2, "zero_stage": 1}, {"dp": 2, "zero_stage": 3},
     {"pp": 2, "pp_schedule": "1f1b", "recompute": "selective"}, {"pp": 2, "pp_schedule": "gpipe", "micro_batch_size": 2},
     {"pp": 2, "vpp": 2, "pp_schedule": "interleaved-1f1b"},
+    # MoE (tiny-moe, top-2 of 4 experts): EP over dp, and EP folded over tp
+    {"model": "tiny-moe", "dp": 2, "ep": 2, "zero_stage": 1, "micro_batch_size": 2},
+    {"model": "tiny-moe", "tp": 2, "ep": 2, "etp": 1, "micro_batch_size": 2},
 )
 MEMORY_PREFIX = "memory:"
 
 
 def memory_plan(plan: dict) -> ParallelPlan:
-    return ParallelPlan(dtype="fp32", global_batch_size=8, **plan)
+    return ParallelPlan(dtype="fp32", global_batch_size=8, **{k: v for k, v in plan.items() if k != "model"})
+
+
+def memory_model(plan: dict) -> str:
+    return plan.get("model", "tiny")
 
 
 def memory_name(plan: dict) -> str:
@@ -181,7 +188,7 @@ def memory_name(plan: dict) -> str:
 def memory_trials() -> list[TrialConfig]:
     from autopar.trial.measure import trial_configs
 
-    return [trial_configs("tiny", memory_plan(p).to_dict(), name=memory_name(p))[1] for p in MEMORY_PLANS]
+    return [trial_configs(memory_model(p), memory_plan(p).to_dict(), name=memory_name(p))[1] for p in MEMORY_PLANS]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -279,10 +286,10 @@ def case_named():
 
 @pytest.fixture
 def memory_result_of(launch_of):
-    """A MEMORY_PLANS entry -> (its ParallelPlan, its memory trial's result document)."""
-    def get(plan: dict) -> tuple[ParallelPlan, dict]:
+    """A MEMORY_PLANS entry -> (its ParallelPlan, model preset, its memory trial's result document)."""
+    def get(plan: dict) -> tuple[ParallelPlan, str, dict]:
         name = memory_name(plan) + ":memory"  # trial_configs names the memory trial so
         found = [t for t in launch_of(2).trials if t.get("name") == name]
         assert found and found[0]["status"] == "ok", (name, found[:1])
-        return memory_plan(plan), found[0]
+        return memory_plan(plan), memory_model(plan), found[0]
     return get

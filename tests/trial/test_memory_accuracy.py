@@ -29,9 +29,9 @@ def test_local_profile_is_uncalibrated() -> None:
 
 
 def test_peak_memory_within_10_percent(memory_plan_dict, memory_result_of) -> None:
-    plan, result = memory_result_of(memory_plan_dict)
+    plan, model, result = memory_result_of(memory_plan_dict)
     measured = measured_peak(result)
-    est = estimate(plan, get_preset("tiny"), LOCAL, num_gpus=2, seq_len=result["seq_len"])
+    est = estimate(plan, get_preset(model), LOCAL, num_gpus=2, seq_len=result["seq_len"])
     assert est.valid, est.reasons
     err = est.peak_memory_bytes / measured - 1
     assert abs(err) <= BOUND, (f"{plan.describe()} {plan.pp_schedule} zero{plan.zero_stage} mbs{plan.micro_batch_size} "
@@ -44,8 +44,8 @@ def test_zero3_frees_what_zero1_keeps_gathered(memory_result_of) -> None:
     through the step; ZeRO-3 frees it after each unit's forward and backward. FSDP2 allocates and
     frees those copies by resizing their storages, so a tracker that missed the resizes measured the
     two alike; the difference is at least the gathered copy less the two layers ZeRO-3 may hold."""
-    _, z1 = memory_result_of({"dp": 2, "zero_stage": 1})
-    _, z3 = memory_result_of({"dp": 2, "zero_stage": 3})
+    _, _, z1 = memory_result_of({"dp": 2, "zero_stage": 1})
+    _, _, z3 = memory_result_of({"dp": 2, "zero_stage": 3})
     spec = get_preset("tiny")
     gathered = 4 * spec.params_total
     two_layers = 2 * 4 * (spec.params_total - 2 * spec.vocab_size * spec.hidden_size) / spec.num_layers
