@@ -128,11 +128,10 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
     if experts_apart and expert_mesh is None:
         expert_mesh = build_expert_mesh(plan, device.type)
     scale = expert_grad_scale(plan.tp, plan.ep, plan.etp)
-    expert_params: list = []
     experts_split = bool(moe_blocks) and (plan.ep > 1 or plan.etp > 1)
     if experts_split:
-        expert_params = apply_ep(model, expert_mesh["ep"] if plan.ep > 1 else None,
-                                 expert_mesh["etp"] if plan.etp > 1 else None, scale)
+        apply_ep(model, expert_mesh["ep"] if plan.ep > 1 else None, expert_mesh["etp"] if plan.etp > 1 else None,
+                 scale)
     elif experts_apart:
         for moe in moe_blocks:
             moe.experts.grad_scale = scale
