@@ -29,7 +29,7 @@ def _plan_flags(
     cluster: o.ClusterFile = None, seq_len: o.SeqLen = None,
     tp: o.Tp = 1, pp: o.Pp = 1, vpp: o.Vpp = 1, cp: o.Cp = 1, dp: o.Dp = None, ep: o.Ep = 1, etp: o.Etp = None,
     zero: o.Zero = 1, sp: o.Sp = None, mbs: o.Mbs = 1, gbs: o.Gbs = None, pp_schedule: o.PpSchedule = None,
-    recompute: o.Recompute = "none", recompute_layers: o.RecomputeLayers = None, dtype: o.Dtype = "bf16",
+    recompute: o.Recompute = "none", recompute_layers: o.RecomputeLayers = None, dtype: o.Dtype = None,
     grads: o.Grads = "fp32", pp_layout: o.PpLayout = None, pp_first: o.PpFirst = None, pp_last: o.PpLast = None,
     pp_embedding_as_layer: o.EmbeddingAsLayer = False, pp_loss_as_layer: o.LossAsLayer = False,
     tp_comm_overlap: o.TpCommOverlap = False,
@@ -110,12 +110,13 @@ def item_from_flags(text: str, index: int, shared):
 
 
 def _resolve(q, v):
-    from autopar.spec.resolve import resolve_plan
+    from autopar.spec.resolve import default_dtype, resolve_plan
 
     return resolve_plan(q.model, q.num_gpus, q.seq_len, tp=v["tp"], pp=v["pp"], cp=v["cp"], dp=v["dp"], ep=v["ep"],
                         etp=v["etp"], vpp=v["vpp"], zero=v["zero"], sp=v["sp"], mbs=v["mbs"],
                         gbs=v["gbs"] or q.global_batch_size, pp_schedule=v["pp_schedule"], recompute=v["recompute"],
-                        recompute_layers=v["recompute_layers"], dtype=v["dtype"], grads=v["grads"],
+                        recompute_layers=v["recompute_layers"], dtype=v["dtype"] or default_dtype(q.cluster),
+                        grads=v["grads"],
                         pp_layout=v["pp_layout"], pp_first=v["pp_first"], pp_last=v["pp_last"],
                         embedding_as_layer=v["pp_embedding_as_layer"], loss_as_layer=v["pp_loss_as_layer"],
                         tp_comm_overlap=v["tp_comm_overlap"])

@@ -15,7 +15,7 @@ def estimate(
     cluster: o.ClusterFile = None, tp: o.Tp = 1, pp: o.Pp = 1, vpp: o.Vpp = 1, cp: o.Cp = 1, dp: o.Dp = None,
     ep: o.Ep = 1, etp: o.Etp = None, zero: o.Zero = 1, sp: o.Sp = None, mbs: o.Mbs = 1, gbs: o.Gbs = None,
     seq_len: o.SeqLen = None, pp_schedule: o.PpSchedule = None, recompute: o.Recompute = "none",
-    recompute_layers: o.RecomputeLayers = None, dtype: o.Dtype = "bf16", grads: o.Grads = "fp32",
+    recompute_layers: o.RecomputeLayers = None, dtype: o.Dtype = None, grads: o.Grads = "fp32",
     pp_layout: o.PpLayout = None, pp_first: o.PpFirst = None, pp_last: o.PpLast = None,
     pp_embedding_as_layer: o.EmbeddingAsLayer = False, pp_loss_as_layer: o.LossAsLayer = False,
     routing_imbalance: o.RoutingImbalance = 1.0, tp_comm_overlap: o.TpCommOverlap = False,
@@ -29,10 +29,11 @@ def estimate(
     from autopar.errors import InputError
     from autopar.cli.render import estimate_tables
     from autopar.spec.presets import resolve_model
-    from autopar.spec.resolve import resolve_cluster, resolve_plan
+    from autopar.spec.resolve import default_dtype, resolve_cluster, resolve_plan
 
     spec = resolve_model(model)
     clus = resolve_cluster(gpu, gpus_per_node, cluster)
+    dtype = dtype or default_dtype(clus)
     s = spec.seq_len if seq_len is None else seq_len
     plan = resolve_plan(spec, gpus, s, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, vpp=vpp, zero=zero, sp=sp,
                         mbs=mbs, gbs=gbs, pp_schedule=pp_schedule, recompute=recompute,

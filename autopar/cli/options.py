@@ -34,7 +34,8 @@ PpSchedule = Annotated[Optional[str], typer.Option("--pp-schedule", help="gpipe 
 Recompute = Annotated[str, typer.Option("--recompute", help="none | selective | full.")]
 RecomputeLayers = Annotated[Optional[int], typer.Option("--recompute-layers", help="With --recompute full: layers "
                                                         "per stage to recompute (default: all).")]
-Dtype = Annotated[str, typer.Option("--dtype", help="bf16 | fp8 (GEMMs in FP8) | fp32 (full precision, e.g. CPU trials).")]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp8 (GEMMs in FP8) | fp32 (full precision, "
+                                             "e.g. CPU trials). Default: bf16; fp32 on --gpu local.")]
 Grads = Annotated[str, typer.Option("--grads", help="Main-gradient dtype: fp32 (Megatron, 18 B/param) or bf16 "
                                     "(the seeds' 16N).")]
 PpLayout = Annotated[Optional[str], typer.Option("--pp-layout", help="Layers per virtual stage, e.g. 4,5,5,4.")]

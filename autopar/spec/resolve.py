@@ -4,7 +4,7 @@ derived when not given. Shared by every command that takes a plan (estimate, tri
 from __future__ import annotations
 
 from autopar.errors import InputError
-from autopar.spec.hardware import ClusterSpec, default_cluster, load_cluster_file
+from autopar.spec.hardware import LOCAL, ClusterSpec, default_cluster, load_cluster_file
 from autopar.spec.layout import first_last_layout, parse_layout, balanced_layout
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -24,6 +24,12 @@ def resolve_cluster(gpu: str = "h100-sxm", gpus_per_node: int | None = None, clu
             cluster = replace(cluster, gpus_per_node=gpus_per_node)
         return cluster
     return default_cluster(gpu, gpus_per_node)
+
+
+def default_dtype(cluster: ClusterSpec) -> str:
+    """What the hardware trains in when the user does not say: bf16 on GPUs, fp32 on this machine's
+    CPU profile (`--gpu local`), as its trials run."""
+    return "fp32" if cluster.gpu.key == LOCAL else "bf16"
 
 
 def default_global_batch(seq_len: int, micro_batch_size: int, dp: int) -> int:

@@ -145,6 +145,20 @@ def test_plan_that_does_not_fit_json() -> None:
     assert d["peak_memory_bytes"] > d["memory_capacity_bytes"]
 
 
+def test_dtype_defaults_to_what_the_hardware_trains_in(tmp_path: Path) -> None:
+    """bf16 on a GPU; fp32 on the CPU `local` profile, the dtype its trials run in."""
+    gpu = json.loads(ok("estimate", "--model", "tiny", "--gpus", "2", "--gpu", "h100-sxm", "--json"))
+    assert gpu["plan"]["dtype"] == "bf16"
+    env = _env() | {"AUTOPAR_LOCAL_PROFILE": str(tmp_path / "none.yaml")}  # unprobed local defaults
+    p = subprocess.run([sys.executable, "-m", "autopar", "estimate", "--model", "tiny", "--gpus", "2", "--gpu", "local",
+                        "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["plan"]["dtype"] == "fp32"
+    forced = json.loads(ok("estimate", "--model", "tiny", "--gpus", "2", "--gpu", "h100-sxm", "--dtype", "fp32",
+                           "--json"))
+    assert forced["plan"]["dtype"] == "fp32"
+
+
 # ---- models / hardware ---------------------------------------------------------------------------
 
 def test_models_lists_every_preset() -> None:
