@@ -97,7 +97,7 @@ class ParallelModel:
 
 
 def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, device: torch.device,
-                seed: int, expert_mesh: DeviceMesh | None = None) -> ParallelModel:
+                seed: int) -> ParallelModel:
     """Apply the plan to `model` (built on the meta device, or already initialised) on `mesh`."""
     problems = plan_problems(plan, model.config.spec)
     if problems:
@@ -125,8 +125,7 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
     # routed experts get their own gradient group whenever their ranks do not all see the same
     # tokens' gradients as the dense layers do: split over EP, or whole on each tp rank (etp = 1)
     experts_apart = bool(moe_blocks) and (plan.ep > 1 or plan.tp > 1)
-    if experts_apart and expert_mesh is None:
-        expert_mesh = build_expert_mesh(plan, device.type)
+    expert_mesh = build_expert_mesh(plan, device.type) if experts_apart else None
     scale = expert_grad_scale(plan.tp, plan.ep, plan.etp)
     experts_split = bool(moe_blocks) and (plan.ep > 1 or plan.etp > 1)
     if experts_split:
