@@ -1,0 +1,85 @@
+"""The plan columns the cost formulas read, derived once per evaluation (vectorised).
+
+Per-plan quantities are (n,) arrays; per-pipeline-rank ones are (C, n) arrays over the ranks
+costed (autopar.spec.stages: every rank for one plan, only the ranks that can differ for a search).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.cost.memory import precision_bytes
+from autopar.spec.model import ModelSpec
+from autopar.spec.stages import StageProfiles
+from autopar.spec.table import DTYPE, RECOMP, PlanTable
+
+
+@dataclass(frozen=True)
+class PlanArrays:
+    table: PlanTable
+    stages: StageProfiles
+    seq_len: int
+    tp: np.ndarray
+    tp_float: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    vpp: np.ndarray
+    sequence_parallel: np.ndarray  # bool
+    micro_batch: np.ndarray  # sequences per microbatch (float)
+    microbatches: np.ndarray  # per step per pipeline, at least 1 (float)
+    tokens: np.ndarray  # tokens of one microbatch on one CP rank
+    expert_dp: np.ndarray  # tp*cp*dp / (ep*etp)
+    fp32: np.ndarray  # full-precision training (bool)
+    act_bytes: np.ndarray  # bytes per activation element: 4 in fp32, else 2
+    act_scale: np.ndarray  # act_bytes / 2: the activation formulas are for 2-byte activations
+    weight_bytes: np.ndarray
+    grad_bytes: np.ndarray  # bytes per main-gradient element
+    full: np.ndarray  # full recompute (bool)
+    selective: np.ndarray  # selective recompute (bool)
+    recompute_share: np.ndarray  # (C, n): share of a rank's layers whose forward is recomputed
+    dense_layers: np.ndarray  # (C, n) float
+    moe_layers: np.ndarray  # (C, n) float
+    layers: np.ndarray  # (C, n) float
+    has_embedding: np.ndarray  # (C, n) float
+    has_head: np.ndarray  # (C, n) float
+
+    @property
+    def rank(self) -> np.ndarray:
+        return self.stages.rank
+
+    @property
+    def active(self) -> np.ndarray:
+        return self.stages.active
+
+    @property
+    def dp_group(self) -> np.ndarray:
+        """Ranks the dense gradients are reduced over: dp x cp (Megatron-Core's dp-cp group)."""
+        return self.dp * self.cp
+
+
+def plan_arrays(table: PlanTable, model: ModelSpec, seq_len: int, stages: StageProfiles) -> PlanArrays:
+    t, c = table.tp, table.cp
+    b = table.micro_batch_size.astype(float)
+    dense_l, moe_l = stages.dense_layers.astype(float), stages.moe_layers.astype(float)
+    layers = dense_l + moe_l
+    full = table.recompute == RECOMP["full"]
+    rl = np.where(table.recompute_layers < 0, np.inf, table.recompute_layers)
+    fp32 = table.dtype == DTYPE["fp32"]
+    act_bytes = np.where(fp32, 4.0, 2.0)
+    weight_bytes, _ = precision_bytes(fp32)
+    return PlanArrays(
+        table=table, stages=stages, seq_len=seq_len, tp=t, tp_float=t.astype(float), pp=table.pp, dp=table.dp,
+        cp=c, ep=table.ep, etp=table.etp, vpp=table.vpp, sequence_parallel=table.sequence_parallel.astype(bool),
+        micro_batch=b, microbatches=np.maximum(table.num_microbatches.astype(float), 1.0), tokens=b * seq_len / c,
+        expert_dp=np.maximum(1, (t * c * table.dp) // np.maximum(table.ep * table.etp, 1)), fp32=fp32,
+        act_bytes=act_bytes, act_scale=act_bytes / 2.0, weight_bytes=weight_bytes,
+        grad_bytes=np.where(table.main_grads_fp32 | fp32, 4.0, 2.0), full=full,
+        selective=table.recompute == RECOMP["selective"],
+        recompute_share=np.where(full, np.minimum(1.0, rl / np.maximum(layers, 1.0)), 0.0),
+        dense_layers=dense_l, moe_layers=moe_l, layers=layers, has_embedding=stages.has_embedding.astype(float),
+        has_head=stages.has_head.astype(float))
