@@ -43,7 +43,7 @@ def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, 
     which gives the same peak and pace."""
     with np.errstate(divide="ignore", invalid="ignore"):  # invalid plans (e.g. FP8 on A100) are marked, not warned
         s = seq_len or model.seq_len
-        stages = stage_profiles(table, model)
+        stages = stage_profiles(table, model, every_rank=every_rank)
         rules = check_rules(table, model, num_gpus=num_gpus, cluster=cluster, seq_len=s, stages=stages)
         x = plan_arrays(table, model, s, stages)
         prm = rank_params(model, x.dense_layers, x.moe_layers, x.has_embedding, x.has_head, x.tp, x.pp, x.ep, x.etp)
@@ -178,7 +178,7 @@ def estimate(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, *, num_
     """One plan: `estimate_table` on a table of one row."""
     table = PlanTable.from_plans([plan])
     cols = estimate_table(table, model, cluster, num_gpus=num_gpus, seq_len=seq_len,
-                          routing_imbalance=routing_imbalance)
+                          routing_imbalance=routing_imbalance, every_rank=True)
     row = {k: v[0] for k, v in cols.items() if not k.startswith("stage_") or k == "stage_imbalance"}
     reasons = plan.problems(model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len)
     if row["valid"] and not row["fits"]:

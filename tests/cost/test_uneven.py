@@ -60,7 +60,7 @@ def test_deepseek_v3_pp16_is_valid_with_auto_layout() -> None:
     assert auto_layout(61, 16, 1).stages == expected
     # stage profiles by hand: rank 0 = layers 0-1 (dense, < first_k_dense = 3); rank 1 = layers
     # 2-5 (layer 2 dense, 3-5 MoE); ranks 2-14 = 4 MoE layers each; rank 15 = layers 58-60 (MoE).
-    st = stage_profiles(PlanTable.from_plans([plan]), model)
+    st = stage_profiles(PlanTable.from_plans([plan]), model, every_rank=True)
     assert list(st.dense_layers[:, 0]) == [2, 1] + [0] * 14
     assert list(st.moe_layers[:, 0]) == [0, 3] + [4] * 13 + [3]
     assert list(st.active[:, 0]) == [True] * 16

@@ -39,7 +39,7 @@ def case(request, sh):
     model, gpus, space_name, seq = QUESTIONS[request.param]
     q, space = sh.question(model, gpus, space_name, seq)
     table = enumerate_plans(space, q)
-    cols = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
+    cols = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len, every_rank=True)
     rng = np.random.default_rng(20240601 + len(request.param))
     # a seeded draw, plus every layout variant's first row so uneven layouts are always covered
     idx = set(rng.choice(len(table), size=min(PER_QUESTION, len(table)), replace=False).tolist())
