@@ -2,8 +2,12 @@
 
 `launch(trials, nproc)` writes the run file, runs
 `python -m torch.distributed.run --standalone --nproc_per_node N -m autopar.trial.worker ...`
-in its own session (process group), and on timeout kills the whole group (torchrun, its workers
-and anything they started), so no process outlives the call. Outcomes:
+in its own session (process group), and on timeout kills the whole group and every process of the
+launch (torchrun puts its workers in sessions of their own: they are found by the launch token in
+their environment, autopar.trial.hygiene), so no process outlives the call. While it runs, the
+launch is registered with autopar.trial.hygiene, whose SIGINT/SIGTERM handlers kill it; torchrun
+dies with the launching process (PR_SET_PDEATHSIG) and each worker's watchdog ends the worker when
+torchrun or the launching process is gone (SIGKILL). Outcomes:
 
 | outcome | meaning |
 |---|---|
@@ -33,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autopar.trial import hygiene
 from autopar.trial.config import TrialConfig
 
 OUTCOMES = ("ok", "teardown-abort", "oom", "timeout", "crash", "pruned")
@@ -142,7 +147,8 @@ def run_command(command: list[str], result_path: Path, *, timeout_s: float, work
         progress.unlink(missing_ok=True)
         reader = ProgressReader(progress)
     records: list[dict] = []
-    run_env = dict(os.environ if env is None else env)
+    token = hygiene.new_token()
+    run_env = hygiene.child_env(dict(os.environ if env is None else env), token)
     repo = str(Path(__file__).resolve().parents[2])  # so the workers import this autopar
     run_env["PYTHONPATH"] = repo + os.pathsep + run_env.get("PYTHONPATH", "")
     stdout_path, stderr_path = workdir / "stdout.log", workdir / "stderr.log"
@@ -151,15 +157,18 @@ def run_command(command: list[str], result_path: Path, *, timeout_s: float, work
     with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
         proc = subprocess.Popen(command, stdout=so, stderr=se, cwd=workdir, env=run_env, start_new_session=True,
                                 preexec_fn=_die_with_parent)
-        (workdir / PGID_FILE).write_text(str(proc.pid))
+        (workdir / PGID_FILE).write_text(f"{proc.pid} {token}")
+        handle = hygiene.register(f"trial {workdir.name} (process group {proc.pid})",
+                                  lambda: _kill_now(proc.pid, token))
         timed_out = stopped = False
         try:
             ended = _wait(proc, t0 + timeout_s, reader, on_progress, records)
             timed_out, stopped = ended == "timeout", ended == "stopped"
             if ended != "exited":
-                _kill_group(proc)
+                _kill_group(proc, token=token)
         finally:
-            _kill_group(proc, grace_s=0.0)  # orphans of a finished run; all of it if a callback raised
+            _kill_group(proc, grace_s=0.0, token=token)  # orphans of a finished run; all of it if a callback raised
+            hygiene.unregister(handle)
     (workdir / PGID_FILE).unlink(missing_ok=True)
     if reader is not None and not stopped:
         for rec in reader.read():  # the last steps, written just before the exit: seen, too late to stop
@@ -200,25 +209,30 @@ PGID_FILE = "launch.pgid"
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the launching process dies (prctl(2)
-    PR_SET_PDEATHSIG; Linux), so a killed search leaves no torchrun behind (torchrun's SIGTERM
-    handler stops its workers)."""
-    try:
-        import ctypes
+    """In the child before exec: SIGKILL it when the launching process dies (prctl(2)
+    PR_SET_PDEATHSIG; Linux), so a killed search leaves no torchrun behind; its workers, in
+    sessions of their own, end through their watchdogs (autopar.trial.hygiene)."""
+    hygiene.set_parent_death_signal(signal.SIGKILL)
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
+
+def _kill_now(pgid: int, token: str) -> None:
+    """SIGKILL the launch at once: its process group and every process carrying its token."""
+    _signal_group(pgid, signal.SIGKILL)
+    hygiene.kill_token(token)
 
 
 def reap_stale(workdir: Path) -> bool:
-    """Kill the process group a previous, killed launcher left in `workdir` (its pgid file), if alive."""
+    """Kill what a previous, killed launcher left in `workdir` (its pgid file: process group and
+    launch token), if alive."""
     path = Path(workdir) / PGID_FILE
     try:
-        pgid = int(path.read_text())
+        pgid, _, token = path.read_text().strip().partition(" ")
+        pgid_n = int(pgid)
     except (OSError, ValueError):
         return False
-    alive = _signal_group(pgid, signal.SIGKILL)
+    alive = _signal_group(pgid_n, signal.SIGKILL)
+    if token:
+        alive = bool(hygiene.kill_token(token)) or alive
     path.unlink(missing_ok=True)
     return alive
 
@@ -241,17 +255,19 @@ def classify(returncode: int | None, timed_out: bool, result: dict | None, logs:
     return "crash", errors or [f"exit code {returncode}, no complete result"]
 
 
-def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """End the process group of `proc` (its own session): SIGTERM and up to `grace_s` to exit,
-    then SIGKILL whatever is left, leader and orphans alike."""
+def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0, token: str | None = None) -> None:
+    """End the process group of `proc` (its own session) and every process of the launch token:
+    SIGTERM and up to `grace_s` to exit, then SIGKILL whatever is left, leader and orphans alike."""
     if grace_s > 0 and _signal_group(proc.pid, signal.SIGTERM):
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             proc.poll()  # reap the leader, else its zombie keeps the group "alive"
-            if not _group_alive(proc.pid):
+            if not _group_alive(proc.pid) and not (token and hygiene.processes_with_token(token)):
                 return
             time.sleep(0.05)
     _signal_group(proc.pid, signal.SIGKILL)
+    if token:
+        hygiene.kill_token(token)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autopar.spec.model import ModelSpec
+from autopar.trial.features import model_problems
 from autopar.trial.parallel.context import ring_attention
 
 INIT_STD = 0.02  # GPT-2 / Megatron `init_method_std`
@@ -58,23 +59,9 @@ class ModelConfig:
 
 
 def unsupported(spec: ModelSpec) -> list[str]:
-    """Spec features the built-in Llama-style model does not implement, as sentences."""
-    out = []
-    if spec.mla is not None:
-        out.append("multi-head latent attention (MLA) is not implemented")
-    if not spec.gated_mlp:
-        out.append("only the gated (SwiGLU) MLP is implemented")
-    if spec.norm != "rmsnorm":
-        out.append("only RMSNorm is implemented")
-    if spec.qk_norm or spec.qkv_bias or spec.linear_bias:
-        out.append("QK-norm and linear biases are not implemented")
-    if spec.learned_position_embeddings:
-        out.append("learned position embeddings are not implemented (the model uses RoPE)")
-    if spec.head_dim % 2:
-        out.append(f"RoPE needs an even head_dim, got {spec.head_dim}")
-    if spec.moe is not None and spec.moe.num_shared_experts and not spec.moe.shared_expert_ffn_hidden_size:
-        out.append("shared experts need shared_expert_ffn_hidden_size")
-    return out
+    """Spec features the built-in Llama-style model does not implement, as sentences
+    (autopar.trial.features.model_problems, which needs no torch)."""
+    return model_problems(spec)
 
 
 # ---- building blocks ------------------------------------------------------------------------------

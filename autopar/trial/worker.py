@@ -1,5 +1,9 @@
 """torchrun entry: `python -m autopar.trial.worker --spec run.json --out result.json
-[--tensor-memory] [--memory-limit-mib N] [--fault raise|hang|raise-rank1|slow] [--progress FILE]`.
+[--tensor-memory] [--memory-limit-mib N] [--fault raise|hang|raise-rank1|slow|slow-exit] [--progress FILE]`.
+
+A watchdog thread (autopar.trial.hygiene.start_watchdog), started before torch is imported, ends
+the worker when torchrun or the launching autopar process is gone, so a SIGKILLed search leaves no
+worker behind.
 
 Runs every trial of the run file in order on all ranks (autopar.trial.config for the schema) and
 has rank 0 write the result JSON after each trial (atomically: write, then rename), so a crash
@@ -29,12 +33,17 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+if __name__ == "__main__":  # before torch's import (seconds): a worker whose launcher dies meanwhile ends too
+    from autopar.trial.hygiene import start_watchdog
 
-from autopar.trial.config import TrialConfig, load_run
-from autopar.trial.mesh import Runtime, detect_runtime, init_distributed
-from autopar.trial.runner import run_trial
+    start_watchdog()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from autopar.trial.config import TrialConfig, load_run  # noqa: E402
+from autopar.trial.mesh import Runtime, detect_runtime, init_distributed  # noqa: E402
+from autopar.trial.runner import run_trial  # noqa: E402
 
 
 def environment(runtime: Runtime) -> dict:
@@ -83,8 +92,10 @@ def limit_memory(mib: float) -> None:
 def inject_fault(fault: str | None) -> None:
     """Test hooks for the failure paths: `raise` (a trial raises on every rank), `hang` (every rank
     sleeps past any timeout), `raise-rank1` (only rank 1 raises; its peers block); `slow` is a
-    plan SLOW_STEP_S slower per step (run_trial's step delay), for the pruner's tests."""
-    if not fault or fault == "slow":
+    plan SLOW_STEP_S slower per step (run_trial's step delay), for the pruner's tests; `slow-exit`
+    waits SLOW_EXIT_S after the complete result is written, before the teardown (the process-hygiene
+    tests signal autopar then)."""
+    if not fault or fault in ("slow", "slow-exit"):
         return
     if fault == "hang":
         time.sleep(10**6)
@@ -94,6 +105,11 @@ def inject_fault(fault: str | None) -> None:
 
 #: seconds `--fault slow` adds to every step (well above a tiny CPU trial's ~0.05-0.3 s step)
 SLOW_STEP_S = 1.0
+#: seconds `--fault slow-exit` waits between the complete result and the teardown
+SLOW_EXIT_S = 30.0
+#: a fault for every launch of this environment (tests of the whole CLI): one of FAULTS
+FAULT_ENV = "AUTOPAR_WORKER_FAULT"
+FAULTS = ("raise", "hang", "raise-rank1", "slow", "slow-exit")
 
 
 class ProgressWriter:
@@ -150,6 +166,8 @@ def run(trials: list[TrialConfig], out: Path, memory_limit_mib: float | None = N
     if rank == 0:
         doc["complete"] = True
         write_json(out, doc)
+    if fault == "slow-exit":
+        time.sleep(SLOW_EXIT_S)
     dist.barrier()
     return 0
 
@@ -160,8 +178,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, type=Path, help="result JSON, written by rank 0")
     ap.add_argument("--memory-limit-mib", type=float, default=None,
                     help="emulated memory capacity per rank (live tensor bytes): past it, OutOfMemoryError")
-    ap.add_argument("--fault", choices=("raise", "hang", "raise-rank1", "slow"), default=None,
-                    help=f"inject a failure (tests); slow = {SLOW_STEP_S:g} s more per step")
+    ap.add_argument("--fault", choices=FAULTS, default=os.environ.get(FAULT_ENV) or None,
+                    help=f"inject a failure (tests; default ${FAULT_ENV}); slow = {SLOW_STEP_S:g} s more per step, "
+                    f"slow-exit = {SLOW_EXIT_S:g} s between the complete result and the exit")
     ap.add_argument("--progress", type=Path, default=None,
                     help="rank 0 appends one JSON line per step to this file as it ends (live pruning)")
     ap.add_argument("--tensor-memory", action="store_true",
