@@ -47,16 +47,46 @@ def top_table(r: SearchResult) -> Table:
                     f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})",
               title_justify="left")
     for col in ("#", "layout", "schedule", "stages", "recompute", "ZeRO", "mbs", "memory GiB", "step s", "tokens/s",
-                "MFU", "bubble", "dominant cost"):
-        t.add_column(col, justify="left" if col in ("layout", "schedule", "stages", "recompute", "dominant cost")
-                     else "right")
+                "MFU", "bubble", "dominant cost", "runs on"):
+        t.add_column(col, justify="left" if col in ("layout", "schedule", "stages", "recompute", "dominant cost",
+                                                    "runs on") else "right")
     cap = q.cluster.gpu.hbm_bytes / GIB
     for i, (_, row) in enumerate(r.top.iterrows(), start=1):
         sched = row["pp_schedule"] if row["pp"] > 1 else "-"
         t.add_row(str(i), str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""), sched,
                   stage_balance(row), row["recompute"], str(row["zero_stage"]), str(row["micro_batch_size"]),
                   f"{row['memory_gib']:.1f} / {cap:.0f}", f"{row['step_time_s']:.3f}", f"{row['tokens_per_s']:,.0f}",
-                  f"{100 * row['mfu']:.1f}%", f"{100 * row['bubble_fraction']:.1f}%", str(row["dominant_cost"]))
+                  f"{100 * row['mfu']:.1f}%", f"{100 * row['bubble_fraction']:.1f}%", str(row["dominant_cost"]),
+                  _runs_on(row))
+    return t
+
+
+def _runs_on(row) -> str:
+    """The trainers that can run the plan; the one it is timed on (the fastest) first if they differ."""
+    names = str(row["trainers"]).split(", ")
+    return ", ".join([row["trainer"]] + [n for n in names if n != row["trainer"]]) if len(names) > 1 else names[0]
+
+
+def trainer_table(r: SearchResult) -> Table:
+    """The best plan each searched trainer can run, side by side."""
+    from autopar.spec.trainers import get_trainer
+
+    t = Table(title="The best plan per trainer", title_justify="left")
+    for col in ("trainer", "layout", "schedule", "recompute", "ZeRO", "mbs", "memory GiB", "step s", "tokens/s", "MFU",
+                "vs best"):
+        t.add_column(col, justify="left" if col in ("trainer", "layout", "schedule", "recompute") else "right")
+    best = r.winner
+    for name, row in r.per_trainer.items():
+        title = get_trainer(name).title
+        if row is None:
+            t.add_row(title, "nothing fits", *[""] * 9)
+            continue
+        slower = row["step_time_s"] / best["step_time_s"] - 1 if best is not None else 0.0
+        t.add_row(title, str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
+                  row["pp_schedule"] if row["pp"] > 1 else "-", row["recompute"], str(row["zero_stage"]),
+                  str(row["micro_batch_size"]), f"{row['memory_gib']:.1f}", f"{row['step_time_s']:.3f}",
+                  f"{row['tokens_per_s']:,.0f}", f"{100 * row['mfu']:.1f}%",
+                  "best" if slower <= 1e-12 else f"+{100 * slower:.1f}%")
     return t
 
 
@@ -74,6 +104,8 @@ def print_result(r: SearchResult) -> None:
     valid, fit = int(r.plans["valid"].sum()), int(r.plans["fits"].sum())
     if not r.top.empty:
         c.print(top_table(r))
+        if len(r.per_trainer) > 1:
+            c.print(trainer_table(r))
     c.print(f"[bold]{r.why}[/bold]")
     how = ("exhaustive: every plan of the space evaluated, so this is the exact optimum of the cost model"
            if r.method == "exhaustive" else f"{r.method}: Optuna sampled the space ({len(r.history)} trials)")

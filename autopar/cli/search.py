@@ -30,6 +30,9 @@ def search(
     seq_len: Annotated[Optional[str], typer.Option("--seq-len", "-s", help="Sequence length, or a comma list.")] = None,
     gbs: o.Gbs = None,
     space: Annotated[str, typer.Option("--space", help="Search space: a name in search_spaces/ or a YAML file.")] = "default",
+    trainer: Annotated[Optional[str], typer.Option("--trainer", help="Only plans this trainer can run: megatron, nemo, "
+                                                   "bridge, torchtitan, deepspeed, or a comma list (default: every "
+                                                   "trainer, with the best plan of each).")] = None,
     top_k: Annotated[int, typer.Option("--top-k", help="Plans to show and keep in top.json.")] = 10,
     max_exhaustive: Annotated[int, typer.Option("--max-exhaustive", help="Largest space evaluated exhaustively; "
                                                 "above it Optuna samples (0 forces Optuna).")] = 2_000_000,
@@ -60,7 +63,9 @@ def search(
     from autopar.search.scenarios import Scenario, run_scenarios
     from autopar.search.space import load_space
     from autopar.spec.presets import resolve_model
+    from autopar.spec.trainers import parse_trainers
 
+    trainers = parse_trainers(trainer)
     spec = resolve_model(model)
     if gpu == "local" and space == "default":
         space = "local"  # CPU trials: fp32, small batch, the knobs the trial model runs
@@ -80,7 +85,7 @@ def search(
         results = run_scenarios(spec, sp, scenarios, gpus_per_node=gpus_per_node, cluster_file=cluster, gbs=gbs,
                                 top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials,
                                 seed=seed, storage=storage, study_name=study_name, multi_objective=multi_objective,
-                                run_dir=run_dir, progress=progress.update)
+                                run_dir=run_dir, progress=progress.update, trainers=trainers)
     if trials > 0:
         if len(results) != 1:
             raise InputError("--trials applies to one scenario")

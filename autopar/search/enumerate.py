@@ -17,20 +17,23 @@ from autopar.search.space import SearchSpace
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.layout import auto_layout, balanced_layout
 from autopar.spec.model import ModelSpec
-from autopar.spec.table import DTYPE, RECOMP, SCHED, PlanTable
+from autopar.spec.table import DTYPE, RECOMP, SCHED, TRAINER, PlanTable
+from autopar.spec.trainers import TRAINERS
 
 DEFAULT_EP_LIMIT = 64
 
 
 @dataclass
 class Question:
-    """What the user asked: model, GPUs, cluster, sequence length and global batch."""
+    """What the user asked: model, GPUs, cluster, sequence length, global batch, and the trainers
+    the plans must run on (all of them unless `--trainer` says)."""
 
     model: ModelSpec
     num_gpus: int
     cluster: ClusterSpec
     seq_len: int
     global_batch_size: int
+    trainers: tuple[str, ...] = TRAINERS
 
 
 def divisors(n: int) -> list[int]:
@@ -60,7 +63,7 @@ def space_size(space: SearchSpace, q: "Question") -> int:
 
 #: the product axes, in order; values are what `knob_choices` returns for each
 AXES = ("tp", "pp", "cp", "sched_vpp", "ep", "etp", "zero", "mbs", "recompute", "recompute_layers", "dtype",
-        "tp_comm_overlap", "sp", "pp_layout")
+        "tp_comm_overlap", "sp", "pp_layout", "trainer")
 
 
 def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
@@ -91,6 +94,7 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
         "tp_comm_overlap": sorted(set(k.get("tp_comm_overlap", [False]))),
         "sp": [True, False] if sp_knob == "auto" else sorted(set(sp_knob)),
         "pp_layout": ["auto"] + [x for x in dict.fromkeys(k.get("pp_layout", ["auto"])) if x != "auto"],
+        "trainer": [TRAINER[t] for t in q.trainers],
     }
 
 
@@ -122,7 +126,7 @@ def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], 
     # the same plan reached through different choices (etp "tp" and 1 at tp 1, ...) counts once
     key = np.stack([t, p, c, sched, vpp, col["ep"], et, col["zero"], col["mbs"], col["recompute"],
                     col["recompute_layers"], col["dtype"], col["tp_comm_overlap"].astype(np.int64),
-                    col["sp"].astype(np.int64), layout_id], axis=1)
+                    col["sp"].astype(np.int64), layout_id, col["trainer"]], axis=1)
     _, first = np.unique(np.where(keep[:, None], key, -3), axis=0, return_index=True)
     keep &= np.isin(np.arange(len(t)), first)
     idx = np.flatnonzero(keep)
@@ -130,7 +134,8 @@ def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], 
         layout_list, tp=t, pp=p, dp=G // (t * p * c), cp=c, ep=col["ep"], etp=et, vpp=vpp, zero_stage=col["zero"],
         micro_batch_size=col["mbs"], global_batch_size=np.full(len(t), q.global_batch_size), schedule=sched,
         recompute=col["recompute"], recompute_layers=col["recompute_layers"], dtype=col["dtype"],
-        tp_comm_overlap=col["tp_comm_overlap"], sequence_parallel=col["sp"], layout_id=layout_id)
+        tp_comm_overlap=col["tp_comm_overlap"], sequence_parallel=col["sp"], layout_id=layout_id,
+        trainer=col["trainer"])
     return table.take(idx)
 
 

@@ -7,12 +7,14 @@ import numpy as np
 import pandas as pd
 
 from autopar.cost.estimate import TIME_TERMS
-from autopar.spec.plan import DTYPES, RECOMPUTE, SCHEDULES, ParallelPlan
+from autopar.spec.plan import DTYPES, MOE_DISPATCH, RECOMPUTE, SCHEDULES, ParallelPlan
 from autopar.spec.table import PlanTable
+from autopar.spec.trainers import TRAINERS
 
-PLAN_COLUMNS = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage", "sequence_parallel", "micro_batch_size",
-                "global_batch_size", "num_microbatches", "pp_schedule", "recompute", "recompute_layers", "dtype",
-                "tp_comm_overlap", "layout")
+#: the columns that make a plan what it is, apart from the trainer that runs it
+PLAN_KEY = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage", "sequence_parallel", "micro_batch_size",
+            "global_batch_size", "pp_schedule", "recompute", "recompute_layers", "dtype", "tp_comm_overlap",
+            "layout_id", "moe_dispatch", "capacity_factor")
 COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
 
 
@@ -27,6 +29,9 @@ def frame(table: PlanTable, est: dict[str, np.ndarray]) -> pd.DataFrame:
         "recompute": np.asarray(RECOMPUTE, dtype=object)[c["recompute"]],
         "recompute_layers": c["recompute_layers"], "dtype": np.asarray(DTYPES, dtype=object)[c["dtype"]],
         "tp_comm_overlap": c["tp_comm_overlap"], "layout_id": c["layout_id"],
+        "moe_dispatch": np.asarray(MOE_DISPATCH, dtype=object)[c["moe_dispatch"]],
+        "capacity_factor": c["capacity_factor"],
+        "trainer": np.asarray(TRAINERS, dtype=object)[c["trainer"]],
     })
     for name, arr in est.items():
         if np.ndim(arr) == 1:  # per-rank (R, n) arrays stay out of the table
@@ -70,7 +75,35 @@ def row_plan(row: pd.Series, layouts) -> ParallelPlan:
         recompute=str(row["recompute"]),
         recompute_layers=None if int(row["recompute_layers"]) < 0 else int(row["recompute_layers"]),
         dtype=str(row["dtype"]), tp_comm_overlap=bool(row["tp_comm_overlap"]),
-        layout=None if lid < 0 else layouts[lid])
+        layout=None if lid < 0 else layouts[lid], trainer=str(row.get("trainer", "megatron")),
+        moe_dispatch=str(row.get("moe_dispatch", "dropless")),
+        capacity_factor=float(row["capacity_factor"]) if row.get("moe_dispatch") == "capacity" else None)
+
+
+def top_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
+    """The k fastest distinct plans that fit, each on its fastest trainer, with `trainers`: every
+    trainer that can run that plan (and fits it), in the order of autopar.spec.trainers.TRAINERS."""
+    fit = ranked(df)
+    if fit.empty:
+        return fit.assign(trainers=pd.Series(dtype=object))
+    keys = [c for c in PLAN_KEY if c in fit.columns]
+    order = {t: i for i, t in enumerate(TRAINERS)}
+    runs_on = fit.groupby(keys, sort=False, dropna=False)["trainer"].agg(
+        lambda s: ", ".join(sorted(set(s), key=order.get)))
+    best = fit.drop_duplicates(keys, keep="first").head(k)
+    idx = pd.MultiIndex.from_frame(best[keys]) if len(keys) > 1 else best[keys[0]]
+    return best.assign(trainers=runs_on.reindex(idx).to_numpy())
+
+
+def best_per_trainer(df: pd.DataFrame) -> dict[str, pd.Series]:
+    """The fastest plan that fits for each trainer that was searched (None where nothing fits)."""
+    out: dict[str, pd.Series | None] = {}
+    for t in TRAINERS:
+        mine = df[df["trainer"] == t]
+        if len(mine):
+            best = ranked(mine)
+            out[t] = None if best.empty else best.iloc[0]
+    return out
 
 
 def pareto_front(df: pd.DataFrame) -> pd.DataFrame:

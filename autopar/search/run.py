@@ -18,10 +18,11 @@ from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate_table
 from autopar.search.atomic import write_atomic, write_with
 from autopar.search.enumerate import Question, enumerate_plans, space_size
-from autopar.search.results import frame, pareto_front, ranked, row_plan, why_winner
+from autopar.search.results import best_per_trainer, frame, pareto_front, row_plan, top_plans, why_winner
 from autopar.search.space import SearchSpace
 from autopar.spec.hardware import GIB
 from autopar.spec.table import PlanTable
+from autopar.spec.trainers import TRAINERS
 
 DEFAULT_MAX_EXHAUSTIVE = 2_000_000
 
@@ -52,6 +53,7 @@ class SearchResult:
     timings: dict = field(default_factory=dict)
     layouts: list = field(default_factory=list)
     history: list = field(default_factory=list)
+    per_trainer: dict = field(default_factory=dict)  # trainer -> its fastest fitting plan (a row), or None
 
     @property
     def winner(self) -> pd.Series | None:
@@ -61,6 +63,8 @@ class SearchResult:
 def run_slug(q: Question, space: SearchSpace) -> str:
     """A stable run-directory name from the question, so a rerun finds (and resumes) its study."""
     raw = f"{q.model.name}_{q.num_gpus}x{q.cluster.gpu.key}_s{q.seq_len}_gbs{q.global_batch_size}_{space.name}"
+    if set(q.trainers) != set(TRAINERS):
+        raw += "_" + "+".join(q.trainers)
     return re.sub(r"[^A-Za-z0-9_.+-]", "-", raw)
 
 
@@ -86,6 +90,7 @@ def row_summary(row: pd.Series, layouts) -> dict:
     plan = row_plan(row, layouts)
     return {
         "plan_name": str(row["plan_name"]),
+        "trainer": str(row["trainer"]),
         "plan": plan.to_dict(),
         "fits": bool(row["fits"]),
         "rejected_by": str(row["rejected_by"]),
@@ -127,11 +132,11 @@ def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, i
         run_dir.mkdir(parents=True, exist_ok=True)
         df, layouts, history = _optuna_search(q, opts, run_dir, headroom, progress)
         timings["optuna_s"] = time.perf_counter() - t0
-    top = ranked(df).head(opts.top_k)
+    top = top_plans(df, opts.top_k)
     runner = top.iloc[1] if len(top) > 1 else None
     why = why_winner(top.iloc[0], runner) if len(top) else _no_fit_reason(df)
     result = SearchResult(question=q, options=opts, plans=df, top=top, method=method, why=why, run_dir=run_dir,
-                          timings=timings, layouts=layouts, history=history)
+                          timings=timings, layouts=layouts, history=history, per_trainer=best_per_trainer(df))
     t2 = time.perf_counter()
     write_run(result)
     timings["write_s"] = time.perf_counter() - t2
@@ -180,9 +185,12 @@ def write_run(result: SearchResult) -> None:
     # atomically: several workers sharing a run directory each write these (search --trials)
     write_with(d / "plans.parquet", lambda tmp: result.plans.to_parquet(tmp, index=False))
     write_with(d / "plans.csv", lambda tmp: result.plans.to_csv(tmp, index=False))
-    top = [row_summary(r, result.layouts) | {"rank": i + 1} for i, (_, r) in enumerate(result.top.iterrows())]
+    top = [row_summary(r, result.layouts) | {"rank": i + 1, "trainers": str(r["trainers"]).split(", ")}
+           for i, (_, r) in enumerate(result.top.iterrows())]
     pareto = [row_summary(r, result.layouts)["plan_name"] for _, r in pareto_front(result.plans).iterrows()]
-    write_atomic(d / "top.json", json.dumps({"why": result.why, "top": top, "pareto": pareto}, indent=2))
+    per_trainer = {t: None if r is None else row_summary(r, result.layouts) for t, r in result.per_trainer.items()}
+    write_atomic(d / "top.json", json.dumps({"why": result.why, "top": top, "pareto": pareto,
+                                             "per_trainer": per_trainer}, indent=2))
 
 
 def _write_search_json(result: SearchResult) -> None:
@@ -192,7 +200,7 @@ def _write_search_json(result: SearchResult) -> None:
     info = {
         "autopar_version": __version__,
         "question": {"model": q.model.to_dict(), "num_gpus": q.num_gpus, "cluster": q.cluster.to_dict(),
-                     "seq_len": q.seq_len, "global_batch_size": q.global_batch_size},
+                     "seq_len": q.seq_len, "global_batch_size": q.global_batch_size, "trainers": list(q.trainers)},
         "space": {"name": o.space.name, "source": o.space.source, "knobs": o.space.knobs,
                   "constraints": o.space.constraints},
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items() if k != "space"},

@@ -11,6 +11,7 @@ from autopar.search.run import SearchOptions, SearchResult, row_summary, run_sea
 from autopar.search.space import SearchSpace
 from autopar.spec.model import ModelSpec
 from autopar.spec.resolve import DEFAULT_TOKENS_PER_STEP, resolve_cluster
+from autopar.spec.trainers import TRAINERS
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,13 @@ def global_batch(space: SearchSpace, seq_len: int, gbs: int | None) -> int:
 
 
 def run_scenarios(model: ModelSpec, space: SearchSpace, scenarios: list[Scenario], *, gpus_per_node=None,
-                  cluster_file=None, gbs=None, run_dir: Path | None = None, progress=None, **opts) -> list[SearchResult]:
+                  cluster_file=None, gbs=None, run_dir: Path | None = None, progress=None,
+                  trainers: tuple[str, ...] = TRAINERS, **opts) -> list[SearchResult]:
     out = []
     for sc in scenarios:
         cluster = resolve_cluster(sc.gpu or "h100-sxm", gpus_per_node, cluster_file)
         q = Question(model=model, num_gpus=sc.num_gpus, cluster=cluster, seq_len=sc.seq_len,
-                     global_batch_size=global_batch(space, sc.seq_len, gbs))
+                     global_batch_size=global_batch(space, sc.seq_len, gbs), trainers=trainers)
         out.append(run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts), progress=progress))
     return out
 
@@ -42,7 +44,11 @@ def run_scenarios(model: ModelSpec, space: SearchSpace, scenarios: list[Scenario
 def result_json(r: SearchResult) -> dict:
     q = r.question
     return {"model": q.model.name, "num_gpus": q.num_gpus, "gpu": q.cluster.gpu.key, "seq_len": q.seq_len,
-            "global_batch_size": q.global_batch_size, "space": r.options.space.name, "method": r.method,
+            "global_batch_size": q.global_batch_size, "trainers": list(q.trainers), "space": r.options.space.name,
+            "method": r.method,
             "plans_evaluated": int(len(r.plans)), "plans_fit": int(r.plans["fits"].sum()), "why": r.why,
             "run_dir": str(r.run_dir), "timings_s": r.timings,
-            "top": [row_summary(row, r.layouts) | {"rank": i + 1} for i, (_, row) in enumerate(r.top.iterrows())]}
+            "top": [row_summary(row, r.layouts) | {"rank": i + 1, "trainers": str(row["trainers"]).split(", ")}
+                    for i, (_, row) in enumerate(r.top.iterrows())],
+            "per_trainer": {t: None if row is None else row_summary(row, r.layouts)
+                            for t, row in r.per_trainer.items()}}

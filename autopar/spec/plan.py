@@ -18,11 +18,13 @@ from dataclasses import dataclass, field, fields, replace
 
 from autopar.errors import InputError
 from autopar.spec.layout import PipelineLayout
+from autopar.spec.trainers import TRAINERS
 
 MESH_ORDER = ("pp", "dp", "cp", "tp")
 EXPERT_MESH_ORDER = ("pp", "edp", "ep", "etp")
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+MOE_DISPATCH = ("dropless", "capacity")  # every routed token computed / tokens past capacity dropped
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16", "fp8", "fp32")  # fp32: full-precision training (CPU trials)
 ZERO_STAGES = (0, 1, 2, 3)
@@ -54,6 +56,9 @@ class ParallelPlan:
     main_grads_fp32: bool = True  # Megatron's fp32 main grads (18 B/param); False = the seeds' 16N
     tp_comm_overlap: bool = False  # overlap TP collectives with GEMMs (Megatron --tp-comm-overlap)
     layout: PipelineLayout | None = field(default=None)  # None = auto (see layout.auto_layout)
+    trainer: str = "megatron"  # which program runs the plan (autopar.spec.trainers)
+    moe_dispatch: str = "dropless"  # MoE token dispatch: dropless or capacity (drop past the capacity factor)
+    capacity_factor: float | None = None  # capacity dispatch: expert capacity / mean load; None = 1.0
 
     def __post_init__(self) -> None:
         if self.etp is None:
@@ -62,6 +67,8 @@ class ParallelPlan:
             object.__setattr__(self, "sequence_parallel", self.tp > 1)
         if self.pp_schedule is None:
             object.__setattr__(self, "pp_schedule", "interleaved-1f1b" if self.vpp > 1 else "1f1b")
+        if self.capacity_factor is None and self.moe_dispatch == "capacity":
+            object.__setattr__(self, "capacity_factor", 1.0)
         problems = self.intrinsic_problems()
         if problems:
             raise PlanError("invalid plan: " + "; ".join(problems))
@@ -81,6 +88,16 @@ class ParallelPlan:
             out.append(f"recompute must be one of {', '.join(RECOMPUTE)}, got '{self.recompute}'")
         if self.dtype not in DTYPES:
             out.append(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.trainer not in TRAINERS:
+            out.append(f"trainer must be one of {', '.join(TRAINERS)}, got '{self.trainer}'")
+        if self.moe_dispatch not in MOE_DISPATCH:
+            out.append(f"MoE dispatch must be dropless or capacity, got '{self.moe_dispatch}'")
+        if self.capacity_factor is not None:
+            cf = self.capacity_factor
+            if self.moe_dispatch != "capacity":
+                out.append("a capacity factor needs --moe-dispatch capacity (dropless dispatch drops no token)")
+            elif isinstance(cf, bool) or not isinstance(cf, (int, float)) or not cf >= 1.0 or cf > 64:
+                out.append(f"capacity factor must be a number from 1 to 64 (expert capacity / mean load), got {cf!r}")
         if self.recompute_layers is not None:
             if self.recompute != "full":
                 out.append("recompute layers need --recompute full")

@@ -114,6 +114,13 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def all_rules() -> tuple:
+    """The model rules, then every trainer's capability lines (autopar.spec.trainer_rules)."""
+    from autopar.spec.trainer_rules import trainer_rules
+
+    return RULES + trainer_rules()
+
+
 @dataclass
 class RuleResult:
     masks: dict[str, np.ndarray]
@@ -137,10 +144,10 @@ class RuleResult:
 
     def reasons(self, i: int) -> list[str]:
         """Row i's broken rules, each as a sentence."""
-        row = {k: int(v[i]) for k, v in self.table.columns.items()}
+        row = {k: v[i].item() for k, v in self.table.columns.items()}
         row["_i"] = i
         row["_m"] = int(self.table.num_microbatches[i])
-        return [rule.explain(row, self.context) for rule in RULES if self.masks[rule.name][i]]
+        return [rule.explain(row, self.context) for rule in all_rules() if self.masks[rule.name][i]]
 
 
 def check_rules(table: PlanTable, model: ModelSpec, *, num_gpus: int | None = None,
@@ -149,7 +156,7 @@ def check_rules(table: PlanTable, model: ModelSpec, *, num_gpus: int | None = No
     ctx = Context(model=model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len or model.seq_len,
                   stages=stages if stages is not None else stage_profiles(table, model))
     masks = {}
-    for rule in RULES:
+    for rule in all_rules():
         m = np.asarray(rule.violated(table, ctx), dtype=bool)
         masks[rule.name] = np.broadcast_to(m, (len(table),))
     return RuleResult(masks, ctx, table)

@@ -42,6 +42,7 @@ class StageProfiles:
     layout_text: np.ndarray  # (n,) object: the layout assumed, for display
     max_rank_layers: np.ndarray  # (n,) most layers on one rank
     imbalance: np.ndarray  # (n,) max rank layers / mean rank layers
+    uneven: np.ndarray  # (n,) bool: the virtual stages do not all hold the same layer count
 
 
 @dataclass
@@ -60,7 +61,8 @@ def stage_profiles(table: PlanTable, model: ModelSpec, every_rank: bool = False)
     text = np.full(n, "", dtype=object)
     max_layers = np.zeros(n)
     imbalance = np.ones(n)
-    groups = _groups(table, model, problem, text, max_layers, imbalance)
+    uneven = np.zeros(n, dtype=bool)
+    groups = _groups(table, model, problem, text, max_layers, imbalance, uneven)
     rank = _all_ranks(table) if every_rank else _costed_ranks(table, groups)
     dense = np.zeros(rank.shape, dtype=np.int64)
     moe = np.zeros(rank.shape, dtype=np.int64)
@@ -72,10 +74,11 @@ def stage_profiles(table: PlanTable, model: ModelSpec, every_rank: bool = False)
     dense, moe = np.where(active, dense, 0), np.where(active, moe, 0)
     return StageProfiles(rank=rank, active=active, dense_layers=dense, moe_layers=moe,
                          has_embedding=rank == 0, has_head=rank == (table.pp - 1)[None, :],
-                         layout_problem=problem, layout_text=text, max_rank_layers=max_layers, imbalance=imbalance)
+                         layout_problem=problem, layout_text=text, max_rank_layers=max_layers, imbalance=imbalance,
+                         uneven=uneven)
 
 
-def _groups(table: PlanTable, model: ModelSpec, problem, text, max_layers, imbalance) -> list[_Group]:
+def _groups(table: PlanTable, model: ModelSpec, problem, text, max_layers, imbalance, uneven) -> list[_Group]:
     """Resolve each (pp, vpp, layout) once; record its text, problems and balance per row."""
     mask = np.asarray(model.moe_layer_mask, dtype=bool)
     if not len(table):
@@ -92,6 +95,7 @@ def _groups(table: PlanTable, model: ModelSpec, problem, text, max_layers, imbal
         if lid < 0 and model.num_layers < pp * vpp - 2:
             probs = [f"{model.num_layers} layers cannot fill pp*vpp = {pp * vpp} stages"]
         text[rows] = layout.describe()
+        uneven[rows] = len(set(layout.stages)) > 1
         dense, moe = np.zeros(pp, dtype=np.int64), np.zeros(pp, dtype=np.int64)
         if probs:
             problem[rows] = "; ".join(probs)

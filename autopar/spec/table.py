@@ -9,16 +9,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.spec.layout import PipelineLayout
-from autopar.spec.plan import DTYPES, RECOMPUTE, SCHEDULES, ParallelPlan
+from autopar.spec.plan import DTYPES, MOE_DISPATCH, RECOMPUTE, SCHEDULES, ParallelPlan
+from autopar.spec.trainers import TRAINERS
 
 INT_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero_stage", "micro_batch_size",
-               "global_batch_size", "schedule", "recompute", "recompute_layers", "dtype", "layout_id")
+               "global_batch_size", "schedule", "recompute", "recompute_layers", "dtype", "layout_id", "trainer",
+               "moe_dispatch")
 BOOL_COLUMNS = ("sequence_parallel", "main_grads_fp32", "tp_comm_overlap")
+FLOAT_COLUMNS = ("capacity_factor",)
 
 # integer codes of the categorical columns
 SCHED = {name: i for i, name in enumerate(SCHEDULES)}
 RECOMP = {name: i for i, name in enumerate(RECOMPUTE)}
 DTYPE = {name: i for i, name in enumerate(DTYPES)}
+TRAINER = {name: i for i, name in enumerate(TRAINERS)}
+DISPATCH = {name: i for i, name in enumerate(MOE_DISPATCH)}
 
 
 @dataclass
@@ -53,9 +58,10 @@ class PlanTable:
         defaults = {"cp": 1, "ep": 1, "vpp": 1, "zero_stage": 1, "micro_batch_size": 1,
                     "recompute_layers": -1, "dtype": DTYPE["bf16"], "layout_id": -1,
                     "main_grads_fp32": True, "recompute": RECOMP["none"],
-                    "tp_comm_overlap": False}
+                    "tp_comm_overlap": False, "trainer": TRAINER["megatron"], "moe_dispatch": DISPATCH["dropless"],
+                    "capacity_factor": 1.0}
         out = {}
-        for name in INT_COLUMNS + BOOL_COLUMNS:
+        for name in INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS:
             if name in cols:
                 v = np.asarray(cols[name])
             elif name == "etp":
@@ -66,7 +72,7 @@ class PlanTable:
                 v = np.where(np.asarray(cols.get("vpp", 1)) > 1, SCHED["interleaved-1f1b"], SCHED["1f1b"])
             else:
                 v = defaults[name]
-            dtype = bool if name in BOOL_COLUMNS else np.int64
+            dtype = bool if name in BOOL_COLUMNS else float if name in FLOAT_COLUMNS else np.int64
             out[name] = np.broadcast_to(np.asarray(v, dtype=dtype), (n,)).copy()
         return cls(out, list(layouts or []))
 
@@ -94,6 +100,9 @@ class PlanTable:
             "sequence_parallel": [bool(p.sequence_parallel) for p in plans],
             "main_grads_fp32": [p.main_grads_fp32 for p in plans],
             "tp_comm_overlap": [p.tp_comm_overlap for p in plans],
+            "trainer": [TRAINER[p.trainer] for p in plans],
+            "moe_dispatch": [DISPATCH[p.moe_dispatch] for p in plans],
+            "capacity_factor": [p.capacity_factor or 1.0 for p in plans],
         }
         return cls.from_columns(layouts, **cols)
 
@@ -110,7 +119,9 @@ class PlanTable:
             recompute_layers=None if c["recompute_layers"] < 0 else int(c["recompute_layers"]),
             dtype=DTYPES[int(c["dtype"])], main_grads_fp32=bool(c["main_grads_fp32"]),
             tp_comm_overlap=bool(c["tp_comm_overlap"]),
-            layout=None if lid < 0 else self.layouts[lid])
+            layout=None if lid < 0 else self.layouts[lid], trainer=TRAINERS[int(c["trainer"])],
+            moe_dispatch=MOE_DISPATCH[int(c["moe_dispatch"])],
+            capacity_factor=float(c["capacity_factor"]) if MOE_DISPATCH[int(c["moe_dispatch"])] == "capacity" else None)
 
     def take(self, idx: np.ndarray) -> "PlanTable":
         return PlanTable({k: v[idx] for k, v in self.columns.items()}, self.layouts)

@@ -11,6 +11,15 @@ pp*vpp); the step time is scaled back by the ratio of the estimate's full and pr
 cost model carries the non-layer terms); `{"width_divisor": d}` runs a narrower model with the same
 ratios (ModelSpec.scaled) and scales back the same way. Both say so in `measured.proxy`.
 
+Placements (autopar.trial.proxy): `measure_placement` runs what the planner chose for this machine
+— the plan as is, or its proxy — and writes the trial document about the *plan*: `kind` ("full",
+"proxy", "not-runnable"), `proxy` (what changed, the proxy's own prediction here, the ratios), and
+in `measured` the figures scaled back to the plan (step times x time ratio, peak memory x memory
+ratio, tokens/s and MFU from the prediction's), with the proxy's own figures in `measured.proxy`;
+collective bytes, per-rank parameter and memory lists stay the proxy's. A plan that cannot run here
+gets a document with status "not-runnable" and the reason. The launch goes through `launch_fn`
+(default: torchrun here, autopar.trial.launcher.launch; autopar.trial.slurm.run_job for a cluster).
+
 Pruning: with `on_step(index, time_s)`, each timed step of the timed trial is handed over as it
 ends (index 0, 1, ... = its place in `measured.step_times_s`); when it returns True the run is
 killed and the document says status "pruned", with the steps that ran in `measured`
@@ -27,10 +36,16 @@ from pathlib import Path
 
 from autopar.spec.plan import ParallelPlan
 from autopar.trial.config import TrialConfig
-from autopar.trial.launcher import launch
+from autopar.trial.launcher import LaunchResult, launch
+from autopar.trial.proxy import Placement
 
 OUTCOME_STATUS = {"ok": "ok", "teardown-abort": "ok", "oom": "oom", "timeout": "timeout", "crash": "crash",
                   "pruned": "pruned"}
+NOT_RUNNABLE = "not-runnable"
+#: launch(trials, nproc, *, timeout_s, workdir, worker_args, rdzv, on_progress) -> LaunchResult
+LaunchFn = Callable[..., LaunchResult]
+#: the measured figures a proxy's document scales back to the plan
+SCALED = ("step_time_s", "step_times_s", "mean_step_time_s", "peak_memory_bytes", "tokens_per_s", "mfu")
 
 
 def trial_configs(model: str | dict, plan: dict, *, steps: int = 5, warmup: int = 1, seq_len: int | None = None,
@@ -78,7 +93,7 @@ def measure_plan(model: str | dict, plan: dict, nproc: int, *, predicted: dict |
                  warmup: int = 1, seq_len: int | None = None, proxy: dict | None = None, timeout_s: float = 120.0,
                  workdir: Path | None = None, worker_args: list[str] | None = None, rdzv: dict | None = None,
                  peak_flops: float | None = None, proxy_ratio: float | None = None, device: str = "cpu",
-                 on_step: Callable[[int, float], bool] | None = None) -> dict:
+                 on_step: Callable[[int, float], bool] | None = None, launch_fn: LaunchFn | None = None) -> dict:
     """Run the plan and return its trial document; never raises on a failed run (failures are data).
     `on_step(index, time_s)` sees each timed step live and returns True to stop (prune) the run."""
     name = ParallelPlan.from_dict(plan).describe()
@@ -91,10 +106,10 @@ def measure_plan(model: str | dict, plan: dict, nproc: int, *, predicted: dict |
         seen.append(float(rec["time_s"]))
         return bool(on_step(len(seen) - 1, seen[-1]))
 
-    res = launch(trial_configs(model, plan, steps=steps, warmup=warmup, seq_len=seq_len, scale=proxy, name=name,
-                                 device=device),
-                 nproc, timeout_s=timeout_s, workdir=workdir, worker_args=worker_args, rdzv=rdzv,
-                 on_progress=progress if on_step is not None else None)
+    res = (launch_fn or launch)(
+        trial_configs(model, plan, steps=steps, warmup=warmup, seq_len=seq_len, scale=proxy, name=name, device=device),
+        nproc, timeout_s=timeout_s, workdir=workdir, worker_args=worker_args, rdzv=rdzv,
+        on_progress=progress if on_step is not None else None)
     if res.outcome == "pruned":
         return {"name": name, "plan": plan, "model": model, "nproc": nproc, "predicted": predicted or {},
                 "status": "pruned", "outcome": "pruned", "wall_s": res.wall_s, "started_at": t0,
@@ -120,6 +135,65 @@ def measure_plan(model: str | dict, plan: dict, nproc: int, *, predicted: dict |
         doc["reasons"] = [f"exit {res.returncode}: {res.stderr_tail[-300:]}"]
     if predicted and doc["measured"]:
         m = doc["measured"]
+        doc["errors"] = {"step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
+                         "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1}
+    return doc
+
+
+def not_runnable_doc(placement: Placement, predicted: dict | None = None) -> dict:
+    """The trial document of a plan that cannot run on this machine: why, and what to do."""
+    p = ParallelPlan.from_dict(placement.plan)
+    return {"name": p.describe(), "plan": placement.plan, "predicted": predicted or {}, "kind": NOT_RUNNABLE,
+            "status": NOT_RUNNABLE, "outcome": NOT_RUNNABLE, "reasons": [placement.reason], "measured": {},
+            "started_at": time.time(), "wall_s": 0.0, "environment": {}}
+
+
+def measure_placement(placement: Placement, predicted: dict, *, steps: int = 5, warmup: int = 1,
+                      timeout_s: float = 120.0, workdir: Path | None = None, peak_flops: float | None = None,
+                      on_step: Callable[[int, float], bool] | None = None, launch_fn: LaunchFn | None = None,
+                      worker_args: list[str] | None = None) -> dict:
+    """Run a placement (the plan, or its proxy) and return the trial document about the plan; a
+    proxy's figures are scaled back and labelled (see the module docstring)."""
+    if not placement.runnable:
+        return not_runnable_doc(placement, predicted)
+    proxy = placement.proxy
+    ratio = proxy.time_ratio if proxy else 1.0
+    scaled_step = (lambda i, t: on_step(i, t * ratio)) if on_step is not None else None
+    doc = measure_plan(placement.model, placement.run_plan, placement.nproc, predicted=predicted, steps=steps,
+                       warmup=warmup, seq_len=placement.seq_len, timeout_s=timeout_s, workdir=workdir,
+                       peak_flops=None if proxy else peak_flops, device=placement.device, on_step=scaled_step,
+                       launch_fn=launch_fn, worker_args=worker_args)
+    doc["kind"] = placement.kind
+    if proxy is None:
+        return doc
+    doc |= {"name": ParallelPlan.from_dict(placement.plan).describe(), "plan": placement.plan,
+            "proxy": proxy.to_dict() | {"run_plan": placement.run_plan, "model": placement.model.get("name"),
+                                        "seq_len": placement.seq_len}}
+    m = doc.get("measured") or {}
+    if m:
+        own = {k: m[k] for k in SCALED if k in m}
+        own |= {"predicted_step_time_s": proxy.predicted_step_time_s,
+                "predicted_peak_memory_bytes": proxy.predicted_peak_memory_bytes,
+                "time_ratio": proxy.time_ratio, "memory_ratio": proxy.memory_ratio}
+        if m.get("step_time_s"):
+            own["step_time_error"] = proxy.predicted_step_time_s / m["step_time_s"] - 1
+        if m.get("peak_memory_bytes"):
+            own["memory_error"] = proxy.predicted_peak_memory_bytes / m["peak_memory_bytes"] - 1
+        for k in ("step_time_s", "mean_step_time_s"):
+            if k in m:
+                m[k] *= ratio
+        if "step_times_s" in m:
+            m["step_times_s"] = [t * ratio for t in m["step_times_s"]]
+        if "peak_memory_bytes" in m:
+            m["peak_memory_bytes"] *= proxy.memory_ratio
+        for k in ("tokens_per_s", "mfu"):  # the plan's, at the scaled step time
+            m.pop(k, None)
+            if predicted.get(k) and m.get("step_time_s"):
+                m[k] = predicted[k] * predicted["step_time_s"] / m["step_time_s"]
+        m["proxy"] = own
+        m["scaled"] = (f"{', '.join(SCALED)} scaled back to the plan (x{ratio:.3g} time, x{proxy.memory_ratio:.3g} "
+                       f"memory); the other figures are the proxy's")
+    if predicted and m.get("step_time_s") and m.get("peak_memory_bytes"):
         doc["errors"] = {"step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
                          "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1}
     return doc

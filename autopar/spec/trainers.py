@@ -1,0 +1,98 @@
+"""The trainers autopar plans for, and what each can run (data/trainers.toml).
+
+A trainer is part of the question: Megatron-LM, NeMo 2 and Megatron-Bridge run Megatron-Core;
+torchtitan runs PyTorch's own parallelism; DeepSpeed runs Megatron-DeepSpeed. Each has one
+capability table, kept as data with the source of every line; `autopar.spec.trainer_rules` turns it
+into the vectorised rules both the search and the exporters apply, so they cannot disagree.
+
+The default trainer is Megatron-LM: Megatron-Core is the engine of Megatron-LM, NeMo and
+Megatron-Bridge, which ran most published large-scale trainings (and most of the calibration runs),
+and it has every parallelism autopar models (1F1B and interleaved schedules, CP, EP with ETP, FP8,
+TP-communication overlap, partial recompute).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from autopar.errors import InputError, did_you_mean
+
+TRAINERS = ("megatron", "nemo", "bridge", "torchtitan", "deepspeed")
+DEFAULT_TRAINER = "megatron"
+#: every capability kind a trainer entry must state (interpreted by autopar.spec.trainer_rules)
+KINDS = ("pp_schedules", "uneven_stages", "zero_stages", "zero_stages_with_pp", "zero0_with_cp", "cp", "moe",
+         "moe_dispatch", "etp", "ep_in_fsdp", "moe_bias_etp1", "fp8", "fp32", "tp_comm_overlap", "sp_off",
+         "recompute", "partial_recompute", "bf16_main_grads", "zero_bubble_rounds", "attention_variants")
+
+
+@dataclass(frozen=True)
+class Capability:
+    kind: str
+    value: object
+    source: str  # the trainer file or document this line comes from
+    instead: str  # what to use instead when a plan needs more than the value allows
+
+
+@dataclass(frozen=True)
+class Trainer:
+    key: str
+    title: str
+    engine: str
+    profile: str  # the performance profile (autopar.cost.profiles)
+    source: str
+    capabilities: dict[str, Capability]
+    recipes: Capability | None = None  # preset -> recipe name; None = every model runs
+
+    def cap(self, kind: str) -> Capability:
+        return self.capabilities[kind]
+
+    def recipe_for(self, model_name: str) -> str | None:
+        return None if self.recipes is None else self.recipes.value.get(model_name)
+
+
+@cache
+def _table() -> dict[str, dict]:
+    return tomllib.loads(resources.files("autopar.spec").joinpath("data/trainers.toml").read_text())
+
+
+@cache
+def trainers() -> dict[str, Trainer]:
+    """Every trainer of the table, inherited entries resolved."""
+    raw = _table()
+    out = {}
+    for key in TRAINERS:
+        entry = dict(raw[key])
+        base = dict(raw[entry["inherit"]]) if "inherit" in entry else {}
+        merged = {k: v for k, v in base.items() if isinstance(v, dict)} | {k: v for k, v in entry.items()
+                                                                         if isinstance(v, dict)}
+        missing = [k for k in KINDS if k not in merged]
+        if missing:  # a table error, caught by the tests, never a user's
+            raise ValueError(f"trainers.toml: {key} lacks {missing}")
+        caps = {k: Capability(k, merged[k]["value"], merged[k]["source"], merged[k]["instead"]) for k in KINDS}
+        rec = merged.get("recipes")
+        out[key] = Trainer(key=key, title=entry["title"], engine=entry["engine"], profile=entry["profile"],
+                           source=entry["source"], capabilities=caps,
+                           recipes=Capability("recipes", rec["value"], rec["source"], rec["instead"]) if rec else None)
+    return out
+
+
+def get_trainer(name: str) -> Trainer:
+    """A trainer by name; an unknown one is one line with "did you mean" and the choices."""
+    key = str(name).strip().lower()
+    table = trainers()
+    if key not in table:
+        raise InputError(f"unknown trainer '{name}'{did_you_mean(key, TRAINERS)}; choose one of {', '.join(TRAINERS)}")
+    return table[key]
+
+
+def parse_trainers(text: str | None) -> tuple[str, ...]:
+    """`--trainer T` or a comma list; None = every trainer."""
+    if text is None:
+        return TRAINERS
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not names:
+        raise InputError(f"--trainer needs a trainer name, e.g. --trainer megatron; choose from {', '.join(TRAINERS)}")
+    return tuple(dict.fromkeys(get_trainer(n).key for n in names))
