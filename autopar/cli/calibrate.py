@@ -76,14 +76,15 @@ def calibrate(
     from autopar.cost.calibrate import profile_dict
     from autopar.errors import InputError
     from autopar.search.run import SearchOptions, run_search
-    from autopar.search.trials import calibrate_docs, candidates, evaluate_with, load_docs
+    from autopar.search.trials import NOT_RUNNABLE, calibrate_docs, calibrates, candidates, evaluate_with, load_docs
 
     q, space, info = _question(run_dir)
     result = run_search(q, SearchOptions(space=space, run_dir=run_dir))
     docs = load_docs(run_dir / "trials")
     calib = calibrate_docs(result, list(docs.values()))
     if calib is None:
-        raise InputError(f"{run_dir}/trials has fewer than 2 successful trials to fit")
+        raise InputError(f"{run_dir}/trials has fewer than 2 successful trials on the plans' hardware to fit (proxies "
+                         f"measured elsewhere are left out); run more trials, e.g. with --launcher slurm")
     f = calib.time_fit
     print(f"Step-time fit ({'converged' if f.success else f.message}) over {len(f.residuals)} trials:")
     for n in f.names:
@@ -91,7 +92,7 @@ def calibrate(
     if calib.memory_fit:
         for n in calib.memory_fit.names:
             print(f"  {n:28s} {getattr(q.cluster.constants, n):>10.4g} -> {getattr(calib.cluster.constants, n):.4g}")
-    ok = [d for d in docs.values() if d.get("status") == "ok" and d.get("measured")]
+    ok = [d for d in docs.values() if calibrates(d)]
     print("Residuals (predicted/measured - 1), before -> after:")
     for d, r0, r1 in zip(ok, f.initial_residuals, f.residuals):
         print(f"  {d['key']:55s} {100 * r0:+7.1f}% -> {100 * r1:+7.1f}%")
@@ -109,5 +110,5 @@ def calibrate(
     if rounds > 0:
         from autopar.cli.search import _measured_stage
 
-        n_done = len(docs)
+        n_done = sum(1 for d in docs.values() if d.get("status") != NOT_RUNNABLE)
         _measured_stage(result, q.model, trials, n_done + trials, rounds + 1, 5, 120.0, None, quiet=False)

@@ -11,20 +11,6 @@ import typer
 from autopar.cli import app
 from autopar.cli import options as o
 
-SBATCH = """#!/bin/bash
-#SBATCH --job-name=autopar-trial
-#SBATCH --nodes={nnodes}
-#SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node={nproc}
-#SBATCH --time={minutes}
-# autopar trial: srun starts one torchrun per node; c10d rendezvous on the first node.
-set -euo pipefail
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-srun {python} -m torch.distributed.run --nnodes={nnodes} --nproc_per_node={nproc} \\
-  --rdzv_backend=c10d --rdzv_endpoint="$head:29500" --rdzv_id="$SLURM_JOB_ID" \\
-  -m autopar.trial.worker --spec {spec} --out {out}
-"""
-
 
 @app.command()
 def trial(
@@ -49,6 +35,9 @@ def trial(
     rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="host:port (multi-node).")] = None,
     emit_slurm: Annotated[Optional[Path], typer.Option("--emit-slurm", help="Write an sbatch script, run nothing.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the trial is killed.")] = 300.0,
+    max_local_ranks: Annotated[Optional[int], typer.Option("--max-local-ranks", help="Most ranks this machine may "
+                                                           "start (default: its CPU cores; more oversubscribes "
+                                                           "them).")] = None,
     memory_limit_mib: Annotated[Optional[float], typer.Option("--memory-limit-mib", help="Cap each rank's memory "
                                                               "growth (forces an OOM past it).")] = None,
     run_dir: Annotated[Path, typer.Option("--run-dir", help="Results go to RUN_DIR/trials/.")] = Path("reports/trials"),
@@ -111,13 +100,20 @@ def trial(
         configs = [TrialConfig(name=key, model=mdl, plan=plan.to_dict(), scale=proxy, seq_len=seq,
                                steps=warmup + steps + 1, warmup=warmup, device="auto")]  # + the byte-counting step
         spec_path.write_text(json.dumps({"trials": [c.to_dict() for c in configs]}, indent=1))
-        emit_slurm.write_text(SBATCH.format(nnodes=nnodes, nproc=nproc, minutes=max(5, int(timeout // 60) + 5),
+        from autopar.trial.slurm import sbatch_script
+
+        emit_slurm.write_text(sbatch_script(nnodes=nnodes, nproc=nproc, minutes=max(5, int(timeout // 60) + 5),
                                             python="python", spec=spec_path.resolve(),
                                             out=(run_dir / "trials" / f"{key}.result.json").resolve()))
         print(f"sbatch script: {emit_slurm} (run file {spec_path})")
         return
     if nnodes > 1 and not rdzv_endpoint:
         raise InputError("--nnodes > 1 needs --rdzv-endpoint host:port (or --emit-slurm)")
+    _check_fits(nproc, predicted if proxy is None else {"peak_memory_bytes": float(small.peak_memory_bytes)},
+                cl.gpu.key == "local", max_local_ranks)
+    from autopar.trial.hygiene import install_signal_handlers
+
+    install_signal_handlers()  # SIGINT/SIGTERM: kill the trial's processes, exit 130/143
     peak = cl.gpu.peak_flops("bf16") / (2 if dtype == "fp32" else 1)
     doc = measure_plan(mdl, plan.to_dict(), nproc, predicted=predicted, steps=steps, warmup=warmup, seq_len=seq,
                        proxy=proxy, proxy_ratio=ratio, timeout_s=timeout, rdzv=rdzv, peak_flops=peak,
@@ -142,6 +138,23 @@ def trial(
         print(f"Result: {path}")
     if doc["status"] != "ok":
         sys.exit(1)
+
+
+def _check_fits(nproc: int, predicted: dict, memory_known: bool, max_local_ranks: int | None) -> None:
+    """Refuse a trial this machine cannot hold: more ranks than it may start, or (with a `local`
+    prediction) more memory than it has for a trial (autopar.trial.resources)."""
+    from autopar.errors import InputError
+    from autopar.trial.resources import detect, local_limits
+
+    limits = local_limits(detect(use_gpus=False), "cpu", max_local_ranks)
+    if nproc > limits.max_ranks:
+        raise InputError(f"this trial starts {nproc} ranks here and this machine runs at most {limits.max_ranks} "
+                         f"({limits.why}); add --max-local-ranks {nproc} to oversubscribe the cores, split it with "
+                         f"--nnodes, or write a cluster job with --emit-slurm")
+    if memory_known and not limits.memory_fits(nproc, predicted["peak_memory_bytes"]):
+        raise InputError(f"this trial needs {predicted['peak_memory_bytes'] / 2**30:.2f} GiB per rank and this machine "
+                         f"allows {limits.memory_text(nproc)}; run a proxy (--proxy-layers, --proxy-width) or "
+                         f"write a cluster job with --emit-slurm")
 
 
 def _unbuilt(plan, spec) -> list[str]:

@@ -208,13 +208,18 @@ def _parity(tt: pd.DataFrame, pred: str, meas: str, err: str, unit: str, title: 
     lo = float(np.min(np.concatenate([p[ok], m[ok]]))) if ok.any() else 0.0
     hi = float(np.max(np.concatenate([p[ok], m[ok]]))) if ok.any() else 1.0
     pad = 0.05 * (hi - lo or hi or 1.0)
-    text = [f"{n} ({t})<br>error {100 * e:+.1f}%" if math.isfinite(e) else f"{n} ({t})"
-            for n, t, e in zip(tt["plan_name"], tt["trial"], tt[err].to_numpy(float))]
+    text = np.array([f"{n} ({t})<br>error {100 * e:+.1f}%" if math.isfinite(e) else f"{n} ({t})"
+                     for n, t, e in zip(tt["plan_name"], tt["trial"], tt[err].to_numpy(float))], dtype=object)
+    proxy = (tt["kind"] == "proxy").to_numpy() if "kind" in tt.columns else np.zeros(len(tt), bool)
     data = [{"type": "scatter", "mode": "lines", "name": "predicted = measured", "x": [lo - pad, hi + pad],
-             "y": [lo - pad, hi + pad], "line": {"color": "#999", "dash": "dash"}, "hoverinfo": "skip"},
-            {"type": "scatter", "mode": "markers", "name": "trialled plan", "x": _floats(m), "y": _floats(p),
-             "text": text, "marker": {"color": "#4c78a8", "size": 10},
-             "hovertemplate": f"%{{text}}<br>measured %{{x:{fmt}}} {unit}<br>predicted %{{y:{fmt}}} {unit}<extra></extra>"}]
+             "y": [lo - pad, hi + pad], "line": {"color": "#999", "dash": "dash"}, "hoverinfo": "skip"}]
+    for sel, name, colour, symbol in ((~proxy, "trialled plan", "#4c78a8", "circle"),
+                                      (proxy, "proxy (scaled back)", "#f58518", "diamond")):
+        if sel.any() or name == "trialled plan":
+            data.append({"type": "scatter", "mode": "markers", "name": name, "x": _floats(m[sel]), "y": _floats(p[sel]),
+                         "text": text[sel].tolist(), "marker": {"color": colour, "size": 10, "symbol": symbol},
+                         "hovertemplate": f"%{{text}}<br>measured %{{x:{fmt}}} {unit}<br>predicted %{{y:{fmt}}} {unit}"
+                                          f"<extra></extra>"})
     square = [lo - pad, hi + pad]  # one range on both axes: the diagonal is at 45 degrees
     return {"data": data, "layout": _layout(title, 420, xaxis={"title": {"text": f"measured ({unit})"}, "range": square},
                                             yaxis={"title": {"text": f"predicted ({unit})"}, "range": square})}

@@ -153,10 +153,13 @@ PARETO_COLUMNS = [("plan_name", "layout", "t"), ("pp_schedule", "schedule", "t")
                   ("zero_stage", "ZeRO", "int"), ("micro_batch_size", "mbs", "int"), ("memory_gib", "memory GiB", "gib"),
                   ("tokens_per_s", "tokens/s", "count"), ("step_time_s", "step s", "s"), ("mfu", "MFU", "pct")]
 TRIAL_COLUMNS = [("trial", "trial", "t"), ("plan_name", "layout", "t"), ("status", "status", "t"),
+                 ("kind", "ran as", "t"),
                  ("predicted_step_time_s", "predicted s", "s"), ("measured_step_time_s", "measured s", "s"),
                  ("step_time_error_s", "error s", "s_signed"), ("step_time_error", "error", "pct_signed"),
                  ("predicted_memory_gib", "predicted GiB", "gib"), ("measured_memory_gib", "measured GiB", "gib"),
-                 ("memory_error_gib", "error GiB", "gib_signed"), ("memory_error", "error", "pct_signed")]
+                 ("memory_error_gib", "error GiB", "gib_signed"), ("memory_error", "error", "pct_signed"),
+                 ("proxy_step_time_s", "proxy measured s", "s"), ("proxy_predicted_step_time_s", "proxy predicted s", "s"),
+                 ("note", "proxy changes / why not run", "t")]
 WHATIF_COLUMNS = [("scenario", "scenario", "t"), ("plan_name", "best layout", "t"), ("pp_schedule", "schedule", "t"),
                   ("recompute", "recompute", "t"), ("memory_gib", "memory GiB", "gib"), ("step_time_s", "step s", "s"),
                   ("tokens_per_s", "tokens/s", "count"), ("tokens_per_s_per_gpu", "tokens/s/GPU", "count"),
@@ -233,6 +236,12 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
         if len(tt):
             body.append(f"<p class=\"note\">Error = (predicted - measured) / measured. Mean absolute error: step time "
                         f"{fmt(summ['step_time_mape'], 'pct')}, peak memory {fmt(summ['memory_mape'], 'pct')}.</p>")
+            if (tt["kind"] != "full").any():
+                body.append("<p class=\"note\">Ran as <b>proxy</b>: a scaled-down trial (fewer ranks, layers, width "
+                            "or sequence; see the last column) whose measured step time and memory are scaled back to "
+                            "the plan by the estimate's ratio (predicted plan / predicted proxy on the machine it ran "
+                            "on); the proxy's own measured and predicted step times are in the proxy columns. "
+                            "<b>not run</b>: the plan cannot run on this machine, for the reason given.</p>")
             body.append(_table(tt, TRIAL_COLUMNS))
             figs = F.trials_figures(tt)
             body.append(_fig(figs[0], "fig-trials-time") + _fig(figs[1], "fig-trials-memory"))

@@ -469,23 +469,47 @@ def relative_error(predicted, measured):
         return np.where(measured > 0, (predicted - measured) / measured, np.nan)
 
 
+def _trial_kind(t: dict) -> str:
+    """How the trial ran: full size, as a proxy (scaled back), or not at all here."""
+    kind = str(t.get("kind") or ("proxy" if t.get("proxy") else ""))
+    if t.get("status") == "not-runnable" or kind == "not-runnable":
+        return "not run"
+    return kind or "full"
+
+
+def _trial_note(t: dict) -> str:
+    """What a proxy changed, or why a trial did not run or failed."""
+    if t.get("status") not in ("ok", "pruned", None) or _trial_kind(t) == "not run":
+        return "; ".join(str(r) for r in t.get("reasons") or [])
+    proxy = t.get("proxy") or {}
+    return str(proxy.get("summary") or ", ".join(proxy.get("changes") or []))
+
+
 def trials_table(trials: list[dict]) -> pd.DataFrame:
-    """One row per trialled plan: predicted and measured step time and peak memory, and the errors
-    (absolute: predicted - measured; relative: / measured)."""
+    """One row per trialled plan: how it ran (full / proxy / not run), predicted and measured step
+    time and peak memory (a proxy's scaled back to the plan), the errors (absolute: predicted -
+    measured; relative: / measured), the proxy's own measured and predicted step time, and a note:
+    what the proxy changed, or why the trial did not run."""
     rows = []
     for t in trials:
         pred, meas = t.get("predicted") or {}, t.get("measured") or {}
+        own = meas.get("proxy") if isinstance(meas.get("proxy"), dict) else {}
         rows.append({
             "trial": str(t.get("_file", "")).removesuffix(".json"),
             "plan_name": _trial_name(t.get("plan") or {}, str(t.get("_file", "?"))),
             "status": str(t.get("status", "ok" if meas else "")),
+            "kind": _trial_kind(t),
             "predicted_step_time_s": _num(pred, "step_time_s"),
             "measured_step_time_s": _num(meas, "step_time_s"),
             "predicted_peak_memory_bytes": _num(pred, "peak_memory_bytes"),
             "measured_peak_memory_bytes": _num(meas, "peak_memory_bytes"),
+            "proxy_step_time_s": _num(own, "step_time_s"),
+            "proxy_predicted_step_time_s": _num(own, "predicted_step_time_s"),
+            "note": _trial_note(t),
         })
-    cols = ["trial", "plan_name", "status", "predicted_step_time_s", "measured_step_time_s",
-            "predicted_peak_memory_bytes", "measured_peak_memory_bytes"]
+    cols = ["trial", "plan_name", "status", "kind", "predicted_step_time_s", "measured_step_time_s",
+            "predicted_peak_memory_bytes", "measured_peak_memory_bytes", "proxy_step_time_s",
+            "proxy_predicted_step_time_s", "note"]
     df = pd.DataFrame(rows, columns=cols)
     df["step_time_error_s"] = df["predicted_step_time_s"] - df["measured_step_time_s"]
     df["step_time_error"] = relative_error(df["predicted_step_time_s"], df["measured_step_time_s"])

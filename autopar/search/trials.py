@@ -8,6 +8,16 @@ slower than the finished trials' median is killed mid-run and recorded as pruned
 ran. While `budget` remains the sampler proposes further plans among the analytic plans that fit.
 Results are trial JSON files (`trials/<key>.json`) and user attributes (the same document).
 
+Machines smaller than the plans (autopar.trial.proxy, wired by the CLI): `runnable(plan, predicted)`
+says why a plan cannot be trialled here (None: it can, as is or as a scaled-down proxy). The top-K
+seeds are the first K plans of the ranking that can run; those of the top K that cannot are
+recorded as trial files with status "not-runnable" and the reason (no Optuna trial: they use no
+budget), and a sampler proposal that cannot run is pruned (`not_runnable`). When no plan of the
+search can run here, the stage refuses (InputError) with the best plan's reason. Proxy trials
+measured on other hardware than the plans' (a CPU proxy of a GPU plan) are ranked and compared
+with the prediction (scaled back, labelled) but left out of the calibration fit, which would
+otherwise fit the GPU profile to CPU timings.
+
 Resume: a rerun finds the study; trials left RUNNING by a dead process are failed (fail_stale) and
 their plans rerun; finished plans are kept. Between rounds (`rounds`), the cost model is refitted
 to the measurements (autopar.cost.calibrate) and the untried plans re-ranked and enqueued. Several
@@ -18,6 +28,7 @@ shared, and each worker's final ranking covers all workers' measurements.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +37,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autopar.cost.calibrate import Calibration, calibrate, predict, spearman
+from autopar.errors import InputError
 from autopar.search import optuna_driver as od
 from autopar.search import trial_claims as claims
 from autopar.search.results import ranked, row_plan
@@ -33,8 +45,13 @@ from autopar.search.run import SearchResult, evaluate
 from autopar.spec.plan import ParallelPlan
 
 STUDY = "measured"
+NOT_RUNNABLE = "not-runnable"
 #: measure(plan, predicted, on_step) -> trial document; on_step(index, step_time_s) -> stop?
 Measure = Callable[[dict, dict, Callable[[int, float], bool]], dict]
+#: runnable(plan, predicted) -> why the plan cannot be trialled here, or None
+Runnable = Callable[[dict, dict], "str | None"]
+#: most not-runnable plans a refusal or a log line names
+NAMED = 3
 
 
 def plan_key(plan: dict) -> str:
@@ -99,7 +116,7 @@ def _enqueue(study: optuna.Study, keys: list[str], stale_after_s: float) -> None
 def run_measured(result: SearchResult, measure: Measure, k: int, budget: int | None = None,
                  rounds: int = 1, storage: str | None = None, seed: int | None = 0,
                  log: Callable[[str], None] = print, study_name: str | None = None,
-                 stale_after_s: float = 3600.0, wait_s: float = 600.0) -> MeasuredStage:
+                 stale_after_s: float = 3600.0, wait_s: float = 600.0, runnable: Runnable | None = None) -> MeasuredStage:
     """Measure the analytic top-k (then sampler proposals up to `budget`), for `rounds` rounds.
     `measure(plan, predicted, on_step)` runs one plan; `on_step(index, step_time_s)` reports each
     timed step as it ends and returns True when the pruner says stop. Several workers may run this
@@ -120,16 +137,30 @@ def run_measured(result: SearchResult, measure: Measure, k: int, budget: int | N
         log(f"measured stage: {stale} interrupted trial(s) of a dead process failed; their plans rerun")
     budget = max(budget or k, k)
     ranking = diverse(list(cands), cands)
+    why_not: dict[str, str | None] = {}
+
+    def cannot(kk: str) -> str | None:
+        if runnable is None:
+            return None
+        if kk not in why_not:
+            why_not[kk] = runnable(cands[kk]["plan"], cands[kk]["predicted"])
+        return why_not[kk]
+
     calib = None
     for rnd in range(rounds):
         target = min(budget * (rnd + 1), len(keys))
-        _enqueue(study, [kk for kk in ranking if kk not in _done(study)][:k], stale_after_s)
+        seeds = _seeds(study, ranking, k, cannot, cands, trials_dir, log)
+        _enqueue(study, seeds, stale_after_s)
         attempts = 0
         while len(_done(study)) < target and attempts < 4 * target:
             attempts += 1
             trial = study.ask({"plan": optuna.distributions.CategoricalDistribution(keys)})
             trial.set_user_attr("worker", od.WORKER)
             key = trial.params["plan"]
+            if cannot(key):  # a sampler proposal this machine cannot run: no budget used
+                trial.set_user_attr("not_runnable", cannot(key))
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
             why = claims.verdict(study, trial.number, key, target, stale_after_s)
             if why != "measure":  # another trial holds the plan, or the budget is spent
                 trial.set_user_attr(why, True)
@@ -152,6 +183,45 @@ def run_measured(result: SearchResult, measure: Measure, k: int, budget: int | N
     return MeasuredStage(docs=docs, order=order, calibration=calib)
 
 
+def _mib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _seeds(study: optuna.Study, ranking: list[str], k: int, cannot: Callable[[str], str | None],
+           cands: dict[str, dict], trials_dir: Path, log: Callable[[str], None]) -> list[str]:
+    """The first k plans of the ranking not measured yet that can run here. Those of the top k that
+    cannot are recorded as "not-runnable" trial files; none at all is an InputError."""
+    from autopar.search.trial_files import write_trial_doc
+
+    done = _done(study)
+    todo = [kk for kk in ranking if kk not in done]
+    seeds, skipped = [], []
+    for kk in todo:
+        if len(seeds) == k:
+            break
+        why = cannot(kk)
+        if why:
+            skipped.append(kk)
+        else:
+            seeds.append(kk)
+    if todo and not seeds and not done:
+        raise InputError(f"none of the {len(ranking)} plans that fit can be trialled here; the best, {todo[0]}: "
+                         f"{cannot(todo[0])}")
+    top = [kk for kk in todo[:k] if kk in skipped]
+    for kk in top:
+        doc = {"key": kk, "name": ParallelPlan.from_dict(cands[kk]["plan"]).describe(), "plan": cands[kk]["plan"],
+               "predicted": cands[kk]["predicted"], "kind": NOT_RUNNABLE, "status": NOT_RUNNABLE,
+               "outcome": NOT_RUNNABLE, "reasons": [cannot(kk)], "measured": {}, "pruned": False}
+        write_trial_doc(doc, trials_dir)
+        log(f"not runnable here: {kk} (#{ranking.index(kk) + 1} predicted, {cands[kk]['predicted']['step_time_s']:.3f} "
+            f"s/step): {cannot(kk)}")
+    if skipped:
+        log(f"measured instead: the {len(seeds)} best plan(s) that can run here" + (
+            f", after {len(skipped)} that cannot" if len(skipped) > len(top) else "")
+            + (": " + ", ".join(seeds) if seeds else ""))
+    return seeds
+
+
 def _measure_one(study: optuna.Study, trial: optuna.Trial, key: str, cand: dict, measure: Measure, rnd: int,
                  trials_dir: Path, log: Callable[[str], None]) -> None:
     """Run one plan, reporting its steps to the pruner as they end, and record the outcome."""
@@ -167,13 +237,21 @@ def _measure_one(study: optuna.Study, trial: optuna.Trial, key: str, cand: dict,
                                                                "worker": od.WORKER}
     _tell(study, trial, doc, trials_dir, reported)
     m = doc.get("measured") or {}
+    proxy = doc.get("proxy") or {}
+    if proxy:
+        log(f"  proxy ({proxy.get('nproc')} ranks): {proxy.get('summary', '')}")
+    tag = " (proxy, scaled back)" if proxy else ""
     if doc["status"] == "pruned":
         log(f"  -> pruned after {m.get('steps_run', 0)} timed step(s)"
-            + (f", {m['step_time_s']:.3f} s/step so far" if m else ""))
+            + (f", {m['step_time_s']:.3f} s/step so far{tag}" if m else ""))
     elif doc["status"] == "ok" and m:
-        log(f"  -> ok {m['step_time_s']:.3f} s/step, peak {m['peak_memory_bytes'] / 2**20:.1f} MiB/rank")
+        own = m.get("proxy") or {}
+        log(f"  -> ok {m['step_time_s']:.3f} s/step, peak {_mib(m['peak_memory_bytes'])}/rank{tag}"
+            + (f"; the proxy itself: {own['step_time_s']:.3f} s/step measured vs {own['predicted_step_time_s']:.3f} "
+               f"predicted here, {_mib(own['peak_memory_bytes'])} vs {_mib(own['predicted_peak_memory_bytes'])}/rank"
+               if own.get("step_time_s") else ""))
     else:
-        log(f"  -> {doc['status']}: {'; '.join(doc.get('reasons', []))[:200]}")
+        log(f"  -> {doc['status']}{tag}: {'; '.join(doc.get('reasons', []))[:200]}")
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, doc: dict, trials_dir: Path, reported: set[int]) -> None:
@@ -231,9 +309,16 @@ def load_docs(trials_dir: Path) -> dict[str, dict]:
     return out
 
 
+def calibrates(doc: dict) -> bool:
+    """Whether a trial may take part in the calibration fit: it ran, and on the plan's hardware
+    (a proxy measured elsewhere, e.g. a CPU proxy of a GPU plan, is left out)."""
+    return doc.get("status") == "ok" and bool(doc.get("measured")) and not (doc.get("proxy") or {}).get("cross_hardware")
+
+
 def calibrate_docs(result: SearchResult, docs: list[dict]) -> Calibration | None:
-    """Fit the cost model to the successful trials of the run (None if fewer than 2)."""
-    ok = [d for d in docs if d.get("status") == "ok" and d.get("measured")]
+    """Fit the cost model to the successful trials of the run measured on its hardware (None if
+    fewer than 2)."""
+    ok = [d for d in docs if calibrates(d)]
     if len(ok) < 2:
         return None
     q = result.question
@@ -253,7 +338,15 @@ def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
               if k in stage.docs and stage.docs[k].get("status") not in ("ok", "pruned")]
     out: dict = {"trialled": len(stage.order), "succeeded": len(ok), "failed": len(failed),
                  "failures": {d["key"]: d.get("reasons") for d in failed}, "pruned": len(pruned),
-                 "pruned_after_steps": {d["key"]: (d.get("measured") or {}).get("steps_run") for d in pruned}}
+                 "pruned_after_steps": {d["key"]: (d.get("measured") or {}).get("steps_run") for d in pruned},
+                 "proxies": sum(1 for d in ok if d.get("kind") == "proxy"),
+                 "not_runnable": {k: (d.get("reasons") or [""])[0] for k, d in stage.docs.items()
+                                  if d.get("status") == NOT_RUNNABLE},
+                 "candidates": candidate_rows(stage)}
+    cross = [d["key"] for d in ok if not calibrates(d)]
+    if cross:
+        out["not_calibrated"] = {"keys": cross, "why": "proxies measured on other hardware than the plans' (scaled "
+                                 "back for the ranking, left out of the calibration fit)"}
     if not ok:
         return out
     meas = [d["measured"]["step_time_s"] for d in ok]
@@ -263,19 +356,46 @@ def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
     plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
     before_t, before_m = predict(plans, q.model, q.cluster, q.num_gpus, q.seq_len)
     mem = [d["measured"]["peak_memory_bytes"] for d in ok]
-    out["spearman_analytic"] = spearman(before_t, meas)
+    with warnings.catch_warnings():  # tied predictions (or one trial): no rank correlation, NaN
+        warnings.simplefilter("ignore")
+        out["spearman_analytic"] = spearman(before_t, meas)
     out["memory_error_analytic"] = {d["key"]: float(p / m - 1) for d, p, m in zip(ok, before_m, mem)}
     out["memory_error_max_abs"] = max(abs(v) for v in out["memory_error_analytic"].values())
     if stage.calibration is not None:
         c = stage.calibration
         after_t, after_m = predict(plans, q.model, c.cluster, q.num_gpus, q.seq_len)
         top2 = sorted(range(len(ok)), key=lambda i: after_t[i])[:2]
-        out["spearman_calibrated"] = spearman(after_t, meas)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out["spearman_calibrated"] = spearman(after_t, meas)
         out["fastest_in_calibrated_top2"] = fastest["key"] in [ok[i]["key"] for i in top2]
         out["calibrated_constants"] = {n: float(getattr(c.cluster.constants, n)) for n in c.time_fit.names}
         out["time_residuals_calibrated"] = {d["key"]: float(p / m - 1) for d, p, m in zip(ok, after_t, meas)}
         out["memory_error_calibrated_max_abs"] = float(max(abs(p / m - 1) for p, m in zip(after_m, mem)))
     return out
+
+
+def candidate_rows(stage: MeasuredStage) -> list[dict]:
+    """Per trialled or refused plan: how it ran (full / proxy / not-runnable), predicted, measured
+    (a proxy's scaled back) and the proxy's own measured and predicted step time and memory."""
+    rows = []
+    order = list(stage.order) + [k for k, d in stage.docs.items() if d.get("status") == NOT_RUNNABLE
+                                 and k not in stage.order]
+    for k in order:
+        d = stage.docs.get(k)
+        if d is None:
+            continue
+        m, p = d.get("measured") or {}, d.get("predicted") or {}
+        own = m.get("proxy") or {}
+        rows.append({"key": k, "kind": d.get("kind") or ("proxy" if d.get("proxy") else "full"),
+                     "status": d.get("status"), "predicted_step_time_s": p.get("step_time_s"),
+                     "measured_step_time_s": m.get("step_time_s"), "proxy_step_time_s": own.get("step_time_s"),
+                     "proxy_predicted_step_time_s": own.get("predicted_step_time_s"),
+                     "predicted_peak_memory_bytes": p.get("peak_memory_bytes"),
+                     "measured_peak_memory_bytes": m.get("peak_memory_bytes"),
+                     "proxy": (d.get("proxy") or {}).get("summary"),
+                     "reason": "; ".join(d.get("reasons") or []) if d.get("status") != "ok" else ""})
+    return rows
 
 
 def evaluate_with(result: SearchResult, calib: Calibration):

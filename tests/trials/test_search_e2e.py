@@ -63,11 +63,16 @@ def test_trial_cli(tmp_path, cli, procs):
     assert doc["errors"]["peak_memory"] is not None and list((tmp_path / "out" / "trials").glob("*.json"))
     # proxy: 2 of tiny's 4 layers over pp 2, world 4 on 2 cores (oversubscribed: timings not comparable)
     r = cli(["trial", "--model", "tiny", "--gpus", "4", "--pp", "2", "--proxy-layers", "2", "--gbs", "4",
-             "--steps", "2", "--run-dir", "out", "--json"], tmp_path)
+             "--steps", "2", "--run-dir", "out", "--json", "--max-local-ranks", "4"], tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     m = json.loads(r.stdout)["measured"]
     assert m["proxy"]["kind"] == "fewer-layers" and m["proxy"]["ratio"] > 1
     assert m["step_time_s"] == m["proxy"]["proxy_step_time_s"] * m["proxy"]["ratio"]
+    # without --max-local-ranks, world 4 on this machine's cores is refused before anything starts
+    if (os.cpu_count() or 1) < 4:
+        r = cli(["trial", "--model", "tiny", "--gpus", "4", "--pp", "2", "--gbs", "4", "--run-dir", "out2"], tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--max-local-ranks 4" in r.stderr, r.stderr
+        assert not (tmp_path / "out2").exists()
     r = cli(["trial", "--model", "tiny", "--gpus", "16", "--tp", "2", "--nnodes", "2", "--emit-slurm", "job.sh"],
             tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -1,0 +1,215 @@
+"""The measured stage of `autopar search --trials K`: where the trials run (this machine, as they are
+or as proxies; or the cluster through SLURM), the Optuna stage itself (autopar.search.trials), and
+its terminal summary. Imports no torch: trials run in their own processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from autopar.errors import InputError
+from autopar.trial.proxy import ProxyOptions
+
+LAUNCHERS = ("local", "slurm")
+#: how much slower than its uncalibrated prediction a CPU trial's step runs (README: 2.5-6x), for
+#: the proxy's time budget; GPUs run closer to the model
+CPU_SLOWDOWN, GPU_SLOWDOWN = 6.0, 2.0
+#: share of the trial timeout the proxy's predicted steps may take (the rest: start-up, the model's
+#: build, the memory trial's tracking)
+TIME_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    """Where and how the measured stage runs its trials (the trial options of `autopar search`)."""
+
+    launcher: str = "local"  # local | slurm
+    max_local_ranks: int | None = None  # None: the GPUs, or the CPU cores
+    proxy: ProxyOptions = field(default_factory=ProxyOptions)
+    sbatch_args: tuple[str, ...] = ()
+    slurm_python: str | None = None  # None: this interpreter (a file system the cluster shares)
+    queue_timeout_s: float = 3600.0
+    poll_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise InputError(f"unknown --launcher '{self.launcher}'; choose local (this machine) or slurm (sbatch)")
+        if self.launcher == "slurm" and self.max_local_ranks is not None:
+            raise InputError("--max-local-ranks applies to --launcher local; drop it (SLURM jobs get the plan's GPUs)")
+
+
+def trial_options(launcher: str = "local", max_local_ranks: int | None = None, proxy: bool = True,
+                  proxy_layers: int | None = None, proxy_width: int | None = None, proxy_seq: int | None = None,
+                  sbatch_args: str | None = None) -> TrialOptions:
+    """TrialOptions from the command line (bad values: InputError)."""
+    import shlex
+
+    try:
+        extra = tuple(shlex.split(sbatch_args or ""))
+    except ValueError as e:
+        raise InputError(f"--sbatch-args '{sbatch_args}' cannot be split ({e}); quote it as one shell string") from None
+    return TrialOptions(launcher=launcher, max_local_ranks=max_local_ranks,
+                        proxy=ProxyOptions(enabled=proxy, layers_per_stage=proxy_layers, width_divisor=proxy_width,
+                                           seq_divisor=proxy_seq), sbatch_args=extra)
+
+
+def step_budget(timeout_s: float, steps: int, warmup: int, device: str) -> float:
+    """The most a proxy's predicted step may take here so that its trial (timed steps, warm-up, the
+    byte-counting step and the 2-step memory trial) ends well within the timeout."""
+    total = warmup + steps + 1 + 2
+    return TIME_SHARE * timeout_s / (total * (CPU_SLOWDOWN if device == "cpu" else GPU_SLOWDOWN))
+
+
+def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: float, storage, quiet: bool,
+              study_name: str | None = None, options: TrialOptions | None = None) -> dict:
+    """The measured stage over a search result; figures into measured.json and search.json (written
+    atomically: another worker may share the run directory); returns them."""
+    from autopar.search.atomic import write_atomic
+    from autopar.search.trials import acceptance, plan_key, run_measured
+    from autopar.spec.hardware import LOCAL, local_cluster
+    from autopar.trial.hygiene import install_signal_handlers
+    from autopar.trial.measure import measure_placement
+    from autopar.trial.proxy import Planner, Target
+    from autopar.trial.resources import detect, local_limits
+
+    options = options or TrialOptions()
+    out = sys.stderr if quiet else sys.stdout
+
+    def log(msg: str) -> None:
+        print(msg, file=out, flush=True)
+
+    q = result.question
+    target = Target(model=spec, cluster=q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
+    on_cpu_profile = q.cluster.gpu.key == LOCAL
+    warmup = 1
+    launch_fn: Callable | None = None
+    if options.launcher == "local":
+        machine = detect(use_gpus=not on_cpu_profile)
+        device = "cuda" if machine.gpus and not on_cpu_profile else "cpu"
+        limits = local_limits(machine, device, options.max_local_ranks)
+        here = local_cluster() if device == "cpu" else q.cluster
+        fix = "use --launcher slurm to run it on the cluster"
+        where = (f"this machine ({machine.describe()}): at most {limits.max_ranks} rank(s) ({limits.why}), "
+                 + (f"{limits.memory_bytes_per_device / 2**30:.1f} GiB for a trial's ranks" if device == "cpu"
+                    else f"{limits.memory_bytes_per_device / 2**30:.0f} GiB per GPU"))
+    else:
+        from autopar.trial.slurm import SlurmOptions, run_job
+
+        limits, device, here, fix = None, "auto", q.cluster, ""
+        slurm = SlurmOptions(gpus_per_node=q.cluster.gpus_per_node, python=options.slurm_python or sys.executable,
+                             sbatch_args=options.sbatch_args, poll_s=options.poll_s,
+                             queue_timeout_s=options.queue_timeout_s, gpus=not on_cpu_profile)
+
+        def launch_fn(trials, nproc, *, timeout_s, workdir, worker_args=None, on_progress=None, **_):
+            return run_job(trials, nproc, slurm, workdir=workdir, timeout_s=timeout_s, worker_args=worker_args,
+                           on_progress=on_progress, job_name=f"autopar-{Path(workdir).name}"[:64], log=log)
+
+        where = f"the cluster through SLURM (sbatch, {q.cluster.gpus_per_node} GPUs per node)"
+    popts = options.proxy
+    if popts.step_budget_s is None:
+        popts = replace(popts, step_budget_s=step_budget(timeout, steps, warmup, device if limits else "cuda"))
+    planner = Planner(target, limits, popts, here, device=device, fix_hint=fix)
+    log(f"Measured stage on {where}; "
+        + ("plans that do not fit run as scaled-down proxies (--no-proxy: not at all)" if popts.enabled
+           else "plans that do not fit are not run (--no-proxy)"))
+    peak = q.cluster.gpu.peak_flops("bf16") / 2 if on_cpu_profile else q.cluster.gpu.peak_flops("bf16")
+    workroot = Path(result.run_dir) / "trials" / "work"
+    install_signal_handlers()  # SIGINT/SIGTERM: kill the running trial (or scancel it), exit 130/143
+
+    def measure(plan: dict, predicted: dict, on_step) -> dict:
+        return measure_placement(planner.place(plan, predicted), predicted, steps=steps, warmup=warmup,
+                                 timeout_s=timeout, workdir=workroot / plan_key(plan), peak_flops=peak,
+                                 on_step=on_step, launch_fn=launch_fn)
+
+    def runnable(plan: dict, predicted: dict) -> str | None:
+        p = planner.place(plan, predicted)
+        return None if p.runnable else p.reason
+
+    t0 = time.perf_counter()
+    # another worker's trial ends within its timeout; one of another host silent far longer is dead
+    stage = run_measured(result, measure, k, budget, rounds, storage=storage, log=log, study_name=study_name,
+                         stale_after_s=max(600.0, 4 * timeout), wait_s=timeout + 60, runnable=runnable)
+    figs = acceptance(result, stage) | {"wall_s_measured_stage": time.perf_counter() - t0,
+                                        "launcher": options.launcher, "where": where}
+    cores = os.cpu_count() or 1
+    ranks = [int((stage.docs[kk].get("nproc") or 0)) for kk in stage.order if kk in stage.docs]
+    if options.launcher == "local" and device == "cpu" and ranks and max(ranks) > cores:
+        figs["oversubscribed"] = (f"{max(ranks)} ranks on {cores} cores: the timings mostly measure CPU contention "
+                                  f"and are not comparable with the cost model's one-core-per-rank profile")
+    try:
+        figs["load_average"] = os.getloadavg()  # other work on the machine distorts CPU timings
+    except OSError:
+        pass
+    if stage.calibration is not None:
+        import yaml
+
+        from autopar.cost.calibrate import profile_dict
+
+        write_atomic(Path(result.run_dir) / "calibrated.yaml", yaml.safe_dump(profile_dict(stage.calibration.cluster)))
+    write_atomic(Path(result.run_dir) / "measured.json", json.dumps(figs, indent=2, default=float))
+    info_path = Path(result.run_dir) / "search.json"
+    info = json.loads(info_path.read_text())
+    info["measured"] = figs
+    write_atomic(info_path, json.dumps(info, indent=2, default=str))
+    print_measured(figs, file=out)
+    return figs
+
+
+def _s(v) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) else "-"
+
+
+def _rho(v) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) and v == v else "n/a (fewer than 2 distinct values)"
+
+
+def print_measured(f: dict, file=None) -> None:
+    """The measured stage's summary lines: counts, one line per candidate (how it ran, predicted vs
+    measured, the proxy's own figures, or why it did not run), winner, Spearman, memory."""
+    w = f.get("winner")
+    proxies = f.get("proxies") or 0
+    lines = [f"Measured stage: {f['trialled']} plans trialled" + (f" ({proxies} as proxies)" if proxies else "")
+             + f", {f['succeeded']} ran, {f['failed']} failed"
+             + (f" ({'; '.join(f'{k}: {v}' for k, v in f['failures'].items())[:300]})" if f["failed"] else "")
+             + (f", {f['pruned']} pruned mid-run (" + ", ".join(f"{k} after {n} steps" for k, n in
+                                                             f["pruned_after_steps"].items())[:300] + ")"
+                if f.get("pruned") else "")
+             + (f"; {len(f['not_runnable'])} not runnable here" if f.get("not_runnable") else "")]
+    for r in f.get("candidates") or []:
+        head = f"  {r['key']}: "
+        if r["status"] == "not-runnable":
+            lines.append(head + f"not run here, predicted {_s(r['predicted_step_time_s'])} s/step: {r['reason']}")
+            continue
+        how = "proxy" if r["kind"] == "proxy" else "full size"
+        text = head + f"{how}, {r['status']}, predicted {_s(r['predicted_step_time_s'])} s/step"
+        if r.get("measured_step_time_s") is not None:
+            text += f", measured {_s(r['measured_step_time_s'])}" + (" (scaled back)" if r["kind"] == "proxy" else "")
+        if r["kind"] == "proxy" and r.get("proxy_step_time_s") is not None:
+            text += (f"; the proxy: {_s(r['proxy_step_time_s'])} s measured vs {_s(r['proxy_predicted_step_time_s'])} "
+                     f"predicted here")
+        if r.get("reason"):
+            text += f": {r['reason'][:200]}"
+        lines.append(text)
+    if w:
+        lines.append(f"Winner (fastest measured that fitted): {w['key']} {w['measured_step_time_s']:.4f} s/step "
+                     f"(predicted {w['predicted_step_time_s']:.4f})"
+                     + (" — measured as a proxy, scaled back by the estimate's ratio" if proxies else ""))
+        lines.append(f"Spearman predicted vs measured: analytic {_rho(f['spearman_analytic'])}"
+                     + (f", calibrated {_rho(f['spearman_calibrated'])}; measured-fastest in calibrated top 2: "
+                        f"{f['fastest_in_calibrated_top2']}" if "spearman_calibrated" in f else ""))
+        lines.append(f"Peak memory (tensor) error, max |predicted/measured - 1|: analytic "
+                     f"{100 * f['memory_error_max_abs']:.1f}%"
+                     + (f", calibrated {100 * f['memory_error_calibrated_max_abs']:.1f}%"
+                        if "memory_error_calibrated_max_abs" in f else ""))
+    if f.get("not_calibrated"):
+        lines.append(f"Not calibrated on: {', '.join(f['not_calibrated']['keys'])[:200]} ({f['not_calibrated']['why']})")
+    if f.get("oversubscribed"):
+        lines.append(f"Note: {f['oversubscribed']}")
+    if "wall_s_measured_stage" in f:
+        lines.append(f"Measured stage wall time: {f['wall_s_measured_stage']:.1f} s")
+    print("\n".join(lines), file=file)

@@ -1,0 +1,453 @@
+"""Fit a trial to the machine it runs on: the plan as is, a scaled-down proxy, or "not runnable here"
+(and why); imports no torch.
+
+A plan found for 256 GPUs cannot run as 256 ranks on a workstation. `Planner.place(plan)` compares
+the trial with the limits of the machine it will run on (autopar.trial.resources: ranks and memory)
+and returns a `Placement`:
+
+- **full**: the plan runs as it is (its world and its predicted memory per rank fit, on the
+  hardware the estimate is for);
+- **proxy**: a scaled-down trial that keeps what the measurement is for. Kept: tp, cp and etp (so
+  each rank's tensor- and context-parallel shards have the plan's split), the pipeline schedule,
+  vpp and so each rank's stage program, the micro-batch size and the microbatch count per pipeline
+  (the bubble), ZeRO stage, recomputation and sequence parallelism. Shrunk, in this order, until
+  the proxy fits the machine's ranks and memory and its predicted step time fits the time budget:
+  dp (dp >= 2 kept at 2 when there is room, so DP/ZeRO collectives still run), pp (a stand-in of
+  fewer stages, at least 2: the first stage with the embedding and the last with the head and loss,
+  same schedule), ep (fewer expert ranks, at least 2, each with the plan's experts per rank), layers
+  per virtual stage (down to 1), then every width (hidden, head_dim, FFN, expert FFN, vocabulary;
+  head counts kept, so heads per tp rank are the plan's) and the sequence (divided by 2, 4, ...,
+  alternately). A model the built-in model cannot build gets a stand-in for the missing part (MLA ->
+  multi-head attention of the same head count and query/key head size, ...), said in `changes`.
+  On the CPU the proxy runs in fp32. The measurement is scaled back by the estimate's ratio:
+  measured_full = measured_proxy x predicted_target_full / predicted_proxy_here, where "here" is
+  the hardware the proxy runs on (the `local` profile on the CPU) — i.e. the target's prediction
+  corrected by how far the proxy's own prediction missed on this machine.
+- **not runnable**: no proxy keeps the plan's tp x cp (x 2 pipeline stages x 2 expert ranks) within
+  the machine's ranks, or even the smallest proxy misses memory or time, or the built-in model cannot
+  run the plan; `reason` says which and what to do (`--launcher slurm`, `--max-local-ranks`, proxy
+  settings).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from autopar.cost.estimate import estimate
+from autopar.errors import InputError
+from autopar.spec.hardware import LOCAL, ClusterSpec
+from autopar.spec.model import ModelSpec
+from autopar.spec.plan import ParallelPlan, PlanError
+from autopar.trial.features import model_problems, plan_problems
+from autopar.trial.resources import GIB, LocalLimits
+
+#: most halvings of width and sequence the ladder tries
+MAX_HALVINGS = 7
+#: proxy rank structures tried (most faithful first) before a plan is declared not runnable
+MAX_STRUCTURES = 6
+
+
+@dataclass(frozen=True)
+class ProxyOptions:
+    """How far trials may be scaled down to fit this machine (`--no-proxy`, `--proxy-*`)."""
+
+    enabled: bool = True
+    layers_per_stage: int | None = None  # fixed layers per virtual stage (None: the ladder chooses)
+    width_divisor: int | None = None  # fixed width divisor (None: the ladder chooses; 1 = full width)
+    seq_divisor: int | None = None  # fixed sequence divisor (None: the ladder chooses)
+    #: the proxy's predicted step time on this machine at most (None: no time limit)
+    step_budget_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("layers_per_stage", "width_divisor", "seq_divisor"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise InputError(f"--proxy-{name.split('_')[0]} {v} must be at least 1")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the plans were found for: model, hardware, GPU count, sequence length."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    num_gpus: int
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """How a proxy differs from its plan, what it is predicted to take here, and the scale-back."""
+
+    changes: tuple[str, ...]  # every difference from the plan, in words
+    nproc: int  # ranks of the proxy (the plan's: Target.num_gpus)
+    layers_per_stage: int
+    width_divisor: int
+    seq_divisor: int
+    here: str  # the hardware profile the proxy's prediction uses
+    cross_hardware: bool  # measured on other hardware than the plan's (e.g. a CPU proxy of a GPU plan)
+    predicted_step_time_s: float  # the proxy, here
+    predicted_peak_memory_bytes: float  # the proxy's busiest rank, here
+    time_ratio: float  # predicted target step time / predicted proxy step time
+    memory_ratio: float  # predicted target peak / predicted proxy peak
+
+    @property
+    def summary(self) -> str:
+        return ", ".join(self.changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"changes": list(self.changes), "summary": self.summary}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How one plan runs on this machine."""
+
+    plan: dict  # the plan as searched
+    kind: str  # "full" | "proxy" | "not-runnable"
+    reason: str = ""  # not-runnable: why, and what to do
+    nproc: int = 0
+    model: dict = field(default_factory=dict)  # the model to run (a ModelSpec dict with "name")
+    run_plan: dict = field(default_factory=dict)  # the plan to run
+    seq_len: int = 0
+    device: str = "cpu"
+    proxy: Proxy | None = None
+
+    @property
+    def runnable(self) -> bool:
+        return self.kind != "not-runnable"
+
+
+def model_dict(spec: ModelSpec) -> dict:
+    return spec.to_dict() | {"name": spec.name}
+
+
+def standin_model(spec: ModelSpec) -> tuple[ModelSpec, list[str]]:
+    """The model with a stand-in for each part the built-in model does not build, and what changed."""
+    changes: dict = {}
+    said: list[str] = []
+    if spec.mla is not None:
+        hd = spec.qk_head_dim + spec.qk_head_dim % 2
+        changes |= {"mla": None, "head_dim": hd, "num_kv_heads": spec.num_attention_heads}
+        said.append(f"multi-head attention ({spec.num_attention_heads} heads of {hd}) stands in for MLA (not built)")
+    if spec.qk_norm or spec.qkv_bias or spec.linear_bias:
+        changes |= {"qk_norm": False, "qkv_bias": False, "linear_bias": False}
+        said.append("no QK-norm or biases (not built)")
+    if spec.norm != "rmsnorm":
+        changes["norm"] = "rmsnorm"
+        said.append(f"RMSNorm for {spec.norm} (not built)")
+    if spec.learned_position_embeddings:
+        changes["learned_position_embeddings"] = False
+        said.append("RoPE for learned positions (not built)")
+    if not spec.gated_mlp:
+        ffn = max(64, int(round(2 * spec.ffn_hidden_size / 3 / 64)) * 64)
+        changes |= {"gated_mlp": True, "ffn_hidden_size": ffn}
+        said.append(f"SwiGLU MLP of {ffn} (same parameters) for the plain MLP (not built)")
+    if "head_dim" not in changes and spec.head_dim % 2:
+        changes["head_dim"] = spec.head_dim + 1
+        said.append(f"head_dim {spec.head_dim + 1} (RoPE needs an even size)")
+    if spec.moe is not None and spec.moe.num_shared_experts and not spec.moe.shared_expert_ffn_hidden_size:
+        changes["moe"] = replace(spec.moe, num_shared_experts=0)
+        said.append("no shared expert (no size given)")
+    return (replace(spec, **changes) if changes else spec), said
+
+
+def _head_split(spec: ModelSpec, wd: int, tp: int) -> tuple[int, int] | None:
+    """How a width divisor `wd` splits into (fewer heads, smaller head_dim): head counts first, as
+    far as the KV heads still divide over tp (so each tp rank keeps whole query groups), then the
+    head size (kept even, for RoPE); None when it cannot."""
+    f = 1
+    while (wd % (2 * f) == 0 and spec.num_kv_heads % (2 * f) == 0 and spec.num_attention_heads % (2 * f) == 0
+           and (spec.num_kv_heads // (2 * f)) % tp == 0):
+        f *= 2
+    g = wd // f
+    if spec.head_dim % g or (spec.head_dim // g) % 2:
+        return None
+    return f, g
+
+
+def _narrow(spec: ModelSpec, wd: int, round_to: int, etp: int, tp: int) -> ModelSpec | None:
+    """Every width divided by `wd` (hidden, FFN, expert FFN, vocabulary; heads and head size as
+    _head_split says), FFN sizes rounded up to a multiple of `round_to` (tp) / etp; None when the
+    heads cannot shrink by `wd`."""
+    if wd == 1:
+        return spec
+    split = _head_split(spec, wd, tp)
+    if split is None:
+        return None
+    f, g = split
+
+    def div(n: int, mult: int) -> int:
+        return max(mult, -(-n // wd // mult) * mult)
+
+    changes = {"hidden_size": max(8, spec.hidden_size // wd), "head_dim": spec.head_dim // g,
+               "num_attention_heads": spec.num_attention_heads // f, "num_kv_heads": spec.num_kv_heads // f,
+               "ffn_hidden_size": div(spec.ffn_hidden_size, round_to), "vocab_size": max(128, -(-spec.vocab_size // wd))}
+    if spec.moe is not None:
+        m = spec.moe
+        changes["moe"] = replace(m, expert_ffn_hidden_size=div(m.expert_ffn_hidden_size, etp),
+                                 shared_expert_ffn_hidden_size=div(m.shared_expert_ffn_hidden_size, round_to)
+                                 if m.shared_expert_ffn_hidden_size else 0)
+    return replace(spec, **changes)
+
+
+def _halvings(fixed: int | None, limit: int) -> list[int]:
+    if fixed is not None:
+        return [fixed]
+    return [2**i for i in range(MAX_HALVINGS + 1) if 2**i <= limit]
+
+
+def _ladder(lps_max: int, widths: list[int], seqs: list[int], fixed_lps: int | None) -> list[tuple[int, int, int]]:
+    """(layers per virtual stage, width divisor, sequence divisor), least shrunk first: layers per
+    stage halved down to 1, then width and sequence halved alternately."""
+    lps = [fixed_lps] if fixed_lps else sorted({max(1, lps_max >> i) for i in range(12)}, reverse=True)
+    out = [(n, widths[0], seqs[0]) for n in lps]
+    wi = si = 0
+    while wi < len(widths) - 1 or si < len(seqs) - 1:
+        if wi <= si and wi < len(widths) - 1 or si >= len(seqs) - 1:
+            wi += 1
+        else:
+            si += 1
+        out.append((lps[-1], widths[wi], seqs[si]))
+    return out
+
+
+class Planner:
+    """Places the plans of one search on this machine (or, with `limits=None`, on the cluster the
+    plans are for: only the model and plan features are checked)."""
+
+    def __init__(self, target: Target, limits: LocalLimits | None, options: ProxyOptions, here: ClusterSpec,
+                 *, device: str | None = None, fix_hint: str = "") -> None:
+        self.target, self.limits, self.options, self.here = target, limits, options, here
+        self.device = device or (limits.device if limits else "auto")
+        on_cpu = self.device == "cpu"
+        target_cpu = target.cluster.gpu.key == LOCAL
+        gpu_name = limits.machine.gpu_name.lower() if limits else ""
+        token = target.cluster.gpu.key.split("-")[0].lower()
+        self.cross_hardware = (on_cpu != target_cpu) or (
+            self.device == "cuda" and bool(gpu_name) and token not in gpu_name.replace(" ", "").replace("-", ""))
+        self.fix_hint = fix_hint  # what to do when a plan cannot run here (the CLI's flags)
+        self.base_model, self.substitutions = standin_model(target.model)
+        self._cache: dict[str, Placement] = {}
+
+    # ---- public ------------------------------------------------------------------------------
+
+    def place(self, plan: dict, predicted: dict | None = None) -> Placement:
+        key = repr(sorted((k, str(v)) for k, v in plan.items()))
+        if key not in self._cache:
+            self._cache[key] = self._place(plan, predicted)
+        return self._cache[key]
+
+    def min_ranks(self, plan: dict) -> int:
+        """Fewest ranks a faithful proxy of the plan needs: tp x cp x (2 pipeline stages) x (the
+        expert ranks EP needs beyond them)."""
+        p = ParallelPlan.from_dict(plan)
+        pp = min(p.pp, 2)
+        dp = 1
+        if p.ep > 1:
+            while (p.tp * p.cp * dp) % (min(p.ep, 2) * p.etp):
+                dp += 1
+        return p.tp * p.cp * pp * dp
+
+    # ---- the decision ------------------------------------------------------------------------
+
+    def _not(self, plan: dict, why: str, fix: str | None = None) -> Placement:
+        fix = self.fix_hint if fix is None else fix
+        return Placement(plan=plan, kind="not-runnable", reason=why + (f"; {fix}" if fix else ""))
+
+    def _place(self, plan_d: dict, predicted: dict | None) -> Placement:
+        t, opts = self.target, self.options
+        try:
+            plan = ParallelPlan.from_dict(plan_d)
+        except PlanError as e:
+            return self._not(plan_d, str(e), "")
+        structural = [p for p in plan_problems(plan, t.model) if "fp8" not in p]
+        if structural:
+            return self._not(plan_d, "the built-in model cannot run this plan: " + "; ".join(structural),
+                             "`autopar estimate` predicts it")
+        left = model_problems(self.base_model)
+        if left:
+            return self._not(plan_d, f"the built-in model cannot build {t.model.name}: " + "; ".join(left), "")
+        if predicted is None or "step_time_s" not in predicted:
+            est = estimate(plan, t.model, t.cluster, num_gpus=t.num_gpus, seq_len=t.seq_len)
+            predicted = {"step_time_s": est.step_time_s, "peak_memory_bytes": est.peak_memory_bytes}
+        full = self._full(plan, predicted)
+        if full is not None:
+            return full
+        if not opts.enabled:
+            return self._not(plan_d, self._why_not_full(plan, predicted),
+                             "drop --no-proxy to run a scaled-down proxy" + (
+                                 f", or {self.fix_hint}" if self.fix_hint else ""))
+        return self._proxy(plan, predicted)
+
+    def _changes_needed(self, plan: ParallelPlan) -> list[str]:
+        """What must change for the plan to run here at all (model stand-ins, dtype)."""
+        out = list(self.substitutions)
+        if self.device == "cpu" and plan.dtype != "fp32":
+            out.append(f"fp32 on the CPU for {plan.dtype}")
+        elif plan.dtype == "fp8":
+            out.append("bf16 for fp8 (not built)")
+        if self.cross_hardware:
+            out.append(f"measured on {self._here_name()} for {self.target.cluster.gpu.key}")
+        return out
+
+    def _here_name(self) -> str:
+        if self.limits is None:
+            return "the cluster"
+        return "this CPU" if self.device == "cpu" else (self.limits.machine.gpu_name or "this GPU")
+
+    def _full(self, plan: ParallelPlan, predicted: dict) -> Placement | None:
+        """The plan as is, when nothing needs to change and it fits."""
+        t = self.target
+        if self._changes_needed(plan) or plan.tp_comm_overlap:
+            return None
+        if self.limits is not None:
+            if t.num_gpus > self.limits.max_ranks:
+                return None
+            if not self.limits.memory_fits(t.num_gpus, float(predicted["peak_memory_bytes"])):
+                return None
+        return Placement(plan=plan.to_dict(), kind="full", nproc=t.num_gpus, model=model_dict(t.model),
+                         run_plan=plan.to_dict(), seq_len=t.seq_len, device=self.device)
+
+    def _why_not_full(self, plan: ParallelPlan, predicted: dict) -> str:
+        t, lim = self.target, self.limits
+        changes = self._changes_needed(plan)
+        if changes:
+            return "it cannot run here as it is (" + "; ".join(changes) + ")"
+        if lim is not None and t.num_gpus > lim.max_ranks:
+            return f"it needs {t.num_gpus} ranks; this machine runs at most {lim.max_ranks} ({lim.why})"
+        if lim is not None:
+            return (f"it needs {float(predicted['peak_memory_bytes']) / GIB:.1f} GiB per rank; this machine allows "
+                    f"{lim.memory_text(t.num_gpus)}")
+        return "it needs tensor-parallel communication overlap, which the built-in model does not do"
+
+    # ---- proxies -----------------------------------------------------------------------------
+
+    def _structures(self, plan: ParallelPlan) -> list[tuple[int, int, int]]:
+        """(pp, dp, ep) of the proxy ranks that fit, most faithful first."""
+        lim = self.limits.max_ranks if self.limits else plan.num_gpus
+        m = plan.num_microbatches
+        pps = [plan.pp] if plan.pp == 1 else [p for p in range(plan.pp, 1, -1)
+                                              if plan.pp_schedule != "interleaved-1f1b" or m % p == 0]
+        eps = [1] if plan.ep == 1 else list(range(plan.ep, 1, -1))
+        out = []
+        for pp in pps:
+            for ep in eps:
+                for dp in range(1, plan.dp + 1):
+                    world = plan.tp * plan.cp * pp * dp
+                    if world > lim:
+                        break
+                    if (plan.tp * plan.cp * dp) % (ep * plan.etp):
+                        continue
+                    out.append((pp, dp, ep))
+        score = lambda s: (s[0] == plan.pp, s[2] == plan.ep, s[0], s[2], s[1] == plan.dp,  # noqa: E731
+                           min(s[1], 2), -s[0] * s[1])
+        return sorted(out, key=score, reverse=True)
+
+    def _proxy(self, plan: ParallelPlan, predicted: dict) -> Placement:
+        t, opts = self.target, self.options
+        structures = self._structures(plan)
+        if not structures:
+            need = self.min_ranks(plan.to_dict())
+            parts = [f"tp{plan.tp}"] * (plan.tp > 1) + [f"cp{plan.cp}"] * (plan.cp > 1) + (
+                ["2 pipeline stages"] if plan.pp > 1 else []) + (["2 expert ranks"] if plan.ep > 1 else [])
+            lim = self.limits
+            fix = self.fix_hint
+            if lim is not None and lim.device == "cpu":
+                fix = (fix + ", or " if fix else "") + f"--max-local-ranks {need} (oversubscribes the cores)"
+            return self._not(plan.to_dict(), f"a faithful proxy keeps {' x '.join(parts) or 'one rank'} = {need} ranks; "
+                             f"this machine runs at most {lim.max_ranks if lim else plan.num_gpus} "
+                             f"({lim.why if lim else 'the plan'})", fix)
+        layout = plan.resolved_layout(t.model.num_layers)
+        lps_max = max(1, max(layout.stages))
+        tp_mult = max(plan.tp, plan.etp)
+        base = self.base_model
+        widths = _halvings(opts.width_divisor, base.head_dim * base.num_kv_heads // (2 * plan.tp))
+        seq_limit = max(1, t.seq_len // (2 * plan.cp * plan.tp))
+        seqs = _halvings(opts.seq_divisor, seq_limit)
+        ladder = _ladder(lps_max, widths, seqs, opts.layers_per_stage)
+        first_miss = None  # why the most faithful structure's smallest proxy does not fit
+        for pp, dp, ep in structures[:MAX_STRUCTURES]:
+            miss = None
+            for lps, wd, sd in ladder:
+                got = self._try(plan, predicted, pp, dp, ep, lps, wd, sd, tp_mult)
+                if isinstance(got, Placement):
+                    return got
+                miss = got or miss
+            first_miss = first_miss or miss
+        why = first_miss or "no proxy size divides the model's shapes"
+        return self._not(plan.to_dict(), why, (self.fix_hint + ", or " if self.fix_hint else "")
+                         + "--proxy-width/--proxy-seq/--proxy-layers, or a longer --trial-timeout")
+
+    def _try(self, plan: ParallelPlan, predicted: dict, pp: int, dp: int, ep: int, lps: int, wd: int, sd: int,
+             tp_mult: int) -> Placement | str | None:
+        """The proxy at one rung: a Placement if it fits, why not if it does not, None if invalid."""
+        t, lim, opts = self.target, self.limits, self.options
+        spec = _narrow(self.base_model, wd, tp_mult, plan.etp, plan.tp)
+        if spec is None or t.seq_len % sd:
+            return None
+        seq = t.seq_len // sd
+        layers = pp * plan.vpp * lps
+        moe = spec.moe
+        if moe is not None:
+            per_rank = max(1, moe.num_experts // plan.ep)
+            experts = per_rank * ep
+            dense = 0 if moe.first_k_dense >= layers else moe.first_k_dense
+            moe = replace(moe, num_experts=experts, top_k=min(moe.top_k, experts), first_k_dense=dense,
+                          layer_freq=moe.layer_freq if moe.layer_freq <= layers else 1)
+        spec = replace(spec, num_layers=layers, seq_len=seq, moe=moe, name=f"{t.model.name}-proxy")
+        m = plan.num_microbatches
+        zero = plan.zero_stage if dp * plan.cp > 1 else 0
+        rl = plan.recompute_layers
+        try:
+            small = plan.with_(pp=pp, dp=dp, ep=ep, global_batch_size=m * plan.micro_batch_size * dp, layout=None,
+                               zero_stage=zero, tp_comm_overlap=False,
+                               dtype="fp32" if self.device == "cpu" else ("bf16" if plan.dtype == "fp8" else plan.dtype),
+                               recompute_layers=None if rl is None else min(rl, plan.vpp * lps))
+        except PlanError:
+            return None
+        world = small.num_gpus
+        if small.problems(spec, num_gpus=world, seq_len=seq) or plan_problems(small, spec):
+            return None
+        est = estimate(small, spec, self.here, num_gpus=world, seq_len=seq)
+        peak, step = float(est.peak_memory_bytes), float(est.step_time_s)
+        if lim is not None and not lim.memory_fits(world, peak):
+            return (f"even the smallest proxy ({self._rung_text(lps, wd, sd)}, {world} ranks) needs "
+                    f"{peak / GIB:.2f} GiB per rank; this machine allows {lim.memory_text(world)}")
+        budget = opts.step_budget_s
+        if budget is not None and step > budget:
+            return (f"even the smallest proxy ({self._rung_text(lps, wd, sd)}, {world} ranks) is predicted "
+                    f"{step:.2f} s per step here, over the {budget:.2f} s a trial's timeout allows")
+        changes = self._changes_needed(plan)
+        if world != t.num_gpus:
+            changes.append(f"{world} of {t.num_gpus} ranks")
+        if pp != plan.pp:
+            changes.append(f"pp {plan.pp} -> {pp} (stand-in stages, same schedule)")
+        if dp != plan.dp:
+            changes.append(f"dp {plan.dp} -> {dp}")
+        if ep != plan.ep:
+            changes.append(f"ep {plan.ep} -> {ep} ({moe.num_experts} experts, {moe.num_experts // ep} per rank as planned)")
+        if layers != t.model.num_layers:
+            changes.append(f"{layers} layer{'s' * (layers != 1)} ({lps} per stage)")
+        if wd > 1:
+            changes.append(f"{wd}x narrower (hidden {spec.hidden_size}, {spec.num_attention_heads} heads of "
+                           f"{spec.head_dim}, {spec.num_kv_heads} KV)")
+        if sd > 1:
+            changes.append(f"sequence {seq} (/{sd})")
+        if plan.layout is not None and pp == plan.pp and len(set(plan.layout.stages)) > 1:
+            changes.append("even stages for the uneven layout")
+        if plan.tp_comm_overlap:
+            changes.append("no TP communication overlap (not built)")
+        proxy = Proxy(changes=tuple(changes), nproc=world, layers_per_stage=lps, width_divisor=wd, seq_divisor=sd,
+                      here=self.here.name or self.here.gpu.key, cross_hardware=self.cross_hardware,
+                      predicted_step_time_s=step, predicted_peak_memory_bytes=peak,
+                      time_ratio=float(predicted["step_time_s"]) / step if step > 0 else math.nan,
+                      memory_ratio=float(predicted["peak_memory_bytes"]) / peak if peak > 0 else math.nan)
+        return Placement(plan=plan.to_dict(), kind="proxy", nproc=world, model=model_dict(spec),
+                         run_plan=small.to_dict(), seq_len=seq, device=self.device, proxy=proxy)
+
+    @staticmethod
+    def _rung_text(lps: int, wd: int, sd: int) -> str:
+        return f"{lps} layer{'s' * (lps != 1)} per stage" + (f", {wd}x narrower" if wd > 1 else "") + (
+            f", sequence /{sd}" if sd > 1 else "")

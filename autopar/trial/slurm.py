@@ -1,0 +1,270 @@
+"""Trials on a SLURM cluster: the sbatch script (`autopar trial --emit-slurm` writes the same one)
+and `run_job`, which submits it, follows it and collects its result; imports no torch.
+
+`run_job(trials, nproc, ...)` writes the run file and `job.sbatch` into the trial's work directory
+(on a file system the cluster shares: the job writes its result and step records there), submits
+it with `sbatch --parsable`, records the job id in `slurm.job` with a digest of what it runs, then
+polls `squeue` (state) and `sacct` (final state and exit code once the job has left the queue).
+Per-step records (`progress.jsonl`) are handed to `on_progress` as they appear, so the pruner can
+stop a trial mid-run. The trial timeout counts from the moment the job runs (the queue wait has its
+own limit, `queue_timeout_s`); on timeout, on a prune, and when autopar is interrupted (SIGINT /
+SIGTERM, through autopar.trial.hygiene) the job is cancelled with `scancel`.
+
+Resume: a rerun of the same trial finds `slurm.job`. A job still pending or running, with the same
+digest, is adopted (followed, not submitted again); one that completed with a complete result is
+collected as it is; anything else is submitted afresh. A SIGKILLed autopar cannot cancel its job:
+the job runs on, and the rerun adopts it.
+
+Outcomes are the launcher's (autopar.trial.launcher.OUTCOMES): ok / teardown-abort (complete
+result), oom (SLURM's OUT_OF_MEMORY or an allocation failure in the log), timeout (ours, or
+SLURM's time limit), crash (failed, cancelled by someone else, or no complete result), pruned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from autopar.errors import InputError
+from autopar.trial import hygiene
+from autopar.trial.config import TrialConfig
+from autopar.trial.launcher import PROGRESS_FILE, LaunchResult, ProgressReader, classify
+
+JOB_FILE = "slurm.job"
+SCRIPT = "job.sbatch"
+#: squeue states of a job not yet finished
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+          "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "PREEMPTED", "RESV_DEL_HOLD", "REQUEUE_FED"}
+RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
+
+HEADER = """#!/bin/bash
+#SBATCH --job-name={job_name}
+#SBATCH --nodes={nnodes}
+#SBATCH --ntasks-per-node=1
+{gpus}#SBATCH --time={minutes}
+"""
+MULTI_NODE = """# autopar trial: srun starts one torchrun per node; c10d rendezvous on the first node.
+set -euo pipefail
+{env}head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+srun {python} -m torch.distributed.run --nnodes={nnodes} --nproc_per_node={nproc} \\
+  --rdzv_backend=c10d --rdzv_endpoint="$head:29500" --rdzv_id="$SLURM_JOB_ID" \\
+  -m autopar.trial.worker --spec {spec} --out {out}{worker_args}
+"""
+ONE_NODE = """# autopar trial: one node, one torchrun (--standalone: a free local port).
+set -euo pipefail
+{env}exec {python} -m torch.distributed.run --standalone --nproc_per_node={nproc} \\
+  -m autopar.trial.worker --spec {spec} --out {out}{worker_args}
+"""
+
+
+def sbatch_script(*, nnodes: int, nproc: int, minutes: int, python: str, spec: Path | str, out: Path | str,
+                  worker_args: list[str] | None = None, job_name: str = "autopar-trial",
+                  pythonpath: str | None = None, gpus: bool = True) -> str:
+    """The job script of a trial: `nnodes` nodes of `nproc` ranks (GPUs, or CPU processes with
+    `gpus=False`), `minutes` of wall time."""
+    args = "".join(f" {shlex.quote(a)}" for a in worker_args or [])
+    env = ("unset AUTOPAR_WATCH AUTOPAR_LAUNCH  # the submitting process is no launcher to watch here\n"
+           + (f"export PYTHONPATH={shlex.quote(pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}\n" if pythonpath else ""))
+    body = (MULTI_NODE if nnodes > 1 else ONE_NODE).format(nnodes=nnodes, nproc=nproc, python=shlex.quote(python),
+                                                           spec=shlex.quote(str(spec)), out=shlex.quote(str(out)),
+                                                           worker_args=args, env=env)
+    gpu_line = f"#SBATCH --gpus-per-node={nproc}\n" if gpus else f"#SBATCH --cpus-per-task={nproc}\n"
+    return HEADER.format(job_name=job_name, nnodes=nnodes, gpus=gpu_line, minutes=minutes) + body
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """How trials go to the cluster (`--launcher slurm`)."""
+
+    gpus_per_node: int
+    python: str = sys.executable  # the interpreter on the compute nodes (a shared file system)
+    sbatch_args: tuple[str, ...] = ()  # e.g. ("--partition=gpu", "--account=ml")
+    poll_s: float = 2.0
+    queue_timeout_s: float = 3600.0  # longest wait in the queue before the job is cancelled
+    gpus: bool = True  # GPU nodes (False: CPU nodes, e.g. trials of the `local` profile)
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1:
+            raise InputError(f"SLURM nodes need at least 1 GPU, got {self.gpus_per_node}; set --gpus-per-node")
+
+    def nodes(self, nproc: int) -> tuple[int, int]:
+        """(nodes, ranks per node) of an `nproc`-rank trial."""
+        nnodes = max(1, math.ceil(nproc / self.gpus_per_node))
+        if nproc % nnodes:
+            raise InputError(f"a {nproc}-rank trial does not split evenly over {nnodes} nodes of "
+                             f"{self.gpus_per_node} GPUs; set --gpus-per-node to a divisor of {nproc}")
+        return nnodes, nproc // nnodes
+
+
+def _run(cmd: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in (hygiene.WATCH_ENV, hygiene.LAUNCH_ENV)}
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except FileNotFoundError:
+        raise InputError(f"`{cmd[0]}` is not on PATH; --launcher slurm needs the SLURM client commands "
+                         f"(sbatch, squeue, sacct, scancel)") from None
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]} timed out")
+
+
+def job_state(job: str) -> tuple[str, str]:
+    """(state, exit code "N:S") of a job: squeue while queued or running, sacct once it has left;
+    ("UNKNOWN", "") when neither knows it."""
+    q = _run(["squeue", "-h", "-j", job, "-o", "%T"])
+    state = q.stdout.strip().splitlines()[0].strip().upper() if q.returncode == 0 and q.stdout.strip() else ""
+    if state in ACTIVE:
+        return state, ""
+    a = _run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,ExitCode"])
+    for line in a.stdout.strip().splitlines():
+        parts = line.strip().split("|")
+        if parts and parts[0]:
+            return parts[0].split()[0].upper(), parts[1] if len(parts) > 1 else ""
+    return state or "UNKNOWN", ""
+
+
+def cancel(job: str) -> None:
+    _run(["scancel", job], timeout=30)
+
+
+def _digest(*texts: str) -> str:
+    return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
+
+
+def _read_job(workdir: Path) -> tuple[str, str]:
+    try:
+        job, _, digest = (workdir / JOB_FILE).read_text().strip().partition(" ")
+        return job, digest
+    except OSError:
+        return "", ""
+
+
+def _exit_code(code: str) -> int | None:
+    head = code.split(":")[0]
+    return int(head) if head.isdigit() else None
+
+
+def run_job(trials: list[TrialConfig], nproc: int, options: SlurmOptions, *, workdir: Path, timeout_s: float,
+            worker_args: list[str] | None = None, on_progress: Callable[[dict], bool] | None = None,
+            job_name: str = "autopar-trial", log: Callable[[str], None] | None = None) -> LaunchResult:
+    """Run the trials as one SLURM job of `nproc` ranks (see the module docstring); never raises on
+    a failed job (failures are data), only when the SLURM commands are missing."""
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec, out, progress = workdir / "run.json", workdir / "result.json", workdir / PROGRESS_FILE
+    spec_text = json.dumps({"trials": [t.to_dict() for t in trials]}, indent=1)
+    nnodes, per_node = options.nodes(nproc)
+    args = list(worker_args or []) + (["--progress", str(progress)] if on_progress else [])
+    script = sbatch_script(nnodes=nnodes, nproc=per_node, minutes=max(5, int(timeout_s // 60) + 5),
+                           python=options.python, spec=spec, out=out, worker_args=args, job_name=job_name,
+                           pythonpath=str(Path(__file__).resolve().parents[2]), gpus=options.gpus)
+    digest = _digest(spec_text, script)
+    say = log or (lambda s: None)
+    job, old_digest = _read_job(workdir)
+    state = ""
+    if job:
+        state, code = job_state(job)
+        if state in ACTIVE and old_digest == digest:
+            say(f"  adopting SLURM job {job} ({state.lower()}), submitted by an earlier run")
+        elif state == "COMPLETED" and old_digest == digest and _complete(out):
+            say(f"  collecting SLURM job {job}: it completed while autopar was away")
+            return _finish(job, state, code, out, workdir, [], 0.0, timed_out=False, stopped=False, cmd=[])
+        else:
+            if state in ACTIVE:
+                cancel(job)  # ours, but for another trial definition
+            job = ""
+    cmd = ["sbatch", "--parsable", f"--job-name={job_name}", f"--output={workdir / 'slurm-%j.out'}",
+           f"--chdir={workdir}", *options.sbatch_args, str(workdir / SCRIPT)]
+    if not job:
+        spec.write_text(spec_text)
+        (workdir / SCRIPT).write_text(script)
+        out.unlink(missing_ok=True)
+        progress.unlink(missing_ok=True)
+        sub = _run(cmd)
+        job = sub.stdout.strip().split(";")[0].strip()
+        if sub.returncode != 0 or not job.isdigit():
+            return LaunchResult(outcome="crash", returncode=sub.returncode, wall_s=0.0, result=None, command=cmd,
+                                stderr_tail=sub.stderr[-2000:], reasons=[f"sbatch failed: {(sub.stderr or sub.stdout).strip()[:300]}"])
+        (workdir / JOB_FILE).write_text(f"{job} {digest}")
+        say(f"  submitted SLURM job {job} ({nnodes} node{'s' * (nnodes > 1)} x {per_node} ranks)")
+        state = "PENDING"
+    handle = hygiene.register(f"SLURM job {job}", lambda: cancel(job))
+    reader = ProgressReader(progress) if on_progress else None
+    records: list[dict] = []
+    t_submit = time.monotonic()
+    t_run = time.monotonic() if state in RUNNING else None
+    timed_out = stopped = False
+    code = ""
+    try:
+        while True:
+            if reader is not None:
+                for rec in reader.read():
+                    records.append(rec)
+                    if on_progress(rec):
+                        stopped = True
+                        break
+            if stopped:
+                cancel(job)
+                break
+            state, code = job_state(job)
+            now = time.monotonic()
+            if state in RUNNING and t_run is None:
+                t_run = now
+            if state not in ACTIVE:
+                break
+            if (t_run is not None and now - t_run > timeout_s) or (t_run is None and now - t_submit > options.queue_timeout_s):
+                timed_out = True
+                cancel(job)
+                break
+            time.sleep(options.poll_s)
+    finally:
+        hygiene.unregister(handle)
+    if reader is not None and not stopped:
+        for rec in reader.read():
+            records.append(rec)
+            on_progress(rec)
+    wall = time.monotonic() - (t_run or t_submit)
+    return _finish(job, state, code, out, workdir, records, wall, timed_out=timed_out, stopped=stopped, cmd=cmd,
+                   queued=t_run is None)
+
+
+def _complete(out: Path) -> bool:
+    try:
+        return bool(json.loads(out.read_text()).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
+def _finish(job: str, state: str, code: str, out: Path, workdir: Path, records: list[dict], wall: float, *,
+            timed_out: bool, stopped: bool, cmd: list[str], queued: bool = False) -> LaunchResult:
+    try:
+        result = json.loads(out.read_text())
+    except (OSError, ValueError):
+        result = None
+    logs = ""
+    for p in sorted(workdir.glob(f"slurm-{job}.out")):
+        logs = p.read_text(errors="replace")[-20_000:]
+    rc = _exit_code(code)
+    if stopped:
+        outcome, reasons = "pruned", [f"stopped by the caller after {len(records)} step record(s); scancel {job}"]
+    elif timed_out:
+        outcome, reasons = "timeout", [f"SLURM job {job} " + ("still queued after the queue timeout"
+                                                               if queued else "killed after the timeout") + "; scancel"]
+    elif state == "OUT_OF_MEMORY":
+        outcome, reasons = "oom", [f"SLURM job {job}: out of memory"]
+    elif state == "TIMEOUT" and not (result and result.get("complete")):
+        outcome, reasons = "timeout", [f"SLURM job {job} reached its time limit"]
+    else:
+        outcome, reasons = classify(rc if rc is not None else (0 if state == "COMPLETED" else 1), False, result, logs)
+        if outcome == "crash" and state not in ("COMPLETED", "FAILED", "UNKNOWN"):
+            reasons = [f"SLURM job {job} ended {state.lower()}"] + reasons
+    return LaunchResult(outcome=outcome, returncode=rc, wall_s=wall, result=result, command=cmd + [f"# job {job}"],
+                        stdout_tail=logs, reasons=reasons, progress=records)
