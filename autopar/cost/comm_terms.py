@@ -14,6 +14,7 @@ import numpy as np
 from autopar.cost.collectives import Links, place
 from autopar.cost.comm import (cp_calls, dp_calls, ep_calls, grad_reductions_per_step, moe_stat_calls, pp_calls,
                                tp_calls, tp_step_calls, traffic)
+from autopar.cost.compute import expert_load
 from autopar.cost.params import RankParams
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.spec.hardware import ClusterSpec
@@ -38,8 +39,7 @@ class CommTerms(NamedTuple):
     dp_gather: Traffic
 
 
-def comm_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams,
-               routing_imbalance: float = 1.0) -> CommTerms:
+def comm_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams) -> CommTerms:
     links = Links.of(cluster)
     gpn = cluster.gpus_per_node
     t, c, share, sp = x.tp, x.cp, x.recompute_share, x.sequence_parallel
@@ -54,8 +54,9 @@ def comm_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankP
     cp_group = place(c, t, gpn)
     cp_bytes, cp_time = traffic(cp_calls(model, x.tokens, t, c, x.layers, share, x.act_bytes), c, cp_group, links,
                                 crosses_node=cp_group.nodes > 1)
-    ep = traffic(ep_calls(model, x.tokens, t, sp, x.moe_layers, routing_imbalance, x.act_bytes, share), x.ep,
-                 place(x.ep, x.etp, gpn), links)
+    load = expert_load(x, cluster) if model.moe else 1.0
+    ep_bytes, ep_time = traffic(ep_calls(model, x.tokens, t, sp, x.moe_layers, load, x.act_bytes, share), x.ep,
+                                place(x.ep, x.etp, gpn), links)
     # neighbouring stages are tp*cp*dp ranks apart: do two of them share a node?
     neighbours = place(2, t * c * x.dp, gpn)
     pp = traffic(pp_calls(model, x.tokens, t, sp, x.pp, x.vpp, x.rank, x.act_bytes), x.pp, None, links,
@@ -68,7 +69,8 @@ def comm_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankP
     return CommTerms(
         tp=Traffic(tp_bytes + np.where(on_cp, 0.0, stats[0]), tp_time + np.where(on_cp, 0.0, stats[1])),
         cp=Traffic(cp_bytes + np.where(on_cp, stats[0], 0.0), cp_time + np.where(on_cp, stats[1], 0.0)),
-        ep=Traffic(*ep), pp=Traffic(*pp), tp_step=Traffic(*tp_step),
+        ep=Traffic(ep_bytes, ep_time / cluster.constants.ep_a2a_efficiency), pp=Traffic(*pp),
+        tp_step=Traffic(*tp_step),
         dp_reduce=Traffic(dense[0].bytes + expert[0].bytes, dense[0].seconds + expert[0].seconds),
         dp_gather=Traffic(dense[1].bytes + expert[1].bytes, dense[1].seconds + expert[1].seconds))
 

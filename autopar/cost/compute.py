@@ -19,7 +19,7 @@ from autopar.cost.flops import (attention_core_flops_per_token, attention_linear
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
-from autopar.spec.table import DTYPE
+from autopar.spec.table import DISPATCH, DTYPE
 
 
 def shape_efficiency(x, half) -> np.ndarray:
@@ -28,22 +28,44 @@ def shape_efficiency(x, half) -> np.ndarray:
     return x / (x + half)
 
 
-def gemm_rate(cluster: ClusterSpec, dtype, smallest_dim) -> np.ndarray:
-    """Achieved FLOP/s of the GEMMs of a plan on one GPU."""
+def large_gemm_rate(cluster: ClusterSpec, dtype) -> np.ndarray:
+    """Achieved FLOP/s of large GEMMs in the plan's dtype: the dense peak x the efficiency of its
+    precision (TF32 tensor cores run at half the BF16 rate: H100/A100 datasheets, reference C)."""
     k = cluster.constants
     g = cluster.gpu
     fp8 = np.asarray(dtype) == DTYPE["fp8"]
     fp32 = np.asarray(dtype) == DTYPE["fp32"]
     bf16 = g.bf16_tflops * 1e12 * k.gemm_efficiency
-    # TF32 tensor cores run at half the BF16 rate (H100/A100 datasheets, reference C)
-    peak = np.where(fp8, g.fp8_tflops * 1e12 * k.fp8_gemm_efficiency, np.where(fp32, bf16 / 2, bf16))
-    return peak * shape_efficiency(smallest_dim, k.gemm_half_efficiency_dim)
+    return np.where(fp8, g.fp8_tflops * 1e12 * k.fp8_gemm_efficiency, np.where(fp32, bf16 / 2, bf16))
 
 
-def attention_rate(cluster: ClusterSpec) -> float:
-    """Achieved FLOP/s of flash attention (bf16, also in FP8 runs)."""
-    k = cluster.constants
-    return cluster.gpu.bf16_tflops * 1e12 * k.gemm_efficiency * k.attention_efficiency
+def gemm_rate(cluster: ClusterSpec, dtype, smallest_dim) -> np.ndarray:
+    """Achieved FLOP/s of the GEMMs of a plan on one GPU."""
+    return large_gemm_rate(cluster, dtype) * shape_efficiency(smallest_dim, cluster.constants.gemm_half_efficiency_dim)
+
+
+def attention_rate(cluster: ClusterSpec, kv_len=None, head_dim: int | None = None) -> np.ndarray:
+    """Achieved FLOP/s of flash attention (bf16, also in FP8 runs): the tensor-core rate of the
+    kernel's instructions (mma.sync kernels reach only part of a Hopper's peak, FlashAttention-3
+    paper sec. 2.2), x attention_efficiency, rising with the K/V length a kernel iterates over
+    (L / (L + attention_half_seq)) and with the head dimension (d / (d + 16): FlashAttention-2
+    paper Fig. 4-7, head dim 64 runs ~10 % below 128)."""
+    k, g = cluster.constants, cluster.gpu
+    peak = g.bf16_tflops * 1e12 * (1 - k.attention_mma_sync + k.attention_mma_sync * g.mma_sync_fraction)
+    rate = peak * k.gemm_efficiency * k.attention_efficiency
+    if kv_len is not None and k.attention_half_seq > 0:
+        kv = np.asarray(kv_len, dtype=float)
+        rate = rate * kv / (kv + k.attention_half_seq)
+    if head_dim is not None and k.attention_half_seq > 0:
+        rate = rate * head_dim / (head_dim + 16.0) / (128 / 144)  # relative to head dim 128
+    return rate
+
+
+def causal_block_waste(cluster: ClusterSpec, seq_len) -> np.ndarray:
+    """Executed / causal attention FLOPs: a causal flash kernel skips the blocks above the diagonal
+    but computes the diagonal ones in full, s*B/2 more than s^2/2 (FlashAttention-2 paper sec. 3.1)."""
+    b = cluster.constants.attention_block
+    return 1.0 + np.minimum(b / np.asarray(seq_len, dtype=float), 1.0)
 
 
 class ComputeTerms(NamedTuple):
@@ -77,14 +99,46 @@ def compute_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_la
     recompute_expert = share * tokens * expert_layer / tf
     recompute_core = np.where(x.selective | x.full, np.where(x.full, share, 1.0), 0.0) * fwd_core
     rate_dense = gemm_rate(cluster, x.table.dtype, dense_gemm_dim(x, model))
-    rate_expert = rate_dense
+    gemm = (3 * fwd_gemm + recompute_dense) / rate_dense
     if model.moe:
-        rate_expert = gemm_rate(cluster, x.table.dtype, expert_gemm_dim(x, model)) * k.expert_gemm_efficiency
-    gemm = (3 * fwd_gemm + recompute_dense) / rate_dense + (3 * fwd_expert + recompute_expert) / rate_expert
-    attention = (3 * fwd_core + recompute_core) / attention_rate(cluster)
-    elementwise = k.elementwise_traffic_factor * (rank_layers_act * (1 + share)) / (cluster.gpu.hbm_gbps * 1e9)
-    launch = x.layers * (1 + share / 2) * k.layer_overhead_us * 1e-6
+        gemm = gemm + (3 * fwd_expert + recompute_expert) / expert_rate(x, model, cluster) * expert_load(x, cluster)
+    attn_rate = attention_rate(cluster, x.seq_len / x.cp, model.qk_head_dim)
+    attention = (3 * fwd_core + recompute_core) * causal_block_waste(cluster, x.seq_len) / attn_rate
+    hbm = cluster.gpu.hbm_gbps * 1e9
+    elementwise = (k.elementwise_traffic_factor * (rank_layers_act * (1 + share)) + moe_traffic_bytes(x, model)) / hbm
+    launch = (x.layers * k.layer_overhead_us + x.moe_layers * k.moe_layer_overhead_us) * (1 + share / 2) * 1e-6
     return ComputeTerms(gemm, attention, elementwise, launch, recompute_dense + recompute_expert + recompute_core)
+
+
+def expert_rate(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
+    """Achieved FLOP/s of the grouped expert GEMMs: the GEMM rate of the dtype at the shape
+    efficiency of the geometric-mean dimension of one local expert's GEMM (tokens per local expert x
+    expert ffn / etp x hidden), with its own half point: small experts run far below dense GEMMs
+    (Megatron-Core grouped GEMM, TE GroupedLinear: one GEMM per local expert)."""
+    k = cluster.constants
+    full = large_gemm_rate(cluster, x.table.dtype) * k.expert_gemm_efficiency
+    return full * shape_efficiency(expert_gemm_dim(x, model), k.expert_gemm_half_dim)
+
+
+def expert_load(x: PlanArrays, cluster: ClusterSpec) -> np.ndarray:
+    """The busiest expert rank's tokens over the mean: dropless dispatch computes whatever the router
+    sends (x routing imbalance; 1 when forced-balanced), capacity dispatch pads every expert to its
+    capacity (x capacity factor: Megatron --moe-pad-expert-input-to-capacity)."""
+    dropless = np.full(len(x.table), x.routing_imbalance)
+    return np.where(x.table.moe_dispatch == DISPATCH["capacity"], x.table.capacity_factor, dropless)
+
+
+def moe_traffic_bytes(x: PlanArrays, model: ModelSpec) -> np.ndarray:
+    """HBM bytes of the MoE token shuffling per microbatch: permute (read T x h, write k T x h) and
+    unpermute (read k T x h, write T x h) in the forward and again in the backward, plus the router's
+    fp32 logits, softmax and top-k over E experts (Megatron-Core moe_utils permute / unpermute,
+    router.py); a recomputed layer repeats its forward."""
+    if not model.moe:
+        return 0.0 * x.moe_layers
+    m = model.moe
+    local = x.tokens / np.where(x.sequence_parallel, x.tp_float, 1.0)
+    per_pass = local * (2.0 * (m.top_k + 1) * model.hidden_size * x.act_bytes + 3 * 4.0 * m.num_experts)
+    return x.moe_layers * per_pass * (2.0 + x.recompute_share)
 
 
 def dense_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:
@@ -94,9 +148,8 @@ def dense_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:
 
 
 def expert_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:
-    """The smallest dimension of a grouped expert GEMM: tokens per local expert instance, expert
-    ffn / etp, hidden."""
+    """The geometric-mean dimension of one local expert's GEMM: (tokens per local expert instance x
+    expert ffn / etp x hidden)^(1/3)."""
     mo = model.moe
     per_expert = x.micro_batch * x.seq_len * mo.top_k * x.ep * x.etp / (mo.num_experts * x.tp * x.cp)
-    return np.minimum.reduce([per_expert, mo.expert_ffn_hidden_size / x.etp.astype(float),
-                              np.full_like(x.tokens, model.hidden_size)])
+    return np.cbrt(per_expert * (mo.expert_ffn_hidden_size / x.etp.astype(float)) * model.hidden_size)

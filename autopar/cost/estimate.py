@@ -12,23 +12,25 @@ costed rank, the step runs at the pace of the slowest stage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from autopar.cost.comm_terms import CommTerms, comm_terms
 from autopar.cost.compute import compute_terms
 from autopar.cost.flops import model_flops_per_step
-from autopar.cost.memory_terms import MemoryTerms, layer_activations, memory_terms
-from autopar.cost.params import rank_params
+from autopar.cost.memory_terms import LayerActivations, MemoryTerms, layer_activations, memory_terms
+from autopar.cost.params import RankParams, rank_params
 from autopar.cost.plan_arrays import PlanArrays, plan_arrays
+from autopar.cost.profiles import priced_cluster
 from autopar.cost.step import StepTerms, step_terms
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.rules import RuleResult, check_rules
 from autopar.spec.stages import stage_profiles
-from autopar.spec.table import PlanTable
+from autopar.spec.table import TRAINER, PlanTable
+from autopar.spec.trainers import ALL_TRAINERS, DEFAULT_TRAINER, get_trainer
 
 AXES = ("tp", "cp", "ep", "pp", "dp")
 TIME_TERMS = ("compute", "tp", "cp", "ep", "pp", "dp", "bubble", "optimizer")
@@ -38,23 +40,85 @@ MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
 def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus: int | None = None,
                    seq_len: int | None = None, routing_imbalance: float = 1.0,
                    every_rank: bool = False) -> dict[str, np.ndarray]:
-    """Every estimate column for every plan of the table. `every_rank` costs every pipeline rank
-    (for the per-stage breakdown); otherwise only the ranks that can differ (autopar.spec.stages),
-    which gives the same peak and pace."""
+    """Every estimate column for every plan of the table, each plan priced with its trainer's
+    performance profile (autopar.cost.profiles). `every_rank` costs every pipeline rank (for the
+    per-stage breakdown); otherwise only the ranks that can differ (autopar.spec.stages), which
+    gives the same peak and pace."""
+    kw = dict(num_gpus=num_gpus, seq_len=seq_len, routing_imbalance=routing_imbalance, every_rank=every_rank)
+    groups = _profile_groups(table)
+    if len(groups) == 1:
+        return _estimate_priced(table, model, priced_cluster(cluster, groups[0][0]), **kw)
+    parts = [(rows, _estimate_priced(table.take(rows), model, priced_cluster(cluster, t), **kw)) for t, rows in groups]
+    return _merge(parts, len(table))
+
+
+def _profile_groups(table: PlanTable) -> list[tuple[str, np.ndarray]]:
+    """(a trainer, the rows priced with its profile) for each profile the table's trainers use."""
+    codes = np.unique(table.trainer) if len(table) else np.array([TRAINER[DEFAULT_TRAINER]])
+    by_profile: dict[str, list[int]] = {}
+    for c in codes:
+        by_profile.setdefault(get_trainer(ALL_TRAINERS[c]).profile, []).append(int(c))
+    if len(by_profile) == 1:
+        return [(ALL_TRAINERS[codes[0]], np.arange(len(table)))]
+    return [(ALL_TRAINERS[cs[0]], np.flatnonzero(np.isin(table.trainer, cs))) for cs in by_profile.values()]
+
+
+def _merge(parts: list[tuple[np.ndarray, dict]], n: int) -> dict[str, np.ndarray]:
+    """Estimate columns of row subsets back into one table's columns ((C, n) ones padded)."""
+    out: dict[str, np.ndarray] = {}
+    for key in parts[0][1]:
+        arrays = [(rows, np.asarray(cols[key])) for rows, cols in parts]
+        first = arrays[0][1]
+        shape = (n,) if first.ndim == 1 else (max(a.shape[0] for _, a in arrays), n)
+        merged = np.zeros(shape, dtype=first.dtype if first.dtype != object else object)
+        for rows, a in arrays:
+            merged[..., rows] = a if a.ndim == 1 else np.pad(a, ((0, shape[0] - a.shape[0]), (0, 0)), mode="edge")
+        out[key] = merged
+    return out
+
+
+def _estimate_priced(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus, seq_len,
+                     routing_imbalance, every_rank) -> dict[str, np.ndarray]:
+    """The estimate of plans that share one priced cluster (one performance profile)."""
+    return price(prepare(table, model, cluster, num_gpus=num_gpus, seq_len=seq_len, every_rank=every_rank,
+                         trainer_capabilities=True), cluster, routing_imbalance)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What an estimate needs that no cost constant changes: the plans' shapes, pipeline ranks,
+    rules, parameters and activation bytes. `price` turns it into the estimate for given constants
+    (a fit prices the same prepared plans many times)."""
+
+    x: PlanArrays
+    model: ModelSpec
+    rules: RuleResult
+    params: RankParams
+    layer_act: LayerActivations
+
+
+def prepare(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus: int | None = None,
+            seq_len: int | None = None, every_rank: bool = False, trainer_capabilities: bool = True) -> Prepared:
+    s = seq_len or model.seq_len
+    stages = stage_profiles(table, model, every_rank=every_rank)
+    rules = check_rules(table, model, num_gpus=num_gpus, cluster=cluster, seq_len=s, stages=stages,
+                        trainer_capabilities=trainer_capabilities)
+    x = plan_arrays(table, model, s, stages)
+    prm = rank_params(model, x.dense_layers, x.moe_layers, x.has_embedding, x.has_head, x.tp, x.pp, x.ep, x.etp)
+    return Prepared(x, model, rules, prm, layer_activations(x, model))
+
+
+def price(p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0) -> dict[str, np.ndarray]:
+    """The estimate columns of prepared plans on a priced cluster (its constants are the profile's)."""
     with np.errstate(divide="ignore", invalid="ignore"):  # invalid plans (e.g. FP8 on A100) are marked, not warned
-        s = seq_len or model.seq_len
-        stages = stage_profiles(table, model, every_rank=every_rank)
-        rules = check_rules(table, model, num_gpus=num_gpus, cluster=cluster, seq_len=s, stages=stages)
-        x = plan_arrays(table, model, s, stages)
-        prm = rank_params(model, x.dense_layers, x.moe_layers, x.has_embedding, x.has_head, x.tp, x.pp, x.ep, x.etp)
-        layer_act = layer_activations(x, model)
-        memory = memory_terms(x, model, cluster, prm, layer_act)
-        compute = compute_terms(x, model, cluster, layer_act.rank_layers)
-        comm = comm_terms(x, model, cluster, prm, routing_imbalance)
-        step = step_terms(x, cluster, prm, compute, comm)
-        out = _columns(x, model, cluster, rules, memory, step, compute.recompute_flops, prm.total)
+        x, model = replace(p.x, routing_imbalance=routing_imbalance), p.model
+        memory = memory_terms(x, model, cluster, p.params, p.layer_act)
+        compute = compute_terms(x, model, cluster, p.layer_act.rank_layers)
+        comm = comm_terms(x, model, cluster, p.params)
+        step = step_terms(x, cluster, p.params, compute, comm)
+        out = _columns(x, model, cluster, p.rules, memory, step, compute.recompute_flops, p.params.total)
         out.update(_comm_columns(x, comm))
-        out.update(_stage_columns(x, memory, step, prm.total, comm))
+        out.update(_stage_columns(x, memory, step, p.params.total, comm))
         return out
 
 

@@ -47,6 +47,7 @@ class PlanArrays:
     layers: np.ndarray  # (C, n) float
     has_embedding: np.ndarray  # (C, n) float
     has_head: np.ndarray  # (C, n) float
+    routing_imbalance: float = 1.0  # dropless MoE: busiest expert rank's tokens / the mean
 
     @property
     def rank(self) -> np.ndarray:
@@ -62,7 +63,8 @@ class PlanArrays:
         return self.dp * self.cp
 
 
-def plan_arrays(table: PlanTable, model: ModelSpec, seq_len: int, stages: StageProfiles) -> PlanArrays:
+def plan_arrays(table: PlanTable, model: ModelSpec, seq_len: int, stages: StageProfiles,
+                routing_imbalance: float = 1.0) -> PlanArrays:
     t, c = table.tp, table.cp
     b = table.micro_batch_size.astype(float)
     dense_l, moe_l = stages.dense_layers.astype(float), stages.moe_layers.astype(float)
@@ -82,4 +84,4 @@ def plan_arrays(table: PlanTable, model: ModelSpec, seq_len: int, stages: StageP
         selective=table.recompute == RECOMP["selective"],
         recompute_share=np.where(full, np.minimum(1.0, rl / np.maximum(layers, 1.0)), 0.0),
         dense_layers=dense_l, moe_layers=moe_l, layers=layers, has_embedding=stages.has_embedding.astype(float),
-        has_head=stages.has_head.astype(float))
+        has_head=stages.has_head.astype(float), routing_imbalance=routing_imbalance)

@@ -65,13 +65,16 @@ def _pick(a, index, shape) -> np.ndarray:
 
 def exposed(x: PlanArrays, cluster: ClusterSpec, compute: ComputeTerms, comm: CommTerms) -> Exposed:
     """What overlap leaves exposed: TP under GEMMs with --tp-comm-overlap (Megatron's userbuffers
-    overlap), the CP ring under the blockwise attention of the current chunk (Liu et al. 2023),
-    EP and PP by their calibrated overlap fractions."""
+    overlap), EP and PP by their calibrated overlap fractions, and the CP ring under the attention
+    of the chunk in hand: each of the cp - 1 ring steps sends a K/V block while the attention of
+    the previous one runs, and the local step's attention hides nothing, so the ring is hidden
+    under (cp - 1) / cp of the attention only (Liu et al. 2023, Ring Attention sec. 3)."""
     k = cluster.constants
+    cp = x.cp.astype(float)
     return Exposed(
         compute=compute.total(),
         tp=comm.tp.seconds * (1 - k.tp_overlap * x.table.tp_comm_overlap),
-        cp=np.maximum(0.0, comm.cp.seconds - compute.attention),
+        cp=np.maximum(0.0, comm.cp.seconds - compute.attention * (cp - 1) / cp),
         ep=comm.ep.seconds * (1 - k.ep_overlap),
         pp=comm.pp.seconds * (1 - k.pp_overlap))
 

@@ -9,7 +9,7 @@ import pandas as pd
 from autopar.cost.estimate import TIME_TERMS
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, RECOMPUTE, SCHEDULES, ParallelPlan
 from autopar.spec.table import PlanTable
-from autopar.spec.trainers import TRAINERS
+from autopar.spec.trainers import ALL_TRAINERS, TRAINERS
 
 #: the columns that make a plan what it is, apart from the trainer that runs it
 PLAN_KEY = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage", "sequence_parallel", "micro_batch_size",
@@ -31,7 +31,7 @@ def frame(table: PlanTable, est: dict[str, np.ndarray]) -> pd.DataFrame:
         "tp_comm_overlap": c["tp_comm_overlap"], "layout_id": c["layout_id"],
         "moe_dispatch": np.asarray(MOE_DISPATCH, dtype=object)[c["moe_dispatch"]],
         "capacity_factor": c["capacity_factor"],
-        "trainer": np.asarray(TRAINERS, dtype=object)[c["trainer"]],
+        "trainer": np.asarray(ALL_TRAINERS, dtype=object)[c["trainer"]],
     })
     for name, arr in est.items():
         if np.ndim(arr) == 1:  # per-rank (R, n) arrays stay out of the table
@@ -87,7 +87,7 @@ def top_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
     if fit.empty:
         return fit.assign(trainers=pd.Series(dtype=object))
     keys = [c for c in PLAN_KEY if c in fit.columns]
-    order = {t: i for i, t in enumerate(TRAINERS)}
+    order = {t: i for i, t in enumerate(ALL_TRAINERS)}
     runs_on = fit.groupby(keys, sort=False, dropna=False)["trainer"].agg(
         lambda s: ", ".join(sorted(set(s), key=order.get)))
     best = fit.drop_duplicates(keys, keep="first").head(k)
@@ -98,7 +98,7 @@ def top_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
 def best_per_trainer(df: pd.DataFrame) -> dict[str, pd.Series]:
     """The fastest plan that fits for each trainer that was searched (None where nothing fits)."""
     out: dict[str, pd.Series | None] = {}
-    for t in TRAINERS:
+    for t in ALL_TRAINERS:
         mine = df[df["trainer"] == t]
         if len(mine):
             best = ranked(mine)

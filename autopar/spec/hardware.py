@@ -24,6 +24,9 @@ class GpuSpec:
     fp8_tflops: float  # dense peak; 0 = no FP8
     hbm_gib: float
     hbm_gbps: float
+    #: tensor-core rate of mma.sync kernels (FlashAttention-2) as a fraction of the dense peak:
+    #: 2/3 on Hopper, where only wgmma reaches the peak (FlashAttention-3 paper sec. 2.2); 1 before
+    mma_sync_fraction: float = 1.0
     intra_node_gbps: float  # per GPU per direction (per link when topology is full-mesh)
     nic_gbps: float  # scale-out, per GPU per direction
     gpus_per_node: int = 8
@@ -55,6 +58,16 @@ class CostConstants:
     gemm_half_efficiency_dim: float = 66.0
     #: core attention (flash) efficiency relative to the GEMM efficiency
     attention_efficiency: float = 0.713
+    #: K/V length at which a flash-attention kernel reaches half its rate (short sequences leave
+    #: its inner loop short); 0 = no length effect
+    attention_half_seq: float = 0.0
+    #: a causal flash kernel computes the diagonal blocks of this size in full (FlashAttention-2
+    #: tiles of 128); 0 = exact causal FLOPs
+    attention_block: float = 0.0
+    #: share of the attention kernels on mma.sync instructions (FlashAttention-2, PyTorch SDPA),
+    #: which reach only `GpuSpec.mma_sync_fraction` of a Hopper's tensor-core peak (FlashAttention-3
+    #: paper, Shah et al. 2024 sec. 2.2); 0 = Hopper-native kernels (cuDNN / TE fused attention, FA3)
+    attention_mma_sync: float = 0.0
     #: bytes of HBM traffic per stored activation byte for the non-GEMM ops (norms, SwiGLU, RoPE,
     #: residuals): read and write around every kernel
     elementwise_traffic_factor: float = 13.9
@@ -62,6 +75,15 @@ class CostConstants:
     layer_overhead_us: float = 280.0
     #: grouped-GEMM efficiency of routed experts relative to dense GEMMs (permutation, padding)
     expert_gemm_efficiency: float = 1.0
+    #: geometric-mean GEMM dimension (tokens per local expert x expert ffn x hidden)^(1/3) at which
+    #: a grouped expert GEMM runs at half its rate: small experts run far below dense GEMMs
+    expert_gemm_half_dim: float = 66.0
+    #: fixed time per MoE layer per microbatch on top of a dense layer's: router, permutation,
+    #: dispatcher and grouped-GEMM launches
+    moe_layer_overhead_us: float = 0.0
+    #: fraction of the links' collective bandwidth an EP all-to-all reaches (many small messages;
+    #: DeepEP/HybridEP kernels reach more than NCCL's all-to-all)
+    ep_a2a_efficiency: float = 1.0
     #: fraction of a link's per-direction bandwidth a NCCL collective achieves (busBw / line rate)
     intra_node_bw_efficiency: float = 0.80
     inter_node_bw_efficiency: float = 0.85
@@ -69,6 +91,8 @@ class CostConstants:
     tp_overlap: float = 0.95
     #: fraction of EP all-to-all hidden under compute
     ep_overlap: float = 0.0
+    #: dropless MoE with real (learned) routing: the busiest expert rank's tokens / the mean
+    moe_routing_imbalance: float = 1.0
     #: fraction of PP send/recv hidden (Megatron overlaps P2P with compute in steady state)
     pp_overlap: float = 0.5
     #: fraction of the last microbatch's backward that the DP gradient reduce can hide under
@@ -83,7 +107,7 @@ class CostConstants:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            fraction = f.name.endswith(("_efficiency", "_overlap"))
+            fraction = f.name.endswith(("_efficiency", "_overlap", "_mma_sync"))
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v < 0 or (fraction and v > 1):
                 raise InputError(f"cost constant '{f.name}' must be a number in {'[0, 1]' if fraction else '[0, inf)'}, "
                                  f"got {v!r}; fix the cluster profile")
@@ -103,18 +127,21 @@ class ClusterSpec:
     intra_node_latency_us: float = 3.0  # [assumed] NCCL per-step latency over NVLink
     inter_node_latency_us: float = 8.0  # [assumed] NCCL per-step latency over IB
     constants: CostConstants = field(default_factory=CostConstants)
+    #: the constants this cluster pins (a profile file's `constants:`, a calibration); every other
+    #: constant comes from the trainer's performance profile (autopar.cost.profiles)
+    pinned: frozenset = frozenset()
     name: str = ""
     #: the program trained, for its activation and buffer memory (autopar.cost.torch_stack):
     #: "megatron" (Megatron-Core with fused kernels, Korthikanti et al.'s accounting) or "torch"
     #: (PyTorch eager autograd + DTensor + FSDP2 + torch.distributed.pipelining: autopar's built-in
-    #: trial model, torchtitan without compile). None = "torch" on the `local` profile, where trials
-    #: run the built-in model, else "megatron".
+    #: trial model, torchtitan without compile). None = the trainer's (autopar.cost.profiles); the
+    #: `local` profile pins "torch", where trials run the built-in model.
     training_stack: str | None = None
 
     def __post_init__(self) -> None:
-        if self.training_stack is None:
-            object.__setattr__(self, "training_stack", "torch" if self.gpu.key == LOCAL else "megatron")
-        if self.training_stack not in TRAINING_STACKS:
+        if self.training_stack is None and self.gpu.key == LOCAL:
+            object.__setattr__(self, "training_stack", "torch")
+        if self.training_stack is not None and self.training_stack not in TRAINING_STACKS:
             raise InputError(f"cluster: training_stack must be one of {', '.join(TRAINING_STACKS)}, got "
                              f"'{self.training_stack}'")
         bad = [f.name for f in fields(self) if isinstance(getattr(self, f.name), (int, float))
@@ -128,6 +155,7 @@ class ClusterSpec:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["gpu"] = self.gpu.key
+        out["pinned"] = sorted(self.pinned)
         return out
 
 
@@ -198,7 +226,8 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
             continue
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise InputError(f"{origin}: '{k}' must be a number, got {v!r}")
-    return replace(cluster, **overrides, constants=replace(cluster.constants, **consts))
+    return replace(cluster, **overrides, constants=replace(cluster.constants, **consts),
+                   pinned=cluster.pinned | frozenset(consts))
 
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:

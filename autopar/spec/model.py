@@ -160,7 +160,11 @@ class ModelSpec:
 
     @property
     def num_moe_layers(self) -> int:
-        return sum(self.moe_layer_mask)
+        """Layers first_k_dense, first_k_dense + layer_freq, ... below num_layers (closed form)."""
+        m = self.moe
+        if m is None or self.num_layers <= m.first_k_dense:
+            return 0
+        return -(-(self.num_layers - m.first_k_dense) // m.layer_freq)
 
     @property
     def num_dense_layers(self) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from autopar.errors import InputError
 from autopar.spec.layout import PipelineLayout
-from autopar.spec.trainers import TRAINERS
+from autopar.spec.trainers import ALL_TRAINERS
 
 MESH_ORDER = ("pp", "dp", "cp", "tp")
 EXPERT_MESH_ORDER = ("pp", "edp", "ep", "etp")
@@ -88,8 +88,8 @@ class ParallelPlan:
             out.append(f"recompute must be one of {', '.join(RECOMPUTE)}, got '{self.recompute}'")
         if self.dtype not in DTYPES:
             out.append(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
-        if self.trainer not in TRAINERS:
-            out.append(f"trainer must be one of {', '.join(TRAINERS)}, got '{self.trainer}'")
+        if self.trainer not in ALL_TRAINERS:
+            out.append(f"trainer must be one of {', '.join(ALL_TRAINERS)}, got '{self.trainer}'")
         if self.moe_dispatch not in MOE_DISPATCH:
             out.append(f"MoE dispatch must be dropless or capacity, got '{self.moe_dispatch}'")
         if self.capacity_factor is not None:

@@ -114,11 +114,11 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def all_rules() -> tuple:
+def all_rules(trainer_capabilities: bool = True) -> tuple:
     """The model rules, then every trainer's capability lines (autopar.spec.trainer_rules)."""
     from autopar.spec.trainer_rules import trainer_rules
 
-    return RULES + trainer_rules()
+    return RULES + trainer_rules() if trainer_capabilities else RULES
 
 
 @dataclass
@@ -126,6 +126,7 @@ class RuleResult:
     masks: dict[str, np.ndarray]
     context: Context
     table: PlanTable
+    trainer_capabilities: bool = True
 
     @property
     def valid(self) -> np.ndarray:
@@ -147,23 +148,27 @@ class RuleResult:
         row = {k: v[i].item() for k, v in self.table.columns.items()}
         row["_i"] = i
         row["_m"] = int(self.table.num_microbatches[i])
-        return [rule.explain(row, self.context) for rule in all_rules() if self.masks[rule.name][i]]
+        return [rule.explain(row, self.context) for rule in all_rules(self.trainer_capabilities)
+                if self.masks[rule.name][i]]
 
 
 def check_rules(table: PlanTable, model: ModelSpec, *, num_gpus: int | None = None,
                 cluster: ClusterSpec | None = None, seq_len: int | None = None,
-                stages: StageProfiles | None = None) -> RuleResult:
+                stages: StageProfiles | None = None, trainer_capabilities: bool = True) -> RuleResult:
     ctx = Context(model=model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len or model.seq_len,
                   stages=stages if stages is not None else stage_profiles(table, model))
     masks = {}
-    for rule in all_rules():
+    for rule in all_rules(trainer_capabilities):
         m = np.asarray(rule.violated(table, ctx), dtype=bool)
         masks[rule.name] = np.broadcast_to(m, (len(table),))
-    return RuleResult(masks, ctx, table)
+    return RuleResult(masks, ctx, table, trainer_capabilities)
 
 
 def plan_problems(plan: ParallelPlan, model: ModelSpec, *, num_gpus: int | None = None,
-                  cluster: ClusterSpec | None = None, seq_len: int | None = None) -> list[str]:
+                  cluster: ClusterSpec | None = None, seq_len: int | None = None,
+                  trainer_capabilities: bool = True) -> list[str]:
+    """Every rule the plan breaks, as sentences; `trainer_capabilities=False` leaves out its
+    trainer's capability lines (a published run ran on its own framework)."""
     result = check_rules(PlanTable.from_plans([plan]), model, num_gpus=num_gpus, cluster=cluster,
-                         seq_len=seq_len)
+                         seq_len=seq_len, trainer_capabilities=trainer_capabilities)
     return result.reasons(0)

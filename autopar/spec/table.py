@@ -10,7 +10,7 @@ import numpy as np
 
 from autopar.spec.layout import PipelineLayout
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, RECOMPUTE, SCHEDULES, ParallelPlan
-from autopar.spec.trainers import TRAINERS
+from autopar.spec.trainers import ALL_TRAINERS
 
 INT_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero_stage", "micro_batch_size",
                "global_batch_size", "schedule", "recompute", "recompute_layers", "dtype", "layout_id", "trainer",
@@ -22,7 +22,7 @@ FLOAT_COLUMNS = ("capacity_factor",)
 SCHED = {name: i for i, name in enumerate(SCHEDULES)}
 RECOMP = {name: i for i, name in enumerate(RECOMPUTE)}
 DTYPE = {name: i for i, name in enumerate(DTYPES)}
-TRAINER = {name: i for i, name in enumerate(TRAINERS)}
+TRAINER = {name: i for i, name in enumerate(ALL_TRAINERS)}
 DISPATCH = {name: i for i, name in enumerate(MOE_DISPATCH)}
 
 
@@ -119,7 +119,7 @@ class PlanTable:
             recompute_layers=None if c["recompute_layers"] < 0 else int(c["recompute_layers"]),
             dtype=DTYPES[int(c["dtype"])], main_grads_fp32=bool(c["main_grads_fp32"]),
             tp_comm_overlap=bool(c["tp_comm_overlap"]),
-            layout=None if lid < 0 else self.layouts[lid], trainer=TRAINERS[int(c["trainer"])],
+            layout=None if lid < 0 else self.layouts[lid], trainer=ALL_TRAINERS[int(c["trainer"])],
             moe_dispatch=MOE_DISPATCH[int(c["moe_dispatch"])],
             capacity_factor=float(c["capacity_factor"]) if MOE_DISPATCH[int(c["moe_dispatch"])] == "capacity" else None)
 

@@ -61,7 +61,8 @@ KINDS: dict[str, Kind] = {
         lambda t, c, v: np.isin(t.moe_dispatch, [DISPATCH[x] for x in DISPATCH if x not in v]) & _moe(c),
         lambda r, c: f"{'capacity' if r['moe_dispatch'] else 'dropless'} MoE dispatch"),
     "etp": Kind(
-        lambda t, c, v: (_moe(c) & (v == "tp-or-1")) & np.where(t.ep > 1, t.etp != 1, t.etp != t.tp),
+        lambda t, c, v: _moe(c) & (((v == "tp-or-1") & np.where(t.ep > 1, t.etp != 1, t.etp != t.tp))
+                                   | ((v == "tp-or-1-any-ep") & (t.etp != 1) & (t.etp != t.tp))),
         lambda r, c: f"etp = {r['etp']} with ep = {r['ep']} (tp = {r['tp']})"),
     "ep_in_fsdp": Kind(
         lambda t, c, v: (_moe(c) & bool(v)) & (t.ep > 1)

@@ -20,7 +20,9 @@ from importlib import resources
 
 from autopar.errors import InputError, did_you_mean
 
-TRAINERS = ("megatron", "nemo", "bridge", "torchtitan", "deepspeed")
+TRAINERS = ("megatron", "nemo", "bridge", "torchtitan", "deepspeed")  # the production trainers
+BUILTIN = "autopar"  # autopar's own parallel transformer: what the measured stage runs
+ALL_TRAINERS = TRAINERS + (BUILTIN,)
 DEFAULT_TRAINER = "megatron"
 #: every capability kind a trainer entry must state (interpreted by autopar.spec.trainer_rules)
 KINDS = ("pp_schedules", "uneven_stages", "zero_stages", "zero_stages_with_pp", "zero0_with_cp", "cp", "moe",
@@ -63,7 +65,7 @@ def trainers() -> dict[str, Trainer]:
     """Every trainer of the table, inherited entries resolved."""
     raw = _table()
     out = {}
-    for key in TRAINERS:
+    for key in ALL_TRAINERS:
         entry = dict(raw[key])
         base = dict(raw[entry["inherit"]]) if "inherit" in entry else {}
         merged = {k: v for k, v in base.items() if isinstance(v, dict)} | {k: v for k, v in entry.items()
@@ -84,14 +86,22 @@ def get_trainer(name: str) -> Trainer:
     key = str(name).strip().lower()
     table = trainers()
     if key not in table:
-        raise InputError(f"unknown trainer '{name}'{did_you_mean(key, TRAINERS)}; choose one of {', '.join(TRAINERS)}")
+        raise InputError(f"unknown trainer '{name}'{did_you_mean(key, ALL_TRAINERS)}; choose one of "
+                         f"{', '.join(ALL_TRAINERS)}")
     return table[key]
 
 
-def parse_trainers(text: str | None) -> tuple[str, ...]:
-    """`--trainer T` or a comma list; None = every trainer."""
+def default_trainer(gpu_key: str) -> str:
+    """The trainer a plan runs on when none is named: Megatron-LM (module docstring), or on this
+    machine's CPU profile (`--gpu local`) autopar's built-in model, which is what its trials run."""
+    return BUILTIN if gpu_key == "local" else DEFAULT_TRAINER
+
+
+def parse_trainers(text: str | None, gpu_key: str = "") -> tuple[str, ...]:
+    """`--trainer T` or a comma list; None = every production trainer (the built-in model on
+    `--gpu local`)."""
     if text is None:
-        return TRAINERS
+        return (BUILTIN,) if gpu_key == "local" else TRAINERS
     names = [x.strip() for x in str(text).split(",") if x.strip()]
     if not names:
         raise InputError(f"--trainer needs a trainer name, e.g. --trainer megatron; choose from {', '.join(TRAINERS)}")

@@ -1,0 +1,314 @@
+"""A published run as a case autopar can predict: model, cluster, plan, and the measured throughput
+in the units the row has (tokens/s/GPU, step time, TFLOP/s/GPU or MFU under its source's FLOP
+convention). Every field a row leaves empty gets a recorded assumption; a row that cannot be
+turned into a plan is skipped with the reason."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from autopar.cost.flop_conventions import CONVENTIONS, flops_per_token
+from autopar.cost.run_rows import FAMILY_TRAINER, family, integer, num, row_cluster, row_model, source_key, text
+from autopar.errors import InputError
+from autopar.spec.hardware import ClusterSpec
+from autopar.spec.layout import balanced_layout, parse_layout
+from autopar.spec.model import ModelSpec
+from autopar.spec.plan import ParallelPlan, PlanError
+from autopar.spec.rules import plan_problems
+
+LONG_CONTEXT = 32768  # sequence length from which a run counts as long-context
+
+#: source -> the FLOP convention of its TFLOP/s and MFU figures (calibration_runs*.md)
+SOURCE_CONVENTION = {"megatron-readme-h100": "megatron-full", "megatron-readme-2021": "narayanan",
+                     "nemo-24.07": "megatron-full", "nemo-long-sequence": "megatron-causal",
+                     "bridge-25.09": "megatron-causal", "llm-foundry": "6n-full-attention",
+                     "torchtitan-2024": "palm", "fms-fsdp": "palm", "nanotron": "palm", "llama3-paper": "palm",
+                     "moe-modelzoo": "megatron-causal", "deepseek-v3-gb200": "megatron-causal"}
+
+
+#: attention kernels a source ran that differ from its trainer's today (the profiles price current
+#: kernels): FlashAttention-2 / PyTorch SDPA run on mma.sync; Megatron before FlashAttention
+#: (2021-22) and BLOOM's Megatron-DeepSpeed materialise the score matrix (no causal block skipping)
+_FA2 = ({"attention_mma_sync": 1.0}, "attention: FlashAttention-2 era kernels (mma.sync)")
+_NO_FLASH = ({"attention_mma_sync": 1.0, "attention_block": 1e9},
+             "attention: no FlashAttention (fused softmax over the whole score matrix, 2021-22)")
+SOURCE_KERNELS = {"llm-foundry": ({"attention_mma_sync": 1.0}, "attention: llm-foundry's triton FlashAttention (mma.sync)"),
+                  "torchtitan-2024": _FA2, "fms-fsdp": _FA2, "nanotron": _FA2, "bloom": _NO_FLASH,
+                  "korthikanti-2022": _NO_FLASH, "megatron-readme-2021": _NO_FLASH}
+
+
+@dataclass
+class RunCase:
+    row_id: str
+    source: str  # short key of the publication (the leave-one-source-out fold)
+    family: str  # megatron | fsdp | nanotron | meta | deepspeed
+    name: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ParallelPlan  # its trainer is the family's (autopar.cost.run_rows.FAMILY_TRAINER)
+    seq_len: int
+    metric: str  # "tokens/s/GPU" | "step time s" | "TFLOP/s/GPU" | "MFU"
+    published: float
+    flops_per_token: float  # under the row's convention (TFLOP/s and MFU rows)
+    routing_imbalance: float = 1.0  # busiest expert rank / mean (forced-balanced routing: 1)
+    dropless: bool = False  # real routing, dropless: priced with the profile's routing imbalance
+    assumptions: list[str] = field(default_factory=list)
+    #: kernel facts the source documents that differ from today's trainer (its attention kernels)
+    kernel_overrides: dict = field(default_factory=dict)
+    prepared: object = field(default=None, repr=False, compare=False)  # autopar.cost.estimate.Prepared, cached
+
+    @property
+    def workload(self) -> str:
+        return "moe" if self.model.moe else "dense"
+
+    @property
+    def long_context(self) -> bool:
+        return self.seq_len >= LONG_CONTEXT
+
+    def categories(self) -> list[str]:
+        """The acceptance categories the row counts in."""
+        out = []
+        if self.family == "megatron" and not self.model.moe:
+            out.append("dense Megatron-family")
+        if self.family == "fsdp":
+            out.append("FSDP-family")
+        if self.model.moe:
+            out.append("MoE")
+        if self.long_context:
+            out.append("long context")
+        return out
+
+
+def build_cases(rows: list[dict]) -> tuple[list[RunCase], list[tuple[str, str, str]]]:
+    """Every row as a case (plus the dropless sub-cases a row prints in its notes), or skipped with
+    the reason."""
+    cases, skipped = [], []
+    for row in rows:
+        try:
+            case = build_case(row)
+        except (ValueError, PlanError, InputError) as e:
+            skipped.append((row.get("row_id", "?"), row.get("model", "?"), str(e)))
+            continue
+        cases.append(case)
+        dropless = _dropless_case(case, row)
+        if dropless is not None:
+            cases.append(dropless)
+    return cases, skipped
+
+
+def build_case(row: dict) -> RunCase:
+    notes: list[str] = []
+    rid = int(num(row, "row_id") or 0)
+    s = integer(row, "seq_len")
+    if not s:
+        raise ValueError("sequence length not stated")
+    fam = family(row)
+    src = source_key(row)
+    model = row_model(row, s, fam, notes)
+    cluster = row_cluster(row, notes)
+    plan = _plan(row, rid, src, fam, model, cluster, s, notes)
+    problems = plan_problems(plan, model, num_gpus=plan.num_gpus, cluster=cluster, seq_len=s,
+                             trainer_capabilities=False)  # the run ran on its own framework
+    if problems:
+        raise ValueError("; ".join(problems))
+    metric, published, fpt = _metric(row, src, model, s, plan.tp, cluster, notes)
+    forced = re.search(r"force[d-]*[ _-]?(load[ -])?balanc", text(row, "notes"), re.I) is not None
+    if model.moe is not None and not forced:
+        notes.append("routing not stated: assumed forced-balanced (a benchmark table)")
+    overrides, why = SOURCE_KERNELS.get(src, ({}, ""))
+    if why:
+        notes.append(why)
+    return RunCase(row_id=str(rid), source=src, family=fam, name=text(row, "model"), model=model, cluster=cluster,
+                   plan=plan, seq_len=s, metric=metric, published=published, flops_per_token=fpt, assumptions=notes,
+                   kernel_overrides=dict(overrides))
+
+
+def _dropless_case(case: RunCase, row: dict) -> RunCase | None:
+    """ModelZoo long-context rows print forced-balance and dropless TFLOP/s ('295 (forced balance) /
+    237 (dropless)'): the dropless one is a second measurement of the same layout with real routing."""
+    m = re.search(r"/\s*([\d.]+)\s*\(dropless\)", text(row, "notes"))
+    if m is None or case.metric != "TFLOP/s/GPU":
+        return None
+    return RunCase(**{**case.__dict__, "row_id": f"{case.row_id}d", "published": float(m.group(1)), "dropless": True,
+                      "assumptions": case.assumptions + ["dropless (real routing): the row's notes"], "prepared": None})
+
+
+# ---- plan ----------------------------------------------------------------------------------------
+
+def _plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
+    G = integer(row, "num_gpus")
+    tp, pp = integer(row, "tp"), integer(row, "pp")
+    if tp is None or pp is None:
+        dpd = num(row, "dp_derived")
+        if dpd is None or not G:
+            raise ValueError("tp/pp not stated and model-parallel size unknown")
+        mp = round(G / dpd)
+        tp = min(mp, cluster.gpus_per_node)
+        pp = mp // tp
+        notes.append(f"only model-parallel size {mp} stated: assumed tp={tp}, pp={pp}")
+    cp = integer(row, "cp") or 1
+    vpp = integer(row, "vpp") or 1
+    ep = integer(row, "ep") or 1
+    dp = G // (tp * pp * cp)
+    if dp * tp * pp * cp != G:
+        raise ValueError(f"tp*pp*cp = {tp * pp * cp} does not divide {G} GPUs")
+    if src == "llama3-paper" and pp > 1 and vpp == 1:
+        vpp = 8  # 126 layers + embedding + loss = 128 units: one per virtual stage of pp16 x vpp8
+        notes.append("interleaving factor not stated: assumed vpp 8 (one layer per virtual stage; first and last "
+                     "stage one layer less, as the paper says)")
+    mbs = integer(row, "micro_batch_size")
+    if mbs is None:
+        mbs = 1
+        notes.append("micro-batch not stated: assumed 1")
+    gbs = integer(row, "global_batch_size")
+    if not gbs:
+        if src == "fms-fsdp":
+            gbs = mbs * dp
+            notes.append("global batch not printed: per-GPU batch x GPUs (no accumulation)")
+        else:
+            raise ValueError("global batch not stated")
+    local = gbs / dp
+    if local != int(local) or int(local) % mbs:
+        mbs = _divisor_near(int(round(local)), mbs)
+        gbs = mbs * dp * max(1, round(local / mbs))
+        notes.append(f"microbatches do not divide the local batch (Composer accumulates uneven chunks): "
+                     f"priced as mbs {mbs}, gbs {gbs}")
+    recompute, rl = _recompute(row, rid, src, fam, model, pp, vpp, notes)
+    zero = _zero(row, rid, fam, notes)
+    dtype = "fp8" if re.search(r"fp8|float8", text(row, "precision"), re.I) else "bf16"
+    sp = _sequence_parallel(row, fam, tp, model, notes)
+    overlap = _tp_overlap(row, rid, src, tp, sp, notes)
+    etp = None
+    if model.moe is not None:
+        etp = 1
+        notes.append("expert-TP 1 (ModelZoo/Bridge MoE recipes state ETP 1)")
+    return ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, zero_stage=zero,
+                        sequence_parallel=sp and tp > 1, micro_batch_size=mbs, global_batch_size=gbs,
+                        recompute=recompute, recompute_layers=rl, dtype=dtype, tp_comm_overlap=overlap and tp > 1,
+                        layout=_layout(row, src, model, pp, vpp, notes), trainer=FAMILY_TRAINER[fam])
+
+
+def _divisor_near(n: int, want: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - want), -d))
+
+
+def _recompute(row, rid, src, fam, model, pp, vpp, notes) -> tuple[str, int | None]:
+    """The source's words as autopar's recompute: full; selective = the attention core (Megatron,
+    torchtitan 'op' SAC); torchtitan 'selective (layer)' checkpoints every other block; fms-fsdp's
+    selective fraction is not printed (half assumed); Megatron's --recompute-modules of elementwise
+    ops (norm, act) recompute no GEMM: priced as none."""
+    t = text(row, "recompute").lower()
+    per_rank = model.num_layers // pp
+    if t.startswith("full"):
+        return "full", None
+    if "selective (layer)" in t:
+        notes.append("torchtitan selective layer AC: every other block fully recomputed (ac_freq 2)")
+        return "full", _multiple(per_rank // 2, vpp)
+    if t == "selective" and src == "fms-fsdp":
+        notes.append("fms-fsdp selective AC fraction not printed: assumed half the blocks")
+        return "full", _multiple(per_rank // 2, vpp)
+    if t.startswith("selective:"):
+        modules = t.split(":", 1)[1]
+        if "core_attn" in modules:
+            return "selective", None
+        notes.append(f"recompute modules ({modules.strip()[:40]}) recompute elementwise ops only: priced as none")
+        return "none", None
+    if t.startswith("selective"):
+        return "selective", None
+    if t.startswith("none"):
+        return "none", None
+    if 10 <= rid <= 19:
+        notes.append("recompute not stated: assumed full (Narayanan et al. 2021 used activation recomputation)")
+        return "full", None
+    notes.append("recompute not stated: assumed none")
+    return "none", None
+
+
+def _multiple(n: int, vpp: int) -> int:
+    return max(vpp, n - n % vpp)
+
+
+def _zero(row, rid, fam, notes) -> int:
+    z = (text(row, "zero_or_dist_opt") + " " + text(row, "fsdp")).lower()
+    if "shard_grad_op" in z or "zero-2" in z or "not resharded" in z:
+        return 2
+    if "hybrid" in z:
+        notes.append("HSDP (shard in a node, replicate across) priced as FSDP over every data-parallel rank")
+        return 3
+    if "full_shard" in z or "zero-3" in z or "fully sharded" in z or "megatron fsdp" in z or "fsdp" in z.split():
+        return 3
+    if "zero-1" in z or "distributed optimizer" in z:
+        return 1
+    if "zero-0" in z:
+        return 0
+    if fam == "fsdp":
+        return 3
+    if rid <= 27:
+        notes.append("no distributed optimizer (pre-2023 Megatron)")
+        return 0
+    notes.append("distributed optimizer assumed")
+    return 1
+
+
+def _sequence_parallel(row, fam, tp, model, notes) -> bool:
+    t = text(row, "sequence_parallel").lower()
+    if t in ("on", "off"):
+        return t == "on"
+    if t.startswith("yes"):
+        return True
+    if tp > 1:
+        notes.append("SP not stated: assumed on" + (" (nanotron's default reduce-scatter TP mode)"
+                                                    if fam == "nanotron" else ""))
+    return tp > 1 or model.moe is not None
+
+
+def _tp_overlap(row, rid, src, tp, sp, notes) -> bool:
+    if tp == 1:
+        return False
+    if "async TP" in text(row, "notes") or "async TP" in text(row, "precision"):
+        notes.append("async TP (torchtitan) as TP comm overlap")
+        return True
+    if "--tp-comm-overlap" in text(row, "notes") or src == "megatron-readme-h100":
+        return sp
+    if src in ("nemo-24.07", "nemo-long-sequence", "bridge-25.09"):
+        notes.append("TP comm overlap on (assumed: NeMo/Megatron-Bridge H100 recipes enable it)")
+        return sp
+    return False
+
+
+def _layout(row, src, model, pp, vpp, notes):
+    """Layouts the sources state: BLOOM's tied embedding gets its own slot at both ends; the
+    DeepSeek-V3 GB200 guide's 'Et|(tt|)*30L'."""
+    if pp == 1:
+        return None
+    if src == "bloom":
+        notes.append("--pp-partition-method type:transformer|embedding: embedding and head counted as layers")
+        return balanced_layout(model.num_layers, pp * vpp, embedding_as_layer=True, loss_as_layer=True)
+    m = re.search(r"layout '([^']+)'", text(row, "notes"))
+    if m and src == "deepseek-v3-gb200":
+        stages = [x.count("t") for x in re.sub(r"\((.*)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)),
+                                                m.group(1)).split("|")]
+        return parse_layout(",".join(str(x) for x in stages)) if sum(stages) == model.num_layers else None
+    return None
+
+
+# ---- metric --------------------------------------------------------------------------------------
+
+def _metric(row, src, model, s, tp, cluster, notes) -> tuple[str, float, float]:
+    """The measure to compare, best first: tokens/s/GPU, step time, TFLOP/s/GPU, MFU (the last two
+    need the source's FLOP convention: SOURCE_CONVENTION, else current Megatron's)."""
+    convention = SOURCE_CONVENTION.get(src, "megatron-causal")
+    fpt = flops_per_token(convention, model, s, tp)
+    tok, step, tfl, mfu = (num(row, k) for k in ("tokens_per_sec_per_gpu", "step_time_s", "tflops_per_gpu", "mfu"))
+    if tok:
+        return "tokens/s/GPU", tok, fpt
+    if step:
+        return "step time s", step, fpt
+    if tfl:
+        notes.append(f"TFLOP/s per {CONVENTIONS[convention]}")
+        return "TFLOP/s/GPU", tfl, fpt
+    if mfu:
+        notes.append(f"MFU against the dense BF16 peak, FLOPs per {CONVENTIONS[convention]} (assumed)")
+        return "MFU", mfu / 100.0, fpt
+    raise ValueError("no throughput measure (tokens/s, step time, TFLOP/s or MFU)")

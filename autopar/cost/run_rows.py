@@ -1,0 +1,206 @@
+"""Rows of published training runs (calibration CSVs): reading them, and turning a row's text into
+the source it came from, the trainer family that ran it, its model and its cluster.
+
+Every field a row leaves empty gets an explicit, recorded assumption (the `notes` list), never a
+silent guess. The bundled files are the shared calibration tables (rows 1-54 and 201-291);
+`--runs FILE` reads a user's own table with the same columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+
+from autopar.errors import InputError
+from autopar.spec.hardware import ClusterSpec, default_cluster
+from autopar.spec.model import ModelSpec
+from autopar.spec.presets import get_preset
+
+BUNDLED = ("calibration_runs.csv", "calibration_runs_2.csv")
+REQUIRED = {"row_id", "model", "num_layers", "hidden_size", "num_gpus", "gpu_type"}
+
+#: source text -> short key (leave-one-source-out folds). Unknown sources key on their text.
+SOURCES = (
+    (r"Megatron-LM README\.md 'Training Speed", "megatron-readme-h100"),
+    (r"Megatron-LM README\.md \(2021-04\)", "megatron-readme-2021"),
+    (r"Korthikanti", "korthikanti-2022"),
+    (r"NeMo Framework performance summary", "nemo-24.07"),
+    (r"performance_long_sequence", "nemo-long-sequence"),
+    (r"Megatron-Bridge", "bridge-25.09"),
+    (r"llm-foundry", "llm-foundry"),
+    (r"pytorch/torchtitan", "torchtitan-2024"),
+    (r"fms-fsdp", "fms-fsdp"),
+    (r"nanotron", "nanotron"),
+    (r"bigscience", "bloom"),
+    (r"Llama 3 Herd", "llama3-paper"),
+    (r"Megatron-MoE-ModelZoo", "moe-modelzoo"),
+    (r"deepseek-v3-gb200", "deepseek-v3-gb200"),
+)
+#: framework text -> trainer family (the performance profile that prices it: FAMILY_TRAINER)
+FAMILIES = ((r"DeepSpeed", "deepspeed"), (r"Megatron|NeMo", "megatron"), (r"nanotron", "nanotron"),
+            (r"Meta internal", "meta"), (r"FSDP|torchtitan|Composer|llm-foundry|fms", "fsdp"))
+#: family -> the trainer whose profile prices it (nanotron and Meta's stack are eager PyTorch 3D/4D)
+FAMILY_TRAINER = {"megatron": "megatron", "fsdp": "torchtitan", "nanotron": "torchtitan", "meta": "torchtitan",
+                  "deepspeed": "deepspeed"}
+PRESET_BY_NAME = (("deepseek", "deepseek-v3"), ("qwen3_30b", "qwen3-30b-a3b"), ("qwen3-30b", "qwen3-30b-a3b"),
+                  ("qwen3_235b", "qwen3-235b-a22b"), ("qwen3-235b", "qwen3-235b-a22b"))
+VOCAB_BY_FAMILY = (("llama2", 32000, "Llama 2 tokenizer"), ("llama 2", 32000, "Llama 2 tokenizer"),
+                   ("gpt", 50257, "GPT-2 BPE as NeMo GPT3 uses"), ("nemotron", 256000, "Nemotron-4 tokenizer"))
+
+
+def bundled_runs() -> list[dict]:
+    """Both bundled calibration tables, rows 1-54 then 201-291."""
+    out = []
+    for name in BUNDLED:
+        text = resources.files("autopar.cost").joinpath(f"data/{name}").read_text()
+        out += list(csv.DictReader(text.splitlines()))
+    return out
+
+
+def load_runs(path: str | Path | None) -> list[dict]:
+    """A calibration CSV (None = the bundled tables)."""
+    if path is None:
+        return bundled_runs()
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"runs file '{path}' does not exist; pass --runs with a calibration CSV")
+    try:
+        with p.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise InputError(f"runs file '{path}' is not a readable CSV ({type(e).__name__}); pass a calibration "
+                         f"CSV with the columns of calibration_runs.csv") from None
+    if not rows or not REQUIRED <= set(rows[0]):
+        raise InputError(f"runs file '{path}' lacks the calibration columns {sorted(REQUIRED)}")
+    return rows
+
+
+# ---- fields ------------------------------------------------------------------------------------
+
+def num(row: dict, key: str) -> float | None:
+    v = (row.get(key) or "").strip().rstrip("%").replace(",", "")
+    m = re.match(r"^-?[\d.]+(e-?\d+)?", v)
+    return float(m.group(0)) if m else None
+
+
+def integer(row: dict, key: str) -> int | None:
+    v = num(row, key)
+    return int(v) if v is not None else None
+
+
+def text(row: dict, key: str) -> str:
+    return (row.get(key) or "").strip()
+
+
+def source_key(row: dict) -> str:
+    src = text(row, "source")
+    for pattern, key in SOURCES:
+        if re.search(pattern, src):
+            return key
+    return src[:40] or "unknown"
+
+
+def family(row: dict) -> str:
+    fw = text(row, "framework") + " " + text(row, "source")
+    for pattern, key in FAMILIES:
+        if re.search(pattern, fw):
+            return key
+    return "megatron"
+
+
+# ---- model ---------------------------------------------------------------------------------------
+
+def row_model(row: dict, seq_len: int, fam: str, notes: list[str]) -> ModelSpec:
+    """The architecture: a preset for MoE/MLA models the table cannot spell out, else the row's
+    shape with the conventions of its family (MPT, BLOOM, GPT, Llama)."""
+    name = text(row, "model")
+    key = name.lower().replace(".", "").replace(" ", "")
+    for pattern, preset in PRESET_BY_NAME:
+        if pattern in key:
+            notes.append(f"architecture from preset {preset}")
+            vocab = integer(row, "vocab_size")
+            spec = replace(get_preset(preset), seq_len=seq_len)
+            return replace(spec, vocab_size=vocab) if vocab else spec
+    L, h = integer(row, "num_layers"), integer(row, "hidden_size")
+    if not L or not h:
+        raise ValueError("architecture (layers, hidden size) not stated")
+    heads = integer(row, "num_attention_heads")
+    if heads is None:
+        heads = h // 128
+        notes.append(f"heads not stated: assumed head dim 128 ({heads} heads)")
+    kv = integer(row, "num_kv_heads") or heads
+    ffn = integer(row, "ffn_hidden_size")
+    if ffn is None:
+        ffn = 4 * h
+        notes.append("ffn not stated: assumed 4h")
+    vocab = integer(row, "vocab_size") or _vocab_from_name(key, notes)
+    style = _style(key, fam, ffn)
+    return ModelSpec(name=name, num_layers=L, hidden_size=h, ffn_hidden_size=ffn, num_attention_heads=heads,
+                     num_kv_heads=kv, head_dim=h // heads, vocab_size=vocab, seq_len=seq_len, **style)
+
+
+def _vocab_from_name(key: str, notes: list[str]) -> int:
+    for fam, v, why in VOCAB_BY_FAMILY:
+        if fam.replace(" ", "") in key:
+            notes.append(f"vocab not stated: assumed {v} ({why})")
+            return v
+    raise ValueError("vocabulary size not stated")
+
+
+def _style(key: str, fam: str, ffn: int) -> dict:
+    """Architecture conventions by model family: MPT (llm-foundry yamls: LayerNorm, GELU, tied, learned
+    positions, no biases), BLOOM (LayerNorm, GELU, tied, biases, ALiBi), GPT (Megatron GPT: LayerNorm,
+    GELU, tied), Llama and the nanotron/torchtitan/fms Llama-style models (RMSNorm, SwiGLU, untied;
+    nanotron ties embeddings below intermediate 10000, scaling_benchmarks.py)."""
+    if key.startswith("mpt"):
+        return dict(gated_mlp=False, tied_embeddings=True, norm="layernorm", learned_position_embeddings=True)
+    if "bloom" in key:
+        return dict(gated_mlp=False, tied_embeddings=True, norm="layernorm", linear_bias=True)
+    if "llama" in key:
+        return dict(gated_mlp=True, tied_embeddings=fam == "nanotron" and ffn < 10000, norm="rmsnorm")
+    return dict(gated_mlp=False, tied_embeddings=True, norm="layernorm")
+
+
+# ---- cluster -------------------------------------------------------------------------------------
+
+GPU_PATTERNS = ((r"gb300", "gb300"), (r"gb200", "gb200"), (r"hbm2e", "h100-96gb-hbm2e"),
+                (r"a100.*40", "a100-40gb"), (r"a100", "a100-80gb"), (r"h100", "h100-sxm"))
+
+
+def row_cluster(row: dict, notes: list[str]) -> ClusterSpec:
+    """The GPU preset, the NVLink domain (NVL72 racks: the rack, or what the source says) and the
+    scale-out bandwidth per GPU where the row states a per-node figure."""
+    g = text(row, "gpu_type").lower()
+    key = next((k for pattern, k in GPU_PATTERNS if re.search(pattern, g)), None)
+    if key is None:
+        raise ValueError(f"GPU '{text(row, 'gpu_type')}' has no preset")
+    inter = text(row, "interconnect")
+    domain = re.search(r"every (\d+) GPUs[^;]*NVL domain|NVLink domain (\d+)", inter)
+    per_node = integer(row, "gpus_per_node")
+    if domain:
+        per_node = int(domain.group(1) or domain.group(2))
+    elif key in ("gb200", "gb300"):
+        per_node = 72
+    cluster = default_cluster(key, per_node if per_node and per_node >= 8 else None)
+    nic = _nic_per_gpu(inter, cluster.gpus_per_node if key not in ("gb200", "gb300") else 4)
+    if nic is not None and abs(nic - cluster.inter_node_gbps) > 1e-9:
+        notes.append(f"scale-out {nic:g} GB/s per GPU from '{inter[:60]}'")
+        cluster = replace(cluster, inter_node_gbps=nic)
+    return cluster
+
+
+def _nic_per_gpu(inter: str, gpus_per_host: int) -> float | None:
+    """Per-GPU scale-out GB/s from an interconnect text: 'N Gbps' per node (llm-foundry, fms-fsdp)
+    unless it says per GPU; Omni-Path '4 OPA links per node' at 100 Gb/s each (BLOOM's Jean Zay)."""
+    if not inter:
+        return None
+    opa = re.search(r"(\d+) OPA links per node", inter)
+    if opa:
+        return int(opa.group(1)) * 100 / 8 / gpus_per_host
+    m = re.search(r"(\d+) ?Gbps", inter)
+    if not m or re.search(r"per GPU", inter):
+        return None
+    return int(m.group(1)) / 8 / gpus_per_host
