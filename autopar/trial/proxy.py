@@ -119,6 +119,24 @@ class Placement:
         return self.kind != "not-runnable"
 
 
+def builtin_trainer() -> str | None:
+    """The trainer name of autopar's built-in model (the plan field `trainer` the worker checks its
+    capabilities by), when the spec layer knows one."""
+    try:
+        from autopar.spec.trainers import BUILTIN
+    except ImportError:
+        return None
+    return BUILTIN
+
+
+def as_builtin(plan: ParallelPlan) -> ParallelPlan:
+    """The plan as the built-in model runs it: the same layout, its trainer the built-in model."""
+    name = builtin_trainer()
+    if name is None or not hasattr(plan, "trainer") or plan.trainer == name:
+        return plan
+    return plan.with_(trainer=name)
+
+
 def model_dict(spec: ModelSpec) -> dict:
     return spec.to_dict() | {"name": spec.name}
 
@@ -225,8 +243,9 @@ class Planner:
         target_cpu = target.cluster.gpu.key == LOCAL
         gpu_name = limits.machine.gpu_name.lower() if limits else ""
         token = target.cluster.gpu.key.split("-")[0].lower()
-        self.cross_hardware = (on_cpu != target_cpu) or (
-            self.device == "cuda" and bool(gpu_name) and token not in gpu_name.replace(" ", "").replace("-", ""))
+        # on the cluster (limits None) the trials run on the plans' own hardware
+        self.cross_hardware = limits is not None and ((on_cpu != target_cpu) or (
+            self.device == "cuda" and bool(gpu_name) and token not in gpu_name.replace(" ", "").replace("-", "")))
         self.fix_hint = fix_hint  # what to do when a plan cannot run here (the CLI's flags)
         self.base_model, self.substitutions = standin_model(target.model)
         self._cache: dict[str, Placement] = {}
@@ -308,7 +327,7 @@ class Planner:
             if not self.limits.memory_fits(t.num_gpus, float(predicted["peak_memory_bytes"])):
                 return None
         return Placement(plan=plan.to_dict(), kind="full", nproc=t.num_gpus, model=model_dict(t.model),
-                         run_plan=plan.to_dict(), seq_len=t.seq_len, device=self.device)
+                         run_plan=as_builtin(plan).to_dict(), seq_len=t.seq_len, device=self.device)
 
     def _why_not_full(self, plan: ParallelPlan, predicted: dict) -> str:
         t, lim = self.target, self.limits
@@ -401,10 +420,10 @@ class Planner:
         zero = plan.zero_stage if dp * plan.cp > 1 else 0
         rl = plan.recompute_layers
         try:
-            small = plan.with_(pp=pp, dp=dp, ep=ep, global_batch_size=m * plan.micro_batch_size * dp, layout=None,
-                               zero_stage=zero, tp_comm_overlap=False,
-                               dtype="fp32" if self.device == "cpu" else ("bf16" if plan.dtype == "fp8" else plan.dtype),
-                               recompute_layers=None if rl is None else min(rl, plan.vpp * lps))
+            small = as_builtin(plan.with_(
+                pp=pp, dp=dp, ep=ep, global_batch_size=m * plan.micro_batch_size * dp, layout=None, zero_stage=zero,
+                tp_comm_overlap=False, dtype="fp32" if self.device == "cpu" else ("bf16" if plan.dtype == "fp8" else plan.dtype),
+                recompute_layers=None if rl is None else min(rl, plan.vpp * lps)))
         except PlanError:
             return None
         world = small.num_gpus
