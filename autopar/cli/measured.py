@@ -79,8 +79,11 @@ def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: fl
 
     options = options or TrialOptions()
     out = sys.stderr if quiet else sys.stdout
+    header: list[str] = []  # said before the stage's first line (a refusal is one line alone)
 
     def log(msg: str) -> None:
+        while header:
+            print(header.pop(0), file=out, flush=True)
         print(msg, file=out, flush=True)
 
     q = result.question
@@ -114,9 +117,9 @@ def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: fl
     if popts.step_budget_s is None:
         popts = replace(popts, step_budget_s=step_budget(timeout, steps, warmup, device if limits else "cuda"))
     planner = Planner(target, limits, popts, here, device=device, fix_hint=fix)
-    log(f"Measured stage on {where}; "
-        + ("plans that do not fit run as scaled-down proxies (--no-proxy: not at all)" if popts.enabled
-           else "plans that do not fit are not run (--no-proxy)"))
+    header.append(f"Measured stage on {where}; "
+                  + ("plans that do not fit run as scaled-down proxies (--no-proxy: not at all)" if popts.enabled
+                     else "plans that do not fit are not run (--no-proxy)"))
     peak = q.cluster.gpu.peak_flops("bf16") / 2 if on_cpu_profile else q.cluster.gpu.peak_flops("bf16")
     workroot = Path(result.run_dir) / "trials" / "work"
     install_signal_handlers()  # SIGINT/SIGTERM: kill the running trial (or scancel it), exit 130/143

@@ -331,15 +331,16 @@ class Planner:
 
     def _why_not_full(self, plan: ParallelPlan, predicted: dict) -> str:
         t, lim = self.target, self.limits
-        changes = self._changes_needed(plan)
-        if changes:
-            return "it cannot run here as it is (" + "; ".join(changes) + ")"
+        why = []
         if lim is not None and t.num_gpus > lim.max_ranks:
-            return f"it needs {t.num_gpus} ranks; this machine runs at most {lim.max_ranks} ({lim.why})"
-        if lim is not None:
-            return (f"it needs {float(predicted['peak_memory_bytes']) / GIB:.1f} GiB per rank; this machine allows "
-                    f"{lim.memory_text(t.num_gpus)}")
-        return "it needs tensor-parallel communication overlap, which the built-in model does not do"
+            why.append(f"{t.num_gpus} ranks, this machine runs at most {lim.max_ranks} ({lim.why})")
+        elif lim is not None and not lim.memory_fits(t.num_gpus, float(predicted["peak_memory_bytes"])):
+            why.append(f"{float(predicted['peak_memory_bytes']) / GIB:.1f} GiB per rank, this machine allows "
+                       f"{lim.memory_text(t.num_gpus)}")
+        why += self._changes_needed(plan)
+        if plan.tp_comm_overlap:
+            why.append("tensor-parallel communication overlap, which the built-in model does not do")
+        return "it cannot run here as it is: " + "; ".join(why)
 
     # ---- proxies -----------------------------------------------------------------------------
 
