@@ -11,6 +11,8 @@ import typer
 
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.cli.plan_flags import with_plan_flags
+from autopar.spec.resolve import PlanRequest
 
 OptModel = Annotated[Optional[str], typer.Option("--model", "-m", help="Model of the flag-string layouts (preset, "
                                                  "config.json or model file); default: the run directory's.")]
@@ -24,24 +26,16 @@ _flags = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_
 
 
 @_flags.command()
-def _plan_flags(
+@with_plan_flags
+def _layout(
     model: OptModel = None, gpus: OptGpus = None, gpu: OptGpu = None, gpus_per_node: o.GpusPerNode = None,
-    cluster: o.ClusterFile = None, seq_len: o.SeqLen = None,
-    tp: o.Tp = 1, pp: o.Pp = 1, vpp: o.Vpp = 1, cp: o.Cp = 1, dp: o.Dp = None, ep: o.Ep = 1, etp: o.Etp = None,
-    zero: o.Zero = 1, sp: o.Sp = None, mbs: o.Mbs = 1, gbs: o.Gbs = None, pp_schedule: o.PpSchedule = None,
-    recompute: o.Recompute = "none", recompute_layers: o.RecomputeLayers = None, dtype: o.Dtype = None,
-    grads: o.Grads = "fp32", pp_layout: o.PpLayout = None, pp_first: o.PpFirst = None, pp_last: o.PpLast = None,
-    pp_embedding_as_layer: o.EmbeddingAsLayer = False, pp_loss_as_layer: o.LossAsLayer = False,
-    tp_comm_overlap: o.TpCommOverlap = False,
-) -> dict:
-    return dict(locals())
+    cluster: o.ClusterFile = None, seq_len: o.SeqLen = None, plan: PlanRequest = PlanRequest(),
+) -> tuple[dict, PlanRequest]:
+    return dict(model=model, gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node, cluster=cluster, seq_len=seq_len), plan
 
 
-QUESTION_FLAGS = ("model", "gpus", "gpu", "gpus_per_node", "cluster", "seq_len")
-
-
-def parse_flags(text: str, where: str) -> dict:
-    """A flag string ("--tp 8 --pp 4 --recompute full") -> its values (defaults filled in)."""
+def parse_flags(text: str, where: str) -> tuple[dict, PlanRequest]:
+    """A flag string ("--tp 8 --pp 4 --recompute full") -> (its question flags, its plan flags)."""
     from autopar.cli import click_exc
     from autopar.errors import InputError
 
@@ -95,31 +89,23 @@ def _question(base, *, model=None, gpus=None, gpu=None, gpus_per_node=None, clus
     return q
 
 
-def item_from_flags(text: str, index: int, shared):
+def item_from_flags(text: str, index: int, shared, trainer: str | None = None):
+    """A flag-string layout; `trainer` (the command's --trainer) applies when the string names none."""
     from autopar.errors import InputError
     from autopar.report.compare import CompareItem
+    from autopar.spec.resolve import default_dtype, resolve_plan
+    from autopar.spec.trainers import default_trainer
 
     where = f"layout #{index} \"{text}\""
-    v = parse_flags(text, where)
-    q = _question(shared, **{k: v[k] for k in QUESTION_FLAGS}, where=where)
+    question, request = parse_flags(text, where)
+    q = _question(shared, **question, where=where)
     try:
-        plan = _resolve(q, v)
+        plan = resolve_plan(q.model, q.num_gpus, q.seq_len, request.with_defaults(
+            gbs=q.global_batch_size, dtype=default_dtype(q.cluster),
+            trainer=trainer or default_trainer(q.cluster.gpu.key)))
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
     return CompareItem(source=text, plan=plan, question=q)
-
-
-def _resolve(q, v):
-    from autopar.spec.resolve import default_dtype, resolve_plan
-
-    return resolve_plan(q.model, q.num_gpus, q.seq_len, tp=v["tp"], pp=v["pp"], cp=v["cp"], dp=v["dp"], ep=v["ep"],
-                        etp=v["etp"], vpp=v["vpp"], zero=v["zero"], sp=v["sp"], mbs=v["mbs"],
-                        gbs=v["gbs"] or q.global_batch_size, pp_schedule=v["pp_schedule"], recompute=v["recompute"],
-                        recompute_layers=v["recompute_layers"], dtype=v["dtype"] or default_dtype(q.cluster),
-                        grads=v["grads"],
-                        pp_layout=v["pp_layout"], pp_first=v["pp_first"], pp_last=v["pp_last"],
-                        embedding_as_layer=v["pp_embedding_as_layer"], loss_as_layer=v["pp_loss_as_layer"],
-                        tp_comm_overlap=v["tp_comm_overlap"])
 
 
 # ---- the command ---------------------------------------------------------------------------------
@@ -134,6 +120,9 @@ def compare(
     cluster: o.ClusterFile = None, seq_len: o.SeqLen = None,
     gbs: Annotated[Optional[int], typer.Option("--gbs", help="Global batch of the flag-string layouts (default: "
                                                "the run directory's, else ~4M tokens).")] = None,
+    trainer: Annotated[Optional[str], typer.Option("--trainer", help="Trainer of the flag-string layouts that name "
+                                                   "none (default megatron); run directories and plan files keep "
+                                                   "their own.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the comparison as a "
                                                 "self-contained HTML page here.")] = None,
     as_json: o.Json = False,
@@ -147,6 +136,7 @@ def compare(
     from autopar.report.compare import compare as run_compare
     from autopar.report.compare import file_names_its_question, item_from_file, item_from_run, split_rank
 
+    PlanRequest(trainer=trainer).check()  # an unknown --trainer: one line with "did you mean"
     if out is not None and out.is_dir():
         raise InputError(f"--out '{out}' is a directory; give a file name such as {out / 'compare.html'}")
     kinds = []
@@ -177,7 +167,7 @@ def compare(
         if kind == "file" and items[i] is None:
             items[i] = item_from_file(arg, shared)
         elif kind == "flags":
-            items[i] = item_from_flags(arg, i + 1, shared)
+            items[i] = item_from_flags(arg, i + 1, shared, trainer)
     reference = ("the command's --model/--gpus/... options", shared) if options_given and base is not None else None
     cmp = run_compare(items, reference)
     if out is not None:

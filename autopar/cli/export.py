@@ -11,7 +11,9 @@ import typer
 
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.cli.plan_flags import with_plan_flags
 from autopar.export.registry import EXPORTERS
+from autopar.spec.resolve import PlanRequest
 
 
 def _help() -> str:
@@ -21,9 +23,13 @@ def _help() -> str:
         "Write ready-to-run launch configs for a plan: rank N of an `autopar search` run directory "
         "(--run DIR --rank N), or a plan given with the same flags as `autopar estimate`. With --run, "
         "plan flags change the ranked plan (e.g. --pp-schedule 1f1b) and autopar re-estimates it.",
-        "Every file carries a header: model, cluster, predicted memory, step time, MFU and the command "
-        "that produced it. A plan a trainer cannot run is refused with the reason (exit 2); with "
-        "--to all, refused formats are skipped with the reason and the rest are written.",
+        "The plan is re-targeted to each format's trainer (--to deepspeed exports it as DeepSpeed's) and "
+        "re-estimated with that trainer; --to torchrun / slurm launch --trainer (default: the plan's own). "
+        "A plan a trainer cannot run is refused with the line of its capability table that forbids it "
+        "(exit 2), the same line the search applies; with --to all, refused formats are skipped with the "
+        "reason and the rest are written.",
+        "Every file carries a header: model, cluster, trainer, predicted memory, step time, MFU and the "
+        "command that produced it.",
         "\b\nFormats (--to):",
     ]
     for name, e in EXPORTERS.items():
@@ -53,6 +59,7 @@ def _given(ctx: typer.Context) -> list[str]:
 
 
 @app.command(help=_help(), no_args_is_help=True)
+@with_plan_flags
 def export(
     ctx: typer.Context,
     to: Annotated[str, typer.Option("--to", help="Format(s): a name below, a comma list, or all.")],
@@ -61,8 +68,6 @@ def export(
     rank: Annotated[int, typer.Option("--rank", help="With --run: which ranked plan (1 = fastest).")] = 1,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory; each format goes to "
                                                 "OUT/<format>/ (default: RUN/export-rank<N>, or ./autopar-export).")] = None,
-    trainer: Annotated[str, typer.Option("--trainer", help="What --to torchrun / slurm launch: megatron, torchtitan, "
-                                         "deepspeed, nemo or bridge.")] = "megatron",
     torchtitan_version: Annotated[str, typer.Option("--torchtitan-version", help="torchtitan release: 0.3 and later "
                                                     "get a Python config, 0.2.2 and earlier a TOML file.")] = "0.3",
     torchtitan_base: Annotated[Optional[str], typer.Option("--torchtitan-base", help="torchtitan base config for "
@@ -81,59 +86,43 @@ def export(
                                                  "model file.")] = None,
     gpus: Annotated[Optional[int], typer.Option("--gpus", "-g", help="Without --run: number of GPUs.")] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="Without --run: GPU preset (default h100-sxm).")] = None,
-    gpus_per_node: o.GpusPerNode = None, cluster: o.ClusterFile = None,
-    seq_len: o.SeqLen = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size.")] = None,
-    pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline-parallel size.")] = None,
-    vpp: Annotated[Optional[int], typer.Option("--vpp", help="Virtual pipeline stages per pp rank.")] = None,
-    cp: Annotated[Optional[int], typer.Option("--cp", help="Context-parallel size.")] = None,
-    dp: o.Dp = None,
-    ep: Annotated[Optional[int], typer.Option("--ep", help="Expert-parallel size.")] = None,
-    etp: o.Etp = None,
-    zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3.")] = None,
-    sp: o.Sp = None,
-    mbs: Annotated[Optional[int], typer.Option("--mbs", help="Micro-batch size.")] = None,
-    gbs: o.Gbs = None,
-    pp_schedule: o.PpSchedule = None,
-    recompute: Annotated[Optional[str], typer.Option("--recompute", help="none | selective | full.")] = None,
-    recompute_layers: o.RecomputeLayers = None,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp8 | fp32.")] = None,
-    grads: Annotated[Optional[str], typer.Option("--grads", help="Main-gradient dtype: fp32 | bf16.")] = None,
-    pp_layout: o.PpLayout = None, pp_first: o.PpFirst = None, pp_last: o.PpLast = None,
-    pp_embedding_as_layer: o.EmbeddingAsLayer = False, pp_loss_as_layer: o.LossAsLayer = False,
-    tp_comm_overlap: Annotated[Optional[bool], typer.Option("--tp-comm-overlap/--no-tp-comm-overlap",
-                                                            help="Overlap TP communication with GEMMs.")] = None,
+    gpus_per_node: o.GpusPerNode = None, cluster: o.ClusterFile = None, seq_len: o.SeqLen = None,
+    plan: PlanRequest = PlanRequest(),
 ) -> None:
     from autopar.errors import InputError
-    from autopar.export import ExportOptions, ExportRefused, SlurmOptions, get_exporter
+    from autopar.export import ExportOptions, SlurmOptions
 
-    plan_args = dict(tp=tp, pp=pp, vpp=vpp, cp=cp, dp=dp, ep=ep, etp=etp, zero=zero, sp=sp, mbs=mbs, gbs=gbs,
-                     pp_schedule=pp_schedule, recompute=recompute, recompute_layers=recompute_layers, dtype=dtype,
-                     grads=grads, pp_layout=pp_layout, pp_first=pp_first, pp_last=pp_last,
-                     embedding_as_layer=pp_embedding_as_layer, loss_as_layer=pp_loss_as_layer,
-                     tp_comm_overlap=tp_comm_overlap)
     formats = _formats(to)
+    if rank != 1 and run is None:
+        raise InputError("--rank needs --run")
     if run is not None:
         fixed = [f for f, v in (("--model", model), ("--gpus", gpus), ("--gpu", gpu), ("--gpus-per-node", gpus_per_node),
                                 ("--cluster", cluster), ("--seq-len", seq_len)) if v is not None]
         if fixed:
             raise InputError(f"{', '.join(fixed)} come from the run directory; drop them (or drop --run)")
-        spec, clus, s, plan, source = _from_run(run, rank, plan_args)
+        spec, clus, s, the_plan, source = _from_run(run, rank, plan)
         default_out = run / f"export-rank{rank}"
     else:
         if model is None or gpus is None:
             raise InputError("give --run DIR --rank N, or a plan with --model and --gpus (and the plan flags of "
                              "`autopar estimate`)")
-        spec, clus, s, plan = _from_flags(model, gpus, gpu, gpus_per_node, cluster, seq_len, plan_args)
+        spec, clus, s, the_plan = _from_flags(model, gpus, gpu, gpus_per_node, cluster, seq_len, plan)
         source = None
         default_out = Path("autopar-export")
-    if rank != 1 and run is None:
-        raise InputError("--rank needs --run")
     options = ExportOptions(seq_len=s, command=shlex.join(_given(ctx)), source=source,
                             torchtitan_version=torchtitan_version, torchtitan_base=torchtitan_base, recipe=recipe,
-                            trainer=trainer, master_port=master_port,
+                            master_port=master_port,
                             slurm=SlurmOptions(job_name=job_name, partition=partition, account=account,
                                                time=time_limit, container_image=container_image))
+    bundles, refused = _render_all(formats, to, the_plan, spec, clus, options)
+    _write(bundles, refused, out or default_out)
+
+
+def _render_all(formats: list[str], to: str, plan, spec, clus, options) -> tuple[list, list]:
+    """Every format's bundle; with --to all, the refused ones (format, ExportRefused) beside them."""
+    from autopar.errors import InputError
+    from autopar.export import ExportRefused, get_exporter
+
     bundles, refused = [], []
     for name in formats:
         try:
@@ -144,7 +133,10 @@ def export(
             refused.append((name, e))
     if not bundles:
         raise InputError("no format can run this plan: " + " | ".join(str(e) for _, e in refused))
-    base = out or default_out
+    return bundles, refused
+
+
+def _write(bundles: list, refused: list, base: Path) -> None:
     for b in bundles:
         d = base / b.format
         paths = b.write(d)
@@ -154,12 +146,12 @@ def export(
             print(f"  note: {n}")
     for name, e in refused:
         print(f"{name}: skipped, {e}", file=sys.stderr)
-    from autopar.cost.estimate import estimate as run_estimate
-
-    est = run_estimate(plan, spec, clus, num_gpus=plan.num_gpus, seq_len=s)
-    if not est.fits:
-        print(f"autopar: warning: this plan is predicted not to fit ({est.peak_memory_bytes / 2**30:.1f} GiB of "
-              f"{est.memory_capacity_bytes / 2**30:.1f} GiB per GPU)", file=sys.stderr)
+    for b in bundles:
+        est = b.meta["estimate"]
+        if not est.fits:
+            print(f"autopar: warning: {b.format}: this plan is predicted not to fit on {b.meta['trainer']} "
+                  f"({est.peak_memory_bytes / 2**30:.1f} GiB of {est.memory_capacity_bytes / 2**30:.1f} GiB per GPU)",
+                  file=sys.stderr)
 
 
 def _formats(to: str) -> list[str]:
@@ -177,60 +169,25 @@ def _formats(to: str) -> list[str]:
     return names
 
 
-def _from_flags(model, gpus, gpu, gpus_per_node, cluster, seq_len, a: dict):
+def _from_flags(model, gpus, gpu, gpus_per_node, cluster, seq_len, request: PlanRequest):
     from autopar.spec.presets import resolve_model
     from autopar.spec.resolve import resolve_cluster, resolve_plan
 
     spec = resolve_model(model)
     clus = resolve_cluster(gpu or "h100-sxm", gpus_per_node, cluster)
     s = spec.seq_len if seq_len is None else seq_len
-    plan = resolve_plan(spec, gpus, s, tp=a["tp"] or 1, pp=a["pp"] or 1, cp=a["cp"] or 1, dp=a["dp"], ep=a["ep"] or 1,
-                        etp=a["etp"], vpp=a["vpp"] or 1, zero=1 if a["zero"] is None else a["zero"], sp=a["sp"],
-                        mbs=a["mbs"] or 1, gbs=a["gbs"], pp_schedule=a["pp_schedule"],
-                        recompute=a["recompute"] or "none", recompute_layers=a["recompute_layers"],
-                        dtype=a["dtype"] or "bf16", grads=a["grads"] or "fp32", pp_layout=a["pp_layout"],
-                        pp_first=a["pp_first"], pp_last=a["pp_last"], embedding_as_layer=a["embedding_as_layer"],
-                        loss_as_layer=a["loss_as_layer"], tp_comm_overlap=bool(a["tp_comm_overlap"]))
-    return spec, clus, s, plan
+    return spec, clus, s, resolve_plan(spec, gpus, s, request)
 
 
-def _from_run(run: Path, rank: int, a: dict):
-    """Rank N of a run directory, with any plan flags applied on top (dp, the schedule, sequence
-    parallelism and the layout follow changed degrees unless given)."""
+def _from_run(run: Path, rank: int, request: PlanRequest):
+    """Rank N of a run directory, with any plan flags applied on top (autopar.spec.resolve.rebase_plan)."""
     from autopar.export.source import load_run_plan
-    from autopar.spec.resolve import resolve_plan
+    from autopar.spec.resolve import rebase_plan
 
     e = load_run_plan(run, rank)
-    b = e.plan
-    changed = sorted(k for k, v in a.items() if v not in (None, False))
+    where = f"rank {rank} of {e.of} in {run}/top.json ({e.entry.get('plan_name')}, {e.plan.trainer})"
+    changed = request.flag_names()
     if not changed:
-        return e.model, e.cluster, e.seq_len, b, f"rank {rank} of {e.of} in {run}/top.json ({e.entry.get('plan_name')})"
-
-    def pick(k, default):
-        return default if a[k] is None else a[k]
-
-    tp, pp, cp, vpp = pick("tp", b.tp), pick("pp", b.pp), pick("cp", b.cp), pick("vpp", b.vpp)
-    same_model_split = (tp, pp, cp) == (b.tp, b.pp, b.cp)
-    dp = a["dp"] if a["dp"] is not None else (b.dp if same_model_split else None)
-    etp = a["etp"] if a["etp"] is not None else (None if b.etp == b.tp else b.etp)
-    sp = a["sp"] if a["sp"] is not None else (b.sequence_parallel if tp == b.tp else None)
-    sched = a["pp_schedule"] if a["pp_schedule"] is not None else (b.pp_schedule if vpp == b.vpp else None)
-    recompute = pick("recompute", b.recompute)
-    rl = a["recompute_layers"] if a["recompute_layers"] is not None else (
-        b.recompute_layers if recompute == b.recompute else None)
-    layout_given = any(a[k] not in (None, False) for k in ("pp_layout", "pp_first", "pp_last", "embedding_as_layer",
-                                                           "loss_as_layer"))
-    pp_layout = a["pp_layout"]
-    if not layout_given and b.layout is not None and (pp, vpp) == (b.pp, b.vpp):
-        pp_layout = ",".join(str(x) for x in b.layout.stages)
-    plan = resolve_plan(e.model, e.num_gpus, e.seq_len, tp=tp, pp=pp, cp=cp, dp=dp, ep=pick("ep", b.ep), etp=etp,
-                        vpp=vpp, zero=pick("zero", b.zero_stage), sp=sp, mbs=pick("mbs", b.micro_batch_size),
-                        gbs=pick("gbs", b.global_batch_size), pp_schedule=sched, recompute=recompute,
-                        recompute_layers=rl, dtype=pick("dtype", b.dtype),
-                        grads=a["grads"] or ("fp32" if b.main_grads_fp32 else "bf16"), pp_layout=pp_layout,
-                        pp_first=a["pp_first"], pp_last=a["pp_last"], embedding_as_layer=a["embedding_as_layer"],
-                        loss_as_layer=a["loss_as_layer"],
-                        tp_comm_overlap=b.tp_comm_overlap if a["tp_comm_overlap"] is None else a["tp_comm_overlap"])
-    flags = ", ".join("--" + k.replace("_", "-") for k in changed)
-    return (e.model, e.cluster, e.seq_len, plan,
-            f"rank {rank} of {e.of} in {run}/top.json ({e.entry.get('plan_name')}), changed by {flags} and re-estimated")
+        return e.model, e.cluster, e.seq_len, e.plan, where
+    plan = rebase_plan(e.plan, request, e.model, e.num_gpus, e.seq_len)
+    return e.model, e.cluster, e.seq_len, plan, f"{where}, changed by {', '.join(changed)} and re-estimated"

@@ -35,7 +35,8 @@ def plan_line(est: Estimate) -> str:
              f"mbs={p.micro_batch_size}", f"gbs={p.global_batch_size}", f"m={est.num_microbatches}",
              f"schedule={p.pp_schedule}" if p.pp > 1 else "", f"recompute={p.recompute}"
              + (f"({p.recompute_layers} layers)" if p.recompute_layers is not None else ""),
-             f"dtype={p.dtype}", f"layout={est.layout}" if p.pp > 1 else ""]
+             f"dtype={p.dtype}", f"layout={est.layout}" if p.pp > 1 else "",
+             f"moe-dispatch=capacity x{p.capacity_factor:g}" if p.moe_dispatch == "capacity" else ""]
     return "  ".join(x for x in parts if x)
 
 
@@ -51,12 +52,28 @@ def breakdown_table(title: str, columns: tuple[str, ...], rows: list[tuple], tot
     return t
 
 
+def trainer_line(est: Estimate, cluster: ClusterSpec) -> tuple[str, str]:
+    """(trainer, performance profile) of an estimate: the plan's trainer, and the profile the cost
+    model priced it with (autopar.cost.profiles), naming the constants the cluster file pins."""
+    from autopar.cost.profiles import profile_of
+
+    profile = profile_of(est.plan.trainer).name
+    if cluster.pinned:
+        profile += f" (the cluster pins {', '.join(sorted(cluster.pinned))})"
+    return est.plan.trainer, profile
+
+
 def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_gpus: int, seq_len: int) -> list:
+    from autopar.spec.trainers import get_trainer
+
     cap = est.memory_capacity_bytes
+    trainer, profile = trainer_line(est, cluster)
     verdict = Text("FITS", style="bold green") if est.fits else Text("DOES NOT FIT", style="bold red")
     head = Text.assemble(
         (f"{model.name}", "bold"), f" ({human_count(est.params_total)} params) on {num_gpus} x {cluster.gpu.key} "
-        f"({cluster.gpus_per_node}/node), seq {seq_len}\n", plan_line(est), "\n", verdict,
+        f"({cluster.gpus_per_node}/node), seq {seq_len}\n",
+        f"trainer {get_trainer(trainer).title} ({trainer}), performance profile {profile}\n", plan_line(est), "\n",
+        verdict,
         f"  peak {est.peak_memory_bytes / GIB:.1f} / {cap / GIB:.1f} GiB on pipeline rank "
         f"{est.extra.get('memory_rank', 0)}")
     out: list = [head]

@@ -6,9 +6,12 @@
 Contract every exporter keeps (tests/export/test_contract.py checks it for every registered one):
 - Pure and deterministic: the same inputs give byte-identical files (no clock, no environment).
 - Faithful or refused: every field of the plan that the trainer's layout depends on (degrees,
-  batch sizes, pipeline schedule and layout, recompute choice, precision, overlap) is expressed in
-  the files, or `render` raises `ExportRefused` (an `InputError`) whose one-line message names what
-  the trainer cannot run and why. Nothing is silently dropped or approximated.
+  batch sizes, pipeline schedule and layout, recompute choice, precision, overlap, MoE dispatch) is
+  expressed in the files, or `render` raises `ExportRefused` (an `InputError`) whose one-line
+  message names what the trainer cannot run and why. Nothing is silently dropped or approximated.
+- One source of refusals: `render` re-targets the plan to the exporter's trainer and refuses what
+  that trainer's capability table forbids (autopar.export.capabilities), with the table's sentence,
+  the same one the search applies; exporters keep only checks that depend on their own options.
 - Round trip: `parse(render(plan, ...))` equals `plan_view(plan, model)` after `normalize`.
 - Every text file starts with the header (model, cluster, predicted memory, step time, MFU, the
   autopar command that produced it); JSON files carry it under the "_autopar" key.
@@ -19,7 +22,7 @@ Contract every exporter keeps (tests/export/test_contract.py checks it for every
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autopar.errors import InputError
@@ -64,8 +67,8 @@ class ExportOptions:
     #: NeMo 2 recipe module (e.g. llama3_70b) / Megatron-Bridge recipe function (e.g.
     #: llama3_70b_pretrain_config); default from the model preset
     recipe: str | None = None
-    #: what the torchrun / slurm exporters launch
-    trainer: str = "megatron"
+    #: what the torchrun / slurm exporters launch; None = the plan's own trainer
+    trainer: str | None = None
     master_port: int = 29500
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
@@ -121,8 +124,36 @@ class Exporter:
 
     def render(self, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
                options: ExportOptions | None = None) -> ExportBundle:
-        ctx = Context.make(self.name, plan, model, cluster, options or ExportOptions())
-        return self._render(ctx)
+        """The files for `plan` re-targeted to this exporter's trainer; raises ExportRefused with the
+        capability table's sentence when that trainer cannot run it."""
+        options = options or ExportOptions()
+        trainer = self.runs_on(plan, options)
+        ctx = Context.make(self.name, plan.with_(trainer=trainer), model, cluster, options,
+                           waived=self.trainer_exporter(trainer).waived(options))
+        bundle = self._render(ctx)
+        return replace(bundle, meta={**bundle.meta, "trainer": trainer, "estimate": ctx.estimate})
+
+    def runs_on(self, plan: ParallelPlan, options: ExportOptions) -> str:
+        """The trainer whose files this exporter writes (launchers: the one they wrap)."""
+        return self.name
+
+    def waived(self, options: ExportOptions) -> frozenset[str]:
+        """Capability lines an export option stands in for (default: `--recipe` for `<trainer>:recipes`)."""
+        from autopar.export.capabilities import recipe_waiver
+
+        return recipe_waiver(self.name, options.recipe)
+
+    @staticmethod
+    def trainer_exporter(trainer: str) -> "Exporter":
+        """The exporter of a trainer; a trainer without one (autopar's built-in model) is an InputError."""
+        import autopar.export  # noqa: F401  (registers the exporters)
+        from autopar.export.registry import EXPORTERS
+        from autopar.spec.trainers import TRAINERS
+
+        if trainer not in EXPORTERS:
+            raise InputError(f"the plan runs on {trainer}, which has no launch config to export (`autopar trial` runs "
+                             f"autopar's built-in model); pass --trainer with one of {', '.join(TRAINERS)}")
+        return EXPORTERS[trainer]
 
     def _render(self, ctx: "Context") -> ExportBundle:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -136,7 +167,7 @@ class Exporter:
 
 VIEW_KEYS = ("num_gpus", "tp", "pp", "vpp", "cp", "dp", "ep", "etp", "sequence_parallel", "zero_stage",
              "micro_batch_size", "global_batch_size", "num_microbatches", "pp_schedule", "layout", "recompute",
-             "recompute_layers", "dtype", "main_grads_fp32", "tp_comm_overlap")
+             "recompute_layers", "dtype", "main_grads_fp32", "tp_comm_overlap", "moe_dispatch", "capacity_factor")
 
 
 def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
@@ -150,6 +181,9 @@ def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
         "pp_schedule": plan.pp_schedule, "layout": tuple(layout.stages), "recompute": plan.recompute,
         "recompute_layers": plan.recompute_layers, "dtype": plan.dtype, "main_grads_fp32": plan.main_grads_fp32,
         "tp_comm_overlap": plan.tp_comm_overlap,
+        # a dense model drops no token: its dispatch reads back as dropless
+        "moe_dispatch": plan.moe_dispatch if model.moe is not None else "dropless",
+        "capacity_factor": plan.capacity_factor if model.moe is not None else None,
     })
 
 
@@ -169,7 +203,16 @@ def normalize(view: dict) -> dict:
         v["tp_comm_overlap"] = False
     if v["recompute"] != "full":
         v["recompute_layers"] = None
+    if v["moe_dispatch"] != "capacity":
+        v["capacity_factor"] = None
+    elif v["capacity_factor"] is not None:
+        v["capacity_factor"] = float(v["capacity_factor"])
     return v
+
+
+def tp_overlap(plan: ParallelPlan) -> bool:
+    """TP communication overlap as a run has it: only with TP (at tp = 1 there is nothing to overlap)."""
+    return bool(plan.tp_comm_overlap) and plan.tp > 1
 
 
 # ---- the rendering context shared by every exporter ---------------------------------------------
@@ -190,14 +233,20 @@ class Context:
 
     @classmethod
     def make(cls, trainer: str, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
-             options: ExportOptions) -> "Context":
+             options: ExportOptions, waived: frozenset[str] = frozenset()) -> "Context":
+        """`trainer` is the export format; `plan.trainer` the trainer that runs it, whose capability
+        lines (less `waived`) refuse the plan with their sentence. Other broken rules: InputError."""
         from autopar.cost.estimate import estimate
+        from autopar.export.capabilities import broken_rules
 
         s = options.seq_len or model.seq_len
         n = plan.num_gpus
+        broken = broken_rules(plan, model, cluster, num_gpus=n, seq_len=s, waived=waived)
+        if broken.other:
+            raise InputError("invalid plan: " + "; ".join(text for _, text in broken.other))
+        if broken.capability:
+            raise ExportRefused(plan.trainer, broken.capability[0][1])
         est = estimate(plan, model, cluster, num_gpus=n, seq_len=s)
-        if not est.valid:
-            raise InputError("invalid plan: " + "; ".join(est.reasons))
         g = cluster.gpus_per_node
         if n % g and n > g:
             raise InputError(f"{n} GPUs do not fill whole nodes of {g} GPUs; launch scripts need "
@@ -241,8 +290,11 @@ def plan_flags(ctx: Context) -> str:
         args += ["--grads", "bf16"]
     if p.layout is not None:
         args += ["--pp-layout", ",".join(str(x) for x in p.layout.stages)]
-    if p.tp_comm_overlap:
+    if tp_overlap(p):
         args += ["--tp-comm-overlap"]
+    if m.moe is not None and p.moe_dispatch == "capacity":
+        args += ["--moe-dispatch", "capacity", "--capacity-factor", f"{p.capacity_factor:g}"]
+    args += ["--trainer", p.trainer]
     return shlex.join(["autopar", "estimate", *args])
 
 
@@ -260,7 +312,9 @@ def header_lines(ctx: Context) -> list[str]:
         f"plan:       {p.describe()} | {sched} | recompute {p.recompute}"
         + (f" ({p.recompute_layers} layers/stage)" if p.recompute_layers is not None else "")
         + f" | ZeRO-{p.zero_stage} | mbs {p.micro_batch_size} | gbs {p.global_batch_size} "
-        f"({p.num_microbatches} microbatches) | {p.dtype}" + (" | tp-comm-overlap" if p.tp_comm_overlap else ""),
+        f"({p.num_microbatches} microbatches) | {p.dtype}" + (" | tp-comm-overlap" if tp_overlap(p) else "")
+        + (f" | MoE capacity x{p.capacity_factor:g}" if m.moe is not None and p.moe_dispatch == "capacity" else ""),
+        _trainer_line(ctx),
     ]
     if p.pp > 1:
         lines.append(f"layout:     {p.resolved_layout(m.num_layers).describe()} layers per virtual stage")
@@ -278,6 +332,14 @@ def header_lines(ctx: Context) -> list[str]:
         "(autopar MESH_ORDER = Megatron-Core's tp-cp-ep-dp-pp)",
     ]
     return lines
+
+
+def _trainer_line(ctx: Context) -> str:
+    from autopar.spec.trainers import get_trainer
+
+    t = get_trainer(ctx.plan.trainer)
+    pinned = f" (the cluster pins {', '.join(sorted(ctx.cluster.pinned))})" if ctx.cluster.pinned else ""
+    return f"trainer:    {t.title} ({t.key}), performance profile {t.profile}{pinned}"
 
 
 def comment_header(ctx: Context, prefix: str = "#") -> str:

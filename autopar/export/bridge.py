@@ -6,24 +6,21 @@ Paths (NVIDIA-NeMo/Megatron-Bridge `docs/megatron-lm-to-megatron-bridge.md` and 
 `train.global_batch_size` the batch, `ddp.*` Megatron-Core's DistributedDataParallelConfig,
 `optimizer.use_distributed_optimizer` (kept equal to ddp's), `dataset.seq_length`, and
 `mixed_precision` a registered recipe name (bf16_mixed, bf16_with_fp8_delayed_scaling_mixed).
-Megatron-Bridge runs Megatron-Core, so the Megatron-Core rules apply.
+Megatron-Bridge runs Megatron-Core: what it cannot run, and which recipe each preset uses, is its
+capability table (autopar/spec/data/trainers.toml [bridge], applied before rendering).
 """
 
 from __future__ import annotations
 
-from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header
+from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
-from autopar.export.megatron import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, check_megatron_core,
-                                     core_parallel_fields, core_recompute_fields, view_from_core_fields)
+from autopar.export.megatron_core import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, core_moe_fields,
+                                          core_parallel_fields, core_recompute_fields, view_from_core_fields)
 from autopar.export.nemo import recipe_name
+from autopar.spec.trainers import get_trainer
 
-#: autopar preset -> megatron.bridge.recipes function
-BRIDGE_RECIPES = {
-    "llama2-7b": "llama2_7b_pretrain_config", "llama3-8b": "llama3_8b_pretrain_config",
-    "llama3-70b": "llama3_70b_pretrain_config", "llama3.1-405b": "llama31_405b_pretrain_config",
-    "gpt3-175b": "gpt3_175b_pretrain_config", "qwen3-30b-a3b": "qwen3_30b_a3b_pretrain_config",
-    "qwen3-235b-a22b": "qwen3_235b_a22b_pretrain_config", "deepseek-v3": "deepseek_v3_pretrain_config",
-}
+#: autopar preset -> megatron.bridge.recipes function (the capability table's [bridge.recipes])
+BRIDGE_RECIPES = dict(get_trainer("bridge").recipes.value)
 
 FILE = "bridge_overrides.txt"
 MIXED = {"bf16": "bf16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
@@ -37,13 +34,14 @@ def bridge_overrides(ctx: Context) -> dict:
                 "dataset.seq_length": ctx.seq_len, "train.micro_batch_size": p.micro_batch_size,
                 "train.global_batch_size": p.global_batch_size})
     out.update({f"model.{k}": v for k, v in core_recompute_fields(ctx).items()})
+    out.update({f"model.{k}": v for k, v in core_moe_fields(ctx).items()})
     out.update({"ddp.use_distributed_optimizer": p.zero_stage >= 1,
                 "optimizer.use_distributed_optimizer": p.zero_stage >= 1,
                 "ddp.overlap_grad_reduce": True, "ddp.overlap_param_gather": p.zero_stage >= 1,
                 "ddp.grad_reduce_in_fp32": p.main_grads_fp32,
                 "ddp.use_megatron_fsdp": p.zero_stage >= 2,
                 "ddp.data_parallel_sharding_strategy": ZERO_FSDP_STRATEGY.get(p.zero_stage, "no_shard"),
-                "model.tp_comm_overlap": bool(p.tp_comm_overlap),
+                "model.tp_comm_overlap": tp_overlap(p),
                 "mixed_precision": MIXED[p.dtype]})
     return out
 
@@ -65,10 +63,12 @@ def parse_hydra_value(s: str):
         return s == "true"
     if s.startswith("'") and s.endswith("'"):
         return s[1:-1]
-    try:
-        return int(s)
-    except ValueError:
-        return s
+    for number in (int, float):
+        try:
+            return number(s)
+        except ValueError:
+            pass
+    return s
 
 
 def parse_bridge_overrides(text: str) -> dict:
@@ -90,11 +90,7 @@ class BridgeExporter(Exporter):
                    "MEGATRON_BRIDGE to your Megatron-Bridge checkout.")
 
     def _render(self, ctx: Context) -> ExportBundle:
-        check_megatron_core(ctx)
-        if ctx.plan.dtype == "fp32":
-            raise ctx.refuse("autopar emits Megatron-Bridge recipes in mixed precision only (bf16 / fp8); fp32 is "
-                             "for CPU trials")
-        recipe = recipe_name(ctx, BRIDGE_RECIPES, "Megatron-Bridge")
+        recipe = recipe_name(ctx)
         ov = bridge_overrides(ctx)
         lines = [comment_header(ctx).rstrip("\n"),
                  "# Megatron-Bridge overrides, one per line (Hydra syntax):",

@@ -2,16 +2,14 @@
 
 Batch: train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * DP world,
 where DeepSpeed's world size is the data-parallel size when Megatron's mpu is passed
-(deepspeed/runtime/config.py `_batch_assertion`). Refused, with the reason:
-- pipeline parallelism with ZeRO-2/3 (deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are
-  incompatible with pipeline parallelism");
-- schedules other than DeepSpeed's 1F1B pipeline (no interleaving / vpp, no GPipe, no zero-bubble);
-- uneven pipeline layouts (Megatron-DeepSpeed partitions transformer layers evenly);
-- context parallelism (Megatron-DeepSpeed has DeepSpeed-Ulysses sequence parallelism, a different
-  algorithm that cannot be combined with Megatron SP);
-- MoE (DeepSpeed-MoE's capacity-factor gating is not the dropless MoE autopar priced);
-- FP8, --tp-comm-overlap, and partial full recompute under the pipeline engine;
-- model features Megatron-DeepSpeed has no flag for (MLA, QK-norm, QKV-only biases).
+(deepspeed/runtime/config.py `_batch_assertion`). What DeepSpeed cannot run (ZeRO-2/3 with
+pipeline parallelism, schedules other than its 1F1B, uneven stages, context parallelism, MoE, FP8,
+TP overlap, partial recompute under the pipeline engine, MLA / QK-norm / QKV-only biases) is its
+capability table (autopar/spec/data/trainers.toml [deepspeed], applied before rendering).
+
+With pp > 1 and a single data-parallel rank, ZeRO-2/3 shard nothing (the plan is ZeRO-1's, as the
+cost model prices it), and DeepSpeed's pipeline engine asserts on stages 2/3 whatever the dp size
+(deepspeed/runtime/pipe/engine.py), so the export writes stage 1 there.
 """
 
 from __future__ import annotations
@@ -21,50 +19,28 @@ import json
 from autopar.export.base import (Context, ExportBundle, ExportFile, Exporter, bash_array, comment_header, header_dict,
                                  normalize, read_bash_array)
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
-from autopar.export.megatron import USER_ARGS, recompute_from
+from autopar.export.megatron import USER_ARGS
+from autopar.export.megatron_core import recompute_from
 
 CONFIG = "ds_config.json"
 ARGS = "megatron_deepspeed_args.sh"
 
 
-def _check(ctx: Context) -> None:
-    p, m = ctx.plan, ctx.model
-    if p.pp > 1 and p.zero_stage >= 2:
-        raise ctx.refuse(f"DeepSpeed's pipeline engine rejects ZeRO-{p.zero_stage} (pipe/engine.py: 'ZeRO-2 and "
-                         f"ZeRO-3 are incompatible with pipeline parallelism'); use --zero 1 with pp > 1, or pp = 1")
-    if p.pp > 1 and p.vpp > 1:
-        raise ctx.refuse("DeepSpeed's pipeline engine has no interleaved (virtual-stage) schedule; use vpp = 1")
-    if p.pp > 1 and p.pp_schedule not in ("1f1b",):
-        raise ctx.refuse(f"DeepSpeed's pipeline engine runs only its 1F1B train schedule, not {p.pp_schedule}; "
-                         f"re-export with --pp-schedule 1f1b")
-    if p.pp > 1 and len(set(ctx.stages)) != 1:
-        raise ctx.refuse(f"Megatron-DeepSpeed splits transformer layers evenly over pipeline stages; the uneven "
-                         f"layout {list(ctx.stages)} cannot be expressed")
-    if p.cp > 1:
-        raise ctx.refuse("Megatron-DeepSpeed has no Megatron-style context parallelism (its Ulysses sequence "
-                         "parallelism is a different algorithm and excludes Megatron SP); use --to megatron")
-    if m.moe is not None:
-        raise ctx.refuse("Megatron-DeepSpeed's MoE is DeepSpeed-MoE (capacity-factor gating), not the dropless "
-                         "grouped-GEMM MoE autopar priced; use --to megatron, nemo or bridge")
-    if p.dtype == "fp8":
-        raise ctx.refuse("Megatron-DeepSpeed has no FP8 training flags; use --dtype bf16 or --to megatron")
-    if p.tp_comm_overlap:
-        raise ctx.refuse("Megatron-DeepSpeed has no TP communication overlap (--tp-comm-overlap); drop it")
-    if p.recompute == "full" and p.recompute_layers is not None and (p.pp > 1 or p.recompute_layers == 0):
-        raise ctx.refuse("DeepSpeed's pipeline engine checkpoints every layer uniformly; it cannot recompute only "
-                         "some layers per stage; drop --recompute-layers")
-    if m.mla is not None or m.qk_norm or (m.qkv_bias and not m.linear_bias):
-        raise ctx.refuse("Megatron-DeepSpeed has no flags for this model's attention (MLA, QK-norm or QKV-only "
-                         "biases)")
+def zero_stage(ctx: Context) -> int:
+    """The ZeRO stage written: the plan's, but 1 for ZeRO-2/3 with pp > 1 and one data-parallel rank
+    (nothing to shard; the pipeline engine asserts on stages 2/3, deepspeed/runtime/pipe/engine.py)."""
+    p = ctx.plan
+    return 1 if p.pp > 1 and p.dp * p.cp == 1 and p.zero_stage >= 2 else p.zero_stage
 
 
 def ds_config(ctx: Context) -> dict:
     p = ctx.plan
-    zero: dict = {"stage": p.zero_stage}
-    if p.zero_stage >= 1:
+    stage = zero_stage(ctx)
+    zero: dict = {"stage": stage}
+    if stage >= 1:
         zero.update(overlap_comm=True, contiguous_gradients=True, reduce_scatter=True,
                     reduce_bucket_size=500_000_000, allgather_bucket_size=500_000_000)
-    if p.zero_stage == 3:
+    if stage == 3:
         zero.update(stage3_prefetch_bucket_size=500_000_000, stage3_param_persistence_threshold=1_000_000,
                     stage3_max_live_parameters=1_000_000_000, stage3_max_reuse_distance=1_000_000_000)
     cfg = {
@@ -130,12 +106,11 @@ class DeepSpeedExporter(Exporter):
                    "USER_ARGS), launch_torchrun.sh and launch_slurm.sbatch. Set MEGATRON_DEEPSPEED to your checkout.")
 
     def _render(self, ctx: Context) -> ExportBundle:
-        _check(ctx)
         cfg = json.dumps(ds_config(ctx), indent=2) + "\n"
         args = (comment_header(ctx) + "# Megatron-DeepSpeed flags for pretrain_gpt.py; sourced by the launch scripts.\n"
                 + bash_array("AUTOPAR_ARGS", mds_args(ctx))
                 + f'DS_ARGS=(\n  --deepspeed\n  --deepspeed_config "$HERE/{CONFIG}"\n'
-                  f"  --zero-stage {ctx.plan.zero_stage}\n)\n" + USER_ARGS)
+                  f"  --zero-stage {zero_stage(ctx)}\n)\n" + USER_ARGS)
         entry = Entry(program='"$MEGATRON_DEEPSPEED/pretrain_gpt.py"',
                       args='"${AUTOPAR_ARGS[@]}" "${DS_ARGS[@]}" "${USER_ARGS[@]}"',
                       setup=("MEGATRON_DEEPSPEED=${MEGATRON_DEEPSPEED:-/opt/Megatron-DeepSpeed}",
@@ -188,5 +163,5 @@ def view_from_deepspeed(cfg: dict, argv: list[str], ds_argv: list[str], num_gpus
         "pp_schedule": "1f1b", "layout": (n // pp,) * pp, "recompute": recompute, "recompute_layers": rl,
         "dtype": "bf16" if bf16 else "fp32",
         "main_grads_fp32": cfg.get("data_types", {}).get("grad_accum_dtype", "fp32") == "fp32",
-        "tp_comm_overlap": False,
+        "tp_comm_overlap": False, "moe_dispatch": "dropless", "capacity_factor": None,  # no MoE
     })

@@ -196,15 +196,17 @@ def trainer_of(bundle: ExportBundle) -> str:
 class _LauncherExporter(Exporter):
     keep: str = ""
 
+    def runs_on(self, plan, options) -> str:
+        """The trainer launched: --trainer, else the plan's own."""
+        from autopar.spec.trainers import get_trainer
+
+        return get_trainer(options.trainer or plan.trainer).key
+
     def _render(self, ctx: Context) -> ExportBundle:
         from autopar.export.registry import get_exporter
 
-        trainer = ctx.options.trainer
-        if trainer in ("torchrun", "slurm"):
-            raise ctx.refuse(f"--trainer must name a trainer (megatron, torchtitan, deepspeed, nemo, bridge), "
-                             f"not the launcher '{trainer}'")
-        inner = get_exporter(trainer)
-        bundle = inner.render(ctx.plan, ctx.model, ctx.cluster, ctx.options)
+        trainer = ctx.plan.trainer  # Context.make re-targeted the plan to runs_on()
+        bundle = get_exporter(trainer).render(ctx.plan, ctx.model, ctx.cluster, ctx.options)
         drop = {"launch_torchrun.sh", "launch_slurm.sbatch"} - {self.keep}
         files = tuple(f for f in bundle.files if f.name not in drop)
         run = run_hint(ctx, "torchrun" if self.keep == "launch_torchrun.sh" else "slurm")
@@ -219,7 +221,7 @@ class _LauncherExporter(Exporter):
 
 class TorchrunExporter(_LauncherExporter):
     name = "torchrun"
-    title = "torchrun launch script (static rendezvous, one per node) for --trainer (default megatron)"
+    title = "torchrun launch script (static rendezvous, one per node) for --trainer (default: the plan's trainer)"
     example = "autopar export --run reports/run --rank 1 --to torchrun --trainer torchtitan --out launch/"
     description = ("launch_torchrun.sh + the trainer's config: run it on every node with NODE_RANK and MASTER_ADDR "
                    "set; each node gets consecutive global ranks, so TP groups stay inside a node.")

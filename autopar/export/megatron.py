@@ -3,14 +3,18 @@ one task per GPU).
 
 Flag names are Megatron-LM's (reference section B.1; at HEAD they are generated from the
 TransformerConfig / ModelParallelConfig / DistributedDataParallelConfig field names, `_` -> `-`).
-The shared Megatron-Core rules live here too, since NeMo 2 and Megatron-Bridge run the same core:
-- schedules: 1F1B, or interleaved 1F1B when vpp > 1 (Megatron-Core has no GPipe and no
-  zero-bubble schedule: megatron/core/pipeline_parallel/schedules.py);
+The Megatron-Core mapping (autopar/export/megatron_core.py, shared with NeMo 2 and Megatron-Bridge):
+- schedules: 1F1B, or interleaved 1F1B when vpp > 1;
 - recompute: selective (core attention), full with `uniform` 1 (every layer), or full with
   `block` N (the first N layers of every model chunk, so N*vpp layers per pipeline rank);
 - ZeRO: 0 = DDP, 1 = distributed optimizer, 2 / 3 = Megatron-FSDP with the `optim_grads` /
   `optim_grads_params` sharding strategy;
+- MoE capacity dispatch: `--moe-expert-capacity-factor F --moe-token-drop-policy probs
+  --moe-pad-expert-input-to-capacity` (every expert computes its full capacity, as autopar prices it);
 - uneven pipeline layouts: see autopar/export/layouts.py.
+What Megatron-Core cannot run (GPipe, zero-bubble, partial recompute off the vpp grid, TP overlap
+without SP, MoE biases with etp > 1, ...) is refused from its capability table
+(autopar/spec/data/trainers.toml [megatron]) before any exporter runs: autopar.export.capabilities.
 """
 
 from __future__ import annotations
@@ -19,63 +23,14 @@ import argparse
 import shlex
 
 from autopar.export.base import (Context, ExportBundle, ExportFile, Exporter, bash_array, comment_header, normalize,
-                                 read_bash_array)
+                                 read_bash_array, tp_overlap)
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import megatron_layout, stages_from_megatron
+from autopar.export.megatron_core import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, capacity_settings, dispatch_from,
+                                          recompute_from, recompute_settings)
 
-ZERO_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
-FSDP_STRATEGY_ZERO = {v: k for k, v in ZERO_FSDP_STRATEGY.items()}
-
-
-# ---- Megatron-Core rules shared by megatron, nemo and bridge ------------------------------------
-
-def check_megatron_core(ctx: Context) -> None:
-    """Refuse what Megatron-Core cannot run (raises ExportRefused)."""
-    p, m = ctx.plan, ctx.model
-    if p.pp > 1 and p.pp_schedule == "zero-bubble":
-        raise ctx.refuse("Megatron-Core has no zero-bubble pipeline schedule (only 1F1B and interleaved 1F1B); "
-                         "re-export with --pp-schedule 1f1b (autopar re-estimates it), or use --to torchtitan")
-    if p.pp > 1 and p.pp_schedule == "gpipe":
-        raise ctx.refuse("Megatron-Core has no GPipe schedule (only 1F1B and interleaved 1F1B); "
-                         "re-export with --pp-schedule 1f1b")
-    if p.recompute == "full" and p.recompute_layers is not None:
-        if p.recompute_layers == 0:
-            raise ctx.refuse("full recompute of 0 layers is no recompute; use --recompute none")
-        if p.recompute_layers % p.vpp:
-            raise ctx.refuse(f"--recompute-method block recomputes the same number of layers in each of the "
-                             f"vpp={p.vpp} model chunks, so recompute layers per stage ({p.recompute_layers}) must "
-                             f"be a multiple of vpp")
-    if p.tp_comm_overlap and not p.sequence_parallel:
-        raise ctx.refuse("--tp-comm-overlap needs sequence parallelism (Megatron asserts it); drop --no-sp")
-    if m.moe is not None and m.linear_bias and p.etp > 1:
-        raise ctx.refuse("MoE layers with biases need expert tensor parallel size 1 in Megatron-Core "
-                         "('Bias in Moe is only supported when ETP==1')")
-
-
-def recompute_settings(ctx: Context) -> dict:
-    """TransformerConfig recompute fields for the plan."""
-    p = ctx.plan
-    if p.recompute == "selective":
-        return {"recompute_granularity": "selective"}
-    if p.recompute == "full":
-        if p.recompute_layers is None:
-            return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-        return {"recompute_granularity": "full", "recompute_method": "block",
-                "recompute_num_layers": p.recompute_layers // p.vpp}
-    return {}
-
-
-def recompute_from(granularity: str | None, method: str | None, num_layers: int | None, vpp: int) -> tuple:
-    """(recompute, recompute_layers) from Megatron's recompute settings."""
-    if granularity in (None, "none"):
-        return "none", None
-    if granularity == "selective":
-        return "selective", None
-    if method == "uniform" and num_layers == 1:
-        return "full", None
-    if method == "block":
-        return "full", int(num_layers) * vpp
-    raise ValueError(f"recompute {granularity}/{method}/{num_layers} is not one autopar emits")
+__all__ = ["FSDP_STRATEGY_ZERO", "ZERO_FSDP_STRATEGY", "MegatronExporter", "megatron_vpp", "parse_megatron_args",
+           "recompute_from", "recompute_settings", "view_from_megatron_argv"]
 
 
 # ---- flags --------------------------------------------------------------------------------------
@@ -131,6 +86,10 @@ def model_args(ctx: Context) -> list[str]:
         if mo.router_bias:
             a += ["--moe-router-enable-expert-bias"]
         a += ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        cap = capacity_settings(ctx)
+        if cap:
+            a += ["--moe-expert-capacity-factor", f"{cap['moe_expert_capacity_factor']:g}",
+                  "--moe-token-drop-policy", cap["moe_token_drop_policy"], "--moe-pad-expert-input-to-capacity"]
     return a
 
 
@@ -160,7 +119,7 @@ def parallel_args(ctx: Context) -> list[str]:
     a += ["--overlap-grad-reduce"]
     if p.zero_stage >= 1:
         a += ["--overlap-param-gather"]
-    if p.tp_comm_overlap:
+    if tp_overlap(p):
         a += ["--tp-comm-overlap"]
     return a
 
@@ -220,7 +179,6 @@ class MegatronExporter(Exporter):
                    "launch_slurm.sbatch (srun, one task per GPU). Set MEGATRON_LM to your Megatron-LM checkout.")
 
     def _render(self, ctx: Context) -> ExportBundle:
-        check_megatron_core(ctx)
         args = (comment_header(ctx) + "# Megatron-LM flags for pretrain_gpt.py; sourced by the launch scripts.\n"
                 + bash_array("AUTOPAR_ARGS", megatron_argv(ctx)) + USER_ARGS)
         entry = Entry(program='"$MEGATRON_LM/pretrain_gpt.py"', args='"${AUTOPAR_ARGS[@]}" "${USER_ARGS[@]}"',
@@ -229,7 +187,7 @@ class MegatronExporter(Exporter):
         notes = ["set MEGATRON_LM, DATA_PATH and TOKENIZER (and review USER_ARGS) before launching"]
         if ctx.plan.zero_stage >= 2:
             notes.append("ZeRO-2/3 map to Megatron-FSDP (--use-megatron-fsdp); it needs a Megatron-LM from 2025 on")
-        if ctx.plan.dtype == "fp8" or ctx.plan.tp_comm_overlap:
+        if ctx.plan.dtype == "fp8" or tp_overlap(ctx.plan):
             notes.append("FP8 and --tp-comm-overlap need Transformer Engine (--transformer-impl transformer_engine)")
         return ExportBundle(format=self.name, files=(ExportFile("megatron_args.sh", args), *launch_files(ctx, entry)),
                             run=run_hint(ctx),
@@ -257,15 +215,16 @@ def megatron_parser() -> argparse.ArgumentParser:
         ap.add_argument(f, type=int)
     strs = ["--normalization", "--position-embedding-type", "--moe-layer-freq", "--moe-token-dispatcher-type",
             "--pipeline-model-parallel-layout", "--data-parallel-sharding-strategy", "--recompute-granularity",
-            "--recompute-method", "--fp8-format"]
+            "--recompute-method", "--fp8-format", "--moe-token-drop-policy"]
     for f in strs:
         ap.add_argument(f, type=str)
-    for f in ("--attention-dropout", "--hidden-dropout"):
+    for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor"):
         ap.add_argument(f, type=float)
     flags = ["--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
              "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention", "--moe-router-enable-expert-bias",
              "--moe-grouped-gemm", "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
-             "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--grad-reduce-in-bf16"]
+             "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--grad-reduce-in-bf16",
+             "--moe-pad-expert-input-to-capacity"]
     for f in flags:
         ap.add_argument(f, action="store_true")
     return ap
@@ -308,6 +267,8 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
     recompute, rl = recompute_from(ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers, vpp)
     mbs, gbs = ns.micro_batch_size, ns.global_batch_size
     ep = ns.expert_model_parallel_size or 1
+    dispatch, cf = dispatch_from(ns.moe_expert_capacity_factor, ns.moe_token_drop_policy,
+                                 ns.moe_pad_expert_input_to_capacity)
     return normalize({
         "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": dp, "ep": ep,
         "etp": ns.expert_tensor_parallel_size or tp, "sequence_parallel": ns.sequence_parallel, "zero_stage": zero,
@@ -315,57 +276,9 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
         "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "layout": stages, "recompute": recompute,
         "recompute_layers": rl, "dtype": "fp8" if ns.fp8_format else ("bf16" if ns.bf16 else "fp32"),
         "main_grads_fp32": not ns.grad_reduce_in_bf16, "tp_comm_overlap": ns.tp_comm_overlap,
+        "moe_dispatch": dispatch, "capacity_factor": cf,
     })
 
 
 def quote_argv(argv: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
-
-
-# ---- Megatron-Core config fields (NeMo 2 strategy / Megatron-Bridge model overrides) ------------
-
-def core_parallel_fields(ctx: Context) -> dict:
-    """TransformerConfig / ModelParallelConfig fields of the plan (every layout field explicit, so a
-    recipe's own layout settings cannot linger)."""
-    p, m = ctx.plan, ctx.model
-    lay = megatron_layout(ctx.stages, p.pp, p.vpp)
-    out = {"tensor_model_parallel_size": p.tp, "pipeline_model_parallel_size": p.pp,
-           "virtual_pipeline_model_parallel_size": p.vpp if p.vpp > 1 else None,
-           "context_parallel_size": p.cp, "sequence_parallel": bool(p.sequence_parallel)}
-    if m.moe is not None:
-        out.update(expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp)
-    out.update(num_layers_in_first_pipeline_stage=lay.first, num_layers_in_last_pipeline_stage=lay.last,
-               pipeline_model_parallel_layout=lay.layout, account_for_embedding_in_pipeline_split=False,
-               account_for_loss_in_pipeline_split=False)
-    return out
-
-
-def core_recompute_fields(ctx: Context) -> dict:
-    r = recompute_settings(ctx)
-    return {"recompute_granularity": r.get("recompute_granularity"), "recompute_method": r.get("recompute_method"),
-            "recompute_num_layers": r.get("recompute_num_layers")}
-
-
-def view_from_core_fields(f: dict, *, num_layers: int, num_gpus: int, mbs: int, gbs: int, zero: int, dtype: str,
-                          main_grads_fp32: bool, tp_comm_overlap: bool) -> dict:
-    """The plan from Megatron-Core config fields (the NeMo / Bridge override values)."""
-    tp, pp, cp = f["tensor_model_parallel_size"], f["pipeline_model_parallel_size"], f["context_parallel_size"]
-    dp = num_gpus // (tp * pp * cp)
-    layout = f.get("pipeline_model_parallel_layout")
-    vpp = f.get("virtual_pipeline_model_parallel_size") or 1
-    if layout:
-        from autopar.export.layouts import parse_layout_string
-
-        vpp = len(parse_layout_string(layout)) // pp
-    stages = stages_from_megatron(num_layers, pp, vpp=vpp, first=f.get("num_layers_in_first_pipeline_stage"),
-                                  last=f.get("num_layers_in_last_pipeline_stage"), layout=layout)
-    recompute, rl = recompute_from(f.get("recompute_granularity"), f.get("recompute_method"),
-                                   f.get("recompute_num_layers"), vpp)
-    ep = f.get("expert_model_parallel_size", 1)
-    return normalize({
-        "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": dp, "ep": ep,
-        "etp": f.get("expert_tensor_parallel_size") or tp, "sequence_parallel": f["sequence_parallel"],
-        "zero_stage": zero, "micro_batch_size": mbs, "global_batch_size": gbs, "num_microbatches": gbs // (mbs * dp),
-        "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "layout": stages, "recompute": recompute,
-        "recompute_layers": rl, "dtype": dtype, "main_grads_fp32": main_grads_fp32, "tp_comm_overlap": tp_comm_overlap,
-    })

@@ -6,7 +6,9 @@ Override paths are those of NeMo 2 recipes (NVIDIA/NeMo `nemo/collections/llm/re
 context/expert parallel sizes, sequence_parallel, the uneven-layout fields), `data.*` the batch,
 `model.config.*` the TransformerConfig (recompute), `optim.config.use_distributed_optimizer`,
 `trainer.strategy.ddp.*` the DDP config and `trainer.plugins.*` MegatronMixedPrecision (fp8).
-NeMo 2 runs Megatron-Core, so the Megatron-Core rules apply (no GPipe / zero-bubble).
+NeMo 2 runs Megatron-Core: what it cannot run, and which recipe each preset uses, is its capability
+table (autopar/spec/data/trainers.toml [nemo], applied by autopar.export.capabilities before
+rendering; `--recipe` stands in for a preset without one).
 The last NeMo release with NeMo 2 LLM recipes is nemo-toolkit 2.7.x (3.0 moved them to Megatron-Bridge).
 """
 
@@ -14,30 +16,23 @@ from __future__ import annotations
 
 import ast
 
-from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header
+from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
-from autopar.export.megatron import (ZERO_FSDP_STRATEGY, check_megatron_core, core_parallel_fields,
-                                     core_recompute_fields, view_from_core_fields)
+from autopar.export.megatron_core import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, core_moe_fields,
+                                          core_parallel_fields, core_recompute_fields, view_from_core_fields)
+from autopar.spec.trainers import get_trainer
 
-#: autopar preset -> nemo.collections.llm.recipes module
-NEMO_RECIPES = {
-    "llama2-7b": "llama2_7b", "llama3-8b": "llama3_8b", "llama3-70b": "llama3_70b", "llama3.1-405b": "llama31_405b",
-    "gpt3-175b": "gpt3_175b", "mixtral-8x7b": "mixtral_8x7b", "mixtral-8x22b": "mixtral_8x22b",
-    "qwen3-30b-a3b": "qwen3_30b_a3b", "qwen3-235b-a22b": "qwen3_235b_a22b", "deepseek-v3": "deepseek_v3",
-}
+#: autopar preset -> nemo.collections.llm.recipes module (the capability table's [nemo.recipes])
+NEMO_RECIPES = dict(get_trainer("nemo").recipes.value)
 
 SCRIPT = "nemo_pretrain.py"
 OVERRIDES = "nemo_overrides.txt"
 
 
-def recipe_name(ctx: Context, table: dict, what: str) -> str:
-    if ctx.options.recipe:
-        return ctx.options.recipe
-    name = table.get(ctx.model.name)
-    if name is None:
-        raise ctx.refuse(f"{what} has no recipe autopar knows for {ctx.model.name}; pass --recipe NAME naming one "
-                         f"with this model's shape")
-    return name
+def recipe_name(ctx: Context) -> str:
+    """--recipe, else the preset's recipe in the capability table (Context.make has refused a model
+    without one unless --recipe was given)."""
+    return ctx.options.recipe or get_trainer(ctx.plan.trainer).recipe_for(ctx.model.name)
 
 
 def nemo_overrides(ctx: Context) -> dict:
@@ -49,6 +44,7 @@ def nemo_overrides(ctx: Context) -> dict:
                 # restated so the layer split above and the recipe's model agree (a no-op for the preset's recipe)
                 "model.config.num_layers": ctx.model.num_layers})
     out.update({f"model.config.{k}": v for k, v in core_recompute_fields(ctx).items()})
+    out.update({f"model.config.{k}": v for k, v in core_moe_fields(ctx).items()})
     out.update({"optim.config.use_distributed_optimizer": p.zero_stage >= 1,
                 "trainer.strategy.ddp.overlap_grad_reduce": True,
                 "trainer.strategy.ddp.overlap_param_gather": p.zero_stage >= 1,
@@ -80,12 +76,9 @@ class NemoExporter(Exporter):
                    "launch scripts; nemo_overrides.txt holds the same overrides for `nemo llm pretrain --factory`.")
 
     def _render(self, ctx: Context) -> ExportBundle:
-        check_megatron_core(ctx)
-        if ctx.plan.dtype == "fp32":
-            raise ctx.refuse("autopar emits NeMo recipes in mixed precision only (bf16 / fp8); fp32 is for CPU trials")
-        recipe = recipe_name(ctx, NEMO_RECIPES, "NeMo 2")
+        recipe = recipe_name(ctx)
         ov = nemo_overrides(ctx)
-        tp_overlap = bool(ctx.plan.tp_comm_overlap)
+        overlap = tp_overlap(ctx.plan)
         items = "".join(f"    {k!r}: {v!r},\n" for k, v in ov.items())
         script = f'''{comment_header(ctx)}"""NeMo 2 pretraining with the autopar plan: the {recipe} recipe plus the overrides below.
 
@@ -99,7 +92,7 @@ from nemo.collections.llm.recipes import {recipe} as recipe_module
 RECIPE = {recipe!r}
 OVERRIDES = {{
 {items}}}
-TP_COMM_OVERLAP = {tp_overlap!r}
+TP_COMM_OVERLAP = {overlap!r}
 
 
 def configure():
@@ -124,7 +117,7 @@ if __name__ == "__main__":
 '''
         lines = [comment_header(ctx).rstrip("\n"),
                  f"# NeMo 2 CLI form: nemo llm pretrain --factory {recipe} -y $(grep -v '^#' nemo_overrides.txt)"]
-        if tp_overlap:
+        if overlap:
             lines.append("# tp-comm-overlap needs MegatronCommOverlapCallback, which CLI overrides cannot add: "
                          "run nemo_pretrain.py (it adds it)")
         lines += [f"{k}={_cli_value(v)}" for k, v in ov.items()]
@@ -171,8 +164,6 @@ def view_from_nemo(ov: dict, tp_overlap: bool, num_gpus: int) -> dict:
     strat = {k.removeprefix("trainer.strategy."): v for k, v in ov.items() if k.startswith("trainer.strategy.")}
     strat.update({k.removeprefix("model.config."): v for k, v in ov.items() if k.startswith("model.config.")})
     if ov.get("trainer.strategy.fsdp") == "megatron":
-        from autopar.export.megatron import FSDP_STRATEGY_ZERO
-
         zero = FSDP_STRATEGY_ZERO[ov["trainer.strategy.ddp.data_parallel_sharding_strategy"]]
     else:
         zero = 1 if ov["optim.config.use_distributed_optimizer"] else 0

@@ -3,7 +3,10 @@
 
 Field names are the released packages' (torchtitan 0.3.0 `torchtitan/config/configs.py` and
 `trainer.py`; torchtitan 0.2.2 `torchtitan/config/job_config.py`), checked by
-tests/export/test_trainers.py against the installed packages. Mapping:
+tests/export/test_export_trainers.py against the installed packages. What torchtitan 0.3 cannot run
+is its capability table (autopar/spec/data/trainers.toml [torchtitan], applied before rendering);
+this module keeps only what depends on the export options: the <= 0.2.2 TOML format's own limits
+and choices, and the base config a model needs (--torchtitan-base). Mapping:
 - dp: ZeRO-0 -> data_parallel_replicate_degree = dp (DDP); ZeRO-2 -> data_parallel_shard_degree = dp
   with fsdp_reshard_after_forward "never"; ZeRO-3 -> the same with "always". torchtitan has no
   ZeRO-1 (FSDP2 shards gradients too), and it always applies FSDP over the CP ranks, so ZeRO-0
@@ -26,7 +29,7 @@ import ast
 import tomllib
 
 from autopar.errors import InputError
-from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header, normalize
+from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header, normalize, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import stages_from_fqns, torchtitan_fqns
 
@@ -66,49 +69,30 @@ def toml_era(version: str) -> bool:
     return nums <= (0, 2, 2) if len(nums) >= 3 else nums <= (0, 2)
 
 
-def _check(ctx: Context, toml: bool) -> None:
+#: capability lines of torchtitan 0.3 that the <= 0.2.2 TOML export replaces by its own check (_check_toml):
+#: 0.2.2 still has expert_tensor_parallel_degree (etp = tp or 1 with EP)
+TOML_WAIVED = frozenset({"torchtitan:etp", "torchtitan:ep_in_fsdp"})
+
+
+def _check_toml(ctx: Context) -> None:
+    """torchtitan <= 0.2.2 limits beyond the 0.3 capability table (torchtitan 0.2.2
+    torchtitan/distributed/parallel_dims.py, config/job_config.py)."""
     p, m = ctx.plan, ctx.model
-    if p.zero_stage == 1 and p.dp * p.cp > 1:
-        raise ctx.refuse("torchtitan has no ZeRO-1 (optimizer-only sharding); its FSDP2 shards gradients too. "
-                         "Re-export with --zero 2 (FSDP, no reshard after forward) or --zero 3 (autopar re-estimates)")
-    if p.zero_stage == 0 and p.cp > 1:
-        raise ctx.refuse("torchtitan always applies FSDP over the context-parallel ranks (parallel_dims.py), so "
-                         "ZeRO-0 (DDP) with cp > 1 cannot be expressed; re-export with --zero 2 or --zero 3")
-    if not p.main_grads_fp32:
-        raise ctx.refuse("torchtitan reduces gradients in float32 only (training.mixed_precision_reduce); "
-                         "bf16 main gradients cannot be expressed; drop --grads bf16")
-    if p.recompute == "full" and p.recompute_layers is not None:
-        raise ctx.refuse("torchtitan's full activation checkpointing wraps every transformer block; it cannot "
-                         "recompute only some layers per stage; drop --recompute-layers")
-    if p.pp > 1 and p.pp_schedule == "zero-bubble":
-        m_ = p.num_microbatches
-        rounds = max(1, m_ // p.pp)
-        if m_ % rounds:
-            raise ctx.refuse(f"PyTorch's zero-bubble schedule needs the microbatches ({m_}) to be a multiple of "
-                             f"its rounds (microbatches // pp = {rounds}); change the global batch")
-    if toml and p.tp > 1 and not p.sequence_parallel:
+    if p.tp > 1 and not p.sequence_parallel:
         raise ctx.refuse("torchtitan <= 0.2.2 always uses sequence parallelism with TP; use --sp or "
                          "--torchtitan-version 0.3")
-    if m.moe is not None:
-        shard = p.dp if p.zero_stage >= 2 else 1
-        if toml:
-            if p.ep > 1 and p.etp not in (1, p.tp):
-                raise ctx.refuse(f"torchtitan supports only etp = tp or etp = 1 (parallel_dims.py), got etp={p.etp}")
-            if p.ep == 1 and p.etp != p.tp:
-                raise ctx.refuse("without EP torchtitan shards experts over TP (etp = tp); use --etp tp")
-            etp = p.etp if p.ep > 1 else 1
-        else:
-            if p.ep > 1 and p.etp != 1:
-                raise ctx.refuse(f"torchtitan >= 0.3 has no expert tensor parallelism with EP (EP borrows the TP "
-                                 f"ranks: etp = 1), got etp={p.etp}; re-export with --etp 1 or "
-                                 f"--torchtitan-version 0.2.2")
-            if p.ep == 1 and p.etp != p.tp:
-                raise ctx.refuse("without EP torchtitan shards experts over TP (etp = tp); use --etp tp")
-            etp = 1
-        if p.ep > 1 and (shard * p.cp * p.tp) % (p.ep * etp):
-            raise ctx.refuse(f"torchtitan carves EP out of the FSDP x CP x TP ranks (dp_shard*cp*tp = "
-                             f"{shard}*{p.cp}*{p.tp}), which ep*etp = {p.ep * etp} does not divide"
-                             + ("; ZeRO-0 has no FSDP ranks: use --zero 2 or 3" if shard == 1 and p.dp > 1 else ""))
+    if m.moe is None:
+        return
+    if p.ep > 1 and p.etp not in (1, p.tp):
+        raise ctx.refuse(f"torchtitan <= 0.2.2 supports only etp = tp or etp = 1 (parallel_dims.py), got etp={p.etp}")
+    if p.ep == 1 and p.etp != p.tp:
+        raise ctx.refuse("without EP torchtitan shards experts over TP (etp = tp); use --etp tp")
+    shard = p.dp if p.zero_stage >= 2 else 1
+    etp = p.etp if p.ep > 1 else 1
+    if p.ep > 1 and (shard * p.cp * p.tp) % (p.ep * etp):
+        raise ctx.refuse(f"torchtitan carves EP out of the FSDP x CP x TP ranks (dp_shard*cp*tp = "
+                         f"{shard}*{p.cp}*{p.tp}), which ep*etp = {p.ep * etp} does not divide"
+                         + ("; ZeRO-0 has no FSDP ranks: use --zero 2 or 3" if shard == 1 and p.dp > 1 else ""))
 
 
 def _base(ctx: Context, toml: bool) -> tuple[str, str]:
@@ -139,7 +123,7 @@ def _values(ctx: Context, toml: bool) -> dict:
     if not toml:
         par["enable_sequence_parallel"] = bool(p.sequence_parallel)
     if toml:
-        par["enable_async_tensor_parallel"] = bool(p.tp_comm_overlap)
+        par["enable_async_tensor_parallel"] = tp_overlap(p)
     par["pipeline_parallel_degree"] = p.pp
     if p.pp > 1:
         par["pipeline_parallel_schedule"] = SCHEDULES[p.pp_schedule]
@@ -157,9 +141,9 @@ def _values(ctx: Context, toml: bool) -> dict:
         # torchtitan >= 0.3 captures CUDA graphs by default and refuses them with PP or the all-to-all
         # EP dispatcher (Trainer.Config._validate_cuda_graphs); autopar's estimate assumes none
         training["disable_cuda_graphs"] = True
-    compile_ = {"enable": bool(p.tp_comm_overlap), "components": ["model", "loss"]}
+    compile_ = {"enable": tp_overlap(p), "components": ["model", "loss"]}
     if not toml:
-        compile_["enable_async_tensor_parallel"] = bool(p.tp_comm_overlap)
+        compile_["enable_async_tensor_parallel"] = tp_overlap(p)
     return {"parallelism": par, "training": training, "activation_checkpoint": p.recompute, "compile": compile_,
             "float8": p.dtype == "fp8"}
 
@@ -318,6 +302,7 @@ def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
         "dtype": "fp8" if cfg["float8"] else ("fp32" if tr.get("mixed_precision_param") == "float32" else "bf16"),
         "main_grads_fp32": tr.get("mixed_precision_reduce", "float32") == "float32",
         "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel") or cfg["compile"].get("enable_async_tensor_parallel")),
+        "moe_dispatch": "dropless", "capacity_factor": None,  # torchtitan's MoE is dropless only
     })
 
 
@@ -329,9 +314,14 @@ class TorchtitanExporter(Exporter):
                    "torchtitan.toml (--job.config_file), with [parallelism] degrees, schedule and exact layer split, "
                    "batch and activation checkpointing; plus launch_torchrun.sh and launch_slurm.sbatch.")
 
+    def waived(self, options) -> frozenset[str]:
+        """The TOML export checks expert TP itself (_check_toml)."""
+        return TOML_WAIVED if toml_era(options.torchtitan_version) else frozenset()
+
     def _render(self, ctx: Context) -> ExportBundle:
         toml = toml_era(ctx.options.torchtitan_version)
-        _check(ctx, toml)
+        if toml:
+            _check_toml(ctx)
         notes = ["set the tokenizer / HF assets path and dataset of the base config before launching"]
         if ctx.plan.dtype == "fp8":
             notes.append("FP8 uses the float8 converter: install torchao")

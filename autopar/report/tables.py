@@ -568,7 +568,7 @@ def whatif_table(runs: list[RunData], current: Path | None = None) -> pd.DataFra
 #: ("plan.tp", "time_s.compute", ...); better: "lower", "higher" or "" (not ranked)
 COMPARE_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("layout", "name", "name", ""),
-    *(("layout", f"plan.{k}", k, "") for k in ("tp", "cp", "pp", "vpp", "dp", "ep", "etp", "zero_stage",
+    *(("layout", f"plan.{k}", k, "") for k in ("trainer", "tp", "cp", "pp", "vpp", "dp", "ep", "etp", "zero_stage",
                                                "sequence_parallel", "micro_batch_size", "global_batch_size",
                                                "num_microbatches", "pp_schedule", "recompute", "recompute_layers",
                                                "dtype", "main_grads_fp32", "tp_comm_overlap")),

@@ -1,26 +1,134 @@
 """Turn command-line style values into specs: the cluster, and a plan with dp and the global batch
-derived when not given. Shared by every command that takes a plan (estimate, trial, export)."""
+derived when not given. Shared by every command that takes a plan (estimate, compare, export, trial).
+
+The plan flags are one typed value, `PlanRequest` (None = not given); `resolve_plan` turns a request
+into a ParallelPlan for a model and GPU count, and `rebase_plan` applies a request on top of an
+existing plan (a search run's ranked plan), letting what follows a changed degree follow it.
+"""
 
 from __future__ import annotations
 
-from autopar.errors import InputError
+from dataclasses import dataclass, fields, replace
+
+from autopar.errors import InputError, did_you_mean
 from autopar.spec.hardware import LOCAL, ClusterSpec, default_cluster, load_cluster_file
-from autopar.spec.layout import first_last_layout, parse_layout, balanced_layout
+from autopar.spec.layout import balanced_layout, first_last_layout, parse_layout
 from autopar.spec.model import ModelSpec
-from autopar.spec.plan import ParallelPlan
+from autopar.spec.plan import DTYPES, MOE_DISPATCH, RECOMPUTE, SCHEDULES, ParallelPlan, PlanError
+from autopar.spec.trainers import trainers
 
 #: tokens per step when no global batch is given (a common pre-training setting)
 DEFAULT_TOKENS_PER_STEP = 4 * 1024 * 1024
 #: sanity bound on every size (GPUs, degrees, batch, sequence): keeps numbers inside int64
 MAX_SIZE = 1 << 30
+GRADS = ("fp32", "bf16")
+MAX_CAPACITY_FACTOR = 64.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """The plan flags of `autopar estimate / compare / export / trial`; None = not given (the
+    default applies, or, on top of a run's plan, the run's value)."""
+
+    tp: int | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    cp: int | None = None
+    dp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
+    zero: int | None = None
+    sp: bool | None = None
+    mbs: int | None = None
+    gbs: int | None = None
+    pp_schedule: str | None = None
+    recompute: str | None = None
+    recompute_layers: int | None = None
+    dtype: str | None = None
+    grads: str | None = None
+    pp_layout: str | None = None
+    pp_first: int | None = None
+    pp_last: int | None = None
+    pp_embedding_as_layer: bool | None = None
+    pp_loss_as_layer: bool | None = None
+    tp_comm_overlap: bool | None = None
+    trainer: str | None = None
+    moe_dispatch: str | None = None
+    capacity_factor: float | None = None
+
+    def given(self) -> dict:
+        """The flags that were given, field -> value."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def flag_names(self) -> list[str]:
+        """The given flags as options, e.g. ['--pp-schedule', '--zero']."""
+        return [option(name) for name in self.given()]
+
+    def with_defaults(self, **defaults) -> "PlanRequest":
+        """A copy with the given fields filled in where not given (e.g. dtype from the hardware)."""
+        return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+
+    def check(self) -> None:
+        """Raise InputError naming the option and the value for the first bad value."""
+        for name in ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "mbs", "gbs"):
+            _check_int(name, getattr(self, name), 1, MAX_SIZE, f"a positive integer up to {MAX_SIZE:,}")
+        _check_int("zero", self.zero, 0, 3, "0, 1, 2 or 3 (0 DDP, 1 distributed optimizer, 2 + gradients, 3 FSDP)")
+        for name in ("recompute_layers", "pp_first", "pp_last"):
+            _check_int(name, getattr(self, name), 0, MAX_SIZE, "a non-negative integer")
+        for name, choices in (("pp_schedule", SCHEDULES), ("recompute", RECOMPUTE), ("dtype", DTYPES),
+                              ("grads", GRADS), ("trainer", tuple(trainers())), ("moe_dispatch", MOE_DISPATCH)):
+            _check_choice(name, getattr(self, name), choices)
+        cf = self.capacity_factor
+        if cf is not None:
+            if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 1.0 <= cf <= MAX_CAPACITY_FACTOR:
+                raise InputError(f"--capacity-factor {cf!r} must be a number from 1 to {MAX_CAPACITY_FACTOR:g} "
+                                 f"(expert capacity / mean expert load); e.g. --capacity-factor 1.25")
+            if self.moe_dispatch == "dropless":
+                raise InputError(f"--capacity-factor {cf:g} needs --moe-dispatch capacity (dropless dispatch drops "
+                                 f"no token); drop one of them")
+
+
+def option(name: str) -> str:
+    """The command-line option of a PlanRequest field."""
+    return "--" + name.replace("_", "-")
+
+
+def _check_int(name: str, v, lo: int, hi: int, what: str) -> None:
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise InputError(f"{option(name)} {v!r} is out of range; {option(name)} must be {what}")
+
+
+def _check_choice(name: str, v, choices) -> None:
+    if v is not None and v not in choices:
+        raise InputError(f"{option(name)} '{v}' is not one of {', '.join(choices)}{did_you_mean(str(v), choices)}; "
+                         f"choose one of them")
+
+
+#: the keyword names of the old resolve_plan(..., tp=, embedding_as_layer=, ...) form
+_LEGACY_NAMES = {"embedding_as_layer": "pp_embedding_as_layer", "loss_as_layer": "pp_loss_as_layer"}
+
+
+def request_from_keywords(**flags) -> PlanRequest:
+    """A PlanRequest from the old keyword form of resolve_plan (tp=8, embedding_as_layer=True, ...);
+    False for the layout switches and None mean not given."""
+    out = {}
+    for k, v in flags.items():
+        name = _LEGACY_NAMES.get(k, k)
+        if name in ("pp_embedding_as_layer", "pp_loss_as_layer") and v is False:
+            v = None
+        out[name] = v
+    try:
+        return PlanRequest(**out)
+    except TypeError as e:
+        raise TypeError(f"resolve_plan: {e}") from None
 
 
 def resolve_cluster(gpu: str = "h100-sxm", gpus_per_node: int | None = None, cluster_file: str | None = None) -> ClusterSpec:
     if cluster_file:
         cluster = load_cluster_file(cluster_file)
         if gpus_per_node:
-            from dataclasses import replace
-
             cluster = replace(cluster, gpus_per_node=gpus_per_node)
         return cluster
     return default_cluster(gpu, gpus_per_node)
@@ -39,37 +147,86 @@ def default_global_batch(seq_len: int, micro_batch_size: int, dp: int) -> int:
     return -(-sequences // unit) * unit
 
 
-def resolve_plan(model: ModelSpec, num_gpus: int, seq_len: int, *, tp: int = 1, pp: int = 1, cp: int = 1,
-                 dp: int | None = None, ep: int = 1, etp: int | None = None, vpp: int = 1, zero: int = 1,
-                 sp: bool | None = None, mbs: int = 1, gbs: int | None = None, pp_schedule: str | None = None,
-                 recompute: str = "none", recompute_layers: int | None = None, dtype: str = "bf16",
-                 grads: str = "fp32", pp_layout: str | None = None, pp_first: int | None = None,
-                 pp_last: int | None = None, embedding_as_layer: bool = False, loss_as_layer: bool = False,
-                 tp_comm_overlap: bool = False) -> ParallelPlan:
-    """A ParallelPlan from flag values. dp defaults to gpus / (tp*pp*cp); the global batch to
-    DEFAULT_TOKENS_PER_STEP tokens."""
-    for name, v in (("gpus", num_gpus), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("vpp", vpp),
-                    ("mbs", mbs), ("seq-len", seq_len), ("gbs", gbs), ("dp", dp)):
-        if v is not None and (v <= 0 or v > MAX_SIZE):
-            raise InputError(f"--{name} must be a positive integer up to {MAX_SIZE:,}, got {v}")
+def resolve_plan(model: ModelSpec, num_gpus: int, seq_len: int, request: PlanRequest | None = None,
+                 **flags) -> ParallelPlan:
+    """A ParallelPlan from the plan flags. dp defaults to gpus / (tp*pp*cp); the global batch to
+    DEFAULT_TOKENS_PER_STEP tokens; the trainer to Megatron-LM. `flags` is the old keyword form
+    (tp=8, ...), kept for callers that have not moved to PlanRequest yet (cli/trial.py)."""
+    r = request or PlanRequest()
+    if flags:
+        r = replace(r, **request_from_keywords(**flags).given())
+    r.check()
+    for name, v in (("gpus", num_gpus), ("seq-len", seq_len)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_SIZE:
+            raise InputError(f"--{name} {v!r} is out of range; --{name} must be a positive integer up to {MAX_SIZE:,}")
+    tp, pp, cp, vpp, mbs = r.tp or 1, r.pp or 1, r.cp or 1, r.vpp or 1, r.mbs or 1
+    dp = r.dp
     if dp is None:
         if num_gpus % (tp * pp * cp):
             raise InputError(f"{num_gpus} GPUs do not divide by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}; "
                              f"change the degrees or --gpus")
         dp = num_gpus // (tp * pp * cp)
-    if grads not in ("fp32", "bf16"):
-        raise InputError(f"--grads must be fp32 (Megatron, 18 B/param) or bf16 (the seeds' 16N), got '{grads}'")
-    layout = None
-    if pp_layout:
-        layout = parse_layout(pp_layout)
-    elif pp_first is not None or pp_last is not None:
-        layout = first_last_layout(model.num_layers, pp, vpp, pp_first, pp_last)
-    elif embedding_as_layer or loss_as_layer:
-        layout = balanced_layout(model.num_layers, pp * vpp, embedding_as_layer=embedding_as_layer,
-                                 loss_as_layer=loss_as_layer)
-    if gbs is None:
-        gbs = default_global_batch(seq_len, mbs, max(dp, 1))
-    return ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, zero_stage=zero, sequence_parallel=sp,
-                        micro_batch_size=mbs, global_batch_size=gbs, pp_schedule=pp_schedule, recompute=recompute,
-                        recompute_layers=recompute_layers, dtype=dtype, main_grads_fp32=grads == "fp32",
-                        tp_comm_overlap=tp_comm_overlap, layout=layout)
+    dispatch = r.moe_dispatch or ("capacity" if r.capacity_factor is not None else "dropless")
+    if dispatch == "capacity" and model.moe is None:
+        raise InputError(f"--moe-dispatch capacity needs a mixture-of-experts model; {model.name} is dense "
+                         f"(drop --moe-dispatch / --capacity-factor)")
+    try:
+        return ParallelPlan(
+            tp=tp, pp=pp, dp=dp, cp=cp, ep=r.ep or 1, etp=r.etp, vpp=vpp, zero_stage=1 if r.zero is None else r.zero,
+            sequence_parallel=r.sp, micro_batch_size=mbs,
+            global_batch_size=r.gbs or default_global_batch(seq_len, mbs, dp), pp_schedule=r.pp_schedule,
+            recompute=r.recompute or "none", recompute_layers=r.recompute_layers, dtype=r.dtype or "bf16",
+            main_grads_fp32=(r.grads or "fp32") == "fp32", tp_comm_overlap=bool(r.tp_comm_overlap),
+            layout=_layout(model, r, pp, vpp), trainer=r.trainer or "megatron", moe_dispatch=dispatch,
+            capacity_factor=r.capacity_factor)
+    except PlanError as e:
+        raise InputError(f"{e}; change the plan flags") from None
+
+
+def _layout(model: ModelSpec, r: PlanRequest, pp: int, vpp: int):
+    if r.pp_layout:
+        return parse_layout(r.pp_layout)
+    if r.pp_first is not None or r.pp_last is not None:
+        return first_last_layout(model.num_layers, pp, vpp, r.pp_first, r.pp_last)
+    if r.pp_embedding_as_layer or r.pp_loss_as_layer:
+        return balanced_layout(model.num_layers, pp * vpp, embedding_as_layer=bool(r.pp_embedding_as_layer),
+                               loss_as_layer=bool(r.pp_loss_as_layer))
+    return None
+
+
+_LAYOUT_FLAGS = ("pp_layout", "pp_first", "pp_last", "pp_embedding_as_layer", "pp_loss_as_layer")
+
+
+def rebase_plan(base: ParallelPlan, request: PlanRequest, model: ModelSpec, num_gpus: int,
+                seq_len: int) -> ParallelPlan:
+    """`base` (e.g. a search run's ranked plan) with the given flags on top, re-resolved. What
+    follows a changed degree follows it unless given: dp (tp, pp, cp), etp (tp), sequence
+    parallelism (tp), the schedule (vpp), recompute layers (recompute), the layout (pp, vpp), the
+    capacity factor (dispatch). Without flags, `base` itself."""
+    g = request.given()
+    if not g:
+        return base
+
+    def pick(name, default):
+        return g.get(name, default)
+
+    tp, pp, cp, vpp = pick("tp", base.tp), pick("pp", base.pp), pick("cp", base.cp), pick("vpp", base.vpp)
+    same_split = (tp, pp, cp) == (base.tp, base.pp, base.cp)
+    recompute = pick("recompute", base.recompute)
+    dispatch = pick("moe_dispatch", "capacity" if "capacity_factor" in g else base.moe_dispatch)
+    layout = {k: g.get(k) for k in _LAYOUT_FLAGS}
+    if not any(layout.values()) and base.layout is not None and (pp, vpp) == (base.pp, base.vpp):
+        layout["pp_layout"] = ",".join(str(x) for x in base.layout.stages)
+    full = replace(
+        request, tp=tp, pp=pp, cp=cp, vpp=vpp, dp=pick("dp", base.dp if same_split else None),
+        ep=pick("ep", base.ep), etp=pick("etp", None if base.etp == base.tp else base.etp),
+        zero=pick("zero", base.zero_stage), sp=pick("sp", base.sequence_parallel if tp == base.tp else None),
+        mbs=pick("mbs", base.micro_batch_size), gbs=pick("gbs", base.global_batch_size),
+        pp_schedule=pick("pp_schedule", base.pp_schedule if vpp == base.vpp else None), recompute=recompute,
+        recompute_layers=pick("recompute_layers", base.recompute_layers if recompute == base.recompute else None),
+        dtype=pick("dtype", base.dtype), grads=pick("grads", "fp32" if base.main_grads_fp32 else "bf16"),
+        tp_comm_overlap=pick("tp_comm_overlap", base.tp_comm_overlap), trainer=pick("trainer", base.trainer),
+        moe_dispatch=dispatch,
+        capacity_factor=pick("capacity_factor", base.capacity_factor if dispatch == base.moe_dispatch else None),
+        **layout)
+    return resolve_plan(model, num_gpus, seq_len, full)

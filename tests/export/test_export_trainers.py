@@ -181,6 +181,9 @@ def _check_core_config(case, fields: dict) -> None:
         kw["pipeline_dtype"] = torch.bfloat16
     cfg = TransformerConfig(**kw)
     assert cfg.tensor_model_parallel_size == p.tp and cfg.pipeline_model_parallel_size == p.pp
+    capacity = case.spec.moe is not None and p.moe_dispatch == "capacity"
+    assert cfg.moe_expert_capacity_factor == (p.capacity_factor if capacity else None)
+    assert cfg.moe_pad_expert_input_to_capacity == capacity and cfg.moe_token_drop_policy == "probs"
     assert cfg.context_parallel_size == p.cp and cfg.sequence_parallel == p.sequence_parallel
     if case.spec.moe is not None:
         assert cfg.expert_model_parallel_size == p.ep and cfg.expert_tensor_parallel_size == p.etp
@@ -218,6 +221,8 @@ def _megatron_core_fields(ns) -> dict:
         "recompute_num_layers": ns.recompute_num_layers, "tp_comm_overlap": ns.tp_comm_overlap,
         "bf16": ns.bf16, "fp8": ns.fp8_format, "hidden_dropout": ns.hidden_dropout,
         "attention_dropout": ns.attention_dropout, "moe_grouped_gemm": ns.moe_grouped_gemm,
+        "moe_expert_capacity_factor": ns.moe_expert_capacity_factor, "moe_token_drop_policy": ns.moe_token_drop_policy,
+        "moe_pad_expert_input_to_capacity": ns.moe_pad_expert_input_to_capacity or None,
     }
 
 
