@@ -220,7 +220,12 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
     bad_consts = set(consts) - _CONSTANT_KEYS
     if bad_consts:
         raise InputError(f"{origin}: unknown constant(s) {sorted(bad_consts)}; known: {sorted(_CONSTANT_KEYS)}")
-    overrides = {k: v for k, v in data.items() if k not in ("gpu", "constants", "gpus_per_node")}
+    pinned = data.get("pinned")  # a saved cluster (ClusterSpec.to_dict): only these constants were set
+    if pinned is not None:
+        if not isinstance(pinned, list) or set(pinned) - _CONSTANT_KEYS:
+            raise InputError(f"{origin}: 'pinned' must list constant names, got {pinned!r}")
+        consts = {k: v for k, v in consts.items() if k in pinned}
+    overrides = {k: v for k, v in data.items() if k not in ("gpu", "constants", "gpus_per_node", "pinned")}
     for k, v in list(overrides.items()) + list(consts.items()):
         if k in ("name", "intra_node_topology", "training_stack"):
             continue
