@@ -46,7 +46,10 @@ def load_run_plan(run_dir: str | Path, rank: int) -> RunEntry:
     if not isinstance(entries, list):
         raise InputError(f"{d / 'top.json'} has no 'top' list; rerun the search")
     if not entries:
-        raise InputError(f"{d / 'top.json'} ranks no plan (nothing fit); nothing to export")
+        trainers = (search.get("question") or {}).get("trainers") if isinstance(search, dict) else None
+        on = f" on {', '.join(trainers)}" if isinstance(trainers, list) and trainers else ""
+        raise InputError(f"{d / 'top.json'} ranks no plan (nothing valid fit{on}); nothing to export: rerun the "
+                         f"search with another --trainer, more GPUs or another --space")
     if not isinstance(rank, int) or rank < 1 or rank > len(entries):
         raise InputError(f"--rank {rank} is out of range: {d / 'top.json'} ranks plans 1..{len(entries)}")
     entry = entries[rank - 1]
