@@ -76,7 +76,7 @@ def test_signal_leaves_no_process(tmp_path, cli_popen, procs, monkeypatch, world
         monkeypatch.setenv("AUTOPAR_WORKER_FAULT", fault)
     run = tmp_path / "run"
     args = ["search", "--model", "tiny", "--gpus", str(world), "--gpu", "local", "--trials", "1", "--trial-steps",
-            "3", "--trial-timeout", "120", "--run-dir", "run"] + (["--max-local-ranks", str(world)] if world > 2 else [])
+            "1", "--trial-timeout", "120", "--run-dir", "run"] + (["--max-local-ranks", str(world)] if world > 2 else [])
     err = open(tmp_path / "stderr.txt", "w")
     p = cli_popen(args, tmp_path, stderr=err)
     try:
