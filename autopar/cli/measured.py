@@ -114,8 +114,8 @@ def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: fl
 
         where = f"the cluster through SLURM (sbatch, {q.cluster.gpus_per_node} GPUs per node)"
     popts = options.proxy
-    if popts.step_budget_s is None:
-        popts = replace(popts, step_budget_s=step_budget(timeout, steps, warmup, device if limits else "cuda"))
+    if popts.step_budget_s is None and limits is not None:  # on the cluster, --trial-timeout alone bounds a trial
+        popts = replace(popts, step_budget_s=step_budget(timeout, steps, warmup, device))
     planner = Planner(target, limits, popts, here, device=device, fix_hint=fix)
     header.append(f"Measured stage on {where}; "
                   + ("plans that do not fit run as scaled-down proxies (--no-proxy: not at all)" if popts.enabled

@@ -45,6 +45,10 @@ SCRIPT = "job.sbatch"
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
           "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "PREEMPTED", "RESV_DEL_HOLD", "REQUEUE_FED"}
 RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
+#: neither squeue nor sacct answered (the controller busy or restarting): asked again, this many
+#: times in a row at most before the job is given up as lost
+QUERY_FAILED = "QUERY_FAILED"
+MAX_QUERY_FAILURES = 30
 
 HEADER = """#!/bin/bash
 #SBATCH --job-name={job_name}
@@ -118,7 +122,7 @@ def _run(cmd: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
 
 def job_state(job: str) -> tuple[str, str]:
     """(state, exit code "N:S") of a job: squeue while queued or running, sacct once it has left;
-    ("UNKNOWN", "") when neither knows it."""
+    ("UNKNOWN", "") when neither knows it, (QUERY_FAILED, "") when neither answered."""
     q = _run(["squeue", "-h", "-j", job, "-o", "%T"])
     state = q.stdout.strip().splitlines()[0].strip().upper() if q.returncode == 0 and q.stdout.strip() else ""
     if state in ACTIVE:
@@ -128,6 +132,8 @@ def job_state(job: str) -> tuple[str, str]:
         parts = line.strip().split("|")
         if parts and parts[0]:
             return parts[0].split()[0].upper(), parts[1] if len(parts) > 1 else ""
+    if q.returncode != 0 and a.returncode != 0:
+        return QUERY_FAILED, ""
     return state or "UNKNOWN", ""
 
 
@@ -203,6 +209,7 @@ def run_job(trials: list[TrialConfig], nproc: int, options: SlurmOptions, *, wor
     t_run = time.monotonic() if state in RUNNING else None
     timed_out = stopped = False
     code = ""
+    failures = 0
     try:
         while True:
             if reader is not None:
@@ -216,9 +223,10 @@ def run_job(trials: list[TrialConfig], nproc: int, options: SlurmOptions, *, wor
                 break
             state, code = job_state(job)
             now = time.monotonic()
+            failures = failures + 1 if state == QUERY_FAILED else 0
             if state in RUNNING and t_run is None:
                 t_run = now
-            if state not in ACTIVE:
+            if state not in ACTIVE and (state != QUERY_FAILED or failures >= MAX_QUERY_FAILURES):
                 break
             if (t_run is not None and now - t_run > timeout_s) or (t_run is None and now - t_submit > options.queue_timeout_s):
                 timed_out = True
@@ -264,7 +272,9 @@ def _finish(job: str, state: str, code: str, out: Path, workdir: Path, records: 
         outcome, reasons = "timeout", [f"SLURM job {job} reached its time limit"]
     else:
         outcome, reasons = classify(rc if rc is not None else (0 if state == "COMPLETED" else 1), False, result, logs)
-        if outcome == "crash" and state not in ("COMPLETED", "FAILED", "UNKNOWN"):
+        if outcome == "crash" and state == QUERY_FAILED:
+            reasons = [f"SLURM job {job}: squeue and sacct stopped answering; the job may still run (scancel {job})"]
+        elif outcome == "crash" and state not in ("COMPLETED", "FAILED", "UNKNOWN"):
             reasons = [f"SLURM job {job} ended {state.lower()}"] + reasons
     return LaunchResult(outcome=outcome, returncode=rc, wall_s=wall, result=result, command=cmd + [f"# job {job}"],
                         stdout_tail=logs, reasons=reasons, progress=records)

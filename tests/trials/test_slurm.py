@@ -119,3 +119,24 @@ def test_missing_slurm_commands_are_one_line(tmp_path, cli, monkeypatch):
     r = cli(SEARCH + ["--run-dir", "run"], tmp_path, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert r.stderr.startswith("autopar: error: `sbatch` is not on PATH"), r.stderr
+
+
+def test_job_script_and_states(tmp_path, stubs, monkeypatch):
+    one = slurm.sbatch_script(nnodes=1, nproc=8, minutes=7, python="py", spec="/s/run.json", out="/s/out.json",
+                              worker_args=["--progress", "/s/p.jsonl"])
+    assert "--standalone --nproc_per_node=8" in one and "srun" not in one and "#SBATCH --gpus-per-node=8" in one
+    assert "unset AUTOPAR_WATCH" in one and "--progress /s/p.jsonl" in one and "#SBATCH --time=7" in one
+    two = slurm.sbatch_script(nnodes=2, nproc=8, minutes=7, python="py", spec="/s/run.json", out="/s/out.json",
+                              gpus=False)
+    assert "srun py" in two and "--rdzv_backend=c10d" in two and "--nnodes=2" in two and "--cpus-per-task=8" in two
+    assert slurm.SlurmOptions(gpus_per_node=8).nodes(16) == (2, 8)
+    with pytest.raises(Exception, match="does not split evenly"):
+        slurm.SlurmOptions(gpus_per_node=8).nodes(9)
+    assert slurm.job_state("424242") == ("UNKNOWN", "")  # neither command knows it
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("squeue", "sacct"):
+        (broken / name).write_text("#!/bin/sh\necho 'slurm_load_jobs error: Socket timed out' >&2\nexit 1\n")
+        (broken / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{broken}{os.pathsep}{os.environ['PATH']}")
+    assert slurm.job_state("424242")[0] == slurm.QUERY_FAILED  # asked again, not taken for an ended job
