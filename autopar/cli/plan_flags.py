@@ -69,6 +69,11 @@ PLAN_OPTIONS: dict[str, tuple[object, object]] = {
                                                               "capacity (tokens past the capacity factor dropped).")),
     "capacity_factor": (Optional[float], _opt("--capacity-factor", help="With --moe-dispatch capacity: expert "
                                                                       "capacity / mean load (default 1.0).")),
+    "moe_dispatcher": (Optional[str], _opt("--moe-dispatcher", help="MoE token dispatcher: alltoall (NCCL, "
+                                                                  "default) or deepep (DeepEP / HybridEP kernels).")),
+    "ep_comm_overlap": (Optional[bool], _opt("--ep-comm-overlap/--no-ep-comm-overlap",
+                                             help="Hide the EP all-to-alls of one microbatch under another's "
+                                                  "compute (Megatron --overlap-moe-expert-parallel-comm; default off).")),
 }
 assert tuple(PLAN_OPTIONS) == tuple(f.name for f in fields(PlanRequest)), "one option per PlanRequest field"
 

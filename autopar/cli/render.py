@@ -36,7 +36,9 @@ def plan_line(est: Estimate) -> str:
              f"schedule={p.pp_schedule}" if p.pp > 1 else "", f"recompute={p.recompute}"
              + (f"({p.recompute_layers} layers)" if p.recompute_layers is not None else ""),
              f"dtype={p.dtype}", f"layout={est.layout}" if p.pp > 1 else "",
-             f"moe-dispatch=capacity x{p.capacity_factor:g}" if p.moe_dispatch == "capacity" else ""]
+             f"moe-dispatch=capacity x{p.capacity_factor:g}" if p.moe_dispatch == "capacity" else "",
+             f"moe-dispatcher={p.moe_dispatcher}" if p.moe_dispatcher != "alltoall" else "",
+             "ep-comm-overlap" if p.ep_comm_overlap else ""]
     return "  ".join(x for x in parts if x)
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autopar.errors import InputError
-from autopar.export.header import (comment_header, header_dict, header_lines, plan_flags,  # noqa: F401 (re-exported)
-                                   tp_overlap)
+from autopar.export.header import (comment_header, ep_overlap, header_dict, header_lines,  # noqa: F401 (re-exported)
+                                   plan_flags, tp_overlap)
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -169,7 +169,8 @@ class Exporter:
 
 VIEW_KEYS = ("num_gpus", "tp", "pp", "vpp", "cp", "dp", "ep", "etp", "sequence_parallel", "zero_stage",
              "micro_batch_size", "global_batch_size", "num_microbatches", "pp_schedule", "layout", "recompute",
-             "recompute_layers", "dtype", "main_grads_fp32", "tp_comm_overlap", "moe_dispatch", "capacity_factor")
+             "recompute_layers", "dtype", "main_grads_fp32", "tp_comm_overlap", "moe_dispatch", "capacity_factor",
+             "moe_dispatcher", "ep_comm_overlap")
 
 
 def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
@@ -183,9 +184,11 @@ def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
         "pp_schedule": plan.pp_schedule, "layout": tuple(layout.stages), "recompute": plan.recompute,
         "recompute_layers": plan.recompute_layers, "dtype": plan.dtype, "main_grads_fp32": plan.main_grads_fp32,
         "tp_comm_overlap": plan.tp_comm_overlap,
-        # a dense model drops no token: its dispatch reads back as dropless
+        # a dense model drops no token and dispatches none: it reads back as dropless all-to-all
         "moe_dispatch": plan.moe_dispatch if model.moe is not None else "dropless",
         "capacity_factor": plan.capacity_factor if model.moe is not None else None,
+        "moe_dispatcher": plan.moe_dispatcher if model.moe is not None else "alltoall",
+        "ep_comm_overlap": plan.ep_comm_overlap and model.moe is not None,
     })
 
 
@@ -203,6 +206,8 @@ def normalize(view: dict) -> dict:
     if v["tp"] == 1:
         v["sequence_parallel"] = False
         v["tp_comm_overlap"] = False
+    if v["ep"] == 1:
+        v["ep_comm_overlap"] = False
     if v["recompute"] != "full":
         v["recompute_layers"] = None
     if v["moe_dispatch"] != "capacity":

@@ -18,6 +18,11 @@ def tp_overlap(plan: ParallelPlan) -> bool:
     return bool(plan.tp_comm_overlap) and plan.tp > 1
 
 
+def ep_overlap(plan: ParallelPlan) -> bool:
+    """EP all-to-all overlap as a run has it: only with EP (at ep = 1 there is no all-to-all)."""
+    return bool(plan.ep_comm_overlap) and plan.ep > 1
+
+
 def plan_flags(ctx: Context) -> str:
     """The `autopar estimate` command that reproduces the plan (same flags as `autopar export`)."""
     p, m = ctx.plan, ctx.model
@@ -43,6 +48,10 @@ def plan_flags(ctx: Context) -> str:
         args += ["--tp-comm-overlap"]
     if m.moe is not None and p.moe_dispatch == "capacity":
         args += ["--moe-dispatch", "capacity", "--capacity-factor", f"{p.capacity_factor:g}"]
+    if m.moe is not None and p.moe_dispatcher != "alltoall":
+        args += ["--moe-dispatcher", p.moe_dispatcher]
+    if m.moe is not None and ep_overlap(p):
+        args += ["--ep-comm-overlap"]
     args += ["--trainer", p.trainer]
     return shlex.join(["autopar", "estimate", *args])
 
@@ -62,7 +71,9 @@ def header_lines(ctx: Context) -> list[str]:
         + (f" ({p.recompute_layers} layers/stage)" if p.recompute_layers is not None else "")
         + f" | ZeRO-{p.zero_stage} | mbs {p.micro_batch_size} | gbs {p.global_batch_size} "
         f"({p.num_microbatches} microbatches) | {p.dtype}" + (" | tp-comm-overlap" if tp_overlap(p) else "")
-        + (f" | MoE capacity x{p.capacity_factor:g}" if m.moe is not None and p.moe_dispatch == "capacity" else ""),
+        + (f" | MoE capacity x{p.capacity_factor:g}" if m.moe is not None and p.moe_dispatch == "capacity" else "")
+        + (f" | {p.moe_dispatcher} dispatcher" if m.moe is not None and p.moe_dispatcher != "alltoall" else "")
+        + (" | ep-comm-overlap" if m.moe is not None and ep_overlap(p) else ""),
         _trainer_line(ctx),
     ]
     if p.pp > 1:

@@ -27,7 +27,7 @@ from autopar.export.base import (Context, ExportBundle, ExportFile, Exporter, ba
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import megatron_layout, stages_from_megatron
 from autopar.export.megatron_core import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, capacity_settings, dispatch_from,
-                                          recompute_from, recompute_settings)
+                                          dispatcher_from, dispatcher_settings, recompute_from, recompute_settings)
 
 __all__ = ["FSDP_STRATEGY_ZERO", "ZERO_FSDP_STRATEGY", "MegatronExporter", "megatron_vpp", "parse_megatron_args",
            "recompute_from", "recompute_settings", "view_from_megatron_argv"]
@@ -85,7 +85,13 @@ def model_args(ctx: Context) -> list[str]:
             a += ["--moe-layer-freq", _moe_layer_freq(m.moe_layer_mask)]
         if mo.router_bias:
             a += ["--moe-router-enable-expert-bias"]
-        a += ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        disp = dispatcher_settings(ctx)
+        a += ["--moe-token-dispatcher-type", disp["moe_token_dispatcher_type"]]
+        if "moe_flex_dispatcher_backend" in disp:
+            a += ["--moe-flex-dispatcher-backend", disp["moe_flex_dispatcher_backend"]]
+        if disp.get("overlap_moe_expert_parallel_comm"):
+            a += ["--overlap-moe-expert-parallel-comm"]
+        a += ["--moe-grouped-gemm"]
         cap = capacity_settings(ctx)
         if cap:
             a += ["--moe-expert-capacity-factor", f"{cap['moe_expert_capacity_factor']:g}",
@@ -187,6 +193,9 @@ class MegatronExporter(Exporter):
         notes = ["set MEGATRON_LM, DATA_PATH and TOKENIZER (and review USER_ARGS) before launching"]
         if ctx.plan.zero_stage >= 2:
             notes.append("ZeRO-2/3 map to Megatron-FSDP (--use-megatron-fsdp); it needs a Megatron-LM from 2025 on")
+        if ctx.model.moe is not None and ctx.plan.moe_dispatcher == "deepep":
+            notes.append("the deepep dispatcher (--moe-token-dispatcher-type flex) needs DeepEP built in the "
+                         "environment (github.com/deepseek-ai/DeepEP)")
         if ctx.plan.dtype == "fp8" or tp_overlap(ctx.plan):
             notes.append("FP8 and --tp-comm-overlap need Transformer Engine (--transformer-impl transformer_engine)")
         return ExportBundle(format=self.name, files=(ExportFile("megatron_args.sh", args), *launch_files(ctx, entry)),
@@ -215,7 +224,7 @@ def megatron_parser() -> argparse.ArgumentParser:
         ap.add_argument(f, type=int)
     strs = ["--normalization", "--position-embedding-type", "--moe-layer-freq", "--moe-token-dispatcher-type",
             "--pipeline-model-parallel-layout", "--data-parallel-sharding-strategy", "--recompute-granularity",
-            "--recompute-method", "--fp8-format", "--moe-token-drop-policy"]
+            "--recompute-method", "--fp8-format", "--moe-token-drop-policy", "--moe-flex-dispatcher-backend"]
     for f in strs:
         ap.add_argument(f, type=str)
     for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor"):
@@ -224,7 +233,7 @@ def megatron_parser() -> argparse.ArgumentParser:
              "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention", "--moe-router-enable-expert-bias",
              "--moe-grouped-gemm", "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
              "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--grad-reduce-in-bf16",
-             "--moe-pad-expert-input-to-capacity"]
+             "--moe-pad-expert-input-to-capacity", "--overlap-moe-expert-parallel-comm"]
     for f in flags:
         ap.add_argument(f, action="store_true")
     return ap
@@ -269,6 +278,7 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
     ep = ns.expert_model_parallel_size or 1
     dispatch, cf = dispatch_from(ns.moe_expert_capacity_factor, ns.moe_token_drop_policy,
                                  ns.moe_pad_expert_input_to_capacity)
+    dispatcher = dispatcher_from(ns.moe_token_dispatcher_type, ns.moe_flex_dispatcher_backend)
     return normalize({
         "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": dp, "ep": ep,
         "etp": ns.expert_tensor_parallel_size or tp, "sequence_parallel": ns.sequence_parallel, "zero_stage": zero,
@@ -276,7 +286,8 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
         "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "layout": stages, "recompute": recompute,
         "recompute_layers": rl, "dtype": "fp8" if ns.fp8_format else ("bf16" if ns.bf16 else "fp32"),
         "main_grads_fp32": not ns.grad_reduce_in_bf16, "tp_comm_overlap": ns.tp_comm_overlap,
-        "moe_dispatch": dispatch, "capacity_factor": cf,
+        "moe_dispatch": dispatch, "capacity_factor": cf, "moe_dispatcher": dispatcher,
+        "ep_comm_overlap": ns.overlap_moe_expert_parallel_comm,
     })
 
 

@@ -9,7 +9,7 @@ tests/export/test_export_trainers.py against the installed package.
 
 from __future__ import annotations
 
-from autopar.export.base import Context, normalize
+from autopar.export.base import Context, ep_overlap, normalize
 from autopar.export.layouts import megatron_layout, stages_from_megatron
 
 ZERO_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
@@ -25,6 +25,28 @@ def capacity_settings(ctx: Context) -> dict:
         return {}
     return {"moe_expert_capacity_factor": float(p.capacity_factor), "moe_token_drop_policy": "probs",
             "moe_pad_expert_input_to_capacity": True}
+
+
+def dispatcher_settings(ctx: Context) -> dict:
+    """TransformerConfig token-dispatcher fields (megatron/core/transformer/moe/token_dispatcher.py):
+    NCCL all-to-all, or the flex dispatcher with the DeepEP backend; and the EP all-to-all overlap
+    with another microbatch's compute (overlap_moe_expert_parallel_comm, combined_1f1b.py)."""
+    p = ctx.plan
+    out = {"moe_token_dispatcher_type": "flex" if p.moe_dispatcher == "deepep" else "alltoall"}
+    if p.moe_dispatcher == "deepep":
+        out["moe_flex_dispatcher_backend"] = "deepep"
+    if ep_overlap(p):
+        out["overlap_moe_expert_parallel_comm"] = True
+    return out
+
+
+def dispatcher_from(dispatcher_type: str | None, backend: str | None) -> str:
+    """moe_dispatcher from Megatron's token-dispatcher settings."""
+    if dispatcher_type in (None, "alltoall"):
+        return "alltoall"
+    if dispatcher_type == "flex" and backend in (None, "deepep"):
+        return "deepep"
+    raise ValueError(f"token dispatcher {dispatcher_type}/{backend} is not one autopar emits")
 
 
 def dispatch_from(capacity_factor, drop_policy, pad: bool) -> tuple[str, float | None]:
@@ -88,13 +110,16 @@ def core_recompute_fields(ctx: Context) -> dict:
 
 def core_moe_fields(ctx: Context) -> dict:
     """TransformerConfig MoE dispatch fields, every one explicit for MoE models (so a recipe's own
-    capacity settings cannot linger); none for dense models."""
+    capacity, dispatcher or overlap settings cannot linger); none for dense models."""
     if ctx.model.moe is None:
         return {}
-    cap = capacity_settings(ctx)
+    cap, disp = capacity_settings(ctx), dispatcher_settings(ctx)
     return {"moe_expert_capacity_factor": cap.get("moe_expert_capacity_factor"),
             "moe_token_drop_policy": cap.get("moe_token_drop_policy", "probs"),
-            "moe_pad_expert_input_to_capacity": cap.get("moe_pad_expert_input_to_capacity", False)}
+            "moe_pad_expert_input_to_capacity": cap.get("moe_pad_expert_input_to_capacity", False),
+            "moe_token_dispatcher_type": disp["moe_token_dispatcher_type"],
+            "moe_flex_dispatcher_backend": disp.get("moe_flex_dispatcher_backend", "deepep"),
+            "overlap_moe_expert_parallel_comm": disp.get("overlap_moe_expert_parallel_comm", False)}
 
 
 def view_from_core_fields(f: dict, *, num_layers: int, num_gpus: int, mbs: int, gbs: int, zero: int, dtype: str,
@@ -115,11 +140,13 @@ def view_from_core_fields(f: dict, *, num_layers: int, num_gpus: int, mbs: int, 
     ep = f.get("expert_model_parallel_size", 1)
     dispatch, cf = dispatch_from(f.get("moe_expert_capacity_factor"), f.get("moe_token_drop_policy", "probs"),
                                  f.get("moe_pad_expert_input_to_capacity", False))
+    dispatcher = dispatcher_from(f.get("moe_token_dispatcher_type"), f.get("moe_flex_dispatcher_backend"))
     return normalize({
         "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": dp, "ep": ep,
         "etp": f.get("expert_tensor_parallel_size") or tp, "sequence_parallel": f["sequence_parallel"],
         "zero_stage": zero, "micro_batch_size": mbs, "global_batch_size": gbs, "num_microbatches": gbs // (mbs * dp),
         "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "layout": stages, "recompute": recompute,
         "recompute_layers": rl, "dtype": dtype, "main_grads_fp32": main_grads_fp32, "tp_comm_overlap": tp_comm_overlap,
-        "moe_dispatch": dispatch, "capacity_factor": cf,
+        "moe_dispatch": dispatch, "capacity_factor": cf, "moe_dispatcher": dispatcher,
+        "ep_comm_overlap": bool(f.get("overlap_moe_expert_parallel_comm")),
     })

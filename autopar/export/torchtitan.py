@@ -133,6 +133,9 @@ def _values(ctx: Context, toml: bool) -> dict:
     par["expert_parallel_degree"] = p.ep
     if toml:
         par["expert_tensor_parallel_degree"] = p.etp if p.ep > 1 else 1
+    backend = "deepep" if ctx.model.moe is not None and p.moe_dispatcher == "deepep" else "standard"
+    if toml and ctx.model.moe is not None:
+        par["expert_parallel_comm_backend"] = backend
     local = p.micro_batch_size * p.num_microbatches if p.pp > 1 else p.micro_batch_size
     training = {"local_batch_size": local, "global_batch_size": p.global_batch_size, "seq_len": ctx.seq_len,
                 "mixed_precision_param": "float32" if p.dtype == "fp32" else "bfloat16",
@@ -145,7 +148,7 @@ def _values(ctx: Context, toml: bool) -> dict:
     if not toml:
         compile_["enable_async_tensor_parallel"] = tp_overlap(p)
     return {"parallelism": par, "training": training, "activation_checkpoint": p.recompute, "compile": compile_,
-            "float8": p.dtype == "fp8"}
+            "float8": p.dtype == "fp8", "moe_comm_backend": backend}
 
 
 # ---- TOML (<= 0.2.2) ----------------------------------------------------------------------------
@@ -192,7 +195,8 @@ def parse_torchtitan_toml(text: str) -> dict:
     par, tr, ac = d["parallelism"], d["training"], d["activation_checkpoint"]
     return {"parallelism": par, "training": tr, "activation_checkpoint": ac.get("mode", "selective"),
             "compile": d.get("compile", {}), "float8": "float8" in d.get("model", {}).get("converters", []),
-            "etp": par.get("expert_tensor_parallel_degree", 1), "output": "output"}
+            "etp": par.get("expert_tensor_parallel_degree", 1), "output": "output",
+            "moe_comm_backend": par.get("expert_parallel_comm_backend", "standard")}
 
 
 # ---- Python config (>= 0.3) ---------------------------------------------------------------------
@@ -214,17 +218,19 @@ def _py(ctx: Context) -> str:
              "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
              "from torchtitan.trainer import Trainer", "",
              f"from {module} import {fn} as base_config", ""]
-    if v["float8"]:
+    rebuild = v["float8"] or v["moe_comm_backend"] != "standard"
+    if rebuild:
         if flavor is None:
-            raise ctx.refuse("FP8 needs the model's torchtitan flavor to rebuild it with the float8 converter; "
-                             "autopar knows it only for its presets")
-        lines += ["from torchtitan.components.quantization import Float8LinearConverter",
-                  f"from {model_pkg} import model_registry", ""]
+            raise ctx.refuse("FP8 and the DeepEP dispatcher need the model's torchtitan flavor to rebuild its model "
+                             "spec; autopar knows it only for its presets")
+        lines += ["from torchtitan.components.quantization import Float8LinearConverter"] if v["float8"] else []
+        lines += [f"from {model_pkg} import model_registry", ""]
     lines += [f"PARALLELISM = {_py_literal(v['parallelism'])}", "",
               f"TRAINING = {_py_literal(v['training'])}", "",
               f"ACTIVATION_CHECKPOINT = {v['activation_checkpoint']!r}  # none | selective | full", "",
               f"COMPILE = {_py_literal(v['compile'])}", "",
-              f"FLOAT8 = {v['float8']!r}", "", "",
+              f"FLOAT8 = {v['float8']!r}", "",
+              f"MOE_COMM_BACKEND = {v['moe_comm_backend']!r}  # standard (all-to-all) | deepep", "", "",
               "def autopar_plan() -> Trainer.Config:",
               f'    """{fn} with the parallel layout, batch and recompute of the autopar plan."""',
               "    cfg = base_config()",
@@ -233,11 +239,14 @@ def _py(ctx: Context) -> str:
               '    cfg.activation_checkpoint = {"none": None, "selective": SelectiveAC.Config(),',
               '                                 "full": FullAC.Config()}[ACTIVATION_CHECKPOINT]',
               "    cfg.compile = CompileConfig(**COMPILE)"]
-    if v["float8"]:
-        lines += ["    if FLOAT8:",
-                  f"        cfg.model_spec = model_registry({flavor!r}, converters=[",
-                  '            Float8LinearConverter.Config(filter_fqns=["lm_head"],',
-                  "                                         model_compile_enabled=COMPILE['enable'])])"]
+    if rebuild:
+        backend = ", moe_comm_backend=MOE_COMM_BACKEND" if v["moe_comm_backend"] != "standard" else ""
+        if v["float8"]:
+            lines += [f"    cfg.model_spec = model_registry({flavor!r}{backend}, converters=[",
+                      '        Float8LinearConverter.Config(filter_fqns=["lm_head"],',
+                      "                                     model_compile_enabled=COMPILE['enable'])])"]
+        else:
+            lines += [f"    cfg.model_spec = model_registry({flavor!r}{backend})"]
     lines += ["    return dataclasses.replace(cfg)  # re-runs Trainer.Config's checks", ""]
     return "\n".join(lines)
 
@@ -262,7 +271,8 @@ def parse_torchtitan_py(text: str) -> dict:
                 found[node.targets[0].id] = ast.literal_eval(node.value)
     return {"parallelism": found["PARALLELISM"], "training": found["TRAINING"],
             "activation_checkpoint": found["ACTIVATION_CHECKPOINT"], "compile": found["COMPILE"],
-            "float8": found["FLOAT8"], "etp": None, "output": "lm_head"}
+            "float8": found["FLOAT8"], "etp": None, "output": "lm_head",
+            "moe_comm_backend": found.get("MOE_COMM_BACKEND", "standard")}
 
 
 def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
@@ -303,6 +313,8 @@ def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
         "main_grads_fp32": tr.get("mixed_precision_reduce", "float32") == "float32",
         "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel") or cfg["compile"].get("enable_async_tensor_parallel")),
         "moe_dispatch": "dropless", "capacity_factor": None,  # torchtitan's MoE is dropless only
+        "moe_dispatcher": "deepep" if cfg["moe_comm_backend"] == "deepep" else "alltoall",
+        "ep_comm_overlap": False,  # no EP all-to-all overlap across microbatches
     })
 
 

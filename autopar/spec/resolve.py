@@ -14,7 +14,7 @@ from autopar.errors import InputError, did_you_mean
 from autopar.spec.hardware import LOCAL, ClusterSpec, default_cluster, load_cluster_file
 from autopar.spec.layout import balanced_layout, first_last_layout, parse_layout
 from autopar.spec.model import ModelSpec
-from autopar.spec.plan import DTYPES, MOE_DISPATCH, RECOMPUTE, SCHEDULES, ParallelPlan, PlanError
+from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan, PlanError
 from autopar.spec.trainers import trainers
 
 #: tokens per step when no global batch is given (a common pre-training setting)
@@ -55,6 +55,8 @@ class PlanRequest:
     trainer: str | None = None
     moe_dispatch: str | None = None
     capacity_factor: float | None = None
+    moe_dispatcher: str | None = None
+    ep_comm_overlap: bool | None = None
 
     def given(self) -> dict:
         """The flags that were given, field -> value."""
@@ -76,7 +78,8 @@ class PlanRequest:
         for name in ("recompute_layers", "pp_first", "pp_last"):
             _check_int(name, getattr(self, name), 0, MAX_SIZE, "a non-negative integer")
         for name, choices in (("pp_schedule", SCHEDULES), ("recompute", RECOMPUTE), ("dtype", DTYPES),
-                              ("grads", GRADS), ("trainer", tuple(trainers())), ("moe_dispatch", MOE_DISPATCH)):
+                              ("grads", GRADS), ("trainer", tuple(trainers())), ("moe_dispatch", MOE_DISPATCH),
+                              ("moe_dispatcher", MOE_DISPATCHERS)):
             _check_choice(name, getattr(self, name), choices)
         cf = self.capacity_factor
         if cf is not None:
@@ -167,9 +170,7 @@ def resolve_plan(model: ModelSpec, num_gpus: int, seq_len: int, request: PlanReq
                              f"change the degrees or --gpus")
         dp = num_gpus // (tp * pp * cp)
     dispatch = r.moe_dispatch or ("capacity" if r.capacity_factor is not None else "dropless")
-    if dispatch == "capacity" and model.moe is None:
-        raise InputError(f"--moe-dispatch capacity needs a mixture-of-experts model; {model.name} is dense "
-                         f"(drop --moe-dispatch / --capacity-factor)")
+    _check_moe_flags(model, dispatch, r)
     try:
         return ParallelPlan(
             tp=tp, pp=pp, dp=dp, cp=cp, ep=r.ep or 1, etp=r.etp, vpp=vpp, zero_stage=1 if r.zero is None else r.zero,
@@ -178,9 +179,22 @@ def resolve_plan(model: ModelSpec, num_gpus: int, seq_len: int, request: PlanReq
             recompute=r.recompute or "none", recompute_layers=r.recompute_layers, dtype=r.dtype or "bf16",
             main_grads_fp32=(r.grads or "fp32") == "fp32", tp_comm_overlap=bool(r.tp_comm_overlap),
             layout=_layout(model, r, pp, vpp), trainer=r.trainer or "megatron", moe_dispatch=dispatch,
-            capacity_factor=r.capacity_factor)
+            capacity_factor=r.capacity_factor, moe_dispatcher=r.moe_dispatcher or "alltoall",
+            ep_comm_overlap=bool(r.ep_comm_overlap))
     except PlanError as e:
         raise InputError(f"{e}; change the plan flags") from None
+
+
+def _check_moe_flags(model: ModelSpec, dispatch: str, r: PlanRequest) -> None:
+    """The MoE-only flags need a mixture-of-experts model."""
+    if model.moe is not None:
+        return
+    given = [f for f, on in (("--moe-dispatch capacity", dispatch == "capacity"),
+                             ("--moe-dispatcher deepep", r.moe_dispatcher == "deepep"),
+                             ("--ep-comm-overlap", bool(r.ep_comm_overlap))) if on]
+    if given:
+        raise InputError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} a mixture-of-experts model; "
+                         f"{model.name} is dense (drop {'it' if len(given) == 1 else 'them'})")
 
 
 def _layout(model: ModelSpec, r: PlanRequest, pp: int, vpp: int):
@@ -228,5 +242,6 @@ def rebase_plan(base: ParallelPlan, request: PlanRequest, model: ModelSpec, num_
         tp_comm_overlap=pick("tp_comm_overlap", base.tp_comm_overlap), trainer=pick("trainer", base.trainer),
         moe_dispatch=dispatch,
         capacity_factor=pick("capacity_factor", base.capacity_factor if dispatch == base.moe_dispatch else None),
-        **layout)
+        moe_dispatcher=pick("moe_dispatcher", base.moe_dispatcher),
+        ep_comm_overlap=pick("ep_comm_overlap", base.ep_comm_overlap), **layout)
     return resolve_plan(model, num_gpus, seq_len, full)

@@ -88,7 +88,7 @@ def test_a_command_cannot_declare_a_plan_flag_twice() -> None:
 BAD = {"tp": "0", "pp": "-2", "vpp": "0", "cp": "0", "dp": "0", "ep": "0", "etp": "0", "zero": "4", "mbs": "0",
        "gbs": "0", "pp_schedule": "gpipes", "recompute": "partial", "recompute_layers": "-1", "dtype": "fp16",
        "grads": "fp16", "pp_layout": "4,x", "pp_first": "-1", "pp_last": "-3", "trainer": "megatorn",
-       "moe_dispatch": "dropful", "capacity_factor": "100"}
+       "moe_dispatch": "dropful", "capacity_factor": "100", "moe_dispatcher": "nccl"}
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
@@ -123,6 +123,12 @@ def test_defaults_and_capacity() -> None:
         resolve_plan(m, 64, 4096, PlanRequest(moe_dispatch="dropless", capacity_factor=1.5))
     with pytest.raises(InputError, match="dense"):
         resolve_plan(resolve_model("llama3-8b"), 8, 4096, PlanRequest(moe_dispatch="capacity"))
+    with pytest.raises(InputError, match="--moe-dispatcher deepep, --ep-comm-overlap need a mixture-of-experts"):
+        resolve_plan(resolve_model("llama3-8b"), 8, 4096, PlanRequest(moe_dispatcher="deepep", ep_comm_overlap=True))
+    p = resolve_plan(m, 64, 4096, PlanRequest(ep=8, moe_dispatcher="deepep", ep_comm_overlap=True))
+    assert (p.moe_dispatcher, p.ep_comm_overlap) == ("deepep", True)
+    q = rebase_plan(p, PlanRequest(zero=3), m, 64, 4096)
+    assert (q.moe_dispatcher, q.ep_comm_overlap, q.zero_stage) == ("deepep", True, 3)
 
 
 BASE = ParallelPlan(tp=4, pp=4, dp=8, cp=2, vpp=2, zero_stage=3, micro_batch_size=2, global_batch_size=512,

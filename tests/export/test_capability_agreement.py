@@ -26,7 +26,7 @@ from autopar.search.space import SearchSpace
 from autopar.spec.presets import resolve_model
 from autopar.spec.resolve import resolve_cluster
 from autopar.spec.rules import check_rules
-from autopar.spec.table import DISPATCH, DTYPE, PlanTable
+from autopar.spec.table import DISPATCH, DISPATCHER, DTYPE, PlanTable
 from autopar.spec.trainers import TRAINERS
 
 CLUSTER = resolve_cluster("h100-sxm")
@@ -54,8 +54,9 @@ def models_for(trainer: str) -> list[str]:
 @cache
 def space(model_name: str):
     """(model, table, rule result) of the whole space for every trainer; a quarter of the plans keep
-    bf16 main gradients and half the MoE plans use capacity dispatch (factor 1.25), axes the search
-    space does not enumerate."""
+    bf16 main gradients, half the MoE plans use capacity dispatch (factor 1.25), and MoE plans with
+    EP draw the DeepEP dispatcher and the EP all-to-all overlap at random (axes kept out of the
+    product to keep it small)."""
     model = resolve_model(model_name)
     knobs = KNOBS | (MOE_KNOBS if model.moe is not None else {})
     q = Question(model=model, num_gpus=MODELS[model_name], cluster=CLUSTER, seq_len=SEQ, global_batch_size=64,
@@ -69,6 +70,10 @@ def space(model_name: str):
         capacity = rng.random(len(table)) < 0.5
         table.columns["moe_dispatch"] = np.where(capacity, DISPATCH["capacity"], DISPATCH["dropless"])
         table.columns["capacity_factor"] = np.where(capacity, 1.25, 1.0)
+        ep = table.ep > 1
+        table.columns["moe_dispatcher"] = np.where(ep & (rng.random(len(table)) < 0.5), DISPATCHER["deepep"],
+                                                   DISPATCHER["alltoall"])
+        table.columns["ep_comm_overlap"] = ep & (rng.random(len(table)) < 0.3)
     return model, table, check_rules(table, model, num_gpus=q.num_gpus, cluster=CLUSTER, seq_len=SEQ)
 
 
@@ -138,14 +143,15 @@ def test_the_sample_is_broad() -> None:
                 | {"overlap" for p in plans if p.tp_comm_overlap and p.tp > 1}
                 | {"no-sp" for p in plans if p.tp > 1 and not p.sequence_parallel}
                 | {"partial" for p in plans if p.recompute_layers} | {"ep" for p in plans if p.ep > 1}
-                | {"uneven" for p in plans if p.layout is not None} | {"bf16-grads" for p in plans if not p.main_grads_fp32})
+                | {"uneven" for p in plans if p.layout is not None} | {"bf16-grads" for p in plans if not p.main_grads_fp32}
+                | {p.moe_dispatcher for p in plans} | {"ep-overlap" for p in plans if p.ep_comm_overlap})
     assert {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zero0", "zero1", "zero2", "zero3", "bf16", "fp8",
             "fp32", "none", "selective", "full", "dropless", "capacity", "vpp", "cp", "overlap", "no-sp", "partial",
-            "ep", "uneven", "bf16-grads"} <= seen["valid"]
+            "ep", "uneven", "bf16-grads", "alltoall", "deepep", "ep-overlap"} <= seen["valid"]
     assert {"megatron:pp_schedules", "megatron:partial_recompute", "megatron:tp_comm_overlap"} <= seen["megatron"]
     assert {"nemo:fp32", "nemo:recipes", "bridge:fp32", "bridge:recipes"} <= seen["nemo"] | seen["bridge"]
     assert {"torchtitan:zero_stages", "torchtitan:moe_dispatch", "torchtitan:etp", "torchtitan:bf16_main_grads",
-            "torchtitan:partial_recompute"} <= seen["torchtitan"]
+            "torchtitan:partial_recompute", "torchtitan:ep_comm_overlap"} <= seen["torchtitan"]
     assert {"deepspeed:cp", "deepspeed:moe", "deepspeed:zero_stages_with_pp", "deepspeed:uneven_stages",
             "deepspeed:fp8", "deepspeed:attention_variants"} <= seen["deepspeed"]
 

@@ -179,11 +179,17 @@ def _check_core_config(case, fields: dict) -> None:
     kw = {k: v for k, v in kw.items() if not (k.startswith("account_for") and v is False)}
     if p.pp > 1:
         kw["pipeline_dtype"] = torch.bfloat16
+    if p.dtype != "fp32":  # NeMo's / Bridge's mixed-precision plugin sets it at run time, Megatron-LM's --bf16
+        kw.setdefault("bf16", True)
     cfg = TransformerConfig(**kw)
     assert cfg.tensor_model_parallel_size == p.tp and cfg.pipeline_model_parallel_size == p.pp
     capacity = case.spec.moe is not None and p.moe_dispatch == "capacity"
     assert cfg.moe_expert_capacity_factor == (p.capacity_factor if capacity else None)
     assert cfg.moe_pad_expert_input_to_capacity == capacity and cfg.moe_token_drop_policy == "probs"
+    if case.spec.moe is not None:
+        assert cfg.moe_token_dispatcher_type == ("flex" if p.moe_dispatcher == "deepep" else "alltoall")
+        assert cfg.moe_flex_dispatcher_backend == "deepep"
+        assert cfg.overlap_moe_expert_parallel_comm == (p.ep_comm_overlap and p.ep > 1)
     assert cfg.context_parallel_size == p.cp and cfg.sequence_parallel == p.sequence_parallel
     if case.spec.moe is not None:
         assert cfg.expert_model_parallel_size == p.ep and cfg.expert_tensor_parallel_size == p.etp
@@ -223,6 +229,9 @@ def _megatron_core_fields(ns) -> dict:
         "attention_dropout": ns.attention_dropout, "moe_grouped_gemm": ns.moe_grouped_gemm,
         "moe_expert_capacity_factor": ns.moe_expert_capacity_factor, "moe_token_drop_policy": ns.moe_token_drop_policy,
         "moe_pad_expert_input_to_capacity": ns.moe_pad_expert_input_to_capacity or None,
+        "moe_token_dispatcher_type": ns.moe_token_dispatcher_type,
+        "moe_flex_dispatcher_backend": ns.moe_flex_dispatcher_backend,
+        "overlap_moe_expert_parallel_comm": ns.overlap_moe_expert_parallel_comm or None,
     }
 
 
