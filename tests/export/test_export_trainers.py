@@ -441,6 +441,10 @@ def test_torchtitan_python_config_builds_a_trainer_config(case, tmp_path, monkey
     from torchtitan.components.quantization.float8 import Float8Linear
 
     assert bool(list(cfg.model_spec.model.traverse(Float8Linear.Config))) == (p.dtype == "fp8")
+    from torchtitan.models.common.token_dispatcher import DeepEPTokenDispatcher
+
+    deepep = case.spec.moe is not None and p.moe_dispatcher == "deepep"
+    assert bool(list(cfg.model_spec.model.traverse(DeepEPTokenDispatcher.Config))) == deepep
     # the real command line path: --module/--config through ConfigManager (tyro)
     parsed = ConfigManager().parse_args(["--module", "autopar_torchtitan", "--config", "autopar_plan"])
     assert parsed.parallelism == par and parsed.training == tr
