@@ -1,63 +1,134 @@
-"""Terminal tables for `autopar validate`."""
+"""Terminal tables for `autopar validate`, and the profile files it writes."""
 
 from __future__ import annotations
+
+import datetime
+import shlex
+import sys
+from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
 
-from autopar.cost.published import ValidationResult
+from autopar.cli.render import console
+from autopar.cost.validate_runs import ValidationReport
+from autopar.cost.validation import CATEGORIES
 
 
-def validation_tables(result: ValidationResult, path) -> list:
-    t = Table(title=f"Predicted vs published throughput ({path})", title_justify="left")
-    for col in ("row", "model", "GPUs", "layout", "metric", "published", "predicted", "error"):
-        t.add_column(col, justify="right" if col in ("GPUs", "published", "predicted", "error") else "left")
-    for r in result.rows:
+def _pct(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{100 * v:.1f}%"
+
+
+def rows_table(report: ValidationReport) -> Table:
+    cv = {r.case.row_id: r.error for r in report.cross_validated.rows} if report.cross_validated else {}
+    t = Table(title=f"Predicted vs published throughput ({report.runs})", title_justify="left")
+    for col in ("row", "source", "model", "GPUs", "GPU", "layout", "trainer", "metric", "published", "predicted",
+                "error", "cross-validated"):
+        t.add_column(col, justify="right" if col in ("GPUs", "published", "predicted", "error", "cross-validated")
+                     else "left")
+    for r in report.in_sample.rows:
         c = r.case
-        style = "red" if abs(r.error) > 0.15 else None
-        t.add_row(c.row_id, c.name[:28], str(c.plan.num_gpus), f"{c.plan.describe()} {c.plan.dtype}", c.metric,
-                  f"{c.published:,.4g}", f"{r.predicted:,.4g}", f"{100 * r.error:+.1f}%", style=style)
-    out: list = [t]
-    out.append(Text(f"Evaluated {len(result.rows)} of {len(result.rows) + len(result.skipped)} rows: "
-                    f"MAPE {100 * result.mape:.1f}% on throughput, max |error| {100 * result.max_error:.1f}%",
-                    style="bold"))
-    if result.skipped:
+        e_cv = cv.get(c.row_id)
+        style = "red" if abs(e_cv if e_cv is not None else r.error) > 0.2 else None
+        t.add_row(c.row_id, c.source, c.name[:24], str(c.plan.num_gpus), c.cluster.gpu.key,
+                  f"{c.plan.describe()} {c.plan.dtype}", c.plan.trainer, c.metric, f"{c.published:,.4g}",
+                  f"{r.predicted:,.4g}", f"{100 * r.error:+.1f}%", "-" if e_cv is None else f"{100 * e_cv:+.1f}%",
+                  style=style)
+    return t
+
+
+def summary_table(report: ValidationReport) -> Table:
+    """MAPE per acceptance category, family and source: cross-validated (the headline) and in sample."""
+    ins = report.in_sample.summary()
+    cv = report.cross_validated.summary() if report.cross_validated else None
+    t = Table(title="MAPE on throughput: leave-one-source-out cross-validated (headline) and in sample",
+              title_justify="left")
+    for col in ("group", "rows", "cross-validated", "max (cv)", "in sample", "max (in sample)"):
+        t.add_column(col, justify="left" if col == "group" else "right")
+
+    def add(label: str, key: str, group: str, style: str | None = None) -> None:
+        a = ins[key].get(group) if key else {"rows": ins["evaluated"], "mape": ins["mape"],
+                                             "max_abs_error": ins["max_abs_error"]}
+        if a is None:
+            return
+        b = (cv[key].get(group) if key else {"mape": cv["mape"], "max_abs_error": cv["max_abs_error"]}) if cv else None
+        t.add_row(label, str(a["rows"]), _pct(b and b["mape"]), _pct(b and b["max_abs_error"]), _pct(a["mape"]),
+                  _pct(a["max_abs_error"]), style=style)
+
+    add("all rows", "", "", "bold")
+    for g in CATEGORIES:
+        add(g, "by_category", g, "bold")
+    for g in ins["by_family"]:
+        add(f"family: {g}", "by_family", g)
+    for g in ins["by_source"]:
+        add(f"source: {g}", "by_source", g)
+    return t
+
+
+def print_report(report: ValidationReport, written: list[Path]) -> None:
+    out = console()
+    out.print(rows_table(report))
+    out.print(summary_table(report))
+    n, skipped = len({r.case.row_id.rstrip("d") for r in report.in_sample.rows}), len(report.in_sample.skipped)
+    out.print(Text(f"Evaluated {n} of {n + skipped} rows ({len(report.in_sample.rows)} cases with the dropless "
+                   f"measurements some rows print). Cross-validated figures: {report.cv_origin}.", style="bold"))
+    if report.fit is not None:
+        out.print(fit_table(report))
+    if report.in_sample.skipped:
         s = Table(title="Rows not evaluated", title_justify="left")
-        s.add_column("row")
-        s.add_column("model")
-        s.add_column("reason")
-        for rid, model, reason in result.skipped:
+        for col in ("row", "model", "reason"):
+            s.add_column(col)
+        for rid, model, reason in report.in_sample.skipped:
             s.add_row(rid, model, reason)
-        out.append(s)
+        out.print(s)
     a = Table(title="Assumptions made for fields a row leaves empty", title_justify="left")
     a.add_column("row")
     a.add_column("assumptions")
-    for r in result.rows:
+    for r in report.in_sample.rows:
         if r.case.assumptions:
             a.add_row(r.case.row_id, "; ".join(r.case.assumptions))
-    out.append(a)
+    out.print(a)
+    for p in written:
+        out.print(f"wrote {p}")
+
+
+def fit_table(report: ValidationReport) -> Table:
+    f = report.fit
+    t = Table(title="Fitted profiles (base = megatron; others = base x exp(deviation))", title_justify="left")
+    t.add_column("constant")
+    for prof in f.constants:
+        t.add_column(prof, justify="right")
+    for n in f.base_names:
+        t.add_row(n, *[f"{getattr(k, n):.4g}" for k in f.constants.values()])
+    return t
+
+
+def write_outputs(report: ValidationReport, trainer: str | None, profile_yaml: str | None,
+                  profiles_toml: str | None) -> list[Path]:
+    """--write-profile (one trainer's constants as a cluster YAML) and --write-profiles (profiles.toml)."""
+    from autopar.cost.validate_runs import write_profiles
+
+    out: list[Path] = []
+    command = shlex.join(["autopar", *sys.argv[1:]]) if sys.argv else "autopar validate --fit"
+    if profiles_toml:
+        out += write_profiles(report, profiles_toml, command, datetime.date.today().isoformat())
+    if profile_yaml:
+        out.append(_write_cluster_profile(report, trainer or "megatron", profile_yaml))
     return out
 
 
-def fit_summary(fitted, write_profile: str | None) -> None:
-    """Print the fitted constants (and write them as a cluster profile when asked)."""
+def _write_cluster_profile(report: ValidationReport, trainer: str, path: str) -> Path:
     from dataclasses import asdict
 
-    from autopar.cli.render import console
+    import yaml
 
-    out = console()
-    f = fitted.fit
-    t = Table(title="Fitted constants (bounded least squares on log throughput ratio)", title_justify="left")
-    t.add_column("constant")
-    t.add_column("value", justify="right")
-    for n in f.names:
-        t.add_row(n, f"{getattr(f.constants, n):.4g}")
-    out.print(t)
-    out.print(f"MAPE before {100 * abs(f.initial_residuals).mean():.1f}% -> after {100 * abs(f.residuals).mean():.1f}% "
-                    f"({f.message})")
-    if write_profile:
-        import yaml
+    from autopar.cost.profiles import profile_of
+    from autopar.errors import InputError
 
-        with open(write_profile, "w") as fh:
-            yaml.safe_dump({"gpu": "h100-sxm", "constants": asdict(f.constants)}, fh, sort_keys=False)
-        out.print(f"wrote {write_profile}")
+    consts = report.fit.constants[profile_of(trainer).name]
+    p = Path(path)
+    try:
+        p.write_text(yaml.safe_dump({"gpu": "h100-sxm", "constants": asdict(consts)}, sort_keys=False))
+    except OSError as e:
+        raise InputError(f"cannot write '{path}' ({e.strerror}); choose a writable path") from None
+    return p

@@ -12,35 +12,47 @@ from autopar.cli import options as o
 
 @app.command()
 def validate(
-    runs: Annotated[Optional[str], typer.Option("--runs", help="Calibration CSV (default: "
-                                                "../shared/reference/calibration_runs.csv).")] = None,
-    fit: Annotated[bool, typer.Option("--fit", help="Refit the cost model's efficiency constants to these runs "
-                                      "(bounded least squares) and report the fitted values.")] = False,
+    runs: Annotated[Optional[str], typer.Option("--runs", help="A calibration CSV with the columns of the bundled "
+                                                "tables (default: the bundled public runs, rows 1-54 and 201-291).")] = None,
+    trainer: Annotated[Optional[str], typer.Option("--trainer", help="Only the runs priced with this trainer's "
+                                                   "performance profile (megatron, torchtitan, deepspeed, ...).")] = None,
+    fit: Annotated[bool, typer.Option("--fit", help="Refit the performance profiles to these runs (bounded least "
+                                      "squares) and report with the fitted constants.")] = False,
+    cross_validate: Annotated[bool, typer.Option("--cross-validate", help="Recompute the leave-one-source-out "
+                                                 "figures: fit on every source but one, predict that one (one fit "
+                                                 "per source, minutes).")] = False,
     write_profile: Annotated[Optional[str], typer.Option("--write-profile", help="With --fit: write the fitted "
-                                                         "constants as a cluster profile YAML (use with --cluster).")] = None,
+                                                         "constants of --trainer's profile (default megatron) as a "
+                                                         "cluster profile YAML, for --cluster FILE.")] = None,
+    write_profiles: Annotated[Optional[str], typer.Option("--write-profiles", help="With --fit: write every "
+                                                          "fitted profile as a profiles.toml (maintainers: "
+                                                          "autopar/cost/data/profiles.toml).")] = None,
     as_json: o.Json = False,
 ) -> None:
     """Predict every published run whose layout is complete enough and compare with its measured
-    throughput: per-row error, MAPE and max error; rows that cannot be evaluated, with the reason."""
-    from autopar.cost.published import default_runs_path, evaluate_runs, load_runs
+    throughput: per-row error and MAPE per category, family and source, in sample and
+    leave-one-source-out cross-validated; rows that cannot be evaluated, with the reason.
 
-    path = runs or default_runs_path()
-    result = evaluate_runs(load_runs(path))
-    if fit:
-        from autopar.cli.render_validate import fit_summary
-        from autopar.cost.published import fit_to_runs
+    Refit from your own runs: autopar validate --fit --runs my_runs.csv --trainer megatron --write-profile mine.yaml
+    """
+    from autopar.errors import InputError
 
-        fitted = fit_to_runs(load_runs(path))
-        result = fitted.result
-        fit_summary(fitted, write_profile)
+    if (write_profile or write_profiles) and not fit:
+        raise InputError("--write-profile/--write-profiles need --fit (there is nothing fitted to write); add --fit")
+    from autopar.cost.validate_runs import validate_runs
+
+    report = validate_runs(runs, trainer, fit=fit, cross_validate=cross_validate,
+                           progress=None if as_json else lambda s: print(f"  fold done: {s}", flush=True))
+    from autopar.cli.render_validate import print_report, write_outputs
+
+    written = write_outputs(report, trainer, write_profile, write_profiles)
     if as_json:
         import json
 
-        print(json.dumps(result.to_dict(), indent=2))
+        out = report.in_sample.to_dict() | {"cross_validated": (report.cross_validated.summary()
+                                                                if report.cross_validated else None),
+                                            "cross_validation_origin": report.cv_origin,
+                                            "written": [str(p) for p in written]}
+        print(json.dumps(out, indent=2, default=float))
         return
-    from autopar.cli.render import console
-    from autopar.cli.render_validate import validation_tables
-
-    out = console()
-    for r in validation_tables(result, path):
-        out.print(r)
+    print_report(report, written)

@@ -102,6 +102,24 @@ def all_to_all_time(nbytes, group: Group, links: Links) -> np.ndarray:
     return np.where(group.size > 1, t, 0.0)
 
 
+def deduplicated_all_to_all_time(nbytes, group: Group, links: Links, top_k: int) -> np.ndarray:
+    """A dispatch or combine of DeepEP / HybridEP kernels: a token's k routed copies cross the
+    network once per distinct destination node (then fan out over NVLink there), and the NVLink and
+    RDMA transfers run at once (DeepEP README, 'normal kernels': intranode NVLink forwarding of
+    internode RDMA). With uniform routing a token reaches (N - 1)(1 - (1 - 1/N)^k) remote nodes of
+    the N the group spans, against k(N - 1)/N remote copies without deduplication."""
+    s = np.asarray(nbytes, dtype=float)
+    n = group.size.astype(float)
+    g = group.per_node.astype(float)
+    nodes = group.nodes.astype(float)
+    remote = (n - g) / n
+    distinct = np.where(nodes > 1, nodes * (1 - (1 - 1 / np.maximum(nodes, 1)) ** top_k) / top_k, 1.0)
+    nvlink = ((g - 1) / n + remote) * s / _intra_bw(links, group.per_node)
+    rdma = remote * distinct * s / links.inter_bw
+    lat = np.where(group.nodes > 1, links.inter_lat, links.intra_lat) * (n - 1)
+    return np.where(group.size > 1, np.maximum(nvlink, rdma) + lat, 0.0)
+
+
 def p2p_time(nbytes, crosses_node, links: Links) -> np.ndarray:
     """Send/recv: S/B + a on the link between the two ranks (reference D.2)."""
     s = np.asarray(nbytes, dtype=float)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from autopar.cost.collectives import Links, place
+from autopar.cost.collectives import Links, deduplicated_all_to_all_time, place
 from autopar.cost.comm import (cp_calls, dp_calls, ep_calls, grad_reductions_per_step, moe_stat_calls, pp_calls,
                                tp_calls, tp_step_calls, traffic)
 from autopar.cost.compute import expert_load
@@ -19,6 +19,7 @@ from autopar.cost.params import RankParams
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
+from autopar.spec.table import DISPATCHER
 
 
 class Traffic(NamedTuple):
@@ -55,8 +56,15 @@ def comm_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankP
     cp_bytes, cp_time = traffic(cp_calls(model, x.tokens, t, c, x.layers, share, x.act_bytes), c, cp_group, links,
                                 crosses_node=cp_group.nodes > 1)
     load = expert_load(x, cluster) if model.moe else 1.0
-    ep_bytes, ep_time = traffic(ep_calls(model, x.tokens, t, sp, x.moe_layers, load, x.act_bytes, share), x.ep,
-                                place(x.ep, x.etp, gpn), links)
+    ep_group = place(x.ep, x.etp, gpn)
+    ep_list = ep_calls(model, x.tokens, t, sp, x.moe_layers, load, x.act_bytes, share)
+    ep_bytes, ep_time = traffic(ep_list, x.ep, ep_group, links)
+    if model.moe:
+        deepep = x.table.moe_dispatcher == DISPATCHER["deepep"]
+        fused = sum((deduplicated_all_to_all_time(c.full_bytes, ep_group, links, model.moe.top_k) * c.count
+                     for c in ep_list), np.zeros(()))
+        k = cluster.constants
+        ep_time = np.where(deepep, fused / k.deepep_efficiency, ep_time / k.ep_a2a_efficiency)
     # neighbouring stages are tp*cp*dp ranks apart: do two of them share a node?
     neighbours = place(2, t * c * x.dp, gpn)
     pp = traffic(pp_calls(model, x.tokens, t, sp, x.pp, x.vpp, x.rank, x.act_bytes), x.pp, None, links,
@@ -69,7 +77,7 @@ def comm_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankP
     return CommTerms(
         tp=Traffic(tp_bytes + np.where(on_cp, 0.0, stats[0]), tp_time + np.where(on_cp, 0.0, stats[1])),
         cp=Traffic(cp_bytes + np.where(on_cp, stats[0], 0.0), cp_time + np.where(on_cp, stats[1], 0.0)),
-        ep=Traffic(ep_bytes, ep_time / cluster.constants.ep_a2a_efficiency), pp=Traffic(*pp),
+        ep=Traffic(ep_bytes, ep_time), pp=Traffic(*pp),
         tp_step=Traffic(*tp_step),
         dp_reduce=Traffic(dense[0].bytes + expert[0].bytes, dense[0].seconds + expert[0].seconds),
         dp_gather=Traffic(dense[1].bytes + expert[1].bytes, dense[1].seconds + expert[1].seconds))

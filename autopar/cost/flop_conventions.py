@@ -16,7 +16,7 @@ CONVENTIONS = {
     "megatron-full": "Megatron before 2025-03 and NeMo 24.x (full, non-causal attention)",
     "narayanan": "Narayanan et al. 2021 (96*B*s*l*h^2*(1 + s/6h + V/16lh): counts the recompute)",
     "6n-full-attention": "llm-foundry collect_results.py (6 * all params incl. embeddings + 12*L*h*s, non-causal)",
-    "palm": "PaLM / nanoGPT / torchtitan (6 * non-embedding params + 12*L*H*Q*T, non-causal)",
+    "palm": "PaLM / nanoGPT / torchtitan (6 * params + 12*L*H*Q*T, non-causal)",
 }
 
 
@@ -38,6 +38,6 @@ def flops_per_token(convention: str, model: ModelSpec, seq_len: int, tp: int = 1
     attention = 12.0 * L * model.num_attention_heads * model.qk_head_dim * s  # 12*L*H*Q*T, non-causal
     if convention == "6n-full-attention":  # llm-foundry counts every parameter (tied wte, learned wpe)
         return 6.0 * model.params_total + attention
-    if convention == "palm":  # torchtitan get_nparams_and_flops: the input embedding is not counted
-        return 6.0 * (model.params_active - model.embedding_params - model.position_embedding_params) + attention
+    if convention == "palm":  # torchtitan 2024 train.py / nanoGPT estimate_mfu: every parameter but positions
+        return 6.0 * (model.params_active - model.position_embedding_params) + attention
     raise ValueError(f"unknown FLOP convention {convention!r}")

@@ -35,15 +35,20 @@ BASE_BOUNDS: dict[str, tuple[float, float]] = {
     "expert_gemm_half_dim": (1.0, 8192.0),
     "moe_layer_overhead_us": (0.0, 20000.0),
     "ep_a2a_efficiency": (0.05, 1.0),
+    "deepep_efficiency": (0.05, 1.0),
+    "ep_overlap": (0.0, 1.0),
     "moe_routing_imbalance": (1.0, 3.0),
     "tp_overlap": (0.0, 0.98),
     "dp_overlap": (0.0, 1.0),
 }
-#: per-profile deviations: the constants a trainer's own kernels and engine change
+#: per-profile deviations from the parent profile: the constants a trainer's own kernels and engine
+#: change (parents before children)
+_OWN = ("gemm_efficiency", "attention_efficiency", "layer_overhead_us", "dp_overlap")
 DELTAS: dict[str, tuple[str, ...]] = {
-    "torchtitan": ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "elementwise_traffic_factor",
-                   "layer_overhead_us", "dp_overlap"),
-    "deepspeed": ("gemm_efficiency", "attention_efficiency", "layer_overhead_us", "dp_overlap"),
+    "torchtitan": _OWN + ("fp8_gemm_efficiency", "elementwise_traffic_factor"),
+    "deepspeed": _OWN,
+    "nanotron": _OWN,
+    "meta": _OWN,
 }
 DELTA_BOUND = 1.5  # |log deviation| at most: a factor of e^1.5 = 4.5
 RIDGE = 0.5  # penalty weight of a log deviation, against one row's log error
@@ -75,7 +80,7 @@ def fit_profiles(cases: list[RunCase], start: dict[str, CostConstants] | None = 
     start = start or {name: p.constants for name, p in profiles().items()}
     bounds = base_bounds or BASE_BOUNDS
     names = list(bounds)
-    case_profile = [profile_of(c.plan.trainer).name for c in cases]
+    case_profile = [c.profile or profile_of(c.plan.trainer).name for c in cases]
     present = set(case_profile)
     delta_keys = [(p, n) for p, ns in DELTAS.items() if p in present for n in ns]
     lo = np.array([bounds[n][0] for n in names] + [-DELTA_BOUND] * len(delta_keys))
@@ -85,13 +90,15 @@ def fit_profiles(cases: list[RunCase], start: dict[str, CostConstants] | None = 
 
     def constants_at(z: np.ndarray) -> dict[str, CostConstants]:
         v = lo + z * scale
-        base = replace(start[BASE], **{n: float(x) for n, x in zip(names, v)})
-        out = {}
-        for prof, p in profiles().items():
+        out = {BASE: replace(start[BASE], **{n: float(x) for n, x in zip(names, v)})}
+        for prof, p in profiles().items():  # parents are listed before their children
+            if prof == BASE:
+                continue
+            parent = out[p.parent] if p.parent in out else out[BASE]
             fixed = {n: getattr(p.constants, n) for n in ("attention_mma_sync", "attention_block")}
-            own = {n: _clip(n, getattr(base, n) * np.exp(v[len(names) + i]))
+            own = {n: _clip(n, getattr(parent, n) * np.exp(v[len(names) + i]))
                    for i, (pp, n) in enumerate(delta_keys) if pp == prof}
-            out[prof] = replace(base, **fixed, **own)
+            out[prof] = replace(parent, **fixed, **own)
         return out
 
     def residual(z: np.ndarray) -> np.ndarray:
@@ -103,8 +110,9 @@ def fit_profiles(cases: list[RunCase], start: dict[str, CostConstants] | None = 
     sparsity = lil_matrix((len(cases) + len(delta_keys), len(names) + len(delta_keys)), dtype=int)
     for i, prof in enumerate(case_profile):
         sparsity[i, :len(names)] = 1
+        chain = _ancestry(prof)
         for j, (pp, _) in enumerate(delta_keys):
-            if pp == prof:
+            if pp in chain:
                 sparsity[i, len(names) + j] = 1
     for j in range(len(delta_keys)):
         sparsity[len(cases) + j, len(names) + j] = 1
@@ -120,6 +128,15 @@ def fit_profiles(cases: list[RunCase], start: dict[str, CostConstants] | None = 
     errs0 = np.array([predict(c, constants_at(z0))[1] for c in cases])
     return ProfileFit(constants=fitted, base_names=names, deltas=deltas, residuals=errs, initial_residuals=errs0,
                       success=bool(sol.success), message=str(sol.message))
+
+
+def _ancestry(prof: str) -> set[str]:
+    """A profile and its parents."""
+    out, p = set(), prof
+    while p and p not in out:
+        out.add(p)
+        p = profiles()[p].parent if p in profiles() else ""
+    return out
 
 
 def fitter(base_bounds: dict[str, tuple[float, float]] | None = None) -> Callable[[list[RunCase]], dict]:

@@ -28,6 +28,10 @@ class Profile:
     memory_stack: str  # "megatron" | "torch" (autopar.cost.memory_terms)
     constants: CostConstants
     description: str
+    #: the profile a fit starts from (its constants are the parent's x exp(deviation)); "" = the base
+    parent: str = ""
+    #: prices published runs of a framework autopar plans for no trainer of (nanotron, Meta's stack)
+    validation_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ def profiles() -> dict[str, Profile]:
         if unknown:  # a data error, caught by the tests
             raise ValueError(f"profiles.toml: [{name}] has unknown constants {sorted(unknown)}")
         out[name] = Profile(name=name, memory_stack=entry["memory_stack"],
-                            constants=replace(CostConstants(), **consts), description=entry.get("description", ""))
+                            constants=replace(CostConstants(), **consts), description=entry.get("description", ""),
+                            parent=entry.get("parent", ""), validation_only=bool(entry.get("validation_only", False)))
     return out
 
 
@@ -91,7 +96,11 @@ def profiles_toml(constants: dict[str, CostConstants], provenance_: Provenance) 
     lines += [f"{k} = {q(getattr(provenance_, k))}" for k in ("command", "runs", "date", "cross_validation")]
     for name, p in profiles().items():
         k = constants.get(name, p.constants)
-        lines += ["", f"[{name}]", f"memory_stack = {q(p.memory_stack)}", f"description = {q(p.description)}",
-                  f"[{name}.constants]"]
+        lines += ["", f"[{name}]", f"memory_stack = {q(p.memory_stack)}", f"description = {q(p.description)}"]
+        if p.parent:
+            lines.append(f"parent = {q(p.parent)}")
+        if p.validation_only:
+            lines.append("validation_only = true")
+        lines.append(f"[{name}.constants]")
         lines += [f"{n} = {float(getattr(k, n))!r}" for n in CONSTANT_NAMES]
     return "\n".join(lines) + "\n"

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from autopar.cost.flop_conventions import CONVENTIONS, flops_per_token
-from autopar.cost.run_rows import FAMILY_TRAINER, family, integer, num, row_cluster, row_model, source_key, text
+from autopar.cost.run_rows import FAMILY_PROFILE, FAMILY_TRAINER, family, integer, num, row_cluster, row_model, source_key, text
 from autopar.errors import InputError
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.layout import balanced_layout, parse_layout
@@ -54,6 +54,7 @@ class RunCase:
     routing_imbalance: float = 1.0  # busiest expert rank / mean (forced-balanced routing: 1)
     dropless: bool = False  # real routing, dropless: priced with the profile's routing imbalance
     assumptions: list[str] = field(default_factory=list)
+    profile: str = ""  # the performance profile that prices it (autopar.cost.run_rows.FAMILY_PROFILE)
     #: kernel facts the source documents that differ from today's trainer (its attention kernels)
     kernel_overrides: dict = field(default_factory=dict)
     prepared: object = field(default=None, repr=False, compare=False)  # autopar.cost.estimate.Prepared, cached
@@ -67,7 +68,10 @@ class RunCase:
         return self.seq_len >= LONG_CONTEXT
 
     def categories(self) -> list[str]:
-        """The acceptance categories the row counts in."""
+        """The acceptance categories the row counts in. A dropless figure a row prints in its notes is
+        a second measurement, reported on its own (autopar.cost.validation)."""
+        if self.dropless:
+            return []
         out = []
         if self.family == "megatron" and not self.model.moe:
             out.append("dense Megatron-family")
@@ -113,7 +117,7 @@ def build_case(row: dict) -> RunCase:
     if problems:
         raise ValueError("; ".join(problems))
     metric, published, fpt = _metric(row, src, model, s, plan.tp, cluster, notes)
-    forced = re.search(r"force[d-]*[ _-]?(load[ -])?balanc", text(row, "notes"), re.I) is not None
+    forced = re.search(r"force-load-balancing|forced balance", text(row, "notes"), re.I) is not None
     if model.moe is not None and not forced:
         notes.append("routing not stated: assumed forced-balanced (a benchmark table)")
     overrides, why = SOURCE_KERNELS.get(src, ({}, ""))
@@ -121,7 +125,7 @@ def build_case(row: dict) -> RunCase:
         notes.append(why)
     return RunCase(row_id=str(rid), source=src, family=fam, name=text(row, "model"), model=model, cluster=cluster,
                    plan=plan, seq_len=s, metric=metric, published=published, flops_per_token=fpt, assumptions=notes,
-                   kernel_overrides=dict(overrides))
+                   kernel_overrides=dict(overrides), profile=FAMILY_PROFILE[fam])
 
 
 def _dropless_case(case: RunCase, row: dict) -> RunCase | None:
@@ -175,18 +179,36 @@ def _plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
         notes.append(f"microbatches do not divide the local batch (Composer accumulates uneven chunks): "
                      f"priced as mbs {mbs}, gbs {gbs}")
     recompute, rl = _recompute(row, rid, src, fam, model, pp, vpp, notes)
-    zero = _zero(row, rid, fam, notes)
+    zero = _zero(row, src, fam, notes)
     dtype = "fp8" if re.search(r"fp8|float8", text(row, "precision"), re.I) else "bf16"
     sp = _sequence_parallel(row, fam, tp, model, notes)
     overlap = _tp_overlap(row, rid, src, tp, sp, notes)
-    etp = None
+    etp, dispatcher, ep_overlap = None, "alltoall", False
     if model.moe is not None:
         etp = 1
         notes.append("expert-TP 1 (ModelZoo/Bridge MoE recipes state ETP 1)")
+        dispatcher, ep_overlap = _moe_comm(row, src, notes)
     return ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, zero_stage=zero,
                         sequence_parallel=sp and tp > 1, micro_batch_size=mbs, global_batch_size=gbs,
                         recompute=recompute, recompute_layers=rl, dtype=dtype, tp_comm_overlap=overlap and tp > 1,
-                        layout=_layout(row, src, model, pp, vpp, notes), trainer=FAMILY_TRAINER[fam])
+                        layout=_layout(row, src, model, pp, vpp, notes), trainer=FAMILY_TRAINER[fam],
+                        moe_dispatcher=dispatcher, ep_comm_overlap=ep_overlap and ep > 1)
+
+
+def _moe_comm(row, src, notes) -> tuple[str, bool]:
+    """The dispatcher and EP overlap a MoE row states ('Dispatcher DeepEP', 'HybridEP dispatcher',
+    'A2A_OVERLAP=1', '+1f1b overlap'); Megatron-Bridge recipes apply the flex dispatcher backend
+    (megatron/bridge/recipes/*: apply_flex_dispatcher_backend, DeepEP / HybridEP)."""
+    words = text(row, "notes") + " " + text(row, "interconnect")
+    if re.search(r"DeepEP|HybridEP", words):
+        dispatcher = "deepep"
+    elif re.search(r"Dispatcher A2A|AlltoAll dispatcher", words) or src != "bridge-25.09":
+        dispatcher = "alltoall"
+    else:
+        dispatcher = "deepep"
+        notes.append("dispatcher not stated: the Megatron-Bridge recipe's flex backend (DeepEP/HybridEP)")
+    overlap = re.search(r"A2A_OVERLAP=1|1f1b overlap", words, re.I) is not None
+    return dispatcher, overlap
 
 
 def _divisor_near(n: int, want: int) -> int:
@@ -229,7 +251,7 @@ def _multiple(n: int, vpp: int) -> int:
     return max(vpp, n - n % vpp)
 
 
-def _zero(row, rid, fam, notes) -> int:
+def _zero(row, src, fam, notes) -> int:
     z = (text(row, "zero_or_dist_opt") + " " + text(row, "fsdp")).lower()
     if "shard_grad_op" in z or "zero-2" in z or "not resharded" in z:
         return 2
@@ -244,9 +266,12 @@ def _zero(row, rid, fam, notes) -> int:
         return 0
     if fam == "fsdp":
         return 3
-    if rid <= 27:
+    if src in ("megatron-readme-2021", "korthikanti-2022"):
         notes.append("no distributed optimizer (pre-2023 Megatron)")
         return 0
+    if src == "megatron-readme-h100":
+        notes.append("distributed optimizer (the README's --overlap-param-gather needs it)")
+        return 1
     notes.append("distributed optimizer assumed")
     return 1
 

@@ -42,8 +42,13 @@ SOURCES = (
 #: framework text -> trainer family (the performance profile that prices it: FAMILY_TRAINER)
 FAMILIES = ((r"DeepSpeed", "deepspeed"), (r"Megatron|NeMo", "megatron"), (r"nanotron", "nanotron"),
             (r"Meta internal", "meta"), (r"FSDP|torchtitan|Composer|llm-foundry|fms", "fsdp"))
-#: family -> the trainer whose profile prices it (nanotron and Meta's stack are eager PyTorch 3D/4D)
+#: family -> the trainer its plans name (nanotron and Meta's stack are PyTorch 3D/4D parallelism, the
+#: nearest trainer is torchtitan)
 FAMILY_TRAINER = {"megatron": "megatron", "fsdp": "torchtitan", "nanotron": "torchtitan", "meta": "torchtitan",
+                  "deepspeed": "deepspeed"}
+#: family -> the performance profile that prices its runs: a trainer's, or a validation-only profile
+#: of a framework autopar does not export to (priced as its parent trainer's until fitted)
+FAMILY_PROFILE = {"megatron": "megatron", "fsdp": "torchtitan", "nanotron": "nanotron", "meta": "meta",
                   "deepspeed": "deepspeed"}
 PRESET_BY_NAME = (("deepseek", "deepseek-v3"), ("qwen3_30b", "qwen3-30b-a3b"), ("qwen3-30b", "qwen3-30b-a3b"),
                   ("qwen3_235b", "qwen3-235b-a22b"), ("qwen3-235b", "qwen3-235b-a22b"))

@@ -75,7 +75,7 @@ def exposed(x: PlanArrays, cluster: ClusterSpec, compute: ComputeTerms, comm: Co
         compute=compute.total(),
         tp=comm.tp.seconds * (1 - k.tp_overlap * x.table.tp_comm_overlap),
         cp=np.maximum(0.0, comm.cp.seconds - compute.attention * (cp - 1) / cp),
-        ep=comm.ep.seconds * (1 - k.ep_overlap),
+        ep=comm.ep.seconds * (1 - k.ep_overlap * x.table.ep_comm_overlap),
         pp=comm.pp.seconds * (1 - k.pp_overlap))
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from autopar.cost.estimate import prepare, price
-from autopar.cost.profiles import priced_cluster, profile_of
+from autopar.cost.profiles import profile_of, profiles
 from autopar.cost.run_cases import RunCase
 from autopar.spec.hardware import CostConstants
 from autopar.spec.table import PlanTable
@@ -66,12 +66,15 @@ class ValidationResult:
                 for g, e in groups.items()}
 
     def summary(self) -> dict:
-        return {"method": self.method, "evaluated": len(self.rows), "skipped": len(self.skipped), "mape": self.mape,
-                "max_abs_error": self.max_error,
+        primary = [r.error for r in self.rows if not r.case.dropless]
+        return {"method": self.method, "evaluated": len(primary), "skipped": len(self.skipped), "mape": mape(primary),
+                "max_abs_error": float(np.max(np.abs(primary))) if primary else math.nan,
+                "dropless_measurements": self.grouped(lambda c: ["dropless"] if c.dropless else []).get("dropless"),
                 "by_category": self.grouped(lambda c: c.categories()),
-                "by_family": self.grouped(lambda c: [c.family]),
-                "by_workload": self.grouped(lambda c: [c.workload] + (["long context"] if c.long_context else [])),
-                "by_source": self.grouped(lambda c: [c.source])}
+                "by_family": self.grouped(lambda c: [] if c.dropless else [c.family]),
+                "by_workload": self.grouped(lambda c: [] if c.dropless else
+                                            [c.workload] + (["long context"] if c.long_context else [])),
+                "by_source": self.grouped(lambda c: [] if c.dropless else [c.source])}
 
     def to_dict(self) -> dict:
         return self.summary() | {"rows": [r.to_dict() for r in self.rows],
@@ -81,9 +84,9 @@ class ValidationResult:
 def priced(case: RunCase, constants: dict[str, CostConstants] | None):
     """The case's cluster priced with its trainer's profile, or with the given constants (profile
     name -> constants: a fit in progress)."""
-    prof = profile_of(case.plan.trainer)
-    cluster = (priced_cluster(case.cluster, case.plan.trainer) if constants is None else
-               replace(case.cluster, constants=constants[prof.name], training_stack=prof.memory_stack))
+    prof = profiles()[case.profile] if case.profile else profile_of(case.plan.trainer)
+    cluster = replace(case.cluster, constants=(constants or {}).get(prof.name, prof.constants),
+                      training_stack=prof.memory_stack)
     if case.kernel_overrides:
         cluster = replace(cluster, constants=replace(cluster.constants, **case.kernel_overrides))
     return cluster

@@ -148,7 +148,13 @@ TOP_COLUMNS = [("rank", "#", "int"), ("plan_name", "layout", "t"), ("pp_schedule
                ("layout_text", "stages", "t"), ("memory_gib", "memory GiB", "gib"),
                ("step_time_s", "step s", "s"), ("tokens_per_s", "tokens/s", "count"),
                ("tokens_per_s_per_gpu", "tokens/s/GPU", "count"), ("mfu", "MFU", "pct"),
-               ("bubble_fraction", "bubble", "pct"), ("dominant_cost", "dominant cost", "t")]
+               ("bubble_fraction", "bubble", "pct"), ("dominant_cost", "dominant cost", "t"),
+               ("trainers", "runs on", "t")]
+TRAINER_COLUMNS = [("trainer", "trainer", "t"), ("plan_name", "layout", "t"), ("pp_schedule", "schedule", "t"),
+                   ("recompute", "recompute", "t"), ("zero_stage", "ZeRO", "int"),
+                   ("micro_batch_size", "mbs", "int"), ("memory_gib", "memory GiB", "gib"),
+                   ("step_time_s", "step s", "s"), ("tokens_per_s", "tokens/s", "count"), ("mfu", "MFU", "pct"),
+                   ("vs_best", "vs best", "pct_signed")]
 PARETO_COLUMNS = [("plan_name", "layout", "t"), ("pp_schedule", "schedule", "t"), ("recompute", "recompute", "t"),
                   ("zero_stage", "ZeRO", "int"), ("micro_batch_size", "mbs", "int"), ("memory_gib", "memory GiB", "gib"),
                   ("tokens_per_s", "tokens/s", "count"), ("step_time_s", "step s", "s"), ("mfu", "MFU", "pct")]
@@ -194,6 +200,13 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
                         f"<p class=\"note\">Click a column to sort. Memory: peak per GPU on the most loaded "
                         f"pipeline rank, of {top['memory_capacity_gib'].iloc[0]:.1f} GiB.</p>"
                         + _table(_pp_dash(top), TOP_COLUMNS, row_class=lambda i, r: "win" if i == 0 else ""))
+        per_trainer = T.trainer_table(run)
+        if len(per_trainer) > 1:
+            sections.append("<h2 id=\"trainers\">The best plan per trainer</h2>"
+                            "<p class=\"note\">Each trainer runs only what its capability table allows "
+                            "(autopar/spec/data/trainers.toml) and at the speed of its own performance profile."
+                            "</p>" + _table(_pp_dash(per_trainer), TRAINER_COLUMNS))
+            nav.insert(2, ("trainers", "per trainer"))
         sections.append("<h2 id=\"breakdown\">Where the step time and the memory go</h2>"
                         + _fig(F.time_figure(T.time_breakdown(rows)), "fig-time")
                         + _fig(F.memory_figure(T.memory_breakdown(rows), run.headroom_gib), "fig-memory"))

@@ -22,7 +22,7 @@ import pandas as pd
 
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.errors import InputError
-from autopar.search.results import ranked
+from autopar.search.results import best_per_trainer, ranked, top_plans
 from autopar.spec.hardware import GIB
 
 #: the files `autopar search` writes that a report needs
@@ -256,13 +256,32 @@ def answer(run: RunData) -> str:
 TOP_COLUMNS = ("rank", "label", "plan_name", "tp", "cp", "pp", "vpp", "dp", "ep", "pp_schedule", "recompute",
                "zero_stage", "micro_batch_size", "layout_text", "peak_memory_bytes", "memory_gib",
                "memory_capacity_gib", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
-               "bubble_fraction", "dominant_cost")
+               "bubble_fraction", "dominant_cost", "trainer", "trainers")
 
 
 def top_rows(run: RunData) -> pd.DataFrame:
-    """The top-k rows of plans.parquet, ranked as the search ranked them (top.json's k)."""
+    """The top-k rows of plans.parquet, ranked as the search ranked them (top.json's k): distinct
+    plans, each on its fastest trainer, with every trainer that runs it (`trainers`)."""
     k = run.top_k or int(run.search.get("options", {}).get("top_k", 10))
-    return ranked(run.plans).head(k) if k else run.plans.iloc[:0]
+    if not k:
+        return run.plans.iloc[:0]
+    if "trainer" not in run.plans.columns:  # a run directory from before trainers were searched
+        return ranked(run.plans).head(k).assign(trainer="megatron", trainers="megatron")
+    return top_plans(run.plans, k)
+
+
+def trainer_table(run: RunData) -> pd.DataFrame:
+    """The fastest plan that fits per searched trainer, and how much slower than the overall best."""
+    if "trainer" not in run.plans.columns:
+        return pd.DataFrame()
+    best = {t: r for t, r in best_per_trainer(run.plans).items()}
+    rows = [r.to_frame().T.assign(trainer=t) for t, r in best.items() if r is not None]
+    if not rows:
+        return pd.DataFrame()
+    out = pd.concat(rows, ignore_index=True)
+    out["memory_gib"] = out["peak_memory_bytes"].astype(float) / GIB
+    out["vs_best"] = out["step_time_s"].astype(float) / out["step_time_s"].astype(float).min() - 1
+    return out
 
 
 def _labels(top: pd.DataFrame) -> list[str]:

@@ -17,7 +17,7 @@ from autopar.search.space import SearchSpace
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.layout import auto_layout, balanced_layout
 from autopar.spec.model import ModelSpec
-from autopar.spec.table import DTYPE, RECOMP, SCHED, TRAINER, PlanTable
+from autopar.spec.table import DISPATCHER, DTYPE, RECOMP, SCHED, TRAINER, PlanTable
 from autopar.spec.trainers import TRAINERS
 
 DEFAULT_EP_LIMIT = 64
@@ -63,7 +63,7 @@ def space_size(space: SearchSpace, q: "Question") -> int:
 
 #: the product axes, in order; values are what `knob_choices` returns for each
 AXES = ("tp", "pp", "cp", "sched_vpp", "ep", "etp", "zero", "mbs", "recompute", "recompute_layers", "dtype",
-        "tp_comm_overlap", "sp", "pp_layout", "trainer")
+        "tp_comm_overlap", "sp", "pp_layout", "moe_dispatcher", "ep_comm_overlap", "trainer")
 
 
 def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
@@ -94,7 +94,9 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
         "tp_comm_overlap": sorted(set(k.get("tp_comm_overlap", [False]))),
         "sp": [True, False] if sp_knob == "auto" else sorted(set(sp_knob)),
         "pp_layout": ["auto"] + [x for x in dict.fromkeys(k.get("pp_layout", ["auto"])) if x != "auto"],
-        "trainer": [TRAINER[t] for t in q.trainers],
+        "moe_dispatcher": sorted({DISPATCHER[d] for d in k.get("moe_dispatcher", ["alltoall"])}) if model.moe else [0],
+        "ep_comm_overlap": sorted(set(k.get("ep_comm_overlap", [False]))) if model.moe else [False],
+        "trainer": [TRAINER[t] for t in q.trainers if t in k.get("trainer", q.trainers)],
     }
 
 
@@ -116,6 +118,7 @@ def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], 
     keep &= ~((p == 1) & ((sched != SCHED["1f1b"]) | (vpp > 1)))
     keep &= (col["recompute_layers"] < 0) | (col["recompute"] == RECOMP["full"])
     keep &= ~((t == 1) & col["tp_comm_overlap"].astype(bool))
+    keep &= ~((col["ep"] == 1) & (col["ep_comm_overlap"].astype(bool) | (col["moe_dispatcher"] != 0)))
     if space.knobs.get("sp", "auto") == "auto":
         keep &= col["sp"].astype(bool) == (t > 1)
     keep &= ~((p == 1) & (lo > 0))
@@ -126,7 +129,8 @@ def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], 
     # the same plan reached through different choices (etp "tp" and 1 at tp 1, ...) counts once
     key = np.stack([t, p, c, sched, vpp, col["ep"], et, col["zero"], col["mbs"], col["recompute"],
                     col["recompute_layers"], col["dtype"], col["tp_comm_overlap"].astype(np.int64),
-                    col["sp"].astype(np.int64), layout_id, col["trainer"]], axis=1)
+                    col["sp"].astype(np.int64), layout_id, col["moe_dispatcher"],
+                    col["ep_comm_overlap"].astype(np.int64), col["trainer"]], axis=1)
     _, first = np.unique(np.where(keep[:, None], key, -3), axis=0, return_index=True)
     keep &= np.isin(np.arange(len(t)), first)
     idx = np.flatnonzero(keep)
@@ -135,7 +139,7 @@ def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], 
         micro_batch_size=col["mbs"], global_batch_size=np.full(len(t), q.global_batch_size), schedule=sched,
         recompute=col["recompute"], recompute_layers=col["recompute_layers"], dtype=col["dtype"],
         tp_comm_overlap=col["tp_comm_overlap"], sequence_parallel=col["sp"], layout_id=layout_id,
-        trainer=col["trainer"])
+        moe_dispatcher=col["moe_dispatcher"], ep_comm_overlap=col["ep_comm_overlap"], trainer=col["trainer"])
     return table.take(idx)
 
 

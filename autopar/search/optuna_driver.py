@@ -162,7 +162,8 @@ def _budget_taken_before(study: optuna.Study, number: int) -> int:
 #: knobs Optuna chooses (the structure of the layout) and knobs each trial completes exhaustively
 #: (cheap to evaluate side by side, vectorised): a trial is one structure plus its best completion
 OUTER = ("tp", "cp", "pp", "ep", "etp", "dtype", "tp_comm_overlap")
-INNER = ("sched_vpp", "zero", "mbs", "recompute", "recompute_layers", "pp_layout", "trainer")
+INNER = ("sched_vpp", "zero", "mbs", "recompute", "recompute_layers", "pp_layout", "moe_dispatcher", "ep_comm_overlap",
+         "trainer")
 
 
 def suggest_outer(trial: optuna.Trial, choices: dict, moe: bool) -> dict[str, int]:

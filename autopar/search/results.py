@@ -7,14 +7,14 @@ import numpy as np
 import pandas as pd
 
 from autopar.cost.estimate import TIME_TERMS
-from autopar.spec.plan import DTYPES, MOE_DISPATCH, RECOMPUTE, SCHEDULES, ParallelPlan
+from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan
 from autopar.spec.table import PlanTable
 from autopar.spec.trainers import ALL_TRAINERS, TRAINERS
 
 #: the columns that make a plan what it is, apart from the trainer that runs it
 PLAN_KEY = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage", "sequence_parallel", "micro_batch_size",
             "global_batch_size", "pp_schedule", "recompute", "recompute_layers", "dtype", "tp_comm_overlap",
-            "layout_id", "moe_dispatch", "capacity_factor")
+            "layout_id", "moe_dispatch", "capacity_factor", "moe_dispatcher", "ep_comm_overlap")
 COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
 
 
@@ -31,6 +31,8 @@ def frame(table: PlanTable, est: dict[str, np.ndarray]) -> pd.DataFrame:
         "tp_comm_overlap": c["tp_comm_overlap"], "layout_id": c["layout_id"],
         "moe_dispatch": np.asarray(MOE_DISPATCH, dtype=object)[c["moe_dispatch"]],
         "capacity_factor": c["capacity_factor"],
+        "moe_dispatcher": np.asarray(MOE_DISPATCHERS, dtype=object)[c["moe_dispatcher"]],
+        "ep_comm_overlap": c["ep_comm_overlap"],
         "trainer": np.asarray(ALL_TRAINERS, dtype=object)[c["trainer"]],
     })
     for name, arr in est.items():
@@ -77,7 +79,8 @@ def row_plan(row: pd.Series, layouts) -> ParallelPlan:
         dtype=str(row["dtype"]), tp_comm_overlap=bool(row["tp_comm_overlap"]),
         layout=None if lid < 0 else layouts[lid], trainer=str(row.get("trainer", "megatron")),
         moe_dispatch=str(row.get("moe_dispatch", "dropless")),
-        capacity_factor=float(row["capacity_factor"]) if row.get("moe_dispatch") == "capacity" else None)
+        capacity_factor=float(row["capacity_factor"]) if row.get("moe_dispatch") == "capacity" else None,
+        moe_dispatcher=str(row.get("moe_dispatcher", "alltoall")), ep_comm_overlap=bool(row.get("ep_comm_overlap", False)))
 
 
 def top_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:

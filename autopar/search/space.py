@@ -7,15 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autopar.errors import InputError, did_you_mean
-from autopar.spec.plan import DTYPES, RECOMPUTE, SCHEDULES
+from autopar.spec.plan import DTYPES, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
+from autopar.spec.trainers import ALL_TRAINERS
 from autopar.spec.yaml_io import load_yaml
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 
 INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "mbs", "recompute_layers", "gbs")
 CHOICE_KNOBS = {"pp_schedule": [s for s in SCHEDULES if s != "interleaved-1f1b"], "recompute": list(RECOMPUTE),
-                "dtype": list(DTYPES), "pp_layout": ["auto", "balanced", "embedding+loss"]}
-BOOL_KNOBS = ("sp", "tp_comm_overlap")
+                "dtype": list(DTYPES), "pp_layout": ["auto", "balanced", "embedding+loss"],
+                "moe_dispatcher": list(MOE_DISPATCHERS), "trainer": list(ALL_TRAINERS)}
+BOOL_KNOBS = ("sp", "tp_comm_overlap", "ep_comm_overlap")
 KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + ("tokens_per_step",)
 CONSTRAINTS = {"tp_within_node": bool, "max_pp": int, "max_cp": int, "min_dp": int, "ep_within": int,
                "memory_headroom_gib": float, "max_tp": int}

@@ -84,12 +84,15 @@ class CostConstants:
     #: fraction of the links' collective bandwidth an EP all-to-all reaches (many small messages;
     #: DeepEP/HybridEP kernels reach more than NCCL's all-to-all)
     ep_a2a_efficiency: float = 1.0
+    #: fraction of the link bandwidth DeepEP / HybridEP dispatch and combine kernels reach
+    deepep_efficiency: float = 1.0
     #: fraction of a link's per-direction bandwidth a NCCL collective achieves (busBw / line rate)
     intra_node_bw_efficiency: float = 0.80
     inter_node_bw_efficiency: float = 0.85
     #: fraction of TP communication hidden under GEMMs when the plan turns on --tp-comm-overlap
     tp_overlap: float = 0.95
-    #: fraction of EP all-to-all hidden under compute
+    #: fraction of the EP all-to-alls hidden under another microbatch's compute when the plan
+    #: overlaps them (--ep-comm-overlap; Megatron-Core's 1F1B all-to-all overlap)
     ep_overlap: float = 0.0
     #: dropless MoE with real (learned) routing: the busiest expert rank's tokens / the mean
     moe_routing_imbalance: float = 1.0

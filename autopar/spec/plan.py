@@ -25,6 +25,9 @@ EXPERT_MESH_ORDER = ("pp", "edp", "ep", "etp")
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 MOE_DISPATCH = ("dropless", "capacity")  # every routed token computed / tokens past capacity dropped
+#: MoE token dispatcher: NCCL all-to-all, or DeepEP / HybridEP fused kernels (Megatron-Core
+#: --moe-token-dispatcher-type alltoall | flex), which send each token once per destination node
+MOE_DISPATCHERS = ("alltoall", "deepep")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16", "fp8", "fp32")  # fp32: full-precision training (CPU trials)
 ZERO_STAGES = (0, 1, 2, 3)
@@ -59,6 +62,8 @@ class ParallelPlan:
     trainer: str = "megatron"  # which program runs the plan (autopar.spec.trainers)
     moe_dispatch: str = "dropless"  # MoE token dispatch: dropless or capacity (drop past the capacity factor)
     capacity_factor: float | None = None  # capacity dispatch: expert capacity / mean load; None = 1.0
+    moe_dispatcher: str = "alltoall"  # alltoall (NCCL) | deepep (DeepEP/HybridEP kernels)
+    ep_comm_overlap: bool = False  # overlap the EP all-to-alls with another microbatch's compute
 
     def __post_init__(self) -> None:
         if self.etp is None:
@@ -90,6 +95,8 @@ class ParallelPlan:
             out.append(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         if self.trainer not in ALL_TRAINERS:
             out.append(f"trainer must be one of {', '.join(ALL_TRAINERS)}, got '{self.trainer}'")
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            out.append(f"MoE dispatcher must be alltoall or deepep, got '{self.moe_dispatcher}'")
         if self.moe_dispatch not in MOE_DISPATCH:
             out.append(f"MoE dispatch must be dropless or capacity, got '{self.moe_dispatch}'")
         if self.capacity_factor is not None:

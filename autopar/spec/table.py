@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autopar.spec.layout import PipelineLayout
-from autopar.spec.plan import DTYPES, MOE_DISPATCH, RECOMPUTE, SCHEDULES, ParallelPlan
+from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan
 from autopar.spec.trainers import ALL_TRAINERS
 
 INT_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero_stage", "micro_batch_size",
                "global_batch_size", "schedule", "recompute", "recompute_layers", "dtype", "layout_id", "trainer",
-               "moe_dispatch")
-BOOL_COLUMNS = ("sequence_parallel", "main_grads_fp32", "tp_comm_overlap")
+               "moe_dispatch", "moe_dispatcher")
+BOOL_COLUMNS = ("sequence_parallel", "main_grads_fp32", "tp_comm_overlap", "ep_comm_overlap")
 FLOAT_COLUMNS = ("capacity_factor",)
 
 # integer codes of the categorical columns
@@ -24,6 +24,7 @@ RECOMP = {name: i for i, name in enumerate(RECOMPUTE)}
 DTYPE = {name: i for i, name in enumerate(DTYPES)}
 TRAINER = {name: i for i, name in enumerate(ALL_TRAINERS)}
 DISPATCH = {name: i for i, name in enumerate(MOE_DISPATCH)}
+DISPATCHER = {name: i for i, name in enumerate(MOE_DISPATCHERS)}
 
 
 @dataclass
@@ -59,7 +60,7 @@ class PlanTable:
                     "recompute_layers": -1, "dtype": DTYPE["bf16"], "layout_id": -1,
                     "main_grads_fp32": True, "recompute": RECOMP["none"],
                     "tp_comm_overlap": False, "trainer": TRAINER["megatron"], "moe_dispatch": DISPATCH["dropless"],
-                    "capacity_factor": 1.0}
+                    "capacity_factor": 1.0, "moe_dispatcher": DISPATCHER["alltoall"], "ep_comm_overlap": False}
         out = {}
         for name in INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS:
             if name in cols:
@@ -103,6 +104,8 @@ class PlanTable:
             "trainer": [TRAINER[p.trainer] for p in plans],
             "moe_dispatch": [DISPATCH[p.moe_dispatch] for p in plans],
             "capacity_factor": [p.capacity_factor or 1.0 for p in plans],
+            "moe_dispatcher": [DISPATCHER[p.moe_dispatcher] for p in plans],
+            "ep_comm_overlap": [p.ep_comm_overlap for p in plans],
         }
         return cls.from_columns(layouts, **cols)
 
@@ -121,7 +124,8 @@ class PlanTable:
             tp_comm_overlap=bool(c["tp_comm_overlap"]),
             layout=None if lid < 0 else self.layouts[lid], trainer=ALL_TRAINERS[int(c["trainer"])],
             moe_dispatch=MOE_DISPATCH[int(c["moe_dispatch"])],
-            capacity_factor=float(c["capacity_factor"]) if MOE_DISPATCH[int(c["moe_dispatch"])] == "capacity" else None)
+            capacity_factor=float(c["capacity_factor"]) if MOE_DISPATCH[int(c["moe_dispatch"])] == "capacity" else None,
+            moe_dispatcher=MOE_DISPATCHERS[int(c["moe_dispatcher"])], ep_comm_overlap=bool(c["ep_comm_overlap"]))
 
     def take(self, idx: np.ndarray) -> "PlanTable":
         return PlanTable({k: v[idx] for k, v in self.columns.items()}, self.layouts)

@@ -15,7 +15,7 @@ from functools import cache
 import numpy as np
 
 from autopar.spec.plan import RECOMPUTE, SCHEDULES
-from autopar.spec.table import DISPATCH, DTYPE, RECOMP, SCHED, TRAINER, PlanTable
+from autopar.spec.table import DISPATCH, DISPATCHER, DTYPE, RECOMP, SCHED, TRAINER, PlanTable
 from autopar.spec.trainers import Capability, Trainer, trainers
 
 
@@ -60,6 +60,12 @@ KINDS: dict[str, Kind] = {
     "moe_dispatch": Kind(
         lambda t, c, v: np.isin(t.moe_dispatch, [DISPATCH[x] for x in DISPATCH if x not in v]) & _moe(c),
         lambda r, c: f"{'capacity' if r['moe_dispatch'] else 'dropless'} MoE dispatch"),
+    "moe_dispatcher": Kind(
+        lambda t, c, v: np.isin(t.moe_dispatcher, [DISPATCHER[x] for x in DISPATCHER if x not in v]) & _moe(c),
+        lambda r, c: f"the {'deepep' if r['moe_dispatcher'] else 'alltoall'} MoE dispatcher"),
+    "ep_comm_overlap": Kind(
+        lambda t, c, v: t.ep_comm_overlap & (t.ep > 1) & (not v) & _moe(c),
+        lambda r, c: "EP communication overlap"),
     "etp": Kind(
         lambda t, c, v: _moe(c) & (((v == "tp-or-1") & np.where(t.ep > 1, t.etp != 1, t.etp != t.tp))
                                    | ((v == "tp-or-1-any-ep") & (t.etp != 1) & (t.etp != t.tp))),
