@@ -35,9 +35,10 @@ def _help() -> str:
     for name, e in EXPORTERS.items():
         lines.append(f"\b\n  {name}: {e.title}\n    {e.example}")
     lines.append("\b\nExample, end to end:\n"
-                 "  autopar search --model 70b --gpus 256 --run-dir runs/70b\n"
-                 "  autopar export --run runs/70b --rank 1 --to megatron --pp-schedule 1f1b --out launch/\n"
-                 "  (Megatron-Core has no zero-bubble schedule: the ranked plan is re-estimated with 1F1B)\n"
+                 "  autopar search --model 70b --gpus 256 --trainer megatron --run-dir runs/70b\n"
+                 "  autopar export --run runs/70b --rank 1 --to megatron --out launch/\n"
+                 "  (without --trainer the search ranks every trainer's plans; --to T re-targets rank N to T,\n"
+                 "  or refuses it with T's capability line; plan flags such as --zero 1 change it first)\n"
                  "  cd launch/megatron && sbatch launch_slurm.sbatch")
     return "\n\n".join(lines)
 

@@ -163,3 +163,26 @@ def test_rebase_keeps_an_uneven_layout_while_pp_and_vpp_stay() -> None:
     assert rebase_plan(base, PlanRequest(zero=3), m, 256, 8192).layout == base.layout
     assert rebase_plan(base, PlanRequest(pp=8), m, 256, 8192).layout is None
     assert rebase_plan(base, PlanRequest(pp_first=18, pp_last=22), m, 256, 8192).layout.stages == (18, 20, 20, 22)
+
+
+def test_estimate_says_which_trainer_and_profile(capsys) -> None:
+    import json
+
+    code, out, err = cli(["estimate", "--model", "llama3-70b", "--gpus", "256", "--tp", "8", "--pp", "4", "--zero", "3",
+                          "--trainer", "torchtitan", "--json"], capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    assert (d["trainer"], d["profile"], d["plan"]["trainer"]) == ("torchtitan", "torchtitan", "torchtitan")
+    code, out, err = cli(["estimate", "--model", "llama3-70b", "--gpus", "256", "--tp", "8", "--pp", "4"], capsys)
+    assert code == 0 and "trainer Megatron-LM (megatron), performance profile megatron" in out
+
+
+def test_compare_layouts_on_different_trainers(capsys) -> None:
+    import json
+
+    code, out, err = cli(["compare", "--model", "llama3-70b", "--gpus", "256", "--tp 8 --pp 4 --zero 3",
+                          "--tp 8 --pp 4 --zero 1 --trainer deepspeed", "--trainer", "torchtitan", "--json"], capsys)
+    assert code == 0, err
+    layouts = json.loads(out)["layouts"]
+    assert [x["plan"]["trainer"] for x in layouts] == ["torchtitan", "deepspeed"]  # --trainer: the default only
+    assert layouts[0]["step_time_s"] != layouts[1]["step_time_s"]  # each priced with its trainer's profile
