@@ -164,9 +164,10 @@ def measure_placement(placement: Placement, predicted: dict, *, steps: int = 5, 
                        peak_flops=None if proxy else peak_flops, device=placement.device, on_step=scaled_step,
                        launch_fn=launch_fn, worker_args=worker_args)
     doc["kind"] = placement.kind
+    doc["plan"] = placement.plan  # the plan as searched (the run plan may name the built-in trainer)
     if proxy is None:
         return doc
-    doc |= {"name": ParallelPlan.from_dict(placement.plan).describe(), "plan": placement.plan,
+    doc |= {"name": ParallelPlan.from_dict(placement.plan).describe(),
             "proxy": proxy.to_dict() | {"run_plan": placement.run_plan, "model": placement.model.get("name"),
                                         "seq_len": placement.seq_len}}
     m = doc.get("measured") or {}
