@@ -39,6 +39,9 @@ class TrialOptions:
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
             raise InputError(f"unknown --launcher '{self.launcher}'; choose local (this machine) or slurm (sbatch)")
+        if self.max_local_ranks is not None and self.max_local_ranks < 1:
+            raise InputError(f"--max-local-ranks {self.max_local_ranks} must be at least 1; give the most ranks a "
+                             f"local trial may start, e.g. 2")
         if self.launcher == "slurm" and self.max_local_ranks is not None:
             raise InputError("--max-local-ranks applies to --launcher local; drop it (SLURM jobs get the plan's GPUs)")
 

@@ -66,7 +66,7 @@ def search(
     proxy_layers: Annotated[Optional[int], typer.Option("--proxy-layers", help="Proxy: layers per pipeline stage "
                                                         "(default: the most that fit).")] = None,
     proxy_width: Annotated[Optional[int], typer.Option("--proxy-width", help="Proxy: divide every width (hidden, "
-                                                       "head size, FFN, vocabulary; head counts kept) by this "
+                                                       "heads then head size, FFN, vocabulary) by this "
                                                        "(default: the least that fits).")] = None,
     proxy_seq: Annotated[Optional[int], typer.Option("--proxy-seq", help="Proxy: divide the sequence length by this "
                                                      "(default: the least that fits).")] = None,

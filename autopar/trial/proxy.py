@@ -63,7 +63,8 @@ class ProxyOptions:
         for name in ("layers_per_stage", "width_divisor", "seq_divisor"):
             v = getattr(self, name)
             if v is not None and v < 1:
-                raise InputError(f"--proxy-{name.split('_')[0]} {v} must be at least 1")
+                flag = {"layers_per_stage": "layers", "width_divisor": "width", "seq_divisor": "seq"}[name]
+                raise InputError(f"--proxy-{flag} {v} must be at least 1; leave it out to let the proxy choose")
 
 
 @dataclass(frozen=True)

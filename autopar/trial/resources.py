@@ -92,7 +92,8 @@ def local_limits(machine: Machine, device: str, max_local_ranks: int | None = No
     """The limits of a local trial on `device` ("cpu" or "cuda"); `max_local_ranks` lowers the
     rank count on GPUs and sets it on the CPU (default: the cores). Bad values are InputErrors."""
     if max_local_ranks is not None and max_local_ranks < 1:
-        raise InputError(f"--max-local-ranks {max_local_ranks} must be at least 1")
+        raise InputError(f"--max-local-ranks {max_local_ranks} must be at least 1; give the most ranks a local trial "
+                         f"may start, e.g. 2")
     if device == "cuda":
         if not machine.gpus:
             raise InputError("GPU trials need a GPU on this machine and none answered nvidia-smi; run them on the "
