@@ -145,16 +145,15 @@ class Exporter:
 
         return recipe_waiver(self.name, options.recipe)
 
-    @staticmethod
-    def trainer_exporter(trainer: str) -> "Exporter":
-        """The exporter of a trainer; a trainer without one (autopar's built-in model) is an InputError."""
+    def trainer_exporter(self, trainer: str) -> "Exporter":
+        """The exporter of a trainer; a trainer without one (autopar's built-in model) is refused."""
         import autopar.export  # noqa: F401  (registers the exporters)
         from autopar.export.registry import EXPORTERS
-        from autopar.spec.trainers import TRAINERS
+        from autopar.spec.trainers import TRAINERS, get_trainer
 
         if trainer not in EXPORTERS:
-            raise InputError(f"the plan runs on {trainer}, which has no launch config to export (`autopar trial` runs "
-                             f"autopar's built-in model); pass --trainer with one of {', '.join(TRAINERS)}")
+            raise ExportRefused(self.name, f"it runs on {get_trainer(trainer).title}, which has no launch config "
+                                           f"(`autopar trial` runs it); pass --trainer with one of {', '.join(TRAINERS)}")
         return EXPORTERS[trainer]
 
     def _render(self, ctx: "Context") -> ExportBundle:  # pragma: no cover - abstract

@@ -212,3 +212,13 @@ def test_a_table_of_one_plan_gives_the_same_rules() -> None:
         one = check_rules(PlanTable.from_plans([table.plan(int(i))]), model, num_gpus=64, cluster=CLUSTER,
                           seq_len=SEQ)
         assert {n for n, m in one.masks.items() if m[0]} == {n for n, m in rules.masks.items() if m[i]}
+
+
+def test_launchers_refuse_a_trainer_without_an_exporter() -> None:
+    """A plan of autopar's built-in model (the measured stage's trainer) has no launch config."""
+    model, table, rules = space("llama3-8b")
+    plan = table.plan(sample("megatron", "llama3-8b")[0][0]).with_(trainer="autopar")
+    with pytest.raises(ExportRefused, match="autopar's built-in model, which has no launch config"):
+        get_exporter("torchrun").render(plan, model, CLUSTER, ExportOptions(seq_len=SEQ))
+    bundle = get_exporter("torchrun").render(plan, model, CLUSTER, ExportOptions(seq_len=SEQ, trainer="megatron"))
+    assert bundle.meta["trainer"] == "megatron"
