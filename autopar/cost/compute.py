@@ -63,9 +63,22 @@ def attention_rate(cluster: ClusterSpec, kv_len=None, head_dim: int | None = Non
 
 def causal_block_waste(cluster: ClusterSpec, seq_len) -> np.ndarray:
     """Executed / causal attention FLOPs: a causal flash kernel skips the blocks above the diagonal
-    but computes the diagonal ones in full, s*B/2 more than s^2/2 (FlashAttention-2 paper sec. 3.1)."""
-    b = cluster.constants.attention_block
-    return 1.0 + np.minimum(b / np.asarray(seq_len, dtype=float), 1.0)
+    but computes the diagonal ones in full, s*B/2 more than s^2/2 (FlashAttention-2 paper sec. 3.1);
+    an attention that materialises its scores computes all s^2 of them, then masks."""
+    k = cluster.constants
+    flash = 1.0 + np.minimum(k.attention_block / np.asarray(seq_len, dtype=float), 1.0)
+    return k.attention_flash * flash + (1 - k.attention_flash) * 2.0
+
+
+def score_matrix_bytes(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
+    """HBM bytes of the attention score matrices per microbatch when they are materialised
+    (attention_flash 0): per layer the stored 5as^2 bytes of Korthikanti et al. 2022 Table 2 (QK^T
+    and softmax outputs 2as^2 each, the dropout mask as^2) per sequence, over the tp ranks; written in
+    the forward, read in the backward and rebuilt by a recompute of the attention core."""
+    k = cluster.constants
+    passes = 2.0 + np.where(x.full, x.recompute_share, np.where(x.selective, 1.0, 0.0))
+    per_layer = 5.0 * model.num_attention_heads * x.seq_len ** 2 * x.micro_batch / x.tp_float
+    return (1 - k.attention_flash) * x.layers * per_layer * passes
 
 
 class ComputeTerms(NamedTuple):
@@ -105,7 +118,8 @@ def compute_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_la
     attn_rate = attention_rate(cluster, x.seq_len / x.cp, model.qk_head_dim)
     attention = (3 * fwd_core + recompute_core) * causal_block_waste(cluster, x.seq_len) / attn_rate
     hbm = cluster.gpu.hbm_gbps * 1e9
-    elementwise = (k.elementwise_traffic_factor * (rank_layers_act * (1 + share)) + moe_traffic_bytes(x, model)) / hbm
+    elementwise = (k.elementwise_traffic_factor * (rank_layers_act * (1 + share) + score_matrix_bytes(x, model, cluster))
+                   + moe_traffic_bytes(x, model)) / hbm
     launch = (x.layers * k.layer_overhead_us + x.moe_layers * k.moe_layer_overhead_us) * (1 + share / 2) * 1e-6
     return ComputeTerms(gemm, attention, elementwise, launch, recompute_dense + recompute_expert + recompute_core)
 

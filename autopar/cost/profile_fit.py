@@ -95,7 +95,7 @@ def fit_profiles(cases: list[RunCase], start: dict[str, CostConstants] | None = 
             if prof == BASE:
                 continue
             parent = out[p.parent] if p.parent in out else out[BASE]
-            fixed = {n: getattr(p.constants, n) for n in ("attention_mma_sync", "attention_block")}
+            fixed = {n: getattr(p.constants, n) for n in ("attention_mma_sync", "attention_block", "attention_flash")}
             own = {n: _clip(n, getattr(parent, n) * np.exp(v[len(names) + i]))
                    for i, (pp, n) in enumerate(delta_keys) if pp == prof}
             out[prof] = replace(parent, **fixed, **own)

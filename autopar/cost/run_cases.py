@@ -31,7 +31,7 @@ SOURCE_CONVENTION = {"megatron-readme-h100": "megatron-full", "megatron-readme-2
 #: kernels): FlashAttention-2 / PyTorch SDPA run on mma.sync; Megatron before FlashAttention
 #: (2021-22) and BLOOM's Megatron-DeepSpeed materialise the score matrix (no causal block skipping)
 _FA2 = ({"attention_mma_sync": 1.0}, "attention: FlashAttention-2 era kernels (mma.sync)")
-_NO_FLASH = ({"attention_mma_sync": 1.0, "attention_block": 1e9},
+_NO_FLASH = ({"attention_mma_sync": 1.0, "attention_flash": 0.0},
              "attention: no FlashAttention (fused softmax over the whole score matrix, 2021-22)")
 SOURCE_KERNELS = {"llm-foundry": ({"attention_mma_sync": 1.0}, "attention: llm-foundry's triton FlashAttention (mma.sync)"),
                   "torchtitan-2024": _FA2, "fms-fsdp": _FA2, "nanotron": _FA2, "bloom": _NO_FLASH,

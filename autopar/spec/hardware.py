@@ -64,6 +64,9 @@ class CostConstants:
     #: a causal flash kernel computes the diagonal blocks of this size in full (FlashAttention-2
     #: tiles of 128); 0 = exact causal FLOPs
     attention_block: float = 0.0
+    #: 1 = flash attention (scores never leave the chip); 0 = the attention materialises its score
+    #: matrix in HBM (Megatron before FlashAttention: computed in full, then masked and softmaxed)
+    attention_flash: float = 1.0
     #: share of the attention kernels on mma.sync instructions (FlashAttention-2, PyTorch SDPA),
     #: which reach only `GpuSpec.mma_sync_fraction` of a Hopper's tensor-core peak (FlashAttention-3
     #: paper, Shah et al. 2024 sec. 2.2); 0 = Hopper-native kernels (cuDNN / TE fused attention, FA3)

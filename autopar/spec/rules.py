@@ -104,6 +104,9 @@ RULES: tuple[Rule, ...] = (
          lambda t, c: (t.global_batch_size % (t.micro_batch_size * t.dp) != 0) | (t.global_batch_size < t.micro_batch_size * t.dp),
          lambda r, c: f"global batch {r['global_batch_size']} is not a multiple of micro-batch*dp = "
                       f"{r['micro_batch_size']}*{r['dp']} = {r['micro_batch_size'] * r['dp']}"),
+    Rule("grads_bf16_fp32",
+         lambda t, c: ~t.main_grads_fp32 & (t.dtype == DTYPE["fp32"]),
+         lambda r, c: "bf16 main gradients need a 16-bit model (fp32 training keeps fp32 gradients); drop --grads bf16"),
     Rule("fp8",
          lambda t, c: (t.dtype == DTYPE["fp8"]) & (c.cluster is not None and c.cluster.gpu.fp8_tflops <= 0),
          lambda r, c: f"{c.cluster.gpu.key} has no FP8 tensor cores; use --dtype bf16"),

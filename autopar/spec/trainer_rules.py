@@ -25,6 +25,7 @@ class Kind:
 
     violated: Callable[[PlanTable, object, object], np.ndarray]  # (table, context, value) -> mask
     needs: Callable[[dict, object], str]  # (row, context) -> what the plan asks for
+    verb: str = "cannot run"
 
 
 def _names(codes, values) -> set[int]:
@@ -64,8 +65,14 @@ KINDS: dict[str, Kind] = {
         lambda t, c, v: np.isin(t.moe_dispatcher, [DISPATCHER[x] for x in DISPATCHER if x not in v]) & _moe(c),
         lambda r, c: f"the {'deepep' if r['moe_dispatcher'] else 'alltoall'} MoE dispatcher"),
     "ep_comm_overlap": Kind(
-        lambda t, c, v: t.ep_comm_overlap & (t.ep > 1) & (not v) & _moe(c),
-        lambda r, c: "EP communication overlap"),
+        lambda t, c, v: t.ep_comm_overlap & (t.ep > 1) & _moe(c) & (
+            (v is False) | ((v == "interleaved-16bit-no-full-recompute")
+                            & (((t.pp > 1) & (t.vpp == 1)) | (t.recompute == RECOMP["full"]) | (t.dtype == DTYPE["fp32"])))),
+        lambda r, c: "EP communication overlap" + _overlap_detail(r)),
+    "deepep_capacity": Kind(
+        lambda t, c, v: (t.moe_dispatcher == DISPATCHER["deepep"]) & (t.moe_dispatch == DISPATCH["capacity"]) & (not v)
+        & _moe(c),
+        lambda r, c: "capacity dispatch (padded to capacity) with the DeepEP dispatcher"),
     "etp": Kind(
         lambda t, c, v: _moe(c) & (((v == "tp-or-1") & np.where(t.ep > 1, t.etp != 1, t.etp != t.tp))
                                    | ((v == "tp-or-1-any-ep") & (t.etp != 1) & (t.etp != t.tp))),
@@ -108,8 +115,17 @@ KINDS: dict[str, Kind] = {
 }
 
 
+def _overlap_detail(r: dict) -> str:
+    if r["pp"] > 1 and r["vpp"] == 1:
+        return " with pp > 1 and no interleaving"
+    if r["recompute"] == RECOMP["full"]:
+        return " with full recompute"
+    return " in fp32" if r["dtype"] == DTYPE["fp32"] else ""
+
+
 def _recipe_kind() -> Kind:
-    return Kind(lambda t, c, v: np.full(len(t), c.model.name not in v), lambda r, c: f"a recipe for {c.model.name}")
+    return Kind(lambda t, c, v: np.full(len(t), c.model.name not in v), lambda r, c: f"recipe for {c.model.name}",
+                verb="has no")
 
 
 @dataclass(frozen=True)
@@ -131,7 +147,7 @@ class TrainerRule:
     def explain(self, row: dict, ctx) -> str:
         cap = self.capability
         instead = f"; {cap.instead}" if cap.instead else ""
-        return f"{self.trainer.title} cannot run {self.kind.needs(row, ctx)} ({cap.source}){instead}"
+        return f"{self.trainer.title} {self.kind.verb} {self.kind.needs(row, ctx)} ({cap.source}){instead}"
 
 
 @cache

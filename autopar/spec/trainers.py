@@ -26,7 +26,7 @@ ALL_TRAINERS = TRAINERS + (BUILTIN,)
 DEFAULT_TRAINER = "megatron"
 #: every capability kind a trainer entry must state (interpreted by autopar.spec.trainer_rules)
 KINDS = ("pp_schedules", "uneven_stages", "zero_stages", "zero_stages_with_pp", "zero0_with_cp", "cp", "moe",
-         "moe_dispatch", "moe_dispatcher", "ep_comm_overlap", "etp", "ep_in_fsdp", "moe_bias_etp1", "fp8", "fp32", "tp_comm_overlap", "sp_off",
+         "moe_dispatch", "moe_dispatcher", "ep_comm_overlap", "deepep_capacity", "etp", "ep_in_fsdp", "moe_bias_etp1", "fp8", "fp32", "tp_comm_overlap", "sp_off",
          "recompute", "partial_recompute", "bf16_main_grads", "zero_bubble_rounds", "attention_variants")
 
 
