@@ -10,17 +10,15 @@ import typer
 
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.cli.plan_flags import with_plan_flags
+from autopar.spec.resolve import PlanRequest
 
 
 @app.command()
+@with_plan_flags
 def trial(
     model: o.Model,
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Ranks in all (nodes x per node).")],
-    tp: o.Tp = 1, pp: o.Pp = 1, vpp: o.Vpp = 1, cp: o.Cp = 1, dp: o.Dp = None, ep: o.Ep = 1, etp: o.Etp = None,
-    zero: o.Zero = 1, sp: o.Sp = None, mbs: o.Mbs = 1, gbs: o.TrialGbs = None, pp_schedule: o.PpSchedule = None,
-    recompute: o.Recompute = "none", recompute_layers: o.RecomputeLayers = None, dtype: o.TrialDtype = "fp32",
-    pp_layout: o.PpLayout = None, pp_first: o.PpFirst = None, pp_last: o.PpLast = None,
-    pp_embedding_as_layer: o.EmbeddingAsLayer = False, pp_loss_as_layer: o.LossAsLayer = False,
     seq_len: o.SeqLen = None,
     gpu: Annotated[str, typer.Option("--gpu", help="Hardware profile of the prediction (local = `autopar probe`).")] = "local",
     cluster: o.ClusterFile = None,
@@ -42,11 +40,14 @@ def trial(
                                                               "growth (forces an OOM past it).")] = None,
     run_dir: Annotated[Path, typer.Option("--run-dir", help="Results go to RUN_DIR/trials/.")] = Path("reports/trials"),
     as_json: o.Json = False,
+    *,
+    plan: PlanRequest,
 ) -> None:
     """Run one plan of MODEL on GPUS ranks for real; record times, memory, bytes; compare with the estimate.
 
-    The plan flags are `autopar estimate`'s (dp = gpus / (tp*pp*cp)); plans the built-in model
-    cannot run yet are refused before anything starts.
+    The plan flags are `autopar estimate`'s (dp = gpus / (tp*pp*cp); the global batch defaults to one
+    microbatch per pipeline stage, the dtype to fp32, the trainer to autopar's built-in model); plans
+    the built-in model cannot run yet are refused before anything starts.
 
     Example: autopar trial --model tiny --gpus 2 --tp 2 --mbs 2 --gbs 8
     """
@@ -64,12 +65,14 @@ def trial(
     seq = seq_len or spec.seq_len
     if nnodes <= 0 or gpus % nnodes:
         raise InputError(f"--gpus {gpus} must be a multiple of --nnodes {nnodes}; change one of them")
-    if gbs is None and min(tp, pp, cp, mbs) > 0:  # one microbatch per pipeline stage: the smallest batch
-        gbs = mbs * (dp or max(1, gpus // (tp * pp * cp))) * pp
-    plan = resolve_plan(spec, gpus, seq, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, vpp=vpp, zero=zero, sp=sp,
-                        mbs=mbs, gbs=gbs, pp_schedule=pp_schedule, recompute=recompute,
-                        recompute_layers=recompute_layers, dtype=dtype, pp_layout=pp_layout, pp_first=pp_first,
-                        pp_last=pp_last, embedding_as_layer=pp_embedding_as_layer, loss_as_layer=pp_loss_as_layer)
+    req = plan.with_defaults(dtype="fp32", trainer="autopar")
+    req.check()
+    if req.gbs is None:  # one microbatch per pipeline stage: the smallest batch
+        tp, pp, cp = req.tp or 1, req.pp or 1, req.cp or 1
+        req = req.with_defaults(gbs=(req.mbs or 1) * (req.dp or max(1, gpus // (tp * pp * cp))) * pp)
+    dtype = req.dtype
+    plan = resolve_plan(spec, gpus, seq, req)
+    pp, vpp = plan.pp, plan.vpp
     problems = plan.problems(spec, num_gpus=gpus, seq_len=seq)
     if problems:
         raise InputError("invalid plan: " + "; ".join(problems))

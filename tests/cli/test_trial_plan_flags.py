@@ -49,7 +49,7 @@ def test_trial_runs_cp_and_ep(tmp_path, model, flags, axis):
     assert m["comm_bytes_per_rank_by_axis"][axis] > 0  # the axis really ran: its collectives moved bytes
     assert len(m["step_times_s"]) == 2 and m["peak_memory_bytes"] > 0
     # the same flags give `autopar estimate` the same plan (one builder for both commands)
-    e = _run(["estimate", "--model", model, "--gpus", "2", *flags, "--dtype", "fp32", "--gbs",
+    e = _run(["estimate", "--model", model, "--gpus", "2", *flags, "--dtype", "fp32", "--trainer", "autopar", "--gbs",
               str(doc["plan"]["global_batch_size"]), "--json"], tmp_path)
     assert e.returncode == 0, e.stderr
     assert json.loads(e.stdout)["plan"] == doc["plan"]

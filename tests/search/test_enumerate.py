@@ -55,9 +55,9 @@ HAND_KNOBS = {
 HAND_COUNT = 12 * (10 * 1 + 10 * 4 + 8 * 6)
 
 
-def q8b(gpus: int = 16, gbs: int = 64) -> Question:
+def q8b(gpus: int = 16, gbs: int = 64, trainers: tuple[str, ...] = ("megatron",)) -> Question:
     return Question(model=get_preset("llama3-8b"), num_gpus=gpus, cluster=H100, seq_len=4096,
-                    global_batch_size=gbs)
+                    global_batch_size=gbs, trainers=trainers)
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,17 @@ def hand_table():
 def test_hand_count(hand_table):
     assert HAND_COUNT == 1176
     assert len(hand_table) == HAND_COUNT
+
+
+def test_every_trainer_is_a_copy_of_the_space():
+    """Without --trainer every production trainer gets the whole space (its capability table rejects
+    what it cannot run, with the reason): five times the hand count, each trainer once per plan."""
+    from autopar.spec.trainers import TRAINERS
+
+    space = space_from_dict({"knobs": HAND_KNOBS}, "hand")
+    table = enumerate_plans(space, q8b(trainers=TRAINERS))
+    assert len(table) == HAND_COUNT * len(TRAINERS)
+    assert collections.Counter(table.trainer.tolist()) == {i: HAND_COUNT for i in range(len(TRAINERS))}
 
 
 def test_hand_count_by_pipeline_depth(hand_table):
@@ -129,7 +140,8 @@ def test_moe_expert_knobs_hand_count():
     etp in {tp, 1}: with tp 1 both are etp 1 (one plan), with tp 2 they differ (two plans).
     Count = 3 ep x (1 + 2) = 9 distinct plans."""
     space = space_from_dict({"knobs": {"tp": [1, 2], "etp": ["tp", 1], "ep": "auto"}}, "moe-hand")
-    q = Question(model=get_preset("tiny-moe"), num_gpus=8, cluster=H100, seq_len=128, global_batch_size=16)
+    q = Question(model=get_preset("tiny-moe"), num_gpus=8, cluster=H100, seq_len=128, global_batch_size=16,
+                 trainers=("megatron",))
     assert knob_choices(space, q)["ep"] == [1, 2, 4]
     t = enumerate_plans(space, q)
     plans = _plans(t)
