@@ -30,7 +30,7 @@ app = typer.Typer(
 def _register() -> None:
     # each module adds its command to `app`; none imports torch, optuna or plotly at import time
     from autopar.cli import (calibrate, compare, estimate, export, hardware, models, probe, report,  # noqa: F401
-                             search, trial, validate)
+                             search, trainers, trial, validate)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -41,7 +41,8 @@ def large_gemm_rate(cluster: ClusterSpec, dtype) -> np.ndarray:
 
 def gemm_rate(cluster: ClusterSpec, dtype, smallest_dim) -> np.ndarray:
     """Achieved FLOP/s of the GEMMs of a plan on one GPU."""
-    return large_gemm_rate(cluster, dtype) * shape_efficiency(smallest_dim, cluster.constants.gemm_half_efficiency_dim)
+    half = cluster.constants.gemm_half_efficiency_dim * cluster.gpu.gemm_tile_scale
+    return large_gemm_rate(cluster, dtype) * shape_efficiency(smallest_dim, half)
 
 
 def attention_rate(cluster: ClusterSpec, kv_len=None, head_dim: int | None = None) -> np.ndarray:
@@ -131,7 +132,7 @@ def expert_rate(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.nda
     (Megatron-Core grouped GEMM, TE GroupedLinear: one GEMM per local expert)."""
     k = cluster.constants
     full = large_gemm_rate(cluster, x.table.dtype) * k.expert_gemm_efficiency
-    return full * shape_efficiency(expert_gemm_dim(x, model), k.expert_gemm_half_dim)
+    return full * shape_efficiency(expert_gemm_dim(x, model), k.expert_gemm_half_dim * cluster.gpu.gemm_tile_scale)
 
 
 def expert_load(x: PlanArrays, cluster: ClusterSpec) -> np.ndarray:

@@ -28,6 +28,7 @@ class RowResult:
     def to_dict(self) -> dict:
         c = self.case
         return {"row_id": c.row_id, "source": c.source, "family": c.family, "categories": c.categories(),
+                "dropless": c.dropless,
                 "model": c.name, "gpus": c.plan.num_gpus, "gpu": c.cluster.gpu.key, "layout": c.plan.describe(),
                 "trainer": c.plan.trainer, "metric": c.metric, "published": c.published, "predicted": self.predicted,
                 "error": self.error, "assumptions": c.assumptions}

@@ -203,8 +203,9 @@ def validation() -> dict:
 
 def test_validate_accuracy_acceptance(validation: dict) -> None:
     """Acceptance criterion: >= 40 published runs evaluated, MAPE <= 15% on throughput."""
-    assert validation["evaluated"] >= 40
-    assert len(validation["rows"]) == validation["evaluated"]
+    assert validation["evaluated"] >= 120
+    primary = [r for r in validation["rows"] if not r["dropless"]]
+    assert len(primary) == validation["evaluated"]
     assert is_number(validation["mape"]) and validation["mape"] <= 0.15
 
 
@@ -222,6 +223,6 @@ def test_validate_rows_are_consistent(validation: dict) -> None:
         # the error is on throughput: for a step-time row, throughput is 1 / step time
         ratio = r["published"] / r["predicted"] if r["metric"] == "step time s" else r["predicted"] / r["published"]
         assert r["error"] == pytest.approx(ratio - 1, rel=1e-6, abs=1e-12), r["row_id"]
-    errors = [abs(r["error"]) for r in validation["rows"]]
+    errors = [abs(r["error"]) for r in validation["rows"] if not r["dropless"]]
     assert validation["mape"] == pytest.approx(sum(errors) / len(errors), rel=1e-9)
     assert validation["max_abs_error"] == pytest.approx(max(errors), rel=1e-9)
