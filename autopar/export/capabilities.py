@@ -1,7 +1,7 @@
 """What a trainer's export refuses, taken from its capability table (autopar/spec/data/trainers.toml).
 
 The search and the exporters read the same table through the same rules (autopar.spec.rules runs
-the model rules and every `<trainer>:<kind>` capability line), so an exporter refuses exactly the
+the model rules and every capability kind, labelled `<trainer>:<kind>` on a plan of that trainer), so an exporter refuses exactly the
 plans the search would not offer on its trainer, with the same sentence. An exporter may waive a
 line that an export option stands in for (`--recipe` for `<trainer>:recipes`), and keeps only the
 checks that depend on its own options (e.g. torchtitan <= 0.2.2's TOML format).
@@ -36,8 +36,7 @@ def broken_rules(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, *, 
     """Every rule `plan` breaks on its own trainer (plan.trainer), as (name, sentence); `waived`
     rule names are left out."""
     result = check_rules(PlanTable.from_plans([plan]), model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len)
-    names = [name for name, mask in result.masks.items() if mask[0]]
-    pairs = [(n, s) for n, s in zip(names, result.reasons(0)) if n not in waived]
+    pairs = [(n, s) for n, s in zip(result.labels(0), result.reasons(0)) if n not in waived]
     mine = tuple((n, s) for n, s in pairs if n.startswith(f"{plan.trainer}:"))
     return BrokenRules(plan.trainer, mine, tuple(p for p in pairs if p not in mine))
 

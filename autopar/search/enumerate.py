@@ -100,11 +100,93 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
     }
 
 
-def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], choices: dict[str, list]) -> PlanTable:
-    """Plans from per-axis value arrays (indices into `choices`), keeping only canonical rows:
-    tp*pp*cp divides the GPUs, pp = 1 has one schedule, recompute layers only with full
-    recompute, TP overlap needs TP, SP follows tp (when 'auto'), layout variants need a pipeline
-    and differ from the auto layout, expert knobs only for MoE."""
+class Enumerator:
+    """The canonical plans of a space, in chunks of consecutive indices of the knob product (mixed
+    radix, the last axis fastest), so that a search of any size holds one chunk at a time. Every
+    chunk keeps only canonical rows (`canonical`), so the chunks together hold each plan once."""
+
+    def __init__(self, space: SearchSpace, q: Question):
+        self.space, self.q = space, q
+        self.choices = knob_choices(space, q)
+        if not all(self.choices.values()):
+            raise InputError("the search space is empty after its constraints; widen the knob choices")
+        self.sizes = np.array([len(self.choices[a]) for a in AXES], dtype=np.int64)
+        self.total = int(np.prod(self.sizes.astype(np.float64)))
+        self.strides = np.array([int(np.prod(self.sizes[i + 1:])) for i in range(len(AXES))], dtype=np.int64)
+        self.layouts, self._layout_index = _layout_registry(q.model, self.choices)
+
+    def values(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Per-axis choice indices of the product indices [start, stop)."""
+        idx = np.arange(start, stop, dtype=np.int64)
+        return {a: (idx // int(stride)) % int(size) for a, stride, size in zip(AXES, self.strides, self.sizes)}
+
+    def chunk(self, start: int, stop: int) -> PlanTable:
+        return build_table(self.space, self.q, self.values(start, stop), self.choices, self)
+
+    def chunks(self, size: int):
+        """(start, stop, table) for every chunk of `size` product indices."""
+        for start in range(0, self.total, size):
+            stop = min(start + size, self.total)
+            yield start, stop, self.chunk(start, stop)
+
+    def layout_id(self, pp: np.ndarray, vpp: np.ndarray, choice: np.ndarray) -> np.ndarray:
+        """-1 auto, an index into `layouts`, or -2 for a variant equal to auto or to an earlier one."""
+        out = np.full(len(pp), -1, dtype=np.int64)
+        for (p, v, c), lid in self._layout_index.items():
+            out[(pp == p) & (vpp == v) & (choice == c)] = lid
+        return out
+
+
+def _layout_registry(model: ModelSpec, choices: dict[str, list]) -> tuple[list, dict]:
+    """Every layout variant of the space, once: (pp, vpp, variant choice) -> id into the list, or -2
+    when the variant equals the auto layout or an earlier variant (a duplicate plan)."""
+    layouts: list = []
+    index: dict = {}
+    vpps = sorted({v for _, v in choices["sched_vpp"]})
+    for p in choices["pp"]:
+        for v in vpps:
+            seen = [auto_layout(model.num_layers, p, v).stages]
+            for ci, name in enumerate(choices["pp_layout"]):
+                if name == "auto":
+                    continue
+                if p == 1:  # one stage: every variant is the auto layout
+                    index[(p, v, ci)] = -2
+                    continue
+                lay = balanced_layout(model.num_layers, p * v, embedding_as_layer=name == "embedding+loss",
+                                      loss_as_layer=name == "embedding+loss")
+                if lay.stages in seen or min(lay.stages[1:-1] or [1]) <= 0:
+                    index[(p, v, ci)] = -2
+                    continue
+                seen.append(lay.stages)
+                layouts.append(lay)
+                index[(p, v, ci)] = len(layouts) - 1
+    return layouts, index
+
+
+def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, vpp, et, layout_id) -> np.ndarray:
+    """Rows that are plans, each reached once: tp*pp*cp divides the GPUs; pp = 1 has one schedule
+    and no layout variant; recompute layers only with full recompute; TP overlap needs TP; EP knobs
+    need EP; SP follows tp (when 'auto'); an explicit etp equal to tp is the same plan as etp 'tp';
+    layout variants differ from the auto layout and from each other; expert knobs only for MoE."""
+    t, p, c = col["tp"], col["pp"], col["cp"]
+    keep = (q.num_gpus % (t * p * c) == 0)
+    keep &= ~((p == 1) & ((sched != SCHED["1f1b"]) | (vpp > 1)))
+    keep &= (col["recompute_layers"] < 0) | (col["recompute"] == RECOMP["full"])
+    keep &= ~((t == 1) & col["tp_comm_overlap"].astype(bool))
+    keep &= ~((col["ep"] == 1) & (col["ep_comm_overlap"].astype(bool) | (col["moe_dispatcher"] != 0)))
+    if space.knobs.get("sp", "auto") == "auto":
+        keep &= col["sp"].astype(bool) == (t > 1)
+    if not q.model.moe:
+        keep &= et == t
+    elif 0 in choices["etp"]:
+        keep &= ~((col["etp"] != 0) & (col["etp"] == t))
+    return keep & (layout_id >= -1)
+
+
+def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], choices: dict[str, list],
+                enumerator: "Enumerator | None" = None) -> PlanTable:
+    """The canonical plans (`canonical`) among per-axis value arrays (indices into `choices`)."""
+    enumerator = enumerator or Enumerator(space, q)
     G = q.num_gpus
     col = {a: np.asarray(choices[a], dtype=object if a in ("sched_vpp", "pp_layout") else None)[values[a]]
            for a in AXES if a not in ("sched_vpp", "pp_layout")}
@@ -113,66 +195,25 @@ def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], 
     vpp = np.array([x[1] for x in choices["sched_vpp"]])[sv]
     t, p, c = col["tp"], col["pp"], col["cp"]
     et = np.where(col["etp"] == 0, t, col["etp"])
-    lo = np.asarray(values["pp_layout"])
-    keep = (G % (t * p * c) == 0)
-    keep &= ~((p == 1) & ((sched != SCHED["1f1b"]) | (vpp > 1)))
-    keep &= (col["recompute_layers"] < 0) | (col["recompute"] == RECOMP["full"])
-    keep &= ~((t == 1) & col["tp_comm_overlap"].astype(bool))
-    keep &= ~((col["ep"] == 1) & (col["ep_comm_overlap"].astype(bool) | (col["moe_dispatcher"] != 0)))
-    if space.knobs.get("sp", "auto") == "auto":
-        keep &= col["sp"].astype(bool) == (t > 1)
-    keep &= ~((p == 1) & (lo > 0))
-    if not q.model.moe:
-        keep &= et == t
-    layout_list, layout_id = _layout_ids(q.model, choices["pp_layout"], p, vpp, lo)
-    keep &= layout_id >= -1
-    # the same plan reached through different choices (etp "tp" and 1 at tp 1, ...) counts once
-    key = np.stack([t, p, c, sched, vpp, col["ep"], et, col["zero"], col["mbs"], col["recompute"],
-                    col["recompute_layers"], col["dtype"], col["tp_comm_overlap"].astype(np.int64),
-                    col["sp"].astype(np.int64), layout_id, col["moe_dispatcher"],
-                    col["ep_comm_overlap"].astype(np.int64), col["trainer"]], axis=1)
-    _, first = np.unique(np.where(keep[:, None], key, -3), axis=0, return_index=True)
-    keep &= np.isin(np.arange(len(t)), first)
-    idx = np.flatnonzero(keep)
+    layout_id = enumerator.layout_id(p, vpp, np.asarray(values["pp_layout"]))
+    idx = np.flatnonzero(canonical(space, q, choices, col, sched, vpp, et, layout_id))
     table = PlanTable.from_columns(
-        layout_list, tp=t, pp=p, dp=G // (t * p * c), cp=c, ep=col["ep"], etp=et, vpp=vpp, zero_stage=col["zero"],
-        micro_batch_size=col["mbs"], global_batch_size=np.full(len(t), q.global_batch_size), schedule=sched,
-        recompute=col["recompute"], recompute_layers=col["recompute_layers"], dtype=col["dtype"],
-        tp_comm_overlap=col["tp_comm_overlap"], sequence_parallel=col["sp"], layout_id=layout_id,
-        moe_dispatcher=col["moe_dispatcher"], ep_comm_overlap=col["ep_comm_overlap"], trainer=col["trainer"])
-    return table.take(idx)
+        enumerator.layouts, tp=t[idx], pp=p[idx], dp=G // (t[idx] * p[idx] * c[idx]), cp=c[idx], ep=col["ep"][idx],
+        etp=et[idx], vpp=vpp[idx], zero_stage=col["zero"][idx], micro_batch_size=col["mbs"][idx],
+        global_batch_size=np.full(len(idx), q.global_batch_size), schedule=sched[idx],
+        recompute=col["recompute"][idx], recompute_layers=col["recompute_layers"][idx], dtype=col["dtype"][idx],
+        tp_comm_overlap=col["tp_comm_overlap"][idx], sequence_parallel=col["sp"][idx], layout_id=layout_id[idx],
+        moe_dispatcher=col["moe_dispatcher"][idx], ep_comm_overlap=col["ep_comm_overlap"][idx],
+        trainer=col["trainer"][idx])
+    return table
 
 
 def enumerate_plans(space: SearchSpace, q: Question) -> PlanTable:
-    """Every canonical plan of the space (the product of all choices, vectorised)."""
-    choices = knob_choices(space, q)
-    if not all(choices.values()):
-        raise InputError("the search space is empty after its constraints; widen the knob choices")
-    grids = np.meshgrid(*[np.arange(len(choices[a])) for a in AXES], indexing="ij")
-    table = build_table(space, q, {a: g.ravel() for a, g in zip(AXES, grids)}, choices)
+    """Every canonical plan of the space, as one table (small spaces, tests; a search streams
+    `Enumerator.chunks`)."""
+    e = Enumerator(space, q)
+    table = e.chunk(0, e.total)
     if len(table) == 0:
         raise InputError(f"no layout of the search space divides {q.num_gpus} GPUs (tp*pp*cp must divide the GPU "
                          f"count); change --gpus or widen the space")
     return table
-
-
-def _layout_ids(model: ModelSpec, layouts: list[str], pp: np.ndarray, vpp: np.ndarray, choice: np.ndarray):
-    """Layout ids per row: -1 auto; an index into the returned list; -2 when the variant equals
-    the auto layout (a duplicate row, dropped)."""
-    out = np.full(len(pp), -1, dtype=np.int64)
-    layout_list = []
-    for ci, name in enumerate(layouts):
-        if name == "auto":
-            continue
-        rows = choice == ci
-        for pv in {(int(a), int(b)) for a, b in zip(pp[rows], vpp[rows])}:
-            n = pv[0] * pv[1]
-            lay = balanced_layout(model.num_layers, n, embedding_as_layer=name == "embedding+loss",
-                                  loss_as_layer=name == "embedding+loss")
-            sel = rows & (pp == pv[0]) & (vpp == pv[1])
-            if lay.stages == auto_layout(model.num_layers, *pv).stages or min(lay.stages[1:-1] or [1]) <= 0:
-                out[sel] = -2
-                continue
-            layout_list.append(lay)
-            out[sel] = len(layout_list) - 1
-    return layout_list, out

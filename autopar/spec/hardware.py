@@ -27,10 +27,6 @@ class GpuSpec:
     #: tensor-core rate of mma.sync kernels (FlashAttention-2) as a fraction of the dense peak:
     #: 2/3 on Hopper, where only wgmma reaches the peak (FlashAttention-3 paper sec. 2.2); 1 before
     mma_sync_fraction: float = 1.0
-    #: how much larger a GEMM must be to fill this GPU than an A100: sqrt(SMs x output tile area /
-    #: (108 SMs x 128x128)), with the tiles CUTLASS runs at peak (A100 128x128, Hopper wgmma 128x256,
-    #: Blackwell 2-SM 256x256); scales the GEMM half-efficiency dimension
-    gemm_tile_scale: float = 1.0
     intra_node_gbps: float  # per GPU per direction (per link when topology is full-mesh)
     nic_gbps: float  # scale-out, per GPU per direction
     gpus_per_node: int = 8

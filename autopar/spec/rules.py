@@ -132,27 +132,56 @@ class RuleResult:
     trainer_capabilities: bool = True
 
     @property
+    def rules(self) -> tuple:
+        return all_rules(self.trainer_capabilities)
+
+    def codes(self) -> np.ndarray:
+        """Per row, a bit per broken rule (bit i = the i-th of `rules`); 0 = valid."""
+        out = np.zeros(len(self.table), dtype=np.uint64)
+        for i, rule in enumerate(self.rules):
+            m = self.masks[rule.name]
+            if m.any():
+                out[m] |= np.uint64(1 << i)
+        return out
+
+    @property
     def valid(self) -> np.ndarray:
-        bad = np.zeros(len(self.table), bool)
-        for m in self.masks.values():
-            bad |= m
-        return ~bad
+        return self.codes() == 0
+
+    def labels(self, i: int) -> list[str]:
+        """Row i's broken rules by name; a trainer's capability line as '<trainer>:<kind>'."""
+        return [rule_label(rule, int(self.table.trainer[i])) for rule in self.rules if self.masks[rule.name][i]]
 
     def short_reasons(self) -> np.ndarray:
-        """Per row, the names of the broken rules joined by ', ' ('' if valid)."""
-        out = np.full(len(self.table), "", dtype=object)
-        for name, m in self.masks.items():
-            if m.any():
-                out[m] = np.where(out[m] == "", name, out[m] + ", " + name)
-        return out
+        """Per row, the labels of its broken rules joined by ', ' ('' if valid)."""
+        return reason_text(self.codes(), self.table.trainer, self.rules)
 
     def reasons(self, i: int) -> list[str]:
         """Row i's broken rules, each as a sentence."""
         row = {k: v[i].item() for k, v in self.table.columns.items()}
         row["_i"] = i
         row["_m"] = int(self.table.num_microbatches[i])
-        return [rule.explain(row, self.context) for rule in all_rules(self.trainer_capabilities)
-                if self.masks[rule.name][i]]
+        return [rule.explain(row, self.context) for rule in self.rules if self.masks[rule.name][i]]
+
+
+def rule_label(rule, trainer_code: int) -> str:
+    """A rule's short name; a trainer's capability line names the trainer ('deepspeed:cp')."""
+    return rule.label(trainer_code) if hasattr(rule, "label") else rule.name
+
+
+def reason_text(codes: np.ndarray, trainer: np.ndarray, rules: tuple) -> np.ndarray:
+    """The ', '-joined labels of rule bitmasks (`RuleResult.codes`), built once per distinct
+    (bitmask, trainer) pair."""
+    out = np.full(len(codes), "", dtype=object)
+    bad = np.flatnonzero(codes != 0)
+    if not len(bad):
+        return out
+    pairs, inverse = np.unique(np.stack([codes[bad], trainer[bad].astype(np.uint64)], axis=1), axis=0,
+                               return_inverse=True)
+    texts = np.array([", ".join(rule_label(r, int(t)) for i, r in enumerate(rules) if int(c) >> i & 1)
+                      for c, t in pairs], dtype=object)
+    out[bad] = texts[inverse.reshape(-1)]
+    return out
 
 
 def check_rules(table: PlanTable, model: ModelSpec, *, num_gpus: int | None = None,

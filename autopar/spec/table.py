@@ -75,7 +75,7 @@ class PlanTable:
                 v = defaults[name]
             dtype = bool if name in BOOL_COLUMNS else float if name in FLOAT_COLUMNS else np.int64
             out[name] = np.broadcast_to(np.asarray(v, dtype=dtype), (n,)).copy()
-        return cls(out, list(layouts or []))
+        return cls(out, layouts if layouts is not None else [])
 
     @classmethod
     def from_plans(cls, plans: list[ParallelPlan]) -> "PlanTable":
