@@ -41,8 +41,7 @@ def large_gemm_rate(cluster: ClusterSpec, dtype) -> np.ndarray:
 
 def gemm_rate(cluster: ClusterSpec, dtype, smallest_dim) -> np.ndarray:
     """Achieved FLOP/s of the GEMMs of a plan on one GPU."""
-    half = cluster.constants.gemm_half_efficiency_dim * cluster.gpu.gemm_tile_scale
-    return large_gemm_rate(cluster, dtype) * shape_efficiency(smallest_dim, half)
+    return large_gemm_rate(cluster, dtype) * shape_efficiency(smallest_dim, cluster.constants.gemm_half_efficiency_dim)
 
 
 def attention_rate(cluster: ClusterSpec, kv_len=None, head_dim: int | None = None) -> np.ndarray:
@@ -132,7 +131,7 @@ def expert_rate(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.nda
     (Megatron-Core grouped GEMM, TE GroupedLinear: one GEMM per local expert)."""
     k = cluster.constants
     full = large_gemm_rate(cluster, x.table.dtype) * k.expert_gemm_efficiency
-    return full * shape_efficiency(expert_gemm_dim(x, model), k.expert_gemm_half_dim * cluster.gpu.gemm_tile_scale)
+    return full * shape_efficiency(expert_gemm_dim(x, model), k.expert_gemm_half_dim)
 
 
 def expert_load(x: PlanArrays, cluster: ClusterSpec) -> np.ndarray:

@@ -94,6 +94,9 @@ def fit_profiles(cases: list[RunCase], start: dict[str, CostConstants] | None = 
         for prof, p in profiles().items():  # parents are listed before their children
             if prof == BASE:
                 continue
+            if not p.parent:  # not in the hierarchy (the built-in model: priced by `autopar probe`)
+                out[prof] = start[prof]
+                continue
             parent = out[p.parent] if p.parent in out else out[BASE]
             fixed = {n: getattr(p.constants, n) for n in ("attention_mma_sync", "attention_block", "attention_flash")}
             own = {n: _clip(n, getattr(parent, n) * np.exp(v[len(names) + i]))
