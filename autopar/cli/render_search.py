@@ -43,7 +43,7 @@ class SearchProgress:
 
 def top_table(r: SearchResult) -> Table:
     q = r.question
-    t = Table(title=f"Top {len(r.top)} of {int(r.plans['fits'].sum())} plans that fit "
+    t = Table(title=f"Top {len(r.top)} of {r.counts['fit']:,} plans that fit "
                     f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})",
               title_justify="left")
     for col in ("#", "layout", "schedule", "stages", "recompute", "ZeRO", "mbs", "memory GiB", "step s", "tokens/s",
@@ -100,8 +100,7 @@ def stage_balance(row) -> str:
 
 def print_result(r: SearchResult) -> None:
     c = console()
-    n = len(r.plans)
-    valid, fit = int(r.plans["valid"].sum()), int(r.plans["fits"].sum())
+    n, valid, fit = r.counts["evaluated"], r.counts["valid"], r.counts["fit"]
     if not r.top.empty:
         c.print(top_table(r))
         if len(r.per_trainer) > 1:
@@ -110,10 +109,10 @@ def print_result(r: SearchResult) -> None:
     how = ("exhaustive: every plan of the space evaluated, so this is the exact optimum of the cost model"
            if r.method == "exhaustive" else f"{r.method}: Optuna sampled the space ({len(r.history)} trials)")
     c.print(f"{n:,} plans evaluated ({valid:,} valid, {fit:,} fit) in {r.timings.get('total_s', 0):.2f} s; {how}.")
-    rej = r.plans.loc[~r.plans["fits"], "rejected_by"].str.split(", ").explode().value_counts()
-    if len(rej):
-        c.print("Rejected by: " + ", ".join(f"{k} ({v})" for k, v in rej.head(6).items()))
-    files = "plans.parquet, plans.csv, top.json, search.json" + ("" if r.method == "exhaustive" else ", study.db")
+    if r.rejections:
+        c.print("Rejected by: " + ", ".join(f"{k} ({v:,})" for k, v in list(r.rejections.items())[:6]))
+    files = ("plans.parquet, " + ("plans.csv, " if r.options.csv else "") + "top.json, scatter.parquet, search.json"
+             + ("" if r.method == "exhaustive" else ", study.db"))
     c.print(f"Results: {r.run_dir}/ ({files})")
 
 

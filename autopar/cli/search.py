@@ -10,6 +10,7 @@ import typer
 
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
 
 
 def _list(text: str, kind, flag: str) -> list:
@@ -28,14 +29,16 @@ def search(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU preset, or a comma list (h100-sxm,b200).")] = "h100-sxm",
     gpus_per_node: o.GpusPerNode = None, cluster: o.ClusterFile = None,
     seq_len: Annotated[Optional[str], typer.Option("--seq-len", "-s", help="Sequence length, or a comma list.")] = None,
-    gbs: o.Gbs = None,
+    gbs: Annotated[Optional[str], typer.Option("--gbs", help="Global batch size in sequences, or a comma list for "
+                                               "a what-if (default: the space's tokens_per_step, ~4M tokens).")] = None,
     space: Annotated[str, typer.Option("--space", help="Search space: a name in search_spaces/ or a YAML file.")] = "default",
     trainer: Annotated[Optional[str], typer.Option("--trainer", help="Only plans this trainer can run: megatron, nemo, "
                                                    "bridge, torchtitan, deepspeed, or a comma list (default: every "
                                                    "trainer, with the best plan of each).")] = None,
     top_k: Annotated[int, typer.Option("--top-k", help="Plans to show and keep in top.json.")] = 10,
     max_exhaustive: Annotated[int, typer.Option("--max-exhaustive", help="Largest space evaluated exhaustively; "
-                                                "above it Optuna samples (0 forces Optuna).")] = 2_000_000,
+                                                "above it Optuna samples (0 forces Optuna; default: "
+                                                "about ten seconds of exhaustive search).")] = DEFAULT_MAX_EXHAUSTIVE,
     sampler: Annotated[str, typer.Option("--sampler", help="tpe | nsga2 | random (Optuna mode).")] = "tpe",
     n_trials: Annotated[int, typer.Option("--n-trials", help="Optuna trial budget of the study (Optuna mode).")] = 200,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Sampler seed.")] = None,
@@ -72,6 +75,8 @@ def search(
                                                      "(default: the least that fits).")] = None,
     sbatch_args: Annotated[Optional[str], typer.Option("--sbatch-args", help="Extra sbatch options for --launcher "
                                                        "slurm, e.g. '--partition=gpu --account=ml'.")] = None,
+    csv: Annotated[bool, typer.Option("--csv", help="Also write plans.csv (every plan; plans.parquet always has "
+                                      "them).")] = False,
     as_json: o.Json = False,
 ) -> None:
     """Search every layout of the space for MODEL on GPUS: what fits, what is fastest, why.
@@ -92,10 +97,12 @@ def search(
     gpu_kinds = _list(gpu, str, "--gpu") if not cluster else [None]
     trainers = parse_trainers(trainer, "local" if gpu_kinds == ["local"] else "")
     seqs = _list(seq_len, int, "--seq-len") if seq_len else [spec.seq_len]
-    if any(g <= 0 for g in gpu_counts) or any(s <= 0 for s in seqs) or (gbs is not None and gbs <= 0) \
+    batches = _list(gbs, int, "--gbs") if gbs else [None]
+    if any(g <= 0 for g in gpu_counts) or any(s <= 0 for s in seqs) or any(b is not None and b <= 0 for b in batches) \
             or top_k <= 0 or n_trials <= 0 or max_exhaustive < 0:
         raise InputError("--gpus, --seq-len, --gbs, --top-k and --n-trials must be positive")
-    scenarios = [Scenario(num_gpus=g, gpu=k, seq_len=s) for k in gpu_kinds for g in gpu_counts for s in seqs]
+    scenarios = [Scenario(num_gpus=g, gpu=k, seq_len=s, gbs=b) for k in gpu_kinds for g in gpu_counts for s in seqs
+                 for b in batches]
     if len(scenarios) > 1 and (storage or study_name or run_dir):
         raise InputError("--storage, --study-name and --run-dir apply to one scenario; drop them for a what-if")
     from autopar.cli.measured import trial_options
@@ -103,10 +110,10 @@ def search(
 
     topts = trial_options(launcher, max_local_ranks, proxy, proxy_layers, proxy_width, proxy_seq, sbatch_args)
     with SearchProgress(enabled=not as_json) as progress:
-        results = run_scenarios(spec, sp, scenarios, gpus_per_node=gpus_per_node, cluster_file=cluster, gbs=gbs,
+        results = run_scenarios(spec, sp, scenarios, gpus_per_node=gpus_per_node, cluster_file=cluster,
                                 top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials,
                                 seed=seed, storage=storage, study_name=study_name, multi_objective=multi_objective,
-                                run_dir=run_dir, progress=progress.update, trainers=trainers)
+                                run_dir=run_dir, progress=progress.update, trainers=trainers, csv=csv)
     if trials > 0:
         if len(results) != 1:
             raise InputError("--trials applies to one scenario")

@@ -64,7 +64,7 @@ def calibrate(plans: list[ParallelPlan], measured_s, measured_mem, model: ModelS
     measured_mem = np.asarray(measured_mem, float)
 
     def time_errors(k):
-        return predict(plans, model, replace(cluster, constants=k), num_gpus, seq_len)[0] / measured_s - 1
+        return predict(plans, model, cluster.with_constants(k), num_gpus, seq_len)[0] / measured_s - 1
 
     names = [n for n in (names or TIME_BOUNDS) if n in TIME_BOUNDS]
     before = predict(plans, model, cluster, num_gpus, seq_len)[0]
@@ -72,11 +72,11 @@ def calibrate(plans: list[ParallelPlan], measured_s, measured_mem, model: ModelS
     mfit = None
     if np.all(measured_mem > 0):
         def mem_errors(k):
-            return predict(plans, model, replace(cluster, constants=k), num_gpus, seq_len)[1] / measured_mem - 1
+            return predict(plans, model, cluster.with_constants(k), num_gpus, seq_len)[1] / measured_mem - 1
 
         mfit = fit_constants(mem_errors, tfit.constants, list(MEMORY_BOUNDS), MEMORY_BOUNDS)
     consts = mfit.constants if mfit else tfit.constants
-    out = replace(cluster, constants=consts, name=(cluster.name or cluster.gpu.key) + " (calibrated)")
+    out = cluster.with_constants(consts, name=(cluster.name or cluster.gpu.key) + " (calibrated)")
     after = predict(plans, model, out, num_gpus, seq_len)[0]
     return Calibration(cluster=out, time_fit=tfit, memory_fit=mfit, predicted_s=after, measured_s=measured_s,
                        spearman_before=spearman(before, measured_s), spearman_after=spearman(after, measured_s))

@@ -27,24 +27,29 @@ from autopar.cost.step import StepTerms, step_terms
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
-from autopar.spec.rules import RuleResult, check_rules
+from autopar.spec.rules import RuleResult, capability_codes, check_rules
 from autopar.spec.stages import stage_profiles
 from autopar.spec.table import TRAINER, PlanTable
 from autopar.spec.trainers import ALL_TRAINERS, DEFAULT_TRAINER, get_trainer
 
 AXES = ("tp", "cp", "ep", "pp", "dp")
+#: the bit of `rejected_code` for "valid, but does not fit in memory" (rule bits count from 0)
+MEMORY_BIT = 63
 TIME_TERMS = ("compute", "tp", "cp", "ep", "pp", "dp", "bubble", "optimizer")
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
 
 
 def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus: int | None = None,
                    seq_len: int | None = None, routing_imbalance: float = 1.0,
-                   every_rank: bool = False) -> dict[str, np.ndarray]:
+                   every_rank: bool = False, search: bool = False) -> dict[str, np.ndarray]:
     """Every estimate column for every plan of the table, each plan priced with its trainer's
     performance profile (autopar.cost.profiles). `every_rank` costs every pipeline rank (for the
     per-stage breakdown); otherwise only the ranks that can differ (autopar.spec.stages), which
-    gives the same peak and pace."""
-    kw = dict(num_gpus=num_gpus, seq_len=seq_len, routing_imbalance=routing_imbalance, every_rank=every_rank)
+    gives the same peak and pace. `search` leaves out what a search of millions of plans does not
+    need per plan: the per-rank columns and the text ones (`rejected_by`, `layout`; `rejected_code`
+    and `layout_id` say the same)."""
+    kw = dict(num_gpus=num_gpus, seq_len=seq_len, routing_imbalance=routing_imbalance, every_rank=every_rank,
+              search=search)
     groups = _profile_groups(table)
     if len(groups) == 1:
         return _estimate_priced(table, model, priced_cluster(cluster, groups[0][0]), **kw)
@@ -78,10 +83,10 @@ def _merge(parts: list[tuple[np.ndarray, dict]], n: int) -> dict[str, np.ndarray
 
 
 def _estimate_priced(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus, seq_len,
-                     routing_imbalance, every_rank) -> dict[str, np.ndarray]:
+                     routing_imbalance, every_rank, search) -> dict[str, np.ndarray]:
     """The estimate of plans that share one priced cluster (one performance profile)."""
     return price(prepare(table, model, cluster, num_gpus=num_gpus, seq_len=seq_len, every_rank=every_rank,
-                         trainer_capabilities=True), cluster, routing_imbalance)
+                         trainer_capabilities=True), cluster, routing_imbalance, search)
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,8 @@ def prepare(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpu
     return Prepared(x, model, rules, prm, layer_activations(x, model))
 
 
-def price(p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0) -> dict[str, np.ndarray]:
+def price(p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0,
+          search: bool = False) -> dict[str, np.ndarray]:
     """The estimate columns of prepared plans on a priced cluster (its constants are the profile's)."""
     with np.errstate(divide="ignore", invalid="ignore"):  # invalid plans (e.g. FP8 on A100) are marked, not warned
         x, model = replace(p.x, routing_imbalance=routing_imbalance), p.model
@@ -118,7 +124,10 @@ def price(p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0) -> 
         step = step_terms(x, cluster, p.params, compute, comm)
         out = _columns(x, model, cluster, p.rules, memory, step, compute.recompute_flops, p.params.total)
         out.update(_comm_columns(x, comm))
-        out.update(_stage_columns(x, memory, step, p.params.total, comm))
+        if not search:
+            out["rejected_by"] = np.where(out["valid"], np.where(out["fits"], "", "memory"), p.rules.short_reasons())
+            out["layout"] = x.stages.layout_text
+            out.update(_stage_columns(x, memory, step, p.params.total, comm))
         return out
 
 
@@ -141,12 +150,7 @@ def _columns(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleR
     hw_extra = (np.max(recompute_flops, axis=0) * x.tp * x.cp * x.pp * x.dp * m) if len(x.table) else 0
     n_gpus = x.table.num_gpus.astype(float)
     peak_bf16 = cluster.gpu.bf16_tflops * 1e12
-    valid = rules.valid
     out: dict[str, np.ndarray] = {
-        "valid": valid,
-        "fits": valid & (peak <= cap),
-        "rejected_by": np.where(valid, np.where(peak <= cap, "", "memory"), rules.short_reasons()),
-        "memory_miss_gib": np.where(valid & (peak > cap), (peak - cap) / GIB, 0.0),
         "peak_memory_bytes": peak,
         "memory_capacity_bytes": np.full(len(x.table), cap),
         "memory_rank": np.take_along_axis(x.rank, mem_index[None], 0)[0],
@@ -167,10 +171,43 @@ def _columns(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleR
         "params_total": np.full(len(x.table), float(model.params_total)),
         "model_flops_per_step": flops,
         "stage_imbalance": x.stages.imbalance,
-        "layout": x.stages.layout_text,
     }
     for name, arr in memory._asdict().items():
         out[f"mem_{name}"] = on_peak(arr)
+    set_validity(out, rules.codes())
+    return out
+
+
+def set_validity(est: dict, codes: np.ndarray) -> None:
+    """valid, fits, rejected_code and memory_miss_gib of estimate columns from the rows' rule
+    bitmasks (autopar.spec.rules): a valid plan whose peak exceeds the GPU's memory gets the memory bit."""
+    peak, cap = est["peak_memory_bytes"], est["memory_capacity_bytes"]
+    valid = codes == 0
+    over = valid & (peak > cap)
+    est["valid"] = valid
+    est["fits"] = valid & ~over
+    est["rejected_code"] = np.where(over, np.uint64(1 << MEMORY_BIT), codes)
+    est["memory_miss_gib"] = np.where(over, (peak - cap) / GIB, 0.0)
+
+
+def estimate_per_trainer(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, trainers: tuple[str, ...], *,
+                         num_gpus: int | None = None, seq_len: int | None = None) -> list[dict[str, np.ndarray]]:
+    """The search's estimate columns of the table's plans once per trainer (the table's own
+    trainer column is ignored): the plans are prepared once, priced once per performance profile
+    (trainers that share a profile share the prices) and checked against each trainer's
+    capability table. Equal to `estimate_table(..., search=True)` of the table with that trainer."""
+    p = prepare(table, model, cluster, num_gpus=num_gpus, seq_len=seq_len, trainer_capabilities=False)
+    model_codes = p.rules.codes()
+    priced: dict[str, dict] = {}
+    out = []
+    for t in trainers:
+        profile = get_trainer(t).profile
+        if profile not in priced:
+            priced[profile] = price(p, priced_cluster(cluster, t), search=True)
+        est = dict(priced[profile])
+        mine = table.with_columns(trainer=TRAINER[t])
+        set_validity(est, model_codes | capability_codes(mine, p.rules.context))
+        out.append(est)
     return out
 
 

@@ -222,9 +222,13 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
     cap = float(run.plans["memory_capacity_bytes"].max()) / T.GIB if len(run.plans) else None
     pareto = T.pareto_table(run.plans)
     note = ""
+    if run.plans_evaluated > len(run.plans):
+        note = (f" Drawn: the {len(run.plans):,} plans the search kept of the {run.plans_evaluated:,} it evaluated "
+                f"(each trainer's fastest, the whole Pareto front and a uniform sample of each category; "
+                f"plans.parquet in the run directory has them all).")
     if sc.attrs.get("without_estimate"):
-        note = f" {sc.attrs['without_estimate']:,} plans have no finite estimate and are not drawn."
-    sections.append("<h2 id=\"plans\">Every evaluated plan</h2>"
+        note += f" {sc.attrs['without_estimate']:,} plans have no finite estimate and are not drawn."
+    sections.append("<h2 id=\"plans\">The evaluated plans</h2>"
                     "<p class=\"note\">Peak memory per GPU (log scale) against throughput; hover a point for its "
                     f"layout. The dashed red line is the GPU's capacity"
                     + (f", the dotted one the search's limit ({run.headroom_gib:g} GiB headroom)" if run.headroom_gib
@@ -278,8 +282,8 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
 
     head = "<nav>" + "".join(f"<a href=\"#{a}\">{e(b)}</a>" for a, b in nav) + "</nav>"
     foot = (f"<footer>autopar {e(__version__)}; run directory {e(str(run.run_dir))}; "
-            f"written {time.strftime('%Y-%m-%d %H:%M:%S')}. Numbers from plans.parquet (every evaluated plan), "
-            f"top.json and search.json.</footer>")
+            f"written {time.strftime('%Y-%m-%d %H:%M:%S')}. Numbers from top.json, search.json and scatter.parquet "
+            f"(the plans the search kept).</footer>")
     return _page(title, "\n".join(parts + [head] + sections + [foot]))
 
 

@@ -1,13 +1,15 @@
 """The report's data, computed in one step: a run directory in, plain pandas frames and strings out.
 
 Nothing here draws (that is `figures.py`, the only plotly importer) or formats HTML (`html.py`).
-Every frame keeps the raw numbers of `plans.parquet` (seconds, bytes, tokens/s, fractions) next to
-derived display units (GiB), so tests can compare them with the estimates exactly.
+Every frame keeps the raw numbers of the run (seconds, bytes, tokens/s, fractions) next to derived
+display units (GiB), so tests can compare them with the estimates exactly.
 
-A run directory is what `autopar search` writes: `plans.parquet` (every evaluated plan with every
-estimate column), `top.json` (top-k, why, Pareto names), `search.json` (question, space, method,
-timings, Optuna history); optionally `trials/*.json` (predicted vs measured, from the trials layer)
-and `whatif.json` (the run directories of the other scenarios of a what-if).
+A run directory is what `autopar search` writes (autopar.search.run_dir): `scatter.parquet` (every
+estimate column of the plans kept: each trainer's fastest, the whole Pareto front, a uniform sample
+of each category), `top.json` (top-k, why, Pareto front), `search.json` (question, space, method,
+counts, rejection counts, timings, Optuna history); optionally `trials/*.json` (predicted vs
+measured, from the trials layer) and `whatif.json` (the run directories of the other scenarios of a
+what-if). `plans.parquet` (every plan, key figures only) is for the user's own analysis.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from autopar.search.results import best_per_trainer, ranked, top_plans
 from autopar.spec.hardware import GIB
 
 #: the files `autopar search` writes that a report needs
-RUN_FILES = ("plans.parquet", "top.json", "search.json")
-#: plans.parquet columns the report reads
+RUN_FILES = ("scatter.parquet", "top.json", "search.json")
+#: scatter.parquet columns the report reads
 REQUIRED_COLUMNS = (("plan_name", "fits", "valid", "rejected_by", "peak_memory_bytes", "memory_capacity_bytes",
                      "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction",
                      "dominant_cost", "tp", "cp", "pp", "vpp", "dp", "ep", "zero_stage", "micro_batch_size",
@@ -52,7 +54,7 @@ class RunData:
     """A run directory, loaded."""
 
     run_dir: Path
-    plans: pd.DataFrame
+    plans: pd.DataFrame  # the plans the search kept (scatter.parquet), not every plan
     top: dict
     search: dict
     trials: list[dict] = field(default_factory=list)  # each: the trial JSON plus "_file"
@@ -70,6 +72,14 @@ class RunData:
     @property
     def top_k(self) -> int:
         return len(self.top.get("top", []))
+
+    @property
+    def plans_fit(self) -> int:
+        return int(self.search.get("plans_fit", int(self.plans["fits"].sum()) if len(self.plans) else 0))
+
+    @property
+    def plans_evaluated(self) -> int:
+        return int(self.search.get("plans_evaluated", len(self.plans)))
 
 
 def _one_line(e: BaseException) -> str:
@@ -101,13 +111,13 @@ def load_run(run_dir: str | Path, *, with_trials: bool = True, with_scenarios: b
         raise InputError(f"'{d}' is not a complete autopar run directory: {', '.join(missing)} missing; "
                          f"rerun `autopar search ... --run-dir {d}`")
     try:
-        plans = pd.read_parquet(d / "plans.parquet")
+        plans = pd.read_parquet(d / "scatter.parquet")
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError, ...) for a bad file
-        raise InputError(f"'{d / 'plans.parquet'}' is corrupt or unreadable ({_one_line(e)}); rerun "
+        raise InputError(f"'{d / 'scatter.parquet'}' is corrupt or unreadable ({_one_line(e)}); rerun "
                          f"`autopar search ... --run-dir {d}`") from None
     lacking = [c for c in REQUIRED_COLUMNS if c not in plans.columns]
     if lacking:
-        raise InputError(f"'{d / 'plans.parquet'}' lacks column(s) {', '.join(lacking[:5])}"
+        raise InputError(f"'{d / 'scatter.parquet'}' lacks column(s) {', '.join(lacking[:5])}"
                          f"{' ...' if len(lacking) > 5 else ''}; it was not written by this autopar version; "
                          f"rerun `autopar search`")
     run = RunData(run_dir=d, plans=plans, top=read_json(d / "top.json"), search=read_json(d / "search.json"))
@@ -203,9 +213,10 @@ def question_rows(run: RunData) -> pd.DataFrame:
             f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in knobs.items())),
         ("constraints", "; ".join(f"{k}={v}" for k, v in space.get("constraints", {}).items()) or "none"),
         ("method", method_text(s)),
-        ("plans", f"{s.get('plans_evaluated', len(run.plans)):,} evaluated, {s.get('plans_valid', 0):,} valid, "
+        ("plans", f"{run.plans_evaluated:,} evaluated, {s.get('plans_valid', 0):,} valid, "
                   f"{s.get('plans_fit', 0):,} fit"),
-        ("rejected by", rejection_text(run.plans) or "nothing"),
+        ("rejected by", rejection_text(s.get("rejected_by")) if isinstance(s.get("rejected_by"), dict)
+         else rejection_text_of(run.plans) or "nothing"),
         ("autopar", f"{s.get('autopar_version', '?')}; search took {s.get('timings_s', {}).get('total_s', 0):.2f} s"),
     ]
     return pd.DataFrame(rows, columns=["item", "value"])
@@ -218,15 +229,21 @@ def method_text(s: dict) -> str:
     return f"{method}: Optuna sampled the space ({len(s.get('history', []))} trials)"
 
 
-def rejection_text(plans: pd.DataFrame) -> str:
+def rejection_text(counts: dict) -> str:
     """'memory (1,406), microbatches%pp (66)': how many plans each rule rejected (a plan can break
-    several). Counted over distinct reason strings, so it stays fast for millions of plans."""
+    several), from search.json's counts over every evaluated plan."""
+    items = sorted(((str(k), int(v)) for k, v in counts.items()), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} ({v:,})" for k, v in items) or "nothing"
+
+
+def rejection_text_of(plans: pd.DataFrame) -> str:
+    """rejection_text counted over the rows of a frame (distinct reason strings split once)."""
     counts: dict[str, int] = {}
     for reasons, n in plans.loc[~plans["fits"].astype(bool), "rejected_by"].astype(str).value_counts().items():
         for r in reasons.split(", "):
             if r:
                 counts[r] = counts.get(r, 0) + int(n)
-    return ", ".join(f"{k} ({v:,})" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return rejection_text(counts)
 
 
 def _plan_words(row: pd.Series) -> str:
@@ -260,11 +277,20 @@ TOP_COLUMNS = ("rank", "label", "plan_name", "tp", "cp", "pp", "vpp", "dp", "ep"
 
 
 def top_rows(run: RunData) -> pd.DataFrame:
-    """The top-k rows of plans.parquet, ranked as the search ranked them (top.json's k): distinct
-    plans, each on its fastest trainer, with every trainer that runs it (`trainers`)."""
-    k = run.top_k or int(run.search.get("options", {}).get("top_k", 10))
+    """The top-k rows, in top.json's order: distinct plans, each on its fastest trainer, with every
+    trainer that runs it (`trainers`, which the search priced plan by plan)."""
+    entries = run.top.get("top", []) if isinstance(run.top.get("top"), list) else []
+    k = len(entries) if entries else int(run.search.get("options", {}).get("top_k", 10))
     if not k:
         return run.plans.iloc[:0]
+    if entries and "plan_index" in run.plans.columns and all(isinstance(e, dict) and "plan_index" in e
+                                                             for e in entries):
+        first = run.plans.drop_duplicates("plan_index")  # keeps the frame's index (the scatter's keys)
+        pos = pd.Index(first["plan_index"]).get_indexer([int(e["plan_index"]) for e in entries])
+        if (pos >= 0).all():
+            rows = first.iloc[pos]
+            return rows.assign(trainers=[", ".join(e.get("trainers") or [str(e.get("trainer", ""))])
+                                         for e in entries])
     if "trainer" not in run.plans.columns:  # a run directory from before trainers were searched
         return ranked(run.plans).head(k).assign(trainer="megatron", trainers="megatron")
     return top_plans(run.plans, k)
@@ -337,7 +363,7 @@ def pareto_table(plans: pd.DataFrame) -> pd.DataFrame:
     front = front.sort_values(["peak_memory_bytes", "tokens_per_s"], ascending=[True, False], kind="stable")
     cols = ["plan_name", "pp", "pp_schedule", "recompute", "zero_stage", "micro_batch_size", "peak_memory_bytes",
             "memory_gib", "tokens_per_s", "step_time_s", "mfu"]
-    return front[cols]
+    return front[cols + (["plan_index"] if "plan_index" in front.columns else [])]
 
 
 def categories(plans: pd.DataFrame) -> pd.Series:
@@ -564,7 +590,7 @@ def whatif_table(runs: list[RunData], current: Path | None = None) -> pd.DataFra
         w = winner(r)
         row = {"scenario": scenario_label(q), "num_gpus": q.get("num_gpus"), "gpu": q.get("cluster", {}).get("gpu"),
                "seq_len": q.get("seq_len"), "global_batch_size": q.get("global_batch_size"),
-               "plans_fit": int(r.plans["fits"].sum()), "run_dir": str(r.run_dir),
+               "plans_fit": r.plans_fit, "run_dir": str(r.run_dir),
                "current": cur is not None and Path(r.run_dir).resolve() == cur}
         if w is None:
             row.update(plan_name="nothing fits", pp_schedule="", recompute="", zero_stage=np.nan,

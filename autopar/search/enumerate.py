@@ -21,6 +21,9 @@ from autopar.spec.table import DISPATCHER, DTYPE, RECOMP, SCHED, TRAINER, PlanTa
 from autopar.spec.trainers import TRAINERS
 
 DEFAULT_EP_LIMIT = 64
+#: most combinations of the outer (or inner) axes held at once: ~150 bytes each while walked, so
+#: about 1.5 GB; beyond it the space is refused with one line instead of running out of memory
+MAX_COMBINATIONS = 10_000_000
 
 
 @dataclass
@@ -100,34 +103,96 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
     }
 
 
+#: the axes that decide whether a row is a plan at all (divisibility, schedules, layouts, expert and
+#: TP knobs), and the rest, whose every combination is a plan (but recompute layers without full
+#: recompute, and EP knobs without EP)
+OUTER = ("tp", "pp", "cp", "sched_vpp", "ep", "etp", "tp_comm_overlap", "sp", "pp_layout")
+INNER = ("zero", "mbs", "recompute", "recompute_layers", "dtype", "moe_dispatcher", "ep_comm_overlap", "trainer")
+assert set(OUTER) | set(INNER) == set(AXES) and not set(OUTER) & set(INNER)
+
+
 class Enumerator:
-    """The canonical plans of a space, in chunks of consecutive indices of the knob product (mixed
-    radix, the last axis fastest), so that a search of any size holds one chunk at a time. Every
-    chunk keeps only canonical rows (`canonical`), so the chunks together hold each plan once."""
+    """The canonical plans of a space, in chunks, so that a search of any size holds one chunk at a
+    time. The knob product is walked as (outer combination, inner combination) pairs over only the
+    outer combinations that are plans and the inner ones that can be, so the walk is about as long
+    as the plans; every chunk keeps only canonical rows (`canonical`), so the chunks together hold
+    each plan once, in the same order as the one-shot enumeration."""
 
     def __init__(self, space: SearchSpace, q: Question):
         self.space, self.q = space, q
         self.choices = knob_choices(space, q)
         if not all(self.choices.values()):
             raise InputError("the search space is empty after its constraints; widen the knob choices")
-        self.sizes = np.array([len(self.choices[a]) for a in AXES], dtype=np.int64)
-        self.total = int(np.prod(self.sizes.astype(np.float64)))
-        self.strides = np.array([int(np.prod(self.sizes[i + 1:])) for i in range(len(AXES))], dtype=np.int64)
         self.layouts, self._layout_index = _layout_registry(q.model, self.choices)
+        self.outer = self._combinations(OUTER)
+        self.inner = self._combinations(INNER)
+        self.total = len(self.outer["tp"]) * len(self.inner["zero"])
+        # the trainer is the innermost axis and no rule of the walk reads it, so the inner
+        # combinations come in blocks of one per trainer: the folded walk keeps each block's first
+        self.trainer_codes = [int(c) for c in self.choices["trainer"]]
+        self.folded_inner = {a: v[::len(self.trainer_codes)] for a, v in self.inner.items()}
 
-    def values(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Per-axis choice indices of the product indices [start, stop)."""
+    def _combinations(self, axes: tuple[str, ...]) -> dict[str, np.ndarray]:
+        """The index combinations of `axes` that pass the rules decidable on them alone."""
+        n = int(np.prod([len(self.choices[a]) for a in axes], dtype=np.float64))
+        if n > MAX_COMBINATIONS:
+            sizes = " x ".join(f"{a} {len(self.choices[a])}" for a in axes if len(self.choices[a]) > 1)
+            raise InputError(f"the search space is too wide to walk on this machine: {n:,} combinations of "
+                             f"{sizes} (at most {MAX_COMBINATIONS:,}); shorten the longest knob lists in the space "
+                             f"file, or pin knobs with flags (--tp, --pp, ...)")
+        grids = np.meshgrid(*[np.arange(len(self.choices[a])) for a in axes], indexing="ij")
+        values = {a: g.ravel() for a, g in zip(axes, grids)}
+        if axes == INNER:
+            rl = np.asarray(self.choices["recompute_layers"])[values["recompute_layers"]]
+            rc = np.asarray(self.choices["recompute"])[values["recompute"]]
+            keep = (rl < 0) | (rc == RECOMP["full"])
+        else:
+            probe = {a: np.zeros(len(values["tp"]), dtype=np.int64) for a in INNER} | values
+            keep = self._keep(probe)
+        return {a: v[keep] for a, v in values.items()}
+
+    def _keep(self, values: dict[str, np.ndarray]) -> np.ndarray:
+        col, sched, vpp, et, layout_id = _columns(self.choices, values, self)
+        return canonical(self.space, self.q, self.choices, col, sched, vpp, et, layout_id)
+
+    def values(self, start: int, stop: int, inner: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Per-axis choice indices of the walk's rows [start, stop) (of the folded walk with
+        `inner=self.folded_inner`)."""
+        inner = self.inner if inner is None else inner
         idx = np.arange(start, stop, dtype=np.int64)
-        return {a: (idx // int(stride)) % int(size) for a, stride, size in zip(AXES, self.strides, self.sizes)}
+        n_inner = len(inner["zero"])
+        o, i = idx // n_inner, idx % n_inner
+        return {a: v[o] for a, v in self.outer.items()} | {a: v[i] for a, v in inner.items()}
 
     def chunk(self, start: int, stop: int) -> PlanTable:
-        return build_table(self.space, self.q, self.values(start, stop), self.choices, self)
+        """The plans of the walk's rows [start, stop), with their place in the walk (`plan_index`)."""
+        return build_table(self.space, self.q, self.values(start, stop), self.choices, self, index_base=start)
 
     def chunks(self, size: int):
-        """(start, stop, table) for every chunk of `size` product indices."""
+        """(start, stop, table) for every chunk of `size` rows of the walk."""
         for start in range(0, self.total, size):
             stop = min(start + size, self.total)
             yield start, stop, self.chunk(start, stop)
+
+    def folded_chunks(self, size: int):
+        """(start, stop, table) over the walk with the trainer axis folded: each row of a table
+        stands for one plan per trainer of `trainer_codes` (its trainer column is the first's), the
+        j-th at `plan_index + j` of the full walk; start and stop count full-walk rows. The search
+        prices such a row once per performance profile (autopar.cost.estimate.estimate_per_trainer)."""
+        n_trainers = len(self.trainer_codes)
+        folded = self.total // n_trainers
+        for start in range(0, folded, size):
+            stop = min(start + size, folded)
+            table = build_table(self.space, self.q, self.values(start, stop, self.folded_inner), self.choices, self,
+                                index_base=start, index_scale=n_trainers)
+            yield start * n_trainers, stop * n_trainers, table
+
+    def require_plans(self) -> "Enumerator":
+        """Itself, or one line when the space holds no plan for these GPUs."""
+        if self.total == 0:
+            raise InputError(f"no layout of the search space divides {self.q.num_gpus} GPUs (tp*pp*cp must "
+                             f"divide the GPU count); change --gpus or widen the space")
+        return self
 
     def layout_id(self, pp: np.ndarray, vpp: np.ndarray, choice: np.ndarray) -> np.ndarray:
         """-1 auto, an index into `layouts`, or -2 for a variant equal to auto or to an earlier one."""
@@ -184,18 +249,13 @@ def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, 
 
 
 def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], choices: dict[str, list],
-                enumerator: "Enumerator | None" = None) -> PlanTable:
+                enumerator: "Enumerator | None" = None, index_base: int | None = None,
+                index_scale: int = 1) -> PlanTable:
     """The canonical plans (`canonical`) among per-axis value arrays (indices into `choices`)."""
     enumerator = enumerator or Enumerator(space, q)
     G = q.num_gpus
-    col = {a: np.asarray(choices[a], dtype=object if a in ("sched_vpp", "pp_layout") else None)[values[a]]
-           for a in AXES if a not in ("sched_vpp", "pp_layout")}
-    sv = np.asarray(values["sched_vpp"])
-    sched = np.array([x[0] for x in choices["sched_vpp"]])[sv]
-    vpp = np.array([x[1] for x in choices["sched_vpp"]])[sv]
+    col, sched, vpp, et, layout_id = _columns(choices, values, enumerator)
     t, p, c = col["tp"], col["pp"], col["cp"]
-    et = np.where(col["etp"] == 0, t, col["etp"])
-    layout_id = enumerator.layout_id(p, vpp, np.asarray(values["pp_layout"]))
     idx = np.flatnonzero(canonical(space, q, choices, col, sched, vpp, et, layout_id))
     table = PlanTable.from_columns(
         enumerator.layouts, tp=t[idx], pp=p[idx], dp=G // (t[idx] * p[idx] * c[idx]), cp=c[idx], ep=col["ep"][idx],
@@ -205,15 +265,23 @@ def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], 
         tp_comm_overlap=col["tp_comm_overlap"][idx], sequence_parallel=col["sp"][idx], layout_id=layout_id[idx],
         moe_dispatcher=col["moe_dispatcher"][idx], ep_comm_overlap=col["ep_comm_overlap"][idx],
         trainer=col["trainer"][idx])
+    if index_base is not None:
+        table.columns["plan_index"] = (index_base + idx) * index_scale
     return table
+
+
+def _columns(choices: dict, values: dict, enumerator: Enumerator):
+    """Choice values of per-axis indices: (columns, schedule, vpp, etp, layout id)."""
+    col = {a: np.asarray(choices[a])[values[a]] for a in AXES if a not in ("sched_vpp", "pp_layout")}
+    sv = np.asarray(values["sched_vpp"])
+    sched = np.array([x[0] for x in choices["sched_vpp"]])[sv]
+    vpp = np.array([x[1] for x in choices["sched_vpp"]])[sv]
+    et = np.where(col["etp"] == 0, col["tp"], col["etp"])
+    return col, sched, vpp, et, enumerator.layout_id(col["pp"], vpp, np.asarray(values["pp_layout"]))
 
 
 def enumerate_plans(space: SearchSpace, q: Question) -> PlanTable:
     """Every canonical plan of the space, as one table (small spaces, tests; a search streams
     `Enumerator.chunks`)."""
-    e = Enumerator(space, q)
-    table = e.chunk(0, e.total)
-    if len(table) == 0:
-        raise InputError(f"no layout of the search space divides {q.num_gpus} GPUs (tp*pp*cp must divide the GPU "
-                         f"count); change --gpus or widen the space")
-    return table
+    e = Enumerator(space, q).require_plans()
+    return e.chunk(0, e.total)

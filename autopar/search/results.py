@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import TIME_TERMS
+from autopar.cost.estimate import MEMORY_BIT, TIME_TERMS
+from autopar.spec.layout import auto_layout
+from autopar.spec.rules import all_rules, reason_text
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan
 from autopar.spec.table import PlanTable
 from autopar.spec.trainers import ALL_TRAINERS, TRAINERS
@@ -18,7 +20,7 @@ PLAN_KEY = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage", "sequence_
 COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
 
 
-def frame(table: PlanTable, est: dict[str, np.ndarray]) -> pd.DataFrame:
+def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None = None) -> pd.DataFrame:
     """Plans and their estimates as one DataFrame (categoricals as names, not codes)."""
     c = table.columns
     df = pd.DataFrame({
@@ -35,16 +37,37 @@ def frame(table: PlanTable, est: dict[str, np.ndarray]) -> pd.DataFrame:
         "ep_comm_overlap": c["ep_comm_overlap"],
         "trainer": np.asarray(ALL_TRAINERS, dtype=object)[c["trainer"]],
     })
+    if "plan_index" in c:  # the plan's place in the search's walk
+        df["plan_index"] = c["plan_index"]
     for name, arr in est.items():
         if np.ndim(arr) == 1:  # per-rank (R, n) arrays stay out of the table
             df[name] = arr
-    df["layout_text"] = df.pop("layout")
+    if "rejected_by" not in df:  # a search's estimate: the text only for the rows kept
+        df["rejected_by"] = rejection_text(est["rejected_code"], c["trainer"])
+    df["layout_text"] = df.pop("layout") if "layout" in df else layout_texts(table, num_layers)
     df["plan_name"] = plan_names(df)
     terms = np.stack([df[f"time_{t}"].to_numpy() for t in COMM_TERMS], axis=1)
     df["dominant_cost"] = np.where(terms.max(axis=1) > 0, np.asarray(COMM_TERMS, dtype=object)[terms.argmax(axis=1)],
                                    "compute")
     df["memory_gib"] = df["peak_memory_bytes"] / 2**30
     return df
+
+
+def rejection_text(codes: np.ndarray, trainer: np.ndarray) -> np.ndarray:
+    """'memory', or the labels of the broken rules ('heads%tp', 'deepspeed:cp', ...), per row."""
+    memory = (np.asarray(codes, dtype=np.uint64) >> np.uint64(MEMORY_BIT)) & np.uint64(1)
+    return np.where(memory == 1, "memory", reason_text(np.asarray(codes, dtype=np.uint64), trainer, all_rules()))
+
+
+def layout_texts(table: PlanTable, num_layers: int | None = None) -> np.ndarray:
+    """The layout each row assumes, for display ('4x20 (even)', '[1, 62x2, 1] (embedding+loss as layers)')."""
+    keys = np.stack([table.pp, table.vpp, table.layout_id], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    texts = []
+    for pp, vpp, lid in uniq:
+        lay = table.layouts[lid] if lid >= 0 else auto_layout(num_layers or 0, int(pp), int(vpp))
+        texts.append(lay.describe())
+    return np.asarray(texts, dtype=object)[inverse.reshape(-1)] if len(table) else np.zeros(0, dtype=object)
 
 
 def plan_names(df: pd.DataFrame) -> np.ndarray:

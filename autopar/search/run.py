@@ -1,5 +1,6 @@
-"""`autopar search`: enumerate and evaluate the whole space (exact, vectorised), or let Optuna
-sample it when it is too large; rank what fits; persist everything in the run directory."""
+"""`autopar search`: evaluate the whole space exactly, streamed in bounded memory
+(autopar.search.streaming), or let Optuna sample it when it is too large to finish in about ten
+seconds; rank what fits, per trainer too; persist the run directory (autopar.search.run_dir)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import platform
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,15 +18,16 @@ import pandas as pd
 
 from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate_table
-from autopar.search.atomic import write_atomic, write_with
-from autopar.search.enumerate import Question, enumerate_plans, space_size
-from autopar.search.results import best_per_trainer, frame, pareto_front, row_plan, top_plans, why_winner
+from autopar.search.atomic import write_atomic
+from autopar.search.enumerate import Enumerator, Question
+from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
+from autopar.search.results import best_per_trainer, frame, row_plan, top_plans, why_winner
+from autopar.search.run_dir import SCHEMA_VERSION, PlansWriter, rejection_bits, write_csv, write_frame
 from autopar.search.space import SearchSpace
-from autopar.spec.hardware import GIB
+from autopar.search.streaming import StreamOptions, Streamed, apply_headroom, stream
 from autopar.spec.table import PlanTable
 from autopar.spec.trainers import TRAINERS
 
-DEFAULT_MAX_EXHAUSTIVE = 2_000_000
 
 
 @dataclass
@@ -39,14 +42,15 @@ class SearchOptions:
     study_name: str | None = None
     multi_objective: bool = False
     run_dir: Path | None = None
+    csv: bool = False  # also write plans.csv
 
 
 @dataclass
 class SearchResult:
     question: Question
     options: SearchOptions
-    plans: pd.DataFrame  # every evaluated plan
-    top: pd.DataFrame  # the top-k that fit, fastest first
+    plans: pd.DataFrame  # the plans kept: each trainer's fastest, the Pareto front, a sample (not every plan)
+    top: pd.DataFrame  # the top-k distinct plans that fit, fastest first (`trainers`: who runs each)
     method: str  # "exhaustive" | "optuna-<sampler>"
     why: str
     run_dir: Path
@@ -54,6 +58,10 @@ class SearchResult:
     layouts: list = field(default_factory=list)
     history: list = field(default_factory=list)
     per_trainer: dict = field(default_factory=dict)  # trainer -> its fastest fitting plan (a row), or None
+    counts: dict = field(default_factory=dict)  # evaluated, valid, fit
+    rejections: dict = field(default_factory=dict)  # reason label -> plans it rejects
+    pareto: pd.DataFrame = field(default_factory=pd.DataFrame)
+    scatter: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def winner(self) -> pd.Series | None:
@@ -68,27 +76,23 @@ def run_slug(q: Question, space: SearchSpace) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "-", raw)
 
 
-def _apply_headroom(df: pd.DataFrame, headroom_gib: float) -> None:
-    if headroom_gib <= 0:
-        return
-    limit = df["memory_capacity_bytes"] - headroom_gib * GIB
-    over = df["valid"] & (df["peak_memory_bytes"] > limit)
-    df.loc[over, "fits"] = False
-    df.loc[over, "rejected_by"] = "memory"
-    df.loc[over, "memory_miss_gib"] = (df.loc[over, "peak_memory_bytes"] - limit[over]) / GIB
+def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float) -> dict:
+    """Every estimate column of a (small) table, the space's memory headroom applied."""
+    est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
+    apply_headroom(est, headroom_gib)
+    return est
 
 
 def evaluate(table: PlanTable, q: Question, headroom_gib: float) -> pd.DataFrame:
-    est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
-    df = frame(table, est)
-    _apply_headroom(df, headroom_gib)
-    return df
+    """Every plan of a (small) table as a frame: Optuna's structures, a measured stage's re-rank."""
+    return frame(table, estimate_fitting(table, q, headroom_gib))
 
 
 def row_summary(row: pd.Series, layouts) -> dict:
     """A plan and its estimate as plain data (top.json entries, Optuna user attributes)."""
     plan = row_plan(row, layouts)
-    return {
+    out = {"plan_index": int(row["plan_index"])} if "plan_index" in row.index else {}
+    return out | {
         "plan_name": str(row["plan_name"]),
         "trainer": str(row["trainer"]),
         "plan": plan.to_dict(),
@@ -115,28 +119,25 @@ def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, i
     t0 = time.perf_counter()
     run_dir = opts.run_dir or Path("reports") / run_slug(q, opts.space)
     headroom = float(opts.space.constraints.get("memory_headroom_gib", 0.0))
-    size = space_size(opts.space, q)
-    timings: dict[str, float] = {}
+    enumerator = Enumerator(opts.space, q).require_plans()
+    run_dir.mkdir(parents=True, exist_ok=True)
     history: list = []
-    if size <= opts.max_exhaustive:
+    if enumerator.total <= opts.max_exhaustive:
         method = "exhaustive"
-        table = enumerate_plans(opts.space, q)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        timings["enumerate_s"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        df = evaluate(table, q, headroom)
-        timings["evaluate_s"] = time.perf_counter() - t1
-        layouts = table.layouts
+        writer = PlansWriter(run_dir)
+        try:
+            found = stream(q, enumerator, StreamOptions(top_k=opts.top_k, headroom_gib=headroom),
+                           write=lambda table, est, index: writer.write(table, est), progress=progress)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+        timings = dict(found.timings)
     else:
         method = f"optuna-{opts.sampler}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        df, layouts, history = _optuna_search(q, opts, run_dir, headroom, progress)
-        timings["optuna_s"] = time.perf_counter() - t0
-    top = top_plans(df, opts.top_k)
-    runner = top.iloc[1] if len(top) > 1 else None
-    why = why_winner(top.iloc[0], runner) if len(top) else _no_fit_reason(df)
-    result = SearchResult(question=q, options=opts, plans=df, top=top, method=method, why=why, run_dir=run_dir,
-                          timings=timings, layouts=layouts, history=history, per_trainer=best_per_trainer(df))
+        found, history = _optuna_search(q, opts, run_dir, headroom, progress)
+        timings = {"optuna_s": time.perf_counter() - t0}
+    result = _result(q, opts, found, method, run_dir, timings, history, headroom)
     t2 = time.perf_counter()
     write_run(result)
     timings["write_s"] = time.perf_counter() - t2
@@ -145,12 +146,38 @@ def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, i
     return result
 
 
-def _no_fit_reason(df: pd.DataFrame) -> str:
-    valid = df[df["valid"]]
-    if valid.empty:
-        reasons = df["rejected_by"].str.split(", ").explode().value_counts()
-        return f"No plan is valid; the most common broken rules: {', '.join(reasons.index[:3])}."
-    best = valid.sort_values("memory_miss_gib").iloc[0]
+def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroom) -> SearchResult:
+    pool = found.pool
+    top = runs_on(top_plans(pool, opts.top_k), q, found.layouts, headroom) if len(pool) else top_plans(pool, 0)
+    runner = top.iloc[1] if len(top) > 1 else None
+    counts = {"evaluated": found.evaluated, "valid": found.valid, "fit": found.fit}
+    why = why_winner(top.iloc[0], runner) if len(top) else _no_fit_reason(counts, found.rejections, found.closest)
+    kept = pd.concat([pool, found.pareto, found.sample, found.closest], ignore_index=True)
+    if "plan_index" in kept:
+        kept = kept.drop_duplicates("plan_index")
+    return SearchResult(question=q, options=opts, plans=kept, top=top, method=method, why=why, run_dir=run_dir,
+                        timings=timings, layouts=found.layouts, history=history,
+                        per_trainer={t: None for t in q.trainers} | (best_per_trainer(pool) if len(pool) else {}),
+                        counts=counts,
+                        rejections=found.rejections, pareto=found.pareto, scatter=kept)
+
+
+def runs_on(top: pd.DataFrame, q: Question, layouts: list, headroom: float) -> pd.DataFrame:
+    """The top plans with `trainers`: every searched trainer whose capabilities admit the plan and on
+    whose profile it fits (each plan priced once per trainer)."""
+    plans = [row_plan(r, layouts) for _, r in top.iterrows()]
+    table = PlanTable.from_plans([p.with_(trainer=t) for p in plans for t in q.trainers])
+    df = evaluate(table, q, headroom)
+    fits = df["fits"].to_numpy().reshape(len(plans), len(q.trainers))
+    names = [", ".join(t for t, ok in zip(q.trainers, row) if ok) for row in fits]
+    return top.assign(trainers=names)
+
+
+def _no_fit_reason(counts: dict, rejections: dict, closest: pd.DataFrame) -> str:
+    if not counts.get("valid"):
+        top3 = ", ".join(list(rejections)[:3])
+        return f"No plan is valid; the most common broken rules: {top3}."
+    best = closest.iloc[0]
     return (f"No plan fits in memory; the closest is {best['plan_name']} ({best['recompute']} recompute, "
             f"zero {best['zero_stage']}), {best['memory_miss_gib']:.1f} GiB over. Add GPUs, or widen the space "
             f"(more pp/tp, full recompute, zero 3).")
@@ -173,24 +200,42 @@ def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: fl
     first_seen: dict[tuple, int] = {}
     for t in trials:
         first_seen.setdefault(tuple(sorted(t.user_attrs["outer"].items())), t.number)
-    outers = [dict(k) for k in first_seen]
-    table = od.structures_table(opts.space, q, outers)
-    df = evaluate(table, q, headroom)
-    return df, table.layouts, od.study_history(study)
+    table = od.structures_table(opts.space, q, [dict(k) for k in first_seen])
+    table.columns["plan_index"] = np.arange(len(table), dtype=np.int64)
+    est = estimate_fitting(table, q, headroom)
+    writer = PlansWriter(run_dir)
+    writer.write(table, est)
+    writer.close()
+    return _frame_results(frame(table, est), table.layouts), od.study_history(study)
+
+
+def _frame_results(df: pd.DataFrame, layouts: list) -> Streamed:
+    """A small evaluated frame (Optuna's) in the streamed results' shape."""
+    from autopar.search.results import pareto_front, ranked
+
+    fit = ranked(df)
+    pool = fit.groupby("trainer", sort=False).head(200) if len(fit) else fit
+    near = df[df["valid"] & ~df["fits"]].sort_values("memory_miss_gib").head(1)
+    labels = Counter(x for text in df.loc[~df["fits"], "rejected_by"] for x in str(text).split(", ") if x)
+    return Streamed(pool.reset_index(drop=True), pareto_front(df).reset_index(drop=True), df, near,
+                    len(df), int(df["valid"].sum()), int(df["fits"].sum()), dict(labels.most_common()), layouts)
 
 
 def write_run(result: SearchResult) -> None:
-    """plans.parquet + plans.csv (every evaluated plan), top.json (top-k with full breakdowns)."""
+    """top.json (top-k, best per trainer, Pareto front, all with full breakdowns), scatter.parquet
+    and, with --csv, plans.csv (plans.parquet is written while the search streams)."""
     d = result.run_dir
-    # atomically: several workers sharing a run directory each write these (search --trials)
-    write_with(d / "plans.parquet", lambda tmp: result.plans.to_parquet(tmp, index=False))
-    write_with(d / "plans.csv", lambda tmp: result.plans.to_csv(tmp, index=False))
-    top = [row_summary(r, result.layouts) | {"rank": i + 1, "trainers": str(r["trainers"]).split(", ")}
+    top = [row_summary(r, result.layouts) | {"rank": i + 1, "trainers": [x for x in str(r["trainers"]).split(", ") if x]}
            for i, (_, r) in enumerate(result.top.iterrows())]
-    pareto = [row_summary(r, result.layouts)["plan_name"] for _, r in pareto_front(result.plans).iterrows()]
+    pareto = [row_summary(r, result.layouts) for _, r in result.pareto.iterrows()]
     per_trainer = {t: None if r is None else row_summary(r, result.layouts) for t, r in result.per_trainer.items()}
     write_atomic(d / "top.json", json.dumps({"why": result.why, "top": top, "pareto": pareto,
                                              "per_trainer": per_trainer}, indent=2))
+    scatter = result.scatter.assign(in_pareto=result.scatter["plan_index"].isin(result.pareto["plan_index"])
+                                    if len(result.scatter) else [])
+    write_frame(d / "scatter.parquet", scatter)
+    if result.options.csv and (d / "plans.parquet").exists():
+        write_csv(d)
 
 
 def _write_search_json(result: SearchResult) -> None:
@@ -198,6 +243,7 @@ def _write_search_json(result: SearchResult) -> None:
     from importlib.metadata import version
 
     info = {
+        "schema_version": SCHEMA_VERSION,
         "autopar_version": __version__,
         "question": {"model": q.model.to_dict(), "num_gpus": q.num_gpus, "cluster": q.cluster.to_dict(),
                      "seq_len": q.seq_len, "global_batch_size": q.global_batch_size, "trainers": list(q.trainers)},
@@ -205,9 +251,11 @@ def _write_search_json(result: SearchResult) -> None:
                   "constraints": o.space.constraints},
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items() if k != "space"},
         "method": result.method,
-        "plans_evaluated": int(len(result.plans)),
-        "plans_valid": int(result.plans["valid"].sum()),
-        "plans_fit": int(result.plans["fits"].sum()),
+        "plans_evaluated": result.counts.get("evaluated", 0),
+        "plans_valid": result.counts.get("valid", 0),
+        "plans_fit": result.counts.get("fit", 0),
+        "rejected_by": result.rejections,
+        "rule_bits": rejection_bits(),
         "why": result.why,
         "timings_s": result.timings,
         "history": result.history,

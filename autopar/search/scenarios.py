@@ -1,5 +1,6 @@
-"""What-if: the same question over several GPU counts, GPU kinds and sequence lengths, best plan
-per scenario."""
+"""What-if: the same question over several GPU counts, GPU kinds, sequence lengths and global
+batch sizes, best plan per scenario. The global batch is part of the question, never a searched
+knob: it changes what training converges to, not only how fast a step runs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class Scenario:
     num_gpus: int
     gpu: str | None  # None: from the cluster file
     seq_len: int
+    gbs: int | None = None  # sequences; None: the space's tokens_per_step
 
 
 def global_batch(space: SearchSpace, seq_len: int, gbs: int | None) -> int:
@@ -30,13 +32,13 @@ def global_batch(space: SearchSpace, seq_len: int, gbs: int | None) -> int:
 
 
 def run_scenarios(model: ModelSpec, space: SearchSpace, scenarios: list[Scenario], *, gpus_per_node=None,
-                  cluster_file=None, gbs=None, run_dir: Path | None = None, progress=None,
+                  cluster_file=None, run_dir: Path | None = None, progress=None,
                   trainers: tuple[str, ...] = TRAINERS, **opts) -> list[SearchResult]:
     out = []
     for sc in scenarios:
         cluster = resolve_cluster(sc.gpu or "h100-sxm", gpus_per_node, cluster_file)
         q = Question(model=model, num_gpus=sc.num_gpus, cluster=cluster, seq_len=sc.seq_len,
-                     global_batch_size=global_batch(space, sc.seq_len, gbs), trainers=trainers)
+                     global_batch_size=global_batch(space, sc.seq_len, sc.gbs), trainers=trainers)
         out.append(run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts), progress=progress))
     return out
 
@@ -46,7 +48,7 @@ def result_json(r: SearchResult) -> dict:
     return {"model": q.model.name, "num_gpus": q.num_gpus, "gpu": q.cluster.gpu.key, "seq_len": q.seq_len,
             "global_batch_size": q.global_batch_size, "trainers": list(q.trainers), "space": r.options.space.name,
             "method": r.method,
-            "plans_evaluated": int(len(r.plans)), "plans_fit": int(r.plans["fits"].sum()), "why": r.why,
+            "plans_evaluated": r.counts["evaluated"], "plans_fit": r.counts["fit"], "why": r.why,
             "run_dir": str(r.run_dir), "timings_s": r.timings,
             "top": [row_summary(row, r.layouts) | {"rank": i + 1, "trainers": str(row["trainers"]).split(", ")}
                     for i, (_, row) in enumerate(r.top.iterrows())],

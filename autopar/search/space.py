@@ -13,7 +13,7 @@ from autopar.spec.yaml_io import load_yaml
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 
-INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "mbs", "recompute_layers", "gbs")
+INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "mbs", "recompute_layers")
 CHOICE_KNOBS = {"pp_schedule": [s for s in SCHEDULES if s != "interleaved-1f1b"], "recompute": list(RECOMPUTE),
                 "dtype": list(DTYPES), "pp_layout": ["auto", "balanced", "embedding+loss"],
                 "moe_dispatcher": list(MOE_DISPATCHERS), "trainer": list(ALL_TRAINERS)}
@@ -81,6 +81,10 @@ def space_from_dict(data, origin: str) -> SearchSpace:
     if not isinstance(knobs, dict):
         raise InputError(f"{origin}: 'knobs' must be a mapping of knob -> choices")
     for k in knobs:
+        if k in ("gbs", "global_batch_size"):
+            raise InputError(f"{origin}: knob '{k}' cannot be searched: the global batch is part of the question (it "
+                             f"changes what training converges to, not only its speed); drop it and pass --gbs "
+                             f"256,512 for a what-if per batch size, or set tokens_per_step")
         if k not in KNOBS:
             raise InputError(f"{origin}: unknown knob '{k}'{did_you_mean(k, KNOBS)}; known knobs: {', '.join(KNOBS)}")
     checked = {}

@@ -41,7 +41,7 @@ from autopar.errors import InputError
 from autopar.search import optuna_driver as od
 from autopar.search import trial_claims as claims
 from autopar.search.results import ranked, row_plan
-from autopar.search.run import SearchResult, evaluate
+from autopar.search.run import SearchResult
 from autopar.spec.plan import ParallelPlan
 
 STUDY = "measured"
@@ -402,8 +402,9 @@ def evaluate_with(result: SearchResult, calib: Calibration):
     """The run's plans re-evaluated with a calibrated cluster."""
     from dataclasses import replace
 
-    from autopar.search.enumerate import enumerate_plans
+    from autopar.search.enumerate import Enumerator
+    from autopar.search.streaming import StreamOptions, stream
 
     q = replace(result.question, cluster=calib.cluster)
     headroom = float(result.options.space.constraints.get("memory_headroom_gib", 0.0))
-    return evaluate(enumerate_plans(result.options.space, q), q, headroom)
+    return stream(q, Enumerator(result.options.space, q), StreamOptions(headroom_gib=headroom)).pool

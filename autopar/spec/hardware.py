@@ -158,6 +158,11 @@ class ClusterSpec:
             raise InputError(f"cluster: intra_node_topology must be 'switch' or 'full-mesh', got "
                              f"'{self.intra_node_topology}'")
 
+    def with_constants(self, constants: CostConstants, **changes) -> "ClusterSpec":
+        """This cluster with every constant set and pinned (a calibration: no profile overrides it)."""
+        return replace(self, constants=constants, pinned=frozenset(f.name for f in fields(CostConstants)),
+                       **changes)
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["gpu"] = self.gpu.key

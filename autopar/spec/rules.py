@@ -184,6 +184,20 @@ def reason_text(codes: np.ndarray, trainer: np.ndarray, rules: tuple) -> np.ndar
     return out
 
 
+def capability_codes(table: PlanTable, context: Context) -> np.ndarray:
+    """Per row, the bits of the trainer capability lines it breaks, at their places in
+    `all_rules()` (after the model rules): with the model rules' `codes()`, a row's full bitmask.
+    The search checks each trainer this way on plans it prices once (autopar.cost.estimate)."""
+    from autopar.spec.trainer_rules import trainer_rules
+
+    out = np.zeros(len(table), dtype=np.uint64)
+    for i, rule in enumerate(trainer_rules(), start=len(RULES)):
+        m = np.asarray(rule.violated(table, context), dtype=bool)
+        if m.any():
+            out[np.broadcast_to(m, (len(table),))] |= np.uint64(1 << i)
+    return out
+
+
 def check_rules(table: PlanTable, model: ModelSpec, *, num_gpus: int | None = None,
                 cluster: ClusterSpec | None = None, seq_len: int | None = None,
                 stages: StageProfiles | None = None, trainer_capabilities: bool = True) -> RuleResult:

@@ -129,3 +129,9 @@ class PlanTable:
 
     def take(self, idx: np.ndarray) -> "PlanTable":
         return PlanTable({k: v[idx] for k, v in self.columns.items()}, self.layouts)
+
+    def with_columns(self, **columns) -> "PlanTable":
+        """The same plans with some columns replaced (arrays, or one value for every row)."""
+        n = len(self)
+        new = {k: np.broadcast_to(np.asarray(v, dtype=self.columns[k].dtype), (n,)) for k, v in columns.items()}
+        return PlanTable(self.columns | new, self.layouts)

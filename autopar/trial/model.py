@@ -168,14 +168,15 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         """Rows of x grouped by local expert (`sizes[e]` rows for expert e, in order) through their
         experts, in one call (an FSDP unit must run one forward per step, or it re-gathers)."""
-        outs = [self.expert(part, e) for e, part in enumerate(x.split(sizes)) if part.shape[0]]
-        return torch.cat(outs) if outs else x[:0]
-
-    def expert(self, x: torch.Tensor, expert: int) -> torch.Tensor:
-        w1, w2, w3 = self.w1[expert], self.w2[expert], self.w3[expert]
+        weights = (self.w1, self.w2, self.w3)
         if self.grad_scale != 1.0:
-            w1, w2, w3 = (GradScale.apply(w, self.grad_scale) for w in (w1, w2, w3))
-        return (F.silu(x @ w1.t()) * (x @ w3.t())) @ w2.t()
+            weights = tuple(GradScale.apply(w, self.grad_scale) for w in weights)
+        # one unbind per weight: its backward stacks the experts' gradients once (indexing each
+        # expert would allocate a whole [E, ...] gradient per expert)
+        w1, w2, w3 = (w.unbind(0) for w in weights)
+        outs = [(F.silu(part @ w1[e].t()) * (part @ w3[e].t())) @ w2[e].t()
+                for e, part in enumerate(x.split(sizes)) if part.shape[0]]
+        return torch.cat(outs) if outs else x[:0]
 
 
 class GradScale(torch.autograd.Function):

@@ -34,6 +34,7 @@ from autopar.trial.mesh import Runtime, axis_ranks, build_mesh
 from autopar.trial.model import ModelConfig, Transformer
 from autopar.trial.optim import make_optimizer
 from autopar.trial.parallel.data import microbatch_context
+from autopar.spec.trainers import BUILTIN
 from autopar.trial.features import plan_problems
 from autopar.trial.parallelize import ParallelModel, parallelize
 
@@ -109,7 +110,9 @@ def build(cfg: TrialConfig, runtime: Runtime) -> tuple[ParallelModel, ModelConfi
     """The trial's model, parallelised on a fresh mesh over all ranks."""
     plan, spec = cfg.parallel_plan(), cfg.model_spec()
     seq = cfg.sequence_length
-    problems = plan.problems(spec, num_gpus=dist.get_world_size(), seq_len=seq) + plan_problems(plan, spec)
+    # whatever trainer the plan was searched for, a trial runs the built-in model: its capabilities apply
+    runs = plan.with_(trainer=BUILTIN)
+    problems = runs.problems(spec, num_gpus=dist.get_world_size(), seq_len=seq) + plan_problems(runs, spec)
     if problems:
         raise TrialError(f"{cfg.label}: " + "; ".join(problems))
     if runtime.device.type == "cpu" and plan.dtype != "fp32":

@@ -14,7 +14,7 @@ import pytest
 
 def _copy_run(src: Path, dst: Path) -> Path:
     dst.mkdir(parents=True)
-    for f in ("plans.parquet", "top.json", "search.json"):
+    for f in ("scatter.parquet", "top.json", "search.json"):
         shutil.copy(src / f, dst / f)
     return dst
 
@@ -26,25 +26,25 @@ def bad_runs(run70, tmp_path_factory) -> dict[str, Path]:
     out["empty"].mkdir()
     out["file"].write_text("x")
     out["corrupt-parquet"] = _copy_run(run70, base / "corrupt_parquet")
-    (out["corrupt-parquet"] / "plans.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    (out["corrupt-parquet"] / "scatter.parquet").write_bytes(b"PAR1 this is not parquet at all")
     out["truncated-parquet"] = _copy_run(run70, base / "truncated_parquet")
-    p = out["truncated-parquet"] / "plans.parquet"
+    p = out["truncated-parquet"] / "scatter.parquet"
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
     out["corrupt-top"] = _copy_run(run70, base / "corrupt_top")
     (out["corrupt-top"] / "top.json").write_text('{"top": [')
     out["no-search-json"] = _copy_run(run70, base / "no_search")
     (out["no-search-json"] / "search.json").unlink()
     out["wrong-columns"] = _copy_run(run70, base / "wrong_columns")
-    pd.DataFrame({"a": [1, 2]}).to_parquet(out["wrong-columns"] / "plans.parquet")
+    pd.DataFrame({"a": [1, 2]}).to_parquet(out["wrong-columns"] / "scatter.parquet")
     return out
 
 
 REPORT_CASES = [
     ("missing-dir", ["{missing}"], ["does not exist"]),
     ("not-a-dir", ["{file}"], ["not a directory"]),
-    ("dir-without-plans-parquet", ["{empty}"], ["plans.parquet", "missing"]),
-    ("corrupt-parquet", ["{corrupt-parquet}"], ["plans.parquet", "corrupt"]),
-    ("truncated-parquet", ["{truncated-parquet}"], ["plans.parquet", "corrupt"]),
+    ("dir-without-scatter-parquet", ["{empty}"], ["scatter.parquet", "missing"]),
+    ("corrupt-parquet", ["{corrupt-parquet}"], ["scatter.parquet", "corrupt"]),
+    ("truncated-parquet", ["{truncated-parquet}"], ["scatter.parquet", "corrupt"]),
     ("corrupt-top-json", ["{corrupt-top}"], ["top.json", "corrupt"]),
     ("no-search-json", ["{no-search-json}"], ["search.json", "missing"]),
     ("wrong-columns", ["{wrong-columns}"], ["lacks column"]),
@@ -100,7 +100,8 @@ def test_compare_flag_strings_and_run_directories(cli, run70, tmp_path):
     p = cli("compare", "--model", "70b", "--gpus", "256", FLAGS_A, FLAGS_B, run70, f"{run70}#3", "--out", out)
     assert p.returncode == 0, p.stderr
     assert "4 layouts of llama3-70b on 256 x h100-sxm" in p.stdout
-    for label in ("#1 tp8.pp4.dp8", "#2 tp4.pp8.dp8", "#3 tp2.cp2.pp8.dp8"):
+    winner = json.loads((run70 / "top.json").read_text())["top"][0]["plan_name"]
+    for label in ("#1 tp8.pp4.dp8", "#2 tp4.pp8.dp8", f"#3 {winner}"):
         assert label in p.stdout
     for row in ("step time", "TP comm", "pipeline bubble", "activations", "capacity", "MFU"):
         assert row in p.stdout

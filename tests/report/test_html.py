@@ -151,7 +151,7 @@ def test_a_new_single_search_forgets_an_old_whatif(run70, run70_128, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for src, dst in ((run70, a), (run70_128, b)):
         dst.mkdir()
-        for f in ("plans.parquet", "top.json", "search.json"):
+        for f in ("scatter.parquet", "top.json", "search.json"):
             shutil.copy(src / f, dst / f)
     write_reports([a, b])
     assert (a / "whatif.json").is_file() and 'id="whatif"' in (a / REPORT_FILE).read_text(encoding="utf-8")
@@ -171,10 +171,10 @@ def test_degenerate_runs_still_render(run70, tmp_path):
         shutil.copy(run70 / f, tmp_path / f)
     top = json.loads((tmp_path / "top.json").read_text()) | {"top": [], "pareto": [], "why": "No plan is valid."}
     (tmp_path / "top.json").write_text(json.dumps(top))
-    plans = pd.read_parquet(run70 / "plans.parquet")
+    plans = pd.read_parquet(run70 / "scatter.parquet")
     invalid = plans.assign(fits=False, valid=False, rejected_by="tp%heads, pp>layers")
     for df, figs in ((plans.iloc[:0], 0), (invalid, 1), (invalid.assign(tokens_per_s=float("nan")), 0)):
-        df.to_parquet(tmp_path / "plans.parquet")
+        df.to_parquet(tmp_path / "scatter.parquet")
         text = write_report(tmp_path).read_text(encoding="utf-8")
         check_self_contained(text)
         assert "No plan fits" in text and text.count('class="plotly-fig"') == figs

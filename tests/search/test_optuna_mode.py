@@ -65,7 +65,7 @@ def forced(question, tmp_path_factory):
 def test_method_and_files(forced):
     res, _ = forced
     assert res.method == "optuna-tpe"
-    for name in ("plans.parquet", "plans.csv", "top.json", "search.json", "study.log"):
+    for name in ("plans.parquet", "scatter.parquet", "top.json", "search.json", "study.log"):
         assert (res.run_dir / name).is_file(), name
     assert not (res.run_dir / "study.db").exists()  # the journal file was the storage
     info = json.loads((res.run_dir / "search.json").read_text())

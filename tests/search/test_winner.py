@@ -17,7 +17,13 @@ from autopar.spec.hardware import GIB
 @pytest.fixture(scope="module")
 def result(sh, tmp_path_factory):
     q, space = sh.question("llama3-70b", 256, "default", 8192)
-    return run_search(q, SearchOptions(space=space, run_dir=tmp_path_factory.mktemp("winner")))
+    return run_search(q, SearchOptions(space=space, run_dir=tmp_path_factory.mktemp("winner"), csv=True))
+
+
+@pytest.fixture(scope="module")
+def every_plan(result) -> pd.DataFrame:
+    """plans.parquet: every evaluated plan with its key figures (result.plans keeps only a few)."""
+    return pd.read_parquet(result.run_dir / "plans.parquet")
 
 
 def test_question(result):
@@ -27,10 +33,11 @@ def test_question(result):
     assert q.global_batch_size == round(space.knobs["tokens_per_step"] / 8192) == 512
 
 
-def test_method_is_exhaustive(result):
+def test_method_is_exhaustive(result, every_plan):
     assert result.method == "exhaustive"
     assert result.history == []
-    assert len(result.plans) > 1000  # the whole default space for 70B / 256
+    assert result.counts["evaluated"] == len(every_plan) > 1000  # the whole default space for 70B / 256
+    assert every_plan["plan_index"].is_unique
 
 
 def test_winner_fits_with_headroom(result):
@@ -44,31 +51,36 @@ def test_winner_fits_with_headroom(result):
     assert w["tp"] * w["pp"] * w["cp"] * w["dp"] == 256
 
 
-def test_headroom_rejections_are_consistent(result):
-    df = result.plans
+def test_headroom_rejections_are_consistent(result, every_plan):
+    df = every_plan
+    capacity = result.question.cluster.gpu.hbm_bytes
     headroom = result.options.space.constraints["memory_headroom_gib"] * GIB
-    over = df["valid"] & (df["peak_memory_bytes"] > df["memory_capacity_bytes"] - headroom)
+    over = df["valid"] & (df["peak_memory_bytes"] > capacity - headroom)
+    memory_bit = (df["rejected_code"].to_numpy(np.uint64) >> np.uint64(63)) == 1
     assert not df.loc[over, "fits"].any()
-    assert (df.loc[over, "rejected_by"] == "memory").all()
+    assert memory_bit[over.to_numpy()].all() and not memory_bit[~df["valid"].to_numpy()].any()
     assert (df.loc[over, "memory_miss_gib"] > 0).all()
     # some plans are rejected by the headroom alone (they would fit without it)
-    assert (over & (df["peak_memory_bytes"] <= df["memory_capacity_bytes"])).any()
+    assert (over & (df["peak_memory_bytes"] <= capacity)).any()
     fit = df[df["fits"]]
-    assert (fit["peak_memory_bytes"] <= fit["memory_capacity_bytes"] - headroom).all()
-    assert (fit["rejected_by"] == "").all()
+    assert (fit["peak_memory_bytes"] <= capacity - headroom).all()
+    assert (fit["rejected_code"] == 0).all()
+    # the kept rows say the same in words
+    kept = result.plans
+    assert (kept.loc[kept["valid"] & ~kept["fits"], "rejected_by"] == "memory").all()
 
 
-def test_winner_is_fastest_fitting_plan(result):
-    df, w = result.plans, result.winner
+def test_winner_is_fastest_fitting_plan(result, every_plan):
+    df, w = every_plan, result.winner
     fit = df[df["fits"]]
-    assert len(fit) > 0
+    assert len(fit) == result.counts["fit"] > 0
     assert w["step_time_s"] == fit["step_time_s"].min()
     assert np.isclose(w["tokens_per_s"], fit["tokens_per_s"].max(), rtol=1e-12)
     # no plan that does not fit is counted as the winner
-    assert df.loc[~df["fits"], "rejected_by"].ne("").all()
+    assert (df.loc[~df["fits"], "rejected_code"] != 0).all()
 
 
-def test_top_is_sorted_and_fits(result):
+def test_top_is_sorted_and_fits(result, every_plan):
     top = result.top
     assert 1 < len(top) <= result.options.top_k
     assert top["fits"].all()
@@ -77,10 +89,11 @@ def test_top_is_sorted_and_fits(result):
     # the top-k are the k fastest distinct fitting plans (a plan several trainers run counts once)
     from autopar.search.results import PLAN_KEY
 
-    fit = result.plans[result.plans["fits"]].sort_values("step_time_s", kind="stable")
-    distinct = fit.drop_duplicates(list(PLAN_KEY))["step_time_s"].to_numpy()
+    fit = every_plan[every_plan["fits"]].sort_values(["step_time_s", "peak_memory_bytes", "plan_index"],
+                                                     kind="stable")
+    distinct = fit.drop_duplicates([c for c in PLAN_KEY if c in fit.columns])["step_time_s"].to_numpy()
     assert np.allclose(st, distinct[:len(st)], rtol=0, atol=0)
-    assert set(top["trainers"].str.split(", ").explode()) <= set(result.plans["trainer"])
+    assert set(top["trainers"].str.split(", ").explode()) <= set(every_plan["trainer"])
 
 
 def test_mfu_plausible(result):
@@ -99,27 +112,32 @@ def test_why_names_the_winner(result):
 
 def test_files(result):
     d = result.run_dir
-    for name in ("plans.parquet", "plans.csv", "top.json", "search.json"):
+    for name in ("plans.parquet", "plans.csv", "scatter.parquet", "top.json", "search.json"):
         assert (d / name).is_file(), name
     assert not (d / "study.db").exists()  # exhaustive: no Optuna study
+    assert not list(d.glob(".*.tmp"))  # every file renamed into place
 
 
-def test_parquet_round_trip(result):
-    back = pd.read_parquet(result.run_dir / "plans.parquet")
-    assert len(back) == len(result.plans)
-    assert list(back.columns) == list(result.plans.columns)
-    for col in ("rejected_by", "memory_miss_gib", "step_time_s", "peak_memory_bytes", "fits", "valid"):
+def test_parquet_round_trip(result, every_plan):
+    back = every_plan
+    for col in ("plan_index", "trainer", "rejected_code", "memory_miss_gib", "step_time_s", "peak_memory_bytes",
+                "fits", "valid"):
         assert col in back.columns
     fit = back[back["fits"]]
     best = fit.loc[fit["step_time_s"].idxmin()]
     w = result.winner
-    assert best["plan_name"] == w["plan_name"]
+    assert best["plan_index"] == w["plan_index"]
     assert best["step_time_s"] == w["step_time_s"]
     for col in ("tp", "pp", "cp", "dp", "vpp", "zero_stage", "micro_batch_size", "pp_schedule", "recompute",
-                "layout_text"):
+                "trainer"):
         assert best[col] == w[col], col
     csv = pd.read_csv(result.run_dir / "plans.csv")
-    assert len(csv) == len(result.plans)
+    assert len(csv) == len(back)
+    assert list(csv.columns) == list(back.columns)
+    # the scatter keeps every estimate column of the plans it keeps, the winner among them
+    scatter = pd.read_parquet(result.run_dir / "scatter.parquet")
+    assert w["plan_index"] in set(scatter["plan_index"])
+    assert {"time_compute", "mem_weights", "layout_text", "rejected_by"} <= set(scatter.columns)
 
 
 def test_top_json(result):
@@ -130,19 +148,24 @@ def test_top_json(result):
     first = data["top"][0]
     assert first["rank"] == 1
     assert first["step_time_s"] == float(w["step_time_s"])
-    assert first["plan_name"] == w["plan_name"]
+    assert first["plan_name"] == w["plan_name"] and first["plan_index"] == int(w["plan_index"])
     assert first["fits"] is True
     assert first["plan"]["tp"] == int(w["tp"]) and first["plan"]["pp"] == int(w["pp"])
     assert [e["rank"] for e in data["top"]] == list(range(1, len(data["top"]) + 1))
     assert [e["step_time_s"] for e in data["top"]] == sorted(e["step_time_s"] for e in data["top"])
-    assert w["plan_name"] in data["pareto"]
+    assert int(w["plan_index"]) in [p["plan_index"] for p in data["pareto"]]  # the fastest is on the front
+    assert set(data["per_trainer"]) == set(result.question.trainers)
 
 
-def test_search_json(result):
+def test_search_json(result, every_plan):
     info = json.loads((result.run_dir / "search.json").read_text())
     assert info["method"] == "exhaustive"
-    assert info["plans_evaluated"] == len(result.plans)
-    assert info["plans_fit"] == int(result.plans["fits"].sum())
+    assert info["schema_version"] == 2
+    assert info["plans_evaluated"] == len(every_plan)
+    assert info["plans_valid"] == int(every_plan["valid"].sum())
+    assert info["plans_fit"] == int(every_plan["fits"].sum())
+    assert info["rejected_by"]["memory"] == int(((every_plan["rejected_code"].to_numpy(np.uint64) >> np.uint64(63))
+                                                 == 1).sum())
     assert info["question"]["num_gpus"] == 256 and info["question"]["seq_len"] == 8192
     assert info["space"]["name"] == "default"
 

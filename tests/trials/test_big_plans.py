@@ -85,10 +85,12 @@ def test_big_plans_run_as_labelled_proxies(tmp_path, cli_popen, procs, model, gp
         assert d["nproc"] <= cores and d["proxy"]["cross_hardware"] and d["proxy"]["changes"]
         assert m["step_time_s"] == pytest.approx(own["step_time_s"] * own["time_ratio"])
         assert abs(own["memory_error"]) < 0.25  # the proxy's own memory prediction, on this CPU
-    assert refused and all("--launcher slurm" in d["reasons"][0] for d in refused)
-    assert out.count("(proxy, scaled back)") == 2 and "not runnable here" in out and "as proxies" in out
+    # a top plan wider than this machine's ranks is recorded as not runnable (a substitute is measured)
+    assert all("--launcher slurm" in d["reasons"][0] for d in refused)
+    assert out.count("(proxy, scaled back)") == 2 and "as proxies" in out
+    assert ("not runnable here" in out) == bool(refused)
     report = (tmp_path / "run" / "report.html").read_text()
-    assert ">proxy<" in report and ">not run<" in report
+    assert ">proxy<" in report and (">not run<" in report) == bool(refused)
     assert not procs(str(tmp_path / "run"))
 
 

@@ -80,8 +80,8 @@ def test_calibrate_cli(local_env, tmp_path, cli):
     from autopar.spec.plan import ParallelPlan
 
     result = _result(tmp_path)
-    truth = replace(result.question.cluster, constants=replace(result.question.cluster.constants,
-                                                               gemm_efficiency=0.25, layer_overhead_us=2000.0))
+    c = result.question.cluster
+    truth = c.with_constants(replace(c.constants, gemm_efficiency=0.25, layer_overhead_us=2000.0))
 
     def measure(plan, predicted, on_step):
         t, mem = predict([ParallelPlan.from_dict(plan)], result.question.model, truth, 2, 128)

@@ -1,0 +1,160 @@
+"""The run directory of `autopar search`: its layout and schema version, owned here. Everything else
+(the report, compare, export, the measured stage) reads it through `load` and never guesses.
+
+    search.json     the question, the options, the method, counts, timings, schema_version
+    top.json        the top-k (full breakdowns), the best plan per trainer, the Pareto front, why
+    plans.parquet   every evaluated plan (row groups written as the search streams): the plan's
+                    columns and its key figures; rejected_code is a bitmask of the broken rules
+                    (search.json's `rule_bits` names them; bit 63 = does not fit in memory)
+    scatter.parquet every fitting Pareto point, each trainer's fastest plans and a uniform sample of
+                    each category of plan, with every estimate column (the report's scatter)
+    plans.csv       plans.parquet as CSV, only with --csv
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from autopar.errors import InputError
+from autopar.search.atomic import write_with
+from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
+from autopar.spec.table import PlanTable
+from autopar.spec.trainers import ALL_TRAINERS
+
+SCHEMA_VERSION = 2
+FILES = ("search.json", "top.json", "plans.parquet", "scatter.parquet")
+
+#: categorical plan columns: name in plans.parquet -> (PlanTable column, names of its codes)
+CATEGORIES = {"trainer": ("trainer", ALL_TRAINERS), "pp_schedule": ("schedule", SCHEDULES),
+              "recompute": ("recompute", RECOMPUTE), "dtype": ("dtype", DTYPES),
+              "moe_dispatch": ("moe_dispatch", MOE_DISPATCH), "moe_dispatcher": ("moe_dispatcher", MOE_DISPATCHERS)}
+INTEGERS = ("plan_index", "tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage", "micro_batch_size",
+            "global_batch_size", "recompute_layers", "layout_id")
+BOOLEANS = ("sequence_parallel", "tp_comm_overlap", "ep_comm_overlap")
+FIGURES = ("valid", "fits", "rejected_code", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
+           "peak_memory_bytes", "memory_miss_gib", "bubble_fraction")
+
+
+class PlansWriter:
+    """plans.parquet, one row group per priced chunk (atomic: renamed into place when closed)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "plans.parquet"
+        self.tmp = run_dir / f".plans.parquet.{os.getpid()}.tmp"
+        self.writer: pq.ParquetWriter | None = None
+        self.rows = 0
+
+    def write(self, table: PlanTable, est: dict) -> None:
+        batch = pa.table(self._columns(table, est))
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.tmp, batch.schema, compression="zstd")
+        self.writer.write_table(batch)
+        self.rows += len(table)
+
+    def _columns(self, table: PlanTable, est: dict) -> dict:
+        c = table.columns
+        out: dict = {}
+        for name in INTEGERS:
+            if name in c:
+                out[name] = pa.array(c[name], type=pa.int64() if name == "plan_index" else pa.int32())
+        for name, (col, names) in CATEGORIES.items():
+            out[name] = pa.DictionaryArray.from_arrays(pa.array(c[col], type=pa.int8()), pa.array(list(names)))
+        for name in BOOLEANS:
+            out[name] = pa.array(c[name], type=pa.bool_())
+        out["capacity_factor"] = pa.array(c["capacity_factor"], type=pa.float32())
+        for name in FIGURES:
+            out[name] = pa.array(est[name])
+        return out
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.tmp.replace(self.path)
+        elif self.path.exists():
+            self.path.unlink()
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def write_csv(run_dir: Path) -> Path:
+    """plans.csv from plans.parquet, row group by row group."""
+    import pyarrow.csv as pacsv
+
+    src = pq.ParquetFile(run_dir / "plans.parquet")
+    out = run_dir / "plans.csv"
+    tmp = run_dir / f".plans.csv.{os.getpid()}.tmp"
+    with pacsv.CSVWriter(tmp, src.schema_arrow) as w:
+        for i in range(src.num_row_groups):
+            w.write_table(src.read_row_group(i))
+    tmp.replace(out)
+    return out
+
+
+def write_frame(path: Path, df: pd.DataFrame) -> None:
+    write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
+
+
+@dataclass
+class RunFiles:
+    """What a run directory holds, read whole (top.json, search.json, the scatter)."""
+
+    run_dir: Path
+    search: dict
+    top: dict
+    scatter: pd.DataFrame
+
+    @property
+    def question(self) -> dict:
+        return self.search.get("question", {})
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path} is missing: '{path.parent}' is not an `autopar search` run directory (or its "
+                         f"search did not finish); run autopar search first") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path} is not valid JSON ({getattr(e, 'msg', e)}); rerun the search") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} is not an autopar run file; rerun the search")
+    return data
+
+
+def load(run_dir: str | Path) -> RunFiles:
+    """A finished run directory of this schema version, or one line saying what is wrong."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise InputError(f"run directory '{run_dir}' does not exist; pass the --run-dir of an `autopar search`")
+    search = read_json(d / "search.json")
+    version = search.get("schema_version", 1)
+    if version != SCHEMA_VERSION:
+        raise InputError(f"{d} was written by another autopar (run schema {version}, this one reads "
+                         f"{SCHEMA_VERSION}); rerun the search")
+    top = read_json(d / "top.json")
+    try:
+        scatter = pd.read_parquet(d / "scatter.parquet")
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise InputError(f"{d / 'scatter.parquet'} is unreadable ({type(e).__name__}); rerun the search") from None
+    return RunFiles(d, search, top, scatter)
+
+
+def rejection_bits() -> list[str]:
+    """Names of the bits of rejected_code (for search.json)."""
+    from autopar.spec.rules import all_rules
+
+    return [r.name for r in all_rules()]
+
+
+def plan_count(run_dir: Path) -> int:
+    return pq.ParquetFile(run_dir / "plans.parquet").metadata.num_rows if (run_dir / "plans.parquet").exists() else 0

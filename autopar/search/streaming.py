@@ -1,0 +1,241 @@
+"""Exhaustive search in bounded memory: the space is enumerated and priced chunk by chunk
+(autopar.search.enumerate.Enumerator), and only running results are kept: each trainer's fastest
+plans (a pool that ranks the top-k and feeds the measured stage), the Pareto front of throughput
+against memory, the rejection counts, the counts of plans evaluated, valid and fitting, and a uniform
+sample of every category of plan for the report's scatter. Memory does not depend on the size of the
+space; the results do not depend on the chunk size (ties are broken by the plan's place in the walk,
+and the sample keeps the plans with the smallest hash of that place).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from autopar.cost.estimate import estimate_per_trainer
+from autopar.search.enumerate import Enumerator, Question
+from autopar.search.results import MEMORY_BIT, frame
+from autopar.spec.hardware import GIB
+from autopar.spec.rules import all_rules, rule_label
+from autopar.spec.trainers import ALL_TRAINERS
+
+#: plans priced at once: the working set is a few hundred bytes per plan and costed rank
+DEFAULT_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    top_k: int = 10
+    pool: int = 200  # fastest fitting plans kept per trainer (>= top_k; the measured stage draws from them)
+    sample: int = 4000  # plans kept per category (fits / memory / invalid) for the report's scatter
+    chunk: int = DEFAULT_CHUNK
+    headroom_gib: float = 0.0
+    seed: int = 20240601
+
+
+@dataclass
+class Streamed:
+    """The running results of a streamed search, as small frames (autopar.search.results.frame)."""
+
+    pool: pd.DataFrame  # each trainer's fastest fitting plans, ranked
+    pareto: pd.DataFrame  # fitting plans no other beats on both step time and memory
+    sample: pd.DataFrame  # a uniform sample of each category
+    closest: pd.DataFrame  # the valid plan that misses memory by the least (one row, or none)
+    evaluated: int = 0
+    valid: int = 0
+    fit: int = 0
+    rejections: dict = field(default_factory=dict)  # label -> plans it rejects
+    layouts: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+
+
+class _Keeper:
+    """Bounded running state: candidate rows are kept as frames and pruned as they grow."""
+
+    def __init__(self, opts: StreamOptions, num_layers: int):
+        self.opts = opts
+        self.num_layers = num_layers
+        self.pool: list[pd.DataFrame] = []
+        self.pareto: list[pd.DataFrame] = []
+        self.sample: list[pd.DataFrame] = []
+        self.pairs: Counter = Counter()  # (rule bitmask, trainer) -> plans
+        self.evaluated = self.valid = self.fit = 0
+
+    def add(self, table, est: dict, index: np.ndarray) -> None:
+        fits, valid = est["fits"], est["valid"]
+        self.evaluated += len(index)
+        self.valid += int(valid.sum())
+        self.fit += int(fits.sum())
+        bad = np.flatnonzero(~fits)
+        if len(bad):
+            pairs, counts = np.unique(np.stack([est["rejected_code"][bad], table.trainer[bad].astype(np.uint64)], 1),
+                                      axis=0, return_counts=True)
+            self.pairs.update({(int(c), int(t)): int(n) for (c, t), n in zip(pairs, counts)})
+        rows = np.unique(np.concatenate([self._pool_rows(table, est, index), self._pareto_rows(est, index),
+                                         self._sample_rows(est, index), self._closest_rows(est)]))
+        if not len(rows):
+            return
+        df = frame(table.take(rows), {k: v[rows] for k, v in est.items() if np.ndim(v) == 1}, self.num_layers)
+        df["plan_index"] = index[rows]
+        df["sample_key"] = _hash(index[rows], self.opts.seed)
+        self.pool.append(df)
+        if sum(len(d) for d in self.pool) > 8 * self.opts.pool * 6:
+            self.prune()
+
+    def _pool_rows(self, table, est, index) -> np.ndarray:
+        out = []
+        for t in np.unique(table.trainer):
+            rows = np.flatnonzero(est["fits"] & (table.trainer == t))
+            out.append(_smallest(rows, est["step_time_s"], self.opts.pool))
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def _pareto_rows(self, est, index) -> np.ndarray:
+        rows = np.flatnonzero(est["fits"])
+        return rows[_front(est["step_time_s"][rows], est["peak_memory_bytes"][rows], index[rows])]
+
+    def _closest_rows(self, est) -> np.ndarray:
+        """The valid plan that misses memory by the least (the answer when nothing fits)."""
+        rows = np.flatnonzero(est["valid"] & ~est["fits"])
+        return rows[np.argmin(est["memory_miss_gib"][rows])][None] if len(rows) else np.zeros(0, np.int64)
+
+    def _sample_rows(self, est, index) -> np.ndarray:
+        key = _hash(index, self.opts.seed)
+        cat = np.where(est["fits"], 0, np.where(est["valid"], 1, 2))
+        out = []
+        for c in range(3):
+            rows = np.flatnonzero(cat == c)
+            out.append(rows[np.argsort(key[rows], kind="stable")[:self.opts.sample]])
+        return np.concatenate(out)
+
+    def prune(self) -> None:
+        """Keep what the final results can still need: per trainer the `pool` fastest fitting, the
+        Pareto front, and per category the `sample` smallest hash keys."""
+        if not self.pool:
+            return
+        df = pd.concat(self.pool, ignore_index=True).drop_duplicates("plan_index")
+        fit = df[df["fits"]]
+        keep = set(_ranked(fit).groupby("trainer", sort=False).head(self.opts.pool)["plan_index"])
+        front = fit.iloc[_front(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(),
+                               fit["plan_index"].to_numpy())]
+        keep |= set(front["plan_index"])
+        cat = np.where(df["fits"], 0, np.where(df["valid"], 1, 2))
+        for c in range(3):
+            part = df[cat == c].nsmallest(self.opts.sample, "sample_key", keep="first")
+            keep |= set(part["plan_index"])
+        near = df[df["valid"] & ~df["fits"]]
+        if len(near):
+            keep.add(near.sort_values(["memory_miss_gib", "plan_index"])["plan_index"].iloc[0])
+        self.pool = [df[df["plan_index"].isin(keep)]]
+
+    def result(self, layouts) -> Streamed:
+        self.prune()
+        df = self.pool[0] if self.pool else pd.DataFrame()
+        if df.empty:
+            return Streamed(df, df, df, df, self.evaluated, self.valid, self.fit, self._labels(), layouts)
+        ranked = _ranked(df[df["fits"]])
+        pool = ranked.groupby("trainer", sort=False).head(self.opts.pool)
+        pool = pool.sort_values(["step_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
+        fit = df[df["fits"]]
+        pareto = fit.iloc[_front(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(),
+                                 fit["plan_index"].to_numpy())]
+        cat = np.where(df["fits"], 0, np.where(df["valid"], 1, 2))
+        sample = pd.concat([df[cat == c].nsmallest(self.opts.sample, "sample_key", keep="first") for c in range(3)])
+        near = df[df["valid"] & ~df["fits"]].sort_values(["memory_miss_gib", "plan_index"]).head(1)
+        return Streamed(pool.reset_index(drop=True), pareto.sort_values("step_time_s").reset_index(drop=True),
+                        sample.sort_values("plan_index").reset_index(drop=True), near.reset_index(drop=True),
+                        self.evaluated, self.valid, self.fit, self._labels(), layouts)
+
+    def _labels(self) -> dict:
+        """Plans each rejection reason rejects ('memory', a model rule, '<trainer>:<kind>')."""
+        rules = all_rules()
+        out: Counter = Counter()
+        for (code, trainer), n in self.pairs.items():
+            if code >> MEMORY_BIT & 1:
+                out["memory"] += n
+            for i, r in enumerate(rules):
+                if code >> i & 1:
+                    out[rule_label(r, trainer)] += n
+        return dict(out.most_common())
+
+
+def _ranked(df: pd.DataFrame) -> pd.DataFrame:
+    """Fastest first; ties by memory, then by the plan's place in the walk (the one-shot order)."""
+    return df.sort_values(["step_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
+
+
+def _smallest(rows: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+    """The rows of the k smallest values, and every row tied with the k-th (ties are broken later)."""
+    if len(rows) <= k:
+        return rows
+    v = values[rows]
+    kth = np.partition(v, k - 1)[k - 1]
+    return rows[v <= kth]
+
+
+def _front(step: np.ndarray, mem: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Positions of the Pareto front (lower step time, lower memory): sorted by step time, a point
+    is on it when it needs strictly less memory than every faster one."""
+    if not len(step):
+        return np.zeros(0, np.int64)
+    order = np.lexsort((index, mem, step))
+    m = mem[order]
+    best_before = np.minimum.accumulate(np.concatenate([[np.inf], m[:-1]]))
+    return order[m < best_before]
+
+
+def _hash(index: np.ndarray, seed: int) -> np.ndarray:
+    """A uniform pseudo-random key per plan place (splitmix64), the same in any chunking."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(index, dtype=np.uint64) + np.uint64(seed * 0x9E3779B97F4A7C15 % (1 << 64))
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return z
+
+
+def stream(q: Question, enumerator: Enumerator, opts: StreamOptions,
+           write: Callable | None = None, progress: Callable[[str, int, int], None] | None = None) -> Streamed:
+    """Price every plan of the walk, chunk by chunk: each chunk of the folded walk (one row per plan
+    of every trainer) is priced once per performance profile and checked per trainer;
+    `write(table, est, index)` persists each trainer's share (plans.parquet row groups) as it is priced."""
+    keeper = _Keeper(opts, q.model.num_layers)
+    trainers = [ALL_TRAINERS[c] for c in enumerator.trainer_codes]
+    t_est = t_rest = 0.0
+    for start, stop, table in enumerator.folded_chunks(max(1, opts.chunk // len(trainers))):
+        if len(table):
+            t0 = time.perf_counter()
+            ests = estimate_per_trainer(table, q.model, q.cluster, tuple(trainers), num_gpus=q.num_gpus,
+                                        seq_len=q.seq_len)
+            t_est += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            for j, (code, est) in enumerate(zip(enumerator.trainer_codes, ests)):
+                apply_headroom(est, opts.headroom_gib)
+                index = table.columns["plan_index"] + j
+                mine = table.with_columns(trainer=code, plan_index=index)
+                if write is not None:
+                    write(mine, est, index)
+                keeper.add(mine, est, index)
+            t_rest += time.perf_counter() - t1
+        if progress:
+            progress("evaluating plans", stop, enumerator.total)
+    out = keeper.result(enumerator.layouts)
+    out.timings = {"evaluate_s": t_est, "keep_and_write_s": t_rest}
+    return out
+
+
+def apply_headroom(est: dict, headroom_gib: float) -> None:
+    """The space's memory headroom: a plan fits only with this many GiB to spare."""
+    if headroom_gib <= 0:
+        return
+    limit = est["memory_capacity_bytes"] - headroom_gib * GIB
+    over = est["valid"] & (est["peak_memory_bytes"] > limit)
+    est["fits"] = est["fits"] & ~over
+    est["memory_miss_gib"] = np.where(over, (est["peak_memory_bytes"] - limit) / GIB, est["memory_miss_gib"])
+    est["rejected_code"] = np.where(over, est["rejected_code"] | np.uint64(1 << MEMORY_BIT), est["rejected_code"])
+    if "rejected_by" in est:
+        est["rejected_by"] = np.where(over, "memory", est["rejected_by"])
