@@ -83,23 +83,37 @@ all_gather_time = reduce_scatter_time  # same factor, S = the gathered (full) bu
 
 
 def _half_ring(nbytes, group: Group, links: Links) -> np.ndarray:
-    s = np.asarray(nbytes, dtype=float)
+    per_byte, fixed = half_ring_linear(group, links)
+    return np.asarray(nbytes, dtype=float) * per_byte + fixed
+
+
+def half_ring_linear(group: Group, links: Links) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds per byte, seconds per call) of a reduce-scatter or all-gather: (g-1)/g * S/B_nvlink +
+    (N-1)/N * (S/g)/B_nic, plus (g-1)a_i + (N-1)a_e (reference D.2/D.3); 0 for a group of one.
+    Linear in S, so calls on one group are priced by their summed bytes (autopar.cost.comm)."""
     g = group.per_node.astype(float)
     nn = group.nodes.astype(float)
-    intra = (g - 1) / g * s / _intra_bw(links, group.per_node) + (g - 1) * links.intra_lat
-    inter = (nn - 1) / nn * (s / g) / links.inter_bw + (nn - 1) * links.inter_lat
-    return np.where(group.size > 1, intra + inter, 0.0)
+    per_byte = (g - 1) / g / _intra_bw(links, group.per_node) + (nn - 1) / nn / g / links.inter_bw
+    fixed = (g - 1) * links.intra_lat + (nn - 1) * links.inter_lat
+    on = group.size > 1
+    return np.where(on, per_byte, 0.0), np.where(on, fixed, 0.0)
 
 
 def all_to_all_time(nbytes, group: Group, links: Links) -> np.ndarray:
     """All-to-all of a rank's send buffer S: the (g-1)/n share to in-node peers over NVLink, the
     (n-g)/n share over the rank's own NIC, plus (n-1) latencies (reference D.2, D.3)."""
-    s = np.asarray(nbytes, dtype=float)
+    per_byte, fixed = all_to_all_linear(group, links)
+    return np.asarray(nbytes, dtype=float) * per_byte + fixed
+
+
+def all_to_all_linear(group: Group, links: Links) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds per byte, seconds per call) of `all_to_all_time` (reference D.2, D.3)."""
     n = group.size.astype(float)
     g = group.per_node.astype(float)
     lat = np.where(group.nodes > 1, links.inter_lat, links.intra_lat)
-    t = (g - 1) / n * s / _intra_bw(links, group.per_node) + (n - g) / n * s / links.inter_bw + (n - 1) * lat
-    return np.where(group.size > 1, t, 0.0)
+    on = group.size > 1
+    per_byte = (g - 1) / n / _intra_bw(links, group.per_node) + (n - g) / n / links.inter_bw
+    return np.where(on, per_byte, 0.0), np.where(on, (n - 1) * lat, 0.0)
 
 
 def deduplicated_all_to_all_time(nbytes, group: Group, links: Links, top_k: int) -> np.ndarray:
@@ -108,22 +122,35 @@ def deduplicated_all_to_all_time(nbytes, group: Group, links: Links, top_k: int)
     RDMA transfers run at once (DeepEP README, 'normal kernels': intranode NVLink forwarding of
     internode RDMA). With uniform routing a token reaches (N - 1)(1 - (1 - 1/N)^k) remote nodes of
     the N the group spans, against k(N - 1)/N remote copies without deduplication."""
-    s = np.asarray(nbytes, dtype=float)
+    per_byte, fixed = deduplicated_all_to_all_linear(group, links, top_k)
+    return np.asarray(nbytes, dtype=float) * per_byte + fixed
+
+
+def deduplicated_all_to_all_linear(group: Group, links: Links, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds per byte, seconds per call) of `deduplicated_all_to_all_time`: the slower of the
+    NVLink and RDMA shares, both linear in S (DeepEP README)."""
     n = group.size.astype(float)
     g = group.per_node.astype(float)
     nodes = group.nodes.astype(float)
     remote = (n - g) / n
     distinct = np.where(nodes > 1, nodes * (1 - (1 - 1 / np.maximum(nodes, 1)) ** top_k) / top_k, 1.0)
-    nvlink = ((g - 1) / n + remote) * s / _intra_bw(links, group.per_node)
-    rdma = remote * distinct * s / links.inter_bw
+    nvlink = ((g - 1) / n + remote) / _intra_bw(links, group.per_node)
+    rdma = remote * distinct / links.inter_bw
     lat = np.where(group.nodes > 1, links.inter_lat, links.intra_lat) * (n - 1)
-    return np.where(group.size > 1, np.maximum(nvlink, rdma) + lat, 0.0)
+    on = group.size > 1
+    return np.where(on, np.maximum(nvlink, rdma), 0.0), np.where(on, lat, 0.0)
 
 
 def p2p_time(nbytes, crosses_node, links: Links) -> np.ndarray:
     """Send/recv: S/B + a on the link between the two ranks (reference D.2)."""
-    s = np.asarray(nbytes, dtype=float)
-    return np.where(crosses_node, s / links.inter_bw + links.inter_lat, s / links.intra_bw + links.intra_lat)
+    per_byte, fixed = p2p_linear(crosses_node, links)
+    return np.asarray(nbytes, dtype=float) * per_byte + fixed
+
+
+def p2p_linear(crosses_node, links: Links) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds per byte, seconds per call) of `p2p_time` (reference D.2)."""
+    return (np.where(crosses_node, 1.0 / links.inter_bw, 1.0 / links.intra_bw),
+            np.where(crosses_node, links.inter_lat, links.intra_lat))
 
 
 def allreduce_bytes_moved(nbytes: float, n: int) -> float:

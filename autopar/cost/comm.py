@@ -16,12 +16,12 @@ DP all-reduce / reduce-scatter + all-gather / FSDP per-microbatch gathers: ZeRO 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from autopar.spec.sharding import MODEL_PLAN, SEQUENCE_STYLES, block_plan, sync_points
-from autopar.cost.collectives import (Links, all_gather_time, all_reduce_time, all_to_all_time, p2p_time,
-                                      place, reduce_scatter_time)
+from autopar.cost.collectives import Links, all_to_all_linear, half_ring_linear, p2p_linear, place
 
 
 
@@ -40,19 +40,68 @@ def payload(call: Call, group_size) -> np.ndarray:
     return np.where(n > 1, s * call.count, 0.0)
 
 
-def call_time(call: Call, group, links: Links, crosses_node=None) -> np.ndarray:
-    fn = {"all_reduce": all_reduce_time, "reduce_scatter": reduce_scatter_time,
-          "all_gather": all_gather_time, "all_to_all": all_to_all_time}.get(call.kind)
-    if fn is None:
-        return p2p_time(call.full_bytes, crosses_node, links) * call.count
-    return fn(call.full_bytes, group, links) * call.count
+#: reduce-scatter and all-gather move (n-1)/n of the buffer, an all-reduce twice that (reference D.1)
+HALF_RINGS = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}
 
 
-def traffic(calls: list[Call], group_size, group, links: Links, crosses_node=None) -> tuple[np.ndarray, np.ndarray]:
+class Volume(NamedTuple):
+    """A list of calls on one group, summed by how their time is priced: every collective's time is
+    linear in its buffer (autopar.cost.collectives), so the calls of a kind cost their summed bytes
+    times the group's seconds per byte plus their count times its seconds per call."""
+
+    handed: np.ndarray | float  # payload bytes this GPU hands to the calls (0 when not counted)
+    ring_bytes: np.ndarray | float  # half-ring bytes: reduce-scatter and all-gather once, all-reduce twice
+    ring_calls: np.ndarray | float
+    a2a_bytes: np.ndarray | float
+    a2a_calls: np.ndarray | float
+    p2p_bytes: np.ndarray | float
+    p2p_calls: np.ndarray | float
+
+
+def volume(calls: list[Call], group_size, with_bytes: bool = True) -> Volume:
+    """The calls' summed volume; `with_bytes=False` leaves the payload at 0 (a search ranks by time)."""
+    n = np.asarray(group_size, dtype=float)
+    handed = ring_bytes = ring_calls = a2a_bytes = a2a_calls = p2p_bytes = p2p_calls = 0.0
+    for c in calls:
+        sent = c.full_bytes * c.count
+        if with_bytes:
+            handed = handed + (sent / n if c.kind == "all_gather" else sent)
+        if c.kind in HALF_RINGS:
+            ring_bytes = ring_bytes + HALF_RINGS[c.kind] * sent
+            ring_calls = ring_calls + HALF_RINGS[c.kind] * c.count
+        elif c.kind == "all_to_all":
+            a2a_bytes, a2a_calls = a2a_bytes + sent, a2a_calls + c.count
+        else:
+            p2p_bytes, p2p_calls = p2p_bytes + sent, p2p_calls + c.count
+    return Volume(np.where(n > 1, handed, 0.0) if with_bytes else 0.0, ring_bytes, ring_calls, a2a_bytes, a2a_calls,
+                  p2p_bytes, p2p_calls)
+
+
+def _none(x) -> bool:
+    return np.isscalar(x) and x == 0.0
+
+
+def seconds(v: Volume, group, links: Links, crosses_node=None, all_to_all=all_to_all_linear) -> np.ndarray:
+    """The time of a volume on its group; `all_to_all` gives the all-to-all's coefficients (DeepEP's
+    instead of NCCL's)."""
+    out = np.zeros(())
+    if not _none(v.ring_bytes):
+        per_byte, fixed = half_ring_linear(group, links)
+        out = out + v.ring_bytes * per_byte + v.ring_calls * fixed
+    if not _none(v.a2a_bytes):
+        per_byte, fixed = all_to_all(group, links)
+        out = out + v.a2a_bytes * per_byte + v.a2a_calls * fixed
+    if not _none(v.p2p_bytes):
+        per_byte, fixed = p2p_linear(crosses_node, links)
+        out = out + v.p2p_bytes * per_byte + v.p2p_calls * fixed
+    return out
+
+
+def traffic(calls: list[Call], group_size, group, links: Links, crosses_node=None,
+            all_to_all=all_to_all_linear) -> tuple[np.ndarray, np.ndarray]:
     """(payload bytes, time) of a list of calls on one group."""
-    nbytes = sum((payload(c, group_size) for c in calls), np.zeros(()))
-    seconds = sum((call_time(c, group, links, crosses_node) for c in calls), np.zeros(()))
-    return nbytes, seconds
+    v = volume(calls, group_size)
+    return v.handed, seconds(v, group, links, crosses_node, all_to_all)
 
 
 def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_head, recompute_share, etp,

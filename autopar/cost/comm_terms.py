@@ -7,13 +7,15 @@ innermost first; experts etp, ep, edp).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
 
-from autopar.cost.collectives import Links, deduplicated_all_to_all_time, place
-from autopar.cost.comm import (cp_calls, dp_calls, ep_calls, grad_reductions_per_step, moe_stat_calls, pp_calls,
-                               tp_calls, tp_step_calls, traffic)
+from autopar.cost.collectives import Group, Links, all_to_all_linear, deduplicated_all_to_all_linear, place
+from autopar.cost.comm import (Volume, cp_calls, dp_calls, ep_calls, grad_reductions_per_step, moe_stat_calls,
+                               pp_calls, seconds, tp_calls, tp_step_calls, volume)
 from autopar.cost.compute import expert_load
 from autopar.cost.params import RankParams
 from autopar.cost.plan_arrays import PlanArrays
@@ -40,51 +42,97 @@ class CommTerms(NamedTuple):
     dp_gather: Traffic
 
 
-def comm_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams) -> CommTerms:
-    links = Links.of(cluster)
-    gpn = cluster.gpus_per_node
+@dataclass(frozen=True)
+class OnGroup:
+    """An axis's calls, summed (autopar.cost.comm.Volume), and the group they run on."""
+
+    volume: Volume
+    group: Group | None
+    crosses_node: np.ndarray | None = None
+
+    def traffic(self, links: Links, all_to_all=all_to_all_linear) -> Traffic:
+        return Traffic(self.volume.handed, seconds(self.volume, self.group, links, self.crosses_node, all_to_all))
+
+
+class CommVolumes(NamedTuple):
+    """What every axis sends on which group: nothing here depends on a performance profile, so a
+    search sums the calls once per plan and prices them once per profile (`comm_terms`)."""
+
+    stats: OnGroup  # MoE aux-loss statistics, booked on cp when cp > 1, else on tp
+    tp: OnGroup
+    cp: OnGroup
+    ep: OnGroup
+    pp: OnGroup
+    tp_step: OnGroup
+    dense_reduce: OnGroup
+    dense_gather: OnGroup
+    expert_reduce: OnGroup | None  # None: a dense model
+    expert_gather: OnGroup | None
+    on_cp: np.ndarray
+
+
+def comm_volumes(x: PlanArrays, model: ModelSpec, gpus_per_node: int, prm: RankParams,
+                 with_bytes: bool = True) -> CommVolumes:
+    """Every axis's calls (autopar.cost.comm), summed, on its group; `with_bytes=False` leaves the
+    payload bytes at 0 (a search ranks by time only)."""
+    gpn = gpus_per_node
+    vol = partial(volume, with_bytes=with_bytes)
     t, c, share, sp = x.tp, x.cp, x.recompute_share, x.sequence_parallel
+    tp_group = place(t, 1, gpn)
     # MoE aux-loss statistics over the ranks holding a sequence's tokens (cp x tp under SP): booked
     # on cp when cp > 1, else on tp (the built-in model names its group so: autopar.trial.parallelize)
     stat_n = c * np.where(sp, t, 1)
-    stats = traffic(moe_stat_calls(model, x.micro_batch, stat_n, x.moe_layers, share), stat_n, place(stat_n, 1, gpn),
-                    links)
-    on_cp = c > 1
-    tp_bytes, tp_time = traffic(tp_calls(model, x.tokens, sp, x.dense_layers, x.moe_layers, x.has_embedding,
-                                         x.has_head, share, x.etp, x.act_bytes), t, place(t, 1, gpn), links)
+    stats = OnGroup(vol(moe_stat_calls(model, x.micro_batch, stat_n, x.moe_layers, share), stat_n),
+                    place(stat_n, 1, gpn))
+    tp = OnGroup(vol(tp_calls(model, x.tokens, sp, x.dense_layers, x.moe_layers, x.has_embedding, x.has_head, share,
+                              x.etp, x.act_bytes), t), tp_group)
     cp_group = place(c, t, gpn)
-    cp_bytes, cp_time = traffic(cp_calls(model, x.tokens, t, c, x.layers, share, x.act_bytes), c, cp_group, links,
-                                crosses_node=cp_group.nodes > 1)
-    load = expert_load(x, cluster) if model.moe else 1.0
-    ep_group = place(x.ep, x.etp, gpn)
-    ep_list = ep_calls(model, x.tokens, t, sp, x.moe_layers, load, x.act_bytes, share)
-    ep_bytes, ep_time = traffic(ep_list, x.ep, ep_group, links)
-    if model.moe:
-        deepep = x.table.moe_dispatcher == DISPATCHER["deepep"]
-        fused = sum((deduplicated_all_to_all_time(c.full_bytes, ep_group, links, model.moe.top_k) * c.count
-                     for c in ep_list), np.zeros(()))
-        k = cluster.constants
-        ep_time = np.where(deepep, fused / k.deepep_efficiency, ep_time / k.ep_a2a_efficiency)
+    cp = OnGroup(vol(cp_calls(model, x.tokens, t, c, x.layers, share, x.act_bytes), c), cp_group, cp_group.nodes > 1)
+    load = expert_load(x) if model.moe else 1.0
+    ep = OnGroup(vol(ep_calls(model, x.tokens, t, sp, x.moe_layers, load, x.act_bytes, share), x.ep),
+                 place(x.ep, x.etp, gpn))
     # neighbouring stages are tp*cp*dp ranks apart: do two of them share a node?
     neighbours = place(2, t * c * x.dp, gpn)
-    pp = traffic(pp_calls(model, x.tokens, t, sp, x.pp, x.vpp, x.rank, x.act_bytes), x.pp, None, links,
-                 crosses_node=neighbours.nodes > 1)
+    pp = OnGroup(vol(pp_calls(model, x.tokens, t, sp, x.pp, x.vpp, x.rank, x.act_bytes), x.pp), None,
+                 neighbours.nodes > 1)
     reductions = grad_reductions_per_step(x.table.zero_stage, x.microbatches, x.pp, x.dp_group)
-    tp_step = traffic(tp_step_calls(model, sp, x.dense_layers, x.moe_layers, x.has_head, x.grad_bytes, reductions),
-                      t, place(t, 1, gpn), links)
-    dense = _dp_traffic(x, prm.dense, x.dp_group, place(x.dp_group, t, gpn), links)
-    expert = _dp_traffic(x, prm.expert, x.expert_dp, place(x.expert_dp, x.ep * x.etp, gpn), links)
-    return CommTerms(
-        tp=Traffic(tp_bytes + np.where(on_cp, 0.0, stats[0]), tp_time + np.where(on_cp, 0.0, stats[1])),
-        cp=Traffic(cp_bytes + np.where(on_cp, stats[0], 0.0), cp_time + np.where(on_cp, stats[1], 0.0)),
-        ep=Traffic(ep_bytes, ep_time), pp=Traffic(*pp),
-        tp_step=Traffic(*tp_step),
-        dp_reduce=Traffic(dense[0].bytes + expert[0].bytes, dense[0].seconds + expert[0].seconds),
-        dp_gather=Traffic(dense[1].bytes + expert[1].bytes, dense[1].seconds + expert[1].seconds))
+    tp_step = OnGroup(vol(tp_step_calls(model, sp, x.dense_layers, x.moe_layers, x.has_head, x.grad_bytes,
+                                        reductions), t), tp_group)
+    dense = _dp_volumes(x, prm.dense, x.dp_group, place(x.dp_group, t, gpn), vol)
+    expert = (_dp_volumes(x, prm.expert, x.expert_dp, place(x.expert_dp, x.ep * x.etp, gpn), vol) if model.moe
+              else (None, None))
+    return CommVolumes(stats, tp, cp, ep, pp, tp_step, *dense, *expert, c > 1)
 
 
-def _dp_traffic(x: PlanArrays, params, group_size, group, links) -> tuple[Traffic, Traffic]:
+def _dp_volumes(x: PlanArrays, params, group_size, group, vol) -> tuple[OnGroup, OnGroup]:
     """(gradient reduction, parameter gathering) of `params` over one data-parallel group."""
     reduce, gather = dp_calls(params, x.table.zero_stage, x.grad_bytes, x.weight_bytes, x.microbatches, x.pp,
                               group_size)
-    return Traffic(*traffic(reduce, group_size, group, links)), Traffic(*traffic(gather, group_size, group, links))
+    return OnGroup(vol(reduce, group_size), group), OnGroup(vol(gather, group_size), group)
+
+
+def comm_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams, with_bytes: bool = True,
+               volumes: CommVolumes | None = None) -> CommTerms:
+    """Every axis's calls priced on its group with the cluster's links and the profile's all-to-all
+    efficiencies; `volumes`: `comm_volumes` of the same plans, when already summed."""
+    v = volumes if volumes is not None else comm_volumes(x, model, cluster.gpus_per_node, prm, with_bytes)
+    links = Links.of(cluster)
+    stats, tp, cp = v.stats.traffic(links), v.tp.traffic(links), v.cp.traffic(links)
+    ep = v.ep.traffic(links)
+    if model.moe:
+        k = cluster.constants
+        deepep = x.table.moe_dispatcher == DISPATCHER["deepep"]
+        fused = 0.0
+        if deepep.any():
+            fused = v.ep.traffic(links, partial(deduplicated_all_to_all_linear, top_k=model.moe.top_k)).seconds
+        ep = Traffic(ep.bytes, np.where(deepep, fused / k.deepep_efficiency, ep.seconds / k.ep_a2a_efficiency))
+    reduce, gather = v.dense_reduce.traffic(links), v.dense_gather.traffic(links)
+    if v.expert_reduce is not None:
+        er, eg = v.expert_reduce.traffic(links), v.expert_gather.traffic(links)
+        reduce = Traffic(reduce.bytes + er.bytes, reduce.seconds + er.seconds)
+        gather = Traffic(gather.bytes + eg.bytes, gather.seconds + eg.seconds)
+    on_cp = v.on_cp
+    return CommTerms(
+        tp=Traffic(tp.bytes + np.where(on_cp, 0.0, stats.bytes), tp.seconds + np.where(on_cp, 0.0, stats.seconds)),
+        cp=Traffic(cp.bytes + np.where(on_cp, stats.bytes, 0.0), cp.seconds + np.where(on_cp, stats.seconds, 0.0)),
+        ep=ep, pp=v.pp.traffic(links), tp_step=v.tp_step.traffic(links), dp_reduce=reduce, dp_gather=gather)

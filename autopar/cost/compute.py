@@ -114,7 +114,7 @@ def compute_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_la
     rate_dense = gemm_rate(cluster, x.table.dtype, dense_gemm_dim(x, model))
     gemm = (3 * fwd_gemm + recompute_dense) / rate_dense
     if model.moe:
-        gemm = gemm + (3 * fwd_expert + recompute_expert) / expert_rate(x, model, cluster) * expert_load(x, cluster)
+        gemm = gemm + (3 * fwd_expert + recompute_expert) / expert_rate(x, model, cluster) * expert_load(x)
     attn_rate = attention_rate(cluster, x.seq_len / x.cp, model.qk_head_dim)
     attention = (3 * fwd_core + recompute_core) * causal_block_waste(cluster, x.seq_len) / attn_rate
     hbm = cluster.gpu.hbm_gbps * 1e9
@@ -134,7 +134,7 @@ def expert_rate(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.nda
     return full * shape_efficiency(expert_gemm_dim(x, model), k.expert_gemm_half_dim)
 
 
-def expert_load(x: PlanArrays, cluster: ClusterSpec) -> np.ndarray:
+def expert_load(x: PlanArrays) -> np.ndarray:
     """The busiest expert rank's tokens over the mean: dropless dispatch computes whatever the router
     sends (x routing imbalance; 1 when forced-balanced), capacity dispatch pads every expert to its
     capacity (x capacity factor: Megatron --moe-pad-expert-input-to-capacity)."""

@@ -28,7 +28,7 @@ from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.rules import RuleResult, capability_codes, check_rules
-from autopar.spec.stages import stage_profiles
+from autopar.spec.stages import costed_and_run_starts, stage_profiles
 from autopar.spec.table import TRAINER, PlanTable
 from autopar.spec.trainers import ALL_TRAINERS, DEFAULT_TRAINER, get_trainer
 
@@ -100,17 +100,42 @@ class Prepared:
     rules: RuleResult
     params: RankParams
     layer_act: LayerActivations
+    #: the same on the ranks that decide the time (`time_ranks`), or None: time on `x`'s ranks
+    x_time: PlanArrays | None = None
+    params_time: RankParams | None = None
+    layer_act_time: LayerActivations | None = None
+
+    @property
+    def timed(self) -> tuple[PlanArrays, RankParams, LayerActivations]:
+        if self.x_time is None:
+            return self.x, self.params, self.layer_act
+        return self.x_time, self.params_time, self.layer_act_time
 
 
 def prepare(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus: int | None = None,
-            seq_len: int | None = None, every_rank: bool = False, trainer_capabilities: bool = True) -> Prepared:
+            seq_len: int | None = None, every_rank: bool = False, trainer_capabilities: bool = True,
+            time_ranks: bool = False) -> Prepared:
+    """`time_ranks` prices the time on the first rank of each run of equal ranks only (fewer than
+    the memory needs; autopar.spec.stages), which gives the same step time: for a search, whose
+    per-rank columns are not kept."""
     s = seq_len or model.seq_len
-    stages = stage_profiles(table, model, every_rank=every_rank)
+    timed = None
+    if time_ranks and not every_rank:
+        stages, timed = costed_and_run_starts(table, model)
+    else:
+        stages = stage_profiles(table, model, every_rank=every_rank)
     rules = check_rules(table, model, num_gpus=num_gpus, cluster=cluster, seq_len=s, stages=stages,
                         trainer_capabilities=trainer_capabilities)
-    x = plan_arrays(table, model, s, stages)
+    x, prm, act_bytes = _on_ranks(table, model, s, stages)
+    if timed is None:
+        return Prepared(x, model, rules, prm, act_bytes)
+    return Prepared(x, model, rules, prm, act_bytes, *_on_ranks(table, model, s, timed))
+
+
+def _on_ranks(table: PlanTable, model: ModelSpec, seq_len: int, stages) -> tuple:
+    x = plan_arrays(table, model, seq_len, stages)
     prm = rank_params(model, x.dense_layers, x.moe_layers, x.has_embedding, x.has_head, x.tp, x.pp, x.ep, x.etp)
-    return Prepared(x, model, rules, prm, layer_activations(x, model))
+    return x, prm, layer_activations(x, model)
 
 
 def price(p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0,
@@ -118,22 +143,47 @@ def price(p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0,
     """The estimate columns of prepared plans on a priced cluster (its constants are the profile's)."""
     with np.errstate(divide="ignore", invalid="ignore"):  # invalid plans (e.g. FP8 on A100) are marked, not warned
         x, model = replace(p.x, routing_imbalance=routing_imbalance), p.model
+        xt, prm_t, act_t = p.timed
+        xt = replace(xt, routing_imbalance=routing_imbalance)
         memory = memory_terms(x, model, cluster, p.params, p.layer_act)
-        compute = compute_terms(x, model, cluster, p.layer_act.rank_layers)
-        comm = comm_terms(x, model, cluster, p.params)
-        step = step_terms(x, cluster, p.params, compute, comm)
-        out = _columns(x, model, cluster, p.rules, memory, step, compute.recompute_flops, p.params.total)
-        out.update(_comm_columns(x, comm))
-        if not search:
-            out["rejected_by"] = np.where(out["valid"], np.where(out["fits"], "", "memory"), p.rules.short_reasons())
-            out["layout"] = x.stages.layout_text
-            out.update(_stage_columns(x, memory, step, p.params.total, comm))
+        compute = compute_terms(xt, model, cluster, act_t.rank_layers)
+        comm = comm_terms(xt, model, cluster, prm_t, with_bytes=not search)
+        step = step_terms(xt, cluster, prm_t, compute, comm)
+        if search:
+            return _ranking_columns(x, model, cluster, p.rules, memory, step)
+        out = _columns(x, xt, model, cluster, p.rules, memory, step, compute.recompute_flops, prm_t.total)
+        out.update(_comm_columns(xt, comm))
+        out["rejected_by"] = np.where(out["valid"], np.where(out["fits"], "", "memory"), p.rules.short_reasons())
+        out["layout"] = x.stages.layout_text
+        out.update(_stage_columns(x, memory, step, p.params.total, comm))
         return out
 
 
-def _columns(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleResult, memory: MemoryTerms,
-             step: StepTerms, recompute_flops, params) -> dict[str, np.ndarray]:
-    """The per-plan columns: memory on the most loaded rank, time terms, throughput, MFU."""
+#: what a search ranks and filters every plan by (autopar.search.streaming; plans.parquet)
+RANKING_COLUMNS = ("valid", "fits", "rejected_code", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
+                   "peak_memory_bytes", "memory_capacity_bytes", "memory_miss_gib", "bubble_fraction")
+
+
+def _ranking_columns(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleResult, memory: MemoryTerms,
+                     step: StepTerms) -> dict[str, np.ndarray]:
+    """RANKING_COLUMNS only, equal to `_columns`' (the search re-prices the plans it keeps in full)."""
+    gbs = x.table.global_batch_size.astype(float)
+    n_gpus = x.table.num_gpus.astype(float)
+    flops = model_flops_per_step(model, gbs, x.seq_len, x.tp)
+    out = {"peak_memory_bytes": np.max(np.where(x.active, memory.total(), -np.inf), axis=0),
+           "memory_capacity_bytes": np.full(len(x.table), cluster.gpu.hbm_bytes),
+           "step_time_s": step.step, "tokens_per_s": gbs * x.seq_len / step.step,
+           "tokens_per_s_per_gpu": gbs * x.seq_len / step.step / n_gpus,
+           "mfu": flops / step.step / n_gpus / (cluster.gpu.bf16_tflops * 1e12),
+           "bubble_fraction": step.bubble_fraction}
+    set_validity(out, rules.codes())
+    return out
+
+
+def _columns(x: PlanArrays, xt: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleResult,
+             memory: MemoryTerms, step: StepTerms, recompute_flops, params) -> dict[str, np.ndarray]:
+    """The per-plan columns: memory on the most loaded rank (of `x`'s ranks), time terms,
+    throughput, MFU (of `xt`'s ranks)."""
     mem_total = np.where(x.active, memory.total(), -np.inf)
     mem_index = np.argmax(mem_total, axis=0)
 
@@ -159,7 +209,7 @@ def _columns(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleR
         "time_tp_per_step": step.at_tail(step.tp_step), "time_cp": m * step.at_pace(mb.cp),
         "time_ep": m * step.at_pace(mb.ep), "time_pp": m * step.at_pace(mb.pp), "time_dp": step.at_tail(step.dp_exposed),
         "time_bubble": step.pipeline - m * pace, "time_optimizer": step.at_tail(step.optimizer),
-        "pace_rank": np.take_along_axis(x.rank, step.pace_index[None], 0)[0],
+        "pace_rank": np.take_along_axis(xt.rank, step.pace_index[None], 0)[0],
         "tokens_per_s": gbs * s / step.step,
         "tokens_per_s_per_gpu": gbs * s / step.step / n_gpus,
         "model_tflops_per_gpu": flops / step.step / n_gpus / 1e12,
@@ -167,7 +217,7 @@ def _columns(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleR
         "hfu": (flops + hw_extra) / step.step / n_gpus / peak_bf16,
         "bubble_fraction": step.bubble_fraction,
         "num_microbatches": x.table.num_microbatches,
-        "params_per_gpu": np.max(np.where(x.active, params, 0.0), axis=0),
+        "params_per_gpu": np.max(np.where(xt.active, params, 0.0), axis=0),
         "params_total": np.full(len(x.table), float(model.params_total)),
         "model_flops_per_step": flops,
         "stage_imbalance": x.stages.imbalance,
@@ -192,21 +242,38 @@ def set_validity(est: dict, codes: np.ndarray) -> None:
 
 def estimate_per_trainer(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, trainers: tuple[str, ...], *,
                          num_gpus: int | None = None, seq_len: int | None = None) -> list[dict[str, np.ndarray]]:
-    """The search's estimate columns of the table's plans once per trainer (the table's own
-    trainer column is ignored): the plans are prepared once, priced once per performance profile
-    (trainers that share a profile share the prices) and checked against each trainer's
-    capability table. Equal to `estimate_table(..., search=True)` of the table with that trainer."""
-    p = prepare(table, model, cluster, num_gpus=num_gpus, seq_len=seq_len, trainer_capabilities=False)
-    model_codes = p.rules.codes()
-    priced: dict[str, dict] = {}
+    """The search's RANKING_COLUMNS of the table's plans once per trainer (the table's own trainer
+    column is ignored). The rules are checked first, each trainer's capability table on top of the
+    model's; then each performance profile prices, once, the plans that at least one of its
+    trainers can run (trainers that share a profile share the prices). A plan none of them can run
+    gets no figures (NaN): it is rejected whatever they are. Otherwise equal to
+    `estimate_table(..., search=True)` of the table with that trainer."""
+    s = seq_len or model.seq_len
+    rules = check_rules(table, model, num_gpus=num_gpus, cluster=cluster, seq_len=s,
+                        stages=stage_profiles(table, model, ranks=False), trainer_capabilities=False)
+    model_codes = rules.codes()
+    codes = {t: model_codes | capability_codes(table.with_columns(trainer=TRAINER[t]), rules.context)
+             for t in trainers}
+    by_profile: dict[str, list[str]] = {}
+    for t in trainers:
+        by_profile.setdefault(get_trainer(t).profile, []).append(t)
+    n = len(table)
+    figures = {t: {c: np.full(n, np.nan) for c in RANKING_COLUMNS} for t in trainers}
+    for profile, mine in by_profile.items():
+        rows = np.flatnonzero(np.logical_or.reduce([codes[t] == 0 for t in mine]))
+        if not len(rows):
+            continue
+        sub = table.take(rows)
+        p = prepare(sub, model, cluster, num_gpus=num_gpus, seq_len=s, trainer_capabilities=False, time_ranks=True)
+        priced = price(p, priced_cluster(cluster, mine[0]), search=True)
+        for t in mine:
+            for c in RANKING_COLUMNS:
+                figures[t][c][rows] = priced[c]
     out = []
     for t in trainers:
-        profile = get_trainer(t).profile
-        if profile not in priced:
-            priced[profile] = price(p, priced_cluster(cluster, t), search=True)
-        est = dict(priced[profile])
-        mine = table.with_columns(trainer=TRAINER[t])
-        set_validity(est, model_codes | capability_codes(mine, p.rules.context))
+        est = figures[t]
+        est["memory_capacity_bytes"] = np.full(n, cluster.gpu.hbm_bytes)
+        set_validity(est, codes[t])
         out.append(est)
     return out
 

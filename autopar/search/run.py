@@ -127,7 +127,7 @@ def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, i
         writer = PlansWriter(run_dir)
         try:
             found = stream(q, enumerator, StreamOptions(top_k=opts.top_k, headroom_gib=headroom),
-                           write=lambda table, est, index: writer.write(table, est), progress=progress)
+                           write=writer.write, progress=progress)
         except BaseException:
             writer.abort()
             raise
@@ -204,7 +204,7 @@ def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: fl
     table.columns["plan_index"] = np.arange(len(table), dtype=np.int64)
     est = estimate_fitting(table, q, headroom)
     writer = PlansWriter(run_dir)
-    writer.write(table, est)
+    writer.write([(table, est)])
     writer.close()
     return _frame_results(frame(table, est), table.layouts), od.study_history(study)
 

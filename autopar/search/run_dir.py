@@ -51,12 +51,17 @@ class PlansWriter:
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
 
-    def write(self, table: PlanTable, est: dict) -> None:
-        batch = pa.table(self._columns(table, est))
+    def write(self, parts: list[tuple[PlanTable, dict]]) -> None:
+        """One row group of the (table, estimate) parts of a priced chunk."""
+        batch = pa.concat_tables([pa.table(self._columns(table, est)) for table, est in parts])
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.tmp, batch.schema, compression="zstd")
+            # plain (not dictionary) pages compress smaller and write ~3x faster here; statistics
+            # only where a reader filters (plan, speed, memory, fit)
+            self.writer = pq.ParquetWriter(self.tmp, batch.schema, compression="zstd", use_dictionary=False,
+                                           write_statistics=["plan_index", "step_time_s", "peak_memory_bytes",
+                                                             "fits", "valid"])
         self.writer.write_table(batch)
-        self.rows += len(table)
+        self.rows += batch.num_rows
 
     def _columns(self, table: PlanTable, est: dict) -> dict:
         c = table.columns

@@ -1,6 +1,7 @@
 """Exhaustive search in bounded memory: the space is enumerated and priced chunk by chunk
 (autopar.search.enumerate.Enumerator), and only running results are kept: each trainer's fastest
-plans (a pool that ranks the top-k and feeds the measured stage), the Pareto front of throughput
+plans and each layout's fastest (a pool that ranks the top-k and feeds the measured stage with
+diverse candidates), the Pareto front of throughput
 against memory, the rejection counts, the counts of plans evaluated, valid and fitting, and a uniform
 sample of every category of plan for the report's scatter. Memory does not depend on the size of the
 space; the results do not depend on the chunk size (ties are broken by the plan's place in the walk,
@@ -17,21 +18,29 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import estimate_per_trainer
+from autopar.cost.estimate import estimate_per_trainer, estimate_table
 from autopar.search.enumerate import Enumerator, Question
 from autopar.search.results import MEMORY_BIT, frame
 from autopar.spec.hardware import GIB
 from autopar.spec.rules import all_rules, rule_label
+from autopar.spec.table import BOOL_COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, PlanTable
 from autopar.spec.trainers import ALL_TRAINERS
 
 #: plans priced at once: the working set is a few hundred bytes per plan and costed rank
 DEFAULT_CHUNK = 1 << 16
+#: what a layout is, for the per-layout pool: the process grid and the pipeline's shape
+LAYOUT_KEY = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp")
+#: the figures a kept row carries until the end of the walk (then it is priced in full)
+LIGHT_FIGURES = ("valid", "fits", "step_time_s", "peak_memory_bytes", "memory_miss_gib")
+#: the PlanTable columns of a kept row
+PLAN_COLUMNS = INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS + ("plan_index",)
 
 
 @dataclass(frozen=True)
 class StreamOptions:
     top_k: int = 10
     pool: int = 200  # fastest fitting plans kept per trainer (>= top_k; the measured stage draws from them)
+    per_layout: int = 2  # fastest fitting plans kept per layout (LAYOUT_KEY): diverse trial candidates
     sample: int = 4000  # plans kept per category (fits / memory / invalid) for the report's scatter
     chunk: int = DEFAULT_CHUNK
     headroom_gib: float = 0.0
@@ -55,16 +64,20 @@ class Streamed:
 
 
 class _Keeper:
-    """Bounded running state: candidate rows are kept as frames and pruned as they grow."""
+    """Bounded running state: candidate rows are kept as light frames (the plan's columns and its
+    ranking figures) and pruned as they grow; the rows kept at the end are priced in full."""
 
-    def __init__(self, opts: StreamOptions, num_layers: int):
+    def __init__(self, opts: StreamOptions, q: Question):
         self.opts = opts
-        self.num_layers = num_layers
+        self.q = q
         self.pool: list[pd.DataFrame] = []
-        self.pareto: list[pd.DataFrame] = []
-        self.sample: list[pd.DataFrame] = []
         self.pairs: Counter = Counter()  # (rule bitmask, trainer) -> plans
         self.evaluated = self.valid = self.fit = 0
+        self.held = self.kept = 0  # rows held now, and after the last prune
+        # bars a new row must pass to matter, from the last prune: per trainer the pool's slowest
+        # step time, per category the sample's largest key (rows beyond them are never kept)
+        self.pool_bar: dict[int, float] = {}
+        self.sample_bar = [np.uint64(2**64 - 1)] * 3
 
     def add(self, table, est: dict, index: np.ndarray) -> None:
         fits, valid = est["fits"], est["valid"]
@@ -72,27 +85,45 @@ class _Keeper:
         self.valid += int(valid.sum())
         self.fit += int(fits.sum())
         bad = np.flatnonzero(~fits)
-        if len(bad):
-            pairs, counts = np.unique(np.stack([est["rejected_code"][bad], table.trainer[bad].astype(np.uint64)], 1),
-                                      axis=0, return_counts=True)
-            self.pairs.update({(int(c), int(t)): int(n) for (c, t), n in zip(pairs, counts)})
-        rows = np.unique(np.concatenate([self._pool_rows(table, est, index), self._pareto_rows(est, index),
+        for t in np.unique(table.trainer[bad]) if len(bad) else ():
+            mine = bad[table.trainer[bad] == t] if len(np.unique(table.trainer)) > 1 else bad
+            codes, counts = np.unique(est["rejected_code"][mine], return_counts=True)
+            self.pairs.update({(int(c), int(t)): int(n) for c, n in zip(codes, counts)})
+        rows = np.unique(np.concatenate([self._pool_rows(table, est, index), self._layout_rows(table, est, index),
+                                         self._pareto_rows(est, index),
                                          self._sample_rows(est, index), self._closest_rows(est)]))
         if not len(rows):
             return
-        df = frame(table.take(rows), {k: v[rows] for k, v in est.items() if np.ndim(v) == 1}, self.num_layers)
+        df = pd.DataFrame({c: v[rows] for c, v in table.columns.items()}
+                          | {c: est[c][rows] for c in LIGHT_FIGURES})
         df["plan_index"] = index[rows]
         df["sample_key"] = _hash(index[rows], self.opts.seed)
         self.pool.append(df)
-        if sum(len(d) for d in self.pool) > 8 * self.opts.pool * 6:
+        self.held += len(df)
+        if self.held > 2 * self.kept + 8 * (self.opts.pool + self.opts.sample):
             self.prune()
 
     def _pool_rows(self, table, est, index) -> np.ndarray:
         out = []
         for t in np.unique(table.trainer):
-            rows = np.flatnonzero(est["fits"] & (table.trainer == t))
-            out.append(_smallest(rows, est["step_time_s"], self.opts.pool))
+            ok = est["fits"] & (table.trainer == t) & (est["step_time_s"] <= self.pool_bar.get(int(t), np.inf))
+            out.append(_smallest(np.flatnonzero(ok), est["step_time_s"], self.opts.pool))
         return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def _layout_rows(self, table, est, index) -> np.ndarray:
+        """The `per_layout` fastest fitting rows of each layout (ties by place in the walk)."""
+        rows = np.flatnonzero(est["fits"])
+        if not len(rows):
+            return rows
+        key = np.zeros(len(rows), dtype=np.int64)
+        for c in LAYOUT_KEY:  # one mixed-radix integer per layout (each knob is far below 2^9)
+            v = table.columns[c][rows].astype(np.int64)
+            key = key * (int(v.max()) + 1) + v
+        _, group = np.unique(key, return_inverse=True)
+        order = np.lexsort((index[rows], est["peak_memory_bytes"][rows], est["step_time_s"][rows], group))
+        g = group[order]
+        rank = np.arange(len(g)) - np.searchsorted(g, g)  # place within its layout, fastest first
+        return rows[order[rank < self.opts.per_layout]]
 
     def _pareto_rows(self, est, index) -> np.ndarray:
         rows = np.flatnonzero(est["fits"])
@@ -108,8 +139,10 @@ class _Keeper:
         cat = np.where(est["fits"], 0, np.where(est["valid"], 1, 2))
         out = []
         for c in range(3):
-            rows = np.flatnonzero(cat == c)
-            out.append(rows[np.argsort(key[rows], kind="stable")[:self.opts.sample]])
+            rows = np.flatnonzero((cat == c) & (key <= self.sample_bar[c]))
+            if len(rows) > self.opts.sample:
+                rows = rows[np.argpartition(key[rows], self.opts.sample - 1)[:self.opts.sample]]
+            out.append(rows)
         return np.concatenate(out)
 
     def prune(self) -> None:
@@ -123,6 +156,7 @@ class _Keeper:
         front = fit.iloc[_front(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(),
                                fit["plan_index"].to_numpy())]
         keep |= set(front["plan_index"])
+        keep |= set(_ranked(fit).groupby(list(LAYOUT_KEY), sort=False).head(self.opts.per_layout)["plan_index"])
         cat = np.where(df["fits"], 0, np.where(df["valid"], 1, 2))
         for c in range(3):
             part = df[cat == c].nsmallest(self.opts.sample, "sample_key", keep="first")
@@ -131,15 +165,24 @@ class _Keeper:
         if len(near):
             keep.add(near.sort_values(["memory_miss_gib", "plan_index"])["plan_index"].iloc[0])
         self.pool = [df[df["plan_index"].isin(keep)]]
+        self.held = self.kept = len(self.pool[0])
+        for t, mine in fit.groupby("trainer", sort=False):
+            if len(mine) >= self.opts.pool:
+                self.pool_bar[int(t)] = float(mine["step_time_s"].nsmallest(self.opts.pool).iloc[-1])
+        for c in range(3):
+            keys = df.loc[cat == c, "sample_key"]
+            if len(keys) >= self.opts.sample:
+                self.sample_bar[c] = np.uint64(keys.nsmallest(self.opts.sample).iloc[-1])
 
     def result(self, layouts) -> Streamed:
         self.prune()
-        df = self.pool[0] if self.pool else pd.DataFrame()
+        df = self._priced(self.pool[0], layouts) if self.pool else pd.DataFrame()
         if df.empty:
             return Streamed(df, df, df, df, self.evaluated, self.valid, self.fit, self._labels(), layouts)
         ranked = _ranked(df[df["fits"]])
-        pool = ranked.groupby("trainer", sort=False).head(self.opts.pool)
-        pool = pool.sort_values(["step_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
+        pool = pd.concat([ranked.groupby("trainer", sort=False).head(self.opts.pool),
+                          ranked.groupby(list(LAYOUT_KEY), sort=False).head(self.opts.per_layout)])
+        pool = _ranked(pool.drop_duplicates("plan_index"))
         fit = df[df["fits"]]
         pareto = fit.iloc[_front(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(),
                                  fit["plan_index"].to_numpy())]
@@ -149,6 +192,19 @@ class _Keeper:
         return Streamed(pool.reset_index(drop=True), pareto.sort_values("step_time_s").reset_index(drop=True),
                         sample.sort_values("plan_index").reset_index(drop=True), near.reset_index(drop=True),
                         self.evaluated, self.valid, self.fit, self._labels(), layouts)
+
+    def _priced(self, light: pd.DataFrame, layouts) -> pd.DataFrame:
+        """The kept rows with every estimate column (autopar.search.results.frame): priced again in
+        full, to the same figures the search ranked them by."""
+        if light.empty:
+            return pd.DataFrame()
+        table = PlanTable({c: light[c].to_numpy() for c in PLAN_COLUMNS if c in light.columns}, layouts)
+        q = self.q
+        est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
+        apply_headroom(est, self.opts.headroom_gib)
+        df = frame(table, est, q.model.num_layers)
+        df["sample_key"] = light["sample_key"].to_numpy()
+        return df
 
     def _labels(self) -> dict:
         """Plans each rejection reason rejects ('memory', a model rule, '<trainer>:<kind>')."""
@@ -202,8 +258,9 @@ def stream(q: Question, enumerator: Enumerator, opts: StreamOptions,
            write: Callable | None = None, progress: Callable[[str, int, int], None] | None = None) -> Streamed:
     """Price every plan of the walk, chunk by chunk: each chunk of the folded walk (one row per plan
     of every trainer) is priced once per performance profile and checked per trainer;
-    `write(table, est, index)` persists each trainer's share (plans.parquet row groups) as it is priced."""
-    keeper = _Keeper(opts, q.model.num_layers)
+    `write([(table, est), ...])` persists each chunk, every trainer's share (a plans.parquet row
+    group), as it is priced."""
+    keeper = _Keeper(opts, q)
     trainers = [ALL_TRAINERS[c] for c in enumerator.trainer_codes]
     t_est = t_rest = 0.0
     for start, stop, table in enumerator.folded_chunks(max(1, opts.chunk // len(trainers))):
@@ -213,13 +270,15 @@ def stream(q: Question, enumerator: Enumerator, opts: StreamOptions,
                                         seq_len=q.seq_len)
             t_est += time.perf_counter() - t0
             t1 = time.perf_counter()
+            parts = []
             for j, (code, est) in enumerate(zip(enumerator.trainer_codes, ests)):
                 apply_headroom(est, opts.headroom_gib)
                 index = table.columns["plan_index"] + j
                 mine = table.with_columns(trainer=code, plan_index=index)
-                if write is not None:
-                    write(mine, est, index)
                 keeper.add(mine, est, index)
+                parts.append((mine, est))
+            if write is not None:
+                write(parts)
             t_rest += time.perf_counter() - t1
         if progress:
             progress("evaluating plans", stop, enumerator.total)

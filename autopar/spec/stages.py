@@ -17,10 +17,11 @@ and the same slowest stage with far fewer rows:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from autopar.spec.layout import auto_layout
+from autopar.spec.layout import PipelineLayout, auto_layout
 from autopar.spec.model import ModelSpec
 from autopar.spec.table import SCHED, PlanTable
 
@@ -46,69 +47,133 @@ class StageProfiles:
 
 
 @dataclass
-class _Group:
-    """Plans sharing (pp, vpp, layout): their rows and the layers of each pipeline rank."""
+class _Groups:
+    """The distinct (pp, vpp, layout) of a table, resolved once each: `of_row` maps every row to its
+    group; per-group arrays are padded to the largest pp (`dense`, `moe`: layers per rank) and to
+    the most run ends (`ends`: the ranks `_run_ends` costs, the last repeated)."""
 
-    rows: np.ndarray
-    pp: int
-    dense: np.ndarray  # (pp,)
-    moe: np.ndarray  # (pp,)
+    of_row: np.ndarray  # (n,)
+    pp: np.ndarray  # (G,)
+    dense: np.ndarray  # (G, max pp)
+    moe: np.ndarray  # (G, max pp)
+    ends: np.ndarray  # (G, W)
+    starts: np.ndarray  # (G, W'): the first rank of every run (`_run_starts`), the last repeated
 
 
-def stage_profiles(table: PlanTable, model: ModelSpec, every_rank: bool = False) -> StageProfiles:
-    n = len(table)
-    problem = np.full(n, "", dtype=object)
-    text = np.full(n, "", dtype=object)
-    max_layers = np.zeros(n)
-    imbalance = np.ones(n)
-    uneven = np.zeros(n, dtype=bool)
-    groups = _groups(table, model, problem, text, max_layers, imbalance, uneven)
-    rank = _all_ranks(table) if every_rank else _costed_ranks(table, groups)
-    dense = np.zeros(rank.shape, dtype=np.int64)
-    moe = np.zeros(rank.shape, dtype=np.int64)
-    for g in groups:
-        r = np.minimum(rank[:, g.rows], g.pp - 1)
-        dense[:, g.rows] = g.dense[r]
-        moe[:, g.rows] = g.moe[r]
+def stage_profiles(table: PlanTable, model: ModelSpec, every_rank: bool = False,
+                   run_starts: bool = False, ranks: bool = True) -> StageProfiles:
+    """The stage profiles of every rank (`every_rank`), of the ranks whose time or memory can differ
+    (the default), or of the first rank of each run of equal ranks (`run_starts`): a rank's time
+    depends only on its layers and on holding the embedding or the head, so those ranks give the
+    same slowest stage, and the same lowest rank of it, as every rank. `ranks=False`: the per-plan
+    fields only (no rank is costed: what the validity rules read)."""
+    resolved = _groups(table, model)
+    g = resolved[0]
+    if not ranks:
+        rank = np.zeros((0, len(table)), dtype=np.int64)
+    elif every_rank:
+        rank = _all_ranks(table)
+    elif run_starts:
+        rank = _starts(table, g)
+    else:
+        rank = _costed_ranks(table, g)
+    return _on(table, resolved, rank)
+
+
+def costed_and_run_starts(table: PlanTable, model: ModelSpec) -> tuple[StageProfiles, StageProfiles]:
+    """`stage_profiles` of the costed ranks and of the run starts, the layouts resolved once."""
+    resolved = _groups(table, model)
+    return _on(table, resolved, _costed_ranks(table, resolved[0])), _on(table, resolved, _starts(table, resolved[0]))
+
+
+def _starts(table: PlanTable, g: "_Groups") -> np.ndarray:
+    return g.starts[g.of_row].T if len(table) else np.zeros((1, 0), dtype=np.int64)
+
+
+def _on(table: PlanTable, resolved, rank: np.ndarray) -> StageProfiles:
+    """The profiles of the given (C, n) ranks of resolved layouts."""
+    g, problem, text, max_layers, imbalance, uneven = resolved
+    row = np.broadcast_to(g.of_row[None, :], rank.shape)
+    at = np.minimum(rank, np.maximum(table.pp - 1, 0)[None, :])
     active = rank < table.pp[None, :]
-    dense, moe = np.where(active, dense, 0), np.where(active, moe, 0)
+    dense = np.where(active, g.dense[row, at], 0)
+    moe = np.where(active, g.moe[row, at], 0)
     return StageProfiles(rank=rank, active=active, dense_layers=dense, moe_layers=moe,
                          has_embedding=rank == 0, has_head=rank == (table.pp - 1)[None, :],
                          layout_problem=problem, layout_text=text, max_rank_layers=max_layers, imbalance=imbalance,
                          uneven=uneven)
 
 
-def _groups(table: PlanTable, model: ModelSpec, problem, text, max_layers, imbalance, uneven) -> list[_Group]:
-    """Resolve each (pp, vpp, layout) once; record its text, problems and balance per row."""
+def _groups(table: PlanTable, model: ModelSpec):
+    """Resolve each distinct (pp, vpp, layout) once: its layers per rank, run ends, text, problems
+    and balance, each gathered to the rows by their group."""
     mask = np.asarray(model.moe_layer_mask, dtype=bool)
-    if not len(table):
-        return []
-    keys = np.stack([table.pp, table.vpp, table.layout_id], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    out = []
-    for k, (pp, vpp, lid) in enumerate(uniq):
-        rows = np.flatnonzero(inverse == k)
-        pp, vpp, lid = int(pp), int(vpp), int(lid)
-        layout = auto_layout(model.num_layers, pp, vpp) if lid < 0 else table.layouts[lid]
-        probs = layout.problems(model.num_layers, pp, vpp)
-        if lid < 0 and model.num_layers < pp * vpp - 2:
-            probs = [f"{model.num_layers} layers cannot fill pp*vpp = {pp * vpp} stages"]
-        text[rows] = layout.describe()
-        uneven[rows] = len(set(layout.stages)) > 1
-        dense, moe = np.zeros(pp, dtype=np.int64), np.zeros(pp, dtype=np.int64)
-        if probs:
-            problem[rows] = "; ".join(probs)
-        else:
-            for vstage, layers in enumerate(layout.layer_ranges()):
-                n_moe = int(mask[layers.start:layers.stop].sum())
-                moe[vstage % pp] += n_moe
-                dense[vstage % pp] += len(layers) - n_moe
-            per_rank = layout.rank_layers(pp)
-            max_layers[rows] = max(per_rank)
-            imbalance[rows] = max(per_rank) / (model.num_layers / pp)
-        out.append(_Group(rows, pp, dense, moe))
-    return out
+    n = len(table)
+    if not n:
+        empty = np.zeros((0, 1), dtype=np.int64)
+        return (_Groups(np.zeros(0, np.int64), np.zeros(0, np.int64), empty, empty, empty, empty),
+                np.zeros(0, object), np.zeros(0, object), np.zeros(0), np.ones(0), np.zeros(0, bool))
+    # one integer per (pp, vpp, layout id >= -2): a 1-D unique, no row comparisons
+    pp_span, vpp_span = int(table.pp.max()) + 1, int(table.vpp.max()) + 1
+    keys = table.pp + pp_span * (table.vpp + vpp_span * (table.layout_id + 2))
+    uniq, first, of_row = np.unique(keys, return_index=True, return_inverse=True)
+    width = int(table.pp.max())
+    G = len(uniq)
+    dense, moe = np.zeros((G, width), dtype=np.int64), np.zeros((G, width), dtype=np.int64)
+    problem, text = np.full(G, "", dtype=object), np.full(G, "", dtype=object)
+    max_layers, imbalance, uneven = np.zeros(G), np.ones(G), np.zeros(G, dtype=bool)
+    ends, starts = [], []
+    mask_key = tuple(bool(b) for b in mask)
+    for k, i in enumerate(first):
+        pp, vpp, lid = int(table.pp[i]), int(table.vpp[i]), int(table.layout_id[i])
+        layout = None if lid < 0 else table.layouts[lid]
+        r = _resolve(model.num_layers, mask_key, pp, vpp, layout)
+        problem[k], text[k], uneven[k], max_layers[k], imbalance[k] = r.problem, r.text, r.uneven, r.max_layers, \
+            r.imbalance
+        dense[k, :pp], moe[k, :pp] = r.dense, r.moe
+        ends.append(r.ends)
+        starts.append(r.starts)
+    groups = _Groups(of_row.reshape(-1), uniq % pp_span, dense, moe, _padded(ends), _padded(starts))
+    r = groups.of_row
+    return groups, problem[r], text[r], max_layers[r], imbalance[r], uneven[r]
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """One (pp, vpp, layout) of a model, resolved (`_resolve`)."""
+
+    problem: str
+    text: str
+    uneven: bool
+    max_layers: float
+    imbalance: float
+    dense: np.ndarray  # (pp,) dense layers per rank
+    moe: np.ndarray  # (pp,)
+    ends: np.ndarray
+    starts: np.ndarray
+
+
+@lru_cache(maxsize=4096)
+def _resolve(num_layers: int, moe_mask: tuple, pp: int, vpp: int, layout: PipelineLayout | None) -> _Resolved:
+    """A layout's layers per rank, run ends and starts, text, problems and balance (None: the auto
+    layout); cached, as a search meets the same few hundred layouts in every chunk."""
+    mask = np.asarray(moe_mask, dtype=bool)
+    auto = layout is None
+    layout = auto_layout(num_layers, pp, vpp) if auto else layout
+    probs = layout.problems(num_layers, pp, vpp)
+    if auto and num_layers < pp * vpp - 2:
+        probs = [f"{num_layers} layers cannot fill pp*vpp = {pp * vpp} stages"]
+    dense, moe = np.zeros(pp, dtype=np.int64), np.zeros(pp, dtype=np.int64)
+    max_layers, imbalance = 0.0, 1.0
+    if not probs:
+        for vstage, layers in enumerate(layout.layer_ranges()):
+            n_moe = int(mask[layers.start:layers.stop].sum())
+            moe[vstage % pp] += n_moe
+            dense[vstage % pp] += len(layers) - n_moe
+        per_rank = layout.rank_layers(pp)
+        max_layers, imbalance = float(max(per_rank)), max(per_rank) / (num_layers / pp)
+    return _Resolved("; ".join(probs), layout.describe(), len(set(layout.stages)) > 1, max_layers, imbalance,
+                     dense, moe, _run_ends(pp, dense, moe), _run_starts(pp, dense, moe))
 
 
 def _all_ranks(table: PlanTable) -> np.ndarray:
@@ -116,22 +181,33 @@ def _all_ranks(table: PlanTable) -> np.ndarray:
     return np.broadcast_to(np.arange(R)[:, None], (R, len(table)))
 
 
-def _run_ends(g: _Group) -> np.ndarray:
+def _padded(rows: list[np.ndarray]) -> np.ndarray:
+    """Ragged rank lists as one (G, W) array, each padded with its last rank."""
+    w = max(len(r) for r in rows)
+    return np.array([np.concatenate([r, np.full(w - len(r), r[-1])]) for r in rows], dtype=np.int64)
+
+
+def _run_changes(pp: int, dense: np.ndarray, moe: np.ndarray) -> np.ndarray:
+    """The ranks r whose layers (or embedding / head) differ from rank r + 1's."""
+    r = np.arange(pp)
+    key = np.stack([dense, moe, r == 0, r == pp - 1], axis=1)
+    return np.flatnonzero(np.any(key[1:] != key[:-1], axis=1))
+
+
+def _run_ends(pp: int, dense: np.ndarray, moe: np.ndarray) -> np.ndarray:
     """The first and last rank of every run of ranks with the same layers (rank 0 and pp-1 apart)."""
-    r = np.arange(g.pp)
-    key = np.stack([g.dense, g.moe, r == 0, r == g.pp - 1], axis=1)
-    changes = np.flatnonzero(np.any(key[1:] != key[:-1], axis=1))
-    return np.unique(np.concatenate([[0, g.pp - 1], changes, changes + 1]))
+    changes = _run_changes(pp, dense, moe)
+    return np.unique(np.concatenate([[0, pp - 1], changes, changes + 1]))
 
 
-def _costed_ranks(table: PlanTable, groups: list[_Group]) -> np.ndarray:
+def _run_starts(pp: int, dense: np.ndarray, moe: np.ndarray) -> np.ndarray:
+    """The first rank of every run of ranks with the same layers (rank 0 and pp-1 apart)."""
+    return np.unique(np.concatenate([[0, pp - 1], _run_changes(pp, dense, moe) + 1]))
+
+
+def _costed_ranks(table: PlanTable, groups: _Groups) -> np.ndarray:
     """(C, n) ranks to cost, ascending per plan: run ends, then the ranks around the in-flight kink."""
-    n = len(table)
-    ends = [_run_ends(g) for g in groups]
-    width = max((len(e) for e in ends), default=1)
-    static = np.zeros((width, n), dtype=np.int64)
-    for g, e in zip(groups, ends):
-        static[:, g.rows] = np.concatenate([e, np.full(width - len(e), e[-1])])[:, None]
+    static = groups.ends[groups.of_row].T if len(table) else np.zeros((1, 0), dtype=np.int64)
     kinks = np.floor(_in_flight_kink(table))[None, :].astype(np.int64) + KINK_OFFSETS[:, None]
     ranks = np.concatenate([static, np.clip(kinks, 0, np.maximum(table.pp - 1, 0)[None, :])])
     return np.sort(ranks, axis=0)

@@ -11,7 +11,7 @@ run; the exporters refuse with the same sentences (autopar.export), so the two c
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
@@ -27,19 +27,29 @@ class Values:
 
     kind: str
     values: tuple
+    arrays: dict = field(default_factory=dict, compare=False, repr=False)  # lookups built (`_lookup`)
 
     def flag(self, t: PlanTable) -> np.ndarray:
         """Per row: the row's trainer has this (boolean) capability."""
-        return np.array([bool(v) for v in self.values])[t.trainer]
+        return self._lookup("flag", None)[t.trainer]
 
     def mode(self, t: PlanTable, mode) -> np.ndarray:
         """Per row: the row's trainer's value is `mode` (string kinds)."""
-        return np.array([v == mode for v in self.values])[t.trainer]
+        return self._lookup("mode", mode)[t.trainer]
 
     def allows(self, t: PlanTable, names: tuple, codes: np.ndarray) -> np.ndarray:
         """Per row: the row's trainer's list admits the row's option (`names[code]`)."""
-        table = np.array([[n in (v or ()) for n in names] for v in self.values])
-        return table[t.trainer, codes]
+        return self._lookup("allows", names)[t.trainer, codes]
+
+    def _lookup(self, how: str, arg) -> np.ndarray:
+        """The values as an array indexed by trainer code (and option code), built once per question."""
+        key = (how, arg)
+        if key not in self.arrays:
+            v = self.values
+            self.arrays[key] = (np.array([bool(x) for x in v]) if how == "flag" else
+                                np.array([x == arg for x in v]) if how == "mode" else
+                                np.array([[n in (x or ()) for n in arg] for x in v]))
+        return self.arrays[key]
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ from autopar.report.tables import pareto_mask
 from autopar.search.enumerate import Enumerator, Question
 from autopar.search.results import frame
 from autopar.search.space import load_space, space_names
-from autopar.search.streaming import StreamOptions, apply_headroom, stream
+from autopar.search.streaming import LAYOUT_KEY, StreamOptions, apply_headroom, stream
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 
 CASES = [("llama3-70b", 256), ("qwen3-30b-a3b", 64), ("tiny", 2)]
 #: small enough that a chunk of a few thousand plans overflows the running state (it is pruned)
-SMALL = dict(pool=7, sample=40)
+SMALL = dict(pool=7, sample=40, per_layout=1)
 
 
 def _question(model: str, gpus: int) -> Question:
@@ -64,8 +64,9 @@ def test_streamed_equals_one_shot_and_pandas(space_name, model, gpus):
             counts[label] = counts.get(label, 0) + 1
     assert whole.rejections == counts
     fit = ref[ref["fits"]].sort_values(["step_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
-    pool = fit.groupby("trainer", sort=False).head(SMALL["pool"])
-    assert sorted(whole.pool["plan_index"]) == sorted(pool["plan_index"])
+    pool = pd.concat([fit.groupby("trainer", sort=False).head(SMALL["pool"]),
+                      fit.groupby(list(LAYOUT_KEY), sort=False).head(SMALL["per_layout"])])
+    assert sorted(whole.pool["plan_index"]) == sorted(set(pool["plan_index"]))
     # the front by another algorithm (throughput up, memory down; one of exact duplicates)
     mask = pareto_mask(fit["tokens_per_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy())
     assert len(whole.pareto) == int(mask.sum())
@@ -73,8 +74,11 @@ def test_streamed_equals_one_shot_and_pandas(space_name, model, gpus):
     assert (np.sort(front["peak_memory_bytes"].to_numpy()) == np.sort(fit["peak_memory_bytes"].to_numpy()[mask])).all()
     near = ref[ref["valid"] & ~ref["fits"]].sort_values(["memory_miss_gib", "plan_index"], kind="stable")
     assert whole.closest["plan_index"].tolist() == near["plan_index"].head(1).tolist()
-    # the kept rows carry the reference's every column, exactly
-    kept = whole.pool.set_index("plan_index")
-    for col in ("step_time_s", "peak_memory_bytes", "time_compute", "mem_activations", "rejected_by", "layout_text",
-                "plan_name"):
-        assert kept[col].tolist() == ref.set_index("plan_index").loc[kept.index, col].tolist(), col
+    # the kept rows carry the reference's every column, exactly (the search prices the time on
+    # fewer pipeline ranks and each plan once per profile: the same numbers, bit for bit)
+    kept = pd.concat([whole.pool, whole.sample, whole.closest]).drop_duplicates("plan_index").set_index("plan_index")
+    same = ref.set_index("plan_index").loc[kept.index]
+    shared = [c for c in kept.columns if c in same.columns]
+    assert len(shared) > 60
+    for col in shared:
+        assert kept[col].astype(str).tolist() == same[col].astype(str).tolist(), col
