@@ -23,7 +23,7 @@ ESTIMATES: dict[str, list[str]] = {
     "deepseek-v3-ep": ["--model", "deepseek-v3", "--gpus", "1024", "--tp", "2", "--pp", "16", "--ep", "64",
                        "--etp", "1", "--gbs", "2048", "--recompute", "selective"],
     "70b-cp-zb": ["--model", "70b", "--gpus", "256", "--tp", "2", "--cp", "2", "--pp", "8", "--zero", "3",
-                  "--pp-schedule", "zero-bubble", "--seq-len", "8192", "--gbs", "512"],
+                  "--pp-schedule", "zero-bubble", "--seq-len", "8192", "--gbs", "512", "--trainer", "torchtitan"],
     "mixtral-fp8": ["--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "4", "--ep", "8", "--dtype",
                     "fp8", "--tp-comm-overlap", "--gbs", "256"],
     "tiny-local-torch": ["--model", "tiny", "--gpus", "2", "--gpu", "local", "--pp", "2", "--mbs", "2",
