@@ -16,6 +16,7 @@ import pytest
 from autopar.cost.estimate import estimate
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan
+from autopar.spec.trainers import BUILTIN
 from autopar.spec.presets import get_preset, model_from_dict
 from autopar.trial.config import TrialConfig
 from autopar.trial.launcher import LaunchResult, launch
@@ -260,7 +261,7 @@ def model_of(result: dict):
 
 def predicted_stages(result: dict, routing_imbalance: float = 1.0) -> list[dict]:
     """The cost model's per-pipeline-rank parameters and collective bytes for a trial's plan."""
-    plan = ParallelPlan.from_dict(result["plan"])
+    plan = ParallelPlan.from_dict(result["plan"]).with_(trainer=BUILTIN)  # what ran: the built-in model
     spec = model_of(result)
     est = estimate(plan, spec, CLUSTER, num_gpus=plan.num_gpus, seq_len=result["seq_len"],
                    routing_imbalance=routing_imbalance)
