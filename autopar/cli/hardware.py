@@ -22,7 +22,7 @@ def hardware(as_json: o.Json = False) -> None:
     from autopar.cli.render import console
     from rich.table import Table
 
-    t = Table(title="GPU presets (sources: ../shared/reference/formulas-and-formats.md section C)")
+    t = Table(title="GPU presets (each row's source: autopar hardware --json, autopar/spec/data/gpus.toml)")
     for col in ("key", "name", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM GiB", "HBM GB/s", "NVLink GB/s/dir",
                 "NIC GB/s/dir", "GPUs/node"):
         t.add_column(col, justify="left" if col in ("key", "name") else "right")

@@ -6,6 +6,7 @@ import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich import box
 from rich.table import Table
 
 from autopar.cli.render import console
@@ -43,7 +44,7 @@ class SearchProgress:
 
 def top_table(r: SearchResult) -> Table:
     q = r.question
-    t = Table(title=f"Top {len(r.top)} of {r.counts['fit']:,} plans that fit "
+    t = Table(box=box.SIMPLE_HEAD, title=f"Top {len(r.top)} of {r.counts['fit']:,} plans that fit "
                     f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})",
               title_justify="left")
     for col in ("#", "layout", "schedule", "stages", "recompute", "ZeRO", "mbs", "memory GiB", "step s", "tokens/s",
@@ -71,7 +72,7 @@ def trainer_table(r: SearchResult) -> Table:
     """The best plan each searched trainer can run, side by side."""
     from autopar.spec.trainers import get_trainer
 
-    t = Table(title="The best plan per trainer", title_justify="left")
+    t = Table(box=box.SIMPLE_HEAD, title="The best plan per trainer", title_justify="left")
     for col in ("trainer", "layout", "schedule", "recompute", "ZeRO", "mbs", "memory GiB", "step s", "tokens/s", "MFU",
                 "vs best"):
         t.add_column(col, justify="left" if col in ("trainer", "layout", "schedule", "recompute") else "right")
@@ -117,7 +118,7 @@ def print_result(r: SearchResult) -> None:
 
 
 def print_whatif(results: list[SearchResult]) -> None:
-    t = Table(title="What-if: the best plan per scenario", title_justify="left")
+    t = Table(box=box.SIMPLE_HEAD, title="What-if: the best plan per scenario", title_justify="left")
     for col in ("GPUs", "GPU", "seq", "gbs", "best layout", "schedule", "recompute", "memory GiB", "step s",
                 "tokens/s", "tokens/s/GPU", "MFU"):
         t.add_column(col, justify="left" if col in ("GPU", "best layout", "schedule", "recompute") else "right")

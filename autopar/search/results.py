@@ -155,17 +155,22 @@ def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
     tiny = 1e-4 * float(winner["step_time_s"])  # differences below 0.01 % of the step are noise to a reader
     saved = [f"{d:.3g} s less {labels[t]}" for d, t in diffs if d > tiny][:2]
     paid = [f"{-d:.3g} s more {labels[t]}" for d, t in diffs[::-1] if d < -tiny][:1]
-    runner_desc = _config_diff(winner, runner)
+    runner_desc = _runner_text(winner, runner)
     if not saved and not paid:  # same predicted time: the tie is broken by memory, then by order
         mem = (runner["peak_memory_bytes"] - winner["peak_memory_bytes"]) / 2**30
         why = f"{mem:.3g} GiB less memory" if mem > 0 else "listed first"
-        return (f"{winner['plan_name']} ties the runner-up {runner['plan_name']}{runner_desc} on predicted step "
-                f"time; {why}.")
-    return (f"{winner['plan_name']} beats the runner-up {runner['plan_name']}{runner_desc} by {100 * gain:.1f}% "
-            f"per step: " + ", ".join(saved + paid) + ".")
+        return f"{winner['plan_name']} ties the runner-up, {runner_desc}, on predicted step time; {why}."
+    return (f"{winner['plan_name']} beats the runner-up, {runner_desc}, by {100 * gain:.1f}% per step: "
+            + ", ".join(saved + paid) + ".")
 
 
-def _config_diff(a: pd.Series, b: pd.Series) -> str:
-    keys = ("pp_schedule", "recompute", "zero_stage", "micro_batch_size", "dtype", "tp_comm_overlap", "layout_text")
-    d = [f"{k}={b[k]}" for k in keys if a[k] != b[k]]
-    return f" ({', '.join(d)})" if d and a["plan_name"] == b["plan_name"] else ""
+def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
+    """The runner-up by its layout, or by what differs when it has the winner's layout."""
+    if winner["plan_name"] != runner["plan_name"]:
+        return str(runner["plan_name"])
+    keys = ("pp_schedule", "recompute", "zero_stage", "micro_batch_size", "dtype", "tp_comm_overlap", "layout_text",
+            "trainer")
+    labels = {"pp_schedule": "schedule", "recompute": "recompute", "zero_stage": "ZeRO", "micro_batch_size": "mbs",
+              "dtype": "dtype", "tp_comm_overlap": "TP overlap", "layout_text": "stages", "trainer": "trainer"}
+    d = [f"{labels[k]} {runner[k]} (not {winner[k]})" for k in keys if k in runner.index and runner[k] != winner[k]]
+    return "the same layout with " + (", ".join(d) if d else "another knob")

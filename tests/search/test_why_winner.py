@@ -18,7 +18,7 @@ def _row(name: str, mem_gib: float, **times: float) -> pd.Series:
 
 def test_names_the_terms_that_differ() -> None:
     line = why_winner(_row("tp2", 10, compute=1.0, tp=0.1), _row("dp2", 10, compute=1.0, dp=0.3))
-    assert line.startswith("tp2 beats the runner-up dp2 by 18.2% per step: ")  # 1.3 s / 1.1 s
+    assert line.startswith("tp2 beats the runner-up, dp2, by 18.2% per step: ")  # 1.3 s / 1.1 s
     assert "0.3 s less exposed DP comm" in line and "0.1 s more TP comm" in line
 
 
@@ -27,7 +27,9 @@ def test_a_tie_on_time_says_so_and_names_the_memory_saved() -> None:
     runner = _row("dp2", 12, compute=1.0)
     runner["zero_stage"] = 0
     line = why_winner(winner, runner)
-    assert line == "dp2 ties the runner-up dp2 (zero_stage=0) on predicted step time; 2 GiB less memory."
+    # the same layout twice: the line names what differs, not the layout again
+    assert line == ("dp2 ties the runner-up, the same layout with ZeRO 0 (not 1), on predicted step time; "
+                    "2 GiB less memory.")
     assert ": ." not in why_winner(winner, _row("dp2", 10, compute=1.0))
 
 
