@@ -33,12 +33,14 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "__init__": (frozenset(), frozenset()),
     "__main__": (frozenset({"cli"}), frozenset()),
     "errors": (frozenset(), frozenset()),
+    "secrets": (frozenset(), frozenset()),  # mask_url: passwords of storage URLs
+    "quoting": (frozenset({"errors"}), frozenset()),  # values in generated scripts
     "spec": (frozenset({"errors", "spec"}), frozenset({"numpy", "yaml"})),
     "cost": (frozenset({"errors", "spec", "cost"}), frozenset({"numpy", "scipy"})),
-    "search": (frozenset({"errors", "spec", "cost", "search"}), ANY),
-    "trial": (frozenset({"errors", "spec", "cost", "trial"}), ANY),
-    "export": (frozenset({"errors", "spec", "cost", "search", "export"}), ANY),
-    "report": (frozenset({"errors", "spec", "cost", "search", "report"}), ANY),
+    "search": (frozenset({"errors", "secrets", "spec", "cost", "search"}), ANY),
+    "trial": (frozenset({"errors", "secrets", "quoting", "spec", "cost", "trial"}), ANY),
+    "export": (frozenset({"errors", "secrets", "quoting", "spec", "cost", "search", "export"}), ANY),
+    "report": (frozenset({"errors", "secrets", "spec", "cost", "search", "report"}), ANY),
     "cli": (ANY, ANY),
 }
 
