@@ -4,6 +4,7 @@ and the constraints every plan must meet. Unknown keys and bad values are errors
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from autopar.errors import InputError, did_you_mean
@@ -11,7 +12,8 @@ from autopar.spec.plan import DTYPES, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
 from autopar.spec.trainers import ALL_TRAINERS
 from autopar.spec.yaml_io import load_yaml
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+#: the shipped spaces: the top-level folder search_spaces/, installed as the package autopar.spaces
+SPACES_DIR = Path(str(resources.files("autopar.spaces")))
 
 INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "mbs", "recompute_layers")
 CHOICE_KNOBS = {"pp_schedule": [s for s in SCHEDULES if s != "interleaved-1f1b"], "recompute": list(RECOMPUTE),
