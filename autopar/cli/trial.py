@@ -102,12 +102,14 @@ def trial(
         spec_path = emit_slurm.with_suffix(".run.json")
         configs = [TrialConfig(name=key, model=mdl, plan=plan.to_dict(), scale=proxy, seq_len=seq,
                                steps=warmup + steps + 1, warmup=warmup, device="auto")]  # + the byte-counting step
-        spec_path.write_text(json.dumps({"trials": [c.to_dict() for c in configs]}, indent=1))
         from autopar.trial.slurm import sbatch_script
 
-        emit_slurm.write_text(sbatch_script(nnodes=nnodes, nproc=nproc, minutes=max(5, int(timeout // 60) + 5),
-                                            python="python", spec=spec_path.resolve(),
-                                            out=(run_dir / "trials" / f"{key}.result.json").resolve()))
+        # the #SBATCH lines are the export's (autopar.quoting.sbatch_directives); rendered before
+        # anything is written, so a path that cannot go into a script leaves no file behind
+        script = sbatch_script(nnodes=nnodes, nproc=nproc, minutes=max(5, int(timeout // 60) + 5), python="python",
+                               spec=spec_path.resolve(), out=(run_dir / "trials" / f"{key}.result.json").resolve())
+        spec_path.write_text(json.dumps({"trials": [c.to_dict() for c in configs]}, indent=1))
+        emit_slurm.write_text(script, encoding="utf-8")
         print(f"sbatch script: {emit_slurm} (run file {spec_path})")
         return
     if nnodes > 1 and not rdzv_endpoint:

@@ -28,6 +28,7 @@ from pathlib import Path
 from autopar.errors import InputError
 from autopar.export.header import (comment_header, ep_overlap, header_dict, header_lines,  # noqa: F401 (re-exported)
                                    plan_flags, tp_overlap)
+from autopar.quoting import check_identifier, check_text
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -108,7 +109,7 @@ class ExportBundle:
         paths = []
         for f in self.files:
             p = out / f.name
-            p.write_text(f.text)
+            p.write_text(f.text, encoding="utf-8")
             if f.executable:
                 p.chmod(0o755)
             paths.append(p)
@@ -129,6 +130,7 @@ class Exporter:
         """The files for `plan` re-targeted to this exporter's trainer; raises ExportRefused with the
         capability table's sentence when that trainer cannot run it."""
         options = options or ExportOptions()
+        check_inputs(model, options)
         trainer = self.runs_on(plan, options)
         ctx = Context.make(self.name, plan.with_(trainer=trainer), model, cluster, options,
                            waived=self.trainer_exporter(trainer).waived(options))
@@ -162,6 +164,22 @@ class Exporter:
     def parse(self, bundle: ExportBundle) -> dict:  # pragma: no cover - abstract
         """The plan as the trainer reads it back from the files: the keys of `plan_view`."""
         raise NotImplementedError
+
+
+def check_inputs(model: ModelSpec, options: ExportOptions) -> None:
+    """Refuse, in one line, values that no quoting makes safe in a script (autopar.quoting): a line
+    break or control character in the model name or an option, a recipe that is not a Python name."""
+    check_text(model.name, "the model name")
+    s = options.slurm
+    for flag, value in (("--job-name", s.job_name), ("--partition", s.partition), ("--account", s.account),
+                        ("--time", s.time), ("--container-image", s.container_image),
+                        ("--torchtitan-base", options.torchtitan_base),
+                        ("--torchtitan-version", options.torchtitan_version)):
+        if value is not None:
+            check_text(str(value), flag)
+    if options.recipe is not None:
+        check_identifier(options.recipe, "--recipe",
+                         example="llama3_70b (NeMo 2) or llama3_70b_pretrain_config (Megatron-Bridge)")
 
 
 # ---- the plan as every exporter must reproduce it -----------------------------------------------

@@ -12,6 +12,8 @@ capability table (autopar/spec/data/trainers.toml [bridge], applied before rende
 
 from __future__ import annotations
 
+import shlex
+
 from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.megatron_core import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, core_moe_fields,
@@ -98,7 +100,7 @@ class BridgeExporter(Exporter):
                  f"# recipe: {recipe}"]
         lines += [f"{k}={hydra_value(v)}" for k, v in ov.items()]
         entry = Entry(program='"$MEGATRON_BRIDGE/scripts/training/run_recipe.py"',
-                      args=f'--recipe {recipe} "${{OVERRIDES[@]}}"',
+                      args=f'--recipe {shlex.quote(recipe)} "${{OVERRIDES[@]}}"',
                       setup=("MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
                              f"mapfile -t OVERRIDES < <(grep -v '^#' \"$HERE/{FILE}\")"),
                       env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from autopar.quoting import comment_text
 from autopar.spec.hardware import GIB
 from autopar.spec.plan import ParallelPlan
 
@@ -103,7 +104,9 @@ def _trainer_line(ctx: Context) -> str:
 
 
 def comment_header(ctx: Context, prefix: str = "#") -> str:
-    return "\n".join(f"{prefix} {line}" for line in header_lines(ctx)) + "\n"
+    """The header as comment lines; a line break in a value (a path in the command, say) is escaped,
+    so no value can end its comment and start a line of code."""
+    return "\n".join(f"{prefix} {comment_text(line)}" for line in header_lines(ctx)) + "\n"
 
 
 def header_dict(ctx: Context) -> dict:

@@ -20,6 +20,7 @@ import shlex
 from dataclasses import dataclass
 
 from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header
+from autopar.quoting import check_text, sbatch_directives
 
 
 @dataclass(frozen=True)
@@ -87,22 +88,22 @@ torchrun --nnodes {n} --nproc_per_node {g} --node_rank "$NODE_RANK" \\
 
 
 def _sbatch_lines(ctx: Context, tasks_per_node: int) -> str:
+    """The #SBATCH directives (autopar.quoting.sbatch_directives, shared with `autopar trial
+    --emit-slurm`): every value escaped so sbatch reads it back as one word."""
     s = ctx.options.slurm
-    lines = [f"#SBATCH --job-name={s.job_name}", f"#SBATCH --nodes={ctx.nodes}",
-             f"#SBATCH --ntasks-per-node={tasks_per_node}", f"#SBATCH --gpus-per-node={ctx.gpus_per_node}",
-             "#SBATCH --exclusive"]
-    if s.partition:
-        lines.append(f"#SBATCH --partition={s.partition}")
-    if s.account:
-        lines.append(f"#SBATCH --account={s.account}")
-    if s.time:
-        lines.append(f"#SBATCH --time={s.time}")
-    return "\n".join(lines) + "\n"
+    return sbatch_directives([("job-name", s.job_name), ("nodes", ctx.nodes), ("ntasks-per-node", tasks_per_node),
+                              ("gpus-per-node", ctx.gpus_per_node), ("exclusive", True),
+                              ("partition", s.partition or None), ("account", s.account or None),
+                              ("time", s.time or None)])
 
 
 def _container(ctx: Context) -> str:
+    """srun's pyxis container flags (the image one quoted word), or nothing."""
     img = ctx.options.slurm.container_image
-    return f'--container-image={shlex.quote(img)} --container-mounts="$HERE:$HERE" ' if img else ""
+    if not img:
+        return ""
+    check_text(img, "--container-image")
+    return f'--container-image={shlex.quote(img)} --container-mounts="$HERE:$HERE" '
 
 
 def slurm_script(ctx: Context, entry: Entry) -> str:

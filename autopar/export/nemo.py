@@ -20,6 +20,7 @@ from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, com
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.megatron_core import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, core_moe_fields,
                                           core_parallel_fields, core_recompute_fields, view_from_core_fields)
+from autopar.quoting import check_identifier
 from autopar.spec.trainers import get_trainer
 
 #: autopar preset -> nemo.collections.llm.recipes module (the capability table's [nemo.recipes])
@@ -31,8 +32,10 @@ OVERRIDES = "nemo_overrides.txt"
 
 def recipe_name(ctx: Context) -> str:
     """--recipe, else the preset's recipe in the capability table (Context.make has refused a model
-    without one unless --recipe was given)."""
-    return ctx.options.recipe or get_trainer(ctx.plan.trainer).recipe_for(ctx.model.name)
+    without one unless --recipe was given); a Python name, since it is pasted into an import line
+    and a command (anything else is refused in one line)."""
+    name = ctx.options.recipe or get_trainer(ctx.plan.trainer).recipe_for(ctx.model.name)
+    return check_identifier(name, "--recipe", example="llama3_70b")
 
 
 def nemo_overrides(ctx: Context) -> dict:

@@ -32,6 +32,7 @@ from autopar.errors import InputError
 from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header, normalize, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import stages_from_fqns, torchtitan_fqns
+from autopar.quoting import check_identifier, toml_string
 
 #: autopar preset -> (torchtitan model name, flavor (<= 0.2.2), config_registry function (>= 0.3))
 TORCHTITAN_MODELS = {
@@ -103,6 +104,10 @@ def _base(ctx: Context, toml: bool) -> tuple[str, str]:
             raise InputError(f"--torchtitan-base '{given}' must be name:flavor (<= 0.2.2, e.g. llama3:70B) or "
                              f"module:function (>= 0.3, e.g. torchtitan.models.llama3.config_registry:llama3_70b)")
         a, b = given.split(":", 1)
+        if not toml:  # pasted into `from MODULE import FUNCTION`
+            check_identifier(a, "--torchtitan-base module", dotted=True,
+                             example="torchtitan.models.llama3.config_registry:llama3_70b")
+            check_identifier(b, "--torchtitan-base function", example="llama3_70b")
         return a, b
     known = TORCHTITAN_MODELS.get(ctx.model.name)
     if known is None or (not toml and known[2] is None):
@@ -159,7 +164,7 @@ def _toml_value(v) -> str:
     if isinstance(v, int):
         return str(v)
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return toml_string(v)
     if isinstance(v, list):
         if v and isinstance(v[0], list):
             return "[\n" + "".join(f"  {_toml_value(x)},\n" for x in v) + "]"
@@ -172,8 +177,8 @@ def _toml(ctx: Context) -> str:
     v = _values(ctx, toml=True)
     out = [comment_header(ctx).rstrip("\n"),
            "# torchtitan <= 0.2.2 job config: torchrun ... -m torchtitan.train --job.config_file torchtitan.toml",
-           "", "[job]", f'description = "autopar {ctx.plan.describe()}"', "", "[model]", f"name = {_toml_value(name)}",
-           f"flavor = {_toml_value(flavor)}", '# hf_assets_path = "./assets/hf/<model>"  # set to your tokenizer/assets']
+           "", "[job]", f"description = {_toml_value('autopar ' + ctx.plan.describe())}", "", "[model]",
+           f"name = {_toml_value(name)}", f"flavor = {_toml_value(flavor)}", '# hf_assets_path = "./assets/hf/<model>"  # set to your tokenizer/assets']
     if v["float8"]:
         out.append('converters = ["float8"]')
     out += ["", "[training]"]

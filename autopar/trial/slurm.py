@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autopar.errors import InputError
+from autopar.quoting import check_text, sbatch_directives
 from autopar.trial import hygiene
 from autopar.trial.config import TrialConfig
 from autopar.trial.launcher import PROGRESS_FILE, LaunchResult, ProgressReader, classify
@@ -50,12 +51,6 @@ RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
 QUERY_FAILED = "QUERY_FAILED"
 MAX_QUERY_FAILURES = 30
 
-HEADER = """#!/bin/bash
-#SBATCH --job-name={job_name}
-#SBATCH --nodes={nnodes}
-#SBATCH --ntasks-per-node=1
-{gpus}#SBATCH --time={minutes}
-"""
 MULTI_NODE = """# autopar trial: srun starts one torchrun per node; c10d rendezvous on the first node.
 set -euo pipefail
 {env}head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
@@ -74,15 +69,21 @@ def sbatch_script(*, nnodes: int, nproc: int, minutes: int, python: str, spec: P
                   worker_args: list[str] | None = None, job_name: str = "autopar-trial",
                   pythonpath: str | None = None, gpus: bool = True) -> str:
     """The job script of a trial: `nnodes` nodes of `nproc` ranks (GPUs, or CPU processes with
-    `gpus=False`), `minutes` of wall time."""
+    `gpus=False`), `minutes` of wall time. Its #SBATCH lines are the export's (autopar.quoting.
+    sbatch_directives); a path or name with a line break is refused in one line."""
+    for what, value in (("the trial's python", python), ("the trial's run file", spec),
+                        ("the trial's result file", out), ("PYTHONPATH", pythonpath or ""),
+                        *(("a worker argument", a) for a in worker_args or [])):
+        check_text(str(value), what)
     args = "".join(f" {shlex.quote(a)}" for a in worker_args or [])
     env = ("unset AUTOPAR_WATCH AUTOPAR_LAUNCH  # the submitting process is no launcher to watch here\n"
            + (f"export PYTHONPATH={shlex.quote(pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}\n" if pythonpath else ""))
     body = (MULTI_NODE if nnodes > 1 else ONE_NODE).format(nnodes=nnodes, nproc=nproc, python=shlex.quote(python),
                                                            spec=shlex.quote(str(spec)), out=shlex.quote(str(out)),
                                                            worker_args=args, env=env)
-    gpu_line = f"#SBATCH --gpus-per-node={nproc}\n" if gpus else f"#SBATCH --cpus-per-task={nproc}\n"
-    return HEADER.format(job_name=job_name, nnodes=nnodes, gpus=gpu_line, minutes=minutes) + body
+    head = sbatch_directives([("job-name", job_name), ("nodes", nnodes), ("ntasks-per-node", 1),
+                              ("gpus-per-node" if gpus else "cpus-per-task", nproc), ("time", minutes)])
+    return "#!/bin/bash\n" + head + body
 
 
 @dataclass(frozen=True)
