@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover - older typer with click installed
     from click import exceptions as click_exc
 
 from autopar.errors import InputError
+from autopar.secrets import mask_url
 
 app = typer.Typer(
     name="autopar",
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, standalone_mode=False)
     except InputError as e:
-        print(f"autopar: error: {e}", file=sys.stderr)
+        print(f"autopar: error: {mask_url(str(e))}", file=sys.stderr)  # no storage password, whoever wrote it
         sys.exit(2)
     except click_exc.NoArgsIsHelpError as e:
         print(e.ctx.get_help() if e.ctx else "", file=sys.stdout)
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     except click_exc.ClickException as e:
         cmd = e.ctx.command_path if e.ctx else "autopar"
         msg = e.format_message().strip().rstrip(".").replace("\n", " ")
-        print(f"autopar: error: {msg}; see `{cmd} --help`", file=sys.stderr)
+        print(f"autopar: error: {mask_url(msg)}; see `{cmd} --help`", file=sys.stderr)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         print("autopar: aborted", file=sys.stderr)

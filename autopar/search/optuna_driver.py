@@ -24,6 +24,7 @@ from autopar.errors import InputError
 from autopar.search.enumerate import Question, build_table, knob_choices
 from autopar.search.results import row_plan
 from autopar.search.space import SearchSpace
+from autopar.secrets import mask_url
 
 SAMPLERS = ("tpe", "nsga2", "random")
 #: the estimate figures every trial keeps (with its plan) as user attributes
@@ -53,7 +54,8 @@ def open_storage(url: str):
         return _rdb_storage(url)
     except Exception as e:  # noqa: BLE001 - any driver error is a bad storage for the user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"cannot open storage '{url}': {first}; check the URL, the server and its driver") from None
+        raise InputError(mask_url(f"cannot open storage '{url}': {first}; check the URL, the server and its "
+                                  f"driver")) from None
 
 
 def _rdb_storage(url: str, attempts: int = 5):
@@ -107,7 +109,8 @@ def load_or_create_study(url: str, study_name: str, sampler, directions: list[st
         return optuna.create_study(storage=storage, study_name=study_name, sampler=sampler, directions=directions,
                                    load_if_exists=True)
     except ValueError as e:  # e.g. the study exists with other directions
-        raise InputError(f"study '{study_name}' in '{url}' cannot be used: {e}; pick another --study-name") from None
+        raise InputError(mask_url(f"study '{study_name}' in '{url}' cannot be used: {e}; pick another "
+                                  f"--study-name")) from None
 
 
 def _counts(t: optuna.trial.FrozenTrial) -> bool:
