@@ -242,6 +242,8 @@ def _write_search_json(result: SearchResult) -> None:
     q, o = result.question, result.options
     from importlib.metadata import version
 
+    from autopar.secrets import mask_url
+
     info = {
         "schema_version": SCHEMA_VERSION,
         "autopar_version": __version__,
@@ -249,7 +251,9 @@ def _write_search_json(result: SearchResult) -> None:
                      "seq_len": q.seq_len, "global_batch_size": q.global_batch_size, "trainers": list(q.trainers)},
         "space": {"name": o.space.name, "source": o.space.source, "knobs": o.space.knobs,
                   "constraints": o.space.constraints},
-        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items() if k != "space"},
+        # a --storage URL's password never reaches the file: user:***@host
+        "options": {k: (mask_url(str(v)) if isinstance(v, (str, Path)) else v) for k, v in asdict(o).items()
+                    if k != "space"},
         "method": result.method,
         "plans_evaluated": result.counts.get("evaluated", 0),
         "plans_valid": result.counts.get("valid", 0),
