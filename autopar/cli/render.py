@@ -8,13 +8,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS, Estimate
+from autopar.cost.estimate import MEMORY_TERMS, TIME_LABELS, TIME_TERMS, Estimate
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
-
-TIME_LABELS = {"compute": "compute", "tp": "TP comm (exposed)", "cp": "CP comm (exposed)",
-               "ep": "EP all-to-all (exposed)", "pp": "PP send/recv (exposed)", "dp": "DP comm (exposed)",
-               "bubble": "pipeline bubble", "optimizer": "optimizer step"}
 
 
 def console() -> Console:

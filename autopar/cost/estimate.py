@@ -37,6 +37,13 @@ AXES = ("tp", "cp", "ep", "pp", "dp")
 MEMORY_BIT = 63
 TIME_TERMS = ("compute", "tp", "cp", "ep", "pp", "dp", "bubble", "optimizer")
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
+#: how the terms read in the terminal, the report and the why line (communication terms are what
+#: overlap leaves exposed)
+TIME_LABELS = {"compute": "compute", "tp": "TP comm (exposed)", "cp": "CP comm (exposed)",
+               "ep": "EP all-to-all (exposed)", "pp": "PP send/recv (exposed)", "dp": "DP comm (exposed)",
+               "bubble": "pipeline bubble", "optimizer": "optimizer step"}
+MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
+                 "activations": "activations", "other": "other (runtime, buffers)"}
 
 
 def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus: int | None = None,

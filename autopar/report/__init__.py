@@ -1,8 +1,9 @@
 """HTML reports of search runs and side-by-side comparisons of layouts.
 
-Three steps, three modules: `tables` computes the report data (pandas, exactly testable),
-`figures` draws it (the only plotly importer), `html` assembles one self-contained page.
-`compare` resolves the layouts of `autopar compare`. Importing this package imports neither
+Three steps: `run_data` reads a run directory (through autopar.search.run_dir), `tables`,
+`trial_tables` and `compare_tables` compute the report data (pandas, exactly testable), `figures`
+draws it (the only plotly importer), `html` assembles one self-contained page. `compare` resolves
+the layouts of `autopar compare`. Importing this package imports neither
 pandas nor plotly; `write_report` / `write_reports` load them when called.
 """
 

@@ -17,7 +17,8 @@ import pandas as pd
 
 from autopar.cost.estimate import Estimate, estimate
 from autopar.errors import InputError
-from autopar.report import tables as T
+from autopar.report import compare_tables as C
+from autopar.report import run_data as D
 from autopar.spec.hardware import ClusterSpec, cluster_from_dict
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -102,7 +103,7 @@ def item_from_run(arg: str) -> CompareItem:
     if missing:
         raise InputError(f"'{d}' is not an autopar run directory: {', '.join(missing)} missing; rerun "
                          f"`autopar search ... --run-dir {d}`")
-    top, search = T.read_json(d / "top.json"), T.read_json(d / "search.json")
+    top, search = D.read_json(d / "top.json"), D.read_json(d / "search.json")
     entries = top.get("top") or []
     r = rank or 1
     if not entries:
@@ -120,7 +121,7 @@ def item_from_run(arg: str) -> CompareItem:
 def file_names_its_question(arg: str) -> bool:
     """Whether a plan file says its model (so it can stand without --model, and lend its question
     to flag-string layouts)."""
-    data = T.read_json(Path(arg))
+    data = D.read_json(Path(arg))
     return "model" in data or "question" in data
 
 
@@ -128,7 +129,7 @@ def item_from_file(arg: str, shared: Question | None) -> CompareItem:
     """A JSON file holding a `plan` mapping, and optionally `model` (preset name or model dict),
     `num_gpus`, `gpu`, `seq_len` (the shared question fills in what is absent)."""
     path = Path(arg)
-    data = T.read_json(path)
+    data = D.read_json(path)
     if not isinstance(data.get("plan"), dict):
         raise InputError(f"'{path}': no 'plan' object; a plan file is JSON with a 'plan' mapping (a trial file, "
                          f"or `autopar estimate --json` output)")
@@ -199,5 +200,5 @@ def compare(items: list[CompareItem], reference: tuple[str, Question] | None = N
         ests.append(e)
         it.label = f"#{i} {it.plan.describe()}"
     cmp = Comparison(items=items, estimates=ests)
-    cmp.table = T.compare_table(cmp.labels, cmp.estimate_dicts())
+    cmp.table = C.compare_table(cmp.labels, cmp.estimate_dicts())
     return cmp

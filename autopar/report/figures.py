@@ -15,8 +15,7 @@ import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
-from autopar.report.tables import MEMORY_LABELS, TIME_LABELS
+from autopar.cost.estimate import AXES, MEMORY_LABELS, MEMORY_TERMS, TIME_LABELS, TIME_TERMS
 
 GIB = 2**30
 CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}

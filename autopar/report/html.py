@@ -18,6 +18,9 @@ import pandas as pd
 from autopar import __version__
 from autopar.errors import InputError
 from autopar.report import figures as F
+from autopar.report import compare_tables as C
+from autopar.report import run_data as D
+from autopar.report import trial_tables as X
 from autopar.report import tables as T
 from autopar.report.format import compare_kind, fmt
 from autopar.search.atomic import write_with
@@ -182,7 +185,7 @@ def _pp_dash(df: pd.DataFrame) -> pd.DataFrame:
 
 # ---- the report ----------------------------------------------------------------------------------
 
-def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, out_dir: Path | None = None) -> str:
+def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, out_dir: Path | None = None) -> str:
     q = run.question
     model = q.get("model", {}).get("name", "?")
     title = f"autopar: {model} on {q.get('num_gpus', '?')} x {q.get('cluster', {}).get('gpu', '?')}"
@@ -230,7 +233,7 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
         note += f" {sc.attrs['without_estimate']:,} plans have no finite estimate and are not drawn."
     sections.append("<h2 id=\"plans\">The evaluated plans</h2>"
                     "<p class=\"note\">Peak memory per GPU (log scale) against throughput; hover a point for its "
-                    f"layout. The dashed red line is the GPU's capacity"
+                    "layout. The dashed red line is the GPU's capacity"
                     + (f", the dotted one the search's limit ({run.headroom_gib:g} GiB headroom)" if run.headroom_gib
                        else "") + f".{e(note)}</p>"
                     + (_fig(F.scatter_figure(sc, T.category_order(sc["category"]), win, cap, run.headroom_gib), "fig-scatter")
@@ -238,7 +241,7 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
                     + f"<h3>Pareto front ({len(pareto)} plans): no other fitting plan is both faster and smaller</h3>"
                     + _table(_pp_dash(pareto), PARETO_COLUMNS))
 
-    hist = T.optuna_history(run)
+    hist = X.optuna_history(run)
     if len(hist):
         nav.append(("optuna", "Optuna"))
         sections.append("<h2 id=\"optuna\">Optuna optimisation history</h2>"
@@ -247,8 +250,8 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
 
     if run.trials or run.trial_problems:
         nav.append(("trials", "trials"))
-        tt = T.trials_table(run.trials)
-        summ = T.trials_summary(tt)
+        tt = X.trials_table(run.trials)
+        summ = X.trials_summary(tt)
         body = [f"<h2 id=\"trials\">Trials: predicted vs measured ({summ['trials']})</h2>"]
         if len(tt):
             body.append(f"<p class=\"note\">Error = (predicted - measured) / measured. Mean absolute error: step time "
@@ -268,7 +271,7 @@ def report_html(run: T.RunData, scenario_runs: list[T.RunData] | None = None, ou
 
     if scenario_runs and len(scenario_runs) > 1:
         nav.append(("whatif", "what-if"))
-        wt = T.whatif_table(scenario_runs, current=run.run_dir)
+        wt = X.whatif_table(scenario_runs, current=run.run_dir)
         base = Path(out_dir or run.run_dir).resolve()
         links = []
         for r, cur in zip(scenario_runs, wt["current"]):
@@ -295,14 +298,14 @@ def write_report(run_dir: str | Path, *, out: str | Path | None = None,
     report` keeps the what-if section; one (or none) removes a whatif.json left by an earlier
     what-if. None (the default, a rebuild): keep whatever whatif.json says. Raises InputError for
     a missing or corrupt run directory."""
-    run = T.load_run(run_dir)
+    run = D.load_run(run_dir)
     d = Path(run_dir)
     if scenarios is not None:  # a fresh search: record its scenarios, or forget a what-if of the past
         dirs = [Path(s) for s in scenarios]
         if len(dirs) > 1:
-            T.write_scenarios(d, dirs)
+            D.write_scenarios(d, dirs)
         else:
-            (d / T.WHATIF_FILE).unlink(missing_ok=True)
+            (d / D.WHATIF_FILE).unlink(missing_ok=True)
         run.scenarios = dirs
     scenario_runs = None
     if len(run.scenarios) > 1:
@@ -312,7 +315,7 @@ def write_report(run_dir: str | Path, *, out: str | Path | None = None,
                 scenario_runs.append(run)
             elif Path(s).is_dir():
                 try:
-                    scenario_runs.append(T.load_run(s, with_trials=False, with_scenarios=False))
+                    scenario_runs.append(D.load_run(s, with_trials=False, with_scenarios=False))
                 except InputError:  # a scenario removed or broken since: leave it out
                     continue
     path = Path(out) if out is not None else d / REPORT_FILE
@@ -360,11 +363,11 @@ def compare_html(cmp) -> str:
         rows.append(f"<tr{cls}><td class=\"t m\" title=\"{e(r['key'] + better)}\">{e(r['metric'])}</td>{cells}</tr>")
     parts.append(f"<h2 id=\"table\">Side by side</h2><div class=\"scroll\"><table class=\"cmp\"><thead><tr>{head}"
                  f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
-    est_rows = T.estimate_rows(labels, cmp.estimate_dicts())
+    est_rows = C.estimate_rows(labels, cmp.estimate_dicts())
     parts.append("<h2 id=\"breakdown\">Breakdowns</h2>"
                  + _fig(F.time_figure(T.time_breakdown(est_rows, labels)), "fig-time")
                  + _fig(F.memory_figure(T.memory_breakdown(est_rows, labels)), "fig-memory")
-                 + _fig(F.comm_figure(T.comm_breakdown(est_rows, labels)), "fig-comm"))
+                 + _fig(F.comm_figure(C.comm_breakdown(est_rows, labels)), "fig-comm"))
     parts.append(f"<footer>autopar {e(__version__)}; estimates of the analytic cost model; written "
                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}.</footer>")
     return _page(title, "\n".join(parts))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import MEMORY_BIT, TIME_TERMS
+from autopar.cost.estimate import MEMORY_BIT, TIME_LABELS, TIME_TERMS
 from autopar.spec.layout import auto_layout
 from autopar.spec.rules import all_rules, reason_text
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan
@@ -150,11 +150,9 @@ def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
         return f"{winner['plan_name']} is the only plan that fits."
     gain = runner["step_time_s"] / winner["step_time_s"] - 1
     diffs = sorted(((runner[f"time_{t}"] - winner[f"time_{t}"], t) for t in TIME_TERMS), reverse=True)
-    labels = {"compute": "compute", "tp": "TP comm", "cp": "CP comm", "ep": "EP all-to-all", "pp": "PP send/recv",
-              "dp": "exposed DP comm", "bubble": "pipeline bubble", "optimizer": "optimizer step"}
     tiny = 1e-4 * float(winner["step_time_s"])  # differences below 0.01 % of the step are noise to a reader
-    saved = [f"{d:.3g} s less {labels[t]}" for d, t in diffs if d > tiny][:2]
-    paid = [f"{-d:.3g} s more {labels[t]}" for d, t in diffs[::-1] if d < -tiny][:1]
+    saved = [f"{d:.3g} s less {TIME_LABELS[t]}" for d, t in diffs if d > tiny][:2]
+    paid = [f"{-d:.3g} s more {TIME_LABELS[t]}" for d, t in diffs[::-1] if d < -tiny][:1]
     runner_desc = _runner_text(winner, runner)
     if not saved and not paid:  # same predicted time: the tie is broken by memory, then by order
         mem = (runner["peak_memory_bytes"] - winner["peak_memory_bytes"]) / 2**30

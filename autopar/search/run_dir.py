@@ -123,34 +123,55 @@ class RunFiles:
         return self.search.get("question", {})
 
 
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return (text[:160] + "...") if len(text) > 160 else text or type(e).__name__
+
+
 def read_json(path: Path) -> dict:
+    """A JSON object file of a run directory, or one line naming the file and the fix."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise InputError(f"{path} is missing: '{path.parent}' is not an `autopar search` run directory (or its "
-                         f"search did not finish); run autopar search first") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path} is not valid JSON ({getattr(e, 'msg', e)}); rerun the search") from None
+        raise InputError(f"'{path}' is missing: '{path.parent}' is not a complete autopar run directory; rerun "
+                         f"`autopar search ... --run-dir {path.parent}`") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"'{path}' is corrupt or unreadable ({_one_line(e)}); rerun `autopar search` to rewrite "
+                         f"the run directory") from None
     if not isinstance(data, dict):
-        raise InputError(f"{path} is not an autopar run file; rerun the search")
+        raise InputError(f"'{path}' is corrupt: expected a JSON object; rerun `autopar search` to rewrite it")
     return data
 
 
-def load(run_dir: str | Path) -> RunFiles:
-    """A finished run directory of this schema version, or one line saying what is wrong."""
+def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFiles:
+    """A finished run directory of this schema version, its scatter holding `required_columns`, or
+    one line saying what is wrong and what to do."""
     d = Path(run_dir)
+    hint = "give a directory written by `autopar search --run-dir DIR`"
+    if not d.exists():
+        raise InputError(f"run directory '{d}' does not exist; {hint}")
     if not d.is_dir():
-        raise InputError(f"run directory '{run_dir}' does not exist; pass the --run-dir of an `autopar search`")
+        raise InputError(f"'{d}' is not a directory; {hint}")
+    missing = [f for f in ("scatter.parquet", "top.json", "search.json") if not (d / f).is_file()]
+    if missing:
+        raise InputError(f"'{d}' is not a complete autopar run directory: {', '.join(missing)} missing; "
+                         f"rerun `autopar search ... --run-dir {d}`")
     search = read_json(d / "search.json")
     version = search.get("schema_version", 1)
     if version != SCHEMA_VERSION:
-        raise InputError(f"{d} was written by another autopar (run schema {version}, this one reads "
+        raise InputError(f"'{d}' was written by another autopar (run schema {version}, this one reads "
                          f"{SCHEMA_VERSION}); rerun the search")
     top = read_json(d / "top.json")
     try:
         scatter = pd.read_parquet(d / "scatter.parquet")
-    except (OSError, ValueError, pa.ArrowException) as e:
-        raise InputError(f"{d / 'scatter.parquet'} is unreadable ({type(e).__name__}); rerun the search") from None
+    except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError, ...) for a bad file
+        raise InputError(f"'{d / 'scatter.parquet'}' is corrupt or unreadable ({_one_line(e)}); rerun "
+                         f"`autopar search ... --run-dir {d}`") from None
+    lacking = [c for c in required_columns if c not in scatter.columns]
+    if lacking:
+        raise InputError(f"'{d / 'scatter.parquet'}' lacks column(s) {', '.join(lacking[:5])}"
+                         f"{' ...' if len(lacking) > 5 else ''}; it was not written by this autopar version; "
+                         f"rerun `autopar search`")
     return RunFiles(d, search, top, scatter)
 
 

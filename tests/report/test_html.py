@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from autopar.report import run_data as D
 from autopar.report import tables as T
 from autopar.report.html import REPORT_FILE, write_report, write_reports
 
@@ -56,7 +57,7 @@ def test_report_is_one_self_contained_file_under_10_mb(report70, run70):
 
 def test_report_has_the_question_answer_and_top_table(report70, run70):
     _, text = report70
-    run = T.load_run(run70)
+    run = D.load_run(run70)
     assert T.answer(run) in text.replace("&#x27;", "'")
     top = T.top_table(run)
     table = re.search(r"<h2 id=\"top\">.*?</table>", text, re.S).group(0)
@@ -74,7 +75,7 @@ def test_report_has_the_question_answer_and_top_table(report70, run70):
 
 def test_figure_json_carries_the_numbers(report70, run70):
     _, text = report70
-    run = T.load_run(run70)
+    run = D.load_run(run70)
     spec = json.loads(re.search(r'id="fig-time-json">(.*?)</script>', text, re.S).group(1))
     compute = next(t for t in spec["data"] if t["name"] == "compute")
     assert compute["x"] == T.time_breakdown(T.top_rows(run))["compute"].tolist()

@@ -15,15 +15,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
+from autopar.report import compare_tables as C
+from autopar.report import run_data as D
+from autopar.report import trial_tables as X
 from autopar.report import tables as T
-from autopar.search.results import pareto_front, ranked
+from autopar.search.results import pareto_front
 
 GIB = 2**30
 
 
 @pytest.fixture(scope="module")
-def run(run70) -> T.RunData:
-    return T.load_run(run70)
+def run(run70) -> D.RunData:
+    return D.load_run(run70)
 
 
 def top_json(run_dir: Path) -> list[dict]:
@@ -193,8 +196,8 @@ def test_pareto_mask_property(points):
 # ---- Optuna history ---------------------------------------------------------------------------------
 
 def test_optuna_history_is_search_json_history(run_optuna):
-    r = T.load_run(run_optuna)
-    h = T.optuna_history(r)
+    r = D.load_run(run_optuna)
+    h = X.optuna_history(r)
     hist = json.loads((run_optuna / "search.json").read_text())["history"]
     assert len(h) == len(hist) == 20
     assert h["number"].tolist() == [x["number"] for x in hist]
@@ -206,7 +209,7 @@ def test_optuna_history_is_search_json_history(run_optuna):
 
 
 def test_exhaustive_run_has_no_history(run):
-    assert T.optuna_history(run).empty
+    assert X.optuna_history(run).empty
 
 
 # ---- trials: predicted vs measured ---------------------------------------------------------------
@@ -221,9 +224,9 @@ def test_predicted_vs_measured_error_arithmetic(tmp_path, trials):
          {"step_time_s": 12.0, "peak_memory_bytes": 30 * GIB}),
         (PLAN, {"step_time_s": 5.0, "peak_memory_bytes": 1 * GIB}, {"step_time_s": None, "peak_memory_bytes": 0}),
     ])
-    data, problems = T.load_trials(tmp_path)
+    data, problems = D.load_trials(tmp_path)
     assert problems == [] and len(data) == 3
-    df = T.trials_table(data)
+    df = X.trials_table(data)
     assert df["plan_name"].tolist() == ["tp8.pp4.dp8", "tp4.pp8.dp8", "tp8.pp4.dp8"]
     assert df["step_time_error_s"].iloc[:2].tolist() == pytest.approx([1.0, -3.0])
     assert df["step_time_error"].iloc[:2].tolist() == pytest.approx([0.1, -0.25])
@@ -233,7 +236,7 @@ def test_predicted_vs_measured_error_arithmetic(tmp_path, trials):
     # a failed measurement (None) and a zero denominator give no error, not inf
     assert math.isnan(df["step_time_error"].iloc[2]) and math.isnan(df["step_time_error_s"].iloc[2])
     assert math.isnan(df["memory_error"].iloc[2])
-    s = T.trials_summary(df)
+    s = X.trials_summary(df)
     assert s["trials"] == 3
     assert s["step_time_mape"] == pytest.approx((0.1 + 0.25) / 2)
     assert s["memory_mape"] == pytest.approx((0.2 + 0.0) / 2)
@@ -243,7 +246,7 @@ def test_bad_trial_files_are_skipped_and_named(tmp_path, trials):
     trials.write(tmp_path, [(PLAN, {"step_time_s": 1.0}, {"step_time_s": 1.0})])
     (tmp_path / "trials" / "broken.json").write_text("{not json")
     (tmp_path / "trials" / "partial.json").write_text(json.dumps({"plan": PLAN, "predicted": {}}))
-    data, problems = T.load_trials(tmp_path)
+    data, problems = D.load_trials(tmp_path)
     assert [d["_file"] for d in data] == ["trial00.json"]
     assert len(problems) == 2 and any("broken.json" in p for p in problems) and any("partial.json" in p for p in problems)
 
@@ -255,8 +258,8 @@ def test_no_trials_directory_means_no_trials(run):
 # ---- what-if ------------------------------------------------------------------------------------------
 
 def test_whatif_best_plan_per_scenario(run70, run70_128):
-    runs = [T.load_run(run70_128), T.load_run(run70)]
-    wt = T.whatif_table(runs, current=run70)
+    runs = [D.load_run(run70_128), D.load_run(run70)]
+    wt = X.whatif_table(runs, current=run70)
     assert wt["num_gpus"].tolist() == [128, 256]
     assert wt["current"].tolist() == [False, True]
     for (_, row), d in zip(wt.iterrows(), (run70_128, run70)):
@@ -270,8 +273,8 @@ def test_whatif_best_plan_per_scenario(run70, run70_128):
 def test_scenarios_round_trip_through_whatif_json(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    T.write_scenarios(a, [a, b])
-    assert [p.resolve() for p in T.read_scenarios(a)] == [a.resolve(), b.resolve()]
+    D.write_scenarios(a, [a, b])
+    assert [p.resolve() for p in D.read_scenarios(a)] == [a.resolve(), b.resolve()]
     assert json.loads((a / "whatif.json").read_text())["scenarios"] == [".", "../b"]  # relative: moves with them
 
 
@@ -306,7 +309,7 @@ def _estimates():
 def test_compare_table_aligns_every_breakdown():
     ests = _estimates()
     labels = ["#1 a", "#2 b"]
-    t = T.compare_table(labels, ests).set_index("key")
+    t = C.compare_table(labels, ests).set_index("key")
     for e, lab in zip(ests, labels):
         assert t.loc["step_time_s", lab] == e["step_time_s"]
         for term in TIME_TERMS:
@@ -324,6 +327,6 @@ def test_compare_table_aligns_every_breakdown():
     smaller = labels[int(np.argmin([e["peak_memory_bytes"] for e in ests]))]
     assert t.loc["peak_memory_bytes", "best"] == smaller
     assert t.loc["plan.tp", "best"] == ""  # layout rows are not ranked
-    rows = T.estimate_rows(labels, ests)
+    rows = C.estimate_rows(labels, ests)
     assert T.time_breakdown(rows, labels).loc["#2 b", "compute"] == ests[1]["time_s"]["compute"]
     assert T.memory_breakdown(rows, labels).loc["#1 a", "activations"] == ests[0]["memory_bytes"]["activations"]

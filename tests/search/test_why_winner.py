@@ -19,7 +19,7 @@ def _row(name: str, mem_gib: float, **times: float) -> pd.Series:
 def test_names_the_terms_that_differ() -> None:
     line = why_winner(_row("tp2", 10, compute=1.0, tp=0.1), _row("dp2", 10, compute=1.0, dp=0.3))
     assert line.startswith("tp2 beats the runner-up, dp2, by 18.2% per step: ")  # 1.3 s / 1.1 s
-    assert "0.3 s less exposed DP comm" in line and "0.1 s more TP comm" in line
+    assert "0.3 s less DP comm (exposed)" in line and "0.1 s more TP comm (exposed)" in line
 
 
 def test_a_tie_on_time_says_so_and_names_the_memory_saved() -> None:
@@ -35,4 +35,4 @@ def test_a_tie_on_time_says_so_and_names_the_memory_saved() -> None:
 
 def test_negligible_differences_are_not_listed() -> None:
     line = why_winner(_row("a", 10, compute=1.0, dp=0.0, tp=1e-7), _row("b", 10, compute=1.0, dp=0.02))
-    assert line.endswith("per step: 0.02 s less exposed DP comm.")
+    assert line.endswith("per step: 0.02 s less DP comm (exposed).")

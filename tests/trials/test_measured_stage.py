@@ -9,7 +9,7 @@ import json
 import optuna
 from optuna.trial import TrialState
 
-from autopar.report.tables import load_trials
+from autopar.report.run_data import load_trials
 from autopar.search.run import SearchOptions, run_search
 from autopar.search.scenarios import global_batch
 from autopar.search.enumerate import Question

@@ -1,0 +1,101 @@
+"""A run directory as the report reads it: autopar.search.run_dir's files (the question, the
+answer, the plans kept) plus the measured stage's trials and a what-if's other scenarios."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from autopar.search.run_dir import _one_line, load, read_json  # noqa: F401  (read_json: compare reads plan files)
+
+@dataclass
+class RunData:
+    """A run directory, loaded."""
+
+    run_dir: Path
+    plans: pd.DataFrame  # the plans the search kept (scatter.parquet), not every plan
+    top: dict
+    search: dict
+    trials: list[dict] = field(default_factory=list)  # each: the trial JSON plus "_file"
+    trial_problems: list[str] = field(default_factory=list)  # trial files skipped, and why
+    scenarios: list[Path] = field(default_factory=list)  # what-if run directories (this one included)
+
+    @property
+    def question(self) -> dict:
+        return self.search.get("question", {})
+
+    @property
+    def headroom_gib(self) -> float:
+        return float(self.search.get("space", {}).get("constraints", {}).get("memory_headroom_gib", 0.0) or 0.0)
+
+    @property
+    def top_k(self) -> int:
+        return len(self.top.get("top", []))
+
+    @property
+    def plans_fit(self) -> int:
+        return int(self.search.get("plans_fit", int(self.plans["fits"].sum()) if len(self.plans) else 0))
+
+    @property
+    def plans_evaluated(self) -> int:
+        return int(self.search.get("plans_evaluated", len(self.plans)))
+
+
+def load_run(run_dir: str | Path, *, with_trials: bool = True, with_scenarios: bool = True) -> RunData:
+    """Read a run directory. Missing or corrupt: InputError with one line naming the file and the fix."""
+    from autopar.report.tables import REQUIRED_COLUMNS
+
+    files = load(run_dir, REQUIRED_COLUMNS)
+    run = RunData(run_dir=files.run_dir, plans=files.scatter, top=files.top, search=files.search)
+    if with_trials:
+        run.trials, run.trial_problems = load_trials(run.run_dir)
+    if with_scenarios:
+        run.scenarios = read_scenarios(run.run_dir)
+    return run
+
+
+def load_trials(run_dir: Path) -> tuple[list[dict], list[str]]:
+    """`trials/*.json` of the run: each needs `plan` (dict), `predicted` and `measured`
+    {step_time_s, peak_memory_bytes}. Files that do not parse are skipped and reported, so one bad
+    trial does not hide the others."""
+    out, problems = [], []
+    for path in sorted((run_dir / "trials").glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            problems.append(f"trials/{path.name}: not JSON ({_one_line(e)})")
+            continue
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), dict)
+                                                 for k in ("plan", "predicted", "measured")):
+            problems.append(f"trials/{path.name}: needs 'plan', 'predicted' and 'measured' objects")
+            continue
+        out.append(data | {"_file": path.name})
+    return out, problems
+
+
+WHATIF_FILE = "whatif.json"
+
+
+def read_scenarios(run_dir: Path) -> list[Path]:
+    """The what-if scenarios recorded with this run (whatif.json), as directories; [] when none."""
+    path = run_dir / WHATIF_FILE
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        dirs = [Path(p) for p in data["scenarios"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [p if p.is_absolute() else (run_dir / p) for p in dirs]
+
+
+def write_scenarios(run_dir: Path, scenarios: list[Path]) -> None:
+    """Record the what-if scenario directories (relative to this run directory) in whatif.json."""
+    import os
+
+    rel = [os.path.relpath(Path(s).resolve(), Path(run_dir).resolve()) for s in scenarios]
+    (Path(run_dir) / WHATIF_FILE).write_text(json.dumps({"scenarios": rel}, indent=2))
+
