@@ -3,11 +3,11 @@ cluster and sequence length of search.json's question."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from autopar.errors import InputError
+from autopar.search.run_dir import read_json
 from autopar.spec.hardware import ClusterSpec, cluster_from_dict
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -25,23 +25,13 @@ class RunEntry:
     entry: dict  # the top.json entry (plan_name, step_time_s, ...)
 
 
-def _read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise InputError(f"{path} is missing: '{path.parent}' is not an `autopar search` run directory "
-                         f"(it needs top.json and search.json); run `autopar search ... --run-dir {path.parent}` first")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e}); rerun the search") from None
-
-
 def load_run_plan(run_dir: str | Path, rank: int) -> RunEntry:
     d = Path(run_dir)
     if not d.is_dir():
         raise InputError(f"run directory '{run_dir}' does not exist; pass the --run-dir of an `autopar search` "
                          f"(default reports/<model>_<gpus>x<gpu>_...)")
-    top = _read_json(d / "top.json", "top")
-    search = _read_json(d / "search.json", "search")
+    top = read_json(d / "top.json")
+    search = read_json(d / "search.json")
     entries = top.get("top") if isinstance(top, dict) else None
     if not isinstance(entries, list):
         raise InputError(f"{d / 'top.json'} has no 'top' list; rerun the search")
