@@ -117,7 +117,7 @@ def test_help_documents_every_format_with_an_example(capsys) -> None:
     (["--run", "{run}", "--to", "megatron", "--model", "70b"], "come from the run directory"),
     (["--model", "llama3-8b", "--gpus", "16", "--rank", "2", "--to", "megatron"], "--rank needs --run"),
     (["--to", "megatron", "--tp", "2"], "--model and --gpus"),
-    (["--run", "{empty}", "--to", "megatron"], "top.json is missing"),
+    (["--run", "{empty}", "--to", "megatron"], "top.json' is missing"),
     (["--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2", "--pp-schedule", "zero-bubble", "--to", "megatron"],
      "zero-bubble"),
     (["--model", "llama3-8b", "--gpus", "16", "--tp", "3", "--to", "megatron"], "do not divide"),
