@@ -186,6 +186,8 @@ def _pp_dash(df: pd.DataFrame) -> pd.DataFrame:
 # ---- the report ----------------------------------------------------------------------------------
 
 def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, out_dir: Path | None = None) -> str:
+    """The whole report page of a run: the answer, then one section per part of the run (each a
+    (nav anchor, nav label, HTML) from its builder; a builder with nothing to show returns None)."""
     q = run.question
     model = q.get("model", {}).get("name", "?")
     title = f"autopar: {model} on {q.get('num_gpus', '?')} x {q.get('cluster', {}).get('gpu', '?')}"
@@ -193,33 +195,45 @@ def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, ou
     why = run.top.get("why") or run.search.get("why", "")
     if why:
         parts.append(f"<p class=\"why\">{e(why)}</p>")
-    nav = [("question", "question"), ("top", "top plans"), ("breakdown", "breakdowns"), ("plans", "every plan")]
+    built = [("question", "question", f"<h2 id=\"question\">The question</h2>{_kv(T.question_rows(run))}"),
+             *_answer_sections(run, why), _plans_section(run), _optuna_section(run), _trials_section(run),
+             _whatif_section(run, scenario_runs, out_dir)]
+    built = [b for b in built if b is not None]
+    head = "<nav>" + "".join(f"<a href=\"#{a}\">{e(b)}</a>" for a, b, _ in built if b) + "</nav>"
+    foot = (f"<footer>autopar {e(__version__)}; run directory {e(str(run.run_dir))}; "
+            f"written {time.strftime('%Y-%m-%d %H:%M:%S')}. Numbers from top.json, search.json and scatter.parquet "
+            f"(the plans the search kept).</footer>")
+    return _page(title, "\n".join(parts + [head] + [html_ for _, _, html_ in built] + [foot]))
 
+
+def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
+    """The top-k table, the best plan per trainer and the breakdowns; or why nothing fits."""
     top = T.top_table(run)
-    sections = [f"<h2 id=\"question\">The question</h2>{_kv(T.question_rows(run))}"]
-    if len(top):
-        rows = T.top_rows(run)
-        sections.append(f"<h2 id=\"top\">Top {len(top)} plans that fit</h2>"
-                        f"<p class=\"note\">Click a column to sort. Memory: peak per GPU on the most loaded "
-                        f"pipeline rank, of {top['memory_capacity_gib'].iloc[0]:.1f} GiB.</p>"
-                        + _table(_pp_dash(top), TOP_COLUMNS, row_class=lambda i, r: "win" if i == 0 else ""))
-        per_trainer = T.trainer_table(run)
-        if len(per_trainer) > 1:
-            sections.append("<h2 id=\"trainers\">The best plan per trainer</h2>"
-                            "<p class=\"note\">Each trainer runs only what its capability table allows "
-                            "(autopar/spec/data/trainers.toml) and at the speed of its own performance profile."
-                            "</p>" + _table(_pp_dash(per_trainer), TRAINER_COLUMNS))
-            nav.insert(2, ("trainers", "per trainer"))
-        sections.append("<h2 id=\"breakdown\">Where the step time and the memory go</h2>"
-                        + _fig(F.time_figure(T.time_breakdown(rows)), "fig-time")
-                        + _fig(F.memory_figure(T.memory_breakdown(rows), run.headroom_gib), "fig-memory"))
-    else:
-        sections.append("<h2 id=\"top\">No plan fits</h2>"
-                        f"<p>{e(why)}</p>")
-        nav = [n for n in nav if n[0] != "breakdown"]
+    if not len(top):
+        return [("top", "top plans", f"<h2 id=\"top\">No plan fits</h2><p>{e(why)}</p>")]
+    rows = T.top_rows(run)
+    out = [("top", "top plans",
+            f"<h2 id=\"top\">Top {len(top)} plans that fit</h2>"
+            f"<p class=\"note\">Click a column to sort. Memory: peak per GPU on the most loaded "
+            f"pipeline rank, of {top['memory_capacity_gib'].iloc[0]:.1f} GiB.</p>"
+            + _table(_pp_dash(top), TOP_COLUMNS, row_class=lambda i, r: "win" if i == 0 else ""))]
+    per_trainer = T.trainer_table(run)
+    if len(per_trainer) > 1:
+        out.append(("trainers", "per trainer",
+                    "<h2 id=\"trainers\">The best plan per trainer</h2>"
+                    "<p class=\"note\">Each trainer runs only what its capability table allows "
+                    "(autopar/spec/data/trainers.toml) and at the speed of its own performance profile."
+                    "</p>" + _table(_pp_dash(per_trainer), TRAINER_COLUMNS)))
+    out.append(("breakdown", "breakdowns",
+                "<h2 id=\"breakdown\">Where the step time and the memory go</h2>"
+                + _fig(F.time_figure(T.time_breakdown(rows)), "fig-time")
+                + _fig(F.memory_figure(T.memory_breakdown(rows), run.headroom_gib), "fig-memory")))
+    return out
 
-    keep = T.top_rows(run).index
-    sc = T.scatter_frame(run.plans, keep=keep)
+
+def _plans_section(run: D.RunData) -> tuple[str, str, str]:
+    """The scatter of the plans kept (memory against throughput) and the Pareto front."""
+    sc = T.scatter_frame(run.plans, keep=T.top_rows(run).index)
     w = T.winner(run)
     win = (float(w["peak_memory_bytes"]) / T.GIB, float(w["tokens_per_s"]), str(w["plan_name"])) if w is not None else None
     cap = float(run.plans["memory_capacity_bytes"].max()) / T.GIB if len(run.plans) else None
@@ -231,63 +245,65 @@ def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, ou
                 f"plans.parquet in the run directory has them all).")
     if sc.attrs.get("without_estimate"):
         note += f" {sc.attrs['without_estimate']:,} plans have no finite estimate and are not drawn."
-    sections.append("<h2 id=\"plans\">The evaluated plans</h2>"
-                    "<p class=\"note\">Peak memory per GPU (log scale) against throughput; hover a point for its "
-                    "layout. The dashed red line is the GPU's capacity"
-                    + (f", the dotted one the search's limit ({run.headroom_gib:g} GiB headroom)" if run.headroom_gib
-                       else "") + f".{e(note)}</p>"
-                    + (_fig(F.scatter_figure(sc, T.category_order(sc["category"]), win, cap, run.headroom_gib), "fig-scatter")
-                       if len(sc) else "<p>No plan has an estimate to draw.</p>")
-                    + f"<h3>Pareto front ({len(pareto)} plans): no other fitting plan is both faster and smaller</h3>"
-                    + _table(_pp_dash(pareto), PARETO_COLUMNS))
+    limit = f", the dotted one the search's limit ({run.headroom_gib:g} GiB headroom)" if run.headroom_gib else ""
+    figure = (_fig(F.scatter_figure(sc, T.category_order(sc["category"]), win, cap, run.headroom_gib), "fig-scatter")
+              if len(sc) else "<p>No plan has an estimate to draw.</p>")
+    return ("plans", "every plan",
+            "<h2 id=\"plans\">The evaluated plans</h2>"
+            "<p class=\"note\">Peak memory per GPU (log scale) against throughput; hover a point for its "
+            f"layout. The dashed red line is the GPU's capacity{limit}.{e(note)}</p>" + figure
+            + f"<h3>Pareto front ({len(pareto)} plans): no other fitting plan is both faster and smaller</h3>"
+            + _table(_pp_dash(pareto), PARETO_COLUMNS))
 
+
+def _optuna_section(run: D.RunData) -> tuple[str, str, str] | None:
     hist = X.optuna_history(run)
-    if len(hist):
-        nav.append(("optuna", "Optuna"))
-        sections.append("<h2 id=\"optuna\">Optuna optimisation history</h2>"
-                        f"<p class=\"note\">{e(T.method_text(run.search))}.</p>"
-                        + _fig(F.history_figure(hist), "fig-optuna"))
+    if not len(hist):
+        return None
+    return ("optuna", "Optuna", "<h2 id=\"optuna\">Optuna optimisation history</h2>"
+            f"<p class=\"note\">{e(T.method_text(run.search))}.</p>" + _fig(F.history_figure(hist), "fig-optuna"))
 
-    if run.trials or run.trial_problems:
-        nav.append(("trials", "trials"))
-        tt = X.trials_table(run.trials)
-        summ = X.trials_summary(tt)
-        body = [f"<h2 id=\"trials\">Trials: predicted vs measured ({summ['trials']})</h2>"]
-        if len(tt):
-            body.append(f"<p class=\"note\">Error = (predicted - measured) / measured. Mean absolute error: step time "
-                        f"{fmt(summ['step_time_mape'], 'pct')}, peak memory {fmt(summ['memory_mape'], 'pct')}.</p>")
-            if (tt["kind"] != "full").any():
-                body.append("<p class=\"note\">Ran as <b>proxy</b>: a scaled-down trial (fewer ranks, layers, width "
-                            "or sequence; see the last column) whose measured step time and memory are scaled back to "
-                            "the plan by the estimate's ratio (predicted plan / predicted proxy on the machine it ran "
-                            "on); the proxy's own measured and predicted step times are in the proxy columns. "
-                            "<b>not run</b>: the plan cannot run on this machine, for the reason given.</p>")
-            body.append(_table(tt, TRIAL_COLUMNS))
-            figs = F.trials_figures(tt)
-            body.append(_fig(figs[0], "fig-trials-time") + _fig(figs[1], "fig-trials-memory"))
-        for p in run.trial_problems:
-            body.append(f"<p class=\"note\">skipped {e(p)}</p>")
-        sections.append("".join(body))
 
-    if scenario_runs and len(scenario_runs) > 1:
-        nav.append(("whatif", "what-if"))
-        wt = X.whatif_table(scenario_runs, current=run.run_dir)
-        base = Path(out_dir or run.run_dir).resolve()
-        links = []
-        for r, cur in zip(scenario_runs, wt["current"]):
-            target = Path(r.run_dir).resolve() / REPORT_FILE
-            links.append("this report" if cur else quote(Path(os.path.relpath(target, base)).as_posix()))
-        wt = wt.assign(link=[lk if lk == "this report" else
-                             f"<a href=\"{e(lk)}\" title=\"{e(lk)}\">open</a>" for lk in links])
-        table = _table(wt, WHATIF_COLUMNS, row_class=lambda i, r: "win" if r["current"] else "")
-        sections.append(f"<h2 id=\"whatif\">What-if: the best plan per scenario ({len(wt)})</h2>"
-                        + table + _fig(F.whatif_figure(wt), "fig-whatif"))
+def _trials_section(run: D.RunData) -> tuple[str, str, str] | None:
+    """Predicted against measured, per trial (full size, proxy, or not run here)."""
+    if not (run.trials or run.trial_problems):
+        return None
+    tt = X.trials_table(run.trials)
+    summ = X.trials_summary(tt)
+    body = [f"<h2 id=\"trials\">Trials: predicted vs measured ({summ['trials']})</h2>"]
+    if len(tt):
+        body.append(f"<p class=\"note\">Error = (predicted - measured) / measured. Mean absolute error: step time "
+                    f"{fmt(summ['step_time_mape'], 'pct')}, peak memory {fmt(summ['memory_mape'], 'pct')}.</p>")
+        if (tt["kind"] != "full").any():
+            body.append("<p class=\"note\">Ran as <b>proxy</b>: a scaled-down trial (fewer ranks, layers, width "
+                        "or sequence; see the last column) whose measured step time and memory are scaled back to "
+                        "the plan by the estimate's ratio (predicted plan / predicted proxy on the machine it ran "
+                        "on); the proxy's own measured and predicted step times are in the proxy columns. "
+                        "<b>not run</b>: the plan cannot run on this machine, for the reason given.</p>")
+        body.append(_table(tt, TRIAL_COLUMNS))
+        figs = F.trials_figures(tt)
+        body.append(_fig(figs[0], "fig-trials-time") + _fig(figs[1], "fig-trials-memory"))
+    for p in run.trial_problems:
+        body.append(f"<p class=\"note\">skipped {e(p)}</p>")
+    return ("trials", "trials", "".join(body))
 
-    head = "<nav>" + "".join(f"<a href=\"#{a}\">{e(b)}</a>" for a, b in nav) + "</nav>"
-    foot = (f"<footer>autopar {e(__version__)}; run directory {e(str(run.run_dir))}; "
-            f"written {time.strftime('%Y-%m-%d %H:%M:%S')}. Numbers from top.json, search.json and scatter.parquet "
-            f"(the plans the search kept).</footer>")
-    return _page(title, "\n".join(parts + [head] + sections + [foot]))
+
+def _whatif_section(run: D.RunData, scenario_runs: list[D.RunData] | None,
+                    out_dir: Path | None) -> tuple[str, str, str] | None:
+    """The best plan per scenario of a what-if, each linking to its own report."""
+    if not scenario_runs or len(scenario_runs) < 2:
+        return None
+    wt = X.whatif_table(scenario_runs, current=run.run_dir)
+    base = Path(out_dir or run.run_dir).resolve()
+    links = []
+    for r, cur in zip(scenario_runs, wt["current"]):
+        target = Path(r.run_dir).resolve() / REPORT_FILE
+        links.append("this report" if cur else quote(Path(os.path.relpath(target, base)).as_posix()))
+    wt = wt.assign(link=[lk if lk == "this report" else
+                         f"<a href=\"{e(lk)}\" title=\"{e(lk)}\">open</a>" for lk in links])
+    table = _table(wt, WHATIF_COLUMNS, row_class=lambda i, r: "win" if r["current"] else "")
+    return ("whatif", "what-if", f"<h2 id=\"whatif\">What-if: the best plan per scenario ({len(wt)})</h2>"
+            + table + _fig(F.whatif_figure(wt), "fig-whatif"))
 
 
 def write_report(run_dir: str | Path, *, out: str | Path | None = None,
