@@ -7,7 +7,6 @@ tables. Opens from disk in any browser.
 
 from __future__ import annotations
 
-import html
 import os
 import time
 from pathlib import Path
@@ -23,128 +22,10 @@ from autopar.report import run_data as D
 from autopar.report import trial_tables as X
 from autopar.report import tables as T
 from autopar.report.format import compare_kind, fmt
+from autopar.report.page import cell, e, fig, kv, page, table
 from autopar.search.atomic import write_with
 
 REPORT_FILE = "report.html"
-
-CSS = """
-:root{--fg:#1d1d1f;--muted:#666;--line:#e3e3e3;--accent:#1f6feb;--diff:#fff6d6;--best:#0a7f2e}
-*{box-sizing:border-box}
-body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:var(--fg);margin:0;background:#fff;font-size:13.5px}
-main{max-width:1280px;margin:0 auto;padding:18px 28px 60px}
-h1{font-size:22px;margin:8px 0 4px}h2{font-size:18px;margin:34px 0 8px;border-bottom:1px solid var(--line);padding-bottom:4px}
-.answer{font-size:16px;font-weight:600;margin:10px 0 4px}.why{color:#333;margin:4px 0 10px}
-.muted{color:var(--muted)}nav a{margin-right:14px;color:var(--accent);text-decoration:none}
-table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums}
-th,td{padding:4px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}
-th{background:#f4f4f6;font-weight:600;position:sticky;top:0}
-td.t,th.t{text-align:left}
-table.kv td{text-align:left;white-space:normal}table.kv td:first-child{font-weight:600;color:#444;min-width:150px;white-space:nowrap}
-table.sortable th{cursor:pointer;user-select:none}table.sortable th:hover{background:#e8e8ee}
-table.sortable th[data-dir=asc]::after{content:" \\25B2"}table.sortable th[data-dir=desc]::after{content:" \\25BC"}
-tr.win td{background:#eef8ee}
-tr.sec td{background:#f4f4f6;font-weight:700;text-align:left}
-tr.diff td{background:var(--diff)}tr.diff td.m{font-weight:700}
-td.best{color:var(--best);font-weight:700}
-.scroll{overflow-x:auto}.fig{margin:6px 0 18px}
-.note{color:var(--muted);font-size:13px}
-footer{margin-top:40px;color:var(--muted);font-size:12px}
-"""
-
-SORT_JS = """
-document.querySelectorAll('table.sortable').forEach(function(table){
-  table.querySelectorAll('th').forEach(function(th, i){
-    th.addEventListener('click', function(){
-      var dir = th.dataset.dir === 'asc' ? 'desc' : 'asc';
-      table.querySelectorAll('th').forEach(function(h){ delete h.dataset.dir; });
-      th.dataset.dir = dir;
-      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
-      var key = function(r){ var c = r.cells[i], v = c.dataset.v !== undefined ? c.dataset.v : c.textContent;
-                             var n = Number(v); return (v === '' || isNaN(n)) ? v : n; };
-      rows.sort(function(a, b){ var x = key(a), y = key(b);
-        var c = (typeof x === 'number' && typeof y === 'number') ? x - y : String(x).localeCompare(String(y));
-        return dir === 'asc' ? c : -c; });
-      rows.forEach(function(r){ body.appendChild(r); });
-    });
-  });
-});
-"""
-
-#: draws the figures: those in the first screen at once, then the rest one per task (so the page
-#: is usable while they draw); marks <html data-plotted-ms> when the first screen is drawn and
-#: data-drawn-ms when every figure is (ms since navigation start; the benchmark and tests read them)
-DRAW_JS = """
-(function(){
-  var figs = Array.prototype.slice.call(document.querySelectorAll('div.plotly-fig'));
-  var root = document.documentElement, left = figs.length;
-  var stamp = function(name){ root.setAttribute(name, String(Math.round(performance.now()))); };
-  var draw = function(div){
-    if (div.getAttribute('data-state')) return;
-    div.setAttribute('data-state', 'drawing');
-    var spec = JSON.parse(document.getElementById(div.id + '-json').textContent);
-    Plotly.newPlot(div, spec.data, spec.layout, spec.config).then(function(){
-      div.setAttribute('data-state', 'drawn');
-      if (--left === 0) stamp('data-drawn-ms');
-    });
-  };
-  var inView = function(div){ return div.getBoundingClientRect().top < window.innerHeight + 200; };
-  figs.filter(inView).forEach(draw);
-  stamp('data-plotted-ms');
-  if (!left) stamp('data-drawn-ms');
-  var queue = figs.filter(function(d){ return !d.getAttribute('data-state'); });
-  var next = function(){ if (queue.length) { draw(queue.shift()); setTimeout(next, 0); } };
-  setTimeout(next, 0);
-  window.addEventListener('scroll', function(){ queue.filter(inView).forEach(draw); }, {passive: true});
-})();
-"""
-
-e = html.escape
-
-
-def _page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<meta name=\"generator\" content=\"autopar {e(__version__)}\"><title>{e(title)}</title>"
-            f"<style>{CSS}</style></head>\n"
-            f"<body><main>\n{body}\n</main>\n<script>{SORT_JS}</script>\n"
-            f"<script type=\"text/javascript\">{F.plotly_js()}</script>\n<script>{DRAW_JS}</script>\n</body></html>\n")
-
-
-def _fig(fig: dict, div_id: str) -> str:
-    """A placeholder of the figure's height and its JSON; DRAW_JS draws it once plotly.js is loaded."""
-    return (f"<div class=\"fig\"><div id=\"{div_id}\" class=\"plotly-fig\" style=\"height:{F.height(fig)}px\"></div>"
-            f"<script type=\"application/json\" id=\"{div_id}-json\">{F.to_json(fig)}</script></div>")
-
-
-def _cell(value, kind: str = "", text: bool = False, sort_value=None, cls: str = "") -> str:
-    v = value.item() if hasattr(value, "item") else value
-    sv = sort_value if sort_value is not None else v
-    data = ""
-    if isinstance(sv, (int, float)) and not isinstance(sv, bool):
-        data = f" data-v=\"{sv!r}\"" if sv == sv else " data-v=\"\""
-    classes = " ".join(c for c in ("t" if text else "", cls) if c)
-    return f"<td{f' class={chr(34)}{classes}{chr(34)}' if classes else ''}{data}>{e(fmt(v, kind))}</td>"
-
-
-def _table(df: pd.DataFrame, columns: list[tuple[str, str, str]], *, sortable: bool = True,
-           row_class=None) -> str:
-    """columns: (frame column, header, kind); kind 't' = left-aligned text, 'html' = trusted markup
-    (built and escaped by the caller)."""
-    head = "".join(f"<th class=\"{'t' if k in ('t', 'html') else ''}\">{e(h)}</th>" for _, h, k in columns)
-    rows = []
-    for i, (_, r) in enumerate(df.iterrows()):
-        cls = row_class(i, r) if row_class else ""
-        cells = "".join(f"<td class=\"t\">{r[c]}</td>" if k == "html" else _cell(r[c], "" if k == "t" else k, text=k == "t")
-                        for c, _, k in columns)
-        rows.append(f"<tr{f' class={chr(34)}{cls}{chr(34)}' if cls else ''}>{cells}</tr>")
-    return (f"<div class=\"scroll\"><table class=\"{'sortable' if sortable else ''}\"><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table></div>")
-
-
-def _kv(df: pd.DataFrame) -> str:
-    return "<table class=\"kv\">" + "".join(f"<tr><td>{e(str(a))}</td><td>{e(str(b))}</td></tr>"
-                                            for a, b in zip(df["item"], df["value"])) + "</table>"
-
 
 TOP_COLUMNS = [("rank", "#", "int"), ("plan_name", "layout", "t"), ("pp_schedule", "schedule", "t"),
                ("recompute", "recompute", "t"), ("zero_stage", "ZeRO", "int"), ("micro_batch_size", "mbs", "int"),
@@ -195,7 +76,7 @@ def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, ou
     why = run.top.get("why") or run.search.get("why", "")
     if why:
         parts.append(f"<p class=\"why\">{e(why)}</p>")
-    built = [("question", "question", f"<h2 id=\"question\">The question</h2>{_kv(T.question_rows(run))}"),
+    built = [("question", "question", f"<h2 id=\"question\">The question</h2>{kv(T.question_rows(run))}"),
              *_answer_sections(run, why), _plans_section(run), _optuna_section(run), _trials_section(run),
              _whatif_section(run, scenario_runs, out_dir)]
     built = [b for b in built if b is not None]
@@ -203,7 +84,7 @@ def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, ou
     foot = (f"<footer>autopar {e(__version__)}; run directory {e(str(run.run_dir))}; "
             f"written {time.strftime('%Y-%m-%d %H:%M:%S')}. Numbers from top.json, search.json and scatter.parquet "
             f"(the plans the search kept).</footer>")
-    return _page(title, "\n".join(parts + [head] + [html_ for _, _, html_ in built] + [foot]))
+    return page(title, "\n".join(parts + [head] + [html_ for _, _, html_ in built] + [foot]))
 
 
 def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
@@ -216,18 +97,18 @@ def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
             f"<h2 id=\"top\">Top {len(top)} plans that fit</h2>"
             f"<p class=\"note\">Click a column to sort. Memory: peak per GPU on the most loaded "
             f"pipeline rank, of {top['memory_capacity_gib'].iloc[0]:.1f} GiB.</p>"
-            + _table(_pp_dash(top), TOP_COLUMNS, row_class=lambda i, r: "win" if i == 0 else ""))]
+            + table(_pp_dash(top), TOP_COLUMNS, row_class=lambda i, r: "win" if i == 0 else ""))]
     per_trainer = T.trainer_table(run)
     if len(per_trainer) > 1:
         out.append(("trainers", "per trainer",
                     "<h2 id=\"trainers\">The best plan per trainer</h2>"
                     "<p class=\"note\">Each trainer runs only what its capability table allows "
                     "(autopar/spec/data/trainers.toml) and at the speed of its own performance profile."
-                    "</p>" + _table(_pp_dash(per_trainer), TRAINER_COLUMNS)))
+                    "</p>" + table(_pp_dash(per_trainer), TRAINER_COLUMNS)))
     out.append(("breakdown", "breakdowns",
                 "<h2 id=\"breakdown\">Where the step time and the memory go</h2>"
-                + _fig(F.time_figure(T.time_breakdown(rows)), "fig-time")
-                + _fig(F.memory_figure(T.memory_breakdown(rows), run.headroom_gib), "fig-memory")))
+                + fig(F.time_figure(T.time_breakdown(rows)), "fig-time")
+                + fig(F.memory_figure(T.memory_breakdown(rows), run.headroom_gib), "fig-memory")))
     return out
 
 
@@ -246,14 +127,14 @@ def _plans_section(run: D.RunData) -> tuple[str, str, str]:
     if sc.attrs.get("without_estimate"):
         note += f" {sc.attrs['without_estimate']:,} plans have no finite estimate and are not drawn."
     limit = f", the dotted one the search's limit ({run.headroom_gib:g} GiB headroom)" if run.headroom_gib else ""
-    figure = (_fig(F.scatter_figure(sc, T.category_order(sc["category"]), win, cap, run.headroom_gib), "fig-scatter")
+    figure = (fig(F.scatter_figure(sc, T.category_order(sc["category"]), win, cap, run.headroom_gib), "fig-scatter")
               if len(sc) else "<p>No plan has an estimate to draw.</p>")
     return ("plans", "every plan",
             "<h2 id=\"plans\">The evaluated plans</h2>"
             "<p class=\"note\">Peak memory per GPU (log scale) against throughput; hover a point for its "
             f"layout. The dashed red line is the GPU's capacity{limit}.{e(note)}</p>" + figure
             + f"<h3>Pareto front ({len(pareto)} plans): no other fitting plan is both faster and smaller</h3>"
-            + _table(_pp_dash(pareto), PARETO_COLUMNS))
+            + table(_pp_dash(pareto), PARETO_COLUMNS))
 
 
 def _optuna_section(run: D.RunData) -> tuple[str, str, str] | None:
@@ -261,7 +142,7 @@ def _optuna_section(run: D.RunData) -> tuple[str, str, str] | None:
     if not len(hist):
         return None
     return ("optuna", "Optuna", "<h2 id=\"optuna\">Optuna optimisation history</h2>"
-            f"<p class=\"note\">{e(T.method_text(run.search))}.</p>" + _fig(F.history_figure(hist), "fig-optuna"))
+            f"<p class=\"note\">{e(T.method_text(run.search))}.</p>" + fig(F.history_figure(hist), "fig-optuna"))
 
 
 def _trials_section(run: D.RunData) -> tuple[str, str, str] | None:
@@ -280,9 +161,9 @@ def _trials_section(run: D.RunData) -> tuple[str, str, str] | None:
                         "the plan by the estimate's ratio (predicted plan / predicted proxy on the machine it ran "
                         "on); the proxy's own measured and predicted step times are in the proxy columns. "
                         "<b>not run</b>: the plan cannot run on this machine, for the reason given.</p>")
-        body.append(_table(tt, TRIAL_COLUMNS))
+        body.append(table(tt, TRIAL_COLUMNS))
         figs = F.trials_figures(tt)
-        body.append(_fig(figs[0], "fig-trials-time") + _fig(figs[1], "fig-trials-memory"))
+        body.append(fig(figs[0], "fig-trials-time") + fig(figs[1], "fig-trials-memory"))
     for p in run.trial_problems:
         body.append(f"<p class=\"note\">skipped {e(p)}</p>")
     return ("trials", "trials", "".join(body))
@@ -301,9 +182,9 @@ def _whatif_section(run: D.RunData, scenario_runs: list[D.RunData] | None,
         links.append("this report" if cur else quote(Path(os.path.relpath(target, base)).as_posix()))
     wt = wt.assign(link=[lk if lk == "this report" else
                          f"<a href=\"{e(lk)}\" title=\"{e(lk)}\">open</a>" for lk in links])
-    table = _table(wt, WHATIF_COLUMNS, row_class=lambda i, r: "win" if r["current"] else "")
+    rows = table(wt, WHATIF_COLUMNS, row_class=lambda i, r: "win" if r["current"] else "")
     return ("whatif", "what-if", f"<h2 id=\"whatif\">What-if: the best plan per scenario ({len(wt)})</h2>"
-            + table + _fig(F.whatif_figure(wt), "fig-whatif"))
+            + rows + fig(F.whatif_figure(wt), "fig-whatif"))
 
 
 def write_report(run_dir: str | Path, *, out: str | Path | None = None,
@@ -372,7 +253,7 @@ def compare_html(cmp) -> str:
             rows.append(f"<tr class=\"sec\"><td colspan=\"{len(labels) + 1}\">{e(section)}</td></tr>")
         kind = compare_kind(r["section"], r["key"])
         best = set(str(r["best"]).split(", ")) if r["best"] else set()
-        cells = "".join(_cell(r[lab], kind, text=not isinstance(r[lab], (int, float)) or isinstance(r[lab], bool),
+        cells = "".join(cell(r[lab], kind, text=not isinstance(r[lab], (int, float)) or isinstance(r[lab], bool),
                               cls="best" if lab in best else "") for lab in labels)
         better = {"lower": " (lower is better)", "higher": " (higher is better)"}.get(r["better"], "")
         cls = " class=\"diff\"" if r["differs"] else ""
@@ -381,12 +262,12 @@ def compare_html(cmp) -> str:
                  f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
     est_rows = C.estimate_rows(labels, cmp.estimate_dicts())
     parts.append("<h2 id=\"breakdown\">Breakdowns</h2>"
-                 + _fig(F.time_figure(T.time_breakdown(est_rows, labels)), "fig-time")
-                 + _fig(F.memory_figure(T.memory_breakdown(est_rows, labels)), "fig-memory")
-                 + _fig(F.comm_figure(C.comm_breakdown(est_rows, labels)), "fig-comm"))
+                 + fig(F.time_figure(T.time_breakdown(est_rows, labels)), "fig-time")
+                 + fig(F.memory_figure(T.memory_breakdown(est_rows, labels)), "fig-memory")
+                 + fig(F.comm_figure(C.comm_breakdown(est_rows, labels)), "fig-comm"))
     parts.append(f"<footer>autopar {e(__version__)}; estimates of the analytic cost model; written "
                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}.</footer>")
-    return _page(title, "\n".join(parts))
+    return page(title, "\n".join(parts))
 
 
 def write_compare(cmp, out: str | Path) -> Path:
