@@ -39,6 +39,8 @@ def test_help_lists_every_plan_flag(tmp_path):
     ("tiny", ["--cp", "2"], "cp"),
     ("tiny-moe", ["--ep", "2"], "ep"),
 ], ids=["cp2", "ep2-moe"])
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_trial_runs_cp_and_ep(tmp_path, model, flags, axis):
     r = _run(TRIAL + ["--model", model, *flags, "--json"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -13,6 +13,8 @@ import pytest
 
 from autopar.report.html import REPORT_FILE
 
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
 CANARY = """<!DOCTYPE html><html><head><title>canary</title></head><body><p>canary</p>
 <img src="http://example.invalid/pixel.png">
 <script>

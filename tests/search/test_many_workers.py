@@ -22,6 +22,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+pytestmark = [pytest.mark.slow]
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 N_TRIALS = 50
@@ -174,6 +176,7 @@ def _pg_trials(url: str, study: str) -> list[optuna.trial.FrozenTrial]:
         storage.engine.dispose()
 
 
+@pytest.mark.postgres
 def test_two_workers_postgresql(sh, tmp_path, postgres):
     """Two workers at once on one study in a PostgreSQL database whose Optuna tables exist (as
     after any earlier run on it)."""
@@ -183,6 +186,7 @@ def test_two_workers_postgresql(sh, tmp_path, postgres):
     _check_study(_pg_trials(url, "shared-pg"), results)
 
 
+@pytest.mark.postgres
 def test_two_workers_postgresql_fresh_database(sh, tmp_path, postgres):
     """Two workers started at once on a brand-new database (the first use of a shared storage):
     both create Optuna's tables at the same moment; the storage retries that race, so both run."""

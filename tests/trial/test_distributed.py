@@ -10,7 +10,7 @@ import math
 import pytest
 
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.distributed, pytest.mark.slow]
 
 AXES = ("tp", "cp", "ep", "pp", "dp")
 PARITY_REL = 1e-5  # the acceptance bound, relative, on the loss and on every parameter

@@ -13,7 +13,7 @@ from autopar.spec.hardware import LOCAL_DEFAULTS, cluster_from_dict
 from autopar.spec.presets import get_preset
 from autopar.spec.trainers import BUILTIN
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.distributed, pytest.mark.slow]
 
 BOUND = 0.10
 LOCAL = cluster_from_dict(LOCAL_DEFAULTS, origin="local defaults")

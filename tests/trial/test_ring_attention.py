@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from autopar.trial.comm_count import CommBytesMode
 from autopar.trial.parallel.context import cp_positions, ring_attention
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.distributed, pytest.mark.slow]
 
 
 def _free_port() -> int:

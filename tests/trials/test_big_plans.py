@@ -16,7 +16,7 @@ import pytest
 
 from autopar.search.trials import load_docs
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.distributed, pytest.mark.slow]
 
 
 class TreeSampler(threading.Thread):

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from autopar.trial.measure import measure_plan
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 PLAN = {"dp": 2, "zero_stage": 0, "micro_batch_size": 1, "global_batch_size": 4, "dtype": "fp32"}
 

@@ -22,7 +22,7 @@ import pytest
 
 from autopar.trial import hygiene
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.distributed, pytest.mark.slow]
 
 #: the issue's window: nothing of the run may be alive this long after the signal
 WINDOW_S = 10.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from autopar.search.enumerate import Question
@@ -18,6 +19,8 @@ from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 from autopar.trial.launcher import ProgressReader
 from autopar.trial.measure import measure_plan
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS = 6  # timed steps a trial would run; the slow one must stop well before
 

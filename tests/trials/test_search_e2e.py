@@ -9,7 +9,11 @@ import os
 import signal
 import time
 
+import pytest
+
 from autopar.search.trials import load_docs
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 SEARCH = ["search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", "3", "--trial-steps", "2",

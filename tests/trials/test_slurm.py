@@ -19,7 +19,7 @@ import slurm_stub
 from autopar.search.trials import load_docs
 from autopar.trial import slurm
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.distributed, pytest.mark.slow]
 
 SEARCH = ["search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", "2", "--trial-steps", "2",
           "--launcher", "slurm"]

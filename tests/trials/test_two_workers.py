@@ -10,6 +10,7 @@ import socket
 import time
 
 import optuna
+import pytest
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
@@ -46,6 +47,8 @@ def test_verdicts_in_trial_order(tmp_path):
     assert claims.verdict(study, late.number, "a", target=3, stale_after_s=60) == "measure"
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_two_search_workers_share_the_measured_stage(tmp_path, procs, cli_popen):
     log = tmp_path / "study.log"
     args = ["search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", str(K), "--trial-steps", "1",
