@@ -4,9 +4,9 @@ Exports and `autopar trial --emit-slurm` write user values (job names, partition
 names, recipe names) into shell scripts, sbatch directives, Python and TOML files:
 - control characters (newline, carriage return, tab, ...), Unicode line and paragraph separators
   and bidirectional overrides are refused: `check_text` raises a one-line InputError;
-- shell words: `shlex.quote`; sbatch directive values: `sbatch_word` (backslash escapes, which a
-  POSIX shell and sbatch's own `#SBATCH` parser read the same way; sbatch honours a backslash even
-  inside quotes, so quotes alone would not round-trip);
+- shell words: `shlex.quote`; sbatch directive values: `sbatch_word` (double quotes with `\\` and
+  `"` escaped, which sbatch's own `#SBATCH` parser and a POSIX shell read the same way; sbatch
+  honours a backslash even inside single quotes, so shlex.quote would not round-trip there);
 - Python literals: `repr`; TOML strings: `toml_string`;
 - module and function names: `check_identifier` (ASCII identifiers, dotted for module paths);
 - comments: `comment_text` escapes whatever could end the comment line.
@@ -32,7 +32,7 @@ _SBATCH_PLAIN = frozenset(string.ascii_letters + string.digits + "_@%+=:,./-")
 
 def _unsafe(c: str) -> bool:
     """Whether a character may end a line, or reorder what a reader sees, in some target language."""
-    return c in _BIDI or unicodedata.category(c) in ("Cc", "Zl", "Zp")
+    return c in _BIDI or unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")  # Cs: a lone surrogate
 
 
 def shown(value: object, limit: int = 60) -> str:
@@ -48,7 +48,8 @@ def check_text(value: str, what: str) -> str:
     safely in a comment, and a newline would start a new line of code)."""
     for c in value:
         if _unsafe(c):
-            name = _NAMES.get(c, f"the control character U+{ord(c):04X}")
+            name = _NAMES.get(c, f"the {'lone surrogate' if 0xD800 <= ord(c) <= 0xDFFF else 'control character'} "
+                                 f"U+{ord(c):04X}")
             raise InputError(f"{what} {shown(value)} contains {name}; values written into generated scripts "
                              f"must be one line of printable text: remove it")
     return value
@@ -67,17 +68,19 @@ def check_identifier(value: str, what: str, *, dotted: bool = False, example: st
 
 def comment_text(text: str) -> str:
     """`text` for a comment line: characters that could end the line (or reorder it) escaped."""
-    return "".join(c.encode("unicode_escape").decode("ascii") if _unsafe(c) else c for c in text)
+    return "".join(c.encode("unicode_escape", "backslashreplace").decode("ascii") if _unsafe(c) else c
+                   for c in text)
 
 
 def sbatch_word(value: str, what: str = "an sbatch option") -> str:
-    """A value for an `#SBATCH --key=VALUE` line (refused when not one line): every ASCII character
-    outside letters, digits and `_@%+=:,./-` backslash-escaped, so sbatch and a shell both read it
-    back as one word."""
+    """A value for an `#SBATCH --key=VALUE` line (refused when not one line): as it is when made of
+    letters, digits and `_@%+=:,./-`, else in double quotes with `\\` and `"` backslash-escaped.
+    sbatch (opt.c `_get_argument`) and a POSIX shell both read that back as the one word: quotes
+    keep spaces and `#`, and a backslash escapes the next character inside them."""
     check_text(value, what)
-    if not value:
-        return "''"
-    return "".join(c if c in _SBATCH_PLAIN or ord(c) > 127 else "\\" + c for c in value)
+    if value and all(c in _SBATCH_PLAIN for c in value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def sbatch_directives(options: list[tuple[str, object]], names: dict[str, str] | None = None) -> str:
