@@ -62,6 +62,7 @@ class Stubs:
     """Recording stand-ins for the launch commands in `root`/bin; calls land in `root`/log."""
 
     def __init__(self, root: Path):
+        """Write the stubs under `root`."""
         self.bin, self.log = root / "bin", root / "log"
         self.bin.mkdir(parents=True, exist_ok=True)
         self.log.mkdir(exist_ok=True)
@@ -83,6 +84,7 @@ class Stubs:
         return out
 
     def reset(self) -> None:
+        """Forget the recorded calls."""
         for p in self.log.iterdir():
             p.unlink()
 

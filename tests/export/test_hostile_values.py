@@ -62,6 +62,7 @@ def has_control(value: str) -> bool:
 
 
 def cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """`autopar ARGV` in-process: (exit code, stdout, stderr)."""
     try:
         main([str(a) for a in argv])
         code = 0
@@ -72,12 +73,14 @@ def cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def assert_one_line_refusal(code: int, err: str) -> None:
+    """Exit 2 and one short `autopar: error:` line, no traceback."""
     assert code == 2, err
     assert err.startswith("autopar: error: ") and err.count("\n") == 1, err
     assert "Traceback" not in err and len(err) < 800, err[:800]
 
 
 def assert_nothing_ran(root: Path) -> None:
+    """No injected command ran: no marker file anywhere under `root`."""
     hits = [p for p in root.rglob("*") if p.name == MARK]
     assert not hits, f"a value was executed: {hits}"
 
@@ -99,11 +102,13 @@ MODEL_FIELDS = (b"num_layers: 4\nhidden_size: 128\nffn_hidden_size: 352\nnum_att
 
 @pytest.fixture(scope="module")
 def stubs(tmp_path_factory) -> Stubs:
+    """The recording launch commands, shared by the module's tests."""
     return Stubs(tmp_path_factory.mktemp("stubs"))
 
 
 @pytest.fixture(autouse=True)
 def _fresh_log(stubs):
+    """Each test sees only its own stub calls."""
     stubs.reset()
 
 

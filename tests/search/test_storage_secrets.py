@@ -33,12 +33,14 @@ PW = "S3cr3tPW"
     ("no url here: a:b@c", "no url here: a:b@c"),
 ])
 def test_mask_url(text: str, masked: str) -> None:
+    """Every URL form hides its password, in a string and inside JSON-like values."""
     assert mask_url(text) == masked
     assert PW not in mask_url(text)
     assert mask_values({"a": [text, 1, None], "b": text}) == {"a": [masked, 1, None], "b": masked}
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    """`autopar ARGV` in-process: (exit code, stdout, stderr)."""
     try:
         main(argv)
         code = 0
@@ -63,6 +65,7 @@ UNREACHABLE = [f"postgresql://u:{PW}@127.0.0.1:1/db", f"mysql://u:{PW}@127.0.0.1
 
 @pytest.fixture(autouse=True)
 def _local_profile(tmp_path, monkeypatch):
+    """A private local profile; the measured stage leaves the test process's signal handlers alone."""
     monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(tmp_path / "local.yaml"))
     monkeypatch.setattr("autopar.trial.hygiene.install_signal_handlers", lambda: None)
 
@@ -102,10 +105,12 @@ def test_working_storage_never_leaks(tmp_path, capsys, monkeypatch) -> None:
     opened: list[str] = []
 
     def sqlite_instead(url: str, attempts: int = 5):
+        """Any storage URL opens one SQLite file (recording the URL asked for)."""
         opened.append(url)
         return optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'shared.db'}")
 
     def crash(trials, nproc, **kw):
+        """A trial launch that fails at once."""
         return LaunchResult(outcome="crash", returncode=1, wall_s=0.0, result=None, command=["stub"],
                             reasons=["stubbed launch"])
 
