@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# every case is a fresh `python -m autopar` process: about 25 s for the module
+pytestmark = [pytest.mark.slow]
+
 REPO = Path(__file__).resolve().parents[2]
 
 # Files the cases refer to as {tmp}/NAME; written fresh into each test's tmp_path.

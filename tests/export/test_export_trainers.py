@@ -37,8 +37,8 @@ from autopar.export import get_exporter
 from autopar.export.base import read_bash_array
 from autopar.export.megatron import megatron_vpp, parse_megatron_args
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
-                                        "ignore::FutureWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"),
+              pytest.mark.slow]  # the trainers' own packages load: about 15 s for the module
 REFS = Path(sys.prefix) / "trainer-refs"
 REFS_INSTALL = ("python -m pip install --no-deps --target <venv>/trainer-refs torchtitan==0.2.2 "
                 "megatron-bridge==0.3.1 nemo-toolkit==2.7.3   (the Makefile's setup step does this)")

@@ -20,6 +20,8 @@ from script_runner import Stubs, check_python_shape, fake_sbatch, run_python, ru
 
 from autopar.cli import main
 
+pytestmark = [pytest.mark.slow]  # each value runs the written scripts under stubs: about 12 s
+
 MARK = "pwned"  # every injection below tries to create a file of this name
 
 HOSTILE = [

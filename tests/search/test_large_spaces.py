@@ -31,6 +31,7 @@ def _question(space) -> Question:
     return Question(m, 1024, default_cluster("h100-sxm"), 8192, 512)
 
 
+@pytest.mark.slow
 def test_optuna_on_a_space_too_large_beats_a_subspace_optimum(tmp_path):
     wide = space_from_dict({"name": "wide", "knobs": WIDE, "constraints": {"memory_headroom_gib": 2.0}}, "test")
     narrow = space_from_dict({"name": "narrow", "knobs": NARROW, "constraints": {"memory_headroom_gib": 2.0}}, "test")

@@ -253,6 +253,7 @@ def _check_resumed(before, after):
             assert by_number[t.number].state == TrialState.FAIL
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill(sh, tmp_path):
     """Kill, wait past the stale-trial window, rerun the same command to completion."""
     run_dir = tmp_path / "run"
@@ -268,6 +269,7 @@ def test_resume_after_sigkill(sh, tmp_path):
     _check_resumed(before, _trials(url))
 
 
+@pytest.mark.slow
 def test_resume_right_after_sigkill(sh, tmp_path):
     """The same, rerun at once (as a user or a job scheduler would), with the default storage
     (study.db in the run directory)."""

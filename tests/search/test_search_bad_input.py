@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = [pytest.mark.slow]  # every case is a fresh `python -m autopar` process
+
 FILES = {
     # TP 16 only, but TP must stay inside an 8-GPU node: nothing left
     "tp16.yaml": "knobs:\n  tp: [16]\nconstraints:\n  tp_within_node: true\n",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from autopar.report.run_data import load_trials
@@ -17,6 +18,8 @@ from autopar.search.space import load_space
 from autopar.search.trials import STUDY, acceptance, candidates, diverse, run_measured
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
+
+pytestmark = [pytest.mark.slow]
 
 
 def _result(tmp_path):
