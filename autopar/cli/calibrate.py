@@ -76,7 +76,8 @@ def calibrate(
     from autopar.cost.calibrate import profile_dict
     from autopar.errors import InputError
     from autopar.search.run import SearchOptions, run_search
-    from autopar.search.trials import NOT_RUNNABLE, calibrate_docs, calibrates, candidates, evaluate_with, load_docs
+    from autopar.search.trial_results import calibrate_docs, calibrates, evaluate_with
+    from autopar.search.trials import NOT_RUNNABLE, candidates, load_docs
 
     q, space, info = _question(run_dir)
     result = run_search(q, SearchOptions(space=space, run_dir=run_dir))

@@ -73,7 +73,8 @@ def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: fl
     """The measured stage over a search result; figures into measured.json and search.json (written
     atomically: another worker may share the run directory); returns them."""
     from autopar.search.atomic import write_atomic
-    from autopar.search.trials import acceptance, plan_key, run_measured
+    from autopar.search.trial_results import acceptance
+    from autopar.search.trials import plan_key, run_measured
     from autopar.spec.hardware import LOCAL, local_cluster
     from autopar.trial.hygiene import install_signal_handlers
     from autopar.trial.measure import measure_placement

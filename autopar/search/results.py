@@ -11,7 +11,7 @@ from autopar.spec.layout import auto_layout
 from autopar.spec.rules import all_rules, reason_text
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan
 from autopar.spec.table import PlanTable
-from autopar.spec.trainers import ALL_TRAINERS, TRAINERS
+from autopar.spec.trainers import ALL_TRAINERS
 
 #: the columns that make a plan what it is, apart from the trainer that runs it
 PLAN_KEY = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage", "sequence_parallel", "micro_batch_size",

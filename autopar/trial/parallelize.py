@@ -41,7 +41,7 @@ from autopar.trial.model import Transformer
 from autopar.trial.mesh import build_expert_mesh, dp_cp_mesh, fresh_axis_mesh, new_axes_group
 from autopar.trial.parallel.context import apply_cp
 from autopar.trial.parallel.data import apply_dp
-from autopar.trial.parallel.expert import apply_ep, expert_grad_scale, init_local_experts
+from autopar.trial.parallel.expert import apply_ep, expert_grad_scale, init_local_experts, sequence_stats_over
 from autopar.trial.parallel.pipeline import apply_pp, build_schedule
 from autopar.trial.parallel.recompute import apply_ac, recomputed_layers
 from autopar.trial.parallel.tensor import apply_tp
@@ -189,5 +189,6 @@ def _share_moe_statistics(moe_blocks: list, plan: ParallelPlan, mesh: DeviceMesh
     if plan.tp > 1 and plan.sequence_parallel:
         pos = pos.chunk(plan.tp)[mesh["tp"].get_local_rank()]
     for moe in moe_blocks:
-        moe.stats_group = stats
+        if stats is not None:
+            moe.sequence_stats = sequence_stats_over(stats)
         moe.positions = pos if (positions is not None or plan.tp > 1) else None

@@ -40,10 +40,9 @@ from autopar.spec.hardware import LOCAL, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan, PlanError
 from autopar.trial.features import model_problems, plan_problems
+from autopar.trial.proxy_model import _halvings, _ladder, _narrow, model_dict, standin_model
 from autopar.trial.resources import GIB, LocalLimits
 
-#: most halvings of width and sequence the ladder tries
-MAX_HALVINGS = 7
 #: proxy rank structures tried (most faithful first) before a plan is declared not runnable
 MAX_STRUCTURES = 6
 
@@ -136,100 +135,6 @@ def as_builtin(plan: ParallelPlan) -> ParallelPlan:
     if name is None or not hasattr(plan, "trainer") or plan.trainer == name:
         return plan
     return plan.with_(trainer=name)
-
-
-def model_dict(spec: ModelSpec) -> dict:
-    return spec.to_dict() | {"name": spec.name}
-
-
-def standin_model(spec: ModelSpec) -> tuple[ModelSpec, list[str]]:
-    """The model with a stand-in for each part the built-in model does not build, and what changed."""
-    changes: dict = {}
-    said: list[str] = []
-    if spec.mla is not None:
-        hd = spec.qk_head_dim + spec.qk_head_dim % 2
-        changes |= {"mla": None, "head_dim": hd, "num_kv_heads": spec.num_attention_heads}
-        said.append(f"multi-head attention ({spec.num_attention_heads} heads of {hd}) stands in for MLA (not built)")
-    if spec.qk_norm or spec.qkv_bias or spec.linear_bias:
-        changes |= {"qk_norm": False, "qkv_bias": False, "linear_bias": False}
-        said.append("no QK-norm or biases (not built)")
-    if spec.norm != "rmsnorm":
-        changes["norm"] = "rmsnorm"
-        said.append(f"RMSNorm for {spec.norm} (not built)")
-    if spec.learned_position_embeddings:
-        changes["learned_position_embeddings"] = False
-        said.append("RoPE for learned positions (not built)")
-    if not spec.gated_mlp:
-        ffn = max(64, int(round(2 * spec.ffn_hidden_size / 3 / 64)) * 64)
-        changes |= {"gated_mlp": True, "ffn_hidden_size": ffn}
-        said.append(f"SwiGLU MLP of {ffn} (same parameters) for the plain MLP (not built)")
-    if "head_dim" not in changes and spec.head_dim % 2:
-        changes["head_dim"] = spec.head_dim + 1
-        said.append(f"head_dim {spec.head_dim + 1} (RoPE needs an even size)")
-    if spec.moe is not None and spec.moe.num_shared_experts and not spec.moe.shared_expert_ffn_hidden_size:
-        changes["moe"] = replace(spec.moe, num_shared_experts=0)
-        said.append("no shared expert (no size given)")
-    return (replace(spec, **changes) if changes else spec), said
-
-
-def _head_split(spec: ModelSpec, wd: int, tp: int) -> tuple[int, int] | None:
-    """How a width divisor `wd` splits into (fewer heads, smaller head_dim): head counts first, as
-    far as the KV heads still divide over tp (so each tp rank keeps whole query groups), then the
-    head size (kept even, for RoPE); None when it cannot."""
-    f = 1
-    while (wd % (2 * f) == 0 and spec.num_kv_heads % (2 * f) == 0 and spec.num_attention_heads % (2 * f) == 0
-           and (spec.num_kv_heads // (2 * f)) % tp == 0):
-        f *= 2
-    g = wd // f
-    if spec.head_dim % g or (spec.head_dim // g) % 2:
-        return None
-    return f, g
-
-
-def _narrow(spec: ModelSpec, wd: int, round_to: int, etp: int, tp: int) -> ModelSpec | None:
-    """Every width divided by `wd` (hidden, FFN, expert FFN, vocabulary; heads and head size as
-    _head_split says), FFN sizes rounded up to a multiple of `round_to` (tp) / etp; None when the
-    heads cannot shrink by `wd`."""
-    if wd == 1:
-        return spec
-    split = _head_split(spec, wd, tp)
-    if split is None:
-        return None
-    f, g = split
-
-    def div(n: int, mult: int) -> int:
-        return max(mult, -(-n // wd // mult) * mult)
-
-    changes = {"hidden_size": max(8, spec.hidden_size // wd), "head_dim": spec.head_dim // g,
-               "num_attention_heads": spec.num_attention_heads // f, "num_kv_heads": spec.num_kv_heads // f,
-               "ffn_hidden_size": div(spec.ffn_hidden_size, round_to), "vocab_size": max(128, -(-spec.vocab_size // wd))}
-    if spec.moe is not None:
-        m = spec.moe
-        changes["moe"] = replace(m, expert_ffn_hidden_size=div(m.expert_ffn_hidden_size, etp),
-                                 shared_expert_ffn_hidden_size=div(m.shared_expert_ffn_hidden_size, round_to)
-                                 if m.shared_expert_ffn_hidden_size else 0)
-    return replace(spec, **changes)
-
-
-def _halvings(fixed: int | None, limit: int) -> list[int]:
-    if fixed is not None:
-        return [fixed]
-    return [2**i for i in range(MAX_HALVINGS + 1) if 2**i <= limit]
-
-
-def _ladder(lps_max: int, widths: list[int], seqs: list[int], fixed_lps: int | None) -> list[tuple[int, int, int]]:
-    """(layers per virtual stage, width divisor, sequence divisor), least shrunk first: layers per
-    stage halved down to 1, then width and sequence halved alternately."""
-    lps = [fixed_lps] if fixed_lps else sorted({max(1, lps_max >> i) for i in range(12)}, reverse=True)
-    out = [(n, widths[0], seqs[0]) for n in lps]
-    wi = si = 0
-    while wi < len(widths) - 1 or si < len(seqs) - 1:
-        if wi <= si and wi < len(widths) - 1 or si >= len(seqs) - 1:
-            wi += 1
-        else:
-            si += 1
-        out.append((lps[-1], widths[wi], seqs[si]))
-    return out
 
 
 class Planner:

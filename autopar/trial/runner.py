@@ -35,6 +35,7 @@ from autopar.trial.model import ModelConfig, Transformer
 from autopar.trial.optim import make_optimizer
 from autopar.trial.parallel.data import microbatch_context
 from autopar.spec.trainers import BUILTIN
+from autopar.trial.parallel.expert import rows_logs, stop_rows_logs
 from autopar.trial.features import plan_problems
 from autopar.trial.parallelize import ParallelModel, parallelize
 
@@ -153,9 +154,8 @@ def run_trial(cfg: TrialConfig, runtime: Runtime, *, on_step: Callable[[int, flo
         tokens, targets = synthetic_batch(cfg.seed, step, plan.global_batch_size, seq, config.spec.vocab_size)
         tokens = cp_share(dp_share(tokens, plan, coords["dp"]), pm.positions).to(device)
         targets = cp_share(dp_share(targets, plan, coords["dp"]), pm.positions).to(device)
-        if step == count_step:
-            for moe in moes:  # EP: rows sent and received by each dispatch of the counted step
-                moe.rows_log = []
+        if step == count_step:  # EP: rows sent and received by each dispatch of the counted step
+            logs = rows_logs(moes)
         if step == mem_start:
             mem.reset()
         dist.barrier()
@@ -178,13 +178,12 @@ def run_trial(cfg: TrialConfig, runtime: Runtime, *, on_step: Callable[[int, flo
                 on_step(step, float(slowest.item()), step in timed)
         if step == count_step:
             comm = counting.count.to_dict()
-            rows = [r for moe in moes for r in (moe.rows_log or [])]
+            rows = [r for log in logs for r in log]
             if rows:
                 extra["ep_rows_sent"] = sum(r[0] for r in rows)
                 extra["ep_rows_received"] = sum(r[1] for r in rows)
                 extra["ep_dispatches"] = len(rows)
-            for moe in moes:
-                moe.rows_log = None
+            stop_rows_logs(moes)
     peak, delta, method = mem.peak()
     losses = _global_losses(local_losses, pm, device)
     report = RankReport(rank=dist.get_rank(), coords=coords, stages=[i for i, _ in pm.stages],

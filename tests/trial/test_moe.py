@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from autopar.spec.presets import get_preset
-from autopar.trial.model import MoE
+from autopar.trial.moe import MoE
 from autopar.trial.parallel.context import cp_positions
 
 

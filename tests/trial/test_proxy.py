@@ -20,7 +20,8 @@ from autopar.trial.config import TrialConfig
 from autopar.trial.features import model_problems, plan_problems
 from autopar.trial.launcher import LaunchResult
 from autopar.trial.measure import measure_placement
-from autopar.trial.proxy import Planner, ProxyOptions, Target, standin_model
+from autopar.trial.proxy import Planner, ProxyOptions, Target
+from autopar.trial.proxy_model import standin_model
 from autopar.trial.resources import CPU_RANK_RUNTIME_BYTES, GIB, Machine, local_limits
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,8 @@ from autopar.search.run import SearchOptions, run_search
 from autopar.search.scenarios import global_batch
 from autopar.search.enumerate import Question
 from autopar.search.space import load_space
-from autopar.search.trials import STUDY, acceptance, candidates, diverse, run_measured
+from autopar.search.trial_results import acceptance
+from autopar.search.trials import STUDY, candidates, diverse, run_measured
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 

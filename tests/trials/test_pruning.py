@@ -14,7 +14,8 @@ from autopar.search.enumerate import Question
 from autopar.search.run import SearchOptions, run_search
 from autopar.search.scenarios import global_batch
 from autopar.search.space import load_space
-from autopar.search.trials import STUDY, acceptance, plan_key, run_measured
+from autopar.search.trial_results import acceptance
+from autopar.search.trials import STUDY, plan_key, run_measured
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 from autopar.trial.launcher import ProgressReader

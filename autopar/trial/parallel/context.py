@@ -30,6 +30,8 @@ per-block math behind this same Function; not done: the CPU path is the tested o
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
 
@@ -186,13 +188,19 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group, loa
     return RingAttention.apply(q, k, v, group, load_balance)
 
 
+def ring_core(group, load_balance: bool) -> partial:
+    """An attention core (`Attention.core`'s signature) that runs as a ring over the cp `group`."""
+    core = partial(ring_attention, group=group, load_balance=load_balance)
+    core.ring = True  # selective recomputation leaves a ring alone (autopar.trial.parallel.recompute)
+    return core
+
+
 def apply_cp(model, cp_mesh, seq_len: int, load_balance: bool = True) -> torch.Tensor:
     """Split attention of `model` (the whole model, before pipelining: stages share its blocks)
     over `cp_mesh`; returns this rank's token positions (the batch columns it trains on)."""
     group = cp_mesh.get_group()
     pos = cp_positions(seq_len, cp_mesh.size(), cp_mesh.get_local_rank(), load_balance)
     for block in model.layers.values():
-        block.attention.cp_group = group
-        block.attention.cp_load_balance = load_balance
+        block.attention.core = ring_core(group, load_balance)
     model.rope_positions = pos
     return pos

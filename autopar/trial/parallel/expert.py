@@ -38,7 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autopar.trial.model import GroupedExperts, MoE, Transformer, sort_copies
+from autopar.trial.model import Transformer
+from autopar.trial.moe import GroupedExperts, MoE, sort_copies
 
 
 class AllToAll(torch.autograd.Function):
@@ -113,11 +114,55 @@ def reduce_scatter_rows(x: torch.Tensor, rows: list[int], group) -> torch.Tensor
     return out
 
 
+class ExpertDispatch:
+    """`MoE.routed_experts` under expert parallelism: the routed copies go to their experts' ranks
+    (`ep_group`, None: ep = 1), each expert's FFN split over `etp_group` (None: etp = 1), and come
+    back. `rows_log`, when a list, records (rows sent, rows received) per dispatch."""
+
+    def __init__(self, moe: MoE, ep_group, etp_group) -> None:
+        self.moe, self.ep_group, self.etp_group = moe, ep_group, etp_group
+        self.rows_log: list | None = None
+
+    def __call__(self, flat: torch.Tensor, top: torch.Tensor, weights: torch.Tensor,
+                 keep: torch.Tensor | None) -> torch.Tensor:
+        return expert_parallel_forward(self.moe, flat, top, weights, keep, self.ep_group, self.etp_group,
+                                       self.rows_log)
+
+
+def rows_logs(moes: list[MoE]) -> list[list]:
+    """Start recording the dispatched rows of every expert-parallel MoE layer; the lists to read."""
+    out = []
+    for moe in moes:
+        if isinstance(moe.routed_experts, ExpertDispatch):
+            moe.routed_experts.rows_log = []
+            out.append(moe.routed_experts.rows_log)
+    return out
+
+
+def stop_rows_logs(moes: list[MoE]) -> None:
+    for moe in moes:
+        if isinstance(moe.routed_experts, ExpertDispatch):
+            moe.routed_experts.rows_log = None
+
+
+def sequence_stats_over(group):
+    """`MoE.sequence_stats` when other ranks of `group` hold other tokens of the same sequences:
+    the counts and probability sums summed over them (the latter with its gradient), the tokens
+    times the group size (Megatron-Core sums them over tp x cp: sequence_load_balancing_loss_func)."""
+    import torch.distributed.nn.functional as dnn
+
+    def stats(counts: torch.Tensor, prob_sum: torch.Tensor, n: torch.Tensor):
+        counts = counts.clone()
+        dist.all_reduce(counts, group=group)
+        return counts, dnn.all_reduce(prob_sum, group=group), n * dist.get_world_size(group)
+
+    return stats
+
+
 def expert_parallel_forward(moe: MoE, flat: torch.Tensor, top: torch.Tensor, weights: torch.Tensor,
-                            keep: torch.Tensor | None) -> torch.Tensor:
-    """The routed-expert output [T, h] of this rank's tokens, experts spread over `moe.ep_group`
-    (None: ep = 1) and each expert's FFN over `moe.etp_group` (None: etp = 1)."""
-    ep_group, etp_group = moe.ep_group, moe.etp_group
+                            keep: torch.Tensor | None, ep_group, etp_group, rows_log: list | None = None) -> torch.Tensor:
+    """The routed-expert output [T, h] of this rank's tokens, experts spread over `ep_group`
+    (None: ep = 1) and each expert's FFN over `etp_group` (None: etp = 1)."""
     ep = dist.get_world_size(ep_group) if ep_group is not None else 1
     e, k = moe.num_experts, moe.top_k
     local_e = e // ep
@@ -162,8 +207,8 @@ def expert_parallel_forward(moe: MoE, flat: torch.Tensor, top: torch.Tensor, wei
         y_recv = x_recv * 0  # keeps the graph (and the backward collectives) when nothing arrived
     if etp_group is not None:  # sum the FFN shards' partial outputs, each rank keeping its rows
         y_recv = ScatterRows.apply(y_recv, etp_rows, etp_group)
-    if moe.rows_log is not None:
-        moe.rows_log.append((sum(send_splits), sum(recv_splits)))
+    if rows_log is not None:
+        rows_log.append((sum(send_splits), sum(recv_splits)))
     # 4. combine, unsort, weight and sum the k copies of each token
     y_sorted = AllToAll.apply(y_recv, send_splits, recv_splits, ep_group) if ep_group is not None else y_recv
     y_copies = y_sorted.new_zeros(t * k, y_sorted.shape[-1]).index_copy(0, copy_sorted, y_sorted)
@@ -213,8 +258,8 @@ def apply_ep(model: Transformer, ep_mesh, etp_mesh, grad_scale: float) -> list[n
                 new.w2.copy_(old.w2[rows, :, cols])
         new.grad_scale = grad_scale
         moe.experts = new
-        moe.ep_group = ep_mesh.get_group() if ep_mesh is not None else None
-        moe.etp_group = etp_mesh.get_group() if etp_mesh is not None else None
+        moe.routed_experts = ExpertDispatch(moe, ep_mesh.get_group() if ep_mesh is not None else None,
+                                            etp_mesh.get_group() if etp_mesh is not None else None)
         params.extend(new.parameters())
     return params
 
@@ -227,7 +272,7 @@ def init_local_experts(model: Transformer, seed: int) -> None:
     spec = model.config.spec
     with torch.no_grad():
         for key, block in model.layers.items():
-            if block.moe is None or (block.moe.ep_group is None and block.moe.etp_group is None):
+            if block.moe is None or not isinstance(block.moe.routed_experts, ExpertDispatch):
                 continue
             ex = block.moe.experts
             rows = slice(ex.offset, ex.offset + ex.w1.shape[0])

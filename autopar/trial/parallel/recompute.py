@@ -65,5 +65,5 @@ def apply_ac(model: Transformer, mode: str, layers: Collection[int] | None = Non
     for key, block in model.layers.items():
         if mode == "full" and (layers is None or int(key) in layers):
             block.forward = checkpointed(block.forward)
-        elif mode == "selective" and block.attention.cp_group is None:
+        elif mode == "selective" and not getattr(block.attention.core, "ring", False):
             block.attention.core = checkpointed(block.attention.core)

@@ -1,0 +1,113 @@
+"""What the measured stage found: the trials that calibrate the cost model, the calibration fitted
+to them, the untried plans re-ranked with it, and the stage's acceptance figures (Spearman rank
+correlation of predicted and measured step times, memory error)."""
+
+from __future__ import annotations
+
+import warnings
+
+from autopar.cost.calibrate import Calibration, calibrate, predict, spearman
+from autopar.search.run import SearchResult
+from autopar.search.trials import NOT_RUNNABLE, MeasuredStage
+from autopar.spec.plan import ParallelPlan
+
+
+def calibrates(doc: dict) -> bool:
+    """Whether a trial may take part in the calibration fit: it ran, and on the plan's hardware
+    (a proxy measured elsewhere, e.g. a CPU proxy of a GPU plan, is left out)."""
+    return doc.get("status") == "ok" and bool(doc.get("measured")) and not (doc.get("proxy") or {}).get("cross_hardware")
+
+
+def calibrate_docs(result: SearchResult, docs: list[dict]) -> Calibration | None:
+    """Fit the cost model to the successful trials of the run measured on its hardware (None if
+    fewer than 2)."""
+    ok = [d for d in docs if calibrates(d)]
+    if len(ok) < 2:
+        return None
+    q = result.question
+    plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
+    return calibrate(plans, [d["measured"]["step_time_s"] for d in ok], [d["measured"]["peak_memory_bytes"] for d in ok],
+                     q.model, q.cluster, q.num_gpus, q.seq_len)
+
+
+def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
+    """The figures of the measured stage: winner, Spearman before/after calibration, whether the
+    measured-fastest plan is in the calibrated model's top 2, memory errors, counts (pruned plans
+    ran only their first steps and no memory trial: counted apart, left out of the fits)."""
+    q = result.question
+    ok = [stage.docs[k] for k in stage.order if k in stage.docs and stage.docs[k].get("status") == "ok"]
+    pruned = [stage.docs[k] for k in stage.order if k in stage.docs and stage.docs[k].get("status") == "pruned"]
+    failed = [stage.docs[k] for k in stage.order
+              if k in stage.docs and stage.docs[k].get("status") not in ("ok", "pruned")]
+    out: dict = {"trialled": len(stage.order), "succeeded": len(ok), "failed": len(failed),
+                 "failures": {d["key"]: d.get("reasons") for d in failed}, "pruned": len(pruned),
+                 "pruned_after_steps": {d["key"]: (d.get("measured") or {}).get("steps_run") for d in pruned},
+                 "proxies": sum(1 for d in ok if d.get("kind") == "proxy"),
+                 "not_runnable": {k: (d.get("reasons") or [""])[0] for k, d in stage.docs.items()
+                                  if d.get("status") == NOT_RUNNABLE},
+                 "candidates": candidate_rows(stage)}
+    cross = [d["key"] for d in ok if not calibrates(d)]
+    if cross:
+        out["not_calibrated"] = {"keys": cross, "why": "proxies measured on other hardware than the plans' (scaled "
+                                 "back for the ranking, left out of the calibration fit)"}
+    if not ok:
+        return out
+    meas = [d["measured"]["step_time_s"] for d in ok]
+    fastest = ok[min(range(len(ok)), key=lambda i: meas[i])]
+    out["winner"] = {"key": fastest["key"], "measured_step_time_s": fastest["measured"]["step_time_s"],
+                     "predicted_step_time_s": fastest["predicted"].get("step_time_s")}
+    plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
+    before_t, before_m = predict(plans, q.model, q.cluster, q.num_gpus, q.seq_len)
+    mem = [d["measured"]["peak_memory_bytes"] for d in ok]
+    with warnings.catch_warnings():  # tied predictions (or one trial): no rank correlation, NaN
+        warnings.simplefilter("ignore")
+        out["spearman_analytic"] = spearman(before_t, meas)
+    out["memory_error_analytic"] = {d["key"]: float(p / m - 1) for d, p, m in zip(ok, before_m, mem)}
+    out["memory_error_max_abs"] = max(abs(v) for v in out["memory_error_analytic"].values())
+    if stage.calibration is not None:
+        c = stage.calibration
+        after_t, after_m = predict(plans, q.model, c.cluster, q.num_gpus, q.seq_len)
+        top2 = sorted(range(len(ok)), key=lambda i: after_t[i])[:2]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out["spearman_calibrated"] = spearman(after_t, meas)
+        out["fastest_in_calibrated_top2"] = fastest["key"] in [ok[i]["key"] for i in top2]
+        out["calibrated_constants"] = {n: float(getattr(c.cluster.constants, n)) for n in c.time_fit.names}
+        out["time_residuals_calibrated"] = {d["key"]: float(p / m - 1) for d, p, m in zip(ok, after_t, meas)}
+        out["memory_error_calibrated_max_abs"] = float(max(abs(p / m - 1) for p, m in zip(after_m, mem)))
+    return out
+
+
+def candidate_rows(stage: MeasuredStage) -> list[dict]:
+    """Per trialled or refused plan: how it ran (full / proxy / not-runnable), predicted, measured
+    (a proxy's scaled back) and the proxy's own measured and predicted step time and memory."""
+    rows = []
+    order = list(stage.order) + [k for k, d in stage.docs.items() if d.get("status") == NOT_RUNNABLE
+                                 and k not in stage.order]
+    for k in order:
+        d = stage.docs.get(k)
+        if d is None:
+            continue
+        m, p = d.get("measured") or {}, d.get("predicted") or {}
+        own = m.get("proxy") or {}
+        rows.append({"key": k, "kind": d.get("kind") or ("proxy" if d.get("proxy") else "full"),
+                     "status": d.get("status"), "predicted_step_time_s": p.get("step_time_s"),
+                     "measured_step_time_s": m.get("step_time_s"), "proxy_step_time_s": own.get("step_time_s"),
+                     "proxy_predicted_step_time_s": own.get("predicted_step_time_s"),
+                     "predicted_peak_memory_bytes": p.get("peak_memory_bytes"),
+                     "measured_peak_memory_bytes": m.get("peak_memory_bytes"),
+                     "proxy": (d.get("proxy") or {}).get("summary"),
+                     "reason": "; ".join(d.get("reasons") or []) if d.get("status") != "ok" else ""})
+    return rows
+
+
+def evaluate_with(result: SearchResult, calib: Calibration):
+    """The run's plans re-evaluated with a calibrated cluster."""
+    from dataclasses import replace
+
+    from autopar.search.enumerate import Enumerator
+    from autopar.search.streaming import StreamOptions, stream
+
+    q = replace(result.question, cluster=calib.cluster)
+    headroom = float(result.options.space.constraints.get("memory_headroom_gib", 0.0))
+    return stream(q, Enumerator(result.options.space, q), StreamOptions(headroom_gib=headroom)).pool
