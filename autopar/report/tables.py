@@ -14,7 +14,7 @@ import pandas as pd
 
 from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS
 from autopar.report.run_data import RunData
-from autopar.search.results import best_per_trainer, ranked, top_plans
+from autopar.search.results import best_per_trainer, pareto_positions, ranked, top_plans
 from autopar.spec.hardware import GIB
 
 #: scatter.parquet columns the report reads
@@ -205,13 +205,9 @@ def memory_breakdown(rows: pd.DataFrame, labels: list[str] | None = None) -> pd.
 
 def pareto_mask(throughput: np.ndarray, memory: np.ndarray) -> np.ndarray:
     """Points no other point beats: higher throughput and lower memory, one strictly. Of exact
-    duplicates one is kept. O(n log n)."""
-    throughput, memory = np.asarray(throughput, float), np.asarray(memory, float)
-    order = np.lexsort((memory, -throughput))  # fastest first, then least memory
-    mem_sorted = memory[order]
-    best_before = np.minimum.accumulate(np.concatenate(([np.inf], mem_sorted[:-1])))
+    duplicates one is kept (autopar.search.results.pareto_positions)."""
     keep = np.zeros(len(memory), bool)
-    keep[order] = mem_sorted < best_before
+    keep[pareto_positions(-np.asarray(throughput, dtype=float), memory)] = True
     return keep
 
 

@@ -132,16 +132,24 @@ def best_per_trainer(df: pd.DataFrame) -> dict[str, pd.Series]:
     return out
 
 
+def pareto_positions(cost, memory, tiebreak=None) -> np.ndarray:
+    """Positions of the points no other point beats on both cost (step time) and memory, lower
+    being better and one strictly; of exact duplicates the first by `tiebreak` (default: position).
+    Sorted by cost, then memory; O(n log n): along the cost order, a point is on the front when it
+    needs strictly less memory than every cheaper one."""
+    cost, memory = np.asarray(cost, dtype=float), np.asarray(memory, dtype=float)
+    if not len(cost):
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((np.arange(len(cost)) if tiebreak is None else tiebreak, memory, cost))
+    m = memory[order]
+    best_before = np.minimum.accumulate(np.concatenate([[np.inf], m[:-1]]))
+    return order[m < best_before]
+
+
 def pareto_front(df: pd.DataFrame) -> pd.DataFrame:
-    """Plans that fit and that no other fitting plan beats on both throughput and memory."""
-    fit = df[df["fits"]].sort_values(["step_time_s", "peak_memory_bytes"])
-    best_mem = np.inf
-    keep = []
-    for i, mem in zip(fit.index, fit["peak_memory_bytes"].to_numpy()):
-        if mem < best_mem:
-            keep.append(i)
-            best_mem = mem
-    return fit.loc[keep]
+    """Plans that fit and that no other fitting plan beats on both step time and memory."""
+    fit = df[df["fits"]]
+    return fit.iloc[pareto_positions(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy())]
 
 
 def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from autopar.cost.estimate import estimate_per_trainer, estimate_table
 from autopar.search.enumerate import Enumerator, Question
-from autopar.search.results import MEMORY_BIT, frame
+from autopar.search.results import MEMORY_BIT, frame, pareto_positions
 from autopar.spec.hardware import GIB
 from autopar.spec.rules import all_rules, rule_label
 from autopar.spec.table import BOOL_COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, PlanTable
@@ -127,7 +127,7 @@ class _Keeper:
 
     def _pareto_rows(self, est, index) -> np.ndarray:
         rows = np.flatnonzero(est["fits"])
-        return rows[_front(est["step_time_s"][rows], est["peak_memory_bytes"][rows], index[rows])]
+        return rows[pareto_positions(est["step_time_s"][rows], est["peak_memory_bytes"][rows], index[rows])]
 
     def _closest_rows(self, est) -> np.ndarray:
         """The valid plan that misses memory by the least (the answer when nothing fits)."""
@@ -153,7 +153,7 @@ class _Keeper:
         df = pd.concat(self.pool, ignore_index=True).drop_duplicates("plan_index")
         fit = df[df["fits"]]
         keep = set(_ranked(fit).groupby("trainer", sort=False).head(self.opts.pool)["plan_index"])
-        front = fit.iloc[_front(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(),
+        front = fit.iloc[pareto_positions(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(),
                                fit["plan_index"].to_numpy())]
         keep |= set(front["plan_index"])
         keep |= set(_ranked(fit).groupby(list(LAYOUT_KEY), sort=False).head(self.opts.per_layout)["plan_index"])
@@ -184,7 +184,7 @@ class _Keeper:
                           ranked.groupby(list(LAYOUT_KEY), sort=False).head(self.opts.per_layout)])
         pool = _ranked(pool.drop_duplicates("plan_index"))
         fit = df[df["fits"]]
-        pareto = fit.iloc[_front(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(),
+        pareto = fit.iloc[pareto_positions(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(),
                                  fit["plan_index"].to_numpy())]
         cat = np.where(df["fits"], 0, np.where(df["valid"], 1, 2))
         sample = pd.concat([df[cat == c].nsmallest(self.opts.sample, "sample_key", keep="first") for c in range(3)])
@@ -231,17 +231,6 @@ def _smallest(rows: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
     v = values[rows]
     kth = np.partition(v, k - 1)[k - 1]
     return rows[v <= kth]
-
-
-def _front(step: np.ndarray, mem: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """Positions of the Pareto front (lower step time, lower memory): sorted by step time, a point
-    is on it when it needs strictly less memory than every faster one."""
-    if not len(step):
-        return np.zeros(0, np.int64)
-    order = np.lexsort((index, mem, step))
-    m = mem[order]
-    best_before = np.minimum.accumulate(np.concatenate([[np.inf], m[:-1]]))
-    return order[m < best_before]
 
 
 def _hash(index: np.ndarray, seed: int) -> np.ndarray:
