@@ -14,6 +14,8 @@ from autopar.search.space import space_from_dict
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 
+pytestmark = [pytest.mark.slow]  # searches of spaces too large to walk: about 12 s
+
 #: a wide space of Llama 3 70B on 1,024 H100 (about 1.6M plans over every trainer)
 WIDE = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16, 32], "vpp": [1, 2, 4, 8], "cp": [1, 2, 4, 8], "zero": [0, 1, 2, 3],
         "mbs": [1, 2, 4, 8], "pp_schedule": ["gpipe", "1f1b", "zero-bubble"], "recompute": ["none", "selective", "full"],
@@ -31,7 +33,6 @@ def _question(space) -> Question:
     return Question(m, 1024, default_cluster("h100-sxm"), 8192, 512)
 
 
-@pytest.mark.slow
 def test_optuna_on_a_space_too_large_beats_a_subspace_optimum(tmp_path):
     wide = space_from_dict({"name": "wide", "knobs": WIDE, "constraints": {"memory_headroom_gib": 2.0}}, "test")
     narrow = space_from_dict({"name": "narrow", "knobs": NARROW, "constraints": {"memory_headroom_gib": 2.0}}, "test")

@@ -29,6 +29,8 @@ from autopar.search.run import SearchOptions, evaluate, run_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+pytestmark = [pytest.mark.slow]  # Optuna searches, some killed and resumed: about 18 s
+
 N_TRIALS = 40
 # Measured with this space and TPE (multivariate, 20 startup trials): at 40 trials seed 0 lands 3.3 %
 # above the exhaustive optimum (seeds 0-2: 3.3 %, 0 %, 3.3 %); the benchmark shows 0 % at 200 trials.
@@ -253,7 +255,6 @@ def _check_resumed(before, after):
             assert by_number[t.number].state == TrialState.FAIL
 
 
-@pytest.mark.slow
 def test_resume_after_sigkill(sh, tmp_path):
     """Kill, wait past the stale-trial window, rerun the same command to completion."""
     run_dir = tmp_path / "run"
@@ -269,7 +270,6 @@ def test_resume_after_sigkill(sh, tmp_path):
     _check_resumed(before, _trials(url))
 
 
-@pytest.mark.slow
 def test_resume_right_after_sigkill(sh, tmp_path):
     """The same, rerun at once (as a user or a job scheduler would), with the default storage
     (study.db in the run directory)."""

@@ -19,6 +19,8 @@ from autopar.search.streaming import LAYOUT_KEY, StreamOptions, apply_headroom, 
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 
+pytestmark = [pytest.mark.slow]  # every shipped space, streamed and in one piece: about 8 s
+
 CASES = [("llama3-70b", 256), ("qwen3-30b-a3b", 64), ("tiny", 2)]
 #: small enough that a chunk of a few thousand plans overflows the running state (it is pruned)
 SMALL = dict(pool=7, sample=40, per_layout=1)

@@ -19,6 +19,8 @@ from autopar.trial.model import ModelConfig, build_model
 from autopar.trial.parallel.recompute import apply_ac, recomputed_layers
 from autopar.trial.features import plan_problems
 
+pytestmark = [pytest.mark.slow]  # the model runs forward and backward per mode: about 6 s
+
 SEQ, BATCH, VOCAB_ROWS = 128, 2, 512
 
 

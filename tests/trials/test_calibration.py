@@ -43,6 +43,7 @@ def test_local_profile_defaults_and_file(tmp_path, monkeypatch):
     assert load_cluster_file(path).constants == c.constants
 
 
+@pytest.mark.slow
 def test_fit_recovers_known_constants():
     """Measurements made by the cost model itself with other constants: the fit must rank them right
     and get within a few percent."""
