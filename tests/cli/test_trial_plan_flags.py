@@ -67,6 +67,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow  # each case is a fresh `python -m autopar` process, as in test_bad_input.py
 @pytest.mark.parametrize("args,expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_trial_plans_are_one_line_exit_2(tmp_path, args, expected):
     r = _run(TRIAL + args, tmp_path, timeout=120)
