@@ -4,14 +4,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup setup-test run test bench clean
+.PHONY: setup setup-test test-deps run test bench clean
 
 setup: $(STAMP)
 setup-test: $(TEST_STAMP)
 
 # CPU machines (no nvidia-smi) get the local CPU build of torch first; GPU machines get the normal
 # build through the package's own torch range.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch==2.13.0; fi
@@ -29,7 +29,12 @@ $(TEST_STAMP): $(STAMP)
 run: setup
 	$(VENV)/bin/autopar search --model 70b --gpus 256
 
-test: setup-test
+# The system packages the tests start (Chromium, PostgreSQL): installed as root, else the command to
+# run is printed and make stops before the tests.
+test-deps:
+	bash scripts/install-test-deps.sh
+
+test: test-deps setup-test
 	$(PY) -m pytest
 
 bench: setup
