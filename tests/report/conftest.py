@@ -217,13 +217,13 @@ PROBE_JS = r"""
 
 
 def chromium_binary() -> str:
-    """Debian's chromium (`.ci/run` installs it); the browser tests fail without it, never skip."""
+    """Debian's chromium (`make test` installs it); the browser tests fail without it, never skip."""
     for name in ("chromium", "chromium-browser"):
         path = shutil.which(name)
         if path:
             return path
     pytest.fail("headless Chromium is required for the report browser tests and was not found: install "
-                "Debian's `chromium` (apt-get install -y chromium; .ci/run does)", pytrace=False)
+                "Debian's `chromium` (apt-get install -y chromium; make test does as root)", pytrace=False)
 
 
 def _netns_prefix() -> list[str]:

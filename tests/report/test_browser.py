@@ -1,4 +1,4 @@
-"""The report and a comparison in headless Chromium (Debian's `chromium`; `.ci/run` installs it, and
+"""The report and a comparison in headless Chromium (Debian's `chromium`; `make test` installs it, and
 these tests fail, not skip, without it): each page loads from file:// with the network disabled,
 the console has no errors, no request leaves the file, every figure has drawn (plotly's SVG and
 trace elements exist) and the screenshot is not blank, overall and where each figure is."""
@@ -106,4 +106,4 @@ def test_chromium_is_installed(name):
     import shutil
 
     assert shutil.which(name) or shutil.which("chromium-browser"), \
-        "install Debian's chromium (apt-get install -y chromium); .ci/run does"
+        "install Debian's chromium (apt-get install -y chromium); make test does as root"

@@ -3,7 +3,7 @@ and study name share the trial budget exactly (no trial run twice, nothing left 
 surplus trial marked pruned with the `surplus` user attribute).
 
 The storages are a real PostgreSQL server on loopback (started and stopped by a fixture; CI
-installs Debian's `postgresql` package in `.ci/run`) and an Optuna journal file.
+installs Debian's `postgresql` package in `make test`) and an Optuna journal file.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def postgres():
     missing = [n for n, p in bins.items() if p is None]
     if missing:
         pytest.fail(f"PostgreSQL binaries not found ({', '.join(missing)}; looked in PATH and "
-                    f"/usr/lib/postgresql/*/bin): .ci/run must install Debian's `postgresql` package")
+                    f"/usr/lib/postgresql/*/bin): make test (as root) installs Debian's `postgresql` package")
     import psycopg2  # declared test dependency (psycopg2-binary)
 
     as_root = os.geteuid() == 0
@@ -70,7 +70,7 @@ def postgres():
             pw = pwd.getpwnam("postgres")
         except KeyError:
             shutil.rmtree(base, ignore_errors=True)
-            pytest.fail("running as root but there is no `postgres` user: .ci/run must install Debian's "
+            pytest.fail("running as root but there is no `postgres` user: make test (as root) installs Debian's "
                         "`postgresql` package")
         runuser = shutil.which("runuser") or "/usr/sbin/runuser"
         prefix = [runuser, "-u", "postgres", "--"]
