@@ -1,4 +1,4 @@
-"""The measured stage of `autopar search --trials K` (Optuna, design-lessons.md lesson 11): a study
+"""The measured stage of `autopar search --trials K` (Optuna): a study
 in the run directory (SQLite `trials.db`, or any --storage) seeded with the analytic top-K through
 `enqueue_trial`; each Optuna trial measures one plan for real through a `measure(plan, predicted,
 on_step)` callable (the CLI wires autopar.trial.measure: this layer imports no torch). The running

@@ -45,7 +45,7 @@ class GpuSpec:
 @dataclass(frozen=True, kw_only=True)
 class CostConstants:
     """Efficiency and overlap constants of the cost model. The compute and TP-overlap defaults
-    were fitted to the 52 evaluable rows of ../shared/reference/calibration_runs.csv by
+    were fitted to the 52 evaluable rows of the bundled autopar/cost/data/calibration_runs.csv by
     `autopar validate --fit` (bounded least squares, autopar/cost/fit.py; README 'Validation');
     the link efficiencies and DP/PP overlaps are stated assumptions. `autopar calibrate` refits
     them from trial measurements."""

@@ -1,6 +1,6 @@
 """Bytes every collective hands over, per mesh axis: a TorchDispatchMode over the c10d ops.
 
-Source: the CommBytesMode of the project reference (shared/reference/cpu-distributed.md section 6),
+Source: a TorchDispatchMode over the c10d ops (torch.utils._python_dispatch, the CommBytesMode pattern),
 which sees DTensor/funcol collectives, FSDP2's and DDP's c10d calls, and P2P send/recv, unlike
 CommDebugMode. The count follows the cost model's convention (autopar/cost/comm.py): the payload of
 a call is this process's input buffer (an all-gather's 1/n shard, a reduce-scatter's full buffer),

@@ -3,8 +3,8 @@
 Sources: Liu et al. 2023 Ring Attention; Megatron-Core / TransformerEngine p2p context parallelism
 (`AttnFuncWithCPAndKVP2P`: load-balanced chunks, K/V re-circulated in the backward together with
 dK/dV); the online-softmax merge of blockwise results (Milakov & Gimelshein 2018; FlashAttention);
-project reference shared/reference/cpu-distributed.md section 4 (torch's `context_parallel()` has no
-CPU path in 2.13, and the deadlock pitfall of an autograd-built ring).
+hand-written because torch's `context_parallel()` has no CPU path in 2.13; an autograd-built ring
+deadlocks in the backward unless every ring step stays in the graph.
 
 Layout (load-balanced, the default): the sequence of length s is cut into 2*cp chunks of
 c = s/(2cp); cp rank r holds chunks r and 2cp-1-r (positions `cp_positions`), so every rank has the

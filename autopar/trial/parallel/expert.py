@@ -3,8 +3,8 @@ all-to-all (dispatch, then combine), forward and backward.
 
 Sources: GShard (Lepikhin et al. 2020) / Switch (Fedus et al. 2021) all-to-all dispatch; Megatron-Core
 `MoEAlltoAllTokenDispatcher` (count exchange, variable splits, sort by local expert, combine with the
-swapped splits, unsort); seed distributed-training-ii 'Expert Parallelism'; project reference
-shared/reference/cpu-distributed.md section 5 (all_to_all_single with uneven splits on gloo).
+swapped splits, unsort); seed distributed-training-ii 'Expert Parallelism'; torch.distributed
+`all_to_all_single` with uneven splits (it works on gloo).
 
 Groups (autopar.trial.mesh.build_expert_mesh): inside a pipeline stage the tp*cp*dp ranks are
 re-viewed as (edp, ep, etp), etp innermost, so an EP group takes ep ranks at stride etp: with
