@@ -58,7 +58,3 @@ def state_bytes(dense_params, expert_params, zero_stage, dense_dp, expert_dp, ma
         optimizer=sharded(dense_params, dense_dp, 1, opt_b) + sharded(expert_params, expert_dp, 1, opt_b),
     )
 
-
-def megatron_bytes_per_param(distributed_optimizer: bool, dp: int) -> float:
-    """Megatron `num_bytes_per_parameter`: 18, or 6 + 12/dp with the distributed optimizer."""
-    return 6 + 12 / dp if distributed_optimizer else 18.0

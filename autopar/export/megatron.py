@@ -20,7 +20,6 @@ without SP, MoE biases with etp > 1, ...) is refused from its capability table
 from __future__ import annotations
 
 import argparse
-import shlex
 
 from autopar.export.base import (Context, ExportBundle, ExportFile, Exporter, bash_array, comment_header, normalize,
                                  read_bash_array, tp_overlap)
@@ -290,6 +289,3 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
         "ep_comm_overlap": ns.overlap_moe_expert_parallel_comm,
     })
 
-
-def quote_argv(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)

@@ -40,7 +40,6 @@ from pathlib import Path
 from autopar.trial import hygiene
 from autopar.trial.config import TrialConfig
 
-OUTCOMES = ("ok", "teardown-abort", "oom", "timeout", "crash", "pruned")
 PROGRESS_FILE = "progress.jsonl"
 #: seconds between looks at the progress file (a step of the smallest trials takes ~50 ms)
 POLL_S = 0.1

@@ -15,7 +15,7 @@ digest, is adopted (followed, not submitted again); one that completed with a co
 collected as it is; anything else is submitted afresh. A SIGKILLed autopar cannot cancel its job:
 the job runs on, and the rerun adopts it.
 
-Outcomes are the launcher's (autopar.trial.launcher.OUTCOMES): ok / teardown-abort (complete
+Outcomes are the launcher's (autopar.trial.launcher): ok / teardown-abort (complete
 result), oom (SLURM's OUT_OF_MEMORY or an allocation failure in the log), timeout (ours, or
 SLURM's time limit), crash (failed, cancelled by someone else, or no complete result), pruned.
 """

@@ -1,5 +1,5 @@
-"""Shared helpers of the trials/calibration tests: the CLI with the new commands registered, and a
-check that no process of a run directory outlives it."""
+"""Shared helpers of the trials/calibration tests: the CLI in a fresh process, and a check that no
+process of a run directory outlives it."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-#: `autopar` with the commands of this layer registered (until autopar/cli/__init__.py imports them)
-CLI = ("import sys, autopar.cli as c; c._register(); import autopar.cli.trial, autopar.cli.probe, "
-       "autopar.cli.calibrate; c.main(sys.argv[1:])")
+#: `autopar ARGS` in a fresh interpreter (the CLI's own entry point)
+CLI = "import sys; from autopar.cli import main; main(sys.argv[1:])"
 
 
 def cli_env(tmp_path: Path) -> dict:
