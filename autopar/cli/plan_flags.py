@@ -50,7 +50,7 @@ PLAN_OPTIONS: dict[str, tuple[object, object]] = {
     "dtype": (Optional[str], _opt("--dtype", help="bf16 | fp8 (GEMMs in FP8) | fp32 (full precision). Default: "
                                                 "bf16; fp32 on --gpu local.")),
     "grads": (Optional[str], _opt("--grads", help="Main-gradient dtype: fp32 (Megatron, 18 B/param; default) or "
-                                                "bf16 (the seeds' 16N).")),
+                                                "bf16 (16 bytes per parameter with Adam).")),
     "pp_layout": (Optional[str], _opt("--pp-layout", help="Layers per virtual stage, e.g. 4,5,5,4.")),
     "pp_first": (Optional[int], _opt("--pp-first", help="Layers on the first stage (Megatron "
                                                       "--decoder-first-pipeline-num-layers).")),

@@ -1,6 +1,6 @@
 """Activation memory per layer and per microbatch, per GPU (vectorised over plans).
 
-Source: Korthikanti et al. 2022 (arXiv:2205.05198) §4 and Table 2 (reference A.3), generalised:
+Source: Korthikanti et al. 2022 (arXiv:2205.05198) §4 and Table 2, generalised:
 - per token, 16-bit activations: LayerNorm inputs 2 x 2h, QKV input 2h, MLP input 2h, Q/K/V 2(q+k+v),
   attention output 2o, MLP hidden 2F twice (GeLU) or three times (SwiGLU: gate, up, product), and
   1-byte dropout masks 2h when the model uses dropout. For GPT (MHA, F = 4h, dropout) this is the

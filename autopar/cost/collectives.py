@@ -1,9 +1,9 @@
 """Collective cost (alpha-beta) and which link a process group spans (vectorised).
 
-Conventions: nccl-tests doc/PERFORMANCE.md (reference D.1): all-reduce moves 2(n-1)/n of the
+Conventions: nccl-tests doc/PERFORMANCE.md: all-reduce moves 2(n-1)/n of the
 buffer S per rank, reduce-scatter / all-gather (n-1)/n of the full buffer, all-to-all (n-1)/n of a
 rank's send buffer, send/recv all of it. A group that spans nodes is modelled hierarchically
-(reference D.3): the in-node part on NVLink, the cross-node part on the g NIC rails of the g group
+(NCCL's hierarchical algorithms): the in-node part on NVLink, the cross-node part on the g NIC rails of the g group
 members in each node.
 
 Placement: ranks are laid out in MESH_ORDER with tp innermost (autopar.spec.plan), so a group is
@@ -70,16 +70,16 @@ def _intra_bw(links: Links, per_node: np.ndarray) -> np.ndarray:
 
 def all_reduce_time(nbytes, group: Group, links: Links) -> np.ndarray:
     """Ring all-reduce: 2(g-1)/g * S/B_nvlink + 2(N-1)/N * (S/g)/B_nic + 2(g-1)a_i + 2(N-1)a_e
-    (reference D.2 and D.3, hierarchical form)."""
+    (alpha-beta cost model, hierarchical form)."""
     return 2.0 * _half_ring(nbytes, group, links)
 
 
 def reduce_scatter_time(nbytes, group: Group, links: Links) -> np.ndarray:
-    """Reduce-scatter of a full buffer S: (n-1)/n factor, hierarchical (reference D.2/D.3)."""
+    """Reduce-scatter of a full buffer S: (n-1)/n factor, hierarchical (alpha-beta cost model, hierarchical)."""
     return _half_ring(nbytes, group, links)
 
 
-all_gather_time = reduce_scatter_time  # same factor, S = the gathered (full) buffer (reference D.1)
+all_gather_time = reduce_scatter_time  # same factor, S = the gathered (full) buffer (nccl-tests doc/PERFORMANCE.md)
 
 
 def _half_ring(nbytes, group: Group, links: Links) -> np.ndarray:
@@ -89,7 +89,7 @@ def _half_ring(nbytes, group: Group, links: Links) -> np.ndarray:
 
 def half_ring_linear(group: Group, links: Links) -> tuple[np.ndarray, np.ndarray]:
     """(seconds per byte, seconds per call) of a reduce-scatter or all-gather: (g-1)/g * S/B_nvlink +
-    (N-1)/N * (S/g)/B_nic, plus (g-1)a_i + (N-1)a_e (reference D.2/D.3); 0 for a group of one.
+    (N-1)/N * (S/g)/B_nic, plus (g-1)a_i + (N-1)a_e (alpha-beta cost model, hierarchical); 0 for a group of one.
     Linear in S, so calls on one group are priced by their summed bytes (autopar.cost.comm)."""
     g = group.per_node.astype(float)
     nn = group.nodes.astype(float)
@@ -101,13 +101,13 @@ def half_ring_linear(group: Group, links: Links) -> tuple[np.ndarray, np.ndarray
 
 def all_to_all_time(nbytes, group: Group, links: Links) -> np.ndarray:
     """All-to-all of a rank's send buffer S: the (g-1)/n share to in-node peers over NVLink, the
-    (n-g)/n share over the rank's own NIC, plus (n-1) latencies (reference D.2, D.3)."""
+    (n-g)/n share over the rank's own NIC, plus (n-1) latencies (alpha-beta cost model, hierarchical)."""
     per_byte, fixed = all_to_all_linear(group, links)
     return np.asarray(nbytes, dtype=float) * per_byte + fixed
 
 
 def all_to_all_linear(group: Group, links: Links) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds per byte, seconds per call) of `all_to_all_time` (reference D.2, D.3)."""
+    """(seconds per byte, seconds per call) of `all_to_all_time` (alpha-beta cost model, hierarchical)."""
     n = group.size.astype(float)
     g = group.per_node.astype(float)
     lat = np.where(group.nodes > 1, links.inter_lat, links.intra_lat)
@@ -142,13 +142,13 @@ def deduplicated_all_to_all_linear(group: Group, links: Links, top_k: int) -> tu
 
 
 def p2p_time(nbytes, crosses_node, links: Links) -> np.ndarray:
-    """Send/recv: S/B + a on the link between the two ranks (reference D.2)."""
+    """Send/recv: S/B + a on the link between the two ranks (alpha-beta cost model)."""
     per_byte, fixed = p2p_linear(crosses_node, links)
     return np.asarray(nbytes, dtype=float) * per_byte + fixed
 
 
 def p2p_linear(crosses_node, links: Links) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds per byte, seconds per call) of `p2p_time` (reference D.2)."""
+    """(seconds per byte, seconds per call) of `p2p_time` (alpha-beta cost model)."""
     return (np.where(crosses_node, 1.0 / links.inter_bw, 1.0 / links.intra_bw),
             np.where(crosses_node, links.inter_lat, links.intra_lat))
 

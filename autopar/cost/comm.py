@@ -10,7 +10,7 @@ embedding and cross-entropy: seed distributed-training-ii 'The Vocabulary'; CP r
 Liu et al. 2023 Ring Attention, Megatron/TE p2p CP (backward sends K/V and dK/dV); EP dispatch and
 combine all-to-all, forward and backward: seed distributed-training-ii 'Expert Parallelism'; PP
 send/recv per microbatch per boundary, v times with interleaving: seed tensor-and-pipeline §3.4;
-DP all-reduce / reduce-scatter + all-gather / FSDP per-microbatch gathers: ZeRO paper (reference B.3).
+DP all-reduce / reduce-scatter + all-gather / FSDP per-microbatch gathers: ZeRO paper (Rajbhandari et al. 2020).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def payload(call: Call, group_size) -> np.ndarray:
     return np.where(n > 1, s * call.count, 0.0)
 
 
-#: reduce-scatter and all-gather move (n-1)/n of the buffer, an all-reduce twice that (reference D.1)
+#: reduce-scatter and all-gather move (n-1)/n of the buffer, an all-reduce twice that (nccl-tests doc/PERFORMANCE.md)
 HALF_RINGS = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}
 
 

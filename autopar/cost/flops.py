@@ -1,4 +1,4 @@
-"""FLOPs. Convention: Megatron-LM `num_floating_point_operations` at HEAD (reference A.4.a):
+"""FLOPs. Convention: Megatron-LM `num_floating_point_operations` at HEAD (megatron/training/training.py):
 model FLOPs, forward + backward = 3 x forward, 2 FLOPs per multiply-add, causal attention counted
 as half the score matrix (Megatron since 2025-03-06, commit 8873b55d6a), padded vocabulary, the
 router and norms not counted. Recomputation is hardware FLOPs only (HFU, not MFU).

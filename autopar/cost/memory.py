@@ -1,11 +1,11 @@
 """Static memory per GPU by ZeRO stage: weights, gradients, optimizer state (vectorised).
 
-Default accounting is Megatron-Core's (reference A.1.a, docs dist_optimizer.md): bf16 weights (2 B),
-fp32 main gradients (4 B), fp32 master weights + Adam m and v (12 B) = 18 B/param; the distributed
-optimizer (ZeRO-1) shards the 12 optimizer bytes over the data-parallel group: 6 + 12/d.
-`main_grads_fp32=False` gives the seeds' 16N (2 + 2 + 12; seed distributed-training-ii, 'The
-Memory Wall'). ZeRO-2 also shards gradients, ZeRO-3/FSDP also weights (Rajbhandari et al. 2020,
-reference B.3). The data-parallel group of dense parameters is dp x cp (Megatron-Core reduces
+Default accounting is Megatron-Core's (docs dist_optimizer.md, theoretical_memory_usage.py): bf16
+weights (2 B), fp32 main gradients (4 B), fp32 master weights + Adam m and v (12 B) = 18 B/param;
+the distributed optimizer (ZeRO-1) shards the 12 optimizer bytes over the data-parallel group:
+6 + 12/d. `main_grads_fp32=False` gives the textbook 16N (2 + 2 + 12; seed distributed-training-ii,
+'The Memory Wall'). ZeRO-2 also shards gradients, ZeRO-3/FSDP also weights (the ZeRO paper,
+Rajbhandari et al. 2020). The data-parallel group of dense parameters is dp x cp (Megatron-Core reduces
 gradients over the dp-cp group); routed experts use the expert-data-parallel group.
 """
 

@@ -1,6 +1,6 @@
 """Parameters held by one GPU (vectorised; arrays shaped like the stage candidates).
 
-Source: Megatron `theoretical_memory_usage.py` (HEAD, reference A.1.a): TP-sharded parameters are
+Source: Megatron `theoretical_memory_usage.py` (HEAD): TP-sharded parameters are
 divided by tp, replicated ones (norms, router, row-parallel biases) are not, routed experts are
 divided by ep*etp; the input embedding sits on the first stage, the output layer on the last (a
 second copy of a tied embedding when pp > 1, as Megatron keeps it for the tied gradient).

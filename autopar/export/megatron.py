@@ -1,7 +1,7 @@
 """Megatron-LM `pretrain_gpt.py`: the flags of a plan, and launch scripts (torchrun, and srun with
 one task per GPU).
 
-Flag names are Megatron-LM's (reference section B.1; at HEAD they are generated from the
+Flag names are Megatron-LM's (Megatron-LM arguments.py; at HEAD they are generated from the
 TransformerConfig / ModelParallelConfig / DistributedDataParallelConfig field names, `_` -> `-`).
 The Megatron-Core mapping (autopar/export/megatron_core.py, shared with NeMo 2 and Megatron-Bridge):
 - schedules: 1F1B, or interleaved 1F1B when vpp > 1;

@@ -56,7 +56,7 @@ class ParallelPlan:
     recompute: str = "none"
     recompute_layers: int | None = None  # full recompute: layers per stage recomputed; None = all
     dtype: str = "bf16"
-    main_grads_fp32: bool = True  # Megatron's fp32 main grads (18 B/param); False = the seeds' 16N
+    main_grads_fp32: bool = True  # Megatron's fp32 main grads (18 B/param); False = bf16 gradients (16 B/param)
     tp_comm_overlap: bool = False  # overlap TP collectives with GEMMs (Megatron --tp-comm-overlap)
     layout: PipelineLayout | None = field(default=None)  # None = auto (see layout.auto_layout)
     trainer: str = "megatron"  # which program runs the plan (autopar.spec.trainers)
