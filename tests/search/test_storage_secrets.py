@@ -118,7 +118,9 @@ def test_working_storage_never_leaks(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setattr("autopar.trial.measure.launch", crash)
     run = tmp_path / "run"
     url = f"postgresql://u:{PW}@db.example:5432/autopar"
-    code, out, err = _run([*SEARCH, "--storage", url, "--run-dir", str(run), "--max-exhaustive", "0",
+    # two ranks (every plan runs here as it is), a seeded sampler: the measured stage has a plan to try
+    code, out, err = _run(["search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--seed", "1",
+                           "--storage", url, "--run-dir", str(run), "--max-exhaustive", "0",
                            "--n-trials", "4", "--trials", "1"], capsys)
     assert opened and all(u == url for u in opened)  # both stages opened the real URL
     assert code == 0, err
