@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from autopar.errors import InputError, did_you_mean
+from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.plan import DTYPES, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
+from autopar.spec.schema import MAX_BATCH, MAX_GPUS, MAX_LAYERS, check_name, path_kind
 from autopar.spec.trainers import ALL_TRAINERS
 from autopar.spec.yaml_io import load_yaml
 
@@ -23,6 +24,9 @@ BOOL_KNOBS = ("sp", "tp_comm_overlap", "ep_comm_overlap")
 KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + ("tokens_per_step",)
 CONSTRAINTS = {"tp_within_node": bool, "max_pp": int, "max_cp": int, "min_dp": int, "ep_within": int,
                "memory_headroom_gib": float, "max_tp": int}
+#: the largest choice of an integer knob (the schema's limits), and choices per knob
+KNOB_MAX = {"recompute_layers": MAX_LAYERS, "pp": MAX_LAYERS, "vpp": MAX_LAYERS, "mbs": MAX_BATCH}
+MAX_CHOICES = 256
 
 
 @dataclass(frozen=True)
@@ -47,29 +51,30 @@ class SearchSpace:
 
 
 def _check_list(name: str, value, origin: str) -> list:
+    """A knob's choices: a non-empty list of at most MAX_CHOICES values of the knob's kind."""
     if value == "auto" and name in ("ep", "sp", "etp"):
         return value
-    if not isinstance(value, list) or not value:
-        raise InputError(f"{origin}: knob '{name}' must be a non-empty list of choices (or 'auto' where allowed), "
-                         f"got {value!r}")
+    if not isinstance(value, list) or not value or len(value) > MAX_CHOICES:
+        raise InputError(f"{origin}: knob '{name}' must be a non-empty list of at most {MAX_CHOICES} choices (or "
+                         f"'auto' where allowed), got {quoted(value)}")
     if name in INT_KNOBS:
+        lo, hi = (0, 3) if name == "zero" else (0 if name == "recompute_layers" else 1, KNOB_MAX.get(name, MAX_GPUS))
         for v in value:
-            ok = isinstance(v, int) and not isinstance(v, bool) and (v > 0 or (name in ("zero", "recompute_layers") and v >= 0))
             if name == "etp" and v == "tp":
                 continue
-            if not ok:
-                raise InputError(f"{origin}: knob '{name}' has a bad choice {v!r}; use positive integers")
-        if name == "zero" and any(v > 3 for v in value):
-            raise InputError(f"{origin}: knob 'zero' choices must be 0-3, got {value}")
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise InputError(f"{origin}: knob '{name}' has a bad choice {quoted(v)}; use integers from {lo} to "
+                                 f"{hi:,}")
     elif name in CHOICE_KNOBS:
         allowed = CHOICE_KNOBS[name] + (["interleaved-1f1b"] if name == "pp_schedule" else [])
         for v in value:
-            if v not in allowed:
-                raise InputError(f"{origin}: knob '{name}' has an unknown choice '{v}'{did_you_mean(str(v), allowed)}; "
+            if not isinstance(v, str) or v not in allowed:
+                raise InputError(f"{origin}: knob '{name}' has an unknown choice {quoted(v)}"
+                                 f"{did_you_mean(v, allowed) if isinstance(v, str) else ''}; "
                                  f"choose from {', '.join(allowed)}")
     elif name in BOOL_KNOBS:
         if any(not isinstance(v, bool) for v in value):
-            raise InputError(f"{origin}: knob '{name}' choices must be true/false, got {value}")
+            raise InputError(f"{origin}: knob '{name}' choices must be true/false, got {quoted(value)}")
     return value
 
 
@@ -78,7 +83,11 @@ def space_from_dict(data, origin: str) -> SearchSpace:
         raise InputError(f"{origin}: the top level must be a mapping with 'knobs' and 'constraints'")
     unknown = set(data) - {"name", "description", "knobs", "constraints"}
     if unknown:
-        raise InputError(f"{origin}: unknown key(s) {sorted(unknown)}; a space has name, description, knobs, constraints")
+        shown = ", ".join(quoted(str(k), 40) for k in sorted(unknown, key=str)[:5])
+        raise InputError(f"{origin}: unknown key(s) {shown}; a space has name, description, knobs, constraints")
+    for key in ("name", "description"):
+        if data.get(key) is not None:
+            check_name(data[key], f"{origin}: '{key}'", 256 if key == "name" else 4096)
     knobs = data.get("knobs") or {}
     if not isinstance(knobs, dict):
         raise InputError(f"{origin}: 'knobs' must be a mapping of knob -> choices")
@@ -88,12 +97,14 @@ def space_from_dict(data, origin: str) -> SearchSpace:
                              f"changes what training converges to, not only its speed); drop it and pass --gbs "
                              f"256,512 for a what-if per batch size, or set tokens_per_step")
         if k not in KNOBS:
-            raise InputError(f"{origin}: unknown knob '{k}'{did_you_mean(k, KNOBS)}; known knobs: {', '.join(KNOBS)}")
+            raise InputError(f"{origin}: unknown knob {quoted(str(k), 40)}{did_you_mean(str(k), KNOBS)}; known knobs: "
+                             f"{', '.join(KNOBS)}")
     checked = {}
     for k, v in knobs.items():
         if k == "tokens_per_step":
-            if not isinstance(v, int) or v <= 0:
-                raise InputError(f"{origin}: 'tokens_per_step' must be a positive integer, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_BATCH * MAX_BATCH:
+                raise InputError(f"{origin}: 'tokens_per_step' must be a positive integer up to "
+                                 f"{MAX_BATCH * MAX_BATCH:,}, got {quoted(v)}")
             checked[k] = v
         else:
             checked[k] = _check_list(k, v, origin)
@@ -102,11 +113,15 @@ def space_from_dict(data, origin: str) -> SearchSpace:
         raise InputError(f"{origin}: 'constraints' must be a mapping")
     for k, v in cons.items():
         if k not in CONSTRAINTS:
-            raise InputError(f"{origin}: unknown constraint '{k}'{did_you_mean(k, CONSTRAINTS)}; known: {', '.join(CONSTRAINTS)}")
+            raise InputError(f"{origin}: unknown constraint {quoted(str(k), 40)}{did_you_mean(str(k), CONSTRAINTS)}; "
+                             f"known: {', '.join(CONSTRAINTS)}")
         typ = CONSTRAINTS[k]
-        if typ is bool and not isinstance(v, bool) or typ is int and (not isinstance(v, int) or isinstance(v, bool) or v <= 0) \
-                or typ is float and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
-            raise InputError(f"{origin}: constraint '{k}' must be {'true/false' if typ is bool else 'a non-negative number'}, got {v!r}")
+        if typ is bool and not isinstance(v, bool) \
+                or typ is int and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_GPUS) \
+                or typ is float and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1e6):
+            kind = {bool: "true/false", int: f"a positive integer up to {MAX_GPUS:,}",
+                    float: "a number from 0 to 1,000,000"}[typ]
+            raise InputError(f"{origin}: constraint '{k}' must be {kind}, got {quoted(v)}")
     return SearchSpace(name=str(data.get("name", origin)), description=str(data.get("description", "")),
                        knobs=checked, constraints=dict(cons), source=origin)
 
@@ -120,11 +135,11 @@ def load_space(name_or_file: str) -> SearchSpace:
     path = Path(name_or_file)
     if not (path.suffix in (".yaml", ".yml") or "/" in name_or_file):
         path = SPACES_DIR / f"{name_or_file}.yaml"
-        if not path.is_file():
-            raise InputError(f"unknown search space '{name_or_file}'{did_you_mean(name_or_file, space_names())}; "
+        if name_or_file not in space_names():
+            raise InputError(f"unknown search space {quoted(name_or_file)}{did_you_mean(name_or_file, space_names())}; "
                              f"shipped spaces: {', '.join(space_names())}, or pass a YAML file")
-    elif not path.is_file():
-        raise InputError(f"search space file '{name_or_file}' does not exist")
+    elif path_kind(path) != "file":
+        raise InputError(f"search space file {quoted(name_or_file)} does not exist; check the path")
     data = load_yaml(path, f"search space '{path}'")
     space = space_from_dict(data, f"search space '{path.name}'")
     if not (isinstance(data, dict) and data.get("name")):  # a file without a name is named after it

@@ -3,14 +3,16 @@ calibratable constants (a "hardware profile" is a cluster YAML with these filled
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from autopar.errors import InputError, did_you_mean
+from autopar.errors import InputError, did_you_mean, quoted
+from autopar.spec.schema import MAX_GPUS_PER_NODE, MAX_NAME_CHARS, check_int, check_name, check_number
 
 GIB = 1024**3
 TRAINING_STACKS = ("megatron", "torch")
@@ -33,6 +35,18 @@ class GpuSpec:
     intra_node_topology: str = "switch"  # "switch" (NVSwitch) | "full-mesh" (MI300X xGMI)
     source: str = ""
 
+    def __post_init__(self) -> None:
+        what = f"gpu {quoted(self.key)}" if isinstance(self.key, str) else "gpu"
+        for f in ("key", "name", "source"):
+            check_name(getattr(self, f), f"{what}: {f}", MAX_NAME_CHARS if f != "source" else 1024)
+        for f, hi in _GPU_LIMITS.items():
+            check_number(getattr(self, f), f"{what}: {f}", 0.0, hi, above=f not in ("fp8_tflops",),
+                         fix="fix the cluster file")
+        check_int(self.gpus_per_node, f"{what}: gpus_per_node", 1, MAX_GPUS_PER_NODE, fix="fix the cluster file")
+        if self.intra_node_topology not in ("switch", "full-mesh"):
+            raise InputError(f"{what}: intra_node_topology must be 'switch' or 'full-mesh', got "
+                             f"{quoted(self.intra_node_topology)}; fix the cluster file")
+
     @property
     def hbm_bytes(self) -> float:
         return self.hbm_gib * GIB
@@ -40,6 +54,14 @@ class GpuSpec:
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for the GEMM dtype."""
         return (self.fp8_tflops if dtype == "fp8" else self.bf16_tflops) * 1e12
+
+
+#: GpuSpec's figures -> the largest value a cluster file may give (all above 0; fp8_tflops 0 = no FP8)
+_GPU_LIMITS = {"bf16_tflops": 1e6, "fp8_tflops": 1e6, "hbm_gib": 1e6, "hbm_gbps": 1e8, "mma_sync_fraction": 1.0,
+               "intra_node_gbps": 1e7, "nic_gbps": 1e7}
+#: ClusterSpec's figures -> the largest value
+_CLUSTER_LIMITS = {"intra_node_gbps": 1e7, "inter_node_gbps": 1e7, "intra_node_latency_us": 1e7,
+                   "inter_node_latency_us": 1e7}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,14 +171,14 @@ class ClusterSpec:
             object.__setattr__(self, "training_stack", "torch")
         if self.training_stack is not None and self.training_stack not in TRAINING_STACKS:
             raise InputError(f"cluster: training_stack must be one of {', '.join(TRAINING_STACKS)}, got "
-                             f"'{self.training_stack}'")
-        bad = [f.name for f in fields(self) if isinstance(getattr(self, f.name), (int, float))
-               and not isinstance(getattr(self, f.name), bool) and getattr(self, f.name) <= 0]
-        if bad:
-            raise InputError(f"cluster: {', '.join(bad)} must be positive; fix the cluster file")
+                             f"{quoted(self.training_stack)}")
+        check_int(self.gpus_per_node, "cluster: gpus_per_node", 1, MAX_GPUS_PER_NODE, fix="fix the cluster file")
+        for f, hi in _CLUSTER_LIMITS.items():
+            check_number(getattr(self, f), f"cluster: {f}", 0.0, hi, above=True, fix="fix the cluster file")
+        check_name(self.name, "cluster: name")
         if self.intra_node_topology not in ("switch", "full-mesh"):
             raise InputError(f"cluster: intra_node_topology must be 'switch' or 'full-mesh', got "
-                             f"'{self.intra_node_topology}'")
+                             f"{quoted(self.intra_node_topology)}")
 
     def with_constants(self, constants: CostConstants, **changes) -> "ClusterSpec":
         """This cluster with every constant set and pinned (a calibration: no profile overrides it)."""
@@ -182,9 +204,10 @@ def gpu_names() -> list[str]:
 def get_gpu(name: str) -> GpuSpec:
     table = _gpu_table()
     aliases = {k: k for k in table} | {a: k for k, row in table.items() for a in row.get("aliases", [])}
-    key = aliases.get(name.lower())
+    key = aliases.get(name.lower()) if isinstance(name, str) else None
     if key is None:
-        raise InputError(f"unknown GPU '{name}'{did_you_mean(name, aliases)}; run `autopar hardware` "
+        name = name if isinstance(name, str) else quoted(name)
+        raise InputError(f"unknown GPU {quoted(name)}{did_you_mean(name, aliases)}; run `autopar hardware` "
                          f"for the presets, or describe it in a --cluster YAML file")
     row = {k: v for k, v in table[key].items() if k != "aliases"}
     return GpuSpec(key=key, **row)
@@ -195,8 +218,8 @@ def default_cluster(gpu: str | GpuSpec = "h100-sxm", gpus_per_node: int | None =
     if isinstance(gpu, str) and gpu.lower() == LOCAL:
         return local_cluster(gpus_per_node)
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
-    if gpus_per_node is not None and gpus_per_node <= 0:
-        raise InputError(f"--gpus-per-node must be a positive integer, got {gpus_per_node}")
+    if gpus_per_node is not None:
+        check_int(gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE, fix="change --gpus-per-node")
     return ClusterSpec(gpu=g, gpus_per_node=gpus_per_node or g.gpus_per_node,
                        intra_node_gbps=g.intra_node_gbps, inter_node_gbps=g.nic_gbps,
                        intra_node_topology=g.intra_node_topology, name=g.key)
@@ -213,37 +236,64 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
         raise InputError(f"{origin}: the top level must be a mapping of cluster fields")
     unknown = set(data) - _CLUSTER_KEYS - {"constants"}
     if unknown:
-        raise InputError(f"{origin}: unknown field(s) {sorted(unknown)}; known: {sorted(_CLUSTER_KEYS | {'constants'})}")
-    gpu = data.get("gpu", "h100-sxm")
-    if isinstance(gpu, dict):
-        base = get_gpu(gpu["base"]) if "base" in gpu else None
-        fields_ = {k: v for k, v in gpu.items() if k != "base"}
-        try:
-            gpu_spec = replace(base, **fields_) if base else GpuSpec(key=fields_.pop("key", "custom"), **fields_)
-        except TypeError as e:
-            raise InputError(f"{origin}: bad gpu mapping ({e}); give `base: h100-sxm` plus fields to change") from None
-    else:
-        gpu_spec = get_gpu(str(gpu))
+        raise InputError(f"{origin}: unknown field(s) {_names(unknown)}; known: {sorted(_CLUSTER_KEYS | {'constants'})}")
+    gpu_spec = _gpu_of(data.get("gpu", "h100-sxm"), origin)
+    if data.get("gpus_per_node") is not None:
+        check_int(data["gpus_per_node"], f"{origin}: gpus_per_node", 1, MAX_GPUS_PER_NODE, fix="fix the cluster file")
     cluster = default_cluster(gpu_spec, data.get("gpus_per_node"))
     consts = data.get("constants", {}) or {}
     if not isinstance(consts, dict):
-        raise InputError(f"{origin}: 'constants' must be a mapping of constant -> number, got {consts!r}")
+        raise InputError(f"{origin}: 'constants' must be a mapping of constant -> number, got {quoted(consts)}")
     bad_consts = set(consts) - _CONSTANT_KEYS
     if bad_consts:
-        raise InputError(f"{origin}: unknown constant(s) {sorted(bad_consts)}; known: {sorted(_CONSTANT_KEYS)}")
+        raise InputError(f"{origin}: unknown constant(s) {_names(bad_consts)}; known: {sorted(_CONSTANT_KEYS)}")
     pinned = data.get("pinned")  # a saved cluster (ClusterSpec.to_dict): only these constants were set
     if pinned is not None:
-        if not isinstance(pinned, list) or set(pinned) - _CONSTANT_KEYS:
-            raise InputError(f"{origin}: 'pinned' must list constant names, got {pinned!r}")
+        if not isinstance(pinned, list) or not all(isinstance(p, str) and p in _CONSTANT_KEYS for p in pinned):
+            raise InputError(f"{origin}: 'pinned' must list constant names, got {quoted(pinned)}")
         consts = {k: v for k, v in consts.items() if k in pinned}
     overrides = {k: v for k, v in data.items() if k not in ("gpu", "constants", "gpus_per_node", "pinned")}
     for k, v in list(overrides.items()) + list(consts.items()):
         if k in ("name", "intra_node_topology", "training_stack"):
             continue
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise InputError(f"{origin}: '{k}' must be a number, got {v!r}")
-    return replace(cluster, **overrides, constants=replace(cluster.constants, **consts),
-                   pinned=cluster.pinned | frozenset(consts))
+            raise InputError(f"{origin}: '{k}' must be a number, got {quoted(v)}; fix the cluster file")
+    try:
+        return replace(cluster, **overrides, constants=replace(cluster.constants, **consts),
+                       pinned=cluster.pinned | frozenset(consts))
+    except InputError as e:
+        raise InputError(f"{origin}: {str(e).removeprefix('cluster: ')}") from None
+
+
+def _names(keys) -> str:
+    """Unknown keys for a message: at most five, each quoted and cut."""
+    shown = ", ".join(quoted(str(k), 40) for k in sorted(keys, key=str)[:5])
+    return shown + (" ..." if len(keys) > 5 else "")
+
+
+def _gpu_of(gpu: object, origin: str) -> GpuSpec:
+    """A cluster file's `gpu`: a preset name, or a mapping of GpuSpec fields (with `base: PRESET`
+    for the fields it does not give)."""
+    if isinstance(gpu, str):
+        return get_gpu(gpu)
+    if not isinstance(gpu, dict):
+        raise InputError(f"{origin}: 'gpu' must be a preset name or a mapping of GPU fields, got {quoted(gpu)}; "
+                         f"e.g. gpu: h100-sxm")
+    base = get_gpu(check_name(gpu["base"], f"{origin}: gpu.base")) if "base" in gpu else None
+    fields_ = {k: v for k, v in gpu.items() if k != "base"}
+    known = {f.name for f in fields(GpuSpec)}
+    unknown = [k for k in fields_ if k not in known]
+    missing = [] if base else [f.name for f in fields(GpuSpec) if f.name not in fields_ and f.name != "key"
+                               and f.default is MISSING]
+    if unknown or missing:
+        what = (f"unknown field(s) {', '.join(quoted(str(k), 40) for k in unknown[:5])}" if unknown
+                else f"missing field(s) {', '.join(missing)}")
+        raise InputError(f"{origin}: gpu mapping has {what}; give `base: h100-sxm` plus the fields to change "
+                         f"(known: {', '.join(sorted(known))})")
+    try:
+        return replace(base, **fields_) if base else GpuSpec(key=fields_.pop("key", "custom"), **fields_)
+    except InputError as e:
+        raise InputError(f"{origin}: {e}") from None
 
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autopar.errors import InputError
+from autopar.errors import InputError, quoted
 from autopar.spec.model import MLASpec, ModelSpec, MoESpec
 
 #: the longest sequence a converted config trains at by default (long-context models advertise
@@ -42,7 +42,7 @@ class _Reader:
             return default
         if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
             kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-            raise InputError(f"{self.source}: '{key}' must be {kind}, got {v!r}; fix the value")
+            raise InputError(f"{self.source}: '{key}' must be {kind}, got {quoted(v)}; fix the value")
         return v
 
     def bool(self, key: str, default: bool = False) -> bool:
@@ -51,7 +51,7 @@ class _Reader:
         if v is None:
             return default
         if not isinstance(v, bool):
-            raise InputError(f"{self.source}: '{key}' must be true or false, got {v!r}; fix the value")
+            raise InputError(f"{self.source}: '{key}' must be true or false, got {quoted(v)}; fix the value")
         return v
 
 
@@ -60,16 +60,16 @@ def _family(cfg: dict, source: str) -> str:
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     model_type = cfg.get("model_type")
     if model_type is not None:
-        if model_type in SUPPORTED_MODEL_TYPES:
+        if isinstance(model_type, str) and model_type in SUPPORTED_MODEL_TYPES:
             return model_type
-        raise InputError(f"{source}: model_type {model_type!r} is not supported (supported: "
+        raise InputError(f"{source}: model_type {quoted(model_type)} is not supported (supported: "
                          f"{supported}); write an autopar model file (YAML) for other models")
     archs = cfg.get("architectures") or []
     for arch in archs if isinstance(archs, list) else []:
-        if arch in _FAMILY_BY_ARCH:
+        if isinstance(arch, str) and arch in _FAMILY_BY_ARCH:
             return _FAMILY_BY_ARCH[arch]
     raise InputError(f"{source}: cannot tell the model family (model_type missing, architectures "
-                     f"{archs!r}); supported model_type values: {supported}; add 'model_type' "
+                     f"{quoted(archs)}); supported model_type values: {supported}; add 'model_type' "
                      f"or write an autopar model file (YAML)")
 
 
@@ -79,7 +79,7 @@ def _leading_dense_block(cfg: dict, num_layers: int, source: str) -> int:
     if (not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool)
                                                 for i in layers)
             or sorted(layers) != list(range(len(layers))) or len(layers) > num_layers):
-        raise InputError(f"{source}: 'mlp_only_layers' = {layers!r} is not supported: autopar "
+        raise InputError(f"{source}: 'mlp_only_layers' = {quoted(layers)} is not supported: autopar "
                          f"models only a leading block of dense layers ([] or [0, 1, ..., k-1]); "
                          f"write an autopar model file (YAML) instead")
     return len(layers)

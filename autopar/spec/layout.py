@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.errors import InputError
+from autopar.errors import InputError, quoted
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,15 @@ def first_last_layout(num_layers: int, pp: int, vpp: int, first: int | None, las
     if middle <= 0:
         stages = [x for x in (first, last) if x is not None]
         return PipelineLayout(tuple(stages), "first/last")
-    if rest < 0 or rest % middle:
-        raise InputError(f"--pp-first/--pp-last leave {rest} layers for {middle} middle stages, "
-                         f"which does not divide evenly; change them or give --pp-layout")
+    given = " and ".join(f"{flag} {v}" for flag, v in (("--pp-first", first), ("--pp-last", last)) if v is not None)
+    verb = "leave" if first is not None and last is not None else "leaves"
+    if rest < middle:
+        raise InputError(f"{given} {verb} {max(rest, 0)} of the model's {num_layers} layers for the {middle} other "
+                         f"pipeline stage{'s, which need' if middle > 1 else ', which needs'} at least one layer; give at most "
+                         f"{num_layers - middle} layers to the first and last stages together")
+    if rest % middle:
+        raise InputError(f"{given} {verb} {rest} layers for {middle} middle stages, which does not divide evenly; "
+                         f"change them or give --pp-layout")
     mid = [rest // middle] * middle
     stages = ([first] if first is not None else []) + mid + ([last] if last is not None else [])
     return PipelineLayout(tuple(stages), "first/last")
@@ -131,5 +137,5 @@ def parse_layout(text: str) -> PipelineLayout:
     try:
         stages = tuple(int(x) for x in text.replace(" ", "").split(","))
     except ValueError:
-        raise InputError(f"--pp-layout '{text}' must be comma-separated layer counts, e.g. 4,5,5,4") from None
+        raise InputError(f"--pp-layout {quoted(text)} must be comma-separated layer counts, e.g. 4,5,5,4") from None
     return PipelineLayout(stages, "explicit")

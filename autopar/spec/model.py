@@ -15,7 +15,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from autopar.errors import InputError
+from autopar.errors import InputError, quoted
+from autopar.spec.schema import MAX_NAME_CHARS, MLA_LIMITS, MODEL_LIMITS, MOE_LIMITS
+
+#: the model's true/false fields
+_FLAGS = ("gated_mlp", "tied_embeddings", "qk_norm", "qkv_bias", "linear_bias", "learned_position_embeddings",
+          "dropout")
+
+
+def _field_problems(obj, limits: dict, prefix: str) -> list[str]:
+    """The integer fields of `obj` outside their (lowest, highest) limits, as sentences (None is
+    allowed for MLA's optional query rank)."""
+    out = []
+    for f, (lo, hi) in limits.items():
+        v = getattr(obj, f)
+        if v is None and f == "q_lora_rank":
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            kind = "a positive integer" if lo == 1 else "a non-negative integer"
+            out.append(f"{prefix}{f} must be {kind} up to {hi:,}, got {quoted(v)}")
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,28 +100,34 @@ class ModelSpec:
     def __post_init__(self) -> None:
         problems = self.problems()
         if problems:
-            raise InputError(f"model '{self.name}': " + "; ".join(problems))
+            raise InputError(f"model {quoted(self.name)}: " + "; ".join(problems[:4]))
 
     def problems(self) -> list[str]:
-        """Every inconsistency in the shape, as sentences."""
-        out = []
-        for f in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                  "num_kv_heads", "head_dim", "vocab_size", "seq_len"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                out.append(f"{f} must be a positive integer, got {v!r}")
+        """Every inconsistency in the shape, as sentences (each size within autopar.spec.schema's
+        limits, so no per-layer loop runs for ever)."""
+        out = _field_problems(self, MODEL_LIMITS, "")
+        if not isinstance(self.name, str) or len(self.name) > MAX_NAME_CHARS:
+            out.append(f"name must be a string of at most {MAX_NAME_CHARS} characters, got {quoted(self.name)}")
+        for f in _FLAGS:
+            if not isinstance(getattr(self, f), bool):
+                out.append(f"{f} must be true or false, got {quoted(getattr(self, f))}")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            out.append(f"norm must be 'rmsnorm' or 'layernorm', got {quoted(self.norm)}")
+        for key, typ, limits in (("moe", MoESpec, MOE_LIMITS), ("mla", MLASpec, MLA_LIMITS)):
+            sub = getattr(self, key)
+            if sub is not None and not isinstance(sub, typ):
+                out.append(f"{key} must be a mapping of its fields, got {quoted(sub)}")
+            elif sub is not None:
+                out += _field_problems(sub, limits, f"{key}.")
         if out:
             return out
         if self.num_attention_heads % self.num_kv_heads:
             out.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                        f"num_kv_heads ({self.num_kv_heads})")
-        if self.norm not in ("rmsnorm", "layernorm"):
-            out.append(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
         if self.moe is not None:
             m = self.moe
-            for f in ("num_experts", "top_k", "expert_ffn_hidden_size", "layer_freq"):
-                if getattr(m, f) <= 0:
-                    out.append(f"moe.{f} must be positive, got {getattr(m, f)}")
+            if not isinstance(m.router_bias, bool):
+                out.append(f"moe.router_bias must be true or false, got {quoted(m.router_bias)}")
             if m.top_k > m.num_experts:
                 out.append(f"moe.top_k ({m.top_k}) exceeds moe.num_experts ({m.num_experts})")
             if not 0 <= m.first_k_dense <= self.num_layers:

@@ -7,17 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autopar.errors import InputError
+from autopar.errors import InputError, quoted
 from autopar.spec.hf_config import model_from_hf_config
 from autopar.spec.model import ModelSpec
 from autopar.spec.presets import model_from_dict
+from autopar.spec.schema import JSON_BYTES, YAML_BYTES, check_name, check_tree, read_bounded
 from autopar.spec.yaml_io import parse_yaml
 
 _HF_MARKERS = ("model_type", "architectures", "num_hidden_layers")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
 
 
 def _parse(path: Path, text: str) -> Any:
@@ -25,13 +22,16 @@ def _parse(path: Path, text: str) -> Any:
     suffix = path.suffix.lower()
     if suffix == ".json":
         try:
-            return json.loads(text)
+            return check_tree(json.loads(text), f"model file '{path.name}'")
         except json.JSONDecodeError as e:
             raise InputError(f"model file '{path.name}' is not valid JSON (line {e.lineno}, column "
                              f"{e.colno}): {e.msg}; fix the syntax") from None
+        except (ValueError, RecursionError) as e:  # a number of more than 4300 digits, deep nesting
+            raise InputError(f"model file '{path.name}' holds a value autopar cannot read "
+                             f"({type(e).__name__}); fix the file") from None
     if suffix in (".yaml", ".yml"):
         return parse_yaml(text, f"model file '{path.name}'")
-    raise InputError(f"model file '{path.name}' has an unknown extension '{path.suffix}'; use "
+    raise InputError(f"model file '{path.name}' has an unknown extension {quoted(path.suffix)}; use "
                      f".json (HuggingFace config.json or autopar schema) or .yaml/.yml")
 
 
@@ -45,11 +45,10 @@ def _default_name(path: Path) -> str:
 def load_model_file(path: Path) -> ModelSpec:
     """Load a HuggingFace config.json or an autopar JSON/YAML model file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read model file '{path}': {_one_line(e)}; check the path") from None
-    data = _parse(path, text)
+    if path.suffix.lower() not in (".json", ".yaml", ".yml"):
+        _parse(path, "")  # the one line about the extension
+    big = JSON_BYTES if path.suffix.lower() == ".json" else YAML_BYTES
+    data = _parse(path, read_bounded(path, f"model file '{path}'", big))
     if not isinstance(data, dict):
         got = "nothing" if data is None else f"a {type(data).__name__}"
         raise InputError(f"model file '{path.name}' must hold a mapping of field names to values, "
@@ -57,11 +56,11 @@ def load_model_file(path: Path) -> ModelSpec:
     if path.suffix.lower() == ".json" and any(k in data for k in _HF_MARKERS):
         return model_from_hf_config(data, _default_name(path), source=path.name)
     row = dict(data)
-    name = row.pop("name", None) or path.stem
-    if not isinstance(name, str):
-        raise InputError(f"model file '{path.name}': 'name' must be a string, got {name!r}; fix it")
+    name = check_name(row.pop("name", None) or path.stem, f"model file '{path.name}': 'name'")
     for key in ("moe", "mla"):
         if row.get(key) is not None and not isinstance(row[key], dict):
             raise InputError(f"model file '{path.name}': '{key}' must be a mapping of its fields, "
-                             f"got {row[key]!r}; see README 'Model files' for the schema")
+                             f"got {quoted(row[key])}; see README 'Model files' for the schema")
+    if row.get("source") is not None:
+        check_name(row["source"], f"model file '{path.name}': 'source'", 1024)
     return model_from_dict(name, row, source=str(row.get("source") or path))

@@ -9,8 +9,9 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from autopar.errors import InputError, did_you_mean
+from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.model import MLASpec, ModelSpec, MoESpec
+from autopar.spec.schema import path_kind
 
 _META_KEYS = {"source", "aliases", "published_params", "published_active"}
 
@@ -48,8 +49,9 @@ def model_from_dict(name: str, row: dict, source: str = "") -> ModelSpec:
     known = {f for f in ModelSpec.__dataclass_fields__} - {"name", "source"}
     unknown = set(row) - known - _META_KEYS
     if unknown:
-        raise InputError(f"model '{name}': unknown field(s) {sorted(unknown)}; known fields are "
-                         f"{sorted(known)}")
+        shown = ", ".join(quoted(str(k), 40) for k in sorted(unknown, key=str)[:5])
+        raise InputError(f"model {quoted(name)}: unknown field(s) {shown}{' ...' if len(unknown) > 5 else ''}; "
+                         f"known fields are {sorted(known)}")
     kwargs = {k: v for k, v in row.items() if k in known}
     try:
         if isinstance(kwargs.get("moe"), dict):
@@ -59,26 +61,33 @@ def model_from_dict(name: str, row: dict, source: str = "") -> ModelSpec:
         return ModelSpec(name=name, source=source or row.get("source", ""), **kwargs)
     except TypeError as e:  # missing or unknown nested field
         missing = re.findall(r"'(\w+)'", str(e))
-        what = f"missing or unknown field(s) {', '.join(missing)}" if missing else str(e)
-        raise InputError(f"model '{name}': {what}; see README 'Model files' for the schema") from None
+        what = f"missing or unknown field(s) {', '.join(missing[:5])}" if missing else quoted(str(e))
+        raise InputError(f"model {quoted(name)}: {what}; see README 'Model files' for the schema") from None
 
 
 def get_preset(name: str) -> ModelSpec:
     key = _aliases().get(name.lower())
     if key is None:
-        raise InputError(f"unknown model '{name}'{did_you_mean(name, _aliases())}; "
+        raise InputError(f"unknown model {quoted(name)}{did_you_mean(name, _aliases())}; "
                          f"run `autopar models` for the presets, or pass a config.json / YAML file")
     return model_from_dict(key, _preset_table()[key])
 
 
 def resolve_model(arg: str) -> ModelSpec:
-    """`--model`: a preset name or alias, a HuggingFace config.json, or an autopar model file."""
+    """`--model`: a preset name or alias, a HuggingFace config.json or the folder holding it (a
+    downloaded model), or an autopar model file."""
     path = Path(arg)
-    looks_like_file = path.suffix.lower() in (".json", ".yaml", ".yml") or "/" in arg
-    if not looks_like_file:
+    kind = path_kind(arg)
+    if arg.lower() in _aliases() or (kind != "dir" and path.suffix.lower() not in (".json", ".yaml", ".yml")
+                                     and "/" not in arg):
         return get_preset(arg)
-    if not path.is_file():
-        raise InputError(f"model file '{arg}' does not exist; give a preset name or a path to a "
+    if kind == "dir":
+        path = path / "config.json"
+        if path_kind(path) != "file":
+            raise InputError(f"model folder {quoted(arg)} holds no config.json; give a HuggingFace model folder, a "
+                             f"config.json, an autopar model file or a preset name")
+    elif kind != "file":
+        raise InputError(f"model file {quoted(arg)} does not exist; give a preset name or a path to a "
                          f"config.json / YAML model file")
     from autopar.spec.model_file import load_model_file
 

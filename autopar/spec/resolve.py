@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from autopar.errors import InputError, did_you_mean
+from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.hardware import LOCAL, ClusterSpec, default_cluster, load_cluster_file
 from autopar.spec.layout import balanced_layout, first_last_layout, parse_layout
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan, PlanError
+from autopar.spec.schema import check_flag
 from autopar.spec.trainers import trainers
 
 #: tokens per step when no global batch is given (a common pre-training setting)
@@ -100,12 +101,12 @@ def _check_int(name: str, v, lo: int, hi: int, what: str) -> None:
     if v is None:
         return
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise InputError(f"{option(name)} {v!r} is out of range; {option(name)} must be {what}")
+        raise InputError(f"{option(name)} {quoted(v)} is out of range; {option(name)} must be {what}")
 
 
 def _check_choice(name: str, v, choices) -> None:
     if v is not None and v not in choices:
-        raise InputError(f"{option(name)} '{v}' is not one of {', '.join(choices)}{did_you_mean(str(v), choices)}; "
+        raise InputError(f"{option(name)} {quoted(str(v))} is not one of {', '.join(choices)}{did_you_mean(str(v), choices)}; "
                          f"choose one of them")
 
 
@@ -129,6 +130,7 @@ def request_from_keywords(**flags) -> PlanRequest:
 
 
 def resolve_cluster(gpu: str = "h100-sxm", gpus_per_node: int | None = None, cluster_file: str | None = None) -> ClusterSpec:
+    check_flag("--gpus-per-node", gpus_per_node)
     if cluster_file:
         cluster = load_cluster_file(cluster_file)
         if gpus_per_node:
@@ -159,9 +161,8 @@ def resolve_plan(model: ModelSpec, num_gpus: int, seq_len: int, request: PlanReq
     if flags:
         r = replace(r, **request_from_keywords(**flags).given())
     r.check()
-    for name, v in (("gpus", num_gpus), ("seq-len", seq_len)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_SIZE:
-            raise InputError(f"--{name} {v!r} is out of range; --{name} must be a positive integer up to {MAX_SIZE:,}")
+    check_flag("--gpus", num_gpus)
+    check_flag("--seq-len", seq_len)
     tp, pp, cp, vpp, mbs = r.tp or 1, r.pp or 1, r.cp or 1, r.vpp or 1, r.mbs or 1
     dp = r.dp
     if dp is None:
