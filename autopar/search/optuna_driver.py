@@ -42,6 +42,45 @@ def storage_url(storage: str | None, run_dir: Path) -> str:
     return storage
 
 
+#: SQL dialect -> the SQLAlchemy drivers autopar can switch between, and the module each imports
+_DRIVERS = {"postgresql": (("psycopg2", "psycopg2"), ("psycopg", "psycopg")),
+            "mysql": (("mysqldb", "MySQLdb"), ("pymysql", "pymysql"))}
+
+
+def _default_driver(dialect: str) -> str:
+    """The driver SQLAlchemy picks for `dialect://` (psycopg2 before SQLAlchemy 2.1, psycopg 3 since)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(f"{dialect}://").get_dialect().driver
+    except Exception:  # noqa: BLE001 - an unknown dialect: SQLAlchemy will say so when opened
+        return ""
+
+
+def with_driver(url: str) -> str:
+    """The URL naming a database driver that is installed: SQLAlchemy 2.1 reads `postgresql://` as
+    psycopg 3, 2.0 as psycopg2; with only the other one installed the URL is rewritten to it (e.g.
+    `postgresql+psycopg2://`; the same for MySQL). No driver at all: one line saying what to install."""
+    import importlib.util
+
+    scheme, sep, rest = url.partition("://")
+    dialect, _, driver = scheme.partition("+")
+    dialect = "postgresql" if dialect.lower() == "postgres" else dialect.lower()
+    drivers = dict(_DRIVERS.get(dialect, ()))
+    wanted = driver.lower() or _default_driver(dialect)
+    if not sep or wanted not in drivers:
+        return url  # not a server database, or a driver autopar does not switch: SQLAlchemy says
+    installed = [d for d, module in drivers.items() if importlib.util.find_spec(module) is not None]
+    if wanted in installed:
+        return f"{dialect}+{wanted}://{rest}"
+    if installed:
+        return f"{dialect}+{installed[0]}://{rest}"
+    raise InputError(mask_url(f"cannot open storage '{url}': no {dialect} driver is installed (SQLAlchemy needs "
+                              f"{' or '.join(drivers.values())}); pip install "
+                              f"{'psycopg2-binary' if dialect == 'postgresql' else 'pymysql'}, or use sqlite:///FILE "
+                              f"or a journal file (FILE.log)"))
+
+
 def open_storage(url: str):
     """An Optuna storage for the URL; a journal file for *.log / *.jsonl paths. Bad URLs are
     one-line InputErrors."""
@@ -52,6 +91,8 @@ def open_storage(url: str):
             Path(url).parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(url))
         return _rdb_storage(url)
+    except InputError:
+        raise
     except Exception as e:  # noqa: BLE001 - any driver error is a bad storage for the user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(mask_url(f"cannot open storage '{url}': {first}; check the URL, the server and its "
@@ -60,7 +101,9 @@ def open_storage(url: str):
 
 def _rdb_storage(url: str, attempts: int = 5):
     """An RDB storage; retried when another worker is creating the same schema at that moment
-    (two workers starting on a fresh database race on CREATE TABLE)."""
+    (two workers starting on a fresh database race on CREATE TABLE); the URL names an installed
+    driver (with_driver)."""
+    url = with_driver(url)
     kwargs = {} if url.startswith("sqlite") else {"pool_pre_ping": True}
     for attempt in range(attempts):
         try:

@@ -18,11 +18,13 @@ import pandas as pd
 
 from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate_table
+from autopar.errors import InputError
 from autopar.search.atomic import write_atomic
 from autopar.search.enumerate import Enumerator, Question
 from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
 from autopar.search.results import best_per_trainer, frame, row_plan, top_plans, why_winner
 from autopar.search.run_dir import SCHEMA_VERSION, PlansWriter, rejection_bits, write_csv, write_frame
+from autopar.search.run_state import RunState, question_summary, recorded_summary, summary_text
 from autopar.search.space import SearchSpace
 from autopar.search.streaming import StreamOptions, Streamed, apply_headroom, stream
 from autopar.spec.table import PlanTable
@@ -73,7 +75,12 @@ def run_slug(q: Question, space: SearchSpace) -> str:
     raw = f"{q.model.name}_{q.num_gpus}x{q.cluster.gpu.key}_s{q.seq_len}_gbs{q.global_batch_size}_{space.name}"
     if set(q.trainers) != set(TRAINERS):
         raw += "_" + "+".join(q.trainers)
-    return re.sub(r"[^A-Za-z0-9_.+-]", "-", raw)
+    slug = re.sub(r"[^A-Za-z0-9_.+-]", "-", raw)
+    if len(slug) > 120:  # a file name has at most 255 bytes: a long model or space name is cut, plus a hash
+        import hashlib
+
+        slug = slug[:100] + "-" + hashlib.sha256(raw.encode()).hexdigest()[:12]
+    return slug
 
 
 def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float) -> dict:
@@ -114,13 +121,34 @@ def row_summary(row: pd.Series, layouts) -> dict:
     }
 
 
-def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, int], None] | None = None) -> SearchResult:
-    """Answer the question under the space; write the run directory; return the result."""
+def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, int], None] | None = None,
+               interrupts=None) -> SearchResult:
+    """Answer the question under the space; write the run directory; return the result. The run
+    directory is marked incomplete until search.json is written (autopar.search.run_state);
+    `interrupts` (register/unregister, e.g. autopar.trial.hygiene from the CLI) tidies it on Ctrl-C
+    or SIGTERM; a failure leaves it as it was, or marked incomplete for a rerun to finish."""
     t0 = time.perf_counter()
     run_dir = opts.run_dir or Path("reports") / run_slug(q, opts.space)
     headroom = float(opts.space.constraints.get("memory_headroom_gib", 0.0))
     enumerator = Enumerator(opts.space, q).require_plans()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    state = RunState(run_dir).prepare(q)
+    handle = None
+    if interrupts is not None:
+        handle = interrupts.register(f"the search in {run_dir} (rerun the same command to finish it)", state.abandon)
+    try:
+        return _search(q, opts, enumerator, state, headroom, progress, t0)
+    except BaseException:
+        state.abandon()
+        raise
+    finally:
+        if handle is not None:
+            interrupts.unregister(handle)
+
+
+def _search(q: Question, opts: SearchOptions, enumerator: Enumerator, state: RunState, headroom: float, progress,
+            t0: float) -> SearchResult:
+    """The search proper (run_search): the plans, the result files, search.json last."""
+    run_dir = state.run_dir
     history: list = []
     if enumerator.total <= opts.max_exhaustive:
         method = "exhaustive"
@@ -131,18 +159,21 @@ def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, i
         except BaseException:
             writer.abort()
             raise
+        state.replace_files()
         writer.close()
         timings = dict(found.timings)
     else:
         method = f"optuna-{opts.sampler}"
-        found, history = _optuna_search(q, opts, run_dir, headroom, progress)
+        found, history = _optuna_search(q, opts, run_dir, headroom, progress, before_write=state.replace_files)
         timings = {"optuna_s": time.perf_counter() - t0}
     result = _result(q, opts, found, method, run_dir, timings, history, headroom)
+    state.replace_files()
     t2 = time.perf_counter()
     write_run(result)
     timings["write_s"] = time.perf_counter() - t2
     timings["total_s"] = time.perf_counter() - t0
     _write_search_json(result)
+    state.finish()
     return result
 
 
@@ -183,7 +214,10 @@ def _no_fit_reason(counts: dict, rejections: dict, closest: pd.DataFrame) -> str
             f"(more pp/tp, full recompute, zero 3).")
 
 
-def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: float, progress):
+def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: float, progress,
+                   before_write: Callable[[], None] = lambda: None):
+    """Optuna samples the space (the study resumes from its storage); every structure any worker
+    tried is re-evaluated in one pass and written as plans.parquet (after `before_write`)."""
     from autopar.search import optuna_driver as od
 
     url = od.storage_url(opts.storage, run_dir)
@@ -191,6 +225,7 @@ def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: fl
     directions = ["minimize", "maximize"] if opts.multi_objective else ["minimize"]
     study = od.load_or_create_study(url, name, od.make_sampler(opts.sampler, opts.seed, opts.multi_objective),
                                     directions)
+    _claim_study(study, q, opts.space, run_dir)
     od.fail_stale(study, older_than_s=5.0)
     od.run_study(opts.space, q, study, opts.n_trials, lambda table: evaluate(table, q, headroom),
                  opts.multi_objective,
@@ -203,10 +238,33 @@ def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: fl
     table = od.structures_table(opts.space, q, [dict(k) for k in first_seen])
     table.columns["plan_index"] = np.arange(len(table), dtype=np.int64)
     est = estimate_fitting(table, q, headroom)
+    before_write()
     writer = PlansWriter(run_dir)
     writer.write([(table, est)])
     writer.close()
     return _frame_results(frame(table, est), table.layouts), od.study_history(study)
+
+
+def _claim_study(study, q: Question, space: SearchSpace, run_dir: Path) -> None:
+    """Mark the study with its question; refuse one that holds another question's trials (a run
+    directory or --study-name reused for another model, GPU count, ...)."""
+    import hashlib
+
+    mine = question_summary(q) | {"space": space.name, "trainers": sorted(q.trainers)}
+    key = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    have = study.user_attrs.get("question_key")
+    if have == key:
+        return
+    other = study.user_attrs.get("question", "another question")
+    if have is None:  # a new study, or one an older autopar made: its run directory's search.json tells
+        old = recorded_summary(run_dir)
+        if not (study.get_trials(deepcopy=False) and old is not None and old != question_summary(q)):
+            study.set_user_attr("question_key", key)
+            study.set_user_attr("question", f"{summary_text(mine)}, space {space.name}")
+            return
+        other = summary_text(old)
+    raise InputError(f"study '{study.study_name}' holds the trials of another question ({other}); give another "
+                     f"--run-dir or --study-name, or delete the study")
 
 
 def _frame_results(df: pd.DataFrame, layouts: list) -> Streamed:

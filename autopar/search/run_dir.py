@@ -9,6 +9,8 @@
     scatter.parquet every fitting Pareto point, each trainer's fastest plans and a uniform sample of
                     each category of plan, with every estimate column (the report's scatter)
     plans.csv       plans.parquet as CSV, only with --csv
+    .incomplete     only while a search replaces these files, or after it was interrupted (search.json
+                    is written last, then this marker removed); `load` refuses such a directory
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from autopar.spec.trainers import ALL_TRAINERS
 
 SCHEMA_VERSION = 2
 FILES = ("search.json", "top.json", "plans.parquet", "scatter.parquet")
+#: present while a search replaces the files (autopar.search.run_state); search.json is written last
+INCOMPLETE = ".incomplete"
 
 #: categorical plan columns: name in plans.parquet -> (PlanTable column, names of its codes)
 CATEGORIES = {"trainer": ("trainer", ALL_TRAINERS), "pp_schedule": ("schedule", SCHEDULES),
@@ -152,6 +156,9 @@ def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFile
         raise InputError(f"run directory '{d}' does not exist; {hint}")
     if not d.is_dir():
         raise InputError(f"'{d}' is not a directory; {hint}")
+    if (d / INCOMPLETE).exists():
+        raise InputError(f"'{d}' holds a search that did not finish (interrupted, or still running); rerun the "
+                         f"same `autopar search ... --run-dir {d}` to finish it")
     missing = [f for f in ("scatter.parquet", "top.json", "search.json") if not (d / f).is_file()]
     if missing:
         raise InputError(f"'{d}' is not a complete autopar run directory: {', '.join(missing)} missing; "

@@ -7,12 +7,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from autopar.search.enumerate import Question
+from autopar.errors import InputError
+from autopar.search.enumerate import Question, knob_choices
 from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search
 from autopar.search.space import SearchSpace
 from autopar.spec.model import ModelSpec
 from autopar.spec.resolve import DEFAULT_TOKENS_PER_STEP, resolve_cluster
 from autopar.spec.trainers import TRAINERS
+
+#: scenarios of one what-if at most (each is a whole search)
+MAX_SCENARIOS = 64
 
 
 @dataclass(frozen=True)
@@ -33,14 +37,36 @@ def global_batch(space: SearchSpace, seq_len: int, gbs: int | None) -> int:
 
 def run_scenarios(model: ModelSpec, space: SearchSpace, scenarios: list[Scenario], *, gpus_per_node=None,
                   cluster_file=None, run_dir: Path | None = None, progress=None,
-                  trainers: tuple[str, ...] = TRAINERS, **opts) -> list[SearchResult]:
+                  trainers: tuple[str, ...] = TRAINERS, interrupts=None, **opts) -> list[SearchResult]:
     out = []
     for sc in scenarios:
         cluster = resolve_cluster(sc.gpu or "h100-sxm", gpus_per_node, cluster_file)
         q = Question(model=model, num_gpus=sc.num_gpus, cluster=cluster, seq_len=sc.seq_len,
                      global_batch_size=global_batch(space, sc.seq_len, sc.gbs), trainers=trainers)
-        out.append(run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts), progress=progress))
+        check_batch(space, q, given=sc.gbs is not None)
+        out.append(run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts), progress=progress,
+                              interrupts=interrupts))
     return out
+
+
+def check_batch(space: SearchSpace, q: Question, given: bool) -> None:
+    """Refuse, before searching, a global batch that no layout of the space can split: every plan
+    needs it to be a multiple of micro-batch x dp (dp = GPUs / (tp*pp*cp)). Names the smallest
+    batch at least as large that some layout splits."""
+    n, choices = q.num_gpus, knob_choices(space, q)
+    products = {1}
+    for axis in ("tp", "pp", "cp"):  # partial products that divide the GPUs (at most its divisors)
+        products = {x * v for x in products for v in choices[axis] if n % (x * v) == 0}
+    units = {m * (n // x) for x in products for m in choices["mbs"]}
+    gbs = q.global_batch_size
+    if not units or any(gbs % u == 0 for u in units):
+        return
+    better = min(-(-gbs // u) * u for u in units)
+    fewest = min(n // x for x in products)
+    what = f"--gbs {gbs}" if given else f"the default global batch ({gbs} sequences of {q.seq_len} tokens)"
+    raise InputError(f"{what} cannot be split over {n:,} GPUs: a global batch must be a multiple of micro-batch x "
+                     f"dp, and every layout of the space leaves at least dp = {fewest:,}; raise --gbs to {better:,} "
+                     f"(or another multiple of micro-batch x dp), or use fewer GPUs")
 
 
 def result_json(r: SearchResult) -> dict:

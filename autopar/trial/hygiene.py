@@ -38,6 +38,7 @@ _cleanups: dict[int, tuple[str, Callable[[], None]]] = {}
 _ids = itertools.count()
 _lock = threading.Lock()
 _installed = False
+_owner: int | None = None  # the process that installed the handlers (forked children inherit them)
 
 
 def new_token() -> str:
@@ -131,6 +132,8 @@ def stop_all() -> list[str]:
 
 
 def _on_signal(signum: int, frame) -> None:  # noqa: ARG001 - the signal module's signature
+    if _owner is not None and os.getpid() != _owner:  # a forked child (a process pool's worker): quietly
+        os._exit(128 + signum)
     stopped = stop_all()
     name = signal.Signals(signum).name
     what = f": stopped {', '.join(stopped)}" if stopped else ""
@@ -138,6 +141,8 @@ def _on_signal(signum: int, frame) -> None:  # noqa: ARG001 - the signal module'
         sys.stdout.flush()
     except Exception:  # noqa: BLE001
         pass
+    if sys.stderr.isatty():  # a progress bar may have hidden the cursor
+        sys.stderr.write("\r\x1b[?25h")
     print(f"autopar: interrupted by {name}{what}", file=sys.stderr, flush=True)
     os._exit(128 + signum)
 
@@ -145,12 +150,12 @@ def _on_signal(signum: int, frame) -> None:  # noqa: ARG001 - the signal module'
 def install_signal_handlers() -> None:
     """SIGINT and SIGTERM: stop every registered launch, one line on stderr, exit 128 + signal
     (130, 143). Only from the main thread (Python's rule); idempotent."""
-    global _installed
+    global _installed, _owner
     if _installed or threading.current_thread() is not threading.main_thread():
         return
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
-    _installed = True
+    _installed, _owner = True, os.getpid()
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
