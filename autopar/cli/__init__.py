@@ -1,11 +1,14 @@
 """The `autopar` command line: one file per command, each a thin call into the library.
 
-Errors a user can fix (autopar.errors.InputError, and typer/click usage errors) print one line on
-stderr and exit with code 2; never a traceback.
+Errors a user can fix (autopar.errors.InputError, typer/click usage errors, paths that cannot be
+written) print one line on stderr and exit with code 2; never a traceback. Ctrl-C and SIGTERM print
+one line and exit 130 and 143.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 
 import typer
@@ -15,7 +18,7 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # pragma: no cover - older typer with click installed
     from click import exceptions as click_exc
 
-from autopar.errors import InputError
+from autopar.errors import InputError, one_line, quoted
 from autopar.secrets import mask_url
 
 app = typer.Typer(
@@ -34,25 +37,69 @@ def _register() -> None:
                              search, trainers, trial, validate)
 
 
+#: OS errors of the user's paths, permissions and disk: bad input (one line, exit 2), not a crash
+_USER_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+                          errno.EROFS, errno.ENOSPC, errno.ENAMETOOLONG, errno.EDQUOT, errno.ELOOP, errno.ETXTBSY})
+
+
+def _fail(message: str, code: int = 2) -> None:
+    """One line `autopar: error: ...` on stderr (no password, no control character), then exit."""
+    print(f"autopar: error: {one_line(mask_url(message))}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _os_error(e: OSError) -> str:
+    """An OS error of a path as one sentence naming the path and the fix."""
+    where = f" {quoted(str(e.filename), 120)}" if e.filename is not None else ""
+    return f"cannot use{where}: {e.strerror or type(e).__name__}; check the path, its folder and their permissions"
+
+
+def _given_value(argv: list[str], param) -> str | None:
+    """The value the command line gave the option a usage error is about (its last occurrence),
+    or None (an argument, a flag, or not found): click's messages do not always quote it."""
+    opts = [o for o in (getattr(param, "opts", None) or []) + (getattr(param, "secondary_opts", None) or [])
+            if o.startswith("-")]
+    value = None
+    for i, tok in enumerate(argv):
+        for o in opts:
+            if tok == o and i + 1 < len(argv):
+                value = str(argv[i + 1])
+            elif str(tok).startswith(o + "=") and o.startswith("--"):
+                value = str(tok)[len(o) + 1:]
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
+    """Run the command line; input errors print one line and exit 2, Ctrl-C / SIGTERM exit 130 / 143
+    with one line (autopar.trial.hygiene)."""
     _register()
+    from autopar.trial.hygiene import install_signal_handlers
+
+    install_signal_handlers()
     try:
         app(args=argv, standalone_mode=False)
     except InputError as e:
-        print(f"autopar: error: {mask_url(str(e))}", file=sys.stderr)  # no storage password, whoever wrote it
-        sys.exit(2)
+        _fail(str(e))  # no storage password, whoever wrote it
     except click_exc.NoArgsIsHelpError as e:
         print(e.ctx.get_help() if e.ctx else "", file=sys.stdout)
         sys.exit(0)
     except click_exc.ClickException as e:
         cmd = e.ctx.command_path if e.ctx else "autopar"
-        msg = e.format_message().strip().rstrip(".").replace("\n", " ")
-        print(f"autopar: error: {mask_url(msg)}; see `{cmd} --help`", file=sys.stderr)
-        sys.exit(2)
+        msg = e.format_message().strip().rstrip(".")
+        value = _given_value(sys.argv[1:] if argv is None else argv, getattr(e, "param", None))
+        _fail(f"{msg}{'' if value is None else f' (got {quoted(value)})'}; see `{cmd} --help`")
     except (typer.Abort, KeyboardInterrupt):
-        print("autopar: aborted", file=sys.stderr)
+        print("autopar: interrupted", file=sys.stderr)
         sys.exit(130)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except BrokenPipeError:
         sys.exit(0)
+    except OSError as e:
+        if e.errno not in _USER_ERRNOS or os.environ.get("AUTOPAR_DEBUG"):
+            raise
+        _fail(_os_error(e))
+    except (MemoryError, RecursionError) as e:
+        if os.environ.get("AUTOPAR_DEBUG"):
+            raise
+        _fail(f"the input is too large to process ({type(e).__name__}); make it smaller", 1)

@@ -3,7 +3,6 @@ re-rank the untried plans, optionally measure more rounds."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -22,21 +21,24 @@ def _question(run_dir: Path):
     from autopar.spec.hardware import ClusterSpec, CostConstants, default_cluster
     from autopar.spec.presets import model_from_dict
 
-    path = run_dir / "search.json"
-    if not path.exists():
-        raise InputError(f"{run_dir} has no search.json; give the run directory of `autopar search`")
-    info = json.loads(path.read_text())
-    qd = info["question"]
-    c = dict(qd["cluster"])
-    base = default_cluster(c.pop("gpu"))
-    consts = CostConstants(**c.pop("constants"))
-    c = {k: v for k, v in c.items() if k in {f.name for f in fields(ClusterSpec)}}
-    cluster = replace(base, **c, constants=consts)
-    m = dict(qd["model"])
-    model = model_from_dict(m.pop("name", "model"), m)
-    q = Question(model=model, num_gpus=qd["num_gpus"], cluster=cluster, seq_len=qd["seq_len"],
-                 global_batch_size=qd["global_batch_size"])
-    return q, _space(info["space"], run_dir), info
+    from autopar.search.run_dir import load
+
+    info = load(run_dir).search  # a complete run directory of this autopar, or one line
+    try:
+        qd = info["question"]
+        c = dict(qd["cluster"])
+        base = default_cluster(c.pop("gpu"))
+        consts = CostConstants(**c.pop("constants"))
+        c = {k: v for k, v in c.items() if k in {f.name for f in fields(ClusterSpec)}}
+        cluster = replace(base, **c, constants=consts)
+        m = dict(qd["model"])
+        model = model_from_dict(m.pop("name", "model"), m)
+        q = Question(model=model, num_gpus=qd["num_gpus"], cluster=cluster, seq_len=qd["seq_len"],
+                     global_batch_size=qd["global_batch_size"])
+        return q, _space(info["space"], run_dir), info
+    except (KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"'{run_dir}/search.json' lacks the question autopar calibrates ({type(e).__name__}: "
+                         f"{str(e)[:60]}); rerun `autopar search`") from None
 
 
 def _space(sd: dict, run_dir: Path):
@@ -73,19 +75,30 @@ def calibrate(
     """
     import yaml
 
+    from autopar.cli.checks import output_file
     from autopar.cost.calibrate import profile_dict
     from autopar.errors import InputError
     from autopar.search.run import SearchOptions, run_search
     from autopar.search.trial_results import calibrate_docs, calibrates, evaluate_with
     from autopar.search.trials import NOT_RUNNABLE, candidates, load_docs
+    from autopar.spec.schema import Limit, check_flag
 
+    check_flag("--top", top)
+    check_flag("--rounds", rounds, Limit(0, 1_000))
+    check_flag("--trials", trials, Limit(1, 10_000))
     q, space, info = _question(run_dir)
-    result = run_search(q, SearchOptions(space=space, run_dir=run_dir))
+    output_file(out or run_dir / "calibrated.yaml", "--out" if out else "the profile path")
     docs = load_docs(run_dir / "trials")
-    calib = calibrate_docs(result, list(docs.values()))
-    if calib is None:
+    if sum(1 for d in docs.values() if calibrates(d)) < 2:  # before the search rewrites the run directory
         raise InputError(f"{run_dir}/trials has fewer than 2 successful trials on the plans' hardware to fit (proxies "
                          f"measured elsewhere are left out); run more trials, e.g. with --launcher slurm")
+    from autopar.trial import hygiene
+
+    result = run_search(q, SearchOptions(space=space, run_dir=run_dir), interrupts=hygiene)
+    calib = calibrate_docs(result, list(docs.values()))
+    if calib is None:
+        raise InputError(f"{run_dir}/trials has fewer than 2 successful trials on the plans' hardware to fit; run "
+                         f"more trials, e.g. with --launcher slurm")
     f = calib.time_fit
     print(f"Step-time fit ({'converged' if f.success else f.message}) over {len(f.residuals)} trials:")
     for n in f.names:

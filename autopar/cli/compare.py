@@ -139,6 +139,9 @@ def compare(
     PlanRequest(trainer=trainer).check()  # an unknown --trainer: one line with "did you mean"
     if out is not None and out.is_dir():
         raise InputError(f"--out '{out}' is a directory; give a file name such as {out / 'compare.html'}")
+    from autopar.cli.checks import output_file
+
+    output_file(out, "--out")
     kinds = []
     for i, arg in enumerate(layouts, start=1):
         path, _ = split_rank(arg)

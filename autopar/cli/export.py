@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -93,6 +94,7 @@ def export(
     from autopar.errors import InputError
     from autopar.export import ExportOptions, SlurmOptions
 
+    _check_options(master_port, time_limit, rank)
     formats = _formats(to)
     if rank != 1 and run is None:
         raise InputError("--rank needs --run")
@@ -115,8 +117,27 @@ def export(
                             master_port=master_port,
                             slurm=SlurmOptions(job_name=job_name, partition=partition, account=account,
                                                time=time_limit, container_image=container_image))
+    from autopar.cli.checks import output_dir
+
+    output_dir(out or default_out, "--out" if out is not None else "the default output folder")
     bundles, refused = _render_all(formats, to, the_plan, spec, clus, options)
     _write(bundles, refused, out or default_out)
+
+
+#: SLURM --time forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]
+_SLURM_TIME = re.compile(r"(\d{1,7}(:\d{1,2}){0,2}|\d{1,5}-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite)",
+                         re.IGNORECASE)
+
+
+def _check_options(master_port: int, time_limit: str | None, rank: int) -> None:
+    """The launch options' values: a port, a SLURM time limit, a rank (one line naming the option)."""
+    from autopar.errors import InputError, quoted
+    from autopar.spec.schema import check_flags
+
+    check_flags({"--master-port": master_port, "--rank": rank})
+    if time_limit is not None and not _SLURM_TIME.fullmatch(time_limit):
+        raise InputError(f"--time {quoted(time_limit)} is not a SLURM time limit; give minutes, HH:MM:SS or "
+                         f"D-HH:MM:SS, e.g. --time 04:00:00")
 
 
 def _render_all(formats: list[str], to: str, plan, spec, clus, options) -> tuple[list, list]:

@@ -34,6 +34,11 @@ def probe(
     from autopar.spec.hardware import local_profile_path
     from autopar.trial.launcher import rendezvous_command, run_command
 
+    from autopar.cli.checks import output_file
+    from autopar.spec.schema import check_flags
+
+    check_flags({"--ranks": ranks, "--timeout": timeout})
+    output_file(out or local_profile_path(), "--out" if out else "the profile path")
     n = ranks or os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="autopar-probe-"))
     env = dict(os.environ, OMP_NUM_THREADS="1")

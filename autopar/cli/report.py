@@ -29,8 +29,11 @@ def report(
 
     if out is not None and len(run_dirs) > 1:
         raise InputError("--out takes one run directory; without it each report goes into its own run directory")
+    from autopar.cli.checks import output_file
+
     if out is not None and out.is_dir():
         raise InputError(f"--out '{out}' is a directory; give a file name such as {out / 'report.html'}")
+    output_file(out, "--out")
     # one directory: rebuild it as it was (a what-if it belongs to stays); several: a what-if of them
     paths = [write_report(run_dirs[0], out=out)] if out is not None or len(run_dirs) == 1 else write_reports(run_dirs)
     for p in paths:

@@ -13,15 +13,6 @@ from autopar.cli import options as o
 from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
 
 
-def _list(text: str, kind, flag: str) -> list:
-    from autopar.errors import InputError
-
-    try:
-        return [kind(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"{flag} '{text}' must be a comma-separated list, e.g. 128,256") from None
-
-
 @app.command()
 def search(
     model: o.Model,
@@ -84,36 +75,45 @@ def search(
     Example: autopar search --model 70b --gpus 256
     """
     from autopar.errors import InputError
-    from autopar.search.scenarios import Scenario, run_scenarios
+    from autopar.search.scenarios import MAX_SCENARIOS, Scenario, run_scenarios
     from autopar.search.space import load_space
     from autopar.spec.presets import resolve_model
+    from autopar.spec.schema import check_flags, parse_list
     from autopar.spec.trainers import parse_trainers
 
+    gpu_counts = parse_list(gpus, "--gpus")
+    gpu_kinds = parse_list(gpu, "--gpu", number=False) if not cluster else [None]
+    seqs = parse_list(seq_len, "--seq-len") if seq_len is not None else None
+    batches = parse_list(gbs, "--gbs") if gbs is not None else [None]
+    check_flags({"--gpus-per-node": gpus_per_node, "--top-k": top_k, "--max-exhaustive": max_exhaustive,
+                 "--n-trials": n_trials, "--seed": seed, "--trials": trials, "--trial-budget": trial_budget,
+                 "--rounds": rounds, "--trial-steps": trial_steps, "--trial-timeout": trial_timeout,
+                 "--max-local-ranks": max_local_ranks, "--proxy-layers": proxy_layers, "--proxy-width": proxy_width,
+                 "--proxy-seq": proxy_seq})
     spec = resolve_model(model)
     if gpu == "local" and space == "default":
         space = "local"  # CPU trials: fp32, small batch, the knobs the trial model runs
     sp = load_space(space)
-    gpu_counts = _list(gpus, int, "--gpus")
-    gpu_kinds = _list(gpu, str, "--gpu") if not cluster else [None]
     trainers = parse_trainers(trainer, "local" if gpu_kinds == ["local"] else "")
-    seqs = _list(seq_len, int, "--seq-len") if seq_len else [spec.seq_len]
-    batches = _list(gbs, int, "--gbs") if gbs else [None]
-    if any(g <= 0 for g in gpu_counts) or any(s <= 0 for s in seqs) or any(b is not None and b <= 0 for b in batches) \
-            or top_k <= 0 or n_trials <= 0 or max_exhaustive < 0:
-        raise InputError("--gpus, --seq-len, --gbs, --top-k and --n-trials must be positive")
+    seqs = seqs or [spec.seq_len]
     scenarios = [Scenario(num_gpus=g, gpu=k, seq_len=s, gbs=b) for k in gpu_kinds for g in gpu_counts for s in seqs
                  for b in batches]
+    if len(scenarios) > MAX_SCENARIOS:
+        raise InputError(f"this what-if has {len(scenarios):,} scenarios (--gpus x --gpu x --seq-len x --gbs); "
+                         f"give at most {MAX_SCENARIOS}")
     if len(scenarios) > 1 and (storage or study_name or run_dir):
         raise InputError("--storage, --study-name and --run-dir apply to one scenario; drop them for a what-if")
     from autopar.cli.measured import trial_options
     from autopar.cli.render_search import SearchProgress, print_result, print_whatif
+    from autopar.trial import hygiene
 
     topts = trial_options(launcher, max_local_ranks, proxy, proxy_layers, proxy_width, proxy_seq, sbatch_args)
     with SearchProgress(enabled=not as_json) as progress:
         results = run_scenarios(spec, sp, scenarios, gpus_per_node=gpus_per_node, cluster_file=cluster,
                                 top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials,
                                 seed=seed, storage=storage, study_name=study_name, multi_objective=multi_objective,
-                                run_dir=run_dir, progress=progress.update, trainers=trainers, csv=csv)
+                                run_dir=run_dir, progress=progress.update, trainers=trainers, csv=csv,
+                                interrupts=hygiene)
     if trials > 0:
         if len(results) != 1:
             raise InputError("--trials applies to one scenario")

@@ -53,18 +53,28 @@ def trial(
     """
     import sys
 
+    from autopar.cli.checks import output_dir, output_file
     from autopar.cost.estimate import estimate
     from autopar.errors import InputError
     from autopar.search.trials import plan_key
     from autopar.spec.presets import resolve_model
     from autopar.spec.resolve import resolve_cluster, resolve_plan
+    from autopar.spec.schema import check_flags
     from autopar.trial.config import TrialConfig
     from autopar.trial.measure import measure_plan, write_trial
 
+    check_flags({"--gpus": gpus, "--seq-len": seq_len, "--steps": steps, "--warmup": warmup,
+                 "--proxy-layers": proxy_layers, "--proxy-width": proxy_width, "--nnodes": nnodes,
+                 "--node-rank": node_rank, "--timeout": timeout, "--max-local-ranks": max_local_ranks,
+                 "--memory-limit-mib": memory_limit_mib})
+    if node_rank >= nnodes:
+        raise InputError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (ranks count from 0)")
     spec = resolve_model(model)
     seq = seq_len or spec.seq_len
-    if nnodes <= 0 or gpus % nnodes:
+    if gpus % nnodes:
         raise InputError(f"--gpus {gpus} must be a multiple of --nnodes {nnodes}; change one of them")
+    output_file(emit_slurm, "--emit-slurm")
+    output_dir(run_dir, "--run-dir")
     req = plan.with_defaults(dtype="fp32", trainer="autopar")
     req.check()
     if req.gbs is None:  # one microbatch per pipeline stage: the smallest batch
@@ -114,8 +124,9 @@ def trial(
         return
     if nnodes > 1 and not rdzv_endpoint:
         raise InputError("--nnodes > 1 needs --rdzv-endpoint host:port (or --emit-slurm)")
-    _check_fits(nproc, predicted if proxy is None else {"peak_memory_bytes": float(small.peak_memory_bytes)},
-                cl.gpu.key == "local", max_local_ranks)
+    here = cl if cl.gpu.key == "local" else resolve_cluster("local")  # the trial runs on this machine
+    need = estimate(plan, spec if proxy is None else spec.scaled(**proxy), here, num_gpus=gpus, seq_len=seq)
+    _check_fits(nproc, float(need.peak_memory_bytes), max_local_ranks)
     from autopar.trial.hygiene import install_signal_handlers
 
     install_signal_handlers()  # SIGINT/SIGTERM: kill the trial's processes, exit 130/143
@@ -145,9 +156,10 @@ def trial(
         sys.exit(1)
 
 
-def _check_fits(nproc: int, predicted: dict, memory_known: bool, max_local_ranks: int | None) -> None:
-    """Refuse a trial this machine cannot hold: more ranks than it may start, or (with a `local`
-    prediction) more memory than it has for a trial (autopar.trial.resources)."""
+def _check_fits(nproc: int, peak_bytes: float, max_local_ranks: int | None) -> None:
+    """Refuse, before anything is allocated, a trial this machine cannot hold: more ranks than it
+    may start, or more memory per rank (predicted on this machine's `local` profile) than it has
+    for a trial (autopar.trial.resources)."""
     from autopar.errors import InputError
     from autopar.trial.resources import detect, local_limits
 
@@ -156,10 +168,10 @@ def _check_fits(nproc: int, predicted: dict, memory_known: bool, max_local_ranks
         raise InputError(f"this trial starts {nproc} ranks here and this machine runs at most {limits.max_ranks} "
                          f"({limits.why}); add --max-local-ranks {nproc} to oversubscribe the cores, split it with "
                          f"--nnodes, or write a cluster job with --emit-slurm")
-    if memory_known and not limits.memory_fits(nproc, predicted["peak_memory_bytes"]):
-        raise InputError(f"this trial needs {predicted['peak_memory_bytes'] / 2**30:.2f} GiB per rank and this machine "
-                         f"allows {limits.memory_text(nproc)}; run a proxy (--proxy-layers, --proxy-width) or "
-                         f"write a cluster job with --emit-slurm")
+    if not limits.memory_fits(nproc, peak_bytes):
+        raise InputError(f"this trial needs {peak_bytes / 2**30:.2f} GiB per rank and this machine allows "
+                         f"{limits.memory_text(nproc)}; run a proxy (--proxy-layers, --proxy-width), a smaller "
+                         f"--model, or write a cluster job with --emit-slurm")
 
 
 def _unbuilt(plan, spec) -> list[str]:

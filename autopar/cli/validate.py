@@ -37,8 +37,14 @@ def validate(
     """
     from autopar.errors import InputError
 
-    if (write_profile or write_profiles) and not fit:
-        raise InputError("--write-profile/--write-profiles need --fit (there is nothing fitted to write); add --fit")
+    from autopar.cli.checks import output_file
+
+    given = [f for f, v in (("--write-profile", write_profile), ("--write-profiles", write_profiles)) if v]
+    if given and not fit:
+        raise InputError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --fit (there is nothing "
+                         f"fitted to write); add --fit")
+    output_file(write_profile, "--write-profile")
+    output_file(write_profiles, "--write-profiles")
     from autopar.cost.validate_runs import validate_runs
 
     report = validate_runs(runs, trainer, fit=fit, cross_validate=cross_validate,
