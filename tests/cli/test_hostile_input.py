@@ -1,0 +1,185 @@
+"""Hostile and clumsy input (issue 15): every case exits 2 with one line `autopar: error: ...` that
+names the option or field and the value, before any work is done, and leaves nothing half-made.
+Run in this process (tests/cli/conftest.py); the cases that need a real process are in
+tests/search/test_interrupt.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+BOMB = "\n".join(["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+                 + [f"{chr(97 + i)}: &{chr(97 + i)} [{', '.join(['*' + chr(96 + i)] * 9)}]" for i in range(1, 10)])
+TINY = ("num_layers: {layers}\nhidden_size: 64\nffn_hidden_size: 128\nnum_attention_heads: 4\nnum_kv_heads: 4\n"
+        "head_dim: 16\nvocab_size: 100\nseq_len: 128\n")
+FILES = {
+    "afile": "not a directory\n",
+    "lots.yaml": "gpu:\n  base: h100-sxm\n  hbm_gib: lots\n",
+    "gpn0.yaml": "gpu: h100-sxm\ngpus_per_node: 0\n",
+    "huge_layers.yaml": TINY.format(layers=10**23),
+    "model_bomb.yaml": BOMB + "\nnum_layers: *j\n",
+    "cluster_bomb.yaml": BOMB + "\ngpu: *j\n",
+    "gpu_name_bomb.yaml": BOMB + "\ngpu:\n  base: h100-sxm\n  name: *j\n",
+    "recursive.yaml": "gpu: &g [*g]\n",
+}
+S = ["search", "--model", "tiny", "--gpus", "8", "--run-dir", "{tmp}/run"]
+T = ["trial", "--model", "tiny", "--gpus", "1", "--run-dir", "{tmp}/trials"]
+X = ["export", "--to", "megatron", "--model", "tiny", "--gpus", "8", "--out", "{tmp}/export"]
+E = ["estimate", "--model", "tiny", "--gpus", "8"]
+
+# (id, argv, substrings the line must hold, substrings it must not hold)
+CASES = [
+    ("search-gpus-overflow", ["search", "--model", "tiny", "--gpus", "99999999999999999999"],
+     ["--gpus", "99999999999999999999"], []),
+    ("search-gpus-empty", ["search", "--model", "tiny", "--gpus", ""], ["--gpus", "empty"], []),
+    ("search-gpu-trailing-comma", S + ["--gpu", "h100-sxm,"], ["--gpu", "'h100-sxm,'", "empty item"], []),
+    ("search-gbs-list-not-numbers", S + ["--gbs", "512,x"], ["--gbs", "'x'"], []),
+    ("search-trials-negative", S + ["--trials", "-1"], ["--trials -1"], []),
+    ("search-seed-negative", S + ["--seed", "-1"], ["--seed -1"], []),
+    ("search-top-k-zero", S + ["--top-k", "0"], ["--top-k 0"], ["--n-trials"]),
+    ("search-n-trials-zero", S + ["--n-trials", "0"], ["--n-trials 0"], ["--top-k"]),
+    ("search-max-exhaustive-negative", S + ["--max-exhaustive", "-5"], ["--max-exhaustive -5"], []),
+    ("search-seq-len-zero", S + ["--seq-len", "0"], ["--seq-len 0"], ["--gpus"]),
+    ("search-trial-timeout-nan", S + ["--trial-timeout", "nan"], ["--trial-timeout", "nan"], []),
+    ("search-run-dir-is-a-file", ["search", "--model", "tiny", "--gpus", "8", "--run-dir", "{tmp}/afile"],
+     ["afile", "not a directory"], []),
+    ("search-run-dir-under-a-file", ["search", "--model", "tiny", "--gpus", "8", "--run-dir", "{tmp}/afile/sub"],
+     ["afile/sub"], []),
+    ("search-405b-default-gbs", ["search", "--model", "405b", "--gpus", "24576", "--run-dir", "{tmp}/run"],
+     ["global batch", "--gbs", "576"], []),
+    ("probe-ranks-negative", ["probe", "--ranks", "-2", "--out", "{tmp}/p.yaml"], ["--ranks -2"], []),
+    ("probe-out-under-a-file", ["probe", "--out", "{tmp}/afile/p.yaml"], ["--out", "afile"], []),
+    ("export-master-port-0", X + ["--master-port", "0"], ["--master-port 0"], []),
+    ("export-master-port-99999", X + ["--master-port", "99999"], ["--master-port 99999"], []),
+    ("export-time-banana", X + ["--time", "banana"], ["--time", "banana"], []),
+    ("export-out-under-a-file", X[:-1] + ["{tmp}/afile/x"], ["--out", "afile"], []),
+    ("validate-write-profile-without-fit", ["validate", "--write-profile", "{tmp}/x.yaml"],
+     ["--write-profile", "--fit"], ["--write-profiles"]),
+    ("validate-write-profile-unwritable", ["validate", "--fit", "--write-profile", "{tmp}/afile/x.yaml"],
+     ["--write-profile", "afile"], []),
+    ("validate-runs-binary", ["validate", "--runs", "{tmp}/binary.csv"], ["binary.csv"], []),
+    ("trial-steps-zero", T + ["--steps", "0"], ["--steps 0"], []),
+    ("trial-node-rank-too-large", T + ["--node-rank", "3"], ["--node-rank 3", "--nnodes"], []),
+    ("trial-emit-slurm-unwritable", T + ["--emit-slurm", "{tmp}/afile/x.sbatch"], ["--emit-slurm", "afile"], []),
+    ("trial-405b-on-2-ranks", ["trial", "--model", "405b", "--gpus", "2"], ["GiB per rank", "--proxy-layers"], []),
+    ("trial-405b-gpu-prediction", ["trial", "--model", "405b", "--gpus", "2", "--gpu", "h100-sxm"],
+     ["GiB per rank", "--proxy-layers"], []),
+    ("cluster-hbm-lots", E + ["--cluster", "{tmp}/lots.yaml"], ["lots.yaml", "hbm_gib", "'lots'"], []),
+    ("cluster-gpus-per-node-0", E + ["--cluster", "{tmp}/gpn0.yaml"], ["gpn0.yaml", "gpus_per_node", "0"],
+     ["--gpus-per-node"]),
+    ("flag-gpus-per-node-0", E + ["--gpus-per-node", "0"], ["--gpus-per-node", "0"], []),
+    ("model-layers-1e23", ["estimate", "--model", "{tmp}/huge_layers.yaml", "--gpus", "8"],
+     ["num_layers", "100000000000000000000000"], []),
+    ("model-alias-bomb", ["estimate", "--model", "{tmp}/model_bomb.yaml", "--gpus", "8"], ["alias"], ["lol"]),
+    ("cluster-alias-bomb", E + ["--cluster", "{tmp}/cluster_bomb.yaml"], ["alias"], ["lol"]),
+    ("gpu-name-alias-bomb", E + ["--cluster", "{tmp}/gpu_name_bomb.yaml"], ["alias"], ["lol"]),
+    ("recursive-alias", E + ["--cluster", "{tmp}/recursive.yaml"], ["itself"], []),
+    ("pp-first-100", ["estimate", "--model", "llama3-70b", "--gpus", "256", "--pp", "4", "--pp-first", "100"],
+     ["--pp-first 100", "80 layers"], ["-20"]),
+    ("model-name-too-long", ["estimate", "--model", "x" * 5000, "--gpus", "8"], ["unknown model", "more characters"],
+     []),
+]
+
+
+def _files(tmp: Path) -> None:
+    for name, text in FILES.items():
+        (tmp / name).write_text(text)
+    (tmp / "binary.csv").write_bytes(bytes(range(256)) * 8)
+
+
+@pytest.mark.parametrize("argv,needles,absent", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_hostile_input_is_one_line_exit_2(cli_run, one_line_error, tmp_path, argv, needles, absent):
+    _files(tmp_path)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    line = one_line_error(cli_run(*args), needles, absent)
+    assert len(line) < 500, line
+    # refused before any work: nothing written
+    for made in ("run", "p.yaml", "export", "trials", "x.yaml"):
+        assert not (tmp_path / made).exists(), f"{made} was written before the refusal"
+
+
+def test_a_huggingface_folder_is_a_model(cli_run, tmp_path):
+    folder = tmp_path / "Llama-Mini"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 512}))
+    r = cli_run("estimate", "--model", folder, "--gpus", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"] == "Llama-Mini"
+
+
+def test_a_folder_without_config_json_is_one_line(cli_run, one_line_error, tmp_path):
+    one_line_error(cli_run("estimate", "--model", tmp_path, "--gpus", "2"), ["config.json"])
+
+
+def test_a_failed_storage_leaves_no_run_directory(cli_run, one_line_error, tmp_path):
+    run = tmp_path / "deep" / "run"
+    r = cli_run("search", "--model", "tiny", "--gpus", "8", "--max-exhaustive", "0", "--n-trials", "3",
+                "--storage", "postgresql+psycopg2://nobody:secret@127.0.0.1:1/none", "--run-dir", run)
+    one_line_error(r, ["storage", "127.0.0.1:1"], ["secret"])
+    assert not (tmp_path / "deep").exists()
+
+
+@pytest.fixture
+def read_only_dir(tmp_path) -> Path:
+    """A directory no file can be created in: mode 555, or (root ignores modes) /sys."""
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        yield d
+        d.chmod(0o755)
+        return
+    try:
+        (Path("/sys") / "autopar-probe").mkdir()
+    except OSError:
+        yield Path("/sys")
+        return
+    pytest.skip("no read-only directory to test with")
+
+
+def test_a_read_only_run_dir_is_one_line(cli_run, one_line_error, read_only_dir):
+    one_line_error(cli_run("search", "--model", "tiny", "--gpus", "8", "--run-dir", read_only_dir / "run"),
+                   ["cannot write the run directory"])
+    one_line_error(cli_run("search", "--model", "tiny", "--gpus", "8", "--run-dir", read_only_dir),
+                   ["cannot write the run directory"])
+    one_line_error(cli_run(*X[:-1], read_only_dir / "x"), ["--out", "cannot be written"])
+
+
+@pytest.fixture(scope="module")
+def tiny_run(cli_run, tmp_path_factory) -> Path:
+    """A finished exhaustive search of the tiny model (no trials)."""
+    run = tmp_path_factory.mktemp("tiny") / "run"
+    r = cli_run("search", "--model", "tiny", "--gpus", "8", "--run-dir", run, "--json")
+    assert r.returncode == 0, r.stderr
+    return run
+
+
+@pytest.mark.parametrize("argv", [["report", "{run}", "--out", "{tmp}/afile/r.html"],
+                                  ["compare", "{run}", "--tp 1", "--out", "{tmp}/afile/c.html"],
+                                  ["export", "--to", "megatron", "--run", "{run}", "--out", "{tmp}/afile/x"]],
+                         ids=["report", "compare", "export"])
+def test_an_unwritable_out_is_one_line(cli_run, one_line_error, tiny_run, tmp_path, argv):
+    (tmp_path / "afile").write_text("a file\n")
+    args = [a.replace("{run}", str(tiny_run)).replace("{tmp}", str(tmp_path)) for a in argv]
+    one_line_error(cli_run(*args), ["--out", "afile"])
+
+
+def test_calibrate_without_trials_rewrites_nothing(cli_run, one_line_error, tiny_run):
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in tiny_run.iterdir() if p.is_file()}
+    one_line_error(cli_run("calibrate", tiny_run), ["fewer than 2", "trials"])
+    after = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in tiny_run.iterdir() if p.is_file()}
+    assert after == before
+
+
+def test_a_run_directory_of_another_model_is_refused(cli_run, one_line_error, tmp_path):
+    run = tmp_path / "run"
+    opts = ["--gpus", "8", "--max-exhaustive", "0", "--n-trials", "4", "--run-dir", run]
+    assert cli_run("search", "--model", "tiny", *opts).returncode == 0
+    one_line_error(cli_run("search", "--model", "llama3-8b", *opts), ["another question", "tiny", "--run-dir"])
+    r = cli_run("search", "--model", "tiny", *opts)  # the same question resumes its study
+    assert r.returncode == 0, r.stderr
