@@ -68,18 +68,58 @@ def step_budget(timeout_s: float, steps: int, warmup: int, device: str) -> float
     return TIME_SHARE * timeout_s / (total * (CPU_SLOWDOWN if device == "cpu" else GPU_SLOWDOWN))
 
 
+@dataclass
+class _Where:
+    """Where the trials run: the machine's limits (None on the cluster), the device, the hardware
+    the proxies are priced on, what to do when a plan cannot run, a launcher (None: local torchrun)."""
+
+    limits: object
+    device: str
+    here: object
+    fix: str
+    text: str
+    launch_fn: Callable | None = None
+
+
+def _where(q, options: TrialOptions, log: Callable[[str], None]) -> _Where:
+    """This machine (its ranks and memory) or the cluster through SLURM."""
+    from autopar.spec.hardware import LOCAL, local_cluster
+    from autopar.trial.resources import detect, local_limits
+
+    on_cpu_profile = q.cluster.gpu.key == LOCAL
+    if options.launcher == "local":
+        machine = detect(use_gpus=not on_cpu_profile)
+        device = "cuda" if machine.gpus and not on_cpu_profile else "cpu"
+        limits = local_limits(machine, device, options.max_local_ranks)
+        text = (f"this machine ({machine.describe()}): at most {limits.max_ranks} rank(s) ({limits.why}), "
+                + (f"{limits.memory_bytes_per_device / 2**30:.1f} GiB for a trial's ranks" if device == "cpu"
+                   else f"{limits.memory_bytes_per_device / 2**30:.0f} GiB per GPU"))
+        return _Where(limits, device, local_cluster() if device == "cpu" else q.cluster,
+                      "use --launcher slurm to run it on the cluster", text)
+    from autopar.trial.slurm import SlurmOptions, run_job
+
+    slurm = SlurmOptions(gpus_per_node=q.cluster.gpus_per_node, python=options.slurm_python or sys.executable,
+                         sbatch_args=options.sbatch_args, poll_s=options.poll_s,
+                         queue_timeout_s=options.queue_timeout_s, gpus=not on_cpu_profile)
+
+    def launch_fn(trials, nproc, *, timeout_s, workdir, worker_args=None, on_progress=None, **_):
+        return run_job(trials, nproc, slurm, workdir=workdir, timeout_s=timeout_s, worker_args=worker_args,
+                       on_progress=on_progress, job_name=f"autopar-{Path(workdir).name}"[:64], log=log)
+
+    return _Where(None, "auto", q.cluster, "",
+                  f"the cluster through SLURM (sbatch, {q.cluster.gpus_per_node} GPUs per node)", launch_fn)
+
+
 def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: float, storage, quiet: bool,
               study_name: str | None = None, options: TrialOptions | None = None) -> dict:
     """The measured stage over a search result; figures into measured.json and search.json (written
     atomically: another worker may share the run directory); returns them."""
-    from autopar.search.atomic import write_atomic
     from autopar.search.trial_results import acceptance
     from autopar.search.trials import plan_key, run_measured
-    from autopar.spec.hardware import LOCAL, local_cluster
+    from autopar.spec.hardware import LOCAL
     from autopar.trial.hygiene import install_signal_handlers
     from autopar.trial.measure import measure_placement
     from autopar.trial.proxy import Planner, Target
-    from autopar.trial.resources import detect, local_limits
 
     options = options or TrialOptions()
     out = sys.stderr if quiet else sys.stdout
@@ -91,47 +131,24 @@ def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: fl
         print(msg, file=out, flush=True)
 
     q = result.question
-    target = Target(model=spec, cluster=q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
-    on_cpu_profile = q.cluster.gpu.key == LOCAL
     warmup = 1
-    launch_fn: Callable | None = None
-    if options.launcher == "local":
-        machine = detect(use_gpus=not on_cpu_profile)
-        device = "cuda" if machine.gpus and not on_cpu_profile else "cpu"
-        limits = local_limits(machine, device, options.max_local_ranks)
-        here = local_cluster() if device == "cpu" else q.cluster
-        fix = "use --launcher slurm to run it on the cluster"
-        where = (f"this machine ({machine.describe()}): at most {limits.max_ranks} rank(s) ({limits.why}), "
-                 + (f"{limits.memory_bytes_per_device / 2**30:.1f} GiB for a trial's ranks" if device == "cpu"
-                    else f"{limits.memory_bytes_per_device / 2**30:.0f} GiB per GPU"))
-    else:
-        from autopar.trial.slurm import SlurmOptions, run_job
-
-        limits, device, here, fix = None, "auto", q.cluster, ""
-        slurm = SlurmOptions(gpus_per_node=q.cluster.gpus_per_node, python=options.slurm_python or sys.executable,
-                             sbatch_args=options.sbatch_args, poll_s=options.poll_s,
-                             queue_timeout_s=options.queue_timeout_s, gpus=not on_cpu_profile)
-
-        def launch_fn(trials, nproc, *, timeout_s, workdir, worker_args=None, on_progress=None, **_):
-            return run_job(trials, nproc, slurm, workdir=workdir, timeout_s=timeout_s, worker_args=worker_args,
-                           on_progress=on_progress, job_name=f"autopar-{Path(workdir).name}"[:64], log=log)
-
-        where = f"the cluster through SLURM (sbatch, {q.cluster.gpus_per_node} GPUs per node)"
+    w = _where(q, options, log)
     popts = options.proxy
-    if popts.step_budget_s is None and limits is not None:  # on the cluster, --trial-timeout alone bounds a trial
-        popts = replace(popts, step_budget_s=step_budget(timeout, steps, warmup, device))
-    planner = Planner(target, limits, popts, here, device=device, fix_hint=fix)
-    header.append(f"Measured stage on {where}; "
+    if popts.step_budget_s is None and w.limits is not None:  # on the cluster, --trial-timeout alone bounds a trial
+        popts = replace(popts, step_budget_s=step_budget(timeout, steps, warmup, w.device))
+    planner = Planner(Target(model=spec, cluster=q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len), w.limits,
+                      popts, w.here, device=w.device, fix_hint=w.fix)
+    header.append(f"Measured stage on {w.text}; "
                   + ("plans that do not fit run as scaled-down proxies (--no-proxy: not at all)" if popts.enabled
                      else "plans that do not fit are not run (--no-proxy)"))
-    peak = q.cluster.gpu.peak_flops("bf16") / 2 if on_cpu_profile else q.cluster.gpu.peak_flops("bf16")
+    peak = q.cluster.gpu.peak_flops("bf16") / (2 if q.cluster.gpu.key == LOCAL else 1)
     workroot = Path(result.run_dir) / "trials" / "work"
     install_signal_handlers()  # SIGINT/SIGTERM: kill the running trial (or scancel it), exit 130/143
 
     def measure(plan: dict, predicted: dict, on_step) -> dict:
         return measure_placement(planner.place(plan, predicted), predicted, steps=steps, warmup=warmup,
                                  timeout_s=timeout, workdir=workroot / plan_key(plan), peak_flops=peak,
-                                 on_step=on_step, launch_fn=launch_fn)
+                                 on_step=on_step, launch_fn=w.launch_fn)
 
     def runnable(plan: dict, predicted: dict) -> str | None:
         p = planner.place(plan, predicted)
@@ -142,7 +159,15 @@ def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: fl
     stage = run_measured(result, measure, k, budget, rounds, storage=storage, log=log, study_name=study_name,
                          stale_after_s=max(600.0, 4 * timeout), wait_s=timeout + 60, runnable=runnable)
     figs = acceptance(result, stage) | {"wall_s_measured_stage": time.perf_counter() - t0,
-                                        "launcher": options.launcher, "where": where}
+                                        "launcher": options.launcher, "where": w.text}
+    _machine_notes(figs, stage, options, w.device)
+    _save(result, stage, figs)
+    print_measured(figs, file=out)
+    return figs
+
+
+def _machine_notes(figs: dict, stage, options: TrialOptions, device: str) -> None:
+    """What on this machine distorts the timings: more ranks than cores, other load."""
     cores = os.cpu_count() or 1
     ranks = [int((stage.docs[kk].get("nproc") or 0)) for kk in stage.order if kk in stage.docs]
     if options.launcher == "local" and device == "cpu" and ranks and max(ranks) > cores:
@@ -152,6 +177,12 @@ def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: fl
         figs["load_average"] = os.getloadavg()  # other work on the machine distorts CPU timings
     except OSError:
         pass
+
+
+def _save(result, stage, figs: dict) -> None:
+    """calibrated.yaml (when the stage calibrated), measured.json, and the figures in search.json."""
+    from autopar.search.atomic import write_atomic
+
     if stage.calibration is not None:
         import yaml
 
@@ -163,8 +194,6 @@ def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: fl
     info = json.loads(info_path.read_text())
     info["measured"] = figs
     write_atomic(info_path, json.dumps(info, indent=2, default=str))
-    print_measured(figs, file=out)
-    return figs
 
 
 def _s(v) -> str:
