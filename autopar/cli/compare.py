@@ -62,6 +62,12 @@ def _question(base, *, model=None, gpus=None, gpu=None, gpus_per_node=None, clus
     from autopar.spec.presets import resolve_model
     from autopar.spec.resolve import resolve_cluster
 
+    from autopar.spec.schema import check_flags
+
+    try:
+        check_flags({"--gpus": gpus, "--seq-len": seq_len})
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
     if base is None and (model is None or gpus is None):
         raise InputError(f"{where}: give --model and --gpus (or a run directory) so the layouts have a model and "
                          f"cluster, e.g. autopar compare --model 70b --gpus 256 \"--tp 8 --pp 4\" \"--tp 4 --pp 8\"")
@@ -82,8 +88,6 @@ def _question(base, *, model=None, gpus=None, gpu=None, gpus_per_node=None, clus
         q.seq_len = seq_len
     if not q.seq_len:
         q.seq_len = q.model.seq_len
-    if (q.num_gpus is not None and q.num_gpus <= 0) or q.seq_len <= 0:
-        raise InputError(f"{where}: --gpus and --seq-len must be positive")
     if gbs is not None:
         q.global_batch_size = gbs
     return q

@@ -74,7 +74,8 @@ def search(
 
     Example: autopar search --model 70b --gpus 256
     """
-    from autopar.errors import InputError
+    from autopar.errors import InputError, quoted
+    from autopar.search.limits import SAMPLERS
     from autopar.search.scenarios import MAX_SCENARIOS, Scenario, run_scenarios
     from autopar.search.space import load_space
     from autopar.spec.presets import resolve_model
@@ -90,6 +91,8 @@ def search(
                  "--rounds": rounds, "--trial-steps": trial_steps, "--trial-timeout": trial_timeout,
                  "--max-local-ranks": max_local_ranks, "--proxy-layers": proxy_layers, "--proxy-width": proxy_width,
                  "--proxy-seq": proxy_seq})
+    if sampler not in SAMPLERS:
+        raise InputError(f"--sampler {quoted(sampler)} is not one of {', '.join(SAMPLERS)}; choose one of them")
     spec = resolve_model(model)
     if gpu == "local" and space == "default":
         space = "local"  # CPU trials: fp32, small batch, the knobs the trial model runs

@@ -1,6 +1,6 @@
-"""The search's measured throughput and the default size of an exhaustive search derived from it.
-Kept apart from autopar.search.run so that the CLI can show the default without importing the
-cost model."""
+"""The search's measured throughput and the default size of an exhaustive search derived from it,
+and the Optuna samplers. Kept apart from autopar.search.run so that the CLI can show the default
+and check --sampler without importing the cost model or optuna."""
 
 #: plans a whole exhaustive search gets through per second (walk, pricing on one core, keeping,
 #: writing plans.parquet) on the 2-core reference machine: benchmarks/bench_search_scale.py measured
@@ -9,3 +9,6 @@ cost model."""
 MEASURED_PLANS_PER_S = 1_000_000
 #: exhaustive whenever the search finishes in about ten seconds; Optuna samples larger spaces
 DEFAULT_MAX_EXHAUSTIVE = 10 * MEASURED_PLANS_PER_S
+
+#: Optuna samplers of `--sampler` (autopar.search.optuna_driver.make_sampler)
+SAMPLERS = ("tpe", "nsga2", "random")

@@ -22,11 +22,11 @@ from optuna.trial import TrialState
 
 from autopar.errors import InputError
 from autopar.search.enumerate import Question, build_table, knob_choices
+from autopar.search.limits import SAMPLERS
 from autopar.search.results import row_plan
 from autopar.search.space import SearchSpace
 from autopar.secrets import mask_url
 
-SAMPLERS = ("tpe", "nsga2", "random")
 #: the estimate figures every trial keeps (with its plan) as user attributes
 ESTIMATE_ATTRS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_bytes",
                   "memory_capacity_bytes", "bubble_fraction")
