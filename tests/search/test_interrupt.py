@@ -1,0 +1,127 @@
+"""Ctrl-C and SIGTERM during `autopar search` (issue 15): exit 130 / 143 with one line, and the run
+directory is either complete or marked incomplete (autopar.search.run_state); a rerun of the same
+command finishes it. Real processes for the signals, in-process runs for the states in between."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from autopar.errors import InputError
+from autopar.search.run_dir import INCOMPLETE, load
+
+LARGE_SPACE = ["search", "--model", "llama3-70b", "--gpus", "4096", "--space", "benchmarks/spaces/scale-l.yaml",
+               "--max-exhaustive", "1000000000"]
+OPTUNA = ["search", "--model", "tiny", "--gpus", "8", "--max-exhaustive", "0"]
+
+
+def _interrupt(sh, argv: list, ready, sig: int, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Start `autopar ARGV`, wait until `ready()` holds, send `sig`, return the finished process."""
+    proc = subprocess.Popen(sh.cmd(*argv), cwd=sh.repo, env=sh.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        out, err = proc.communicate()
+        pytest.fail(f"the search ended before it could be interrupted (exit {proc.returncode}): {err[-2000:]}")
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _one_line(r: subprocess.CompletedProcess, name: str) -> str:
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith(f"autopar: interrupted by {name}"), lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
+    return lines[0]
+
+
+def test_sigterm_while_streaming_leaves_no_half_run(sh, tmp_path):
+    run = tmp_path / "run"
+    r = _interrupt(sh, LARGE_SPACE + ["--run-dir", run], lambda: bool(list(run.glob(".plans.parquet.*.tmp"))),
+                   signal.SIGTERM)
+    assert r.returncode == 143, r.stderr
+    assert str(run) in _one_line(r, "SIGTERM")
+    assert not run.exists(), sorted(p.name for p in run.iterdir())  # made by the search, nothing replaced yet
+
+
+def test_sigint_during_optuna_then_the_rerun_finishes(sh, tmp_path):
+    run = tmp_path / "run"
+    r = _interrupt(sh, OPTUNA + ["--n-trials", "100000", "--run-dir", run],
+                   lambda: (run / "study.db").exists() and (run / "study.db").stat().st_size > 100_000, signal.SIGINT)
+    assert r.returncode == 130, r.stderr
+    _one_line(r, "SIGINT")
+    with pytest.raises(InputError, match="not a complete autopar run directory"):
+        load(run)  # the study is kept; no result file was written
+    done = subprocess.run(sh.cmd(*OPTUNA, "--n-trials", "10", "--run-dir", run), cwd=sh.repo, env=sh.env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (run / INCOMPLETE).exists()
+    assert load(run).search["method"].startswith("optuna")
+
+
+@pytest.fixture
+def tiny_question(sh):
+    q, space = sh.question("tiny", 8, "default")
+    return q, space
+
+
+def _search(q, space, run: Path):
+    from autopar.search.run import SearchOptions, run_search
+
+    return run_search(q, SearchOptions(space=space, run_dir=run))
+
+
+def test_interrupted_while_replacing_files_stays_marked_until_a_rerun(tiny_question, tmp_path, monkeypatch):
+    q, space = tiny_question
+    run = tmp_path / "run"
+
+    def interrupted(result):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr("autopar.search.run.write_run", interrupted)  # plans.parquet replaced, the rest not
+        with pytest.raises(KeyboardInterrupt):
+            _search(q, space, run)
+    assert (run / INCOMPLETE).exists() and (run / "plans.parquet").exists()
+    with pytest.raises(InputError, match="did not finish"):
+        load(run)
+    _search(q, space, run)  # the same question again: finishes it
+    assert not (run / INCOMPLETE).exists()
+    assert load(run).search["plans_evaluated"] > 0
+
+
+def test_interrupted_before_replacing_keeps_the_complete_run(tiny_question, tmp_path, monkeypatch):
+    q, space = tiny_question
+    run = tmp_path / "run"
+    _search(q, space, run)
+    before = (run / "search.json").read_bytes()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("autopar.search.run.stream", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _search(q, space, run)
+    assert not (run / INCOMPLETE).exists()
+    assert (run / "search.json").read_bytes() == before
+    load(run)
+
+
+def test_a_new_run_directory_that_fails_is_removed(tiny_question, tmp_path, monkeypatch):
+    q, space = tiny_question
+    run = tmp_path / "a" / "b" / "run"
+
+    def broken(*args, **kwargs):
+        raise InputError("storage down")
+
+    monkeypatch.setattr("autopar.search.run.stream", broken)
+    with pytest.raises(InputError):
+        _search(q, space, run)
+    assert not (tmp_path / "a").exists()
