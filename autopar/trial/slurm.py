@@ -203,6 +203,17 @@ def run_job(trials: list[TrialConfig], nproc: int, options: SlurmOptions, *, wor
         (workdir / JOB_FILE).write_text(f"{job} {digest}")
         say(f"  submitted SLURM job {job} ({nnodes} node{'s' * (nnodes > 1)} x {per_node} ranks)")
         state = "PENDING"
+    records, state, code, wall, timed_out, stopped, queued = _watch(job, state, options, timeout_s, progress,
+                                                                    on_progress)
+    return _finish(job, state, code, out, workdir, records, wall, timed_out=timed_out, stopped=stopped, cmd=cmd,
+                   queued=queued)
+
+
+def _watch(job: str, state: str, options: SlurmOptions, timeout_s: float, progress: Path,
+           on_progress: Callable[[dict], bool] | None) -> tuple:
+    """Follow a submitted job until it ends, its progress asks to stop (the pruner), or it runs past
+    `timeout_s` (or queues past the queue timeout): (progress records, state, exit code, wall
+    seconds, timed out, stopped, never ran). SIGINT/SIGTERM scancel it (autopar.trial.hygiene)."""
     handle = hygiene.register(f"SLURM job {job}", lambda: cancel(job))
     reader = ProgressReader(progress) if on_progress else None
     records: list[dict] = []
@@ -240,9 +251,7 @@ def run_job(trials: list[TrialConfig], nproc: int, options: SlurmOptions, *, wor
         for rec in reader.read():
             records.append(rec)
             on_progress(rec)
-    wall = time.monotonic() - (t_run or t_submit)
-    return _finish(job, state, code, out, workdir, records, wall, timed_out=timed_out, stopped=stopped, cmd=cmd,
-                   queued=t_run is None)
+    return records, state, code, time.monotonic() - (t_run or t_submit), timed_out, stopped, t_run is None
 
 
 def _complete(out: Path) -> bool:
