@@ -38,6 +38,10 @@ def probe(
     from autopar.spec.schema import check_flags
 
     check_flags({"--ranks": ranks, "--timeout": timeout})
+    most = 4 * (os.cpu_count() or 1)  # each rank is a process of this machine
+    if ranks is not None and ranks > most:
+        raise InputError(f"--ranks {ranks} would start {ranks} processes on this machine's {os.cpu_count()} CPU cores; "
+                         f"give at most {most}")
     output_file(out or local_profile_path(), "--out" if out else "the profile path")
     n = ranks or os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="autopar-probe-"))

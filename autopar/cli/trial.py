@@ -71,6 +71,10 @@ def trial(
         raise InputError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (ranks count from 0)")
     spec = resolve_model(model)
     seq = seq_len or spec.seq_len
+    narrowest = min(spec.hidden_size, spec.ffn_hidden_size)
+    if proxy_width and proxy_width > narrowest:
+        raise InputError(f"--proxy-width {proxy_width} would leave {spec.name} no width (hidden {spec.hidden_size}, "
+                         f"FFN {spec.ffn_hidden_size}); give at most {narrowest}")
     if gpus % nnodes:
         raise InputError(f"--gpus {gpus} must be a multiple of --nnodes {nnodes}; change one of them")
     output_file(emit_slurm, "--emit-slurm")

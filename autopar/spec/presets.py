@@ -87,8 +87,8 @@ def resolve_model(arg: str) -> ModelSpec:
             raise InputError(f"model folder {quoted(arg)} holds no config.json; give a HuggingFace model folder, a "
                              f"config.json, an autopar model file or a preset name")
     elif kind != "file":
-        raise InputError(f"model file {quoted(arg)} does not exist; give a preset name or a path to a "
-                         f"config.json / YAML model file")
+        raise InputError(f"model file {quoted(arg)} {'is not a regular file' if kind else 'does not exist'}; give a "
+                         f"preset name or a path to a config.json / YAML model file")
     from autopar.spec.model_file import load_model_file
 
     return load_model_file(path)

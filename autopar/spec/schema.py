@@ -159,8 +159,8 @@ def parse_list(text: str, flag: str, number: bool = True, most: int = 32) -> lis
         if value is None:
             raise InputError(f"{flag} {quoted(text)} must be an integer or a comma list of integers, e.g. "
                              f"{flag} 128,256; {quoted(x)} is not an integer")
-        if not FLAGS[flag].lo <= value <= FLAGS[flag].hi:  # the value as given: -0, +5, 1_000
-            check_flag(flag, x if len(items) == 1 else value)
+        if not FLAGS[flag].lo <= value <= FLAGS[flag].hi:  # named as given (-0, +5 and 1_000 quoted)
+            check_flag(flag, value if str(value) == x else x)
         out.append(value)
     return out
 

@@ -37,6 +37,7 @@ def parse_yaml(text: str, what: str) -> Any:
 
 def load_yaml(path: str | Path, what: str) -> Any:
     """Read and parse a YAML file; a missing, unreadable or oversized file is an InputError too."""
-    if path_kind(path) != "file":
-        raise InputError(f"{what} does not exist; check the path")
+    kind = path_kind(path)
+    if kind != "file":
+        raise InputError(f"{what} {'is not a regular file' if kind else 'does not exist'}; check the path")
     return parse_yaml(read_bounded(path, what, YAML_BYTES), what)

@@ -131,10 +131,23 @@ def stop_all() -> list[str]:
     return done
 
 
+def _kill_children() -> None:
+    """SIGKILL this process's own children still running (a process pool's workers: os._exit would
+    leave them computing)."""
+    me = str(os.getpid())
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "stat").read_text().rpartition(")")[2].split()[1] == me:
+                os.kill(int(d.name), signal.SIGKILL)
+        except (OSError, IndexError):
+            pass
+
+
 def _on_signal(signum: int, frame) -> None:  # noqa: ARG001 - the signal module's signature
     if _owner is not None and os.getpid() != _owner:  # a forked child (a process pool's worker): quietly
         os._exit(128 + signum)
     stopped = stop_all()
+    _kill_children()
     name = signal.Signals(signum).name
     what = f": stopped {', '.join(stopped)}" if stopped else ""
     try:
