@@ -91,6 +91,9 @@ def search(
                  "--rounds": rounds, "--trial-steps": trial_steps, "--trial-timeout": trial_timeout,
                  "--max-local-ranks": max_local_ranks, "--proxy-layers": proxy_layers, "--proxy-width": proxy_width,
                  "--proxy-seq": proxy_seq})
+    for flag, value in (("--storage", storage), ("--study-name", study_name)):
+        if value is not None and not value.strip():
+            raise InputError(f"{flag} is empty; give a value or leave the option out")
     if sampler not in SAMPLERS:
         raise InputError(f"--sampler {quoted(sampler)} is not one of {', '.join(SAMPLERS)}; choose one of them")
     spec = resolve_model(model)

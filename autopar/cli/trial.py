@@ -51,11 +51,12 @@ def trial(
 
     Example: autopar trial --model tiny --gpus 2 --tp 2 --mbs 2 --gbs 8
     """
+    import re
     import sys
 
     from autopar.cli.checks import output_dir, output_file
     from autopar.cost.estimate import estimate
-    from autopar.errors import InputError
+    from autopar.errors import InputError, quoted
     from autopar.search.trials import plan_key
     from autopar.spec.presets import resolve_model
     from autopar.spec.resolve import resolve_cluster, resolve_plan
@@ -67,6 +68,9 @@ def trial(
                  "--proxy-layers": proxy_layers, "--proxy-width": proxy_width, "--nnodes": nnodes,
                  "--node-rank": node_rank, "--timeout": timeout, "--max-local-ranks": max_local_ranks,
                  "--memory-limit-mib": memory_limit_mib})
+    if rdzv_endpoint is not None and not re.fullmatch(r"[A-Za-z0-9._\-\[\]:]+:\d{1,5}", rdzv_endpoint):
+        raise InputError(f"--rdzv-endpoint {quoted(rdzv_endpoint)} must be HOST:PORT, e.g. --rdzv-endpoint "
+                         f"node001:29500")
     if node_rank >= nnodes:
         raise InputError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (ranks count from 0)")
     spec = resolve_model(model)

@@ -76,6 +76,9 @@ def get_preset(name: str) -> ModelSpec:
 def resolve_model(arg: str) -> ModelSpec:
     """`--model`: a preset name or alias, a HuggingFace config.json or the folder holding it (a
     downloaded model), or an autopar model file."""
+    if not arg.strip():
+        raise InputError("--model is empty; give a preset name (see `autopar models`), a HuggingFace model folder or "
+                         "config.json, or an autopar model file")
     path = Path(arg)
     kind = path_kind(arg)
     if arg.lower() in _aliases() or (kind != "dir" and path.suffix.lower() not in (".json", ".yaml", ".yml")

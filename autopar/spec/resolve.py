@@ -82,6 +82,8 @@ class PlanRequest:
                               ("grads", GRADS), ("trainer", tuple(trainers())), ("moe_dispatch", MOE_DISPATCH),
                               ("moe_dispatcher", MOE_DISPATCHERS)):
             _check_choice(name, getattr(self, name), choices)
+        if self.pp_layout is not None and not self.pp_layout.strip():
+            raise InputError("--pp-layout is empty; give layers per virtual stage, e.g. --pp-layout 4,5,5,4")
         cf = self.capacity_factor
         if cf is not None:
             if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 1.0 <= cf <= MAX_CAPACITY_FACTOR:
