@@ -17,7 +17,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autopar.spec.schema import FLAGS
+from autopar.spec.resolve import MAX_SIZE
+from autopar.spec.schema import FLAGS, Limit
+
+#: the plan flags' ranges (autopar.spec.resolve.PlanRequest.check) beside the schema's options
+LIMITS = FLAGS | {f: Limit(1, MAX_SIZE) for f in ("--tp", "--pp", "--vpp", "--cp", "--dp", "--ep", "--etp", "--mbs")} \
+    | {"--zero": Limit(0, 3), "--recompute-layers": Limit(0, MAX_SIZE), "--pp-first": Limit(0, MAX_SIZE),
+       "--capacity-factor": Limit(1, 64, True)}
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -34,7 +40,9 @@ TEMPLATES = {
     "probe": (["probe", "--out", "{dir}/p.yaml"], ["--ranks", "--timeout"]),
     "export": (["export", "--to", "megatron", "--model", "tiny", "--gpus", "8", "--out", "{dir}/export"],
                ["--master-port", "--rank", "--gpus", "--seq-len", "--gpus-per-node"]),
-    "estimate": (["estimate", "--model", "tiny", "--gpus", "8"], ["--gpus", "--seq-len", "--gpus-per-node"]),
+    "estimate": (["estimate", "--model", "tiny", "--gpus", "8"],
+                 ["--gpus", "--seq-len", "--gpus-per-node", "--tp", "--pp", "--vpp", "--cp", "--dp", "--ep", "--etp",
+                  "--mbs", "--gbs", "--zero", "--recompute-layers", "--pp-first", "--capacity-factor"]),
     "calibrate": (["calibrate", "{dir}/no-run"], ["--top"]),
 }
 CASES = [(cmd, flag) for cmd, (_, flags) in TEMPLATES.items() for flag in flags]
@@ -54,7 +62,7 @@ def _parses(text: str, number: bool) -> bool:
 @st.composite
 def bad_value(draw, flag: str) -> str:
     """A value outside the option's range, as the command line gives it."""
-    lo, hi, number, above = FLAGS[flag]
+    lo, hi, number, above = LIMITS[flag]
     if number:
         below = st.floats(max_value=lo, exclude_max=not above, allow_nan=False)
         options = [below, st.floats(min_value=hi, exclude_min=True), st.sampled_from([math.nan, math.inf, -math.inf])]
@@ -138,6 +146,25 @@ def test_a_cluster_file_field_is_exit_0_or_one_line(cli_run, one_line_error, scr
     base = {"gpu": {"base": "h100-sxm"}} if key.startswith("gpu.") else {"gpu": "h100-sxm"}
     path = _write(scratch / "cluster.yaml", _with(base, key, value))
     _exit_0_or_one_line(cli_run("estimate", "--model", "tiny", "--gpus", "8", "--cluster", path), one_line_error)
+
+
+HF = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 512}
+HF_KEYS = list(HF) + ["architectures", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias",
+                      "num_local_experts", "num_experts_per_tok", "mlp_only_layers", "decoder_sparse_step",
+                      "n_routed_experts", "moe_layer_freq", "first_k_dense_replace", "q_lora_rank", "kv_lora_rank"]
+HF_TYPES = ["llama", "mixtral", "qwen3_moe", "deepseek_v3", "qwen2"]
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(model_type=st.sampled_from(HF_TYPES), key=st.sampled_from(HF_KEYS), value=JUNK)
+def test_a_huggingface_config_field_is_exit_0_or_one_line(cli_run, one_line_error, scratch, model_type, key, value):
+    import json
+
+    folder = scratch / "hf"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(_with(dict(HF, model_type=model_type), key, value)))
+    _exit_0_or_one_line(cli_run("estimate", "--model", folder, "--gpus", "2"), one_line_error)
 
 
 @settings(max_examples=40, **SETTINGS)
