@@ -36,10 +36,11 @@ def _parse(path: Path, text: str) -> Any:
 
 
 def _default_name(path: Path) -> str:
-    """The file stem; for a HuggingFace `config.json`, the folder it sits in."""
+    """The file stem; for a HuggingFace `config.json`, the folder it sits in (at most 80 characters:
+    a long path must not make every message long)."""
     if path.stem == "config" and path.resolve().parent.name:
-        return path.resolve().parent.name
-    return path.stem
+        return path.resolve().parent.name[:80]
+    return path.stem[:80]
 
 
 def load_model_file(path: Path) -> ModelSpec:
@@ -56,7 +57,7 @@ def load_model_file(path: Path) -> ModelSpec:
     if path.suffix.lower() == ".json" and any(k in data for k in _HF_MARKERS):
         return model_from_hf_config(data, _default_name(path), source=path.name)
     row = dict(data)
-    name = check_name(row.pop("name", None) or path.stem, f"model file '{path.name}': 'name'")
+    name = check_name(row.pop("name", None) or path.stem[:80], f"model file '{path.name}': 'name'")
     for key in ("moe", "mla"):
         if row.get(key) is not None and not isinstance(row[key], dict):
             raise InputError(f"model file '{path.name}': '{key}' must be a mapping of its fields, "
