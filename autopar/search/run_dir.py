@@ -132,8 +132,18 @@ def _one_line(e: BaseException) -> str:
     return (text[:160] + "...") if len(text) > 160 else text or type(e).__name__
 
 
+def _check_complete(d: Path) -> None:
+    """One line when the run directory is marked incomplete (autopar.search.run_state)."""
+    if (d / INCOMPLETE).exists():
+        raise InputError(f"'{d}' holds a search that did not finish (interrupted, or still running); rerun the "
+                         f"same `autopar search ... --run-dir {d}` to finish it")
+
+
 def read_json(path: Path) -> dict:
-    """A JSON object file of a run directory, or one line naming the file and the fix."""
+    """A JSON object file of a run directory, or one line naming the file and the fix (a run
+    directory's top.json or search.json while it is marked incomplete too)."""
+    if path.name in ("top.json", "search.json"):
+        _check_complete(path.parent)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -156,9 +166,7 @@ def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFile
         raise InputError(f"run directory '{d}' does not exist; {hint}")
     if not d.is_dir():
         raise InputError(f"'{d}' is not a directory; {hint}")
-    if (d / INCOMPLETE).exists():
-        raise InputError(f"'{d}' holds a search that did not finish (interrupted, or still running); rerun the "
-                         f"same `autopar search ... --run-dir {d}` to finish it")
+    _check_complete(d)
     missing = [f for f in ("scatter.parquet", "top.json", "search.json") if not (d / f).is_file()]
     if missing:
         raise InputError(f"'{d}' is not a complete autopar run directory: {', '.join(missing)} missing; "

@@ -66,6 +66,25 @@ def test_sigint_during_optuna_then_the_rerun_finishes(sh, tmp_path):
     assert load(run).search["method"].startswith("optuna")
 
 
+def _cli(argv: list) -> tuple[int, str]:
+    """(exit code, stderr) of `autopar ARGV` in this process (no signal handlers installed)."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from autopar.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), \
+            mock.patch("autopar.trial.hygiene.install_signal_handlers", lambda: None):
+        try:
+            main([str(a) for a in argv])
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    return code, err.getvalue()
+
+
 @pytest.fixture
 def tiny_question(sh):
     q, space = sh.question("tiny", 8, "default")
@@ -81,6 +100,7 @@ def _search(q, space, run: Path):
 def test_interrupted_while_replacing_files_stays_marked_until_a_rerun(tiny_question, tmp_path, monkeypatch):
     q, space = tiny_question
     run = tmp_path / "run"
+    _search(q, space, run)  # a finished run, then a rerun interrupted halfway through replacing its files
 
     def interrupted(result):
         raise KeyboardInterrupt
@@ -92,6 +112,9 @@ def test_interrupted_while_replacing_files_stays_marked_until_a_rerun(tiny_quest
     assert (run / INCOMPLETE).exists() and (run / "plans.parquet").exists()
     with pytest.raises(InputError, match="did not finish"):
         load(run)
+    for argv in (["report", run], ["compare", run, "--tp 2"], ["export", "--to", "megatron", "--run", run]):
+        code, err = _cli(argv)
+        assert code == 2 and err.count("\n") == 1 and "did not finish" in err, (argv, err)
     _search(q, space, run)  # the same question again: finishes it
     assert not (run / INCOMPLETE).exists()
     assert load(run).search["plans_evaluated"] > 0
