@@ -132,11 +132,31 @@ def _one_line(e: BaseException) -> str:
     return (text[:160] + "...") if len(text) > 160 else text or type(e).__name__
 
 
+def _writer_alive(marker: Path) -> bool:
+    """Whether the search that wrote the marker still runs: another process of this host (a second
+    worker sharing the run directory, whose files are each replaced atomically)."""
+    import socket
+
+    try:
+        who = json.loads(marker.read_text())
+        pid = int(who["pid"])
+        if who.get("host") != socket.gethostname() or pid == os.getpid():
+            return False
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
 def _check_complete(d: Path) -> None:
-    """One line when the run directory is marked incomplete (autopar.search.run_state)."""
-    if (d / INCOMPLETE).exists():
-        raise InputError(f"'{d}' holds a search that did not finish (interrupted, or still running); rerun the "
-                         f"same `autopar search ... --run-dir {d}` to finish it")
+    """One line when the run directory is marked incomplete (autopar.search.run_state) by a search
+    that no longer runs."""
+    marker = d / INCOMPLETE
+    if marker.exists() and not _writer_alive(marker):
+        raise InputError(f"'{d}' holds a search that did not finish (interrupted); rerun the same "
+                         f"`autopar search ... --run-dir {d}` to finish it")
 
 
 def read_json(path: Path) -> dict:

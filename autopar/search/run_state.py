@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +97,7 @@ class RunState:
         try:
             d.mkdir(parents=True, exist_ok=True)
             (d / INCOMPLETE).write_text(json.dumps({"question": summary_text(question_summary(q)), "pid": os.getpid(),
-                                                    "started": time.time()}))
+                                                    "host": socket.gethostname(), "started": time.time()}))
         except OSError as e:
             self._remove_created()
             raise InputError(f"cannot write the run directory {quoted(str(d))}: {e.strerror or type(e).__name__}; "

@@ -148,3 +148,24 @@ def test_a_new_run_directory_that_fails_is_removed(tiny_question, tmp_path, monk
     with pytest.raises(InputError):
         _search(q, space, run)
     assert not (tmp_path / "a").exists()
+
+
+def test_a_marker_of_a_running_worker_does_not_block_readers(tiny_question, tmp_path):
+    """A second worker still replacing the shared run directory's files (each atomically) leaves
+    it readable; once that worker is gone without finishing, the directory is refused."""
+    import json
+    import socket
+    import sys
+
+    q, space = tiny_question
+    run = tmp_path / "run"
+    _search(q, space, run)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / INCOMPLETE).write_text(json.dumps({"pid": worker.pid, "host": socket.gethostname()}))
+        load(run)
+    finally:
+        worker.kill()
+        worker.wait()
+    with pytest.raises(InputError, match="did not finish"):
+        load(run)
