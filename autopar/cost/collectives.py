@@ -155,5 +155,5 @@ def p2p_linear(crosses_node, links: Links) -> tuple[np.ndarray, np.ndarray]:
 
 def allreduce_bytes_moved(nbytes: float, n: int) -> float:
     """Bytes each rank sends (and receives) in a ring all-reduce: 2(n-1)/n * S
-    (seed distributed-training-ii, 'The Communication Cost of TP'; nccl#457)."""
+    (nccl-tests doc/PERFORMANCE.md; github.com/NVIDIA/nccl/issues/457)."""
     return 2 * (n - 1) / n * nbytes

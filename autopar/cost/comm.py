@@ -6,10 +6,11 @@ only for P2P) and the time both come from that one list, so they cannot drift ap
 
 Sources: TP + SP collectives per layer: Megatron-LM (Shoeybi et al. 2019 f/g operators; Korthikanti
 et al. 2022 §4.2.2: SP turns each all-reduce into reduce-scatter + all-gather); vocab-parallel
-embedding and cross-entropy: seed distributed-training-ii 'The Vocabulary'; CP ring K/V exchange:
+embedding and cross-entropy: Shoeybi et al. 2019 sec. 3; CP ring K/V exchange:
 Liu et al. 2023 Ring Attention, Megatron/TE p2p CP (backward sends K/V and dK/dV); EP dispatch and
-combine all-to-all, forward and backward: seed distributed-training-ii 'Expert Parallelism'; PP
-send/recv per microbatch per boundary, v times with interleaving: seed tensor-and-pipeline §3.4;
+combine all-to-all, forward and backward: GShard (Lepikhin et al. 2020), Megatron-Core's alltoall
+dispatcher; PP send/recv per microbatch per boundary, v times with interleaving: Narayanan et al.
+2021 sec. 2.2.2;
 DP all-reduce / reduce-scatter + all-gather / FSDP per-microbatch gathers: ZeRO paper (Rajbhandari et al. 2020).
 """
 
@@ -207,7 +208,7 @@ COUNT_BYTES = 8
 
 def ep_calls(model, tokens, tp, sp, moe_layers, imbalance, act_bytes, recompute_share=0.0) -> list[Call]:
     """Dispatch and combine all-to-alls, forward and backward, of the k routed copies of the
-    tp-local tokens (seed distributed-training-ii EP section; Megatron alltoall dispatcher).
+    tp-local tokens (GShard, Lepikhin et al. 2020; Megatron alltoall dispatcher).
 
     Measured on the running model (autopar/trial/parallel/expert.py): a rank's send buffer is its
     own k*T copies for the forward dispatch and the backward of the combine whatever the routing

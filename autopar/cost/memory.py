@@ -3,10 +3,10 @@
 Default accounting is Megatron-Core's (docs dist_optimizer.md, theoretical_memory_usage.py): bf16
 weights (2 B), fp32 main gradients (4 B), fp32 master weights + Adam m and v (12 B) = 18 B/param;
 the distributed optimizer (ZeRO-1) shards the 12 optimizer bytes over the data-parallel group:
-6 + 12/d. `main_grads_fp32=False` gives the textbook 16N (2 + 2 + 12; seed distributed-training-ii,
-'The Memory Wall'). ZeRO-2 also shards gradients, ZeRO-3/FSDP also weights (the ZeRO paper,
-Rajbhandari et al. 2020). The data-parallel group of dense parameters is dp x cp (Megatron-Core reduces
-gradients over the dp-cp group); routed experts use the expert-data-parallel group.
+6 + 12/d. `main_grads_fp32=False` gives the ZeRO paper's 16 bytes/param (2 + 2 + 12; Rajbhandari
+et al. 2020, sec. 3.1). ZeRO-2 also shards gradients, ZeRO-3/FSDP also weights (the same paper). The
+data-parallel group of dense parameters is dp x cp (Megatron-Core reduces gradients over the dp-cp
+group); routed experts use the expert-data-parallel group.
 """
 
 from __future__ import annotations

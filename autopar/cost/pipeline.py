@@ -9,8 +9,8 @@ from autopar.spec.table import SCHED
 
 def bubble_fraction(schedule: np.ndarray, p: np.ndarray, m: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Fraction of the step the pipeline idles.
-    GPipe / 1F1B: (p-1)/(m+p-1) (seed tensor-and-pipeline-parallelism §3.2; GPipe paper).
-    Interleaved 1F1B: the same divided by v (seed §3.4; Narayanan et al. 2021).
+    GPipe / 1F1B: (p-1)/(m+p-1) (GPipe, Huang et al. 2019, sec. 2.2).
+    Interleaved 1F1B: the same divided by v (Narayanan et al. 2021, sec. 2.2.2).
     Zero-bubble: ZB-H1, a third of 1F1B's bubble at 1F1B's memory (Qi et al. 2024, §3: the
     backward's weight-gradient pass fills the bubble when T_F = T_B = T_W)."""
     p = np.asarray(p, dtype=float)
@@ -25,7 +25,7 @@ def microbatches_in_flight(schedule: np.ndarray, p: np.ndarray, rank: np.ndarray
                            v: np.ndarray) -> np.ndarray:
     """Microbatches whose activations pipeline rank `rank` holds at its peak, in units of the
     rank's whole set of layers.
-    GPipe: all m (seed distributed-training-ii §Pipeline: GPipe stashes every microbatch).
+    GPipe: all m (GPipe, Huang et al. 2019: every microbatch's forward runs before any backward).
     1F1B and ZB-H1: min(p - rank, m) (PipeDream-flush warm-up; Megatron A.2 uses p for rank 0).
     Interleaved: rank r warms up 2(p-r-1) + (v-1)p + 1 model chunks of 1/v of its layers, capped
     at m*v (Megatron schedules.py get_num_warmup_microbatches); for rank 0 this is

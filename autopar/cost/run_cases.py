@@ -19,7 +19,7 @@ from autopar.spec.rules import plan_problems
 
 LONG_CONTEXT = 32768  # sequence length from which a run counts as long-context
 
-#: source -> the FLOP convention of its TFLOP/s and MFU figures (calibration_runs*.md)
+#: source -> the FLOP convention of its TFLOP/s and MFU figures (the `source` column of cost/data/calibration_runs*.csv)
 SOURCE_CONVENTION = {"megatron-readme-h100": "megatron-full", "megatron-readme-2021": "narayanan",
                      "nemo-24.07": "megatron-full", "nemo-long-sequence": "megatron-causal",
                      "bridge-25.09": "megatron-causal", "llm-foundry": "6n-full-attention",

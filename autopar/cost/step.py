@@ -2,7 +2,7 @@
 
 Each rank's time per microbatch = compute + the exposed TP, CP, EP and PP communication; the
 pipeline runs at the pace of its slowest stage, so pipeline time = m * pace / (1 - bubble
-fraction) (seed tensor-and-pipeline-parallelism §3: the bubble is idle time on top of m steady
+fraction) (Narayanan et al. 2021, Megatron-LM at scale, sec. 2.2: the bubble is idle time on top of m steady
 microbatches); then the exposed DP communication, the TP per-step reductions and the optimizer
 step of the slowest rank.
 """

@@ -12,7 +12,7 @@ torchrun or the launching process is gone (SIGKILL). Outcomes:
 | outcome | meaning |
 |---|---|
 | ok | exit 0 and the result document is complete |
-| teardown-abort | the result document is complete, then the exit was non-zero (gloo's abort at process exit, reference cpu-distributed.md): the measurements stand |
+| teardown-abort | the result document is complete, then the exit was non-zero (gloo may abort while its process group is torn down at interpreter exit): the measurements stand |
 | oom | out of memory: a CUDA/CPU allocation failure in the logs or a trial error, or the kernel's OOM kill (SIGKILL without our timeout) |
 | timeout | still running after `timeout_s`; killed |
 | crash | anything else: a trial raised (its error is in the result), or a worker died |
@@ -45,7 +45,7 @@ PROGRESS_FILE = "progress.jsonl"
 POLL_S = 0.1
 _OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "std::bad_alloc",
                 "DefaultCPUAllocator: can't allocate memory", "Cannot allocate memory")
-#: gloo's abort at process exit (cpu-distributed.md caveat 1)
+#: what a gloo process group torn down at interpreter exit may print as it aborts
 TEARDOWN_ABORT_MARKER = "terminate called without an active exception"
 
 

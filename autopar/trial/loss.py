@@ -1,6 +1,6 @@
 """The training loss: mean token cross-entropy, vocab-parallel under tensor parallelism.
 
-Source: Megatron vocab-parallel cross-entropy (seed distributed-training-ii 'The Vocabulary');
+Source: Megatron vocab-parallel cross-entropy (Shoeybi et al. 2019, Megatron-LM, sec. 3);
 DTensor `loss_parallel` computes it on the vocab-sharded logits without gathering them.
 """
 

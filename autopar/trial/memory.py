@@ -1,12 +1,12 @@
 """Peak memory of this process over a window: CUDA allocator peak on GPU, VmHWM on CPU.
 
 Sources: torch.cuda.max_memory_allocated; Linux /proc/self/status VmHWM, reset by writing 5 to
-/proc/self/clear_refs (proc(5)), as the project reference (cpu-distributed.md section 6) measured.
+/proc/self/clear_refs (proc(5), Linux >= 4.0).
 On CPU the figure is the whole process's resident peak (torch runtime included); `delta` is the
 growth over the resident size at the window's start. With AUTOPAR_TENSOR_MEMORY=1 (worker
 --tensor-memory) the CPU figure is instead the peak of live tensor bytes, from
-a dispatch-mode storage tracker like torch.distributed._tools.MemTracker's (cpu-distributed.md
-section 6; MemTracker itself refuses modules called more than once per window, i.e. microbatches),
+a dispatch-mode storage tracker like torch.distributed._tools.MemTracker's (a TorchDispatchMode
+that follows tensor storages; MemTracker itself refuses modules called more than once per window, i.e. microbatches),
 counting every tensor storage alive at the window's start (found through the garbage collector,
 after a collection: an earlier trial's model left in reference cycles is not this trial's) and
 every one an op creates after, each at its current size (storages resized in place are followed)

@@ -96,7 +96,7 @@ def _collectives_main(out: Path) -> None:
         out.write_text(json.dumps(res, indent=1))
     dist.barrier()
     sys.stdout.flush()
-    os._exit(0)  # skip gloo teardown (cpu-distributed.md caveat 1)
+    os._exit(0)  # skip gloo's process-group teardown, which may abort at interpreter exit
 
 
 def main(argv: list[str] | None = None) -> None:

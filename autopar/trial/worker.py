@@ -16,9 +16,9 @@ as the result reports it) and flushes it, so the launcher can show or prune a tr
 {"trial": index in the run file, "name", "step", "time_s", "timed": counted in the statistics}.
 
 Ending: gloo sometimes aborts at process exit after the work is done ("terminate called without
-an active exception", reference cpu-distributed.md). So the worker writes its result first, then
-waits at a barrier, flushes and leaves with os._exit, skipping the interpreter and process-group
-teardown where the abort happens. The launcher still treats "result complete, then a non-zero
+an active exception", libstdc++'s std::terminate message, while the gloo process group is
+destroyed at interpreter shutdown). So the worker writes its result first, then waits at a
+barrier, flushes and leaves with os._exit, skipping the interpreter and process-group teardown where the abort happens. The launcher still treats "result complete, then a non-zero
 exit" as success-with-teardown-abort.
 """
 

@@ -3,7 +3,7 @@ all-to-all (dispatch, then combine), forward and backward.
 
 Sources: GShard (Lepikhin et al. 2020) / Switch (Fedus et al. 2021) all-to-all dispatch; Megatron-Core
 `MoEAlltoAllTokenDispatcher` (count exchange, variable splits, sort by local expert, combine with the
-swapped splits, unsort); seed distributed-training-ii 'Expert Parallelism'; torch.distributed
+swapped splits, unsort); torch.distributed
 `all_to_all_single` with uneven splits (it works on gloo).
 
 Groups (autopar.trial.mesh.build_expert_mesh): inside a pipeline stage the tp*cp*dp ranks are
