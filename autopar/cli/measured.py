@@ -83,7 +83,7 @@ class _Where:
 
 def _where(q, options: TrialOptions, log: Callable[[str], None]) -> _Where:
     """This machine (its ranks and memory) or the cluster through SLURM."""
-    from autopar.spec.hardware import LOCAL, local_cluster
+    from autopar.spec.hardware import GIB, LOCAL, local_cluster
     from autopar.trial.resources import detect, local_limits
 
     on_cpu_profile = q.cluster.gpu.key == LOCAL
@@ -92,8 +92,8 @@ def _where(q, options: TrialOptions, log: Callable[[str], None]) -> _Where:
         device = "cuda" if machine.gpus and not on_cpu_profile else "cpu"
         limits = local_limits(machine, device, options.max_local_ranks)
         text = (f"this machine ({machine.describe()}): at most {limits.max_ranks} rank(s) ({limits.why}), "
-                + (f"{limits.memory_bytes_per_device / 2**30:.1f} GiB for a trial's ranks" if device == "cpu"
-                   else f"{limits.memory_bytes_per_device / 2**30:.0f} GiB per GPU"))
+                + (f"{limits.memory_bytes_per_device / GIB:.1f} GiB for a trial's ranks" if device == "cpu"
+                   else f"{limits.memory_bytes_per_device / GIB:.0f} GiB per GPU"))
         return _Where(limits, device, local_cluster() if device == "cpu" else q.cluster,
                       "use --launcher slurm to run it on the cluster", text)
     from autopar.trial.slurm import SlurmOptions, run_job

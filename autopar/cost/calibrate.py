@@ -10,7 +10,7 @@ import numpy as np
 
 from autopar.cost.estimate import estimate_table
 from autopar.cost.fit import FitResult, fit_constants
-from autopar.spec.hardware import LOCAL, ClusterSpec
+from autopar.spec.hardware import GIB, LOCAL, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.table import PlanTable
@@ -132,7 +132,7 @@ def profile_from_probe(gemm: dict, colls: list[dict], ranks: int, ram_bytes: flo
         "name": "local (autopar probe)",
         "gpu": {"key": LOCAL, "name": f"this machine (CPU, {gemm.get('threads', 1)} thread(s) per rank)",
                 "bf16_tflops": 2 * peak / efficiency / 1e12, "fp8_tflops": 0.0,
-                "hbm_gib": ram_bytes / ranks / 2**30, "hbm_gbps": gemm["memory_bytes_per_s"] / 1e9,
+                "hbm_gib": ram_bytes / ranks / GIB, "hbm_gbps": gemm["memory_bytes_per_s"] / 1e9,
                 "intra_node_gbps": busbw, "nic_gbps": busbw, "gpus_per_node": ranks,
                 "source": "autopar probe: GEMM, elementwise add and gloo collectives on this machine"},
         "gpus_per_node": ranks, "intra_node_gbps": busbw, "inter_node_gbps": busbw,

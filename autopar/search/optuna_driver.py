@@ -26,6 +26,7 @@ from autopar.search.limits import SAMPLERS
 from autopar.search.results import row_plan
 from autopar.search.space import SearchSpace
 from autopar.secrets import mask_url
+from autopar.spec.hardware import GIB
 
 #: the estimate figures every trial keeps (with its plan) as user attributes
 ESTIMATE_ATTRS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_bytes",
@@ -296,7 +297,7 @@ def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[floa
     trial.set_user_attr("estimate", {k: float(best[k]) for k in ESTIMATE_ATTRS} | {
         "fits": bool(best["fits"]), "plan_name": str(best["plan_name"]), "rejected_by": str(best["rejected_by"]),
         "completions": int(len(df)), "constraint": constraint})
-    headroom = float((best["memory_capacity_bytes"] - best["peak_memory_bytes"]) / 2**30)
+    headroom = float((best["memory_capacity_bytes"] - best["peak_memory_bytes"]) / GIB)
     return [float(best["step_time_s"])] + ([headroom] if multi_objective else [])
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from autopar.cost.estimate import MEMORY_BIT, TIME_LABELS, TIME_TERMS
+from autopar.spec.hardware import GIB
 from autopar.spec.layout import auto_layout
 from autopar.spec.rules import all_rules, reason_text
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan
@@ -49,7 +50,7 @@ def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None =
     terms = np.stack([df[f"time_{t}"].to_numpy() for t in COMM_TERMS], axis=1)
     df["dominant_cost"] = np.where(terms.max(axis=1) > 0, np.asarray(COMM_TERMS, dtype=object)[terms.argmax(axis=1)],
                                    "compute")
-    df["memory_gib"] = df["peak_memory_bytes"] / 2**30
+    df["memory_gib"] = df["peak_memory_bytes"] / GIB
     return df
 
 
@@ -163,7 +164,7 @@ def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
     paid = [f"{-d:.3g} s more {TIME_LABELS[t]}" for d, t in diffs[::-1] if d < -tiny][:1]
     runner_desc = _runner_text(winner, runner)
     if not saved and not paid:  # same predicted time: the tie is broken by memory, then by order
-        mem = (runner["peak_memory_bytes"] - winner["peak_memory_bytes"]) / 2**30
+        mem = (runner["peak_memory_bytes"] - winner["peak_memory_bytes"]) / GIB
         why = f"{mem:.3g} GiB less memory" if mem > 0 else "listed first"
         return f"{winner['plan_name']} ties the runner-up, {runner_desc}, on predicted step time; {why}."
     return (f"{winner['plan_name']} beats the runner-up, {runner_desc}, by {100 * gain:.1f}% per step: "

@@ -41,6 +41,7 @@ from autopar.search import optuna_driver as od
 from autopar.search import trial_claims as claims
 from autopar.search.results import ranked, row_plan
 from autopar.search.run import SearchResult
+from autopar.spec.hardware import GIB
 from autopar.spec.plan import ParallelPlan
 
 STUDY = "measured"
@@ -185,7 +186,7 @@ def run_measured(result: SearchResult, measure: Measure, k: int, budget: int | N
 
 
 def _mib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 def _seeds(study: optuna.Study, ranking: list[str], k: int, cannot: Callable[[str], str | None],

@@ -36,12 +36,12 @@ from dataclasses import asdict, dataclass, field, replace
 
 from autopar.cost.estimate import estimate
 from autopar.errors import InputError
-from autopar.spec.hardware import LOCAL, ClusterSpec
+from autopar.spec.hardware import GIB, LOCAL, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan, PlanError
 from autopar.trial.features import model_problems, plan_problems
 from autopar.trial.proxy_model import _halvings, _ladder, _narrow, model_dict, standin_model
-from autopar.trial.resources import GIB, LocalLimits
+from autopar.trial.resources import LocalLimits
 
 #: proxy rank structures tried (most faithful first) before a plan is declared not runnable
 MAX_STRUCTURES = 6

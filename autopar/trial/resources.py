@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autopar.errors import InputError
+from autopar.spec.hardware import GIB
 
-GIB = 2**30
 #: fraction of a GPU's memory left to the CUDA context and the allocator's fragmentation
 GPU_MARGIN = 0.08
 #: share of the available RAM all CPU ranks of a trial may use together (the rest: the search
