@@ -159,6 +159,8 @@ def _render_all(formats: list[str], to: str, plan, spec, clus, options) -> tuple
 
 
 def _write(bundles: list, refused: list, base: Path) -> None:
+    from autopar.spec.hardware import GIB
+
     for b in bundles:
         d = base / b.format
         paths = b.write(d)
@@ -170,9 +172,10 @@ def _write(bundles: list, refused: list, base: Path) -> None:
         print(f"{name}: skipped, {e}", file=sys.stderr)
     for b in bundles:
         est = b.meta["estimate"]
-        if not est.fits:
+        # memory alone: `fits` is also False for a plan whose rule an export option waived (--recipe)
+        if est.peak_memory_bytes > est.memory_capacity_bytes:
             print(f"autopar: warning: {b.format}: this plan is predicted not to fit on {b.meta['trainer']} "
-                  f"({est.peak_memory_bytes / 2**30:.1f} GiB of {est.memory_capacity_bytes / 2**30:.1f} GiB per GPU)",
+                  f"({est.peak_memory_bytes / GIB:.1f} GiB of {est.memory_capacity_bytes / GIB:.1f} GiB per GPU)",
                   file=sys.stderr)
 
 

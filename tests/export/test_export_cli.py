@@ -150,3 +150,15 @@ def test_export_all_names_each_skipped_format(tmp_path, capsys) -> None:
     assert "torchrun: skipped, megatron cannot run this plan: Megatron-LM cannot run the zero-bubble pipeline " \
            "schedule (megatron/core/pipeline_parallel/schedules.py" in err
     assert {p.name for p in tmp_path.iterdir()} == {"torchtitan"}
+
+
+def test_the_does_not_fit_warning_is_about_memory_only(tmp_path, capsys) -> None:
+    """A plan whose recipe line --recipe waives is not valid for the estimate (`fits` is False) but
+    fits in memory: no warning. A plan over the GPU's memory is still warned about."""
+    capsys.readouterr()
+    code, _, err = cli(["export", "--to", "nemo", "--model", "llama2-13b", "--gpus", "16", "--tp", "2", "--pp", "2",
+                        "--recipe", "llama2_7b", "--out", str(tmp_path / "a")], capsys)
+    assert code == 0 and "predicted not to fit" not in err, err
+    code, _, err = cli(["export", "--to", "megatron", "--model", "llama3-70b", "--gpus", "8", "--zero", "0",
+                        "--out", str(tmp_path / "b")], capsys)
+    assert code == 0 and "megatron: this plan is predicted not to fit on megatron" in err, err
