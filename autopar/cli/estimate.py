@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
+from typing import Optional
 
 from autopar.cli import app
 from autopar.cli import options as o
 from autopar.cli.plan_flags import with_plan_flags
+from autopar.cli.run_flags import with_run_flags
 from autopar.spec.resolve import PlanRequest
+from autopar.spec.training_run import TrainingRun
 
 
 @app.command()
+@with_run_flags
 @with_plan_flags
 def estimate(
     model: o.Model, gpus: o.Gpus, gpu: o.Gpu = "h100-sxm", gpus_per_node: o.GpusPerNode = None,
     cluster: o.ClusterFile = None, seq_len: o.SeqLen = None, routing_imbalance: o.RoutingImbalance = 1.0,
-    as_json: o.Json = False, plan: PlanRequest = PlanRequest(),
+    as_json: o.Json = False, plan: PlanRequest = PlanRequest(), run: Optional[TrainingRun] = None,
 ) -> None:
     """Estimate one plan: fits?, peak memory per GPU, step time, tokens/s, MFU, and why.
 
     The trainer (--trainer, default megatron; autopar's built-in model on --gpu local) is part of the
     plan: a plan it cannot run is refused with the reason, and the estimate uses its performance profile.
+
+    With --tokens: days to train, GPU-hours, cost and goodput after checkpoints and failures.
 
     Example: autopar estimate --model 70b --gpus 256 --tp 8 --pp 4 --seq-len 8192 --gbs 512
     """
@@ -43,13 +50,36 @@ def estimate(
     if not est.valid:
         raise InputError("invalid plan: " + "; ".join(est.reasons))
     trainer, profile = trainer_line(est, clus)
+    whole = None if run is None else whole_run(est, spec, clus, gpus, run, model)
     if as_json:
         out = est.to_dict()
         out.update(model=spec.name, gpu=clus.gpu.key, num_gpus=gpus, seq_len=s, trainer=trainer, profile=profile)
+        if whole is not None:
+            out["run"] = whole.to_dict() | {"training_run": run.to_dict()}
         print(json.dumps(out, indent=2, default=float))
         return
-    from autopar.cli.render import console
+    from autopar.cli.render import console, run_table
 
     out = console()
-    for renderable in estimate_tables(est, spec, clus, gpus, s):
+    for renderable in estimate_tables(est, spec, clus, gpus, s) + ([] if whole is None else [run_table(whole, run)]):
         out.print(renderable)
+
+
+def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):
+    """The plan's whole run (autopar.cost.goodput.run_time), or one line when it misses the deadline
+    or the budget, saying what it needs."""
+    from autopar.cost.goodput import run_time
+    from autopar.errors import InputError
+    from autopar.search.training import deadline_text, money_text, tokens_text
+
+    r = run_time(run.tokens, est.tokens_per_s, gpus, spec.params_total, fp32=est.plan.dtype == "fp32",
+                 rel=cluster.reliability, price_per_gpu_hour=run.price_for(cluster.gpu.key))
+    what = f"this plan needs {float(r.days):.1f} days for {tokens_text(run.tokens)} tokens"
+    search = f"autopar search --model {shlex.quote(model)} --gpus {gpus},{2 * gpus},{4 * gpus} --tokens {tokens_text(run.tokens)}"
+    if run.deadline_s is not None and float(r.wall_s) > run.deadline_s:
+        raise InputError(f"{what}, past {deadline_text(run.deadline_s)}; find a plan that meets it: {search} "
+                         f"--deadline {run.deadline_s / 86_400:g}d")
+    if run.budget is not None and float(r.cost) > run.budget:
+        raise InputError(f"this plan costs {money_text(float(r.cost))} for {tokens_text(run.tokens)} tokens, over the "
+                         f"budget of {money_text(run.budget)}; raise --budget, or compare GPU counts: {search}")
+    return r

@@ -1,22 +1,17 @@
 """The plan flags, declared once: `@with_plan_flags` appends them to a command's signature and hands
-the command one `PlanRequest` (autopar.spec.resolve) in its `plan` parameter.
-
-typer reads a command's parameters from `inspect.signature` and their types from
-`typing.get_type_hints`, so the wrapper carries both (`__signature__`, `__annotations__`). Every
-flag defaults to None (not given): each command fills in its own defaults (estimate: the hardware's
-dtype; export --run: the ranked plan's values).
+the command one `PlanRequest` (autopar.spec.resolve) in its `plan` parameter
+(autopar.cli.option_groups). Every flag defaults to None (not given): each command fills in its own
+defaults (estimate: the hardware's dtype; export --run: the ranked plan's values).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-import typing
 from dataclasses import fields
-from typing import Annotated, Optional
+from typing import Optional
 
 import typer
 
+from autopar.cli.option_groups import Opt, with_options
 from autopar.spec.resolve import PlanRequest
 from autopar.spec.trainers import TRAINERS
 
@@ -89,22 +84,5 @@ def _request(values: dict) -> PlanRequest:
 def with_plan_flags(command):
     """Give `command(..., plan: PlanRequest)` the plan flags as options; the command's own
     parameters come first (its `plan` parameter is filled in, not an option)."""
-    own = inspect.signature(command, eval_str=True)
-    hints = typing.get_type_hints(command, include_extras=True)
-    params = [p for name, p in own.parameters.items() if name != "plan"]
-    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[typ, opt])
-             for name, (typ, opt) in PLAN_OPTIONS.items()]
-    clash = {p.name for p in params} & set(PLAN_OPTIONS)
-    if clash:
-        raise TypeError(f"{command.__name__} declares plan flags itself: {sorted(clash)}")
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        values = {name: kwargs.pop(name, None) for name in PLAN_OPTIONS}
-        return command(*args, **kwargs, plan=_request(values))
-
-    positional = [p for p in params if p.kind != inspect.Parameter.KEYWORD_ONLY]
-    keyword = [p for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
-    wrapper.__signature__ = own.replace(parameters=positional + keyword + added)
-    wrapper.__annotations__ = {k: v for k, v in hints.items() if k != "plan"} | {p.name: p.annotation for p in added}
-    return wrapper
+    return with_options({name: Opt(typ, opt) for name, (typ, opt) in PLAN_OPTIONS.items()}, "plan",
+                        _request)(command)

@@ -105,3 +105,29 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     thr.add_row("params per GPU", human_count(est.params_per_gpu))
     out += [mem, tim, com, thr]
     return out
+
+
+def run_table(r, run) -> Table:
+    """The whole run of one plan (autopar.cost.goodput.RunTime): days, goodput and its terms,
+    checkpoints, GPU-hours, cost."""
+    from autopar.search.training import money_text, tokens_text
+
+    t = Table(title=f"Whole run: {tokens_text(run.tokens)} tokens", title_justify="left")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    rows = [("days to train", f"{float(r.days):,.1f}"),
+            ("  days of steps (no failures)", f"{float(r.train_s) / 86_400:,.1f}"),
+            ("goodput", f"{100 * float(r.goodput):.2f}%"),
+            ("  lost to checkpoint writes", f"{100 * float(r.lost_to_checkpoints):.2f}%"),
+            ("  lost to rework after failures", f"{100 * float(r.lost_to_rework):.2f}%"),
+            ("  lost to restarts and reads", f"{100 * float(r.lost_to_restarts):.2f}%"),
+            ("checkpoint (all ranks)", f"{float(r.checkpoint_bytes) / GIB:,.0f} GiB"),
+            ("checkpoint write", f"{float(r.write_s):,.1f} s"),
+            ("checkpoint every (Young/Daly)", f"{float(r.interval_s) / 60:,.1f} min"),
+            ("mean time between failures", f"{float(r.mtbf_s) / 3600:,.2f} h"),
+            ("GPU-hours", f"{float(r.gpu_hours):,.0f}")]
+    if r.cost is not None:
+        rows.append(("cost", money_text(float(r.cost))))
+    for row in rows:
+        t.add_row(*row)
+    return t

@@ -51,6 +51,9 @@ def top_table(r: SearchResult) -> Table:
                 "MFU", "bubble", "dominant cost", "runs on"):
         t.add_column(col, justify="left" if col in ("layout", "schedule", "stages", "recompute", "dominant cost",
                                                     "runs on") else "right")
+    run = r.options.training
+    for col in run_headers(run):
+        t.add_column(col, justify="right")
     cap = q.cluster.gpu.hbm_bytes / GIB
     for i, (_, row) in enumerate(r.top.iterrows(), start=1):
         sched = row["pp_schedule"] if row["pp"] > 1 else "-"
@@ -58,8 +61,28 @@ def top_table(r: SearchResult) -> Table:
                   stage_balance(row), row["recompute"], str(row["zero_stage"]), str(row["micro_batch_size"]),
                   f"{row['memory_gib']:.1f} / {cap:.0f}", f"{row['step_time_s']:.3f}", f"{row['tokens_per_s']:,.0f}",
                   f"{100 * row['mfu']:.1f}%", f"{100 * row['bubble_fraction']:.1f}%", str(row["dominant_cost"]),
-                  _runs_on(row))
+                  _runs_on(row), *run_cells(row, run))
     return t
+
+
+def run_headers(run) -> list[str]:
+    """The whole-run columns of a table (none without --tokens)."""
+    if run is None:
+        return []
+    return ["days", "goodput", "GPU-hours"] + (["cost"] if run.priced else [])
+
+
+def run_cells(row, run) -> list[str]:
+    """A plan's whole-run cells (run_headers): days to train after goodput, GPU-hours, cost."""
+    from autopar.search.training import money_text
+
+    if run is None:
+        return []
+    late = run.deadline_s is not None and not bool(row.get("meets_deadline", True))
+    over = run.budget is not None and not bool(row.get("within_budget", True))
+    cells = [f"{row['days']:.1f}" + (" late" if late else ""), f"{100 * row['goodput']:.1f}%",
+             f"{row['gpu_hours'] / 1e6:.3g}M"]
+    return cells + ([money_text(row["cost"]) + (" over" if over else "")] if run.priced else [])
 
 
 def _runs_on(row) -> str:
@@ -119,20 +142,29 @@ def print_result(r: SearchResult) -> None:
 
 def print_whatif(results: list[SearchResult]) -> None:
     t = Table(box=box.SIMPLE_HEAD, title="What-if: the best plan per scenario", title_justify="left")
-    for col in ("GPUs", "GPU", "seq", "gbs", "best layout", "schedule", "recompute", "memory GiB", "step s",
-                "tokens/s", "tokens/s/GPU", "MFU"):
+    run = results[0].options.training
+    cols = ["GPUs", "GPU", "seq", "gbs", "best layout", "schedule", "recompute", "memory GiB", "step s", "tokens/s",
+            "tokens/s/GPU", "MFU"] + run_headers(run)
+    for col in cols:
         t.add_column(col, justify="left" if col in ("GPU", "best layout", "schedule", "recompute") else "right")
     for r in results:
         q, w = r.question, r.winner
         if w is None:
             t.add_row(str(q.num_gpus), q.cluster.gpu.key, str(q.seq_len), str(q.global_batch_size), "nothing fits",
-                      *[""] * 7)
+                      *[""] * (len(cols) - 5))
             continue
         t.add_row(str(q.num_gpus), q.cluster.gpu.key, str(q.seq_len), str(q.global_batch_size), str(w["plan_name"]),
                   w["pp_schedule"] if w["pp"] > 1 else "-", w["recompute"], f"{w['memory_gib']:.1f}",
                   f"{w['step_time_s']:.3f}", f"{w['tokens_per_s']:,.0f}", f"{w['tokens_per_s_per_gpu']:,.0f}",
-                  f"{100 * w['mfu']:.1f}%")
+                  f"{100 * w['mfu']:.1f}%", *run_cells(w, run))
     c = console()
     c.print(t)
     for r in results:
         c.print(f"  {r.run_dir}: {r.why}")
+
+
+def print_answer(answer) -> None:
+    """The whole run's answers (autopar.search.training.check_run), one line each."""
+    c = console()
+    for line in answer.lines:
+        c.print(f"[bold]{line}[/bold]")

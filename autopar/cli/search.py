@@ -10,10 +10,17 @@ import typer
 
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.cli.run_flags import with_run_flags
+from autopar.cli.trial_flags import TrialFlags, with_trial_flags
+from autopar.errors import InputError, quoted
 from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
+from autopar.spec.schema import check_flags
+from autopar.spec.training_run import TrainingRun
 
 
 @app.command()
+@with_trial_flags
+@with_run_flags
 def search(
     model: o.Model,
     gpus: Annotated[str, typer.Option("--gpus", "-g", help="GPU count, or a comma list for a what-if (128,256,512).")],
@@ -40,57 +47,66 @@ def search(
                                                   "memory headroom together (NSGA-II).")] = False,
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Where results go (default: "
                                                     "reports/<model>_<gpus>x<gpu>_s<seq>_gbs<gbs>_<space>).")] = None,
-    trials: Annotated[int, typer.Option("--trials", help="Measured stage: run the analytic top-K plans for real "
-                                        "(torchrun on this machine, as scaled-down proxies where a plan does not "
-                                        "fit it; or SLURM jobs, --launcher slurm), ranked by measured step time.")] = 0,
-    trial_budget: Annotated[Optional[int], typer.Option("--trial-budget", help="Plans to measure per round "
-                                                        "(>= K; the sampler proposes the rest).")] = None,
-    rounds: Annotated[int, typer.Option("--rounds", help="Measure, recalibrate, re-rank the untried, repeat.")] = 1,
-    trial_steps: Annotated[int, typer.Option("--trial-steps", help="Timed steps per trial (after warm-up).")] = 5,
-    trial_timeout: Annotated[float, typer.Option("--trial-timeout", help="Seconds before a trial is killed.")] = 120.0,
-    launcher: Annotated[str, typer.Option("--launcher", help="Where trials run: local (torchrun on this machine) "
-                                          "| slurm (one sbatch job per trial on the cluster the plans are for; "
-                                          "a rerun adopts jobs still running).")] = "local",
-    max_local_ranks: Annotated[Optional[int], typer.Option("--max-local-ranks", help="Most ranks a local trial "
-                                                           "starts (default: the GPUs, or the CPU cores; more "
-                                                           "oversubscribes the cores).")] = None,
-    proxy: Annotated[bool, typer.Option("--proxy/--no-proxy", help="Run a scaled-down proxy of a plan that does not "
-                                        "fit this machine, scaled back by the estimate's ratio (default); "
-                                        "--no-proxy records it as not runnable.")] = True,
-    proxy_layers: Annotated[Optional[int], typer.Option("--proxy-layers", help="Proxy: layers per pipeline stage "
-                                                        "(default: the most that fit).")] = None,
-    proxy_width: Annotated[Optional[int], typer.Option("--proxy-width", help="Proxy: divide every width (hidden, "
-                                                       "heads then head size, FFN, vocabulary) by this "
-                                                       "(default: the least that fits).")] = None,
-    proxy_seq: Annotated[Optional[int], typer.Option("--proxy-seq", help="Proxy: divide the sequence length by this "
-                                                     "(default: the least that fits).")] = None,
-    sbatch_args: Annotated[Optional[str], typer.Option("--sbatch-args", help="Extra sbatch options for --launcher "
-                                                       "slurm, e.g. '--partition=gpu --account=ml'.")] = None,
     csv: Annotated[bool, typer.Option("--csv", help="Also write plans.csv (every plan; plans.parquet always has "
                                       "them).")] = False,
-    as_json: o.Json = False,
+    as_json: o.Json = False, run: Optional[TrainingRun] = None, measure: Optional[TrialFlags] = None,
 ) -> None:
     """Search every layout of the space for MODEL on GPUS: what fits, what is fastest, why.
 
     Example: autopar search --model 70b --gpus 256
     """
-    from autopar.errors import InputError, quoted
+    from autopar.cli.render_search import SearchProgress, print_answer, print_result, print_whatif
+    from autopar.report import write_reports
+    from autopar.search.scenarios import result_json, run_scenarios
+    from autopar.search.training import check_run
+    from autopar.trial import hygiene
+
+    check_flags({"--gpus-per-node": gpus_per_node, "--top-k": top_k, "--max-exhaustive": max_exhaustive,
+                 "--n-trials": n_trials, "--seed": seed})
+    spec, sp, scenarios, trainers = _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir,
+                                              storage, study_name, sampler)
+    with SearchProgress(enabled=not as_json) as progress:
+        results = run_scenarios(spec, sp, scenarios, gpus_per_node=gpus_per_node, cluster_file=cluster,
+                                top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials,
+                                seed=seed, storage=storage, study_name=study_name, multi_objective=multi_objective,
+                                run_dir=run_dir, progress=progress.update, trainers=trainers, csv=csv,
+                                interrupts=hygiene, training=run)
+    if measure.trials > 0:
+        if len(results) != 1:
+            raise InputError("--trials applies to one scenario")
+        _measured_stage(results[0], spec, measure.trials, measure.trial_budget, measure.rounds, measure.trial_steps,
+                        measure.trial_timeout, storage, quiet=as_json, study_name=study_name, options=measure.options)
+    reports = write_reports([r.run_dir for r in results])  # RUN_DIR/report.html; a what-if links them
+    answer = check_run(results, run)  # a deadline or budget no plan meets: one line, exit 2
+    if as_json:
+        out = [result_json(r) | {"report": str(Path(r.run_dir) / "report.html")} for r in results]
+        print(json.dumps((out[0] if len(out) == 1 else out) if answer is None else {"scenarios": out} | answer.to_dict(),
+                         indent=2, default=float))
+        return
+    if len(results) == 1:
+        print_result(results[0])
+    else:
+        print_whatif(results)
+    if answer is not None:
+        print_answer(answer)
+    for p in reports:
+        print(f"Report: {p}")
+
+
+def _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler):
+    """The model, the space, the scenarios (--gpus x --gpu x --seq-len x --gbs) and the trainers of
+    the command line, or one line naming the bad option."""
     from autopar.search.limits import SAMPLERS
-    from autopar.search.scenarios import MAX_SCENARIOS, Scenario, run_scenarios
+    from autopar.search.scenarios import MAX_SCENARIOS, Scenario
     from autopar.search.space import load_space
     from autopar.spec.presets import resolve_model
-    from autopar.spec.schema import check_flags, parse_list
+    from autopar.spec.schema import parse_list
     from autopar.spec.trainers import parse_trainers
 
     gpu_counts = parse_list(gpus, "--gpus")
     gpu_kinds = parse_list(gpu, "--gpu", number=False) if not cluster else [None]
     seqs = parse_list(seq_len, "--seq-len") if seq_len is not None else None
     batches = parse_list(gbs, "--gbs") if gbs is not None else [None]
-    check_flags({"--gpus-per-node": gpus_per_node, "--top-k": top_k, "--max-exhaustive": max_exhaustive,
-                 "--n-trials": n_trials, "--seed": seed, "--trials": trials, "--trial-budget": trial_budget,
-                 "--rounds": rounds, "--trial-steps": trial_steps, "--trial-timeout": trial_timeout,
-                 "--max-local-ranks": max_local_ranks, "--proxy-layers": proxy_layers, "--proxy-width": proxy_width,
-                 "--proxy-seq": proxy_seq})
     for flag, value in (("--storage", storage), ("--study-name", study_name)):
         if value is not None and not value.strip():
             raise InputError(f"{flag} is empty; give a value or leave the option out")
@@ -101,45 +117,14 @@ def search(
         space = "local"  # CPU trials: fp32, small batch, the knobs the trial model runs
     sp = load_space(space)
     trainers = parse_trainers(trainer, "local" if gpu_kinds == ["local"] else "")
-    seqs = seqs or [spec.seq_len]
-    scenarios = [Scenario(num_gpus=g, gpu=k, seq_len=s, gbs=b) for k in gpu_kinds for g in gpu_counts for s in seqs
-                 for b in batches]
+    scenarios = [Scenario(num_gpus=g, gpu=k, seq_len=s, gbs=b) for k in gpu_kinds for g in gpu_counts
+                 for s in (seqs or [spec.seq_len]) for b in batches]
     if len(scenarios) > MAX_SCENARIOS:
         raise InputError(f"this what-if has {len(scenarios):,} scenarios (--gpus x --gpu x --seq-len x --gbs); "
                          f"give at most {MAX_SCENARIOS}")
     if len(scenarios) > 1 and (storage or study_name or run_dir):
         raise InputError("--storage, --study-name and --run-dir apply to one scenario; drop them for a what-if")
-    from autopar.cli.measured import trial_options
-    from autopar.cli.render_search import SearchProgress, print_result, print_whatif
-    from autopar.trial import hygiene
-
-    topts = trial_options(launcher, max_local_ranks, proxy, proxy_layers, proxy_width, proxy_seq, sbatch_args)
-    with SearchProgress(enabled=not as_json) as progress:
-        results = run_scenarios(spec, sp, scenarios, gpus_per_node=gpus_per_node, cluster_file=cluster,
-                                top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials,
-                                seed=seed, storage=storage, study_name=study_name, multi_objective=multi_objective,
-                                run_dir=run_dir, progress=progress.update, trainers=trainers, csv=csv,
-                                interrupts=hygiene)
-    if trials > 0:
-        if len(results) != 1:
-            raise InputError("--trials applies to one scenario")
-        _measured_stage(results[0], spec, trials, trial_budget, rounds, trial_steps, trial_timeout, storage,
-                        quiet=as_json, study_name=study_name, options=topts)
-    from autopar.report import write_reports
-
-    reports = write_reports([r.run_dir for r in results])  # RUN_DIR/report.html; a what-if links them
-    if as_json:
-        from autopar.search.scenarios import result_json
-
-        out = [result_json(r) | {"report": str(Path(r.run_dir) / "report.html")} for r in results]
-        print(json.dumps(out[0] if len(out) == 1 else out, indent=2, default=float))
-        return
-    if len(results) == 1:
-        print_result(results[0])
-    else:
-        print_whatif(results)
-    for p in reports:
-        print(f"Report: {p}")
+    return spec, sp, scenarios, trainers
 
 
 def _measured_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: float, storage, quiet: bool,

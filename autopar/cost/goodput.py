@@ -22,30 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.cost.memory import precision_bytes
-
-#: the Llama 3 paper (Dubey et al. 2024, sec. 3.3.4): 419 unexpected interruptions in a 54-day
-#: snapshot of pre-training on 16,384 H100 GPUs
-LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
-#: interruptions per GPU-hour of a large H100 cluster (the Llama 3 figures above)
-DEFAULT_INTERRUPTIONS_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
-#: checkpoint storage bandwidth per GPU, GB/s: Meta's Tectonic sustains 2 TB/s for the 16,384-GPU
-#: Llama 3 cluster (Dubey et al. 2024, sec. 3.3.1), so each GPU's share of a write or read
-DEFAULT_CHECKPOINT_GBPS_PER_GPU = 2000.0 / LLAMA3_GPUS
-#: [assumed] seconds from an interruption to training again, before the checkpoint read: the
-#: scheduler restarting the job and NCCL and the data loaders starting up on thousands of GPUs
-#: (the Llama 3 paper gives no figure; ten minutes is the order its operators describe)
-DEFAULT_RESTART_S = 600.0
-
-
-@dataclass(frozen=True)
-class Reliability:
-    """How often a cluster's jobs are interrupted and how fast they checkpoint and restart (the
-    `reliability:` mapping of a cluster file)."""
-
-    interruptions_per_gpu_hour: float = DEFAULT_INTERRUPTIONS_PER_GPU_HOUR
-    checkpoint_gbps_per_gpu: float = DEFAULT_CHECKPOINT_GBPS_PER_GPU
-    restart_s: float = DEFAULT_RESTART_S
-
+from autopar.spec.hardware import GIB
+from autopar.spec.training_run import Reliability
 
 @dataclass(frozen=True)
 class RunTime:
@@ -68,6 +46,11 @@ class RunTime:
     @property
     def days(self) -> np.ndarray:
         return self.wall_s / 86_400.0
+
+    def to_dict(self) -> dict:
+        """One plan's figures as plain floats (estimate --json, the report)."""
+        out = {k: float(v) for k, v in vars(self).items() if v is not None}
+        return out | {"days": out["wall_s"] / 86_400.0, "train_days": out["train_s"] / 86_400.0}
 
 
 def checkpoint_bytes(params_total, fp32) -> np.ndarray:
@@ -110,3 +93,30 @@ def run_time(tokens: float, tokens_per_s, num_gpus, params_total, fp32=False, re
                    lost_to_checkpoints=ckpt_share, lost_to_rework=rework * (1 - ckpt_share),
                    lost_to_restarts=restarts * (1 - ckpt_share), goodput=good, wall_s=wall, gpu_hours=hours,
                    cost=None if price_per_gpu_hour is None else hours * price_per_gpu_hour)
+
+
+#: the run figures of a plan (run_time_columns), in the order tables show them
+RUN_COLUMNS = ("days", "train_days", "goodput", "gpu_hours", "cost", "checkpoint_gib", "checkpoint_interval_min",
+               "lost_to_checkpoints", "lost_to_rework", "lost_to_restarts")
+
+
+def run_time_columns(tokens_per_s, dtype, num_gpus: int, params_total: float, tokens: float, rel: Reliability,
+                     price_per_gpu_hour: float | None, deadline_s: float | None = None,
+                     budget: float | None = None) -> dict[str, np.ndarray]:
+    """run_time over plans as named columns (days, GPU-hours, cost, goodput and its terms), with
+    `meets_deadline` and `within_budget` when a deadline or budget is given."""
+    fp32 = np.asarray(dtype, dtype=object) == "fp32"
+    r = run_time(tokens, tokens_per_s, num_gpus, params_total, fp32=fp32, rel=rel,
+                 price_per_gpu_hour=price_per_gpu_hour)
+    n = len(fp32)
+    cols = {"days": r.days, "train_days": r.train_s / 86_400.0, "goodput": r.goodput, "gpu_hours": r.gpu_hours,
+            "cost": r.cost if r.cost is not None else np.full(n, np.nan),
+            "checkpoint_gib": r.checkpoint_bytes / GIB, "checkpoint_interval_min": r.interval_s / 60.0,
+            "lost_to_checkpoints": r.lost_to_checkpoints, "lost_to_rework": r.lost_to_rework,
+            "lost_to_restarts": r.lost_to_restarts}
+    cols = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)).copy() for k, v in cols.items()}
+    if deadline_s is not None:
+        cols["meets_deadline"] = cols["days"] * 86_400.0 <= deadline_s
+    if budget is not None and r.cost is not None:
+        cols["within_budget"] = cols["cost"] <= budget
+    return cols

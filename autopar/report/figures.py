@@ -246,3 +246,65 @@ def whatif_figure(wt: pd.DataFrame) -> dict:
     return {"data": data, "layout": _layout("What-if: the best plan per scenario (tokens/s)", 440, showlegend=False,
                                             xaxis={"type": "category", "automargin": True},
                                             yaxis={"title": {"text": "tokens/s"}, "rangemode": "tozero"})}
+
+
+RUN_COLOURS = {"steps": "#4c78a8", "lost_to_checkpoints": "#f58518", "lost_to_rework": "#e45756",
+               "lost_to_restarts": "#b279a2"}
+
+
+def run_figure(rb: pd.DataFrame, labels: dict[str, str], deadline_days: float | None = None,
+               title: str = "Days to train: steps, and what checkpoints and failures add") -> dict:
+    """Stacked horizontal bars of the days to train per candidate, one segment per part of the run
+    (the goodput terms), with the deadline as a line."""
+    names = list(rb.index)
+    data = [{"type": "bar", "orientation": "h", "name": labels[k], "y": names, "x": _floats(rb[k]),
+             "marker": {"color": RUN_COLOURS[k]}, "hovertemplate": f"%{{y}}<br>{labels[k]}: %{{x:.2f}} days<extra></extra>"}
+            for k in labels if np.any(rb[k].to_numpy(float) > 0)]
+    shapes, notes = _deadline(deadline_days, "x")
+    layout = _layout(title, _bar_height(len(names)), barmode="stack", shapes=shapes, annotations=notes,
+                     xaxis={"title": {"text": "days"}, "rangemode": "tozero"},
+                     yaxis={"autorange": "reversed", "automargin": True, "type": "category"})
+    return {"data": data, "layout": layout}
+
+
+def _deadline(days: float | None, axis: str) -> tuple[list, list]:
+    """A dashed red line (and its label) at the deadline along `axis` ("x" or "y")."""
+    if not days:
+        return [], []
+    other = "y" if axis == "x" else "x"
+    line = {"type": "line", f"{axis}ref": axis, f"{other}ref": "paper", f"{axis}0": days, f"{axis}1": days,
+            f"{other}0": 0, f"{other}1": 1, "line": {"color": "#d62728", "width": 2, "dash": "dash"}}
+    note = {axis: days, other: 0.98 if axis == "y" else 0, f"{axis}ref": axis, f"{other}ref": "paper",
+            "text": f"deadline {days:g} days", "showarrow": False, "font": {"color": "#d62728"},
+            "xanchor": "right", "yanchor": "bottom", "bgcolor": "rgba(255,255,255,0.8)"}
+    return [line], [note]
+
+
+def whatif_run_figure(wt: pd.DataFrame, deadline_days: float | None = None) -> dict:
+    """Days to train (left axis) and cost or GPU-hours (right axis, dotted) against the GPU count,
+    one line per GPU kind, sequence length and batch, with the deadline."""
+    priced = bool(wt["cost"].notna().any())
+    money, label = ("cost", "cost") if priced else ("gpu_hours", "GPU-hours")
+    data = []
+    groups = wt.groupby(["gpu", "seq_len", "global_batch_size"], sort=False)
+    palette = ["#4c78a8", "#54a24b", "#b279a2", "#f58518", "#72b7b2", "#9d755d"]
+    for n, ((gpu, seq, gbs), g) in enumerate(groups):
+        g = g.sort_values("num_gpus")
+        colour = palette[n % len(palette)]
+        name = gpu if groups.ngroups == 1 or wt["gpu"].nunique() == groups.ngroups else f"{gpu}, seq {seq}, gbs {gbs}"
+        x = g["num_gpus"].astype(float).tolist()
+        data.append({"type": "scatter", "mode": "lines+markers", "name": f"{name}: days", "x": x,
+                     "y": _floats(g["days"]), "text": g["plan_name"].tolist(), "line": {"color": colour},
+                     "hovertemplate": "%{x} GPUs: %{y:.1f} days<br>%{text}<extra></extra>"})
+        data.append({"type": "scatter", "mode": "lines+markers", "name": f"{name}: {label}", "x": x,
+                     "y": _floats(g[money]), "yaxis": "y2", "line": {"dash": "dot", "color": colour},
+                     "hovertemplate": f"%{{x}} GPUs: {label} %{{y:,.3s}}<extra></extra>"})
+    shapes, notes = _deadline(deadline_days, "y")
+    counts = sorted(wt["num_gpus"].dropna().astype(float).unique())
+    layout = _layout(f"What-if: days to train and {label} against GPUs", 460, shapes=shapes, annotations=notes,
+                     xaxis={"title": {"text": "GPUs"}, "type": "log", "tickvals": counts,
+                            "ticktext": [f"{int(c):,}" for c in counts]},
+                     yaxis={"title": {"text": "days to train"}, "rangemode": "tozero"},
+                     yaxis2={"title": {"text": label}, "overlaying": "y", "side": "right", "rangemode": "tozero",
+                             "automargin": True})
+    return {"data": data, "layout": layout}

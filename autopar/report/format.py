@@ -29,6 +29,8 @@ KINDS = {
     "human": human_count,
     "s_signed": lambda v: f"{v:+.3f}",
     "gib_signed": lambda v: f"{v:+.2f}",
+    "days": lambda v: f"{v:,.1f}",
+    "money": lambda v: human_count(v),
 }
 
 

@@ -19,6 +19,7 @@ from autopar.errors import InputError
 from autopar.report import figures as F
 from autopar.report import compare_tables as C
 from autopar.report import run_data as D
+from autopar.report import run_tables as R
 from autopar.report import trial_tables as X
 from autopar.report import tables as T
 from autopar.report.format import compare_kind, fmt
@@ -50,6 +51,9 @@ TRIAL_COLUMNS = [("trial", "trial", "t"), ("plan_name", "layout", "t"), ("status
                  ("memory_error_gib", "error GiB", "gib_signed"), ("memory_error", "error", "pct_signed"),
                  ("proxy_step_time_s", "proxy measured s", "s"), ("proxy_predicted_step_time_s", "proxy predicted s", "s"),
                  ("note", "proxy changes / why not run", "t")]
+#: the whole-run columns of the top and what-if tables (with --tokens)
+RUN_COLUMNS = [("days", "days", "days"), ("goodput", "goodput", "pct"), ("gpu_hours", "GPU-hours", "count"),
+               ("cost", "cost", "money")]
 WHATIF_COLUMNS = [("scenario", "scenario", "t"), ("plan_name", "best layout", "t"), ("pp_schedule", "schedule", "t"),
                   ("recompute", "recompute", "t"), ("memory_gib", "memory GiB", "gib"), ("step_time_s", "step s", "s"),
                   ("tokens_per_s", "tokens/s", "count"), ("tokens_per_s_per_gpu", "tokens/s/GPU", "count"),
@@ -77,7 +81,7 @@ def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, ou
     if why:
         parts.append(f"<p class=\"why\">{e(why)}</p>")
     built = [("question", "question", f"<h2 id=\"question\">The question</h2>{kv(T.question_rows(run))}"),
-             *_answer_sections(run, why), _plans_section(run), _optuna_section(run), _trials_section(run),
+             *_answer_sections(run, why), _run_section(run), _plans_section(run), _optuna_section(run), _trials_section(run),
              _whatif_section(run, scenario_runs, out_dir)]
     built = [b for b in built if b is not None]
     head = "<nav>" + "".join(f"<a href=\"#{a}\">{e(b)}</a>" for a, b, _ in built if b) + "</nav>"
@@ -97,7 +101,7 @@ def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
             f"<h2 id=\"top\">Top {len(top)} plans that fit</h2>"
             f"<p class=\"note\">Click a column to sort. Memory: peak per GPU on the most loaded "
             f"pipeline rank, of {top['memory_capacity_gib'].iloc[0]:.1f} GiB.</p>"
-            + table(_pp_dash(top), TOP_COLUMNS, row_class=lambda i, r: "win" if i == 0 else ""))]
+            + table(_pp_dash(top), TOP_COLUMNS + _run_columns(top), row_class=lambda i, r: "win" if i == 0 else ""))]
     per_trainer = T.trainer_table(run)
     if len(per_trainer) > 1:
         out.append(("trainers", "per trainer",
@@ -110,6 +114,28 @@ def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
                 + fig(F.time_figure(T.time_breakdown(rows)), "fig-time")
                 + fig(F.memory_figure(T.memory_breakdown(rows), run.headroom_gib), "fig-memory")))
     return out
+
+
+def _run_columns(df: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """The whole-run columns the frame has (none without --tokens; cost only with a price)."""
+    return [c for c in RUN_COLUMNS if c[0] in df.columns and df[c[0]].notna().any()]
+
+
+def _run_section(run: D.RunData) -> tuple[str, str, str] | None:
+    """With --tokens: the winner's time and cost, and where the days of the top plans go."""
+    rows = T.top_rows(run)
+    if R.training_run(run) is None or not len(rows) or "days" not in rows.columns:
+        return None
+    t = R.training_run(run)
+    deadline = t["deadline_s"] / 86_400 if t.get("deadline_s") else None
+    return ("run", "time and cost",
+            "<h2 id=\"run\">Time and cost of the whole run</h2>"
+            "<p class=\"note\">Days to train = tokens / tokens per second / goodput. Goodput: the share of the "
+            "wall time left after checkpoint writes (every Young/Daly interval), work redone after an "
+            "interruption and restarts; interruptions per GPU-hour, checkpoint bandwidth and restart time from "
+            "the cluster's <code>reliability:</code> (default: the Llama 3 paper's 16,384-GPU cluster).</p>"
+            + kv(R.run_panel(run, rows.iloc[0]))
+            + fig(F.run_figure(R.run_breakdown(rows), R.RUN_TERMS, deadline), "fig-run"))
 
 
 def _plans_section(run: D.RunData) -> tuple[str, str, str]:
@@ -182,9 +208,14 @@ def _whatif_section(run: D.RunData, scenario_runs: list[D.RunData] | None,
         links.append("this report" if cur else quote(Path(os.path.relpath(target, base)).as_posix()))
     wt = wt.assign(link=[lk if lk == "this report" else
                          f"<a href=\"{e(lk)}\" title=\"{e(lk)}\">open</a>" for lk in links])
-    rows = table(wt, WHATIF_COLUMNS, row_class=lambda i, r: "win" if r["current"] else "")
+    cols = WHATIF_COLUMNS[:-1] + _run_columns(wt) + WHATIF_COLUMNS[-1:]
+    rows = table(wt, cols, row_class=lambda i, r: "win" if r["current"] else "")
+    t = R.training_run(run)
+    days = (fig(F.whatif_run_figure(wt, t["deadline_s"] / 86_400 if t.get("deadline_s") else None), "fig-whatif-run")
+            if t is not None and wt["days"].notna().any() else "")
+    picks = "".join(f"<p class=\"answer\">{e(line)}</p>" for line in R.whatif_answers(wt, t))
     return ("whatif", "what-if", f"<h2 id=\"whatif\">What-if: the best plan per scenario ({len(wt)})</h2>"
-            + rows + fig(F.whatif_figure(wt), "fig-whatif"))
+            + picks + rows + fig(F.whatif_figure(wt), "fig-whatif") + days)
 
 
 def write_report(run_dir: str | Path, *, out: str | Path | None = None,

@@ -119,7 +119,9 @@ def trials_summary(df: pd.DataFrame) -> dict:
 WHATIF_COLUMNS = ("scenario", "num_gpus", "gpu", "seq_len", "global_batch_size", "plan_name", "pp_schedule",
                   "recompute", "zero_stage", "micro_batch_size", "peak_memory_bytes", "memory_gib",
                   "memory_capacity_gib", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "plans_fit",
-                  "run_dir", "current")
+                  "run_dir", "current", "days", "goodput", "gpu_hours", "cost")
+#: the whole-run figures a scenario has with --tokens (NaN without)
+WHATIF_RUN = ("days", "goodput", "gpu_hours", "cost")
 
 
 def whatif_table(runs: list[RunData], current: Path | None = None) -> pd.DataFrame:
@@ -137,13 +139,14 @@ def whatif_table(runs: list[RunData], current: Path | None = None) -> pd.DataFra
             row.update(plan_name="nothing fits", pp_schedule="", recompute="", zero_stage=np.nan,
                        micro_batch_size=np.nan, peak_memory_bytes=np.nan, memory_gib=np.nan,
                        memory_capacity_gib=np.nan, step_time_s=np.nan, tokens_per_s=np.nan,
-                       tokens_per_s_per_gpu=np.nan, mfu=np.nan)
+                       tokens_per_s_per_gpu=np.nan, mfu=np.nan, **{k: np.nan for k in WHATIF_RUN})
         else:
             row.update({k: w[k] for k in ("plan_name", "pp_schedule", "recompute", "zero_stage", "micro_batch_size",
                                           "peak_memory_bytes", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu",
                                           "mfu")})
             row["memory_gib"] = w["peak_memory_bytes"] / GIB
             row["memory_capacity_gib"] = w["memory_capacity_bytes"] / GIB
+            row.update({k: float(w[k]) if k in w.index else np.nan for k in WHATIF_RUN})
         rows.append(row)
     return pd.DataFrame(rows, columns=list(WHATIF_COLUMNS))
 

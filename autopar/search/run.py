@@ -18,6 +18,7 @@ import pandas as pd
 
 from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate_table
+from autopar.cost.goodput import RUN_COLUMNS
 from autopar.errors import InputError
 from autopar.search.atomic import write_atomic
 from autopar.search.enumerate import Enumerator, Question
@@ -27,7 +28,9 @@ from autopar.search.run_dir import SCHEMA_VERSION, PlansWriter, rejection_bits, 
 from autopar.search.run_state import RunState, question_summary, recorded_summary, summary_text
 from autopar.search.space import SearchSpace
 from autopar.search.streaming import StreamOptions, Streamed, apply_headroom, stream
+from autopar.search.training import with_run_columns
 from autopar.spec.table import PlanTable
+from autopar.spec.training_run import TrainingRun
 from autopar.spec.trainers import TRAINERS
 
 
@@ -45,6 +48,7 @@ class SearchOptions:
     multi_objective: bool = False
     run_dir: Path | None = None
     csv: bool = False  # also write plans.csv
+    training: TrainingRun | None = None  # --tokens/--deadline/--price-per-gpu-hour/--budget: the whole run
 
 
 @dataclass
@@ -118,7 +122,9 @@ def row_summary(row: pd.Series, layouts) -> dict:
         "comm_bytes_per_gpu": {a: float(row[f"comm_bytes_{a}"]) for a in AXES},
         "dominant_cost": str(row["dominant_cost"]),
         "layout": str(row["layout_text"]),
-    }
+    } | ({"run": {c: float(row[c]) if c not in ("meets_deadline", "within_budget") else bool(row[c])
+                  for c in RUN_COLUMNS + ("meets_deadline", "within_budget") if c in row.index}}
+         if "days" in row.index else {})
 
 
 def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, int], None] | None = None,
@@ -186,11 +192,17 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
     kept = pd.concat([pool, found.pareto, found.sample, found.closest], ignore_index=True)
     if "plan_index" in kept:
         kept = kept.drop_duplicates("plan_index")
+    per_trainer = {t: None for t in q.trainers} | (best_per_trainer(pool) if len(pool) else {})
+    if opts.training is not None:  # days, GPU-hours, cost and goodput of every plan shown
+        run = opts.training
+        top, kept, pareto = (with_run_columns(df, q, run) for df in (top, kept, found.pareto))
+        per_trainer = {t: None if row is None else with_run_columns(row.to_frame().T, q, run).iloc[0]
+                       for t, row in per_trainer.items()}
+    else:
+        pareto = found.pareto
     return SearchResult(question=q, options=opts, plans=kept, top=top, method=method, why=why, run_dir=run_dir,
-                        timings=timings, layouts=found.layouts, history=history,
-                        per_trainer={t: None for t in q.trainers} | (best_per_trainer(pool) if len(pool) else {}),
-                        counts=counts,
-                        rejections=found.rejections, pareto=found.pareto, scatter=kept)
+                        timings=timings, layouts=found.layouts, history=history, per_trainer=per_trainer,
+                        counts=counts, rejections=found.rejections, pareto=pareto, scatter=kept)
 
 
 def runs_on(top: pd.DataFrame, q: Question, layouts: list, headroom: float) -> pd.DataFrame:

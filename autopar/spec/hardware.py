@@ -13,6 +13,7 @@ from pathlib import Path
 
 from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.schema import MAX_GPUS_PER_NODE, MAX_NAME_CHARS, check_int, check_name, check_number
+from autopar.spec.training_run import Reliability
 
 GIB = 1024**3
 TRAINING_STACKS = ("megatron", "torch")
@@ -165,6 +166,9 @@ class ClusterSpec:
     #: trial model, torchtitan without compile). None = the trainer's (autopar.cost.profiles); the
     #: `local` profile pins "torch", where trials run the built-in model.
     training_stack: str | None = None
+    #: interruptions, checkpoint bandwidth and restart time, for the time to train a whole run
+    #: (autopar.cost.goodput); a cluster file's `reliability:` mapping
+    reliability: Reliability = field(default_factory=Reliability)
 
     def __post_init__(self) -> None:
         if self.training_stack is None and self.gpu.key == LOCAL:
@@ -225,18 +229,21 @@ def default_cluster(gpu: str | GpuSpec = "h100-sxm", gpus_per_node: int | None =
                        intra_node_topology=g.intra_node_topology, name=g.key)
 
 
-_CLUSTER_KEYS = {f.name for f in fields(ClusterSpec)} - {"constants"}
+_CLUSTER_KEYS = {f.name for f in fields(ClusterSpec)} - {"constants", "reliability"}
 _CONSTANT_KEYS = {f.name for f in fields(CostConstants)}
 
 
 def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
     """The cluster-file schema: `gpu` (preset name, or a mapping of GpuSpec fields), optional link
-    figures overriding the preset's, and an optional `constants` mapping (a calibrated profile)."""
+    figures overriding the preset's, an optional `constants` mapping (a calibrated profile) and an
+    optional `reliability` mapping (interruptions, checkpoint bandwidth, restart time)."""
     if not isinstance(data, dict):
         raise InputError(f"{origin}: the top level must be a mapping of cluster fields")
-    unknown = set(data) - _CLUSTER_KEYS - {"constants"}
+    unknown = set(data) - _CLUSTER_KEYS - {"constants", "reliability"}
     if unknown:
-        raise InputError(f"{origin}: unknown field(s) {_names(unknown)}; known: {sorted(_CLUSTER_KEYS | {'constants'})}")
+        raise InputError(f"{origin}: unknown field(s) {_names(unknown)}; known: "
+                         f"{sorted(_CLUSTER_KEYS | {'constants', 'reliability'})}")
+    reliability = Reliability.from_dict(data["reliability"], origin) if "reliability" in data else Reliability()
     gpu_spec = _gpu_of(data.get("gpu", "h100-sxm"), origin)
     if data.get("gpus_per_node") is not None:
         check_int(data["gpus_per_node"], f"{origin}: gpus_per_node", 1, MAX_GPUS_PER_NODE, fix="fix the cluster file")
@@ -252,7 +259,8 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
         if not isinstance(pinned, list) or not all(isinstance(p, str) and p in _CONSTANT_KEYS for p in pinned):
             raise InputError(f"{origin}: 'pinned' must list constant names, got {quoted(pinned)}")
         consts = {k: v for k, v in consts.items() if k in pinned}
-    overrides = {k: v for k, v in data.items() if k not in ("gpu", "constants", "gpus_per_node", "pinned")}
+    overrides = {k: v for k, v in data.items() if k not in ("gpu", "constants", "gpus_per_node", "pinned",
+                                                            "reliability")}
     for k, v in list(overrides.items()) + list(consts.items()):
         if k in ("name", "intra_node_topology", "training_stack"):
             continue
@@ -260,7 +268,7 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
             raise InputError(f"{origin}: '{k}' must be a number, got {quoted(v)}; fix the cluster file")
     try:
         return replace(cluster, **overrides, constants=replace(cluster.constants, **consts),
-                       pinned=cluster.pinned | frozenset(consts))
+                       pinned=cluster.pinned | frozenset(consts), reliability=reliability)
     except InputError as e:
         raise InputError(f"{origin}: {str(e).removeprefix('cluster: ')}") from None
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from autopar.cost.goodput import (DEFAULT_INTERRUPTIONS_PER_GPU_HOUR, Reliability, checkpoint_bytes, run_time,
+from autopar.spec.training_run import DEFAULT_INTERRUPTIONS_PER_GPU_HOUR, Reliability
+from autopar.cost.goodput import (checkpoint_bytes, run_time,
                                   young_daly_interval)
 from autopar.spec.presets import get_preset
 

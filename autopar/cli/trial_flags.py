@@ -1,0 +1,78 @@
+"""The measured-stage flags of `autopar search`, declared once: `@with_trial_flags` hands the command
+one TrialFlags in its `measure` parameter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import typer
+
+from autopar.cli.option_groups import Opt, with_options
+from autopar.spec.schema import check_flags
+
+PANEL = "Measured stage (trials)"
+
+
+def _opt(name: str, help: str):
+    return typer.Option(name, help=help, rich_help_panel=PANEL)
+
+
+TRIAL_OPTIONS = {
+    "trials": Opt(int, _opt("--trials", help="Measured stage: run the analytic top-K plans for real (torchrun on "
+                                             "this machine, as scaled-down proxies where a plan does not fit it; or "
+                                             "SLURM jobs, --launcher slurm), ranked by measured step time."), 0),
+    "trial_budget": Opt(Optional[int], _opt("--trial-budget", help="Plans to measure per round (>= K; the sampler "
+                                                                   "proposes the rest).")),
+    "rounds": Opt(int, _opt("--rounds", help="Measure, recalibrate, re-rank the untried, repeat."), 1),
+    "trial_steps": Opt(int, _opt("--trial-steps", help="Timed steps per trial (after warm-up)."), 5),
+    "trial_timeout": Opt(float, _opt("--trial-timeout", help="Seconds before a trial is killed."), 120.0),
+    "launcher": Opt(str, _opt("--launcher", help="Where trials run: local (torchrun on this machine) | slurm (one "
+                                                 "sbatch job per trial on the cluster the plans are for; a rerun "
+                                                 "adopts jobs still running)."), "local"),
+    "max_local_ranks": Opt(Optional[int], _opt("--max-local-ranks", help="Most ranks a local trial starts "
+                                                                         "(default: the GPUs, or the CPU cores; "
+                                                                         "more oversubscribes the cores).")),
+    "proxy": Opt(bool, _opt("--proxy/--no-proxy", help="Run a scaled-down proxy of a plan that does not fit this "
+                                                       "machine, scaled back by the estimate's ratio (default); "
+                                                       "--no-proxy records it as not runnable."), True),
+    "proxy_layers": Opt(Optional[int], _opt("--proxy-layers", help="Proxy: layers per pipeline stage (default: the "
+                                                                   "most that fit).")),
+    "proxy_width": Opt(Optional[int], _opt("--proxy-width", help="Proxy: divide every width (hidden, heads then "
+                                                                 "head size, FFN, vocabulary) by this (default: "
+                                                                 "the least that fits).")),
+    "proxy_seq": Opt(Optional[int], _opt("--proxy-seq", help="Proxy: divide the sequence length by this (default: "
+                                                             "the least that fits).")),
+    "sbatch_args": Opt(Optional[str], _opt("--sbatch-args", help="Extra sbatch options for --launcher slurm, e.g. "
+                                                                 "'--partition=gpu --account=ml'.")),
+}
+
+
+@dataclass(frozen=True)
+class TrialFlags:
+    """The measured stage as asked for: K plans (0: none), the budget, rounds, steps, timeout and
+    where the trials run (autopar.cli.measured.TrialOptions)."""
+
+    trials: int
+    trial_budget: int | None
+    rounds: int
+    trial_steps: int
+    trial_timeout: float
+    options: object  # TrialOptions
+
+
+def _build(v: dict) -> TrialFlags:
+    check_flags({"--trials": v["trials"], "--trial-budget": v["trial_budget"], "--rounds": v["rounds"],
+                 "--trial-steps": v["trial_steps"], "--trial-timeout": v["trial_timeout"],
+                 "--max-local-ranks": v["max_local_ranks"], "--proxy-layers": v["proxy_layers"],
+                 "--proxy-width": v["proxy_width"], "--proxy-seq": v["proxy_seq"]})
+    from autopar.cli.measured import trial_options
+
+    options = trial_options(v["launcher"], v["max_local_ranks"], v["proxy"], v["proxy_layers"], v["proxy_width"],
+                            v["proxy_seq"], v["sbatch_args"])
+    return TrialFlags(v["trials"], v["trial_budget"], v["rounds"], v["trial_steps"], v["trial_timeout"], options)
+
+
+def with_trial_flags(command):
+    """Give `command(..., measure: TrialFlags)` the measured-stage flags as options."""
+    return with_options(TRIAL_OPTIONS, "measure", _build)(command)

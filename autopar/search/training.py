@@ -1,0 +1,159 @@
+"""The whole run of a search: days to train, GPU-hours, cost and goodput for each plan kept
+(autopar.cost.goodput), and the answers a what-if gives about it: the cheapest plan that finishes
+by the deadline, the fastest plan within the budget. A deadline or budget no plan meets is one line
+and exit 2, saying what the best plan needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from autopar.cost.goodput import run_time_columns
+from autopar.errors import InputError
+from autopar.spec.training_run import TrainingRun
+
+
+def with_run_columns(df: pd.DataFrame, question, run: TrainingRun | None) -> pd.DataFrame:
+    """`df` (plans priced for `question`) with the run columns (autopar.cost.goodput.RUN_COLUMNS,
+    meets_deadline, within_budget) when a run is given."""
+    if run is None or df is None or not len(df):
+        return df
+    cluster = question.cluster
+    cols = run_time_columns(df["tokens_per_s"].to_numpy(), df["dtype"].to_numpy(), question.num_gpus,
+                            question.model.params_total, run.tokens, cluster.reliability,
+                            run.price_for(cluster.gpu.key), run.deadline_s, run.budget)
+    return df.assign(**cols)
+
+
+def tokens_text(tokens: float) -> str:
+    """15e12 -> '15T' (the way --tokens is written)."""
+    for unit, div in (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if tokens >= div:
+            return f"{tokens / div:.3g}{unit}"
+    return f"{tokens:.0f}"
+
+
+def money_text(x: float) -> str:
+    """An amount in the price's currency: 21,682,581 -> '21.7M'."""
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.2f}"
+
+
+def deadline_text(seconds: float) -> str:
+    """5,184,000 s -> 'the 60-day deadline'."""
+    return f"the {seconds / 86_400:.3g}-day deadline"
+
+
+@dataclass
+class RunAnswer:
+    """What the whole run takes on the best plan of each scenario, and the deadline and budget
+    answers: lines for the terminal, rows for JSON and the report."""
+
+    run: TrainingRun
+    lines: list[str] = field(default_factory=list)
+    picks: dict = field(default_factory=dict)  # "cheapest_by_deadline" / "fastest_within_budget" -> scenario index
+
+    def to_dict(self) -> dict:
+        return {"training_run": self.run.to_dict(), "answers": self.lines, "picks": self.picks}
+
+
+def _where(r) -> str:
+    q, w = r.question, r.winner
+    return f"{w['plan_name']} on {q.num_gpus:,} x {q.cluster.gpu.key}"
+
+
+def _with(r) -> str:
+    q, w = r.question, r.winner
+    return f"with {w['plan_name']} on {q.num_gpus:,} x {q.cluster.gpu.key}"
+
+
+def _costs(r, run: TrainingRun) -> str:
+    w = r.winner
+    cost = f", cost {money_text(w['cost'])}" if run.priced else ""
+    return f"{w['days']:.1f} days, {w['gpu_hours'] / 1e6:.3g}M GPU-hours{cost}"
+
+
+def summary_line(r, run: TrainingRun) -> str:
+    """'Training 15T tokens with dp256 on 256 x h100-sxm takes 535.9 days (530.4 days of steps at 99.0 %
+    goodput: ...): 3.29M GPU-hours, cost 8.23M.'"""
+    w = r.winner
+    cost = f", cost {money_text(w['cost'])}" if run.priced else ""
+    return (f"Training {tokens_text(run.tokens)} tokens {_with(r)} takes {w['days']:.1f} days ({w['train_days']:.1f} "
+            f"days of steps at {100 * w['goodput']:.1f} % goodput: checkpoints {100 * w['lost_to_checkpoints']:.1f} %, "
+            f"rework {100 * w['lost_to_rework']:.1f} %, restarts {100 * w['lost_to_restarts']:.1f} %): "
+            f"{w['gpu_hours'] / 1e6:.3g}M GPU-hours{cost}.")
+
+
+def choose(days, cost, run: TrainingRun) -> dict[str, int | None]:
+    """Positions of the scenarios (their best plans; NaN days: nothing fits) that answer the run's
+    questions: the fastest, the cheapest (cost, else GPU-hours in `cost`), the cheapest that meets the
+    deadline, the fastest within the budget, the cheapest meeting both (None where none does)."""
+    days, cost = np.asarray(days, dtype=float), np.asarray(cost, dtype=float)
+    ok = np.isfinite(days) & np.isfinite(cost)
+    meets = ok & (days * 86_400 <= run.deadline_s if run.deadline_s is not None else ok)
+    within = ok & (cost <= run.budget if run.budget is not None else ok)
+
+    def best(mask, key):
+        return int(np.flatnonzero(mask)[np.argmin(key[mask])]) if mask.any() else None
+
+    return {"fastest": best(ok, days), "cheapest": best(ok, cost), "cheapest_by_deadline": best(meets, cost),
+            "fastest_within_budget": best(within, days), "both": best(meets & within, cost)}
+
+
+def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
+    """The run's answers over the scenarios' best plans; InputError when no plan meets the deadline,
+    the budget, or both."""
+    if run is None or all(r.winner is None for r in results):
+        return None
+    answer = RunAnswer(run)
+    nan = float("nan")
+    days = [nan if r.winner is None else r.winner["days"] for r in results]
+    money = "cost" if run.priced else "gpu_hours"
+    c = choose(days, [nan if r.winner is None else r.winner[money] for r in results], run)
+    deadline = None if run.deadline_s is None else deadline_text(run.deadline_s)
+    budget = None if run.budget is None else f"the budget of {money_text(run.budget)}"
+    tokens = tokens_text(run.tokens)
+    if deadline and c["cheapest_by_deadline"] is None:
+        fastest = results[c["fastest"]]
+        more = "" if len(results) > 1 else f"; try a what-if with more GPUs, e.g. --gpus {_more(fastest)}"
+        raise InputError(f"no plan meets {deadline}: the fastest, {_where(fastest)}, needs "
+                         f"{fastest.winner['days']:.1f} days for {tokens} tokens{more}")
+    if budget and c["fastest_within_budget"] is None:
+        cheapest = results[c["cheapest"]]
+        raise InputError(f"no plan fits {budget}: the cheapest, {_where(cheapest)}, costs "
+                         f"{money_text(cheapest.winner['cost'])} for {tokens} tokens; raise --budget or train on "
+                         f"fewer tokens")
+    if deadline and budget and c["both"] is None:
+        raise InputError(f"no plan meets both {deadline} and {budget}: the cheapest by the deadline costs "
+                         f"{money_text(results[c['cheapest_by_deadline']].winner['cost'])}, the fastest within the "
+                         f"budget needs {results[c['fastest_within_budget']].winner['days']:.1f} days")
+    answer.lines = answer_lines(results, c, run, deadline, budget)
+    answer.picks = {k: v for k, v in c.items() if v is not None}
+    return answer
+
+
+def answer_lines(results: list, c: dict, run: TrainingRun, deadline: str | None, budget: str | None) -> list[str]:
+    """One scenario: what its run takes (and the deadline's and budget's margins); several: the
+    cheapest by the deadline and the fastest within the budget."""
+    if len(results) == 1:
+        w = results[0].winner
+        lines = [summary_line(results[0], run)]
+        margins = ([f"{(run.deadline_s / 86_400 - w['days']):.1f} days to spare"] if deadline else []) + \
+                  ([f"{money_text(run.budget - w['cost'])} under budget"] if budget else [])
+        if margins:
+            lines.append("Meets " + " and ".join(x for x in (deadline, budget) if x) + ": " + ", ".join(margins) + ".")
+        return lines
+    pick = results[c["cheapest_by_deadline"]]
+    lines = [f"{'Cheapest by ' + deadline if deadline else 'Cheapest'}: {_where(pick)}, {_costs(pick, run)}."]
+    pick = results[c["fastest_within_budget"]]
+    lines.append(f"{'Fastest within ' + budget if budget else 'Fastest'}: {_where(pick)}, {_costs(pick, run)}.")
+    return lines
+
+
+def _more(r) -> str:
+    n = r.question.num_gpus
+    return f"{n},{2 * n},{4 * n}"

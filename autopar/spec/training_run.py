@@ -1,0 +1,179 @@
+"""The whole training run a user plans, beyond one step: how many tokens, by when, at what price
+(`--tokens 15T --deadline 60d --price-per-gpu-hour 2.5 --budget 5M`), and how reliable the cluster
+is (a cluster file's `reliability:` mapping). autopar.cost.goodput turns them into days, GPU-hours,
+cost and goodput.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, fields
+
+from autopar.errors import InputError, quoted
+from autopar.spec.schema import check_number
+
+#: the Llama 3 paper (Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.3.4): 419 unexpected
+#: interruptions in a 54-day snapshot of pre-training on 16,384 H100 GPUs
+LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
+#: interruptions per GPU-hour of a large H100 cluster (the Llama 3 figures above)
+DEFAULT_INTERRUPTIONS_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
+#: checkpoint storage bandwidth per GPU, GB/s: Meta's Tectonic file system sustains 2 TB/s for the
+#: 16,384-GPU Llama 3 cluster (Dubey et al. 2024, sec. 3.3.1); each GPU's share of a write or read
+DEFAULT_CHECKPOINT_GBPS_PER_GPU = 2000.0 / LLAMA3_GPUS
+#: [assumed] seconds from an interruption to training again, before the checkpoint read: the
+#: scheduler restarting the job and NCCL and the data loaders starting up on thousands of GPUs
+#: (the Llama 3 paper gives no figure; ten minutes is the order its operators describe)
+DEFAULT_RESTART_S = 600.0
+
+#: the largest values the flags and the cluster file accept (beyond them the input is a typo)
+MAX_TOKENS = 1e18
+MAX_DEADLINE_S = 100 * 365 * 86_400.0
+MAX_PRICE = 1e6
+MAX_BUDGET = 1e15
+
+_SI = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
+_DURATION = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86_400.0, "w": 7 * 86_400.0}
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """How often a cluster's jobs are interrupted and how fast they checkpoint and restart (a
+    cluster file's `reliability:` mapping; defaults from the Llama 3 paper)."""
+
+    interruptions_per_gpu_hour: float = DEFAULT_INTERRUPTIONS_PER_GPU_HOUR
+    checkpoint_gbps_per_gpu: float = DEFAULT_CHECKPOINT_GBPS_PER_GPU
+    restart_s: float = DEFAULT_RESTART_S
+
+    def __post_init__(self) -> None:
+        check_number(self.interruptions_per_gpu_hour, "reliability: interruptions_per_gpu_hour", 0.0, 1.0,
+                     fix="fix the cluster file (the Llama 3 paper's cluster: 1.97e-5)")
+        check_number(self.checkpoint_gbps_per_gpu, "reliability: checkpoint_gbps_per_gpu", 0.0, 1e4, above=True,
+                     fix="fix the cluster file (storage GB/s divided by the GPUs writing)")
+        check_number(self.restart_s, "reliability: restart_s", 0.0, 7 * 86_400.0, fix="fix the cluster file")
+
+    @classmethod
+    def from_dict(cls, data: object, origin: str) -> "Reliability":
+        if not isinstance(data, dict):
+            raise InputError(f"{origin}: 'reliability' must be a mapping of {', '.join(_RELIABILITY_KEYS)}, got "
+                             f"{quoted(data)}; fix the cluster file")
+        unknown = [k for k in data if k not in _RELIABILITY_KEYS]
+        if unknown:
+            raise InputError(f"{origin}: unknown reliability field {quoted(str(unknown[0]), 40)}; known: "
+                             f"{', '.join(_RELIABILITY_KEYS)}")
+        try:
+            return cls(**data)
+        except InputError as e:
+            raise InputError(f"{origin}: {e}") from None
+
+
+_RELIABILITY_KEYS = tuple(f.name for f in fields(Reliability))
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """What the whole run must do: `tokens` to train on, optionally by `deadline_s`, at
+    `price_per_gpu_hour` (one price, or one per GPU kind), within `budget` (same currency)."""
+
+    tokens: float
+    deadline_s: float | None = None
+    price_per_gpu_hour: float | None = None
+    prices_by_gpu: dict = field(default_factory=dict)  # GPU kind -> price, overriding the single price
+    budget: float | None = None
+
+    def price_for(self, gpu: str) -> float | None:
+        """The price per GPU-hour of one GPU kind (None: not priced), or one line when a per-kind
+        price list misses it."""
+        if not self.priced:
+            return None
+        price = self.prices_by_gpu.get(gpu, self.price_per_gpu_hour)
+        if price is None:
+            raise InputError(f"--price-per-gpu-hour gives no price for {quoted(gpu)}; add {gpu}=PRICE, or one bare "
+                             f"price for every GPU kind")
+        return price
+
+    @property
+    def priced(self) -> bool:
+        return self.price_per_gpu_hour is not None or bool(self.prices_by_gpu)
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "deadline_s": self.deadline_s, "price_per_gpu_hour": self.price_per_gpu_hour,
+                "prices_by_gpu": dict(self.prices_by_gpu), "budget": self.budget}
+
+
+def parse_tokens(text: str) -> float:
+    """'15T', '300B', '2.5e12', '500M' -> tokens."""
+    value = _si_number(text, "--tokens", "a token count such as 15T, 300B or 2.5e12")
+    return _in_range(value, text, "--tokens", MAX_TOKENS, "15T")
+
+
+def parse_duration(text: str, flag: str = "--deadline") -> float:
+    """'60d', '36h', '8w', '90min', '3600s' -> seconds (a unit is required: '60' could be anything)."""
+    m = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|min|m|h|d|w)\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise InputError(f"{flag} {quoted(text)} is not a duration; give a number and a unit: 60d, 36h, 8w, 90min")
+    seconds = float(m.group(1)) * _DURATION[m.group(2).lower()]
+    return _in_range(seconds, text, flag, MAX_DEADLINE_S, "60d", "100 years")
+
+
+def parse_prices(text: str) -> tuple[float | None, dict]:
+    """'2.5' (every GPU kind) or 'h100-sxm=2.5,b200=4' (per kind; a bare number among them is the
+    price of the others) -> (price, {kind: price})."""
+    single, by_kind = None, {}
+    for part in str(text).split(","):
+        kind, _, value = part.rpartition("=")
+        price = _si_number(value, "--price-per-gpu-hour", "a price per GPU-hour such as 2.5, or h100-sxm=2.5,b200=4")
+        _in_range(price, value, "--price-per-gpu-hour", MAX_PRICE, "2.5")
+        if kind.strip():
+            from autopar.spec.hardware import get_gpu
+
+            by_kind[get_gpu(kind.strip()).key] = price
+        elif single is None:
+            single = price
+        else:
+            raise InputError(f"--price-per-gpu-hour {quoted(text)} gives two prices for every GPU; give one, "
+                             f"or KIND=PRICE pairs")
+    return single, by_kind
+
+
+def parse_budget(text: str) -> float:
+    """'5M', '$2.5M', '750000' -> an amount in the price's currency."""
+    value = _si_number(str(text).strip().lstrip("$"), "--budget", "an amount such as 5M or 750000")
+    return _in_range(value, text, "--budget", MAX_BUDGET, "5M")
+
+
+def training_run(tokens: str | None, deadline: str | None = None, price: str | None = None,
+                 budget: str | None = None) -> TrainingRun | None:
+    """The flags as one TrainingRun (None when --tokens is not given), or one line saying what is
+    missing: a deadline, price or budget means nothing without the run's size."""
+    given = [f for f, v in (("--deadline", deadline), ("--price-per-gpu-hour", price), ("--budget", budget))
+             if v is not None]
+    if tokens is None:
+        if given:
+            raise InputError(f"{given[0]} needs --tokens (how many tokens the run trains on) to time or price the "
+                             f"run; add e.g. --tokens 15T")
+        return None
+    single, by_kind = parse_prices(price) if price is not None else (None, {})
+    if budget is not None and price is None:
+        raise InputError("--budget needs --price-per-gpu-hour to price the run; add e.g. --price-per-gpu-hour 2.5")
+    return TrainingRun(tokens=parse_tokens(tokens), deadline_s=None if deadline is None else parse_duration(deadline),
+                       price_per_gpu_hour=single, prices_by_gpu=by_kind,
+                       budget=None if budget is None else parse_budget(budget))
+
+
+def _si_number(text: object, flag: str, what: str) -> float:
+    m = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgtp]?)\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise InputError(f"{flag} {quoted(text)} is not {what}")
+    value = float(m.group(1)) * _SI[m.group(2).lower()]
+    if not math.isfinite(value):
+        raise InputError(f"{flag} {quoted(text)} is not {what}")
+    return value
+
+
+def _in_range(value: float, text: object, flag: str, most: float, example: str, most_text: str = "") -> float:
+    """`value` when above 0 and at most `most`, else one line quoting the option as given."""
+    if not 0 < value <= most:
+        raise InputError(f"{flag} {quoted(text)} must be above 0 and at most {most_text or f'{most:g}'}; "
+                         f"give e.g. {flag} {example}")
+    return value
