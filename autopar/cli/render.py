@@ -15,7 +15,7 @@ from autopar.spec.model import ModelSpec
 
 def console() -> Console:
     """The terminal's width, or a wide one when piped (tables stay whole in files, greps and CI logs)."""
-    return Console() if sys.stdout.isatty() else Console(width=200)
+    return Console() if sys.stdout.isatty() else Console(width=240)
 
 
 def human_count(n: float) -> str:
