@@ -107,7 +107,9 @@ MODEL_KEYS = (list(MODEL) + ["name", "norm", "gated_mlp", "tied_embeddings", "qk
 CLUSTER_KEYS = ["gpu", "gpus_per_node", "intra_node_gbps", "inter_node_gbps", "intra_node_latency_us", "name",
                 "intra_node_topology", "training_stack", "pinned", "constants", "constants.gemm_efficiency",
                 "constants.layer_overhead_us", "gpu.hbm_gib", "gpu.bf16_tflops", "gpu.name", "gpu.gpus_per_node",
-                "gpu.intra_node_topology", "gpu.base", "gpu.bogus"]
+                "gpu.intra_node_topology", "gpu.base", "gpu.bogus", "reliability",
+                "reliability.interruptions_per_gpu_hour", "reliability.checkpoint_gbps_per_gpu",
+                "reliability.restart_s", "reliability.bogus"]
 
 
 def _with(base: dict, key: str, value) -> dict:
@@ -146,6 +148,19 @@ def test_a_cluster_file_field_is_exit_0_or_one_line(cli_run, one_line_error, scr
     base = {"gpu": {"base": "h100-sxm"}} if key.startswith("gpu.") else {"gpu": "h100-sxm"}
     path = _write(scratch / "cluster.yaml", _with(base, key, value))
     _exit_0_or_one_line(cli_run("estimate", "--model", "tiny", "--gpus", "8", "--cluster", path), one_line_error)
+
+
+RUN_FLAGS = ["--tokens", "--deadline", "--price-per-gpu-hour", "--budget"]
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(flag=st.sampled_from(RUN_FLAGS), value=st.one_of(TEXT, st.floats(allow_nan=True).map(str),
+                                                         st.integers(max_value=0).map(str)))
+def test_a_whole_run_flag_is_exit_0_or_one_line(cli_run, one_line_error, flag, value):
+    """--tokens/--deadline/--price-per-gpu-hour/--budget with anything: an estimate or one line."""
+    context = {"--tokens": [], "--budget": ["--tokens", "1T", "--price-per-gpu-hour", "2"]}.get(flag, ["--tokens", "1T"])
+    r = cli_run("estimate", "--model", "tiny", "--gpus", "8", *context, flag, value)
+    _exit_0_or_one_line(r, one_line_error)
 
 
 HF = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
