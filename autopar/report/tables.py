@@ -79,7 +79,24 @@ def question_rows(run: RunData) -> pd.DataFrame:
          else rejection_text_of(run.plans) or "nothing"),
         ("autopar", f"{s.get('autopar_version', '?')}; search took {s.get('timings_s', {}).get('total_s', 0):.2f} s"),
     ]
+    if whole := _whole_run_text(s.get("options", {}).get("training")):
+        rows.insert(4, ("whole run", whole))
     return pd.DataFrame(rows, columns=["item", "value"])
+
+
+def _whole_run_text(t: object) -> str:
+    """'15T tokens, by 120 days, at 2.5 per GPU-hour, within 15M' (search --tokens ...), or ''."""
+    from autopar.search.training import money_text, tokens_text
+
+    if not isinstance(t, dict) or not t.get("tokens"):
+        return ""
+    prices = ", ".join(f"{k} {v:g}" for k, v in (t.get("prices_by_gpu") or {}).items())
+    price = t.get("price_per_gpu_hour")
+    parts = [f"{tokens_text(float(t['tokens']))} tokens",
+             f"by {t['deadline_s'] / 86_400:g} days" if t.get("deadline_s") else "",
+             f"at {prices or f'{price:g}'} per GPU-hour" if prices or price else "",
+             f"within {money_text(float(t['budget']))}" if t.get("budget") else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def method_text(s: dict) -> str:

@@ -68,6 +68,7 @@ def test_search_days_gpu_hours_and_cost_by_hand(cli_run, tmp_path) -> None:
     assert out["answers"][0].startswith("Training 1T tokens with ")
     html = (tmp_path / "run" / "report.html").read_text()
     assert "Time and cost of the whole run" in html and "fig-run" in html
+    assert "1T tokens, at 2.5 per GPU-hour" in html  # the question, as asked
 
 
 def test_unmeetable_deadline_says_what_the_fastest_needs(cli_run, one_line_error, tmp_path) -> None:
