@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,17 @@ ESTIMATE_ATTRS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", 
                   "memory_capacity_bytes", "bubble_fraction")
 INFEASIBLE_STEP_TIME = 1e9  # objective of a plan that is not a plan (divisibility) or not valid
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+@contextmanager
+def quiet_optuna():
+    """Optuna at most at WARNING inside the block (its INFO line per study and per trial would drown
+    autopar's own output), its log level as it was after. Also a decorator: @quiet_optuna()."""
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(max(before, optuna.logging.WARNING))
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(before)
 
 
 def storage_url(storage: str | None, run_dir: Path) -> str:
@@ -147,6 +158,7 @@ def set_constraint(trial, value: float) -> None:
         trial.set_constraint("memory", value)
 
 
+@quiet_optuna()
 def load_or_create_study(url: str, study_name: str, sampler, directions: list[str]) -> optuna.Study:
     storage = open_storage(url)
     try:
@@ -246,6 +258,7 @@ def structures_table(space: SearchSpace, q: Question, outers: list[dict[str, int
     return build_table(space, q, values, choices)
 
 
+@quiet_optuna()
 def run_study(space: SearchSpace, q: Question, study: optuna.Study, n_trials: int,
               evaluate: Callable, multi_objective: bool, on_trial: Callable | None = None) -> None:
     """Run trials until the study holds `n_trials` finished ones. Each trial: Optuna proposes a

@@ -113,6 +113,7 @@ def _enqueue(study: optuna.Study, keys: list[str], stale_after_s: float) -> None
             study.enqueue_trial({"plan": k}, user_attrs={"seeded": True})
 
 
+@od.quiet_optuna()
 def run_measured(result: SearchResult, measure: Measure, k: int, budget: int | None = None,
                  rounds: int = 1, storage: str | None = None, seed: int | None = 0,
                  log: Callable[[str], None] = print, study_name: str | None = None,
