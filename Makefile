@@ -40,6 +40,7 @@ test: test-deps setup-test
 bench: setup
 	$(PY) benchmarks/bench_estimate.py
 	$(PY) benchmarks/bench_search.py
+	$(PY) benchmarks/bench_search_scale.py
 	$(PY) benchmarks/bench_report.py
 
 clean:
