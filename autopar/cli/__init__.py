@@ -69,6 +69,34 @@ def _given_value(argv: list[str], param) -> str | None:
     return value
 
 
+def _value_options(name: str) -> set[str]:
+    """The option names of command `name` that take a value (not flags); empty for no such command."""
+    import typer.main
+
+    cmd = getattr(typer.main.get_command(app), "commands", {}).get(name)
+    return {o for p in getattr(cmd, "params", []) if getattr(p, "param_type_name", "") == "option"
+            and not getattr(p, "is_flag", False) for o in p.opts}
+
+
+def _check_empty(argv: list[str]) -> None:
+    """One line for an empty (or blank) value or argument: `--run-dir ''` would otherwise mean the
+    current directory, `--gpu 'h100-sxm,'`-style lists are checked where they are parsed."""
+    if not argv:
+        return
+    takes = _value_options(argv[0])
+    for i, tok in enumerate(argv):
+        tok = str(tok)
+        opt, eq, val = tok.partition("=")
+        if tok.startswith("--") and eq and opt in takes and not val.strip():
+            raise InputError(f"{opt} {quoted(val)} is empty; give a value or leave the option out")
+        if tok.strip():
+            continue
+        prev = str(argv[i - 1]) if i else ""
+        if prev in takes:
+            raise InputError(f"{prev} {quoted(tok)} is empty; give a value or leave the option out")
+        raise InputError(f"an empty argument {quoted(tok)} follows {quoted(prev)}; remove it or give a value")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the command line; input errors print one line and exit 2, Ctrl-C / SIGTERM exit 130 / 143
     with one line (autopar.trial.hygiene)."""
@@ -77,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
 
     install_signal_handlers()
     try:
+        _check_empty(sys.argv[1:] if argv is None else list(argv))
         app(args=argv, standalone_mode=False)
     except InputError as e:
         _fail(str(e))  # no storage password, whoever wrote it
