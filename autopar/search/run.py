@@ -50,6 +50,13 @@ class SearchOptions:
     csv: bool = False  # also write plans.csv
     training: TrainingRun | None = None  # --tokens/--deadline/--price-per-gpu-hour/--budget: the whole run
 
+    def __post_init__(self) -> None:
+        from autopar.spec.schema import check_name, check_storage
+
+        check_storage(self.storage)
+        if self.study_name is not None:
+            check_name(self.study_name, "--study-name")
+
 
 @dataclass
 class SearchResult:

@@ -87,7 +87,7 @@ def space_from_dict(data, origin: str) -> SearchSpace:
         raise InputError(f"{origin}: unknown key(s) {shown}; a space has name, description, knobs, constraints")
     for key in ("name", "description"):
         if data.get(key) is not None:
-            check_name(data[key], f"{origin}: '{key}'", 256 if key == "name" else 4096)
+            check_name(data[key], f"{origin}: '{key}'", 256 if key == "name" else 4096, lines=key != "name")
     knobs = data.get("knobs") or {}
     if not isinstance(knobs, dict):
         raise InputError(f"{origin}: 'knobs' must be a mapping of knob -> choices")

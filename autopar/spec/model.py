@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from autopar.errors import InputError, quoted
-from autopar.spec.schema import MAX_NAME_CHARS, MLA_LIMITS, MODEL_LIMITS, MOE_LIMITS
+from autopar.spec.schema import MAX_NAME_CHARS, MLA_LIMITS, MODEL_LIMITS, MOE_LIMITS, breaks_line
 
 #: the model's true/false fields
 _FLAGS = ("gated_mlp", "tied_embeddings", "qk_norm", "qkv_bias", "linear_bias", "learned_position_embeddings",
@@ -108,6 +108,8 @@ class ModelSpec:
         out = _field_problems(self, MODEL_LIMITS, "")
         if not isinstance(self.name, str) or len(self.name) > MAX_NAME_CHARS:
             out.append(f"name must be a string of at most {MAX_NAME_CHARS} characters, got {quoted(self.name)}")
+        elif breaks_line(self.name):
+            out.append(f"name must be one line without control characters, got {quoted(self.name)}")
         for f in _FLAGS:
             if not isinstance(getattr(self, f), bool):
                 out.append(f"{f} must be true or false, got {quoted(getattr(self, f))}")

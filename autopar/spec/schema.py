@@ -11,6 +11,7 @@ bomb is refused at once without echoing what it expands to.
 from __future__ import annotations
 
 import math
+import unicodedata
 from pathlib import Path
 from typing import NamedTuple
 
@@ -106,11 +107,36 @@ def check_bool(value: object, what: str) -> bool:
     return value
 
 
-def check_name(value: object, what: str, max_chars: int = MAX_NAME_CHARS) -> str:
-    """`value` when it is a string of at most `max_chars` characters, else one line."""
+def breaks_line(text: str) -> bool:
+    """Whether `text` holds a line break or another control character (they would start a new line
+    of a message, a generated script or a file header)."""
+    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in text)
+
+
+def check_name(value: object, what: str, max_chars: int = MAX_NAME_CHARS, lines: bool = False) -> str:
+    """`value` when it is a string of at most `max_chars` characters without control characters
+    (line breaks allowed with `lines`), else one line."""
     if not isinstance(value, str) or len(value) > max_chars:
         kind = "a string" if not isinstance(value, str) else f"at most {max_chars} characters"
         raise InputError(f"{what} must be {kind}, got {quoted(value)}; fix the value")
+    if not lines and breaks_line(value):
+        raise InputError(f"{what} must be one line without control characters, got {quoted(value)}; "
+                         f"remove the line break or control character")
+    return value
+
+
+def check_storage(value: str | None) -> str | None:
+    """A --storage URL or journal file (None = not given) on one line; a URL without spaces. The
+    value is never quoted: it may carry a password that a line break or space would hide from the
+    masking of autopar.secrets."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InputError("--storage is empty; give a URL or a journal file, or leave the option out")
+    if breaks_line(value):
+        raise InputError("--storage holds a line break or control character; give the URL or file name on one line")
+    if "://" in value and any(c.isspace() for c in value):
+        raise InputError("--storage is a URL with a space in it; percent-encode it (%20), e.g. in the password")
     return value
 
 
@@ -136,16 +162,16 @@ def check_flags(values: dict[str, object]) -> None:
         check_flag(flag, value)
 
 
-def parse_list(text: str, flag: str, number: bool = True, most: int = 32) -> list:
+def parse_list(text: str, flag: str, number: bool = True, most: int = 32, example: str | None = None) -> list:
     """A comma list of an option (`--gpus 128,256`, `--gpu h100-sxm,b200`): integers in the option's
     range, or names; an empty list or item, or more than `most` items, is one line."""
     items = [x.strip() for x in str(text).split(",")]
+    example = example or ("128,256" if number else "h100-sxm,b200")
     if not any(items):
-        raise InputError(f"{flag} {quoted(text)} is empty; give a value, e.g. {flag} "
-                         f"{'128' if number else 'h100-sxm'}")
+        raise InputError(f"{flag} {quoted(text)} is empty; give a value, e.g. {flag} {example.split(',')[0]}")
     if not all(items):
         raise InputError(f"{flag} {quoted(text)} has an empty item; give a comma list without empty items, e.g. "
-                         f"{flag} {'128,256' if number else 'h100-sxm,b200'}")
+                         f"{flag} {example}")
     if len(items) > most:
         raise InputError(f"{flag} lists {len(items)} values; give at most {most}")
     if not number:
