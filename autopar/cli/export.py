@@ -96,6 +96,10 @@ def export(
 
     _check_options(master_port, time_limit, rank)
     formats = _formats(to)
+    if torchtitan_base is not None:  # checked even when no torchtitan file is written
+        from autopar.export.torchtitan import check_base, toml_era
+
+        check_base(torchtitan_base, toml_era(torchtitan_version))
     if rank != 1 and run is None:
         raise InputError("--rank needs --run")
     if run is not None:
@@ -181,12 +185,11 @@ def _write(bundles: list, refused: list, base: Path) -> None:
 
 def _formats(to: str) -> list[str]:
     import autopar.export  # noqa: F401
-    from autopar.errors import InputError
     from autopar.export import get_exporter
 
-    names = [x.strip() for x in to.split(",") if x.strip()]
-    if not names:
-        raise InputError("--to needs a format name, a comma list, or all")
+    from autopar.spec.schema import parse_list
+
+    names = parse_list(to, "--to", number=False, example="megatron,slurm")
     if names == ["all"]:
         return list(EXPORTERS)
     for n in names:

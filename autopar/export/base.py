@@ -25,7 +25,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autopar.errors import InputError
+from autopar.errors import InputError, quoted
 from autopar.export.header import (comment_header, ep_overlap, header_dict, header_lines,  # noqa: F401 (re-exported)
                                    plan_flags, tp_overlap)
 from autopar.quoting import check_identifier, check_text
@@ -177,6 +177,9 @@ def check_inputs(model: ModelSpec, options: ExportOptions) -> None:
                         ("--torchtitan-version", options.torchtitan_version)):
         if value is not None:
             check_text(str(value), flag)
+            if len(str(value)) > (1024 if flag == "--container-image" else 256):
+                raise InputError(f"{flag} {quoted(str(value))} is too long; give at most "
+                                 f"{1024 if flag == '--container-image' else 256} characters")
     if options.recipe is not None:
         check_identifier(options.recipe, "--recipe",
                          example="llama3_70b (NeMo 2) or llama3_70b_pretrain_config (Megatron-Bridge)")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import ast
 import tomllib
 
-from autopar.errors import InputError
+from autopar.errors import InputError, quoted
 from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header, normalize, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import stages_from_fqns, torchtitan_fqns
@@ -65,7 +65,7 @@ def toml_era(version: str) -> bool:
     try:
         nums = tuple(int(x) for x in parts)
     except ValueError:
-        raise InputError(f"--torchtitan-version '{version}' must be a release like 0.3.0 or 0.2.2 (or 'toml' / "
+        raise InputError(f"--torchtitan-version {quoted(version)} must be a release like 0.3.0 or 0.2.2 (or 'toml' / "
                          f"'current')") from None
     return nums <= (0, 2, 2) if len(nums) >= 3 else nums <= (0, 2)
 
@@ -96,19 +96,25 @@ def _check_toml(ctx: Context) -> None:
                          + ("; ZeRO-0 has no FSDP ranks: use --zero 2 or 3" if shard == 1 and p.dp > 1 else ""))
 
 
+def check_base(given: str, toml: bool) -> tuple[str, str]:
+    """--torchtitan-base as (name, flavor) for TOML or (module, function) for the Python config, or
+    one line (checked whether or not the torchtitan format is written)."""
+    if ":" not in given:
+        raise InputError(f"--torchtitan-base {quoted(given)} must be name:flavor (<= 0.2.2, e.g. llama3:70B) or "
+                         f"module:function (>= 0.3, e.g. torchtitan.models.llama3.config_registry:llama3_70b)")
+    a, b = given.split(":", 1)
+    if not toml:  # pasted into `from MODULE import FUNCTION`
+        check_identifier(a, "--torchtitan-base module", dotted=True,
+                         example="torchtitan.models.llama3.config_registry:llama3_70b")
+        check_identifier(b, "--torchtitan-base function", example="llama3_70b")
+    return a, b
+
+
 def _base(ctx: Context, toml: bool) -> tuple[str, str]:
     """(name, flavor) for TOML, or (module, function) for the Python config."""
     given = ctx.options.torchtitan_base
     if given:
-        if ":" not in given:
-            raise InputError(f"--torchtitan-base '{given}' must be name:flavor (<= 0.2.2, e.g. llama3:70B) or "
-                             f"module:function (>= 0.3, e.g. torchtitan.models.llama3.config_registry:llama3_70b)")
-        a, b = given.split(":", 1)
-        if not toml:  # pasted into `from MODULE import FUNCTION`
-            check_identifier(a, "--torchtitan-base module", dotted=True,
-                             example="torchtitan.models.llama3.config_registry:llama3_70b")
-            check_identifier(b, "--torchtitan-base function", example="llama3_70b")
-        return a, b
+        return check_base(given, toml)
     known = TORCHTITAN_MODELS.get(ctx.model.name)
     if known is None or (not toml and known[2] is None):
         raise ctx.refuse(f"torchtitan has no built-in config for {ctx.model.name}; pass --torchtitan-base "

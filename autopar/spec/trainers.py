@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from autopar.errors import InputError, did_you_mean
+from autopar.errors import InputError, did_you_mean, quoted
 
 TRAINERS = ("megatron", "nemo", "bridge", "torchtitan", "deepspeed")  # the production trainers
 BUILTIN = "autopar"  # autopar's own parallel transformer: what the measured stage runs
@@ -102,7 +102,10 @@ def parse_trainers(text: str | None, gpu_key: str = "") -> tuple[str, ...]:
     `--gpu local`)."""
     if text is None:
         return (BUILTIN,) if gpu_key == "local" else TRAINERS
-    names = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not names:
+    names = [x.strip() for x in str(text).split(",")]
+    if not any(names):
         raise InputError(f"--trainer needs a trainer name, e.g. --trainer megatron; choose from {', '.join(TRAINERS)}")
+    if not all(names):
+        raise InputError(f"--trainer {quoted(text)} has an empty item; give a comma list without empty items, e.g. "
+                         f"--trainer megatron,nemo")
     return tuple(dict.fromkeys(get_trainer(n).key for n in names))
