@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autopar.errors import InputError
+from autopar.errors import InputError, quoted
 from autopar.trial.proxy import ProxyOptions
 
 LAUNCHERS = ("local", "slurm")
@@ -38,7 +38,8 @@ class TrialOptions:
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
-            raise InputError(f"unknown --launcher '{self.launcher}'; choose local (this machine) or slurm (sbatch)")
+            raise InputError(f"unknown --launcher {quoted(self.launcher)}; choose local (this machine) or slurm "
+                             f"(sbatch)")
         if self.max_local_ranks is not None and self.max_local_ranks < 1:
             raise InputError(f"--max-local-ranks {self.max_local_ranks} must be at least 1; give the most ranks a "
                              f"local trial may start, e.g. 2")
@@ -55,7 +56,8 @@ def trial_options(launcher: str = "local", max_local_ranks: int | None = None, p
     try:
         extra = tuple(shlex.split(sbatch_args or ""))
     except ValueError as e:
-        raise InputError(f"--sbatch-args '{sbatch_args}' cannot be split ({e}); quote it as one shell string") from None
+        raise InputError(f"--sbatch-args {quoted(sbatch_args)} cannot be split ({e}); quote it as one shell "
+                         f"string") from None
     return TrialOptions(launcher=launcher, max_local_ranks=max_local_ranks,
                         proxy=ProxyOptions(enabled=proxy, layers_per_stage=proxy_layers, width_divisor=proxy_width,
                                            seq_divisor=proxy_seq), sbatch_args=extra)

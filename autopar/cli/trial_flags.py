@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from autopar.cli.option_groups import Opt, with_options
+from autopar.errors import InputError, quoted
 from autopar.spec.schema import check_flags
 
 PANEL = "Measured stage (trials)"
@@ -66,11 +67,39 @@ def _build(v: dict) -> TrialFlags:
                  "--trial-steps": v["trial_steps"], "--trial-timeout": v["trial_timeout"],
                  "--max-local-ranks": v["max_local_ranks"], "--proxy-layers": v["proxy_layers"],
                  "--proxy-width": v["proxy_width"], "--proxy-seq": v["proxy_seq"]})
+    _check_used(v)
     from autopar.cli.measured import trial_options
 
     options = trial_options(v["launcher"], v["max_local_ranks"], v["proxy"], v["proxy_layers"], v["proxy_width"],
                             v["proxy_seq"], v["sbatch_args"])
     return TrialFlags(v["trials"], v["trial_budget"], v["rounds"], v["trial_steps"], v["trial_timeout"], options)
+
+
+#: measured-stage options -> their default: given without --trials they would do nothing
+_STAGE_ONLY = {"trial_budget": None, "rounds": 1, "trial_steps": 5, "trial_timeout": 120.0, "launcher": "local",
+               "max_local_ranks": None, "proxy": True, "proxy_layers": None, "proxy_width": None, "proxy_seq": None,
+               "sbatch_args": None}
+
+
+def _flag(name: str) -> str:
+    return "--no-proxy" if name == "proxy" else "--" + name.replace("_", "-")
+
+
+def _check_used(v: dict) -> None:
+    """One line for a measured-stage option that would be ignored: given without --trials, or
+    --sbatch-args without --launcher slurm (an unknown --launcher is named first)."""
+    from autopar.cli.measured import LAUNCHERS
+
+    if v["launcher"] not in LAUNCHERS:
+        raise InputError(f"--launcher {quoted(v['launcher'])} is not one of {', '.join(LAUNCHERS)}; choose one of them")
+    if v["trials"] == 0:
+        given = [_flag(k) for k, default in _STAGE_ONLY.items() if v[k] != default]
+        if given:
+            raise InputError(f"{given[0]} applies to the measured stage only, which --trials 0 (the default) skips; "
+                             f"add --trials K (plans to measure), or leave {given[0]} out")
+    if v["sbatch_args"] is not None and v["launcher"] != "slurm":
+        raise InputError(f"--sbatch-args applies to --launcher slurm only (got --launcher {quoted(v['launcher'])}); "
+                         f"add --launcher slurm, or leave --sbatch-args out")
 
 
 def with_trial_flags(command):

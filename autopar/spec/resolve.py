@@ -84,6 +84,11 @@ class PlanRequest:
             _check_choice(name, getattr(self, name), choices)
         if self.pp_layout is not None and not self.pp_layout.strip():
             raise InputError("--pp-layout is empty; give layers per virtual stage, e.g. --pp-layout 4,5,5,4")
+        both = [n for n in ("pp_first", "pp_last") if self.pp_layout is not None and getattr(self, n) is not None]
+        if both:
+            flag = option(both[0])
+            raise InputError(f"--pp-layout {quoted(self.pp_layout)} and {flag} {getattr(self, both[0])} both set "
+                             f"the stages' layers; give --pp-layout alone, or {flag} without it")
         cf = self.capacity_factor
         if cf is not None:
             if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 1.0 <= cf <= MAX_CAPACITY_FACTOR:
