@@ -105,7 +105,7 @@ def item_from_run(arg: str) -> CompareItem:
                          f"`autopar search ... --run-dir {d}`")
     top, search = D.read_json(d / "top.json"), D.read_json(d / "search.json")
     entries = top.get("top") or []
-    r = rank or 1
+    r = 1 if rank is None else rank
     if not entries:
         raise InputError(f"run '{d}' has no plan that fits, so there is no winner to compare")
     if not 1 <= r <= len(entries):

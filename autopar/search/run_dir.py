@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from autopar.errors import InputError
+from autopar.errors import InputError, quoted
 from autopar.search.atomic import write_with
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
 from autopar.spec.table import PlanTable
@@ -174,7 +174,17 @@ def read_json(path: Path) -> dict:
                          f"the run directory") from None
     if not isinstance(data, dict):
         raise InputError(f"'{path}' is corrupt: expected a JSON object; rerun `autopar search` to rewrite it")
+    if path.name == "search.json":
+        _check_version(path.parent, data)
     return data
+
+
+def _check_version(d: Path, search: dict) -> None:
+    """One line when search.json was written by an autopar of another run-directory schema."""
+    version = search.get("schema_version", 1)
+    if version != SCHEMA_VERSION:
+        raise InputError(f"'{d}' was written by another autopar (run schema {quoted(version, 20)}, this one reads "
+                         f"{SCHEMA_VERSION}); rerun the search")
 
 
 def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFiles:
@@ -191,11 +201,7 @@ def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFile
     if missing:
         raise InputError(f"'{d}' is not a complete autopar run directory: {', '.join(missing)} missing; "
                          f"rerun `autopar search ... --run-dir {d}`")
-    search = read_json(d / "search.json")
-    version = search.get("schema_version", 1)
-    if version != SCHEMA_VERSION:
-        raise InputError(f"'{d}' was written by another autopar (run schema {version}, this one reads "
-                         f"{SCHEMA_VERSION}); rerun the search")
+    search = read_json(d / "search.json")  # and its schema version
     top = read_json(d / "top.json")
     try:
         scatter = pd.read_parquet(d / "scatter.parquet")

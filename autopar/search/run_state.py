@@ -131,10 +131,16 @@ class RunState:
         d = self.run_dir
         for p in d.glob(f".*.{os.getpid()}.tmp"):
             p.unlink(missing_ok=True)
-        if self.replacing or self.was_incomplete:
+        if self.replacing or self.was_incomplete or self._holds_unfinished():
             return
         (d / INCOMPLETE).unlink(missing_ok=True)
         self._remove_created()
+
+    def _holds_unfinished(self) -> bool:
+        """Whether the directory holds no finished search but what a rerun resumes (an Optuna
+        study.db or trials this search began): it stays marked incomplete."""
+        d = self.run_dir
+        return not (d / "search.json").exists() and any((d / x).exists() for x in ("study.db", "trials"))
 
     def _remove_created(self) -> None:
         """Remove the directories this search made, where they are empty."""

@@ -57,8 +57,9 @@ def test_sigint_during_optuna_then_the_rerun_finishes(sh, tmp_path):
                    lambda: (run / "study.db").exists() and (run / "study.db").stat().st_size > 100_000, signal.SIGINT)
     assert r.returncode == 130, r.stderr
     _one_line(r, "SIGINT")
-    with pytest.raises(InputError, match="not a complete autopar run directory"):
-        load(run)  # the study is kept; no result file was written
+    assert (run / INCOMPLETE).exists()  # the study is kept, and the directory marked incomplete
+    with pytest.raises(InputError, match="did not finish"):
+        load(run)
     done = subprocess.run(sh.cmd(*OPTUNA, "--n-trials", "10", "--run-dir", run), cwd=sh.repo, env=sh.env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
