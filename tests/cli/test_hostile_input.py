@@ -24,6 +24,7 @@ FILES = {
     "cluster_bomb.yaml": BOMB + "\ngpu: *j\n",
     "gpu_name_bomb.yaml": BOMB + "\ngpu:\n  base: h100-sxm\n  name: *j\n",
     "recursive.yaml": "gpu: &g [*g]\n",
+    "name_newline.yaml": TINY.format(layers=4) + 'name: "evil\\ntouch X"\n',
 }
 S = ["search", "--model", "tiny", "--gpus", "8", "--run-dir", "{tmp}/run"]
 T = ["trial", "--model", "tiny", "--gpus", "1", "--run-dir", "{tmp}/trials"]
@@ -86,6 +87,35 @@ CASES = [
      ["--pp-first 100", "80 layers"], ["-20"]),
     ("model-name-too-long", ["estimate", "--model", "x" * 5000, "--gpus", "8"], ["unknown model", "more characters"],
      []),
+    # empty values and arguments: `--run-dir ''` would be the current directory
+    ("run-dir-empty", ["search", "--model", "tiny", "--gpus", "8", "--run-dir", ""], ["--run-dir ''", "empty"], []),
+    ("job-name-blank", X + ["--job-name", " "], ["--job-name", "empty"], []),
+    ("option-equals-empty", E + ["--gpu="], ["--gpu ''", "empty"], []),
+    ("report-empty-argument", ["report", ""], ["empty argument", "'report'"], []),
+    # a password that a line break or a space would hide from the masking is refused without echo
+    ("storage-newline", S + ["--storage", "postgresql://u:secret\n@127.0.0.1:1/db"], ["--storage", "line break"],
+     ["secret"]),
+    ("storage-space", S + ["--storage", "postgresql://u:sec ret@127.0.0.1:1/db"], ["--storage", "space"],
+     ["sec"]),
+    ("study-name-newline", S + ["--study-name", "a\nb"], ["--study-name", "'a\\nb'", "one line"], []),
+    ("trainer-empty-item", S + ["--trainer", "megatron,,nemo"], ["--trainer", "'megatron,,nemo'", "empty item"], []),
+    ("export-to-empty-item", X + ["--to", "megatron,,"], ["--to", "'megatron,,'", "empty item"], []),
+    ("export-torchtitan-base-when-skipped", ["export", "--to", "all", "--model", "tiny", "--gpus", "8", "--out",
+                                             "{tmp}/export", "--torchtitan-base", "a:b;touch X"],
+     ["--torchtitan-base", "b;touch X"], []),
+    ("export-job-name-too-long", X + ["--job-name", "j" * 5000], ["--job-name", "too long", "256"], []),
+    ("export-torchtitan-version-quoted", X + ["--torchtitan-version", "v" * 500], ["--torchtitan-version",
+                                                                                   "more characters"], []),
+    # measured-stage options that would be ignored
+    ("rounds-without-trials", S + ["--rounds", "3"], ["--rounds", "--trials"], []),
+    ("trial-budget-without-trials", S + ["--trial-budget", "3"], ["--trial-budget", "--trials"], []),
+    ("no-proxy-without-trials", S + ["--no-proxy"], ["--no-proxy", "--trials"], []),
+    ("sbatch-args-without-slurm", S + ["--trials", "1", "--sbatch-args", "--partition=gpu"],
+     ["--sbatch-args", "--launcher slurm"], []),
+    ("pp-layout-and-pp-first", E + ["--pp", "2", "--pp-layout", "2,2", "--pp-first", "1"],
+     ["--pp-layout '2,2'", "--pp-first 1"], []),
+    ("model-name-newline", ["estimate", "--model", "{tmp}/name_newline.yaml", "--gpus", "8"],
+     ["'name'", "one line", "'evil\\ntouch X'"], []),
 ]
 
 
@@ -172,6 +202,23 @@ def test_an_unwritable_out_is_one_line(cli_run, one_line_error, tiny_run, tmp_pa
     (tmp_path / "afile").write_text("a file\n")
     args = [a.replace("{run}", str(tiny_run)).replace("{tmp}", str(tmp_path)) for a in argv]
     one_line_error(cli_run(*args), ["--out", "afile"])
+
+
+def test_compare_rank_0_is_out_of_range(cli_run, one_line_error, tiny_run):
+    one_line_error(cli_run("compare", f"{tiny_run}#0", tiny_run), ["'#0' is out of range", "#1"])
+
+
+def test_a_run_of_another_schema_is_refused_by_export_and_compare(cli_run, one_line_error, tiny_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "future"
+    shutil.copytree(tiny_run, run)
+    search = json.loads((run / "search.json").read_text())
+    (run / "search.json").write_text(json.dumps(search | {"schema_version": 999}))
+    one_line_error(cli_run("export", "--to", "megatron", "--run", run, "--out", tmp_path / "x"),
+                   ["another autopar", "999"])
+    one_line_error(cli_run("compare", run, tiny_run), ["another autopar", "999"])
+    assert not (tmp_path / "x").exists()
 
 
 def test_calibrate_without_trials_rewrites_nothing(cli_run, one_line_error, tiny_run):
