@@ -16,8 +16,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from autopar.cost.estimate import AXES, MEMORY_LABELS, MEMORY_TERMS, TIME_LABELS, TIME_TERMS
+from autopar.spec.hardware import GIB
 
-GIB = 2**30
 CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
 FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 12}
 

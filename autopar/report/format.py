@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-GIB = 2**30
+from autopar.spec.hardware import GIB
 
 
 def human_count(n: float) -> str:

@@ -69,7 +69,7 @@ _CLUSTER_LIMITS = {"intra_node_gbps": 1e7, "inter_node_gbps": 1e7, "intra_node_l
 class CostConstants:
     """Efficiency and overlap constants of the cost model. The compute and TP-overlap defaults
     were fitted to the 52 evaluable rows of the bundled autopar/cost/data/calibration_runs.csv by
-    `autopar validate --fit` (bounded least squares, autopar/cost/fit.py; README 'Validation');
+    `autopar validate --fit` (bounded least squares, autopar/cost/fit.py; docs/trainers.md);
     the link efficiencies and DP/PP overlaps are stated assumptions. `autopar calibrate` refits
     them from trial measurements."""
 
