@@ -28,19 +28,30 @@ MIB = 2**20
 #: the search's CPU space (search_spaces/local.yaml: tp/pp/vpp, gpipe/1f1b, mbs, ZeRO 0/1/3,
 #: gbs 8) plus ZeRO-2, recompute, context parallelism and zero-bubble
 PLANS: list[dict] = [
-    {"tp": 2}, {"tp": 2, "micro_batch_size": 4}, {"tp": 2, "sequence_parallel": False},
-    {"tp": 2, "recompute": "full"}, {"tp": 2, "recompute": "selective"},
-    {"dp": 2, "zero_stage": 0}, {"dp": 2, "zero_stage": 0, "micro_batch_size": 4},
-    {"dp": 2, "zero_stage": 1}, {"dp": 2, "zero_stage": 1, "micro_batch_size": 2},
-    {"dp": 2, "zero_stage": 1, "recompute": "full"}, {"dp": 2, "zero_stage": 2},
-    {"dp": 2, "zero_stage": 3}, {"dp": 2, "zero_stage": 3, "micro_batch_size": 4},
+    {"tp": 2},
+    {"tp": 2, "micro_batch_size": 4},
+    {"tp": 2, "sequence_parallel": False},
+    {"tp": 2, "recompute": "full"},
+    {"tp": 2, "recompute": "selective"},
+    {"dp": 2, "zero_stage": 0},
+    {"dp": 2, "zero_stage": 0, "micro_batch_size": 4},
+    {"dp": 2, "zero_stage": 1},
+    {"dp": 2, "zero_stage": 1, "micro_batch_size": 2},
+    {"dp": 2, "zero_stage": 1, "recompute": "full"},
+    {"dp": 2, "zero_stage": 2},
+    {"dp": 2, "zero_stage": 3},
+    {"dp": 2, "zero_stage": 3, "micro_batch_size": 4},
     {"dp": 2, "zero_stage": 3, "micro_batch_size": 2, "recompute": "selective"},
-    {"pp": 2, "pp_schedule": "1f1b"}, {"pp": 2, "pp_schedule": "1f1b", "micro_batch_size": 2},
-    {"pp": 2, "pp_schedule": "1f1b", "recompute": "full"}, {"pp": 2, "pp_schedule": "gpipe"},
-    {"pp": 2, "pp_schedule": "gpipe", "micro_batch_size": 4}, {"pp": 2, "pp_schedule": "gpipe", "recompute": "selective"},
+    {"pp": 2, "pp_schedule": "1f1b"},
+    {"pp": 2, "pp_schedule": "1f1b", "micro_batch_size": 2},
+    {"pp": 2, "pp_schedule": "1f1b", "recompute": "full"},
+    {"pp": 2, "pp_schedule": "gpipe"},
+    {"pp": 2, "pp_schedule": "gpipe", "micro_batch_size": 4},
+    {"pp": 2, "pp_schedule": "gpipe", "recompute": "selective"},
     {"pp": 2, "vpp": 2, "pp_schedule": "interleaved-1f1b"},
     {"pp": 2, "vpp": 2, "pp_schedule": "interleaved-1f1b", "recompute": "full", "recompute_layers": 1},
-    {"cp": 2}, {"cp": 2, "recompute": "full"},
+    {"cp": 2},
+    {"cp": 2, "recompute": "full"},
     {"pp": 2, "pp_schedule": "zero-bubble"},
 ]
 
@@ -58,17 +69,24 @@ def run(plans: list[dict], model: str = "tiny", gbs: int = 8, cluster=None) -> l
     for plan, trial in zip(full, res.trials):
         est = estimate(plan, spec, cluster, num_gpus=2)
         stages = est.extra["stages"]
-        ranks = [(r["peak_memory_bytes"], stages[r["coords"]["pp"]]["memory_bytes"])
-                 for r in trial["ranks"]]
+        ranks = [(r["peak_memory_bytes"], stages[r["coords"]["pp"]]["memory_bytes"]) for r in trial["ranks"]]
         measured = max(m for m, _ in ranks)
         label = plan.describe() + ("-nosp" if plan.tp > 1 and not plan.sequence_parallel else "")
-        rows.append({"plan": label, "schedule": plan.pp_schedule, "zero": plan.zero_stage,
-                     "mbs": plan.micro_batch_size, "recompute": plan.recompute + (f"/{plan.recompute_layers}"
-                                                                              if plan.recompute_layers else ""),
-                     "predicted": est.peak_memory_bytes, "measured": measured,
-                     "error": est.peak_memory_bytes / measured - 1,
-                     "rank_errors": [p / m - 1 for m, p in ranks], "method": trial["ranks"][0]["memory_method"],
-                     "terms": est.memory_bytes})
+        rows.append(
+            {
+                "plan": label,
+                "schedule": plan.pp_schedule,
+                "zero": plan.zero_stage,
+                "mbs": plan.micro_batch_size,
+                "recompute": plan.recompute + (f"/{plan.recompute_layers}" if plan.recompute_layers else ""),
+                "predicted": est.peak_memory_bytes,
+                "measured": measured,
+                "error": est.peak_memory_bytes / measured - 1,
+                "rank_errors": [p / m - 1 for m, p in ranks],
+                "method": trial["ranks"][0]["memory_method"],
+                "terms": est.memory_bytes,
+            }
+        )
     return rows
 
 
@@ -78,23 +96,31 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="hardware profile YAML (default: the local defaults)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = run(json.loads(args.plans) if args.plans else PLANS,
-               cluster=load_cluster_file(args.profile) if args.profile else None)
+    rows = run(
+        json.loads(args.plans) if args.plans else PLANS,
+        cluster=load_cluster_file(args.profile) if args.profile else None,
+    )
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'plan':12s} {'schedule':16s} {'ZeRO':>4s} {'mbs':>3s} {'recompute':10s} {'pred MiB':>9s} "
-          f"{'meas MiB':>9s} {'error':>7s}  ranks   | predicted W/G/O/A/other MiB")
+    print(
+        f"{'plan':12s} {'schedule':16s} {'ZeRO':>4s} {'mbs':>3s} {'recompute':10s} {'pred MiB':>9s} "
+        f"{'meas MiB':>9s} {'error':>7s}  ranks   | predicted W/G/O/A/other MiB"
+    )
     for r in rows:
         t = r["terms"]
-        print(f"{r['plan']:12s} {r['schedule']:16s} {r['zero']:4d} {r['mbs']:3d} {r['recompute']:10s} "
-              f"{r['predicted'] / MIB:9.3f} {r['measured'] / MIB:9.3f} {100 * r['error']:+6.1f}%  "
-              + " ".join(f"{100 * e:+.1f}%" for e in r["rank_errors"])
-              + "  | " + "/".join(f"{t[k] / MIB:.2f}" for k in ("weights", "gradients", "optimizer", "activations",
-                                                                 "other")))
+        print(
+            f"{r['plan']:12s} {r['schedule']:16s} {r['zero']:4d} {r['mbs']:3d} {r['recompute']:10s} "
+            f"{r['predicted'] / MIB:9.3f} {r['measured'] / MIB:9.3f} {100 * r['error']:+6.1f}%  "
+            + " ".join(f"{100 * e:+.1f}%" for e in r["rank_errors"])
+            + "  | "
+            + "/".join(f"{t[k] / MIB:.2f}" for k in ("weights", "gradients", "optimizer", "activations", "other"))
+        )
     worst = max(rows, key=lambda r: abs(r["error"]))
-    print(f"{len(rows)} plans ({rows[0]['method']}); worst {worst['plan']} {worst['schedule']} "
-          f"{100 * worst['error']:+.1f}%; within 10%: {sum(abs(r['error']) <= 0.10 for r in rows)}/{len(rows)}")
+    print(
+        f"{len(rows)} plans ({rows[0]['method']}); worst {worst['plan']} {worst['schedule']} "
+        f"{100 * worst['error']:+.1f}%; within 10%: {sum(abs(r['error']) <= 0.10 for r in rows)}/{len(rows)}"
+    )
 
 
 if __name__ == "__main__":

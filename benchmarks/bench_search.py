@@ -31,16 +31,24 @@ def main_job_wall(repeats: int = 3) -> list[float]:
     with tempfile.TemporaryDirectory() as d:
         for _ in range(repeats):
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "autopar", "search", "--model", "70b", "--gpus", "256",
-                            "--run-dir", d], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, "-m", "autopar", "search", "--model", "70b", "--gpus", "256", "--run-dir", d],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             out.append(time.perf_counter() - t)
     return out
 
 
 def question(model: str, gpus: int, space) -> Question:
     m = get_preset(model)
-    return Question(model=m, num_gpus=gpus, cluster=default_cluster("h100-sxm"), seq_len=m.seq_len,
-                    global_batch_size=global_batch(space, m.seq_len, None))
+    return Question(
+        model=m,
+        num_gpus=gpus,
+        cluster=default_cluster("h100-sxm"),
+        seq_len=m.seq_len,
+        global_batch_size=global_batch(space, m.seq_len, None),
+    )
 
 
 def exhaustive(model: str, gpus: int):
@@ -58,8 +66,17 @@ def optuna_seeds(q, space, best: float, seeds=range(5), n_trials: int = 200):
     for seed in seeds:
         with tempfile.TemporaryDirectory() as d:
             t = time.perf_counter()
-            res = run_search(q, SearchOptions(space=space, max_exhaustive=0, n_trials=n_trials, seed=seed,
-                                              storage=str(Path(d) / "study.log"), run_dir=Path(d)))
+            res = run_search(
+                q,
+                SearchOptions(
+                    space=space,
+                    max_exhaustive=0,
+                    n_trials=n_trials,
+                    seed=seed,
+                    storage=str(Path(d) / "study.log"),
+                    run_dir=Path(d),
+                ),
+            )
             secs = time.perf_counter() - t
         found = float(res.top.iloc[0]["step_time_s"]) if len(res.top) else float("inf")
         needed = next((h["number"] + 1 for h in res.history if h["best_so_far"] <= best * 1.02), None)
@@ -69,15 +86,21 @@ def optuna_seeds(q, space, best: float, seeds=range(5), n_trials: int = 200):
 
 if __name__ == "__main__":
     walls = main_job_wall()
-    print(f"autopar search --model 70b --gpus 256 (whole process): median {statistics.median(walls):.2f} s "
-          f"(min {min(walls):.2f}, max {max(walls):.2f})")
+    print(
+        f"autopar search --model 70b --gpus 256 (whole process): median {statistics.median(walls):.2f} s "
+        f"(min {min(walls):.2f}, max {max(walls):.2f})"
+    )
     for model, gpus in CASES:
         q, space, n, secs, best = exhaustive(model, gpus)
-        print(f"\n{model} on {gpus} H100, default space: {n:,} plans evaluated in {secs:.3f} s "
-              f"({n / secs:,.0f} plans/s); exhaustive optimum {best:.4f} s/step")
+        print(
+            f"\n{model} on {gpus} H100, default space: {n:,} plans evaluated in {secs:.3f} s "
+            f"({n / secs:,.0f} plans/s); exhaustive optimum {best:.4f} s/step"
+        )
         if "--quick" in sys.argv:
             continue
-        print("  Optuna (TPE, --max-exhaustive 0, 200 trials):  seed | best step s | gap vs exhaustive | "
-              "trials to within 2% | wall s")
+        print(
+            "  Optuna (TPE, --max-exhaustive 0, 200 trials):  seed | best step s | gap vs exhaustive | "
+            "trials to within 2% | wall s"
+        )
         for seed, found, gap, needed, wall in optuna_seeds(q, space, best):
             print(f"  {seed:>4} | {found:11.4f} | {gap:+16.2f}% | {str(needed):>19} | {wall:6.1f}")

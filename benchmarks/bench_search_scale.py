@@ -53,8 +53,22 @@ def enumerate_rate(space_file: Path, gpus: int) -> tuple[int, float]:
 
 def search_process(space_file: Path, gpus: int, run_dir: Path) -> dict:
     """One whole `autopar search` process: wall time, peak RSS and its own timings."""
-    cmd = [sys.executable, "-m", "autopar", "search", "--model", MODEL, "--gpus", str(gpus), "--space",
-           str(space_file), "--max-exhaustive", str(10**9), "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "autopar",
+        "search",
+        "--model",
+        MODEL,
+        "--gpus",
+        str(gpus),
+        "--space",
+        str(space_file),
+        "--max-exhaustive",
+        str(10**9),
+        "--run-dir",
+        str(run_dir),
+    ]
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -62,9 +76,14 @@ def search_process(space_file: Path, gpus: int, run_dir: Path) -> dict:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"search failed: {proc.stderr.read().decode()[-2000:]}")
     info = json.loads((run_dir / "search.json").read_text())
-    return {"wall_s": wall, "peak_rss_gib": usage.ru_maxrss * 1024 / 2**30, "plans": info["plans_evaluated"],
-            "evaluate_s": info["timings_s"]["evaluate_s"], "total_s": info["timings_s"]["total_s"],
-            "report_mb": (run_dir / "report.html").stat().st_size / 1e6}
+    return {
+        "wall_s": wall,
+        "peak_rss_gib": usage.ru_maxrss * 1024 / 2**30,
+        "plans": info["plans_evaluated"],
+        "evaluate_s": info["timings_s"]["evaluate_s"],
+        "total_s": info["timings_s"]["total_s"],
+        "report_mb": (run_dir / "report.html").stat().st_size / 1e6,
+    }
 
 
 def main() -> None:
@@ -72,8 +91,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="s,m,l", help="which spaces: s, m, l (comma list)")
     ap.add_argument("--keep", type=Path, help="keep the run directories here")
     args = ap.parse_args()
-    print(f"{'space':8} {'plans':>11} {'enumerate/s':>12} {'evaluate/s':>11} {'process/s':>10} {'wall s':>7} "
-          f"{'peak RSS':>9} {'report':>7}")
+    print(
+        f"{'space':8} {'plans':>11} {'enumerate/s':>12} {'evaluate/s':>11} {'process/s':>10} {'wall s':>7} "
+        f"{'peak RSS':>9} {'report':>7}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         base = args.keep or Path(tmp)
         for size in args.sizes.split(","):
@@ -81,9 +102,12 @@ def main() -> None:
             space_file = HERE / "spaces" / name
             n, enum_rate = enumerate_rate(space_file, gpus)
             r = search_process(space_file, gpus, base / f"scale-{size}")
-            print(f"scale-{size:2} {r['plans']:>11,} {enum_rate:>12,.0f} {r['plans'] / r['evaluate_s']:>11,.0f} "
-                  f"{r['plans'] / r['wall_s']:>10,.0f} {r['wall_s']:>7.1f} {r['peak_rss_gib']:>6.2f} GiB "
-                  f"{r['report_mb']:>4.1f} MB", flush=True)
+            print(
+                f"scale-{size:2} {r['plans']:>11,} {enum_rate:>12,.0f} {r['plans'] / r['evaluate_s']:>11,.0f} "
+                f"{r['plans'] / r['wall_s']:>10,.0f} {r['wall_s']:>7.1f} {r['peak_rss_gib']:>6.2f} GiB "
+                f"{r['report_mb']:>4.1f} MB",
+                flush=True,
+            )
     print(f"reference: Calculon {CALCULON}")
 
 

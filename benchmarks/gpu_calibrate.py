@@ -17,13 +17,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gpu_check import GPU_KEYS  # noqa: E402
+
 from autopar.cost.calibrate import calibrate, fit_gemm, predict  # noqa: E402
 from autopar.spec.hardware import default_cluster  # noqa: E402
 from autopar.spec.plan import ParallelPlan  # noqa: E402
 from autopar.spec.presets import get_preset  # noqa: E402
 from autopar.trial.measure import measure_plan  # noqa: E402
-
-from gpu_check import GPU_KEYS  # noqa: E402
 
 
 def main() -> int:
@@ -37,25 +37,56 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="autopar-gpucal-"))
-    subprocess.run([sys.executable, "-m", "autopar.trial.probe", "gemm", "--device", args.device, "--out",
-                    str(work / "gemm.json")], check=True, cwd=REPO, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autopar.trial.probe",
+            "gemm",
+            "--device",
+            args.device,
+            "--out",
+            str(work / "gemm.json"),
+        ],
+        check=True,
+        cwd=REPO,
+        timeout=120,
+    )
     g = json.loads((work / "gemm.json").read_text())
     peak, half = fit_gemm(g["gemm"])
     name = g.get("device", "cpu")
     key = next((k for frag, k in GPU_KEYS if frag in name), "h100-sxm") if args.device == "cuda" else "local"
     cluster = default_cluster(key, gpus_per_node=1)
-    print(f"probe: {name}: bf16 GEMM peak {peak / 1e12:.0f} TFLOP/s fitted (preset {cluster.gpu.bf16_tflops:.0f}), "
-          f"half-efficiency dim {half:.0f}")
-    model = (get_preset(args.model).scaled(num_layers=args.layers) if args.device == "cuda" else get_preset("tiny"))
+    print(
+        f"probe: {name}: bf16 GEMM peak {peak / 1e12:.0f} TFLOP/s fitted (preset {cluster.gpu.bf16_tflops:.0f}), "
+        f"half-efficiency dim {half:.0f}"
+    )
+    model = get_preset(args.model).scaled(num_layers=args.layers) if args.device == "cuda" else get_preset("tiny")
     seq = args.seq_len if args.device == "cuda" else 128
     dtype = "bf16" if args.device == "cuda" else "fp32"
     plans, docs = [], []
     for mbs in (1, 2, 4):
         plan = ParallelPlan(micro_batch_size=mbs, global_batch_size=args.gbs, dtype=dtype, zero_stage=0)
-        doc = measure_plan(model.to_dict() | {"name": model.name}, plan.to_dict(), 1, steps=3, warmup=1,
-                           seq_len=seq, timeout_s=args.timeout, device=args.device, workdir=work / f"mbs{mbs}")
-        print(f"trial mbs {mbs}: {doc['status']} " + (f"{doc['measured']['step_time_s']:.3f} s/step, peak "
-              f"{doc['measured']['peak_memory_bytes'] / 2**30:.2f} GiB" if doc["measured"] else str(doc["reasons"])))
+        doc = measure_plan(
+            model.to_dict() | {"name": model.name},
+            plan.to_dict(),
+            1,
+            steps=3,
+            warmup=1,
+            seq_len=seq,
+            timeout_s=args.timeout,
+            device=args.device,
+            workdir=work / f"mbs{mbs}",
+        )
+        print(
+            f"trial mbs {mbs}: {doc['status']} "
+            + (
+                f"{doc['measured']['step_time_s']:.3f} s/step, peak "
+                f"{doc['measured']['peak_memory_bytes'] / 2**30:.2f} GiB"
+                if doc["measured"]
+                else str(doc["reasons"])
+            )
+        )
         if doc["measured"]:
             plans.append(plan)
             docs.append(doc)
@@ -65,8 +96,16 @@ def main() -> int:
     meas = [d["measured"]["step_time_s"] for d in docs]
     mem = [d["measured"]["peak_memory_bytes"] for d in docs]
     before = predict(plans, model, cluster, 1, seq)[0]
-    cal = calibrate(plans, meas, mem, model, cluster, 1, seq,
-                    names=["gemm_efficiency", "layer_overhead_us", "elementwise_traffic_factor"])
+    cal = calibrate(
+        plans,
+        meas,
+        mem,
+        model,
+        cluster,
+        1,
+        seq,
+        names=["gemm_efficiency", "layer_overhead_us", "elementwise_traffic_factor"],
+    )
     for n in cal.time_fit.names + (cal.memory_fit.names if cal.memory_fit else []):
         print(f"  {n:28s} {getattr(cluster.constants, n):.4g} -> {getattr(cal.cluster.constants, n):.4g}")
     for p, m, b, a in zip(plans, meas, before, cal.predicted_s):

@@ -23,8 +23,14 @@ from autopar.trial.config import TrialConfig  # noqa: E402
 from autopar.trial.launcher import launch  # noqa: E402
 
 #: GPU name fragments (torch.cuda.get_device_name) -> autopar GPU presets, for the peak FLOP/s
-GPU_KEYS = (("H200", "h200"), ("H100", "h100-sxm"), ("H800", "h800"), ("B200", "b200"), ("A100", "a100-80gb"),
-            ("MI300X", "mi300x"))
+GPU_KEYS = (
+    ("H200", "h200"),
+    ("H100", "h100-sxm"),
+    ("H800", "h800"),
+    ("B200", "b200"),
+    ("A100", "a100-80gb"),
+    ("MI300X", "mi300x"),
+)
 
 
 def main() -> int:
@@ -38,17 +44,36 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=270.0)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: an fp32 smoke test of this script")
-    ap.add_argument("--out", type=Path, default=REPO / "reports" / "gpu_check.json",
-                    help="summary JSON (reports/ is git-ignored); the run's logs go beside it")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "reports" / "gpu_check.json",
+        help="summary JSON (reports/ is git-ignored); the run's logs go beside it",
+    )
     args = ap.parse_args()
 
     dtype = "bf16" if args.device == "cuda" else "fp32"
-    trial = TrialConfig(name=f"{args.model}-{args.layers}L-{dtype}", model=args.model,
-                        scale={"num_layers": args.layers},
-                        seq_len=args.seq_len, steps=args.steps, warmup=args.warmup, device=args.device,
-                        optimizer="adamw", lr=1e-4, count_comm=False,
-                        plan={"tp": 1, "pp": 1, "dp": 1, "dtype": dtype,
-                              "zero_stage": 0, "micro_batch_size": args.mbs, "global_batch_size": args.gbs})
+    trial = TrialConfig(
+        name=f"{args.model}-{args.layers}L-{dtype}",
+        model=args.model,
+        scale={"num_layers": args.layers},
+        seq_len=args.seq_len,
+        steps=args.steps,
+        warmup=args.warmup,
+        device=args.device,
+        optimizer="adamw",
+        lr=1e-4,
+        count_comm=False,
+        plan={
+            "tp": 1,
+            "pp": 1,
+            "dp": 1,
+            "dtype": dtype,
+            "zero_stage": 0,
+            "micro_batch_size": args.mbs,
+            "global_batch_size": args.gbs,
+        },
+    )
     run = launch([trial], 1, timeout_s=args.timeout, workdir=args.out.parent / "gpu_check_run")
     if not run.succeeded or not run.trials:
         print(f"FAILED: {run.outcome}: {'; '.join(run.reasons)}\n{run.stderr_tail[-4000:]}", file=sys.stderr)
@@ -60,13 +85,22 @@ def main() -> int:
     mfu = t["model_flops_per_step"] / t["mean_step_time_s"] / (peak_tflops * 1e12) if peak_tflops else None
     rank = t["ranks"][0]
     summary = {
-        "gpu": env.get("gpu"), "torch": env["torch"], "cuda": env.get("cuda"), "trial": t["name"],
-        "params": rank["param_count"], "seq_len": t["seq_len"], "tokens_per_step": t["tokens_per_step"],
-        "step_time_s": t["step_time_s"], "mean_step_time_s": t["mean_step_time_s"],
+        "gpu": env.get("gpu"),
+        "torch": env["torch"],
+        "cuda": env.get("cuda"),
+        "trial": t["name"],
+        "params": rank["param_count"],
+        "seq_len": t["seq_len"],
+        "tokens_per_step": t["tokens_per_step"],
+        "step_time_s": t["step_time_s"],
+        "mean_step_time_s": t["mean_step_time_s"],
         "tokens_per_s": t["tokens_per_s"],
         "model_tflops_per_s": t["model_flops_per_step"] / t["mean_step_time_s"] / 1e12,
-        "peak_bf16_tflops": peak_tflops, "mfu": mfu,
-        "peak_memory_gib": rank["peak_memory_bytes"] / 2**30, "losses": t["losses"], "wall_s": run.wall_s,
+        "peak_bf16_tflops": peak_tflops,
+        "mfu": mfu,
+        "peak_memory_gib": rank["peak_memory_bytes"] / 2**30,
+        "losses": t["losses"],
+        "wall_s": run.wall_s,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=1))

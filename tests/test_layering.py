@@ -70,26 +70,31 @@ def _probe(argv: list[str] | None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if argv is None:  # import only
-        code = (f"import json, sys, autopar\nprint('PROBE ' + json.dumps({{'code': 0, 'heavy': "
-                f"sorted(m for m in {sorted(HEAVY)!r} if m in sys.modules)}}))")
+        code = (
+            f"import json, sys, autopar\nprint('PROBE ' + json.dumps({{'code': 0, 'heavy': "
+            f"sorted(m for m in {sorted(HEAVY)!r} if m in sys.modules)}}))"
+        )
     else:
         code = PROBE.format(argv=argv, heavy=sorted(HEAVY))
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert "Traceback" not in p.stderr, p.stderr
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("PROBE ")]
     assert lines, f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
     return json.loads(lines[-1].removeprefix("PROBE "))
 
 
-@pytest.mark.parametrize("argv", [
-    None,
-    ["estimate", "--help"],
-    ["estimate", "--model", "70b", "--gpus", "256", "--tp", "8", "--pp", "4"],
-    ["estimate", "--model", "70b", "--gpus", "256", "--tp", "8", "--pp", "4", "--json"],
-    ["models"],
-    ["hardware"],
-], ids=["import", "estimate-help", "estimate", "estimate-json", "models", "hardware"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        None,
+        ["estimate", "--help"],
+        ["estimate", "--model", "70b", "--gpus", "256", "--tp", "8", "--pp", "4"],
+        ["estimate", "--model", "70b", "--gpus", "256", "--tp", "8", "--pp", "4", "--json"],
+        ["models"],
+        ["hardware"],
+    ],
+    ids=["import", "estimate-help", "estimate", "estimate-json", "models", "hardware"],
+)
 def test_light_commands_do_not_import_heavy_packages(argv: list[str] | None) -> None:
     out = _probe(argv)
     assert out["code"] == 0, out
@@ -97,6 +102,7 @@ def test_light_commands_do_not_import_heavy_packages(argv: list[str] | None) -> 
 
 
 # ---- (b) the import graph ------------------------------------------------------------------------
+
 
 def _files() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
@@ -143,8 +149,12 @@ def imports_of(source: str, module: str, is_package: bool) -> list[tuple[int, st
                     out.append((node.lineno, sub if top and _is_autopar_submodule(top) else mod))
             else:
                 out.append((node.lineno, mod))
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                and isinstance(node.args[0].value, str):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             f = node.func
             name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
             if name in ("import_module", "__import__"):
@@ -233,8 +243,9 @@ def test_heavy_packages_only_in_their_layer() -> None:
 
 # ---- the checker itself --------------------------------------------------------------------------
 
+
 def test_checker_sees_lazy_relative_and_dynamic_imports() -> None:
-    src = '''
+    src = """
 import numpy as np
 from . import layout
 from .model import ModelSpec
@@ -250,11 +261,22 @@ def f():
 class C:
     def g(self):
         from autopar.cli import app
-'''
+"""
     found = {name for _, name in imports_of(src, "autopar.spec.rules", is_package=False)}
-    assert {"numpy", "autopar.spec.layout", "autopar.spec.model", "autopar.cost", "autopar.search.space",
-            "autopar.errors", "torch", "optuna.samplers", "importlib", "plotly.graph_objects", "pandas",
-            "autopar.cli"} <= found, found
+    assert {
+        "numpy",
+        "autopar.spec.layout",
+        "autopar.spec.model",
+        "autopar.cost",
+        "autopar.search.space",
+        "autopar.errors",
+        "torch",
+        "optuna.samplers",
+        "importlib",
+        "plotly.graph_objects",
+        "pandas",
+        "autopar.cli",
+    } <= found, found
 
 
 def test_checker_flags_a_cost_module_importing_cli(tmp_path: Path) -> None:

@@ -68,8 +68,11 @@ def elsewhere(installed, tmp_path_factory):
 
 def test_the_installed_package_is_the_one_imported(installed, elsewhere):
     run, _ = elsewhere
-    out = run("-c", "import sys, autopar, autopar.spaces; print(autopar.__file__); print(autopar.spaces.__file__); "
-                    "print(*sys.path, sep='\\n')")
+    out = run(
+        "-c",
+        "import sys, autopar, autopar.spaces; print(autopar.__file__); print(autopar.spaces.__file__); "
+        "print(*sys.path, sep='\\n')",
+    )
     package, spaces, *path = out.splitlines()
     assert Path(package).parent == installed / "autopar"
     assert Path(spaces).parent == installed / "autopar" / "spaces"
@@ -89,9 +92,11 @@ def test_search_validate_export_from_a_wheel(elsewhere):
 
 def test_every_data_file_is_installed(installed):
     """The files next to the code (presets, profiles, calibration tables) and the search spaces."""
+
     def data(root: Path) -> set[str]:
-        return {p.relative_to(root).as_posix() for p in root.rglob("*")
-                if p.is_file() and p.suffix not in (".py", ".pyc")}
+        return {
+            p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
+        }
 
     shipped = data(REPO / "autopar") | {f"spaces/{p.name}" for p in (REPO / "search_spaces").glob("*.yaml")}
     assert shipped and shipped <= data(installed / "autopar")

@@ -60,8 +60,9 @@ def moe_layer_bytes(model: ModelSpec, tokens, tp, etp) -> np.ndarray:
     local = np.asarray(tokens, dtype=float) / np.asarray(tp, dtype=float)
     attention = replicated_bytes_per_token(model) - 2 * h + attention_sharded_bytes_per_token(model)
     router = 2 * h + 4 * m.num_experts  # router input (= MLP input), fp32 logits
-    routed = m.top_k * (2 * h * np.asarray(etp, dtype=float)
-                        + _mlp_hidden_bytes(model, m.expert_ffn_hidden_size) + 2 * h)
+    routed = m.top_k * (
+        2 * h * np.asarray(etp, dtype=float) + _mlp_hidden_bytes(model, m.expert_ffn_hidden_size) + 2 * h
+    )
     shared = _mlp_hidden_bytes(model, m.shared_expert_ffn_hidden_size)
     return local * (attention + router + routed + shared)
 
@@ -90,6 +91,7 @@ def head_bytes(model: ModelSpec, tokens, tp, sp, act_bytes=2.0) -> np.ndarray:
 # ---- the "torch" training stack: PyTorch eager autograd, as the built-in trial model runs -----------
 # Each term is a tensor an op's backward saves, read off the built-in model's code and checked against
 # its measured live tensors (autopar.trial.memory tensor peak, tiny model, fp32, every tp/sp/cp split).
+
 
 def eager_attention_bytes_per_token(model: ModelSpec, tp, cp, act_bytes, selective) -> np.ndarray:
     """Attention core inputs and outputs per token (tp-sharded with the heads): Q after RoPE, K and V
@@ -125,8 +127,11 @@ def eager_dense_layer_bytes(model: ModelSpec, tokens, tp, sp, cp, act_bytes, sel
     tp = np.asarray(tp, dtype=float)
     a = np.asarray(act_bytes, dtype=float)
     seq = tokens / np.where(sp, tp, 1.0)
-    full = (2.0 * model.hidden_size * a + eager_attention_bytes_per_token(model, tp, cp, act_bytes, selective)
-            + 4.0 * model.ffn_hidden_size * a / tp)
+    full = (
+        2.0 * model.hidden_size * a
+        + eager_attention_bytes_per_token(model, tp, cp, act_bytes, selective)
+        + 4.0 * model.ffn_hidden_size * a / tp
+    )
     return seq * eager_norm_bytes_per_token(model, act_bytes) + tokens * full
 
 

@@ -26,12 +26,15 @@ TIME_BOUNDS: dict[str, tuple[float, float]] = {
     "dp_overlap": (0.0, 1.0),
 }
 #: memory constants: allocator allowance on activations, fixed reservation
-MEMORY_BOUNDS: dict[str, tuple[float, float]] = {"allocator_overhead_fraction": (0.0, 1.0),
-                                                 "runtime_reserved_gib": (0.0, 2.0)}
+MEMORY_BOUNDS: dict[str, tuple[float, float]] = {
+    "allocator_overhead_fraction": (0.0, 1.0),
+    "runtime_reserved_gib": (0.0, 2.0),
+}
 
 
-def predict(plans: list[ParallelPlan], model: ModelSpec, cluster: ClusterSpec, num_gpus: int,
-            seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+def predict(
+    plans: list[ParallelPlan], model: ModelSpec, cluster: ClusterSpec, num_gpus: int, seq_len: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Predicted step time (s) and peak memory (bytes) of each plan."""
     est = estimate_table(PlanTable.from_plans(plans), model, cluster, num_gpus=num_gpus, seq_len=seq_len)
     return np.asarray(est["step_time_s"], float), np.asarray(est["peak_memory_bytes"], float)
@@ -56,8 +59,16 @@ def spearman(a, b) -> float:
     return float(spearmanr(a, b).statistic)
 
 
-def calibrate(plans: list[ParallelPlan], measured_s, measured_mem, model: ModelSpec, cluster: ClusterSpec,
-              num_gpus: int, seq_len: int, names: list[str] | None = None) -> Calibration:
+def calibrate(
+    plans: list[ParallelPlan],
+    measured_s,
+    measured_mem,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    num_gpus: int,
+    seq_len: int,
+    names: list[str] | None = None,
+) -> Calibration:
     """Fit the step-time constants to measured step times, then the memory constants to measured
     peaks (bounded least squares, autopar.cost.fit); returns the calibrated cluster and residuals."""
     measured_s = np.asarray(measured_s, float)
@@ -71,6 +82,7 @@ def calibrate(plans: list[ParallelPlan], measured_s, measured_mem, model: ModelS
     tfit = _multistart(time_errors, cluster.constants, names, TIME_BOUNDS)
     mfit = None
     if np.all(measured_mem > 0):
+
         def mem_errors(k):
             return predict(plans, model, cluster.with_constants(k), num_gpus, seq_len)[1] / measured_mem - 1
 
@@ -78,8 +90,15 @@ def calibrate(plans: list[ParallelPlan], measured_s, measured_mem, model: ModelS
     consts = mfit.constants if mfit else tfit.constants
     out = cluster.with_constants(consts, name=(cluster.name or cluster.gpu.key) + " (calibrated)")
     after = predict(plans, model, out, num_gpus, seq_len)[0]
-    return Calibration(cluster=out, time_fit=tfit, memory_fit=mfit, predicted_s=after, measured_s=measured_s,
-                       spearman_before=spearman(before, measured_s), spearman_after=spearman(after, measured_s))
+    return Calibration(
+        cluster=out,
+        time_fit=tfit,
+        memory_fit=mfit,
+        predicted_s=after,
+        measured_s=measured_s,
+        spearman_before=spearman(before, measured_s),
+        spearman_after=spearman(after, measured_s),
+    )
 
 
 def _multistart(errors_for, start, names: list[str], bounds: dict, fractions=(0.1, 0.5)) -> FitResult:
@@ -95,11 +114,16 @@ def _multistart(errors_for, start, names: list[str], bounds: dict, fractions=(0.
 def profile_dict(cluster: ClusterSpec, **extra) -> dict:
     """A cluster as a profile file (`--cluster`, or the `local` profile): gpu fields, links, constants."""
     gpu = asdict(cluster.gpu)
-    out = {"name": cluster.name, "gpu": gpu, "gpus_per_node": cluster.gpus_per_node,
-           "intra_node_gbps": cluster.intra_node_gbps, "inter_node_gbps": cluster.inter_node_gbps,
-           "intra_node_latency_us": cluster.intra_node_latency_us,
-           "inter_node_latency_us": cluster.inter_node_latency_us,
-           "constants": asdict(cluster.constants)}
+    out = {
+        "name": cluster.name,
+        "gpu": gpu,
+        "gpus_per_node": cluster.gpus_per_node,
+        "intra_node_gbps": cluster.intra_node_gbps,
+        "inter_node_gbps": cluster.inter_node_gbps,
+        "intra_node_latency_us": cluster.intra_node_latency_us,
+        "inter_node_latency_us": cluster.inter_node_latency_us,
+        "constants": asdict(cluster.constants),
+    }
     return out | extra
 
 
@@ -126,18 +150,35 @@ def profile_from_probe(gemm: dict, colls: list[dict], ranks: int, ram_bytes: flo
     machine there is no inter-node link: it is set equal to the intra-node one)."""
     peak, half = fit_gemm(gemm["gemm"])
     busbw = max((c["busbw_gbps"] for coll in colls for c in coll["all_reduce"]), default=1.0)
-    lat = min((c["seconds"] / max(1, 2 * (coll["world_size"] - 1)) for coll in colls for c in coll["all_reduce"]),
-              default=50e-6)
+    lat = min(
+        (c["seconds"] / max(1, 2 * (coll["world_size"] - 1)) for coll in colls for c in coll["all_reduce"]),
+        default=50e-6,
+    )
     return {
         "name": "local (autopar probe)",
-        "gpu": {"key": LOCAL, "name": f"this machine (CPU, {gemm.get('threads', 1)} thread(s) per rank)",
-                "bf16_tflops": 2 * peak / efficiency / 1e12, "fp8_tflops": 0.0,
-                "hbm_gib": ram_bytes / ranks / GIB, "hbm_gbps": gemm["memory_bytes_per_s"] / 1e9,
-                "intra_node_gbps": busbw, "nic_gbps": busbw, "gpus_per_node": ranks,
-                "source": "autopar probe: GEMM, elementwise add and gloo collectives on this machine"},
-        "gpus_per_node": ranks, "intra_node_gbps": busbw, "inter_node_gbps": busbw,
-        "intra_node_latency_us": lat * 1e6, "inter_node_latency_us": lat * 1e6,
-        "constants": {"gemm_efficiency": efficiency, "gemm_half_efficiency_dim": max(half, 1.0), "runtime_reserved_gib": 0.0,
-                      "allocator_overhead_fraction": 0.0, "intra_node_bw_efficiency": 1.0,
-                      "inter_node_bw_efficiency": 1.0},
+        "gpu": {
+            "key": LOCAL,
+            "name": f"this machine (CPU, {gemm.get('threads', 1)} thread(s) per rank)",
+            "bf16_tflops": 2 * peak / efficiency / 1e12,
+            "fp8_tflops": 0.0,
+            "hbm_gib": ram_bytes / ranks / GIB,
+            "hbm_gbps": gemm["memory_bytes_per_s"] / 1e9,
+            "intra_node_gbps": busbw,
+            "nic_gbps": busbw,
+            "gpus_per_node": ranks,
+            "source": "autopar probe: GEMM, elementwise add and gloo collectives on this machine",
+        },
+        "gpus_per_node": ranks,
+        "intra_node_gbps": busbw,
+        "inter_node_gbps": busbw,
+        "intra_node_latency_us": lat * 1e6,
+        "inter_node_latency_us": lat * 1e6,
+        "constants": {
+            "gemm_efficiency": efficiency,
+            "gemm_half_efficiency_dim": max(half, 1.0),
+            "runtime_reserved_gib": 0.0,
+            "allocator_overhead_fraction": 0.0,
+            "intra_node_bw_efficiency": 1.0,
+            "inter_node_bw_efficiency": 1.0,
+        },
     }

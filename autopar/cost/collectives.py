@@ -33,12 +33,14 @@ class Links:
     @classmethod
     def of(cls, cluster: ClusterSpec) -> "Links":
         k = cluster.constants
-        return cls(gpus_per_node=cluster.gpus_per_node,
-                   intra_bw=cluster.intra_node_gbps * 1e9 * k.intra_node_bw_efficiency,
-                   intra_full_mesh=cluster.intra_node_topology == "full-mesh",
-                   inter_bw=cluster.inter_node_gbps * 1e9 * k.inter_node_bw_efficiency,
-                   intra_lat=cluster.intra_node_latency_us * 1e-6,
-                   inter_lat=cluster.inter_node_latency_us * 1e-6)
+        return cls(
+            gpus_per_node=cluster.gpus_per_node,
+            intra_bw=cluster.intra_node_gbps * 1e9 * k.intra_node_bw_efficiency,
+            intra_full_mesh=cluster.intra_node_topology == "full-mesh",
+            inter_bw=cluster.inter_node_gbps * 1e9 * k.inter_node_bw_efficiency,
+            intra_lat=cluster.intra_node_latency_us * 1e-6,
+            inter_lat=cluster.inter_node_latency_us * 1e-6,
+        )
 
 
 @dataclass
@@ -149,8 +151,10 @@ def p2p_time(nbytes, crosses_node, links: Links) -> np.ndarray:
 
 def p2p_linear(crosses_node, links: Links) -> tuple[np.ndarray, np.ndarray]:
     """(seconds per byte, seconds per call) of `p2p_time` (alpha-beta cost model)."""
-    return (np.where(crosses_node, 1.0 / links.inter_bw, 1.0 / links.intra_bw),
-            np.where(crosses_node, links.inter_lat, links.intra_lat))
+    return (
+        np.where(crosses_node, 1.0 / links.inter_bw, 1.0 / links.intra_bw),
+        np.where(crosses_node, links.inter_lat, links.intra_lat),
+    )
 
 
 def allreduce_bytes_moved(nbytes: float, n: int) -> float:

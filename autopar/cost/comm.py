@@ -21,9 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from autopar.cost.collectives import Links, all_to_all_linear, half_ring_linear, p2p_linear
 from autopar.spec.sharding import MODEL_PLAN, SEQUENCE_STYLES, block_plan, sync_points
-from autopar.cost.collectives import Links, all_to_all_linear, half_ring_linear, p2p_linear, place
-
 
 
 @dataclass
@@ -74,8 +73,15 @@ def volume(calls: list[Call], group_size, with_bytes: bool = True) -> Volume:
             a2a_bytes, a2a_calls = a2a_bytes + sent, a2a_calls + c.count
         else:
             p2p_bytes, p2p_calls = p2p_bytes + sent, p2p_calls + c.count
-    return Volume(np.where(n > 1, handed, 0.0) if with_bytes else 0.0, ring_bytes, ring_calls, a2a_bytes, a2a_calls,
-                  p2p_bytes, p2p_calls)
+    return Volume(
+        np.where(n > 1, handed, 0.0) if with_bytes else 0.0,
+        ring_bytes,
+        ring_calls,
+        a2a_bytes,
+        a2a_calls,
+        p2p_bytes,
+        p2p_calls,
+    )
 
 
 def _none(x) -> bool:
@@ -98,15 +104,17 @@ def seconds(v: Volume, group, links: Links, crosses_node=None, all_to_all=all_to
     return out
 
 
-def traffic(calls: list[Call], group_size, group, links: Links, crosses_node=None,
-            all_to_all=all_to_all_linear) -> tuple[np.ndarray, np.ndarray]:
+def traffic(
+    calls: list[Call], group_size, group, links: Links, crosses_node=None, all_to_all=all_to_all_linear
+) -> tuple[np.ndarray, np.ndarray]:
     """(payload bytes, time) of a list of calls on one group."""
     v = volume(calls, group_size)
     return v.handed, seconds(v, group, links, crosses_node, all_to_all)
 
 
-def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_head, recompute_share, etp,
-             act_bytes) -> list[Call]:
+def tp_calls(
+    model, tokens, sp, dense_layers, moe_layers, has_embedding, has_head, recompute_share, etp, act_bytes
+) -> list[Call]:
     """TP collectives of one GPU for one microbatch. The sync points per block come from the
     sharding tables (autopar.spec.sharding) the built-in model applies: each row-parallel module
     is one sync point, costing per pass an all-reduce (no SP) or an all-gather + reduce-scatter
@@ -129,14 +137,22 @@ def tp_calls(model, tokens, sp, dense_layers, moe_layers, has_embedding, has_hea
     sync_k = moe_layers * (etp > 1) * passes
     on_sp, off_sp = np.where(sp, 1.0, 0.0), np.where(sp, 0.0, 1.0)
     return [
-        Call("all_gather", s, sync * on_sp), Call("reduce_scatter", s, sync * on_sp),
+        Call("all_gather", s, sync * on_sp),
+        Call("reduce_scatter", s, sync * on_sp),
         Call("all_reduce", s, sync * off_sp),
-        Call("all_gather", s * k, sync_k * on_sp), Call("reduce_scatter", s * k, sync_k * on_sp),
-        Call("all_gather", np.full_like(np.asarray(s, dtype=float), moe.num_experts * COUNT_BYTES if moe else 0.0)
-             * np.asarray(etp, dtype=float), moe_layers * (etp > 1) * (1.0 + recompute_share)),
-        Call("reduce_scatter", s, has_embedding * on_sp), Call("all_gather", s, has_embedding * on_sp),
+        Call("all_gather", s * k, sync_k * on_sp),
+        Call("reduce_scatter", s * k, sync_k * on_sp),
+        Call(
+            "all_gather",
+            np.full_like(np.asarray(s, dtype=float), moe.num_experts * COUNT_BYTES if moe else 0.0)
+            * np.asarray(etp, dtype=float),
+            moe_layers * (etp > 1) * (1.0 + recompute_share),
+        ),
+        Call("reduce_scatter", s, has_embedding * on_sp),
+        Call("all_gather", s, has_embedding * on_sp),
         Call("all_reduce", s, has_embedding * off_sp),
-        Call("all_gather", s, has_head * on_sp), Call("reduce_scatter", s, has_head * on_sp),
+        Call("all_gather", s, has_head * on_sp),
+        Call("reduce_scatter", s, has_head * on_sp),
         Call("all_reduce", s, has_head * off_sp),
         Call("all_reduce", tokens * 4.0, has_head * 3.0),
     ]
@@ -199,7 +215,9 @@ def moe_stat_calls(model, micro_batch, stat_group, moe_layers, recompute_share=0
         return []
     s = np.asarray(micro_batch, dtype=float) * model.moe.num_experts * 4.0
     calls = 3.0 + 2.0 * np.asarray(recompute_share, dtype=float)
-    return [Call("all_reduce", s, np.where(np.asarray(stat_group) > 1, np.asarray(moe_layers, dtype=float) * calls, 0.0))]
+    return [
+        Call("all_reduce", s, np.where(np.asarray(stat_group) > 1, np.asarray(moe_layers, dtype=float) * calls, 0.0))
+    ]
 
 
 #: bytes of one routed-copy count (int64) in the dispatcher's count exchange
@@ -223,8 +241,11 @@ def ep_calls(model, tokens, tp, sp, moe_layers, imbalance, act_bytes, recompute_
     s = local * model.moe.top_k * model.hidden_size * act_bytes
     counts = np.full_like(np.asarray(s, dtype=float), float(model.moe.num_experts * COUNT_BYTES))
     forwards = 1.0 + np.asarray(recompute_share, dtype=float)
-    return [Call("all_to_all", s, moe_layers * (1.0 + forwards)), Call("all_to_all", s * imbalance, moe_layers * (1.0 + forwards)),
-            Call("all_to_all", counts, moe_layers * forwards)]
+    return [
+        Call("all_to_all", s, moe_layers * (1.0 + forwards)),
+        Call("all_to_all", s * imbalance, moe_layers * (1.0 + forwards)),
+        Call("all_to_all", counts, moe_layers * forwards),
+    ]
 
 
 def pp_calls(model, tokens, tp, sp, pp, vpp, rank, act_bytes) -> list[Call]:
@@ -253,7 +274,9 @@ def dp_calls(params, zero_stage, grad_bytes, weight_bytes, m, pp, group_size) ->
     m = np.asarray(m, dtype=float)
     reductions = grad_reductions_per_step(z, m, pp, group_size)
     z3_gathers = np.where(piped, m + 1.0, 2.0 * m)
-    reduce = [Call("all_reduce", grads, np.where(z == 0, 1.0, 0.0)),
-              Call("reduce_scatter", grads, np.where(z >= 1, reductions, 0.0))]
+    reduce = [
+        Call("all_reduce", grads, np.where(z == 0, 1.0, 0.0)),
+        Call("reduce_scatter", grads, np.where(z >= 1, reductions, 0.0)),
+    ]
     gather = [Call("all_gather", weights, np.where(z == 3, z3_gathers, np.where(z >= 1, 1.0, 0.0)))]
     return reduce, gather

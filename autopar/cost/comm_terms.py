@@ -14,8 +14,19 @@ from typing import NamedTuple
 import numpy as np
 
 from autopar.cost.collectives import Group, Links, all_to_all_linear, deduplicated_all_to_all_linear, place
-from autopar.cost.comm import (Volume, cp_calls, dp_calls, ep_calls, grad_reductions_per_step, moe_stat_calls,
-                               pp_calls, seconds, tp_calls, tp_step_calls, volume)
+from autopar.cost.comm import (
+    Volume,
+    cp_calls,
+    dp_calls,
+    ep_calls,
+    grad_reductions_per_step,
+    moe_stat_calls,
+    pp_calls,
+    seconds,
+    tp_calls,
+    tp_step_calls,
+    volume,
+)
 from autopar.cost.compute import expert_load
 from autopar.cost.params import RankParams
 from autopar.cost.plan_arrays import PlanArrays
@@ -71,8 +82,9 @@ class CommVolumes(NamedTuple):
     on_cp: np.ndarray
 
 
-def comm_volumes(x: PlanArrays, model: ModelSpec, gpus_per_node: int, prm: RankParams,
-                 with_bytes: bool = True) -> CommVolumes:
+def comm_volumes(
+    x: PlanArrays, model: ModelSpec, gpus_per_node: int, prm: RankParams, with_bytes: bool = True
+) -> CommVolumes:
     """Every axis's calls (autopar.cost.comm), summed, on its group; `with_bytes=False` leaves the
     payload bytes at 0 (a search ranks by time only)."""
     gpn = gpus_per_node
@@ -82,37 +94,67 @@ def comm_volumes(x: PlanArrays, model: ModelSpec, gpus_per_node: int, prm: RankP
     # MoE aux-loss statistics over the ranks holding a sequence's tokens (cp x tp under SP): booked
     # on cp when cp > 1, else on tp (the built-in model names its group so: autopar.trial.parallelize)
     stat_n = c * np.where(sp, t, 1)
-    stats = OnGroup(vol(moe_stat_calls(model, x.micro_batch, stat_n, x.moe_layers, share), stat_n),
-                    place(stat_n, 1, gpn))
-    tp = OnGroup(vol(tp_calls(model, x.tokens, sp, x.dense_layers, x.moe_layers, x.has_embedding, x.has_head, share,
-                              x.etp, x.act_bytes), t), tp_group)
+    stats = OnGroup(
+        vol(moe_stat_calls(model, x.micro_batch, stat_n, x.moe_layers, share), stat_n), place(stat_n, 1, gpn)
+    )
+    tp = OnGroup(
+        vol(
+            tp_calls(
+                model,
+                x.tokens,
+                sp,
+                x.dense_layers,
+                x.moe_layers,
+                x.has_embedding,
+                x.has_head,
+                share,
+                x.etp,
+                x.act_bytes,
+            ),
+            t,
+        ),
+        tp_group,
+    )
     cp_group = place(c, t, gpn)
     cp = OnGroup(vol(cp_calls(model, x.tokens, t, c, x.layers, share, x.act_bytes), c), cp_group, cp_group.nodes > 1)
     load = expert_load(x) if model.moe else 1.0
-    ep = OnGroup(vol(ep_calls(model, x.tokens, t, sp, x.moe_layers, load, x.act_bytes, share), x.ep),
-                 place(x.ep, x.etp, gpn))
+    ep = OnGroup(
+        vol(ep_calls(model, x.tokens, t, sp, x.moe_layers, load, x.act_bytes, share), x.ep), place(x.ep, x.etp, gpn)
+    )
     # neighbouring stages are tp*cp*dp ranks apart: do two of them share a node?
     neighbours = place(2, t * c * x.dp, gpn)
-    pp = OnGroup(vol(pp_calls(model, x.tokens, t, sp, x.pp, x.vpp, x.rank, x.act_bytes), x.pp), None,
-                 neighbours.nodes > 1)
+    pp = OnGroup(
+        vol(pp_calls(model, x.tokens, t, sp, x.pp, x.vpp, x.rank, x.act_bytes), x.pp), None, neighbours.nodes > 1
+    )
     reductions = grad_reductions_per_step(x.table.zero_stage, x.microbatches, x.pp, x.dp_group)
-    tp_step = OnGroup(vol(tp_step_calls(model, sp, x.dense_layers, x.moe_layers, x.has_head, x.grad_bytes,
-                                        reductions), t), tp_group)
+    tp_step = OnGroup(
+        vol(tp_step_calls(model, sp, x.dense_layers, x.moe_layers, x.has_head, x.grad_bytes, reductions), t), tp_group
+    )
     dense = _dp_volumes(x, prm.dense, x.dp_group, place(x.dp_group, t, gpn), vol)
-    expert = (_dp_volumes(x, prm.expert, x.expert_dp, place(x.expert_dp, x.ep * x.etp, gpn), vol) if model.moe
-              else (None, None))
+    expert = (
+        _dp_volumes(x, prm.expert, x.expert_dp, place(x.expert_dp, x.ep * x.etp, gpn), vol)
+        if model.moe
+        else (None, None)
+    )
     return CommVolumes(stats, tp, cp, ep, pp, tp_step, *dense, *expert, c > 1)
 
 
 def _dp_volumes(x: PlanArrays, params, group_size, group, vol) -> tuple[OnGroup, OnGroup]:
     """(gradient reduction, parameter gathering) of `params` over one data-parallel group."""
-    reduce, gather = dp_calls(params, x.table.zero_stage, x.grad_bytes, x.weight_bytes, x.microbatches, x.pp,
-                              group_size)
+    reduce, gather = dp_calls(
+        params, x.table.zero_stage, x.grad_bytes, x.weight_bytes, x.microbatches, x.pp, group_size
+    )
     return OnGroup(vol(reduce, group_size), group), OnGroup(vol(gather, group_size), group)
 
 
-def comm_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams, with_bytes: bool = True,
-               volumes: CommVolumes | None = None) -> CommTerms:
+def comm_terms(
+    x: PlanArrays,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    prm: RankParams,
+    with_bytes: bool = True,
+    volumes: CommVolumes | None = None,
+) -> CommTerms:
     """Every axis's calls priced on its group with the cluster's links and the profile's all-to-all
     efficiencies; `volumes`: `comm_volumes` of the same plans, when already summed."""
     v = volumes if volumes is not None else comm_volumes(x, model, cluster.gpus_per_node, prm, with_bytes)
@@ -135,4 +177,9 @@ def comm_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankP
     return CommTerms(
         tp=Traffic(tp.bytes + np.where(on_cp, 0.0, stats.bytes), tp.seconds + np.where(on_cp, 0.0, stats.seconds)),
         cp=Traffic(cp.bytes + np.where(on_cp, stats.bytes, 0.0), cp.seconds + np.where(on_cp, stats.seconds, 0.0)),
-        ep=ep, pp=v.pp.traffic(links), tp_step=v.tp_step.traffic(links), dp_reduce=reduce, dp_gather=gather)
+        ep=ep,
+        pp=v.pp.traffic(links),
+        tp_step=v.tp_step.traffic(links),
+        dp_reduce=reduce,
+        dp_gather=gather,
+    )

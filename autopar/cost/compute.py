@@ -14,8 +14,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from autopar.cost.flops import (attention_core_flops_per_token, attention_linear_flops_per_token,
-                                head_flops_per_token, mlp_flops_per_token)
+from autopar.cost.flops import (
+    attention_core_flops_per_token,
+    attention_linear_flops_per_token,
+    head_flops_per_token,
+    mlp_flops_per_token,
+)
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -77,7 +81,7 @@ def score_matrix_bytes(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) ->
     the forward, read in the backward and rebuilt by a recompute of the attention core."""
     k = cluster.constants
     passes = 2.0 + np.where(x.full, x.recompute_share, np.where(x.selective, 1.0, 0.0))
-    per_layer = 5.0 * model.num_attention_heads * x.seq_len ** 2 * x.micro_batch / x.tp_float
+    per_layer = 5.0 * model.num_attention_heads * x.seq_len**2 * x.micro_batch / x.tp_float
     return (1 - k.attention_flash) * x.layers * per_layer * passes
 
 
@@ -102,8 +106,9 @@ def compute_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_la
     layers count half: a forward's kernels but no backward's)."""
     k = cluster.constants
     tf, tokens, share = x.tp_float, x.tokens, x.recompute_share
-    lin_layer = (x.dense_layers * (attention_linear_flops_per_token(model) + mlp_flops_per_token(model, False))
-                 + x.moe_layers * attention_linear_flops_per_token(model))
+    lin_layer = x.dense_layers * (
+        attention_linear_flops_per_token(model) + mlp_flops_per_token(model, False)
+    ) + x.moe_layers * attention_linear_flops_per_token(model)
     expert_layer = x.moe_layers * mlp_flops_per_token(model, True) if model.moe else 0.0 * x.moe_layers
     fwd_gemm = tokens * (lin_layer + x.has_head * head_flops_per_token(model, x.tp)) / tf
     fwd_expert = tokens * expert_layer / tf
@@ -118,8 +123,10 @@ def compute_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_la
     attn_rate = attention_rate(cluster, x.seq_len / x.cp, model.qk_head_dim)
     attention = (3 * fwd_core + recompute_core) * causal_block_waste(cluster, x.seq_len) / attn_rate
     hbm = cluster.gpu.hbm_gbps * 1e9
-    elementwise = (k.elementwise_traffic_factor * (rank_layers_act * (1 + share) + score_matrix_bytes(x, model, cluster))
-                   + moe_traffic_bytes(x, model)) / hbm
+    elementwise = (
+        k.elementwise_traffic_factor * (rank_layers_act * (1 + share) + score_matrix_bytes(x, model, cluster))
+        + moe_traffic_bytes(x, model)
+    ) / hbm
     launch = (x.layers * k.layer_overhead_us + x.moe_layers * k.moe_layer_overhead_us) * (1 + share / 2) * 1e-6
     return ComputeTerms(gemm, attention, elementwise, launch, recompute_dense + recompute_expert + recompute_core)
 
@@ -157,8 +164,14 @@ def moe_traffic_bytes(x: PlanArrays, model: ModelSpec) -> np.ndarray:
 
 def dense_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:
     """The smallest dimension of the per-GPU dense GEMMs: tokens, hidden, ffn/tp, q/tp."""
-    return np.minimum.reduce([x.tokens, np.full_like(x.tokens, model.hidden_size), model.ffn_hidden_size / x.tp_float,
-                              model.q_size / x.tp_float])
+    return np.minimum.reduce(
+        [
+            x.tokens,
+            np.full_like(x.tokens, model.hidden_size),
+            model.ffn_hidden_size / x.tp_float,
+            model.q_size / x.tp_float,
+        ]
+    )
 
 
 def expert_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:

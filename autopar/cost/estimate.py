@@ -39,24 +39,45 @@ TIME_TERMS = ("compute", "tp", "cp", "ep", "pp", "dp", "bubble", "optimizer")
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
 #: how the terms read in the terminal, the report and the why line (communication terms are what
 #: overlap leaves exposed)
-TIME_LABELS = {"compute": "compute", "tp": "TP comm (exposed)", "cp": "CP comm (exposed)",
-               "ep": "EP all-to-all (exposed)", "pp": "PP send/recv (exposed)", "dp": "DP comm (exposed)",
-               "bubble": "pipeline bubble", "optimizer": "optimizer step"}
-MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
-                 "activations": "activations", "other": "other (runtime, buffers)"}
+TIME_LABELS = {
+    "compute": "compute",
+    "tp": "TP comm (exposed)",
+    "cp": "CP comm (exposed)",
+    "ep": "EP all-to-all (exposed)",
+    "pp": "PP send/recv (exposed)",
+    "dp": "DP comm (exposed)",
+    "bubble": "pipeline bubble",
+    "optimizer": "optimizer step",
+}
+MEMORY_LABELS = {
+    "weights": "weights",
+    "gradients": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "other": "other (runtime, buffers)",
+}
 
 
-def estimate_table(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus: int | None = None,
-                   seq_len: int | None = None, routing_imbalance: float = 1.0,
-                   every_rank: bool = False, search: bool = False) -> dict[str, np.ndarray]:
+def estimate_table(
+    table: PlanTable,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    num_gpus: int | None = None,
+    seq_len: int | None = None,
+    routing_imbalance: float = 1.0,
+    every_rank: bool = False,
+    search: bool = False,
+) -> dict[str, np.ndarray]:
     """Every estimate column for every plan of the table, each plan priced with its trainer's
     performance profile (autopar.cost.profiles). `every_rank` costs every pipeline rank (for the
     per-stage breakdown); otherwise only the ranks that can differ (autopar.spec.stages), which
     gives the same peak and pace. `search` leaves out what a search of millions of plans does not
     need per plan: the per-rank columns and the text ones (`rejected_by`, `layout`; `rejected_code`
     and `layout_id` say the same)."""
-    kw = dict(num_gpus=num_gpus, seq_len=seq_len, routing_imbalance=routing_imbalance, every_rank=every_rank,
-              search=search)
+    kw = dict(
+        num_gpus=num_gpus, seq_len=seq_len, routing_imbalance=routing_imbalance, every_rank=every_rank, search=search
+    )
     groups = _profile_groups(table)
     if len(groups) == 1:
         return _estimate_priced(table, model, priced_cluster(cluster, groups[0][0]), **kw)
@@ -89,11 +110,26 @@ def _merge(parts: list[tuple[np.ndarray, dict]], n: int) -> dict[str, np.ndarray
     return out
 
 
-def _estimate_priced(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus, seq_len,
-                     routing_imbalance, every_rank, search) -> dict[str, np.ndarray]:
+def _estimate_priced(
+    table: PlanTable,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    num_gpus,
+    seq_len,
+    routing_imbalance,
+    every_rank,
+    search,
+) -> dict[str, np.ndarray]:
     """The estimate of plans that share one priced cluster (one performance profile)."""
-    return price(prepare(table, model, cluster, num_gpus=num_gpus, seq_len=seq_len, every_rank=every_rank,
-                         trainer_capabilities=True), cluster, routing_imbalance, search)
+    return price(
+        prepare(
+            table, model, cluster, num_gpus=num_gpus, seq_len=seq_len, every_rank=every_rank, trainer_capabilities=True
+        ),
+        cluster,
+        routing_imbalance,
+        search,
+    )
 
 
 @dataclass(frozen=True)
@@ -119,9 +155,17 @@ class Prepared:
         return self.x_time, self.params_time, self.layer_act_time
 
 
-def prepare(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpus: int | None = None,
-            seq_len: int | None = None, every_rank: bool = False, trainer_capabilities: bool = True,
-            time_ranks: bool = False) -> Prepared:
+def prepare(
+    table: PlanTable,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    num_gpus: int | None = None,
+    seq_len: int | None = None,
+    every_rank: bool = False,
+    trainer_capabilities: bool = True,
+    time_ranks: bool = False,
+) -> Prepared:
     """`time_ranks` prices the time on the first rank of each run of equal ranks only (fewer than
     the memory needs; autopar.spec.stages), which gives the same step time: for a search, whose
     per-rank columns are not kept."""
@@ -131,8 +175,15 @@ def prepare(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, *, num_gpu
         stages, timed = costed_and_run_starts(table, model)
     else:
         stages = stage_profiles(table, model, every_rank=every_rank)
-    rules = check_rules(table, model, num_gpus=num_gpus, cluster=cluster, seq_len=s, stages=stages,
-                        trainer_capabilities=trainer_capabilities)
+    rules = check_rules(
+        table,
+        model,
+        num_gpus=num_gpus,
+        cluster=cluster,
+        seq_len=s,
+        stages=stages,
+        trainer_capabilities=trainer_capabilities,
+    )
     x, prm, act_bytes = _on_ranks(table, model, s, stages)
     if timed is None:
         return Prepared(x, model, rules, prm, act_bytes)
@@ -145,8 +196,9 @@ def _on_ranks(table: PlanTable, model: ModelSpec, seq_len: int, stages) -> tuple
     return x, prm, layer_activations(x, model)
 
 
-def price(p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0,
-          search: bool = False) -> dict[str, np.ndarray]:
+def price(
+    p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0, search: bool = False
+) -> dict[str, np.ndarray]:
     """The estimate columns of prepared plans on a priced cluster (its constants are the profile's)."""
     with np.errstate(divide="ignore", invalid="ignore"):  # invalid plans (e.g. FP8 on A100) are marked, not warned
         x, model = replace(p.x, routing_imbalance=routing_imbalance), p.model
@@ -167,28 +219,52 @@ def price(p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0,
 
 
 #: what a search ranks and filters every plan by (autopar.search.streaming; plans.parquet)
-RANKING_COLUMNS = ("valid", "fits", "rejected_code", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
-                   "peak_memory_bytes", "memory_capacity_bytes", "memory_miss_gib", "bubble_fraction")
+RANKING_COLUMNS = (
+    "valid",
+    "fits",
+    "rejected_code",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "peak_memory_bytes",
+    "memory_capacity_bytes",
+    "memory_miss_gib",
+    "bubble_fraction",
+)
 
 
-def _ranking_columns(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleResult, memory: MemoryTerms,
-                     step: StepTerms) -> dict[str, np.ndarray]:
+def _ranking_columns(
+    x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleResult, memory: MemoryTerms, step: StepTerms
+) -> dict[str, np.ndarray]:
     """RANKING_COLUMNS only, equal to `_columns`' (the search re-prices the plans it keeps in full)."""
     gbs = x.table.global_batch_size.astype(float)
     n_gpus = x.table.num_gpus.astype(float)
     flops = model_flops_per_step(model, gbs, x.seq_len, x.tp)
-    out = {"peak_memory_bytes": np.max(np.where(x.active, memory.total(), -np.inf), axis=0),
-           "memory_capacity_bytes": np.full(len(x.table), cluster.gpu.hbm_bytes),
-           "step_time_s": step.step, "tokens_per_s": gbs * x.seq_len / step.step,
-           "tokens_per_s_per_gpu": gbs * x.seq_len / step.step / n_gpus,
-           "mfu": flops / step.step / n_gpus / (cluster.gpu.bf16_tflops * 1e12),
-           "bubble_fraction": step.bubble_fraction}
+    out = {
+        "peak_memory_bytes": np.max(np.where(x.active, memory.total(), -np.inf), axis=0),
+        "memory_capacity_bytes": np.full(len(x.table), cluster.gpu.hbm_bytes),
+        "step_time_s": step.step,
+        "tokens_per_s": gbs * x.seq_len / step.step,
+        "tokens_per_s_per_gpu": gbs * x.seq_len / step.step / n_gpus,
+        "mfu": flops / step.step / n_gpus / (cluster.gpu.bf16_tflops * 1e12),
+        "bubble_fraction": step.bubble_fraction,
+    }
     set_validity(out, rules.codes())
     return out
 
 
-def _columns(x: PlanArrays, xt: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleResult,
-             memory: MemoryTerms, step: StepTerms, recompute_flops, params) -> dict[str, np.ndarray]:
+def _columns(
+    x: PlanArrays,
+    xt: PlanArrays,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    rules: RuleResult,
+    memory: MemoryTerms,
+    step: StepTerms,
+    recompute_flops,
+    params,
+) -> dict[str, np.ndarray]:
     """The per-plan columns: memory on the most loaded rank (of `x`'s ranks), time terms,
     throughput, MFU (of `xt`'s ranks)."""
     mem_total = np.where(x.active, memory.total(), -np.inf)
@@ -212,10 +288,15 @@ def _columns(x: PlanArrays, xt: PlanArrays, model: ModelSpec, cluster: ClusterSp
         "memory_capacity_bytes": np.full(len(x.table), cap),
         "memory_rank": np.take_along_axis(x.rank, mem_index[None], 0)[0],
         "step_time_s": step.step,
-        "time_compute": m * step.at_pace(mb.compute), "time_tp": m * step.at_pace(mb.tp) + step.at_tail(step.tp_step),
-        "time_tp_per_step": step.at_tail(step.tp_step), "time_cp": m * step.at_pace(mb.cp),
-        "time_ep": m * step.at_pace(mb.ep), "time_pp": m * step.at_pace(mb.pp), "time_dp": step.at_tail(step.dp_exposed),
-        "time_bubble": step.pipeline - m * pace, "time_optimizer": step.at_tail(step.optimizer),
+        "time_compute": m * step.at_pace(mb.compute),
+        "time_tp": m * step.at_pace(mb.tp) + step.at_tail(step.tp_step),
+        "time_tp_per_step": step.at_tail(step.tp_step),
+        "time_cp": m * step.at_pace(mb.cp),
+        "time_ep": m * step.at_pace(mb.ep),
+        "time_pp": m * step.at_pace(mb.pp),
+        "time_dp": step.at_tail(step.dp_exposed),
+        "time_bubble": step.pipeline - m * pace,
+        "time_optimizer": step.at_tail(step.optimizer),
         "pace_rank": np.take_along_axis(xt.rank, step.pace_index[None], 0)[0],
         "tokens_per_s": gbs * s / step.step,
         "tokens_per_s_per_gpu": gbs * s / step.step / n_gpus,
@@ -247,8 +328,15 @@ def set_validity(est: dict, codes: np.ndarray) -> None:
     est["memory_miss_gib"] = np.where(over, (peak - cap) / GIB, 0.0)
 
 
-def estimate_per_trainer(table: PlanTable, model: ModelSpec, cluster: ClusterSpec, trainers: tuple[str, ...], *,
-                         num_gpus: int | None = None, seq_len: int | None = None) -> list[dict[str, np.ndarray]]:
+def estimate_per_trainer(
+    table: PlanTable,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    trainers: tuple[str, ...],
+    *,
+    num_gpus: int | None = None,
+    seq_len: int | None = None,
+) -> list[dict[str, np.ndarray]]:
     """The search's RANKING_COLUMNS of the table's plans once per trainer (the table's own trainer
     column is ignored). The rules are checked first, each trainer's capability table on top of the
     model's; then each performance profile prices, once, the plans that at least one of its
@@ -256,11 +344,17 @@ def estimate_per_trainer(table: PlanTable, model: ModelSpec, cluster: ClusterSpe
     gets no figures (NaN): it is rejected whatever they are. Otherwise equal to
     `estimate_table(..., search=True)` of the table with that trainer."""
     s = seq_len or model.seq_len
-    rules = check_rules(table, model, num_gpus=num_gpus, cluster=cluster, seq_len=s,
-                        stages=stage_profiles(table, model, ranks=False), trainer_capabilities=False)
+    rules = check_rules(
+        table,
+        model,
+        num_gpus=num_gpus,
+        cluster=cluster,
+        seq_len=s,
+        stages=stage_profiles(table, model, ranks=False),
+        trainer_capabilities=False,
+    )
     model_codes = rules.codes()
-    codes = {t: model_codes | capability_codes(table.with_columns(trainer=TRAINER[t]), rules.context)
-             for t in trainers}
+    codes = {t: model_codes | capability_codes(table.with_columns(trainer=TRAINER[t]), rules.context) for t in trainers}
     by_profile: dict[str, list[str]] = {}
     for t in trainers:
         by_profile.setdefault(get_trainer(t).profile, []).append(t)
@@ -288,24 +382,35 @@ def estimate_per_trainer(table: PlanTable, model: ModelSpec, cluster: ClusterSpe
 def _per_rank_bytes(x: PlanArrays, comm: CommTerms) -> dict[str, np.ndarray]:
     """Payload bytes per step of each costed rank, per axis."""
     m = x.microbatches
-    return {"tp": comm.tp.bytes * m + comm.tp_step.bytes, "cp": comm.cp.bytes * m, "ep": comm.ep.bytes * m,
-            "pp": comm.pp.bytes * m, "dp": comm.dp_reduce.bytes + comm.dp_gather.bytes}
+    return {
+        "tp": comm.tp.bytes * m + comm.tp_step.bytes,
+        "cp": comm.cp.bytes * m,
+        "ep": comm.ep.bytes * m,
+        "pp": comm.pp.bytes * m,
+        "dp": comm.dp_reduce.bytes + comm.dp_gather.bytes,
+    }
 
 
 def _comm_columns(x: PlanArrays, comm: CommTerms) -> dict[str, np.ndarray]:
     shape = x.active.shape
-    return {f"comm_bytes_{axis}": np.max(np.where(x.active, np.broadcast_to(arr, shape), 0.0), axis=0)
-            for axis, arr in _per_rank_bytes(x, comm).items()}
+    return {
+        f"comm_bytes_{axis}": np.max(np.where(x.active, np.broadcast_to(arr, shape), 0.0), axis=0)
+        for axis, arr in _per_rank_bytes(x, comm).items()
+    }
 
 
 def _stage_columns(x: PlanArrays, memory: MemoryTerms, step: StepTerms, params, comm: CommTerms) -> dict:
     """Per costed rank ((C, n) arrays, ranks a plan does not have masked), for the per-stage
     breakdown and the tests."""
     a = x.active
-    out = {"stage_rank": x.rank, "stage_active": a,
-           "stage_memory_bytes": np.where(a, memory.total(), 0.0),
-           "stage_time_per_mb": np.where(a, step.time_per_microbatch, 0.0),
-           "stage_params": np.where(a, params, 0.0), "stage_layers": np.where(a, x.layers, 0.0)}
+    out = {
+        "stage_rank": x.rank,
+        "stage_active": a,
+        "stage_memory_bytes": np.where(a, memory.total(), 0.0),
+        "stage_time_per_mb": np.where(a, step.time_per_microbatch, 0.0),
+        "stage_params": np.where(a, params, 0.0),
+        "stage_layers": np.where(a, x.layers, 0.0),
+    }
     for axis, arr in _per_rank_bytes(x, comm).items():
         out[f"stage_comm_bytes_{axis}"] = np.where(a, np.broadcast_to(arr, a.shape), 0.0)
     return out
@@ -338,44 +443,93 @@ class Estimate:
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in (
-            "fits", "valid", "reasons", "peak_memory_bytes", "memory_bytes", "step_time_s", "time_s",
-            "comm_bytes_per_gpu", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "hfu",
-            "bubble_fraction", "params_total", "params_per_gpu", "memory_capacity_bytes", "layout",
-            "num_microbatches")}
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "fits",
+                "valid",
+                "reasons",
+                "peak_memory_bytes",
+                "memory_bytes",
+                "step_time_s",
+                "time_s",
+                "comm_bytes_per_gpu",
+                "tokens_per_s",
+                "tokens_per_s_per_gpu",
+                "model_tflops_per_gpu",
+                "mfu",
+                "hfu",
+                "bubble_fraction",
+                "params_total",
+                "params_per_gpu",
+                "memory_capacity_bytes",
+                "layout",
+                "num_microbatches",
+            )
+        }
         out["plan"] = self.plan.to_dict()
         out.update(self.extra)
         return out
 
 
-def estimate(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, *, num_gpus: int | None = None,
-             seq_len: int | None = None, routing_imbalance: float = 1.0) -> Estimate:
+def estimate(
+    plan: ParallelPlan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    num_gpus: int | None = None,
+    seq_len: int | None = None,
+    routing_imbalance: float = 1.0,
+) -> Estimate:
     """One plan: `estimate_table` on a table of one row."""
     table = PlanTable.from_plans([plan])
-    cols = estimate_table(table, model, cluster, num_gpus=num_gpus, seq_len=seq_len,
-                          routing_imbalance=routing_imbalance, every_rank=True)
+    cols = estimate_table(
+        table, model, cluster, num_gpus=num_gpus, seq_len=seq_len, routing_imbalance=routing_imbalance, every_rank=True
+    )
     row = {k: v[0] for k, v in cols.items() if not k.startswith("stage_") or k == "stage_imbalance"}
     reasons = plan.problems(model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len)
     if row["valid"] and not row["fits"]:
-        reasons.append(f"needs {row['peak_memory_bytes'] / GIB:.1f} GiB on pipeline rank {int(row['memory_rank'])} "
-                       f"but the {cluster.gpu.key} has {row['memory_capacity_bytes'] / GIB:.1f} GiB "
-                       f"({row['memory_miss_gib']:.1f} GiB short)")
-    extra = {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()
-             if k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step", "time_tp_per_step")}
+        reasons.append(
+            f"needs {row['peak_memory_bytes'] / GIB:.1f} GiB on pipeline rank {int(row['memory_rank'])} "
+            f"but the {cluster.gpu.key} has {row['memory_capacity_bytes'] / GIB:.1f} GiB "
+            f"({row['memory_miss_gib']:.1f} GiB short)"
+        )
+    extra = {
+        k: (v.item() if hasattr(v, "item") else v)
+        for k, v in row.items()
+        if k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step", "time_tp_per_step")
+    }
     extra["stages"] = [
-        {"rank": r, "layers": int(cols["stage_layers"][r, 0]), "memory_bytes": float(cols["stage_memory_bytes"][r, 0]),
-         "time_per_mb_s": float(cols["stage_time_per_mb"][r, 0]), "params": float(cols["stage_params"][r, 0]),
-         "comm_bytes": {a: float(cols[f"stage_comm_bytes_{a}"][r, 0]) for a in AXES}}
-        for r in range(plan.pp)]
+        {
+            "rank": r,
+            "layers": int(cols["stage_layers"][r, 0]),
+            "memory_bytes": float(cols["stage_memory_bytes"][r, 0]),
+            "time_per_mb_s": float(cols["stage_time_per_mb"][r, 0]),
+            "params": float(cols["stage_params"][r, 0]),
+            "comm_bytes": {a: float(cols[f"stage_comm_bytes_{a}"][r, 0]) for a in AXES},
+        }
+        for r in range(plan.pp)
+    ]
     return Estimate(
-        plan=plan, fits=bool(row["fits"]), valid=bool(row["valid"]), reasons=reasons,
+        plan=plan,
+        fits=bool(row["fits"]),
+        valid=bool(row["valid"]),
+        reasons=reasons,
         peak_memory_bytes=float(row["peak_memory_bytes"]),
         memory_bytes={n: float(row[f"mem_{n}"]) for n in MEMORY_TERMS},
         step_time_s=float(row["step_time_s"]),
         time_s={n: float(row[f"time_{n}"]) for n in TIME_TERMS},
         comm_bytes_per_gpu={a: float(row[f"comm_bytes_{a}"]) for a in AXES},
-        tokens_per_s=float(row["tokens_per_s"]), tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
-        model_tflops_per_gpu=float(row["model_tflops_per_gpu"]), mfu=float(row["mfu"]), hfu=float(row["hfu"]),
-        bubble_fraction=float(row["bubble_fraction"]), params_total=float(row["params_total"]),
-        params_per_gpu=float(row["params_per_gpu"]), memory_capacity_bytes=float(row["memory_capacity_bytes"]),
-        layout=str(row["layout"]), num_microbatches=int(row["num_microbatches"]), extra=extra)
+        tokens_per_s=float(row["tokens_per_s"]),
+        tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
+        model_tflops_per_gpu=float(row["model_tflops_per_gpu"]),
+        mfu=float(row["mfu"]),
+        hfu=float(row["hfu"]),
+        bubble_fraction=float(row["bubble_fraction"]),
+        params_total=float(row["params_total"]),
+        params_per_gpu=float(row["params_per_gpu"]),
+        memory_capacity_bytes=float(row["memory_capacity_bytes"]),
+        layout=str(row["layout"]),
+        num_microbatches=int(row["num_microbatches"]),
+        extra=extra,
+    )

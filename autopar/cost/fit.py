@@ -34,8 +34,12 @@ class FitResult:
     message: str
 
 
-def fit_constants(errors_for: Callable[[CostConstants], np.ndarray], start: CostConstants,
-                  names: Sequence[str] | None = None, bounds: dict[str, tuple[float, float]] | None = None) -> FitResult:
+def fit_constants(
+    errors_for: Callable[[CostConstants], np.ndarray],
+    start: CostConstants,
+    names: Sequence[str] | None = None,
+    bounds: dict[str, tuple[float, float]] | None = None,
+) -> FitResult:
     """Move the named constants (within bounds) to minimise sum(log(1 + error)^2), where
     `errors_for(constants)` returns each case's relative throughput error."""
     from scipy.optimize import least_squares
@@ -55,6 +59,11 @@ def fit_constants(errors_for: Callable[[CostConstants], np.ndarray], start: Cost
 
     sol = least_squares(residual, (x0 - lo) / scale, bounds=(0.0, 1.0), method="trf", diff_step=1e-3)
     best = constants_at(sol.x)
-    return FitResult(constants=best, names=names, residuals=np.expm1(residual(sol.x)),
-                     initial_residuals=np.expm1(residual((x0 - lo) / scale)), success=bool(sol.success),
-                     message=str(sol.message))
+    return FitResult(
+        constants=best,
+        names=names,
+        residuals=np.expm1(residual(sol.x)),
+        initial_residuals=np.expm1(residual((x0 - lo) / scale)),
+        success=bool(sol.success),
+        message=str(sol.message),
+    )

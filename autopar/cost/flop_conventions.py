@@ -33,8 +33,17 @@ def flops_per_token(convention: str, model: ModelSpec, seq_len: int, tp: int = 1
         V = int(padded_vocab(model, tp))
         q = model.q_size / h
         gl = 1.5 if model.gated_mlp else 1.0
-        return 12 * L * h * h * ((1 + model.num_kv_heads / model.num_attention_heads + s / h) * q
-                                 + model.ffn_hidden_size / h * gl + V / (2 * L * h))
+        return (
+            12
+            * L
+            * h
+            * h
+            * (
+                (1 + model.num_kv_heads / model.num_attention_heads + s / h) * q
+                + model.ffn_hidden_size / h * gl
+                + V / (2 * L * h)
+            )
+        )
     attention = 12.0 * L * model.num_attention_heads * model.qk_head_dim * s  # 12*L*H*Q*T, non-causal
     if convention == "6n-full-attention":  # llm-foundry counts every parameter (tied wte, learned wpe)
         return 6.0 * model.params_total + attention

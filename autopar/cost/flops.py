@@ -51,8 +51,11 @@ def head_flops_per_token(model: ModelSpec, tp) -> np.ndarray:
 
 def layer_flops_per_token(model: ModelSpec, moe_layer: bool, seq_len) -> np.ndarray:
     """Forward FLOPs of one transformer layer per token."""
-    return (attention_linear_flops_per_token(model) + mlp_flops_per_token(model, moe_layer)
-            + attention_core_flops_per_token(model, seq_len))
+    return (
+        attention_linear_flops_per_token(model)
+        + mlp_flops_per_token(model, moe_layer)
+        + attention_core_flops_per_token(model, seq_len)
+    )
 
 
 def model_flops_per_step(model: ModelSpec, global_batch, seq_len, tp=1) -> np.ndarray:
@@ -60,7 +63,9 @@ def model_flops_per_step(model: ModelSpec, global_batch, seq_len, tp=1) -> np.nd
     (Megatron A.4.a; for a dense GQA model this is the closed form
     6Bs*L*[h(2Qp + 2gd) + E*h*F] + 6Bs*h*V + 6*B*s^2*L*Qp)."""
     tokens = np.asarray(global_batch, dtype=float) * np.asarray(seq_len, dtype=float)
-    per_token = (model.num_dense_layers * layer_flops_per_token(model, False, seq_len)
-                 + (model.num_moe_layers * layer_flops_per_token(model, True, seq_len) if model.moe else 0.0)
-                 + head_flops_per_token(model, tp))
+    per_token = (
+        model.num_dense_layers * layer_flops_per_token(model, False, seq_len)
+        + (model.num_moe_layers * layer_flops_per_token(model, True, seq_len) if model.moe else 0.0)
+        + head_flops_per_token(model, tp)
+    )
     return 3.0 * tokens * per_token

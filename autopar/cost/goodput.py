@@ -25,6 +25,7 @@ from autopar.cost.memory import precision_bytes
 from autopar.spec.hardware import GIB
 from autopar.spec.training_run import Reliability
 
+
 @dataclass(frozen=True)
 class RunTime:
     """Time, GPU-hours and cost of training `tokens` tokens with plans, and their goodput terms
@@ -68,8 +69,15 @@ def young_daly_interval(write_s, mtbf_s) -> np.ndarray:
     return np.sqrt(2.0 * np.asarray(write_s, dtype=float) * np.asarray(mtbf_s, dtype=float))
 
 
-def run_time(tokens: float, tokens_per_s, num_gpus, params_total, fp32=False, rel: Reliability = Reliability(),
-             price_per_gpu_hour: float | None = None) -> RunTime:
+def run_time(
+    tokens: float,
+    tokens_per_s,
+    num_gpus,
+    params_total,
+    fp32=False,
+    rel: Reliability = Reliability(),
+    price_per_gpu_hour: float | None = None,
+) -> RunTime:
     """Time to train `tokens` tokens at `tokens_per_s` on `num_gpus` GPUs, with checkpoints every
     Young/Daly interval and the cluster's interruptions (module docstring), its GPU-hours and cost."""
     tps = np.asarray(tokens_per_s, dtype=float)
@@ -77,8 +85,11 @@ def run_time(tokens: float, tokens_per_s, num_gpus, params_total, fp32=False, re
     train = tokens / tps
     ckpt = checkpoint_bytes(params_total, fp32)
     write = ckpt / (rel.checkpoint_gbps_per_gpu * 1e9 * gpus)
-    mtbf = 3600.0 / (rel.interruptions_per_gpu_hour * gpus) if rel.interruptions_per_gpu_hour > 0 else \
-        np.full_like(gpus, math.inf)
+    mtbf = (
+        3600.0 / (rel.interruptions_per_gpu_hour * gpus)
+        if rel.interruptions_per_gpu_hour > 0
+        else np.full_like(gpus, math.inf)
+    )
     interval = young_daly_interval(write, mtbf)
     period = interval + write
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -89,31 +100,67 @@ def run_time(tokens: float, tokens_per_s, num_gpus, params_total, fp32=False, re
     with np.errstate(divide="ignore"):
         wall = train / good
     hours = wall / 3600.0 * gpus
-    return RunTime(train_s=train, checkpoint_bytes=ckpt, write_s=write, mtbf_s=mtbf, interval_s=interval,
-                   lost_to_checkpoints=ckpt_share, lost_to_rework=rework * (1 - ckpt_share),
-                   lost_to_restarts=restarts * (1 - ckpt_share), goodput=good, wall_s=wall, gpu_hours=hours,
-                   cost=None if price_per_gpu_hour is None else hours * price_per_gpu_hour)
+    return RunTime(
+        train_s=train,
+        checkpoint_bytes=ckpt,
+        write_s=write,
+        mtbf_s=mtbf,
+        interval_s=interval,
+        lost_to_checkpoints=ckpt_share,
+        lost_to_rework=rework * (1 - ckpt_share),
+        lost_to_restarts=restarts * (1 - ckpt_share),
+        goodput=good,
+        wall_s=wall,
+        gpu_hours=hours,
+        cost=None if price_per_gpu_hour is None else hours * price_per_gpu_hour,
+    )
 
 
 #: the run figures of a plan (run_time_columns), in the order tables show them
-RUN_COLUMNS = ("days", "train_days", "goodput", "gpu_hours", "cost", "checkpoint_gib", "checkpoint_interval_min",
-               "lost_to_checkpoints", "lost_to_rework", "lost_to_restarts")
+RUN_COLUMNS = (
+    "days",
+    "train_days",
+    "goodput",
+    "gpu_hours",
+    "cost",
+    "checkpoint_gib",
+    "checkpoint_interval_min",
+    "lost_to_checkpoints",
+    "lost_to_rework",
+    "lost_to_restarts",
+)
 
 
-def run_time_columns(tokens_per_s, dtype, num_gpus: int, params_total: float, tokens: float, rel: Reliability,
-                     price_per_gpu_hour: float | None, deadline_s: float | None = None,
-                     budget: float | None = None) -> dict[str, np.ndarray]:
+def run_time_columns(
+    tokens_per_s,
+    dtype,
+    num_gpus: int,
+    params_total: float,
+    tokens: float,
+    rel: Reliability,
+    price_per_gpu_hour: float | None,
+    deadline_s: float | None = None,
+    budget: float | None = None,
+) -> dict[str, np.ndarray]:
     """run_time over plans as named columns (days, GPU-hours, cost, goodput and its terms), with
     `meets_deadline` and `within_budget` when a deadline or budget is given."""
     fp32 = np.asarray(dtype, dtype=object) == "fp32"
-    r = run_time(tokens, tokens_per_s, num_gpus, params_total, fp32=fp32, rel=rel,
-                 price_per_gpu_hour=price_per_gpu_hour)
+    r = run_time(
+        tokens, tokens_per_s, num_gpus, params_total, fp32=fp32, rel=rel, price_per_gpu_hour=price_per_gpu_hour
+    )
     n = len(fp32)
-    cols = {"days": r.days, "train_days": r.train_s / 86_400.0, "goodput": r.goodput, "gpu_hours": r.gpu_hours,
-            "cost": r.cost if r.cost is not None else np.full(n, np.nan),
-            "checkpoint_gib": r.checkpoint_bytes / GIB, "checkpoint_interval_min": r.interval_s / 60.0,
-            "lost_to_checkpoints": r.lost_to_checkpoints, "lost_to_rework": r.lost_to_rework,
-            "lost_to_restarts": r.lost_to_restarts}
+    cols = {
+        "days": r.days,
+        "train_days": r.train_s / 86_400.0,
+        "goodput": r.goodput,
+        "gpu_hours": r.gpu_hours,
+        "cost": r.cost if r.cost is not None else np.full(n, np.nan),
+        "checkpoint_gib": r.checkpoint_bytes / GIB,
+        "checkpoint_interval_min": r.interval_s / 60.0,
+        "lost_to_checkpoints": r.lost_to_checkpoints,
+        "lost_to_rework": r.lost_to_rework,
+        "lost_to_restarts": r.lost_to_restarts,
+    }
     cols = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)).copy() for k, v in cols.items()}
     if deadline_s is not None:
         cols["meets_deadline"] = cols["days"] * 86_400.0 <= deadline_s

@@ -32,8 +32,9 @@ class StateBytes:
     optimizer: np.ndarray
 
 
-def state_bytes(dense_params, expert_params, zero_stage, dense_dp, expert_dp, main_grads_fp32, fp32=False,
-                pp=1) -> StateBytes:
+def state_bytes(
+    dense_params, expert_params, zero_stage, dense_dp, expert_dp, main_grads_fp32, fp32=False, pp=1
+) -> StateBytes:
     """Weights, gradients and optimizer bytes of one GPU holding `dense_params` (sharded over
     `dense_dp`) and `expert_params` (sharded over `expert_dp`) under the ZeRO stage; `fp32` is
     full-precision training (4-byte weights and gradients, Adam m and v only). Under pipeline
@@ -53,8 +54,9 @@ def state_bytes(dense_params, expert_params, zero_stage, dense_dp, expert_dp, ma
     expert_dp = np.asarray(expert_dp, dtype=float)
     return StateBytes(
         weights=sharded(dense_params, dense_dp, 3, weight_b) + sharded(expert_params, expert_dp, 3, weight_b),
-        gradients=(sharded(dense_params, dense_dp, 2, grad_b, grads_sharded)
-                   + sharded(expert_params, expert_dp, 2, grad_b, grads_sharded)),
+        gradients=(
+            sharded(dense_params, dense_dp, 2, grad_b, grads_sharded)
+            + sharded(expert_params, expert_dp, 2, grad_b, grads_sharded)
+        ),
         optimizer=sharded(dense_params, dense_dp, 1, opt_b) + sharded(expert_params, expert_dp, 1, opt_b),
     )
-

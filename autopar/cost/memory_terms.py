@@ -77,17 +77,34 @@ def in_flight(x: PlanArrays) -> np.ndarray:
     return microbatches_in_flight(x.table.schedule, x.pp, x.rank, x.microbatches, x.vpp)
 
 
-def memory_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams,
-                 layer_act: LayerActivations) -> MemoryTerms:
+def memory_terms(
+    x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams, layer_act: LayerActivations
+) -> MemoryTerms:
     """Peak memory of every costed rank, by term, on the cluster's training stack."""
     states = model_states(x, prm)
     inflight = in_flight(x)
     gather, moe_buffers = fsdp_gather_bytes(x, prm), moe_buffer_bytes(x, model)
     if cluster.training_stack == "torch":  # PyTorch eager + FSDP2/DDP + torch pipelining (the built-in model)
-        return MemoryTerms(**torch_stack_memory(
-            model, x.table, x.stages, prm, states, tokens=x.tokens, m=x.microbatches, inflight=inflight,
-            recompute_share=x.recompute_share, selective=x.selective, act_bytes=x.act_bytes, fp32=x.fp32,
-            edp=x.expert_dp, constants=cluster.constants, fsdp_gather=gather, moe_buffers=moe_buffers))
+        return MemoryTerms(
+            **torch_stack_memory(
+                model,
+                x.table,
+                x.stages,
+                prm,
+                states,
+                tokens=x.tokens,
+                m=x.microbatches,
+                inflight=inflight,
+                recompute_share=x.recompute_share,
+                selective=x.selective,
+                act_bytes=x.act_bytes,
+                fp32=x.fp32,
+                edp=x.expert_dp,
+                constants=cluster.constants,
+                fsdp_gather=gather,
+                moe_buffers=moe_buffers,
+            )
+        )
     activations = inflight * stored_activations(x, model, layer_act) + working_set(x, layer_act)
     k = cluster.constants
     other = k.runtime_reserved_gib * GIB + k.allocator_overhead_fraction * activations + gather + moe_buffers
@@ -98,9 +115,12 @@ def stored_activations(x: PlanArrays, model: ModelSpec, layer_act: LayerActivati
     """Bytes one microbatch leaves stored on a rank: its layers (a recomputed share keeps only its
     inputs), the embedding's ids and masks, the head's inputs and fp32 logits (Korthikanti §4)."""
     share = x.recompute_share
-    return (layer_act.rank_layers * (1 - share) + x.layers * layer_act.layer_input * share
-            + x.has_embedding * act.embedding_bytes(model, x.tokens, x.tp, x.sequence_parallel)
-            + x.has_head * act.head_bytes(model, x.tokens, x.tp, x.sequence_parallel, x.act_bytes))
+    return (
+        layer_act.rank_layers * (1 - share)
+        + x.layers * layer_act.layer_input * share
+        + x.has_embedding * act.embedding_bytes(model, x.tokens, x.tp, x.sequence_parallel)
+        + x.has_head * act.head_bytes(model, x.tokens, x.tp, x.sequence_parallel, x.act_bytes)
+    )
 
 
 def working_set(x: PlanArrays, layer_act: LayerActivations) -> np.ndarray:

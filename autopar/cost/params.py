@@ -34,12 +34,21 @@ def rank_params(model: ModelSpec, dense_layers, moe_layers, has_embedding, has_h
     tp = np.asarray(tp, dtype=float)
     vocab_rows = padded_vocab(model, tp.astype(np.int64)) * model.hidden_size
     head_copy = (not model.tied_embeddings) | (np.asarray(pp) > 1)
-    tp_sharded = (dense_layers * d.tp_sharded + moe_layers * m.tp_sharded
-                  + has_embedding * vocab_rows + has_head * head_copy * vocab_rows)
-    replicated = (dense_layers * d.replicated + moe_layers * m.replicated
-                  + has_head * model.norm_params + has_embedding * model.position_embedding_params)
+    tp_sharded = (
+        dense_layers * d.tp_sharded
+        + moe_layers * m.tp_sharded
+        + has_embedding * vocab_rows
+        + has_head * head_copy * vocab_rows
+    )
+    replicated = (
+        dense_layers * d.replicated
+        + moe_layers * m.replicated
+        + has_head * model.norm_params
+        + has_embedding * model.position_embedding_params
+    )
     expert = moe_layers * m.expert / (np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float))
-    layer_max = np.maximum(d.tp_sharded / tp + d.replicated,
-                           (m.tp_sharded / tp + m.replicated + m.expert / (np.asarray(ep) * np.asarray(etp)))
-                           if model.moe else 0.0)
+    layer_max = np.maximum(
+        d.tp_sharded / tp + d.replicated,
+        (m.tp_sharded / tp + m.replicated + m.expert / (np.asarray(ep) * np.asarray(etp))) if model.moe else 0.0,
+    )
     return RankParams(dense=tp_sharded / tp + replicated, expert=expert, dense_layer_max=layer_max)

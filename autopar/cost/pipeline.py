@@ -16,13 +16,13 @@ def bubble_fraction(schedule: np.ndarray, p: np.ndarray, m: np.ndarray, v: np.nd
     p = np.asarray(p, dtype=float)
     m = np.asarray(m, dtype=float)
     base = (p - 1) / (m + p - 1)
-    divisor = np.where(schedule == SCHED["interleaved-1f1b"], v,
-                       np.where(schedule == SCHED["zero-bubble"], 3.0, 1.0))
+    divisor = np.where(schedule == SCHED["interleaved-1f1b"], v, np.where(schedule == SCHED["zero-bubble"], 3.0, 1.0))
     return base / divisor
 
 
-def microbatches_in_flight(schedule: np.ndarray, p: np.ndarray, rank: np.ndarray, m: np.ndarray,
-                           v: np.ndarray) -> np.ndarray:
+def microbatches_in_flight(
+    schedule: np.ndarray, p: np.ndarray, rank: np.ndarray, m: np.ndarray, v: np.ndarray
+) -> np.ndarray:
     """Microbatches whose activations pipeline rank `rank` holds at its peak, in units of the
     rank's whole set of layers.
     GPipe: all m (GPipe, Huang et al. 2019: every microbatch's forward runs before any backward).
@@ -33,5 +33,6 @@ def microbatches_in_flight(schedule: np.ndarray, p: np.ndarray, rank: np.ndarray
     p, rank, m, v = (np.asarray(x, dtype=float) for x in (p, rank, m, v))
     one_f_one_b = np.minimum(p - rank, m)
     interleaved = np.minimum(2 * (p - rank - 1) + (v - 1) * p + 1, m * v) / v
-    return np.where(schedule == SCHED["gpipe"], m,
-                    np.where(schedule == SCHED["interleaved-1f1b"], interleaved, one_f_one_b))
+    return np.where(
+        schedule == SCHED["gpipe"], m, np.where(schedule == SCHED["interleaved-1f1b"], interleaved, one_f_one_b)
+    )

@@ -63,8 +63,9 @@ class PlanArrays:
         return self.dp * self.cp
 
 
-def plan_arrays(table: PlanTable, model: ModelSpec, seq_len: int, stages: StageProfiles,
-                routing_imbalance: float = 1.0) -> PlanArrays:
+def plan_arrays(
+    table: PlanTable, model: ModelSpec, seq_len: int, stages: StageProfiles, routing_imbalance: float = 1.0
+) -> PlanArrays:
     t, c = table.tp, table.cp
     b = table.micro_batch_size.astype(float)
     dense_l, moe_l = stages.dense_layers.astype(float), stages.moe_layers.astype(float)
@@ -75,13 +76,34 @@ def plan_arrays(table: PlanTable, model: ModelSpec, seq_len: int, stages: StageP
     act_bytes = np.where(fp32, 4.0, 2.0)
     weight_bytes, _ = precision_bytes(fp32)
     return PlanArrays(
-        table=table, stages=stages, seq_len=seq_len, tp=t, tp_float=t.astype(float), pp=table.pp, dp=table.dp,
-        cp=c, ep=table.ep, etp=table.etp, vpp=table.vpp, sequence_parallel=table.sequence_parallel.astype(bool),
-        micro_batch=b, microbatches=np.maximum(table.num_microbatches.astype(float), 1.0), tokens=b * seq_len / c,
-        expert_dp=np.maximum(1, (t * c * table.dp) // np.maximum(table.ep * table.etp, 1)), fp32=fp32,
-        act_bytes=act_bytes, act_scale=act_bytes / 2.0, weight_bytes=weight_bytes,
-        grad_bytes=np.where(table.main_grads_fp32 | fp32, 4.0, 2.0), full=full,
+        table=table,
+        stages=stages,
+        seq_len=seq_len,
+        tp=t,
+        tp_float=t.astype(float),
+        pp=table.pp,
+        dp=table.dp,
+        cp=c,
+        ep=table.ep,
+        etp=table.etp,
+        vpp=table.vpp,
+        sequence_parallel=table.sequence_parallel.astype(bool),
+        micro_batch=b,
+        microbatches=np.maximum(table.num_microbatches.astype(float), 1.0),
+        tokens=b * seq_len / c,
+        expert_dp=np.maximum(1, (t * c * table.dp) // np.maximum(table.ep * table.etp, 1)),
+        fp32=fp32,
+        act_bytes=act_bytes,
+        act_scale=act_bytes / 2.0,
+        weight_bytes=weight_bytes,
+        grad_bytes=np.where(table.main_grads_fp32 | fp32, 4.0, 2.0),
+        full=full,
         selective=table.recompute == RECOMP["selective"],
         recompute_share=np.where(full, np.minimum(1.0, rl / np.maximum(layers, 1.0)), 0.0),
-        dense_layers=dense_l, moe_layers=moe_l, layers=layers, has_embedding=stages.has_embedding.astype(float),
-        has_head=stages.has_head.astype(float), routing_imbalance=routing_imbalance)
+        dense_layers=dense_l,
+        moe_layers=moe_l,
+        layers=layers,
+        has_embedding=stages.has_embedding.astype(float),
+        has_head=stages.has_head.astype(float),
+        routing_imbalance=routing_imbalance,
+    )

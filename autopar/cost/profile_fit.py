@@ -71,8 +71,11 @@ def _clip(name: str, value: float) -> float:
     return float(max(value, 0.0))
 
 
-def fit_profiles(cases: list[RunCase], start: dict[str, CostConstants] | None = None,
-                 base_bounds: dict[str, tuple[float, float]] | None = None) -> ProfileFit:
+def fit_profiles(
+    cases: list[RunCase],
+    start: dict[str, CostConstants] | None = None,
+    base_bounds: dict[str, tuple[float, float]] | None = None,
+) -> ProfileFit:
     """Fit the base constants and each profile's deviations to the cases."""
     from scipy.optimize import least_squares
     from scipy.sparse import lil_matrix
@@ -99,20 +102,23 @@ def fit_profiles(cases: list[RunCase], start: dict[str, CostConstants] | None = 
                 continue
             parent = out[p.parent] if p.parent in out else out[BASE]
             fixed = {n: getattr(p.constants, n) for n in ("attention_mma_sync", "attention_block", "attention_flash")}
-            own = {n: _clip(n, getattr(parent, n) * np.exp(v[len(names) + i]))
-                   for i, (pp, n) in enumerate(delta_keys) if pp == prof}
+            own = {
+                n: _clip(n, getattr(parent, n) * np.exp(v[len(names) + i]))
+                for i, (pp, n) in enumerate(delta_keys)
+                if pp == prof
+            }
             out[prof] = replace(parent, **fixed, **own)
         return out
 
     def residual(z: np.ndarray) -> np.ndarray:
         k = constants_at(z)
         errs = np.array([predict(c, k)[1] for c in cases])
-        penalty = RIDGE * (lo[len(names):] + z[len(names):] * scale[len(names):])
+        penalty = RIDGE * (lo[len(names) :] + z[len(names) :] * scale[len(names) :])
         return np.concatenate([np.log1p(np.maximum(errs, -0.99)), penalty])
 
     sparsity = lil_matrix((len(cases) + len(delta_keys), len(names) + len(delta_keys)), dtype=int)
     for i, prof in enumerate(case_profile):
-        sparsity[i, :len(names)] = 1
+        sparsity[i, : len(names)] = 1
         chain = _ancestry(prof)
         for j, (pp, _) in enumerate(delta_keys):
             if pp in chain:
@@ -120,8 +126,9 @@ def fit_profiles(cases: list[RunCase], start: dict[str, CostConstants] | None = 
     for j in range(len(delta_keys)):
         sparsity[len(cases) + j, len(names) + j] = 1
     z0 = (x0 - lo) / scale
-    sol = least_squares(residual, z0, bounds=(0.0, 1.0), method="trf", diff_step=1e-3, jac_sparsity=sparsity,
-                        x_scale="jac", max_nfev=60)
+    sol = least_squares(
+        residual, z0, bounds=(0.0, 1.0), method="trf", diff_step=1e-3, jac_sparsity=sparsity, x_scale="jac", max_nfev=60
+    )
     fitted = constants_at(sol.x)
     v = lo + sol.x * scale
     deltas: dict[str, dict[str, float]] = {}
@@ -129,8 +136,15 @@ def fit_profiles(cases: list[RunCase], start: dict[str, CostConstants] | None = 
         deltas.setdefault(p, {})[n] = float(v[len(names) + i])
     errs = np.array([predict(c, fitted)[1] for c in cases])
     errs0 = np.array([predict(c, constants_at(z0))[1] for c in cases])
-    return ProfileFit(constants=fitted, base_names=names, deltas=deltas, residuals=errs, initial_residuals=errs0,
-                      success=bool(sol.success), message=str(sol.message))
+    return ProfileFit(
+        constants=fitted,
+        base_names=names,
+        deltas=deltas,
+        residuals=errs,
+        initial_residuals=errs0,
+        success=bool(sol.success),
+        message=str(sol.message),
+    )
 
 
 def _ancestry(prof: str) -> set[str]:

@@ -59,9 +59,14 @@ def profiles() -> dict[str, Profile]:
         unknown = set(consts) - set(CONSTANT_NAMES)
         if unknown:  # a data error, caught by the tests
             raise ValueError(f"profiles.toml: [{name}] has unknown constants {sorted(unknown)}")
-        out[name] = Profile(name=name, memory_stack=entry["memory_stack"],
-                            constants=replace(CostConstants(), **consts), description=entry.get("description", ""),
-                            parent=entry.get("parent", ""), validation_only=bool(entry.get("validation_only", False)))
+        out[name] = Profile(
+            name=name,
+            memory_stack=entry["memory_stack"],
+            constants=replace(CostConstants(), **consts),
+            description=entry.get("description", ""),
+            parent=entry.get("parent", ""),
+            validation_only=bool(entry.get("validation_only", False)),
+        )
     return out
 
 
@@ -86,13 +91,18 @@ def priced_cluster(cluster: ClusterSpec, trainer: str) -> ClusterSpec:
 
 def profiles_toml(constants: dict[str, CostConstants], provenance_: Provenance) -> str:
     """profiles.toml text for fitted constants (the memory stacks and descriptions are kept)."""
+
     def q(v: str) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
-    lines = ["# Performance profiles: every constant of the cost model (autopar.spec.hardware.CostConstants) per",
-             "# training program, and the memory stack it runs. Written by `autopar validate --fit",
-             "# --write-profiles`; see autopar/cost/profiles.py. A trainer names its profile in",
-             "# autopar/spec/data/trainers.toml.", "", "[provenance]"]
+    lines = [
+        "# Performance profiles: every constant of the cost model (autopar.spec.hardware.CostConstants) per",
+        "# training program, and the memory stack it runs. Written by `autopar validate --fit",
+        "# --write-profiles`; see autopar/cost/profiles.py. A trainer names its profile in",
+        "# autopar/spec/data/trainers.toml.",
+        "",
+        "[provenance]",
+    ]
     lines += [f"{k} = {q(getattr(provenance_, k))}" for k in ("command", "runs", "date", "cross_validation")]
     for name, p in profiles().items():
         k = constants.get(name, p.constants)

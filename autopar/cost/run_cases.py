@@ -9,7 +9,17 @@ import re
 from dataclasses import dataclass, field
 
 from autopar.cost.flop_conventions import CONVENTIONS, flops_per_token
-from autopar.cost.run_rows import FAMILY_PROFILE, FAMILY_TRAINER, family, integer, num, row_cluster, row_model, source_key, text
+from autopar.cost.run_rows import (
+    FAMILY_PROFILE,
+    FAMILY_TRAINER,
+    family,
+    integer,
+    num,
+    row_cluster,
+    row_model,
+    source_key,
+    text,
+)
 from autopar.errors import InputError
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.layout import balanced_layout, parse_layout
@@ -20,22 +30,39 @@ from autopar.spec.rules import plan_problems
 LONG_CONTEXT = 32768  # sequence length from which a run counts as long-context
 
 #: source -> the FLOP convention of its TFLOP/s and MFU figures (the `source` column of cost/data/calibration_runs*.csv)
-SOURCE_CONVENTION = {"megatron-readme-h100": "megatron-full", "megatron-readme-2021": "narayanan",
-                     "nemo-24.07": "megatron-full", "nemo-long-sequence": "megatron-causal",
-                     "bridge-25.09": "megatron-causal", "llm-foundry": "6n-full-attention",
-                     "torchtitan-2024": "palm", "fms-fsdp": "palm", "nanotron": "palm", "llama3-paper": "palm",
-                     "moe-modelzoo": "megatron-causal", "deepseek-v3-gb200": "megatron-causal"}
+SOURCE_CONVENTION = {
+    "megatron-readme-h100": "megatron-full",
+    "megatron-readme-2021": "narayanan",
+    "nemo-24.07": "megatron-full",
+    "nemo-long-sequence": "megatron-causal",
+    "bridge-25.09": "megatron-causal",
+    "llm-foundry": "6n-full-attention",
+    "torchtitan-2024": "palm",
+    "fms-fsdp": "palm",
+    "nanotron": "palm",
+    "llama3-paper": "palm",
+    "moe-modelzoo": "megatron-causal",
+    "deepseek-v3-gb200": "megatron-causal",
+}
 
 
 #: attention kernels a source ran that differ from its trainer's today (the profiles price current
 #: kernels): FlashAttention-2 / PyTorch SDPA run on mma.sync; Megatron before FlashAttention
 #: (2021-22) and BLOOM's Megatron-DeepSpeed materialise the score matrix (no causal block skipping)
 _FA2 = ({"attention_mma_sync": 1.0}, "attention: FlashAttention-2 era kernels (mma.sync)")
-_NO_FLASH = ({"attention_mma_sync": 1.0, "attention_flash": 0.0},
-             "attention: no FlashAttention (fused softmax over the whole score matrix, 2021-22)")
-SOURCE_KERNELS = {"llm-foundry": ({"attention_mma_sync": 1.0}, "attention: llm-foundry's triton FlashAttention (mma.sync)"),
-                  "torchtitan-2024": _FA2, "fms-fsdp": _FA2, "nanotron": _FA2, "bloom": _NO_FLASH,
-                  "korthikanti-2022": _NO_FLASH, "megatron-readme-2021": _NO_FLASH}
+_NO_FLASH = (
+    {"attention_mma_sync": 1.0, "attention_flash": 0.0},
+    "attention: no FlashAttention (fused softmax over the whole score matrix, 2021-22)",
+)
+SOURCE_KERNELS = {
+    "llm-foundry": ({"attention_mma_sync": 1.0}, "attention: llm-foundry's triton FlashAttention (mma.sync)"),
+    "torchtitan-2024": _FA2,
+    "fms-fsdp": _FA2,
+    "nanotron": _FA2,
+    "bloom": _NO_FLASH,
+    "korthikanti-2022": _NO_FLASH,
+    "megatron-readme-2021": _NO_FLASH,
+}
 
 
 @dataclass
@@ -112,8 +139,9 @@ def build_case(row: dict) -> RunCase:
     model = row_model(row, s, fam, notes)
     cluster = row_cluster(row, notes)
     plan = _plan(row, rid, src, fam, model, cluster, s, notes)
-    problems = plan_problems(plan, model, num_gpus=plan.num_gpus, cluster=cluster, seq_len=s,
-                             trainer_capabilities=False)  # the run ran on its own framework
+    problems = plan_problems(
+        plan, model, num_gpus=plan.num_gpus, cluster=cluster, seq_len=s, trainer_capabilities=False
+    )  # the run ran on its own framework
     if problems:
         raise ValueError("; ".join(problems))
     metric, published, fpt = _metric(row, src, model, s, plan.tp, cluster, notes)
@@ -123,9 +151,22 @@ def build_case(row: dict) -> RunCase:
     overrides, why = SOURCE_KERNELS.get(src, ({}, ""))
     if why:
         notes.append(why)
-    return RunCase(row_id=str(rid), source=src, family=fam, name=text(row, "model"), model=model, cluster=cluster,
-                   plan=plan, seq_len=s, metric=metric, published=published, flops_per_token=fpt, assumptions=notes,
-                   kernel_overrides=dict(overrides), profile=FAMILY_PROFILE[fam])
+    return RunCase(
+        row_id=str(rid),
+        source=src,
+        family=fam,
+        name=text(row, "model"),
+        model=model,
+        cluster=cluster,
+        plan=plan,
+        seq_len=s,
+        metric=metric,
+        published=published,
+        flops_per_token=fpt,
+        assumptions=notes,
+        kernel_overrides=dict(overrides),
+        profile=FAMILY_PROFILE[fam],
+    )
 
 
 def _dropless_case(case: RunCase, row: dict) -> RunCase | None:
@@ -134,11 +175,20 @@ def _dropless_case(case: RunCase, row: dict) -> RunCase | None:
     m = re.search(r"/\s*([\d.]+)\s*\(dropless\)", text(row, "notes"))
     if m is None or case.metric != "TFLOP/s/GPU":
         return None
-    return RunCase(**{**case.__dict__, "row_id": f"{case.row_id}d", "published": float(m.group(1)), "dropless": True,
-                      "assumptions": case.assumptions + ["dropless (real routing): the row's notes"], "prepared": None})
+    return RunCase(
+        **{
+            **case.__dict__,
+            "row_id": f"{case.row_id}d",
+            "published": float(m.group(1)),
+            "dropless": True,
+            "assumptions": case.assumptions + ["dropless (real routing): the row's notes"],
+            "prepared": None,
+        }
+    )
 
 
 # ---- plan ----------------------------------------------------------------------------------------
+
 
 def _plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
     G = integer(row, "num_gpus")
@@ -159,8 +209,10 @@ def _plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
         raise ValueError(f"tp*pp*cp = {tp * pp * cp} does not divide {G} GPUs")
     if src == "llama3-paper" and pp > 1 and vpp == 1:
         vpp = 8  # 126 layers + embedding + loss = 128 units: one per virtual stage of pp16 x vpp8
-        notes.append("interleaving factor not stated: assumed vpp 8 (one layer per virtual stage; first and last "
-                     "stage one layer less, as the paper says)")
+        notes.append(
+            "interleaving factor not stated: assumed vpp 8 (one layer per virtual stage; first and last "
+            "stage one layer less, as the paper says)"
+        )
     mbs = integer(row, "micro_batch_size")
     if mbs is None:
         mbs = 1
@@ -176,8 +228,10 @@ def _plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
     if local != int(local) or int(local) % mbs:
         mbs = _divisor_near(int(round(local)), mbs)
         gbs = mbs * dp * max(1, round(local / mbs))
-        notes.append(f"microbatches do not divide the local batch (Composer accumulates uneven chunks): "
-                     f"priced as mbs {mbs}, gbs {gbs}")
+        notes.append(
+            f"microbatches do not divide the local batch (Composer accumulates uneven chunks): "
+            f"priced as mbs {mbs}, gbs {gbs}"
+        )
     recompute, rl = _recompute(row, rid, src, fam, model, pp, vpp, notes)
     zero = _zero(row, src, fam, notes)
     dtype = "fp8" if re.search(r"fp8|float8", text(row, "precision"), re.I) else "bf16"
@@ -188,11 +242,27 @@ def _plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
         etp = 1
         notes.append("expert-TP 1 (ModelZoo/Bridge MoE recipes state ETP 1)")
         dispatcher, ep_overlap = _moe_comm(row, src, notes)
-    return ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, zero_stage=zero,
-                        sequence_parallel=sp and tp > 1, micro_batch_size=mbs, global_batch_size=gbs,
-                        recompute=recompute, recompute_layers=rl, dtype=dtype, tp_comm_overlap=overlap and tp > 1,
-                        layout=_layout(row, src, model, pp, vpp, notes), trainer=FAMILY_TRAINER[fam],
-                        moe_dispatcher=dispatcher, ep_comm_overlap=ep_overlap and ep > 1)
+    return ParallelPlan(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        vpp=vpp,
+        zero_stage=zero,
+        sequence_parallel=sp and tp > 1,
+        micro_batch_size=mbs,
+        global_batch_size=gbs,
+        recompute=recompute,
+        recompute_layers=rl,
+        dtype=dtype,
+        tp_comm_overlap=overlap and tp > 1,
+        layout=_layout(row, src, model, pp, vpp, notes),
+        trainer=FAMILY_TRAINER[fam],
+        moe_dispatcher=dispatcher,
+        ep_comm_overlap=ep_overlap and ep > 1,
+    )
 
 
 def _moe_comm(row, src, notes) -> tuple[str, bool]:
@@ -283,8 +353,9 @@ def _sequence_parallel(row, fam, tp, model, notes) -> bool:
     if t.startswith("yes"):
         return True
     if tp > 1:
-        notes.append("SP not stated: assumed on" + (" (nanotron's default reduce-scatter TP mode)"
-                                                    if fam == "nanotron" else ""))
+        notes.append(
+            "SP not stated: assumed on" + (" (nanotron's default reduce-scatter TP mode)" if fam == "nanotron" else "")
+        )
     return tp > 1 or model.moe is not None
 
 
@@ -312,13 +383,16 @@ def _layout(row, src, model, pp, vpp, notes):
         return balanced_layout(model.num_layers, pp * vpp, embedding_as_layer=True, loss_as_layer=True)
     m = re.search(r"layout '([^']+)'", text(row, "notes"))
     if m and src == "deepseek-v3-gb200":
-        stages = [x.count("t") for x in re.sub(r"\((.*)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)),
-                                                m.group(1)).split("|")]
+        stages = [
+            x.count("t")
+            for x in re.sub(r"\((.*)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), m.group(1)).split("|")
+        ]
         return parse_layout(",".join(str(x) for x in stages)) if sum(stages) == model.num_layers else None
     return None
 
 
 # ---- metric --------------------------------------------------------------------------------------
+
 
 def _metric(row, src, model, s, tp, cluster, notes) -> tuple[str, float, float]:
     """The measure to compare, best first: tokens/s/GPU, step time, TFLOP/s/GPU, MFU (the last two

@@ -40,20 +40,44 @@ SOURCES = (
     (r"deepseek-v3-gb200", "deepseek-v3-gb200"),
 )
 #: framework text -> trainer family (the performance profile that prices it: FAMILY_TRAINER)
-FAMILIES = ((r"DeepSpeed", "deepspeed"), (r"Megatron|NeMo", "megatron"), (r"nanotron", "nanotron"),
-            (r"Meta internal", "meta"), (r"FSDP|torchtitan|Composer|llm-foundry|fms", "fsdp"))
+FAMILIES = (
+    (r"DeepSpeed", "deepspeed"),
+    (r"Megatron|NeMo", "megatron"),
+    (r"nanotron", "nanotron"),
+    (r"Meta internal", "meta"),
+    (r"FSDP|torchtitan|Composer|llm-foundry|fms", "fsdp"),
+)
 #: family -> the trainer its plans name (nanotron and Meta's stack are PyTorch 3D/4D parallelism, the
 #: nearest trainer is torchtitan)
-FAMILY_TRAINER = {"megatron": "megatron", "fsdp": "torchtitan", "nanotron": "torchtitan", "meta": "torchtitan",
-                  "deepspeed": "deepspeed"}
+FAMILY_TRAINER = {
+    "megatron": "megatron",
+    "fsdp": "torchtitan",
+    "nanotron": "torchtitan",
+    "meta": "torchtitan",
+    "deepspeed": "deepspeed",
+}
 #: family -> the performance profile that prices its runs: a trainer's, or a validation-only profile
 #: of a framework autopar does not export to (priced as its parent trainer's until fitted)
-FAMILY_PROFILE = {"megatron": "megatron", "fsdp": "torchtitan", "nanotron": "nanotron", "meta": "meta",
-                  "deepspeed": "deepspeed"}
-PRESET_BY_NAME = (("deepseek", "deepseek-v3"), ("qwen3_30b", "qwen3-30b-a3b"), ("qwen3-30b", "qwen3-30b-a3b"),
-                  ("qwen3_235b", "qwen3-235b-a22b"), ("qwen3-235b", "qwen3-235b-a22b"))
-VOCAB_BY_FAMILY = (("llama2", 32000, "Llama 2 tokenizer"), ("llama 2", 32000, "Llama 2 tokenizer"),
-                   ("gpt", 50257, "GPT-2 BPE as NeMo GPT3 uses"), ("nemotron", 256000, "Nemotron-4 tokenizer"))
+FAMILY_PROFILE = {
+    "megatron": "megatron",
+    "fsdp": "torchtitan",
+    "nanotron": "nanotron",
+    "meta": "meta",
+    "deepspeed": "deepspeed",
+}
+PRESET_BY_NAME = (
+    ("deepseek", "deepseek-v3"),
+    ("qwen3_30b", "qwen3-30b-a3b"),
+    ("qwen3-30b", "qwen3-30b-a3b"),
+    ("qwen3_235b", "qwen3-235b-a22b"),
+    ("qwen3-235b", "qwen3-235b-a22b"),
+)
+VOCAB_BY_FAMILY = (
+    ("llama2", 32000, "Llama 2 tokenizer"),
+    ("llama 2", 32000, "Llama 2 tokenizer"),
+    ("gpt", 50257, "GPT-2 BPE as NeMo GPT3 uses"),
+    ("nemotron", 256000, "Nemotron-4 tokenizer"),
+)
 
 
 def bundled_runs() -> list[dict]:
@@ -76,14 +100,17 @@ def load_runs(path: str | Path | None) -> list[dict]:
         with p.open(newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
     except (UnicodeDecodeError, csv.Error) as e:
-        raise InputError(f"runs file '{path}' is not a readable CSV ({type(e).__name__}); pass a calibration "
-                         f"CSV with the columns of calibration_runs.csv") from None
+        raise InputError(
+            f"runs file '{path}' is not a readable CSV ({type(e).__name__}); pass a calibration "
+            f"CSV with the columns of calibration_runs.csv"
+        ) from None
     if not rows or not REQUIRED <= set(rows[0]):
         raise InputError(f"runs file '{path}' lacks the calibration columns {sorted(REQUIRED)}")
     return rows
 
 
 # ---- fields ------------------------------------------------------------------------------------
+
 
 def num(row: dict, key: str) -> float | None:
     v = (row.get(key) or "").strip().rstrip("%").replace(",", "")
@@ -118,6 +145,7 @@ def family(row: dict) -> str:
 
 # ---- model ---------------------------------------------------------------------------------------
 
+
 def row_model(row: dict, seq_len: int, fam: str, notes: list[str]) -> ModelSpec:
     """The architecture: a preset for MoE/MLA models the table cannot spell out, else the row's
     shape with the conventions of its family (MPT, BLOOM, GPT, Llama)."""
@@ -143,8 +171,18 @@ def row_model(row: dict, seq_len: int, fam: str, notes: list[str]) -> ModelSpec:
         notes.append("ffn not stated: assumed 4h")
     vocab = integer(row, "vocab_size") or _vocab_from_name(key, notes)
     style = _style(key, fam, ffn)
-    return ModelSpec(name=name, num_layers=L, hidden_size=h, ffn_hidden_size=ffn, num_attention_heads=heads,
-                     num_kv_heads=kv, head_dim=h // heads, vocab_size=vocab, seq_len=seq_len, **style)
+    return ModelSpec(
+        name=name,
+        num_layers=L,
+        hidden_size=h,
+        ffn_hidden_size=ffn,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        head_dim=h // heads,
+        vocab_size=vocab,
+        seq_len=seq_len,
+        **style,
+    )
 
 
 def _vocab_from_name(key: str, notes: list[str]) -> int:
@@ -161,8 +199,9 @@ def _style(key: str, fam: str, ffn: int) -> dict:
     GELU, tied), Llama and the nanotron/torchtitan/fms Llama-style models (RMSNorm, SwiGLU, untied;
     nanotron ties embeddings below intermediate 10000, scaling_benchmarks.py)."""
     if key.startswith("mpt"):
-        return dict(gated_mlp=False, tied_embeddings=True, norm="layernorm", learned_position_embeddings=True,
-                    linear_bias=True)
+        return dict(
+            gated_mlp=False, tied_embeddings=True, norm="layernorm", learned_position_embeddings=True, linear_bias=True
+        )
     if "bloom" in key:
         return dict(gated_mlp=False, tied_embeddings=True, norm="layernorm", linear_bias=True)
     if "llama" in key:
@@ -172,8 +211,14 @@ def _style(key: str, fam: str, ffn: int) -> dict:
 
 # ---- cluster -------------------------------------------------------------------------------------
 
-GPU_PATTERNS = ((r"gb300", "gb300"), (r"gb200", "gb200"), (r"hbm2e", "h100-96gb-hbm2e"),
-                (r"a100.*40", "a100-40gb"), (r"a100", "a100-80gb"), (r"h100", "h100-sxm"))
+GPU_PATTERNS = (
+    (r"gb300", "gb300"),
+    (r"gb200", "gb200"),
+    (r"hbm2e", "h100-96gb-hbm2e"),
+    (r"a100.*40", "a100-40gb"),
+    (r"a100", "a100-80gb"),
+    (r"h100", "h100-sxm"),
+)
 
 
 def row_cluster(row: dict, notes: list[str]) -> ClusterSpec:

@@ -76,7 +76,8 @@ def exposed(x: PlanArrays, cluster: ClusterSpec, compute: ComputeTerms, comm: Co
         tp=comm.tp.seconds * (1 - k.tp_overlap * x.table.tp_comm_overlap),
         cp=np.maximum(0.0, comm.cp.seconds - compute.attention * (cp - 1) / cp),
         ep=comm.ep.seconds * (1 - k.ep_overlap * x.table.ep_comm_overlap),
-        pp=comm.pp.seconds * (1 - k.pp_overlap))
+        pp=comm.pp.seconds * (1 - k.pp_overlap),
+    )
 
 
 def dp_exposed(x: PlanArrays, cluster: ClusterSpec, compute_mb: np.ndarray, comm: CommTerms) -> np.ndarray:
@@ -89,8 +90,10 @@ def dp_exposed(x: PlanArrays, cluster: ClusterSpec, compute_mb: np.ndarray, comm
     reduce_t, gather_t = comm.dp_reduce.seconds, comm.dp_gather.seconds
     bwd_mb, fwd_mb = compute_mb * 2 / 3, compute_mb / 3
     return np.where(
-        x.table.zero_stage == 3, np.maximum(0.0, reduce_t + gather_t - k.dp_overlap * x.microbatches * compute_mb),
-        np.maximum(0.0, reduce_t - k.dp_overlap * bwd_mb) + np.maximum(0.0, gather_t - k.dp_overlap * fwd_mb))
+        x.table.zero_stage == 3,
+        np.maximum(0.0, reduce_t + gather_t - k.dp_overlap * x.microbatches * compute_mb),
+        np.maximum(0.0, reduce_t - k.dp_overlap * bwd_mb) + np.maximum(0.0, gather_t - k.dp_overlap * fwd_mb),
+    )
 
 
 def optimizer_seconds(x: PlanArrays, cluster: ClusterSpec, prm: RankParams) -> np.ndarray:
@@ -101,8 +104,9 @@ def optimizer_seconds(x: PlanArrays, cluster: ClusterSpec, prm: RankParams) -> n
     return shard * OPTIMIZER_BYTES_PER_PARAM / (cluster.gpu.hbm_gbps * 1e9)
 
 
-def step_terms(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, compute: ComputeTerms,
-               comm: CommTerms) -> StepTerms:
+def step_terms(
+    x: PlanArrays, cluster: ClusterSpec, prm: RankParams, compute: ComputeTerms, comm: CommTerms
+) -> StepTerms:
     mb = exposed(x, cluster, compute, comm)
     t_mb = np.where(x.active, mb.total(), -np.inf)
     dp = dp_exposed(x, cluster, mb.compute, comm)
@@ -114,6 +118,15 @@ def step_terms(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, compute: Co
     pipeline = m * pace / (1 - f)
     tail = np.where(x.active, dp + optimizer + comm.tp_step.seconds, -np.inf)
     tail_index = np.argmax(tail, axis=0)
-    return StepTerms(per_microbatch=mb, time_per_microbatch=t_mb, dp_exposed=dp, optimizer=optimizer,
-                     tp_step=comm.tp_step.seconds, pace_index=pace_index, tail_index=tail_index, bubble_fraction=f,
-                     pipeline=pipeline, step=pipeline + _pick(tail, tail_index, tail.shape))
+    return StepTerms(
+        per_microbatch=mb,
+        time_per_microbatch=t_mb,
+        dp_exposed=dp,
+        optimizer=optimizer,
+        tp_step=comm.tp_step.seconds,
+        pace_index=pace_index,
+        tail_index=tail_index,
+        bubble_fraction=f,
+        pipeline=pipeline,
+        step=pipeline + _pick(tail, tail_index, tail.shape),
+    )

@@ -98,8 +98,12 @@ def fsdp_master_bytes(dense_params, expert_params, zero_stage, dense_dp, expert_
     z = np.asarray(zero_stage)
     on = np.asarray(fp32) & ((z == 1) | (z == 2))
     dense_dp, expert_dp = np.asarray(dense_dp, dtype=float), np.asarray(expert_dp, dtype=float)
-    return np.where(on, np.where(dense_dp > 1, 4.0 * dense_params / dense_dp, 0.0)
-                    + np.where(expert_dp > 1, 4.0 * expert_params / expert_dp, 0.0), 0.0)
+    return np.where(
+        on,
+        np.where(dense_dp > 1, 4.0 * dense_params / dense_dp, 0.0)
+        + np.where(expert_dp > 1, 4.0 * expert_params / expert_dp, 0.0),
+        0.0,
+    )
 
 
 def ddp_bucket_bytes(grads, zero_stage, dp_group, tp, experts_apart) -> np.ndarray:
@@ -107,12 +111,31 @@ def ddp_bucket_bytes(grads, zero_stage, dp_group, tp, experts_apart) -> np.ndarr
     buffers beside the gradients (`gradient_as_bucket_view=False`, torch's default): a second
     gradient-sized buffer, allocated for the whole run. Megatron's DDP reduces in the gradient
     buffer itself."""
-    ddp = (np.asarray(zero_stage) == 0) & (np.asarray(dp_group) > 1) & (np.asarray(tp) == 1) & ~np.asarray(experts_apart)
+    ddp = (
+        (np.asarray(zero_stage) == 0) & (np.asarray(dp_group) > 1) & (np.asarray(tp) == 1) & ~np.asarray(experts_apart)
+    )
     return np.where(ddp, grads, 0.0)
 
 
-def torch_stack_memory(model, table, st, prm, states, *, tokens, m, inflight, recompute_share, selective,
-                       act_bytes, fp32, edp, constants, fsdp_gather, moe_buffers) -> dict[str, np.ndarray]:
+def torch_stack_memory(
+    model,
+    table,
+    st,
+    prm,
+    states,
+    *,
+    tokens,
+    m,
+    inflight,
+    recompute_share,
+    selective,
+    act_bytes,
+    fp32,
+    edp,
+    constants,
+    fsdp_gather,
+    moe_buffers,
+) -> dict[str, np.ndarray]:
     """{weights, gradients, optimizer, activations, other} of every pipeline rank ((R, n) arrays)
     at its peak moment (module docstring)."""
     t, p, d, c, e, et, v = (table.tp, table.pp, table.dp, table.cp, table.ep, table.etp, table.vpp)
@@ -129,11 +152,13 @@ def torch_stack_memory(model, table, st, prm, states, *, tokens, m, inflight, re
 
     inflight = zero_bubble_in_flight(table.schedule, p, v, m, inflight)
     a_dense, a_moe = layer(selective)
-    stored = ((dense_l * a_dense + moe_l * a_moe) * (1 - recompute_share)
-              + layers * act.layer_input_bytes(model, tokens, t, sp) * scale * recompute_share
-              + emb * act.embedding_bytes(model, tokens, t, sp)
-              + head * act.eager_head_bytes(model, tokens, t, sp, act_bytes)
-              + stage_output_bytes(model, tokens, t, sp, p, emb, head, act_bytes))
+    stored = (
+        (dense_l * a_dense + moe_l * a_moe) * (1 - recompute_share)
+        + layers * act.layer_input_bytes(model, tokens, t, sp) * scale * recompute_share
+        + emb * act.embedding_bytes(model, tokens, t, sp)
+        + head * act.eager_head_bytes(model, tokens, t, sp, act_bytes)
+        + stage_output_bytes(model, tokens, t, sp, p, emb, head, act_bytes)
+    )
     # on top of the stored microbatches: the loss gradients at the start of the backward, or later a
     # layer's backward: its recomputed activations and (ZeRO-3) the FSDP units gathered for it, which
     # are resharded after the forward, so none is gathered while the loss backward runs
@@ -149,8 +174,9 @@ def torch_stack_memory(model, table, st, prm, states, *, tokens, m, inflight, re
     z = table.zero_stage
     optimizer = states.optimizer + fsdp_master_bytes(prm.dense, prm.expert, z, d * c, edp, fp32)
     bucket = ddp_bucket_bytes(states.gradients, z, d * c, t, experts_apart)
-    buffers = (pipeline_buffer_bytes(model, tokens, t, sp, p, v, st.rank, m, act_bytes)
-               + held_send_bytes(model, tokens, t, sp, p, v, st.rank, m, inflight, table.schedule, act_bytes))
+    buffers = pipeline_buffer_bytes(model, tokens, t, sp, p, v, st.rank, m, act_bytes) + held_send_bytes(
+        model, tokens, t, sp, p, v, st.rank, m, inflight, table.schedule, act_bytes
+    )
     fixed = constants.runtime_reserved_gib * GIB + moe_buffers + buffers
     grads = states.gradients + replicated_embedding_grad_bytes(model, t, emb)
     grads_then = np.where(inflight < m, grads, 0.0)  # a backward already ran this step
@@ -159,6 +185,10 @@ def torch_stack_memory(model, table, st, prm, states, *, tokens, m, inflight, re
     at_end = states.weights + optimizer + bucket + grads + fixed
     first = at_backward >= at_end
     zero = 0.0 * activations
-    return {"weights": states.weights + zero, "gradients": bucket + np.where(first, grads_then, grads),
-            "optimizer": optimizer + zero, "activations": np.where(first, activations, 0.0),
-            "other": fixed + np.where(first, overhead + gathered, 0.0)}
+    return {
+        "weights": states.weights + zero,
+        "gradients": bucket + np.where(first, grads_then, grads),
+        "optimizer": optimizer + zero,
+        "activations": np.where(first, activations, 0.0),
+        "other": fixed + np.where(first, overhead + gathered, 0.0),
+    }

@@ -43,15 +43,22 @@ def bundled_digest() -> str:
     return h.hexdigest()
 
 
-def validate_runs(runs: str | None = None, trainer: str | None = None, fit: bool = False,
-                  cross_validate: bool = False, progress: Callable[[str], None] | None = None) -> ValidationReport:
+def validate_runs(
+    runs: str | None = None,
+    trainer: str | None = None,
+    fit: bool = False,
+    cross_validate: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationReport:
     cases, skipped = build_cases(load_runs(runs))
     if trainer is not None:
         prof = get_trainer(trainer).profile
         cases = [c for c in cases if profile_of(c.plan.trainer).name == prof]
         if not cases:
-            raise InputError(f"no run of {runs or 'the bundled tables'} is priced with {trainer}'s profile; "
-                             f"drop --trainer or pass --runs with runs of that trainer")
+            raise InputError(
+                f"no run of {runs or 'the bundled tables'} is priced with {trainer}'s profile; "
+                f"drop --trainer or pass --runs with runs of that trainer"
+            )
     fitted = fit_profiles(cases) if fit else None
     in_sample = evaluate_cases(cases, skipped, fitted.constants if fitted else None)
     if cross_validate:
@@ -97,8 +104,11 @@ def stored_cross_validation(cases, skipped, runs, fitted) -> tuple[ValidationRes
         return None, "the stored cross-validation is for other rows: rerun with --cross-validate"
     rows = data["rows"]
     kept = [c for c in cases if c.row_id in rows]
-    result = ValidationResult([RowResult(c, rows[c.row_id]["predicted"], rows[c.row_id]["error"]) for c in kept],
-                              skipped, "leave-one-source-out")
+    result = ValidationResult(
+        [RowResult(c, rows[c.row_id]["predicted"], rows[c.row_id]["error"]) for c in kept],
+        skipped,
+        "leave-one-source-out",
+    )
     return result, f"stored with the shipped profiles ({provenance().date}; {provenance().command})"
 
 
@@ -107,18 +117,29 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
     if report.fit is None:
         raise InputError("--write-profiles needs --fit (there is nothing fitted to write)")
     cv = report.cross_validated if report.cv_origin.startswith("recomputed") else None
-    summary = "none" if cv is None else "; ".join(
-        f"{g} {100 * v['mape']:.1f}% over {v['rows']} rows" for g, v in cv.summary()["by_category"].items())
-    prov = Provenance(command=command, runs=report.runs, date=date,
-                      cross_validation=f"leave-one-source-out MAPE: {summary}")
+    summary = (
+        "none"
+        if cv is None
+        else "; ".join(
+            f"{g} {100 * v['mape']:.1f}% over {v['rows']} rows" for g, v in cv.summary()["by_category"].items()
+        )
+    )
+    prov = Provenance(
+        command=command, runs=report.runs, date=date, cross_validation=f"leave-one-source-out MAPE: {summary}"
+    )
     out = Path(path)
     _write(out, profiles_toml(report.fit.constants, prov))
     written = [out]
     if cv is not None:
         cv_path = out.with_name(CV_FILE) if out.name == "profiles.toml" else out.with_suffix(".cv.json")
         rows = {r.case.row_id: {"source": r.case.source, "predicted": r.predicted, "error": r.error} for r in cv.rows}
-        _write(cv_path, json.dumps({"runs_sha256": bundled_digest(), "summary": cv.summary(), "rows": rows},
-                                   indent=1, default=float) + "\n")
+        _write(
+            cv_path,
+            json.dumps(
+                {"runs_sha256": bundled_digest(), "summary": cv.summary(), "rows": rows}, indent=1, default=float
+            )
+            + "\n",
+        )
         written.append(cv_path)
     return written
 

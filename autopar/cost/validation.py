@@ -27,11 +27,23 @@ class RowResult:
 
     def to_dict(self) -> dict:
         c = self.case
-        return {"row_id": c.row_id, "source": c.source, "family": c.family, "categories": c.categories(),
-                "dropless": c.dropless,
-                "model": c.name, "gpus": c.plan.num_gpus, "gpu": c.cluster.gpu.key, "layout": c.plan.describe(),
-                "trainer": c.plan.trainer, "metric": c.metric, "published": c.published, "predicted": self.predicted,
-                "error": self.error, "assumptions": c.assumptions}
+        return {
+            "row_id": c.row_id,
+            "source": c.source,
+            "family": c.family,
+            "categories": c.categories(),
+            "dropless": c.dropless,
+            "model": c.name,
+            "gpus": c.plan.num_gpus,
+            "gpu": c.cluster.gpu.key,
+            "layout": c.plan.describe(),
+            "trainer": c.plan.trainer,
+            "metric": c.metric,
+            "published": c.published,
+            "predicted": self.predicted,
+            "error": self.error,
+            "assumptions": c.assumptions,
+        }
 
 
 def mape(errors: Iterable[float]) -> float:
@@ -63,31 +75,41 @@ class ValidationResult:
         for r in self.rows:
             for g in key(r.case):
                 groups.setdefault(g, []).append(r.error)
-        return {g: {"rows": len(e), "mape": mape(e), "max_abs_error": float(np.max(np.abs(e)))}
-                for g, e in groups.items()}
+        return {
+            g: {"rows": len(e), "mape": mape(e), "max_abs_error": float(np.max(np.abs(e)))} for g, e in groups.items()
+        }
 
     def summary(self) -> dict:
         primary = [r.error for r in self.rows if not r.case.dropless]
-        return {"method": self.method, "evaluated": len(primary), "skipped": len(self.skipped), "mape": mape(primary),
-                "max_abs_error": float(np.max(np.abs(primary))) if primary else math.nan,
-                "dropless_measurements": self.grouped(lambda c: ["dropless"] if c.dropless else []).get("dropless"),
-                "by_category": self.grouped(lambda c: c.categories()),
-                "by_family": self.grouped(lambda c: [] if c.dropless else [c.family]),
-                "by_workload": self.grouped(lambda c: [] if c.dropless else
-                                            [c.workload] + (["long context"] if c.long_context else [])),
-                "by_source": self.grouped(lambda c: [] if c.dropless else [c.source])}
+        return {
+            "method": self.method,
+            "evaluated": len(primary),
+            "skipped": len(self.skipped),
+            "mape": mape(primary),
+            "max_abs_error": float(np.max(np.abs(primary))) if primary else math.nan,
+            "dropless_measurements": self.grouped(lambda c: ["dropless"] if c.dropless else []).get("dropless"),
+            "by_category": self.grouped(lambda c: c.categories()),
+            "by_family": self.grouped(lambda c: [] if c.dropless else [c.family]),
+            "by_workload": self.grouped(
+                lambda c: [] if c.dropless else [c.workload] + (["long context"] if c.long_context else [])
+            ),
+            "by_source": self.grouped(lambda c: [] if c.dropless else [c.source]),
+        }
 
     def to_dict(self) -> dict:
-        return self.summary() | {"rows": [r.to_dict() for r in self.rows],
-                                 "skipped_rows": [{"row_id": i, "model": m, "reason": r} for i, m, r in self.skipped]}
+        return self.summary() | {
+            "rows": [r.to_dict() for r in self.rows],
+            "skipped_rows": [{"row_id": i, "model": m, "reason": r} for i, m, r in self.skipped],
+        }
 
 
 def priced(case: RunCase, constants: dict[str, CostConstants] | None):
     """The case's cluster priced with its trainer's profile, or with the given constants (profile
     name -> constants: a fit in progress)."""
     prof = profiles()[case.profile] if case.profile else profile_of(case.plan.trainer)
-    cluster = replace(case.cluster, constants=(constants or {}).get(prof.name, prof.constants),
-                      training_stack=prof.memory_stack)
+    cluster = replace(
+        case.cluster, constants=(constants or {}).get(prof.name, prof.constants), training_stack=prof.memory_stack
+    )
     if case.kernel_overrides:
         cluster = replace(cluster, constants=replace(cluster.constants, **case.kernel_overrides))
     return cluster
@@ -99,8 +121,14 @@ def predict(case: RunCase, constants: dict[str, CostConstants] | None = None) ->
     cluster = priced(case, constants)
     imbalance = cluster.constants.moe_routing_imbalance if case.dropless else case.routing_imbalance
     if case.prepared is None:
-        case.prepared = prepare(PlanTable.from_plans([case.plan]), case.model, case.cluster,
-                                num_gpus=case.plan.num_gpus, seq_len=case.seq_len, trainer_capabilities=False)
+        case.prepared = prepare(
+            PlanTable.from_plans([case.plan]),
+            case.model,
+            case.cluster,
+            num_gpus=case.plan.num_gpus,
+            seq_len=case.seq_len,
+            trainer_capabilities=False,
+        )
     cols = price(case.prepared, cluster, imbalance)
     step = float(cols["step_time_s"][0])
     tok_gpu = float(cols["tokens_per_s_per_gpu"][0])
@@ -115,8 +143,9 @@ def predict(case: RunCase, constants: dict[str, CostConstants] | None = None) ->
     return pred, pred / case.published - 1
 
 
-def evaluate_cases(cases: list[RunCase], skipped, constants: dict[str, CostConstants] | None = None,
-                   method: str = "in-sample") -> ValidationResult:
+def evaluate_cases(
+    cases: list[RunCase], skipped, constants: dict[str, CostConstants] | None = None, method: str = "in-sample"
+) -> ValidationResult:
     rows = []
     for c in cases:
         pred, err = predict(c, constants)
@@ -132,8 +161,12 @@ class CrossValidation:
     folds: dict[str, dict[str, CostConstants]] = field(default_factory=dict)  # held-out source -> fit
 
 
-def leave_one_source_out(cases: list[RunCase], skipped, fit: Callable[[list[RunCase]], dict[str, CostConstants]],
-                         progress: Callable[[str], None] | None = None) -> CrossValidation:
+def leave_one_source_out(
+    cases: list[RunCase],
+    skipped,
+    fit: Callable[[list[RunCase]], dict[str, CostConstants]],
+    progress: Callable[[str], None] | None = None,
+) -> CrossValidation:
     """Fit on every source but one and predict that one, for every source."""
     rows: list[RowResult] = []
     folds = {}

@@ -35,8 +35,12 @@ class Question:
     global_batch_size: int | None = None  # a run's batch, inherited by flag-string plans
 
     def key(self) -> tuple:
-        return (json.dumps(self.model.to_dict(), sort_keys=True), json.dumps(self.cluster.to_dict(), sort_keys=True),
-                self.num_gpus, self.seq_len)
+        return (
+            json.dumps(self.model.to_dict(), sort_keys=True),
+            json.dumps(self.cluster.to_dict(), sort_keys=True),
+            self.num_gpus,
+            self.seq_len,
+        )
 
     def describe(self) -> str:
         return f"{self.model.name} on {self.num_gpus} x {self.cluster.gpu.key}, seq {self.seq_len}"
@@ -84,12 +88,19 @@ def question_from_search(search: dict, origin: str) -> Question:
         m = dict(q["model"])
         model = model_from_dict(m.pop("name"), m)
         cluster = cluster_from_dict(q["cluster"], origin=origin)
-        return Question(model=model, cluster=cluster, num_gpus=int(q["num_gpus"]), seq_len=int(q["seq_len"]),
-                        global_batch_size=int(q["global_batch_size"]))
+        return Question(
+            model=model,
+            cluster=cluster,
+            num_gpus=int(q["num_gpus"]),
+            seq_len=int(q["seq_len"]),
+            global_batch_size=int(q["global_batch_size"]),
+        )
     except InputError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise InputError(f"{origin}: the question is incomplete ({type(e).__name__}: {e}); rerun `autopar search`") from None
+        raise InputError(
+            f"{origin}: the question is incomplete ({type(e).__name__}: {e}); rerun `autopar search`"
+        ) from None
 
 
 def item_from_run(arg: str) -> CompareItem:
@@ -97,20 +108,26 @@ def item_from_run(arg: str) -> CompareItem:
     path, rank = (arg, None) if Path(arg).is_dir() else split_rank(arg)  # a directory named 'x#2' is one
     d = Path(path)
     if not d.is_dir():
-        raise InputError(f"run directory '{d}' does not exist; give a run directory, a plan JSON file or a "
-                         f"flag string such as \"--tp 8 --pp 4\"")
+        raise InputError(
+            f"run directory '{d}' does not exist; give a run directory, a plan JSON file or a "
+            f'flag string such as "--tp 8 --pp 4"'
+        )
     missing = [f for f in ("top.json", "search.json") if not (d / f).is_file()]
     if missing:
-        raise InputError(f"'{d}' is not an autopar run directory: {', '.join(missing)} missing; rerun "
-                         f"`autopar search ... --run-dir {d}`")
+        raise InputError(
+            f"'{d}' is not an autopar run directory: {', '.join(missing)} missing; rerun "
+            f"`autopar search ... --run-dir {d}`"
+        )
     top, search = D.read_json(d / "top.json"), D.read_json(d / "search.json")
     entries = top.get("top") or []
     r = 1 if rank is None else rank
     if not entries:
         raise InputError(f"run '{d}' has no plan that fits, so there is no winner to compare")
     if not 1 <= r <= len(entries):
-        raise InputError(f"run '{d}' has {len(entries)} ranked plans in top.json; '#{r}' is out of range "
-                         f"(use {d}#1 .. {d}#{len(entries)})")
+        raise InputError(
+            f"run '{d}' has {len(entries)} ranked plans in top.json; '#{r}' is out of range "
+            f"(use {d}#1 .. {d}#{len(entries)})"
+        )
     try:
         plan = ParallelPlan.from_dict(entries[r - 1]["plan"])
     except (KeyError, TypeError) as e:
@@ -131,8 +148,10 @@ def item_from_file(arg: str, shared: Question | None) -> CompareItem:
     path = Path(arg)
     data = D.read_json(path)
     if not isinstance(data.get("plan"), dict):
-        raise InputError(f"'{path}': no 'plan' object; a plan file is JSON with a 'plan' mapping (a trial file, "
-                         f"or `autopar estimate --json` output)")
+        raise InputError(
+            f"'{path}': no 'plan' object; a plan file is JSON with a 'plan' mapping (a trial file, "
+            f"or `autopar estimate --json` output)"
+        )
     try:
         plan = ParallelPlan.from_dict(data["plan"])
     except TypeError as e:
@@ -155,8 +174,12 @@ def item_from_file(arg: str, shared: Question | None) -> CompareItem:
         model = model_from_dict(m.pop("name", "model"), m)
     if q is None:
         gpus = data.get("num_gpus", plan.num_gpus)
-        q = Question(model=model, cluster=resolve_cluster(str(data.get("gpu", "h100-sxm"))), num_gpus=int(gpus),
-                     seq_len=int(data.get("seq_len") or model.seq_len))
+        q = Question(
+            model=model,
+            cluster=resolve_cluster(str(data.get("gpu", "h100-sxm"))),
+            num_gpus=int(gpus),
+            seq_len=int(data.get("seq_len") or model.seq_len),
+        )
     else:
         if model is not None:
             q.model = model
@@ -172,24 +195,36 @@ def item_from_file(arg: str, shared: Question | None) -> CompareItem:
 def check_same_question(items: list[CompareItem], reference: tuple[str, Question] | None = None) -> None:
     """All layouts must be of one model on one cluster (GPU count and sequence length included);
     `reference`: (name, question) they must also match, e.g. the command's --model/--gpus options."""
-    named = ([reference] if reference else []) + [(f"layout #{i} '{it.source}'", it.question)
-                                                  for i, it in enumerate(items, start=1)]
+    named = ([reference] if reference else []) + [
+        (f"layout #{i} '{it.source}'", it.question) for i, it in enumerate(items, start=1)
+    ]
     first_name, a = named[0]
     for name, b in named[1:]:
         if b.key() != a.key():
-            what = ("models" if a.key()[0] != b.key()[0] else "clusters" if a.key()[1] != b.key()[1]
-                    else "GPU counts" if a.num_gpus != b.num_gpus else "sequence lengths")
-            raise InputError(f"compare needs one model and cluster, but the {what} differ ({first_name}: "
-                             f"{a.describe()}; {name}: {b.describe()}); compare layouts of one question (for "
-                             f"several GPU counts or GPUs, run a what-if: autopar search --gpus 128,256)")
+            what = (
+                "models"
+                if a.key()[0] != b.key()[0]
+                else "clusters"
+                if a.key()[1] != b.key()[1]
+                else "GPU counts"
+                if a.num_gpus != b.num_gpus
+                else "sequence lengths"
+            )
+            raise InputError(
+                f"compare needs one model and cluster, but the {what} differ ({first_name}: "
+                f"{a.describe()}; {name}: {b.describe()}); compare layouts of one question (for "
+                f"several GPU counts or GPUs, run a what-if: autopar search --gpus 128,256)"
+            )
 
 
 def compare(items: list[CompareItem], reference: tuple[str, Question] | None = None) -> Comparison:
     """Estimate every layout and align them. Raises InputError for fewer than two layouts, for
     layouts of different questions, and for invalid plans (they have no meaningful estimate)."""
     if len(items) < 2:
-        raise InputError(f"compare needs two or more layouts, got {len(items)}; e.g. autopar compare --model 70b "
-                         f"--gpus 256 \"--tp 8 --pp 4\" \"--tp 4 --pp 8\"")
+        raise InputError(
+            f"compare needs two or more layouts, got {len(items)}; e.g. autopar compare --model 70b "
+            f'--gpus 256 "--tp 8 --pp 4" "--tp 4 --pp 8"'
+        )
     check_same_question(items, reference)
     ests = []
     for i, it in enumerate(items, start=1):

@@ -17,10 +17,30 @@ from autopar.spec.hardware import GIB
 #: ("plan.tp", "time_s.compute", ...); better: "lower", "higher" or "" (not ranked)
 COMPARE_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("layout", "name", "name", ""),
-    *(("layout", f"plan.{k}", k, "") for k in ("trainer", "tp", "cp", "pp", "vpp", "dp", "ep", "etp", "zero_stage",
-                                               "sequence_parallel", "micro_batch_size", "global_batch_size",
-                                               "num_microbatches", "pp_schedule", "recompute", "recompute_layers",
-                                               "dtype", "main_grads_fp32", "tp_comm_overlap")),
+    *(
+        ("layout", f"plan.{k}", k, "")
+        for k in (
+            "trainer",
+            "tp",
+            "cp",
+            "pp",
+            "vpp",
+            "dp",
+            "ep",
+            "etp",
+            "zero_stage",
+            "sequence_parallel",
+            "micro_batch_size",
+            "global_batch_size",
+            "num_microbatches",
+            "pp_schedule",
+            "recompute",
+            "recompute_layers",
+            "dtype",
+            "main_grads_fp32",
+            "tp_comm_overlap",
+        )
+    ),
     ("layout", "layout", "stage layout", ""),
     ("verdict", "fits", "fits", ""),
     ("verdict", "reasons", "reasons", ""),
@@ -72,8 +92,18 @@ def compare_table(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
         if better and differs and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
             target = min(vals) if better == "lower" else max(vals)
             best = ", ".join(lab for lab, v in zip(labels, vals) if math.isclose(v, target, rel_tol=1e-12, abs_tol=0))
-        rows.append({"section": section, "key": key, "metric": label, "better": better, "scale":
-                     COMPARE_SCALE.get(section, 1.0), **dict(zip(labels, vals)), "differs": differs, "best": best})
+        rows.append(
+            {
+                "section": section,
+                "key": key,
+                "metric": label,
+                "better": better,
+                "scale": COMPARE_SCALE.get(section, 1.0),
+                **dict(zip(labels, vals)),
+                "differs": differs,
+                "best": best,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -81,8 +111,13 @@ def estimate_rows(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
     """Estimate dicts as plans.parquet-style rows (time_*, mem_*, ...), for the breakdown frames."""
     data = []
     for e in estimates:
-        r = {"plan_name": e.get("name", ""), "step_time_s": e["step_time_s"], "peak_memory_bytes": e["peak_memory_bytes"],
-             "memory_capacity_bytes": e["memory_capacity_bytes"], "tokens_per_s": e["tokens_per_s"]}
+        r = {
+            "plan_name": e.get("name", ""),
+            "step_time_s": e["step_time_s"],
+            "peak_memory_bytes": e["peak_memory_bytes"],
+            "memory_capacity_bytes": e["memory_capacity_bytes"],
+            "tokens_per_s": e["tokens_per_s"],
+        }
         r |= {f"time_{t}": e["time_s"][t] for t in TIME_TERMS}
         r |= {f"mem_{t}": e["memory_bytes"][t] for t in MEMORY_TERMS}
         r |= {f"comm_bytes_{a}": e["comm_bytes_per_gpu"][a] for a in AXES}
@@ -92,5 +127,6 @@ def estimate_rows(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
 
 def comm_breakdown(rows: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
     """Bytes each GPU sends per step, per parallel axis."""
-    return pd.DataFrame({a: rows[f"comm_bytes_{a}"].to_numpy(float) for a in AXES},
-                        index=pd.Index(labels, name="candidate"))
+    return pd.DataFrame(
+        {a: rows[f"comm_bytes_{a}"].to_numpy(float) for a in AXES}, index=pd.Index(labels, name="candidate")
+    )

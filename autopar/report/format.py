@@ -54,9 +54,16 @@ def fmt(value, kind: str = "") -> str:
 
 
 #: compare row key -> kind
-COMPARE_KINDS = {"step_time_s": "s4", "tokens_per_s": "count", "tokens_per_s_per_gpu": "count",
-                 "model_tflops_per_gpu": "tflops", "mfu": "pct", "hfu": "pct", "bubble_fraction": "pct",
-                 "params_per_gpu": "human"}
+COMPARE_KINDS = {
+    "step_time_s": "s4",
+    "tokens_per_s": "count",
+    "tokens_per_s_per_gpu": "count",
+    "model_tflops_per_gpu": "tflops",
+    "mfu": "pct",
+    "hfu": "pct",
+    "bubble_fraction": "pct",
+    "params_per_gpu": "human",
+}
 
 
 def compare_kind(section: str, key: str) -> str:

@@ -87,18 +87,22 @@ e = html.escape
 
 
 def page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<meta name=\"generator\" content=\"autopar {e(__version__)}\"><title>{e(title)}</title>"
-            f"<style>{CSS}</style></head>\n"
-            f"<body><main>\n{body}\n</main>\n<script>{SORT_JS}</script>\n"
-            f"<script type=\"text/javascript\">{F.plotly_js()}</script>\n<script>{DRAW_JS}</script>\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta name="generator" content="autopar {e(__version__)}"><title>{e(title)}</title>'
+        f"<style>{CSS}</style></head>\n"
+        f"<body><main>\n{body}\n</main>\n<script>{SORT_JS}</script>\n"
+        f'<script type="text/javascript">{F.plotly_js()}</script>\n<script>{DRAW_JS}</script>\n</body></html>\n'
+    )
 
 
 def fig(fig: dict, div_id: str) -> str:
     """A placeholder of the figure's height and its JSON; DRAW_JS draws it once plotly.js is loaded."""
-    return (f"<div class=\"fig\"><div id=\"{div_id}\" class=\"plotly-fig\" style=\"height:{F.height(fig)}px\"></div>"
-            f"<script type=\"application/json\" id=\"{div_id}-json\">{F.to_json(fig)}</script></div>")
+    return (
+        f'<div class="fig"><div id="{div_id}" class="plotly-fig" style="height:{F.height(fig)}px"></div>'
+        f'<script type="application/json" id="{div_id}-json">{F.to_json(fig)}</script></div>'
+    )
 
 
 def cell(value, kind: str = "", text: bool = False, sort_value=None, cls: str = "") -> str:
@@ -106,26 +110,32 @@ def cell(value, kind: str = "", text: bool = False, sort_value=None, cls: str = 
     sv = sort_value if sort_value is not None else v
     data = ""
     if isinstance(sv, (int, float)) and not isinstance(sv, bool):
-        data = f" data-v=\"{sv!r}\"" if sv == sv else " data-v=\"\""
+        data = f' data-v="{sv!r}"' if sv == sv else ' data-v=""'
     classes = " ".join(c for c in ("t" if text else "", cls) if c)
     return f"<td{f' class={chr(34)}{classes}{chr(34)}' if classes else ''}{data}>{e(fmt(v, kind))}</td>"
 
 
-def table(df: pd.DataFrame, columns: list[tuple[str, str, str]], *, sortable: bool = True,
-           row_class=None) -> str:
+def table(df: pd.DataFrame, columns: list[tuple[str, str, str]], *, sortable: bool = True, row_class=None) -> str:
     """columns: (frame column, header, kind); kind 't' = left-aligned text, 'html' = trusted markup
     (built and escaped by the caller)."""
-    head = "".join(f"<th class=\"{'t' if k in ('t', 'html') else ''}\">{e(h)}</th>" for _, h, k in columns)
+    head = "".join(f'<th class="{"t" if k in ("t", "html") else ""}">{e(h)}</th>' for _, h, k in columns)
     rows = []
     for i, (_, r) in enumerate(df.iterrows()):
         cls = row_class(i, r) if row_class else ""
-        cells = "".join(f"<td class=\"t\">{r[c]}</td>" if k == "html" else cell(r[c], "" if k == "t" else k, text=k == "t")
-                        for c, _, k in columns)
+        cells = "".join(
+            f'<td class="t">{r[c]}</td>' if k == "html" else cell(r[c], "" if k == "t" else k, text=k == "t")
+            for c, _, k in columns
+        )
         rows.append(f"<tr{f' class={chr(34)}{cls}{chr(34)}' if cls else ''}>{cells}</tr>")
-    return (f"<div class=\"scroll\"><table class=\"{'sortable' if sortable else ''}\"><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table></div>")
+    return (
+        f'<div class="scroll"><table class="{"sortable" if sortable else ""}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
 
 
 def kv(df: pd.DataFrame) -> str:
-    return "<table class=\"kv\">" + "".join(f"<tr><td>{e(str(a))}</td><td>{e(str(b))}</td></tr>"
-                                            for a, b in zip(df["item"], df["value"])) + "</table>"
+    return (
+        '<table class="kv">'
+        + "".join(f"<tr><td>{e(str(a))}</td><td>{e(str(b))}</td></tr>" for a, b in zip(df["item"], df["value"]))
+        + "</table>"
+    )

@@ -11,6 +11,7 @@ import pandas as pd
 
 from autopar.search.run_dir import _one_line, load, read_json  # noqa: F401  (read_json: compare reads plan files)
 
+
 @dataclass
 class RunData:
     """A run directory, loaded."""
@@ -68,8 +69,9 @@ def load_trials(run_dir: Path) -> tuple[list[dict], list[str]]:
         except (OSError, UnicodeDecodeError, ValueError) as e:
             problems.append(f"trials/{path.name}: not JSON ({_one_line(e)})")
             continue
-        if not isinstance(data, dict) or not all(isinstance(data.get(k), dict)
-                                                 for k in ("plan", "predicted", "measured")):
+        if not isinstance(data, dict) or not all(
+            isinstance(data.get(k), dict) for k in ("plan", "predicted", "measured")
+        ):
             problems.append(f"trials/{path.name}: needs 'plan', 'predicted' and 'measured' objects")
             continue
         out.append(data | {"_file": path.name})
@@ -98,4 +100,3 @@ def write_scenarios(run_dir: Path, scenarios: list[Path]) -> None:
 
     rel = [os.path.relpath(Path(s).resolve(), Path(run_dir).resolve()) for s in scenarios]
     (Path(run_dir) / WHATIF_FILE).write_text(json.dumps({"scenarios": rel}, indent=2))
-

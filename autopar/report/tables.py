@@ -18,11 +18,35 @@ from autopar.search.results import best_per_trainer, pareto_positions, ranked, t
 from autopar.spec.hardware import GIB
 
 #: scatter.parquet columns the report reads
-REQUIRED_COLUMNS = (("plan_name", "fits", "valid", "rejected_by", "peak_memory_bytes", "memory_capacity_bytes",
-                     "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction",
-                     "dominant_cost", "tp", "cp", "pp", "vpp", "dp", "ep", "zero_stage", "micro_batch_size",
-                     "pp_schedule", "recompute", "layout_text")
-                    + tuple(f"time_{t}" for t in TIME_TERMS) + tuple(f"mem_{t}" for t in MEMORY_TERMS))
+REQUIRED_COLUMNS = (
+    (
+        "plan_name",
+        "fits",
+        "valid",
+        "rejected_by",
+        "peak_memory_bytes",
+        "memory_capacity_bytes",
+        "step_time_s",
+        "tokens_per_s",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "bubble_fraction",
+        "dominant_cost",
+        "tp",
+        "cp",
+        "pp",
+        "vpp",
+        "dp",
+        "ep",
+        "zero_stage",
+        "micro_batch_size",
+        "pp_schedule",
+        "recompute",
+        "layout_text",
+    )
+    + tuple(f"time_{t}" for t in TIME_TERMS)
+    + tuple(f"mem_{t}" for t in MEMORY_TERMS)
+)
 #: most points drawn in the all-plans scatter (SVG: each is a DOM node, ~0.2 ms to draw); beyond
 #: it a deterministic sample plus every Pareto and top-k plan
 MAX_SCATTER_POINTS = 5_000
@@ -30,8 +54,8 @@ MAX_SCATTER_POINTS = 5_000
 MAX_CATEGORIES = 8
 
 
-
 # ---- the question and the answer -----------------------------------------------------------------
+
 
 def winner(run: RunData) -> pd.Series | None:
     top = top_rows(run)
@@ -40,8 +64,10 @@ def winner(run: RunData) -> pd.Series | None:
 
 def scenario_label(q: dict) -> str:
     c = q.get("cluster", {})
-    return (f"{q.get('num_gpus', '?')} x {c.get('gpu', '?')}, seq {q.get('seq_len', '?')}, "
-            f"gbs {q.get('global_batch_size', '?')}")
+    return (
+        f"{q.get('num_gpus', '?')} x {c.get('gpu', '?')}, seq {q.get('seq_len', '?')}, "
+        f"gbs {q.get('global_batch_size', '?')}"
+    )
 
 
 def _params_text(model: dict) -> str:
@@ -64,19 +90,35 @@ def question_rows(run: RunData) -> pd.DataFrame:
     knobs = space.get("knobs", {})
     rows = [
         ("model", f"{m.get('name', '?')}" + (f" ({p})" if (p := _params_text(m)) else "")),
-        ("GPUs", f"{q.get('num_gpus', '?')} x {c.get('gpu', '?')} ({c.get('gpus_per_node', '?')} per node; "
-                 f"{c.get('intra_node_gbps', '?')} GB/s in a node, {c.get('inter_node_gbps', '?')} GB/s between)"),
-        ("global batch", f"{gbs} sequences x {seq} tokens = {gbs * seq:,} tokens per step"
-         if isinstance(gbs, int) and isinstance(seq, int) else str(gbs)),
+        (
+            "GPUs",
+            f"{q.get('num_gpus', '?')} x {c.get('gpu', '?')} ({c.get('gpus_per_node', '?')} per node; "
+            f"{c.get('intra_node_gbps', '?')} GB/s in a node, {c.get('inter_node_gbps', '?')} GB/s between)",
+        ),
+        (
+            "global batch",
+            f"{gbs} sequences x {seq} tokens = {gbs * seq:,} tokens per step"
+            if isinstance(gbs, int) and isinstance(seq, int)
+            else str(gbs),
+        ),
         ("sequence length", str(seq)),
-        ("search space", f"{space.get('name', '?')}: " + "; ".join(
-            f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in knobs.items())),
+        (
+            "search space",
+            f"{space.get('name', '?')}: "
+            + "; ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in knobs.items()),
+        ),
         ("constraints", "; ".join(f"{k}={v}" for k, v in space.get("constraints", {}).items()) or "none"),
         ("method", method_text(s)),
-        ("plans", f"{run.plans_evaluated:,} evaluated, {s.get('plans_valid', 0):,} valid, "
-                  f"{s.get('plans_fit', 0):,} fit"),
-        ("rejected by", rejection_text(s.get("rejected_by")) if isinstance(s.get("rejected_by"), dict)
-         else rejection_text_of(run.plans) or "nothing"),
+        (
+            "plans",
+            f"{run.plans_evaluated:,} evaluated, {s.get('plans_valid', 0):,} valid, {s.get('plans_fit', 0):,} fit",
+        ),
+        (
+            "rejected by",
+            rejection_text(s.get("rejected_by"))
+            if isinstance(s.get("rejected_by"), dict)
+            else rejection_text_of(run.plans) or "nothing",
+        ),
         ("autopar", f"{s.get('autopar_version', '?')}; search took {s.get('timings_s', {}).get('total_s', 0):.2f} s"),
     ]
     if whole := _whole_run_text(s.get("options", {}).get("training")):
@@ -92,10 +134,12 @@ def _whole_run_text(t: object) -> str:
         return ""
     prices = ", ".join(f"{k} {v:g}" for k, v in (t.get("prices_by_gpu") or {}).items())
     price = t.get("price_per_gpu_hour")
-    parts = [f"{tokens_text(float(t['tokens']))} tokens",
-             f"by {t['deadline_s'] / 86_400:g} days" if t.get("deadline_s") else "",
-             f"at {prices or f'{price:g}'} per GPU-hour" if prices or price else "",
-             f"within {money_text(float(t['budget']))}" if t.get("budget") else ""]
+    parts = [
+        f"{tokens_text(float(t['tokens']))} tokens",
+        f"by {t['deadline_s'] / 86_400:g} days" if t.get("deadline_s") else "",
+        f"at {prices or f'{price:g}'} per GPU-hour" if prices or price else "",
+        f"within {money_text(float(t['budget']))}" if t.get("budget") else "",
+    ]
     return ", ".join(p for p in parts if p)
 
 
@@ -127,8 +171,11 @@ def _plan_words(row: pd.Series) -> str:
     parts = []
     if int(row["pp"]) > 1:
         parts.append(str(row["pp_schedule"]))
-    parts += [f"{row['recompute']} recompute" if row["recompute"] != "none" else "no recompute",
-              f"ZeRO {int(row['zero_stage'])}", f"micro-batch {int(row['micro_batch_size'])}"]
+    parts += [
+        f"{row['recompute']} recompute" if row["recompute"] != "none" else "no recompute",
+        f"ZeRO {int(row['zero_stage'])}",
+        f"micro-batch {int(row['micro_batch_size'])}",
+    ]
     return ", ".join(parts)
 
 
@@ -140,17 +187,42 @@ def answer(run: RunData) -> str:
     w = winner(run)
     if w is None:
         return f"Nothing fits {model} on {where}: {run.top.get('why', run.search.get('why', ''))}"
-    return (f"On {where}, {model} trains fastest with {w['plan_name']} ({_plan_words(w)}): "
-            f"{w['step_time_s']:.3f} s per step, {w['tokens_per_s']:,.0f} tokens/s, {100 * w['mfu']:.1f}% MFU, "
-            f"peak memory {w['peak_memory_bytes'] / GIB:.1f} of {w['memory_capacity_bytes'] / GIB:.1f} GiB.")
+    return (
+        f"On {where}, {model} trains fastest with {w['plan_name']} ({_plan_words(w)}): "
+        f"{w['step_time_s']:.3f} s per step, {w['tokens_per_s']:,.0f} tokens/s, {100 * w['mfu']:.1f}% MFU, "
+        f"peak memory {w['peak_memory_bytes'] / GIB:.1f} of {w['memory_capacity_bytes'] / GIB:.1f} GiB."
+    )
 
 
 # ---- top-k and breakdowns ------------------------------------------------------------------------
 
-TOP_COLUMNS = ("rank", "label", "plan_name", "tp", "cp", "pp", "vpp", "dp", "ep", "pp_schedule", "recompute",
-               "zero_stage", "micro_batch_size", "layout_text", "peak_memory_bytes", "memory_gib",
-               "memory_capacity_gib", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
-               "bubble_fraction", "dominant_cost", "trainer", "trainers")
+TOP_COLUMNS = (
+    "rank",
+    "label",
+    "plan_name",
+    "tp",
+    "cp",
+    "pp",
+    "vpp",
+    "dp",
+    "ep",
+    "pp_schedule",
+    "recompute",
+    "zero_stage",
+    "micro_batch_size",
+    "layout_text",
+    "peak_memory_bytes",
+    "memory_gib",
+    "memory_capacity_gib",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "bubble_fraction",
+    "dominant_cost",
+    "trainer",
+    "trainers",
+)
 
 
 def top_rows(run: RunData) -> pd.DataFrame:
@@ -160,14 +232,16 @@ def top_rows(run: RunData) -> pd.DataFrame:
     k = len(entries) if entries else int(run.search.get("options", {}).get("top_k", 10))
     if not k:
         return run.plans.iloc[:0]
-    if entries and "plan_index" in run.plans.columns and all(isinstance(e, dict) and "plan_index" in e
-                                                             for e in entries):
+    if (
+        entries
+        and "plan_index" in run.plans.columns
+        and all(isinstance(e, dict) and "plan_index" in e for e in entries)
+    ):
         first = run.plans.drop_duplicates("plan_index")  # keeps the frame's index (the scatter's keys)
         pos = pd.Index(first["plan_index"]).get_indexer([int(e["plan_index"]) for e in entries])
         if (pos >= 0).all():
             rows = first.iloc[pos]
-            return rows.assign(trainers=[", ".join(e.get("trainers") or [str(e.get("trainer", ""))])
-                                         for e in entries])
+            return rows.assign(trainers=[", ".join(e.get("trainers") or [str(e.get("trainer", ""))]) for e in entries])
     if "trainer" not in run.plans.columns:  # a run directory from before trainers were searched
         return ranked(run.plans).head(k).assign(trainer="megatron", trainers="megatron")
     return top_plans(run.plans, k)
@@ -203,22 +277,27 @@ def top_table(run: RunData) -> pd.DataFrame:
 
 def time_breakdown(rows: pd.DataFrame, labels: list[str] | None = None) -> pd.DataFrame:
     """Step-time terms (seconds) per candidate; the terms sum to step_time_s."""
-    out = pd.DataFrame({t: rows[f"time_{t}"].to_numpy(dtype=float) for t in TIME_TERMS},
-                       index=pd.Index(labels or _labels(rows), name="candidate"))
+    out = pd.DataFrame(
+        {t: rows[f"time_{t}"].to_numpy(dtype=float) for t in TIME_TERMS},
+        index=pd.Index(labels or _labels(rows), name="candidate"),
+    )
     out["step_time_s"] = rows["step_time_s"].to_numpy(dtype=float)
     return out
 
 
 def memory_breakdown(rows: pd.DataFrame, labels: list[str] | None = None) -> pd.DataFrame:
     """Memory terms per candidate (bytes); they sum to peak_memory_bytes. Plus the capacity."""
-    out = pd.DataFrame({t: rows[f"mem_{t}"].to_numpy(dtype=float) for t in MEMORY_TERMS},
-                       index=pd.Index(labels or _labels(rows), name="candidate"))
+    out = pd.DataFrame(
+        {t: rows[f"mem_{t}"].to_numpy(dtype=float) for t in MEMORY_TERMS},
+        index=pd.Index(labels or _labels(rows), name="candidate"),
+    )
     out["peak_memory_bytes"] = rows["peak_memory_bytes"].to_numpy(dtype=float)
     out["memory_capacity_bytes"] = rows["memory_capacity_bytes"].to_numpy(dtype=float)
     return out
 
 
 # ---- every evaluated plan: scatter and Pareto front ----------------------------------------------
+
 
 def pareto_mask(throughput: np.ndarray, memory: np.ndarray) -> np.ndarray:
     """Points no other point beats: higher throughput and lower memory, one strictly. Of exact
@@ -234,8 +313,19 @@ def pareto_table(plans: pd.DataFrame) -> pd.DataFrame:
     front = fit[pareto_mask(fit["tokens_per_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy())].copy()
     front["memory_gib"] = front["peak_memory_bytes"] / GIB
     front = front.sort_values(["peak_memory_bytes", "tokens_per_s"], ascending=[True, False], kind="stable")
-    cols = ["plan_name", "pp", "pp_schedule", "recompute", "zero_stage", "micro_batch_size", "peak_memory_bytes",
-            "memory_gib", "tokens_per_s", "step_time_s", "mfu"]
+    cols = [
+        "plan_name",
+        "pp",
+        "pp_schedule",
+        "recompute",
+        "zero_stage",
+        "micro_batch_size",
+        "peak_memory_bytes",
+        "memory_gib",
+        "tokens_per_s",
+        "step_time_s",
+        "mfu",
+    ]
     return front[cols + (["plan_index"] if "plan_index" in front.columns else [])]
 
 
@@ -247,7 +337,7 @@ def categories(plans: pd.DataFrame) -> pd.Series:
     first = np.asarray([u.split(", ")[0] for u in uniques] or [""], dtype=object)[np.maximum(codes, 0)]
     cat = pd.Series(np.where(fits, "fits", first), index=plans.index, dtype=object)
     counts = cat[cat != "fits"].value_counts()
-    rare = counts.index[MAX_CATEGORIES - 2:] if len(counts) > MAX_CATEGORIES - 1 else []
+    rare = counts.index[MAX_CATEGORIES - 2 :] if len(counts) > MAX_CATEGORIES - 1 else []
     return cat.where(~cat.isin(rare), "other rules")
 
 
@@ -257,11 +347,25 @@ def hover_text(plans: pd.DataFrame) -> pd.Series:
         return pd.Series([], index=plans.index, dtype=object)
     s = lambda c: plans[c].astype(str)  # noqa: E731
     sched = np.where(plans["pp"].to_numpy() > 1, s("pp_schedule") + ", ", "")
-    text = (s("plan_name") + "<br>" + sched + s("recompute") + " recompute, ZeRO " + s("zero_stage")
-            + ", mbs " + s("micro_batch_size") + "<br>layout " + s("layout_text")
-            + "<br>" + (plans["peak_memory_bytes"] / GIB).map("{:.1f}".format) + " GiB, "
-            + plans["step_time_s"].map("{:.3f}".format) + " s/step, MFU "
-            + (100 * plans["mfu"]).map("{:.1f}".format) + "%")
+    text = (
+        s("plan_name")
+        + "<br>"
+        + sched
+        + s("recompute")
+        + " recompute, ZeRO "
+        + s("zero_stage")
+        + ", mbs "
+        + s("micro_batch_size")
+        + "<br>layout "
+        + s("layout_text")
+        + "<br>"
+        + (plans["peak_memory_bytes"] / GIB).map("{:.1f}".format)
+        + " GiB, "
+        + plans["step_time_s"].map("{:.3f}".format)
+        + " s/step, MFU "
+        + (100 * plans["mfu"]).map("{:.1f}".format)
+        + "%"
+    )
     rej = plans["rejected_by"].astype(str)
     return text.where(rej == "", text + "<br>rejected: " + rej)
 
@@ -271,12 +375,22 @@ def _short(plans: pd.DataFrame) -> pd.Series:
         return pd.Series([], index=plans.index, dtype=object)
     s = lambda c: plans[c].astype(str)  # noqa: E731
     sched = np.where(plans["pp"].to_numpy() > 1, s("pp_schedule") + ", ", "")
-    return (s("plan_name") + " (" + sched + s("recompute") + ", ZeRO " + s("zero_stage") + ", mbs "
-            + s("micro_batch_size") + ")")
+    return (
+        s("plan_name")
+        + " ("
+        + sched
+        + s("recompute")
+        + ", ZeRO "
+        + s("zero_stage")
+        + ", mbs "
+        + s("micro_batch_size")
+        + ")"
+    )
 
 
-def scatter_frame(plans: pd.DataFrame, keep: pd.Index | None = None, max_points: int = MAX_SCATTER_POINTS,
-                  seed: int = 0) -> pd.DataFrame:
+def scatter_frame(
+    plans: pd.DataFrame, keep: pd.Index | None = None, max_points: int = MAX_SCATTER_POINTS, seed: int = 0
+) -> pd.DataFrame:
     """Every evaluated plan with a finite estimate: memory (GiB) vs throughput, its colour class,
     whether it is on the Pareto front, and the hover text. Plans with the same estimate (same
     memory, throughput and class, e.g. schedules that do not matter without a pipeline) share one
@@ -309,12 +423,19 @@ def scatter_frame(plans: pd.DataFrame, keep: pd.Index | None = None, max_points:
         pos = np.flatnonzero(first)[pos]
     g = gid[pos]
     sel = p.iloc[pos]
-    out = pd.DataFrame({
-        "plan_name": sel["plan_name"].astype(str).to_numpy(),
-        "peak_memory_bytes": mem[pos], "memory_gib": mem[pos] / GIB, "tokens_per_s": tput[pos],
-        "step_time_s": sel["step_time_s"].to_numpy(float), "category": cat[pos], "pareto": on_front[g],
-        "n_plans": n_plans[g],
-    }, index=sel.index)
+    out = pd.DataFrame(
+        {
+            "plan_name": sel["plan_name"].astype(str).to_numpy(),
+            "peak_memory_bytes": mem[pos],
+            "memory_gib": mem[pos] / GIB,
+            "tokens_per_s": tput[pos],
+            "step_time_s": sel["step_time_s"].to_numpy(float),
+            "category": cat[pos],
+            "pareto": on_front[g],
+            "n_plans": n_plans[g],
+        },
+        index=sel.index,
+    )
     # hover: the first plan's text, then up to four more plans that share its estimate
     hover = hover_text(sel).to_numpy(dtype=object)
     dup = np.flatnonzero(~first & np.isin(gid, g[n_plans[g] > 1]))
@@ -324,13 +445,26 @@ def scatter_frame(plans: pd.DataFrame, keep: pd.Index | None = None, max_points:
         shorts: dict[int, list[str]] = {}
         for gg, sh in zip(gid[dup], _short(p.iloc[dup]).to_numpy()):
             shorts.setdefault(int(gg), []).append(sh)
-        hover = hover + np.asarray([
-            "" if n_plans[gg] < 2 else "<br>same estimate: " + ", ".join(shorts.get(int(gg), []))
-            + (f" and {n_plans[gg] - 5:,} more" if n_plans[gg] > 5 else "") for gg in g], dtype=object)
+        hover = hover + np.asarray(
+            [
+                ""
+                if n_plans[gg] < 2
+                else "<br>same estimate: "
+                + ", ".join(shorts.get(int(gg), []))
+                + (f" and {n_plans[gg] - 5:,} more" if n_plans[gg] > 5 else "")
+                for gg in g
+            ],
+            dtype=object,
+        )
     out["hover"] = hover
     out = out.sort_index()
-    out.attrs.update(total=int(len(plans)), points=int(points), plotted=int(len(out)),
-                     plotted_plans=int(out["n_plans"].sum()), without_estimate=int((~finite).sum()))
+    out.attrs.update(
+        total=int(len(plans)),
+        points=int(points),
+        plotted=int(len(out)),
+        plotted_plans=int(out["n_plans"].sum()),
+        without_estimate=int((~finite).sum()),
+    )
     return out
 
 
@@ -343,4 +477,3 @@ def category_order(cats: pd.Series) -> list[str]:
     rest = [c for c in counts.index if c not in CATEGORY_ORDER and c != "other rules"]
     last = ["other rules"] if "other rules" in counts.index else []
     return [c for c in CATEGORY_ORDER if c in counts.index] + rest + last
-

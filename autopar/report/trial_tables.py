@@ -15,6 +15,7 @@ from autopar.spec.hardware import GIB
 
 # ---- Optuna ----------------------------------------------------------------------------------------
 
+
 def optuna_history(run: RunData) -> pd.DataFrame:
     """Optuna's trials in order: objective (step time), feasible, best feasible so far. Empty when
     the search was exhaustive."""
@@ -29,6 +30,7 @@ def optuna_history(run: RunData) -> pd.DataFrame:
 
 
 # ---- trials: predicted vs measured --------------------------------------------------------------
+
 
 def _num(d: dict, key: str) -> float:
     v = d.get(key) if isinstance(d, dict) else None
@@ -80,22 +82,34 @@ def trials_table(trials: list[dict]) -> pd.DataFrame:
     for t in trials:
         pred, meas = t.get("predicted") or {}, t.get("measured") or {}
         own = meas.get("proxy") if isinstance(meas.get("proxy"), dict) else {}
-        rows.append({
-            "trial": str(t.get("_file", "")).removesuffix(".json"),
-            "plan_name": trial_name(t.get("plan") or {}, str(t.get("_file", "?"))),
-            "status": str(t.get("status", "ok" if meas else "")),
-            "kind": _trial_kind(t),
-            "predicted_step_time_s": _num(pred, "step_time_s"),
-            "measured_step_time_s": _num(meas, "step_time_s"),
-            "predicted_peak_memory_bytes": _num(pred, "peak_memory_bytes"),
-            "measured_peak_memory_bytes": _num(meas, "peak_memory_bytes"),
-            "proxy_step_time_s": _num(own, "step_time_s"),
-            "proxy_predicted_step_time_s": _num(own, "predicted_step_time_s"),
-            "note": _trial_note(t),
-        })
-    cols = ["trial", "plan_name", "status", "kind", "predicted_step_time_s", "measured_step_time_s",
-            "predicted_peak_memory_bytes", "measured_peak_memory_bytes", "proxy_step_time_s",
-            "proxy_predicted_step_time_s", "note"]
+        rows.append(
+            {
+                "trial": str(t.get("_file", "")).removesuffix(".json"),
+                "plan_name": trial_name(t.get("plan") or {}, str(t.get("_file", "?"))),
+                "status": str(t.get("status", "ok" if meas else "")),
+                "kind": _trial_kind(t),
+                "predicted_step_time_s": _num(pred, "step_time_s"),
+                "measured_step_time_s": _num(meas, "step_time_s"),
+                "predicted_peak_memory_bytes": _num(pred, "peak_memory_bytes"),
+                "measured_peak_memory_bytes": _num(meas, "peak_memory_bytes"),
+                "proxy_step_time_s": _num(own, "step_time_s"),
+                "proxy_predicted_step_time_s": _num(own, "predicted_step_time_s"),
+                "note": _trial_note(t),
+            }
+        )
+    cols = [
+        "trial",
+        "plan_name",
+        "status",
+        "kind",
+        "predicted_step_time_s",
+        "measured_step_time_s",
+        "predicted_peak_memory_bytes",
+        "measured_peak_memory_bytes",
+        "proxy_step_time_s",
+        "proxy_predicted_step_time_s",
+        "note",
+    ]
     df = pd.DataFrame(rows, columns=cols)
     df["step_time_error_s"] = df["predicted_step_time_s"] - df["measured_step_time_s"]
     df["step_time_error"] = relative_error(df["predicted_step_time_s"], df["measured_step_time_s"])
@@ -108,6 +122,7 @@ def trials_table(trials: list[dict]) -> pd.DataFrame:
 
 def trials_summary(df: pd.DataFrame) -> dict:
     """Mean absolute relative error of step time and memory over the trials that have both numbers."""
+
     def mape(col: str) -> float:
         return float(np.nanmean(np.abs(df[col]))) if df[col].notna().any() else math.nan
 
@@ -116,10 +131,32 @@ def trials_summary(df: pd.DataFrame) -> dict:
 
 # ---- what-if: the best plan per scenario ---------------------------------------------------------
 
-WHATIF_COLUMNS = ("scenario", "num_gpus", "gpu", "seq_len", "global_batch_size", "plan_name", "pp_schedule",
-                  "recompute", "zero_stage", "micro_batch_size", "peak_memory_bytes", "memory_gib",
-                  "memory_capacity_gib", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "plans_fit",
-                  "run_dir", "current", "days", "goodput", "gpu_hours", "cost")
+WHATIF_COLUMNS = (
+    "scenario",
+    "num_gpus",
+    "gpu",
+    "seq_len",
+    "global_batch_size",
+    "plan_name",
+    "pp_schedule",
+    "recompute",
+    "zero_stage",
+    "micro_batch_size",
+    "peak_memory_bytes",
+    "memory_gib",
+    "memory_capacity_gib",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "plans_fit",
+    "run_dir",
+    "current",
+    "days",
+    "goodput",
+    "gpu_hours",
+    "cost",
+)
 #: the whole-run figures a scenario has with --tokens (NaN without)
 WHATIF_RUN = ("days", "goodput", "gpu_hours", "cost")
 
@@ -131,22 +168,52 @@ def whatif_table(runs: list[RunData], current: Path | None = None) -> pd.DataFra
     for r in runs:
         q = r.question
         w = winner(r)
-        row = {"scenario": scenario_label(q), "num_gpus": q.get("num_gpus"), "gpu": q.get("cluster", {}).get("gpu"),
-               "seq_len": q.get("seq_len"), "global_batch_size": q.get("global_batch_size"),
-               "plans_fit": r.plans_fit, "run_dir": str(r.run_dir),
-               "current": cur is not None and Path(r.run_dir).resolve() == cur}
+        row = {
+            "scenario": scenario_label(q),
+            "num_gpus": q.get("num_gpus"),
+            "gpu": q.get("cluster", {}).get("gpu"),
+            "seq_len": q.get("seq_len"),
+            "global_batch_size": q.get("global_batch_size"),
+            "plans_fit": r.plans_fit,
+            "run_dir": str(r.run_dir),
+            "current": cur is not None and Path(r.run_dir).resolve() == cur,
+        }
         if w is None:
-            row.update(plan_name="nothing fits", pp_schedule="", recompute="", zero_stage=np.nan,
-                       micro_batch_size=np.nan, peak_memory_bytes=np.nan, memory_gib=np.nan,
-                       memory_capacity_gib=np.nan, step_time_s=np.nan, tokens_per_s=np.nan,
-                       tokens_per_s_per_gpu=np.nan, mfu=np.nan, **{k: np.nan for k in WHATIF_RUN})
+            row.update(
+                plan_name="nothing fits",
+                pp_schedule="",
+                recompute="",
+                zero_stage=np.nan,
+                micro_batch_size=np.nan,
+                peak_memory_bytes=np.nan,
+                memory_gib=np.nan,
+                memory_capacity_gib=np.nan,
+                step_time_s=np.nan,
+                tokens_per_s=np.nan,
+                tokens_per_s_per_gpu=np.nan,
+                mfu=np.nan,
+                **{k: np.nan for k in WHATIF_RUN},
+            )
         else:
-            row.update({k: w[k] for k in ("plan_name", "pp_schedule", "recompute", "zero_stage", "micro_batch_size",
-                                          "peak_memory_bytes", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu",
-                                          "mfu")})
+            row.update(
+                {
+                    k: w[k]
+                    for k in (
+                        "plan_name",
+                        "pp_schedule",
+                        "recompute",
+                        "zero_stage",
+                        "micro_batch_size",
+                        "peak_memory_bytes",
+                        "step_time_s",
+                        "tokens_per_s",
+                        "tokens_per_s_per_gpu",
+                        "mfu",
+                    )
+                }
+            )
             row["memory_gib"] = w["peak_memory_bytes"] / GIB
             row["memory_capacity_gib"] = w["memory_capacity_bytes"] / GIB
             row.update({k: float(w[k]) if k in w.index else np.nan for k in WHATIF_RUN})
         rows.append(row)
     return pd.DataFrame(rows, columns=list(WHATIF_COLUMNS))
-

@@ -26,14 +26,22 @@ from torch.utils._pytree import tree_leaves
 
 _NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"}
 #: ops whose input buffer is argument 1 (argument 0 is the output)
-_INPUT_IS_ARG1 = {"_allgather_base_", "_reduce_scatter_base_", "alltoall_base_", "allgather_", "reduce_scatter_",
-                  "alltoall_", "allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_", "gather_",
-                  "scatter_"}
+_INPUT_IS_ARG1 = {
+    "_allgather_base_",
+    "_reduce_scatter_base_",
+    "alltoall_base_",
+    "allgather_",
+    "reduce_scatter_",
+    "alltoall_",
+    "allgather_into_tensor_coalesced_",
+    "reduce_scatter_tensor_coalesced_",
+    "gather_",
+    "scatter_",
+}
 _P2P = {"send", "send_"}
 _ALL_TO_ALL = {"alltoall_base_", "alltoall_", "all_to_all_single"}
 #: not a data movement, or the receiving half of a P2P pair
-_IGNORED = {"barrier", "monitored_barrier", "_wrap_tensor_autograd", "recv_", "recv_any_source_",
-            "wait_tensor"}
+_IGNORED = {"barrier", "monitored_barrier", "_wrap_tensor_autograd", "recv_", "recv_any_source_", "wait_tensor"}
 
 
 @dataclass
@@ -45,8 +53,11 @@ class CommCount:
     bytes_by_op: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def to_dict(self) -> dict:
-        return {"bytes_by_axis": dict(self.bytes_by_axis), "calls_by_op": dict(self.calls_by_op),
-                "bytes_by_op": dict(self.bytes_by_op)}
+        return {
+            "bytes_by_axis": dict(self.bytes_by_axis),
+            "calls_by_op": dict(self.calls_by_op),
+            "bytes_by_op": dict(self.bytes_by_op),
+        }
 
 
 def _process_group(args, kwargs) -> ProcessGroup | None:

@@ -55,8 +55,11 @@ class TrialConfig:
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
 
     def model_spec(self) -> ModelSpec:
-        spec = get_preset(self.model) if isinstance(self.model, str) else model_from_dict(
-            self.model.get("name", "custom"), {k: v for k, v in self.model.items() if k != "name"})
+        spec = (
+            get_preset(self.model)
+            if isinstance(self.model, str)
+            else model_from_dict(self.model.get("name", "custom"), {k: v for k, v in self.model.items() if k != "name"})
+        )
         return spec.scaled(**self.scale) if self.scale else spec
 
     def parallel_plan(self) -> ParallelPlan:

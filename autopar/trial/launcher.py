@@ -43,8 +43,13 @@ from autopar.trial.config import TrialConfig
 PROGRESS_FILE = "progress.jsonl"
 #: seconds between looks at the progress file (a step of the smallest trials takes ~50 ms)
 POLL_S = 0.1
-_OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "std::bad_alloc",
-                "DefaultCPUAllocator: can't allocate memory", "Cannot allocate memory")
+_OOM_MARKERS = (
+    "CUDA out of memory",
+    "OutOfMemoryError",
+    "std::bad_alloc",
+    "DefaultCPUAllocator: can't allocate memory",
+    "Cannot allocate memory",
+)
 #: what a gloo process group torn down at interpreter exit may print as it aborts
 TEARDOWN_ABORT_MARKER = "terminate called without an active exception"
 
@@ -72,13 +77,23 @@ class LaunchResult:
         return list((self.result or {}).get("trials", []))
 
 
-def torchrun_command(nproc: int, spec: Path, out: Path, python: str = sys.executable, *,
-                     rdzv: dict | None = None, worker_args: list[str] | None = None) -> list[str]:
+def torchrun_command(
+    nproc: int,
+    spec: Path,
+    out: Path,
+    python: str = sys.executable,
+    *,
+    rdzv: dict | None = None,
+    worker_args: list[str] | None = None,
+) -> list[str]:
     """The torchrun command line of a run file (torchrun is `python -m torch.distributed.run`).
     `rdzv` = {"nnodes", "node_rank", "endpoint"} for a multi-node c10d rendezvous instead of
     --standalone; `worker_args` are extra worker options (--memory-limit-mib, --fault, --progress)."""
-    return rendezvous_command(nproc, python, rdzv) + ["-m", "autopar.trial.worker", "--spec", str(spec),
-                                                      "--out", str(out)] + list(worker_args or [])
+    return (
+        rendezvous_command(nproc, python, rdzv)
+        + ["-m", "autopar.trial.worker", "--spec", str(spec), "--out", str(out)]
+        + list(worker_args or [])
+    )
 
 
 def rendezvous_command(nproc: int | str, python: str = sys.executable, rdzv: dict | None = None) -> list[str]:
@@ -86,17 +101,31 @@ def rendezvous_command(nproc: int | str, python: str = sys.executable, rdzv: dic
     cmd = [python, "-m", "torch.distributed.run"]
     if not rdzv:
         return cmd + ["--standalone", f"--nproc_per_node={nproc}"]
-    return cmd + [f"--nnodes={rdzv['nnodes']}", f"--node_rank={rdzv.get('node_rank', 0)}",
-                  f"--nproc_per_node={nproc}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv['endpoint']}",
-                  f"--rdzv_id={rdzv.get('id', 'autopar')}"]
+    return cmd + [
+        f"--nnodes={rdzv['nnodes']}",
+        f"--node_rank={rdzv.get('node_rank', 0)}",
+        f"--nproc_per_node={nproc}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={rdzv['endpoint']}",
+        f"--rdzv_id={rdzv.get('id', 'autopar')}",
+    ]
 
 
 ProgressCallback = Callable[[dict], bool]
 
 
-def launch(trials: list[TrialConfig], nproc: int, *, timeout_s: float = 600.0, workdir: Path | None = None,
-           env: dict[str, str] | None = None, python: str = sys.executable, rdzv: dict | None = None,
-           worker_args: list[str] | None = None, on_progress: ProgressCallback | None = None) -> LaunchResult:
+def launch(
+    trials: list[TrialConfig],
+    nproc: int,
+    *,
+    timeout_s: float = 600.0,
+    workdir: Path | None = None,
+    env: dict[str, str] | None = None,
+    python: str = sys.executable,
+    rdzv: dict | None = None,
+    worker_args: list[str] | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> LaunchResult:
     """Run the trials in one torchrun launch of `nproc` processes; never raises on a failed run.
     `on_progress(record)` sees each step as it ends and returns True to stop the run ("pruned")."""
     workdir = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="autopar-trial-"))
@@ -106,8 +135,9 @@ def launch(trials: list[TrialConfig], nproc: int, *, timeout_s: float = 600.0, w
     progress = workdir / PROGRESS_FILE if on_progress else None
     args = list(worker_args or []) + (["--progress", str(progress)] if progress else [])
     cmd = torchrun_command(nproc, spec, out, python, rdzv=rdzv, worker_args=args)
-    return run_command(cmd, out, timeout_s=timeout_s, workdir=workdir, env=env, progress=progress,
-                       on_progress=on_progress)
+    return run_command(
+        cmd, out, timeout_s=timeout_s, workdir=workdir, env=env, progress=progress, on_progress=on_progress
+    )
 
 
 class ProgressReader:
@@ -135,9 +165,16 @@ class ProgressReader:
         return out
 
 
-def run_command(command: list[str], result_path: Path, *, timeout_s: float, workdir: Path,
-                env: dict[str, str] | None = None, progress: Path | None = None,
-                on_progress: ProgressCallback | None = None) -> LaunchResult:
+def run_command(
+    command: list[str],
+    result_path: Path,
+    *,
+    timeout_s: float,
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    progress: Path | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> LaunchResult:
     """Run a worker command in its own process group, kill the group on timeout or when
     `on_progress` asks to stop, classify."""
     result_path.unlink(missing_ok=True)
@@ -154,11 +191,13 @@ def run_command(command: list[str], result_path: Path, *, timeout_s: float, work
     reap_stale(workdir)
     t0 = time.perf_counter()
     with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
-        proc = subprocess.Popen(command, stdout=so, stderr=se, cwd=workdir, env=run_env, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            command, stdout=so, stderr=se, cwd=workdir, env=run_env, start_new_session=True, preexec_fn=_die_with_parent
+        )
         (workdir / PGID_FILE).write_text(f"{proc.pid} {token}")
-        handle = hygiene.register(f"trial {workdir.name} (process group {proc.pid})",
-                                  lambda: _kill_now(proc.pid, token))
+        handle = hygiene.register(
+            f"trial {workdir.name} (process group {proc.pid})", lambda: _kill_now(proc.pid, token)
+        )
         timed_out = stopped = False
         try:
             ended = _wait(proc, t0 + timeout_s, reader, on_progress, records)
@@ -180,12 +219,26 @@ def run_command(command: list[str], result_path: Path, *, timeout_s: float, work
         outcome, reasons = "pruned", [f"stopped by the caller after {len(records)} step record(s)"]
     else:
         outcome, reasons = classify(proc.returncode, timed_out, result, stdout + stderr)
-    return LaunchResult(outcome=outcome, returncode=proc.returncode, wall_s=wall, result=result, command=command,
-                        stdout_tail=stdout, stderr_tail=stderr, reasons=reasons, progress=records)
+    return LaunchResult(
+        outcome=outcome,
+        returncode=proc.returncode,
+        wall_s=wall,
+        result=result,
+        command=command,
+        stdout_tail=stdout,
+        stderr_tail=stderr,
+        reasons=reasons,
+        progress=records,
+    )
 
 
-def _wait(proc: subprocess.Popen, deadline: float, reader: ProgressReader | None,
-          on_progress: ProgressCallback | None, records: list[dict]) -> str:
+def _wait(
+    proc: subprocess.Popen,
+    deadline: float,
+    reader: ProgressReader | None,
+    on_progress: ProgressCallback | None,
+    records: list[dict],
+) -> str:
     """Wait for the process to exit ("exited"), the deadline ("timeout", perf_counter clock) or the
     callback to ask for a stop ("stopped"), feeding it the progress records meanwhile."""
     while True:

@@ -39,8 +39,14 @@ from autopar.trial.config import TrialConfig
 from autopar.trial.launcher import LaunchResult, launch
 from autopar.trial.proxy import Placement
 
-OUTCOME_STATUS = {"ok": "ok", "teardown-abort": "ok", "oom": "oom", "timeout": "timeout", "crash": "crash",
-                  "pruned": "pruned"}
+OUTCOME_STATUS = {
+    "ok": "ok",
+    "teardown-abort": "ok",
+    "oom": "oom",
+    "timeout": "timeout",
+    "crash": "crash",
+    "pruned": "pruned",
+}
 NOT_RUNNABLE = "not-runnable"
 #: launch(trials, nproc, *, timeout_s, workdir, worker_args, rdzv, on_progress) -> LaunchResult
 LaunchFn = Callable[..., LaunchResult]
@@ -48,14 +54,31 @@ LaunchFn = Callable[..., LaunchResult]
 SCALED = ("step_time_s", "step_times_s", "mean_step_time_s", "peak_memory_bytes", "tokens_per_s", "mfu")
 
 
-def trial_configs(model: str | dict, plan: dict, *, steps: int = 5, warmup: int = 1, seq_len: int | None = None,
-                  scale: dict | None = None, device: str = "cpu", name: str = "") -> list[TrialConfig]:
+def trial_configs(
+    model: str | dict,
+    plan: dict,
+    *,
+    steps: int = 5,
+    warmup: int = 1,
+    seq_len: int | None = None,
+    scale: dict | None = None,
+    device: str = "cpu",
+    name: str = "",
+) -> list[TrialConfig]:
     """The timed trial (`warmup` steps, `steps` timed ones, then the byte-counting step) and the
     tensor-memory trial of one plan."""
     base = dict(model=model, plan=plan, scale=scale, seq_len=seq_len, device=device, optimizer="adamw", seed=0)
-    return [TrialConfig(name=name or "timed", steps=warmup + steps + 1, warmup=warmup, count_comm=True, **base),
-            TrialConfig(name=(name or "timed") + ":memory", steps=2, warmup=1, count_comm=False,
-                        extra={"tensor_memory": True}, **base)]
+    return [
+        TrialConfig(name=name or "timed", steps=warmup + steps + 1, warmup=warmup, count_comm=True, **base),
+        TrialConfig(
+            name=(name or "timed") + ":memory",
+            steps=2,
+            warmup=1,
+            count_comm=False,
+            extra={"tensor_memory": True},
+            **base,
+        ),
+    ]
 
 
 def summarise(timed: dict, memory: dict | None) -> dict:
@@ -67,15 +90,25 @@ def summarise(timed: dict, memory: dict | None) -> dict:
     for r in timed["ranks"]:
         for axis, n in ((r.get("comm") or {}).get("bytes_by_axis") or {}).items():
             comm[axis] = max(comm.get(axis, 0), n)
-    out = {"step_time_s": med, "step_times_s": times, "step_time_spread": (max(times) - min(times)) / med,
-           "mean_step_time_s": statistics.fmean(times), "tokens_per_s": timed["tokens_per_step"] / med,
-           "model_flops_per_step": timed["model_flops_per_step"], "final_loss": timed["final_loss"],
-           "process_peak_bytes_per_rank": [r["peak_memory_bytes"] for r in timed["ranks"]],
-           "comm_bytes_per_rank_by_axis": comm, "param_count_per_rank": [r["param_count"] for r in timed["ranks"]]}
+    out = {
+        "step_time_s": med,
+        "step_times_s": times,
+        "step_time_spread": (max(times) - min(times)) / med,
+        "mean_step_time_s": statistics.fmean(times),
+        "tokens_per_s": timed["tokens_per_step"] / med,
+        "model_flops_per_step": timed["model_flops_per_step"],
+        "final_loss": timed["final_loss"],
+        "process_peak_bytes_per_rank": [r["peak_memory_bytes"] for r in timed["ranks"]],
+        "comm_bytes_per_rank_by_axis": comm,
+        "param_count_per_rank": [r["param_count"] for r in timed["ranks"]],
+    }
     if memory:
         per_rank = [r["peak_memory_bytes"] for r in memory["ranks"]]
-        out |= {"peak_memory_bytes": max(per_rank), "peak_memory_bytes_per_rank": per_rank,
-                "memory_method": memory["ranks"][0]["memory_method"]}
+        out |= {
+            "peak_memory_bytes": max(per_rank),
+            "peak_memory_bytes_per_rank": per_rank,
+            "memory_method": memory["ranks"][0]["memory_method"],
+        }
     else:
         out |= {"peak_memory_bytes": max(out["process_peak_bytes_per_rank"]), "memory_method": "VmHWM"}
     return out
@@ -84,16 +117,37 @@ def summarise(timed: dict, memory: dict | None) -> dict:
 def partial_summary(times: list[float], steps: int) -> dict:
     """The measured figures of a trial stopped after `len(times)` of its `steps` timed steps."""
     med = statistics.median(times)
-    return {"step_time_s": med, "step_times_s": times, "mean_step_time_s": statistics.fmean(times),
-            "step_time_spread": (max(times) - min(times)) / med, "steps_run": len(times), "steps_planned": steps,
-            "partial": True}
+    return {
+        "step_time_s": med,
+        "step_times_s": times,
+        "mean_step_time_s": statistics.fmean(times),
+        "step_time_spread": (max(times) - min(times)) / med,
+        "steps_run": len(times),
+        "steps_planned": steps,
+        "partial": True,
+    }
 
 
-def measure_plan(model: str | dict, plan: dict, nproc: int, *, predicted: dict | None = None, steps: int = 5,
-                 warmup: int = 1, seq_len: int | None = None, proxy: dict | None = None, timeout_s: float = 120.0,
-                 workdir: Path | None = None, worker_args: list[str] | None = None, rdzv: dict | None = None,
-                 peak_flops: float | None = None, proxy_ratio: float | None = None, device: str = "cpu",
-                 on_step: Callable[[int, float], bool] | None = None, launch_fn: LaunchFn | None = None) -> dict:
+def measure_plan(
+    model: str | dict,
+    plan: dict,
+    nproc: int,
+    *,
+    predicted: dict | None = None,
+    steps: int = 5,
+    warmup: int = 1,
+    seq_len: int | None = None,
+    proxy: dict | None = None,
+    timeout_s: float = 120.0,
+    workdir: Path | None = None,
+    worker_args: list[str] | None = None,
+    rdzv: dict | None = None,
+    peak_flops: float | None = None,
+    proxy_ratio: float | None = None,
+    device: str = "cpu",
+    on_step: Callable[[int, float], bool] | None = None,
+    launch_fn: LaunchFn | None = None,
+) -> dict:
     """Run the plan and return its trial document; never raises on a failed run (failures are data).
     `on_step(index, time_s)` sees each timed step live and returns True to stop (prune) the run."""
     name = ParallelPlan.from_dict(plan).describe()
@@ -108,50 +162,103 @@ def measure_plan(model: str | dict, plan: dict, nproc: int, *, predicted: dict |
 
     res = (launch_fn or launch)(
         trial_configs(model, plan, steps=steps, warmup=warmup, seq_len=seq_len, scale=proxy, name=name, device=device),
-        nproc, timeout_s=timeout_s, workdir=workdir, worker_args=worker_args, rdzv=rdzv,
-        on_progress=progress if on_step is not None else None)
+        nproc,
+        timeout_s=timeout_s,
+        workdir=workdir,
+        worker_args=worker_args,
+        rdzv=rdzv,
+        on_progress=progress if on_step is not None else None,
+    )
     if res.outcome == "pruned":
-        return {"name": name, "plan": plan, "model": model, "nproc": nproc, "predicted": predicted or {},
-                "status": "pruned", "outcome": "pruned", "wall_s": res.wall_s, "started_at": t0,
-                "reasons": [f"pruned after {len(seen)} of {steps} timed steps"], "command": res.command,
-                "environment": {}, "measured": partial_summary(seen, steps) if seen else {}}
+        return {
+            "name": name,
+            "plan": plan,
+            "model": model,
+            "nproc": nproc,
+            "predicted": predicted or {},
+            "status": "pruned",
+            "outcome": "pruned",
+            "wall_s": res.wall_s,
+            "started_at": t0,
+            "reasons": [f"pruned after {len(seen)} of {steps} timed steps"],
+            "command": res.command,
+            "environment": {},
+            "measured": partial_summary(seen, steps) if seen else {},
+        }
     ok = [t for t in res.trials if t.get("status") == "ok"]
-    doc = {"name": name, "plan": plan, "model": model, "nproc": nproc, "predicted": predicted or {},
-           "status": OUTCOME_STATUS[res.outcome] if ok or not res.succeeded else "crash", "outcome": res.outcome,
-           "reasons": res.reasons, "wall_s": res.wall_s, "started_at": t0, "command": res.command,
-           "environment": (res.result or {}).get("env", {}), "measured": {}}
+    doc = {
+        "name": name,
+        "plan": plan,
+        "model": model,
+        "nproc": nproc,
+        "predicted": predicted or {},
+        "status": OUTCOME_STATUS[res.outcome] if ok or not res.succeeded else "crash",
+        "outcome": res.outcome,
+        "reasons": res.reasons,
+        "wall_s": res.wall_s,
+        "started_at": t0,
+        "command": res.command,
+        "environment": (res.result or {}).get("env", {}),
+        "measured": {},
+    }
     if res.succeeded and ok:
         doc["measured"] = summarise(ok[0], ok[1] if len(ok) > 1 else None)
         if proxy:
             ratio = proxy_ratio or 1.0
-            doc["measured"]["proxy"] = {"kind": "fewer-layers" if "num_layers" in proxy else "narrower", **proxy,
-                                        "scale_back": "step time x (estimate full / estimate proxy)",
-                                        "ratio": ratio, "proxy_step_time_s": doc["measured"]["step_time_s"]}
+            doc["measured"]["proxy"] = {
+                "kind": "fewer-layers" if "num_layers" in proxy else "narrower",
+                **proxy,
+                "scale_back": "step time x (estimate full / estimate proxy)",
+                "ratio": ratio,
+                "proxy_step_time_s": doc["measured"]["step_time_s"],
+            }
             doc["measured"]["step_time_s"] *= ratio
         if peak_flops:
             doc["measured"]["mfu"] = doc["measured"]["model_flops_per_step"] / (
-                doc["measured"]["step_time_s"] * peak_flops * nproc)
+                doc["measured"]["step_time_s"] * peak_flops * nproc
+            )
     elif not res.reasons:
         doc["reasons"] = [f"exit {res.returncode}: {res.stderr_tail[-300:]}"]
     if predicted and doc["measured"]:
         m = doc["measured"]
-        doc["errors"] = {"step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
-                         "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1}
+        doc["errors"] = {
+            "step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
+            "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1,
+        }
     return doc
 
 
 def not_runnable_doc(placement: Placement, predicted: dict | None = None) -> dict:
     """The trial document of a plan that cannot run on this machine: why, and what to do."""
     p = ParallelPlan.from_dict(placement.plan)
-    return {"name": p.describe(), "plan": placement.plan, "predicted": predicted or {}, "kind": NOT_RUNNABLE,
-            "status": NOT_RUNNABLE, "outcome": NOT_RUNNABLE, "reasons": [placement.reason], "measured": {},
-            "started_at": time.time(), "wall_s": 0.0, "environment": {}}
+    return {
+        "name": p.describe(),
+        "plan": placement.plan,
+        "predicted": predicted or {},
+        "kind": NOT_RUNNABLE,
+        "status": NOT_RUNNABLE,
+        "outcome": NOT_RUNNABLE,
+        "reasons": [placement.reason],
+        "measured": {},
+        "started_at": time.time(),
+        "wall_s": 0.0,
+        "environment": {},
+    }
 
 
-def measure_placement(placement: Placement, predicted: dict, *, steps: int = 5, warmup: int = 1,
-                      timeout_s: float = 120.0, workdir: Path | None = None, peak_flops: float | None = None,
-                      on_step: Callable[[int, float], bool] | None = None, launch_fn: LaunchFn | None = None,
-                      worker_args: list[str] | None = None) -> dict:
+def measure_placement(
+    placement: Placement,
+    predicted: dict,
+    *,
+    steps: int = 5,
+    warmup: int = 1,
+    timeout_s: float = 120.0,
+    workdir: Path | None = None,
+    peak_flops: float | None = None,
+    on_step: Callable[[int, float], bool] | None = None,
+    launch_fn: LaunchFn | None = None,
+    worker_args: list[str] | None = None,
+) -> dict:
     """Run a placement (the plan, or its proxy) and return the trial document about the plan; a
     proxy's figures are scaled back and labelled (see the module docstring)."""
     if not placement.runnable:
@@ -159,23 +266,40 @@ def measure_placement(placement: Placement, predicted: dict, *, steps: int = 5, 
     proxy = placement.proxy
     ratio = proxy.time_ratio if proxy else 1.0
     scaled_step = (lambda i, t: on_step(i, t * ratio)) if on_step is not None else None
-    doc = measure_plan(placement.model, placement.run_plan, placement.nproc, predicted=predicted, steps=steps,
-                       warmup=warmup, seq_len=placement.seq_len, timeout_s=timeout_s, workdir=workdir,
-                       peak_flops=None if proxy else peak_flops, device=placement.device, on_step=scaled_step,
-                       launch_fn=launch_fn, worker_args=worker_args)
+    doc = measure_plan(
+        placement.model,
+        placement.run_plan,
+        placement.nproc,
+        predicted=predicted,
+        steps=steps,
+        warmup=warmup,
+        seq_len=placement.seq_len,
+        timeout_s=timeout_s,
+        workdir=workdir,
+        peak_flops=None if proxy else peak_flops,
+        device=placement.device,
+        on_step=scaled_step,
+        launch_fn=launch_fn,
+        worker_args=worker_args,
+    )
     doc["kind"] = placement.kind
     doc["plan"] = placement.plan  # the plan as searched (the run plan may name the built-in trainer)
     if proxy is None:
         return doc
-    doc |= {"name": ParallelPlan.from_dict(placement.plan).describe(),
-            "proxy": proxy.to_dict() | {"run_plan": placement.run_plan, "model": placement.model.get("name"),
-                                        "seq_len": placement.seq_len}}
+    doc |= {
+        "name": ParallelPlan.from_dict(placement.plan).describe(),
+        "proxy": proxy.to_dict()
+        | {"run_plan": placement.run_plan, "model": placement.model.get("name"), "seq_len": placement.seq_len},
+    }
     m = doc.get("measured") or {}
     if m:
         own = {k: m[k] for k in SCALED if k in m}
-        own |= {"predicted_step_time_s": proxy.predicted_step_time_s,
-                "predicted_peak_memory_bytes": proxy.predicted_peak_memory_bytes,
-                "time_ratio": proxy.time_ratio, "memory_ratio": proxy.memory_ratio}
+        own |= {
+            "predicted_step_time_s": proxy.predicted_step_time_s,
+            "predicted_peak_memory_bytes": proxy.predicted_peak_memory_bytes,
+            "time_ratio": proxy.time_ratio,
+            "memory_ratio": proxy.memory_ratio,
+        }
         if m.get("step_time_s"):
             own["step_time_error"] = proxy.predicted_step_time_s / m["step_time_s"] - 1
         if m.get("peak_memory_bytes"):
@@ -192,11 +316,15 @@ def measure_placement(placement: Placement, predicted: dict, *, steps: int = 5, 
             if predicted.get(k) and m.get("step_time_s"):
                 m[k] = predicted[k] * predicted["step_time_s"] / m["step_time_s"]
         m["proxy"] = own
-        m["scaled"] = (f"{', '.join(SCALED)} scaled back to the plan (x{ratio:.3g} time, x{proxy.memory_ratio:.3g} "
-                       f"memory); the other figures are the proxy's")
+        m["scaled"] = (
+            f"{', '.join(SCALED)} scaled back to the plan (x{ratio:.3g} time, x{proxy.memory_ratio:.3g} "
+            f"memory); the other figures are the proxy's"
+        )
     if predicted and m.get("step_time_s") and m.get("peak_memory_bytes"):
-        doc["errors"] = {"step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
-                         "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1}
+        doc["errors"] = {
+            "step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
+            "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1,
+        }
     return doc
 
 

@@ -18,9 +18,8 @@ from __future__ import annotations
 import gc
 import os
 import re
-from dataclasses import dataclass
-
 import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.utils._pytree as pytree
@@ -127,8 +126,10 @@ class TensorPeak(TorchDispatchMode):
         self.current += delta
         self.peak = max(self.peak, self.current)
         if self.limit and self.current > self.limit:
-            raise torch.OutOfMemoryError(f"CPU out of memory: {self.current} tensor bytes live, over the emulated "
-                                         f"capacity of {self.limit} bytes (--memory-limit-mib)")
+            raise torch.OutOfMemoryError(
+                f"CPU out of memory: {self.current} tensor bytes live, over the emulated "
+                f"capacity of {self.limit} bytes (--memory-limit-mib)"
+            )
 
     def _track(self, st) -> None:
         cell = [st.nbytes(), self]

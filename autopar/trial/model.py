@@ -67,6 +67,7 @@ def unsupported(spec: ModelSpec) -> list[str]:
 
 # ---- building blocks ------------------------------------------------------------------------------
 
+
 class RMSNorm(nn.Module):
     """RMSNorm (Zhang & Sennrich 2019), computed in fp32 as Llama does."""
 
@@ -139,8 +140,15 @@ class TransformerBlock(nn.Module):
         self.attention = Attention(spec)
         self.ffn_norm = RMSNorm(spec.hidden_size, eps)
         self.feed_forward = None if moe_layer else FeedForward(spec.hidden_size, spec.ffn_hidden_size)
-        self.moe = (MoE(spec, config.moe_routing, config.moe_capacity_factor, config.moe_aux_loss_coeff)
-                    if config is not None else MoE(spec)) if moe_layer else None
+        self.moe = (
+            (
+                MoE(spec, config.moe_routing, config.moe_capacity_factor, config.moe_aux_loss_coeff)
+                if config is not None
+                else MoE(spec)
+            )
+            if moe_layer
+            else None
+        )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -157,8 +165,12 @@ class Transformer(nn.Module):
         spec = config.spec
         self.config = config
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.vocab_rows, spec.hidden_size)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec, spec.is_moe_layer(i), config.norm_eps, config)
-                                     for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict(
+            {
+                str(i): TransformerBlock(spec, spec.is_moe_layer(i), config.norm_eps, config)
+                for i in range(spec.num_layers)
+            }
+        )
         self.norm: RMSNorm | None = RMSNorm(spec.hidden_size, config.norm_eps)
         self.output: nn.Linear | None = nn.Linear(spec.hidden_size, config.vocab_rows, bias=False)
         self.tie_weights()
@@ -201,8 +213,9 @@ class Transformer(nn.Module):
 
     def reset_buffers(self) -> None:
         spec = self.config.spec
-        cos, sin = rope_table(spec.head_dim, self.config.max_seq_len, self.config.rope_theta,
-                              device=self.rope_cos.device)
+        cos, sin = rope_table(
+            spec.head_dim, self.config.max_seq_len, self.config.rope_theta, device=self.rope_cos.device
+        )
         self.rope_cos, self.rope_sin = cos, sin
 
 
@@ -212,6 +225,7 @@ def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
 
 
 # ---- deterministic initialisation ----------------------------------------------------------------
+
 
 def _generator(seed: int, key: str) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(key.encode())) % 2**63)

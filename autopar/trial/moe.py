@@ -26,8 +26,16 @@ class GroupedExperts(nn.Module):
     tensor parallelism the FFN columns [ffn_offset, ffn_offset + ffn_local) of `ffn_total` (its
     output is then a partial sum over the shards)."""
 
-    def __init__(self, num_experts: int, hidden: int, ffn: int, offset: int = 0, total: int | None = None,
-                 ffn_offset: int = 0, ffn_total: int | None = None) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        hidden: int,
+        ffn: int,
+        offset: int = 0,
+        total: int | None = None,
+        ffn_offset: int = 0,
+        ffn_total: int | None = None,
+    ) -> None:
         super().__init__()
         self.offset, self.total = offset, total if total is not None else num_experts
         self.ffn_offset, self.ffn_total = ffn_offset, ffn_total if ffn_total is not None else ffn
@@ -46,8 +54,11 @@ class GroupedExperts(nn.Module):
         # one unbind per weight: its backward stacks the experts' gradients once (indexing each
         # expert would allocate a whole [E, ...] gradient per expert)
         w1, w2, w3 = (w.unbind(0) for w in weights)
-        outs = [(F.silu(part @ w1[e].t()) * (part @ w3[e].t())) @ w2[e].t()
-                for e, part in enumerate(x.split(sizes)) if part.shape[0]]
+        outs = [
+            (F.silu(part @ w1[e].t()) * (part @ w3[e].t())) @ w2[e].t()
+            for e, part in enumerate(x.split(sizes))
+            if part.shape[0]
+        ]
         return torch.cat(outs) if outs else x[:0]
 
 
@@ -116,8 +127,9 @@ class MoE(nn.Module):
     combine back. `capacity_factor` (None = dropless) caps each expert at ceil(cf * copies / E) of
     this rank's copies, dropping the rest."""
 
-    def __init__(self, spec: ModelSpec, routing: str = "topk", capacity_factor: float | None = None,
-                 aux_loss_coeff: float = 0.0) -> None:
+    def __init__(
+        self, spec: ModelSpec, routing: str = "topk", capacity_factor: float | None = None, aux_loss_coeff: float = 0.0
+    ) -> None:
         super().__init__()
         m = spec.moe
         assert m is not None
@@ -130,8 +142,9 @@ class MoE(nn.Module):
         # DeepSeek-V3 aux-loss-free bias: steers the choice only, updated outside autograd
         self.expert_bias = nn.Parameter(torch.zeros(m.num_experts), requires_grad=False) if m.router_bias else None
         self.experts = GroupedExperts(m.num_experts, spec.hidden_size, m.expert_ffn_hidden_size)
-        self.shared_expert = (FeedForward(spec.hidden_size, m.shared_expert_ffn_hidden_size)
-                              if m.num_shared_experts else None)
+        self.shared_expert = (
+            FeedForward(spec.hidden_size, m.shared_expert_ffn_hidden_size) if m.num_shared_experts else None
+        )
         self.aux_scale = 1.0  # gradient of the aux loss per microbatch (1/microbatches outside a pipeline)
         self.positions: torch.Tensor | None = None  # token positions (for balanced routing), set per forward
         self.last_counts: torch.Tensor | None = None  # routed copies per expert, last forward (no grad)
@@ -173,14 +186,16 @@ class MoE(nn.Module):
         p = prob_sum / n
         return self.aux_loss_coeff * e * (f * p).sum(-1).mean()
 
-    def sequence_stats(self, counts: torch.Tensor, prob_sum: torch.Tensor,
-                       n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sequence_stats(
+        self, counts: torch.Tensor, prob_sum: torch.Tensor, n: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The routing statistics of whole sequences from this rank's tokens of them: (copies per
         expert [b, E], probability sums [b, E], tokens); here every token of a sequence is local."""
         return counts, prob_sum, n
 
-    def routed_experts(self, flat: torch.Tensor, top: torch.Tensor, weights: torch.Tensor,
-                       keep: torch.Tensor | None) -> torch.Tensor:
+    def routed_experts(
+        self, flat: torch.Tensor, top: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor | None
+    ) -> torch.Tensor:
         """The routed-expert output [T, h] of tokens `flat` [T, h] with every expert here: one
         grouped call (an FSDP unit runs one forward per microbatch)."""
         copy_sorted, expert_sorted = sort_copies(top, keep)
@@ -197,8 +212,9 @@ class MoE(nn.Module):
         keep = self.keep_mask(top)
         if keep is not None:
             weights = weights * keep
-        self.last_counts = torch.bincount(top[keep] if keep is not None else top.reshape(-1),
-                                          minlength=self.num_experts).detach()
+        self.last_counts = torch.bincount(
+            top[keep] if keep is not None else top.reshape(-1), minlength=self.num_experts
+        ).detach()
         out = self.routed_experts(flat, top, weights.type_as(x), keep)
         if self.shared_expert is not None:  # on [b, s, h]: under TP its region gathers the sequence
             out = out + self.shared_expert(x).reshape(flat.shape)

@@ -37,8 +37,8 @@ from autopar.spec.plan import ParallelPlan
 from autopar.trial.features import plan_problems
 from autopar.trial.loss import cross_entropy
 from autopar.trial.materialize import count_params, materialize
-from autopar.trial.model import Transformer
 from autopar.trial.mesh import build_expert_mesh, dp_cp_mesh, fresh_axis_mesh, new_axes_group
+from autopar.trial.model import Transformer
 from autopar.trial.parallel.context import apply_cp
 from autopar.trial.parallel.data import apply_dp
 from autopar.trial.parallel.expert import apply_ep, expert_grad_scale, init_local_experts, sequence_stats_over
@@ -96,8 +96,9 @@ class ParallelModel:
         return out
 
 
-def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, device: torch.device,
-                seed: int) -> ParallelModel:
+def parallelize(
+    model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, device: torch.device, seed: int
+) -> ParallelModel:
     """Apply the plan to `model` (built on the meta device, or already initialised) on `mesh`."""
     problems = plan_problems(plan, model.config.spec)
     if problems:
@@ -129,14 +130,14 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
     scale = expert_grad_scale(plan.tp, plan.ep, plan.etp)
     experts_split = bool(moe_blocks) and (plan.ep > 1 or plan.etp > 1)
     if experts_split:
-        apply_ep(model, expert_mesh["ep"] if plan.ep > 1 else None, expert_mesh["etp"] if plan.etp > 1 else None,
-                 scale)
+        apply_ep(model, expert_mesh["ep"] if plan.ep > 1 else None, expert_mesh["etp"] if plan.etp > 1 else None, scale)
     elif experts_apart:
         for moe in moe_blocks:
             moe.experts.grad_scale = scale
     if plan.recompute != "none":  # this pipeline rank's layers (or the first recompute_layers of them)
-        apply_ac(model, plan.recompute,
-                 recomputed_layers(plan, model.config.spec.num_layers, mesh["pp"].get_local_rank()))
+        apply_ac(
+            model, plan.recompute, recomputed_layers(plan, model.config.spec.num_layers, mesh["pp"].get_local_rank())
+        )
     # 2. this rank's pipeline stages
     stages: list[tuple[int, Transformer]] = apply_pp(model, plan, mesh["pp"]) if plan.pp > 1 else [(0, model)]
     # 3. values: each rank initialises only what it holds
@@ -156,11 +157,33 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
     for i, stage in stages:
         if plan.dp * plan.cp > 1:
             dmesh = mesh["dp"] if plan.cp == 1 else dp_cp_mesh(mesh)
-            wrapped.append((i, apply_dp(stage, dmesh, zero_stage=plan.zero_stage, bf16=plan.dtype == "bf16",
-                                        expert_mesh=edp_mesh, experts=experts_apart)))
+            wrapped.append(
+                (
+                    i,
+                    apply_dp(
+                        stage,
+                        dmesh,
+                        zero_stage=plan.zero_stage,
+                        bf16=plan.dtype == "bf16",
+                        expert_mesh=edp_mesh,
+                        experts=experts_apart,
+                    ),
+                )
+            )
         elif edp_mesh is not None:  # dp = cp = 1 under TP: only the experts have data-parallel peers
-            wrapped.append((i, apply_dp(stage, mesh["dp"], zero_stage=plan.zero_stage, bf16=plan.dtype == "bf16",
-                                        expert_mesh=edp_mesh, experts=True)))
+            wrapped.append(
+                (
+                    i,
+                    apply_dp(
+                        stage,
+                        mesh["dp"],
+                        zero_stage=plan.zero_stage,
+                        bf16=plan.dtype == "bf16",
+                        expert_mesh=edp_mesh,
+                        experts=True,
+                    ),
+                )
+            )
         else:
             wrapped.append((i, stage))
     # parameters as the optimizer sees them (FSDP2 swaps in unsharded ones only inside a step)
@@ -170,13 +193,29 @@ def parallelize(model: Transformer, plan: ParallelPlan, mesh: DeviceMesh, *, dev
     # 5. the pipeline schedule over the wrapped stages
     schedule = build_schedule(wrapped, plan, mesh["pp"], device, cross_entropy) if plan.pp > 1 else None
     expert_names = frozenset(n for n in params if ".moe.experts." in n) if experts_split else frozenset()
-    return ParallelModel(plan=plan, mesh=mesh, stages=wrapped, unwrapped=[s for _, s in stages],
-                         schedule=schedule, params=params, param_count=param_count, positions=positions,
-                         expert_mesh=expert_mesh, expert_names=expert_names, named_axes=named_axes)
+    return ParallelModel(
+        plan=plan,
+        mesh=mesh,
+        stages=wrapped,
+        unwrapped=[s for _, s in stages],
+        schedule=schedule,
+        params=params,
+        param_count=param_count,
+        positions=positions,
+        expert_mesh=expert_mesh,
+        expert_names=expert_names,
+        named_axes=named_axes,
+    )
 
 
-def _share_moe_statistics(moe_blocks: list, plan: ParallelPlan, mesh: DeviceMesh, positions: torch.Tensor | None,
-                          seq_len: int, named_axes: dict) -> None:
+def _share_moe_statistics(
+    moe_blocks: list,
+    plan: ParallelPlan,
+    mesh: DeviceMesh,
+    positions: torch.Tensor | None,
+    seq_len: int,
+    named_axes: dict,
+) -> None:
     """The aux loss's routing statistics are the whole sequence's: summed over the ranks holding
     its tokens (cp, and tp under SP), on a group of their own named after the axis the cost model
     books them on (cp when cp > 1, else tp: autopar.cost.estimate). Balanced routing needs each

@@ -54,8 +54,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).norm().item() / den if den > 0 else (a - b).norm().item()
 
 
-def compare(cfg: TrialConfig, config: ModelConfig, global_batch: int, losses: list[float],
-            params: dict[str, torch.Tensor]) -> dict:
+def compare(
+    cfg: TrialConfig, config: ModelConfig, global_batch: int, losses: list[float], params: dict[str, torch.Tensor]
+) -> dict:
     """Distances of a parallel run (global losses, gathered full parameters) from the reference."""
     ref = reference_run(cfg, config, global_batch)
     missing = sorted(set(ref.params) - set(params))

@@ -51,8 +51,10 @@ def check_proxy_width(spec: ModelSpec, proxy_width: int | None) -> None:
     """Refuse a --proxy-width that would leave the model no width."""
     narrowest = min(spec.hidden_size, spec.ffn_hidden_size)
     if proxy_width and proxy_width > narrowest:
-        raise InputError(f"--proxy-width {proxy_width} would leave {spec.name} no width (hidden {spec.hidden_size}, "
-                         f"FFN {spec.ffn_hidden_size}); give at most {narrowest}")
+        raise InputError(
+            f"--proxy-width {proxy_width} would leave {spec.name} no width (hidden {spec.hidden_size}, "
+            f"FFN {spec.ffn_hidden_size}); give at most {narrowest}"
+        )
 
 
 def trial_request(req: PlanRequest, gpus: int) -> PlanRequest:
@@ -73,24 +75,41 @@ def _checked_plan(spec: ModelSpec, gpus: int, seq: int, req: PlanRequest, *, on_
     if problems:
         raise InputError("invalid plan: " + "; ".join(problems))
     if req.dtype != "fp32" and on_cpu:
-        raise InputError(f"--dtype {req.dtype}: trials here run on the CPU, which needs fp32; use --dtype fp32 "
-                         f"(or --emit-slurm for a GPU machine)")
+        raise InputError(
+            f"--dtype {req.dtype}: trials here run on the CPU, which needs fp32; use --dtype fp32 "
+            f"(or --emit-slurm for a GPU machine)"
+        )
     unbuilt = plan_problems(plan, spec)
     if unbuilt:
-        raise InputError(f"the built-in model cannot run this plan yet: {'; '.join(unbuilt)}; "
-                         f"change the plan flags (`autopar estimate` predicts any plan)")
+        raise InputError(
+            f"the built-in model cannot run this plan yet: {'; '.join(unbuilt)}; "
+            f"change the plan flags (`autopar estimate` predicts any plan)"
+        )
     return plan
 
 
-def prepare(spec: ModelSpec, gpus: int, seq: int, req: PlanRequest, *, gpu: str, cluster_file: str | None,
-            proxy_layers: int | None, proxy_width: int | None, on_cpu: bool) -> PlanTrial:
+def prepare(
+    spec: ModelSpec,
+    gpus: int,
+    seq: int,
+    req: PlanRequest,
+    *,
+    gpu: str,
+    cluster_file: str | None,
+    proxy_layers: int | None,
+    proxy_width: int | None,
+    on_cpu: bool,
+) -> PlanTrial:
     """The plan of the flags (after `trial_request`), checked, with its prediction on `gpu` /
     `cluster_file` and, for a proxy, the full / proxy time ratio."""
     plan = _checked_plan(spec, gpus, seq, req, on_cpu=on_cpu)
     cl = resolve_cluster(gpu, None, cluster_file)
     est = estimate(plan, spec, cl, num_gpus=gpus, seq_len=seq)
-    predicted = {"step_time_s": float(est.step_time_s), "peak_memory_bytes": float(est.peak_memory_bytes),
-                 "cluster": cl.name or cl.gpu.key}
+    predicted = {
+        "step_time_s": float(est.step_time_s),
+        "peak_memory_bytes": float(est.peak_memory_bytes),
+        "cluster": cl.name or cl.gpu.key,
+    }
     proxy, ratio = None, None
     if proxy_layers or proxy_width:
         proxy = {"num_layers": proxy_layers} if proxy_layers else {"width_divisor": proxy_width}
@@ -101,18 +120,44 @@ def prepare(spec: ModelSpec, gpus: int, seq: int, req: PlanRequest, *, gpu: str,
     return PlanTrial(spec, plan, gpus, seq, cl, predicted, proxy, ratio)
 
 
-def write_sbatch(t: PlanTrial, key: str, path: Path, run_dir: Path, *, nnodes: int, nproc: int, steps: int,
-                 warmup: int, timeout: float) -> Path:
+def write_sbatch(
+    t: PlanTrial,
+    key: str,
+    path: Path,
+    run_dir: Path,
+    *,
+    nnodes: int,
+    nproc: int,
+    steps: int,
+    warmup: int,
+    timeout: float,
+) -> Path:
     """Write the sbatch script of the trial to `path` and its run file next to it; return the run file."""
     from autopar.trial.slurm import sbatch_script
 
     spec_path = path.with_suffix(".run.json")
-    configs = [TrialConfig(name=key, model=t.model, plan=t.plan.to_dict(), scale=t.proxy, seq_len=t.seq_len,
-                           steps=warmup + steps + 1, warmup=warmup, device="auto")]  # + the byte-counting step
+    configs = [
+        TrialConfig(
+            name=key,
+            model=t.model,
+            plan=t.plan.to_dict(),
+            scale=t.proxy,
+            seq_len=t.seq_len,
+            steps=warmup + steps + 1,
+            warmup=warmup,
+            device="auto",
+        )
+    ]  # + the byte-counting step
     # the #SBATCH lines are the export's (autopar.quoting.sbatch_directives); rendered before
     # anything is written, so a path that cannot go into a script leaves no file behind
-    script = sbatch_script(nnodes=nnodes, nproc=nproc, minutes=max(5, int(timeout // 60) + 5), python="python",
-                           spec=spec_path.resolve(), out=(run_dir / "trials" / f"{key}.result.json").resolve())
+    script = sbatch_script(
+        nnodes=nnodes,
+        nproc=nproc,
+        minutes=max(5, int(timeout // 60) + 5),
+        python="python",
+        spec=spec_path.resolve(),
+        out=(run_dir / "trials" / f"{key}.result.json").resolve(),
+    )
     spec_path.write_text(json.dumps({"trials": [c.to_dict() for c in configs]}, indent=1))
     path.write_text(script, encoding="utf-8")
     return spec_path
@@ -129,10 +174,14 @@ def check_local_fit(t: PlanTrial, nproc: int, max_local_ranks: int | None) -> No
     peak_bytes = float(estimate(t.plan, spec, here, num_gpus=t.num_gpus, seq_len=t.seq_len).peak_memory_bytes)
     limits = local_limits(detect(use_gpus=False), "cpu", max_local_ranks)
     if nproc > limits.max_ranks:
-        raise InputError(f"this trial starts {nproc} ranks here and this machine runs at most {limits.max_ranks} "
-                         f"({limits.why}); add --max-local-ranks {nproc} to oversubscribe the cores, split it with "
-                         f"--nnodes, or write a cluster job with --emit-slurm")
+        raise InputError(
+            f"this trial starts {nproc} ranks here and this machine runs at most {limits.max_ranks} "
+            f"({limits.why}); add --max-local-ranks {nproc} to oversubscribe the cores, split it with "
+            f"--nnodes, or write a cluster job with --emit-slurm"
+        )
     if not limits.memory_fits(nproc, peak_bytes):
-        raise InputError(f"this trial needs {peak_bytes / GIB:.2f} GiB per rank and this machine allows "
-                         f"{limits.memory_text(nproc)}; run a proxy (--proxy-layers, --proxy-width), a smaller "
-                         f"--model, or write a cluster job with --emit-slurm")
+        raise InputError(
+            f"this trial needs {peak_bytes / GIB:.2f} GiB per rank and this machine allows "
+            f"{limits.memory_text(nproc)}; run a proxy (--proxy-layers, --proxy-width), a smaller "
+            f"--model, or write a cluster job with --emit-slurm"
+        )

@@ -20,8 +20,15 @@ from pathlib import Path
 
 import torch
 
-GEMM_SHAPES = ((64, 64, 64), (128, 128, 128), (128, 352, 128), (256, 256, 256), (256, 704, 128),
-               (512, 512, 512), (1024, 1024, 1024))
+GEMM_SHAPES = (
+    (64, 64, 64),
+    (128, 128, 128),
+    (128, 352, 128),
+    (256, 256, 256),
+    (256, 704, 128),
+    (512, 512, 512),
+    (1024, 1024, 1024),
+)
 COLL_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)  # bytes
 
 
@@ -36,8 +43,14 @@ def _time(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-GPU_GEMM_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
-                   (8192, 4096, 4096), (8192, 8192, 8192))
+GPU_GEMM_SHAPES = (
+    (512, 512, 512),
+    (1024, 1024, 1024),
+    (2048, 2048, 2048),
+    (4096, 4096, 4096),
+    (8192, 4096, 4096),
+    (8192, 8192, 8192),
+)
 
 
 def gemm(shapes=GEMM_SHAPES, dtype=torch.float32, budget_s: float = 0.2, device: str = "cpu") -> list[dict]:
@@ -76,14 +89,17 @@ def collectives(sizes=COLL_SIZES, reps: int = 10) -> dict:
     for size in sizes:
         x = torch.ones(max(1, size // 4))
         outs = [torch.empty_like(x) for _ in range(n)]
-        for name, fn, factor in (("all_reduce", lambda: dist.all_reduce(x), 2 * (n - 1) / n),
-                                 ("all_gather", lambda: dist.all_gather(outs, x), (n - 1) / n)):
+        for name, fn, factor in (
+            ("all_reduce", lambda: dist.all_reduce(x), 2 * (n - 1) / n),
+            ("all_gather", lambda: dist.all_gather(outs, x), (n - 1) / n),
+        ):
             dist.barrier()
             t = torch.tensor(_time(fn, reps))
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             sec = float(t)
-            res[name].append({"bytes": size, "seconds": sec, "algbw_gbps": size / sec / 1e9,
-                              "busbw_gbps": size * factor / sec / 1e9})
+            res[name].append(
+                {"bytes": size, "seconds": sec, "algbw_gbps": size / sec / 1e9, "busbw_gbps": size * factor / sec / 1e9}
+            )
     return res
 
 

@@ -141,8 +141,16 @@ class Planner:
     """Places the plans of one search on this machine (or, with `limits=None`, on the cluster the
     plans are for: only the model and plan features are checked)."""
 
-    def __init__(self, target: Target, limits: LocalLimits | None, options: ProxyOptions, here: ClusterSpec,
-                 *, device: str | None = None, fix_hint: str = "") -> None:
+    def __init__(
+        self,
+        target: Target,
+        limits: LocalLimits | None,
+        options: ProxyOptions,
+        here: ClusterSpec,
+        *,
+        device: str | None = None,
+        fix_hint: str = "",
+    ) -> None:
         self.target, self.limits, self.options, self.here = target, limits, options, here
         self.device = device or (limits.device if limits else "auto")
         on_cpu = self.device == "cpu"
@@ -150,8 +158,10 @@ class Planner:
         gpu_name = limits.machine.gpu_name.lower() if limits else ""
         token = target.cluster.gpu.key.split("-")[0].lower()
         # on the cluster (limits None) the trials run on the plans' own hardware
-        self.cross_hardware = limits is not None and ((on_cpu != target_cpu) or (
-            self.device == "cuda" and bool(gpu_name) and token not in gpu_name.replace(" ", "").replace("-", "")))
+        self.cross_hardware = limits is not None and (
+            (on_cpu != target_cpu)
+            or (self.device == "cuda" and bool(gpu_name) and token not in gpu_name.replace(" ", "").replace("-", ""))
+        )
         self.fix_hint = fix_hint  # what to do when a plan cannot run here (the CLI's flags)
         self.base_model, self.substitutions = standin_model(target.model)
         self._cache: dict[str, Placement] = {}
@@ -189,8 +199,11 @@ class Planner:
             return self._not(plan_d, str(e), "")
         structural = [p for p in plan_problems(plan, t.model) if "fp8" not in p]
         if structural:
-            return self._not(plan_d, "the built-in model cannot run this plan: " + "; ".join(structural),
-                             "`autopar estimate` predicts it")
+            return self._not(
+                plan_d,
+                "the built-in model cannot run this plan: " + "; ".join(structural),
+                "`autopar estimate` predicts it",
+            )
         left = model_problems(self.base_model)
         if left:
             return self._not(plan_d, f"the built-in model cannot build {t.model.name}: " + "; ".join(left), "")
@@ -201,9 +214,11 @@ class Planner:
         if full is not None:
             return full
         if not opts.enabled:
-            return self._not(plan_d, self._why_not_full(plan, predicted),
-                             "drop --no-proxy to run a scaled-down proxy" + (
-                                 f", or {self.fix_hint}" if self.fix_hint else ""))
+            return self._not(
+                plan_d,
+                self._why_not_full(plan, predicted),
+                "drop --no-proxy to run a scaled-down proxy" + (f", or {self.fix_hint}" if self.fix_hint else ""),
+            )
         return self._proxy(plan, predicted)
 
     def _changes_needed(self, plan: ParallelPlan) -> list[str]:
@@ -232,8 +247,15 @@ class Planner:
                 return None
             if not self.limits.memory_fits(t.num_gpus, float(predicted["peak_memory_bytes"])):
                 return None
-        return Placement(plan=plan.to_dict(), kind="full", nproc=t.num_gpus, model=model_dict(t.model),
-                         run_plan=as_builtin(plan).to_dict(), seq_len=t.seq_len, device=self.device)
+        return Placement(
+            plan=plan.to_dict(),
+            kind="full",
+            nproc=t.num_gpus,
+            model=model_dict(t.model),
+            run_plan=as_builtin(plan).to_dict(),
+            seq_len=t.seq_len,
+            device=self.device,
+        )
 
     def _why_not_full(self, plan: ParallelPlan, predicted: dict) -> str:
         t, lim = self.target, self.limits
@@ -241,8 +263,10 @@ class Planner:
         if lim is not None and t.num_gpus > lim.max_ranks:
             why.append(f"{t.num_gpus} ranks, this machine runs at most {lim.max_ranks} ({lim.why})")
         elif lim is not None and not lim.memory_fits(t.num_gpus, float(predicted["peak_memory_bytes"])):
-            why.append(f"{float(predicted['peak_memory_bytes']) / GIB:.1f} GiB per rank, this machine allows "
-                       f"{lim.memory_text(t.num_gpus)}")
+            why.append(
+                f"{float(predicted['peak_memory_bytes']) / GIB:.1f} GiB per rank, this machine allows "
+                f"{lim.memory_text(t.num_gpus)}"
+            )
         why += self._changes_needed(plan)
         if plan.tp_comm_overlap:
             why.append("tensor-parallel communication overlap, which the built-in model does not do")
@@ -254,8 +278,11 @@ class Planner:
         """(pp, dp, ep) of the proxy ranks that fit, most faithful first."""
         lim = self.limits.max_ranks if self.limits else plan.num_gpus
         m = plan.num_microbatches
-        pps = [plan.pp] if plan.pp == 1 else [p for p in range(plan.pp, 1, -1)
-                                              if plan.pp_schedule != "interleaved-1f1b" or m % p == 0]
+        pps = (
+            [plan.pp]
+            if plan.pp == 1
+            else [p for p in range(plan.pp, 1, -1) if plan.pp_schedule != "interleaved-1f1b" or m % p == 0]
+        )
         eps = [1] if plan.ep == 1 else list(range(plan.ep, 1, -1))
         out = []
         for pp in pps:
@@ -267,8 +294,10 @@ class Planner:
                     if (plan.tp * plan.cp * dp) % (ep * plan.etp):
                         continue
                     out.append((pp, dp, ep))
-        score = lambda s: (s[0] == plan.pp, s[2] == plan.ep, s[0], s[2], s[1] == plan.dp,  # noqa: E731
-                           min(s[1], 2), -s[0] * s[1])
+
+        def score(s):
+            return s[0] == plan.pp, s[2] == plan.ep, s[0], s[2], s[1] == plan.dp, min(s[1], 2), -s[0] * s[1]
+
         return sorted(out, key=score, reverse=True)
 
     def _proxy(self, plan: ParallelPlan, predicted: dict) -> Placement:
@@ -276,15 +305,23 @@ class Planner:
         structures = self._structures(plan)
         if not structures:
             need = self.min_ranks(plan.to_dict())
-            parts = [f"tp{plan.tp}"] * (plan.tp > 1) + [f"cp{plan.cp}"] * (plan.cp > 1) + (
-                ["2 pipeline stages"] if plan.pp > 1 else []) + (["2 expert ranks"] if plan.ep > 1 else [])
+            parts = (
+                [f"tp{plan.tp}"] * (plan.tp > 1)
+                + [f"cp{plan.cp}"] * (plan.cp > 1)
+                + (["2 pipeline stages"] if plan.pp > 1 else [])
+                + (["2 expert ranks"] if plan.ep > 1 else [])
+            )
             lim = self.limits
             fix = self.fix_hint
             if lim is not None and lim.device == "cpu":
                 fix = (fix + ", or " if fix else "") + f"--max-local-ranks {need} (oversubscribes the cores)"
-            return self._not(plan.to_dict(), f"a faithful proxy keeps {' x '.join(parts) or 'one rank'} = {need} ranks; "
-                             f"this machine runs at most {lim.max_ranks if lim else plan.num_gpus} "
-                             f"({lim.why if lim else 'the plan'})", fix)
+            return self._not(
+                plan.to_dict(),
+                f"a faithful proxy keeps {' x '.join(parts) or 'one rank'} = {need} ranks; "
+                f"this machine runs at most {lim.max_ranks if lim else plan.num_gpus} "
+                f"({lim.why if lim else 'the plan'})",
+                fix,
+            )
         layout = plan.resolved_layout(t.model.num_layers)
         lps_max = max(1, max(layout.stages))
         tp_mult = max(plan.tp, plan.etp)
@@ -303,11 +340,16 @@ class Planner:
                 miss = got or miss
             first_miss = first_miss or miss
         why = first_miss or "no proxy size divides the model's shapes"
-        return self._not(plan.to_dict(), why, (self.fix_hint + ", or " if self.fix_hint else "")
-                         + "--proxy-width/--proxy-seq/--proxy-layers, or a longer --trial-timeout")
+        return self._not(
+            plan.to_dict(),
+            why,
+            (self.fix_hint + ", or " if self.fix_hint else "")
+            + "--proxy-width/--proxy-seq/--proxy-layers, or a longer --trial-timeout",
+        )
 
-    def _try(self, plan: ParallelPlan, predicted: dict, pp: int, dp: int, ep: int, lps: int, wd: int, sd: int,
-             tp_mult: int) -> Placement | str | None:
+    def _try(
+        self, plan: ParallelPlan, predicted: dict, pp: int, dp: int, ep: int, lps: int, wd: int, sd: int, tp_mult: int
+    ) -> Placement | str | None:
         """The proxy at one rung: a Placement if it fits, why not if it does not, None if invalid."""
         t, lim, opts = self.target, self.limits, self.options
         spec = _narrow(self.base_model, wd, tp_mult, plan.etp, plan.tp)
@@ -320,17 +362,31 @@ class Planner:
             per_rank = max(1, moe.num_experts // plan.ep)
             experts = per_rank * ep
             dense = 0 if moe.first_k_dense >= layers else moe.first_k_dense
-            moe = replace(moe, num_experts=experts, top_k=min(moe.top_k, experts), first_k_dense=dense,
-                          layer_freq=moe.layer_freq if moe.layer_freq <= layers else 1)
+            moe = replace(
+                moe,
+                num_experts=experts,
+                top_k=min(moe.top_k, experts),
+                first_k_dense=dense,
+                layer_freq=moe.layer_freq if moe.layer_freq <= layers else 1,
+            )
         spec = replace(spec, num_layers=layers, seq_len=seq, moe=moe, name=f"{t.model.name}-proxy")
         m = plan.num_microbatches
         zero = plan.zero_stage if dp * plan.cp > 1 else 0
         rl = plan.recompute_layers
         try:
-            small = as_builtin(plan.with_(
-                pp=pp, dp=dp, ep=ep, global_batch_size=m * plan.micro_batch_size * dp, layout=None, zero_stage=zero,
-                tp_comm_overlap=False, dtype="fp32" if self.device == "cpu" else ("bf16" if plan.dtype == "fp8" else plan.dtype),
-                recompute_layers=None if rl is None else min(rl, plan.vpp * lps)))
+            small = as_builtin(
+                plan.with_(
+                    pp=pp,
+                    dp=dp,
+                    ep=ep,
+                    global_batch_size=m * plan.micro_batch_size * dp,
+                    layout=None,
+                    zero_stage=zero,
+                    tp_comm_overlap=False,
+                    dtype="fp32" if self.device == "cpu" else ("bf16" if plan.dtype == "fp8" else plan.dtype),
+                    recompute_layers=None if rl is None else min(rl, plan.vpp * lps),
+                )
+            )
         except PlanError:
             return None
         world = small.num_gpus
@@ -339,12 +395,16 @@ class Planner:
         est = estimate(small, spec, self.here, num_gpus=world, seq_len=seq)
         peak, step = float(est.peak_memory_bytes), float(est.step_time_s)
         if lim is not None and not lim.memory_fits(world, peak):
-            return (f"even the smallest proxy ({self._rung_text(lps, wd, sd)}, {world} ranks) needs "
-                    f"{peak / GIB:.2f} GiB per rank; this machine allows {lim.memory_text(world)}")
+            return (
+                f"even the smallest proxy ({self._rung_text(lps, wd, sd)}, {world} ranks) needs "
+                f"{peak / GIB:.2f} GiB per rank; this machine allows {lim.memory_text(world)}"
+            )
         budget = opts.step_budget_s
         if budget is not None and step > budget:
-            return (f"even the smallest proxy ({self._rung_text(lps, wd, sd)}, {world} ranks) is predicted "
-                    f"{step:.2f} s per step here, over the {budget:.2f} s a trial's timeout allows")
+            return (
+                f"even the smallest proxy ({self._rung_text(lps, wd, sd)}, {world} ranks) is predicted "
+                f"{step:.2f} s per step here, over the {budget:.2f} s a trial's timeout allows"
+            )
         changes = self._changes_needed(plan)
         if world != t.num_gpus:
             changes.append(f"{world} of {t.num_gpus} ranks")
@@ -353,27 +413,50 @@ class Planner:
         if dp != plan.dp:
             changes.append(f"dp {plan.dp} -> {dp}")
         if ep != plan.ep:
-            changes.append(f"ep {plan.ep} -> {ep} ({moe.num_experts} experts, {moe.num_experts // ep} per rank as planned)")
+            changes.append(
+                f"ep {plan.ep} -> {ep} ({moe.num_experts} experts, {moe.num_experts // ep} per rank as planned)"
+            )
         if layers != t.model.num_layers:
             changes.append(f"{layers} layer{'s' * (layers != 1)} ({lps} per stage)")
         if wd > 1:
-            changes.append(f"{wd}x narrower (hidden {spec.hidden_size}, {spec.num_attention_heads} heads of "
-                           f"{spec.head_dim}, {spec.num_kv_heads} KV)")
+            changes.append(
+                f"{wd}x narrower (hidden {spec.hidden_size}, {spec.num_attention_heads} heads of "
+                f"{spec.head_dim}, {spec.num_kv_heads} KV)"
+            )
         if sd > 1:
             changes.append(f"sequence {seq} (/{sd})")
         if plan.layout is not None and pp == plan.pp and len(set(plan.layout.stages)) > 1:
             changes.append("even stages for the uneven layout")
         if plan.tp_comm_overlap:
             changes.append("no TP communication overlap (not built)")
-        proxy = Proxy(changes=tuple(changes), nproc=world, layers_per_stage=lps, width_divisor=wd, seq_divisor=sd,
-                      here=self.here.name or self.here.gpu.key, cross_hardware=self.cross_hardware,
-                      predicted_step_time_s=step, predicted_peak_memory_bytes=peak,
-                      time_ratio=float(predicted["step_time_s"]) / step if step > 0 else math.nan,
-                      memory_ratio=float(predicted["peak_memory_bytes"]) / peak if peak > 0 else math.nan)
-        return Placement(plan=plan.to_dict(), kind="proxy", nproc=world, model=model_dict(spec),
-                         run_plan=small.to_dict(), seq_len=seq, device=self.device, proxy=proxy)
+        proxy = Proxy(
+            changes=tuple(changes),
+            nproc=world,
+            layers_per_stage=lps,
+            width_divisor=wd,
+            seq_divisor=sd,
+            here=self.here.name or self.here.gpu.key,
+            cross_hardware=self.cross_hardware,
+            predicted_step_time_s=step,
+            predicted_peak_memory_bytes=peak,
+            time_ratio=float(predicted["step_time_s"]) / step if step > 0 else math.nan,
+            memory_ratio=float(predicted["peak_memory_bytes"]) / peak if peak > 0 else math.nan,
+        )
+        return Placement(
+            plan=plan.to_dict(),
+            kind="proxy",
+            nproc=world,
+            model=model_dict(spec),
+            run_plan=small.to_dict(),
+            seq_len=seq,
+            device=self.device,
+            proxy=proxy,
+        )
 
     @staticmethod
     def _rung_text(lps: int, wd: int, sd: int) -> str:
-        return f"{lps} layer{'s' * (lps != 1)} per stage" + (f", {wd}x narrower" if wd > 1 else "") + (
-            f", sequence /{sd}" if sd > 1 else "")
+        return (
+            f"{lps} layer{'s' * (lps != 1)} per stage"
+            + (f", {wd}x narrower" if wd > 1 else "")
+            + (f", sequence /{sd}" if sd > 1 else "")
+        )

@@ -51,8 +51,12 @@ def _head_split(spec: ModelSpec, wd: int, tp: int) -> tuple[int, int] | None:
     far as the KV heads still divide over tp (so each tp rank keeps whole query groups), then the
     head size (kept even, for RoPE); None when it cannot."""
     f = 1
-    while (wd % (2 * f) == 0 and spec.num_kv_heads % (2 * f) == 0 and spec.num_attention_heads % (2 * f) == 0
-           and (spec.num_kv_heads // (2 * f)) % tp == 0):
+    while (
+        wd % (2 * f) == 0
+        and spec.num_kv_heads % (2 * f) == 0
+        and spec.num_attention_heads % (2 * f) == 0
+        and (spec.num_kv_heads // (2 * f)) % tp == 0
+    ):
         f *= 2
     g = wd // f
     if spec.head_dim % g or (spec.head_dim // g) % 2:
@@ -74,14 +78,23 @@ def _narrow(spec: ModelSpec, wd: int, round_to: int, etp: int, tp: int) -> Model
     def div(n: int, mult: int) -> int:
         return max(mult, -(-n // wd // mult) * mult)
 
-    changes = {"hidden_size": max(8, spec.hidden_size // wd), "head_dim": spec.head_dim // g,
-               "num_attention_heads": spec.num_attention_heads // f, "num_kv_heads": spec.num_kv_heads // f,
-               "ffn_hidden_size": div(spec.ffn_hidden_size, round_to), "vocab_size": max(128, -(-spec.vocab_size // wd))}
+    changes = {
+        "hidden_size": max(8, spec.hidden_size // wd),
+        "head_dim": spec.head_dim // g,
+        "num_attention_heads": spec.num_attention_heads // f,
+        "num_kv_heads": spec.num_kv_heads // f,
+        "ffn_hidden_size": div(spec.ffn_hidden_size, round_to),
+        "vocab_size": max(128, -(-spec.vocab_size // wd)),
+    }
     if spec.moe is not None:
         m = spec.moe
-        changes["moe"] = replace(m, expert_ffn_hidden_size=div(m.expert_ffn_hidden_size, etp),
-                                 shared_expert_ffn_hidden_size=div(m.shared_expert_ffn_hidden_size, round_to)
-                                 if m.shared_expert_ffn_hidden_size else 0)
+        changes["moe"] = replace(
+            m,
+            expert_ffn_hidden_size=div(m.expert_ffn_hidden_size, etp),
+            shared_expert_ffn_hidden_size=div(m.shared_expert_ffn_hidden_size, round_to)
+            if m.shared_expert_ffn_hidden_size
+            else 0,
+        )
     return replace(spec, **changes)
 
 

@@ -76,39 +76,62 @@ class LocalLimits:
         if self.device == "cuda":
             return f"{self.memory_bytes_per_device / GIB:.1f} GiB per GPU"
         per = max(0.0, self.memory_bytes_per_device / max(1, ranks) - CPU_RANK_RUNTIME_BYTES)
-        return (f"{per / GIB:.2f} GiB per rank ({self.memory_bytes_per_device / GIB:.1f} GiB for {ranks} rank"
-                f"{'s' * (ranks != 1)}, {CPU_RANK_RUNTIME_BYTES / GIB:.1f} GiB of runtime each)")
+        return (
+            f"{per / GIB:.2f} GiB per rank ({self.memory_bytes_per_device / GIB:.1f} GiB for {ranks} rank"
+            f"{'s' * (ranks != 1)}, {CPU_RANK_RUNTIME_BYTES / GIB:.1f} GiB of runtime each)"
+        )
 
 
 def detect(use_gpus: bool = True) -> Machine:
     """This machine's cores, RAM and (when `use_gpus` and nvidia-smi answers) GPUs."""
     total, avail = _ram()
     gpus, mem, name = _gpus() if use_gpus else (0, 0.0, "")
-    return Machine(cpu_cores=_cores(), ram_total_bytes=total, ram_available_bytes=avail, gpus=gpus,
-                   gpu_memory_bytes=mem, gpu_name=name)
+    return Machine(
+        cpu_cores=_cores(),
+        ram_total_bytes=total,
+        ram_available_bytes=avail,
+        gpus=gpus,
+        gpu_memory_bytes=mem,
+        gpu_name=name,
+    )
 
 
 def local_limits(machine: Machine, device: str, max_local_ranks: int | None = None) -> LocalLimits:
     """The limits of a local trial on `device` ("cpu" or "cuda"); `max_local_ranks` lowers the
     rank count on GPUs and sets it on the CPU (default: the cores). Bad values are InputErrors."""
     if max_local_ranks is not None and max_local_ranks < 1:
-        raise InputError(f"--max-local-ranks {max_local_ranks} must be at least 1; give the most ranks a local trial "
-                         f"may start, e.g. 2")
+        raise InputError(
+            f"--max-local-ranks {max_local_ranks} must be at least 1; give the most ranks a local trial "
+            f"may start, e.g. 2"
+        )
     if device == "cuda":
         if not machine.gpus:
-            raise InputError("GPU trials need a GPU on this machine and none answered nvidia-smi; run them on the "
-                             "cluster with --launcher slurm, or trial the CPU profile with --gpu local")
+            raise InputError(
+                "GPU trials need a GPU on this machine and none answered nvidia-smi; run them on the "
+                "cluster with --launcher slurm, or trial the CPU profile with --gpu local"
+            )
         if max_local_ranks is not None and max_local_ranks > machine.gpus:
-            raise InputError(f"--max-local-ranks {max_local_ranks} exceeds the {machine.gpus} GPU(s) of this machine; "
-                             f"use at most {machine.gpus}, or --launcher slurm for more")
+            raise InputError(
+                f"--max-local-ranks {max_local_ranks} exceeds the {machine.gpus} GPU(s) of this machine; "
+                f"use at most {machine.gpus}, or --launcher slurm for more"
+            )
         ranks = max_local_ranks or machine.gpus
         why = f"{machine.gpus} GPU{'s' * (machine.gpus != 1)}" + (
-            f", --max-local-ranks {max_local_ranks}" if max_local_ranks else "")
-        return LocalLimits(device="cuda", max_ranks=ranks, memory_bytes_per_device=machine.gpu_memory_bytes * (
-            1 - GPU_MARGIN), machine=machine, why=why)
+            f", --max-local-ranks {max_local_ranks}" if max_local_ranks else ""
+        )
+        return LocalLimits(
+            device="cuda",
+            max_ranks=ranks,
+            memory_bytes_per_device=machine.gpu_memory_bytes * (1 - GPU_MARGIN),
+            machine=machine,
+            why=why,
+        )
     ranks = max_local_ranks or machine.cpu_cores
-    why = (f"--max-local-ranks {max_local_ranks}" if max_local_ranks
-           else f"{machine.cpu_cores} CPU core{'s' * (machine.cpu_cores != 1)}; --max-local-ranks")
+    why = (
+        f"--max-local-ranks {max_local_ranks}"
+        if max_local_ranks
+        else f"{machine.cpu_cores} CPU core{'s' * (machine.cpu_cores != 1)}; --max-local-ranks"
+    )
     budget = min(CPU_MEMORY_SHARE * machine.ram_available_bytes, CPU_MEMORY_CAP_BYTES)
     return LocalLimits(device="cpu", max_ranks=ranks, memory_bytes_per_device=budget, machine=machine, why=why)
 
@@ -156,8 +179,12 @@ def _gpus() -> tuple[int, float, str]:
         return 0, 0.0, ""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
-        out = subprocess.run([exe, "--query-gpu=index,memory.total,name", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            [exe, "--query-gpu=index,memory.total,name", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return 0, 0.0, ""
     if out.returncode != 0:
@@ -169,7 +196,7 @@ def _gpus() -> tuple[int, float, str]:
             rows.append((parts[0], float(parts[1]) * 2**20, parts[2]))
     if visible is not None:
         keep = {v.strip() for v in visible.split(",") if v.strip()}
-        rows = [r for r in rows if r[0] in keep] if all(k.isdigit() for k in keep) else rows[:len(keep)]
+        rows = [r for r in rows if r[0] in keep] if all(k.isdigit() for k in keep) else rows[: len(keep)]
     if not rows:
         return 0, 0.0, ""
     return len(rows), min(r[1] for r in rows), rows[0][2]

@@ -25,18 +25,18 @@ from torch.distributed.tensor import DTensor
 
 from autopar.cost.flops import model_flops_per_step, padded_vocab
 from autopar.spec.plan import MESH_ORDER
+from autopar.spec.trainers import BUILTIN
 from autopar.trial.batch import cp_share, dp_share, synthetic_batch
 from autopar.trial.comm_count import CommBytesMode
 from autopar.trial.config import TrialConfig
+from autopar.trial.features import plan_problems
 from autopar.trial.loss import cross_entropy, loss_context
 from autopar.trial.memory import PeakMemory
 from autopar.trial.mesh import Runtime, axis_ranks, build_mesh
 from autopar.trial.model import ModelConfig, Transformer
 from autopar.trial.optim import make_optimizer
 from autopar.trial.parallel.data import microbatch_context
-from autopar.spec.trainers import BUILTIN
 from autopar.trial.parallel.expert import rows_logs, stop_rows_logs
-from autopar.trial.features import plan_problems
 from autopar.trial.parallelize import ParallelModel, parallelize
 
 
@@ -119,9 +119,14 @@ def build(cfg: TrialConfig, runtime: Runtime) -> tuple[ParallelModel, ModelConfi
     if runtime.device.type == "cpu" and plan.dtype != "fp32":
         raise TrialError(f"{cfg.label}: use dtype fp32 on CPU (bf16 parity needs a GPU)")
     mesh = build_mesh(plan, runtime)
-    config = ModelConfig(spec=spec, vocab_rows=int(padded_vocab(spec, plan.tp)), max_seq_len=seq,
-                         moe_routing=cfg.moe_routing, moe_capacity_factor=cfg.moe_capacity_factor,
-                         moe_aux_loss_coeff=cfg.moe_aux_loss_coeff)
+    config = ModelConfig(
+        spec=spec,
+        vocab_rows=int(padded_vocab(spec, plan.tp)),
+        max_seq_len=seq,
+        moe_routing=cfg.moe_routing,
+        moe_capacity_factor=cfg.moe_capacity_factor,
+        moe_aux_loss_coeff=cfg.moe_aux_loss_coeff,
+    )
     with torch.device("meta"):
         model = Transformer(config)
     return parallelize(model, plan, mesh, device=runtime.device, seed=cfg.seed), config
@@ -132,8 +137,13 @@ def timed_steps(cfg: TrialConfig, count_step: int) -> list[int]:
     return [i for i in range(cfg.warmup, cfg.steps) if i != count_step] or [cfg.steps - 1]
 
 
-def run_trial(cfg: TrialConfig, runtime: Runtime, *, on_step: Callable[[int, float, bool], None] | None = None,
-              step_delay_s: float = 0.0) -> dict | None:
+def run_trial(
+    cfg: TrialConfig,
+    runtime: Runtime,
+    *,
+    on_step: Callable[[int, float, bool], None] | None = None,
+    step_delay_s: float = 0.0,
+) -> dict | None:
     """Run the trial on this rank (all ranks call it); the result dict on rank 0, None elsewhere.
     `step_delay_s` is added inside every step (a deliberately slow plan, for the pruner's tests)."""
     pm, config = build(cfg, runtime)
@@ -186,9 +196,18 @@ def run_trial(cfg: TrialConfig, runtime: Runtime, *, on_step: Callable[[int, flo
             stop_rows_logs(moes)
     peak, delta, method = mem.peak()
     losses = _global_losses(local_losses, pm, device)
-    report = RankReport(rank=dist.get_rank(), coords=coords, stages=[i for i, _ in pm.stages],
-                        param_count=pm.param_count, step_times_s=times, peak_memory_bytes=peak,
-                        peak_memory_delta_bytes=delta, memory_method=method, comm=comm, extra=extra)
+    report = RankReport(
+        rank=dist.get_rank(),
+        coords=coords,
+        stages=[i for i, _ in pm.stages],
+        param_count=pm.param_count,
+        step_times_s=times,
+        peak_memory_bytes=peak,
+        peak_memory_delta_bytes=delta,
+        memory_method=method,
+        comm=comm,
+        extra=extra,
+    )
     parity_params = pm.full_params() if cfg.check_parity else None
     reports: list = [None] * dist.get_world_size()
     dist.gather_object(asdict(report), reports if dist.get_rank() == 0 else None, dst=0)
@@ -202,8 +221,15 @@ def run_trial(cfg: TrialConfig, runtime: Runtime, *, on_step: Callable[[int, flo
     return _result(cfg, pm, config, reports, losses, gathered, count_step)
 
 
-def _result(cfg: TrialConfig, pm: ParallelModel, config: ModelConfig, reports: list[dict], losses: list[float],
-            gathered: list, count_step: int) -> dict:
+def _result(
+    cfg: TrialConfig,
+    pm: ParallelModel,
+    config: ModelConfig,
+    reports: list[dict],
+    losses: list[float],
+    gathered: list,
+    count_step: int,
+) -> dict:
     """Rank 0's result document for one trial."""
     plan, seq = pm.plan, cfg.sequence_length
     timed = timed_steps(cfg, count_step)

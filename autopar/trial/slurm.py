@@ -43,8 +43,22 @@ from autopar.trial.launcher import PROGRESS_FILE, LaunchResult, ProgressReader, 
 JOB_FILE = "slurm.job"
 SCRIPT = "job.sbatch"
 #: squeue states of a job not yet finished
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
-          "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "PREEMPTED", "RESV_DEL_HOLD", "REQUEUE_FED"}
+ACTIVE = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+    "PREEMPTED",
+    "RESV_DEL_HOLD",
+    "REQUEUE_FED",
+}
 RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
 #: neither squeue nor sacct answered (the controller busy or restarting): asked again, this many
 #: times in a row at most before the job is given up as lost
@@ -65,24 +79,52 @@ set -euo pipefail
 """
 
 
-def sbatch_script(*, nnodes: int, nproc: int, minutes: int, python: str, spec: Path | str, out: Path | str,
-                  worker_args: list[str] | None = None, job_name: str = "autopar-trial",
-                  pythonpath: str | None = None, gpus: bool = True) -> str:
+def sbatch_script(
+    *,
+    nnodes: int,
+    nproc: int,
+    minutes: int,
+    python: str,
+    spec: Path | str,
+    out: Path | str,
+    worker_args: list[str] | None = None,
+    job_name: str = "autopar-trial",
+    pythonpath: str | None = None,
+    gpus: bool = True,
+) -> str:
     """The job script of a trial: `nnodes` nodes of `nproc` ranks (GPUs, or CPU processes with
     `gpus=False`), `minutes` of wall time. Its #SBATCH lines are the export's (autopar.quoting.
     sbatch_directives); a path or name with a line break is refused in one line."""
-    for what, value in (("the trial's python", python), ("the trial's run file", spec),
-                        ("the trial's result file", out), ("PYTHONPATH", pythonpath or ""),
-                        *(("a worker argument", a) for a in worker_args or [])):
+    for what, value in (
+        ("the trial's python", python),
+        ("the trial's run file", spec),
+        ("the trial's result file", out),
+        ("PYTHONPATH", pythonpath or ""),
+        *(("a worker argument", a) for a in worker_args or []),
+    ):
         check_text(str(value), what)
     args = "".join(f" {shlex.quote(a)}" for a in worker_args or [])
-    env = ("unset AUTOPAR_WATCH AUTOPAR_LAUNCH  # the submitting process is no launcher to watch here\n"
-           + (f"export PYTHONPATH={shlex.quote(pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}\n" if pythonpath else ""))
-    body = (MULTI_NODE if nnodes > 1 else ONE_NODE).format(nnodes=nnodes, nproc=nproc, python=shlex.quote(python),
-                                                           spec=shlex.quote(str(spec)), out=shlex.quote(str(out)),
-                                                           worker_args=args, env=env)
-    head = sbatch_directives([("job-name", job_name), ("nodes", nnodes), ("ntasks-per-node", 1),
-                              ("gpus-per-node" if gpus else "cpus-per-task", nproc), ("time", minutes)])
+    env = "unset AUTOPAR_WATCH AUTOPAR_LAUNCH  # the submitting process is no launcher to watch here\n" + (
+        f"export PYTHONPATH={shlex.quote(pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}\n" if pythonpath else ""
+    )
+    body = (MULTI_NODE if nnodes > 1 else ONE_NODE).format(
+        nnodes=nnodes,
+        nproc=nproc,
+        python=shlex.quote(python),
+        spec=shlex.quote(str(spec)),
+        out=shlex.quote(str(out)),
+        worker_args=args,
+        env=env,
+    )
+    head = sbatch_directives(
+        [
+            ("job-name", job_name),
+            ("nodes", nnodes),
+            ("ntasks-per-node", 1),
+            ("gpus-per-node" if gpus else "cpus-per-task", nproc),
+            ("time", minutes),
+        ]
+    )
     return "#!/bin/bash\n" + head + body
 
 
@@ -105,8 +147,10 @@ class SlurmOptions:
         """(nodes, ranks per node) of an `nproc`-rank trial."""
         nnodes = max(1, math.ceil(nproc / self.gpus_per_node))
         if nproc % nnodes:
-            raise InputError(f"a {nproc}-rank trial does not split evenly over {nnodes} nodes of "
-                             f"{self.gpus_per_node} GPUs; set --gpus-per-node to a divisor of {nproc}")
+            raise InputError(
+                f"a {nproc}-rank trial does not split evenly over {nnodes} nodes of "
+                f"{self.gpus_per_node} GPUs; set --gpus-per-node to a divisor of {nproc}"
+            )
         return nnodes, nproc // nnodes
 
 
@@ -115,8 +159,10 @@ def _run(cmd: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except FileNotFoundError:
-        raise InputError(f"`{cmd[0]}` is not on PATH; --launcher slurm needs the SLURM client commands "
-                         f"(sbatch, squeue, sacct, scancel)") from None
+        raise InputError(
+            f"`{cmd[0]}` is not on PATH; --launcher slurm needs the SLURM client commands "
+            f"(sbatch, squeue, sacct, scancel)"
+        ) from None
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]} timed out")
 
@@ -159,9 +205,18 @@ def _exit_code(code: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def run_job(trials: list[TrialConfig], nproc: int, options: SlurmOptions, *, workdir: Path, timeout_s: float,
-            worker_args: list[str] | None = None, on_progress: Callable[[dict], bool] | None = None,
-            job_name: str = "autopar-trial", log: Callable[[str], None] | None = None) -> LaunchResult:
+def run_job(
+    trials: list[TrialConfig],
+    nproc: int,
+    options: SlurmOptions,
+    *,
+    workdir: Path,
+    timeout_s: float,
+    worker_args: list[str] | None = None,
+    on_progress: Callable[[dict], bool] | None = None,
+    job_name: str = "autopar-trial",
+    log: Callable[[str], None] | None = None,
+) -> LaunchResult:
     """Run the trials as one SLURM job of `nproc` ranks (see the module docstring); never raises on
     a failed job (failures are data), only when the SLURM commands are missing."""
     workdir = Path(workdir).resolve()
@@ -170,9 +225,18 @@ def run_job(trials: list[TrialConfig], nproc: int, options: SlurmOptions, *, wor
     spec_text = json.dumps({"trials": [t.to_dict() for t in trials]}, indent=1)
     nnodes, per_node = options.nodes(nproc)
     args = list(worker_args or []) + (["--progress", str(progress)] if on_progress else [])
-    script = sbatch_script(nnodes=nnodes, nproc=per_node, minutes=max(5, int(timeout_s // 60) + 5),
-                           python=options.python, spec=spec, out=out, worker_args=args, job_name=job_name,
-                           pythonpath=str(Path(__file__).resolve().parents[2]), gpus=options.gpus)
+    script = sbatch_script(
+        nnodes=nnodes,
+        nproc=per_node,
+        minutes=max(5, int(timeout_s // 60) + 5),
+        python=options.python,
+        spec=spec,
+        out=out,
+        worker_args=args,
+        job_name=job_name,
+        pythonpath=str(Path(__file__).resolve().parents[2]),
+        gpus=options.gpus,
+    )
     digest = _digest(spec_text, script)
     say = log or (lambda s: None)
     job, old_digest = _read_job(workdir)
@@ -188,8 +252,15 @@ def run_job(trials: list[TrialConfig], nproc: int, options: SlurmOptions, *, wor
             if state in ACTIVE:
                 cancel(job)  # ours, but for another trial definition
             job = ""
-    cmd = ["sbatch", "--parsable", f"--job-name={job_name}", f"--output={workdir / 'slurm-%j.out'}",
-           f"--chdir={workdir}", *options.sbatch_args, str(workdir / SCRIPT)]
+    cmd = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={job_name}",
+        f"--output={workdir / 'slurm-%j.out'}",
+        f"--chdir={workdir}",
+        *options.sbatch_args,
+        str(workdir / SCRIPT),
+    ]
     if not job:
         spec.write_text(spec_text)
         (workdir / SCRIPT).write_text(script)
@@ -198,19 +269,34 @@ def run_job(trials: list[TrialConfig], nproc: int, options: SlurmOptions, *, wor
         sub = _run(cmd)
         job = sub.stdout.strip().split(";")[0].strip()
         if sub.returncode != 0 or not job.isdigit():
-            return LaunchResult(outcome="crash", returncode=sub.returncode, wall_s=0.0, result=None, command=cmd,
-                                stderr_tail=sub.stderr[-2000:], reasons=[f"sbatch failed: {(sub.stderr or sub.stdout).strip()[:300]}"])
+            return LaunchResult(
+                outcome="crash",
+                returncode=sub.returncode,
+                wall_s=0.0,
+                result=None,
+                command=cmd,
+                stderr_tail=sub.stderr[-2000:],
+                reasons=[f"sbatch failed: {(sub.stderr or sub.stdout).strip()[:300]}"],
+            )
         (workdir / JOB_FILE).write_text(f"{job} {digest}")
         say(f"  submitted SLURM job {job} ({nnodes} node{'s' * (nnodes > 1)} x {per_node} ranks)")
         state = "PENDING"
-    records, state, code, wall, timed_out, stopped, queued = _watch(job, state, options, timeout_s, progress,
-                                                                    on_progress)
-    return _finish(job, state, code, out, workdir, records, wall, timed_out=timed_out, stopped=stopped, cmd=cmd,
-                   queued=queued)
+    records, state, code, wall, timed_out, stopped, queued = _watch(
+        job, state, options, timeout_s, progress, on_progress
+    )
+    return _finish(
+        job, state, code, out, workdir, records, wall, timed_out=timed_out, stopped=stopped, cmd=cmd, queued=queued
+    )
 
 
-def _watch(job: str, state: str, options: SlurmOptions, timeout_s: float, progress: Path,
-           on_progress: Callable[[dict], bool] | None) -> tuple:
+def _watch(
+    job: str,
+    state: str,
+    options: SlurmOptions,
+    timeout_s: float,
+    progress: Path,
+    on_progress: Callable[[dict], bool] | None,
+) -> tuple:
     """Follow a submitted job until it ends, its progress asks to stop (the pruner), or it runs past
     `timeout_s` (or queues past the queue timeout): (progress records, state, exit code, wall
     seconds, timed out, stopped, never ran). SIGINT/SIGTERM scancel it (autopar.trial.hygiene)."""
@@ -240,7 +326,9 @@ def _watch(job: str, state: str, options: SlurmOptions, timeout_s: float, progre
                 t_run = now
             if state not in ACTIVE and (state != QUERY_FAILED or failures >= MAX_QUERY_FAILURES):
                 break
-            if (t_run is not None and now - t_run > timeout_s) or (t_run is None and now - t_submit > options.queue_timeout_s):
+            if (t_run is not None and now - t_run > timeout_s) or (
+                t_run is None and now - t_submit > options.queue_timeout_s
+            ):
                 timed_out = True
                 cancel(job)
                 break
@@ -261,8 +349,20 @@ def _complete(out: Path) -> bool:
         return False
 
 
-def _finish(job: str, state: str, code: str, out: Path, workdir: Path, records: list[dict], wall: float, *,
-            timed_out: bool, stopped: bool, cmd: list[str], queued: bool = False) -> LaunchResult:
+def _finish(
+    job: str,
+    state: str,
+    code: str,
+    out: Path,
+    workdir: Path,
+    records: list[dict],
+    wall: float,
+    *,
+    timed_out: bool,
+    stopped: bool,
+    cmd: list[str],
+    queued: bool = False,
+) -> LaunchResult:
     try:
         result = json.loads(out.read_text())
     except (OSError, ValueError):
@@ -274,8 +374,14 @@ def _finish(job: str, state: str, code: str, out: Path, workdir: Path, records: 
     if stopped:
         outcome, reasons = "pruned", [f"stopped by the caller after {len(records)} step record(s); scancel {job}"]
     elif timed_out:
-        outcome, reasons = "timeout", [f"SLURM job {job} " + ("still queued after the queue timeout"
-                                                               if queued else "killed after the timeout") + "; scancel"]
+        outcome, reasons = (
+            "timeout",
+            [
+                f"SLURM job {job} "
+                + ("still queued after the queue timeout" if queued else "killed after the timeout")
+                + "; scancel"
+            ],
+        )
     elif state == "OUT_OF_MEMORY":
         outcome, reasons = "oom", [f"SLURM job {job}: out of memory"]
     elif state == "TIMEOUT" and not (result and result.get("complete")):
@@ -286,5 +392,13 @@ def _finish(job: str, state: str, code: str, out: Path, workdir: Path, records: 
             reasons = [f"SLURM job {job}: squeue and sacct stopped answering; the job may still run (scancel {job})"]
         elif outcome == "crash" and state not in ("COMPLETED", "FAILED", "UNKNOWN"):
             reasons = [f"SLURM job {job} ended {state.lower()}"] + reasons
-    return LaunchResult(outcome=outcome, returncode=rc, wall_s=wall, result=result, command=cmd + [f"# job {job}"],
-                        stdout_tail=logs, reasons=reasons, progress=records)
+    return LaunchResult(
+        outcome=outcome,
+        returncode=rc,
+        wall_s=wall,
+        result=result,
+        command=cmd + [f"# job {job}"],
+        stdout_tail=logs,
+        reasons=reasons,
+        progress=records,
+    )

@@ -48,9 +48,15 @@ from autopar.trial.runner import run_trial  # noqa: E402
 
 def environment(runtime: Runtime) -> dict:
     """Versions and hardware of this run."""
-    env = {"torch": torch.__version__, "python": platform.python_version(), "device": str(runtime.device),
-           "backend": runtime.backend, "world_size": dist.get_world_size(), "hostname": platform.node(),
-           "cpu_threads": torch.get_num_threads()}
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(runtime.device),
+        "backend": runtime.backend,
+        "world_size": dist.get_world_size(),
+        "hostname": platform.node(),
+        "cpu_threads": torch.get_num_threads(),
+    }
     if runtime.device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(runtime.device)
         env["cuda"] = torch.version.cuda
@@ -65,9 +71,11 @@ def summary_line(result: dict) -> str:
         for axis, n in ((r.get("comm") or {}).get("bytes_by_axis") or {}).items():
             comm[axis] = max(comm.get(axis, 0), n)
     axes = " ".join(f"{a}={n / 2**20:.2f}MiB" for a, n in sorted(comm.items())) or "-"
-    line = (f"[autopar.trial] {result['name']}: {result['mean_step_time_s']:.3f} s/step, "
-            f"{result['tokens_per_s']:.0f} tokens/s, loss {result['final_loss']:.4f}, "
-            f"peak {peak:.0f} MiB/rank, bytes/step/rank {axes}")
+    line = (
+        f"[autopar.trial] {result['name']}: {result['mean_step_time_s']:.3f} s/step, "
+        f"{result['tokens_per_s']:.0f} tokens/s, loss {result['final_loss']:.4f}, "
+        f"peak {peak:.0f} MiB/rank, bytes/step/rank {axes}"
+    )
     if "parity" in result:
         p = result["parity"]
         line += f", parity loss {p['loss_max_rel']:.1e} params {p['param_max_rel']:.1e}"
@@ -126,8 +134,13 @@ class ProgressWriter:
             f.flush()
 
 
-def run(trials: list[TrialConfig], out: Path, memory_limit_mib: float | None = None, fault: str | None = None,
-        progress: Path | None = None) -> int:
+def run(
+    trials: list[TrialConfig],
+    out: Path,
+    memory_limit_mib: float | None = None,
+    fault: str | None = None,
+    progress: Path | None = None,
+) -> int:
     """All trials on this rank; rank 0 writes `out` (and the step records to `progress`). Returns
     the exit code."""
     runtime = detect_runtime(trials[0].device if trials else "auto")
@@ -150,8 +163,9 @@ def run(trials: list[TrialConfig], out: Path, memory_limit_mib: float | None = N
         except Exception as e:  # noqa: BLE001 - recorded, then the run ends
             print(f"[rank {rank}] trial {cfg.label} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
             if rank == 0:
-                doc["trials"].append({"name": cfg.label, "status": "error", "error": f"{type(e).__name__}: {e}",
-                                      "config": cfg.to_dict()})
+                doc["trials"].append(
+                    {"name": cfg.label, "status": "error", "error": f"{type(e).__name__}: {e}", "config": cfg.to_dict()}
+                )
                 write_json(out, doc)
             code = 1
             break
@@ -174,18 +188,33 @@ def run(trials: list[TrialConfig], out: Path, memory_limit_mib: float | None = N
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m autopar.trial.worker", description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", required=True, type=Path, help="run file (one trial or {\"trials\": [...]})")
+    ap.add_argument("--spec", required=True, type=Path, help='run file (one trial or {"trials": [...]})')
     ap.add_argument("--out", required=True, type=Path, help="result JSON, written by rank 0")
-    ap.add_argument("--memory-limit-mib", type=float, default=None,
-                    help="emulated memory capacity per rank (live tensor bytes): past it, OutOfMemoryError")
-    ap.add_argument("--fault", choices=FAULTS, default=os.environ.get(FAULT_ENV) or None,
-                    help=f"inject a failure (tests; default ${FAULT_ENV}); slow = {SLOW_STEP_S:g} s more per step, "
-                    f"slow-exit = {SLOW_EXIT_S:g} s between the complete result and the exit")
-    ap.add_argument("--progress", type=Path, default=None,
-                    help="rank 0 appends one JSON line per step to this file as it ends (live pruning)")
-    ap.add_argument("--tensor-memory", action="store_true",
-                    help="peak memory as live tensor bytes (autopar.trial.memory) instead of VmHWM on CPU, for every "
-                    "trial (a trial asks for it alone with extra: {tensor_memory: true})")
+    ap.add_argument(
+        "--memory-limit-mib",
+        type=float,
+        default=None,
+        help="emulated memory capacity per rank (live tensor bytes): past it, OutOfMemoryError",
+    )
+    ap.add_argument(
+        "--fault",
+        choices=FAULTS,
+        default=os.environ.get(FAULT_ENV) or None,
+        help=f"inject a failure (tests; default ${FAULT_ENV}); slow = {SLOW_STEP_S:g} s more per step, "
+        f"slow-exit = {SLOW_EXIT_S:g} s between the complete result and the exit",
+    )
+    ap.add_argument(
+        "--progress",
+        type=Path,
+        default=None,
+        help="rank 0 appends one JSON line per step to this file as it ends (live pruning)",
+    )
+    ap.add_argument(
+        "--tensor-memory",
+        action="store_true",
+        help="peak memory as live tensor bytes (autopar.trial.memory) instead of VmHWM on CPU, for every "
+        "trial (a trial asks for it alone with extra: {tensor_memory: true})",
+    )
     args = ap.parse_args(argv)
     if args.tensor_memory:
         os.environ["AUTOPAR_TENSOR_MEMORY_ALL"] = "1"

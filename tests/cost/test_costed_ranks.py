@@ -16,9 +16,18 @@ from autopar.search.space import space_from_dict
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 
-DEEP = {"tp": [1, 8], "pp": [1, 2, 3, 4, 6, 8, 16, 32], "vpp": [1, 2, 3, 4], "cp": [1], "zero": [1, 3],
-        "mbs": [1, 2], "pp_schedule": ["gpipe", "1f1b", "zero-bubble"], "recompute": ["none", "full"],
-        "recompute_layers": [1], "pp_layout": ["auto", "balanced", "embedding+loss"]}
+DEEP = {
+    "tp": [1, 8],
+    "pp": [1, 2, 3, 4, 6, 8, 16, 32],
+    "vpp": [1, 2, 3, 4],
+    "cp": [1],
+    "zero": [1, 3],
+    "mbs": [1, 2],
+    "pp_schedule": ["gpipe", "1f1b", "zero-bubble"],
+    "recompute": ["none", "full"],
+    "recompute_layers": [1],
+    "pp_layout": ["auto", "balanced", "embedding+loss"],
+}
 CASES = {
     "dense-megatron": ("llama3.1-405b", 1024, 8192, [64, 256, 1024], "megatron"),
     "dense-torch": ("llama3-70b", 512, 4096, [16, 64, 512], "torch"),

@@ -6,10 +6,9 @@ import math
 
 import pytest
 
-from autopar.spec.training_run import DEFAULT_INTERRUPTIONS_PER_GPU_HOUR, Reliability
-from autopar.cost.goodput import (checkpoint_bytes, run_time,
-                                  young_daly_interval)
+from autopar.cost.goodput import checkpoint_bytes, run_time, young_daly_interval
 from autopar.spec.presets import get_preset
+from autopar.spec.training_run import DEFAULT_INTERRUPTIONS_PER_GPU_HOUR, Reliability
 
 
 def test_young_daly_interval_by_hand() -> None:
@@ -20,8 +19,11 @@ def test_young_daly_interval_by_hand() -> None:
 def test_goodput_worked_example() -> None:
     """1,000 GPUs, a 14 TB checkpoint (1e12 parameters x (2 + 12) bytes) written at 14 TB / 60 s, one
     interruption a day, a 600 s restart."""
-    rel = Reliability(interruptions_per_gpu_hour=3600 / (86_400 * 1000), checkpoint_gbps_per_gpu=14e12 / 60 / 1000 / 1e9,
-                      restart_s=600.0)
+    rel = Reliability(
+        interruptions_per_gpu_hour=3600 / (86_400 * 1000),
+        checkpoint_gbps_per_gpu=14e12 / 60 / 1000 / 1e9,
+        restart_s=600.0,
+    )
     r = run_time(1e12, 1e6, 1000, 1e12, fp32=False, rel=rel)
     assert float(r.checkpoint_bytes) == 14e12
     assert float(r.write_s) == pytest.approx(60.0, rel=1e-12)

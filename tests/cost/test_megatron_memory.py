@@ -62,8 +62,9 @@ def megatron_weight_and_optimizer_memory(args) -> float:
     norm_size = 1 if args.normalization == "RMSNorm" else 2
     h = args.hidden_size
 
-    self_attn_term = 2 * h * h * ((1 + num_query_groups / args.num_attention_heads)
-                                  * query_projection_to_hidden_size_ratio)
+    self_attn_term = (
+        2 * h * h * ((1 + num_query_groups / args.num_attention_heads) * query_projection_to_hidden_size_ratio)
+    )
     embedding_size = h * args.padded_vocab_size
     final_layernorm = norm_size * h
 
@@ -81,10 +82,12 @@ def megatron_weight_and_optimizer_memory(args) -> float:
     num_moe_layers = sum(pattern)
     num_dense_layers = args.num_layers - num_moe_layers
 
-    tp_sharded_block = ((attention_params + dense_mlp_params) * num_dense_layers
-                        + (attention_params + shared_expert_params) * num_moe_layers)
-    replicated_block = (layernorm_params * num_dense_layers
-                        + (layernorm_params + router_params) * num_moe_layers + final_layernorm)
+    tp_sharded_block = (attention_params + dense_mlp_params) * num_dense_layers + (
+        attention_params + shared_expert_params
+    ) * num_moe_layers
+    replicated_block = (
+        layernorm_params * num_dense_layers + (layernorm_params + router_params) * num_moe_layers + final_layernorm
+    )
     expert_sharded_block = routed_expert_params * num_moe_layers if args.num_experts is not None else 0
 
     TP, PP = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
@@ -100,8 +103,9 @@ def megatron_weight_and_optimizer_memory(args) -> float:
     def num_bytes_per_parameter(data_parallel_size):
         return 18 if not args.use_distributed_optimizer else 6 + (12 / data_parallel_size)
 
-    return ((tp_sharded_on_most_loaded + replicated_on_most_loaded) * num_bytes_per_parameter(args.data_parallel_size)
-            + expert_sharded_on_most_loaded * num_bytes_per_parameter(expert_data_parallel_size))
+    return (tp_sharded_on_most_loaded + replicated_on_most_loaded) * num_bytes_per_parameter(
+        args.data_parallel_size
+    ) + expert_sharded_on_most_loaded * num_bytes_per_parameter(expert_data_parallel_size)
 
 
 def megatron_activation_memory(args, num_microbatches) -> float:
@@ -150,19 +154,31 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, seq_len: int) -> SimpleN
     moe = model.moe
     world = plan.tp * plan.pp * plan.cp * plan.dp
     return SimpleNamespace(
-        hidden_size=model.hidden_size, num_layers=model.num_layers, kv_channels=model.head_dim,
+        hidden_size=model.hidden_size,
+        num_layers=model.num_layers,
+        kv_channels=model.head_dim,
         num_attention_heads=model.num_attention_heads,
         group_query_attention=model.num_kv_heads != model.num_attention_heads,
-        num_query_groups=model.num_kv_heads, ffn_hidden_size=model.ffn_hidden_size,
-        swiglu=model.gated_mlp, normalization="RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
+        num_query_groups=model.num_kv_heads,
+        ffn_hidden_size=model.ffn_hidden_size,
+        swiglu=model.gated_mlp,
+        normalization="RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
         padded_vocab_size=megatron_vocab_size_with_padding(model.vocab_size, 128, plan.tp),
         untie_embeddings_and_output_weights=not model.tied_embeddings,
-        num_experts=moe.num_experts if moe else None, moe_ffn_hidden_size=moe.expert_ffn_hidden_size if moe else None,
-        moe_shared_expert_intermediate_size=None, moe_layer_freq=moe.layer_freq if moe else 1,
-        add_bias_linear=False, tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
-        expert_tensor_parallel_size=plan.etp, expert_model_parallel_size=plan.ep, world_size=world,
-        data_parallel_size=world // (plan.tp * plan.pp * plan.cp), use_distributed_optimizer=plan.zero_stage == 1,
-        seq_length=seq_len, micro_batch_size=plan.micro_batch_size,
+        num_experts=moe.num_experts if moe else None,
+        moe_ffn_hidden_size=moe.expert_ffn_hidden_size if moe else None,
+        moe_shared_expert_intermediate_size=None,
+        moe_layer_freq=moe.layer_freq if moe else 1,
+        add_bias_linear=False,
+        tensor_model_parallel_size=plan.tp,
+        pipeline_model_parallel_size=plan.pp,
+        expert_tensor_parallel_size=plan.etp,
+        expert_model_parallel_size=plan.ep,
+        world_size=world,
+        data_parallel_size=world // (plan.tp * plan.pp * plan.cp),
+        use_distributed_optimizer=plan.zero_stage == 1,
+        seq_length=seq_len,
+        micro_batch_size=plan.micro_batch_size,
         virtual_pipeline_model_parallel_size=plan.vpp if plan.vpp > 1 else None,
     )
 
@@ -178,26 +194,62 @@ def final_norm_bytes_megatron_puts_on_stage0(model: ModelSpec, args) -> float:
 
 # GPT-3 175B shape as Megatron's estimator sees it: non-gated MLP, MHA, LayerNorm, dropout, tied
 # embeddings; no linear biases and no learned position embeddings (difference 5).
-GPT3_LIKE = ModelSpec(name="gpt3-175b-like", num_layers=96, hidden_size=12288, ffn_hidden_size=49152,
-                      num_attention_heads=96, num_kv_heads=96, head_dim=128, vocab_size=50257, seq_len=2048,
-                      gated_mlp=False, tied_embeddings=True, norm="layernorm", dropout=True)
+GPT3_LIKE = ModelSpec(
+    name="gpt3-175b-like",
+    num_layers=96,
+    hidden_size=12288,
+    ffn_hidden_size=49152,
+    num_attention_heads=96,
+    num_kv_heads=96,
+    head_dim=128,
+    vocab_size=50257,
+    seq_len=2048,
+    gated_mlp=False,
+    tied_embeddings=True,
+    norm="layernorm",
+    dropout=True,
+)
 # the same shape, untied, 48 layers, to keep a tp4 pp2 case cheap and different
 GPT_UNTIED = dataclasses.replace(GPT3_LIKE, name="gpt-untied", num_layers=48, tied_embeddings=False)
 
 # (id, model, plan, seq_len)
 WEIGHT_CASES = [
-    ("gpt3-175b-like tp8 pp8 dp8 sp selective, distopt",
-     GPT3_LIKE, ParallelPlan(tp=8, pp=8, dp=8, zero_stage=1, recompute="selective", global_batch_size=512), 2048),
-    ("llama3-70b tp8 pp4 dp8 distopt",
-     get_preset("llama3-70b"), ParallelPlan(tp=8, pp=4, dp=8, zero_stage=1, global_batch_size=256), 8192),
-    ("llama2-13b tp4 pp2 dp16 untied, no distopt",
-     get_preset("llama2-13b"), ParallelPlan(tp=4, pp=2, dp=16, zero_stage=0, global_batch_size=512), 4096),
-    ("llama3-8b tp8 pp1 dp4 untied, distopt (pp = 1: LM head on the same rank)",
-     get_preset("llama3-8b"), ParallelPlan(tp=8, pp=1, dp=4, zero_stage=1, global_batch_size=64), 8192),
-    ("gpt tied tp4 pp1 dp2 no distopt",
-     dataclasses.replace(GPT3_LIKE, num_layers=8), ParallelPlan(tp=4, pp=1, dp=2, zero_stage=0, global_batch_size=8), 2048),
-    ("mixtral-8x7b tp2 pp4 ep4 dp8 distopt (expert dp = 2)",
-     get_preset("mixtral-8x7b"), ParallelPlan(tp=2, pp=4, dp=8, ep=4, zero_stage=1, global_batch_size=256), 4096),
+    (
+        "gpt3-175b-like tp8 pp8 dp8 sp selective, distopt",
+        GPT3_LIKE,
+        ParallelPlan(tp=8, pp=8, dp=8, zero_stage=1, recompute="selective", global_batch_size=512),
+        2048,
+    ),
+    (
+        "llama3-70b tp8 pp4 dp8 distopt",
+        get_preset("llama3-70b"),
+        ParallelPlan(tp=8, pp=4, dp=8, zero_stage=1, global_batch_size=256),
+        8192,
+    ),
+    (
+        "llama2-13b tp4 pp2 dp16 untied, no distopt",
+        get_preset("llama2-13b"),
+        ParallelPlan(tp=4, pp=2, dp=16, zero_stage=0, global_batch_size=512),
+        4096,
+    ),
+    (
+        "llama3-8b tp8 pp1 dp4 untied, distopt (pp = 1: LM head on the same rank)",
+        get_preset("llama3-8b"),
+        ParallelPlan(tp=8, pp=1, dp=4, zero_stage=1, global_batch_size=64),
+        8192,
+    ),
+    (
+        "gpt tied tp4 pp1 dp2 no distopt",
+        dataclasses.replace(GPT3_LIKE, num_layers=8),
+        ParallelPlan(tp=4, pp=1, dp=2, zero_stage=0, global_batch_size=8),
+        2048,
+    ),
+    (
+        "mixtral-8x7b tp2 pp4 ep4 dp8 distopt (expert dp = 2)",
+        get_preset("mixtral-8x7b"),
+        ParallelPlan(tp=2, pp=4, dp=8, ep=4, zero_stage=1, global_batch_size=256),
+        4096,
+    ),
 ]
 
 
@@ -242,8 +294,11 @@ def autopar_expected_activations_a2a(args, num_microbatches) -> float:
     not divided by TP in autopar. In-flight microbatches on rank 0 = PP (x the interleaved penalty)
     with m >= PP, min(m, PP) otherwise, 1 when PP = 1 (Megatron's factors)."""
     s, b = args.seq_length, args.micro_batch_size
-    PP, TP, VPP = args.pipeline_model_parallel_size, args.tensor_model_parallel_size, \
-        args.virtual_pipeline_model_parallel_size
+    PP, TP, VPP = (
+        args.pipeline_model_parallel_size,
+        args.tensor_model_parallel_size,
+        args.virtual_pipeline_model_parallel_size,
+    )
     ids_in_flight = PP
     if VPP is not None:
         ids_in_flight *= 1 + (PP - 1) / (PP * VPP)
@@ -255,19 +310,42 @@ def autopar_expected_activations_a2a(args, num_microbatches) -> float:
 
 A2A_CASES = [
     # id, model, plan, seq
-    ("gpt3-175b-like tp8 pp8 m=64", GPT3_LIKE,
-     ParallelPlan(tp=8, pp=8, dp=8, zero_stage=1, recompute="selective", global_batch_size=512), 2048),
-    ("gpt3-175b-like tp8 pp8 mbs2 m=8 (= p)", GPT3_LIKE,
-     ParallelPlan(tp=8, pp=8, dp=8, zero_stage=1, recompute="selective", micro_batch_size=2, global_batch_size=128),
-     2048),
-    ("gpt3-175b-like tp8 pp8 vpp2 m=16", GPT3_LIKE,
-     ParallelPlan(tp=8, pp=8, vpp=2, dp=8, zero_stage=1, recompute="selective", global_batch_size=128), 2048),
-    ("gpt3-175b-like tp8 pp4 vpp3 m=12", GPT3_LIKE,
-     ParallelPlan(tp=8, pp=4, vpp=3, dp=2, zero_stage=1, recompute="selective", global_batch_size=24), 2048),
-    ("gpt untied tp4 pp2 dp16 m=4", GPT_UNTIED,
-     ParallelPlan(tp=4, pp=2, dp=16, zero_stage=0, recompute="selective", global_batch_size=64), 2048),
-    ("gpt tied 8 layers tp4 pp1", dataclasses.replace(GPT3_LIKE, num_layers=8),
-     ParallelPlan(tp=4, pp=1, dp=2, zero_stage=0, recompute="selective", global_batch_size=8), 2048),
+    (
+        "gpt3-175b-like tp8 pp8 m=64",
+        GPT3_LIKE,
+        ParallelPlan(tp=8, pp=8, dp=8, zero_stage=1, recompute="selective", global_batch_size=512),
+        2048,
+    ),
+    (
+        "gpt3-175b-like tp8 pp8 mbs2 m=8 (= p)",
+        GPT3_LIKE,
+        ParallelPlan(tp=8, pp=8, dp=8, zero_stage=1, recompute="selective", micro_batch_size=2, global_batch_size=128),
+        2048,
+    ),
+    (
+        "gpt3-175b-like tp8 pp8 vpp2 m=16",
+        GPT3_LIKE,
+        ParallelPlan(tp=8, pp=8, vpp=2, dp=8, zero_stage=1, recompute="selective", global_batch_size=128),
+        2048,
+    ),
+    (
+        "gpt3-175b-like tp8 pp4 vpp3 m=12",
+        GPT3_LIKE,
+        ParallelPlan(tp=8, pp=4, vpp=3, dp=2, zero_stage=1, recompute="selective", global_batch_size=24),
+        2048,
+    ),
+    (
+        "gpt untied tp4 pp2 dp16 m=4",
+        GPT_UNTIED,
+        ParallelPlan(tp=4, pp=2, dp=16, zero_stage=0, recompute="selective", global_batch_size=64),
+        2048,
+    ),
+    (
+        "gpt tied 8 layers tp4 pp1",
+        dataclasses.replace(GPT3_LIKE, num_layers=8),
+        ParallelPlan(tp=4, pp=1, dp=2, zero_stage=0, recompute="selective", global_batch_size=8),
+        2048,
+    ),
 ]
 
 
@@ -292,7 +370,8 @@ def test_activations_match_megatron_sp_selective(case) -> None:
     # and the whole first stage, Megatron-style: weights + optimizer + activations + reserve
     wo = megatron_weight_and_optimizer_memory(args) - final_norm_bytes_megatron_puts_on_stage0(model, args)
     assert est.extra["stages"][0]["memory_bytes"] == pytest.approx(
-        wo + (1 + OVERHEAD) * expected_act + RESERVED, rel=1e-9)
+        wo + (1 + OVERHEAD) * expected_act + RESERVED, rel=1e-9
+    )
 
 
 def test_activations_megatron_sp_selective_fewer_microbatches_than_stages() -> None:
@@ -306,7 +385,8 @@ def test_activations_megatron_sp_selective_fewer_microbatches_than_stages() -> N
     act = autopar_expected_activations_a2a(args, 4)
     # by hand, the 34 s b h L / TP part of it at half the pipeline: 34 * 2048 * 12288 * 96 / 8 / 2
     assert megatron_activation_memory(args, 4) == pytest.approx(
-        (34 * 2048 * 12288 * 96 + 8 * 2048 * 8 + 2048 * 12288 * 8) / 2 / 8, rel=1e-12)
+        (34 * 2048 * 12288 * 96 + 8 * 2048 * 8 + 2048 * 12288 * 8) / 2 / 8, rel=1e-12
+    )
     wo = megatron_weight_and_optimizer_memory(args) - final_norm_bytes_megatron_puts_on_stage0(model, args)
     est = estimate(plan, model, CLUSTER, num_gpus=512, seq_len=seq)
     assert est.extra["stages"][0]["memory_bytes"] == pytest.approx(wo + (1 + OVERHEAD) * act + RESERVED, rel=1e-9)
@@ -359,8 +439,9 @@ def test_interleaved_with_m_equal_p_has_no_penalty_in_autopar() -> None:
     e0 = estimate(base, model, CLUSTER, num_gpus=32, seq_len=seq)
     e1 = estimate(inter, model, CLUSTER, num_gpus=32, seq_len=seq)
     assert e1.memory_bytes["activations"] == pytest.approx(e0.memory_bytes["activations"], rel=1e-12)
-    meg_ratio = (megatron_activation_memory(megatron_args(model, inter, seq), p)
-                 / megatron_activation_memory(megatron_args(model, base, seq), p))
+    meg_ratio = megatron_activation_memory(megatron_args(model, inter, seq), p) / megatron_activation_memory(
+        megatron_args(model, base, seq), p
+    )
     assert meg_ratio == pytest.approx(1 + (p - 1) / (p * v), rel=1e-12) == 1.375
 
 
@@ -373,8 +454,9 @@ def test_activations_match_megatron_without_sp_pp_gt_1(recompute: str) -> None:
     # autopar's rank 0 is exactly that, without the x1.05 (difference 3). (With flash attention,
     # autopar's "none" stores what "selective" stores.)
     model, seq = GPT3_LIKE, 2048
-    plan = ParallelPlan(tp=8, pp=8, dp=8, zero_stage=1, sequence_parallel=False, recompute=recompute,
-                        global_batch_size=512)
+    plan = ParallelPlan(
+        tp=8, pp=8, dp=8, zero_stage=1, sequence_parallel=False, recompute=recompute, global_batch_size=512
+    )
     assert plan.problems(model, num_gpus=512, seq_len=seq) == []
     args = megatron_args(model, plan, seq)
     meg = megatron_activation_memory_without_sp(args, plan.num_microbatches)
@@ -388,8 +470,9 @@ def test_activations_match_megatron_without_sp_pp1() -> None:
     # A.2.b with PP = 1 adds (s b V/TP + s b h) x 2; autopar adds 4 s b h + 4 s b V/TP (fp32 logits,
     # final-norm input and LM-head input: Korthikanti §4.3 and A.2.a's own PP = 1 term): difference 4.
     model, seq = dataclasses.replace(GPT3_LIKE, num_layers=8), 2048
-    plan = ParallelPlan(tp=4, pp=1, dp=2, zero_stage=0, sequence_parallel=False, recompute="selective",
-                        global_batch_size=8)
+    plan = ParallelPlan(
+        tp=4, pp=1, dp=2, zero_stage=0, sequence_parallel=False, recompute="selective", global_batch_size=8
+    )
     assert plan.problems(model, num_gpus=8, seq_len=seq) == []
     args = megatron_args(model, plan, seq)
     s, b, h, v, t = seq, 1, model.hidden_size, args.padded_vocab_size, 4

@@ -23,13 +23,25 @@ from autopar.spec.table import SCHED
 CLUSTER = default_cluster("h100-sxm")
 MODELS = {n: get_preset(n) for n in ("llama3-8b", "llama3-70b", "mixtral-8x7b")}
 SEQ = 4096
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow],
+)
 
 
 @st.composite
-def plans(draw, *, tp=(1, 2, 4, 8), pp=(1, 2, 3, 4, 8), allow_vpp=True, zero=(0, 1, 2, 3),
-          recompute=("none", "selective", "full")):
+def plans(
+    draw,
+    *,
+    tp=(1, 2, 4, 8),
+    pp=(1, 2, 3, 4, 8),
+    allow_vpp=True,
+    zero=(0, 1, 2, 3),
+    recompute=("none", "selective", "full"),
+):
     """(model name, plan) on a small grid; ep only for the MoE preset (dividing 8 experts and
     tp*dp); interleaving only with m a multiple of pp."""
     name = draw(st.sampled_from(sorted(MODELS)))
@@ -43,9 +55,18 @@ def plans(draw, *, tp=(1, 2, 4, 8), pp=(1, 2, 3, 4, 8), allow_vpp=True, zero=(0,
     ep = 1
     if MODELS[name].moe is not None:
         ep = draw(st.sampled_from([e for e in (1, 2, 4, 8) if (t * d) % (e * t) == 0]))
-    plan = ParallelPlan(tp=t, pp=p, dp=d, ep=ep, vpp=vpp, micro_batch_size=mbs, global_batch_size=m * mbs * d,
-                        zero_stage=draw(st.sampled_from(zero)), recompute=draw(st.sampled_from(recompute)),
-                        main_grads_fp32=draw(st.booleans()))
+    plan = ParallelPlan(
+        tp=t,
+        pp=p,
+        dp=d,
+        ep=ep,
+        vpp=vpp,
+        micro_batch_size=mbs,
+        global_batch_size=m * mbs * d,
+        zero_stage=draw(st.sampled_from(zero)),
+        recompute=draw(st.sampled_from(recompute)),
+        main_grads_fp32=draw(st.booleans()),
+    )
     return name, plan
 
 
@@ -259,13 +280,18 @@ def test_tp_payload_linear_in_micro_batch_size(drawn) -> None:
 
 # ---- an axis of size one -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,plan,axis", [
-    ("llama3-8b", ParallelPlan(tp=1, pp=1, dp=1, global_batch_size=1), "cp"),
-    ("llama3-8b", ParallelPlan(tp=1, pp=1, dp=1, global_batch_size=1), "pp"),
-    pytest.param("llama3-8b", ParallelPlan(tp=1, pp=2, dp=4, global_batch_size=8), "tp"),
-    pytest.param("llama3-8b", ParallelPlan(tp=8, pp=2, dp=1, global_batch_size=8), "dp"),
-    pytest.param("mixtral-8x7b", ParallelPlan(tp=2, pp=2, dp=4, ep=1, global_batch_size=8), "ep"),
-], ids=["cp1", "pp1", "tp1", "dp1", "ep1"])
+
+@pytest.mark.parametrize(
+    "name,plan,axis",
+    [
+        ("llama3-8b", ParallelPlan(tp=1, pp=1, dp=1, global_batch_size=1), "cp"),
+        ("llama3-8b", ParallelPlan(tp=1, pp=1, dp=1, global_batch_size=1), "pp"),
+        pytest.param("llama3-8b", ParallelPlan(tp=1, pp=2, dp=4, global_batch_size=8), "tp"),
+        pytest.param("llama3-8b", ParallelPlan(tp=8, pp=2, dp=1, global_batch_size=8), "dp"),
+        pytest.param("mixtral-8x7b", ParallelPlan(tp=2, pp=2, dp=4, ep=1, global_batch_size=8), "ep"),
+    ],
+    ids=["cp1", "pp1", "tp1", "dp1", "ep1"],
+)
 def test_axis_of_size_one_carries_no_payload(name, plan, axis) -> None:
     assert ok(name, plan)
     e = est(name, plan)

@@ -17,8 +17,14 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from autopar.cost.collectives import (Links, all_gather_time, all_reduce_time, allreduce_bytes_moved, place,
-                                      reduce_scatter_time)
+from autopar.cost.collectives import (
+    Links,
+    all_gather_time,
+    all_reduce_time,
+    allreduce_bytes_moved,
+    place,
+    reduce_scatter_time,
+)
 from autopar.cost.comm import payload, pp_calls, tp_calls
 from autopar.cost.estimate import estimate
 from autopar.cost.memory import state_bytes
@@ -177,8 +183,18 @@ def test_exercise4_through_the_cost_model_tp_calls() -> None:
     model = get_preset("llama3-70b")
     assert model.hidden_size == 8192
     s = 8192
-    calls = tp_calls(model, np.array(float(s)), np.array(False), np.array(1.0), np.array(0.0),
-                     np.array(0.0), np.array(0.0), np.array(0.0), np.array(8), 2.0)
+    calls = tp_calls(
+        model,
+        np.array(float(s)),
+        np.array(False),
+        np.array(1.0),
+        np.array(0.0),
+        np.array(0.0),
+        np.array(0.0),
+        np.array(0.0),
+        np.array(8),
+        2.0,
+    )
     ar = [c for c in calls if c.kind == "all_reduce" and float(np.sum(c.count)) > 0]
     assert len(ar) == 1  # the per-layer all-reduces; the embedding/head/CE calls have count 0
     assert float(ar[0].full_bytes) == s * 8192 * 2
@@ -274,8 +290,18 @@ def test_llama7b_allreduce_buffer_is_268mb_not_130mb() -> None:
     assert 8 * 4096 * 4096 == 134_217_728
     model = get_preset("llama2-7b")
     tokens = 8 * 4096
-    calls = tp_calls(model, np.array(float(tokens)), np.array(False), np.array(1.0), np.array(0.0),
-                     np.array(0.0), np.array(0.0), np.array(0.0), np.array(8), 2.0)
+    calls = tp_calls(
+        model,
+        np.array(float(tokens)),
+        np.array(False),
+        np.array(1.0),
+        np.array(0.0),
+        np.array(0.0),
+        np.array(0.0),
+        np.array(0.0),
+        np.array(8),
+        2.0,
+    )
     ar = [c for c in calls if c.kind == "all_reduce" and float(np.sum(c.count)) > 0]
     assert float(ar[0].full_bytes) == 268_435_456
     assert float(ar[0].full_bytes) != pytest.approx(130e6, rel=0.1)
@@ -284,8 +310,18 @@ def test_llama7b_allreduce_buffer_is_268mb_not_130mb() -> None:
 def test_llama7b_allreduce_count_per_step() -> None:
     # TP §2.3: "~32 blocks -> 64 all-reduces per forward, 128 per training step (forward + backward)".
     model = get_preset("llama2-7b")
-    calls = tp_calls(model, np.array(32768.0), np.array(False), np.array(32.0), np.array(0.0),
-                     np.array(0.0), np.array(0.0), np.array(0.0), np.array(8), 2.0)
+    calls = tp_calls(
+        model,
+        np.array(32768.0),
+        np.array(False),
+        np.array(32.0),
+        np.array(0.0),
+        np.array(0.0),
+        np.array(0.0),
+        np.array(0.0),
+        np.array(8),
+        2.0,
+    )
     ar = [c for c in calls if c.kind == "all_reduce" and float(np.sum(c.count)) > 0]
     assert float(ar[0].count) == 128
 
@@ -296,8 +332,9 @@ def test_llama7b_pp_boundary_send_is_268mb_not_1gb() -> None:
     # pp_calls: rank 0 of pp=2 sends the activations forward once per microbatch (v=1, and the
     # first rank sends no gradient backward); no TP/SP here.
     model = get_preset("llama2-7b")
-    calls = pp_calls(model, np.array(8.0 * 4096), np.array(1), np.array(False), np.array(2), np.array(1),
-                     np.array(0), 2.0)
+    calls = pp_calls(
+        model, np.array(8.0 * 4096), np.array(1), np.array(False), np.array(2), np.array(1), np.array(0), 2.0
+    )
     assert len(calls) == 1 and calls[0].kind == "send"
     assert float(calls[0].full_bytes) == 268_435_456
     assert float(calls[0].count) == 1

@@ -161,10 +161,17 @@ def test_memory_rank_follows_a_heavy_middle_stage() -> None:
     assert est.memory_bytes["activations"] == pytest.approx(3 * 40 * ACT_PER_TOKEN_TP8_SP * 4096, rel=1e-12)
 
 
-@pytest.mark.parametrize("name,tp,pp,seq", [
-    ("llama3-8b", 1, 2, 4096), ("llama3-8b", 8, 4, 8192), ("llama3-70b", 8, 4, 8192),
-    ("llama3-70b", 4, 8, 4096), ("llama3.1-405b", 8, 2, 8192), ("mixtral-8x7b", 2, 4, 4096),
-])
+@pytest.mark.parametrize(
+    "name,tp,pp,seq",
+    [
+        ("llama3-8b", 1, 2, 4096),
+        ("llama3-8b", 8, 4, 8192),
+        ("llama3-70b", 8, 4, 8192),
+        ("llama3-70b", 4, 8, 4096),
+        ("llama3.1-405b", 8, 2, 8192),
+        ("mixtral-8x7b", 2, 4, 4096),
+    ],
+)
 def test_even_1f1b_layout_rank0_is_most_loaded(name, tp, pp, seq) -> None:
     # with equal layers everywhere, rank 0 holds p microbatches in flight (the most) and the
     # embedding; the last rank's LM head and logits for 1 microbatch are smaller
@@ -188,7 +195,8 @@ def test_hand_derived_middle_rank_memory_matches_the_model() -> None:
         est = estimate(plan, model, CLUSTER, num_gpus=256, seq_len=4096)
         assert est.extra["stages"][rank]["layers"] == layers
         assert est.extra["stages"][rank]["memory_bytes"] == pytest.approx(
-            _middle_rank_memory(layers, in_flight, 4096, 8), rel=1e-12)
+            _middle_rank_memory(layers, in_flight, 4096, 8), rel=1e-12
+        )
 
 
 def test_memory_check_finds_the_most_loaded_middle_rank() -> None:
@@ -210,12 +218,15 @@ def test_memory_check_finds_the_most_loaded_middle_rank() -> None:
 # ---- layouts that cannot run ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stages,word", [
-    ((8, 8, 8, 7), "drops"),
-    ((8, 8, 8, 9), "repeats"),
-    ((16, 0, 8, 8), "hold no layer"),
-    ((8, 8, 16), "stages but pp*vpp"),
-])
+@pytest.mark.parametrize(
+    "stages,word",
+    [
+        ((8, 8, 8, 7), "drops"),
+        ((8, 8, 8, 9), "repeats"),
+        ((16, 0, 8, 8), "hold no layer"),
+        ((8, 8, 16), "stages but pp*vpp"),
+    ],
+)
 def test_bad_layouts_are_rejected_with_a_clear_message(stages, word) -> None:
     model = get_preset("llama3-8b")  # 32 layers
     plan = ParallelPlan(tp=8, pp=4, dp=1, global_batch_size=4, layout=PipelineLayout(stages))

@@ -58,8 +58,12 @@ def test_llm_foundry_convention_reproduces_its_model_tflops(rows, cases, rid):
     s = c.seq_len
     by_hand = 6 * m.params_total + 12 * m.num_layers * m.hidden_size * s
     assert flops_per_token("6n-full-attention", m, s) == pytest.approx(by_hand)
-    implied = num(r, "mfu") / 100 * (1979e12 if c.plan.dtype == "fp8" else 989e12 if "h100" in c.cluster.gpu.key
-                                     else 312e12) / num(r, "tokens_per_sec_per_gpu")
+    implied = (
+        num(r, "mfu")
+        / 100
+        * (1979e12 if c.plan.dtype == "fp8" else 989e12 if "h100" in c.cluster.gpu.key else 312e12)
+        / num(r, "tokens_per_sec_per_gpu")
+    )
     assert by_hand == pytest.approx(implied, rel=0.01)
 
 

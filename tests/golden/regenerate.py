@@ -1,5 +1,5 @@
 """Write the golden files of tests/golden/cases.py (run from the repository root):
-    .venv/bin/python tests/golden/regenerate.py"""
+.venv/bin/python tests/golden/regenerate.py"""
 
 from __future__ import annotations
 

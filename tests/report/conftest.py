@@ -24,8 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 # `python -m autopar` with the report commands registered whether or not autopar/cli/__init__.py
 # lists them yet (importing a command module adds its command to the app)
-CLI_SHIM = ("import sys; import autopar.cli.report, autopar.cli.compare; from autopar.cli import main; "
-            "main(sys.argv[1:])")
+CLI_SHIM = (
+    "import sys; import autopar.cli.report, autopar.cli.compare; from autopar.cli import main; main(sys.argv[1:])"
+)
 
 
 def _env() -> dict:
@@ -45,8 +46,13 @@ def _search(run_dir: Path, num_gpus: int = 256, **opts):
 
     space = load_space("default")
     m = get_preset("llama3-70b")
-    q = Question(model=m, num_gpus=num_gpus, cluster=default_cluster("h100-sxm"), seq_len=m.seq_len,
-                 global_batch_size=global_batch(space, m.seq_len, None))
+    q = Question(
+        model=m,
+        num_gpus=num_gpus,
+        cluster=default_cluster("h100-sxm"),
+        seq_len=m.seq_len,
+        global_batch_size=global_batch(space, m.seq_len, None),
+    )
     return run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts))
 
 
@@ -91,9 +97,14 @@ def full_run(run_optuna: Path, run70_128: Path) -> Path:
     """The Optuna run with every optional section: three trials of its top plans and a what-if
     with the 128-GPU run."""
     top = json.loads((run_optuna / "top.json").read_text())["top"]
-    rows = [(e["plan"], {"step_time_s": e["step_time_s"], "peak_memory_bytes": e["peak_memory_bytes"]},
-             {"step_time_s": e["step_time_s"] * f, "peak_memory_bytes": e["peak_memory_bytes"] * g})
-            for e, f, g in zip(top[:3], (1.1, 0.95, 1.25), (0.9, 1.02, 1.0))]
+    rows = [
+        (
+            e["plan"],
+            {"step_time_s": e["step_time_s"], "peak_memory_bytes": e["peak_memory_bytes"]},
+            {"step_time_s": e["step_time_s"] * f, "peak_memory_bytes": e["peak_memory_bytes"] * g},
+        )
+        for e, f, g in zip(top[:3], (1.1, 0.95, 1.25), (0.9, 1.02, 1.0))
+    ]
     write_trials(run_optuna, rows)
     from autopar.report.html import write_reports
 
@@ -102,8 +113,14 @@ def full_run(run_optuna: Path, run70_128: Path) -> Path:
 
 
 def _run_cli(*args, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CLI_SHIM, *[str(a) for a in args]], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd or REPO, env=_env())
+    return subprocess.run(
+        [sys.executable, "-c", CLI_SHIM, *[str(a) for a in args]],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or REPO,
+        env=_env(),
+    )
 
 
 def _run_in_process(*args) -> SimpleNamespace:
@@ -141,12 +158,24 @@ def cli_subprocess():
 
 # ---- headless Chromium ---------------------------------------------------------------------------
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", "--disable-dev-shm-usage", "--enable-logging=stderr", "--v=0",
-                  # no network: an unreachable proxy for every scheme, and names that never resolve
-                  "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
-                  "--host-resolver-rules=MAP * ~NOTFOUND"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--disable-dev-shm-usage",
+    "--enable-logging=stderr",
+    "--v=0",
+    # no network: an unreachable proxy for every scheme, and names that never resolve
+    "--proxy-server=http://127.0.0.1:9",
+    "--proxy-bypass-list=<-loopback>",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+]
 
 #: injected first into <head> of a copy of the page: records console.error/warn, uncaught errors,
 #: failed resource loads and rejected promises, and, once every figure has drawn (or after 20 s of
@@ -222,8 +251,11 @@ def chromium_binary() -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.fail("headless Chromium is required for the report browser tests and was not found: install "
-                "Debian's `chromium` (apt-get install -y chromium; make test does as root)", pytrace=False)
+    pytest.fail(
+        "headless Chromium is required for the report browser tests and was not found: install "
+        "Debian's `chromium` (apt-get install -y chromium; make test does as root)",
+        pytrace=False,
+    )
 
 
 def _netns_prefix() -> list[str]:
@@ -244,8 +276,8 @@ def read_png(path: Path) -> np.ndarray:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
     pos, idat, w = 8, [], 0
     while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
+        n, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + n]
         pos += 12 + n
         if kind == b"IHDR":
             w, h, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", body)
@@ -292,9 +324,17 @@ def render(page: Path, tmp: Path, *, width: int = 1280, height: int = 5200, scal
     probe_page.write_text(re.sub(r"<head>", lambda m: "<head>" + PROBE_JS, text, count=1), encoding="utf-8")
     shot = tmp / f"{page.stem}.png"
     profile = tmp / f"profile-{page.stem}"
-    cmd = _netns_prefix() + [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                             f"--force-device-scale-factor={scale}", "--virtual-time-budget=30000",
-                             f"--screenshot={shot}", "--dump-dom", probe_page.resolve().as_uri()]
+    cmd = _netns_prefix() + [
+        exe,
+        *CHROMIUM_FLAGS,
+        f"--user-data-dir={profile}",
+        f"--window-size={width},{height}",
+        f"--force-device-scale-factor={scale}",
+        "--virtual-time-budget=30000",
+        f"--screenshot={shot}",
+        "--dump-dom",
+        probe_page.resolve().as_uri(),
+    ]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     finally:
@@ -304,8 +344,14 @@ def render(page: Path, tmp: Path, *, width: int = 1280, height: int = 5200, scal
     assert m, f"the probe did not report (exit {p.returncode}); stderr tail:\n{p.stderr[-3000:]}"
     console = [ln for ln in p.stderr.splitlines() if ":CONSOLE" in ln]
     assert shot.is_file(), f"no screenshot; stderr tail:\n{p.stderr[-3000:]}"
-    return SimpleNamespace(probe=json.loads(m.group(1)), console=console, pixels=read_png(shot), screenshot=shot,
-                           scale=scale, stderr=p.stderr)
+    return SimpleNamespace(
+        probe=json.loads(m.group(1)),
+        console=console,
+        pixels=read_png(shot),
+        screenshot=shot,
+        scale=scale,
+        stderr=p.stderr,
+    )
 
 
 @pytest.fixture(scope="session")

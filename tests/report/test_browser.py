@@ -57,7 +57,7 @@ def check_page(result, page: Path) -> None:
         assert f["points"] + f["paths"] > 0, f"{f['id']} has no marks: {f}"
         x, y, w, h = (int(round(v * s)) for v in f["rect"])
         assert y + h <= img.shape[0], f"{f['id']} is below the screenshot; make the window taller"
-        region = img[y:y + h, x:x + w]
+        region = img[y : y + h, x : x + w]
         ink = ~np.all(region >= 245, axis=2)
         assert ink.mean() > 0.02, f"{f['id']}: its part of the screenshot is blank ({ink.mean():.4f})"
         assert len(np.unique(region.reshape(-1, 3), axis=0)) >= 8, f"{f['id']}: hardly any colours"
@@ -83,8 +83,15 @@ def test_report_renders_offline_with_every_figure(browser, full_run, tmp_path):
     r = browser.render(page, tmp_path, height=9000)
     check_page(r, page)
     ids = [f["id"] for f in r.probe["figures"]]
-    assert ids == ["fig-time", "fig-memory", "fig-scatter", "fig-optuna", "fig-trials-time", "fig-trials-memory",
-                   "fig-whatif"]
+    assert ids == [
+        "fig-time",
+        "fig-memory",
+        "fig-scatter",
+        "fig-optuna",
+        "fig-trials-time",
+        "fig-trials-memory",
+        "fig-whatif",
+    ]
     scatter = next(f for f in r.probe["figures"] if f["id"] == "fig-scatter")
     assert scatter["points"] > 500  # every evaluated plan is a marker
     assert r.probe["sortable"] >= 1 and r.probe["sort"] == {"column": "#", "ascending": True, "descending": True}
@@ -92,8 +99,18 @@ def test_report_renders_offline_with_every_figure(browser, full_run, tmp_path):
 
 def test_comparison_renders_offline(browser, cli, run70, tmp_path):
     out = tmp_path / "compare.html"
-    p = cli("compare", "--model", "70b", "--gpus", "256", "--tp 8 --pp 4", "--tp 4 --pp 8 --recompute full",
-            run70, "--out", out)
+    p = cli(
+        "compare",
+        "--model",
+        "70b",
+        "--gpus",
+        "256",
+        "--tp 8 --pp 4",
+        "--tp 4 --pp 8 --recompute full",
+        run70,
+        "--out",
+        out,
+    )
     assert p.returncode == 0, p.stderr
     r = browser.render(out, tmp_path, height=3200)
     check_page(r, out)
@@ -105,5 +122,6 @@ def test_chromium_is_installed(name):
     """Named failure when the browser is missing (the fixtures fail too, never skip)."""
     import shutil
 
-    assert shutil.which(name) or shutil.which("chromium-browser"), \
+    assert shutil.which(name) or shutil.which("chromium-browser"), (
         "install Debian's chromium (apt-get install -y chromium); make test does as root"
+    )

@@ -87,8 +87,15 @@ def test_figure_json_carries_the_numbers(report70, run70):
 def test_every_optional_section_appears_with_its_data(full_run, run70_128):
     text = (full_run / REPORT_FILE).read_text(encoding="utf-8")
     check_self_contained(text)
-    for fig in ("fig-time", "fig-memory", "fig-scatter", "fig-optuna", "fig-trials-time", "fig-trials-memory",
-                "fig-whatif"):
+    for fig in (
+        "fig-time",
+        "fig-memory",
+        "fig-scatter",
+        "fig-optuna",
+        "fig-trials-time",
+        "fig-trials-memory",
+        "fig-whatif",
+    ):
         assert f'id="{fig}-json"' in text, fig
     assert "Trials: predicted vs measured (3)" in text
     # step-time errors (predicted - measured) / measured of the three trials: measured = 1.1, 0.95, 1.25 x
@@ -107,7 +114,7 @@ def test_write_reports_dedupes_and_single_run_has_no_whatif(run70, tmp_path):
     paths = write_reports([run70, run70])
     assert paths == [run70 / REPORT_FILE]
     out = write_report(run70, out=tmp_path / "sub" / "r.html")
-    assert out.is_file() and "id=\"whatif\"" not in out.read_text(encoding="utf-8")
+    assert out.is_file() and 'id="whatif"' not in out.read_text(encoding="utf-8")
 
 
 def test_nothing_fits_report(tmp_path):
@@ -129,8 +136,13 @@ def test_plotly_is_imported_only_by_figures_py():
     importers = []
     for path in sorted((REPO / "autopar").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(n.split(".")[0] == "plotly" for n in names):
                 importers.append(path.relative_to(REPO).as_posix())
     assert sorted(set(importers)) == ["autopar/report/figures.py"]
@@ -140,8 +152,10 @@ def test_tables_module_imports_no_plotly_and_the_package_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, autopar.report, autopar.report.tables, autopar.report.compare, autopar.cli.compare; "
-            "print(sorted(m for m in ('plotly', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, autopar.report, autopar.report.tables, autopar.report.compare, autopar.cli.compare; "
+        "print(sorted(m for m in ('plotly', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.report import compare_tables as C
 from autopar.report import run_data as D
-from autopar.report import trial_tables as X
 from autopar.report import tables as T
+from autopar.report import trial_tables as X
 from autopar.search.results import pareto_front
 
 GIB = 2**30
@@ -35,6 +35,7 @@ def top_json(run_dir: Path) -> list[dict]:
 
 # ---- top-k and breakdowns equal the estimates -----------------------------------------------------
 
+
 def test_top_table_rows_are_the_ranked_rows_of_plans_parquet(run, run70):
     from autopar.search.results import PLAN_KEY
 
@@ -47,9 +48,27 @@ def test_top_table_rows_are_the_ranked_rows_of_plans_parquet(run, run70):
     expected = kept.loc[best["plan_index"]]  # the same plans' every column, from scatter.parquet
     assert len(top) == len(expected) == 10
     assert (expected["step_time_s"].to_numpy() == best["step_time_s"].to_numpy()).all()
-    for col in ("plan_name", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction",
-                "peak_memory_bytes", "pp_schedule", "recompute", "zero_stage", "micro_batch_size", "dominant_cost",
-                "layout_text", "tp", "cp", "pp", "vpp", "dp", "ep"):
+    for col in (
+        "plan_name",
+        "step_time_s",
+        "tokens_per_s",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "bubble_fraction",
+        "peak_memory_bytes",
+        "pp_schedule",
+        "recompute",
+        "zero_stage",
+        "micro_batch_size",
+        "dominant_cost",
+        "layout_text",
+        "tp",
+        "cp",
+        "pp",
+        "vpp",
+        "dp",
+        "ep",
+    ):
         assert top[col].tolist() == expected[col].tolist(), col  # exact, not approximate
     assert top["rank"].tolist() == list(range(1, 11))
     assert (top["memory_gib"] == expected["peak_memory_bytes"].to_numpy() / GIB).all()
@@ -89,6 +108,7 @@ def test_memory_breakdown_equals_the_estimates_and_sums_to_the_peak(run, run70):
 
 # ---- every evaluated plan --------------------------------------------------------------------------
 
+
 def test_scatter_has_every_kept_plan_with_its_estimate(run):
     plans = run.plans
     sc = T.scatter_frame(plans, max_points=len(plans))
@@ -126,8 +146,9 @@ def test_scatter_colours_fits_and_rejection_reasons(run):
 
 
 def test_rare_rejection_reasons_share_one_colour():
-    df = pd.DataFrame({"fits": [True] + [False] * 12,
-                       "rejected_by": [""] + [f"rule{i}" for i in range(11)] + ["rule0, rule3"]})
+    df = pd.DataFrame(
+        {"fits": [True] + [False] * 12, "rejected_by": [""] + [f"rule{i}" for i in range(11)] + ["rule0, rule3"]}
+    )
     cats = T.categories(df)
     assert cats.nunique() <= T.MAX_CATEGORIES
     assert "other rules" in set(cats) and cats.iloc[-1] == cats.iloc[1] == "rule0"
@@ -146,6 +167,7 @@ def test_scatter_sample_keeps_the_front_and_the_top_k(run):
 
 # ---- Pareto front ----------------------------------------------------------------------------------
 
+
 def _dominates(a_tput, a_mem, b_tput, b_mem) -> bool:
     return a_tput >= b_tput and a_mem <= b_mem and (a_tput > b_tput or a_mem < b_mem)
 
@@ -158,8 +180,9 @@ def check_front(tput: np.ndarray, mem: np.ndarray, mask: np.ndarray) -> None:
                 assert not _dominates(tput[i], mem[i], tput[j], mem[j])
                 assert (tput[i], mem[i]) != (tput[j], mem[j])
     for k in np.flatnonzero(~mask):  # every other point is dominated by, or equal to, a front point
-        assert any(_dominates(tput[i], mem[i], tput[k], mem[k]) or (tput[i], mem[i]) == (tput[k], mem[k])
-                   for i in front), k
+        assert any(
+            _dominates(tput[i], mem[i], tput[k], mem[k]) or (tput[i], mem[i]) == (tput[k], mem[k]) for i in front
+        ), k
 
 
 def test_pareto_front_of_the_run(run, run70):
@@ -195,6 +218,7 @@ def test_pareto_mask_property(points):
 
 # ---- Optuna history ---------------------------------------------------------------------------------
 
+
 def test_optuna_history_is_search_json_history(run_optuna):
     r = D.load_run(run_optuna)
     h = X.optuna_history(r)
@@ -218,12 +242,22 @@ PLAN = {"tp": 8, "pp": 4, "dp": 8, "global_batch_size": 512}
 
 
 def test_predicted_vs_measured_error_arithmetic(tmp_path, trials):
-    trials.write(tmp_path, [
-        (PLAN, {"step_time_s": 11.0, "peak_memory_bytes": 40 * GIB}, {"step_time_s": 10.0, "peak_memory_bytes": 50 * GIB}),
-        (PLAN | {"tp": 4, "pp": 8}, {"step_time_s": 9.0, "peak_memory_bytes": 30 * GIB},
-         {"step_time_s": 12.0, "peak_memory_bytes": 30 * GIB}),
-        (PLAN, {"step_time_s": 5.0, "peak_memory_bytes": 1 * GIB}, {"step_time_s": None, "peak_memory_bytes": 0}),
-    ])
+    trials.write(
+        tmp_path,
+        [
+            (
+                PLAN,
+                {"step_time_s": 11.0, "peak_memory_bytes": 40 * GIB},
+                {"step_time_s": 10.0, "peak_memory_bytes": 50 * GIB},
+            ),
+            (
+                PLAN | {"tp": 4, "pp": 8},
+                {"step_time_s": 9.0, "peak_memory_bytes": 30 * GIB},
+                {"step_time_s": 12.0, "peak_memory_bytes": 30 * GIB},
+            ),
+            (PLAN, {"step_time_s": 5.0, "peak_memory_bytes": 1 * GIB}, {"step_time_s": None, "peak_memory_bytes": 0}),
+        ],
+    )
     data, problems = D.load_trials(tmp_path)
     assert problems == [] and len(data) == 3
     df = X.trials_table(data)
@@ -248,7 +282,9 @@ def test_bad_trial_files_are_skipped_and_named(tmp_path, trials):
     (tmp_path / "trials" / "partial.json").write_text(json.dumps({"plan": PLAN, "predicted": {}}))
     data, problems = D.load_trials(tmp_path)
     assert [d["_file"] for d in data] == ["trial00.json"]
-    assert len(problems) == 2 and any("broken.json" in p for p in problems) and any("partial.json" in p for p in problems)
+    assert (
+        len(problems) == 2 and any("broken.json" in p for p in problems) and any("partial.json" in p for p in problems)
+    )
 
 
 def test_no_trials_directory_means_no_trials(run):
@@ -256,6 +292,7 @@ def test_no_trials_directory_means_no_trials(run):
 
 
 # ---- what-if ------------------------------------------------------------------------------------------
+
 
 def test_whatif_best_plan_per_scenario(run70, run70_128):
     runs = [D.load_run(run70_128), D.load_run(run70)]
@@ -280,6 +317,7 @@ def test_scenarios_round_trip_through_whatif_json(tmp_path):
 
 # ---- question and answer --------------------------------------------------------------------------
 
+
 def test_question_and_answer(run, run70):
     q = dict(zip(*T.question_rows(run).to_dict("list").values()))
     assert "llama3-70b" in q["model"] and "256 x h100-sxm" in q["GPUs"]
@@ -294,6 +332,7 @@ def test_question_and_answer(run, run70):
 
 
 # ---- compare -------------------------------------------------------------------------------------------
+
 
 def _estimates():
     from autopar.cost.estimate import estimate

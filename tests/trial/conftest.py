@@ -16,8 +16,8 @@ import pytest
 from autopar.cost.estimate import estimate
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan
-from autopar.spec.trainers import BUILTIN
 from autopar.spec.presets import get_preset, model_from_dict
+from autopar.spec.trainers import BUILTIN
 from autopar.trial.config import TrialConfig
 from autopar.trial.launcher import LaunchResult, launch
 
@@ -27,8 +27,12 @@ LAUNCH_TIMEOUT_S = 300
 
 #: tp4 needs 4 KV heads (tiny has 2; the plan rules and Megatron-Core refuse kv_heads % tp != 0):
 #: tiny's widths with 8 heads of 16 over 4 KV heads, still GQA (2 query heads per KV head)
-TINY_KV4 = get_preset("tiny").to_dict() | {"name": "tiny-kv4", "num_attention_heads": 8, "num_kv_heads": 4,
-                                            "head_dim": 16}
+TINY_KV4 = get_preset("tiny").to_dict() | {
+    "name": "tiny-kv4",
+    "num_attention_heads": 8,
+    "num_kv_heads": 4,
+    "head_dim": 16,
+}
 
 TINY_TIED = get_preset("tiny").to_dict() | {"name": "tiny-tied", "tied_embeddings": True}
 
@@ -36,8 +40,10 @@ TINY_TIED = get_preset("tiny").to_dict() | {"name": "tiny-tied", "tied_embedding
 _MOE = get_preset("tiny-moe").to_dict()
 TINY_MOE_TOP1 = _MOE | {"name": "tiny-moe-top1", "moe": _MOE["moe"] | {"top_k": 1}}
 #: tiny-moe with one shared expert (a column/row-parallel MLP inside the MoE block under TP)
-TINY_MOE_SHARED = _MOE | {"name": "tiny-moe-shared",
-                          "moe": _MOE["moe"] | {"num_shared_experts": 1, "shared_expert_ffn_hidden_size": 192}}
+TINY_MOE_SHARED = _MOE | {
+    "name": "tiny-moe-shared",
+    "moe": _MOE["moe"] | {"num_shared_experts": 1, "shared_expert_ffn_hidden_size": 192},
+}
 #: forced-balanced routing (every expert gets the same count: the cost model's imbalance 1)
 BALANCED = {"moe_routing": "balanced"}
 
@@ -54,9 +60,20 @@ class Case:
 
     def trial(self) -> TrialConfig:
         plan = {"dtype": "fp32", "micro_batch_size": 1, "global_batch_size": 4} | self.plan
-        return TrialConfig(name=self.name, model=self.model, scale=self.scale, plan=plan, steps=3, warmup=1,
-                           seed=1234, optimizer="sgd", lr=0.5, check_parity=True, count_comm=True,
-                           **self.trial_kwargs)
+        return TrialConfig(
+            name=self.name,
+            model=self.model,
+            scale=self.scale,
+            plan=plan,
+            steps=3,
+            warmup=1,
+            seed=1234,
+            optimizer="sgd",
+            lr=0.5,
+            check_parity=True,
+            count_comm=True,
+            **self.trial_kwargs,
+        )
 
 
 def _pp4(schedule: str) -> Case:
@@ -78,8 +95,7 @@ CASES: tuple[Case, ...] = (
     Case("pp2-zero-bubble", 2, {"pp": 2, "pp_schedule": "zero-bubble"}),
     # 5 layers at pp2: auto layout [2, 3]; interleaved [0, 2, 2, 1] (stage 0 holds only the embedding)
     Case("pp2-uneven", 2, {"pp": 2}, scale={"num_layers": 5}),
-    Case("pp2-uneven-interleaved", 2, {"pp": 2, "vpp": 2, "pp_schedule": "interleaved-1f1b"},
-         scale={"num_layers": 5}),
+    Case("pp2-uneven-interleaved", 2, {"pp": 2, "vpp": 2, "pp_schedule": "interleaved-1f1b"}, scale={"num_layers": 5}),
     # the optional parts: MoE layers (experts local) under PP and ZeRO-1, a tied embedding under TP and DP
     Case("moe-pp2", 2, {"pp": 2}, model="tiny-moe"),
     Case("moe-dp2-zero1", 2, {"dp": 2, "zero_stage": 1}, model="tiny-moe"),
@@ -94,8 +110,9 @@ CASES: tuple[Case, ...] = (
     Case("ep2-learned", 2, {"dp": 2, "ep": 2, "zero_stage": 1}, model="tiny-moe"),
     # EP over the cp ranks (dp = 1): the aux-loss statistics are reduced over cp
     Case("moe-cp2-ep2", 2, {"cp": 2, "ep": 2}, model="tiny-moe", trial_kwargs=BALANCED),
-    Case("ep2-skewed", 2, {"dp": 2, "ep": 2, "zero_stage": 1}, model="tiny-moe",
-         trial_kwargs={"moe_routing": "skewed"}),
+    Case(
+        "ep2-skewed", 2, {"dp": 2, "ep": 2, "zero_stage": 1}, model="tiny-moe", trial_kwargs={"moe_routing": "skewed"}
+    ),
     # MoE under TP with EP folded over the tp ranks (etp = 1): each tp rank dispatches its SP shard
     Case("moe-tp2-ep2", 2, {"tp": 2, "ep": 2, "etp": 1}, model="tiny-moe", trial_kwargs=BALANCED),
     # ep = 1: every expert whole on both tp ranks, their gradients reduced over the tp pair (expert-dp 2)
@@ -113,8 +130,13 @@ CASES: tuple[Case, ...] = (
     Case("cp2-full", 2, {"cp": 2, "recompute": "full"}),
     Case("moe-pp2-full", 2, {"pp": 2, "recompute": "full"}, model="tiny-moe"),
     # the recomputed MoE forward repeats its dispatch/combine all-to-alls over ep (folded over tp)
-    Case("moe-tp2-ep2-full", 2, {"tp": 2, "ep": 2, "etp": 1, "recompute": "full"}, model="tiny-moe",
-         trial_kwargs=BALANCED),
+    Case(
+        "moe-tp2-ep2-full",
+        2,
+        {"tp": 2, "ep": 2, "etp": 1, "recompute": "full"},
+        model="tiny-moe",
+        trial_kwargs=BALANCED,
+    ),
     # world 4
     Case("tp4", 4, {"tp": 4}, model=TINY_KV4),
     Case("tp2xdp2-zero0", 4, {"tp": 2, "dp": 2, "zero_stage": 0}),
@@ -124,35 +146,59 @@ CASES: tuple[Case, ...] = (
     Case("pp2xdp2-ddp", 4, {"pp": 2, "dp": 2, "zero_stage": 0, "global_batch_size": 8}),
     Case("pp2xdp2-zero1", 4, {"pp": 2, "dp": 2, "zero_stage": 1, "global_batch_size": 8}),
     Case("pp2xdp2-fsdp", 4, {"pp": 2, "dp": 2, "zero_stage": 3, "global_batch_size": 8}),
-    _pp4("gpipe"), _pp4("1f1b"), _pp4("interleaved-1f1b"), _pp4("zero-bubble"),
+    _pp4("gpipe"),
+    _pp4("1f1b"),
+    _pp4("interleaved-1f1b"),
+    _pp4("zero-bubble"),
     Case("cp4", 4, {"cp": 4}),
     Case("cp2xtp2", 4, {"cp": 2, "tp": 2}),
     Case("cp2xdp2", 4, {"cp": 2, "dp": 2, "zero_stage": 1}),
     Case("ep4-top2", 4, {"dp": 4, "ep": 4, "zero_stage": 1}, model="tiny-moe", trial_kwargs=BALANCED),
     Case("ep2xdp2-top1", 4, {"dp": 4, "ep": 2, "zero_stage": 1}, model=TINY_MOE_TOP1),
     Case("ep2xdp2-top2-zero0", 4, {"dp": 4, "ep": 2, "zero_stage": 0}, model="tiny-moe", trial_kwargs=BALANCED),
-    Case("moe-tp2xdp2-ep4-shared", 4, {"tp": 2, "dp": 2, "ep": 4, "etp": 1, "zero_stage": 1}, model=TINY_MOE_SHARED,
-         trial_kwargs=BALANCED),
-    Case("moe-tp2xdp2-ep2-etp2", 4, {"tp": 2, "dp": 2, "ep": 2, "zero_stage": 1}, model=TINY_MOE_SHARED,
-         trial_kwargs=BALANCED),
+    Case(
+        "moe-tp2xdp2-ep4-shared",
+        4,
+        {"tp": 2, "dp": 2, "ep": 4, "etp": 1, "zero_stage": 1},
+        model=TINY_MOE_SHARED,
+        trial_kwargs=BALANCED,
+    ),
+    Case(
+        "moe-tp2xdp2-ep2-etp2",
+        4,
+        {"tp": 2, "dp": 2, "ep": 2, "zero_stage": 1},
+        model=TINY_MOE_SHARED,
+        trial_kwargs=BALANCED,
+    ),
     Case("moe-tp2xdp2-ep2-learned", 4, {"tp": 2, "dp": 2, "ep": 2, "etp": 1, "zero_stage": 1}, model="tiny-moe"),
     # world 8
     Case("pp2xdp2xtp2", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 1, "global_batch_size": 8}),
     Case("pp2xdp2xtp2-zero0", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 0, "global_batch_size": 8}),
-    Case("pp2xdp2xtp2-nosp", 8, {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 1, "sequence_parallel": False,
-                                 "global_batch_size": 8}),
+    Case(
+        "pp2xdp2xtp2-nosp",
+        8,
+        {"pp": 2, "dp": 2, "tp": 2, "zero_stage": 1, "sequence_parallel": False, "global_batch_size": 8},
+    ),
     # compositions: CP with TP and PP (dense), and MoE on ep4 over the dp x cp ranks of each stage
     Case("pp2xcp2xtp2", 8, {"pp": 2, "cp": 2, "tp": 2}),
-    Case("pp2xdp2xcp2-ep4", 8, {"pp": 2, "dp": 2, "cp": 2, "ep": 4, "zero_stage": 1, "global_batch_size": 8},
-         model="tiny-moe", trial_kwargs=BALANCED),
+    Case(
+        "pp2xdp2xcp2-ep4",
+        8,
+        {"pp": 2, "dp": 2, "cp": 2, "ep": 4, "zero_stage": 1, "global_batch_size": 8},
+        model="tiny-moe",
+        trial_kwargs=BALANCED,
+    ),
     # the five axes: pp2 x cp2 x tp2 (dp 1) with MoE on ep2 over the cp ranks, each expert's FFN over tp
     Case("pp2xcp2xtp2-ep2-etp2", 8, {"pp": 2, "cp": 2, "tp": 2, "ep": 2}, model="tiny-moe", trial_kwargs=BALANCED),
     # ... and with MoE on ep4 over the cp x tp ranks of each stage (etp = 1, MoE parallel folding)
-    Case("pp2xcp2xtp2-ep4", 8, {"pp": 2, "cp": 2, "tp": 2, "ep": 4, "etp": 1}, model="tiny-moe",
-         trial_kwargs=BALANCED),
+    Case("pp2xcp2xtp2-ep4", 8, {"pp": 2, "cp": 2, "tp": 2, "ep": 4, "etp": 1}, model="tiny-moe", trial_kwargs=BALANCED),
     # ep2 over the cp pairs, expert-dp 2 over dp, ZeRO-0 (FSDP2 replicate), learned routing
-    Case("pp2xdp2xcp2-ep2-edp2", 8, {"pp": 2, "dp": 2, "cp": 2, "ep": 2, "zero_stage": 0, "global_batch_size": 8},
-         model="tiny-moe"),
+    Case(
+        "pp2xdp2xcp2-ep2-edp2",
+        8,
+        {"pp": 2, "dp": 2, "cp": 2, "ep": 2, "zero_stage": 0, "global_batch_size": 8},
+        model="tiny-moe",
+    ),
 )
 if os.environ.get("AUTOPAR_TRIAL_CASES"):  # a developer's subset: comma-separated case names
     CASES = tuple(c for c in CASES if c.name in os.environ["AUTOPAR_TRIAL_CASES"].split(","))
@@ -163,9 +209,13 @@ WORLDS = tuple(sorted({c.world for c in CASES}))
 #: world 2, global batch 8 as in search_spaces/local.yaml. They run first in the world-2 launch: the
 #: tracker counts every tensor alive, and the parity cases leave their reference runs cached.
 MEMORY_PLANS: tuple[dict, ...] = (
-    {"tp": 2, "micro_batch_size": 2}, {"tp": 2, "recompute": "full"},
-    {"dp": 2, "zero_stage": 0}, {"dp": 2, "zero_stage": 1}, {"dp": 2, "zero_stage": 3},
-    {"pp": 2, "pp_schedule": "1f1b", "recompute": "selective"}, {"pp": 2, "pp_schedule": "gpipe", "micro_batch_size": 2},
+    {"tp": 2, "micro_batch_size": 2},
+    {"tp": 2, "recompute": "full"},
+    {"dp": 2, "zero_stage": 0},
+    {"dp": 2, "zero_stage": 1},
+    {"dp": 2, "zero_stage": 3},
+    {"pp": 2, "pp_schedule": "1f1b", "recompute": "selective"},
+    {"pp": 2, "pp_schedule": "gpipe", "micro_batch_size": 2},
     {"pp": 2, "vpp": 2, "pp_schedule": "interleaved-1f1b"},
     # MoE (tiny-moe, top-2 of 4 experts): EP over dp, and EP folded over tp
     {"model": "tiny-moe", "dp": 2, "ep": 2, "zero_stage": 1, "micro_batch_size": 2},
@@ -201,8 +251,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "world" in metafunc.fixturenames:
         metafunc.parametrize("world", WORLDS, ids=[f"world{w}" for w in WORLDS])
     if "memory_plan_dict" in metafunc.fixturenames:
-        metafunc.parametrize("memory_plan_dict", MEMORY_PLANS, ids=[memory_name(p)[len(MEMORY_PREFIX):]
-                                                                   for p in MEMORY_PLANS])
+        metafunc.parametrize(
+            "memory_plan_dict", MEMORY_PLANS, ids=[memory_name(p)[len(MEMORY_PREFIX) :] for p in MEMORY_PLANS]
+        )
 
 
 class Launches:
@@ -215,8 +266,9 @@ class Launches:
     def of(self, world: int) -> LaunchResult:
         if world not in self._done:
             trials = (memory_trials() if world == 2 else []) + [c.trial() for c in CASES if c.world == world]
-            self._done[world] = launch(trials, world, timeout_s=LAUNCH_TIMEOUT_S,
-                                       workdir=self._tmp.mktemp(f"world{world}"))
+            self._done[world] = launch(
+                trials, world, timeout_s=LAUNCH_TIMEOUT_S, workdir=self._tmp.mktemp(f"world{world}")
+            )
         return self._done[world]
 
 
@@ -226,33 +278,40 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> Launches:
 
 
 def _describe(run: LaunchResult) -> str:
-    return (f"outcome {run.outcome} ({'; '.join(run.reasons)}), exit {run.returncode}, {run.wall_s:.0f} s\n"
-            f"--- stderr tail ---\n{run.stderr_tail[-6000:]}")
+    return (
+        f"outcome {run.outcome} ({'; '.join(run.reasons)}), exit {run.returncode}, {run.wall_s:.0f} s\n"
+        f"--- stderr tail ---\n{run.stderr_tail[-6000:]}"
+    )
 
 
 @pytest.fixture
 def launch_of(launches: Launches):
     """world -> its LaunchResult, failing the test with the logs when the launch did not succeed."""
+
     def get(world: int) -> LaunchResult:
         run = launches.of(world)
         assert run.succeeded, _describe(run)
         return run
+
     return get
 
 
 @pytest.fixture
 def result_of(launch_of):
     """Case -> its trial result document (status ok)."""
+
     def get(case: Case) -> dict:
         run = launch_of(case.world)
         found = [t for t in run.trials if t.get("name") == case.name]
         assert found, f"{case.name} has no result; the launch recorded {[t.get('name') for t in run.trials]}"
         assert found[0]["status"] == "ok", found[0].get("error")
         return found[0]
+
     return get
 
 
 # ---- the cost model's prediction ------------------------------------------------------------------
+
 
 def model_of(result: dict):
     row = dict(result["model"])
@@ -263,8 +322,9 @@ def predicted_stages(result: dict, routing_imbalance: float = 1.0) -> list[dict]
     """The cost model's per-pipeline-rank parameters and collective bytes for a trial's plan."""
     plan = ParallelPlan.from_dict(result["plan"]).with_(trainer=BUILTIN)  # what ran: the built-in model
     spec = model_of(result)
-    est = estimate(plan, spec, CLUSTER, num_gpus=plan.num_gpus, seq_len=result["seq_len"],
-                   routing_imbalance=routing_imbalance)
+    est = estimate(
+        plan, spec, CLUSTER, num_gpus=plan.num_gpus, seq_len=result["seq_len"], routing_imbalance=routing_imbalance
+    )
     assert est.valid, est.reasons
     return [{"params": st["params"], "comm_bytes": dict(st["comm_bytes"])} for st in est.extra["stages"]]
 
@@ -277,20 +337,24 @@ def predict():
 @pytest.fixture
 def case_named():
     """A case by name (test modules cannot import this conftest: several test directories have one)."""
+
     def get(name: str) -> Case:
         found = [c for c in CASES if c.name == name]
         if not found and os.environ.get("AUTOPAR_TRIAL_CASES"):
             pytest.skip(f"{name} is not in AUTOPAR_TRIAL_CASES")
         return found[0]
+
     return get
 
 
 @pytest.fixture
 def memory_result_of(launch_of):
     """A MEMORY_PLANS entry -> (its ParallelPlan, model preset, its memory trial's result document)."""
+
     def get(plan: dict) -> tuple[ParallelPlan, str, dict]:
         name = memory_name(plan) + ":memory"  # trial_configs names the memory trial so
         found = [t for t in launch_of(2).trials if t.get("name") == name]
         assert found and found[0]["status"] == "ok", (name, found[:1])
         return memory_plan(plan), memory_model(plan), found[0]
+
     return get

@@ -9,7 +9,6 @@ import math
 
 import pytest
 
-
 pytestmark = [pytest.mark.timeout(900), pytest.mark.distributed, pytest.mark.slow]
 
 AXES = ("tp", "cp", "ep", "pp", "dp")
@@ -60,8 +59,8 @@ def test_parameters_and_bytes_equal_the_cost_model(case, result_of, predict) -> 
         measured = {a: got.get(a, 0) for a in AXES}
         assert measured == {a: want["comm_bytes"][a] for a in AXES}, (
             f"rank {rank['rank']} {rank['coords']}: measured {measured} vs cost model {want['comm_bytes']}; "
-            f"calls {rank['comm']['calls_by_op']}")
-
+            f"calls {rank['comm']['calls_by_op']}"
+        )
 
 
 def test_result_document(world: int, launch_of) -> None:

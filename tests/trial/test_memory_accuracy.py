@@ -36,9 +36,11 @@ def test_peak_memory_within_10_percent(memory_plan_dict, memory_result_of) -> No
     est = estimate(plan, get_preset(model), LOCAL, num_gpus=2, seq_len=result["seq_len"])
     assert est.valid, est.reasons
     err = est.peak_memory_bytes / measured - 1
-    assert abs(err) <= BOUND, (f"{plan.describe()} {plan.pp_schedule} zero{plan.zero_stage} mbs{plan.micro_batch_size} "
-                               f"{plan.recompute}: predicted {est.peak_memory_bytes / 2**20:.3f} MiB, measured "
-                               f"{measured / 2**20:.3f} MiB ({100 * err:+.1f} %); predicted terms {est.memory_bytes}")
+    assert abs(err) <= BOUND, (
+        f"{plan.describe()} {plan.pp_schedule} zero{plan.zero_stage} mbs{plan.micro_batch_size} "
+        f"{plan.recompute}: predicted {est.peak_memory_bytes / 2**20:.3f} MiB, measured "
+        f"{measured / 2**20:.3f} MiB ({100 * err:+.1f} %); predicted terms {est.memory_bytes}"
+    )
 
 
 def test_zero3_frees_what_zero1_keeps_gathered(memory_result_of) -> None:

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from autopar.cost.flops import padded_vocab
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
+from autopar.trial.features import plan_problems
 from autopar.trial.loss import cross_entropy
 from autopar.trial.materialize import count_params
 from autopar.trial.model import ModelConfig, Transformer, apply_rope, build_model, initial_value, rope_table
 from autopar.trial.parallel.pipeline import stage_module, virtual_stages
 from autopar.trial.parallel.tensor import tp_problems
-from autopar.trial.features import plan_problems
 
 pytestmark = pytest.mark.timeout(120)
 

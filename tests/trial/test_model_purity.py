@@ -34,7 +34,8 @@ def test_the_model_source_imports_no_parallelism() -> None:
         bad = [m for m in _imports(tree) if m.startswith(("torch.distributed", "autopar.trial.parallel"))]
         assert not bad, (path.name, bad)
         names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
-            n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+        }
         assert not [n for n in names if n.endswith("_group") or n in ("dist", "all_reduce", "all_to_all_single")]
 
 
@@ -50,4 +51,3 @@ def test_a_model_holds_no_process_group() -> None:
     for moe in moes:  # the defaults: every expert here, the statistics of local tokens
         assert moe.routed_experts.__func__ is MoE.routed_experts
         assert moe.sequence_stats.__func__ is MoE.sequence_stats
-

@@ -26,8 +26,14 @@ from autopar.trial.resources import CPU_RANK_RUNTIME_BYTES, GIB, Machine, local_
 
 REPO = Path(__file__).resolve().parents[2]
 CPU2 = Machine(cpu_cores=2, ram_total_bytes=24 * GIB, ram_available_bytes=22 * GIB)
-GPU8 = Machine(cpu_cores=64, ram_total_bytes=1024 * GIB, ram_available_bytes=900 * GIB, gpus=8,
-               gpu_memory_bytes=80 * GIB, gpu_name="NVIDIA H100 80GB HBM3")
+GPU8 = Machine(
+    cpu_cores=64,
+    ram_total_bytes=1024 * GIB,
+    ram_available_bytes=900 * GIB,
+    gpus=8,
+    gpu_memory_bytes=80 * GIB,
+    gpu_name="NVIDIA H100 80GB HBM3",
+)
 H100 = resolve_cluster("h100-sxm")
 
 
@@ -37,13 +43,24 @@ def local(tmp_path, monkeypatch):
     return resolve_cluster("local")
 
 
-def planner(model: str, gpus: int, local, max_ranks: int | None = None, machine: Machine = CPU2,
-            options: ProxyOptions | None = None, cluster=H100) -> Planner:
+def planner(
+    model: str,
+    gpus: int,
+    local,
+    max_ranks: int | None = None,
+    machine: Machine = CPU2,
+    options: ProxyOptions | None = None,
+    cluster=H100,
+) -> Planner:
     spec = get_preset(model)
     device = "cuda" if machine.gpus else "cpu"
-    return Planner(Target(spec, cluster, gpus, spec.seq_len), local_limits(machine, device, max_ranks),
-                   options or ProxyOptions(step_budget_s=1.0), local if device == "cpu" else cluster,
-                   fix_hint="use --launcher slurm")
+    return Planner(
+        Target(spec, cluster, gpus, spec.seq_len),
+        local_limits(machine, device, max_ranks),
+        options or ProxyOptions(step_budget_s=1.0),
+        local if device == "cpu" else cluster,
+        fix_hint="use --launcher slurm",
+    )
 
 
 def p70(**kw) -> dict:
@@ -52,6 +69,7 @@ def p70(**kw) -> dict:
 
 
 # ---- resources -------------------------------------------------------------------------------------
+
 
 def test_cpu_limits():
     lim = local_limits(CPU2, "cpu")
@@ -76,23 +94,33 @@ def test_gpu_limits():
 
 
 def test_detect_reads_this_machine_without_torch():
-    code = ("import sys, autopar.trial.resources as r, autopar.trial.proxy, autopar.trial.slurm, "
-            "autopar.trial.hygiene; m = r.detect(); print(m.cpu_cores, m.ram_available_bytes > 0, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys, autopar.trial.resources as r, autopar.trial.proxy, autopar.trial.slurm, "
+        "autopar.trial.hygiene; m = r.detect(); print(m.cpu_cores, m.ram_available_bytes > 0, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     cores, ram, torch = out.stdout.split()
     assert int(cores) >= 1 and ram == "True" and torch == "False", out.stderr
 
 
 # ---- placements ------------------------------------------------------------------------------------
 
+
 def test_a_plan_that_fits_runs_as_it_is(local):
     pl = planner("tiny", 2, local, cluster=local)
     plan = ParallelPlan(dp=2, global_batch_size=8, dtype="fp32", zero_stage=3).to_dict()
     p = pl.place(plan)
     assert p.kind == "full" and p.proxy is None and p.nproc == 2 and p.device == "cpu"
-    assert {k: p.run_plan[k] for k in ("tp", "dp", "global_batch_size", "zero_stage")} == \
-        {k: plan[k] for k in ("tp", "dp", "global_batch_size", "zero_stage")}
+    assert {k: p.run_plan[k] for k in ("tp", "dp", "global_batch_size", "zero_stage")} == {
+        k: plan[k] for k in ("tp", "dp", "global_batch_size", "zero_stage")
+    }
 
 
 def test_tp_cp_pipeline_that_cannot_keep_its_ranks_is_not_runnable(local):
@@ -171,7 +199,9 @@ def test_memory_and_time_limits_and_fixed_proxy_sizes(local):
     assert p.kind == "not-runnable" and "GiB per rank" in p.reason and "--proxy-width" in p.reason
     p = planner("70b", 256, local, options=ProxyOptions(step_budget_s=1e-6)).place(plan)
     assert p.kind == "not-runnable" and "s per step" in p.reason and "--trial-timeout" in p.reason
-    p = planner("70b", 256, local, options=ProxyOptions(width_divisor=16, seq_divisor=8, layers_per_stage=2)).place(plan)
+    p = planner("70b", 256, local, options=ProxyOptions(width_divisor=16, seq_divisor=8, layers_per_stage=2)).place(
+        plan
+    )
     spec = TrialConfig(model=p.model, plan=p.run_plan).model_spec()
     assert p.kind == "proxy" and spec.hidden_size == 8192 // 16 and p.seq_len == 8192 // 8 and spec.num_layers == 2
     assert spec.num_attention_heads * spec.head_dim == spec.hidden_size  # heads first, then head size
@@ -199,18 +229,35 @@ def test_standin_model_lists_each_substitution():
 
 # ---- measuring a placement: scale-back and labels ---------------------------------------------------
 
+
 def _fake_launch(step_s: float, peak: float):
     def launch(trials, nproc, *, on_progress=None, **_):
-        timed = {"name": "t", "status": "ok", "step_time_s": [step_s * 3] + [step_s] * (trials[0].steps - 1),
-                 "timed_steps": list(range(1, trials[0].steps - 1)), "tokens_per_step": 1000,
-                 "model_flops_per_step": 1e12, "final_loss": 5.0,
-                 "ranks": [{"peak_memory_bytes": peak, "param_count": 10, "comm": None}] * nproc}
-        memory = {"name": "m", "status": "ok", "ranks": [{"peak_memory_bytes": peak, "memory_method": "tensor-peak"}] * nproc}
+        timed = {
+            "name": "t",
+            "status": "ok",
+            "step_time_s": [step_s * 3] + [step_s] * (trials[0].steps - 1),
+            "timed_steps": list(range(1, trials[0].steps - 1)),
+            "tokens_per_step": 1000,
+            "model_flops_per_step": 1e12,
+            "final_loss": 5.0,
+            "ranks": [{"peak_memory_bytes": peak, "param_count": 10, "comm": None}] * nproc,
+        }
+        memory = {
+            "name": "m",
+            "status": "ok",
+            "ranks": [{"peak_memory_bytes": peak, "memory_method": "tensor-peak"}] * nproc,
+        }
         if on_progress:
             for i in timed["timed_steps"]:
                 on_progress({"trial": 0, "step": i, "time_s": step_s, "timed": True})
-        return LaunchResult(outcome="ok", returncode=0, wall_s=1.0, result={"complete": True, "trials": [timed, memory]},
-                            command=["fake"])
+        return LaunchResult(
+            outcome="ok",
+            returncode=0,
+            wall_s=1.0,
+            result={"complete": True, "trials": [timed, memory]},
+            command=["fake"],
+        )
+
     return launch
 
 
@@ -218,17 +265,29 @@ def test_measure_placement_scales_a_proxy_back_and_labels_it(local, tmp_path):
     plan = ParallelPlan(dp=256, global_batch_size=512, micro_batch_size=2, zero_stage=3, recompute="full").to_dict()
     p = planner("70b", 256, local).place(plan)
     est = estimate(ParallelPlan.from_dict(plan), get_preset("70b"), H100, num_gpus=256, seq_len=8192)
-    predicted = {"step_time_s": est.step_time_s, "peak_memory_bytes": est.peak_memory_bytes, "mfu": est.mfu,
-                 "tokens_per_s": est.tokens_per_s}
+    predicted = {
+        "step_time_s": est.step_time_s,
+        "peak_memory_bytes": est.peak_memory_bytes,
+        "mfu": est.mfu,
+        "tokens_per_s": est.tokens_per_s,
+    }
     seen = []
-    doc = measure_placement(p, predicted, steps=3, workdir=tmp_path, launch_fn=_fake_launch(0.5, 100 * 2**20),
-                            on_step=lambda i, t: seen.append(t) and False)
+    doc = measure_placement(
+        p,
+        predicted,
+        steps=3,
+        workdir=tmp_path,
+        launch_fn=_fake_launch(0.5, 100 * 2**20),
+        on_step=lambda i, t: seen.append(t) and False,
+    )
     m, own = doc["measured"], doc["measured"]["proxy"]
     r = p.proxy.time_ratio
     assert doc["kind"] == "proxy" and doc["plan"] == plan and doc["proxy"]["summary"] == p.proxy.summary
     assert own["step_time_s"] == 0.5 and m["step_time_s"] == pytest.approx(0.5 * r)
     assert seen == pytest.approx([0.5 * r] * 3)  # the pruner sees the plan's scale
-    assert own["peak_memory_bytes"] == 100 * 2**20 and m["peak_memory_bytes"] == pytest.approx(100 * 2**20 * p.proxy.memory_ratio)
+    assert own["peak_memory_bytes"] == 100 * 2**20 and m["peak_memory_bytes"] == pytest.approx(
+        100 * 2**20 * p.proxy.memory_ratio
+    )
     assert doc["errors"]["step_time"] == pytest.approx(p.proxy.predicted_step_time_s / 0.5 - 1)
     assert own["step_time_error"] == pytest.approx(doc["errors"]["step_time"])
     assert m["mfu"] == pytest.approx(est.mfu * est.step_time_s / m["step_time_s"])

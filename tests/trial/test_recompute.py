@@ -13,11 +13,11 @@ import torch
 from autopar.cost import activations as act
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
+from autopar.trial.features import plan_problems
 from autopar.trial.loss import cross_entropy
 from autopar.trial.memory import TensorPeak, _is_tensor
 from autopar.trial.model import ModelConfig, build_model
 from autopar.trial.parallel.recompute import apply_ac, recomputed_layers
-from autopar.trial.features import plan_problems
 
 pytestmark = [pytest.mark.slow]  # the model runs forward and backward per mode: about 6 s
 

@@ -39,33 +39,40 @@ def _worker(rank: int, n: int, port: int, load_balance: bool, heads: int, kv_hea
         dout = torch.randn(b, heads, s, d, dtype=torch.float64)
         rep = heads // kv_heads
         ref_q, ref_k, ref_v = (t.clone().requires_grad_() for t in (q, k, v))
-        ref = F.scaled_dot_product_attention(ref_q, ref_k.repeat_interleave(rep, 1), ref_v.repeat_interleave(rep, 1),
-                                             is_causal=True)
+        ref = F.scaled_dot_product_attention(
+            ref_q, ref_k.repeat_interleave(rep, 1), ref_v.repeat_interleave(rep, 1), is_causal=True
+        )
         ref.backward(dout)
         pos = cp_positions(s, world, rank, load_balance)
         lq, lk, lv = (t[:, :, pos].clone().requires_grad_() for t in (q, k, v))
         with CommBytesMode({frozenset(range(world)): "cp"}) as cb:
             o = ring_attention(lq, lk, lv, dist.group.WORLD, load_balance)
             o.backward(dout[:, :, pos])
-        errs = [(o - ref[:, :, pos]).abs().max().item(), (lq.grad - ref_q.grad[:, :, pos]).abs().max().item(),
-                (lk.grad - ref_k.grad[:, :, pos]).abs().max().item(),
-                (lv.grad - ref_v.grad[:, :, pos]).abs().max().item()]
+        errs = [
+            (o - ref[:, :, pos]).abs().max().item(),
+            (lq.grad - ref_q.grad[:, :, pos]).abs().max().item(),
+            (lk.grad - ref_k.grad[:, :, pos]).abs().max().item(),
+            (lv.grad - ref_v.grad[:, :, pos]).abs().max().item(),
+        ]
         kv_bytes = 2 * b * kv_heads * len(pos) * d * 8
         out[rank] = {"errs": errs, "sent": dict(cb.count.bytes_by_axis).get("cp", 0), "kv_bytes": kv_bytes}
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("n,load_balance,heads,kv_heads", [
-    (2, True, 4, 2), (4, True, 2, 2), (2, False, 4, 2), (4, False, 4, 1)],
-    ids=["cp2-balanced-gqa", "cp4-balanced", "cp2-contiguous", "cp4-contiguous-mqa"])
+@pytest.mark.parametrize(
+    "n,load_balance,heads,kv_heads",
+    [(2, True, 4, 2), (4, True, 2, 2), (2, False, 4, 2), (4, False, 4, 1)],
+    ids=["cp2-balanced-gqa", "cp4-balanced", "cp2-contiguous", "cp4-contiguous-mqa"],
+)
 def test_ring_attention_matches_sdpa(n: int, load_balance: bool, heads: int, kv_heads: int) -> None:
     world = n
     ctx = mp.get_context("spawn")
     out = ctx.Manager().dict()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, load_balance, heads, kv_heads, out))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world, port, load_balance, heads, kv_heads, out)) for r in range(world)
+    ]
     for p in procs:
         p.start()
     for p in procs:

@@ -23,8 +23,14 @@ def cli_env(tmp_path: Path) -> dict:
 
 
 def run_cli(args: list[str], tmp_path: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CLI, *args], cwd=tmp_path, env=cli_env(tmp_path),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", CLI, *args],
+        cwd=tmp_path,
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -61,7 +67,11 @@ def _cli():
 
 @pytest.fixture(name="cli_popen")
 def _cli_popen():
-    def start(args: list[str], tmp_path: Path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-c", CLI, *args], cwd=tmp_path, env=cli_env(tmp_path),
-                                stdout=stdout, stderr=stderr)
+    def start(
+        args: list[str], tmp_path: Path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    ) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", CLI, *args], cwd=tmp_path, env=cli_env(tmp_path), stdout=stdout, stderr=stderr
+        )
+
     return start

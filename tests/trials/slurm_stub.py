@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-COMMON = '''#!{python}
+COMMON = """#!{python}
 import fcntl, os, signal, subprocess, sys, time
 from pathlib import Path
 STATE = Path({state!r})
@@ -43,9 +43,11 @@ def job_pid(job):
 
 def ended(job):
     return (STATE / job / "rc").exists() or (STATE / job / "cancelled").exists() or not alive(job_pid(job) or 0)
-'''
+"""
 
-SBATCH = COMMON + '''
+SBATCH = (
+    COMMON
+    + """
 args = sys.argv[1:]
 script = args[-1]
 opts = dict(a[2:].split("=", 1) for a in args[:-1] if a.startswith("--") and "=" in a)
@@ -63,16 +65,22 @@ p = subprocess.Popen(["bash", "-c", runner], cwd=opts.get("chdir") or None, env=
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 (d / "pid").write_text(str(p.pid))
 print(job if "--parsable" in args else f"Submitted batch job {{job}}")
-'''
+"""
+)
 
-SQUEUE = COMMON + '''
+SQUEUE = (
+    COMMON
+    + """
 args = sys.argv[1:]
 job = args[args.index("-j") + 1]
 if (STATE / job).exists() and not ended(job):
     print("RUNNING")
-'''
+"""
+)
 
-SACCT = COMMON + '''
+SACCT = (
+    COMMON
+    + """
 args = sys.argv[1:]
 job = args[args.index("-j") + 1]
 d = STATE / job
@@ -85,9 +93,12 @@ elif (d / "rc").exists():
     print(("COMPLETED" if rc == 0 else "FAILED") + f"|{{rc}}:0")
 elif alive(job_pid(job) or 0):
     print("RUNNING|0:0")
-'''
+"""
+)
 
-SCANCEL = COMMON + '''
+SCANCEL = (
+    COMMON
+    + """
 for job in sys.argv[1:]:
     d = STATE / job
     pid = job_pid(job)
@@ -100,7 +111,8 @@ for job in sys.argv[1:]:
         except ProcessLookupError:
             break
         time.sleep(1.0)
-'''
+"""
+)
 
 
 def install(bin_dir: Path, state: Path) -> None:

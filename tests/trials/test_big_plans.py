@@ -33,7 +33,9 @@ class TreeSampler(threading.Thread):
             for d in Path("/proc").iterdir():
                 if d.name.isdigit():
                     try:
-                        kids.setdefault(int((d / "stat").read_text().rpartition(")")[2].split()[1]), []).append(int(d.name))
+                        kids.setdefault(int((d / "stat").read_text().rpartition(")")[2].split()[1]), []).append(
+                            int(d.name)
+                        )
                     except (OSError, IndexError, ValueError):
                         pass
             tree, todo = [], [self.pid]
@@ -70,16 +72,18 @@ def _run(cli_popen, args, tmp_path) -> tuple[int, str, str, TreeSampler, float]:
 
 @pytest.mark.parametrize("model,gpus", [("70b", "256"), ("deepseek-v3", "1024")], ids=["llama3-70b", "deepseek-v3"])
 def test_big_plans_run_as_labelled_proxies(tmp_path, cli_popen, procs, model, gpus):
-    code, out, err, s, wall = _run(cli_popen, ["search", "--model", model, "--gpus", gpus, "--trials", "2",
-                                               "--run-dir", "run"], tmp_path)
+    code, out, err, s, wall = _run(
+        cli_popen, ["search", "--model", model, "--gpus", gpus, "--trials", "2", "--run-dir", "run"], tmp_path
+    )
     assert code == 0, err[-3000:]
     cores = len(os.sched_getaffinity(0))
     assert wall < 300 and 1 <= s.peak_workers <= cores and s.peak_rss < 8 * 2**30, (wall, s.peak_workers, s.peak_rss)
     docs = load_docs(tmp_path / "run" / "trials")
     ran = [d for d in docs.values() if d["status"] != "not-runnable"]
     refused = [d for d in docs.values() if d["status"] == "not-runnable"]
-    assert len(ran) == 2 and all(d["status"] == "ok" and d["kind"] == "proxy" for d in ran), \
-        {k: (d["status"], d["reasons"]) for k, d in docs.items()}
+    assert len(ran) == 2 and all(d["status"] == "ok" and d["kind"] == "proxy" for d in ran), {
+        k: (d["status"], d["reasons"]) for k, d in docs.items()
+    }
     for d in ran:
         own, m = d["measured"]["proxy"], d["measured"]
         assert d["nproc"] <= cores and d["proxy"]["cross_hardware"] and d["proxy"]["changes"]

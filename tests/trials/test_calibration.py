@@ -15,21 +15,49 @@ from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
 
 TINY = get_preset("tiny")
-PLANS = [ParallelPlan(tp=t, pp=p, dp=2 // (t * p), vpp=v, pp_schedule=s, micro_batch_size=mb, global_batch_size=8,
-                      zero_stage=z, dtype="fp32", sequence_parallel=t > 1)
-         for t, p, v, s in ((1, 1, 1, "1f1b"), (2, 1, 1, "1f1b"), (1, 2, 1, "1f1b"), (1, 2, 1, "gpipe"),
-                            (1, 2, 2, "interleaved-1f1b"))
-         for mb in (1, 4) for z in (0, 1)]
+PLANS = [
+    ParallelPlan(
+        tp=t,
+        pp=p,
+        dp=2 // (t * p),
+        vpp=v,
+        pp_schedule=s,
+        micro_batch_size=mb,
+        global_batch_size=8,
+        zero_stage=z,
+        dtype="fp32",
+        sequence_parallel=t > 1,
+    )
+    for t, p, v, s in (
+        (1, 1, 1, "1f1b"),
+        (2, 1, 1, "1f1b"),
+        (1, 2, 1, "1f1b"),
+        (1, 2, 1, "gpipe"),
+        (1, 2, 2, "interleaved-1f1b"),
+    )
+    for mb in (1, 4)
+    for z in (0, 1)
+]
 
 
 def test_local_profile_defaults_and_file(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(tmp_path / "none.yaml"))
     c = default_cluster("local")
     assert c.gpu.key == "local" and c.constants.runtime_reserved_gib == 0.0
-    probe = {"threads": 1, "memory_bytes_per_s": 5e9,
-             "gemm": [{"m": s, "n": s, "k": s, "flops_per_s": 1e11 * s / (s + 8)} for s in (16, 64, 256, 1024)]}
-    colls = [{"world_size": 2, "all_reduce": [{"bytes": 1024, "seconds": 1e-4, "busbw_gbps": 0.01},
-                                              {"bytes": 1 << 22, "seconds": 4e-3, "busbw_gbps": 1.0}]}]
+    probe = {
+        "threads": 1,
+        "memory_bytes_per_s": 5e9,
+        "gemm": [{"m": s, "n": s, "k": s, "flops_per_s": 1e11 * s / (s + 8)} for s in (16, 64, 256, 1024)],
+    }
+    colls = [
+        {
+            "world_size": 2,
+            "all_reduce": [
+                {"bytes": 1024, "seconds": 1e-4, "busbw_gbps": 0.01},
+                {"bytes": 1 << 22, "seconds": 4e-3, "busbw_gbps": 1.0},
+            ],
+        }
+    ]
     prof = profile_from_probe(probe, colls, 2, 8 * 2**30)
     assert prof["gpu"]["bf16_tflops"] * 0.9 / 2 == pytest.approx(0.1, rel=0.05)  # fp32 peak recovered
     assert prof["constants"]["gemm_half_efficiency_dim"] == pytest.approx(8, rel=0.1)
@@ -48,8 +76,12 @@ def test_fit_recovers_known_constants():
     """Measurements made by the cost model itself with other constants: the fit must rank them right
     and get within a few percent."""
     base = default_cluster("local")
-    truth = replace(base, constants=replace(base.constants, gemm_efficiency=0.3, layer_overhead_us=3000.0,
-                                            allocator_overhead_fraction=0.2))
+    truth = replace(
+        base,
+        constants=replace(
+            base.constants, gemm_efficiency=0.3, layer_overhead_us=3000.0, allocator_overhead_fraction=0.2
+        ),
+    )
     meas_t, meas_m = predict(PLANS, TINY, truth, 2, 128)
     cal = calibrate(PLANS, meas_t, meas_m, TINY, base, 2, 128)
     assert cal.spearman_after >= 0.95
@@ -63,6 +95,8 @@ def test_plan_key_and_diverse_order():
     keys = {plan_key(p.to_dict()): {"plan": p.to_dict()} for p in PLANS}
     assert len(keys) == len(PLANS)  # distinct plans, distinct keys
     order = diverse(list(keys), keys)
-    first = {(keys[k]["plan"]["tp"], keys[k]["plan"]["pp"], keys[k]["plan"]["vpp"], keys[k]["plan"]["pp_schedule"])
-             for k in order[:5]}
+    first = {
+        (keys[k]["plan"]["tp"], keys[k]["plan"]["pp"], keys[k]["plan"]["vpp"], keys[k]["plan"]["pp_schedule"])
+        for k in order[:5]
+    }
     assert len(first) == 5  # the first five span the five layouts

@@ -15,8 +15,11 @@ PLAN = {"dp": 2, "zero_stage": 0, "micro_batch_size": 1, "global_batch_size": 4,
 
 
 def test_oom_crash_hang(tmp_path, procs):
-    cases = {"oom": (["--memory-limit-mib", "8"], 90), "crash": (["--fault", "raise-rank1"], 90),
-             "timeout": (["--fault", "hang"], 15)}
+    cases = {
+        "oom": (["--memory-limit-mib", "8"], 90),
+        "crash": (["--fault", "raise-rank1"], 90),
+        "timeout": (["--fault", "hang"], 15),
+    }
     for expected, (args, timeout) in cases.items():
         work = tmp_path / expected
         t0 = time.perf_counter()
@@ -27,5 +30,8 @@ def test_oom_crash_hang(tmp_path, procs):
             assert "OutOfMemoryError" in " ".join(doc["reasons"])
         assert time.perf_counter() - t0 < timeout + 20
         assert not procs(str(work)), procs(str(work))
-    assert "injected fault" in " ".join(measure_plan("tiny", PLAN, 2, steps=1, timeout_s=90, workdir=tmp_path / "r",
-                                                     worker_args=["--fault", "raise"])["reasons"])
+    assert "injected fault" in " ".join(
+        measure_plan("tiny", PLAN, 2, steps=1, timeout_s=90, workdir=tmp_path / "r", worker_args=["--fault", "raise"])[
+            "reasons"
+        ]
+    )

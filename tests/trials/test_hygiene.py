@@ -65,8 +65,11 @@ PHASES = {
     # the complete result is written; the workers wait 30 s before their exit
     "teardown": ("slow-exit", lambda run, world: _complete(run) and len(_workers(str(run))) == world),
 }
-CASES = [(2, phase, sig) for phase in PHASES for sig in ("SIGINT", "SIGTERM", "SIGKILL")] + \
-        [(4, "startup", "SIGKILL"), (4, "steps", "SIGTERM"), (4, "teardown", "SIGINT")]
+CASES = [(2, phase, sig) for phase in PHASES for sig in ("SIGINT", "SIGTERM", "SIGKILL")] + [
+    (4, "startup", "SIGKILL"),
+    (4, "steps", "SIGTERM"),
+    (4, "teardown", "SIGINT"),
+]
 
 
 @pytest.mark.parametrize("world,phase,sig", CASES, ids=[f"world{w}-{p}-{s}" for w, p, s in CASES])
@@ -75,8 +78,23 @@ def test_signal_leaves_no_process(tmp_path, cli_popen, procs, monkeypatch, world
     if fault:
         monkeypatch.setenv("AUTOPAR_WORKER_FAULT", fault)
     run = tmp_path / "run"
-    args = ["search", "--model", "tiny", "--gpus", str(world), "--gpu", "local", "--trials", "1", "--trial-steps",
-            "1", "--trial-timeout", "120", "--run-dir", "run"] + (["--max-local-ranks", str(world)] if world > 2 else [])
+    args = [
+        "search",
+        "--model",
+        "tiny",
+        "--gpus",
+        str(world),
+        "--gpu",
+        "local",
+        "--trials",
+        "1",
+        "--trial-steps",
+        "1",
+        "--trial-timeout",
+        "120",
+        "--run-dir",
+        "run",
+    ] + (["--max-local-ranks", str(world)] if world > 2 else [])
     err = open(tmp_path / "stderr.txt", "w")
     p = cli_popen(args, tmp_path, stderr=err)
     try:
@@ -148,10 +166,14 @@ def test_watchdog_ends_a_worker_whose_launcher_died(tmp_path):
     (AUTOPAR_WATCH): SIGKILL the launcher and the worker, whose parent `middle` still lives, ends
     by itself within a second; a worker whose parent dies ends too."""
     repo = str(Path(__file__).resolve().parents[2])
-    worker = ("import os, sys, time; sys.path.insert(0, %r); from autopar.trial.hygiene import start_watchdog; "
-              "start_watchdog(0.1); open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)") % repo
-    middle = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]]); "
-              "open(sys.argv[3], 'w').write('x'); time.sleep(120)")
+    worker = (
+        "import os, sys, time; sys.path.insert(0, %r); from autopar.trial.hygiene import start_watchdog; "
+        "start_watchdog(0.1); open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+    ) % repo
+    middle = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]]); "
+        "open(sys.argv[3], 'w').write('x'); time.sleep(120)"
+    )
     launcher = textwrap.dedent(f"""
         import os, subprocess, sys, time
         sys.path.insert(0, {repo!r})

@@ -11,9 +11,9 @@ import pytest
 from optuna.trial import TrialState
 
 from autopar.report.run_data import load_trials
+from autopar.search.enumerate import Question
 from autopar.search.run import SearchOptions, run_search
 from autopar.search.scenarios import global_batch
-from autopar.search.enumerate import Question
 from autopar.search.space import load_space
 from autopar.search.trial_results import acceptance
 from autopar.search.trials import STUDY, candidates, diverse, run_measured
@@ -25,8 +25,13 @@ pytestmark = [pytest.mark.slow]
 
 def _result(tmp_path):
     space = load_space("local")
-    q = Question(model=get_preset("tiny"), num_gpus=2, cluster=default_cluster("local"), seq_len=128,
-                 global_batch_size=global_batch(space, 128, None))
+    q = Question(
+        model=get_preset("tiny"),
+        num_gpus=2,
+        cluster=default_cluster("local"),
+        seq_len=128,
+        global_batch_size=global_batch(space, 128, None),
+    )
     return run_search(q, SearchOptions(space=space, run_dir=tmp_path / "run"))
 
 
@@ -41,10 +46,24 @@ def test_seeded_failures_budget_winner(local_env, tmp_path):
         calls.append(plan)
         status = {1: "crash", 2: "oom"}.get(i, "ok")
         t = predicted["step_time_s"] * (1.1 + 0.01 * i)
-        m = {} if status != "ok" else {"step_time_s": t, "step_times_s": [t, t * 1.01, t], "peak_memory_bytes":
-                                        predicted["peak_memory_bytes"] * 1.05}
-        return {"name": "x", "plan": plan, "predicted": predicted, "status": status, "outcome": status,
-                "reasons": [] if status == "ok" else [f"{status} for the test"], "measured": m}
+        m = (
+            {}
+            if status != "ok"
+            else {
+                "step_time_s": t,
+                "step_times_s": [t, t * 1.01, t],
+                "peak_memory_bytes": predicted["peak_memory_bytes"] * 1.05,
+            }
+        )
+        return {
+            "name": "x",
+            "plan": plan,
+            "predicted": predicted,
+            "status": status,
+            "outcome": status,
+            "reasons": [] if status == "ok" else [f"{status} for the test"],
+            "measured": m,
+        }
 
     stage = run_measured(result, measure, k=4, budget=6, log=lambda s: None)
     from autopar.search.trial_claims import measured
@@ -58,8 +77,7 @@ def test_seeded_failures_budget_winner(local_env, tmp_path):
     # measured trials carry their result; a sampled plan another trial holds is pruned as a duplicate
     done = [t for t in study.trials if measured(t) and t.state != TrialState.FAIL]
     assert len(done) == 4 and all("measured" in t.user_attrs["result"] for t in done)
-    assert all(t.user_attrs.get("duplicate") or t.user_attrs.get("surplus")
-               for t in study.trials if not measured(t))
+    assert all(t.user_attrs.get("duplicate") or t.user_attrs.get("surplus") for t in study.trials if not measured(t))
     figs = acceptance(result, stage)
     assert figs["failed"] == 2 and figs["succeeded"] == 4
     ok = [d for d in stage.docs.values() if d["status"] == "ok"]
@@ -68,8 +86,9 @@ def test_seeded_failures_budget_winner(local_env, tmp_path):
     trials, problems = load_trials(result.run_dir)
     assert len(trials) == 6 and not problems
     # a rerun keeps everything and measures nothing new
-    again = run_measured(result, lambda p, q, s: (_ for _ in ()).throw(AssertionError("re-measured")), k=4, budget=6,
-                         log=lambda s: None)
+    again = run_measured(
+        result, lambda p, q, s: (_ for _ in ()).throw(AssertionError("re-measured")), k=4, budget=6, log=lambda s: None
+    )
     assert again.order == stage.order
     assert json.loads((result.run_dir / "trials" / f"{stage.order[0]}.json").read_text())["key"] == stage.order[0]
 

@@ -28,8 +28,13 @@ STEPS = 6  # timed steps a trial would run; the slow one must stop well before
 
 def _result(tmp_path):
     space = load_space("local")
-    q = Question(model=get_preset("tiny"), num_gpus=2, cluster=default_cluster("local"), seq_len=128,
-                 global_batch_size=global_batch(space, 128, None))
+    q = Question(
+        model=get_preset("tiny"),
+        num_gpus=2,
+        cluster=default_cluster("local"),
+        seq_len=128,
+        global_batch_size=global_batch(space, 128, None),
+    )
     return run_search(q, SearchOptions(space=space, run_dir=tmp_path / "run"))
 
 
@@ -58,12 +63,32 @@ def test_slow_plan_is_pruned_mid_run(local_env, tmp_path, procs):
         if not docs:  # the fast seeded plan: streamed steps, then a complete document
             times = [0.05] * STEPS
             assert not any(on_step(i, t) for i, t in enumerate(times))  # within the startup trials: never pruned
-            doc = {"name": "fast", "plan": plan, "predicted": predicted, "status": "ok", "outcome": "ok",
-                   "reasons": [], "measured": {"step_time_s": 0.05, "step_times_s": times,
-                                               "peak_memory_bytes": predicted["peak_memory_bytes"]}}
+            doc = {
+                "name": "fast",
+                "plan": plan,
+                "predicted": predicted,
+                "status": "ok",
+                "outcome": "ok",
+                "reasons": [],
+                "measured": {
+                    "step_time_s": 0.05,
+                    "step_times_s": times,
+                    "peak_memory_bytes": predicted["peak_memory_bytes"],
+                },
+            }
         else:
-            doc = measure_plan("tiny", plan, 2, predicted=predicted, steps=STEPS, seq_len=128, timeout_s=120,
-                               workdir=work, worker_args=["--fault", "slow"], on_step=on_step)
+            doc = measure_plan(
+                "tiny",
+                plan,
+                2,
+                predicted=predicted,
+                steps=STEPS,
+                seq_len=128,
+                timeout_s=120,
+                workdir=work,
+                worker_args=["--fault", "slow"],
+                on_step=on_step,
+            )
         docs.append(doc)
         return doc
 

@@ -16,8 +16,21 @@ from autopar.search.trials import load_docs
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-SEARCH = ["search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", "3", "--trial-steps", "2",
-          "--run-dir", "run"]
+SEARCH = [
+    "search",
+    "--model",
+    "tiny",
+    "--gpus",
+    "2",
+    "--gpu",
+    "local",
+    "--trials",
+    "3",
+    "--trial-steps",
+    "2",
+    "--run-dir",
+    "run",
+]
 
 
 def test_sigkill_then_rerun(tmp_path, procs, cli, cli_popen):
@@ -56,8 +69,27 @@ def test_sigkill_then_rerun(tmp_path, procs, cli, cli_popen):
 
 
 def test_trial_cli(tmp_path, cli, procs):
-    r = cli(["trial", "--model", "tiny", "--gpus", "2", "--tp", "2", "--mbs", "2", "--gbs", "4", "--steps", "2",
-             "--run-dir", "out", "--json"], tmp_path)
+    r = cli(
+        [
+            "trial",
+            "--model",
+            "tiny",
+            "--gpus",
+            "2",
+            "--tp",
+            "2",
+            "--mbs",
+            "2",
+            "--gbs",
+            "4",
+            "--steps",
+            "2",
+            "--run-dir",
+            "out",
+            "--json",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     m = doc["measured"]
@@ -66,8 +98,29 @@ def test_trial_cli(tmp_path, cli, procs):
     assert m["comm_bytes_per_rank_by_axis"]["tp"] > 0 and doc["environment"]["backend"] == "gloo"
     assert doc["errors"]["peak_memory"] is not None and list((tmp_path / "out" / "trials").glob("*.json"))
     # proxy: 2 of tiny's 4 layers over pp 2, world 4 on 2 cores (oversubscribed: timings not comparable)
-    r = cli(["trial", "--model", "tiny", "--gpus", "4", "--pp", "2", "--proxy-layers", "2", "--gbs", "4",
-             "--steps", "2", "--run-dir", "out", "--json", "--max-local-ranks", "4"], tmp_path)
+    r = cli(
+        [
+            "trial",
+            "--model",
+            "tiny",
+            "--gpus",
+            "4",
+            "--pp",
+            "2",
+            "--proxy-layers",
+            "2",
+            "--gbs",
+            "4",
+            "--steps",
+            "2",
+            "--run-dir",
+            "out",
+            "--json",
+            "--max-local-ranks",
+            "4",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     m = json.loads(r.stdout)["measured"]
     assert m["proxy"]["kind"] == "fewer-layers" and m["proxy"]["ratio"] > 1
@@ -77,8 +130,9 @@ def test_trial_cli(tmp_path, cli, procs):
         r = cli(["trial", "--model", "tiny", "--gpus", "4", "--pp", "2", "--gbs", "4", "--run-dir", "out2"], tmp_path)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--max-local-ranks 4" in r.stderr, r.stderr
         assert not (tmp_path / "out2").exists()
-    r = cli(["trial", "--model", "tiny", "--gpus", "16", "--tp", "2", "--nnodes", "2", "--emit-slurm", "job.sh"],
-            tmp_path)
+    r = cli(
+        ["trial", "--model", "tiny", "--gpus", "16", "--tp", "2", "--nnodes", "2", "--emit-slurm", "job.sh"], tmp_path
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     text = (tmp_path / "job.sh").read_text()
     assert "srun" in text and "--rdzv_backend=c10d" in text and "--nnodes=2" in text and "--nproc_per_node=8" in text

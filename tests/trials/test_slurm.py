@@ -21,8 +21,21 @@ from autopar.trial import slurm
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.distributed, pytest.mark.slow]
 
-SEARCH = ["search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", "2", "--trial-steps", "2",
-          "--launcher", "slurm"]
+SEARCH = [
+    "search",
+    "--model",
+    "tiny",
+    "--gpus",
+    "2",
+    "--gpu",
+    "local",
+    "--trials",
+    "2",
+    "--trial-steps",
+    "2",
+    "--launcher",
+    "slurm",
+]
 
 
 @pytest.fixture
@@ -74,7 +87,9 @@ def test_two_trials_as_jobs_with_resume(tmp_path, stubs, cli, cli_popen, procs, 
     submitted = slurm_stub.calls(stubs, "sbatch")
     assert len(submitted) == 2, submitted  # one job per trial: the adopted one was not submitted again
     docs = load_docs(run / "trials")
-    assert len(docs) == 2 and all(d["status"] == "ok" for d in docs.values()), {k: d["reasons"] for k, d in docs.items()}
+    assert len(docs) == 2 and all(d["status"] == "ok" for d in docs.values()), {
+        k: d["reasons"] for k, d in docs.items()
+    }
     for d in docs.values():
         assert d["kind"] == "full" and len(d["measured"]["step_times_s"]) == 2
         assert min(d["measured"]["step_times_s"]) > 1.0  # the injected slow steps: measured on the "cluster"
@@ -122,12 +137,20 @@ def test_missing_slurm_commands_are_one_line(tmp_path, cli, monkeypatch):
 
 
 def test_job_script_and_states(tmp_path, stubs, monkeypatch):
-    one = slurm.sbatch_script(nnodes=1, nproc=8, minutes=7, python="py", spec="/s/run.json", out="/s/out.json",
-                              worker_args=["--progress", "/s/p.jsonl"])
+    one = slurm.sbatch_script(
+        nnodes=1,
+        nproc=8,
+        minutes=7,
+        python="py",
+        spec="/s/run.json",
+        out="/s/out.json",
+        worker_args=["--progress", "/s/p.jsonl"],
+    )
     assert "--standalone --nproc_per_node=8" in one and "srun" not in one and "#SBATCH --gpus-per-node=8" in one
     assert "unset AUTOPAR_WATCH" in one and "--progress /s/p.jsonl" in one and "#SBATCH --time=7" in one
-    two = slurm.sbatch_script(nnodes=2, nproc=8, minutes=7, python="py", spec="/s/run.json", out="/s/out.json",
-                              gpus=False)
+    two = slurm.sbatch_script(
+        nnodes=2, nproc=8, minutes=7, python="py", spec="/s/run.json", out="/s/out.json", gpus=False
+    )
     assert "srun py" in two and "--rdzv_backend=c10d" in two and "--nnodes=2" in two and "--cpus-per-task=8" in two
     assert slurm.SlurmOptions(gpus_per_node=8).nodes(16) == (2, 8)
     with pytest.raises(Exception, match="does not split evenly"):

@@ -51,8 +51,25 @@ def test_verdicts_in_trial_order(tmp_path):
 @pytest.mark.slow
 def test_two_search_workers_share_the_measured_stage(tmp_path, procs, cli_popen):
     log = tmp_path / "study.log"
-    args = ["search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", str(K), "--trial-steps", "1",
-            "--storage", str(log), "--study-name", "shared", "--run-dir", "run"]
+    args = [
+        "search",
+        "--model",
+        "tiny",
+        "--gpus",
+        "2",
+        "--gpu",
+        "local",
+        "--trials",
+        str(K),
+        "--trial-steps",
+        "1",
+        "--storage",
+        str(log),
+        "--study-name",
+        "shared",
+        "--run-dir",
+        "run",
+    ]
     workers = []
     try:
         for i in range(2):  # started together: both seed the study, both draw trials

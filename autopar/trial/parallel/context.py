@@ -44,8 +44,9 @@ def cp_positions(seq_len: int, cp: int, rank: int, load_balance: bool = True) ->
     if seq_len % (2 * cp):
         raise ValueError(f"load-balanced context parallelism needs seq_len % (2*cp) == 0, got {seq_len}, cp={cp}")
     c = seq_len // (2 * cp)
-    return torch.cat([torch.arange(rank * c, (rank + 1) * c),
-                      torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c)])
+    return torch.cat(
+        [torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c)]
+    )
 
 
 def _shift(t: torch.Tensor, group, tag: int = 0) -> tuple[torch.Tensor, list]:
@@ -54,8 +55,10 @@ def _shift(t: torch.Tensor, group, tag: int = 0) -> tuple[torch.Tensor, list]:
     r, w = dist.get_rank(group), dist.get_world_size(group)
     t = t.contiguous()
     out = torch.empty_like(t)
-    ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, (r + 1) % w), group, tag),
-           dist.P2POp(dist.irecv, out, dist.get_global_rank(group, (r - 1) % w), group, tag)]
+    ops = [
+        dist.P2POp(dist.isend, t, dist.get_global_rank(group, (r + 1) % w), group, tag),
+        dist.P2POp(dist.irecv, out, dist.get_global_rank(group, (r - 1) % w), group, tag),
+    ]
     return out, dist.batch_isend_irecv(ops)
 
 
@@ -142,6 +145,7 @@ class RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v])
         travel = None  # dK/dV of the block currently held, travelling with it
         local = None  # dK/dV of this rank's own block (step 0)
+        incoming = None  # dK/dV arriving from the previous holder (step 1 on)
         dkv_reqs: list = []
         for step in range(w):
             reqs = []

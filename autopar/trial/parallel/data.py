@@ -36,17 +36,24 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from autopar.trial.model import Transformer
 
 
-def apply_dp(module: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16: bool,
-             expert_mesh: DeviceMesh | None = None, experts: bool = False) -> nn.Module:
+def apply_dp(
+    module: Transformer,
+    dp_mesh: DeviceMesh,
+    *,
+    zero_stage: int,
+    bf16: bool,
+    expert_mesh: DeviceMesh | None = None,
+    experts: bool = False,
+) -> nn.Module:
     """Wrap one (stage) module for data parallelism over `dp_mesh` (dp x cp) by ZeRO stage (table
     above). Under expert parallelism (`experts`), the routed-expert stacks are not reduced over
     `dp_mesh`: each is its own unit on the expert-dp mesh `expert_mesh` (None when expert-dp is 1:
@@ -58,12 +65,14 @@ def apply_dp(module: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16:
         if zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero stage must be 0..3, got {zero_stage}")
         reshard = zero_stage == 3
-        if zero_stage == 0:
-            make = lambda unit, mesh, ignored: replicate(unit, mesh=mesh, mp_policy=_mp(bf16),  # noqa: E731
-                                                         ignored_params=ignored)
-        else:
-            make = lambda unit, mesh, ignored: fully_shard(unit, mesh=mesh, reshard_after_forward=reshard,  # noqa: E731
-                                                           mp_policy=_mp(bf16), ignored_params=ignored)
+
+        def make(unit, mesh, ignored):
+            if zero_stage == 0:
+                return replicate(unit, mesh=mesh, mp_policy=_mp(bf16), ignored_params=ignored)
+            return fully_shard(
+                unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=_mp(bf16), ignored_params=ignored
+            )
+
         stacks = [b.moe.experts for b in module.layers.values() if b.moe is not None]
         ignored = None
         if expert_mesh is not None:
@@ -77,15 +86,18 @@ def apply_dp(module: Transformer, dp_mesh: DeviceMesh, *, zero_stage: int, bf16:
         return _wrap_units(module, lambda unit: replicate(unit, mesh=dp_mesh, mp_policy=_mp(bf16)))
     if zero_stage == 0:
         # buffers are the RoPE table, identical everywhere: no per-forward broadcast
-        no_sync_buffers = ({"forward_sync_buffers": False}
-                           if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-                           else {"broadcast_buffers": False})
+        no_sync_buffers = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+            else {"broadcast_buffers": False}
+        )
         return DistributedDataParallel(module, process_group=dp_mesh.get_group(), **no_sync_buffers)
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"zero stage must be 0..3, got {zero_stage}")
     reshard = zero_stage == 3
-    return _wrap_units(module, lambda unit: fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard,
-                                                        mp_policy=_mp(bf16)))
+    return _wrap_units(
+        module, lambda unit: fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=_mp(bf16))
+    )
 
 
 def _mp(bf16: bool) -> MixedPrecisionPolicy:
@@ -113,7 +125,7 @@ def _wrap_units(module: Transformer, wrap: Callable[[nn.Module], object]) -> nn.
 def microbatch_context(module: nn.Module, zero_stage: int, last: bool) -> Iterator[None]:
     """Gradient-sync rules of one microbatch's forward + backward outside a pipeline schedule."""
     if isinstance(module, DistributedDataParallel):
-        with (contextlib.nullcontext() if last else module.no_sync()):
+        with contextlib.nullcontext() if last else module.no_sync():
             yield
         return
     if isinstance(module, FSDPModule):

@@ -49,16 +49,18 @@ class AllToAll(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
         ctx.splits, ctx.group = (out_splits, in_splits), group
         out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=out_splits, input_split_sizes=in_splits,
-                               group=group)
+        dist.all_to_all_single(
+            out, x.contiguous(), output_split_sizes=out_splits, input_split_sizes=in_splits, group=group
+        )
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         out_splits, in_splits = ctx.splits
         back = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=in_splits, input_split_sizes=out_splits,
-                               group=ctx.group)
+        dist.all_to_all_single(
+            back, grad.contiguous(), output_split_sizes=in_splits, input_split_sizes=out_splits, group=ctx.group
+        )
         return back, None, None, None
 
 
@@ -100,10 +102,10 @@ def gather_rows(x: torch.Tensor, rows: list[int], group) -> torch.Tensor:
         return torch.cat(parts)
     most = max(rows)
     buf = x.new_zeros((most,) + tuple(x.shape[1:]))
-    buf[:x.shape[0]] = x
+    buf[: x.shape[0]] = x
     out = x.new_empty((most * len(rows),) + tuple(x.shape[1:]))
     dist.all_gather_into_tensor(out, buf, group=group)
-    return torch.cat([out[i * most:i * most + n] for i, n in enumerate(rows)])
+    return torch.cat([out[i * most : i * most + n] for i, n in enumerate(rows)])
 
 
 def reduce_scatter_rows(x: torch.Tensor, rows: list[int], group) -> torch.Tensor:
@@ -123,10 +125,10 @@ class ExpertDispatch:
         self.moe, self.ep_group, self.etp_group = moe, ep_group, etp_group
         self.rows_log: list | None = None
 
-    def __call__(self, flat: torch.Tensor, top: torch.Tensor, weights: torch.Tensor,
-                 keep: torch.Tensor | None) -> torch.Tensor:
-        return expert_parallel_forward(self.moe, flat, top, weights, keep, self.ep_group, self.etp_group,
-                                       self.rows_log)
+    def __call__(
+        self, flat: torch.Tensor, top: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor | None
+    ) -> torch.Tensor:
+        return expert_parallel_forward(self.moe, flat, top, weights, keep, self.ep_group, self.etp_group, self.rows_log)
 
 
 def rows_logs(moes: list[MoE]) -> list[list]:
@@ -159,8 +161,16 @@ def sequence_stats_over(group):
     return stats
 
 
-def expert_parallel_forward(moe: MoE, flat: torch.Tensor, top: torch.Tensor, weights: torch.Tensor,
-                            keep: torch.Tensor | None, ep_group, etp_group, rows_log: list | None = None) -> torch.Tensor:
+def expert_parallel_forward(
+    moe: MoE,
+    flat: torch.Tensor,
+    top: torch.Tensor,
+    weights: torch.Tensor,
+    keep: torch.Tensor | None,
+    ep_group,
+    etp_group,
+    rows_log: list | None = None,
+) -> torch.Tensor:
     """The routed-expert output [T, h] of this rank's tokens, experts spread over `ep_group`
     (None: ep = 1) and each expert's FFN over `etp_group` (None: etp = 1)."""
     ep = dist.get_world_size(ep_group) if ep_group is not None else 1
@@ -249,8 +259,15 @@ def apply_ep(model: Transformer, ep_mesh, etp_mesh, grad_scale: float) -> list[n
         on_meta = old.w1.is_meta
         device = "meta" if on_meta else old.w1.device
         with torch.device(device):
-            new = GroupedExperts(local, spec.hidden_size, ffn, offset=rank * local, total=spec.moe.num_experts,
-                                 ffn_offset=etp_rank * ffn, ffn_total=spec.moe.expert_ffn_hidden_size)
+            new = GroupedExperts(
+                local,
+                spec.hidden_size,
+                ffn,
+                offset=rank * local,
+                total=spec.moe.num_experts,
+                ffn_offset=etp_rank * ffn,
+                ffn_total=spec.moe.expert_ffn_hidden_size,
+            )
         if not on_meta:
             with torch.no_grad():
                 new.w1.copy_(old.w1[rows, cols])
@@ -258,8 +275,11 @@ def apply_ep(model: Transformer, ep_mesh, etp_mesh, grad_scale: float) -> list[n
                 new.w2.copy_(old.w2[rows, :, cols])
         new.grad_scale = grad_scale
         moe.experts = new
-        moe.routed_experts = ExpertDispatch(moe, ep_mesh.get_group() if ep_mesh is not None else None,
-                                            etp_mesh.get_group() if etp_mesh is not None else None)
+        moe.routed_experts = ExpertDispatch(
+            moe,
+            ep_mesh.get_group() if ep_mesh is not None else None,
+            etp_mesh.get_group() if etp_mesh is not None else None,
+        )
         params.extend(new.parameters())
     return params
 

@@ -24,8 +24,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                          ScheduleInterleavedZeroBubble)
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
 
 from autopar.spec.plan import ParallelPlan
 from autopar.trial.model import Transformer
@@ -63,15 +68,24 @@ def stage_module(model: Transformer, layers: range, first: bool, last: bool) -> 
 def apply_pp(model: Transformer, plan: ParallelPlan, pp_mesh: DeviceMesh) -> list[tuple[int, Transformer]]:
     """This rank's (virtual stage index, stage module) pairs, cut from the full model."""
     if model.config.spec.tied_embeddings:
-        raise ValueError("tied embeddings under pipeline parallelism need an embedding-group gradient "
-                         "all-reduce, which the built-in model does not implement")
+        raise ValueError(
+            "tied embeddings under pipeline parallelism need an embedding-group gradient "
+            "all-reduce, which the built-in model does not implement"
+        )
     n = plan.pp * plan.vpp
-    return [(i, stage_module(model, layers, first=i == 0, last=i == n - 1))
-            for i, layers in virtual_stages(plan, model.config.spec.num_layers, pp_mesh.get_local_rank())]
+    return [
+        (i, stage_module(model, layers, first=i == 0, last=i == n - 1))
+        for i, layers in virtual_stages(plan, model.config.spec.num_layers, pp_mesh.get_local_rank())
+    ]
 
 
-def build_schedule(stages: list[tuple[int, nn.Module]], plan: ParallelPlan, pp_mesh: DeviceMesh,
-                   device: torch.device, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+def build_schedule(
+    stages: list[tuple[int, nn.Module]],
+    plan: ParallelPlan,
+    pp_mesh: DeviceMesh,
+    device: torch.device,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+):
     """The plan's schedule over this rank's (possibly DDP/FSDP-wrapped) stage modules."""
     n = plan.pp * plan.vpp
     group = pp_mesh.get_group()

@@ -43,8 +43,10 @@ def checkpointed(fn: Callable) -> Callable:
     The recomputation runs the whole of `fn`, as Megatron's CheckpointFunction does: torch's default
     early stop would skip the ops after the last saved tensor (a block's final reduce-scatter and
     residual add), whose collectives the cost model counts (autopar.cost.comm.tp_calls)."""
+
     def run(*args, **kwargs):
         return checkpoint(fn, *args, use_reentrant=False, early_stop=False, **kwargs)
+
     return run
 
 
@@ -52,7 +54,7 @@ def recomputed_layers(plan: ParallelPlan, num_layers: int, pp_rank: int) -> list
     """Global indices of the layers pipeline rank `pp_rank` recomputes under full recomputation:
     all of its layers, or the first `plan.recompute_layers` of them in layer order."""
     mine = sorted(i for _, layers in virtual_stages(plan, num_layers, pp_rank) for i in layers)
-    return mine if plan.recompute_layers is None else mine[:plan.recompute_layers]
+    return mine if plan.recompute_layers is None else mine[: plan.recompute_layers]
 
 
 def apply_ac(model: Transformer, mode: str, layers: Collection[int] | None = None) -> None:

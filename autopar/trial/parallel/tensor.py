@@ -27,11 +27,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from autopar.spec.sharding import MODEL_PLAN, block_plan
 from autopar.trial.model import Transformer
@@ -44,8 +49,12 @@ def tp_problems(model: Transformer, tp: int) -> list[str]:
     """Why this model cannot be split over tp ranks (empty if it can)."""
     spec = model.config.spec
     out = []
-    for what, n in (("attention heads", spec.num_attention_heads), ("KV heads", spec.num_kv_heads),
-                    ("FFN hidden size", spec.ffn_hidden_size), ("padded vocabulary", model.config.vocab_rows)):
+    for what, n in (
+        ("attention heads", spec.num_attention_heads),
+        ("KV heads", spec.num_kv_heads),
+        ("FFN hidden size", spec.ffn_hidden_size),
+        ("padded vocabulary", model.config.vocab_rows),
+    ):
         if n % tp:
             out.append(f"{what} ({n}) do not divide by tp={tp}")
     return out
@@ -70,8 +79,7 @@ def block_styles(table: Mapping[str, str], sequence_parallel: bool) -> dict[str,
         elif style == "local":
             if not sequence_parallel:
                 raise ValueError(f"{name} needs sequence parallelism under tp > 1 (MoE layers)")
-            styles[name] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(seq,),
-                                              use_local_output=True)
+            styles[name] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(seq,), use_local_output=True)
         else:
             raise ValueError(f"unknown sharding style {style!r} for {name}")
     # Each column-parallel region turns its input into one replicated DTensor at its entry
@@ -89,8 +97,9 @@ def model_styles(table: Mapping[str, str], sequence_parallel: bool) -> dict[str,
     seq = Shard(1) if sequence_parallel else Replicate()
     translate = {
         ("tok_embeddings", "rowwise"): lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
-        ("output", "colwise"): lambda: ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1),
-                                                       use_local_output=False),
+        ("output", "colwise"): lambda: ColwiseParallel(
+            input_layouts=seq, output_layouts=Shard(-1), use_local_output=False
+        ),
         ("norm", "sequence"): lambda: SequenceParallel() if sequence_parallel else None,
     }
     styles = {}
@@ -110,8 +119,11 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
     if problems:
         raise ValueError("cannot apply tensor parallelism: " + "; ".join(problems))
     spec = model.config.spec
-    present = {name: style for name, style in model_styles(MODEL_PLAN, sequence_parallel).items()
-               if getattr(model, name) is not None}
+    present = {
+        name: style
+        for name, style in model_styles(MODEL_PLAN, sequence_parallel).items()
+        if getattr(model, name) is not None
+    }
     # every rank builds the same full model, so each slices its own shard: no broadcast needed
     parallelize_module(model, tp_mesh, present, src_data_rank=None)
     for key, block in model.layers.items():
