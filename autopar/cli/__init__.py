@@ -131,4 +131,4 @@ def main(argv: list[str] | None = None) -> None:
     except (MemoryError, RecursionError) as e:
         if os.environ.get("AUTOPAR_DEBUG"):
             raise
-        _fail(f"the input is too large to process ({type(e).__name__}); make it smaller", 1)
+        _fail(f"the input is too large to process ({type(e).__name__}); make it smaller")  # bad input: exit 2

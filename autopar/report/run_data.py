@@ -66,7 +66,7 @@ def load_trials(run_dir: Path) -> tuple[list[dict], list[str]]:
     for path in sorted((run_dir / "trials").glob("*.json")):
         try:
             data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
             problems.append(f"trials/{path.name}: not JSON ({_one_line(e)})")
             continue
         if not isinstance(data, dict) or not all(
@@ -89,7 +89,7 @@ def read_scenarios(run_dir: Path) -> list[Path]:
     try:
         data = json.loads(path.read_text())
         dirs = [Path(p) for p in data["scenarios"]]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return []
     return [p if p.is_absolute() else (run_dir / p) for p in dirs]
 

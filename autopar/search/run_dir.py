@@ -169,9 +169,10 @@ def read_json(path: Path) -> dict:
     except FileNotFoundError:
         raise InputError(f"'{path}' is missing: '{path.parent}' is not a complete autopar run directory; rerun "
                          f"`autopar search ... --run-dir {path.parent}`") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"'{path}' is corrupt or unreadable ({_one_line(e)}); rerun `autopar search` to rewrite "
-                         f"the run directory") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # nested past Python's stack: corrupt
+        fix = ("rerun `autopar search` to rewrite the run directory" if path.name in ("top.json", "search.json")
+               else "give a plan JSON file written by autopar (`autopar estimate --json`, a trial file)")
+        raise InputError(f"'{path}' is corrupt or unreadable ({_one_line(e)}); {fix}") from None
     if not isinstance(data, dict):
         raise InputError(f"'{path}' is corrupt: expected a JSON object; rerun `autopar search` to rewrite it")
     if path.name == "search.json":

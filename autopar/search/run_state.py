@@ -43,7 +43,7 @@ def recorded_summary(run_dir: Path) -> dict | None:
         qd = json.loads((run_dir / "search.json").read_text())["question"]
         return {"model": qd["model"]["name"], "num_gpus": qd["num_gpus"], "gpu": qd["cluster"]["gpu"],
                 "seq_len": qd["seq_len"], "global_batch_size": qd["global_batch_size"]}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

@@ -305,8 +305,8 @@ def load_docs(trials_dir: Path) -> dict[str, dict]:
     for p in sorted(Path(trials_dir).glob("*.json")):
         try:
             d = json.loads(p.read_text())
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if "key" in d:
+        if isinstance(d, dict) and "key" in d:
             out[d["key"]] = d
     return out

@@ -221,6 +221,33 @@ def test_a_run_of_another_schema_is_refused_by_export_and_compare(cli_run, one_l
     assert not (tmp_path / "x").exists()
 
 
+def test_json_nested_past_the_stack_is_one_line(cli_run, one_line_error, tiny_run, tmp_path):
+    import shutil
+
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "plan.json").write_text(deep)
+    one_line_error(cli_run("compare", tmp_path / "plan.json", tiny_run), ["plan.json", "corrupt", "plan JSON"])
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (run / "top.json").write_text(deep)
+    one_line_error(cli_run("export", "--to", "megatron", "--run", run, "--out", tmp_path / "x"),
+                   ["top.json", "corrupt", "rerun `autopar search`"])
+    one_line_error(cli_run("report", run, "--out", tmp_path / "r.html"), ["top.json", "corrupt"])
+
+
+def test_trial_files_nested_past_the_stack_are_skipped(cli_run, one_line_error, tiny_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (run / "trials").mkdir()
+    (run / "trials" / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (run / "trials" / "number.json").write_text("5")
+    one_line_error(cli_run("calibrate", run), ["fewer than 2", "trials"])
+    r = cli_run("report", run, "--out", tmp_path / "r.html")  # the bad files are listed, not fatal
+    assert r.returncode == 0, r.stderr
+
+
 def test_calibrate_without_trials_rewrites_nothing(cli_run, one_line_error, tiny_run):
     before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in tiny_run.iterdir() if p.is_file()}
     one_line_error(cli_run("calibrate", tiny_run), ["fewer than 2", "trials"])
