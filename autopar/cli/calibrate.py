@@ -33,12 +33,19 @@ def _question(run_dir: Path):
         cluster = replace(base, **c, constants=consts)
         m = dict(qd["model"])
         model = model_from_dict(m.pop("name", "model"), m)
-        q = Question(model=model, num_gpus=qd["num_gpus"], cluster=cluster, seq_len=qd["seq_len"],
-                     global_batch_size=qd["global_batch_size"])
+        q = Question(
+            model=model,
+            num_gpus=qd["num_gpus"],
+            cluster=cluster,
+            seq_len=qd["seq_len"],
+            global_batch_size=qd["global_batch_size"],
+        )
         return q, _space(info["space"], run_dir), info
     except (KeyError, TypeError, AttributeError) as e:
-        raise InputError(f"'{run_dir}/search.json' lacks the question autopar calibrates ({type(e).__name__}: "
-                         f"{str(e)[:60]}); rerun `autopar search`") from None
+        raise InputError(
+            f"'{run_dir}/search.json' lacks the question autopar calibrates ({type(e).__name__}: "
+            f"{str(e)[:60]}); rerun `autopar search`"
+        ) from None
 
 
 def _space(sd: dict, run_dir: Path):
@@ -63,10 +70,18 @@ def _space(sd: dict, run_dir: Path):
 @app.command()
 def calibrate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory of `autopar search --trials`.")],
-    out: Annotated[Optional[Path], typer.Option("--out", help="Profile to write (default RUN_DIR/calibrated.yaml).")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", help="Profile to write (default RUN_DIR/calibrated.yaml).")
+    ] = None,
     top: Annotated[int, typer.Option("--top", help="Untried plans to list, re-ranked.")] = 5,
-    rounds: Annotated[int, typer.Option("--rounds", help="Then measure this many more rounds of --trials plans "
-                                        "from the re-ranked list, recalibrating after each.")] = 0,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            "--rounds",
+            help="Then measure this many more rounds of --trials plans "
+            "from the re-ranked list, recalibrating after each.",
+        ),
+    ] = 0,
     trials: Annotated[int, typer.Option("--trials", help="Plans per round (with --rounds).")] = 4,
 ) -> None:
     """Fit efficiency, overlap and memory constants to RUN_DIR/trials/*.json (bounded least squares).
@@ -90,15 +105,19 @@ def calibrate(
     output_file(out or run_dir / "calibrated.yaml", "--out" if out else "the profile path")
     docs = load_docs(run_dir / "trials")
     if sum(1 for d in docs.values() if calibrates(d)) < 2:  # before the search rewrites the run directory
-        raise InputError(f"{run_dir}/trials has fewer than 2 successful trials on the plans' hardware to fit (proxies "
-                         f"measured elsewhere are left out); run more trials, e.g. with --launcher slurm")
+        raise InputError(
+            f"{run_dir}/trials has fewer than 2 successful trials on the plans' hardware to fit (proxies "
+            f"measured elsewhere are left out); run more trials, e.g. with --launcher slurm"
+        )
     from autopar.trial import hygiene
 
     result = run_search(q, SearchOptions(space=space, run_dir=run_dir), interrupts=hygiene)
     calib = calibrate_docs(result, list(docs.values()))
     if calib is None:
-        raise InputError(f"{run_dir}/trials has fewer than 2 successful trials on the plans' hardware to fit; run "
-                         f"more trials, e.g. with --launcher slurm")
+        raise InputError(
+            f"{run_dir}/trials has fewer than 2 successful trials on the plans' hardware to fit; run "
+            f"more trials, e.g. with --launcher slurm"
+        )
     f = calib.time_fit
     print(f"Step-time fit ({'converged' if f.success else f.message}) over {len(f.residuals)} trials:")
     for n in f.names:
@@ -122,7 +141,7 @@ def calibrate(
     for i, (k, c) in enumerate(untried, 1):
         print(f"  {i}. {k}  {c['predicted']['step_time_s']:.4f} s/step")
     if rounds > 0:
-        from autopar.cli.search import _measured_stage
+        from autopar.cli.measured import run_stage
 
         n_done = sum(1 for d in docs.values() if d.get("status") != NOT_RUNNABLE)
-        _measured_stage(result, q.model, trials, n_done + trials, rounds + 1, 5, 120.0, None, quiet=False)
+        run_stage(result, q.model, trials, n_done + trials, rounds + 1, 5, 120.0, None, False)

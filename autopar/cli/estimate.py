@@ -19,9 +19,16 @@ from autopar.spec.training_run import TrainingRun
 @with_run_flags
 @with_plan_flags
 def estimate(
-    model: o.Model, gpus: o.Gpus, gpu: o.Gpu = "h100-sxm", gpus_per_node: o.GpusPerNode = None,
-    cluster: o.ClusterFile = None, seq_len: o.SeqLen = None, routing_imbalance: o.RoutingImbalance = 1.0,
-    as_json: o.Json = False, plan: PlanRequest = PlanRequest(), run: Optional[TrainingRun] = None,
+    model: o.Model,
+    gpus: o.Gpus,
+    gpu: o.Gpu = "h100-sxm",
+    gpus_per_node: o.GpusPerNode = None,
+    cluster: o.ClusterFile = None,
+    seq_len: o.SeqLen = None,
+    routing_imbalance: o.RoutingImbalance = 1.0,
+    as_json: o.Json = False,
+    plan: PlanRequest = PlanRequest(),
+    run: Optional[TrainingRun] = None,
 ) -> None:
     """Estimate one plan: fits?, peak memory per GPU, step time, tokens/s, MFU, and why.
 
@@ -42,8 +49,9 @@ def estimate(
     spec = resolve_model(model)
     clus = resolve_cluster(gpu, gpus_per_node, cluster)
     s = spec.seq_len if seq_len is None else seq_len
-    the_plan = resolve_plan(spec, gpus, s, plan.with_defaults(dtype=default_dtype(clus),
-                                                             trainer=default_trainer(clus.gpu.key)))
+    the_plan = resolve_plan(
+        spec, gpus, s, plan.with_defaults(dtype=default_dtype(clus), trainer=default_trainer(clus.gpu.key))
+    )
     if not math.isfinite(routing_imbalance) or routing_imbalance < 1:
         raise InputError(f"--routing-imbalance must be >= 1 (busiest / mean), got {routing_imbalance}")
     est = run_estimate(the_plan, spec, clus, num_gpus=gpus, seq_len=s, routing_imbalance=routing_imbalance)
@@ -72,14 +80,26 @@ def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):
     from autopar.errors import InputError
     from autopar.search.training import deadline_text, money_text, tokens_text
 
-    r = run_time(run.tokens, est.tokens_per_s, gpus, spec.params_total, fp32=est.plan.dtype == "fp32",
-                 rel=cluster.reliability, price_per_gpu_hour=run.price_for(cluster.gpu.key))
+    r = run_time(
+        run.tokens,
+        est.tokens_per_s,
+        gpus,
+        spec.params_total,
+        fp32=est.plan.dtype == "fp32",
+        rel=cluster.reliability,
+        price_per_gpu_hour=run.price_for(cluster.gpu.key),
+    )
     what = f"this plan needs {float(r.days):.1f} days for {tokens_text(run.tokens)} tokens"
-    search = f"autopar search --model {shlex.quote(model)} --gpus {gpus},{2 * gpus},{4 * gpus} --tokens {tokens_text(run.tokens)}"
+    what_if = f"--gpus {gpus},{2 * gpus},{4 * gpus} --tokens {tokens_text(run.tokens)}"
+    search = f"autopar search --model {shlex.quote(model)} {what_if}"
     if run.deadline_s is not None and float(r.wall_s) > run.deadline_s:
-        raise InputError(f"{what}, past {deadline_text(run.deadline_s)}; find a plan that meets it: {search} "
-                         f"--deadline {run.deadline_s / 86_400:g}d")
+        raise InputError(
+            f"{what}, past {deadline_text(run.deadline_s)}; find a plan that meets it: {search} "
+            f"--deadline {run.deadline_s / 86_400:g}d"
+        )
     if run.budget is not None and float(r.cost) > run.budget:
-        raise InputError(f"this plan costs {money_text(float(r.cost))} for {tokens_text(run.tokens)} tokens, over the "
-                         f"budget of {money_text(run.budget)}; raise --budget, or compare GPU counts: {search}")
+        raise InputError(
+            f"this plan costs {money_text(float(r.cost))} for {tokens_text(run.tokens)} tokens, over the "
+            f"budget of {money_text(run.budget)}; raise --budget, or compare GPU counts: {search}"
+        )
     return r

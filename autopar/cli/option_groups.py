@@ -35,8 +35,12 @@ def with_options(group: dict[str, Opt], param: str, build: Callable[[dict], obje
         clash = {p.name for p in params} & set(group)
         if clash:
             raise TypeError(f"{command.__name__} declares options of the {param} group itself: {sorted(clash)}")
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=o.default,
-                                   annotation=Annotated[o.type, o.option]) for name, o in group.items()]
+        added = [
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=Annotated[o.type, o.option]
+            )
+            for name, o in group.items()
+        ]
 
         @functools.wraps(command)
         def wrapper(*args, **kwargs):
@@ -46,8 +50,7 @@ def with_options(group: dict[str, Opt], param: str, build: Callable[[dict], obje
         positional = [p for p in params if p.kind != inspect.Parameter.KEYWORD_ONLY]
         keyword = [p for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
         wrapper.__signature__ = own.replace(parameters=positional + keyword + added)
-        wrapper.__annotations__ = {k: v for k, v in hints.items() if k != param} | {p.name: p.annotation
-                                                                                     for p in added}
+        wrapper.__annotations__ = {k: v for k, v in hints.items() if k != param} | {p.name: p.annotation for p in added}
         return wrapper
 
     return decorate

@@ -27,14 +27,21 @@ def human_count(n: float) -> str:
 
 def plan_line(est: Estimate) -> str:
     p = est.plan
-    parts = [p.describe(), f"zero{p.zero_stage}", f"sp={'on' if p.sequence_parallel else 'off'}",
-             f"mbs={p.micro_batch_size}", f"gbs={p.global_batch_size}", f"m={est.num_microbatches}",
-             f"schedule={p.pp_schedule}" if p.pp > 1 else "", f"recompute={p.recompute}"
-             + (f"({p.recompute_layers} layers)" if p.recompute_layers is not None else ""),
-             f"dtype={p.dtype}", f"layout={est.layout}" if p.pp > 1 else "",
-             f"moe-dispatch=capacity x{p.capacity_factor:g}" if p.moe_dispatch == "capacity" else "",
-             f"moe-dispatcher={p.moe_dispatcher}" if p.moe_dispatcher != "alltoall" else "",
-             "ep-comm-overlap" if p.ep_comm_overlap else ""]
+    parts = [
+        p.describe(),
+        f"zero{p.zero_stage}",
+        f"sp={'on' if p.sequence_parallel else 'off'}",
+        f"mbs={p.micro_batch_size}",
+        f"gbs={p.global_batch_size}",
+        f"m={est.num_microbatches}",
+        f"schedule={p.pp_schedule}" if p.pp > 1 else "",
+        f"recompute={p.recompute}" + (f"({p.recompute_layers} layers)" if p.recompute_layers is not None else ""),
+        f"dtype={p.dtype}",
+        f"layout={est.layout}" if p.pp > 1 else "",
+        f"moe-dispatch=capacity x{p.capacity_factor:g}" if p.moe_dispatch == "capacity" else "",
+        f"moe-dispatcher={p.moe_dispatcher}" if p.moe_dispatcher != "alltoall" else "",
+        "ep-comm-overlap" if p.ep_comm_overlap else "",
+    ]
     return "  ".join(x for x in parts if x)
 
 
@@ -68,24 +75,32 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     trainer, profile = trainer_line(est, cluster)
     verdict = Text("FITS", style="bold green") if est.fits else Text("DOES NOT FIT", style="bold red")
     head = Text.assemble(
-        (f"{model.name}", "bold"), f" ({human_count(est.params_total)} params) on {num_gpus} x {cluster.gpu.key} "
+        (f"{model.name}", "bold"),
+        f" ({human_count(est.params_total)} params) on {num_gpus} x {cluster.gpu.key} "
         f"({cluster.gpus_per_node}/node), seq {seq_len}\n",
-        f"trainer {get_trainer(trainer).title} ({trainer}), performance profile {profile}\n", plan_line(est), "\n",
+        f"trainer {get_trainer(trainer).title} ({trainer}), performance profile {profile}\n",
+        plan_line(est),
+        "\n",
         verdict,
         f"  peak {est.peak_memory_bytes / GIB:.1f} / {cap / GIB:.1f} GiB on pipeline rank "
-        f"{est.extra.get('memory_rank', 0)}")
+        f"{est.extra.get('memory_rank', 0)}",
+    )
     out: list = [head]
     for r in est.reasons:
         out.append(Text(f"  - {r}", style="red"))
 
-    mem = breakdown_table("Memory per GPU (most loaded rank)", ("term", "GiB", "% of HBM"),
-                          [(n, f"{est.memory_bytes[n] / GIB:.2f}", f"{100 * est.memory_bytes[n] / cap:.1f}")
-                           for n in MEMORY_TERMS],
-                          ("total", f"{est.peak_memory_bytes / GIB:.2f}", f"{100 * est.peak_memory_bytes / cap:.1f}"))
-    tim = breakdown_table("Step time", ("term", "seconds", "%"),
-                          [(TIME_LABELS[n], f"{est.time_s[n]:.4f}", f"{100 * est.time_s[n] / est.step_time_s:.1f}")
-                           for n in TIME_TERMS],
-                          ("step", f"{est.step_time_s:.4f}", "100.0"))
+    mem = breakdown_table(
+        "Memory per GPU (most loaded rank)",
+        ("term", "GiB", "% of HBM"),
+        [(n, f"{est.memory_bytes[n] / GIB:.2f}", f"{100 * est.memory_bytes[n] / cap:.1f}") for n in MEMORY_TERMS],
+        ("total", f"{est.peak_memory_bytes / GIB:.2f}", f"{100 * est.peak_memory_bytes / cap:.1f}"),
+    )
+    tim = breakdown_table(
+        "Step time",
+        ("term", "seconds", "%"),
+        [(TIME_LABELS[n], f"{est.time_s[n]:.4f}", f"{100 * est.time_s[n] / est.step_time_s:.1f}") for n in TIME_TERMS],
+        ("step", f"{est.step_time_s:.4f}", "100.0"),
+    )
 
     com = Table(title="Communication per GPU per step", title_justify="left", min_width=34)
     com.add_column("axis")
@@ -115,17 +130,19 @@ def run_table(r, run) -> Table:
     t = Table(title=f"Whole run: {tokens_text(run.tokens)} tokens", title_justify="left")
     t.add_column("figure")
     t.add_column("value", justify="right")
-    rows = [("days to train", f"{float(r.days):,.1f}"),
-            ("  days of steps (no failures)", f"{float(r.train_s) / 86_400:,.1f}"),
-            ("goodput", f"{100 * float(r.goodput):.2f}%"),
-            ("  lost to checkpoint writes", f"{100 * float(r.lost_to_checkpoints):.2f}%"),
-            ("  lost to rework after failures", f"{100 * float(r.lost_to_rework):.2f}%"),
-            ("  lost to restarts and reads", f"{100 * float(r.lost_to_restarts):.2f}%"),
-            ("checkpoint (all ranks)", f"{float(r.checkpoint_bytes) / GIB:,.0f} GiB"),
-            ("checkpoint write", f"{float(r.write_s):,.1f} s"),
-            ("checkpoint every (Young/Daly)", f"{float(r.interval_s) / 60:,.1f} min"),
-            ("mean time between failures", f"{float(r.mtbf_s) / 3600:,.2f} h"),
-            ("GPU-hours", f"{float(r.gpu_hours):,.0f}")]
+    rows = [
+        ("days to train", f"{float(r.days):,.1f}"),
+        ("  days of steps (no failures)", f"{float(r.train_s) / 86_400:,.1f}"),
+        ("goodput", f"{100 * float(r.goodput):.2f}%"),
+        ("  lost to checkpoint writes", f"{100 * float(r.lost_to_checkpoints):.2f}%"),
+        ("  lost to rework after failures", f"{100 * float(r.lost_to_rework):.2f}%"),
+        ("  lost to restarts and reads", f"{100 * float(r.lost_to_restarts):.2f}%"),
+        ("checkpoint (all ranks)", f"{float(r.checkpoint_bytes) / GIB:,.0f} GiB"),
+        ("checkpoint write", f"{float(r.write_s):,.1f} s"),
+        ("checkpoint every (Young/Daly)", f"{float(r.interval_s) / 60:,.1f} min"),
+        ("mean time between failures", f"{float(r.mtbf_s) / 3600:,.2f} h"),
+        ("GPU-hours", f"{float(r.gpu_hours):,.0f}"),
+    ]
     if r.cost is not None:
         rows.append(("cost", money_text(float(r.cost))))
     for row in rows:

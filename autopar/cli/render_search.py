@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich import box
 from rich.table import Table
 
 from autopar.cli.render import console
@@ -34,8 +34,14 @@ class SearchProgress:
         if not self.enabled or time.perf_counter() - self.start < 1.0:
             return
         if self.progress is None:
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), transient=True, console=Console(stderr=True))
+            self.progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                transient=True,
+                console=Console(stderr=True),
+            )
             self.progress.start()
         if label not in self.tasks:
             self.tasks[label] = self.progress.add_task(label, total=total)
@@ -44,24 +50,57 @@ class SearchProgress:
 
 def top_table(r: SearchResult) -> Table:
     q = r.question
-    t = Table(box=box.SIMPLE_HEAD, title=f"Top {len(r.top)} of {r.counts['fit']:,} plans that fit "
-                    f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})",
-              title_justify="left")
-    for col in ("#", "layout", "schedule", "stages", "recompute", "ZeRO", "mbs", "memory GiB", "step s", "tokens/s",
-                "MFU", "bubble", "dominant cost", "runs on"):
-        t.add_column(col, justify="left" if col in ("layout", "schedule", "stages", "recompute", "dominant cost",
-                                                    "runs on") else "right")
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        title=f"Top {len(r.top)} of {r.counts['fit']:,} plans that fit "
+        f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})",
+        title_justify="left",
+    )
+    for col in (
+        "#",
+        "layout",
+        "schedule",
+        "stages",
+        "recompute",
+        "ZeRO",
+        "mbs",
+        "memory GiB",
+        "step s",
+        "tokens/s",
+        "MFU",
+        "bubble",
+        "dominant cost",
+        "runs on",
+    ):
+        t.add_column(
+            col,
+            justify="left"
+            if col in ("layout", "schedule", "stages", "recompute", "dominant cost", "runs on")
+            else "right",
+        )
     run = r.options.training
     for col in run_headers(run):
         t.add_column(col, justify="right")
     cap = q.cluster.gpu.hbm_bytes / GIB
     for i, (_, row) in enumerate(r.top.iterrows(), start=1):
         sched = row["pp_schedule"] if row["pp"] > 1 else "-"
-        t.add_row(str(i), str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""), sched,
-                  stage_balance(row), row["recompute"], str(row["zero_stage"]), str(row["micro_batch_size"]),
-                  f"{row['memory_gib']:.1f} / {cap:.0f}", f"{row['step_time_s']:.3f}", f"{row['tokens_per_s']:,.0f}",
-                  f"{100 * row['mfu']:.1f}%", f"{100 * row['bubble_fraction']:.1f}%", str(row["dominant_cost"]),
-                  _runs_on(row), *run_cells(row, run))
+        t.add_row(
+            str(i),
+            str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
+            sched,
+            stage_balance(row),
+            row["recompute"],
+            str(row["zero_stage"]),
+            str(row["micro_batch_size"]),
+            f"{row['memory_gib']:.1f} / {cap:.0f}",
+            f"{row['step_time_s']:.3f}",
+            f"{row['tokens_per_s']:,.0f}",
+            f"{100 * row['mfu']:.1f}%",
+            f"{100 * row['bubble_fraction']:.1f}%",
+            str(row["dominant_cost"]),
+            _runs_on(row),
+            *run_cells(row, run),
+        )
     return t
 
 
@@ -80,8 +119,11 @@ def run_cells(row, run) -> list[str]:
         return []
     late = run.deadline_s is not None and not bool(row.get("meets_deadline", True))
     over = run.budget is not None and not bool(row.get("within_budget", True))
-    cells = [f"{row['days']:.1f}" + (" late" if late else ""), f"{100 * row['goodput']:.1f}%",
-             f"{row['gpu_hours'] / 1e6:.3g}M"]
+    cells = [
+        f"{row['days']:.1f}" + (" late" if late else ""),
+        f"{100 * row['goodput']:.1f}%",
+        f"{row['gpu_hours'] / 1e6:.3g}M",
+    ]
     return cells + ([money_text(row["cost"]) + (" over" if over else "")] if run.priced else [])
 
 
@@ -96,8 +138,19 @@ def trainer_table(r: SearchResult) -> Table:
     from autopar.spec.trainers import get_trainer
 
     t = Table(box=box.SIMPLE_HEAD, title="The best plan per trainer", title_justify="left")
-    for col in ("trainer", "layout", "schedule", "recompute", "ZeRO", "mbs", "memory GiB", "step s", "tokens/s", "MFU",
-                "vs best"):
+    for col in (
+        "trainer",
+        "layout",
+        "schedule",
+        "recompute",
+        "ZeRO",
+        "mbs",
+        "memory GiB",
+        "step s",
+        "tokens/s",
+        "MFU",
+        "vs best",
+    ):
         t.add_column(col, justify="left" if col in ("trainer", "layout", "schedule", "recompute") else "right")
     best = r.winner
     for name, row in r.per_trainer.items():
@@ -106,11 +159,19 @@ def trainer_table(r: SearchResult) -> Table:
             t.add_row(title, "nothing fits", *[""] * 9)
             continue
         slower = row["step_time_s"] / best["step_time_s"] - 1 if best is not None else 0.0
-        t.add_row(title, str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
-                  row["pp_schedule"] if row["pp"] > 1 else "-", row["recompute"], str(row["zero_stage"]),
-                  str(row["micro_batch_size"]), f"{row['memory_gib']:.1f}", f"{row['step_time_s']:.3f}",
-                  f"{row['tokens_per_s']:,.0f}", f"{100 * row['mfu']:.1f}%",
-                  "best" if slower <= 1e-12 else f"+{100 * slower:.1f}%")
+        t.add_row(
+            title,
+            str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
+            row["pp_schedule"] if row["pp"] > 1 else "-",
+            row["recompute"],
+            str(row["zero_stage"]),
+            str(row["micro_batch_size"]),
+            f"{row['memory_gib']:.1f}",
+            f"{row['step_time_s']:.3f}",
+            f"{row['tokens_per_s']:,.0f}",
+            f"{100 * row['mfu']:.1f}%",
+            "best" if slower <= 1e-12 else f"+{100 * slower:.1f}%",
+        )
     return t
 
 
@@ -130,33 +191,69 @@ def print_result(r: SearchResult) -> None:
         if len(r.per_trainer) > 1:
             c.print(trainer_table(r))
     c.print(f"[bold]{r.why}[/bold]")
-    how = ("exhaustive: every plan of the space evaluated, so this is the exact optimum of the cost model"
-           if r.method == "exhaustive" else f"{r.method}: Optuna sampled the space ({len(r.history)} trials)")
+    how = (
+        "exhaustive: every plan of the space evaluated, so this is the exact optimum of the cost model"
+        if r.method == "exhaustive"
+        else f"{r.method}: Optuna sampled the space ({len(r.history)} trials)"
+    )
     c.print(f"{n:,} plans evaluated ({valid:,} valid, {fit:,} fit) in {r.timings.get('total_s', 0):.2f} s; {how}.")
     if r.rejections:
         c.print("Rejected by: " + ", ".join(f"{k} ({v:,})" for k, v in list(r.rejections.items())[:6]))
-    files = ("plans.parquet, " + ("plans.csv, " if r.options.csv else "") + "top.json, scatter.parquet, search.json"
-             + ("" if r.method == "exhaustive" else ", study.db"))
+    files = (
+        "plans.parquet, "
+        + ("plans.csv, " if r.options.csv else "")
+        + "top.json, scatter.parquet, search.json"
+        + ("" if r.method == "exhaustive" else ", study.db")
+    )
     c.print(f"Results: {r.run_dir}/ ({files})")
 
 
 def print_whatif(results: list[SearchResult]) -> None:
     t = Table(box=box.SIMPLE_HEAD, title="What-if: the best plan per scenario", title_justify="left")
     run = results[0].options.training
-    cols = ["GPUs", "GPU", "seq", "gbs", "best layout", "schedule", "recompute", "memory GiB", "step s", "tokens/s",
-            "tokens/s/GPU", "MFU"] + run_headers(run)
+    cols = [
+        "GPUs",
+        "GPU",
+        "seq",
+        "gbs",
+        "best layout",
+        "schedule",
+        "recompute",
+        "memory GiB",
+        "step s",
+        "tokens/s",
+        "tokens/s/GPU",
+        "MFU",
+    ] + run_headers(run)
     for col in cols:
         t.add_column(col, justify="left" if col in ("GPU", "best layout", "schedule", "recompute") else "right")
     for r in results:
         q, w = r.question, r.winner
         if w is None:
-            t.add_row(str(q.num_gpus), q.cluster.gpu.key, str(q.seq_len), str(q.global_batch_size), "nothing fits",
-                      *[""] * (len(cols) - 5))
+            t.add_row(
+                str(q.num_gpus),
+                q.cluster.gpu.key,
+                str(q.seq_len),
+                str(q.global_batch_size),
+                "nothing fits",
+                *[""] * (len(cols) - 5),
+            )
             continue
-        t.add_row(str(q.num_gpus), q.cluster.gpu.key, str(q.seq_len), str(q.global_batch_size), str(w["plan_name"]),
-                  w["pp_schedule"] if w["pp"] > 1 else "-", w["recompute"], f"{w['memory_gib']:.1f}",
-                  f"{w['step_time_s']:.3f}", f"{w['tokens_per_s']:,.0f}", f"{w['tokens_per_s_per_gpu']:,.0f}",
-                  f"{100 * w['mfu']:.1f}%", *run_cells(w, run))
+        t.add_row(
+            str(q.num_gpus),
+            q.cluster.gpu.key,
+            str(q.seq_len),
+            str(q.global_batch_size),
+            str(w["plan_name"]),
+            w["pp_schedule"] if w["pp"] > 1 else "-",
+            w["recompute"],
+            f"{w['memory_gib']:.1f}",
+            f"{w['step_time_s']:.3f}",
+            f"{w['tokens_per_s']:,.0f}",
+            f"{w['tokens_per_s_per_gpu']:,.0f}",
+            f"{100 * w['mfu']:.1f}%",
+            *run_cells(w, run),
+        )
     c = console()
     c.print(t)
     for r in results:

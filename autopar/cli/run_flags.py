@@ -18,18 +18,38 @@ def _opt(name: str, help: str):
 
 
 RUN_OPTIONS = {
-    "tokens": Opt(Optional[str], _opt("--tokens", help="Tokens to train on (15T, 300B, 2.5e12): adds days to train, "
-                                                     "GPU-hours and goodput after checkpoints and failures.")),
-    "deadline": Opt(Optional[str], _opt("--deadline", help="Finish within this (60d, 36h, 8w): a what-if names the "
-                                                         "cheapest plan that does; exit 2 if none can.")),
-    "price_per_gpu_hour": Opt(Optional[str], _opt("--price-per-gpu-hour", help="Price of one GPU-hour (2.5), or one "
-                                                                             "per GPU kind (h100-sxm=2.5,b200=4.2).")),
-    "budget": Opt(Optional[str], _opt("--budget", help="Spend at most this (5M, 750000; the price's currency): a "
-                                                     "what-if names the fastest plan within it; exit 2 if none is.")),
+    "tokens": Opt(
+        Optional[str],
+        _opt(
+            "--tokens",
+            help="Tokens to train on (15T, 300B, 2.5e12): adds days to train, "
+            "GPU-hours and goodput after checkpoints and failures.",
+        ),
+    ),
+    "deadline": Opt(
+        Optional[str],
+        _opt(
+            "--deadline",
+            help="Finish within this (60d, 36h, 8w): a what-if names the cheapest plan that does; exit 2 if none can.",
+        ),
+    ),
+    "price_per_gpu_hour": Opt(
+        Optional[str],
+        _opt("--price-per-gpu-hour", help="Price of one GPU-hour (2.5), or one per GPU kind (h100-sxm=2.5,b200=4.2)."),
+    ),
+    "budget": Opt(
+        Optional[str],
+        _opt(
+            "--budget",
+            help="Spend at most this (5M, 750000; the price's currency): a "
+            "what-if names the fastest plan within it; exit 2 if none is.",
+        ),
+    ),
 }
 
 
 def with_run_flags(command):
     """Give `command(..., run: TrainingRun | None)` the whole-run flags as options."""
-    return with_options(RUN_OPTIONS, "run", lambda v: training_run(v["tokens"], v["deadline"],
-                                                                   v["price_per_gpu_hour"], v["budget"]))(command)
+    return with_options(
+        RUN_OPTIONS, "run", lambda v: training_run(v["tokens"], v["deadline"], v["price_per_gpu_hour"], v["budget"])
+    )(command)

@@ -17,71 +17,143 @@ from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
 from autopar.spec.schema import check_flags
 from autopar.spec.training_run import TrainingRun
 
+# the options of `search` alone (those shared with other commands are in autopar.cli.options)
+Gpus = Annotated[str, typer.Option("--gpus", "-g", help="GPU count, or a comma list for a what-if (128,256,512).")]
+Gpu = Annotated[str, typer.Option("--gpu", help="GPU preset, or a comma list (h100-sxm,b200).")]
+SeqLen = Annotated[Optional[str], typer.Option("--seq-len", "-s", help="Sequence length, or a comma list.")]
+Gbs = Annotated[
+    Optional[str],
+    typer.Option(
+        "--gbs",
+        help="Global batch size in sequences, or a comma list for a what-if (default: the space's "
+        "tokens_per_step, ~4M tokens).",
+    ),
+]
+Space = Annotated[str, typer.Option("--space", help="Search space: a name in search_spaces/ or a YAML file.")]
+Trainer = Annotated[
+    Optional[str],
+    typer.Option(
+        "--trainer",
+        help="Only plans this trainer can run: megatron, nemo, bridge, torchtitan, deepspeed, or a comma "
+        "list (default: every trainer, with the best plan of each).",
+    ),
+]
+TopK = Annotated[int, typer.Option("--top-k", help="Plans to show and keep in top.json.")]
+MaxExhaustive = Annotated[
+    int,
+    typer.Option(
+        "--max-exhaustive",
+        help="Largest space evaluated exhaustively; above it Optuna samples (0 forces Optuna; default: about "
+        "ten seconds of exhaustive search).",
+    ),
+]
+Sampler = Annotated[str, typer.Option("--sampler", help="tpe | nsga2 | random (Optuna mode).")]
+NTrials = Annotated[int, typer.Option("--n-trials", help="Optuna trial budget of the study (Optuna mode).")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Sampler seed.")]
+Storage = Annotated[
+    Optional[str],
+    typer.Option(
+        "--storage",
+        help="Optuna storage URL (postgresql://, mysql://, sqlite:///) or a journal file (*.log); default: "
+        "study.db in the run dir.",
+    ),
+]
+StudyName = Annotated[Optional[str], typer.Option("--study-name", help="Study name (default: the run name).")]
+MultiObjective = Annotated[
+    bool,
+    typer.Option("--multi-objective", help="Optuna mode: optimise throughput and memory headroom together (NSGA-II)."),
+]
+RunDir = Annotated[
+    Optional[Path],
+    typer.Option("--run-dir", help="Where results go (default: reports/<model>_<gpus>x<gpu>_s<seq>_gbs<gbs>_<space>)."),
+]
+Csv = Annotated[bool, typer.Option("--csv", help="Also write plans.csv (every plan; plans.parquet always has them).")]
+
 
 @app.command()
 @with_trial_flags
 @with_run_flags
 def search(
     model: o.Model,
-    gpus: Annotated[str, typer.Option("--gpus", "-g", help="GPU count, or a comma list for a what-if (128,256,512).")],
-    gpu: Annotated[str, typer.Option("--gpu", help="GPU preset, or a comma list (h100-sxm,b200).")] = "h100-sxm",
-    gpus_per_node: o.GpusPerNode = None, cluster: o.ClusterFile = None,
-    seq_len: Annotated[Optional[str], typer.Option("--seq-len", "-s", help="Sequence length, or a comma list.")] = None,
-    gbs: Annotated[Optional[str], typer.Option("--gbs", help="Global batch size in sequences, or a comma list for "
-                                               "a what-if (default: the space's tokens_per_step, ~4M tokens).")] = None,
-    space: Annotated[str, typer.Option("--space", help="Search space: a name in search_spaces/ or a YAML file.")] = "default",
-    trainer: Annotated[Optional[str], typer.Option("--trainer", help="Only plans this trainer can run: megatron, nemo, "
-                                                   "bridge, torchtitan, deepspeed, or a comma list (default: every "
-                                                   "trainer, with the best plan of each).")] = None,
-    top_k: Annotated[int, typer.Option("--top-k", help="Plans to show and keep in top.json.")] = 10,
-    max_exhaustive: Annotated[int, typer.Option("--max-exhaustive", help="Largest space evaluated exhaustively; "
-                                                "above it Optuna samples (0 forces Optuna; default: "
-                                                "about ten seconds of exhaustive search).")] = DEFAULT_MAX_EXHAUSTIVE,
-    sampler: Annotated[str, typer.Option("--sampler", help="tpe | nsga2 | random (Optuna mode).")] = "tpe",
-    n_trials: Annotated[int, typer.Option("--n-trials", help="Optuna trial budget of the study (Optuna mode).")] = 200,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Sampler seed.")] = None,
-    storage: Annotated[Optional[str], typer.Option("--storage", help="Optuna storage URL (postgresql://, mysql://, "
-                                                   "sqlite:///) or a journal file (*.log); default: study.db in the run dir.")] = None,
-    study_name: Annotated[Optional[str], typer.Option("--study-name", help="Study name (default: the run name).")] = None,
-    multi_objective: Annotated[bool, typer.Option("--multi-objective", help="Optuna mode: optimise throughput and "
-                                                  "memory headroom together (NSGA-II).")] = False,
-    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="Where results go (default: "
-                                                    "reports/<model>_<gpus>x<gpu>_s<seq>_gbs<gbs>_<space>).")] = None,
-    csv: Annotated[bool, typer.Option("--csv", help="Also write plans.csv (every plan; plans.parquet always has "
-                                      "them).")] = False,
-    as_json: o.Json = False, run: Optional[TrainingRun] = None, measure: Optional[TrialFlags] = None,
+    gpus: Gpus,
+    gpu: Gpu = "h100-sxm",
+    gpus_per_node: o.GpusPerNode = None,
+    cluster: o.ClusterFile = None,
+    seq_len: SeqLen = None,
+    gbs: Gbs = None,
+    space: Space = "default",
+    trainer: Trainer = None,
+    top_k: TopK = 10,
+    max_exhaustive: MaxExhaustive = DEFAULT_MAX_EXHAUSTIVE,
+    sampler: Sampler = "tpe",
+    n_trials: NTrials = 200,
+    seed: Seed = None,
+    storage: Storage = None,
+    study_name: StudyName = None,
+    multi_objective: MultiObjective = False,
+    run_dir: RunDir = None,
+    csv: Csv = False,
+    as_json: o.Json = False,
+    run: Optional[TrainingRun] = None,
+    measure: Optional[TrialFlags] = None,
 ) -> None:
     """Search every layout of the space for MODEL on GPUS: what fits, what is fastest, why.
 
     Example: autopar search --model 70b --gpus 256
     """
-    from autopar.cli.render_search import SearchProgress, print_answer, print_result, print_whatif
     from autopar.report import write_reports
-    from autopar.search.scenarios import result_json, run_scenarios
     from autopar.search.training import check_run
-    from autopar.trial import hygiene
 
-    check_flags({"--gpus-per-node": gpus_per_node, "--top-k": top_k, "--max-exhaustive": max_exhaustive,
-                 "--n-trials": n_trials, "--seed": seed})
-    spec, sp, scenarios, trainers = _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir,
-                                              storage, study_name, sampler)
-    with SearchProgress(enabled=not as_json) as progress:
-        results = run_scenarios(spec, sp, scenarios, gpus_per_node=gpus_per_node, cluster_file=cluster,
-                                top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials,
-                                seed=seed, storage=storage, study_name=study_name, multi_objective=multi_objective,
-                                run_dir=run_dir, progress=progress.update, trainers=trainers, csv=csv,
-                                interrupts=hygiene, training=run)
+    check_flags({"--gpus-per-node": gpus_per_node, "--top-k": top_k, "--max-exhaustive": max_exhaustive})
+    check_flags({"--n-trials": n_trials, "--seed": seed})
+    spec, sp, scenarios, trainers = _question(
+        model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler
+    )
+    options = dict(top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials, seed=seed)
+    options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
+    results = _run(spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, **options)
     if measure.trials > 0:
         if len(results) != 1:
             raise InputError("--trials applies to one scenario")
-        _measured_stage(results[0], spec, measure.trials, measure.trial_budget, measure.rounds, measure.trial_steps,
-                        measure.trial_timeout, storage, quiet=as_json, study_name=study_name, options=measure.options)
+        _measured_stage(results[0], spec, measure, storage, quiet=as_json, study_name=study_name)
     reports = write_reports([r.run_dir for r in results])  # RUN_DIR/report.html; a what-if links them
     answer = check_run(results, run)  # a deadline or budget no plan meets: one line, exit 2
+    _show(results, reports, answer, as_json)
+
+
+def _run(spec, space, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet: bool, **options) -> list:
+    """Every scenario's search (autopar.search.scenarios), with a progress bar unless `quiet`; Ctrl-C
+    and SIGTERM leave the run directory marked incomplete (autopar.trial.hygiene)."""
+    from autopar.cli.render_search import SearchProgress
+    from autopar.search.scenarios import run_scenarios
+    from autopar.trial import hygiene
+
+    with SearchProgress(enabled=not quiet) as progress:
+        return run_scenarios(
+            spec,
+            space,
+            scenarios,
+            gpus_per_node=gpus_per_node,
+            cluster_file=cluster,
+            progress=progress.update,
+            trainers=trainers,
+            csv=csv,
+            interrupts=hygiene,
+            training=run,
+            **options,
+        )
+
+
+def _show(results: list, reports: list, answer, as_json: bool) -> None:
+    """The results: JSON (one scenario, a list of them, or the whole run's answers with the
+    scenarios), or the terminal tables and the reports' paths."""
+    from autopar.cli.render_search import print_answer, print_result, print_whatif
+    from autopar.search.scenarios import result_json
+
     if as_json:
         out = [result_json(r) | {"report": str(Path(r.run_dir) / "report.html")} for r in results]
-        print(json.dumps((out[0] if len(out) == 1 else out) if answer is None else {"scenarios": out} | answer.to_dict(),
-                         indent=2, default=float))
+        doc = (out[0] if len(out) == 1 else out) if answer is None else {"scenarios": out} | answer.to_dict()
+        print(json.dumps(doc, indent=2, default=float))
         return
     if len(results) == 1:
         print_result(results[0])
@@ -117,24 +189,42 @@ def _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, 
         space = "local"  # CPU trials: fp32, small batch, the knobs the trial model runs
     sp = load_space(space)
     trainers = parse_trainers(trainer, "local" if gpu_kinds == ["local"] else "")
-    scenarios = [Scenario(num_gpus=g, gpu=k, seq_len=s, gbs=b) for k in gpu_kinds for g in gpu_counts
-                 for s in (seqs or [spec.seq_len]) for b in batches]
+    scenarios = [
+        Scenario(num_gpus=g, gpu=k, seq_len=s, gbs=b)
+        for k in gpu_kinds
+        for g in gpu_counts
+        for s in (seqs or [spec.seq_len])
+        for b in batches
+    ]
     if len(scenarios) > MAX_SCENARIOS:
-        raise InputError(f"this what-if has {len(scenarios):,} scenarios (--gpus x --gpu x --seq-len x --gbs); "
-                         f"give at most {MAX_SCENARIOS}")
+        raise InputError(
+            f"this what-if has {len(scenarios):,} scenarios (--gpus x --gpu x --seq-len x --gbs); "
+            f"give at most {MAX_SCENARIOS}"
+        )
     if len(scenarios) > 1 and (storage or study_name or run_dir):
         raise InputError("--storage, --study-name and --run-dir apply to one scenario; drop them for a what-if")
     return spec, sp, scenarios, trainers
 
 
-def _measured_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: float, storage, quiet: bool,
-                    study_name: str | None = None, options=None) -> dict:
+def _measured_stage(result, spec, measure: TrialFlags, storage, quiet: bool, study_name: str | None = None) -> dict:
     """Optuna's measured stage over the search result (autopar.cli.measured: where the trials run,
     as they are or as proxies, or on the cluster); figures into measured.json and search.json."""
     from autopar.cli.measured import run_stage
 
-    return run_stage(result, spec, k, budget, rounds, steps, timeout, storage, quiet, study_name=study_name,
-                     options=options)
+    m = measure
+    return run_stage(
+        result,
+        spec,
+        m.trials,
+        m.trial_budget,
+        m.rounds,
+        m.trial_steps,
+        m.trial_timeout,
+        storage,
+        quiet,
+        study_name=study_name,
+        options=m.options,
+    )
 
 
 def print_measured(f: dict, file=None) -> None:

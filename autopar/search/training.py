@@ -21,9 +21,17 @@ def with_run_columns(df: pd.DataFrame, question, run: TrainingRun | None) -> pd.
     if run is None or df is None or not len(df):
         return df
     cluster = question.cluster
-    cols = run_time_columns(df["tokens_per_s"].to_numpy(), df["dtype"].to_numpy(), question.num_gpus,
-                            question.model.params_total, run.tokens, cluster.reliability,
-                            run.price_for(cluster.gpu.key), run.deadline_s, run.budget)
+    cols = run_time_columns(
+        df["tokens_per_s"].to_numpy(),
+        df["dtype"].to_numpy(),
+        question.num_gpus,
+        question.model.params_total,
+        run.tokens,
+        cluster.reliability,
+        run.price_for(cluster.gpu.key),
+        run.deadline_s,
+        run.budget,
+    )
     return df.assign(**cols)
 
 
@@ -82,10 +90,12 @@ def summary_line(r, run: TrainingRun) -> str:
     goodput: ...): 3.29M GPU-hours, cost 8.23M.'"""
     w = r.winner
     cost = f", cost {money_text(w['cost'])}" if run.priced else ""
-    return (f"Training {tokens_text(run.tokens)} tokens {_with(r)} takes {w['days']:.1f} days ({w['train_days']:.1f} "
-            f"days of steps at {100 * w['goodput']:.1f} % goodput: checkpoints {100 * w['lost_to_checkpoints']:.1f} %, "
-            f"rework {100 * w['lost_to_rework']:.1f} %, restarts {100 * w['lost_to_restarts']:.1f} %): "
-            f"{w['gpu_hours'] / 1e6:.3g}M GPU-hours{cost}.")
+    return (
+        f"Training {tokens_text(run.tokens)} tokens {_with(r)} takes {w['days']:.1f} days ({w['train_days']:.1f} "
+        f"days of steps at {100 * w['goodput']:.1f} % goodput: checkpoints {100 * w['lost_to_checkpoints']:.1f} %, "
+        f"rework {100 * w['lost_to_rework']:.1f} %, restarts {100 * w['lost_to_restarts']:.1f} %): "
+        f"{w['gpu_hours'] / 1e6:.3g}M GPU-hours{cost}."
+    )
 
 
 def choose(days, cost, run: TrainingRun) -> dict[str, int | None]:
@@ -100,8 +110,13 @@ def choose(days, cost, run: TrainingRun) -> dict[str, int | None]:
     def best(mask, key):
         return int(np.flatnonzero(mask)[np.argmin(key[mask])]) if mask.any() else None
 
-    return {"fastest": best(ok, days), "cheapest": best(ok, cost), "cheapest_by_deadline": best(meets, cost),
-            "fastest_within_budget": best(within, days), "both": best(meets & within, cost)}
+    return {
+        "fastest": best(ok, days),
+        "cheapest": best(ok, cost),
+        "cheapest_by_deadline": best(meets, cost),
+        "fastest_within_budget": best(within, days),
+        "both": best(meets & within, cost),
+    }
 
 
 def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
@@ -120,17 +135,23 @@ def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
     if deadline and c["cheapest_by_deadline"] is None:
         fastest = results[c["fastest"]]
         more = "" if len(results) > 1 else f"; try a what-if with more GPUs, e.g. --gpus {_more(fastest)}"
-        raise InputError(f"no plan meets {deadline}: the fastest, {_where(fastest)}, needs "
-                         f"{fastest.winner['days']:.1f} days for {tokens} tokens{more}")
+        raise InputError(
+            f"no plan meets {deadline}: the fastest, {_where(fastest)}, needs "
+            f"{fastest.winner['days']:.1f} days for {tokens} tokens{more}"
+        )
     if budget and c["fastest_within_budget"] is None:
         cheapest = results[c["cheapest"]]
-        raise InputError(f"no plan fits {budget}: the cheapest, {_where(cheapest)}, costs "
-                         f"{money_text(cheapest.winner['cost'])} for {tokens} tokens; raise --budget or train on "
-                         f"fewer tokens")
+        raise InputError(
+            f"no plan fits {budget}: the cheapest, {_where(cheapest)}, costs "
+            f"{money_text(cheapest.winner['cost'])} for {tokens} tokens; raise --budget or train on "
+            f"fewer tokens"
+        )
     if deadline and budget and c["both"] is None:
-        raise InputError(f"no plan meets both {deadline} and {budget}: the cheapest by the deadline costs "
-                         f"{money_text(results[c['cheapest_by_deadline']].winner['cost'])}, the fastest within the "
-                         f"budget needs {results[c['fastest_within_budget']].winner['days']:.1f} days")
+        raise InputError(
+            f"no plan meets both {deadline} and {budget}: the cheapest by the deadline costs "
+            f"{money_text(results[c['cheapest_by_deadline']].winner['cost'])}, the fastest within the "
+            f"budget needs {results[c['fastest_within_budget']].winner['days']:.1f} days"
+        )
     answer.lines = answer_lines(results, c, run, deadline, budget)
     answer.picks = {k: v for k, v in c.items() if v is not None}
     return answer
@@ -142,8 +163,9 @@ def answer_lines(results: list, c: dict, run: TrainingRun, deadline: str | None,
     if len(results) == 1:
         w = results[0].winner
         lines = [summary_line(results[0], run)]
-        margins = ([f"{(run.deadline_s / 86_400 - w['days']):.1f} days to spare"] if deadline else []) + \
-                  ([f"{money_text(run.budget - w['cost'])} under budget"] if budget else [])
+        margins = ([f"{(run.deadline_s / 86_400 - w['days']):.1f} days to spare"] if deadline else []) + (
+            [f"{money_text(run.budget - w['cost'])} under budget"] if budget else []
+        )
         if margins:
             lines.append("Meets " + " and ".join(x for x in (deadline, budget) if x) + ": " + ", ".join(margins) + ".")
         return lines

@@ -46,21 +46,36 @@ class Reliability:
     restart_s: float = DEFAULT_RESTART_S
 
     def __post_init__(self) -> None:
-        check_number(self.interruptions_per_gpu_hour, "reliability: interruptions_per_gpu_hour", 0.0, 1.0,
-                     fix="fix the cluster file (the Llama 3 paper's cluster: 1.97e-5)")
-        check_number(self.checkpoint_gbps_per_gpu, "reliability: checkpoint_gbps_per_gpu", 0.0, 1e4, above=True,
-                     fix="fix the cluster file (storage GB/s divided by the GPUs writing)")
+        check_number(
+            self.interruptions_per_gpu_hour,
+            "reliability: interruptions_per_gpu_hour",
+            0.0,
+            1.0,
+            fix="fix the cluster file (the Llama 3 paper's cluster: 1.97e-5)",
+        )
+        check_number(
+            self.checkpoint_gbps_per_gpu,
+            "reliability: checkpoint_gbps_per_gpu",
+            0.0,
+            1e4,
+            above=True,
+            fix="fix the cluster file (storage GB/s divided by the GPUs writing)",
+        )
         check_number(self.restart_s, "reliability: restart_s", 0.0, 7 * 86_400.0, fix="fix the cluster file")
 
     @classmethod
     def from_dict(cls, data: object, origin: str) -> "Reliability":
         if not isinstance(data, dict):
-            raise InputError(f"{origin}: 'reliability' must be a mapping of {', '.join(_RELIABILITY_KEYS)}, got "
-                             f"{quoted(data)}; fix the cluster file")
+            raise InputError(
+                f"{origin}: 'reliability' must be a mapping of {', '.join(_RELIABILITY_KEYS)}, got "
+                f"{quoted(data)}; fix the cluster file"
+            )
         unknown = [k for k in data if k not in _RELIABILITY_KEYS]
         if unknown:
-            raise InputError(f"{origin}: unknown reliability field {quoted(str(unknown[0]), 40)}; known: "
-                             f"{', '.join(_RELIABILITY_KEYS)}")
+            raise InputError(
+                f"{origin}: unknown reliability field {quoted(str(unknown[0]), 40)}; known: "
+                f"{', '.join(_RELIABILITY_KEYS)}"
+            )
         try:
             return cls(**data)
         except InputError as e:
@@ -88,8 +103,10 @@ class TrainingRun:
             return None
         price = self.prices_by_gpu.get(gpu, self.price_per_gpu_hour)
         if price is None:
-            raise InputError(f"--price-per-gpu-hour gives no price for {quoted(gpu)}; add {gpu}=PRICE, or one bare "
-                             f"price for every GPU kind")
+            raise InputError(
+                f"--price-per-gpu-hour gives no price for {quoted(gpu)}; add {gpu}=PRICE, or one bare "
+                f"price for every GPU kind"
+            )
         return price
 
     @property
@@ -97,8 +114,13 @@ class TrainingRun:
         return self.price_per_gpu_hour is not None or bool(self.prices_by_gpu)
 
     def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "deadline_s": self.deadline_s, "price_per_gpu_hour": self.price_per_gpu_hour,
-                "prices_by_gpu": dict(self.prices_by_gpu), "budget": self.budget}
+        return {
+            "tokens": self.tokens,
+            "deadline_s": self.deadline_s,
+            "price_per_gpu_hour": self.price_per_gpu_hour,
+            "prices_by_gpu": dict(self.prices_by_gpu),
+            "budget": self.budget,
+        }
 
 
 def parse_tokens(text: str) -> float:
@@ -131,8 +153,9 @@ def parse_prices(text: str) -> tuple[float | None, dict]:
         elif single is None:
             single = price
         else:
-            raise InputError(f"--price-per-gpu-hour {quoted(text)} gives two prices for every GPU; give one, "
-                             f"or KIND=PRICE pairs")
+            raise InputError(
+                f"--price-per-gpu-hour {quoted(text)} gives two prices for every GPU; give one, or KIND=PRICE pairs"
+            )
     return single, by_kind
 
 
@@ -142,23 +165,31 @@ def parse_budget(text: str) -> float:
     return _in_range(value, text, "--budget", MAX_BUDGET, "5M")
 
 
-def training_run(tokens: str | None, deadline: str | None = None, price: str | None = None,
-                 budget: str | None = None) -> TrainingRun | None:
+def training_run(
+    tokens: str | None, deadline: str | None = None, price: str | None = None, budget: str | None = None
+) -> TrainingRun | None:
     """The flags as one TrainingRun (None when --tokens is not given), or one line saying what is
     missing: a deadline, price or budget means nothing without the run's size."""
-    given = [f for f, v in (("--deadline", deadline), ("--price-per-gpu-hour", price), ("--budget", budget))
-             if v is not None]
+    given = [
+        f for f, v in (("--deadline", deadline), ("--price-per-gpu-hour", price), ("--budget", budget)) if v is not None
+    ]
     if tokens is None:
         if given:
-            raise InputError(f"{given[0]} needs --tokens (how many tokens the run trains on) to time or price the "
-                             f"run; add e.g. --tokens 15T")
+            raise InputError(
+                f"{given[0]} needs --tokens (how many tokens the run trains on) to time or price the "
+                f"run; add e.g. --tokens 15T"
+            )
         return None
     single, by_kind = parse_prices(price) if price is not None else (None, {})
     if budget is not None and price is None:
         raise InputError("--budget needs --price-per-gpu-hour to price the run; add e.g. --price-per-gpu-hour 2.5")
-    return TrainingRun(tokens=parse_tokens(tokens), deadline_s=None if deadline is None else parse_duration(deadline),
-                       price_per_gpu_hour=single, prices_by_gpu=by_kind,
-                       budget=None if budget is None else parse_budget(budget))
+    return TrainingRun(
+        tokens=parse_tokens(tokens),
+        deadline_s=None if deadline is None else parse_duration(deadline),
+        price_per_gpu_hour=single,
+        prices_by_gpu=by_kind,
+        budget=None if budget is None else parse_budget(budget),
+    )
 
 
 def _si_number(text: object, flag: str, what: str) -> float:
@@ -174,6 +205,7 @@ def _si_number(text: object, flag: str, what: str) -> float:
 def _in_range(value: float, text: object, flag: str, most: float, example: str, most_text: str = "") -> float:
     """`value` when above 0 and at most `most`, else one line quoting the option as given."""
     if not 0 < value <= most:
-        raise InputError(f"{flag} {quoted(text)} must be above 0 and at most {most_text or f'{most:g}'}; "
-                         f"give e.g. {flag} {example}")
+        raise InputError(
+            f"{flag} {quoted(text)} must be above 0 and at most {most_text or f'{most:g}'}; give e.g. {flag} {example}"
+        )
     return value
