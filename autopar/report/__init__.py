@@ -1,10 +1,16 @@
 """HTML reports of search runs and side-by-side comparisons of layouts.
 
-Three steps: `run_data` reads a run directory (through autopar.search.run_dir), `tables`,
-`trial_tables` and `compare_tables` compute the report data (pandas, exactly testable), `figures`
-draws it (the only plotly importer), `html` assembles one self-contained page. `compare` resolves
-the layouts of `autopar compare`. Importing this package imports neither
-pandas nor plotly; `write_report` / `write_reports` load them when called.
+Three steps. Data: `run_data` reads a run directory (through autopar.search.run_dir);
+`top_tables` (the top-k, the best plan per trainer, the breakdowns), `scatter_tables` (every plan's
+scatter, the Pareto front), `answer_text` (the question and the answer in words), `run_tables`
+(the whole run's days and cost), `trial_tables` (Optuna, trials, what-if) and `compare_tables`
+compute the report data (pandas, exactly testable). Figures: `breakdown_figures`,
+`scatter_figures` and `trial_figures` draw it as plotly figure dicts, on `figure_base` (the
+layout, serialisation, plotly.js: the only plotly importer). Pages: `report_page` and
+`compare_page` assemble one self-contained page from `page`'s building blocks (`format` formats
+the numbers), and `html` writes them. `compare` resolves the layouts of `autopar compare`.
+Importing this package imports neither pandas nor plotly; `write_report` / `write_reports` load
+them when called.
 """
 
 from __future__ import annotations

@@ -9,22 +9,25 @@ import html
 import pandas as pd
 
 from autopar import __version__
-from autopar.report import figures as F
+from autopar.report import figure_base as F
 from autopar.report.format import fmt
 
 CSS = """
 :root{--fg:#1d1d1f;--muted:#666;--line:#e3e3e3;--accent:#1f6feb;--diff:#fff6d6;--best:#0a7f2e}
 *{box-sizing:border-box}
-body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:var(--fg);margin:0;background:#fff;font-size:13.5px}
+body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:var(--fg);margin:0;background:#fff;
+  font-size:13.5px}
 main{max-width:1280px;margin:0 auto;padding:18px 28px 60px}
-h1{font-size:22px;margin:8px 0 4px}h2{font-size:18px;margin:34px 0 8px;border-bottom:1px solid var(--line);padding-bottom:4px}
+h1{font-size:22px;margin:8px 0 4px}
+h2{font-size:18px;margin:34px 0 8px;border-bottom:1px solid var(--line);padding-bottom:4px}
 .answer{font-size:16px;font-weight:600;margin:10px 0 4px}.why{color:#333;margin:4px 0 10px}
 .muted{color:var(--muted)}nav a{margin-right:14px;color:var(--accent);text-decoration:none}
 table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums}
 th,td{padding:4px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}
 th{background:#f4f4f6;font-weight:600;position:sticky;top:0}
 td.t,th.t{text-align:left}
-table.kv td{text-align:left;white-space:normal}table.kv td:first-child{font-weight:600;color:#444;min-width:150px;white-space:nowrap}
+table.kv td{text-align:left;white-space:normal}
+table.kv td:first-child{font-weight:600;color:#444;min-width:150px;white-space:nowrap}
 table.sortable th{cursor:pointer;user-select:none}table.sortable th:hover{background:#e8e8ee}
 table.sortable th[data-dir=asc]::after{content:" \\25B2"}table.sortable th[data-dir=desc]::after{content:" \\25BC"}
 tr.win td{background:#eef8ee}

@@ -47,7 +47,7 @@ class RunData:
 
 def load_run(run_dir: str | Path, *, with_trials: bool = True, with_scenarios: bool = True) -> RunData:
     """Read a run directory. Missing or corrupt: InputError with one line naming the file and the fix."""
-    from autopar.report.tables import REQUIRED_COLUMNS
+    from autopar.report.top_tables import REQUIRED_COLUMNS
 
     files = load(run_dir, REQUIRED_COLUMNS)
     run = RunData(run_dir=files.run_dir, plans=files.scatter, top=files.top, search=files.search)

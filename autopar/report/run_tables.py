@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from autopar.report.run_data import RunData
-from autopar.report.tables import _labels
+from autopar.report.top_tables import candidate_labels
 
 #: the parts of the days to train, in the order drawn; each the share of the wall time it loses
 #: (autopar.cost.goodput: lost_to_*), the rest being steps
@@ -71,7 +71,7 @@ def run_breakdown(rows: pd.DataFrame) -> pd.DataFrame:
     days = rows["days"].to_numpy(dtype=float)
     out = pd.DataFrame(
         {k: days * rows[k].to_numpy(dtype=float) for k in RUN_TERMS if k != "steps"},
-        index=pd.Index(_labels(rows), name="candidate"),
+        index=pd.Index(candidate_labels(rows), name="candidate"),
     )
     out.insert(0, "steps", rows["train_days"].to_numpy(dtype=float))
     out["days"] = days

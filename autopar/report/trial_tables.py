@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from autopar.report.answer_text import scenario_label
 from autopar.report.run_data import RunData
-from autopar.report.tables import scenario_label, winner
+from autopar.report.top_tables import winner
 from autopar.spec.hardware import GIB
 
 # ---- Optuna ----------------------------------------------------------------------------------------

@@ -185,7 +185,12 @@ PROBE_JS = r"""
 (function(){
   var errors = [], warnings = [];
   var str = function(a){ return Array.prototype.map.call(a, function(x){
-    try { return typeof x === 'string' ? x : (x && x.stack) || JSON.stringify(x); } catch (e) { return String(x); } }).join(' '); };
+    try {
+      return typeof x === 'string' ? x : (x && x.stack) || JSON.stringify(x);
+    } catch (e) {
+      return String(x);
+    }
+  }).join(' '); };
   var ce = console.error, cw = console.warn;
   console.error = function(){ errors.push('console.error: ' + str(arguments)); return ce.apply(console, arguments); };
   console.warn = function(){ warnings.push(str(arguments)); return cw.apply(console, arguments); };
@@ -216,7 +221,10 @@ PROBE_JS = r"""
         var cells = rows().map(function(r){ return r.cells[i].getAttribute('data-v'); });
         if (cells.every(function(v){ return v !== null && v !== '' && !isNaN(Number(v)); })) {
           var vals = function(){ return rows().map(function(r){ return Number(r.cells[i].getAttribute('data-v')); }); };
-          var sorted = function(a, dir){ for (var k = 1; k < a.length; k++) if (dir * (a[k] - a[k-1]) < 0) return false; return true; };
+          var sorted = function(a, dir){
+            for (var k = 1; k < a.length; k++) if (dir * (a[k] - a[k-1]) < 0) return false;
+            return true;
+          };
           heads[i].click(); var up = sorted(vals(), 1);
           heads[i].click(); var down = sorted(vals(), -1);
           heads[i].click();  // back to ascending, as the page first showed it

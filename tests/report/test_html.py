@@ -1,6 +1,6 @@
-"""The pages (autopar/report/html.py): one self-contained offline file, plotly.js inlined once, no
-network references, the tables carry the run's numbers, optional sections appear when their data
-exists; plotly is imported only by autopar/report/figures.py."""
+"""The pages (autopar/report/html.py, report_page.py, compare_page.py): one self-contained offline
+file, plotly.js inlined once, no network references, the tables carry the run's numbers, optional
+sections appear when their data exists; plotly is imported only by autopar/report/figure_base.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from autopar.report import answer_text as A
 from autopar.report import run_data as D
-from autopar.report import tables as T
+from autopar.report import scatter_tables as S
+from autopar.report import top_tables as T
 from autopar.report.html import REPORT_FILE, write_report, write_reports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +60,7 @@ def test_report_is_one_self_contained_file_under_10_mb(report70, run70):
 def test_report_has_the_question_answer_and_top_table(report70, run70):
     _, text = report70
     run = D.load_run(run70)
-    assert T.answer(run) in text.replace("&#x27;", "'")
+    assert A.answer(run) in text.replace("&#x27;", "'")
     top = T.top_table(run)
     table = re.search(r"<h2 id=\"top\">.*?</table>", text, re.S).group(0)
     assert table.count("<tr") == len(top) + 1
@@ -81,7 +83,7 @@ def test_figure_json_carries_the_numbers(report70, run70):
     assert compute["x"] == T.time_breakdown(T.top_rows(run))["compute"].tolist()
     scatter = json.loads(re.search(r'id="fig-scatter-json">(.*?)</script>', text, re.S).group(1))
     drawn = sum(len(t["x"]) for t in scatter["data"] if t["name"].startswith(("fits", "rejected")))
-    assert drawn == len(T.scatter_frame(run.plans))
+    assert drawn == len(S.scatter_frame(run.plans))
 
 
 def test_every_optional_section_appears_with_its_data(full_run, run70_128):
@@ -132,7 +134,7 @@ def test_nothing_fits_report(tmp_path):
     assert 'id="fig-scatter-json"' in text and 'id="fig-time-json"' not in text
 
 
-def test_plotly_is_imported_only_by_figures_py():
+def test_plotly_is_imported_only_by_figure_base_py():
     importers = []
     for path in sorted((REPO / "autopar").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -145,15 +147,16 @@ def test_plotly_is_imported_only_by_figures_py():
             )
             if any(n.split(".")[0] == "plotly" for n in names):
                 importers.append(path.relative_to(REPO).as_posix())
-    assert sorted(set(importers)) == ["autopar/report/figures.py"]
+    assert sorted(set(importers)) == ["autopar/report/figure_base.py"]
 
 
-def test_tables_module_imports_no_plotly_and_the_package_is_light():
+def test_table_modules_import_no_plotly_and_the_package_is_light():
     import subprocess
     import sys
 
     code = (
-        "import sys, autopar.report, autopar.report.tables, autopar.report.compare, autopar.cli.compare; "
+        "import sys, autopar.report, autopar.report.top_tables, autopar.report.scatter_tables, "
+        "autopar.report.answer_text, autopar.report.compare, autopar.cli.compare; "
         "print(sorted(m for m in ('plotly', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)

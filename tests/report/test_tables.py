@@ -1,6 +1,8 @@
-"""The report's data step (autopar/report/tables.py): its numbers are the estimates of the run
-directory (scatter.parquet, top.json, search.json; plans.parquet for every plan), exactly; the Pareto front is a Pareto front; the
-predicted-vs-measured errors are right; what-if and compare frames carry the right plans."""
+"""The report's data step (autopar/report/top_tables.py, scatter_tables.py, answer_text.py,
+trial_tables.py, compare_tables.py): its numbers are the estimates of the run directory
+(scatter.parquet, top.json, search.json; plans.parquet for every plan), exactly; the Pareto front is
+a Pareto front; the predicted-vs-measured errors are right; what-if and compare frames carry the
+right plans."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
+from autopar.report import answer_text as A
 from autopar.report import compare_tables as C
 from autopar.report import run_data as D
-from autopar.report import tables as T
+from autopar.report import scatter_tables as S
+from autopar.report import top_tables as T
 from autopar.report import trial_tables as X
 from autopar.search.results import pareto_front
 
@@ -111,7 +115,7 @@ def test_memory_breakdown_equals_the_estimates_and_sums_to_the_peak(run, run70):
 
 def test_scatter_has_every_kept_plan_with_its_estimate(run):
     plans = run.plans
-    sc = T.scatter_frame(plans, max_points=len(plans))
+    sc = S.scatter_frame(plans, max_points=len(plans))
     assert sc.attrs["total"] == len(plans) and sc.attrs["without_estimate"] == 0
     assert sc["n_plans"].sum() == len(plans) == sc.attrs["plotted_plans"]
     # each point is a plan of plans.parquet (its index) with that plan's numbers, exactly
@@ -121,7 +125,7 @@ def test_scatter_has_every_kept_plan_with_its_estimate(run):
     assert (sc["plan_name"].to_numpy() == src["plan_name"].to_numpy()).all()
     # plans merged into a point have the same estimate and class; every plan is in exactly one point
     key = lambda df, cat: list(zip(df["peak_memory_bytes"], df["tokens_per_s"], cat))  # noqa: E731
-    cats = T.categories(plans)
+    cats = S.categories(plans)
     counts = pd.Series(key(plans, cats)).value_counts()
     assert len(counts) == len(sc)
     assert sorted(counts.tolist()) == sorted(sc["n_plans"].tolist())
@@ -130,16 +134,16 @@ def test_scatter_has_every_kept_plan_with_its_estimate(run):
 
 def test_scatter_colours_fits_and_rejection_reasons(run):
     plans = run.plans
-    cats = T.categories(plans)
+    cats = S.categories(plans)
     assert ((cats == "fits") == plans["fits"]).all()
     rejected = plans[~plans["fits"]]
     first = rejected["rejected_by"].str.split(", ").str[0]
     named = cats[rejected.index] != "other rules"  # the rarest reasons share one colour
     assert (cats[rejected.index][named] == first[named]).all()
     assert set(cats) - {"other rules"} <= {"fits"} | set(first) and {"fits", "memory"} <= set(cats)
-    assert len(set(cats)) <= T.MAX_CATEGORIES
-    assert T.category_order(cats)[:2] == ["fits", "memory"]
-    hover = T.hover_text(plans)
+    assert len(set(cats)) <= S.MAX_CATEGORIES
+    assert S.category_order(cats)[:2] == ["fits", "memory"]
+    hover = S.hover_text(plans)
     i = plans.index[~plans["fits"]][0]
     assert plans.loc[i, "plan_name"] in hover[i] and plans.loc[i, "layout_text"] in hover[i]
     assert "rejected: " + plans.loc[i, "rejected_by"] in hover[i]
@@ -149,19 +153,19 @@ def test_rare_rejection_reasons_share_one_colour():
     df = pd.DataFrame(
         {"fits": [True] + [False] * 12, "rejected_by": [""] + [f"rule{i}" for i in range(11)] + ["rule0, rule3"]}
     )
-    cats = T.categories(df)
-    assert cats.nunique() <= T.MAX_CATEGORIES
+    cats = S.categories(df)
+    assert cats.nunique() <= S.MAX_CATEGORIES
     assert "other rules" in set(cats) and cats.iloc[-1] == cats.iloc[1] == "rule0"
 
 
 def test_scatter_sample_keeps_the_front_and_the_top_k(run):
     keep = T.top_rows(run).index
-    sc = T.scatter_frame(run.plans, keep=keep, max_points=300)
-    full = T.scatter_frame(run.plans, max_points=len(run.plans))
+    sc = S.scatter_frame(run.plans, keep=keep, max_points=300)
+    full = S.scatter_frame(run.plans, max_points=len(run.plans))
     assert len(sc) == 300 and sc.attrs["points"] == len(full) and sc.attrs["plotted"] == 300
     assert set(full.index[full["pareto"]]) <= set(sc.index)
     assert set(keep) & set(full.index) <= set(sc.index)
-    again = T.scatter_frame(run.plans, keep=keep, max_points=300)
+    again = S.scatter_frame(run.plans, keep=keep, max_points=300)
     assert sc.index.equals(again.index)  # deterministic
 
 
@@ -187,9 +191,9 @@ def check_front(tput: np.ndarray, mem: np.ndarray, mask: np.ndarray) -> None:
 
 def test_pareto_front_of_the_run(run, run70):
     fit = run.plans[run.plans["fits"]]
-    mask = T.pareto_mask(fit["tokens_per_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy())
+    mask = S.pareto_mask(fit["tokens_per_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy())
     check_front(fit["tokens_per_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(), mask)
-    table = T.pareto_table(run.plans)
+    table = S.pareto_table(run.plans)
     assert set(table.index) == set(fit.index[mask])
     assert table["peak_memory_bytes"].is_monotonic_increasing and table["tokens_per_s"].is_monotonic_increasing
     # the same front the search wrote into top.json (it ranks by step time; one batch size here)
@@ -204,8 +208,8 @@ def test_pareto_mask_by_hand():
     tput = np.array([10, 9, 10, 8, 10, 7, 11])
     mem = np.array([5, 4, 5, 4, 6, 1, 9])
     #               front, front, dup of 0, dominated by 1, dominated by 0, front, front
-    assert T.pareto_mask(tput, mem).tolist() == [True, True, False, False, False, True, True]
-    assert T.pareto_mask(np.array([]), np.array([])).tolist() == []
+    assert S.pareto_mask(tput, mem).tolist() == [True, True, False, False, False, True, True]
+    assert S.pareto_mask(np.array([]), np.array([])).tolist() == []
 
 
 @settings(max_examples=60, deadline=None)
@@ -213,7 +217,7 @@ def test_pareto_mask_by_hand():
 def test_pareto_mask_property(points):
     tput = np.array([p[0] for p in points], float)
     mem = np.array([p[1] for p in points], float)
-    check_front(tput, mem, T.pareto_mask(tput, mem))
+    check_front(tput, mem, S.pareto_mask(tput, mem))
 
 
 # ---- Optuna history ---------------------------------------------------------------------------------
@@ -319,14 +323,14 @@ def test_scenarios_round_trip_through_whatif_json(tmp_path):
 
 
 def test_question_and_answer(run, run70):
-    q = dict(zip(*T.question_rows(run).to_dict("list").values()))
+    q = dict(zip(*A.question_rows(run).to_dict("list").values()))
     assert "llama3-70b" in q["model"] and "256 x h100-sxm" in q["GPUs"]
     assert q["global batch"].startswith("512 sequences x 8192 tokens")
     p = pd.read_parquet(run70 / "plans.parquet")  # every plan
     assert q["plans"] == f"{len(p):,} evaluated, {int(p['valid'].sum()):,} valid, {int(p['fits'].sum()):,} fit"
     assert q["rejected by"].startswith("memory (")
     w = top_json(run70)[0]
-    ans = T.answer(run)
+    ans = A.answer(run)
     assert ans.count(".") >= 1 and ans.startswith("On 256 x h100-sxm, llama3-70b trains fastest with " + w["plan_name"])
     assert f"{w['step_time_s']:.3f} s per step" in ans and f"{w['tokens_per_s']:,.0f} tokens/s" in ans
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from autopar.cost.estimate import estimate_table
-from autopar.report.tables import pareto_mask
+from autopar.report.scatter_tables import pareto_mask
 from autopar.search.enumerate import Enumerator, Question
 from autopar.search.results import frame
 from autopar.search.space import load_space, space_names

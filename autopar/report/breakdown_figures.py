@@ -1,0 +1,185 @@
+"""Stacked and grouped horizontal bars, one bar per candidate (a top-k plan or a compared layout):
+where the step time, the memory, the communication and the days to train go."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from autopar.cost.estimate import AXES, MEMORY_LABELS, MEMORY_TERMS, TIME_LABELS, TIME_TERMS
+from autopar.report.figure_base import RED, bar_height, deadline, figure_layout, floats, vline
+from autopar.spec.hardware import GIB
+
+TIME_COLOURS = {
+    "compute": "#4c78a8",
+    "tp": "#f58518",
+    "cp": "#e45756",
+    "ep": "#72b7b2",
+    "pp": "#54a24b",
+    "dp": "#eeca3b",
+    "bubble": "#b279a2",
+    "optimizer": "#9d755d",
+}
+MEMORY_COLOURS = {
+    "weights": "#4c78a8",
+    "gradients": "#72b7b2",
+    "optimizer": "#54a24b",
+    "activations": "#f58518",
+    "other": "#bab0ac",
+}
+AXIS_COLOURS = {"tp": "#f58518", "cp": "#e45756", "ep": "#72b7b2", "pp": "#54a24b", "dp": "#eeca3b"}
+RUN_COLOURS = {
+    "steps": "#4c78a8",
+    "lost_to_checkpoints": "#f58518",
+    "lost_to_rework": "#e45756",
+    "lost_to_restarts": "#b279a2",
+}
+#: the candidates' axis: one bar each, top to bottom in the frame's order
+CANDIDATE_AXIS = {"autorange": "reversed", "automargin": True, "type": "category"}
+
+
+def time_figure(tb: pd.DataFrame, title: str = "Step time breakdown (s)") -> dict:
+    """Stacked horizontal bars: one bar per candidate, one segment per step-time term."""
+    labels = list(tb.index)
+    data = []
+    for t in TIME_TERMS:
+        x = tb[t].to_numpy(float)
+        if not np.any(x > 0):
+            continue
+        share = np.where(tb["step_time_s"] > 0, 100 * x / tb["step_time_s"].to_numpy(float), 0)
+        data.append(
+            {
+                "type": "bar",
+                "orientation": "h",
+                "name": TIME_LABELS[t],
+                "y": labels,
+                "x": floats(x),
+                "marker": {"color": TIME_COLOURS[t]},
+                "customdata": floats(share),
+                "hovertemplate": f"%{{y}}<br>{TIME_LABELS[t]}: %{{x:.4f}} s (%{{customdata:.1f}}%)<extra></extra>",
+            }
+        )
+    layout = figure_layout(
+        title,
+        bar_height(len(labels)),
+        barmode="stack",
+        xaxis={"title": {"text": "seconds per step"}, "rangemode": "tozero"},
+        yaxis=CANDIDATE_AXIS,
+    )
+    return {"data": data, "layout": layout}
+
+
+def memory_figure(
+    mb: pd.DataFrame, headroom_gib: float = 0.0, title: str = "Memory per GPU (GiB), most loaded rank"
+) -> dict:
+    """Stacked horizontal bars of the memory terms per candidate, against the GPU's capacity."""
+    labels = list(mb.index)
+    data = []
+    cap = mb["memory_capacity_bytes"].to_numpy(float)
+    for t in MEMORY_TERMS:
+        x = mb[t].to_numpy(float) / GIB
+        if not np.any(x > 0):
+            continue
+        data.append(
+            {
+                "type": "bar",
+                "orientation": "h",
+                "name": MEMORY_LABELS[t],
+                "y": labels,
+                "x": floats(x),
+                "marker": {"color": MEMORY_COLOURS[t]},
+                "hovertemplate": f"%{{y}}<br>{MEMORY_LABELS[t]}: %{{x:.2f}} GiB<extra></extra>",
+            }
+        )
+    shapes, notes = [], []
+    if len(cap):
+        c = float(np.max(cap)) / GIB
+        shapes.append(vline(c, 2))
+        notes.append(
+            {
+                "x": c,
+                "y": 0,
+                "xref": "x",
+                "yref": "paper",
+                "text": f"capacity {c:.1f} GiB",
+                "showarrow": False,
+                "xanchor": "right",
+                "yanchor": "bottom",
+                "textangle": -90,
+                "font": {"color": RED},
+                "bgcolor": "rgba(255,255,255,0.8)",
+            }
+        )
+        if headroom_gib > 0:
+            shapes.append(vline(c - headroom_gib, 1, "dot"))
+    layout = figure_layout(
+        title,
+        bar_height(len(labels)),
+        barmode="stack",
+        shapes=shapes,
+        annotations=notes,
+        xaxis={"title": {"text": "GiB"}, "rangemode": "tozero"},
+        yaxis=CANDIDATE_AXIS,
+    )
+    return {"data": data, "layout": layout}
+
+
+def comm_figure(cb: pd.DataFrame, title: str = "Communication per GPU per step (GB)") -> dict:
+    """Grouped horizontal bars: bytes each GPU sends per step, per axis."""
+    labels = list(cb.index)
+    data = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": a.upper(),
+            "y": labels,
+            "x": floats(cb[a].to_numpy(float) / 1e9),
+            "marker": {"color": AXIS_COLOURS[a]},
+            "hovertemplate": f"%{{y}}<br>{a.upper()}: %{{x:.2f}} GB<extra></extra>",
+        }
+        for a in AXES
+        if np.any(cb[a].to_numpy(float) > 0)
+    ]
+    layout = figure_layout(
+        title,
+        140 + 34 * max(len(labels), 1) * max(1, len(data)) / 2,
+        barmode="group",
+        xaxis={"title": {"text": "GB"}, "rangemode": "tozero"},
+        yaxis=CANDIDATE_AXIS,
+    )
+    return {"data": data, "layout": layout}
+
+
+def run_figure(
+    rb: pd.DataFrame,
+    labels: dict[str, str],
+    deadline_days: float | None = None,
+    title: str = "Days to train: steps, and what checkpoints and failures add",
+) -> dict:
+    """Stacked horizontal bars of the days to train per candidate, one segment per part of the run
+    (the goodput terms), with the deadline as a line."""
+    names = list(rb.index)
+    data = [
+        {
+            "type": "bar",
+            "orientation": "h",
+            "name": labels[k],
+            "y": names,
+            "x": floats(rb[k]),
+            "marker": {"color": RUN_COLOURS[k]},
+            "hovertemplate": f"%{{y}}<br>{labels[k]}: %{{x:.2f}} days<extra></extra>",
+        }
+        for k in labels
+        if np.any(rb[k].to_numpy(float) > 0)
+    ]
+    shapes, notes = deadline(deadline_days, "x")
+    layout = figure_layout(
+        title,
+        bar_height(len(names)),
+        barmode="stack",
+        shapes=shapes,
+        annotations=notes,
+        xaxis={"title": {"text": "days"}, "rangemode": "tozero"},
+        yaxis=CANDIDATE_AXIS,
+    )
+    return {"data": data, "layout": layout}

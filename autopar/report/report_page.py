@@ -1,0 +1,320 @@
+"""The report page of a run: the question and its answer, then one section per part of the run
+(the top-k and the best plan per trainer, the breakdowns, the whole run's time and cost, every
+plan's scatter and the Pareto front, Optuna's history, the trials, a what-if's scenarios), as one
+HTML string (`page.page`). `html.write_report` writes it."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pandas as pd
+
+from autopar import __version__
+from autopar.report import answer_text as A
+from autopar.report import run_data as D
+from autopar.report import run_tables as R
+from autopar.report import scatter_tables as S
+from autopar.report import top_tables as T
+from autopar.report import trial_tables as X
+from autopar.report.breakdown_figures import memory_figure, run_figure, time_figure
+from autopar.report.format import fmt
+from autopar.report.page import e, fig, kv, page, table
+from autopar.report.scatter_figures import scatter_figure
+from autopar.report.trial_figures import history_figure, trials_figures, whatif_figure, whatif_run_figure
+from autopar.spec.hardware import GIB
+
+#: the file name of a run's report, in its run directory
+REPORT_FILE = "report.html"
+
+TOP_COLUMNS = [
+    ("rank", "#", "int"),
+    ("plan_name", "layout", "t"),
+    ("pp_schedule", "schedule", "t"),
+    ("recompute", "recompute", "t"),
+    ("zero_stage", "ZeRO", "int"),
+    ("micro_batch_size", "mbs", "int"),
+    ("layout_text", "stages", "t"),
+    ("memory_gib", "memory GiB", "gib"),
+    ("step_time_s", "step s", "s"),
+    ("tokens_per_s", "tokens/s", "count"),
+    ("tokens_per_s_per_gpu", "tokens/s/GPU", "count"),
+    ("mfu", "MFU", "pct"),
+    ("bubble_fraction", "bubble", "pct"),
+    ("dominant_cost", "dominant cost", "t"),
+    ("trainers", "runs on", "t"),
+]
+TRAINER_COLUMNS = [
+    ("trainer", "trainer", "t"),
+    ("plan_name", "layout", "t"),
+    ("pp_schedule", "schedule", "t"),
+    ("recompute", "recompute", "t"),
+    ("zero_stage", "ZeRO", "int"),
+    ("micro_batch_size", "mbs", "int"),
+    ("memory_gib", "memory GiB", "gib"),
+    ("step_time_s", "step s", "s"),
+    ("tokens_per_s", "tokens/s", "count"),
+    ("mfu", "MFU", "pct"),
+    ("vs_best", "vs best", "pct_signed"),
+]
+PARETO_COLUMNS = [
+    ("plan_name", "layout", "t"),
+    ("pp_schedule", "schedule", "t"),
+    ("recompute", "recompute", "t"),
+    ("zero_stage", "ZeRO", "int"),
+    ("micro_batch_size", "mbs", "int"),
+    ("memory_gib", "memory GiB", "gib"),
+    ("tokens_per_s", "tokens/s", "count"),
+    ("step_time_s", "step s", "s"),
+    ("mfu", "MFU", "pct"),
+]
+TRIAL_COLUMNS = [
+    ("trial", "trial", "t"),
+    ("plan_name", "layout", "t"),
+    ("status", "status", "t"),
+    ("kind", "ran as", "t"),
+    ("predicted_step_time_s", "predicted s", "s"),
+    ("measured_step_time_s", "measured s", "s"),
+    ("step_time_error_s", "error s", "s_signed"),
+    ("step_time_error", "error", "pct_signed"),
+    ("predicted_memory_gib", "predicted GiB", "gib"),
+    ("measured_memory_gib", "measured GiB", "gib"),
+    ("memory_error_gib", "error GiB", "gib_signed"),
+    ("memory_error", "error", "pct_signed"),
+    ("proxy_step_time_s", "proxy measured s", "s"),
+    ("proxy_predicted_step_time_s", "proxy predicted s", "s"),
+    ("note", "proxy changes / why not run", "t"),
+]
+#: the whole-run columns of the top and what-if tables (with --tokens)
+RUN_COLUMNS = [
+    ("days", "days", "days"),
+    ("goodput", "goodput", "pct"),
+    ("gpu_hours", "GPU-hours", "count"),
+    ("cost", "cost", "money"),
+]
+WHATIF_COLUMNS = [
+    ("scenario", "scenario", "t"),
+    ("plan_name", "best layout", "t"),
+    ("pp_schedule", "schedule", "t"),
+    ("recompute", "recompute", "t"),
+    ("memory_gib", "memory GiB", "gib"),
+    ("step_time_s", "step s", "s"),
+    ("tokens_per_s", "tokens/s", "count"),
+    ("tokens_per_s_per_gpu", "tokens/s/GPU", "count"),
+    ("mfu", "MFU", "pct"),
+    ("plans_fit", "plans that fit", "count"),
+    ("link", "report", "html"),
+]
+
+
+def _pp_dash(df: pd.DataFrame) -> pd.DataFrame:
+    """Schedules shown only where there is a pipeline."""
+    df = df.copy()
+    if "pp" in df.columns:
+        df["pp_schedule"] = df["pp_schedule"].where(df["pp"] > 1, "-")
+    return df
+
+
+def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, out_dir: Path | None = None) -> str:
+    """The whole report page of a run: the answer, then one section per part of the run (each a
+    (nav anchor, nav label, HTML) from its builder; a builder with nothing to show returns None)."""
+    q = run.question
+    model = q.get("model", {}).get("name", "?")
+    title = f"autopar: {model} on {q.get('num_gpus', '?')} x {q.get('cluster', {}).get('gpu', '?')}"
+    parts = [f"<h1>{e(title)}</h1>", f'<p class="answer">{e(A.answer(run))}</p>']
+    why = run.top.get("why") or run.search.get("why", "")
+    if why:
+        parts.append(f'<p class="why">{e(why)}</p>')
+    built = [
+        ("question", "question", f'<h2 id="question">The question</h2>{kv(A.question_rows(run))}'),
+        *_answer_sections(run, why),
+        _run_section(run),
+        _plans_section(run),
+        _optuna_section(run),
+        _trials_section(run),
+        _whatif_section(run, scenario_runs, out_dir),
+    ]
+    built = [b for b in built if b is not None]
+    head = "<nav>" + "".join(f'<a href="#{a}">{e(b)}</a>' for a, b, _ in built if b) + "</nav>"
+    foot = (
+        f"<footer>autopar {e(__version__)}; run directory {e(str(run.run_dir))}; "
+        f"written {time.strftime('%Y-%m-%d %H:%M:%S')}. Numbers from top.json, search.json and scatter.parquet "
+        f"(the plans the search kept).</footer>"
+    )
+    return page(title, "\n".join(parts + [head] + [html_ for _, _, html_ in built] + [foot]))
+
+
+def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
+    """The top-k table, the best plan per trainer and the breakdowns; or why nothing fits."""
+    top = T.top_table(run)
+    if not len(top):
+        return [("top", "top plans", f'<h2 id="top">No plan fits</h2><p>{e(why)}</p>')]
+    rows = T.top_rows(run)
+    out = [
+        (
+            "top",
+            "top plans",
+            f'<h2 id="top">Top {len(top)} plans that fit</h2>'
+            f'<p class="note">Click a column to sort. Memory: peak per GPU on the most loaded '
+            f"pipeline rank, of {top['memory_capacity_gib'].iloc[0]:.1f} GiB.</p>"
+            + table(_pp_dash(top), TOP_COLUMNS + _run_columns(top), row_class=lambda i, r: "win" if i == 0 else ""),
+        )
+    ]
+    per_trainer = T.trainer_table(run)
+    if len(per_trainer) > 1:
+        out.append(
+            (
+                "trainers",
+                "per trainer",
+                '<h2 id="trainers">The best plan per trainer</h2>'
+                '<p class="note">Each trainer runs only what its capability table allows '
+                "(autopar/spec/data/trainers.toml) and at the speed of its own performance profile."
+                "</p>" + table(_pp_dash(per_trainer), TRAINER_COLUMNS),
+            )
+        )
+    out.append(
+        (
+            "breakdown",
+            "breakdowns",
+            '<h2 id="breakdown">Where the step time and the memory go</h2>'
+            + fig(time_figure(T.time_breakdown(rows)), "fig-time")
+            + fig(memory_figure(T.memory_breakdown(rows), run.headroom_gib), "fig-memory"),
+        )
+    )
+    return out
+
+
+def _run_columns(df: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """The whole-run columns the frame has (none without --tokens; cost only with a price)."""
+    return [c for c in RUN_COLUMNS if c[0] in df.columns and df[c[0]].notna().any()]
+
+
+def _run_section(run: D.RunData) -> tuple[str, str, str] | None:
+    """With --tokens: the winner's time and cost, and where the days of the top plans go."""
+    rows = T.top_rows(run)
+    if R.training_run(run) is None or not len(rows) or "days" not in rows.columns:
+        return None
+    t = R.training_run(run)
+    deadline = t["deadline_s"] / 86_400 if t.get("deadline_s") else None
+    return (
+        "run",
+        "time and cost",
+        '<h2 id="run">Time and cost of the whole run</h2>'
+        '<p class="note">Days to train = tokens / tokens per second / goodput. Goodput: the share of the '
+        "wall time left after checkpoint writes (every Young/Daly interval), work redone after an "
+        "interruption and restarts; interruptions per GPU-hour, checkpoint bandwidth and restart time from "
+        "the cluster's <code>reliability:</code> (default: the Llama 3 paper's 16,384-GPU cluster).</p>"
+        + kv(R.run_panel(run, rows.iloc[0]))
+        + fig(run_figure(R.run_breakdown(rows), R.RUN_TERMS, deadline), "fig-run"),
+    )
+
+
+def _plans_section(run: D.RunData) -> tuple[str, str, str]:
+    """The scatter of the plans kept (memory against throughput) and the Pareto front."""
+    sc = S.scatter_frame(run.plans, keep=T.top_rows(run).index)
+    w = T.winner(run)
+    win = (
+        (float(w["peak_memory_bytes"]) / GIB, float(w["tokens_per_s"]), str(w["plan_name"])) if w is not None else None
+    )
+    cap = float(run.plans["memory_capacity_bytes"].max()) / GIB if len(run.plans) else None
+    pareto = S.pareto_table(run.plans)
+    note = ""
+    if run.plans_evaluated > len(run.plans):
+        note = (
+            f" Drawn: the {len(run.plans):,} plans the search kept of the {run.plans_evaluated:,} it evaluated "
+            f"(each trainer's fastest, the whole Pareto front and a uniform sample of each category; "
+            f"plans.parquet in the run directory has them all)."
+        )
+    if sc.attrs.get("without_estimate"):
+        note += f" {sc.attrs['without_estimate']:,} plans have no finite estimate and are not drawn."
+    limit = f", the dotted one the search's limit ({run.headroom_gib:g} GiB headroom)" if run.headroom_gib else ""
+    figure = (
+        fig(scatter_figure(sc, S.category_order(sc["category"]), win, cap, run.headroom_gib), "fig-scatter")
+        if len(sc)
+        else "<p>No plan has an estimate to draw.</p>"
+    )
+    return (
+        "plans",
+        "every plan",
+        '<h2 id="plans">The evaluated plans</h2>'
+        '<p class="note">Peak memory per GPU (log scale) against throughput; hover a point for its '
+        f"layout. The dashed red line is the GPU's capacity{limit}.{e(note)}</p>"
+        + figure
+        + f"<h3>Pareto front ({len(pareto)} plans): no other fitting plan is both faster and smaller</h3>"
+        + table(_pp_dash(pareto), PARETO_COLUMNS),
+    )
+
+
+def _optuna_section(run: D.RunData) -> tuple[str, str, str] | None:
+    hist = X.optuna_history(run)
+    if not len(hist):
+        return None
+    return (
+        "optuna",
+        "Optuna",
+        '<h2 id="optuna">Optuna optimisation history</h2>'
+        f'<p class="note">{e(A.method_text(run.search))}.</p>' + fig(history_figure(hist), "fig-optuna"),
+    )
+
+
+def _trials_section(run: D.RunData) -> tuple[str, str, str] | None:
+    """Predicted against measured, per trial (full size, proxy, or not run here)."""
+    if not (run.trials or run.trial_problems):
+        return None
+    tt = X.trials_table(run.trials)
+    summ = X.trials_summary(tt)
+    body = [f'<h2 id="trials">Trials: predicted vs measured ({summ["trials"]})</h2>']
+    if len(tt):
+        body.append(
+            f'<p class="note">Error = (predicted - measured) / measured. Mean absolute error: step time '
+            f"{fmt(summ['step_time_mape'], 'pct')}, peak memory {fmt(summ['memory_mape'], 'pct')}.</p>"
+        )
+        if (tt["kind"] != "full").any():
+            body.append(
+                '<p class="note">Ran as <b>proxy</b>: a scaled-down trial (fewer ranks, layers, width '
+                "or sequence; see the last column) whose measured step time and memory are scaled back to "
+                "the plan by the estimate's ratio (predicted plan / predicted proxy on the machine it ran "
+                "on); the proxy's own measured and predicted step times are in the proxy columns. "
+                "<b>not run</b>: the plan cannot run on this machine, for the reason given.</p>"
+            )
+        body.append(table(tt, TRIAL_COLUMNS))
+        figs = trials_figures(tt)
+        body.append(fig(figs[0], "fig-trials-time") + fig(figs[1], "fig-trials-memory"))
+    for p in run.trial_problems:
+        body.append(f'<p class="note">skipped {e(p)}</p>')
+    return ("trials", "trials", "".join(body))
+
+
+def _whatif_section(
+    run: D.RunData, scenario_runs: list[D.RunData] | None, out_dir: Path | None
+) -> tuple[str, str, str] | None:
+    """The best plan per scenario of a what-if, each linking to its own report."""
+    if not scenario_runs or len(scenario_runs) < 2:
+        return None
+    wt = X.whatif_table(scenario_runs, current=run.run_dir)
+    base = Path(out_dir or run.run_dir).resolve()
+    links = []
+    for r, cur in zip(scenario_runs, wt["current"]):
+        target = Path(r.run_dir).resolve() / REPORT_FILE
+        links.append("this report" if cur else quote(Path(os.path.relpath(target, base)).as_posix()))
+    wt = wt.assign(link=[lk if lk == "this report" else f'<a href="{e(lk)}" title="{e(lk)}">open</a>' for lk in links])
+    cols = WHATIF_COLUMNS[:-1] + _run_columns(wt) + WHATIF_COLUMNS[-1:]
+    rows = table(wt, cols, row_class=lambda i, r: "win" if r["current"] else "")
+    t = R.training_run(run)
+    days = (
+        fig(whatif_run_figure(wt, t["deadline_s"] / 86_400 if t.get("deadline_s") else None), "fig-whatif-run")
+        if t is not None and wt["days"].notna().any()
+        else ""
+    )
+    picks = "".join(f'<p class="answer">{e(line)}</p>' for line in R.whatif_answers(wt, t))
+    return (
+        "whatif",
+        "what-if",
+        f'<h2 id="whatif">What-if: the best plan per scenario ({len(wt)})</h2>'
+        + picks
+        + rows
+        + fig(whatif_figure(wt), "fig-whatif")
+        + days,
+    )

@@ -1,0 +1,227 @@
+"""Figures of what ran besides the analytic search (`trial_tables`): Optuna's optimisation
+history, the measured trials against their predictions, and a what-if's best plan per scenario
+(throughput; days to train and cost against the GPU count)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from autopar.report.figure_base import deadline, figure_layout, floats
+
+
+def history_figure(h: pd.DataFrame) -> dict:
+    """Optuna's optimisation history: each trial's predicted step time and the best so far."""
+    data = []
+    for feasible, name, colour in ((True, "trial (fits)", "#4c78a8"), (False, "trial (predicted OOM)", "#ff7f0e")):
+        s = h[h["feasible"] == feasible]
+        if len(s):
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "name": name,
+                    "x": s["number"].tolist(),
+                    "y": floats(s["step_time_s"]),
+                    "marker": {"color": colour, "size": 6},
+                    "hovertemplate": "trial %{x}: %{y:.3f} s<extra></extra>",
+                }
+            )
+    data.append(
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "best so far",
+            "x": h["number"].tolist(),
+            "y": floats(h["best_so_far"]),
+            "line": {"color": "#d62728", "width": 2, "shape": "hv"},
+            "hovertemplate": "after trial %{x}: best %{y:.3f} s<extra></extra>",
+        }
+    )
+    return {
+        "data": data,
+        "layout": figure_layout(
+            "Optuna optimisation history",
+            420,
+            xaxis={"title": {"text": "trial"}},
+            yaxis={"title": {"text": "predicted step time (s)"}, "automargin": True},
+        ),
+    }
+
+
+def _parity(tt: pd.DataFrame, pred: str, meas: str, err: str, unit: str, title: str, fmt: str) -> dict:
+    p, m = tt[pred].to_numpy(float), tt[meas].to_numpy(float)
+    ok = np.isfinite(p) & np.isfinite(m)
+    lo = float(np.min(np.concatenate([p[ok], m[ok]]))) if ok.any() else 0.0
+    hi = float(np.max(np.concatenate([p[ok], m[ok]]))) if ok.any() else 1.0
+    pad = 0.05 * (hi - lo or hi or 1.0)
+    text = np.array(
+        [
+            f"{n} ({t})<br>error {100 * e:+.1f}%" if math.isfinite(e) else f"{n} ({t})"
+            for n, t, e in zip(tt["plan_name"], tt["trial"], tt[err].to_numpy(float))
+        ],
+        dtype=object,
+    )
+    proxy = (tt["kind"] == "proxy").to_numpy() if "kind" in tt.columns else np.zeros(len(tt), bool)
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "predicted = measured",
+            "x": [lo - pad, hi + pad],
+            "y": [lo - pad, hi + pad],
+            "line": {"color": "#999", "dash": "dash"},
+            "hoverinfo": "skip",
+        }
+    ]
+    for sel, name, colour, symbol in (
+        (~proxy, "trialled plan", "#4c78a8", "circle"),
+        (proxy, "proxy (scaled back)", "#f58518", "diamond"),
+    ):
+        if sel.any() or name == "trialled plan":
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "name": name,
+                    "x": floats(m[sel]),
+                    "y": floats(p[sel]),
+                    "text": text[sel].tolist(),
+                    "marker": {"color": colour, "size": 10, "symbol": symbol},
+                    "hovertemplate": f"%{{text}}<br>measured %{{x:{fmt}}} {unit}<br>predicted %{{y:{fmt}}} {unit}"
+                    f"<extra></extra>",
+                }
+            )
+    square = [lo - pad, hi + pad]  # one range on both axes: the diagonal is at 45 degrees
+    return {
+        "data": data,
+        "layout": figure_layout(
+            title,
+            420,
+            xaxis={"title": {"text": f"measured ({unit})"}, "range": square},
+            yaxis={"title": {"text": f"predicted ({unit})"}, "range": square},
+        ),
+    }
+
+
+def trials_figures(tt: pd.DataFrame) -> list[dict]:
+    """Predicted vs measured step time and peak memory, one point per trialled plan."""
+    return [
+        _parity(
+            tt,
+            "predicted_step_time_s",
+            "measured_step_time_s",
+            "step_time_error",
+            "s",
+            "Trials: predicted vs measured step time",
+            ".3f",
+        ),
+        _parity(
+            tt,
+            "predicted_memory_gib",
+            "measured_memory_gib",
+            "memory_error",
+            "GiB",
+            "Trials: predicted vs measured peak memory",
+            ".1f",
+        ),
+    ]
+
+
+def whatif_figure(wt: pd.DataFrame) -> dict:
+    """The best plan per scenario: its throughput, labelled with the layout and MFU."""
+    text = [
+        name if not math.isfinite(mfu) else f"{name}<br>{100 * mfu:.1f}% MFU"
+        for name, mfu in zip(wt["plan_name"], wt["mfu"].to_numpy(float))
+    ]
+    colours = ["#f58518" if c else "#4c78a8" for c in wt["current"]]
+    data = [
+        {
+            "type": "bar",
+            "name": "best plan",
+            "x": wt["scenario"].tolist(),
+            "y": floats(wt["tokens_per_s"]),
+            "text": text,
+            "textposition": "auto",
+            "marker": {"color": colours},
+            "customdata": np.column_stack(
+                [floats(wt["step_time_s"]), floats(wt["memory_gib"]), floats(wt["tokens_per_s_per_gpu"])]
+            ).tolist(),
+            "hovertemplate": "%{x}<br>%{text}<br>%{y:,.0f} tokens/s (%{customdata[2]:,.0f} per GPU)<br>"
+            "%{customdata[0]:.3f} s/step, %{customdata[1]:.1f} GiB<extra></extra>",
+        }
+    ]
+    return {
+        "data": data,
+        "layout": figure_layout(
+            "What-if: the best plan per scenario (tokens/s)",
+            440,
+            showlegend=False,
+            xaxis={"type": "category", "automargin": True},
+            yaxis={"title": {"text": "tokens/s"}, "rangemode": "tozero"},
+        ),
+    }
+
+
+def whatif_run_figure(wt: pd.DataFrame, deadline_days: float | None = None) -> dict:
+    """Days to train (left axis) and cost or GPU-hours (right axis, dotted) against the GPU count,
+    one line per GPU kind, sequence length and batch, with the deadline."""
+    priced = bool(wt["cost"].notna().any())
+    money, label = ("cost", "cost") if priced else ("gpu_hours", "GPU-hours")
+    data = []
+    groups = wt.groupby(["gpu", "seq_len", "global_batch_size"], sort=False)
+    palette = ["#4c78a8", "#54a24b", "#b279a2", "#f58518", "#72b7b2", "#9d755d"]
+    for n, ((gpu, seq, gbs), g) in enumerate(groups):
+        g = g.sort_values("num_gpus")
+        colour = palette[n % len(palette)]
+        name = gpu if groups.ngroups == 1 or wt["gpu"].nunique() == groups.ngroups else f"{gpu}, seq {seq}, gbs {gbs}"
+        x = g["num_gpus"].astype(float).tolist()
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": f"{name}: days",
+                "x": x,
+                "y": floats(g["days"]),
+                "text": g["plan_name"].tolist(),
+                "line": {"color": colour},
+                "hovertemplate": "%{x} GPUs: %{y:.1f} days<br>%{text}<extra></extra>",
+            }
+        )
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": f"{name}: {label}",
+                "x": x,
+                "y": floats(g[money]),
+                "yaxis": "y2",
+                "line": {"dash": "dot", "color": colour},
+                "hovertemplate": f"%{{x}} GPUs: {label} %{{y:,.3s}}<extra></extra>",
+            }
+        )
+    shapes, notes = deadline(deadline_days, "y")
+    counts = sorted(wt["num_gpus"].dropna().astype(float).unique())
+    layout = figure_layout(
+        f"What-if: days to train and {label} against GPUs",
+        460,
+        shapes=shapes,
+        annotations=notes,
+        xaxis={
+            "title": {"text": "GPUs"},
+            "type": "log",
+            "tickvals": counts,
+            "ticktext": [f"{int(c):,}" for c in counts],
+        },
+        yaxis={"title": {"text": "days to train"}, "rangemode": "tozero"},
+        yaxis2={
+            "title": {"text": label},
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+            "automargin": True,
+        },
+    )
+    return {"data": data, "layout": layout}
