@@ -11,8 +11,16 @@ bridge (Megatron-Bridge), and the launchers torchrun and slurm, which wrap any o
 
 from __future__ import annotations
 
-from autopar.export.base import (ExportBundle, ExportFile, Exporter, ExportOptions, ExportRefused, SlurmOptions,
-                                 normalize, plan_view)
+from autopar.export.base import (
+    ExportBundle,
+    Exporter,
+    ExportFile,
+    ExportOptions,
+    ExportRefused,
+    SlurmOptions,
+    normalize,
+    plan_view,
+)
 from autopar.export.bridge import BridgeExporter
 from autopar.export.deepspeed import DeepSpeedExporter
 from autopar.export.launch import SlurmExporter, TorchrunExporter
@@ -21,9 +29,27 @@ from autopar.export.nemo import NemoExporter
 from autopar.export.registry import EXPORTERS, get_exporter, register
 from autopar.export.torchtitan import TorchtitanExporter
 
-for _cls in (MegatronExporter, TorchtitanExporter, DeepSpeedExporter, NemoExporter, BridgeExporter,
-             TorchrunExporter, SlurmExporter):
+for _cls in (
+    MegatronExporter,
+    TorchtitanExporter,
+    DeepSpeedExporter,
+    NemoExporter,
+    BridgeExporter,
+    TorchrunExporter,
+    SlurmExporter,
+):
     register(_cls())
 
-__all__ = ["EXPORTERS", "ExportBundle", "ExportFile", "ExportOptions", "ExportRefused", "Exporter", "SlurmOptions",
-           "get_exporter", "normalize", "plan_view", "register"]
+__all__ = [
+    "EXPORTERS",
+    "ExportBundle",
+    "ExportFile",
+    "ExportOptions",
+    "ExportRefused",
+    "Exporter",
+    "SlurmOptions",
+    "get_exporter",
+    "normalize",
+    "plan_view",
+    "register",
+]

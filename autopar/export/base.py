@@ -26,8 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autopar.errors import InputError, quoted
-from autopar.export.header import (comment_header, ep_overlap, header_dict, header_lines,  # noqa: F401 (re-exported)
-                                   plan_flags, tp_overlap)
+from autopar.export.header import header_lines
 from autopar.quoting import check_identifier, check_text
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -125,15 +124,22 @@ class Exporter:
     example: str = ""  # an `autopar export` command line
     description: str = ""  # a few lines: what the files are and how to run them
 
-    def render(self, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
-               options: ExportOptions | None = None) -> ExportBundle:
+    def render(
+        self, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, options: ExportOptions | None = None
+    ) -> ExportBundle:
         """The files for `plan` re-targeted to this exporter's trainer; raises ExportRefused with the
         capability table's sentence when that trainer cannot run it."""
         options = options or ExportOptions()
         check_inputs(model, options)
         trainer = self.runs_on(plan, options)
-        ctx = Context.make(self.name, plan.with_(trainer=trainer), model, cluster, options,
-                           waived=self.trainer_exporter(trainer).waived(options))
+        ctx = Context.make(
+            self.name,
+            plan.with_(trainer=trainer),
+            model,
+            cluster,
+            options,
+            waived=self.trainer_exporter(trainer).waived(options),
+        )
         bundle = self._render(ctx)
         return replace(bundle, meta={**bundle.meta, "trainer": trainer, "estimate": ctx.estimate})
 
@@ -154,8 +160,11 @@ class Exporter:
         from autopar.spec.trainers import TRAINERS, get_trainer
 
         if trainer not in EXPORTERS:
-            raise ExportRefused(self.name, f"it runs on {get_trainer(trainer).title}, which has no launch config "
-                                           f"(`autopar trial` runs it); pass --trainer with one of {', '.join(TRAINERS)}")
+            raise ExportRefused(
+                self.name,
+                f"it runs on {get_trainer(trainer).title}, which has no launch config "
+                f"(`autopar trial` runs it); pass --trainer with one of {', '.join(TRAINERS)}",
+            )
         return EXPORTERS[trainer]
 
     def _render(self, ctx: "Context") -> ExportBundle:  # pragma: no cover - abstract
@@ -171,45 +180,90 @@ def check_inputs(model: ModelSpec, options: ExportOptions) -> None:
     break or control character in the model name or an option, a recipe that is not a Python name."""
     check_text(model.name, "the model name")
     s = options.slurm
-    for flag, value in (("--job-name", s.job_name), ("--partition", s.partition), ("--account", s.account),
-                        ("--time", s.time), ("--container-image", s.container_image),
-                        ("--torchtitan-base", options.torchtitan_base),
-                        ("--torchtitan-version", options.torchtitan_version)):
+    for flag, value in (
+        ("--job-name", s.job_name),
+        ("--partition", s.partition),
+        ("--account", s.account),
+        ("--time", s.time),
+        ("--container-image", s.container_image),
+        ("--torchtitan-base", options.torchtitan_base),
+        ("--torchtitan-version", options.torchtitan_version),
+    ):
         if value is not None:
             check_text(str(value), flag)
             if len(str(value)) > (1024 if flag == "--container-image" else 256):
-                raise InputError(f"{flag} {quoted(str(value))} is too long; give at most "
-                                 f"{1024 if flag == '--container-image' else 256} characters")
+                raise InputError(
+                    f"{flag} {quoted(str(value))} is too long; give at most "
+                    f"{1024 if flag == '--container-image' else 256} characters"
+                )
     if options.recipe is not None:
-        check_identifier(options.recipe, "--recipe",
-                         example="llama3_70b (NeMo 2) or llama3_70b_pretrain_config (Megatron-Bridge)")
+        check_identifier(
+            options.recipe, "--recipe", example="llama3_70b (NeMo 2) or llama3_70b_pretrain_config (Megatron-Bridge)"
+        )
 
 
 # ---- the plan as every exporter must reproduce it -----------------------------------------------
 
-VIEW_KEYS = ("num_gpus", "tp", "pp", "vpp", "cp", "dp", "ep", "etp", "sequence_parallel", "zero_stage",
-             "micro_batch_size", "global_batch_size", "num_microbatches", "pp_schedule", "layout", "recompute",
-             "recompute_layers", "dtype", "main_grads_fp32", "tp_comm_overlap", "moe_dispatch", "capacity_factor",
-             "moe_dispatcher", "ep_comm_overlap")
+VIEW_KEYS = (
+    "num_gpus",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "dp",
+    "ep",
+    "etp",
+    "sequence_parallel",
+    "zero_stage",
+    "micro_batch_size",
+    "global_batch_size",
+    "num_microbatches",
+    "pp_schedule",
+    "layout",
+    "recompute",
+    "recompute_layers",
+    "dtype",
+    "main_grads_fp32",
+    "tp_comm_overlap",
+    "moe_dispatch",
+    "capacity_factor",
+    "moe_dispatcher",
+    "ep_comm_overlap",
+)
 
 
 def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
     """What a trainer must reproduce of a plan, as plain values (normalized)."""
     layout = plan.resolved_layout(model.num_layers)
-    return normalize({
-        "num_gpus": plan.num_gpus, "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "cp": plan.cp, "dp": plan.dp,
-        "ep": plan.ep, "etp": plan.etp, "sequence_parallel": bool(plan.sequence_parallel),
-        "zero_stage": plan.zero_stage, "micro_batch_size": plan.micro_batch_size,
-        "global_batch_size": plan.global_batch_size, "num_microbatches": plan.num_microbatches,
-        "pp_schedule": plan.pp_schedule, "layout": tuple(layout.stages), "recompute": plan.recompute,
-        "recompute_layers": plan.recompute_layers, "dtype": plan.dtype, "main_grads_fp32": plan.main_grads_fp32,
-        "tp_comm_overlap": plan.tp_comm_overlap,
-        # a dense model drops no token and dispatches none: it reads back as dropless all-to-all
-        "moe_dispatch": plan.moe_dispatch if model.moe is not None else "dropless",
-        "capacity_factor": plan.capacity_factor if model.moe is not None else None,
-        "moe_dispatcher": plan.moe_dispatcher if model.moe is not None else "alltoall",
-        "ep_comm_overlap": plan.ep_comm_overlap and model.moe is not None,
-    })
+    return normalize(
+        {
+            "num_gpus": plan.num_gpus,
+            "tp": plan.tp,
+            "pp": plan.pp,
+            "vpp": plan.vpp,
+            "cp": plan.cp,
+            "dp": plan.dp,
+            "ep": plan.ep,
+            "etp": plan.etp,
+            "sequence_parallel": bool(plan.sequence_parallel),
+            "zero_stage": plan.zero_stage,
+            "micro_batch_size": plan.micro_batch_size,
+            "global_batch_size": plan.global_batch_size,
+            "num_microbatches": plan.num_microbatches,
+            "pp_schedule": plan.pp_schedule,
+            "layout": tuple(layout.stages),
+            "recompute": plan.recompute,
+            "recompute_layers": plan.recompute_layers,
+            "dtype": plan.dtype,
+            "main_grads_fp32": plan.main_grads_fp32,
+            "tp_comm_overlap": plan.tp_comm_overlap,
+            # a dense model drops no token and dispatches none: it reads back as dropless all-to-all
+            "moe_dispatch": plan.moe_dispatch if model.moe is not None else "dropless",
+            "capacity_factor": plan.capacity_factor if model.moe is not None else None,
+            "moe_dispatcher": plan.moe_dispatcher if model.moe is not None else "alltoall",
+            "ep_comm_overlap": plan.ep_comm_overlap and model.moe is not None,
+        }
+    )
 
 
 def normalize(view: dict) -> dict:
@@ -239,6 +293,7 @@ def normalize(view: dict) -> dict:
 
 # ---- the rendering context shared by every exporter ---------------------------------------------
 
+
 @dataclass(frozen=True)
 class Context:
     trainer: str
@@ -254,8 +309,15 @@ class Context:
     estimate: object  # autopar.cost.estimate.Estimate
 
     @classmethod
-    def make(cls, trainer: str, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
-             options: ExportOptions, waived: frozenset[str] = frozenset()) -> "Context":
+    def make(
+        cls,
+        trainer: str,
+        plan: ParallelPlan,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        options: ExportOptions,
+        waived: frozenset[str] = frozenset(),
+    ) -> "Context":
         """`trainer` is the export format; `plan.trainer` the trainer that runs it, whose capability
         lines (less `waived`) refuse the plan with their sentence. Other broken rules: InputError."""
         from autopar.cost.estimate import estimate
@@ -271,12 +333,24 @@ class Context:
         est = estimate(plan, model, cluster, num_gpus=n, seq_len=s)
         g = cluster.gpus_per_node
         if n % g and n > g:
-            raise InputError(f"{n} GPUs do not fill whole nodes of {g} GPUs; launch scripts need "
-                             f"gpus a multiple of --gpus-per-node (or fewer GPUs than one node)")
+            raise InputError(
+                f"{n} GPUs do not fill whole nodes of {g} GPUs; launch scripts need "
+                f"gpus a multiple of --gpus-per-node (or fewer GPUs than one node)"
+            )
         per_node = min(g, n)
-        return cls(trainer=trainer, plan=plan, model=model, cluster=cluster, options=options, seq_len=s,
-                   num_gpus=n, nodes=max(1, n // g), gpus_per_node=per_node,
-                   stages=tuple(plan.resolved_layout(model.num_layers).stages), estimate=est)
+        return cls(
+            trainer=trainer,
+            plan=plan,
+            model=model,
+            cluster=cluster,
+            options=options,
+            seq_len=s,
+            num_gpus=n,
+            nodes=max(1, n // g),
+            gpus_per_node=per_node,
+            stages=tuple(plan.resolved_layout(model.num_layers).stages),
+            estimate=est,
+        )
 
     # ---- small shared facts ----
 
@@ -317,7 +391,7 @@ def read_bash_array(text: str, name: str) -> list[str]:
         start = 0
     if start < 0:
         raise ValueError(f"no {name}=( ... ) array in the script")
-    body = text[text.index("(", start) + 1:]
+    body = text[text.index("(", start) + 1 :]
     words: list[str] = []
     for line in body.splitlines():
         s = line.strip()

@@ -14,10 +14,17 @@ from __future__ import annotations
 
 import shlex
 
-from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header, tp_overlap
+from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
+from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
-from autopar.export.megatron_core import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, core_moe_fields,
-                                          core_parallel_fields, core_recompute_fields, view_from_core_fields)
+from autopar.export.megatron_core import (
+    FSDP_STRATEGY_ZERO,
+    ZERO_FSDP_STRATEGY,
+    core_moe_fields,
+    core_parallel_fields,
+    core_recompute_fields,
+    view_from_core_fields,
+)
 from autopar.export.nemo import recipe_name
 from autopar.spec.trainers import get_trainer
 
@@ -32,19 +39,30 @@ MIXED_BACK = {v: k for k, v in MIXED.items()}
 def bridge_overrides(ctx: Context) -> dict:
     p = ctx.plan
     out = {f"model.{k}": v for k, v in core_parallel_fields(ctx).items()}
-    out.update({"model.num_layers": ctx.model.num_layers, "model.seq_length": ctx.seq_len,
-                "dataset.seq_length": ctx.seq_len, "train.micro_batch_size": p.micro_batch_size,
-                "train.global_batch_size": p.global_batch_size})
+    out.update(
+        {
+            "model.num_layers": ctx.model.num_layers,
+            "model.seq_length": ctx.seq_len,
+            "dataset.seq_length": ctx.seq_len,
+            "train.micro_batch_size": p.micro_batch_size,
+            "train.global_batch_size": p.global_batch_size,
+        }
+    )
     out.update({f"model.{k}": v for k, v in core_recompute_fields(ctx).items()})
     out.update({f"model.{k}": v for k, v in core_moe_fields(ctx).items()})
-    out.update({"ddp.use_distributed_optimizer": p.zero_stage >= 1,
-                "optimizer.use_distributed_optimizer": p.zero_stage >= 1,
-                "ddp.overlap_grad_reduce": True, "ddp.overlap_param_gather": p.zero_stage >= 1,
-                "ddp.grad_reduce_in_fp32": p.main_grads_fp32,
-                "ddp.use_megatron_fsdp": p.zero_stage >= 2,
-                "ddp.data_parallel_sharding_strategy": ZERO_FSDP_STRATEGY.get(p.zero_stage, "no_shard"),
-                "model.tp_comm_overlap": tp_overlap(p),
-                "mixed_precision": MIXED[p.dtype]})
+    out.update(
+        {
+            "ddp.use_distributed_optimizer": p.zero_stage >= 1,
+            "optimizer.use_distributed_optimizer": p.zero_stage >= 1,
+            "ddp.overlap_grad_reduce": True,
+            "ddp.overlap_param_gather": p.zero_stage >= 1,
+            "ddp.grad_reduce_in_fp32": p.main_grads_fp32,
+            "ddp.use_megatron_fsdp": p.zero_stage >= 2,
+            "ddp.data_parallel_sharding_strategy": ZERO_FSDP_STRATEGY.get(p.zero_stage, "no_shard"),
+            "model.tp_comm_overlap": tp_overlap(p),
+            "mixed_precision": MIXED[p.dtype],
+        }
+    )
     return out
 
 
@@ -87,28 +105,38 @@ class BridgeExporter(Exporter):
     name = "bridge"
     title = "Megatron-Bridge recipe overrides (run_recipe.py --recipe <name> key=value ...)"
     example = "autopar export --run reports/run --rank 3 --to bridge --out launch/"
-    description = ("bridge_overrides.txt (model.* parallel sizes, layout and recompute, train.* batch, ddp.*, "
-                   "mixed_precision), and launch scripts running scripts/training/run_recipe.py with them. Set "
-                   "MEGATRON_BRIDGE to your Megatron-Bridge checkout.")
+    description = (
+        "bridge_overrides.txt (model.* parallel sizes, layout and recompute, train.* batch, ddp.*, "
+        "mixed_precision), and launch scripts running scripts/training/run_recipe.py with them. Set "
+        "MEGATRON_BRIDGE to your Megatron-Bridge checkout."
+    )
 
     def _render(self, ctx: Context) -> ExportBundle:
         recipe = recipe_name(ctx)
         ov = bridge_overrides(ctx)
-        lines = [comment_header(ctx).rstrip("\n"),
-                 "# Megatron-Bridge overrides, one per line (Hydra syntax):",
-                 f"#   python scripts/training/run_recipe.py --recipe {recipe} $(grep -v '^#' bridge_overrides.txt)",
-                 f"# recipe: {recipe}"]
+        lines = [
+            comment_header(ctx).rstrip("\n"),
+            "# Megatron-Bridge overrides, one per line (Hydra syntax):",
+            f"#   python scripts/training/run_recipe.py --recipe {recipe} $(grep -v '^#' bridge_overrides.txt)",
+            f"# recipe: {recipe}",
+        ]
         lines += [f"{k}={hydra_value(v)}" for k, v in ov.items()]
-        entry = Entry(program='"$MEGATRON_BRIDGE/scripts/training/run_recipe.py"',
-                      args=f'--recipe {shlex.quote(recipe)} "${{OVERRIDES[@]}}"',
-                      setup=("MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
-                             f"mapfile -t OVERRIDES < <(grep -v '^#' \"$HERE/{FILE}\")"),
-                      env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
-        return ExportBundle(format=self.name, files=(ExportFile(FILE, "\n".join(lines) + "\n"),
-                                                     *launch_files(ctx, entry)),
-                            run=run_hint(ctx),
-                            notes=("set MEGATRON_BRIDGE and the recipe's dataset/tokenizer before launching",),
-                            meta={"recipe": recipe})
+        entry = Entry(
+            program='"$MEGATRON_BRIDGE/scripts/training/run_recipe.py"',
+            args=f'--recipe {shlex.quote(recipe)} "${{OVERRIDES[@]}}"',
+            setup=(
+                "MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
+                f"mapfile -t OVERRIDES < <(grep -v '^#' \"$HERE/{FILE}\")",
+            ),
+            env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
+        )
+        return ExportBundle(
+            format=self.name,
+            files=(ExportFile(FILE, "\n".join(lines) + "\n"), *launch_files(ctx, entry)),
+            run=run_hint(ctx),
+            notes=("set MEGATRON_BRIDGE and the recipe's dataset/tokenizer before launching",),
+            meta={"recipe": recipe},
+        )
 
     def parse(self, bundle: ExportBundle) -> dict:
         ov = parse_bridge_overrides(bundle.text(FILE))
@@ -123,8 +151,14 @@ def view_from_bridge(ov: dict, num_gpus: int) -> dict:
         zero = FSDP_STRATEGY_ZERO[ov["ddp.data_parallel_sharding_strategy"]]
     else:
         zero = 1 if ov["ddp.use_distributed_optimizer"] else 0
-    return view_from_core_fields(model, num_layers=ov["model.num_layers"], num_gpus=num_gpus,
-                                 mbs=ov["train.micro_batch_size"], gbs=ov["train.global_batch_size"], zero=zero,
-                                 dtype=MIXED_BACK[ov["mixed_precision"]],
-                                 main_grads_fp32=ov["ddp.grad_reduce_in_fp32"],
-                                 tp_comm_overlap=ov["model.tp_comm_overlap"])
+    return view_from_core_fields(
+        model,
+        num_layers=ov["model.num_layers"],
+        num_gpus=num_gpus,
+        mbs=ov["train.micro_batch_size"],
+        gbs=ov["train.global_batch_size"],
+        zero=zero,
+        dtype=MIXED_BACK[ov["mixed_precision"]],
+        main_grads_fp32=ov["ddp.grad_reduce_in_fp32"],
+        tp_comm_overlap=ov["model.tp_comm_overlap"],
+    )

@@ -1,10 +1,11 @@
 """What a trainer's export refuses, taken from its capability table (autopar/spec/data/trainers.toml).
 
 The search and the exporters read the same table through the same rules (autopar.spec.rules runs
-the model rules and every capability kind, labelled `<trainer>:<kind>` on a plan of that trainer), so an exporter refuses exactly the
-plans the search would not offer on its trainer, with the same sentence. An exporter may waive a
-line that an export option stands in for (`--recipe` for `<trainer>:recipes`), and keeps only the
-checks that depend on its own options (e.g. torchtitan <= 0.2.2's TOML format).
+the model rules and every capability kind, labelled `<trainer>:<kind>` on a plan of that
+trainer), so an exporter refuses exactly the plans the search would not offer on its trainer,
+with the same sentence. An exporter may waive a line that an export option stands in for
+(`--recipe` for `<trainer>:recipes`), and keeps only the checks that depend on its own options
+(e.g. torchtitan <= 0.2.2's TOML format).
 """
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ class BrokenRules:
         return not self.capability and not self.other
 
 
-def broken_rules(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, *, num_gpus: int, seq_len: int,
-                 waived: frozenset[str] = frozenset()) -> BrokenRules:
+def broken_rules(
+    plan: ParallelPlan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    num_gpus: int,
+    seq_len: int,
+    waived: frozenset[str] = frozenset(),
+) -> BrokenRules:
     """Every rule `plan` breaks on its own trainer (plan.trainer), as (name, sentence); `waived`
     rule names are left out."""
     result = check_rules(PlanTable.from_plans([plan]), model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len)

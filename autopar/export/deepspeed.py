@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 
-from autopar.export.base import (Context, ExportBundle, ExportFile, Exporter, bash_array, comment_header, header_dict,
-                                 normalize, read_bash_array)
+from autopar.export.base import Context, ExportBundle, Exporter, ExportFile, bash_array, normalize, read_bash_array
+from autopar.export.header import comment_header, header_dict
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.megatron import USER_ARGS
 from autopar.export.megatron_core import recompute_from
@@ -38,11 +38,20 @@ def ds_config(ctx: Context) -> dict:
     stage = zero_stage(ctx)
     zero: dict = {"stage": stage}
     if stage >= 1:
-        zero.update(overlap_comm=True, contiguous_gradients=True, reduce_scatter=True,
-                    reduce_bucket_size=500_000_000, allgather_bucket_size=500_000_000)
+        zero.update(
+            overlap_comm=True,
+            contiguous_gradients=True,
+            reduce_scatter=True,
+            reduce_bucket_size=500_000_000,
+            allgather_bucket_size=500_000_000,
+        )
     if stage == 3:
-        zero.update(stage3_prefetch_bucket_size=500_000_000, stage3_param_persistence_threshold=1_000_000,
-                    stage3_max_live_parameters=1_000_000_000, stage3_max_reuse_distance=1_000_000_000)
+        zero.update(
+            stage3_prefetch_bucket_size=500_000_000,
+            stage3_param_persistence_threshold=1_000_000,
+            stage3_max_live_parameters=1_000_000_000,
+            stage3_max_reuse_distance=1_000_000_000,
+        )
     cfg = {
         "_autopar": header_dict(ctx),
         "train_batch_size": p.global_batch_size,
@@ -60,9 +69,18 @@ def ds_config(ctx: Context) -> dict:
 
 def mds_args(ctx: Context) -> list[tuple[str, list[str]]]:
     p, m, s = ctx.plan, ctx.model, ctx.seq_len
-    model = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
-             "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads),
-             "--kv-channels", str(m.head_dim)]
+    model = [
+        "--num-layers",
+        str(m.num_layers),
+        "--hidden-size",
+        str(m.hidden_size),
+        "--ffn-hidden-size",
+        str(m.ffn_hidden_size),
+        "--num-attention-heads",
+        str(m.num_attention_heads),
+        "--kv-channels",
+        str(m.head_dim),
+    ]
     if m.num_kv_heads != m.num_attention_heads:
         model += ["--num-key-value-heads", str(m.num_kv_heads)]
     model += ["--seq-length", str(s), "--max-position-embeddings", str(max(s, m.seq_len))]
@@ -90,8 +108,14 @@ def mds_args(ctx: Context) -> list[tuple[str, list[str]]]:
         if p.recompute_layers is None:
             rec = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
         else:
-            rec = ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
-                   str(p.recompute_layers)]
+            rec = [
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                "block",
+                "--recompute-num-layers",
+                str(p.recompute_layers),
+            ]
         rec += ["--deepspeed-activation-checkpointing"]
     prec = ["--bf16"] if p.dtype == "bf16" else []
     return [("model shape", model), ("parallelism", par), ("batch", batch), ("recompute", rec), ("precision", prec)]
@@ -101,25 +125,33 @@ class DeepSpeedExporter(Exporter):
     name = "deepspeed"
     title = "DeepSpeed ds_config.json + Megatron-DeepSpeed pretrain_gpt.py flags (refuses what DeepSpeed cannot run)"
     example = "autopar export --model 70b --gpus 64 --tp 8 --pp 4 --zero 1 --to deepspeed --out launch/"
-    description = ("ds_config.json (train batch = micro x grad-accum x DP, ZeRO stage and its keys, bf16), "
-                   "megatron_deepspeed_args.sh (AUTOPAR_ARGS, DS_ARGS with --deepspeed_config and --zero-stage, "
-                   "USER_ARGS), launch_torchrun.sh and launch_slurm.sbatch. Set MEGATRON_DEEPSPEED to your checkout.")
+    description = (
+        "ds_config.json (train batch = micro x grad-accum x DP, ZeRO stage and its keys, bf16), "
+        "megatron_deepspeed_args.sh (AUTOPAR_ARGS, DS_ARGS with --deepspeed_config and --zero-stage, "
+        "USER_ARGS), launch_torchrun.sh and launch_slurm.sbatch. Set MEGATRON_DEEPSPEED to your checkout."
+    )
 
     def _render(self, ctx: Context) -> ExportBundle:
         cfg = json.dumps(ds_config(ctx), indent=2) + "\n"
-        args = (comment_header(ctx) + "# Megatron-DeepSpeed flags for pretrain_gpt.py; sourced by the launch scripts.\n"
-                + bash_array("AUTOPAR_ARGS", mds_args(ctx))
-                + f'DS_ARGS=(\n  --deepspeed\n  --deepspeed_config "$HERE/{CONFIG}"\n'
-                  f"  --zero-stage {zero_stage(ctx)}\n)\n" + USER_ARGS)
-        entry = Entry(program='"$MEGATRON_DEEPSPEED/pretrain_gpt.py"',
-                      args='"${AUTOPAR_ARGS[@]}" "${DS_ARGS[@]}" "${USER_ARGS[@]}"',
-                      setup=("MEGATRON_DEEPSPEED=${MEGATRON_DEEPSPEED:-/opt/Megatron-DeepSpeed}",
-                             f'source "$HERE/{ARGS}"'),
-                      env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
-        return ExportBundle(format=self.name, files=(ExportFile(CONFIG, cfg), ExportFile(ARGS, args),
-                                                     *launch_files(ctx, entry)),
-                            run=run_hint(ctx),
-                            notes=("set MEGATRON_DEEPSPEED, DATA_PATH and TOKENIZER before launching",))
+        args = (
+            comment_header(ctx)
+            + "# Megatron-DeepSpeed flags for pretrain_gpt.py; sourced by the launch scripts.\n"
+            + bash_array("AUTOPAR_ARGS", mds_args(ctx))
+            + f'DS_ARGS=(\n  --deepspeed\n  --deepspeed_config "$HERE/{CONFIG}"\n'
+            f"  --zero-stage {zero_stage(ctx)}\n)\n" + USER_ARGS
+        )
+        entry = Entry(
+            program='"$MEGATRON_DEEPSPEED/pretrain_gpt.py"',
+            args='"${AUTOPAR_ARGS[@]}" "${DS_ARGS[@]}" "${USER_ARGS[@]}"',
+            setup=("MEGATRON_DEEPSPEED=${MEGATRON_DEEPSPEED:-/opt/Megatron-DeepSpeed}", f'source "$HERE/{ARGS}"'),
+            env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
+        )
+        return ExportBundle(
+            format=self.name,
+            files=(ExportFile(CONFIG, cfg), ExportFile(ARGS, args), *launch_files(ctx, entry)),
+            run=run_hint(ctx),
+            notes=("set MEGATRON_DEEPSPEED, DATA_PATH and TOKENIZER before launching",),
+        )
 
     def parse(self, bundle: ExportBundle) -> dict:
         cfg = json.loads(bundle.text(CONFIG))
@@ -151,18 +183,40 @@ def view_from_deepspeed(cfg: dict, argv: list[str], ds_argv: list[str], num_gpus
     if gbs != mbs * gas * dp:
         raise ValueError(f"train_batch_size {gbs} != {mbs} * {gas} * dp {dp}")
     n = int(_flag(argv, "--num-layers"))
-    recompute, rl = recompute_from(_flag(argv, "--recompute-granularity"), _flag(argv, "--recompute-method"),
-                                   int(_flag(argv, "--recompute-num-layers", 0)) or None, 1)
+    recompute, rl = recompute_from(
+        _flag(argv, "--recompute-granularity"),
+        _flag(argv, "--recompute-method"),
+        int(_flag(argv, "--recompute-num-layers", 0)) or None,
+        1,
+    )
     bf16 = cfg.get("bf16", {}).get("enabled", False)
     if bool(_flag(argv, "--bf16", False)) != bf16:
         raise ValueError("--bf16 and ds_config.json bf16.enabled disagree")
-    return normalize({
-        "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": 1, "cp": 1, "dp": dp, "ep": 1, "etp": tp,
-        "sequence_parallel": bool(_flag(argv, "--sequence-parallel", False)), "zero_stage": stage,
-        "micro_batch_size": mbs, "global_batch_size": gbs, "num_microbatches": gas,
-        "pp_schedule": "1f1b", "layout": (n // pp,) * pp, "recompute": recompute, "recompute_layers": rl,
-        "dtype": "bf16" if bf16 else "fp32",
-        "main_grads_fp32": cfg.get("data_types", {}).get("grad_accum_dtype", "fp32") == "fp32",
-        "tp_comm_overlap": False, "moe_dispatch": "dropless", "capacity_factor": None,  # no MoE
-        "moe_dispatcher": "alltoall", "ep_comm_overlap": False,
-    })
+    return normalize(
+        {
+            "num_gpus": num_gpus,
+            "tp": tp,
+            "pp": pp,
+            "vpp": 1,
+            "cp": 1,
+            "dp": dp,
+            "ep": 1,
+            "etp": tp,
+            "sequence_parallel": bool(_flag(argv, "--sequence-parallel", False)),
+            "zero_stage": stage,
+            "micro_batch_size": mbs,
+            "global_batch_size": gbs,
+            "num_microbatches": gas,
+            "pp_schedule": "1f1b",
+            "layout": (n // pp,) * pp,
+            "recompute": recompute,
+            "recompute_layers": rl,
+            "dtype": "bf16" if bf16 else "fp32",
+            "main_grads_fp32": cfg.get("data_types", {}).get("grad_accum_dtype", "fp32") == "fp32",
+            "tp_comm_overlap": False,
+            "moe_dispatch": "dropless",
+            "capacity_factor": None,  # no MoE
+            "moe_dispatcher": "alltoall",
+            "ep_comm_overlap": False,
+        }
+    )

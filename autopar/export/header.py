@@ -27,17 +27,40 @@ def ep_overlap(plan: ParallelPlan) -> bool:
 def plan_flags(ctx: Context) -> str:
     """The `autopar estimate` command that reproduces the plan (same flags as `autopar export`)."""
     p, m = ctx.plan, ctx.model
-    args = ["--model", m.name, "--gpus", str(ctx.num_gpus), "--gpu", ctx.cluster.gpu.key,
-            "--gpus-per-node", str(ctx.cluster.gpus_per_node), "--seq-len", str(ctx.seq_len),
-            "--tp", str(p.tp), "--pp", str(p.pp)]
+    args = [
+        "--model",
+        m.name,
+        "--gpus",
+        str(ctx.num_gpus),
+        "--gpu",
+        ctx.cluster.gpu.key,
+        "--gpus-per-node",
+        str(ctx.cluster.gpus_per_node),
+        "--seq-len",
+        str(ctx.seq_len),
+        "--tp",
+        str(p.tp),
+        "--pp",
+        str(p.pp),
+    ]
     if p.vpp > 1:
         args += ["--vpp", str(p.vpp)]
     args += ["--cp", str(p.cp), "--dp", str(p.dp)]
     if m.moe is not None:
         args += ["--ep", str(p.ep), "--etp", str(p.etp)]
-    args += ["--zero", str(p.zero_stage), "--sp" if p.sequence_parallel else "--no-sp", "--mbs",
-             str(p.micro_batch_size), "--gbs", str(p.global_batch_size), "--pp-schedule", str(p.pp_schedule),
-             "--recompute", p.recompute]
+    args += [
+        "--zero",
+        str(p.zero_stage),
+        "--sp" if p.sequence_parallel else "--no-sp",
+        "--mbs",
+        str(p.micro_batch_size),
+        "--gbs",
+        str(p.global_batch_size),
+        "--pp-schedule",
+        str(p.pp_schedule),
+        "--recompute",
+        p.recompute,
+    ]
     if p.recompute_layers is not None:
         args += ["--recompute-layers", str(p.recompute_layers)]
     args += ["--dtype", p.dtype]
@@ -65,13 +88,15 @@ def header_lines(ctx: Context) -> list[str]:
     lines = [
         f"autopar export: {ctx.trainer}",
         f"model:      {m.name} ({m.num_layers} layers, hidden {m.hidden_size}, {m.params_total / 1e9:.1f}B params"
-        + (f", {m.params_active / 1e9:.1f}B active" if m.moe else "") + f"), sequence {ctx.seq_len}",
+        + (f", {m.params_active / 1e9:.1f}B active" if m.moe else "")
+        + f"), sequence {ctx.seq_len}",
         f"cluster:    {ctx.num_gpus} x {c.gpu.key} = {ctx.nodes} node(s) x {ctx.gpus_per_node} GPUs "
         f"({c.gpu.hbm_gib:g} GiB HBM each)",
         f"plan:       {p.describe()} | {sched} | recompute {p.recompute}"
         + (f" ({p.recompute_layers} layers/stage)" if p.recompute_layers is not None else "")
         + f" | ZeRO-{p.zero_stage} | mbs {p.micro_batch_size} | gbs {p.global_batch_size} "
-        f"({p.num_microbatches} microbatches) | {p.dtype}" + (" | tp-comm-overlap" if tp_overlap(p) else "")
+        f"({p.num_microbatches} microbatches) | {p.dtype}"
+        + (" | tp-comm-overlap" if tp_overlap(p) else "")
         + (f" | MoE capacity x{p.capacity_factor:g}" if m.moe is not None and p.moe_dispatch == "capacity" else "")
         + (f" | {p.moe_dispatcher} dispatcher" if m.moe is not None and p.moe_dispatcher != "alltoall" else "")
         + (" | ep-comm-overlap" if m.moe is not None and ep_overlap(p) else ""),
@@ -90,7 +115,7 @@ def header_lines(ctx: Context) -> list[str]:
         lines.append(f"plan flags: {plan_flags(ctx)}")
     lines += [
         "rank order: tp innermost (consecutive ranks, one node), then cp, dp; pp outermost "
-        "(autopar MESH_ORDER = Megatron-Core's tp-cp-ep-dp-pp)",
+        "(autopar MESH_ORDER = Megatron-Core's tp-cp-ep-dp-pp)"
     ]
     return lines
 
@@ -113,9 +138,15 @@ def header_dict(ctx: Context) -> dict:
     e = ctx.estimate
     return {
         "header": header_lines(ctx),
-        "model": ctx.model.name, "gpu": ctx.cluster.gpu.key, "num_gpus": ctx.num_gpus, "nodes": ctx.nodes,
-        "gpus_per_node": ctx.gpus_per_node, "seq_len": ctx.seq_len,
+        "model": ctx.model.name,
+        "gpu": ctx.cluster.gpu.key,
+        "num_gpus": ctx.num_gpus,
+        "nodes": ctx.nodes,
+        "gpus_per_node": ctx.gpus_per_node,
+        "seq_len": ctx.seq_len,
         "predicted_peak_memory_gib": round(e.peak_memory_bytes / GIB, 2),
-        "predicted_step_time_s": round(e.step_time_s, 4), "predicted_mfu": round(e.mfu, 4),
-        "fits": bool(e.fits), "command": ctx.options.command or plan_flags(ctx),
+        "predicted_step_time_s": round(e.step_time_s, 4),
+        "predicted_mfu": round(e.mfu, 4),
+        "fits": bool(e.fits),
+        "command": ctx.options.command or plan_flags(ctx),
     }

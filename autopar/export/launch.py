@@ -19,7 +19,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header
+from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
+from autopar.export.header import comment_header
 from autopar.quoting import check_text, sbatch_directives
 
 
@@ -34,10 +35,9 @@ class Entry:
     one_task_per_gpu: bool = False  # SLURM: srun one task per GPU (Megatron) instead of torchrun
 
 
-COMMON_ENV = (
-    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-    ("OMP_NUM_THREADS", "${OMP_NUM_THREADS:-8}"),
-)
+COMMON_ENV = (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"), ("OMP_NUM_THREADS", "${OMP_NUM_THREADS:-8}"))
+# one srun task per GPU: the torch.distributed variables from the task's Slurm ids
+_RANK_FROM_SLURM = "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS"
 
 
 def rank_order_lines(ctx: Context) -> list[str]:
@@ -46,7 +46,9 @@ def rank_order_lines(ctx: Context) -> list[str]:
     per_stage = ctx.num_gpus // p.pp
     out = [f"ranks: {ctx.nodes} node(s) x {g} GPUs; node k runs global ranks k*{g} .. k*{g}+{g - 1}"]
     if p.tp > 1:
-        out.append(f"  tp={p.tp}: ranks {{0..{p.tp - 1}}}, {{{p.tp}..{2 * p.tp - 1}}}, ... (consecutive, inside one node)")
+        out.append(
+            f"  tp={p.tp}: ranks {{0..{p.tp - 1}}}, {{{p.tp}..{2 * p.tp - 1}}}, ... (consecutive, inside one node)"
+        )
     if p.cp > 1:
         out.append(f"  cp={p.cp}: ranks {p.tp} apart")
     if p.dp > 1:
@@ -91,10 +93,18 @@ def _sbatch_lines(ctx: Context, tasks_per_node: int) -> str:
     """The #SBATCH directives (autopar.quoting.sbatch_directives, shared with `autopar trial
     --emit-slurm`): every value escaped so sbatch reads it back as one word."""
     s = ctx.options.slurm
-    return sbatch_directives([("job-name", s.job_name), ("nodes", ctx.nodes), ("ntasks-per-node", tasks_per_node),
-                              ("gpus-per-node", ctx.gpus_per_node), ("exclusive", True),
-                              ("partition", s.partition or None), ("account", s.account or None),
-                              ("time", s.time or None)])
+    return sbatch_directives(
+        [
+            ("job-name", s.job_name),
+            ("nodes", ctx.nodes),
+            ("ntasks-per-node", tasks_per_node),
+            ("gpus-per-node", ctx.gpus_per_node),
+            ("exclusive", True),
+            ("partition", s.partition or None),
+            ("account", s.account or None),
+            ("time", s.time or None),
+        ]
+    )
 
 
 def _container(ctx: Context) -> str:
@@ -120,14 +130,19 @@ HERE="${{SLURM_SUBMIT_DIR:-$(pwd)}}"
 {_env_block(entry)}{setup}
 """
     if entry.one_task_per_gpu:
-        return head + f"""# one task per GPU, block distribution: SLURM_PROCID is consecutive on each node
+        return (
+            head
+            + f"""# one task per GPU, block distribution: SLURM_PROCID is consecutive on each node
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_PORT={port}
 srun --kill-on-bad-exit=1 --distribution=block:block --ntasks={n * g} {_container(ctx)}\\
-  bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS; exec python "$@"' autopar-rank \\
+  bash -c '{_RANK_FROM_SLURM}; exec python "$@"' autopar-rank \\
   {entry.program} {entry.args}
 """
-    return head + f"""# one task per node running torchrun; c10d rendezvous on the first node
+        )
+    return (
+        head
+        + f"""# one task per node running torchrun; c10d rendezvous on the first node
 nodes=( $(scontrol show hostnames "$SLURM_JOB_NODELIST") )
 head_node_ip=$(srun --nodes=1 --ntasks=1 -w "${{nodes[0]}}" hostname --ip-address | awk '{{print $1}}')
 srun --kill-on-bad-exit=1 --ntasks={n} --ntasks-per-node=1 {_container(ctx)}\\
@@ -135,12 +150,16 @@ srun --kill-on-bad-exit=1 --ntasks={n} --ntasks-per-node=1 {_container(ctx)}\\
   --rdzv_endpoint "$head_node_ip:{port}" \\
   {entry.program} {entry.args}
 """
+    )
 
 
 def run_hint(ctx: Context, which: str = "both") -> str:
     """The command a user runs from the export directory."""
-    torchrun = ("bash launch_torchrun.sh" if ctx.nodes == 1 else
-                f"NODE_RANK=<0..{ctx.nodes - 1}> MASTER_ADDR=<node 0> bash launch_torchrun.sh   # on every node")
+    torchrun = (
+        "bash launch_torchrun.sh"
+        if ctx.nodes == 1
+        else f"NODE_RANK=<0..{ctx.nodes - 1}> MASTER_ADDR=<node 0> bash launch_torchrun.sh   # on every node"
+    )
     if which == "torchrun":
         return torchrun
     if which == "slurm":
@@ -149,8 +168,10 @@ def run_hint(ctx: Context, which: str = "both") -> str:
 
 
 def launch_files(ctx: Context, entry: Entry) -> tuple[ExportFile, ExportFile]:
-    return (ExportFile("launch_torchrun.sh", torchrun_script(ctx, entry), executable=True),
-            ExportFile("launch_slurm.sbatch", slurm_script(ctx, entry), executable=True))
+    return (
+        ExportFile("launch_torchrun.sh", torchrun_script(ctx, entry), executable=True),
+        ExportFile("launch_slurm.sbatch", slurm_script(ctx, entry), executable=True),
+    )
 
 
 def parse_world(bundle: ExportBundle) -> int:
@@ -181,8 +202,14 @@ def parse_world(bundle: ExportBundle) -> int:
 
 
 #: a file only that trainer's export has -> the trainer
-TRAINER_FILES = {"megatron_args.sh": "megatron", "autopar_torchtitan.py": "torchtitan", "torchtitan.toml": "torchtitan",
-                 "ds_config.json": "deepspeed", "nemo_pretrain.py": "nemo", "bridge_overrides.txt": "bridge"}
+TRAINER_FILES = {
+    "megatron_args.sh": "megatron",
+    "autopar_torchtitan.py": "torchtitan",
+    "torchtitan.toml": "torchtitan",
+    "ds_config.json": "deepspeed",
+    "nemo_pretrain.py": "nemo",
+    "bridge_overrides.txt": "bridge",
+}
 
 
 def trainer_of(bundle: ExportBundle) -> str:
@@ -193,6 +220,7 @@ def trainer_of(bundle: ExportBundle) -> str:
 
 
 # ---- the launcher exporters ---------------------------------------------------------------------
+
 
 class _LauncherExporter(Exporter):
     keep: str = ""
@@ -211,8 +239,9 @@ class _LauncherExporter(Exporter):
         drop = {"launch_torchrun.sh", "launch_slurm.sbatch"} - {self.keep}
         files = tuple(f for f in bundle.files if f.name not in drop)
         run = run_hint(ctx, "torchrun" if self.keep == "launch_torchrun.sh" else "slurm")
-        return ExportBundle(format=self.name, files=files, run=run, notes=bundle.notes,
-                            meta=dict(bundle.meta, trainer=trainer))
+        return ExportBundle(
+            format=self.name, files=files, run=run, notes=bundle.notes, meta=dict(bundle.meta, trainer=trainer)
+        )
 
     def parse(self, bundle: ExportBundle) -> dict:
         from autopar.export.registry import get_exporter
@@ -224,8 +253,10 @@ class TorchrunExporter(_LauncherExporter):
     name = "torchrun"
     title = "torchrun launch script (static rendezvous, one per node) for --trainer (default: the plan's trainer)"
     example = "autopar export --run reports/run --rank 1 --to torchrun --trainer torchtitan --out launch/"
-    description = ("launch_torchrun.sh + the trainer's config: run it on every node with NODE_RANK and MASTER_ADDR "
-                   "set; each node gets consecutive global ranks, so TP groups stay inside a node.")
+    description = (
+        "launch_torchrun.sh + the trainer's config: run it on every node with NODE_RANK and MASTER_ADDR "
+        "set; each node gets consecutive global ranks, so TP groups stay inside a node."
+    )
     keep = "launch_torchrun.sh"
 
 
@@ -233,7 +264,9 @@ class SlurmExporter(_LauncherExporter):
     name = "slurm"
     title = "SLURM sbatch script for --trainer (srun one task per GPU for Megatron-family, else srun+torchrun c10d)"
     example = "autopar export --run reports/run --rank 1 --to slurm --partition gpu --time 04:00:00 --out launch/"
-    description = ("launch_slurm.sbatch + the trainer's config: `sbatch launch_slurm.sbatch`. Megatron-LM and "
-                   "Megatron-DeepSpeed run one srun task per GPU (block distribution); torchtitan, NeMo and "
-                   "Megatron-Bridge run srun + torchrun with a c10d rendezvous.")
+    description = (
+        "launch_slurm.sbatch + the trainer's config: `sbatch launch_slurm.sbatch`. Megatron-LM and "
+        "Megatron-DeepSpeed run one srun task per GPU (block distribution); torchtitan, NeMo and "
+        "Megatron-Bridge run srun + torchrun with a c10d rendezvous."
+    )
     keep = "launch_slurm.sbatch"

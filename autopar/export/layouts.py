@@ -53,8 +53,9 @@ def megatron_layout(stages: tuple[int, ...], pp: int, vpp: int) -> MegatronLayou
             if pp == 2:  # rank 1 is the "middle": give the first rank only
                 first, last = a * vpp, None
             if (first is None or first > 0) and (last is None or last > 0) and (m is None or m > 0):
-                return MegatronLayout("first_last", virtual_stages_per_rank=vpp if vpp > 1 else None,
-                                      first=first, last=last)
+                return MegatronLayout(
+                    "first_last", virtual_stages_per_rank=vpp if vpp > 1 else None, first=first, last=last
+                )
     return MegatronLayout("layout", layout=layout_string(stages))
 
 
@@ -101,8 +102,15 @@ def stages_from_layout_string(text: str) -> tuple[int, ...]:
     return tuple(st.count("t") for st in parse_layout_string(text))
 
 
-def stages_from_megatron(num_layers: int, pp: int, *, vpp: int = 1, first: int | None = None,
-                         last: int | None = None, layout: str | None = None) -> tuple[int, ...]:
+def stages_from_megatron(
+    num_layers: int,
+    pp: int,
+    *,
+    vpp: int = 1,
+    first: int | None = None,
+    last: int | None = None,
+    layout: str | None = None,
+) -> tuple[int, ...]:
     """Layers per virtual stage the way Megatron-Core builds them from its flags."""
     if layout is not None:
         return stages_from_layout_string(layout)

@@ -21,18 +21,35 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.export.base import (Context, ExportBundle, ExportFile, Exporter, bash_array, comment_header, normalize,
-                                 read_bash_array, tp_overlap)
+from autopar.export.base import Context, ExportBundle, Exporter, ExportFile, bash_array, normalize, read_bash_array
+from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import megatron_layout, stages_from_megatron
-from autopar.export.megatron_core import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, capacity_settings, dispatch_from,
-                                          dispatcher_from, dispatcher_settings, recompute_from, recompute_settings)
+from autopar.export.megatron_core import (
+    FSDP_STRATEGY_ZERO,
+    ZERO_FSDP_STRATEGY,
+    capacity_settings,
+    dispatch_from,
+    dispatcher_from,
+    dispatcher_settings,
+    recompute_from,
+    recompute_settings,
+)
 
-__all__ = ["FSDP_STRATEGY_ZERO", "ZERO_FSDP_STRATEGY", "MegatronExporter", "megatron_vpp", "parse_megatron_args",
-           "recompute_from", "recompute_settings", "view_from_megatron_argv"]
+__all__ = [
+    "FSDP_STRATEGY_ZERO",
+    "ZERO_FSDP_STRATEGY",
+    "MegatronExporter",
+    "megatron_vpp",
+    "parse_megatron_args",
+    "recompute_from",
+    "recompute_settings",
+    "view_from_megatron_argv",
+]
 
 
 # ---- flags --------------------------------------------------------------------------------------
+
 
 def _moe_layer_freq(mask: tuple[bool, ...]) -> str:
     runs: list[list[int]] = []
@@ -47,9 +64,18 @@ def _moe_layer_freq(mask: tuple[bool, ...]) -> str:
 
 def model_args(ctx: Context) -> list[str]:
     m, s = ctx.model, ctx.seq_len
-    a = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
-         "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads),
-         "--kv-channels", str(m.head_dim)]
+    a = [
+        "--num-layers",
+        str(m.num_layers),
+        "--hidden-size",
+        str(m.hidden_size),
+        "--ffn-hidden-size",
+        str(m.ffn_hidden_size),
+        "--num-attention-heads",
+        str(m.num_attention_heads),
+        "--kv-channels",
+        str(m.head_dim),
+    ]
     if m.num_kv_heads != m.num_attention_heads and m.mla is None:
         a += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
     a += ["--seq-length", str(s), "--max-position-embeddings", str(max(s, m.seq_len))]
@@ -72,12 +98,26 @@ def model_args(ctx: Context) -> list[str]:
         a += ["--multi-latent-attention"]
         if ml.q_lora_rank is not None:
             a += ["--q-lora-rank", str(ml.q_lora_rank)]
-        a += ["--kv-lora-rank", str(ml.kv_lora_rank), "--qk-head-dim", str(ml.qk_nope_head_dim),
-              "--qk-pos-emb-head-dim", str(ml.qk_rope_head_dim), "--v-head-dim", str(ml.v_head_dim)]
+        a += [
+            "--kv-lora-rank",
+            str(ml.kv_lora_rank),
+            "--qk-head-dim",
+            str(ml.qk_nope_head_dim),
+            "--qk-pos-emb-head-dim",
+            str(ml.qk_rope_head_dim),
+            "--v-head-dim",
+            str(ml.v_head_dim),
+        ]
     if m.moe is not None:
         mo = m.moe
-        a += ["--num-experts", str(mo.num_experts), "--moe-router-topk", str(mo.top_k),
-              "--moe-ffn-hidden-size", str(mo.expert_ffn_hidden_size)]
+        a += [
+            "--num-experts",
+            str(mo.num_experts),
+            "--moe-router-topk",
+            str(mo.top_k),
+            "--moe-ffn-hidden-size",
+            str(mo.expert_ffn_hidden_size),
+        ]
         if mo.shared_expert_ffn_hidden_size:
             a += ["--moe-shared-expert-intermediate-size", str(mo.shared_expert_ffn_hidden_size)]
         if mo.first_k_dense or mo.layer_freq != 1:
@@ -93,8 +133,13 @@ def model_args(ctx: Context) -> list[str]:
         a += ["--moe-grouped-gemm"]
         cap = capacity_settings(ctx)
         if cap:
-            a += ["--moe-expert-capacity-factor", f"{cap['moe_expert_capacity_factor']:g}",
-                  "--moe-token-drop-policy", cap["moe_token_drop_policy"], "--moe-pad-expert-input-to-capacity"]
+            a += [
+                "--moe-expert-capacity-factor",
+                f"{cap['moe_expert_capacity_factor']:g}",
+                "--moe-token-drop-policy",
+                cap["moe_token_drop_policy"],
+                "--moe-pad-expert-input-to-capacity",
+            ]
     return a
 
 
@@ -171,35 +216,55 @@ USER_ARGS=(
 
 
 def megatron_argv(ctx: Context) -> list[tuple[str, list[str]]]:
-    return [("model shape", model_args(ctx)), ("parallelism", parallel_args(ctx)), ("batch", batch_args(ctx)),
-            ("recompute", recompute_args(ctx)), ("precision", precision_args(ctx))]
+    return [
+        ("model shape", model_args(ctx)),
+        ("parallelism", parallel_args(ctx)),
+        ("batch", batch_args(ctx)),
+        ("recompute", recompute_args(ctx)),
+        ("precision", precision_args(ctx)),
+    ]
 
 
 class MegatronExporter(Exporter):
     name = "megatron"
     title = "Megatron-LM pretrain_gpt.py: flags + torchrun and srun (one task per GPU) launch scripts"
     example = "autopar export --run reports/run --rank 1 --to megatron --out launch/"
-    description = ("megatron_args.sh (AUTOPAR_ARGS: model shape and every parallel, batch, recompute, precision and "
-                   "overlap flag; USER_ARGS: data and tokenizer to fill in), launch_torchrun.sh (per node) and "
-                   "launch_slurm.sbatch (srun, one task per GPU). Set MEGATRON_LM to your Megatron-LM checkout.")
+    description = (
+        "megatron_args.sh (AUTOPAR_ARGS: model shape and every parallel, batch, recompute, precision and "
+        "overlap flag; USER_ARGS: data and tokenizer to fill in), launch_torchrun.sh (per node) and "
+        "launch_slurm.sbatch (srun, one task per GPU). Set MEGATRON_LM to your Megatron-LM checkout."
+    )
 
     def _render(self, ctx: Context) -> ExportBundle:
-        args = (comment_header(ctx) + "# Megatron-LM flags for pretrain_gpt.py; sourced by the launch scripts.\n"
-                + bash_array("AUTOPAR_ARGS", megatron_argv(ctx)) + USER_ARGS)
-        entry = Entry(program='"$MEGATRON_LM/pretrain_gpt.py"', args='"${AUTOPAR_ARGS[@]}" "${USER_ARGS[@]}"',
-                      setup=('MEGATRON_LM=${MEGATRON_LM:-/opt/Megatron-LM}', 'source "$HERE/megatron_args.sh"'),
-                      env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),), one_task_per_gpu=True)
+        args = (
+            comment_header(ctx)
+            + "# Megatron-LM flags for pretrain_gpt.py; sourced by the launch scripts.\n"
+            + bash_array("AUTOPAR_ARGS", megatron_argv(ctx))
+            + USER_ARGS
+        )
+        entry = Entry(
+            program='"$MEGATRON_LM/pretrain_gpt.py"',
+            args='"${AUTOPAR_ARGS[@]}" "${USER_ARGS[@]}"',
+            setup=("MEGATRON_LM=${MEGATRON_LM:-/opt/Megatron-LM}", 'source "$HERE/megatron_args.sh"'),
+            env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
+            one_task_per_gpu=True,
+        )
         notes = ["set MEGATRON_LM, DATA_PATH and TOKENIZER (and review USER_ARGS) before launching"]
         if ctx.plan.zero_stage >= 2:
             notes.append("ZeRO-2/3 map to Megatron-FSDP (--use-megatron-fsdp); it needs a Megatron-LM from 2025 on")
         if ctx.model.moe is not None and ctx.plan.moe_dispatcher == "deepep":
-            notes.append("the deepep dispatcher (--moe-token-dispatcher-type flex) needs DeepEP built in the "
-                         "environment (github.com/deepseek-ai/DeepEP)")
+            notes.append(
+                "the deepep dispatcher (--moe-token-dispatcher-type flex) needs DeepEP built in the "
+                "environment (github.com/deepseek-ai/DeepEP)"
+            )
         if ctx.plan.dtype == "fp8" or tp_overlap(ctx.plan):
             notes.append("FP8 and --tp-comm-overlap need Transformer Engine (--transformer-impl transformer_engine)")
-        return ExportBundle(format=self.name, files=(ExportFile("megatron_args.sh", args), *launch_files(ctx, entry)),
-                            run=run_hint(ctx),
-                            notes=tuple(notes))
+        return ExportBundle(
+            format=self.name,
+            files=(ExportFile("megatron_args.sh", args), *launch_files(ctx, entry)),
+            run=run_hint(ctx),
+            notes=tuple(notes),
+        )
 
     def parse(self, bundle: ExportBundle) -> dict:
         argv = read_bash_array(bundle.text("megatron_args.sh"), "AUTOPAR_ARGS")
@@ -208,31 +273,81 @@ class MegatronExporter(Exporter):
 
 # ---- parsing back -------------------------------------------------------------------------------
 
+
 def megatron_parser() -> argparse.ArgumentParser:
     """The subset of Megatron-LM's argparse that autopar emits (names and types as in arguments.py)."""
     ap = argparse.ArgumentParser(prog="pretrain_gpt.py", add_help=False, allow_abbrev=False)
-    ints = ["--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--kv-channels",
-            "--num-query-groups", "--seq-length", "--max-position-embeddings", "--q-lora-rank", "--kv-lora-rank",
-            "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--num-experts", "--moe-router-topk",
-            "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--tensor-model-parallel-size",
-            "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
-            "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
-            "--decoder-last-pipeline-num-layers", "--context-parallel-size", "--expert-model-parallel-size",
-            "--expert-tensor-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers"]
+    ints = [
+        "--num-layers",
+        "--hidden-size",
+        "--ffn-hidden-size",
+        "--num-attention-heads",
+        "--kv-channels",
+        "--num-query-groups",
+        "--seq-length",
+        "--max-position-embeddings",
+        "--q-lora-rank",
+        "--kv-lora-rank",
+        "--qk-head-dim",
+        "--qk-pos-emb-head-dim",
+        "--v-head-dim",
+        "--num-experts",
+        "--moe-router-topk",
+        "--moe-ffn-hidden-size",
+        "--moe-shared-expert-intermediate-size",
+        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--context-parallel-size",
+        "--expert-model-parallel-size",
+        "--expert-tensor-parallel-size",
+        "--micro-batch-size",
+        "--global-batch-size",
+        "--recompute-num-layers",
+    ]
     for f in ints:
         ap.add_argument(f, type=int)
-    strs = ["--normalization", "--position-embedding-type", "--moe-layer-freq", "--moe-token-dispatcher-type",
-            "--pipeline-model-parallel-layout", "--data-parallel-sharding-strategy", "--recompute-granularity",
-            "--recompute-method", "--fp8-format", "--moe-token-drop-policy", "--moe-flex-dispatcher-backend"]
+    strs = [
+        "--normalization",
+        "--position-embedding-type",
+        "--moe-layer-freq",
+        "--moe-token-dispatcher-type",
+        "--pipeline-model-parallel-layout",
+        "--data-parallel-sharding-strategy",
+        "--recompute-granularity",
+        "--recompute-method",
+        "--fp8-format",
+        "--moe-token-drop-policy",
+        "--moe-flex-dispatcher-backend",
+    ]
     for f in strs:
         ap.add_argument(f, type=str)
     for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor"):
         ap.add_argument(f, type=float)
-    flags = ["--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-             "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention", "--moe-router-enable-expert-bias",
-             "--moe-grouped-gemm", "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp",
-             "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--grad-reduce-in-bf16",
-             "--moe-pad-expert-input-to-capacity", "--overlap-moe-expert-parallel-comm"]
+    flags = [
+        "--group-query-attention",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+        "--add-qkv-bias",
+        "--qk-layernorm",
+        "--multi-latent-attention",
+        "--moe-router-enable-expert-bias",
+        "--moe-grouped-gemm",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--use-megatron-fsdp",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--tp-comm-overlap",
+        "--bf16",
+        "--grad-reduce-in-bf16",
+        "--moe-pad-expert-input-to-capacity",
+        "--overlap-moe-expert-parallel-comm",
+    ]
     for f in flags:
         ap.add_argument(f, action="store_true")
     return ap
@@ -266,8 +381,14 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
         raise ValueError(f"world size {num_gpus} does not divide by tp*pp*cp")
     dp = num_gpus // (tp * pp * cp)
     vpp = megatron_vpp(ns)
-    stages = stages_from_megatron(ns.num_layers, pp, vpp=vpp, first=ns.decoder_first_pipeline_num_layers,
-                                  last=ns.decoder_last_pipeline_num_layers, layout=ns.pipeline_model_parallel_layout)
+    stages = stages_from_megatron(
+        ns.num_layers,
+        pp,
+        vpp=vpp,
+        first=ns.decoder_first_pipeline_num_layers,
+        last=ns.decoder_last_pipeline_num_layers,
+        layout=ns.pipeline_model_parallel_layout,
+    )
     if ns.use_megatron_fsdp:
         zero = FSDP_STRATEGY_ZERO[ns.data_parallel_sharding_strategy]
     else:
@@ -275,17 +396,35 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
     recompute, rl = recompute_from(ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers, vpp)
     mbs, gbs = ns.micro_batch_size, ns.global_batch_size
     ep = ns.expert_model_parallel_size or 1
-    dispatch, cf = dispatch_from(ns.moe_expert_capacity_factor, ns.moe_token_drop_policy,
-                                 ns.moe_pad_expert_input_to_capacity)
+    dispatch, cf = dispatch_from(
+        ns.moe_expert_capacity_factor, ns.moe_token_drop_policy, ns.moe_pad_expert_input_to_capacity
+    )
     dispatcher = dispatcher_from(ns.moe_token_dispatcher_type, ns.moe_flex_dispatcher_backend)
-    return normalize({
-        "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": dp, "ep": ep,
-        "etp": ns.expert_tensor_parallel_size or tp, "sequence_parallel": ns.sequence_parallel, "zero_stage": zero,
-        "micro_batch_size": mbs, "global_batch_size": gbs, "num_microbatches": gbs // (mbs * dp),
-        "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "layout": stages, "recompute": recompute,
-        "recompute_layers": rl, "dtype": "fp8" if ns.fp8_format else ("bf16" if ns.bf16 else "fp32"),
-        "main_grads_fp32": not ns.grad_reduce_in_bf16, "tp_comm_overlap": ns.tp_comm_overlap,
-        "moe_dispatch": dispatch, "capacity_factor": cf, "moe_dispatcher": dispatcher,
-        "ep_comm_overlap": ns.overlap_moe_expert_parallel_comm,
-    })
-
+    return normalize(
+        {
+            "num_gpus": num_gpus,
+            "tp": tp,
+            "pp": pp,
+            "vpp": vpp,
+            "cp": cp,
+            "dp": dp,
+            "ep": ep,
+            "etp": ns.expert_tensor_parallel_size or tp,
+            "sequence_parallel": ns.sequence_parallel,
+            "zero_stage": zero,
+            "micro_batch_size": mbs,
+            "global_batch_size": gbs,
+            "num_microbatches": gbs // (mbs * dp),
+            "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
+            "layout": stages,
+            "recompute": recompute,
+            "recompute_layers": rl,
+            "dtype": "fp8" if ns.fp8_format else ("bf16" if ns.bf16 else "fp32"),
+            "main_grads_fp32": not ns.grad_reduce_in_bf16,
+            "tp_comm_overlap": ns.tp_comm_overlap,
+            "moe_dispatch": dispatch,
+            "capacity_factor": cf,
+            "moe_dispatcher": dispatcher,
+            "ep_comm_overlap": ns.overlap_moe_expert_parallel_comm,
+        }
+    )

@@ -9,7 +9,8 @@ tests/export/test_export_trainers.py against the installed package.
 
 from __future__ import annotations
 
-from autopar.export.base import Context, ep_overlap, normalize
+from autopar.export.base import Context, normalize
+from autopar.export.header import ep_overlap
 from autopar.export.layouts import megatron_layout, stages_from_megatron
 
 ZERO_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
@@ -23,8 +24,11 @@ def capacity_settings(ctx: Context) -> dict:
     p = ctx.plan
     if ctx.model.moe is None or p.moe_dispatch != "capacity":
         return {}
-    return {"moe_expert_capacity_factor": float(p.capacity_factor), "moe_token_drop_policy": "probs",
-            "moe_pad_expert_input_to_capacity": True}
+    return {
+        "moe_expert_capacity_factor": float(p.capacity_factor),
+        "moe_token_drop_policy": "probs",
+        "moe_pad_expert_input_to_capacity": True,
+    }
 
 
 def dispatcher_settings(ctx: Context) -> dict:
@@ -66,8 +70,11 @@ def recompute_settings(ctx: Context) -> dict:
     if p.recompute == "full":
         if p.recompute_layers is None:
             return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-        return {"recompute_granularity": "full", "recompute_method": "block",
-                "recompute_num_layers": p.recompute_layers // p.vpp}
+        return {
+            "recompute_granularity": "full",
+            "recompute_method": "block",
+            "recompute_num_layers": p.recompute_layers // p.vpp,
+        }
     return {}
 
 
@@ -86,26 +93,38 @@ def recompute_from(granularity: str | None, method: str | None, num_layers: int 
 
 # ---- NeMo 2 strategy / Megatron-Bridge model override fields -------------------------------------
 
+
 def core_parallel_fields(ctx: Context) -> dict:
     """TransformerConfig / ModelParallelConfig fields of the plan (every layout field explicit, so a
     recipe's own layout settings cannot linger)."""
     p, m = ctx.plan, ctx.model
     lay = megatron_layout(ctx.stages, p.pp, p.vpp)
-    out = {"tensor_model_parallel_size": p.tp, "pipeline_model_parallel_size": p.pp,
-           "virtual_pipeline_model_parallel_size": p.vpp if p.vpp > 1 else None,
-           "context_parallel_size": p.cp, "sequence_parallel": bool(p.sequence_parallel)}
+    out = {
+        "tensor_model_parallel_size": p.tp,
+        "pipeline_model_parallel_size": p.pp,
+        "virtual_pipeline_model_parallel_size": p.vpp if p.vpp > 1 else None,
+        "context_parallel_size": p.cp,
+        "sequence_parallel": bool(p.sequence_parallel),
+    }
     if m.moe is not None:
         out.update(expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp)
-    out.update(num_layers_in_first_pipeline_stage=lay.first, num_layers_in_last_pipeline_stage=lay.last,
-               pipeline_model_parallel_layout=lay.layout, account_for_embedding_in_pipeline_split=False,
-               account_for_loss_in_pipeline_split=False)
+    out.update(
+        num_layers_in_first_pipeline_stage=lay.first,
+        num_layers_in_last_pipeline_stage=lay.last,
+        pipeline_model_parallel_layout=lay.layout,
+        account_for_embedding_in_pipeline_split=False,
+        account_for_loss_in_pipeline_split=False,
+    )
     return out
 
 
 def core_recompute_fields(ctx: Context) -> dict:
     r = recompute_settings(ctx)
-    return {"recompute_granularity": r.get("recompute_granularity"), "recompute_method": r.get("recompute_method"),
-            "recompute_num_layers": r.get("recompute_num_layers")}
+    return {
+        "recompute_granularity": r.get("recompute_granularity"),
+        "recompute_method": r.get("recompute_method"),
+        "recompute_num_layers": r.get("recompute_num_layers"),
+    }
 
 
 def core_moe_fields(ctx: Context) -> dict:
@@ -114,16 +133,28 @@ def core_moe_fields(ctx: Context) -> dict:
     if ctx.model.moe is None:
         return {}
     cap, disp = capacity_settings(ctx), dispatcher_settings(ctx)
-    return {"moe_expert_capacity_factor": cap.get("moe_expert_capacity_factor"),
-            "moe_token_drop_policy": cap.get("moe_token_drop_policy", "probs"),
-            "moe_pad_expert_input_to_capacity": cap.get("moe_pad_expert_input_to_capacity", False),
-            "moe_token_dispatcher_type": disp["moe_token_dispatcher_type"],
-            "moe_flex_dispatcher_backend": disp.get("moe_flex_dispatcher_backend", "deepep"),
-            "overlap_moe_expert_parallel_comm": disp.get("overlap_moe_expert_parallel_comm", False)}
+    return {
+        "moe_expert_capacity_factor": cap.get("moe_expert_capacity_factor"),
+        "moe_token_drop_policy": cap.get("moe_token_drop_policy", "probs"),
+        "moe_pad_expert_input_to_capacity": cap.get("moe_pad_expert_input_to_capacity", False),
+        "moe_token_dispatcher_type": disp["moe_token_dispatcher_type"],
+        "moe_flex_dispatcher_backend": disp.get("moe_flex_dispatcher_backend", "deepep"),
+        "overlap_moe_expert_parallel_comm": disp.get("overlap_moe_expert_parallel_comm", False),
+    }
 
 
-def view_from_core_fields(f: dict, *, num_layers: int, num_gpus: int, mbs: int, gbs: int, zero: int, dtype: str,
-                          main_grads_fp32: bool, tp_comm_overlap: bool) -> dict:
+def view_from_core_fields(
+    f: dict,
+    *,
+    num_layers: int,
+    num_gpus: int,
+    mbs: int,
+    gbs: int,
+    zero: int,
+    dtype: str,
+    main_grads_fp32: bool,
+    tp_comm_overlap: bool,
+) -> dict:
     """The plan from Megatron-Core config fields (the NeMo / Bridge override values)."""
     tp, pp, cp = f["tensor_model_parallel_size"], f["pipeline_model_parallel_size"], f["context_parallel_size"]
     dp = num_gpus // (tp * pp * cp)
@@ -133,20 +164,49 @@ def view_from_core_fields(f: dict, *, num_layers: int, num_gpus: int, mbs: int, 
         from autopar.export.layouts import parse_layout_string
 
         vpp = len(parse_layout_string(layout)) // pp
-    stages = stages_from_megatron(num_layers, pp, vpp=vpp, first=f.get("num_layers_in_first_pipeline_stage"),
-                                  last=f.get("num_layers_in_last_pipeline_stage"), layout=layout)
-    recompute, rl = recompute_from(f.get("recompute_granularity"), f.get("recompute_method"),
-                                   f.get("recompute_num_layers"), vpp)
+    stages = stages_from_megatron(
+        num_layers,
+        pp,
+        vpp=vpp,
+        first=f.get("num_layers_in_first_pipeline_stage"),
+        last=f.get("num_layers_in_last_pipeline_stage"),
+        layout=layout,
+    )
+    recompute, rl = recompute_from(
+        f.get("recompute_granularity"), f.get("recompute_method"), f.get("recompute_num_layers"), vpp
+    )
     ep = f.get("expert_model_parallel_size", 1)
-    dispatch, cf = dispatch_from(f.get("moe_expert_capacity_factor"), f.get("moe_token_drop_policy", "probs"),
-                                 f.get("moe_pad_expert_input_to_capacity", False))
+    dispatch, cf = dispatch_from(
+        f.get("moe_expert_capacity_factor"),
+        f.get("moe_token_drop_policy", "probs"),
+        f.get("moe_pad_expert_input_to_capacity", False),
+    )
     dispatcher = dispatcher_from(f.get("moe_token_dispatcher_type"), f.get("moe_flex_dispatcher_backend"))
-    return normalize({
-        "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": dp, "ep": ep,
-        "etp": f.get("expert_tensor_parallel_size") or tp, "sequence_parallel": f["sequence_parallel"],
-        "zero_stage": zero, "micro_batch_size": mbs, "global_batch_size": gbs, "num_microbatches": gbs // (mbs * dp),
-        "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "layout": stages, "recompute": recompute,
-        "recompute_layers": rl, "dtype": dtype, "main_grads_fp32": main_grads_fp32, "tp_comm_overlap": tp_comm_overlap,
-        "moe_dispatch": dispatch, "capacity_factor": cf, "moe_dispatcher": dispatcher,
-        "ep_comm_overlap": bool(f.get("overlap_moe_expert_parallel_comm")),
-    })
+    return normalize(
+        {
+            "num_gpus": num_gpus,
+            "tp": tp,
+            "pp": pp,
+            "vpp": vpp,
+            "cp": cp,
+            "dp": dp,
+            "ep": ep,
+            "etp": f.get("expert_tensor_parallel_size") or tp,
+            "sequence_parallel": f["sequence_parallel"],
+            "zero_stage": zero,
+            "micro_batch_size": mbs,
+            "global_batch_size": gbs,
+            "num_microbatches": gbs // (mbs * dp),
+            "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
+            "layout": stages,
+            "recompute": recompute,
+            "recompute_layers": rl,
+            "dtype": dtype,
+            "main_grads_fp32": main_grads_fp32,
+            "tp_comm_overlap": tp_comm_overlap,
+            "moe_dispatch": dispatch,
+            "capacity_factor": cf,
+            "moe_dispatcher": dispatcher,
+            "ep_comm_overlap": bool(f.get("overlap_moe_expert_parallel_comm")),
+        }
+    )

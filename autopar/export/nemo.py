@@ -16,10 +16,17 @@ from __future__ import annotations
 
 import ast
 
-from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header, tp_overlap
+from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
+from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
-from autopar.export.megatron_core import (FSDP_STRATEGY_ZERO, ZERO_FSDP_STRATEGY, core_moe_fields,
-                                          core_parallel_fields, core_recompute_fields, view_from_core_fields)
+from autopar.export.megatron_core import (
+    FSDP_STRATEGY_ZERO,
+    ZERO_FSDP_STRATEGY,
+    core_moe_fields,
+    core_parallel_fields,
+    core_recompute_fields,
+    view_from_core_fields,
+)
 from autopar.quoting import check_identifier
 from autopar.spec.trainers import get_trainer
 
@@ -42,20 +49,34 @@ def nemo_overrides(ctx: Context) -> dict:
     p = ctx.plan
     out: dict = {"trainer.num_nodes": ctx.nodes, "trainer.devices": ctx.gpus_per_node}
     out.update({f"trainer.strategy.{k}": v for k, v in core_parallel_fields(ctx).items()})
-    out.update({"data.micro_batch_size": p.micro_batch_size, "data.global_batch_size": p.global_batch_size,
-                "data.seq_length": ctx.seq_len, "model.config.seq_length": ctx.seq_len,
-                # restated so the layer split above and the recipe's model agree (a no-op for the preset's recipe)
-                "model.config.num_layers": ctx.model.num_layers})
+    out.update(
+        {
+            "data.micro_batch_size": p.micro_batch_size,
+            "data.global_batch_size": p.global_batch_size,
+            "data.seq_length": ctx.seq_len,
+            "model.config.seq_length": ctx.seq_len,
+            # restated so the layer split above and the recipe's model agree (a no-op for the preset's recipe)
+            "model.config.num_layers": ctx.model.num_layers,
+        }
+    )
     out.update({f"model.config.{k}": v for k, v in core_recompute_fields(ctx).items()})
     out.update({f"model.config.{k}": v for k, v in core_moe_fields(ctx).items()})
-    out.update({"optim.config.use_distributed_optimizer": p.zero_stage >= 1,
-                "trainer.strategy.ddp.overlap_grad_reduce": True,
-                "trainer.strategy.ddp.overlap_param_gather": p.zero_stage >= 1,
-                "trainer.strategy.ddp.grad_reduce_in_fp32": p.main_grads_fp32,
-                "trainer.plugins.grad_reduce_in_fp32": p.main_grads_fp32})
+    out.update(
+        {
+            "optim.config.use_distributed_optimizer": p.zero_stage >= 1,
+            "trainer.strategy.ddp.overlap_grad_reduce": True,
+            "trainer.strategy.ddp.overlap_param_gather": p.zero_stage >= 1,
+            "trainer.strategy.ddp.grad_reduce_in_fp32": p.main_grads_fp32,
+            "trainer.plugins.grad_reduce_in_fp32": p.main_grads_fp32,
+        }
+    )
     if p.zero_stage >= 2:
-        out.update({"trainer.strategy.fsdp": "megatron",
-                    "trainer.strategy.ddp.data_parallel_sharding_strategy": ZERO_FSDP_STRATEGY[p.zero_stage]})
+        out.update(
+            {
+                "trainer.strategy.fsdp": "megatron",
+                "trainer.strategy.ddp.data_parallel_sharding_strategy": ZERO_FSDP_STRATEGY[p.zero_stage],
+            }
+        )
     out["trainer.plugins.fp8"] = "hybrid" if p.dtype == "fp8" else None
     return out
 
@@ -74,16 +95,19 @@ class NemoExporter(Exporter):
     name = "nemo"
     title = "NeMo 2 recipe overrides: nemo_pretrain.py (applies them) + nemo_overrides.txt (nemo llm pretrain)"
     example = "autopar export --run reports/run --rank 3 --to nemo --out launch/"
-    description = ("nemo_pretrain.py builds the NeMo 2 recipe (nemo.collections.llm.recipes.<model>.pretrain_recipe), "
-                   "sets trainer.strategy / data / model.config / optim overrides and runs it in-process under the "
-                   "launch scripts; nemo_overrides.txt holds the same overrides for `nemo llm pretrain --factory`.")
+    description = (
+        "nemo_pretrain.py builds the NeMo 2 recipe (nemo.collections.llm.recipes.<model>.pretrain_recipe), "
+        "sets trainer.strategy / data / model.config / optim overrides and runs it in-process under the "
+        "launch scripts; nemo_overrides.txt holds the same overrides for `nemo llm pretrain --factory`."
+    )
 
     def _render(self, ctx: Context) -> ExportBundle:
         recipe = recipe_name(ctx)
         ov = nemo_overrides(ctx)
         overlap = tp_overlap(ctx.plan)
         items = "".join(f"    {k!r}: {v!r},\n" for k, v in ov.items())
-        script = f'''{comment_header(ctx)}"""NeMo 2 pretraining with the autopar plan: the {recipe} recipe plus the overrides below.
+        summary = f"NeMo 2 pretraining with the autopar plan: the {recipe} recipe plus the overrides below."
+        script = f'''{comment_header(ctx)}"""{summary}
 
 Under the launch scripts every rank runs this file (torchrun, or one srun task per GPU); it
 builds the recipe and runs it in-process (nemo_run direct mode).
@@ -118,19 +142,35 @@ def configure():
 if __name__ == "__main__":
     run.run(configure(), direct=True)
 '''
-        lines = [comment_header(ctx).rstrip("\n"),
-                 f"# NeMo 2 CLI form: nemo llm pretrain --factory {recipe} -y $(grep -v '^#' nemo_overrides.txt)"]
+        lines = [
+            comment_header(ctx).rstrip("\n"),
+            f"# NeMo 2 CLI form: nemo llm pretrain --factory {recipe} -y $(grep -v '^#' nemo_overrides.txt)",
+        ]
         if overlap:
-            lines.append("# tp-comm-overlap needs MegatronCommOverlapCallback, which CLI overrides cannot add: "
-                         "run nemo_pretrain.py (it adds it)")
+            lines.append(
+                "# tp-comm-overlap needs MegatronCommOverlapCallback, which CLI overrides cannot add: "
+                "run nemo_pretrain.py (it adds it)"
+            )
         lines += [f"{k}={_cli_value(v)}" for k, v in ov.items()]
-        entry = Entry(program='"$HERE/nemo_pretrain.py"', args="", one_task_per_gpu=False,
-                      env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),))
-        return ExportBundle(format=self.name, files=(ExportFile(SCRIPT, script), ExportFile(OVERRIDES, "\n".join(lines) + "\n"),
-                                                     *launch_files(ctx, entry)),
-                            run=run_hint(ctx),
-                            notes=("needs nemo-toolkit 2.x (NeMo 2 LLM recipes) and nemo_run; set the recipe's data "
-                                   "(the default is MockDataModule)",))
+        entry = Entry(
+            program='"$HERE/nemo_pretrain.py"',
+            args="",
+            one_task_per_gpu=False,
+            env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
+        )
+        return ExportBundle(
+            format=self.name,
+            files=(
+                ExportFile(SCRIPT, script),
+                ExportFile(OVERRIDES, "\n".join(lines) + "\n"),
+                *launch_files(ctx, entry),
+            ),
+            run=run_hint(ctx),
+            notes=(
+                "needs nemo-toolkit 2.x (NeMo 2 LLM recipes) and nemo_run; set the recipe's data "
+                "(the default is MockDataModule)",
+            ),
+        )
 
     def parse(self, bundle: ExportBundle) -> dict:
         ov, tp_overlap = parse_nemo_script(bundle.text(SCRIPT))
@@ -170,9 +210,14 @@ def view_from_nemo(ov: dict, tp_overlap: bool, num_gpus: int) -> dict:
         zero = FSDP_STRATEGY_ZERO[ov["trainer.strategy.ddp.data_parallel_sharding_strategy"]]
     else:
         zero = 1 if ov["optim.config.use_distributed_optimizer"] else 0
-    return view_from_core_fields(strat, num_layers=ov["model.config.num_layers"], num_gpus=num_gpus, mbs=ov["data.micro_batch_size"],
-                                 gbs=ov["data.global_batch_size"], zero=zero,
-                                 dtype="fp8" if ov.get("trainer.plugins.fp8") else "bf16",
-                                 main_grads_fp32=ov["trainer.strategy.ddp.grad_reduce_in_fp32"],
-                                 tp_comm_overlap=tp_overlap)
-
+    return view_from_core_fields(
+        strat,
+        num_layers=ov["model.config.num_layers"],
+        num_gpus=num_gpus,
+        mbs=ov["data.micro_batch_size"],
+        gbs=ov["data.global_batch_size"],
+        zero=zero,
+        dtype="fp8" if ov.get("trainer.plugins.fp8") else "bf16",
+        main_grads_fp32=ov["trainer.strategy.ddp.grad_reduce_in_fp32"],
+        tp_comm_overlap=tp_overlap,
+    )

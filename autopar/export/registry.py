@@ -15,8 +15,10 @@ def register(exporter: Exporter) -> Exporter:
     if not name or not name.replace("-", "").isalnum():
         raise ValueError(f"exporter name {name!r} must be a non-empty word")
     if name in EXPORTERS:
-        raise ValueError(f"duplicate exporter name {name!r}: {type(EXPORTERS[name]).__name__} and "
-                         f"{type(exporter).__name__} both claim it")
+        raise ValueError(
+            f"duplicate exporter name {name!r}: {type(EXPORTERS[name]).__name__} and "
+            f"{type(exporter).__name__} both claim it"
+        )
     EXPORTERS[name] = exporter
     return exporter
 
@@ -25,5 +27,7 @@ def get_exporter(name: str) -> Exporter:
     try:
         return EXPORTERS[name]
     except KeyError:
-        raise InputError(f"unknown export format '{name}'{did_you_mean(name, EXPORTERS)}; choose one of "
-                         f"{', '.join(EXPORTERS)}, or all") from None
+        raise InputError(
+            f"unknown export format '{name}'{did_you_mean(name, EXPORTERS)}; choose one of "
+            f"{', '.join(EXPORTERS)}, or all"
+        ) from None

@@ -28,8 +28,10 @@ class RunEntry:
 def load_run_plan(run_dir: str | Path, rank: int) -> RunEntry:
     d = Path(run_dir)
     if not d.is_dir():
-        raise InputError(f"run directory '{run_dir}' does not exist; pass the --run-dir of an `autopar search` "
-                         f"(default reports/<model>_<gpus>x<gpu>_...)")
+        raise InputError(
+            f"run directory '{run_dir}' does not exist; pass the --run-dir of an `autopar search` "
+            f"(default reports/<model>_<gpus>x<gpu>_...)"
+        )
     top = read_json(d / "top.json")
     search = read_json(d / "search.json")
     entries = top.get("top") if isinstance(top, dict) else None
@@ -38,8 +40,10 @@ def load_run_plan(run_dir: str | Path, rank: int) -> RunEntry:
     if not entries:
         trainers = (search.get("question") or {}).get("trainers") if isinstance(search, dict) else None
         on = f" on {', '.join(trainers)}" if isinstance(trainers, list) and trainers else ""
-        raise InputError(f"{d / 'top.json'} ranks no plan (nothing valid fit{on}); nothing to export: rerun the "
-                         f"search with another --trainer, more GPUs or another --space")
+        raise InputError(
+            f"{d / 'top.json'} ranks no plan (nothing valid fit{on}); nothing to export: rerun the "
+            f"search with another --trainer, more GPUs or another --space"
+        )
     if not isinstance(rank, int) or rank < 1 or rank > len(entries):
         raise InputError(f"--rank {rank} is out of range: {d / 'top.json'} ranks plans 1..{len(entries)}")
     entry = entries[rank - 1]
@@ -57,9 +61,20 @@ def load_run_plan(run_dir: str | Path, rank: int) -> RunEntry:
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, InputError):
             raise
-        raise InputError(f"{d} has an unreadable plan or question ({type(e).__name__}: {e}); rerun the search") from None
+        raise InputError(
+            f"{d} has an unreadable plan or question ({type(e).__name__}: {e}); rerun the search"
+        ) from None
     if plan.num_gpus != num_gpus:
-        raise InputError(f"rank {rank} of {d} uses {plan.num_gpus} GPUs but the search asked for {num_gpus}; "
-                         f"rerun the search")
-    return RunEntry(plan=plan, model=model, cluster=cluster, seq_len=seq_len, num_gpus=num_gpus, rank=rank,
-                    of=len(entries), entry=entry)
+        raise InputError(
+            f"rank {rank} of {d} uses {plan.num_gpus} GPUs but the search asked for {num_gpus}; rerun the search"
+        )
+    return RunEntry(
+        plan=plan,
+        model=model,
+        cluster=cluster,
+        seq_len=seq_len,
+        num_gpus=num_gpus,
+        rank=rank,
+        of=len(entries),
+        entry=entry,
+    )

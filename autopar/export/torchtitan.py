@@ -29,7 +29,8 @@ import ast
 import tomllib
 
 from autopar.errors import InputError, quoted
-from autopar.export.base import Context, ExportBundle, ExportFile, Exporter, comment_header, normalize, tp_overlap
+from autopar.export.base import Context, ExportBundle, Exporter, ExportFile, normalize
+from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import stages_from_fqns, torchtitan_fqns
 from autopar.quoting import check_identifier, toml_string
@@ -44,8 +45,12 @@ TORCHTITAN_MODELS = {
     "qwen3-235b-a22b": ("qwen3", "235B-A22B", None),
 }
 
-SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B", "gpipe": "GPipe",
-             "zero-bubble": "InterleavedZeroBubble"}
+SCHEDULES = {
+    "1f1b": "1F1B",
+    "interleaved-1f1b": "Interleaved1F1B",
+    "gpipe": "GPipe",
+    "zero-bubble": "InterleavedZeroBubble",
+}
 SCHEDULES_BACK = {v: k for k, v in SCHEDULES.items()}
 RESHARD = {2: "never", 3: "always"}
 RESHARD_BACK = {v: k for k, v in RESHARD.items()}
@@ -65,8 +70,9 @@ def toml_era(version: str) -> bool:
     try:
         nums = tuple(int(x) for x in parts)
     except ValueError:
-        raise InputError(f"--torchtitan-version {quoted(version)} must be a release like 0.3.0 or 0.2.2 (or 'toml' / "
-                         f"'current')") from None
+        raise InputError(
+            f"--torchtitan-version {quoted(version)} must be a release like 0.3.0 or 0.2.2 (or 'toml' / 'current')"
+        ) from None
     return nums <= (0, 2, 2) if len(nums) >= 3 else nums <= (0, 2)
 
 
@@ -80,8 +86,9 @@ def _check_toml(ctx: Context) -> None:
     torchtitan/distributed/parallel_dims.py, config/job_config.py)."""
     p, m = ctx.plan, ctx.model
     if p.tp > 1 and not p.sequence_parallel:
-        raise ctx.refuse("torchtitan <= 0.2.2 always uses sequence parallelism with TP; use --sp or "
-                         "--torchtitan-version 0.3")
+        raise ctx.refuse(
+            "torchtitan <= 0.2.2 always uses sequence parallelism with TP; use --sp or --torchtitan-version 0.3"
+        )
     if m.moe is None:
         return
     if p.ep > 1 and p.etp not in (1, p.tp):
@@ -91,21 +98,26 @@ def _check_toml(ctx: Context) -> None:
     shard = p.dp if p.zero_stage >= 2 else 1
     etp = p.etp if p.ep > 1 else 1
     if p.ep > 1 and (shard * p.cp * p.tp) % (p.ep * etp):
-        raise ctx.refuse(f"torchtitan carves EP out of the FSDP x CP x TP ranks (dp_shard*cp*tp = "
-                         f"{shard}*{p.cp}*{p.tp}), which ep*etp = {p.ep * etp} does not divide"
-                         + ("; ZeRO-0 has no FSDP ranks: use --zero 2 or 3" if shard == 1 and p.dp > 1 else ""))
+        raise ctx.refuse(
+            f"torchtitan carves EP out of the FSDP x CP x TP ranks (dp_shard*cp*tp = "
+            f"{shard}*{p.cp}*{p.tp}), which ep*etp = {p.ep * etp} does not divide"
+            + ("; ZeRO-0 has no FSDP ranks: use --zero 2 or 3" if shard == 1 and p.dp > 1 else "")
+        )
 
 
 def check_base(given: str, toml: bool) -> tuple[str, str]:
     """--torchtitan-base as (name, flavor) for TOML or (module, function) for the Python config, or
     one line (checked whether or not the torchtitan format is written)."""
     if ":" not in given:
-        raise InputError(f"--torchtitan-base {quoted(given)} must be name:flavor (<= 0.2.2, e.g. llama3:70B) or "
-                         f"module:function (>= 0.3, e.g. torchtitan.models.llama3.config_registry:llama3_70b)")
+        raise InputError(
+            f"--torchtitan-base {quoted(given)} must be name:flavor (<= 0.2.2, e.g. llama3:70B) or "
+            f"module:function (>= 0.3, e.g. torchtitan.models.llama3.config_registry:llama3_70b)"
+        )
     a, b = given.split(":", 1)
     if not toml:  # pasted into `from MODULE import FUNCTION`
-        check_identifier(a, "--torchtitan-base module", dotted=True,
-                         example="torchtitan.models.llama3.config_registry:llama3_70b")
+        check_identifier(
+            a, "--torchtitan-base module", dotted=True, example="torchtitan.models.llama3.config_registry:llama3_70b"
+        )
         check_identifier(b, "--torchtitan-base function", example="llama3_70b")
     return a, b
 
@@ -117,9 +129,11 @@ def _base(ctx: Context, toml: bool) -> tuple[str, str]:
         return check_base(given, toml)
     known = TORCHTITAN_MODELS.get(ctx.model.name)
     if known is None or (not toml and known[2] is None):
-        raise ctx.refuse(f"torchtitan has no built-in config for {ctx.model.name}; pass --torchtitan-base "
-                         f"{'name:flavor' if toml else 'module:function'} naming a torchtitan config with this "
-                         f"model's shape")
+        raise ctx.refuse(
+            f"torchtitan has no built-in config for {ctx.model.name}; pass --torchtitan-base "
+            f"{'name:flavor' if toml else 'module:function'} naming a torchtitan config with this "
+            f"model's shape"
+        )
     name, flavor, fn = known
     return (name, flavor) if toml else (f"torchtitan.models.{name}.config_registry", fn)
 
@@ -128,9 +142,12 @@ def _values(ctx: Context, toml: bool) -> dict:
     """The torchtitan settings of the plan, section -> {field: value}."""
     p = ctx.plan
     replicate, shard = (p.dp, 1) if p.zero_stage == 0 else (1, p.dp)
-    par: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
-                 "fsdp_reshard_after_forward": RESHARD.get(p.zero_stage, "default"),
-                 "tensor_parallel_degree": p.tp}
+    par: dict = {
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
+        "fsdp_reshard_after_forward": RESHARD.get(p.zero_stage, "default"),
+        "tensor_parallel_degree": p.tp,
+    }
     if not toml:
         par["enable_sequence_parallel"] = bool(p.sequence_parallel)
     if toml:
@@ -148,9 +165,13 @@ def _values(ctx: Context, toml: bool) -> dict:
     if toml and ctx.model.moe is not None:
         par["expert_parallel_comm_backend"] = backend
     local = p.micro_batch_size * p.num_microbatches if p.pp > 1 else p.micro_batch_size
-    training = {"local_batch_size": local, "global_batch_size": p.global_batch_size, "seq_len": ctx.seq_len,
-                "mixed_precision_param": "float32" if p.dtype == "fp32" else "bfloat16",
-                "mixed_precision_reduce": "float32"}
+    training = {
+        "local_batch_size": local,
+        "global_batch_size": p.global_batch_size,
+        "seq_len": ctx.seq_len,
+        "mixed_precision_param": "float32" if p.dtype == "fp32" else "bfloat16",
+        "mixed_precision_reduce": "float32",
+    }
     if not toml and (p.pp > 1 or p.ep > 1):
         # torchtitan >= 0.3 captures CUDA graphs by default and refuses them with PP or the all-to-all
         # EP dispatcher (Trainer.Config._validate_cuda_graphs); autopar's estimate assumes none
@@ -158,11 +179,18 @@ def _values(ctx: Context, toml: bool) -> dict:
     compile_ = {"enable": tp_overlap(p), "components": ["model", "loss"]}
     if not toml:
         compile_["enable_async_tensor_parallel"] = tp_overlap(p)
-    return {"parallelism": par, "training": training, "activation_checkpoint": p.recompute, "compile": compile_,
-            "float8": p.dtype == "fp8", "moe_comm_backend": backend}
+    return {
+        "parallelism": par,
+        "training": training,
+        "activation_checkpoint": p.recompute,
+        "compile": compile_,
+        "float8": p.dtype == "fp8",
+        "moe_comm_backend": backend,
+    }
 
 
 # ---- TOML (<= 0.2.2) ----------------------------------------------------------------------------
+
 
 def _toml_value(v) -> str:
     if isinstance(v, bool):
@@ -181,10 +209,18 @@ def _toml_value(v) -> str:
 def _toml(ctx: Context) -> str:
     name, flavor = _base(ctx, toml=True)
     v = _values(ctx, toml=True)
-    out = [comment_header(ctx).rstrip("\n"),
-           "# torchtitan <= 0.2.2 job config: torchrun ... -m torchtitan.train --job.config_file torchtitan.toml",
-           "", "[job]", f"description = {_toml_value('autopar ' + ctx.plan.describe())}", "", "[model]",
-           f"name = {_toml_value(name)}", f"flavor = {_toml_value(flavor)}", '# hf_assets_path = "./assets/hf/<model>"  # set to your tokenizer/assets']
+    out = [
+        comment_header(ctx).rstrip("\n"),
+        "# torchtitan <= 0.2.2 job config: torchrun ... -m torchtitan.train --job.config_file torchtitan.toml",
+        "",
+        "[job]",
+        f"description = {_toml_value('autopar ' + ctx.plan.describe())}",
+        "",
+        "[model]",
+        f"name = {_toml_value(name)}",
+        f"flavor = {_toml_value(flavor)}",
+        '# hf_assets_path = "./assets/hf/<model>"  # set to your tokenizer/assets',
+    ]
     if v["float8"]:
         out.append('converters = ["float8"]')
     out += ["", "[training]"]
@@ -204,58 +240,84 @@ def _toml(ctx: Context) -> str:
 def parse_torchtitan_toml(text: str) -> dict:
     d = tomllib.loads(text)
     par, tr, ac = d["parallelism"], d["training"], d["activation_checkpoint"]
-    return {"parallelism": par, "training": tr, "activation_checkpoint": ac.get("mode", "selective"),
-            "compile": d.get("compile", {}), "float8": "float8" in d.get("model", {}).get("converters", []),
-            "etp": par.get("expert_tensor_parallel_degree", 1), "output": "output",
-            "moe_comm_backend": par.get("expert_parallel_comm_backend", "standard")}
+    return {
+        "parallelism": par,
+        "training": tr,
+        "activation_checkpoint": ac.get("mode", "selective"),
+        "compile": d.get("compile", {}),
+        "float8": "float8" in d.get("model", {}).get("converters", []),
+        "etp": par.get("expert_tensor_parallel_degree", 1),
+        "output": "output",
+        "moe_comm_backend": par.get("expert_parallel_comm_backend", "standard"),
+    }
 
 
 # ---- Python config (>= 0.3) ---------------------------------------------------------------------
+
 
 def _py(ctx: Context) -> str:
     module, fn = _base(ctx, toml=False)
     v = _values(ctx, toml=False)
     model_pkg = module.rsplit(".", 1)[0]
     flavor = TORCHTITAN_MODELS.get(ctx.model.name, (None, None, None))[1]
-    lines = [comment_header(ctx).rstrip("\n"),
-             '"""torchtitan (>= 0.3) config for the autopar plan.',
-             "",
-             "Run from this directory (every node):",
-             "  PYTHONPATH=. torchrun ... -m torchtitan.train --module autopar_torchtitan --config autopar_plan",
-             "(launch_torchrun.sh and launch_slurm.sbatch do this.)",
-             '"""', "",
-             "import dataclasses", "",
-             "from torchtitan.config import CompileConfig, ParallelismConfig",
-             "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
-             "from torchtitan.trainer import Trainer", "",
-             f"from {module} import {fn} as base_config", ""]
+    lines = [
+        comment_header(ctx).rstrip("\n"),
+        '"""torchtitan (>= 0.3) config for the autopar plan.',
+        "",
+        "Run from this directory (every node):",
+        "  PYTHONPATH=. torchrun ... -m torchtitan.train --module autopar_torchtitan --config autopar_plan",
+        "(launch_torchrun.sh and launch_slurm.sbatch do this.)",
+        '"""',
+        "",
+        "import dataclasses",
+        "",
+        "from torchtitan.config import CompileConfig, ParallelismConfig",
+        "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
+        "from torchtitan.trainer import Trainer",
+        "",
+        f"from {module} import {fn} as base_config",
+        "",
+    ]
     rebuild = v["float8"] or v["moe_comm_backend"] != "standard"
     if rebuild:
         if flavor is None:
-            raise ctx.refuse("FP8 and the DeepEP dispatcher need the model's torchtitan flavor to rebuild its model "
-                             "spec; autopar knows it only for its presets")
+            raise ctx.refuse(
+                "FP8 and the DeepEP dispatcher need the model's torchtitan flavor to rebuild its model "
+                "spec; autopar knows it only for its presets"
+            )
         lines += ["from torchtitan.components.quantization import Float8LinearConverter"] if v["float8"] else []
         lines += [f"from {model_pkg} import model_registry", ""]
-    lines += [f"PARALLELISM = {_py_literal(v['parallelism'])}", "",
-              f"TRAINING = {_py_literal(v['training'])}", "",
-              f"ACTIVATION_CHECKPOINT = {v['activation_checkpoint']!r}  # none | selective | full", "",
-              f"COMPILE = {_py_literal(v['compile'])}", "",
-              f"FLOAT8 = {v['float8']!r}", "",
-              f"MOE_COMM_BACKEND = {v['moe_comm_backend']!r}  # standard (all-to-all) | deepep", "", "",
-              "def autopar_plan() -> Trainer.Config:",
-              f'    """{fn} with the parallel layout, batch and recompute of the autopar plan."""',
-              "    cfg = base_config()",
-              "    cfg.parallelism = ParallelismConfig(**PARALLELISM)",
-              "    cfg.training = dataclasses.replace(cfg.training, **TRAINING)",
-              '    cfg.activation_checkpoint = {"none": None, "selective": SelectiveAC.Config(),',
-              '                                 "full": FullAC.Config()}[ACTIVATION_CHECKPOINT]',
-              "    cfg.compile = CompileConfig(**COMPILE)"]
+    lines += [
+        f"PARALLELISM = {_py_literal(v['parallelism'])}",
+        "",
+        f"TRAINING = {_py_literal(v['training'])}",
+        "",
+        f"ACTIVATION_CHECKPOINT = {v['activation_checkpoint']!r}  # none | selective | full",
+        "",
+        f"COMPILE = {_py_literal(v['compile'])}",
+        "",
+        f"FLOAT8 = {v['float8']!r}",
+        "",
+        f"MOE_COMM_BACKEND = {v['moe_comm_backend']!r}  # standard (all-to-all) | deepep",
+        "",
+        "",
+        "def autopar_plan() -> Trainer.Config:",
+        f'    """{fn} with the parallel layout, batch and recompute of the autopar plan."""',
+        "    cfg = base_config()",
+        "    cfg.parallelism = ParallelismConfig(**PARALLELISM)",
+        "    cfg.training = dataclasses.replace(cfg.training, **TRAINING)",
+        '    cfg.activation_checkpoint = {"none": None, "selective": SelectiveAC.Config(),',
+        '                                 "full": FullAC.Config()}[ACTIVATION_CHECKPOINT]',
+        "    cfg.compile = CompileConfig(**COMPILE)",
+    ]
     if rebuild:
         backend = ", moe_comm_backend=MOE_COMM_BACKEND" if v["moe_comm_backend"] != "standard" else ""
         if v["float8"]:
-            lines += [f"    cfg.model_spec = model_registry({flavor!r}{backend}, converters=[",
-                      '        Float8LinearConverter.Config(filter_fqns=["lm_head"],',
-                      "                                     model_compile_enabled=COMPILE['enable'])])"]
+            lines += [
+                f"    cfg.model_spec = model_registry({flavor!r}{backend}, converters=[",
+                '        Float8LinearConverter.Config(filter_fqns=["lm_head"],',
+                "                                     model_compile_enabled=COMPILE['enable'])])",
+            ]
         else:
             lines += [f"    cfg.model_spec = model_registry({flavor!r}{backend})"]
     lines += ["    return dataclasses.replace(cfg)  # re-runs Trainer.Config's checks", ""]
@@ -280,17 +342,26 @@ def parse_torchtitan_py(text: str) -> dict:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             if node.targets[0].id.isupper():
                 found[node.targets[0].id] = ast.literal_eval(node.value)
-    return {"parallelism": found["PARALLELISM"], "training": found["TRAINING"],
-            "activation_checkpoint": found["ACTIVATION_CHECKPOINT"], "compile": found["COMPILE"],
-            "float8": found["FLOAT8"], "etp": None, "output": "lm_head",
-            "moe_comm_backend": found.get("MOE_COMM_BACKEND", "standard")}
+    return {
+        "parallelism": found["PARALLELISM"],
+        "training": found["TRAINING"],
+        "activation_checkpoint": found["ACTIVATION_CHECKPOINT"],
+        "compile": found["COMPILE"],
+        "float8": found["FLOAT8"],
+        "etp": None,
+        "output": "lm_head",
+        "moe_comm_backend": found.get("MOE_COMM_BACKEND", "standard"),
+    }
 
 
 def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
     """The plan from torchtitan settings (as parse_torchtitan_* return them) and the world size."""
     par, tr = cfg["parallelism"], cfg["training"]
-    tp, pp, cp = par.get("tensor_parallel_degree", 1), par.get("pipeline_parallel_degree", 1), \
-        par.get("context_parallel_degree", 1)
+    tp, pp, cp = (
+        par.get("tensor_parallel_degree", 1),
+        par.get("pipeline_parallel_degree", 1),
+        par.get("context_parallel_degree", 1),
+    )
     rep, shard = par.get("data_parallel_replicate_degree", 1), par.get("data_parallel_shard_degree", -1)
     if shard < 0:
         shard = num_gpus // (rep * cp * tp * pp)
@@ -315,27 +386,49 @@ def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
     etp = cfg["etp"] if cfg["etp"] is not None else (1 if ep > 1 else tp)
     if ep == 1:
         etp = tp
-    return normalize({
-        "num_gpus": num_gpus, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "dp": dp, "ep": ep, "etp": etp,
-        "sequence_parallel": par.get("enable_sequence_parallel", True) if tp > 1 else False, "zero_stage": zero,
-        "micro_batch_size": mbs, "global_batch_size": gbs, "num_microbatches": m, "pp_schedule": schedule,
-        "layout": stages, "recompute": cfg["activation_checkpoint"], "recompute_layers": None,
-        "dtype": "fp8" if cfg["float8"] else ("fp32" if tr.get("mixed_precision_param") == "float32" else "bf16"),
-        "main_grads_fp32": tr.get("mixed_precision_reduce", "float32") == "float32",
-        "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel") or cfg["compile"].get("enable_async_tensor_parallel")),
-        "moe_dispatch": "dropless", "capacity_factor": None,  # torchtitan's MoE is dropless only
-        "moe_dispatcher": "deepep" if cfg["moe_comm_backend"] == "deepep" else "alltoall",
-        "ep_comm_overlap": False,  # no EP all-to-all overlap across microbatches
-    })
+    return normalize(
+        {
+            "num_gpus": num_gpus,
+            "tp": tp,
+            "pp": pp,
+            "vpp": vpp,
+            "cp": cp,
+            "dp": dp,
+            "ep": ep,
+            "etp": etp,
+            "sequence_parallel": par.get("enable_sequence_parallel", True) if tp > 1 else False,
+            "zero_stage": zero,
+            "micro_batch_size": mbs,
+            "global_batch_size": gbs,
+            "num_microbatches": m,
+            "pp_schedule": schedule,
+            "layout": stages,
+            "recompute": cfg["activation_checkpoint"],
+            "recompute_layers": None,
+            "dtype": "fp8" if cfg["float8"] else ("fp32" if tr.get("mixed_precision_param") == "float32" else "bf16"),
+            "main_grads_fp32": tr.get("mixed_precision_reduce", "float32") == "float32",
+            "tp_comm_overlap": bool(
+                par.get("enable_async_tensor_parallel") or cfg["compile"].get("enable_async_tensor_parallel")
+            ),
+            "moe_dispatch": "dropless",
+            "capacity_factor": None,  # torchtitan's MoE is dropless only
+            "moe_dispatcher": "deepep" if cfg["moe_comm_backend"] == "deepep" else "alltoall",
+            "ep_comm_overlap": False,  # no EP all-to-all overlap across microbatches
+        }
+    )
 
 
 class TorchtitanExporter(Exporter):
     name = "torchtitan"
     title = "torchtitan: Python config (>= 0.3, default) or TOML (<= 0.2.2, --torchtitan-version 0.2.2)"
-    example = "autopar export --run reports/run --rank 1 --to torchtitan --zero 3 --torchtitan-version 0.2.2 --out launch/"
-    description = ("autopar_torchtitan.py (a config function: --module autopar_torchtitan --config autopar_plan) or "
-                   "torchtitan.toml (--job.config_file), with [parallelism] degrees, schedule and exact layer split, "
-                   "batch and activation checkpointing; plus launch_torchrun.sh and launch_slurm.sbatch.")
+    example = (
+        "autopar export --run reports/run --rank 1 --to torchtitan --zero 3 --torchtitan-version 0.2.2 --out launch/"
+    )
+    description = (
+        "autopar_torchtitan.py (a config function: --module autopar_torchtitan --config autopar_plan) or "
+        "torchtitan.toml (--job.config_file), with [parallelism] degrees, schedule and exact layer split, "
+        "batch and activation checkpointing; plus launch_torchrun.sh and launch_slurm.sbatch."
+    )
 
     def waived(self, options) -> frozenset[str]:
         """The TOML export checks expert TP itself (_check_toml)."""
@@ -349,21 +442,33 @@ class TorchtitanExporter(Exporter):
         if ctx.plan.dtype == "fp8":
             notes.append("FP8 uses the float8 converter: install torchao")
         if ctx.plan.recompute == "selective":
-            notes.append("torchtitan's selective AC is per-op (it saves matmul outputs); autopar priced Megatron's "
-                         "selective (core-attention) recompute")
+            notes.append(
+                "torchtitan's selective AC is per-op (it saves matmul outputs); autopar priced Megatron's "
+                "selective (core-attention) recompute"
+            )
         if toml:
             cfg = ExportFile(TOML_FILE, _toml(ctx))
             entry = Entry(program="-m torchtitan.train", args='--job.config_file "$HERE/torchtitan.toml"')
         else:
             cfg = ExportFile(PY_FILE, _py(ctx))
-            entry = Entry(program="-m torchtitan.train", args="--module autopar_torchtitan --config autopar_plan",
-                          setup=('export PYTHONPATH="$HERE:${PYTHONPATH:-}"',))
-        return ExportBundle(format=self.name, files=(cfg, *launch_files(ctx, entry)),
-                            run=run_hint(ctx),
-                            notes=tuple(notes), meta={"toml": toml})
+            entry = Entry(
+                program="-m torchtitan.train",
+                args="--module autopar_torchtitan --config autopar_plan",
+                setup=('export PYTHONPATH="$HERE:${PYTHONPATH:-}"',),
+            )
+        return ExportBundle(
+            format=self.name,
+            files=(cfg, *launch_files(ctx, entry)),
+            run=run_hint(ctx),
+            notes=tuple(notes),
+            meta={"toml": toml},
+        )
 
     def parse(self, bundle: ExportBundle) -> dict:
         names = {f.name for f in bundle.files}
-        cfg = parse_torchtitan_toml(bundle.text(TOML_FILE)) if TOML_FILE in names else \
-            parse_torchtitan_py(bundle.text(PY_FILE))
+        cfg = (
+            parse_torchtitan_toml(bundle.text(TOML_FILE))
+            if TOML_FILE in names
+            else parse_torchtitan_py(bundle.text(PY_FILE))
+        )
         return view_from_torchtitan(cfg, parse_world(bundle))

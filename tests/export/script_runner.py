@@ -19,15 +19,22 @@ import sys
 from pathlib import Path
 
 RECORD = '#!/bin/bash\nprintf \'%s\\0\' "$@" > "$STUB_LOG/{name}.$$.$RANDOM$RANDOM"\n'
-SRUN = RECORD.format(name="srun") + '''while [ $# -gt 0 ]; do
+SRUN = (
+    RECORD.format(name="srun")
+    + """while [ $# -gt 0 ]; do
   case "$1" in -w|--nodelist|-N|-n) shift 2;; -*) shift;; *) break;; esac
 done
 exec "$@"
-'''
-STUBS = {"torchrun": RECORD.format(name="torchrun"), "python": RECORD.format(name="python"),
-         "sbatch": RECORD.format(name="sbatch"), "srun": SRUN,
-         "scontrol": RECORD.format(name="scontrol") + "echo localhost\n",
-         "hostname": RECORD.format(name="hostname") + "echo 127.0.0.1\n"}
+"""
+)
+STUBS = {
+    "torchrun": RECORD.format(name="torchrun"),
+    "python": RECORD.format(name="python"),
+    "sbatch": RECORD.format(name="sbatch"),
+    "srun": SRUN,
+    "scontrol": RECORD.format(name="scontrol") + "echo localhost\n",
+    "hostname": RECORD.format(name="hostname") + "echo 127.0.0.1\n",
+}
 
 PY_RUNNER = '''
 import importlib.abc, importlib.machinery, runpy, sys, types
@@ -72,8 +79,16 @@ class Stubs:
 
     def env(self, **extra: str) -> dict:
         """The environment a launch sees: the stubs first on PATH, the trainer paths set."""
-        return dict(os.environ, PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", STUB_LOG=str(self.log),
-                    DATA_PATH="/data/prefix", TOKENIZER="tok", NODE_RANK="0", MASTER_ADDR="localhost", **extra)
+        return dict(
+            os.environ,
+            PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}",
+            STUB_LOG=str(self.log),
+            DATA_PATH="/data/prefix",
+            TOKENIZER="tok",
+            NODE_RANK="0",
+            MASTER_ADDR="localhost",
+            **extra,
+        )
 
     def calls(self, name: str) -> list[list[str]]:
         """argv of every recorded call of one stub."""
@@ -132,14 +147,19 @@ def sbatch_options(script: str) -> list[str]:
         if line.strip() and not line.startswith("#"):
             break
         if line.startswith("#SBATCH"):
-            words = _sbatch_words(line[len("#SBATCH"):])
-            assert words == shlex.split(line[len("#SBATCH"):], comments=True), line
+            words = _sbatch_words(line[len("#SBATCH") :])
+            assert words == shlex.split(line[len("#SBATCH") :], comments=True), line
             out += words
     return out
 
 
-SLURM_ENV = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "localhost", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
-             "SLURM_NTASKS": "1"}
+SLURM_ENV = {
+    "SLURM_JOB_ID": "1",
+    "SLURM_JOB_NODELIST": "localhost",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NTASKS": "1",
+}
 
 
 def fake_sbatch(script: Path, stubs: Stubs) -> tuple[list[str], subprocess.CompletedProcess]:
@@ -154,12 +174,18 @@ def run_scripts(scripts: list[Path], stubs: Stubs) -> subprocess.CompletedProces
     launch. Stops at the first failure and names it on stderr."""
     lines = ["set -u"]
     for f in scripts:
-        env = " ".join(f"{k}={v}" for k, v in SLURM_ENV.items()) + f" SLURM_SUBMIT_DIR={shlex.quote(str(f.parent))}" \
-            if f.suffix == ".sbatch" else ""
-        lines.append(f"( cd {shlex.quote(str(f.parent))} && {env} bash -- {shlex.quote(f.name)} ) "
-                     f"|| {{ echo {shlex.quote(f'FAILED: {f}')} >&2; exit 1; }}")
-    return subprocess.run(["bash", "-c", "\n".join(lines)], env=stubs.env(), capture_output=True, text=True,
-                          timeout=120)
+        env = (
+            " ".join(f"{k}={v}" for k, v in SLURM_ENV.items()) + f" SLURM_SUBMIT_DIR={shlex.quote(str(f.parent))}"
+            if f.suffix == ".sbatch"
+            else ""
+        )
+        lines.append(
+            f"( cd {shlex.quote(str(f.parent))} && {env} bash -- {shlex.quote(f.name)} ) "
+            f"|| {{ echo {shlex.quote(f'FAILED: {f}')} >&2; exit 1; }}"
+        )
+    return subprocess.run(
+        ["bash", "-c", "\n".join(lines)], env=stubs.env(), capture_output=True, text=True, timeout=120
+    )
 
 
 def check_python_shape(path: Path) -> None:
@@ -167,13 +193,16 @@ def check_python_shape(path: Path) -> None:
     `if __name__ == "__main__":` guard at module level: nothing a value could have injected."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     for node in tree.body:
-        ok = isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign, ast.FunctionDef)) or (
-            isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and node is tree.body[0]) or (
-            isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'")
+        ok = (
+            isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign, ast.FunctionDef))
+            or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and node is tree.body[0])
+            or (isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'")
+        )
         assert ok, f"{path.name}:{node.lineno}: unexpected {ast.unparse(node)[:80]!r}"
 
 
 def run_python(paths: list[Path], cwd: Path) -> subprocess.CompletedProcess:
     """Execute Python files (module level, not their __main__ block) with stub trainer packages."""
-    return subprocess.run([sys.executable, "-c", PY_RUNNER, *map(str, paths)], cwd=cwd, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", PY_RUNNER, *map(str, paths)], cwd=cwd, capture_output=True, text=True, timeout=60
+    )

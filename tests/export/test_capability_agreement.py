@@ -33,10 +33,21 @@ CLUSTER = resolve_cluster("h100-sxm")
 SEQ = 4096
 PER_CLASS = 40  # sampled plans per (trainer, model, class): valid / refused by T's capability lines only
 
-KNOBS = dict(tp=[1, 2], pp=[1, 2, 4], vpp=[1, 2], cp=[1, 2], zero=[0, 1, 2, 3], sp=[False, True], mbs=[1],
-             pp_schedule=["gpipe", "1f1b", "zero-bubble"], recompute=["none", "selective", "full"],
-             recompute_layers=[0, 1, 2], dtype=["bf16", "fp8", "fp32"], tp_comm_overlap=[False, True],
-             pp_layout=["auto", "embedding+loss"])
+KNOBS = dict(
+    tp=[1, 2],
+    pp=[1, 2, 4],
+    vpp=[1, 2],
+    cp=[1, 2],
+    zero=[0, 1, 2, 3],
+    sp=[False, True],
+    mbs=[1],
+    pp_schedule=["gpipe", "1f1b", "zero-bubble"],
+    recompute=["none", "selective", "full"],
+    recompute_layers=[0, 1, 2],
+    dtype=["bf16", "fp8", "fp32"],
+    tp_comm_overlap=[False, True],
+    pp_layout=["auto", "embedding+loss"],
+)
 MOE_KNOBS = dict(ep=[1, 8], etp=["tp", 1])
 #: model -> GPUs. llama3-8b: dense GQA; qwen3-30b-a3b: MoE with QK-norm; deepseek-v3: MoE with MLA and
 #: 61 layers (uneven stages); llama2-13b: dense without a NeMo 2 / Megatron-Bridge recipe.
@@ -59,8 +70,9 @@ def space(model_name: str):
     product to keep it small)."""
     model = resolve_model(model_name)
     knobs = KNOBS | (MOE_KNOBS if model.moe is not None else {})
-    q = Question(model=model, num_gpus=MODELS[model_name], cluster=CLUSTER, seq_len=SEQ, global_batch_size=64,
-                 trainers=TRAINERS)
+    q = Question(
+        model=model, num_gpus=MODELS[model_name], cluster=CLUSTER, seq_len=SEQ, global_batch_size=64, trainers=TRAINERS
+    )
     table = enumerate_plans(SearchSpace("agreement", "", knobs, {}), q)
     rng = np.random.default_rng(7)
     # bf16 main gradients only with bf16 / fp8 training: fp32 training has fp32 gradients in every
@@ -71,8 +83,9 @@ def space(model_name: str):
         table.columns["moe_dispatch"] = np.where(capacity, DISPATCH["capacity"], DISPATCH["dropless"])
         table.columns["capacity_factor"] = np.where(capacity, 1.25, 1.0)
         ep = table.ep > 1
-        table.columns["moe_dispatcher"] = np.where(ep & (rng.random(len(table)) < 0.5), DISPATCHER["deepep"],
-                                                   DISPATCHER["alltoall"])
+        table.columns["moe_dispatcher"] = np.where(
+            ep & (rng.random(len(table)) < 0.5), DISPATCHER["deepep"], DISPATCHER["alltoall"]
+        )
         table.columns["ep_comm_overlap"] = ep & (rng.random(len(table)) < 0.3)
     return model, table, check_rules(table, model, num_gpus=q.num_gpus, cluster=CLUSTER, seq_len=SEQ)
 
@@ -89,8 +102,7 @@ def sample(trainer: str, model_name: str) -> tuple[list[int], list[int]]:
         else:
             other |= mask
     rng = np.random.default_rng(zlib.crc32(f"{trainer} {model_name}".encode()))
-    pick = [rng.permutation(np.flatnonzero(mine & cls))[:PER_CLASS].tolist()
-            for cls in (~own & ~other, own & ~other)]
+    pick = [rng.permutation(np.flatnonzero(mine & cls))[:PER_CLASS].tolist() for cls in (~own & ~other, own & ~other)]
     return pick[0], pick[1]
 
 
@@ -137,23 +149,69 @@ def test_the_sample_is_broad() -> None:
             seen.setdefault(trainer, set()).update(broken)
             plans = [table.plan(i) for i in valid_rows]
             seen.setdefault("valid", set()).update(
-                {p.pp_schedule for p in plans if p.pp > 1} | {f"zero{p.zero_stage}" for p in plans}
-                | {p.dtype for p in plans} | {p.recompute for p in plans} | {p.moe_dispatch for p in plans}
-                | {"vpp" for p in plans if p.vpp > 1} | {"cp" for p in plans if p.cp > 1}
+                {p.pp_schedule for p in plans if p.pp > 1}
+                | {f"zero{p.zero_stage}" for p in plans}
+                | {p.dtype for p in plans}
+                | {p.recompute for p in plans}
+                | {p.moe_dispatch for p in plans}
+                | {"vpp" for p in plans if p.vpp > 1}
+                | {"cp" for p in plans if p.cp > 1}
                 | {"overlap" for p in plans if p.tp_comm_overlap and p.tp > 1}
                 | {"no-sp" for p in plans if p.tp > 1 and not p.sequence_parallel}
-                | {"partial" for p in plans if p.recompute_layers} | {"ep" for p in plans if p.ep > 1}
-                | {"uneven" for p in plans if p.layout is not None} | {"bf16-grads" for p in plans if not p.main_grads_fp32}
-                | {p.moe_dispatcher for p in plans} | {"ep-overlap" for p in plans if p.ep_comm_overlap})
-    assert {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "zero0", "zero1", "zero2", "zero3", "bf16", "fp8",
-            "fp32", "none", "selective", "full", "dropless", "capacity", "vpp", "cp", "overlap", "no-sp", "partial",
-            "ep", "uneven", "bf16-grads", "alltoall", "deepep", "ep-overlap"} <= seen["valid"]
+                | {"partial" for p in plans if p.recompute_layers}
+                | {"ep" for p in plans if p.ep > 1}
+                | {"uneven" for p in plans if p.layout is not None}
+                | {"bf16-grads" for p in plans if not p.main_grads_fp32}
+                | {p.moe_dispatcher for p in plans}
+                | {"ep-overlap" for p in plans if p.ep_comm_overlap}
+            )
+    assert {
+        "gpipe",
+        "1f1b",
+        "interleaved-1f1b",
+        "zero-bubble",
+        "zero0",
+        "zero1",
+        "zero2",
+        "zero3",
+        "bf16",
+        "fp8",
+        "fp32",
+        "none",
+        "selective",
+        "full",
+        "dropless",
+        "capacity",
+        "vpp",
+        "cp",
+        "overlap",
+        "no-sp",
+        "partial",
+        "ep",
+        "uneven",
+        "bf16-grads",
+        "alltoall",
+        "deepep",
+        "ep-overlap",
+    } <= seen["valid"]
     assert {"megatron:pp_schedules", "megatron:partial_recompute", "megatron:tp_comm_overlap"} <= seen["megatron"]
     assert {"nemo:fp32", "nemo:recipes", "bridge:fp32", "bridge:recipes"} <= seen["nemo"] | seen["bridge"]
-    assert {"torchtitan:zero_stages", "torchtitan:moe_dispatch", "torchtitan:etp", "torchtitan:bf16_main_grads",
-            "torchtitan:partial_recompute", "torchtitan:ep_comm_overlap"} <= seen["torchtitan"]
-    assert {"deepspeed:cp", "deepspeed:moe", "deepspeed:zero_stages_with_pp", "deepspeed:uneven_stages",
-            "deepspeed:fp8", "deepspeed:attention_variants"} <= seen["deepspeed"]
+    assert {
+        "torchtitan:zero_stages",
+        "torchtitan:moe_dispatch",
+        "torchtitan:etp",
+        "torchtitan:bf16_main_grads",
+        "torchtitan:partial_recompute",
+        "torchtitan:ep_comm_overlap",
+    } <= seen["torchtitan"]
+    assert {
+        "deepspeed:cp",
+        "deepspeed:moe",
+        "deepspeed:zero_stages_with_pp",
+        "deepspeed:uneven_stages",
+        "deepspeed:fp8",
+        "deepspeed:attention_variants",
+    } <= seen["deepspeed"]
 
 
 def test_torchtitan_needs_a_base_config_for_models_without_one() -> None:
@@ -192,8 +250,11 @@ def test_launchers_refuse_with_the_wrapped_trainers_line() -> None:
 
     model, table, rules = space("qwen3-30b-a3b")
     _, refused_rows = sample("deepspeed", "qwen3-30b-a3b")
-    row = next(i for i in refused_rows if broken_rules(table.plan(i).with_(trainer="megatron"), model, CLUSTER,
-                                                         num_gpus=32, seq_len=SEQ).ok)
+    row = next(
+        i
+        for i in refused_rows
+        if broken_rules(table.plan(i).with_(trainer="megatron"), model, CLUSTER, num_gpus=32, seq_len=SEQ).ok
+    )
     plan = table.plan(row)
     sentences = rules.reasons(int(row))
     for launcher in ("torchrun", "slurm"):
@@ -209,8 +270,7 @@ def test_a_table_of_one_plan_gives_the_same_rules() -> None:
     model, table, rules = space("deepseek-v3")
     rows = np.random.default_rng(3).choice(len(table), 50, replace=False)
     for i in rows:
-        one = check_rules(PlanTable.from_plans([table.plan(int(i))]), model, num_gpus=64, cluster=CLUSTER,
-                          seq_len=SEQ)
+        one = check_rules(PlanTable.from_plans([table.plan(int(i))]), model, num_gpus=64, cluster=CLUSTER, seq_len=SEQ)
         assert {n for n, m in one.masks.items() if m[0]} == {n for n, m in rules.masks.items() if m[i]}
 
 

@@ -18,8 +18,11 @@ from autopar.export.capabilities import broken_rules
 from autopar.export.source import load_run_plan
 from autopar.spec.trainers import TRAINERS, get_trainer
 
-SEARCHES = [("70b", 256, t) for t in TRAINERS] + [("deepseek-v3", 1024, "megatron"),
-                                                   ("qwen3-30b-a3b", 64, "torchtitan"), ("405b", 2048, "nemo")]
+SEARCHES = [("70b", 256, t) for t in TRAINERS] + [
+    ("deepseek-v3", 1024, "megatron"),
+    ("qwen3-30b-a3b", 64, "torchtitan"),
+    ("405b", 2048, "nemo"),
+]
 
 
 def cli(argv, capsys) -> tuple[int, str, str]:
@@ -50,8 +53,9 @@ def test_search_for_a_trainer_then_export_ranks_1_to_3(model, gpus, trainer, tmp
     assert len(top) >= 3 and all(e["trainer"] == trainer for e in top)
     for rank in (1, 2, 3):
         out = tmp_path / f"export{rank}"
-        code, stdout, err = cli(["export", "--run", str(tmp_path / "run"), "--rank", str(rank), "--to", trainer,
-                                 "--out", str(out)], capsys)
+        code, stdout, err = cli(
+            ["export", "--run", str(tmp_path / "run"), "--rank", str(rank), "--to", trainer, "--out", str(out)], capsys
+        )
         assert code == 0, err
         entry = load_run_plan(tmp_path / "run", rank)
         assert entry.plan.trainer == trainer
@@ -69,16 +73,29 @@ def all_trainers_run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
-def test_without_trainer_export_re_targets_or_refuses_with_the_table(trainer, all_trainers_run, tmp_path,
-                                                                     capsys) -> None:
+def test_without_trainer_export_re_targets_or_refuses_with_the_table(
+    trainer, all_trainers_run, tmp_path, capsys
+) -> None:
     exported = refused = 0
     for rank in (1, 2, 3):
         entry = load_run_plan(all_trainers_run, rank)
         target = entry.plan.with_(trainer=trainer)
         broken = broken_rules(target, entry.model, entry.cluster, num_gpus=entry.num_gpus, seq_len=entry.seq_len)
         assert not broken.other  # a ranked plan is valid; only the trainer's lines can stand in the way
-        code, _, err = cli(["export", "--run", str(all_trainers_run), "--rank", str(rank), "--to", trainer,
-                            "--out", str(tmp_path / str(rank))], capsys)
+        code, _, err = cli(
+            [
+                "export",
+                "--run",
+                str(all_trainers_run),
+                "--rank",
+                str(rank),
+                "--to",
+                trainer,
+                "--out",
+                str(tmp_path / str(rank)),
+            ],
+            capsys,
+        )
         top = json.loads((all_trainers_run / "top.json").read_text())["top"][rank - 1]
         if broken.ok:
             assert code == 0, err
@@ -106,8 +123,22 @@ def test_a_search_that_finds_nothing_for_a_trainer(tmp_path, capsys) -> None:
     """DeepSpeed runs no MoE: nothing to rank, the search says why (exit 0), export says there is
     nothing to export and what to change (exit 2)."""
     run = tmp_path / "run"
-    code, out, err = cli(["search", "--model", "deepseek-v3", "--gpus", "64", "--space", "default", "--trainer",
-                          "deepspeed", "--run-dir", str(run)], capsys)
+    code, out, err = cli(
+        [
+            "search",
+            "--model",
+            "deepseek-v3",
+            "--gpus",
+            "64",
+            "--space",
+            "default",
+            "--trainer",
+            "deepspeed",
+            "--run-dir",
+            str(run),
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "No plan is valid" in out and "deepspeed:moe" in out
     top = json.loads((run / "top.json").read_text())
@@ -117,16 +148,28 @@ def test_a_search_that_finds_nothing_for_a_trainer(tmp_path, capsys) -> None:
     assert "ranks no plan" in err and "on deepspeed" in err and "another --trainer" in err
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["search", "--model", "70b", "--gpus", "256", "--trainer", "dpeespeed"], ["did you mean 'deepspeed'"]),
-    (["estimate", "--model", "70b", "--gpus", "256", "--trainer", "dpeespeed"], ["--trainer", "did you mean 'deepspeed'"]),
-    (["export", "--model", "70b", "--gpus", "256", "--to", "torchrun", "--trainer", "dpeespeed"],
-     ["--trainer", "did you mean 'deepspeed'"]),
-    (["estimate", "--model", "70b", "--gpus", "256", "--trainer", "deepspeed", "--cp", "2"],
-     ["DeepSpeed cannot run context parallelism", "use --cp 1"]),
-    (["export", "--model", "70b", "--gpus", "256", "--cp", "2", "--to", "deepspeed"],
-     ["deepspeed cannot run this plan: DeepSpeed cannot run context parallelism", "use --cp 1"]),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["search", "--model", "70b", "--gpus", "256", "--trainer", "dpeespeed"], ["did you mean 'deepspeed'"]),
+        (
+            ["estimate", "--model", "70b", "--gpus", "256", "--trainer", "dpeespeed"],
+            ["--trainer", "did you mean 'deepspeed'"],
+        ),
+        (
+            ["export", "--model", "70b", "--gpus", "256", "--to", "torchrun", "--trainer", "dpeespeed"],
+            ["--trainer", "did you mean 'deepspeed'"],
+        ),
+        (
+            ["estimate", "--model", "70b", "--gpus", "256", "--trainer", "deepspeed", "--cp", "2"],
+            ["DeepSpeed cannot run context parallelism", "use --cp 1"],
+        ),
+        (
+            ["export", "--model", "70b", "--gpus", "256", "--cp", "2", "--to", "deepspeed"],
+            ["deepspeed cannot run this plan: DeepSpeed cannot run context parallelism", "use --cp 1"],
+        ),
+    ],
+)
 def test_trainer_bad_input_is_one_line_exit_2(argv, words, tmp_path, capsys) -> None:
     code, out, err = cli(argv + (["--out", str(tmp_path / "out")] if argv[0] == "export" else []), capsys)
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("autopar: error: "), err

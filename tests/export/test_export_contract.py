@@ -76,8 +76,11 @@ def test_round_trip_or_refusal(case, variant) -> None:
     assert _render(case, variant) == bundle
 
 
-@pytest.mark.parametrize("case,variant", [(c, v) for c, v in PAIRS if v[0] not in c.refuse][:40],
-                         ids=[f"{c.id}-{v[0]}" for c, v in PAIRS if v[0] not in c.refuse][:40])
+@pytest.mark.parametrize(
+    "case,variant",
+    [(c, v) for c, v in PAIRS if v[0] not in c.refuse][:40],
+    ids=[f"{c.id}-{v[0]}" for c, v in PAIRS if v[0] not in c.refuse][:40],
+)
 def test_every_file_has_the_header(case, variant) -> None:
     bundle = _render(case, variant)
     for f in bundle.files:
@@ -88,13 +91,24 @@ def test_every_file_has_the_header(case, variant) -> None:
             assert {"predicted_peak_memory_gib", "predicted_step_time_s", "predicted_mfu", "command"} <= set(header)
             continue
         head = "\n".join(text.splitlines()[:25])
-        for word in ("autopar export:", "model:", "cluster:", "predicted:", "GiB peak memory", "step", "MFU",
-                     "produced by: autopar"):
+        for word in (
+            "autopar export:",
+            "model:",
+            "cluster:",
+            "predicted:",
+            "GiB peak memory",
+            "step",
+            "MFU",
+            "produced by: autopar",
+        ):
             assert word in head, (f.name, word)
 
 
-SCRIPTS = [(c, v) for c, v in PAIRS if v[0] not in c.refuse and c.id in ("tp-pp-1f1b", "cp-long-context",
-                                                                          "moe-etp1", "uneven-layout-string")]
+SCRIPTS = [
+    (c, v)
+    for c, v in PAIRS
+    if v[0] not in c.refuse and c.id in ("tp-pp-1f1b", "cp-long-context", "moe-etp1", "uneven-layout-string")
+]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
@@ -172,5 +186,6 @@ def test_models_without_a_trainer_preset_need_a_base() -> None:
     opts = ExportOptions(torchtitan_base="torchtitan.models.llama3.config_registry:llama3_8b", recipe="llama3_8b")
     b = get_exporter("torchtitan").render(plan, spec, CLUSTER, opts)
     assert "from torchtitan.models.llama3.config_registry import llama3_8b as base_config" in b.text(
-        "autopar_torchtitan.py")
+        "autopar_torchtitan.py"
+    )
     assert get_exporter("nemo").parse(get_exporter("nemo").render(plan, spec, CLUSTER, opts)) == plan_view(plan, spec)

@@ -37,11 +37,15 @@ from autopar.export import get_exporter
 from autopar.export.base import read_bash_array
 from autopar.export.megatron import megatron_vpp, parse_megatron_args
 
-pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"),
-              pytest.mark.slow]  # the trainers' own packages load: about 15 s for the module
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"),
+    pytest.mark.slow,
+]  # the trainers' own packages load: about 15 s for the module
 REFS = Path(sys.prefix) / "trainer-refs"
-REFS_INSTALL = ("python -m pip install --no-deps --target <venv>/trainer-refs torchtitan==0.2.2 "
-                "megatron-bridge==0.3.1 nemo-toolkit==2.7.3   (the Makefile's setup step does this)")
+REFS_INSTALL = (
+    "python -m pip install --no-deps --target <venv>/trainer-refs torchtitan==0.2.2 "
+    "megatron-bridge==0.3.1 nemo-toolkit==2.7.3   (the Makefile's setup step does this)"
+)
 
 
 def accepted(variant: str) -> list:
@@ -129,12 +133,31 @@ def test_deepspeed_pipeline_engine_still_rejects_zero2_and_3() -> None:
 #: Megatron-DeepSpeed flags (megatron/arguments.py, not on PyPI): reference B.4 and the Megatron-LM
 #: flags of B.1 it inherits; the last set is from its examples_deepspeed/pretrain_llama2_distributed.sh.
 MDS_FLAGS = {
-    "--deepspeed", "--deepspeed_config", "--zero-stage", "--no-pipeline-parallel", "--tensor-model-parallel-size",
-    "--pipeline-model-parallel-size", "--sequence-parallel", "--deepspeed-activation-checkpointing",
-    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--num-layers", "--hidden-size",
-    "--ffn-hidden-size", "--num-attention-heads", "--kv-channels", "--seq-length", "--max-position-embeddings",
-    "--swiglu", "--normalization", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-    "--micro-batch-size", "--global-batch-size", "--bf16",
+    "--deepspeed",
+    "--deepspeed_config",
+    "--zero-stage",
+    "--no-pipeline-parallel",
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--sequence-parallel",
+    "--deepspeed-activation-checkpointing",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--recompute-num-layers",
+    "--num-layers",
+    "--hidden-size",
+    "--ffn-hidden-size",
+    "--num-attention-heads",
+    "--kv-channels",
+    "--seq-length",
+    "--max-position-embeddings",
+    "--swiglu",
+    "--normalization",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--bf16",
 } | {"--num-key-value-heads", "--use-rotary-position-embeddings", "--attention-dropout", "--hidden-dropout"}
 
 
@@ -148,6 +171,7 @@ def test_megatron_deepspeed_flags_are_known(case) -> None:
 
 # ---- Megatron-Core (Megatron-LM, NeMo 2, Megatron-Bridge) -----------------------------------------
 
+
 def _core():
     import torch
     from megatron.core.distributed import DistributedDataParallelConfig
@@ -158,13 +182,24 @@ def _core():
 
 
 def _shape_kwargs(model) -> dict:
-    kw = dict(num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
-              num_attention_heads=model.num_attention_heads, kv_channels=model.head_dim,
-              num_query_groups=model.num_kv_heads, gated_linear_unit=model.gated_mlp,
-              add_bias_linear=model.linear_bias, normalization="RMSNorm" if model.norm == "rmsnorm" else "LayerNorm")
+    kw = dict(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        kv_channels=model.head_dim,
+        num_query_groups=model.num_kv_heads,
+        gated_linear_unit=model.gated_mlp,
+        add_bias_linear=model.linear_bias,
+        normalization="RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
+    )
     if model.moe is not None:
-        kw.update(num_moe_experts=model.moe.num_experts, moe_router_topk=model.moe.top_k,
-                  moe_ffn_hidden_size=model.moe.expert_ffn_hidden_size, moe_token_dispatcher_type="alltoall")
+        kw.update(
+            num_moe_experts=model.moe.num_experts,
+            moe_router_topk=model.moe.top_k,
+            moe_ffn_hidden_size=model.moe.expert_ffn_hidden_size,
+            moe_token_dispatcher_type="alltoall",
+        )
     return kw
 
 
@@ -217,17 +252,24 @@ def _megatron_core_fields(ns) -> dict:
         "tensor_model_parallel_size": ns.tensor_model_parallel_size,
         "pipeline_model_parallel_size": ns.pipeline_model_parallel_size,
         "virtual_pipeline_model_parallel_size": vpp if vpp > 1 and not ns.pipeline_model_parallel_layout else None,
-        "context_parallel_size": ns.context_parallel_size, "sequence_parallel": ns.sequence_parallel,
+        "context_parallel_size": ns.context_parallel_size,
+        "sequence_parallel": ns.sequence_parallel,
         "expert_model_parallel_size": ns.expert_model_parallel_size or 1,
         "expert_tensor_parallel_size": ns.expert_tensor_parallel_size,
         "num_layers_in_first_pipeline_stage": ns.decoder_first_pipeline_num_layers,
         "num_layers_in_last_pipeline_stage": ns.decoder_last_pipeline_num_layers,
         "pipeline_model_parallel_layout": ns.pipeline_model_parallel_layout,
-        "recompute_granularity": ns.recompute_granularity, "recompute_method": ns.recompute_method,
-        "recompute_num_layers": ns.recompute_num_layers, "tp_comm_overlap": ns.tp_comm_overlap,
-        "bf16": ns.bf16, "fp8": ns.fp8_format, "hidden_dropout": ns.hidden_dropout,
-        "attention_dropout": ns.attention_dropout, "moe_grouped_gemm": ns.moe_grouped_gemm,
-        "moe_expert_capacity_factor": ns.moe_expert_capacity_factor, "moe_token_drop_policy": ns.moe_token_drop_policy,
+        "recompute_granularity": ns.recompute_granularity,
+        "recompute_method": ns.recompute_method,
+        "recompute_num_layers": ns.recompute_num_layers,
+        "tp_comm_overlap": ns.tp_comm_overlap,
+        "bf16": ns.bf16,
+        "fp8": ns.fp8_format,
+        "hidden_dropout": ns.hidden_dropout,
+        "attention_dropout": ns.attention_dropout,
+        "moe_grouped_gemm": ns.moe_grouped_gemm,
+        "moe_expert_capacity_factor": ns.moe_expert_capacity_factor,
+        "moe_token_drop_policy": ns.moe_token_drop_policy,
         "moe_pad_expert_input_to_capacity": ns.moe_pad_expert_input_to_capacity or None,
         "moe_token_dispatcher_type": ns.moe_token_dispatcher_type,
         "moe_flex_dispatcher_backend": ns.moe_flex_dispatcher_backend,
@@ -243,24 +285,52 @@ def test_megatron_flags_build_a_megatron_core_config(case) -> None:
     _check_core_config(case, _megatron_core_fields(ns))
     _, _, _, DDP, _ = _core()
     z = case.plan.zero_stage
-    ddp = DDP(use_distributed_optimizer=ns.use_distributed_optimizer, overlap_grad_reduce=ns.overlap_grad_reduce,
-              overlap_param_gather=ns.overlap_param_gather, use_megatron_fsdp=ns.use_megatron_fsdp,
-              data_parallel_sharding_strategy=ns.data_parallel_sharding_strategy or "no_shard",
-              grad_reduce_in_fp32=not ns.grad_reduce_in_bf16)
+    ddp = DDP(
+        use_distributed_optimizer=ns.use_distributed_optimizer,
+        overlap_grad_reduce=ns.overlap_grad_reduce,
+        overlap_param_gather=ns.overlap_param_gather,
+        use_megatron_fsdp=ns.use_megatron_fsdp,
+        data_parallel_sharding_strategy=ns.data_parallel_sharding_strategy or "no_shard",
+        grad_reduce_in_fp32=not ns.grad_reduce_in_bf16,
+    )
     assert ddp.use_distributed_optimizer == (z >= 1) and ddp.use_megatron_fsdp == (z >= 2)
 
 
 #: flags of reference B.1 that are not Megatron-Core dataclass fields (training-loop arguments)
 MEGATRON_B1_FLAGS = {
-    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
-    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
-    "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--micro-batch-size",
-    "--global-batch-size", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
-    "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--group-query-attention", "--seq-length",
-    "--max-position-embeddings", "--swiglu", "--position-embedding-type", "--untie-embeddings-and-output-weights",
-    "--disable-bias-linear", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
-    "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-token-dispatcher-type", "--moe-grouped-gemm",
-    "--bf16", "--fp8-format", "--tp-comm-overlap", "--sequence-parallel",
+    "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers",
+    "--pipeline-model-parallel-layout",
+    "--use-distributed-optimizer",
+    "--overlap-grad-reduce",
+    "--overlap-param-gather",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--recompute-num-layers",
+    "--use-megatron-fsdp",
+    "--data-parallel-sharding-strategy",
+    "--group-query-attention",
+    "--seq-length",
+    "--max-position-embeddings",
+    "--swiglu",
+    "--position-embedding-type",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--num-experts",
+    "--moe-router-topk",
+    "--moe-ffn-hidden-size",
+    "--moe-shared-expert-intermediate-size",
+    "--moe-layer-freq",
+    "--moe-token-dispatcher-type",
+    "--moe-grouped-gemm",
+    "--bf16",
+    "--fp8-format",
+    "--tp-comm-overlap",
+    "--sequence-parallel",
 }
 #: not in the reference and not a dataclass field: Megatron-LM arguments.py, from memory
 MEGATRON_OTHER_FLAGS = {"--grad-reduce-in-bf16"}
@@ -297,8 +367,9 @@ def test_bridge_overrides_build_megatron_core_configs(case) -> None:
 
 
 def test_bridge_override_paths_exist_in_the_installed_release() -> None:
-    from autopar.export.bridge import BRIDGE_RECIPES, MIXED, parse_bridge_overrides
     from megatron.core.optimizer import OptimizerConfig
+
+    from autopar.export.bridge import BRIDGE_RECIPES, MIXED, parse_bridge_overrides
 
     config = refs_file("megatron/bridge/training/config.py")
     provider = refs_file("megatron/bridge/models/gpt_provider.py")
@@ -317,8 +388,11 @@ def test_bridge_override_paths_exist_in_the_installed_release() -> None:
                 assert name in train, k
             if group == "optimizer":
                 assert name in optimizer_fields, k
-    registered = {n.name for n in ast.parse(refs_file("megatron/bridge/training/mixed_precision.py").read_text()).body
-                  if isinstance(n, ast.FunctionDef) and any(getattr(d, "id", None) == "register" for d in n.decorator_list)}
+    registered = {
+        n.name
+        for n in ast.parse(refs_file("megatron/bridge/training/mixed_precision.py").read_text()).body
+        if isinstance(n, ast.FunctionDef) and any(getattr(d, "id", None) == "register" for d in n.decorator_list)
+    }
     assert set(MIXED.values()) <= registered
     recipes = set()
     for path in (REFS / "megatron/bridge/recipes").rglob("*.py"):
@@ -335,8 +409,11 @@ def test_nemo_overrides_build_megatron_core_configs(case) -> None:
 
     _, _, _, DDP, _ = _core()
     ov, _ = parse_nemo_script(render(case, "nemo").text("nemo_pretrain.py"))
-    strategy = {k.removeprefix("trainer.strategy."): v for k, v in ov.items()
-                if k.startswith("trainer.strategy.") and k.count(".") == 2 and k != "trainer.strategy.fsdp"}
+    strategy = {
+        k.removeprefix("trainer.strategy."): v
+        for k, v in ov.items()
+        if k.startswith("trainer.strategy.") and k.count(".") == 2 and k != "trainer.strategy.fsdp"
+    }
     model = {k.removeprefix("model.config."): v for k, v in ov.items() if k.startswith("model.config.")}
     assert model.pop("num_layers") == case.spec.num_layers and model.pop("seq_length") == case.seq
     _check_core_config(case, strategy | model)
@@ -344,8 +421,9 @@ def test_nemo_overrides_build_megatron_core_configs(case) -> None:
 
 
 def test_nemo_override_paths_exist_in_the_installed_release() -> None:
-    from autopar.export.nemo import NEMO_RECIPES, parse_nemo_script
     from megatron.core.optimizer import OptimizerConfig
+
+    from autopar.export.nemo import NEMO_RECIPES, parse_nemo_script
 
     strategy = ast_init_params(refs_file("nemo/lightning/pytorch/strategies/megatron_strategy.py"), "MegatronStrategy")
     plugins = ast_init_params(refs_file("nemo/lightning/pytorch/plugins/mixed_precision.py"), "MegatronMixedPrecision")
@@ -384,8 +462,13 @@ def test_megatron_layout_strings_parse_with_megatron_core() -> None:
 
     from autopar.export.layouts import layout_string, stages_from_layout_string
 
-    for stages, pp in [((19, 21, 19, 21), 4), ((9,) + (10,) * 6 + (11,), 4), ((0, 5, 5, 5, 5, 0), 2),
-                       ((1,) + (2,) * 62 + (1,), 16), ((3, 1, 1, 1, 4), 5)]:
+    for stages, pp in [
+        ((19, 21, 19, 21), 4),
+        ((9,) + (10,) * 6 + (11,), 4),
+        ((0, 5, 5, 5, 5, 0), 2),
+        ((1,) + (2,) * 62 + (1,), 16),
+        ((3, 1, 1, 1, 4), 5),
+    ]:
         text = layout_string(stages)
         real = PipelineParallelLayerLayout.parse_str_to_list(text)
         assert tuple(s.count(LayerType.decoder) for s in real) == stages == stages_from_layout_string(text)
@@ -421,8 +504,12 @@ def test_torchtitan_python_config_builds_a_trainer_config(case, tmp_path, monkey
     monkeypatch.delitem(sys.modules, "autopar_torchtitan", raising=False)
     cfg = importlib.import_module("autopar_torchtitan").autopar_plan()
     par, tr = cfg.parallelism, cfg.training
-    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,
-            par.expert_parallel_degree) == (p.tp, p.pp, p.cp, p.ep)
+    assert (
+        par.tensor_parallel_degree,
+        par.pipeline_parallel_degree,
+        par.context_parallel_degree,
+        par.expert_parallel_degree,
+    ) == (p.tp, p.pp, p.cp, p.ep)
     assert par.enable_sequence_parallel == p.sequence_parallel
     dims = ParallelDims.from_config(par, world_size=p.num_gpus)
     assert dims.dp_replicate * dims.dp_shard == p.dp
@@ -435,8 +522,9 @@ def test_torchtitan_python_config_builds_a_trainer_config(case, tmp_path, monkey
         assert tr.local_batch_size == p.micro_batch_size
         assert tr.global_batch_size // (tr.local_batch_size * p.dp) == p.num_microbatches
     ac = cfg.activation_checkpoint
-    assert {"none": ac is None, "selective": isinstance(ac, SelectiveAC.Config),
-            "full": isinstance(ac, FullAC.Config)}[p.recompute]
+    assert {"none": ac is None, "selective": isinstance(ac, SelectiveAC.Config), "full": isinstance(ac, FullAC.Config)}[
+        p.recompute
+    ]
     assert cfg.compile.enable_async_tensor_parallel == p.tp_comm_overlap
     from torchtitan.components.quantization.float8 import Float8Linear
 
@@ -512,8 +600,9 @@ def test_torchtitan_toml_loads_with_torchtitan_0_2_2(tmp_path) -> None:
         render(case, "torchtitan", torchtitan_version="0.2.2").write(d)
         jobs.append((str(d / "torchtitan.toml"), case.plan.num_gpus))
     env = dict(os.environ, PYTHONPATH=str(REFS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", TOML_DRIVER, json.dumps(jobs)], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", TOML_DRIVER, json.dumps(jobs)], capture_output=True, text=True, env=env, timeout=300
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stderr[-3000:]
     results = json.loads(lines[-1].removeprefix("RESULT "))
@@ -526,8 +615,12 @@ def test_torchtitan_toml_loads_with_torchtitan_0_2_2(tmp_path) -> None:
         assert r["missing"] == []
         assert r["dp"] == p.dp
         par = r["parallelism"]
-        assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"],
-                par["expert_parallel_degree"]) == (p.tp, p.pp, p.cp, p.ep)
+        assert (
+            par["tensor_parallel_degree"],
+            par["pipeline_parallel_degree"],
+            par["context_parallel_degree"],
+            par["expert_parallel_degree"],
+        ) == (p.tp, p.pp, p.cp, p.ep)
         if p.ep > 1:
             assert par["expert_tensor_parallel_degree"] == p.etp
         if p.pp > 1:

@@ -59,8 +59,11 @@ VALUES = [v for _, v in HOSTILE]
 
 def has_control(value: str) -> bool:
     """Characters no generated script can hold safely: controls, line separators, bidi marks."""
-    return any(unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp") or c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067"
-               "\u2068\u2069\u200e\u200f" for c in value)
+    return any(
+        unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")
+        or c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f"
+        for c in value
+    )
 
 
 def cli(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -98,8 +101,10 @@ def model_file(tmp: Path, name: str) -> Path:
     return p
 
 
-MODEL_FIELDS = (b"num_layers: 4\nhidden_size: 128\nffn_hidden_size: 352\nnum_attention_heads: 4\nnum_kv_heads: 2\n"
-                b"head_dim: 32\nvocab_size: 512\nseq_len: 128\n")
+MODEL_FIELDS = (
+    b"num_layers: 4\nhidden_size: 128\nffn_hidden_size: 352\nnum_attention_heads: 4\nnum_kv_heads: 2\n"
+    b"head_dim: 32\nvocab_size: 512\nseq_len: 128\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -177,9 +182,24 @@ def test_export_slurm_options_and_model_name(value: str, tmp_path, stubs, capsys
     header = (tmp_path / "all" / "megatron" / "launch_torchrun.sh").read_text(encoding="utf-8")
     assert f"# model:      {name} (" in header
     stubs.reset()
-    code, out, err = cli([*common, "--time", value, "--trainer", "torchtitan", "--to", "torchtitan,torchrun,slurm",
-                          "--torchtitan-version", "0.2.2", "--torchtitan-base", "llama3:8B", "--out", tmp_path / "toml"],
-                         capsys)
+    code, out, err = cli(
+        [
+            *common,
+            "--time",
+            value,
+            "--trainer",
+            "torchtitan",
+            "--to",
+            "torchtitan,torchrun,slurm",
+            "--torchtitan-version",
+            "0.2.2",
+            "--torchtitan-base",
+            "llama3:8B",
+            "--out",
+            tmp_path / "toml",
+        ],
+        capsys,
+    )
     if code == 2 and "--time" in err:  # a time limit may be checked for its format
         assert_one_line_refusal(code, err)
     else:
@@ -189,8 +209,17 @@ def test_export_slurm_options_and_model_name(value: str, tmp_path, stubs, capsys
     assert_nothing_ran(tmp_path)
 
 
-RECIPES = [f"llama3_70b; touch {MARK}", "llama3_70b\nimport os", "llama3-70b", "nemo.llama3_70b", "class", "",
-           "llama3_70b as x; import os", "9lives", "ll\u0430ma"]  # the last has a Cyrillic a
+RECIPES = [
+    f"llama3_70b; touch {MARK}",
+    "llama3_70b\nimport os",
+    "llama3-70b",
+    "nemo.llama3_70b",
+    "class",
+    "",
+    "llama3_70b as x; import os",
+    "9lives",
+    "ll\u0430ma",
+]  # the last has a Cyrillic a
 
 
 NOT_NAMES = [(i, v) for i, v in HOSTILE if not v.isidentifier()] + [(f"recipe-{i}", v) for i, v in enumerate(RECIPES)]
@@ -203,16 +232,20 @@ def test_recipe_and_module_names_must_be_identifiers(value: str, tmp_path, capsy
     base = ["export", "--model", "llama3-8b", *PLAN, "--out", tmp_path / "out"]
     code, _, err = cli([*base, "--to", "nemo,bridge", "--recipe", value], capsys)
     assert_one_line_refusal(code, err)
-    module_ok = bool(value) and all(p.isidentifier() and p.isascii() and not keyword.iskeyword(p)
-                                    for p in value.split("."))
+    module_ok = bool(value) and all(
+        p.isidentifier() and p.isascii() and not keyword.iskeyword(p) for p in value.split(".")
+    )
     for given in ([] if module_ok else [f"{value}:llama3_8b"]) + [f"torchtitan.models.llama3.config_registry:{value}"]:
         code, _, err = cli([*base, "--to", "torchtitan", "--torchtitan-base", given], capsys)
         assert_one_line_refusal(code, err)
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("value", [f"o\ntouch {MARK}", f"o\r{MARK}", f"o\u2028{MARK}", f"$(touch {MARK})"],
-                         ids=["newline", "carriage-return", "line-separator", "substitution"])
+@pytest.mark.parametrize(
+    "value",
+    [f"o\ntouch {MARK}", f"o\r{MARK}", f"o\u2028{MARK}", f"$(touch {MARK})"],
+    ids=["newline", "carriage-return", "line-separator", "substitution"],
+)
 def test_a_hostile_out_path_stays_inside_its_comment(value: str, tmp_path, stubs, capsys) -> None:
     """The header's `produced by:` line echoes the command, --out included: a line break in it is
     escaped, so every script still runs clean and the header stays one comment line per field."""
@@ -240,8 +273,22 @@ def test_trial_emit_slurm(value: str, tmp_path, stubs, capsys) -> None:
     run_dir = tmp_path / "runs" / (part if safe_path else "r")
     script = tmp_path / "jobs" / ((part if safe_path else "j") + ".sbatch")
     script.parent.mkdir()
-    code, out, err = cli(["trial", "--model", model_file(tmp_path, value[:64]), "--gpus", "2", "--tp", "2",
-                          "--emit-slurm", script, "--run-dir", run_dir], capsys)
+    code, out, err = cli(
+        [
+            "trial",
+            "--model",
+            model_file(tmp_path, value[:64]),
+            "--gpus",
+            "2",
+            "--tp",
+            "2",
+            "--emit-slurm",
+            script,
+            "--run-dir",
+            run_dir,
+        ],
+        capsys,
+    )
     if (safe_path and has_control(part)) or (code == 2 and has_control(value)):
         # a path with a line break cannot go into the script; a control character in the model
         # name (written to JSON only) may be refused by the model file's checks
