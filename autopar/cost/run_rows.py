@@ -195,9 +195,10 @@ def _vocab_from_name(key: str, notes: list[str]) -> int:
 
 def _style(key: str, fam: str, ffn: int) -> dict:
     """Architecture conventions by model family: MPT (llm-foundry benchmark models: LayerNorm, GELU,
-    tied, learned positions, biases: the printed NumParams counts 9h of biases per layer), BLOOM (LayerNorm, GELU, tied, biases, ALiBi), GPT (Megatron GPT: LayerNorm,
-    GELU, tied), Llama and the nanotron/torchtitan/fms Llama-style models (RMSNorm, SwiGLU, untied;
-    nanotron ties embeddings below intermediate 10000, scaling_benchmarks.py)."""
+    tied, learned positions, biases: the printed NumParams counts 9h of biases per layer), BLOOM
+    (LayerNorm, GELU, tied, biases, ALiBi), GPT (Megatron GPT: LayerNorm, GELU, tied), Llama and the
+    nanotron/torchtitan/fms Llama-style models (RMSNorm, SwiGLU, untied; nanotron ties embeddings below
+    intermediate 10000, scaling_benchmarks.py)."""
     if key.startswith("mpt"):
         return dict(
             gated_mlp=False, tied_embeddings=True, norm="layernorm", learned_position_embeddings=True, linear_bias=True

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from autopar.cost.estimate import prepare, price
+from autopar.cost.price import prepare, price
 from autopar.cost.profiles import profile_of, profiles
 from autopar.cost.run_cases import RunCase
 from autopar.spec.hardware import CostConstants

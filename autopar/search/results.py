@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import MEMORY_BIT, TIME_LABELS, TIME_TERMS
+from autopar.cost.columns import MEMORY_BIT
+from autopar.cost.estimate import TIME_LABELS, TIME_TERMS
 from autopar.spec.hardware import GIB
 from autopar.spec.layout import auto_layout
 from autopar.spec.rules import all_rules, reason_text
