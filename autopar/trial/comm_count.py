@@ -5,10 +5,10 @@ which sees DTensor/funcol collectives, FSDP2's and DDP's c10d calls, and P2P sen
 CommDebugMode. The count follows the cost model's convention (autopar/cost/comm.py): the payload of
 a call is this process's input buffer (an all-gather's 1/n shard, a reduce-scatter's full buffer),
 and for P2P only sends count (a receive is the peer's send). Each call is attributed to the mesh
-axis whose ranks its process group spans, looked up first by ("name", group name), then by (kind, ranks) with kind "p2p" (send),
-"all_to_all" or "collective", then by ranks alone (one rank set can serve several axes: with dp = 1
-the dp x cp gradient group is the cp ring's group; an EP group can be the dp group;
-autopar.trial.mesh.axis_ranks); a group of no axis lands in "other".
+axis whose ranks its process group spans, looked up first by ("name", group name), then by (kind,
+ranks) with kind "p2p" (send), "all_to_all" or "collective", then by ranks alone (one rank set can
+serve several axes: with dp = 1 the dp x cp gradient group is the cp ring's group; an EP group can
+be the dp group; autopar.trial.mesh.axis_ranks); a group of no axis lands in "other".
 """
 
 from __future__ import annotations

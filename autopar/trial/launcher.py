@@ -9,14 +9,15 @@ launch is registered with autopar.trial.hygiene, whose SIGINT/SIGTERM handlers k
 dies with the launching process (PR_SET_PDEATHSIG) and each worker's watchdog ends the worker when
 torchrun or the launching process is gone (SIGKILL). Outcomes:
 
-| outcome | meaning |
-|---|---|
-| ok | exit 0 and the result document is complete |
-| teardown-abort | the result document is complete, then the exit was non-zero (gloo may abort while its process group is torn down at interpreter exit): the measurements stand |
-| oom | out of memory: a CUDA/CPU allocation failure in the logs or a trial error, or the kernel's OOM kill (SIGKILL without our timeout) |
-| timeout | still running after `timeout_s`; killed |
-| crash | anything else: a trial raised (its error is in the result), or a worker died |
-| pruned | the caller's progress callback asked to stop (a pruner judged the first steps too slow); killed |
+- **ok**: exit 0 and the result document is complete;
+- **teardown-abort**: the result document is complete, then the exit was non-zero (gloo may abort
+  while its process group is torn down at interpreter exit): the measurements stand;
+- **oom**: out of memory: a CUDA/CPU allocation failure in the logs or a trial error, or the
+  kernel's OOM kill (SIGKILL without our timeout);
+- **timeout**: still running after `timeout_s`; killed;
+- **crash**: anything else: a trial raised (its error is in the result), or a worker died;
+- **pruned**: the caller's progress callback asked to stop (a pruner judged the first steps too
+  slow); killed.
 
 Progress: with `on_progress`, the worker's rank 0 appends one JSON line per step to
 `<workdir>/progress.jsonl` as it happens ({"trial", "name", "step", "time_s", "timed"}); the

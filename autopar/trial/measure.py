@@ -169,29 +169,38 @@ def measure_plan(
         rdzv=rdzv,
         on_progress=progress if on_step is not None else None,
     )
+    head = {"name": name, "plan": plan, "model": model, "nproc": nproc, "predicted": predicted or {}}
     if res.outcome == "pruned":
-        return {
-            "name": name,
-            "plan": plan,
-            "model": model,
-            "nproc": nproc,
-            "predicted": predicted or {},
-            "status": "pruned",
-            "outcome": "pruned",
-            "wall_s": res.wall_s,
-            "started_at": t0,
-            "reasons": [f"pruned after {len(seen)} of {steps} timed steps"],
-            "command": res.command,
-            "environment": {},
-            "measured": partial_summary(seen, steps) if seen else {},
-        }
+        return _pruned_doc(head, res, t0, seen, steps)
     ok = [t for t in res.trials if t.get("status") == "ok"]
-    doc = {
-        "name": name,
-        "plan": plan,
-        "model": model,
-        "nproc": nproc,
-        "predicted": predicted or {},
+    doc = _finished_doc(head, res, t0, ok)
+    if res.succeeded and ok:
+        doc["measured"] = _measured(ok, nproc, proxy=proxy, proxy_ratio=proxy_ratio, peak_flops=peak_flops)
+    elif not res.reasons:
+        doc["reasons"] = [f"exit {res.returncode}: {res.stderr_tail[-300:]}"]
+    if predicted and doc["measured"]:
+        doc["errors"] = _prediction_errors(predicted, doc["measured"])
+    return doc
+
+
+def _pruned_doc(head: dict, res: LaunchResult, t0: float, seen: list[float], steps: int) -> dict:
+    """The trial document of a run stopped by `on_step`: the timed steps that ran, as a partial summary."""
+    return head | {
+        "status": "pruned",
+        "outcome": "pruned",
+        "wall_s": res.wall_s,
+        "started_at": t0,
+        "reasons": [f"pruned after {len(seen)} of {steps} timed steps"],
+        "command": res.command,
+        "environment": {},
+        "measured": partial_summary(seen, steps) if seen else {},
+    }
+
+
+def _finished_doc(head: dict, res: LaunchResult, t0: float, ok: list[dict]) -> dict:
+    """The trial document of a run that ended by itself, before its measured figures (`ok`: the
+    trials that finished ok; a run that exits cleanly without one counts as a crash)."""
+    return head | {
         "status": OUTCOME_STATUS[res.outcome] if ok or not res.succeeded else "crash",
         "outcome": res.outcome,
         "reasons": res.reasons,
@@ -201,31 +210,35 @@ def measure_plan(
         "environment": (res.result or {}).get("env", {}),
         "measured": {},
     }
-    if res.succeeded and ok:
-        doc["measured"] = summarise(ok[0], ok[1] if len(ok) > 1 else None)
-        if proxy:
-            ratio = proxy_ratio or 1.0
-            doc["measured"]["proxy"] = {
-                "kind": "fewer-layers" if "num_layers" in proxy else "narrower",
-                **proxy,
-                "scale_back": "step time x (estimate full / estimate proxy)",
-                "ratio": ratio,
-                "proxy_step_time_s": doc["measured"]["step_time_s"],
-            }
-            doc["measured"]["step_time_s"] *= ratio
-        if peak_flops:
-            doc["measured"]["mfu"] = doc["measured"]["model_flops_per_step"] / (
-                doc["measured"]["step_time_s"] * peak_flops * nproc
-            )
-    elif not res.reasons:
-        doc["reasons"] = [f"exit {res.returncode}: {res.stderr_tail[-300:]}"]
-    if predicted and doc["measured"]:
-        m = doc["measured"]
-        doc["errors"] = {
-            "step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
-            "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1,
+
+
+def _measured(
+    ok: list[dict], nproc: int, *, proxy: dict | None, proxy_ratio: float | None, peak_flops: float | None
+) -> dict:
+    """The measured figures of the ok trials (timed, then memory); a proxy's step time scaled back by
+    `proxy_ratio`, and the MFU over `nproc` ranks of `peak_flops` each."""
+    measured = summarise(ok[0], ok[1] if len(ok) > 1 else None)
+    if proxy:
+        ratio = proxy_ratio or 1.0
+        measured["proxy"] = {
+            "kind": "fewer-layers" if "num_layers" in proxy else "narrower",
+            **proxy,
+            "scale_back": "step time x (estimate full / estimate proxy)",
+            "ratio": ratio,
+            "proxy_step_time_s": measured["step_time_s"],
         }
-    return doc
+        measured["step_time_s"] *= ratio
+    if peak_flops:
+        measured["mfu"] = measured["model_flops_per_step"] / (measured["step_time_s"] * peak_flops * nproc)
+    return measured
+
+
+def _prediction_errors(predicted: dict, measured: dict) -> dict:
+    """How far the prediction is from the measurement (predicted / measured - 1)."""
+    return {
+        "step_time": predicted["step_time_s"] / measured["step_time_s"] - 1,
+        "peak_memory": predicted["peak_memory_bytes"] / measured["peak_memory_bytes"] - 1,
+    }
 
 
 def not_runnable_doc(placement: Placement, predicted: dict | None = None) -> dict:
@@ -321,10 +334,7 @@ def measure_placement(
             f"memory); the other figures are the proxy's"
         )
     if predicted and m.get("step_time_s") and m.get("peak_memory_bytes"):
-        doc["errors"] = {
-            "step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
-            "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1,
-        }
+        doc["errors"] = _prediction_errors(predicted, m)
     return doc
 
 

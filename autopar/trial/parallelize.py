@@ -104,95 +104,29 @@ def parallelize(
     if problems:
         raise ValueError(f"plan {plan.describe()}: " + "; ".join(problems))
     on_meta = any(p.is_meta for p in model.parameters())
-
-    # 1. tensor + sequence parallelism over the whole model
+    named_axes: dict = {}
+    # 1. tensor + sequence, context and expert parallelism over the whole model, then recomputation
     if plan.tp > 1:
         apply_tp(model, mesh["tp"], sequence_parallel=bool(plan.sequence_parallel))
+    positions = apply_cp(model, mesh["cp"], model.config.max_seq_len) if plan.cp > 1 else None
     moe_blocks = [b.moe for b in model.layers.values() if b.moe is not None]
-    positions = None
-    named_axes: dict = {}
-    if plan.cp > 1:
-        positions = apply_cp(model, mesh["cp"], model.config.max_seq_len)
     if moe_blocks:
         _share_moe_statistics(moe_blocks, plan, mesh, positions, model.config.max_seq_len, named_axes)
-    # the aux loss's gradient per microbatch: the pipeline schedules scale all gradients by
-    # 1/microbatches themselves; outside them each microbatch's loss is divided by it. Under SP
-    # every tp rank computes the same aux loss from the all-reduced statistics, and the
-    # statistics' backward sums the tp ranks' gradients, which are then summed again over tp (the
-    # router is a sequence-parallel parameter), not averaged like cp's: 1/tp undoes the double count
-    tp_copies = plan.tp if plan.tp > 1 and plan.sequence_parallel else 1
-    for moe in moe_blocks:
-        moe.aux_scale = (1.0 if plan.pp > 1 else 1.0 / plan.num_microbatches) / tp_copies
-    # routed experts get their own gradient group whenever their ranks do not all see the same
-    # tokens' gradients as the dense layers do: split over EP, or whole on each tp rank (etp = 1)
-    experts_apart = bool(moe_blocks) and (plan.ep > 1 or plan.tp > 1)
-    expert_mesh = build_expert_mesh(plan, device.type) if experts_apart else None
-    scale = expert_grad_scale(plan.tp, plan.ep, plan.etp)
-    experts_split = bool(moe_blocks) and (plan.ep > 1 or plan.etp > 1)
-    if experts_split:
-        apply_ep(model, expert_mesh["ep"] if plan.ep > 1 else None, expert_mesh["etp"] if plan.etp > 1 else None, scale)
-    elif experts_apart:
-        for moe in moe_blocks:
-            moe.experts.grad_scale = scale
+    _set_aux_scale(moe_blocks, plan)
+    experts = _place_experts(model, moe_blocks, plan, device)
     if plan.recompute != "none":  # this pipeline rank's layers (or the first recompute_layers of them)
-        apply_ac(
-            model, plan.recompute, recomputed_layers(plan, model.config.spec.num_layers, mesh["pp"].get_local_rank())
-        )
+        layers = recomputed_layers(plan, model.config.spec.num_layers, mesh["pp"].get_local_rank())
+        apply_ac(model, plan.recompute, layers)
     # 2. this rank's pipeline stages
     stages: list[tuple[int, Transformer]] = apply_pp(model, plan, mesh["pp"]) if plan.pp > 1 else [(0, model)]
     # 3. values: each rank initialises only what it holds
-    for _, stage in stages:
-        if on_meta:
-            materialize(stage, seed, device)
-        else:
-            stage.to(device)
-        if experts_split and on_meta:
-            init_local_experts(stage, seed)
+    _materialize_stages(stages, on_meta=on_meta, seed=seed, device=device, experts_split=experts.split)
     param_count = sum(count_params(s) for _, s in stages)
     # 4. data parallelism, per stage module: dense over dp x cp, experts over expert-dp
-    edp_mesh = fresh_axis_mesh(expert_mesh, "edp") if experts_apart and plan.expert_dp > 1 else None
-    if edp_mesh is not None:  # booked as data-parallel traffic, whatever other axis has its ranks
-        named_axes[("name", edp_mesh.get_group().group_name)] = "dp"
-    wrapped: list[tuple[int, nn.Module]] = []
-    for i, stage in stages:
-        if plan.dp * plan.cp > 1:
-            dmesh = mesh["dp"] if plan.cp == 1 else dp_cp_mesh(mesh)
-            wrapped.append(
-                (
-                    i,
-                    apply_dp(
-                        stage,
-                        dmesh,
-                        zero_stage=plan.zero_stage,
-                        bf16=plan.dtype == "bf16",
-                        expert_mesh=edp_mesh,
-                        experts=experts_apart,
-                    ),
-                )
-            )
-        elif edp_mesh is not None:  # dp = cp = 1 under TP: only the experts have data-parallel peers
-            wrapped.append(
-                (
-                    i,
-                    apply_dp(
-                        stage,
-                        mesh["dp"],
-                        zero_stage=plan.zero_stage,
-                        bf16=plan.dtype == "bf16",
-                        expert_mesh=edp_mesh,
-                        experts=True,
-                    ),
-                )
-            )
-        else:
-            wrapped.append((i, stage))
-    # parameters as the optimizer sees them (FSDP2 swaps in unsharded ones only inside a step)
-    params: dict[str, nn.Parameter] = {}
-    for _, stage in stages:
-        params.update(dict(stage.named_parameters()))
+    wrapped = _apply_dp_to_stages(stages, plan, mesh, experts, named_axes)
+    params = _optimizer_params(stages)
     # 5. the pipeline schedule over the wrapped stages
     schedule = build_schedule(wrapped, plan, mesh["pp"], device, cross_entropy) if plan.pp > 1 else None
-    expert_names = frozenset(n for n in params if ".moe.experts." in n) if experts_split else frozenset()
     return ParallelModel(
         plan=plan,
         mesh=mesh,
@@ -202,10 +136,95 @@ def parallelize(
         params=params,
         param_count=param_count,
         positions=positions,
-        expert_mesh=expert_mesh,
-        expert_names=expert_names,
+        expert_mesh=experts.mesh,
+        expert_names=frozenset(n for n in params if ".moe.experts." in n) if experts.split else frozenset(),
         named_axes=named_axes,
     )
+
+
+@dataclass
+class _Experts:
+    """Where this plan puts the routed experts of the model's MoE blocks (none: both False)."""
+
+    apart: bool  # the experts have a gradient group of their own (ep > 1, or whole on each tp rank)
+    split: bool  # each rank holds only some experts (ep > 1) or a slice of each (etp > 1)
+    mesh: DeviceMesh | None  # (pp, edp, ep, etp) view, when apart
+
+
+def _place_experts(model: Transformer, blocks: list, plan: ParallelPlan, device: torch.device) -> _Experts:
+    """Expert parallelism (apply_ep over the expert mesh) when the plan splits the experts, else
+    the experts' own gradient scale when they have a gradient group of their own."""
+    # routed experts get their own gradient group whenever their ranks do not all see the same
+    # tokens' gradients as the dense layers do: split over EP, or whole on each tp rank (etp = 1)
+    apart = bool(blocks) and (plan.ep > 1 or plan.tp > 1)
+    experts = _Experts(
+        apart=apart,
+        split=bool(blocks) and (plan.ep > 1 or plan.etp > 1),
+        mesh=build_expert_mesh(plan, device.type) if apart else None,
+    )
+    scale = expert_grad_scale(plan.tp, plan.ep, plan.etp)
+    if experts.split:
+        ep_mesh = experts.mesh["ep"] if plan.ep > 1 else None
+        etp_mesh = experts.mesh["etp"] if plan.etp > 1 else None
+        apply_ep(model, ep_mesh, etp_mesh, scale)
+    elif experts.apart:
+        for moe in blocks:
+            moe.experts.grad_scale = scale
+    return experts
+
+
+def _set_aux_scale(moe_blocks: list, plan: ParallelPlan) -> None:
+    """The aux loss's gradient per microbatch: the pipeline schedules scale all gradients by
+    1/microbatches themselves; outside them each microbatch's loss is divided by it. Under SP
+    every tp rank computes the same aux loss from the all-reduced statistics, and the
+    statistics' backward sums the tp ranks' gradients, which are then summed again over tp (the
+    router is a sequence-parallel parameter), not averaged like cp's: 1/tp undoes the double count."""
+    tp_copies = plan.tp if plan.tp > 1 and plan.sequence_parallel else 1
+    for moe in moe_blocks:
+        moe.aux_scale = (1.0 if plan.pp > 1 else 1.0 / plan.num_microbatches) / tp_copies
+
+
+def _materialize_stages(
+    stages: list[tuple[int, Transformer]], *, on_meta: bool, seed: int, device: torch.device, experts_split: bool
+) -> None:
+    """Give each stage module its values on `device`: a meta-built one is initialised here, only
+    what this rank holds (its own experts too, when they are split); a built one is moved."""
+    for _, stage in stages:
+        if on_meta:
+            materialize(stage, seed, device)
+        else:
+            stage.to(device)
+        if experts_split and on_meta:
+            init_local_experts(stage, seed)
+
+
+def _apply_dp_to_stages(
+    stages: list[tuple[int, Transformer]], plan: ParallelPlan, mesh: DeviceMesh, experts: _Experts, named_axes: dict
+) -> list[tuple[int, nn.Module]]:
+    """Wrap each stage module for data parallelism (apply_dp): dense parameters over dp x cp,
+    experts over expert-dp; a stage with no data-parallel peer is returned as is."""
+    edp_mesh = fresh_axis_mesh(experts.mesh, "edp") if experts.apart and plan.expert_dp > 1 else None
+    if edp_mesh is not None:  # booked as data-parallel traffic, whatever other axis has its ranks
+        named_axes[("name", edp_mesh.get_group().group_name)] = "dp"
+    if plan.dp * plan.cp > 1:
+        dmesh, with_experts = (mesh["dp"] if plan.cp == 1 else dp_cp_mesh(mesh)), experts.apart
+    elif edp_mesh is not None:  # dp = cp = 1 under TP: only the experts have data-parallel peers
+        dmesh, with_experts = mesh["dp"], True
+    else:
+        return list(stages)
+    bf16 = plan.dtype == "bf16"
+    return [
+        (i, apply_dp(stage, dmesh, zero_stage=plan.zero_stage, bf16=bf16, expert_mesh=edp_mesh, experts=with_experts))
+        for i, stage in stages
+    ]
+
+
+def _optimizer_params(stages: list[tuple[int, nn.Module]]) -> dict[str, nn.Parameter]:
+    """The parameters as the optimizer sees them (FSDP2 swaps in unsharded ones only inside a step)."""
+    params: dict[str, nn.Parameter] = {}
+    for _, stage in stages:
+        params.update(dict(stage.named_parameters()))
+    return params
 
 
 def _share_moe_statistics(

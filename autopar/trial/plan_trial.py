@@ -133,7 +133,7 @@ def write_sbatch(
     timeout: float,
 ) -> Path:
     """Write the sbatch script of the trial to `path` and its run file next to it; return the run file."""
-    from autopar.trial.slurm import sbatch_script
+    from autopar.trial.sbatch import sbatch_script
 
     spec_path = path.with_suffix(".run.json")
     configs = [

@@ -3,7 +3,7 @@
 
 A plan found for 256 GPUs cannot run as 256 ranks on a workstation. `Planner.place(plan)` compares
 the trial with the limits of the machine it will run on (autopar.trial.resources: ranks and memory)
-and returns a `Placement`:
+and returns a `Placement` (autopar.trial.placement holds the types, re-exported here):
 
 - **full**: the plan runs as it is (its world and its predicted memory per rank fit, on the
   hardware the estimate is for);
@@ -32,109 +32,20 @@ and returns a `Placement`:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
 
 from autopar.cost.estimate import estimate
-from autopar.errors import InputError
 from autopar.spec.hardware import GIB, LOCAL, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan, PlanError
 from autopar.trial.features import model_problems, plan_problems
-from autopar.trial.proxy_model import _halvings, _ladder, _narrow, model_dict, standin_model
+from autopar.trial.placement import Placement, Proxy, ProxyOptions, Target, as_builtin, builtin_trainer
+from autopar.trial.proxy_model import _halvings, _ladder, model_dict, proxy_spec, standin_model
 from autopar.trial.resources import LocalLimits
+
+__all__ = ["MAX_STRUCTURES", "Placement", "Planner", "Proxy", "ProxyOptions", "Target", "as_builtin", "builtin_trainer"]
 
 #: proxy rank structures tried (most faithful first) before a plan is declared not runnable
 MAX_STRUCTURES = 6
-
-
-@dataclass(frozen=True)
-class ProxyOptions:
-    """How far trials may be scaled down to fit this machine (`--no-proxy`, `--proxy-*`)."""
-
-    enabled: bool = True
-    layers_per_stage: int | None = None  # fixed layers per virtual stage (None: the ladder chooses)
-    width_divisor: int | None = None  # fixed width divisor (None: the ladder chooses; 1 = full width)
-    seq_divisor: int | None = None  # fixed sequence divisor (None: the ladder chooses)
-    #: the proxy's predicted step time on this machine at most (None: no time limit)
-    step_budget_s: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("layers_per_stage", "width_divisor", "seq_divisor"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                flag = {"layers_per_stage": "layers", "width_divisor": "width", "seq_divisor": "seq"}[name]
-                raise InputError(f"--proxy-{flag} {v} must be at least 1; leave it out to let the proxy choose")
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the plans were found for: model, hardware, GPU count, sequence length."""
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    num_gpus: int
-    seq_len: int
-
-
-@dataclass(frozen=True)
-class Proxy:
-    """How a proxy differs from its plan, what it is predicted to take here, and the scale-back."""
-
-    changes: tuple[str, ...]  # every difference from the plan, in words
-    nproc: int  # ranks of the proxy (the plan's: Target.num_gpus)
-    layers_per_stage: int
-    width_divisor: int
-    seq_divisor: int
-    here: str  # the hardware profile the proxy's prediction uses
-    cross_hardware: bool  # measured on other hardware than the plan's (e.g. a CPU proxy of a GPU plan)
-    predicted_step_time_s: float  # the proxy, here
-    predicted_peak_memory_bytes: float  # the proxy's busiest rank, here
-    time_ratio: float  # predicted target step time / predicted proxy step time
-    memory_ratio: float  # predicted target peak / predicted proxy peak
-
-    @property
-    def summary(self) -> str:
-        return ", ".join(self.changes)
-
-    def to_dict(self) -> dict:
-        return asdict(self) | {"changes": list(self.changes), "summary": self.summary}
-
-
-@dataclass(frozen=True)
-class Placement:
-    """How one plan runs on this machine."""
-
-    plan: dict  # the plan as searched
-    kind: str  # "full" | "proxy" | "not-runnable"
-    reason: str = ""  # not-runnable: why, and what to do
-    nproc: int = 0
-    model: dict = field(default_factory=dict)  # the model to run (a ModelSpec dict with "name")
-    run_plan: dict = field(default_factory=dict)  # the plan to run
-    seq_len: int = 0
-    device: str = "cpu"
-    proxy: Proxy | None = None
-
-    @property
-    def runnable(self) -> bool:
-        return self.kind != "not-runnable"
-
-
-def builtin_trainer() -> str | None:
-    """The trainer name of autopar's built-in model (the plan field `trainer` the worker checks its
-    capabilities by), when the spec layer knows one."""
-    try:
-        from autopar.spec.trainers import BUILTIN
-    except ImportError:
-        return None
-    return BUILTIN
-
-
-def as_builtin(plan: ParallelPlan) -> ParallelPlan:
-    """The plan as the built-in model runs it: the same layout, its trainer the built-in model."""
-    name = builtin_trainer()
-    if name is None or not hasattr(plan, "trainer") or plan.trainer == name:
-        return plan
-    return plan.with_(trainer=name)
 
 
 class Planner:
@@ -351,86 +262,35 @@ class Planner:
         self, plan: ParallelPlan, predicted: dict, pp: int, dp: int, ep: int, lps: int, wd: int, sd: int, tp_mult: int
     ) -> Placement | str | None:
         """The proxy at one rung: a Placement if it fits, why not if it does not, None if invalid."""
-        t, lim, opts = self.target, self.limits, self.options
-        spec = _narrow(self.base_model, wd, tp_mult, plan.etp, plan.tp)
-        if spec is None or t.seq_len % sd:
+        t = self.target
+        if t.seq_len % sd:
             return None
         seq = t.seq_len // sd
-        layers = pp * plan.vpp * lps
-        moe = spec.moe
-        if moe is not None:
-            per_rank = max(1, moe.num_experts // plan.ep)
-            experts = per_rank * ep
-            dense = 0 if moe.first_k_dense >= layers else moe.first_k_dense
-            moe = replace(
-                moe,
-                num_experts=experts,
-                top_k=min(moe.top_k, experts),
-                first_k_dense=dense,
-                layer_freq=moe.layer_freq if moe.layer_freq <= layers else 1,
-            )
-        spec = replace(spec, num_layers=layers, seq_len=seq, moe=moe, name=f"{t.model.name}-proxy")
-        m = plan.num_microbatches
-        zero = plan.zero_stage if dp * plan.cp > 1 else 0
-        rl = plan.recompute_layers
-        try:
-            small = as_builtin(
-                plan.with_(
-                    pp=pp,
-                    dp=dp,
-                    ep=ep,
-                    global_batch_size=m * plan.micro_batch_size * dp,
-                    layout=None,
-                    zero_stage=zero,
-                    tp_comm_overlap=False,
-                    dtype="fp32" if self.device == "cpu" else ("bf16" if plan.dtype == "fp8" else plan.dtype),
-                    recompute_layers=None if rl is None else min(rl, plan.vpp * lps),
-                )
-            )
-        except PlanError:
+        spec = proxy_spec(
+            self.base_model,
+            f"{t.model.name}-proxy",
+            width_divisor=wd,
+            round_to=tp_mult,
+            plan=plan,
+            ep=ep,
+            num_layers=pp * plan.vpp * lps,
+            seq_len=seq,
+        )
+        if spec is None:
+            return None
+        small = self._proxy_plan(plan, pp, dp, ep, lps)
+        if small is None:
             return None
         world = small.num_gpus
         if small.problems(spec, num_gpus=world, seq_len=seq) or plan_problems(small, spec):
             return None
         est = estimate(small, spec, self.here, num_gpus=world, seq_len=seq)
         peak, step = float(est.peak_memory_bytes), float(est.step_time_s)
-        if lim is not None and not lim.memory_fits(world, peak):
-            return (
-                f"even the smallest proxy ({self._rung_text(lps, wd, sd)}, {world} ranks) needs "
-                f"{peak / GIB:.2f} GiB per rank; this machine allows {lim.memory_text(world)}"
-            )
-        budget = opts.step_budget_s
-        if budget is not None and step > budget:
-            return (
-                f"even the smallest proxy ({self._rung_text(lps, wd, sd)}, {world} ranks) is predicted "
-                f"{step:.2f} s per step here, over the {budget:.2f} s a trial's timeout allows"
-            )
-        changes = self._changes_needed(plan)
-        if world != t.num_gpus:
-            changes.append(f"{world} of {t.num_gpus} ranks")
-        if pp != plan.pp:
-            changes.append(f"pp {plan.pp} -> {pp} (stand-in stages, same schedule)")
-        if dp != plan.dp:
-            changes.append(f"dp {plan.dp} -> {dp}")
-        if ep != plan.ep:
-            changes.append(
-                f"ep {plan.ep} -> {ep} ({moe.num_experts} experts, {moe.num_experts // ep} per rank as planned)"
-            )
-        if layers != t.model.num_layers:
-            changes.append(f"{layers} layer{'s' * (layers != 1)} ({lps} per stage)")
-        if wd > 1:
-            changes.append(
-                f"{wd}x narrower (hidden {spec.hidden_size}, {spec.num_attention_heads} heads of "
-                f"{spec.head_dim}, {spec.num_kv_heads} KV)"
-            )
-        if sd > 1:
-            changes.append(f"sequence {seq} (/{sd})")
-        if plan.layout is not None and pp == plan.pp and len(set(plan.layout.stages)) > 1:
-            changes.append("even stages for the uneven layout")
-        if plan.tp_comm_overlap:
-            changes.append("no TP communication overlap (not built)")
+        miss = self._misses(world, peak, step, lps, wd, sd)
+        if miss:
+            return miss
         proxy = Proxy(
-            changes=tuple(changes),
+            changes=tuple(self._proxy_changes(plan, spec, small, lps, wd, sd)),
             nproc=world,
             layers_per_stage=lps,
             width_divisor=wd,
@@ -452,6 +312,75 @@ class Planner:
             device=self.device,
             proxy=proxy,
         )
+
+    def _proxy_plan(self, plan: ParallelPlan, pp: int, dp: int, ep: int, lps: int) -> ParallelPlan | None:
+        """The plan the proxy runs (pp, dp, ep shrunk; as many microbatches of the same size per
+        pipeline; what is not built dropped), or None when that is not a valid plan."""
+        zero = plan.zero_stage if dp * plan.cp > 1 else 0
+        rl = plan.recompute_layers
+        try:
+            return as_builtin(
+                plan.with_(
+                    pp=pp,
+                    dp=dp,
+                    ep=ep,
+                    global_batch_size=plan.num_microbatches * plan.micro_batch_size * dp,
+                    layout=None,
+                    zero_stage=zero,
+                    tp_comm_overlap=False,
+                    dtype="fp32" if self.device == "cpu" else ("bf16" if plan.dtype == "fp8" else plan.dtype),
+                    recompute_layers=None if rl is None else min(rl, plan.vpp * lps),
+                )
+            )
+        except PlanError:
+            return None
+
+    def _misses(self, world: int, peak: float, step: float, lps: int, wd: int, sd: int) -> str | None:
+        """Why a proxy of `world` ranks predicted at `peak` bytes per rank and `step` seconds does not
+        fit this machine's memory or the time budget; None when it fits."""
+        lim, budget = self.limits, self.options.step_budget_s
+        if lim is not None and not lim.memory_fits(world, peak):
+            return (
+                f"even the smallest proxy ({self._rung_text(lps, wd, sd)}, {world} ranks) needs "
+                f"{peak / GIB:.2f} GiB per rank; this machine allows {lim.memory_text(world)}"
+            )
+        if budget is not None and step > budget:
+            return (
+                f"even the smallest proxy ({self._rung_text(lps, wd, sd)}, {world} ranks) is predicted "
+                f"{step:.2f} s per step here, over the {budget:.2f} s a trial's timeout allows"
+            )
+        return None
+
+    def _proxy_changes(
+        self, plan: ParallelPlan, spec: ModelSpec, small: ParallelPlan, lps: int, wd: int, sd: int
+    ) -> list[str]:
+        """Every difference of the proxy (model `spec`, plan `small`) from the plan, in words."""
+        t = self.target
+        world, pp, dp, ep, layers = small.num_gpus, small.pp, small.dp, small.ep, spec.num_layers
+        changes = self._changes_needed(plan)
+        if world != t.num_gpus:
+            changes.append(f"{world} of {t.num_gpus} ranks")
+        if pp != plan.pp:
+            changes.append(f"pp {plan.pp} -> {pp} (stand-in stages, same schedule)")
+        if dp != plan.dp:
+            changes.append(f"dp {plan.dp} -> {dp}")
+        if ep != plan.ep:
+            experts = spec.moe.num_experts
+            changes.append(f"ep {plan.ep} -> {ep} ({experts} experts, {experts // ep} per rank as planned)")
+        if layers != t.model.num_layers:
+            changes.append(f"{layers} layer{'s' * (layers != 1)} ({lps} per stage)")
+        if wd > 1:
+            changes.append(
+                f"{wd}x narrower (hidden {spec.hidden_size}, {spec.num_attention_heads} heads of "
+                f"{spec.head_dim}, {spec.num_kv_heads} KV)"
+            )
+        if sd > 1:
+            changes.append(f"sequence {spec.seq_len} (/{sd})")
+        if plan.layout is not None and pp == plan.pp and len(set(plan.layout.stages)) > 1:
+            changes.append("even stages for the uneven layout")
+        if plan.tp_comm_overlap:
+            changes.append("no TP communication overlap (not built)")
+        return changes
 
     @staticmethod
     def _rung_text(lps: int, wd: int, sd: int) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autopar.spec.model import ModelSpec
+from autopar.spec.plan import ParallelPlan
 
 #: most halvings of width and sequence the ladder tries
 MAX_HALVINGS = 7
@@ -96,6 +97,37 @@ def _narrow(spec: ModelSpec, wd: int, round_to: int, etp: int, tp: int) -> Model
             else 0,
         )
     return replace(spec, **changes)
+
+
+def proxy_spec(
+    base: ModelSpec,
+    name: str,
+    *,
+    width_divisor: int,
+    round_to: int,
+    plan: ParallelPlan,
+    ep: int,
+    num_layers: int,
+    seq_len: int,
+) -> ModelSpec | None:
+    """The proxy's model: `base` narrowed by `width_divisor` (_narrow), `num_layers` layers of
+    `seq_len` tokens, and, for a MoE, the plan's experts per rank on `ep` expert ranks (top-k,
+    leading dense layers and MoE frequency cut to what the fewer layers and experts allow); None
+    when the width cannot shrink so."""
+    spec = _narrow(base, width_divisor, round_to, plan.etp, plan.tp)
+    if spec is None:
+        return None
+    moe = spec.moe
+    if moe is not None:
+        experts = max(1, moe.num_experts // plan.ep) * ep
+        moe = replace(
+            moe,
+            num_experts=experts,
+            top_k=min(moe.top_k, experts),
+            first_k_dense=0 if moe.first_k_dense >= num_layers else moe.first_k_dense,
+            layer_freq=moe.layer_freq if moe.layer_freq <= num_layers else 1,
+        )
+    return replace(spec, num_layers=num_layers, seq_len=seq_len, moe=moe, name=name)
 
 
 def _halvings(fixed: int | None, limit: int) -> list[int]:

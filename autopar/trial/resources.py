@@ -4,10 +4,11 @@
 the search process can check a trial before anything starts. `local_limits()` turns that into the
 limits a local trial must respect:
 
-| machine | ranks at most | memory a trial may use |
-|---|---|---|
-| GPUs | the GPU count (or fewer, `--max-local-ranks`) | per rank: the GPU's memory less `GPU_MARGIN` |
-| CPU | the cores (`--max-local-ranks`, which may oversubscribe them) | in all: `CPU_MEMORY_SHARE` of the available RAM, at most `CPU_MEMORY_CAP_BYTES`; each rank also pays `CPU_RANK_RUNTIME_BYTES` for the torch runtime |
+- **GPUs**: ranks at most the GPU count (or fewer, `--max-local-ranks`); memory per rank: the GPU's
+  memory less `GPU_MARGIN`.
+- **CPU**: ranks at most the cores (`--max-local-ranks`, which may oversubscribe them); memory in
+  all: `CPU_MEMORY_SHARE` of the available RAM, at most `CPU_MEMORY_CAP_BYTES`; each rank also
+  pays `CPU_RANK_RUNTIME_BYTES` for the torch runtime.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def run_trial(
     """Run the trial on this rank (all ranks call it); the result dict on rank 0, None elsewhere.
     `step_delay_s` is added inside every step (a deliberately slow plan, for the pruner's tests)."""
     pm, config = build(cfg, runtime)
-    plan, seq, device = pm.plan, cfg.sequence_length, runtime.device
+    device = runtime.device
     coords = {axis: pm.mesh.get_local_rank(axis) for axis in MESH_ORDER}
     opt = make_optimizer(list(pm.params.values()), cfg.optimizer, cfg.lr)
     axes = axis_ranks(pm.mesh, pm.expert_mesh) | pm.named_axes
@@ -161,9 +161,7 @@ def run_trial(
     comm = None
     extra: dict = {}
     for step in range(cfg.steps):
-        tokens, targets = synthetic_batch(cfg.seed, step, plan.global_batch_size, seq, config.spec.vocab_size)
-        tokens = cp_share(dp_share(tokens, plan, coords["dp"]), pm.positions).to(device)
-        targets = cp_share(dp_share(targets, plan, coords["dp"]), pm.positions).to(device)
+        tokens, targets = _rank_batch(cfg, pm, config.spec.vocab_size, coords["dp"], step, device)
         if step == count_step:  # EP: rows sent and received by each dispatch of the counted step
             logs = rows_logs(moes)
         if step == mem_start:
@@ -182,17 +180,10 @@ def run_trial(
         times.append(time.perf_counter() - t0)
         local_losses.append(loss)
         if on_step is not None:
-            slowest = torch.tensor([times[-1]], dtype=torch.float64, device=device)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            if dist.get_rank() == 0:
-                on_step(step, float(slowest.item()), step in timed)
+            _report_step(on_step, step, times[-1], step in timed, device)
         if step == count_step:
             comm = counting.count.to_dict()
-            rows = [r for log in logs for r in log]
-            if rows:
-                extra["ep_rows_sent"] = sum(r[0] for r in rows)
-                extra["ep_rows_received"] = sum(r[1] for r in rows)
-                extra["ep_dispatches"] = len(rows)
+            extra |= _ep_rows(logs)
             stop_rows_logs(moes)
     peak, delta, method = mem.peak()
     losses = _global_losses(local_losses, pm, device)
@@ -208,6 +199,48 @@ def run_trial(
         comm=comm,
         extra=extra,
     )
+    reports, gathered = _gather_to_rank0(cfg, pm, coords, report)
+    if dist.get_rank() != 0:
+        return None
+    return _result(cfg, pm, config, reports, losses, gathered, count_step)
+
+
+def _rank_batch(
+    cfg: TrialConfig, pm: ParallelModel, vocab_size: int, dp_rank: int, step: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's share (its dp share, its cp positions) of the step's synthetic global batch."""
+    plan = pm.plan
+    tokens, targets = synthetic_batch(cfg.seed, step, plan.global_batch_size, cfg.sequence_length, vocab_size)
+    tokens = cp_share(dp_share(tokens, plan, dp_rank), pm.positions).to(device)
+    targets = cp_share(dp_share(targets, plan, dp_rank), pm.positions).to(device)
+    return tokens, targets
+
+
+def _report_step(
+    on_step: Callable[[int, float, bool], None], step: int, time_s: float, timed: bool, device: torch.device
+) -> None:
+    """Hand the slowest rank's time of `step` to `on_step` on rank 0 (a collective: every rank calls it)."""
+    slowest = torch.tensor([time_s], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    if dist.get_rank() == 0:
+        on_step(step, float(slowest.item()), timed)
+
+
+def _ep_rows(logs: list) -> dict:
+    """The EP dispatch figures of the counted step: rows sent and received, and dispatches."""
+    rows = [r for log in logs for r in log]
+    if not rows:
+        return {}
+    return {
+        "ep_rows_sent": sum(r[0] for r in rows),
+        "ep_rows_received": sum(r[1] for r in rows),
+        "ep_dispatches": len(rows),
+    }
+
+
+def _gather_to_rank0(cfg: TrialConfig, pm: ParallelModel, coords: dict, report: RankReport) -> tuple[list, list]:
+    """Every rank's report, and with a parity check every stage's full parameters, gathered on rank 0
+    (a collective: every rank calls it; the lists are filled on rank 0 only)."""
     parity_params = pm.full_params() if cfg.check_parity else None
     reports: list = [None] * dist.get_world_size()
     dist.gather_object(asdict(report), reports if dist.get_rank() == 0 else None, dst=0)
@@ -216,9 +249,7 @@ def run_trial(
     gathered: list = [None] * dist.get_world_size()
     if cfg.check_parity:
         dist.gather_object(shared, gathered if dist.get_rank() == 0 else None, dst=0)
-    if dist.get_rank() != 0:
-        return None
-    return _result(cfg, pm, config, reports, losses, gathered, count_step)
+    return reports, gathered
 
 
 def _result(

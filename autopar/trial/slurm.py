@@ -1,5 +1,6 @@
-"""Trials on a SLURM cluster: the sbatch script (`autopar trial --emit-slurm` writes the same one)
-and `run_job`, which submits it, follows it and collects its result; imports no torch.
+"""Trials on a SLURM cluster: `run_job` submits the trial's sbatch script (autopar.trial.sbatch;
+`autopar trial --emit-slurm` writes the same one), follows the job and collects its result; imports
+no torch.
 
 `run_job(trials, nproc, ...)` writes the run file and `job.sbatch` into the trial's work directory
 (on a file system the cluster shares: the job writes its result and step records there), submits
@@ -26,7 +27,6 @@ import hashlib
 import json
 import math
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -35,10 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autopar.errors import InputError
-from autopar.quoting import check_text, sbatch_directives
 from autopar.trial import hygiene
 from autopar.trial.config import TrialConfig
 from autopar.trial.launcher import PROGRESS_FILE, LaunchResult, ProgressReader, classify
+from autopar.trial.sbatch import sbatch_script
+
+__all__ = ["SlurmOptions", "cancel", "job_state", "run_job", "sbatch_script"]
 
 JOB_FILE = "slurm.job"
 SCRIPT = "job.sbatch"
@@ -64,68 +66,6 @@ RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
 #: times in a row at most before the job is given up as lost
 QUERY_FAILED = "QUERY_FAILED"
 MAX_QUERY_FAILURES = 30
-
-MULTI_NODE = """# autopar trial: srun starts one torchrun per node; c10d rendezvous on the first node.
-set -euo pipefail
-{env}head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-srun {python} -m torch.distributed.run --nnodes={nnodes} --nproc_per_node={nproc} \\
-  --rdzv_backend=c10d --rdzv_endpoint="$head:29500" --rdzv_id="$SLURM_JOB_ID" \\
-  -m autopar.trial.worker --spec {spec} --out {out}{worker_args}
-"""
-ONE_NODE = """# autopar trial: one node, one torchrun (--standalone: a free local port).
-set -euo pipefail
-{env}exec {python} -m torch.distributed.run --standalone --nproc_per_node={nproc} \\
-  -m autopar.trial.worker --spec {spec} --out {out}{worker_args}
-"""
-
-
-def sbatch_script(
-    *,
-    nnodes: int,
-    nproc: int,
-    minutes: int,
-    python: str,
-    spec: Path | str,
-    out: Path | str,
-    worker_args: list[str] | None = None,
-    job_name: str = "autopar-trial",
-    pythonpath: str | None = None,
-    gpus: bool = True,
-) -> str:
-    """The job script of a trial: `nnodes` nodes of `nproc` ranks (GPUs, or CPU processes with
-    `gpus=False`), `minutes` of wall time. Its #SBATCH lines are the export's (autopar.quoting.
-    sbatch_directives); a path or name with a line break is refused in one line."""
-    for what, value in (
-        ("the trial's python", python),
-        ("the trial's run file", spec),
-        ("the trial's result file", out),
-        ("PYTHONPATH", pythonpath or ""),
-        *(("a worker argument", a) for a in worker_args or []),
-    ):
-        check_text(str(value), what)
-    args = "".join(f" {shlex.quote(a)}" for a in worker_args or [])
-    env = "unset AUTOPAR_WATCH AUTOPAR_LAUNCH  # the submitting process is no launcher to watch here\n" + (
-        f"export PYTHONPATH={shlex.quote(pythonpath)}${{PYTHONPATH:+:$PYTHONPATH}}\n" if pythonpath else ""
-    )
-    body = (MULTI_NODE if nnodes > 1 else ONE_NODE).format(
-        nnodes=nnodes,
-        nproc=nproc,
-        python=shlex.quote(python),
-        spec=shlex.quote(str(spec)),
-        out=shlex.quote(str(out)),
-        worker_args=args,
-        env=env,
-    )
-    head = sbatch_directives(
-        [
-            ("job-name", job_name),
-            ("nodes", nnodes),
-            ("ntasks-per-node", 1),
-            ("gpus-per-node" if gpus else "cpus-per-task", nproc),
-            ("time", minutes),
-        ]
-    )
-    return "#!/bin/bash\n" + head + body
 
 
 @dataclass(frozen=True)
@@ -239,19 +179,9 @@ def run_job(
     )
     digest = _digest(spec_text, script)
     say = log or (lambda s: None)
-    job, old_digest = _read_job(workdir)
-    state = ""
-    if job:
-        state, code = job_state(job)
-        if state in ACTIVE and old_digest == digest:
-            say(f"  adopting SLURM job {job} ({state.lower()}), submitted by an earlier run")
-        elif state == "COMPLETED" and old_digest == digest and _complete(out):
-            say(f"  collecting SLURM job {job}: it completed while autopar was away")
-            return _finish(job, state, code, out, workdir, [], 0.0, timed_out=False, stopped=False, cmd=[])
-        else:
-            if state in ACTIVE:
-                cancel(job)  # ours, but for another trial definition
-            job = ""
+    job, state, collected = _resume(workdir, digest, out, say)
+    if collected is not None:
+        return collected
     cmd = [
         "sbatch",
         "--parsable",
@@ -266,19 +196,9 @@ def run_job(
         (workdir / SCRIPT).write_text(script)
         out.unlink(missing_ok=True)
         progress.unlink(missing_ok=True)
-        sub = _run(cmd)
-        job = sub.stdout.strip().split(";")[0].strip()
-        if sub.returncode != 0 or not job.isdigit():
-            return LaunchResult(
-                outcome="crash",
-                returncode=sub.returncode,
-                wall_s=0.0,
-                result=None,
-                command=cmd,
-                stderr_tail=sub.stderr[-2000:],
-                reasons=[f"sbatch failed: {(sub.stderr or sub.stdout).strip()[:300]}"],
-            )
-        (workdir / JOB_FILE).write_text(f"{job} {digest}")
+        job, failed = _submit(cmd, workdir, digest)
+        if failed is not None:
+            return failed
         say(f"  submitted SLURM job {job} ({nnodes} node{'s' * (nnodes > 1)} x {per_node} ranks)")
         state = "PENDING"
     records, state, code, wall, timed_out, stopped, queued = _watch(
@@ -287,6 +207,45 @@ def run_job(
     return _finish(
         job, state, code, out, workdir, records, wall, timed_out=timed_out, stopped=stopped, cmd=cmd, queued=queued
     )
+
+
+def _resume(workdir: Path, digest: str, out: Path, say: Callable[[str], None]) -> tuple[str, str, LaunchResult | None]:
+    """The job an earlier run submitted for this trial (`slurm.job`): (job id, state, None) to adopt
+    one still queued or running with the same `digest`; (job id, state, result) for one that
+    completed with a complete result; ("", state, None) otherwise, after cancelling an active job
+    that runs another trial definition."""
+    job, old_digest = _read_job(workdir)
+    if not job:
+        return "", "", None
+    state, code = job_state(job)
+    if state in ACTIVE and old_digest == digest:
+        say(f"  adopting SLURM job {job} ({state.lower()}), submitted by an earlier run")
+        return job, state, None
+    if state == "COMPLETED" and old_digest == digest and _complete(out):
+        say(f"  collecting SLURM job {job}: it completed while autopar was away")
+        return job, state, _finish(job, state, code, out, workdir, [], 0.0, timed_out=False, stopped=False, cmd=[])
+    if state in ACTIVE:
+        cancel(job)  # ours, but for another trial definition
+    return "", state, None
+
+
+def _submit(cmd: list[str], workdir: Path, digest: str) -> tuple[str, LaunchResult | None]:
+    """Submit the job script (`cmd`: the sbatch command) and record its id with `digest` in
+    `slurm.job`: (job id, None), or ("", the crash result) when sbatch fails."""
+    sub = _run(cmd)
+    job = sub.stdout.strip().split(";")[0].strip()
+    if sub.returncode != 0 or not job.isdigit():
+        return "", LaunchResult(
+            outcome="crash",
+            returncode=sub.returncode,
+            wall_s=0.0,
+            result=None,
+            command=cmd,
+            stderr_tail=sub.stderr[-2000:],
+            reasons=[f"sbatch failed: {(sub.stderr or sub.stdout).strip()[:300]}"],
+        )
+    (workdir / JOB_FILE).write_text(f"{job} {digest}")
+    return job, None
 
 
 def _watch(

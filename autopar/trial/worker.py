@@ -18,8 +18,9 @@ as the result reports it) and flushes it, so the launcher can show or prune a tr
 Ending: gloo sometimes aborts at process exit after the work is done ("terminate called without
 an active exception", libstdc++'s std::terminate message, while the gloo process group is
 destroyed at interpreter shutdown). So the worker writes its result first, then waits at a
-barrier, flushes and leaves with os._exit, skipping the interpreter and process-group teardown where the abort happens. The launcher still treats "result complete, then a non-zero
-exit" as success-with-teardown-abort.
+barrier, flushes and leaves with os._exit, skipping the interpreter and process-group teardown
+where the abort happens. The launcher still treats "result complete, then a non-zero exit" as
+success-with-teardown-abort.
 """
 
 from __future__ import annotations

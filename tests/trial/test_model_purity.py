@@ -1,7 +1,8 @@
 """The built-in model knows nothing of parallelism (torchtitan's design): autopar/trial/model.py
-(and its moe.py and layers.py) imports nothing of torch.distributed nor of the parallel steps, and holds no process group; the
-`apply_*` steps swap in what parallelism changes (the ring attention core, the expert dispatch, the
-sequence-wide routing statistics). Checked on the source, and on a model the steps ran on."""
+(and its moe.py and layers.py) imports nothing of torch.distributed nor of the parallel steps, and
+holds no process group; the `apply_*` steps swap in what parallelism changes (the ring attention
+core, the expert dispatch, the sequence-wide routing statistics). Checked on the source, and on a
+model the steps ran on."""
 
 from __future__ import annotations
 

@@ -2,12 +2,18 @@
 
 The plan's `zero_stage` maps to (Rajbhandari et al. 2020 ZeRO; torch FSDP2 `fully_shard`):
 
-| stage | wrapper | parameters | gradients | optimizer state | collectives per step (m microbatches) |
-|---|---|---|---|---|---|
-| 0 | DDP (FSDP2 `replicate` with TP) | replicated | replicated, all-reduced once, after the last microbatch (no_sync before) | replicated | 1 all-reduce |
-| 1 | FSDP2, reshard_after_forward=False | sharded at rest, gathered once per step and kept for every microbatch | accumulated unsharded, reduce-scattered once after the last microbatch | sharded | 1 all-gather + 1 reduce-scatter |
-| 2 | FSDP2, reshard_after_forward=False | as stage 1 | reduce-scattered after every microbatch, accumulated sharded | sharded | 1 all-gather + m reduce-scatters |
-| 3 | FSDP2, reshard_after_forward=True | gathered for each forward and again for each backward | reduce-scattered after every microbatch | sharded | 2m all-gathers + m reduce-scatters |
+- **stage 0**: DDP (FSDP2 `replicate` with TP). Parameters replicated; gradients replicated,
+  all-reduced once, after the last microbatch (no_sync before); optimizer state replicated.
+  Collectives per step (m microbatches): 1 all-reduce.
+- **stage 1**: FSDP2, reshard_after_forward=False. Parameters sharded at rest, gathered once per
+  step and kept for every microbatch; gradients accumulated unsharded, reduce-scattered once after
+  the last microbatch; optimizer state sharded. Collectives: 1 all-gather + 1 reduce-scatter.
+- **stage 2**: FSDP2, reshard_after_forward=False. Parameters as stage 1; gradients
+  reduce-scattered after every microbatch, accumulated sharded; optimizer state sharded.
+  Collectives: 1 all-gather + m reduce-scatters.
+- **stage 3**: FSDP2, reshard_after_forward=True. Parameters gathered for each forward and again
+  for each backward; gradients reduce-scattered after every microbatch; optimizer state sharded.
+  Collectives: 2m all-gathers + m reduce-scatters.
 
 Stage 0 with tensor parallelism uses FSDP2's `replicate` (the same gradient all-reduce, per unit):
 DDP cannot hold DTensor parameters, and its `_pre_dp_module_transform` workaround re-reduces the
