@@ -11,16 +11,7 @@ bridge (Megatron-Bridge), and the launchers torchrun and slurm, which wrap any o
 
 from __future__ import annotations
 
-from autopar.export.base import (
-    ExportBundle,
-    Exporter,
-    ExportFile,
-    ExportOptions,
-    ExportRefused,
-    SlurmOptions,
-    normalize,
-    plan_view,
-)
+from autopar.export.base import ExportBundle, Exporter, ExportFile, ExportOptions, ExportRefused, SlurmOptions
 from autopar.export.bridge import BridgeExporter
 from autopar.export.deepspeed import DeepSpeedExporter
 from autopar.export.launch import SlurmExporter, TorchrunExporter
@@ -28,6 +19,7 @@ from autopar.export.megatron import MegatronExporter
 from autopar.export.nemo import NemoExporter
 from autopar.export.registry import EXPORTERS, get_exporter, register
 from autopar.export.torchtitan import TorchtitanExporter
+from autopar.export.view import normalize, plan_view
 
 for _cls in (
     MegatronExporter,

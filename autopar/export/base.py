@@ -12,7 +12,8 @@ Contract every exporter keeps (tests/export/test_contract.py checks it for every
 - One source of refusals: `render` re-targets the plan to the exporter's trainer and refuses what
   that trainer's capability table forbids (autopar.export.capabilities), with the table's sentence,
   the same one the search applies; exporters keep only checks that depend on their own options.
-- Round trip: `parse(render(plan, ...))` equals `plan_view(plan, model)` after `normalize`.
+- Round trip: `parse(render(plan, ...))` equals `plan_view(plan, model)` after `normalize`
+  (autopar.export.view).
 - Every text file starts with the header (model, cluster, predicted memory, step time, MFU, the
   autopar command that produced it); JSON files carry it under the "_autopar" key.
 - The launch scripts place ranks the way the cost model assumed (autopar.spec.plan.MESH_ORDER:
@@ -21,7 +22,6 @@ Contract every exporter keeps (tests/export/test_contract.py checks it for every
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -202,95 +202,6 @@ def check_inputs(model: ModelSpec, options: ExportOptions) -> None:
         )
 
 
-# ---- the plan as every exporter must reproduce it -----------------------------------------------
-
-VIEW_KEYS = (
-    "num_gpus",
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "dp",
-    "ep",
-    "etp",
-    "sequence_parallel",
-    "zero_stage",
-    "micro_batch_size",
-    "global_batch_size",
-    "num_microbatches",
-    "pp_schedule",
-    "layout",
-    "recompute",
-    "recompute_layers",
-    "dtype",
-    "main_grads_fp32",
-    "tp_comm_overlap",
-    "moe_dispatch",
-    "capacity_factor",
-    "moe_dispatcher",
-    "ep_comm_overlap",
-)
-
-
-def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
-    """What a trainer must reproduce of a plan, as plain values (normalized)."""
-    layout = plan.resolved_layout(model.num_layers)
-    return normalize(
-        {
-            "num_gpus": plan.num_gpus,
-            "tp": plan.tp,
-            "pp": plan.pp,
-            "vpp": plan.vpp,
-            "cp": plan.cp,
-            "dp": plan.dp,
-            "ep": plan.ep,
-            "etp": plan.etp,
-            "sequence_parallel": bool(plan.sequence_parallel),
-            "zero_stage": plan.zero_stage,
-            "micro_batch_size": plan.micro_batch_size,
-            "global_batch_size": plan.global_batch_size,
-            "num_microbatches": plan.num_microbatches,
-            "pp_schedule": plan.pp_schedule,
-            "layout": tuple(layout.stages),
-            "recompute": plan.recompute,
-            "recompute_layers": plan.recompute_layers,
-            "dtype": plan.dtype,
-            "main_grads_fp32": plan.main_grads_fp32,
-            "tp_comm_overlap": plan.tp_comm_overlap,
-            # a dense model drops no token and dispatches none: it reads back as dropless all-to-all
-            "moe_dispatch": plan.moe_dispatch if model.moe is not None else "dropless",
-            "capacity_factor": plan.capacity_factor if model.moe is not None else None,
-            "moe_dispatcher": plan.moe_dispatcher if model.moe is not None else "alltoall",
-            "ep_comm_overlap": plan.ep_comm_overlap and model.moe is not None,
-        }
-    )
-
-
-def normalize(view: dict) -> dict:
-    """Drop distinctions that do not exist in a run: no schedule or layout without a pipeline, no
-    sharding stage without data-parallel ranks to shard over, no SP without TP."""
-    v = {k: view.get(k) for k in VIEW_KEYS}
-    if v["pp"] == 1:
-        v["pp_schedule"] = None
-        v["layout"] = None
-    elif v["layout"] is not None:
-        v["layout"] = tuple(int(x) for x in v["layout"])
-    if v["dp"] is not None and v["cp"] is not None and v["dp"] * v["cp"] == 1:
-        v["zero_stage"] = None
-    if v["tp"] == 1:
-        v["sequence_parallel"] = False
-        v["tp_comm_overlap"] = False
-    if v["ep"] == 1:
-        v["ep_comm_overlap"] = False
-    if v["recompute"] != "full":
-        v["recompute_layers"] = None
-    if v["moe_dispatch"] != "capacity":
-        v["capacity_factor"] = None
-    elif v["capacity_factor"] is not None:
-        v["capacity_factor"] = float(v["capacity_factor"])
-    return v
-
-
 # ---- the rendering context shared by every exporter ---------------------------------------------
 
 
@@ -363,41 +274,3 @@ class Context:
 
     def header_lines(self) -> list[str]:
         return header_lines(self)
-
-
-def bash_array(name: str, groups: list[tuple[str, list[str]]]) -> str:
-    """A bash array literal, one flag (and its value) per line, grouped under comments."""
-    out = [f"{name}=("]
-    for title, argv in groups:
-        if not argv:
-            continue
-        out.append(f"  # {title}")
-        i = 0
-        while i < len(argv):
-            if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                out.append(f"  {argv[i]} {shlex.quote(argv[i + 1])}")
-                i += 2
-            else:
-                out.append(f"  {argv[i]}")
-                i += 1
-    out.append(")")
-    return "\n".join(out) + "\n"
-
-
-def read_bash_array(text: str, name: str) -> list[str]:
-    """The words of `NAME=( ... )` in a script written by `bash_array` (comments dropped)."""
-    start = text.find(f"\n{name}=(")
-    if start < 0 and text.startswith(f"{name}=("):
-        start = 0
-    if start < 0:
-        raise ValueError(f"no {name}=( ... ) array in the script")
-    body = text[text.index("(", start) + 1 :]
-    words: list[str] = []
-    for line in body.splitlines():
-        s = line.strip()
-        if s == ")":
-            return words
-        if not s or s.startswith("#"):
-            continue
-        words += shlex.split(s, comments=True)
-    raise ValueError(f"unterminated {name}=( ... ) array")

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 
-from autopar.export.base import Context, ExportBundle, Exporter, ExportFile, bash_array, normalize, read_bash_array
+from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
+from autopar.export.bash import bash_array, read_bash_array
 from autopar.export.header import comment_header, header_dict
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.megatron import USER_ARGS
 from autopar.export.megatron_core import recompute_from
+from autopar.export.view import normalize
 
 CONFIG = "ds_config.json"
 ARGS = "megatron_deepspeed_args.sh"

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.export.base import Context, ExportBundle, Exporter, ExportFile, bash_array, normalize, read_bash_array
+from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
+from autopar.export.bash import bash_array, read_bash_array
 from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import megatron_layout, stages_from_megatron
@@ -35,6 +36,7 @@ from autopar.export.megatron_core import (
     recompute_from,
     recompute_settings,
 )
+from autopar.export.view import normalize
 
 __all__ = [
     "FSDP_STRATEGY_ZERO",

@@ -9,9 +9,10 @@ tests/export/test_export_trainers.py against the installed package.
 
 from __future__ import annotations
 
-from autopar.export.base import Context, normalize
+from autopar.export.base import Context
 from autopar.export.header import ep_overlap
 from autopar.export.layouts import megatron_layout, stages_from_megatron
+from autopar.export.view import normalize
 
 ZERO_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 FSDP_STRATEGY_ZERO = {v: k for k, v in ZERO_FSDP_STRATEGY.items()}

@@ -29,10 +29,11 @@ import ast
 import tomllib
 
 from autopar.errors import InputError, quoted
-from autopar.export.base import Context, ExportBundle, Exporter, ExportFile, normalize
+from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
 from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import stages_from_fqns, torchtitan_fqns
+from autopar.export.view import normalize
 from autopar.quoting import check_identifier, toml_string
 
 #: autopar preset -> (torchtitan model name, flavor (<= 0.2.2), config_registry function (>= 0.3))

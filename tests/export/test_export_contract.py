@@ -138,7 +138,7 @@ def test_launch_scripts_keep_ranks_consecutive_per_node() -> None:
 
 def test_uneven_megatron_export_reproduces_the_layout() -> None:
     """Issue 9: first/last-stage flags when they reproduce the layout, else the layout flag."""
-    from autopar.export.base import read_bash_array
+    from autopar.export.bash import read_bash_array
 
     def argv(case_id):
         c = next(x for x in CASES if x.id == case_id)

@@ -34,7 +34,7 @@ import pytest
 from export_cases import CASES, CLUSTER
 
 from autopar.export import get_exporter
-from autopar.export.base import read_bash_array
+from autopar.export.bash import read_bash_array
 from autopar.export.megatron import megatron_vpp, parse_megatron_args
 
 pytestmark = [
