@@ -15,39 +15,20 @@ The Megatron-Core mapping (autopar/export/megatron_core.py, shared with NeMo 2 a
 What Megatron-Core cannot run (GPipe, zero-bubble, partial recompute off the vpp grid, TP overlap
 without SP, MoE biases with etp > 1, ...) is refused from its capability table
 (autopar/spec/data/trainers.toml [megatron]) before any exporter runs: autopar.export.capabilities.
+The flags are read back (the plan they express) in autopar/export/megatron_parse.py.
 """
 
 from __future__ import annotations
-
-import argparse
 
 from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
 from autopar.export.bash import bash_array, read_bash_array
 from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
-from autopar.export.layouts import megatron_layout, stages_from_megatron
-from autopar.export.megatron_core import (
-    FSDP_STRATEGY_ZERO,
-    ZERO_FSDP_STRATEGY,
-    capacity_settings,
-    dispatch_from,
-    dispatcher_from,
-    dispatcher_settings,
-    recompute_from,
-    recompute_settings,
-)
-from autopar.export.view import normalize
+from autopar.export.layouts import megatron_layout
+from autopar.export.megatron_core import ZERO_FSDP_STRATEGY, capacity_settings, dispatcher_settings, recompute_settings
+from autopar.export.megatron_parse import view_from_megatron_argv
 
-__all__ = [
-    "FSDP_STRATEGY_ZERO",
-    "ZERO_FSDP_STRATEGY",
-    "MegatronExporter",
-    "megatron_vpp",
-    "parse_megatron_args",
-    "recompute_from",
-    "recompute_settings",
-    "view_from_megatron_argv",
-]
+__all__ = ["ZERO_FSDP_STRATEGY", "MegatronExporter", "recompute_settings", "view_from_megatron_argv"]
 
 
 # ---- flags --------------------------------------------------------------------------------------
@@ -271,162 +252,3 @@ class MegatronExporter(Exporter):
     def parse(self, bundle: ExportBundle) -> dict:
         argv = read_bash_array(bundle.text("megatron_args.sh"), "AUTOPAR_ARGS")
         return view_from_megatron_argv(argv, parse_world(bundle))
-
-
-# ---- parsing back -------------------------------------------------------------------------------
-
-
-def megatron_parser() -> argparse.ArgumentParser:
-    """The subset of Megatron-LM's argparse that autopar emits (names and types as in arguments.py)."""
-    ap = argparse.ArgumentParser(prog="pretrain_gpt.py", add_help=False, allow_abbrev=False)
-    ints = [
-        "--num-layers",
-        "--hidden-size",
-        "--ffn-hidden-size",
-        "--num-attention-heads",
-        "--kv-channels",
-        "--num-query-groups",
-        "--seq-length",
-        "--max-position-embeddings",
-        "--q-lora-rank",
-        "--kv-lora-rank",
-        "--qk-head-dim",
-        "--qk-pos-emb-head-dim",
-        "--v-head-dim",
-        "--num-experts",
-        "--moe-router-topk",
-        "--moe-ffn-hidden-size",
-        "--moe-shared-expert-intermediate-size",
-        "--tensor-model-parallel-size",
-        "--pipeline-model-parallel-size",
-        "--num-layers-per-virtual-pipeline-stage",
-        "--num-virtual-stages-per-pipeline-rank",
-        "--decoder-first-pipeline-num-layers",
-        "--decoder-last-pipeline-num-layers",
-        "--context-parallel-size",
-        "--expert-model-parallel-size",
-        "--expert-tensor-parallel-size",
-        "--micro-batch-size",
-        "--global-batch-size",
-        "--recompute-num-layers",
-    ]
-    for f in ints:
-        ap.add_argument(f, type=int)
-    strs = [
-        "--normalization",
-        "--position-embedding-type",
-        "--moe-layer-freq",
-        "--moe-token-dispatcher-type",
-        "--pipeline-model-parallel-layout",
-        "--data-parallel-sharding-strategy",
-        "--recompute-granularity",
-        "--recompute-method",
-        "--fp8-format",
-        "--moe-token-drop-policy",
-        "--moe-flex-dispatcher-backend",
-    ]
-    for f in strs:
-        ap.add_argument(f, type=str)
-    for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor"):
-        ap.add_argument(f, type=float)
-    flags = [
-        "--group-query-attention",
-        "--swiglu",
-        "--untie-embeddings-and-output-weights",
-        "--disable-bias-linear",
-        "--add-qkv-bias",
-        "--qk-layernorm",
-        "--multi-latent-attention",
-        "--moe-router-enable-expert-bias",
-        "--moe-grouped-gemm",
-        "--sequence-parallel",
-        "--use-distributed-optimizer",
-        "--use-megatron-fsdp",
-        "--overlap-grad-reduce",
-        "--overlap-param-gather",
-        "--tp-comm-overlap",
-        "--bf16",
-        "--grad-reduce-in-bf16",
-        "--moe-pad-expert-input-to-capacity",
-        "--overlap-moe-expert-parallel-comm",
-    ]
-    for f in flags:
-        ap.add_argument(f, action="store_true")
-    return ap
-
-
-def parse_megatron_args(argv: list[str]) -> argparse.Namespace:
-    """Parse flags written by the megatron exporter (unknown flags are an error)."""
-    ns, unknown = megatron_parser().parse_known_args(argv)
-    if unknown:
-        raise ValueError(f"flags autopar does not emit: {unknown}")
-    return ns
-
-
-def megatron_vpp(ns: argparse.Namespace) -> int:
-    pp = ns.pipeline_model_parallel_size or 1
-    if ns.pipeline_model_parallel_layout:
-        from autopar.export.layouts import parse_layout_string
-
-        return len(parse_layout_string(ns.pipeline_model_parallel_layout)) // pp
-    if ns.num_virtual_stages_per_pipeline_rank:
-        return ns.num_virtual_stages_per_pipeline_rank
-    if ns.num_layers_per_virtual_pipeline_stage:
-        return (ns.num_layers // pp) // ns.num_layers_per_virtual_pipeline_stage
-    return 1
-
-
-def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
-    ns = parse_megatron_args(argv)
-    tp, pp, cp = ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size, ns.context_parallel_size
-    if num_gpus % (tp * pp * cp):
-        raise ValueError(f"world size {num_gpus} does not divide by tp*pp*cp")
-    dp = num_gpus // (tp * pp * cp)
-    vpp = megatron_vpp(ns)
-    stages = stages_from_megatron(
-        ns.num_layers,
-        pp,
-        vpp=vpp,
-        first=ns.decoder_first_pipeline_num_layers,
-        last=ns.decoder_last_pipeline_num_layers,
-        layout=ns.pipeline_model_parallel_layout,
-    )
-    if ns.use_megatron_fsdp:
-        zero = FSDP_STRATEGY_ZERO[ns.data_parallel_sharding_strategy]
-    else:
-        zero = 1 if ns.use_distributed_optimizer else 0
-    recompute, rl = recompute_from(ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers, vpp)
-    mbs, gbs = ns.micro_batch_size, ns.global_batch_size
-    ep = ns.expert_model_parallel_size or 1
-    dispatch, cf = dispatch_from(
-        ns.moe_expert_capacity_factor, ns.moe_token_drop_policy, ns.moe_pad_expert_input_to_capacity
-    )
-    dispatcher = dispatcher_from(ns.moe_token_dispatcher_type, ns.moe_flex_dispatcher_backend)
-    return normalize(
-        {
-            "num_gpus": num_gpus,
-            "tp": tp,
-            "pp": pp,
-            "vpp": vpp,
-            "cp": cp,
-            "dp": dp,
-            "ep": ep,
-            "etp": ns.expert_tensor_parallel_size or tp,
-            "sequence_parallel": ns.sequence_parallel,
-            "zero_stage": zero,
-            "micro_batch_size": mbs,
-            "global_batch_size": gbs,
-            "num_microbatches": gbs // (mbs * dp),
-            "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
-            "layout": stages,
-            "recompute": recompute,
-            "recompute_layers": rl,
-            "dtype": "fp8" if ns.fp8_format else ("bf16" if ns.bf16 else "fp32"),
-            "main_grads_fp32": not ns.grad_reduce_in_bf16,
-            "tp_comm_overlap": ns.tp_comm_overlap,
-            "moe_dispatch": dispatch,
-            "capacity_factor": cf,
-            "moe_dispatcher": dispatcher,
-            "ep_comm_overlap": ns.overlap_moe_expert_parallel_comm,
-        }
-    )

@@ -35,7 +35,7 @@ from export_cases import CASES, CLUSTER
 
 from autopar.export import get_exporter
 from autopar.export.bash import read_bash_array
-from autopar.export.megatron import megatron_vpp, parse_megatron_args
+from autopar.export.megatron_parse import megatron_vpp, parse_megatron_args
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"),
