@@ -4,9 +4,10 @@
     bundle = get_exporter("megatron").render(plan, model, cluster)
     bundle.write("launch/megatron")
 
-Each trainer is one module registered here (autopar/export/base.py states the contract):
-megatron (Megatron-LM), torchtitan, deepspeed (DeepSpeed + Megatron-DeepSpeed), nemo (NeMo 2),
-bridge (Megatron-Bridge), and the launchers torchrun and slurm, which wrap any of them.
+Each trainer's exporter is one module registered here (autopar/export/base.py states the
+contract; a trainer's helpers sit beside it as <trainer>_*.py): megatron (Megatron-LM), torchtitan,
+deepspeed (DeepSpeed + Megatron-DeepSpeed), nemo (NeMo 2), bridge (Megatron-Bridge), and the
+launchers torchrun and slurm, which wrap any of them.
 """
 
 from __future__ import annotations
