@@ -5,5 +5,7 @@ folder, so the list is the discovered autopar packages plus that one (metadata: 
 
 from setuptools import find_namespace_packages, setup
 
-setup(packages=[*find_namespace_packages(include=["autopar*"]), "autopar.spaces"],
-      package_dir={"autopar.spaces": "search_spaces"})
+setup(
+    packages=[*find_namespace_packages(include=["autopar*"]), "autopar.spaces"],
+    package_dir={"autopar.spaces": "search_spaces"},
+)

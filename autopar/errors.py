@@ -61,5 +61,5 @@ def one_line(text: str) -> str:
     words = []
     for w in str(text).split():
         w = "".join(_visible(c) for c in w)
-        words.append(w if len(w) <= _WORD_CHARS else w[:_WORD_CHARS // 2] + f"...({len(w)} characters)")
+        words.append(w if len(w) <= _WORD_CHARS else w[: _WORD_CHARS // 2] + f"...({len(w)} characters)")
     return " ".join(words)

@@ -48,10 +48,13 @@ def check_text(value: str, what: str) -> str:
     safely in a comment, and a newline would start a new line of code)."""
     for c in value:
         if _unsafe(c):
-            name = _NAMES.get(c, f"the {'lone surrogate' if 0xD800 <= ord(c) <= 0xDFFF else 'control character'} "
-                                 f"U+{ord(c):04X}")
-            raise InputError(f"{what} {shown(value)} contains {name}; values written into generated scripts "
-                             f"must be one line of printable text: remove it")
+            name = _NAMES.get(
+                c, f"the {'lone surrogate' if 0xD800 <= ord(c) <= 0xDFFF else 'control character'} U+{ord(c):04X}"
+            )
+            raise InputError(
+                f"{what} {shown(value)} contains {name}; values written into generated scripts "
+                f"must be one line of printable text: remove it"
+            )
     return value
 
 
@@ -60,16 +63,18 @@ def check_identifier(value: str, what: str, *, dotted: bool = False, example: st
     keyword; else a one-line InputError: such names are pasted into `import` lines and commands."""
     parts = value.split(".") if dotted else [value]
     if not all(_IDENT.match(p) and not keyword.iskeyword(p) for p in parts):
-        kind = "dotted Python module path (names of letters, digits and _ joined by dots)" if dotted \
+        kind = (
+            "dotted Python module path (names of letters, digits and _ joined by dots)"
+            if dotted
             else "Python name (letters, digits and _, not starting with a digit)"
+        )
         raise InputError(f"{what} {shown(value)} is not a {kind}" + (f"; pass one like {example}" if example else ""))
     return value
 
 
 def comment_text(text: str) -> str:
     """`text` for a comment line: characters that could end the line (or reorder it) escaped."""
-    return "".join(c.encode("unicode_escape", "backslashreplace").decode("ascii") if _unsafe(c) else c
-                   for c in text)
+    return "".join(c.encode("unicode_escape", "backslashreplace").decode("ascii") if _unsafe(c) else c for c in text)
 
 
 def sbatch_word(value: str, what: str = "an sbatch option") -> str:

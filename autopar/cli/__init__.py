@@ -33,13 +33,39 @@ app = typer.Typer(
 
 def _register() -> None:
     # each module adds its command to `app`; none imports torch, optuna or plotly at import time
-    from autopar.cli import (calibrate, compare, estimate, export, hardware, models, probe, report,  # noqa: F401
-                             search, trainers, trial, validate)
+    from autopar.cli import (
+        calibrate,
+        compare,
+        estimate,
+        export,
+        hardware,
+        models,
+        probe,
+        report,  # noqa: F401
+        search,
+        trainers,
+        trial,
+        validate,
+    )
 
 
 #: OS errors of the user's paths, permissions and disk: bad input (one line, exit 2), not a crash
-_USER_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
-                          errno.EROFS, errno.ENOSPC, errno.ENAMETOOLONG, errno.EDQUOT, errno.ELOOP, errno.ETXTBSY})
+_USER_ERRNOS = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EEXIST,
+        errno.EROFS,
+        errno.ENOSPC,
+        errno.ENAMETOOLONG,
+        errno.EDQUOT,
+        errno.ELOOP,
+        errno.ETXTBSY,
+    }
+)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -57,15 +83,18 @@ def _os_error(e: OSError) -> str:
 def _given_value(argv: list[str], param) -> str | None:
     """The value the command line gave the option a usage error is about (its last occurrence),
     or None (an argument, a flag, or not found): click's messages do not always quote it."""
-    opts = [o for o in (getattr(param, "opts", None) or []) + (getattr(param, "secondary_opts", None) or [])
-            if o.startswith("-")]
+    opts = [
+        o
+        for o in (getattr(param, "opts", None) or []) + (getattr(param, "secondary_opts", None) or [])
+        if o.startswith("-")
+    ]
     value = None
     for i, tok in enumerate(argv):
         for o in opts:
             if tok == o and i + 1 < len(argv):
                 value = str(argv[i + 1])
             elif str(tok).startswith(o + "=") and o.startswith("--"):
-                value = str(tok)[len(o) + 1:]
+                value = str(tok)[len(o) + 1 :]
     return value
 
 
@@ -74,8 +103,12 @@ def _value_options(name: str) -> set[str]:
     import typer.main
 
     cmd = getattr(typer.main.get_command(app), "commands", {}).get(name)
-    return {o for p in getattr(cmd, "params", []) if getattr(p, "param_type_name", "") == "option"
-            and not getattr(p, "is_flag", False) for o in p.opts}
+    return {
+        o
+        for p in getattr(cmd, "params", [])
+        if getattr(p, "param_type_name", "") == "option" and not getattr(p, "is_flag", False)
+        for o in p.opts
+    }
 
 
 def _check_empty(argv: list[str]) -> None:

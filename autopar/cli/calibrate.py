@@ -17,11 +17,9 @@ def _question(run_dir: Path):
 
     from autopar.errors import InputError
     from autopar.search.enumerate import Question
-    from autopar.search.space import load_space
+    from autopar.search.run_dir import load
     from autopar.spec.hardware import ClusterSpec, CostConstants, default_cluster
     from autopar.spec.presets import model_from_dict
-
-    from autopar.search.run_dir import load
 
     info = load(run_dir).search  # a complete run directory of this autopar, or one line
     try:

@@ -14,11 +14,18 @@ from autopar.cli import options as o
 from autopar.cli.plan_flags import with_plan_flags
 from autopar.spec.resolve import PlanRequest
 
-OptModel = Annotated[Optional[str], typer.Option("--model", "-m", help="Model of the flag-string layouts (preset, "
-                                                 "config.json or model file); default: the run directory's.")]
+OptModel = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model",
+        "-m",
+        help="Model of the flag-string layouts (preset, config.json or model file); default: the run directory's.",
+    ),
+]
 OptGpus = Annotated[Optional[int], typer.Option("--gpus", "-g", help="Number of GPUs; default: the run directory's.")]
-OptGpu = Annotated[Optional[str], typer.Option("--gpu", help="GPU preset (default: the run directory's, else "
-                                               "h100-sxm).")]
+OptGpu = Annotated[
+    Optional[str], typer.Option("--gpu", help="GPU preset (default: the run directory's, else h100-sxm).")
+]
 
 # ---- flag strings: the plan flags of `autopar estimate`, parsed by a private one-command app ------
 
@@ -28,8 +35,13 @@ _flags = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_
 @_flags.command()
 @with_plan_flags
 def _layout(
-    model: OptModel = None, gpus: OptGpus = None, gpu: OptGpu = None, gpus_per_node: o.GpusPerNode = None,
-    cluster: o.ClusterFile = None, seq_len: o.SeqLen = None, plan: PlanRequest = PlanRequest(),
+    model: OptModel = None,
+    gpus: OptGpus = None,
+    gpu: OptGpu = None,
+    gpus_per_node: o.GpusPerNode = None,
+    cluster: o.ClusterFile = None,
+    seq_len: o.SeqLen = None,
+    plan: PlanRequest = PlanRequest(),
 ) -> tuple[dict, PlanRequest]:
     return dict(model=model, gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node, cluster=cluster, seq_len=seq_len), plan
 
@@ -44,7 +56,9 @@ def parse_flags(text: str, where: str) -> tuple[dict, PlanRequest]:
     except ValueError as e:
         raise InputError(f"{where}: {e}") from None
     if any(t in ("--help", "-h") for t in tokens):
-        raise InputError(f"{where}: a layout takes the plan flags of `autopar estimate` (see `autopar estimate --help`)")
+        raise InputError(
+            f"{where}: a layout takes the plan flags of `autopar estimate` (see `autopar estimate --help`)"
+        )
     try:
         return _flags(args=tokens, prog_name="layout", standalone_mode=False)
     except click_exc.ClickException as e:
@@ -52,8 +66,9 @@ def parse_flags(text: str, where: str) -> tuple[dict, PlanRequest]:
         raise InputError(f"{where}: {msg}; a layout takes the plan flags of `autopar estimate`") from None
 
 
-def _question(base, *, model=None, gpus=None, gpu=None, gpus_per_node=None, cluster=None, seq_len=None, gbs=None,
-              where: str = ""):
+def _question(
+    base, *, model=None, gpus=None, gpu=None, gpus_per_node=None, cluster=None, seq_len=None, gbs=None, where: str = ""
+):
     """The question from a base (a run's, or None) and flag values overriding it."""
     from dataclasses import replace
 
@@ -61,7 +76,6 @@ def _question(base, *, model=None, gpus=None, gpu=None, gpus_per_node=None, clus
     from autopar.report.compare import Question
     from autopar.spec.presets import resolve_model
     from autopar.spec.resolve import resolve_cluster
-
     from autopar.spec.schema import check_flags
 
     try:
@@ -69,11 +83,17 @@ def _question(base, *, model=None, gpus=None, gpu=None, gpus_per_node=None, clus
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
     if base is None and (model is None or gpus is None):
-        raise InputError(f"{where}: give --model and --gpus (or a run directory) so the layouts have a model and "
-                         f"cluster, e.g. autopar compare --model 70b --gpus 256 \"--tp 8 --pp 4\" \"--tp 4 --pp 8\"")
+        raise InputError(
+            f"{where}: give --model and --gpus (or a run directory) so the layouts have a model and "
+            f'cluster, e.g. autopar compare --model 70b --gpus 256 "--tp 8 --pp 4" "--tp 4 --pp 8"'
+        )
     if base is None:
-        q = Question(model=resolve_model(model), cluster=resolve_cluster(gpu or "h100-sxm", gpus_per_node, cluster),
-                     num_gpus=gpus, seq_len=0)
+        q = Question(
+            model=resolve_model(model),
+            cluster=resolve_cluster(gpu or "h100-sxm", gpus_per_node, cluster),
+            num_gpus=gpus,
+            seq_len=0,
+        )
     else:
         q = replace(base)
     if base is not None:
@@ -100,13 +120,20 @@ def item_from_flags(text: str, index: int, shared, trainer: str | None = None):
     from autopar.spec.resolve import default_dtype, resolve_plan
     from autopar.spec.trainers import default_trainer
 
-    where = f"layout #{index} \"{text}\""
+    where = f'layout #{index} "{text}"'
     question, request = parse_flags(text, where)
     q = _question(shared, **question, where=where)
     try:
-        plan = resolve_plan(q.model, q.num_gpus, q.seq_len, request.with_defaults(
-            gbs=q.global_batch_size, dtype=default_dtype(q.cluster),
-            trainer=trainer or default_trainer(q.cluster.gpu.key)))
+        plan = resolve_plan(
+            q.model,
+            q.num_gpus,
+            q.seq_len,
+            request.with_defaults(
+                gbs=q.global_batch_size,
+                dtype=default_dtype(q.cluster),
+                trainer=trainer or default_trainer(q.cluster.gpu.key),
+            ),
+        )
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
     return CompareItem(source=text, plan=plan, question=q)
@@ -114,21 +141,43 @@ def item_from_flags(text: str, index: int, shared, trainer: str | None = None):
 
 # ---- the command ---------------------------------------------------------------------------------
 
+
 @app.command(context_settings={"ignore_unknown_options": True})
 def compare(
-    layouts: Annotated[list[str], typer.Argument(
-        help="Two or more layouts: quoted plan flags (\"--tp 8 --pp 4\", the flags of `autopar estimate`), a run "
-             "directory (its winner) or DIR#RANK, or a plan JSON file (a trial file, `autopar estimate --json`).",
-        show_default=False, metavar="PLAN_OR_RUN")],
-    model: OptModel = None, gpus: OptGpus = None, gpu: OptGpu = None, gpus_per_node: o.GpusPerNode = None,
-    cluster: o.ClusterFile = None, seq_len: o.SeqLen = None,
-    gbs: Annotated[Optional[int], typer.Option("--gbs", help="Global batch of the flag-string layouts (default: "
-                                               "the run directory's, else ~4M tokens).")] = None,
-    trainer: Annotated[Optional[str], typer.Option("--trainer", help="Trainer of the flag-string layouts that name "
-                                                   "none (default megatron); run directories and plan files keep "
-                                                   "their own.")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the comparison as a "
-                                                "self-contained HTML page here.")] = None,
+    layouts: Annotated[
+        list[str],
+        typer.Argument(
+            help='Two or more layouts: quoted plan flags ("--tp 8 --pp 4", the flags of `autopar estimate`), a run '
+            "directory (its winner) or DIR#RANK, or a plan JSON file (a trial file, `autopar estimate --json`).",
+            show_default=False,
+            metavar="PLAN_OR_RUN",
+        ),
+    ],
+    model: OptModel = None,
+    gpus: OptGpus = None,
+    gpu: OptGpu = None,
+    gpus_per_node: o.GpusPerNode = None,
+    cluster: o.ClusterFile = None,
+    seq_len: o.SeqLen = None,
+    gbs: Annotated[
+        Optional[int],
+        typer.Option(
+            "--gbs", help="Global batch of the flag-string layouts (default: the run directory's, else ~4M tokens)."
+        ),
+    ] = None,
+    trainer: Annotated[
+        Optional[str],
+        typer.Option(
+            "--trainer",
+            help="Trainer of the flag-string layouts that name "
+            "none (default megatron); run directories and plan files keep "
+            "their own.",
+        ),
+    ] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option("--out", "-o", help="Also write the comparison as a self-contained HTML page here."),
+    ] = None,
     as_json: o.Json = False,
 ) -> None:
     """Compare two or more layouts of one model on one cluster: every breakdown aligned, differences
@@ -156,8 +205,10 @@ def compare(
         elif Path(arg).is_file():
             kinds.append("file")
         else:
-            raise InputError(f"layout #{i} '{arg}' is not a run directory, a plan JSON file or a quoted flag string "
-                             f"such as \"--tp 8 --pp 4\"")
+            raise InputError(
+                f"layout #{i} '{arg}' is not a run directory, a plan JSON file or a quoted flag string "
+                f'such as "--tp 8 --pp 4"'
+            )
     items: list = [None] * len(layouts)
     for i, (arg, kind) in enumerate(zip(layouts, kinds)):  # layouts that know their question first
         if kind == "run":
@@ -168,8 +219,17 @@ def compare(
     options_given = any(v is not None for v in (model, gpus, gpu, gpus_per_node, cluster, seq_len))
     shared = None
     if options_given or base is not None:
-        shared = _question(base, model=model, gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node, cluster=cluster,
-                           seq_len=seq_len, gbs=gbs, where="compare")
+        shared = _question(
+            base,
+            model=model,
+            gpus=gpus,
+            gpu=gpu,
+            gpus_per_node=gpus_per_node,
+            cluster=cluster,
+            seq_len=seq_len,
+            gbs=gbs,
+            where="compare",
+        )
     for i, (arg, kind) in enumerate(zip(layouts, kinds)):
         if kind == "file" and items[i] is None:
             items[i] = item_from_file(arg, shared)
@@ -183,11 +243,22 @@ def compare(
         write_compare(cmp, out)
     if as_json:
         q = cmp.question
-        print(json.dumps({"model": q.model.name, "gpu": q.cluster.gpu.key, "num_gpus": q.num_gpus,
-                          "seq_len": q.seq_len, "html": str(out) if out else None,
-                          "layouts": [{"label": it.label, "source": it.source} | e
-                                      for it, e in zip(cmp.items, cmp.estimate_dicts())]},
-                         indent=2, default=float))
+        print(
+            json.dumps(
+                {
+                    "model": q.model.name,
+                    "gpu": q.cluster.gpu.key,
+                    "num_gpus": q.num_gpus,
+                    "seq_len": q.seq_len,
+                    "html": str(out) if out else None,
+                    "layouts": [
+                        {"label": it.label, "source": it.source} | e for it, e in zip(cmp.items, cmp.estimate_dicts())
+                    ],
+                },
+                indent=2,
+                default=float,
+            )
+        )
         return
     from autopar.cli.render import console
 
@@ -206,8 +277,11 @@ def compare_table(cmp):
     from autopar.report.format import compare_kind, fmt
 
     q = cmp.question
-    t = Table(title=f"{len(cmp.items)} layouts of {q.model.name} on {q.num_gpus} x {q.cluster.gpu.key}, seq "
-                    f"{q.seq_len} (differences in yellow, best in green)", title_justify="left")
+    t = Table(
+        title=f"{len(cmp.items)} layouts of {q.model.name} on {q.num_gpus} x {q.cluster.gpu.key}, seq "
+        f"{q.seq_len} (differences in yellow, best in green)",
+        title_justify="left",
+    )
     t.add_column("metric")
     for lab in cmp.labels:
         t.add_column(lab, justify="right")

@@ -35,12 +35,14 @@ def _help() -> str:
     ]
     for name, e in EXPORTERS.items():
         lines.append(f"\b\n  {name}: {e.title}\n    {e.example}")
-    lines.append("\b\nExample, end to end:\n"
-                 "  autopar search --model 70b --gpus 256 --trainer megatron --run-dir runs/70b\n"
-                 "  autopar export --run runs/70b --rank 1 --to megatron --out launch/\n"
-                 "  (without --trainer the search ranks every trainer's plans; --to T re-targets rank N to T,\n"
-                 "  or refuses it with T's capability line; plan flags such as --zero 1 change it first)\n"
-                 "  cd launch/megatron && sbatch launch_slurm.sbatch")
+    lines.append(
+        "\b\nExample, end to end:\n"
+        "  autopar search --model 70b --gpus 256 --trainer megatron --run-dir runs/70b\n"
+        "  autopar export --run runs/70b --rank 1 --to megatron --out launch/\n"
+        "  (without --trainer the search ranks every trainer's plans; --to T re-targets rank N to T,\n"
+        "  or refuses it with T's capability line; plan flags such as --zero 1 change it first)\n"
+        "  cd launch/megatron && sbatch launch_slurm.sbatch"
+    )
     return "\n\n".join(lines)
 
 
@@ -65,30 +67,57 @@ def _given(ctx: typer.Context) -> list[str]:
 def export(
     ctx: typer.Context,
     to: Annotated[str, typer.Option("--to", help="Format(s): a name below, a comma list, or all.")],
-    run: Annotated[Optional[Path], typer.Option("--run", help="An `autopar search` run directory (top.json, "
-                                                "search.json).")] = None,
+    run: Annotated[
+        Optional[Path], typer.Option("--run", help="An `autopar search` run directory (top.json, search.json).")
+    ] = None,
     rank: Annotated[int, typer.Option("--rank", help="With --run: which ranked plan (1 = fastest).")] = 1,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output directory; each format goes to "
-                                                "OUT/<format>/ (default: RUN/export-rank<N>, or ./autopar-export).")] = None,
-    torchtitan_version: Annotated[str, typer.Option("--torchtitan-version", help="torchtitan release: 0.3 and later "
-                                                    "get a Python config, 0.2.2 and earlier a TOML file.")] = "0.3",
-    torchtitan_base: Annotated[Optional[str], typer.Option("--torchtitan-base", help="torchtitan base config for "
-                                                           "models without a preset: module:function (>= 0.3) or "
-                                                           "name:flavor (<= 0.2.2).")] = None,
-    recipe: Annotated[Optional[str], typer.Option("--recipe", help="NeMo 2 recipe module / Megatron-Bridge recipe "
-                                                  "function (default: the model preset's).")] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output directory; each format goes to "
+            "OUT/<format>/ (default: RUN/export-rank<N>, or ./autopar-export).",
+        ),
+    ] = None,
+    torchtitan_version: Annotated[
+        str,
+        typer.Option(
+            "--torchtitan-version",
+            help="torchtitan release: 0.3 and later get a Python config, 0.2.2 and earlier a TOML file.",
+        ),
+    ] = "0.3",
+    torchtitan_base: Annotated[
+        Optional[str],
+        typer.Option(
+            "--torchtitan-base",
+            help="torchtitan base config for "
+            "models without a preset: module:function (>= 0.3) or "
+            "name:flavor (<= 0.2.2).",
+        ),
+    ] = None,
+    recipe: Annotated[
+        Optional[str],
+        typer.Option(
+            "--recipe", help="NeMo 2 recipe module / Megatron-Bridge recipe function (default: the model preset's)."
+        ),
+    ] = None,
     partition: Annotated[Optional[str], typer.Option("--partition", help="SLURM partition.")] = None,
     account: Annotated[Optional[str], typer.Option("--account", help="SLURM account.")] = None,
     time_limit: Annotated[Optional[str], typer.Option("--time", help="SLURM time limit, e.g. 04:00:00.")] = None,
     job_name: Annotated[str, typer.Option("--job-name", help="SLURM job name.")] = "autopar",
-    container_image: Annotated[Optional[str], typer.Option("--container-image", help="SLURM (pyxis) container "
-                                                           "image.")] = None,
+    container_image: Annotated[
+        Optional[str], typer.Option("--container-image", help="SLURM (pyxis) container image.")
+    ] = None,
     master_port: Annotated[int, typer.Option("--master-port", help="Rendezvous port.")] = 29500,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Without --run: preset, HF config.json or "
-                                                 "model file.")] = None,
+    model: Annotated[
+        Optional[str], typer.Option("--model", "-m", help="Without --run: preset, HF config.json or model file.")
+    ] = None,
     gpus: Annotated[Optional[int], typer.Option("--gpus", "-g", help="Without --run: number of GPUs.")] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="Without --run: GPU preset (default h100-sxm).")] = None,
-    gpus_per_node: o.GpusPerNode = None, cluster: o.ClusterFile = None, seq_len: o.SeqLen = None,
+    gpus_per_node: o.GpusPerNode = None,
+    cluster: o.ClusterFile = None,
+    seq_len: o.SeqLen = None,
     plan: PlanRequest = PlanRequest(),
 ) -> None:
     from autopar.errors import InputError
@@ -103,24 +132,42 @@ def export(
     if rank != 1 and run is None:
         raise InputError("--rank needs --run")
     if run is not None:
-        fixed = [f for f, v in (("--model", model), ("--gpus", gpus), ("--gpu", gpu), ("--gpus-per-node", gpus_per_node),
-                                ("--cluster", cluster), ("--seq-len", seq_len)) if v is not None]
+        fixed = [
+            f
+            for f, v in (
+                ("--model", model),
+                ("--gpus", gpus),
+                ("--gpu", gpu),
+                ("--gpus-per-node", gpus_per_node),
+                ("--cluster", cluster),
+                ("--seq-len", seq_len),
+            )
+            if v is not None
+        ]
         if fixed:
             raise InputError(f"{', '.join(fixed)} come from the run directory; drop them (or drop --run)")
         spec, clus, s, the_plan, source = _from_run(run, rank, plan)
         default_out = run / f"export-rank{rank}"
     else:
         if model is None or gpus is None:
-            raise InputError("give --run DIR --rank N, or a plan with --model and --gpus (and the plan flags of "
-                             "`autopar estimate`)")
+            raise InputError(
+                "give --run DIR --rank N, or a plan with --model and --gpus (and the plan flags of `autopar estimate`)"
+            )
         spec, clus, s, the_plan = _from_flags(model, gpus, gpu, gpus_per_node, cluster, seq_len, plan)
         source = None
         default_out = Path("autopar-export")
-    options = ExportOptions(seq_len=s, command=shlex.join(_given(ctx)), source=source,
-                            torchtitan_version=torchtitan_version, torchtitan_base=torchtitan_base, recipe=recipe,
-                            master_port=master_port,
-                            slurm=SlurmOptions(job_name=job_name, partition=partition, account=account,
-                                               time=time_limit, container_image=container_image))
+    options = ExportOptions(
+        seq_len=s,
+        command=shlex.join(_given(ctx)),
+        source=source,
+        torchtitan_version=torchtitan_version,
+        torchtitan_base=torchtitan_base,
+        recipe=recipe,
+        master_port=master_port,
+        slurm=SlurmOptions(
+            job_name=job_name, partition=partition, account=account, time=time_limit, container_image=container_image
+        ),
+    )
     from autopar.cli.checks import output_dir
 
     output_dir(out or default_out, "--out" if out is not None else "the default output folder")
@@ -129,8 +176,7 @@ def export(
 
 
 #: SLURM --time forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]
-_SLURM_TIME = re.compile(r"(\d{1,7}(:\d{1,2}){0,2}|\d{1,5}-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite)",
-                         re.IGNORECASE)
+_SLURM_TIME = re.compile(r"(\d{1,7}(:\d{1,2}){0,2}|\d{1,5}-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite)", re.IGNORECASE)
 
 
 def _check_options(master_port: int, time_limit: str | None, rank: int) -> None:
@@ -140,8 +186,10 @@ def _check_options(master_port: int, time_limit: str | None, rank: int) -> None:
 
     check_flags({"--master-port": master_port, "--rank": rank})
     if time_limit is not None and not _SLURM_TIME.fullmatch(time_limit):
-        raise InputError(f"--time {quoted(time_limit)} is not a SLURM time limit; give minutes, HH:MM:SS or "
-                         f"D-HH:MM:SS, e.g. --time 04:00:00")
+        raise InputError(
+            f"--time {quoted(time_limit)} is not a SLURM time limit; give minutes, HH:MM:SS or "
+            f"D-HH:MM:SS, e.g. --time 04:00:00"
+        )
 
 
 def _render_all(formats: list[str], to: str, plan, spec, clus, options) -> tuple[list, list]:
@@ -178,15 +226,16 @@ def _write(bundles: list, refused: list, base: Path) -> None:
         est = b.meta["estimate"]
         # memory alone: `fits` is also False for a plan whose rule an export option waived (--recipe)
         if est.peak_memory_bytes > est.memory_capacity_bytes:
-            print(f"autopar: warning: {b.format}: this plan is predicted not to fit on {b.meta['trainer']} "
-                  f"({est.peak_memory_bytes / GIB:.1f} GiB of {est.memory_capacity_bytes / GIB:.1f} GiB per GPU)",
-                  file=sys.stderr)
+            print(
+                f"autopar: warning: {b.format}: this plan is predicted not to fit on {b.meta['trainer']} "
+                f"({est.peak_memory_bytes / GIB:.1f} GiB of {est.memory_capacity_bytes / GIB:.1f} GiB per GPU)",
+                file=sys.stderr,
+            )
 
 
 def _formats(to: str) -> list[str]:
     import autopar.export  # noqa: F401
     from autopar.export import get_exporter
-
     from autopar.spec.schema import parse_list
 
     names = parse_list(to, "--to", number=False, example="megatron,slurm")

@@ -19,16 +19,33 @@ def hardware(as_json: o.Json = False) -> None:
     if as_json:
         print(json.dumps([asdict(g) for g in gpus], indent=2))
         return
-    from autopar.cli.render import console
     from rich.table import Table
 
+    from autopar.cli.render import console
+
     t = Table(title="GPU presets (each row's source: autopar hardware --json, autopar/spec/data/gpus.toml)")
-    for col in ("key", "name", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM GiB", "HBM GB/s", "NVLink GB/s/dir",
-                "NIC GB/s/dir", "GPUs/node"):
+    for col in (
+        "key",
+        "name",
+        "BF16 TFLOP/s",
+        "FP8 TFLOP/s",
+        "HBM GiB",
+        "HBM GB/s",
+        "NVLink GB/s/dir",
+        "NIC GB/s/dir",
+        "GPUs/node",
+    ):
         t.add_column(col, justify="left" if col in ("key", "name") else "right")
     for g in gpus:
-        t.add_row(g.key, g.name, f"{g.bf16_tflops:g}", f"{g.fp8_tflops:g}" if g.fp8_tflops else "-",
-                  f"{g.hbm_gib:g}", f"{g.hbm_gbps:g}",
-                  f"{g.intra_node_gbps:g}" + (" per link" if g.intra_node_topology == "full-mesh" else ""),
-                  f"{g.nic_gbps:g}", str(g.gpus_per_node))
+        t.add_row(
+            g.key,
+            g.name,
+            f"{g.bf16_tflops:g}",
+            f"{g.fp8_tflops:g}" if g.fp8_tflops else "-",
+            f"{g.hbm_gib:g}",
+            f"{g.hbm_gbps:g}",
+            f"{g.intra_node_gbps:g}" + (" per link" if g.intra_node_topology == "full-mesh" else ""),
+            f"{g.nic_gbps:g}",
+            str(g.gpus_per_node),
+        )
     console().print(t)

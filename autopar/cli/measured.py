@@ -38,29 +38,44 @@ class TrialOptions:
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
-            raise InputError(f"unknown --launcher {quoted(self.launcher)}; choose local (this machine) or slurm "
-                             f"(sbatch)")
+            raise InputError(
+                f"unknown --launcher {quoted(self.launcher)}; choose local (this machine) or slurm (sbatch)"
+            )
         if self.max_local_ranks is not None and self.max_local_ranks < 1:
-            raise InputError(f"--max-local-ranks {self.max_local_ranks} must be at least 1; give the most ranks a "
-                             f"local trial may start, e.g. 2")
+            raise InputError(
+                f"--max-local-ranks {self.max_local_ranks} must be at least 1; give the most ranks a "
+                f"local trial may start, e.g. 2"
+            )
         if self.launcher == "slurm" and self.max_local_ranks is not None:
             raise InputError("--max-local-ranks applies to --launcher local; drop it (SLURM jobs get the plan's GPUs)")
 
 
-def trial_options(launcher: str = "local", max_local_ranks: int | None = None, proxy: bool = True,
-                  proxy_layers: int | None = None, proxy_width: int | None = None, proxy_seq: int | None = None,
-                  sbatch_args: str | None = None) -> TrialOptions:
+def trial_options(
+    launcher: str = "local",
+    max_local_ranks: int | None = None,
+    proxy: bool = True,
+    proxy_layers: int | None = None,
+    proxy_width: int | None = None,
+    proxy_seq: int | None = None,
+    sbatch_args: str | None = None,
+) -> TrialOptions:
     """TrialOptions from the command line (bad values: InputError)."""
     import shlex
 
     try:
         extra = tuple(shlex.split(sbatch_args or ""))
     except ValueError as e:
-        raise InputError(f"--sbatch-args {quoted(sbatch_args)} cannot be split ({e}); quote it as one shell "
-                         f"string") from None
-    return TrialOptions(launcher=launcher, max_local_ranks=max_local_ranks,
-                        proxy=ProxyOptions(enabled=proxy, layers_per_stage=proxy_layers, width_divisor=proxy_width,
-                                           seq_divisor=proxy_seq), sbatch_args=extra)
+        raise InputError(
+            f"--sbatch-args {quoted(sbatch_args)} cannot be split ({e}); quote it as one shell string"
+        ) from None
+    return TrialOptions(
+        launcher=launcher,
+        max_local_ranks=max_local_ranks,
+        proxy=ProxyOptions(
+            enabled=proxy, layers_per_stage=proxy_layers, width_divisor=proxy_width, seq_divisor=proxy_seq
+        ),
+        sbatch_args=extra,
+    )
 
 
 def step_budget(timeout_s: float, steps: int, warmup: int, device: str) -> float:
@@ -93,27 +108,65 @@ def _where(q, options: TrialOptions, log: Callable[[str], None]) -> _Where:
         machine = detect(use_gpus=not on_cpu_profile)
         device = "cuda" if machine.gpus and not on_cpu_profile else "cpu"
         limits = local_limits(machine, device, options.max_local_ranks)
-        text = (f"this machine ({machine.describe()}): at most {limits.max_ranks} rank(s) ({limits.why}), "
-                + (f"{limits.memory_bytes_per_device / GIB:.1f} GiB for a trial's ranks" if device == "cpu"
-                   else f"{limits.memory_bytes_per_device / GIB:.0f} GiB per GPU"))
-        return _Where(limits, device, local_cluster() if device == "cpu" else q.cluster,
-                      "use --launcher slurm to run it on the cluster", text)
+        text = f"this machine ({machine.describe()}): at most {limits.max_ranks} rank(s) ({limits.why}), " + (
+            f"{limits.memory_bytes_per_device / GIB:.1f} GiB for a trial's ranks"
+            if device == "cpu"
+            else f"{limits.memory_bytes_per_device / GIB:.0f} GiB per GPU"
+        )
+        return _Where(
+            limits,
+            device,
+            local_cluster() if device == "cpu" else q.cluster,
+            "use --launcher slurm to run it on the cluster",
+            text,
+        )
     from autopar.trial.slurm import SlurmOptions, run_job
 
-    slurm = SlurmOptions(gpus_per_node=q.cluster.gpus_per_node, python=options.slurm_python or sys.executable,
-                         sbatch_args=options.sbatch_args, poll_s=options.poll_s,
-                         queue_timeout_s=options.queue_timeout_s, gpus=not on_cpu_profile)
+    slurm = SlurmOptions(
+        gpus_per_node=q.cluster.gpus_per_node,
+        python=options.slurm_python or sys.executable,
+        sbatch_args=options.sbatch_args,
+        poll_s=options.poll_s,
+        queue_timeout_s=options.queue_timeout_s,
+        gpus=not on_cpu_profile,
+    )
 
     def launch_fn(trials, nproc, *, timeout_s, workdir, worker_args=None, on_progress=None, **_):
-        return run_job(trials, nproc, slurm, workdir=workdir, timeout_s=timeout_s, worker_args=worker_args,
-                       on_progress=on_progress, job_name=f"autopar-{Path(workdir).name}"[:64], log=log)
+        return run_job(
+            trials,
+            nproc,
+            slurm,
+            workdir=workdir,
+            timeout_s=timeout_s,
+            worker_args=worker_args,
+            on_progress=on_progress,
+            job_name=f"autopar-{Path(workdir).name}"[:64],
+            log=log,
+        )
 
-    return _Where(None, "auto", q.cluster, "",
-                  f"the cluster through SLURM (sbatch, {q.cluster.gpus_per_node} GPUs per node)", launch_fn)
+    return _Where(
+        None,
+        "auto",
+        q.cluster,
+        "",
+        f"the cluster through SLURM (sbatch, {q.cluster.gpus_per_node} GPUs per node)",
+        launch_fn,
+    )
 
 
-def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: float, storage, quiet: bool,
-              study_name: str | None = None, options: TrialOptions | None = None) -> dict:
+def run_stage(
+    result,
+    spec,
+    k: int,
+    budget,
+    rounds: int,
+    steps: int,
+    timeout: float,
+    storage,
+    quiet: bool,
+    study_name: str | None = None,
+    options: TrialOptions | None = None,
+) -> dict:
     """The measured stage over a search result; figures into measured.json and search.json (written
     atomically: another worker may share the run directory); returns them."""
     from autopar.search.trial_results import acceptance
@@ -138,19 +191,38 @@ def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: fl
     popts = options.proxy
     if popts.step_budget_s is None and w.limits is not None:  # on the cluster, --trial-timeout alone bounds a trial
         popts = replace(popts, step_budget_s=step_budget(timeout, steps, warmup, w.device))
-    planner = Planner(Target(model=spec, cluster=q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len), w.limits,
-                      popts, w.here, device=w.device, fix_hint=w.fix)
-    header.append(f"Measured stage on {w.text}; "
-                  + ("plans that do not fit run as scaled-down proxies (--no-proxy: not at all)" if popts.enabled
-                     else "plans that do not fit are not run (--no-proxy)"))
+    planner = Planner(
+        Target(model=spec, cluster=q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len),
+        w.limits,
+        popts,
+        w.here,
+        device=w.device,
+        fix_hint=w.fix,
+    )
+    header.append(
+        f"Measured stage on {w.text}; "
+        + (
+            "plans that do not fit run as scaled-down proxies (--no-proxy: not at all)"
+            if popts.enabled
+            else "plans that do not fit are not run (--no-proxy)"
+        )
+    )
     peak = q.cluster.gpu.peak_flops("bf16") / (2 if q.cluster.gpu.key == LOCAL else 1)
     workroot = Path(result.run_dir) / "trials" / "work"
     install_signal_handlers()  # SIGINT/SIGTERM: kill the running trial (or scancel it), exit 130/143
 
     def measure(plan: dict, predicted: dict, on_step) -> dict:
-        return measure_placement(planner.place(plan, predicted), predicted, steps=steps, warmup=warmup,
-                                 timeout_s=timeout, workdir=workroot / plan_key(plan), peak_flops=peak,
-                                 on_step=on_step, launch_fn=w.launch_fn)
+        return measure_placement(
+            planner.place(plan, predicted),
+            predicted,
+            steps=steps,
+            warmup=warmup,
+            timeout_s=timeout,
+            workdir=workroot / plan_key(plan),
+            peak_flops=peak,
+            on_step=on_step,
+            launch_fn=w.launch_fn,
+        )
 
     def runnable(plan: dict, predicted: dict) -> str | None:
         p = planner.place(plan, predicted)
@@ -158,10 +230,24 @@ def run_stage(result, spec, k: int, budget, rounds: int, steps: int, timeout: fl
 
     t0 = time.perf_counter()
     # another worker's trial ends within its timeout; one of another host silent far longer is dead
-    stage = run_measured(result, measure, k, budget, rounds, storage=storage, log=log, study_name=study_name,
-                         stale_after_s=max(600.0, 4 * timeout), wait_s=timeout + 60, runnable=runnable)
-    figs = acceptance(result, stage) | {"wall_s_measured_stage": time.perf_counter() - t0,
-                                        "launcher": options.launcher, "where": w.text}
+    stage = run_measured(
+        result,
+        measure,
+        k,
+        budget,
+        rounds,
+        storage=storage,
+        log=log,
+        study_name=study_name,
+        stale_after_s=max(600.0, 4 * timeout),
+        wait_s=timeout + 60,
+        runnable=runnable,
+    )
+    figs = acceptance(result, stage) | {
+        "wall_s_measured_stage": time.perf_counter() - t0,
+        "launcher": options.launcher,
+        "where": w.text,
+    }
     _machine_notes(figs, stage, options, w.device)
     _save(result, stage, figs)
     print_measured(figs, file=out)
@@ -173,8 +259,10 @@ def _machine_notes(figs: dict, stage, options: TrialOptions, device: str) -> Non
     cores = os.cpu_count() or 1
     ranks = [int((stage.docs[kk].get("nproc") or 0)) for kk in stage.order if kk in stage.docs]
     if options.launcher == "local" and device == "cpu" and ranks and max(ranks) > cores:
-        figs["oversubscribed"] = (f"{max(ranks)} ranks on {cores} cores: the timings mostly measure CPU contention "
-                                  f"and are not comparable with the cost model's one-core-per-rank profile")
+        figs["oversubscribed"] = (
+            f"{max(ranks)} ranks on {cores} cores: the timings mostly measure CPU contention "
+            f"and are not comparable with the cost model's one-core-per-rank profile"
+        )
     try:
         figs["load_average"] = os.getloadavg()  # other work on the machine distorts CPU timings
     except OSError:
@@ -211,13 +299,20 @@ def print_measured(f: dict, file=None) -> None:
     measured, the proxy's own figures, or why it did not run), winner, Spearman, memory."""
     w = f.get("winner")
     proxies = f.get("proxies") or 0
-    lines = [f"Measured stage: {f['trialled']} plans trialled" + (f" ({proxies} as proxies)" if proxies else "")
-             + f", {f['succeeded']} ran, {f['failed']} failed"
-             + (f" ({'; '.join(f'{k}: {v}' for k, v in f['failures'].items())[:300]})" if f["failed"] else "")
-             + (f", {f['pruned']} pruned mid-run (" + ", ".join(f"{k} after {n} steps" for k, n in
-                                                             f["pruned_after_steps"].items())[:300] + ")"
-                if f.get("pruned") else "")
-             + (f"; {len(f['not_runnable'])} not runnable here" if f.get("not_runnable") else "")]
+    lines = [
+        f"Measured stage: {f['trialled']} plans trialled"
+        + (f" ({proxies} as proxies)" if proxies else "")
+        + f", {f['succeeded']} ran, {f['failed']} failed"
+        + (f" ({'; '.join(f'{k}: {v}' for k, v in f['failures'].items())[:300]})" if f["failed"] else "")
+        + (
+            f", {f['pruned']} pruned mid-run ("
+            + ", ".join(f"{k} after {n} steps" for k, n in f["pruned_after_steps"].items())[:300]
+            + ")"
+            if f.get("pruned")
+            else ""
+        )
+        + (f"; {len(f['not_runnable'])} not runnable here" if f.get("not_runnable") else "")
+    ]
     for r in f.get("candidates") or []:
         head = f"  {r['key']}: "
         if r["status"] == "not-runnable":
@@ -228,24 +323,41 @@ def print_measured(f: dict, file=None) -> None:
         if r.get("measured_step_time_s") is not None:
             text += f", measured {_s(r['measured_step_time_s'])}" + (" (scaled back)" if r["kind"] == "proxy" else "")
         if r["kind"] == "proxy" and r.get("proxy_step_time_s") is not None:
-            text += (f"; the proxy: {_s(r['proxy_step_time_s'])} s measured vs {_s(r['proxy_predicted_step_time_s'])} "
-                     f"predicted here")
+            text += (
+                f"; the proxy: {_s(r['proxy_step_time_s'])} s measured vs {_s(r['proxy_predicted_step_time_s'])} "
+                f"predicted here"
+            )
         if r.get("reason"):
             text += f": {r['reason'][:200]}"
         lines.append(text)
     if w:
-        lines.append(f"Winner (fastest measured that fitted): {w['key']} {w['measured_step_time_s']:.4f} s/step "
-                     f"(predicted {w['predicted_step_time_s']:.4f})"
-                     + (" — measured as a proxy, scaled back by the estimate's ratio" if proxies else ""))
-        lines.append(f"Spearman predicted vs measured: analytic {_rho(f['spearman_analytic'])}"
-                     + (f", calibrated {_rho(f['spearman_calibrated'])}; measured-fastest in calibrated top 2: "
-                        f"{f['fastest_in_calibrated_top2']}" if "spearman_calibrated" in f else ""))
-        lines.append(f"Peak memory (tensor) error, max |predicted/measured - 1|: analytic "
-                     f"{100 * f['memory_error_max_abs']:.1f}%"
-                     + (f", calibrated {100 * f['memory_error_calibrated_max_abs']:.1f}%"
-                        if "memory_error_calibrated_max_abs" in f else ""))
+        lines.append(
+            f"Winner (fastest measured that fitted): {w['key']} {w['measured_step_time_s']:.4f} s/step "
+            f"(predicted {w['predicted_step_time_s']:.4f})"
+            + (" — measured as a proxy, scaled back by the estimate's ratio" if proxies else "")
+        )
+        lines.append(
+            f"Spearman predicted vs measured: analytic {_rho(f['spearman_analytic'])}"
+            + (
+                f", calibrated {_rho(f['spearman_calibrated'])}; measured-fastest in calibrated top 2: "
+                f"{f['fastest_in_calibrated_top2']}"
+                if "spearman_calibrated" in f
+                else ""
+            )
+        )
+        lines.append(
+            f"Peak memory (tensor) error, max |predicted/measured - 1|: analytic "
+            f"{100 * f['memory_error_max_abs']:.1f}%"
+            + (
+                f", calibrated {100 * f['memory_error_calibrated_max_abs']:.1f}%"
+                if "memory_error_calibrated_max_abs" in f
+                else ""
+            )
+        )
     if f.get("not_calibrated"):
-        lines.append(f"Not calibrated on: {', '.join(f['not_calibrated']['keys'])[:200]} ({f['not_calibrated']['why']})")
+        lines.append(
+            f"Not calibrated on: {', '.join(f['not_calibrated']['keys'])[:200]} ({f['not_calibrated']['why']})"
+        )
     if f.get("oversubscribed"):
         lines.append(f"Note: {f['oversubscribed']}")
     if "wall_s_measured_stage" in f:

@@ -16,19 +16,43 @@ def models(as_json: o.Json = False) -> None:
 
     specs = [get_preset(n) for n in preset_names()]
     if as_json:
-        print(json.dumps([s.to_dict() | {"params_total": s.params_total, "params_active": s.params_active}
-                          for s in specs], indent=2))
+        print(
+            json.dumps(
+                [s.to_dict() | {"params_total": s.params_total, "params_active": s.params_active} for s in specs],
+                indent=2,
+            )
+        )
         return
-    from autopar.cli.render import console
     from rich.table import Table
 
+    from autopar.cli.render import console
+
     t = Table(title="Model presets (parameter counts derived from the shapes)")
-    for col in ("name", "layers", "hidden", "ffn", "heads/kv", "vocab", "seq", "MoE (experts/top-k/ffn)",
-                "params", "active"):
+    for col in (
+        "name",
+        "layers",
+        "hidden",
+        "ffn",
+        "heads/kv",
+        "vocab",
+        "seq",
+        "MoE (experts/top-k/ffn)",
+        "params",
+        "active",
+    ):
         t.add_column(col, justify="left" if col in ("name", "MoE (experts/top-k/ffn)") else "right")
     for s in specs:
         moe = f"{s.moe.num_experts}/{s.moe.top_k}/{s.moe.expert_ffn_hidden_size}" if s.moe else "-"
-        t.add_row(s.name, str(s.num_layers), str(s.hidden_size), str(s.ffn_hidden_size),
-                  f"{s.num_attention_heads}/{s.num_kv_heads}", str(s.vocab_size), str(s.seq_len), moe,
-                  human_count(s.params_total), human_count(s.params_active))
+        t.add_row(
+            s.name,
+            str(s.num_layers),
+            str(s.hidden_size),
+            str(s.ffn_hidden_size),
+            f"{s.num_attention_heads}/{s.num_kv_heads}",
+            str(s.vocab_size),
+            str(s.seq_len),
+            moe,
+            human_count(s.params_total),
+            human_count(s.params_active),
+        )
     console().print(t)

@@ -22,18 +22,42 @@ def _pct(v: float | None) -> str:
 def rows_table(report: ValidationReport) -> Table:
     cv = {r.case.row_id: r.error for r in report.cross_validated.rows} if report.cross_validated else {}
     t = Table(title=f"Predicted vs published throughput ({report.runs})", title_justify="left")
-    for col in ("row", "source", "model", "GPUs", "GPU", "layout", "trainer", "metric", "published", "predicted",
-                "error", "cross-validated"):
-        t.add_column(col, justify="right" if col in ("GPUs", "published", "predicted", "error", "cross-validated")
-                     else "left")
+    for col in (
+        "row",
+        "source",
+        "model",
+        "GPUs",
+        "GPU",
+        "layout",
+        "trainer",
+        "metric",
+        "published",
+        "predicted",
+        "error",
+        "cross-validated",
+    ):
+        t.add_column(
+            col, justify="right" if col in ("GPUs", "published", "predicted", "error", "cross-validated") else "left"
+        )
     for r in report.in_sample.rows:
         c = r.case
         e_cv = cv.get(c.row_id)
         style = "red" if abs(e_cv if e_cv is not None else r.error) > 0.2 else None
-        t.add_row(c.row_id, c.source, c.name[:24], str(c.plan.num_gpus), c.cluster.gpu.key,
-                  f"{c.plan.describe()} {c.plan.dtype}", c.plan.trainer, c.metric, f"{c.published:,.4g}",
-                  f"{r.predicted:,.4g}", f"{100 * r.error:+.1f}%", "-" if e_cv is None else f"{100 * e_cv:+.1f}%",
-                  style=style)
+        t.add_row(
+            c.row_id,
+            c.source,
+            c.name[:24],
+            str(c.plan.num_gpus),
+            c.cluster.gpu.key,
+            f"{c.plan.describe()} {c.plan.dtype}",
+            c.plan.trainer,
+            c.metric,
+            f"{c.published:,.4g}",
+            f"{r.predicted:,.4g}",
+            f"{100 * r.error:+.1f}%",
+            "-" if e_cv is None else f"{100 * e_cv:+.1f}%",
+            style=style,
+        )
     return t
 
 
@@ -41,19 +65,30 @@ def summary_table(report: ValidationReport) -> Table:
     """MAPE per acceptance category, family and source: cross-validated (the headline) and in sample."""
     ins = report.in_sample.summary()
     cv = report.cross_validated.summary() if report.cross_validated else None
-    t = Table(title="MAPE on throughput: leave-one-source-out cross-validated (headline) and in sample",
-              title_justify="left")
+    t = Table(
+        title="MAPE on throughput: leave-one-source-out cross-validated (headline) and in sample", title_justify="left"
+    )
     for col in ("group", "rows", "cross-validated", "max (cv)", "in sample", "max (in sample)"):
         t.add_column(col, justify="left" if col == "group" else "right")
 
     def add(label: str, key: str, group: str, style: str | None = None) -> None:
-        a = ins[key].get(group) if key else {"rows": ins["evaluated"], "mape": ins["mape"],
-                                             "max_abs_error": ins["max_abs_error"]}
+        a = (
+            ins[key].get(group)
+            if key
+            else {"rows": ins["evaluated"], "mape": ins["mape"], "max_abs_error": ins["max_abs_error"]}
+        )
         if a is None:
             return
         b = (cv[key].get(group) if key else {"mape": cv["mape"], "max_abs_error": cv["max_abs_error"]}) if cv else None
-        t.add_row(label, str(a["rows"]), _pct(b and b["mape"]), _pct(b and b["max_abs_error"]), _pct(a["mape"]),
-                  _pct(a["max_abs_error"]), style=style)
+        t.add_row(
+            label,
+            str(a["rows"]),
+            _pct(b and b["mape"]),
+            _pct(b and b["max_abs_error"]),
+            _pct(a["mape"]),
+            _pct(a["max_abs_error"]),
+            style=style,
+        )
 
     add("all rows", "", "", "bold")
     for g in CATEGORIES:
@@ -70,8 +105,13 @@ def print_report(report: ValidationReport, written: list[Path]) -> None:
     out.print(rows_table(report))
     out.print(summary_table(report))
     n, skipped = len({r.case.row_id.rstrip("d") for r in report.in_sample.rows}), len(report.in_sample.skipped)
-    out.print(Text(f"Evaluated {n} of {n + skipped} rows ({len(report.in_sample.rows)} cases with the dropless "
-                   f"measurements some rows print). Cross-validated figures: {report.cv_origin}.", style="bold"))
+    out.print(
+        Text(
+            f"Evaluated {n} of {n + skipped} rows ({len(report.in_sample.rows)} cases with the dropless "
+            f"measurements some rows print). Cross-validated figures: {report.cv_origin}.",
+            style="bold",
+        )
+    )
     if report.fit is not None:
         out.print(fit_table(report))
     if report.in_sample.skipped:
@@ -103,8 +143,9 @@ def fit_table(report: ValidationReport) -> Table:
     return t
 
 
-def write_outputs(report: ValidationReport, trainer: str | None, profile_yaml: str | None,
-                  profiles_toml: str | None) -> list[Path]:
+def write_outputs(
+    report: ValidationReport, trainer: str | None, profile_yaml: str | None, profiles_toml: str | None
+) -> list[Path]:
     """--write-profile (one trainer's constants as a cluster YAML) and --write-profiles (profiles.toml)."""
     from autopar.cost.validate_runs import write_profiles
 

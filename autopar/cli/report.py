@@ -12,11 +12,21 @@ from autopar.cli import app
 
 @app.command()
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="Run directory written by `autopar search`; several: the "
-                                                   "scenarios of a what-if, shown side by side in each report.",
-                                                   show_default=False, metavar="RUN_DIR")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the report here instead of "
-                                                "RUN_DIR/report.html (one run directory only).")] = None,
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run directory written by `autopar search`; several: the "
+            "scenarios of a what-if, shown side by side in each report.",
+            show_default=False,
+            metavar="RUN_DIR",
+        ),
+    ],
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out", "-o", help="Write the report here instead of RUN_DIR/report.html (one run directory only)."
+        ),
+    ] = None,
 ) -> None:
     """Write RUN_DIR/report.html: one self-contained offline page (the question and its answer,
     the top plans, time and memory breakdowns, every evaluated plan, the Pareto front, Optuna's

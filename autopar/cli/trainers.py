@@ -23,8 +23,9 @@ def _value(v) -> str:
 
 @app.command()
 def trainers(
-    trainer: Annotated[Optional[str], typer.Option("--trainer", help="Show one trainer's lines with their "
-                                                   "sources.")] = None,
+    trainer: Annotated[
+        Optional[str], typer.Option("--trainer", help="Show one trainer's lines with their sources.")
+    ] = None,
     as_json: o.Json = False,
 ) -> None:
     """The trainers autopar plans for: what each can run (one capability table each, every line with the
@@ -35,11 +36,25 @@ def trainers(
     keys = [get_trainer(trainer).key] if trainer else list(ALL_TRAINERS)
     table = {k: get_trainer(k) for k in keys}
     if as_json:
-        print(json.dumps({k: {"title": t.title, "engine": t.engine, "profile": t.profile, "source": t.source,
-                              "capabilities": {c.kind: {"value": c.value, "source": c.source, "instead": c.instead}
-                                               for c in t.capabilities.values()},
-                              "recipes": t.recipes.value if t.recipes else None} for k, t in table.items()},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    k: {
+                        "title": t.title,
+                        "engine": t.engine,
+                        "profile": t.profile,
+                        "source": t.source,
+                        "capabilities": {
+                            c.kind: {"value": c.value, "source": c.source, "instead": c.instead}
+                            for c in t.capabilities.values()
+                        },
+                        "recipes": t.recipes.value if t.recipes else None,
+                    }
+                    for k, t in table.items()
+                },
+                indent=2,
+            )
+        )
         return
     from rich.table import Table
 
@@ -48,16 +63,20 @@ def trainers(
     out = console()
     if trainer:
         t = table[keys[0]]
-        tab = Table(title=f"{t.title} ({t.engine}; performance profile {profile_of(t.key).name}): {t.source}",
-                    title_justify="left")
+        tab = Table(
+            title=f"{t.title} ({t.engine}; performance profile {profile_of(t.key).name}): {t.source}",
+            title_justify="left",
+        )
         for col in ("capability", "value", "source"):
             tab.add_column(col)
         for c in list(t.capabilities.values()) + ([t.recipes] if t.recipes else []):
             tab.add_row(c.kind, _value(c.value), c.source)
         out.print(tab)
         return
-    tab = Table(title="What each trainer can run (autopar/spec/data/trainers.toml; `--trainer T` for the sources)",
-                title_justify="left")
+    tab = Table(
+        title="What each trainer can run (autopar/spec/data/trainers.toml; `--trainer T` for the sources)",
+        title_justify="left",
+    )
     tab.add_column("capability")
     for k in keys:
         tab.add_column(k)

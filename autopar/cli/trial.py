@@ -23,24 +23,42 @@ def trial(
     model: o.Model,
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="Ranks in all (nodes x per node).")],
     seq_len: o.SeqLen = None,
-    gpu: Annotated[str, typer.Option("--gpu", help="Hardware profile of the prediction (local = `autopar probe`).")] = "local",
+    gpu: Annotated[
+        str, typer.Option("--gpu", help="Hardware profile of the prediction (local = `autopar probe`).")
+    ] = "local",
     cluster: o.ClusterFile = None,
     steps: Annotated[int, typer.Option("--steps", help="Timed steps after warm-up.")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps, left out of the timing.")] = 2,
-    proxy_layers: Annotated[Optional[int], typer.Option("--proxy-layers", help="Proxy: run this many layers "
-                                                        "(same shapes, pp/vpp split kept), scale the time back.")] = None,
-    proxy_width: Annotated[Optional[int], typer.Option("--proxy-width", help="Proxy: a model this many times "
-                                                       "narrower, same ratios; scale the time back.")] = None,
+    proxy_layers: Annotated[
+        Optional[int],
+        typer.Option(
+            "--proxy-layers", help="Proxy: run this many layers (same shapes, pp/vpp split kept), scale the time back."
+        ),
+    ] = None,
+    proxy_width: Annotated[
+        Optional[int],
+        typer.Option(
+            "--proxy-width", help="Proxy: a model this many times narrower, same ratios; scale the time back."
+        ),
+    ] = None,
     nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes (multi-node: one torchrun per node).")] = 1,
     node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank (multi-node).")] = 0,
     rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="host:port (multi-node).")] = None,
-    emit_slurm: Annotated[Optional[Path], typer.Option("--emit-slurm", help="Write an sbatch script, run nothing.")] = None,
+    emit_slurm: Annotated[
+        Optional[Path], typer.Option("--emit-slurm", help="Write an sbatch script, run nothing.")
+    ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the trial is killed.")] = 300.0,
-    max_local_ranks: Annotated[Optional[int], typer.Option("--max-local-ranks", help="Most ranks this machine may "
-                                                           "start (default: its CPU cores; more oversubscribes "
-                                                           "them).")] = None,
-    memory_limit_mib: Annotated[Optional[float], typer.Option("--memory-limit-mib", help="Cap each rank's memory "
-                                                              "growth (forces an OOM past it).")] = None,
+    max_local_ranks: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-local-ranks",
+            help="Most ranks this machine may start (default: its CPU cores; more oversubscribes them).",
+        ),
+    ] = None,
+    memory_limit_mib: Annotated[
+        Optional[float],
+        typer.Option("--memory-limit-mib", help="Cap each rank's memory growth (forces an OOM past it)."),
+    ] = None,
     run_dir: Annotated[Path, typer.Option("--run-dir", help="Results go to RUN_DIR/trials/.")] = Path("reports/trials"),
     as_json: o.Json = False,
     *,
@@ -59,68 +77,140 @@ def trial(
     from autopar.spec.presets import resolve_model
     from autopar.trial import plan_trial
 
-    _check_trial_flags(gpus=gpus, seq_len=seq_len, steps=steps, warmup=warmup, proxy_layers=proxy_layers,
-                       proxy_width=proxy_width, nnodes=nnodes, node_rank=node_rank, timeout=timeout,
-                       max_local_ranks=max_local_ranks, memory_limit_mib=memory_limit_mib,
-                       rdzv_endpoint=rdzv_endpoint)
+    _check_trial_flags(
+        gpus=gpus,
+        seq_len=seq_len,
+        steps=steps,
+        warmup=warmup,
+        proxy_layers=proxy_layers,
+        proxy_width=proxy_width,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        timeout=timeout,
+        max_local_ranks=max_local_ranks,
+        memory_limit_mib=memory_limit_mib,
+        rdzv_endpoint=rdzv_endpoint,
+    )
     spec = resolve_model(model)
     plan_trial.check_proxy_width(spec, proxy_width)
     if gpus % nnodes:
         raise InputError(f"--gpus {gpus} must be a multiple of --nnodes {nnodes}; change one of them")
     output_file(emit_slurm, "--emit-slurm")
     output_dir(run_dir, "--run-dir")
-    t = plan_trial.prepare(spec, gpus, seq_len or spec.seq_len, plan_trial.trial_request(plan, gpus), gpu=gpu,
-                           cluster_file=cluster, proxy_layers=proxy_layers, proxy_width=proxy_width,
-                           on_cpu=not emit_slurm)
+    t = plan_trial.prepare(
+        spec,
+        gpus,
+        seq_len or spec.seq_len,
+        plan_trial.trial_request(plan, gpus),
+        gpu=gpu,
+        cluster_file=cluster,
+        proxy_layers=proxy_layers,
+        proxy_width=proxy_width,
+        on_cpu=not emit_slurm,
+    )
     key = plan_key(t.plan.to_dict())
     nproc = gpus // nnodes
     if emit_slurm:
-        spec_path = plan_trial.write_sbatch(t, key, emit_slurm, run_dir, nnodes=nnodes, nproc=nproc, steps=steps,
-                                            warmup=warmup, timeout=timeout)
+        spec_path = plan_trial.write_sbatch(
+            t, key, emit_slurm, run_dir, nnodes=nnodes, nproc=nproc, steps=steps, warmup=warmup, timeout=timeout
+        )
         print(f"sbatch script: {emit_slurm} (run file {spec_path})")
         return
     if nnodes > 1 and not rdzv_endpoint:
         raise InputError("--nnodes > 1 needs --rdzv-endpoint host:port (or --emit-slurm)")
     plan_trial.check_local_fit(t, nproc, max_local_ranks)
     rdzv = {"nnodes": nnodes, "node_rank": node_rank, "endpoint": rdzv_endpoint} if nnodes > 1 else None
-    doc, path = _run_here(t, key, nproc, steps=steps, warmup=warmup, timeout=timeout, rdzv=rdzv,
-                          memory_limit_mib=memory_limit_mib, run_dir=run_dir)
+    doc, path = _run_here(
+        t,
+        key,
+        nproc,
+        steps=steps,
+        warmup=warmup,
+        timeout=timeout,
+        rdzv=rdzv,
+        memory_limit_mib=memory_limit_mib,
+        run_dir=run_dir,
+    )
     _print_result(doc, key, t.predicted, path, as_json)
     if doc["status"] != "ok":
         sys.exit(1)
 
 
-def _check_trial_flags(*, gpus: int, seq_len: int | None, steps: int, warmup: int, proxy_layers: int | None,
-                       proxy_width: int | None, nnodes: int, node_rank: int, timeout: float,
-                       max_local_ranks: int | None, memory_limit_mib: float | None,
-                       rdzv_endpoint: str | None) -> None:
+def _check_trial_flags(
+    *,
+    gpus: int,
+    seq_len: int | None,
+    steps: int,
+    warmup: int,
+    proxy_layers: int | None,
+    proxy_width: int | None,
+    nnodes: int,
+    node_rank: int,
+    timeout: float,
+    max_local_ranks: int | None,
+    memory_limit_mib: float | None,
+    rdzv_endpoint: str | None,
+) -> None:
     """One line for the first bad launch flag (ranges, --rdzv-endpoint's HOST:PORT, --node-rank)."""
     from autopar.errors import quoted
     from autopar.spec.schema import check_flags
 
-    check_flags({"--gpus": gpus, "--seq-len": seq_len, "--steps": steps, "--warmup": warmup,
-                 "--proxy-layers": proxy_layers, "--proxy-width": proxy_width, "--nnodes": nnodes,
-                 "--node-rank": node_rank, "--timeout": timeout, "--max-local-ranks": max_local_ranks,
-                 "--memory-limit-mib": memory_limit_mib})
+    check_flags(
+        {
+            "--gpus": gpus,
+            "--seq-len": seq_len,
+            "--steps": steps,
+            "--warmup": warmup,
+            "--proxy-layers": proxy_layers,
+            "--proxy-width": proxy_width,
+            "--nnodes": nnodes,
+            "--node-rank": node_rank,
+            "--timeout": timeout,
+            "--max-local-ranks": max_local_ranks,
+            "--memory-limit-mib": memory_limit_mib,
+        }
+    )
     if rdzv_endpoint is not None and not re.fullmatch(r"[A-Za-z0-9._\-\[\]:]+:\d{1,5}", rdzv_endpoint):
-        raise InputError(f"--rdzv-endpoint {quoted(rdzv_endpoint)} must be HOST:PORT, e.g. --rdzv-endpoint "
-                         f"node001:29500")
+        raise InputError(
+            f"--rdzv-endpoint {quoted(rdzv_endpoint)} must be HOST:PORT, e.g. --rdzv-endpoint node001:29500"
+        )
     if node_rank >= nnodes:
         raise InputError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (ranks count from 0)")
 
 
-def _run_here(t, key: str, nproc: int, *, steps: int, warmup: int, timeout: float, rdzv: dict | None,
-              memory_limit_mib: float | None, run_dir: Path) -> tuple[dict, Path]:
+def _run_here(
+    t,
+    key: str,
+    nproc: int,
+    *,
+    steps: int,
+    warmup: int,
+    timeout: float,
+    rdzv: dict | None,
+    memory_limit_mib: float | None,
+    run_dir: Path,
+) -> tuple[dict, Path]:
     """Run the trial under torchrun on this machine; the trial document and the file it went to."""
     from autopar.trial.hygiene import install_signal_handlers
     from autopar.trial.measure import measure_plan, write_trial
 
     install_signal_handlers()  # SIGINT/SIGTERM: kill the trial's processes, exit 130/143
-    doc = measure_plan(t.model, t.plan.to_dict(), nproc, predicted=t.predicted, steps=steps, warmup=warmup,
-                       seq_len=t.seq_len, proxy=t.proxy, proxy_ratio=t.proxy_ratio, timeout_s=timeout, rdzv=rdzv,
-                       peak_flops=t.peak_flops,
-                       worker_args=["--memory-limit-mib", str(memory_limit_mib)] if memory_limit_mib else None,
-                       workdir=run_dir / "trials" / "work" / key)
+    doc = measure_plan(
+        t.model,
+        t.plan.to_dict(),
+        nproc,
+        predicted=t.predicted,
+        steps=steps,
+        warmup=warmup,
+        seq_len=t.seq_len,
+        proxy=t.proxy,
+        proxy_ratio=t.proxy_ratio,
+        timeout_s=timeout,
+        rdzv=rdzv,
+        peak_flops=t.peak_flops,
+        worker_args=["--memory-limit-mib", str(memory_limit_mib)] if memory_limit_mib else None,
+        workdir=run_dir / "trials" / "work" / key,
+    )
     return doc, write_trial(doc | {"key": key}, run_dir / "trials", key)
 
 
@@ -133,12 +223,16 @@ def _print_result(doc: dict, key: str, predicted: dict, path: Path, as_json: boo
     if doc["status"] != "ok":
         print(f"{key}: {doc['status']} ({doc['outcome']}): {'; '.join(doc['reasons'])[:400]}")
     else:
-        print(f"{key}: {m['step_time_s']:.4f} s/step median (spread {100 * m['step_time_spread']:.0f}%), "
-              f"{m['tokens_per_s']:.0f} tokens/s, MFU {100 * m.get('mfu', 0):.1f}%, peak "
-              f"{m['peak_memory_bytes'] / 2**20:.1f} MiB/rank ({m['memory_method']}); predicted "
-              f"{predicted['step_time_s']:.4f} s, {predicted['peak_memory_bytes'] / 2**20:.1f} MiB"
-              + (f"; proxy {m['proxy']['kind']} x{m['proxy']['ratio']:.2f}" if "proxy" in m else ""))
+        print(
+            f"{key}: {m['step_time_s']:.4f} s/step median (spread {100 * m['step_time_spread']:.0f}%), "
+            f"{m['tokens_per_s']:.0f} tokens/s, MFU {100 * m.get('mfu', 0):.1f}%, peak "
+            f"{m['peak_memory_bytes'] / 2**20:.1f} MiB/rank ({m['memory_method']}); predicted "
+            f"{predicted['step_time_s']:.4f} s, {predicted['peak_memory_bytes'] / 2**20:.1f} MiB"
+            + (f"; proxy {m['proxy']['kind']} x{m['proxy']['ratio']:.2f}" if "proxy" in m else "")
+        )
         comm = " ".join(f"{a}={b / 2**20:.2f}MiB" for a, b in m["comm_bytes_per_rank_by_axis"].items())
-        print(f"  collective bytes/step/rank: {comm or '-'}; env: {doc['environment'].get('torch')} "
-              f"{doc['environment'].get('device')} {doc['environment'].get('backend')}")
+        print(
+            f"  collective bytes/step/rank: {comm or '-'}; env: {doc['environment'].get('torch')} "
+            f"{doc['environment'].get('device')} {doc['environment'].get('backend')}"
+        )
     print(f"Result: {path}")

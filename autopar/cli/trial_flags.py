@@ -20,32 +20,71 @@ def _opt(name: str, help: str):
 
 
 TRIAL_OPTIONS = {
-    "trials": Opt(int, _opt("--trials", help="Measured stage: run the analytic top-K plans for real (torchrun on "
-                                             "this machine, as scaled-down proxies where a plan does not fit it; or "
-                                             "SLURM jobs, --launcher slurm), ranked by measured step time."), 0),
-    "trial_budget": Opt(Optional[int], _opt("--trial-budget", help="Plans to measure per round (>= K; the sampler "
-                                                                   "proposes the rest).")),
+    "trials": Opt(
+        int,
+        _opt(
+            "--trials",
+            help="Measured stage: run the analytic top-K plans for real (torchrun on "
+            "this machine, as scaled-down proxies where a plan does not fit it; or "
+            "SLURM jobs, --launcher slurm), ranked by measured step time.",
+        ),
+        0,
+    ),
+    "trial_budget": Opt(
+        Optional[int], _opt("--trial-budget", help="Plans to measure per round (>= K; the sampler proposes the rest).")
+    ),
     "rounds": Opt(int, _opt("--rounds", help="Measure, recalibrate, re-rank the untried, repeat."), 1),
     "trial_steps": Opt(int, _opt("--trial-steps", help="Timed steps per trial (after warm-up)."), 5),
     "trial_timeout": Opt(float, _opt("--trial-timeout", help="Seconds before a trial is killed."), 120.0),
-    "launcher": Opt(str, _opt("--launcher", help="Where trials run: local (torchrun on this machine) | slurm (one "
-                                                 "sbatch job per trial on the cluster the plans are for; a rerun "
-                                                 "adopts jobs still running)."), "local"),
-    "max_local_ranks": Opt(Optional[int], _opt("--max-local-ranks", help="Most ranks a local trial starts "
-                                                                         "(default: the GPUs, or the CPU cores; "
-                                                                         "more oversubscribes the cores).")),
-    "proxy": Opt(bool, _opt("--proxy/--no-proxy", help="Run a scaled-down proxy of a plan that does not fit this "
-                                                       "machine, scaled back by the estimate's ratio (default); "
-                                                       "--no-proxy records it as not runnable."), True),
-    "proxy_layers": Opt(Optional[int], _opt("--proxy-layers", help="Proxy: layers per pipeline stage (default: the "
-                                                                   "most that fit).")),
-    "proxy_width": Opt(Optional[int], _opt("--proxy-width", help="Proxy: divide every width (hidden, heads then "
-                                                                 "head size, FFN, vocabulary) by this (default: "
-                                                                 "the least that fits).")),
-    "proxy_seq": Opt(Optional[int], _opt("--proxy-seq", help="Proxy: divide the sequence length by this (default: "
-                                                             "the least that fits).")),
-    "sbatch_args": Opt(Optional[str], _opt("--sbatch-args", help="Extra sbatch options for --launcher slurm, e.g. "
-                                                                 "'--partition=gpu --account=ml'.")),
+    "launcher": Opt(
+        str,
+        _opt(
+            "--launcher",
+            help="Where trials run: local (torchrun on this machine) | slurm (one "
+            "sbatch job per trial on the cluster the plans are for; a rerun "
+            "adopts jobs still running).",
+        ),
+        "local",
+    ),
+    "max_local_ranks": Opt(
+        Optional[int],
+        _opt(
+            "--max-local-ranks",
+            help="Most ranks a local trial starts "
+            "(default: the GPUs, or the CPU cores; "
+            "more oversubscribes the cores).",
+        ),
+    ),
+    "proxy": Opt(
+        bool,
+        _opt(
+            "--proxy/--no-proxy",
+            help="Run a scaled-down proxy of a plan that does not fit this "
+            "machine, scaled back by the estimate's ratio (default); "
+            "--no-proxy records it as not runnable.",
+        ),
+        True,
+    ),
+    "proxy_layers": Opt(
+        Optional[int], _opt("--proxy-layers", help="Proxy: layers per pipeline stage (default: the most that fit).")
+    ),
+    "proxy_width": Opt(
+        Optional[int],
+        _opt(
+            "--proxy-width",
+            help="Proxy: divide every width (hidden, heads then "
+            "head size, FFN, vocabulary) by this (default: "
+            "the least that fits).",
+        ),
+    ),
+    "proxy_seq": Opt(
+        Optional[int],
+        _opt("--proxy-seq", help="Proxy: divide the sequence length by this (default: the least that fits)."),
+    ),
+    "sbatch_args": Opt(
+        Optional[str],
+        _opt("--sbatch-args", help="Extra sbatch options for --launcher slurm, e.g. '--partition=gpu --account=ml'."),
+    ),
 }
 
 
@@ -63,22 +102,48 @@ class TrialFlags:
 
 
 def _build(v: dict) -> TrialFlags:
-    check_flags({"--trials": v["trials"], "--trial-budget": v["trial_budget"], "--rounds": v["rounds"],
-                 "--trial-steps": v["trial_steps"], "--trial-timeout": v["trial_timeout"],
-                 "--max-local-ranks": v["max_local_ranks"], "--proxy-layers": v["proxy_layers"],
-                 "--proxy-width": v["proxy_width"], "--proxy-seq": v["proxy_seq"]})
+    check_flags(
+        {
+            "--trials": v["trials"],
+            "--trial-budget": v["trial_budget"],
+            "--rounds": v["rounds"],
+            "--trial-steps": v["trial_steps"],
+            "--trial-timeout": v["trial_timeout"],
+            "--max-local-ranks": v["max_local_ranks"],
+            "--proxy-layers": v["proxy_layers"],
+            "--proxy-width": v["proxy_width"],
+            "--proxy-seq": v["proxy_seq"],
+        }
+    )
     _check_used(v)
     from autopar.cli.measured import trial_options
 
-    options = trial_options(v["launcher"], v["max_local_ranks"], v["proxy"], v["proxy_layers"], v["proxy_width"],
-                            v["proxy_seq"], v["sbatch_args"])
+    options = trial_options(
+        v["launcher"],
+        v["max_local_ranks"],
+        v["proxy"],
+        v["proxy_layers"],
+        v["proxy_width"],
+        v["proxy_seq"],
+        v["sbatch_args"],
+    )
     return TrialFlags(v["trials"], v["trial_budget"], v["rounds"], v["trial_steps"], v["trial_timeout"], options)
 
 
 #: measured-stage options -> their default: given without --trials they would do nothing
-_STAGE_ONLY = {"trial_budget": None, "rounds": 1, "trial_steps": 5, "trial_timeout": 120.0, "launcher": "local",
-               "max_local_ranks": None, "proxy": True, "proxy_layers": None, "proxy_width": None, "proxy_seq": None,
-               "sbatch_args": None}
+_STAGE_ONLY = {
+    "trial_budget": None,
+    "rounds": 1,
+    "trial_steps": 5,
+    "trial_timeout": 120.0,
+    "launcher": "local",
+    "max_local_ranks": None,
+    "proxy": True,
+    "proxy_layers": None,
+    "proxy_width": None,
+    "proxy_seq": None,
+    "sbatch_args": None,
+}
 
 
 def _flag(name: str) -> str:
@@ -95,11 +160,15 @@ def _check_used(v: dict) -> None:
     if v["trials"] == 0:
         given = [_flag(k) for k, default in _STAGE_ONLY.items() if v[k] != default]
         if given:
-            raise InputError(f"{given[0]} applies to the measured stage only, which --trials 0 (the default) skips; "
-                             f"add --trials K (plans to measure), or leave {given[0]} out")
+            raise InputError(
+                f"{given[0]} applies to the measured stage only, which --trials 0 (the default) skips; "
+                f"add --trials K (plans to measure), or leave {given[0]} out"
+            )
     if v["sbatch_args"] is not None and v["launcher"] != "slurm":
-        raise InputError(f"--sbatch-args applies to --launcher slurm only (got --launcher {quoted(v['launcher'])}); "
-                         f"add --launcher slurm, or leave --sbatch-args out")
+        raise InputError(
+            f"--sbatch-args applies to --launcher slurm only (got --launcher {quoted(v['launcher'])}); "
+            f"add --launcher slurm, or leave --sbatch-args out"
+        )
 
 
 def with_trial_flags(command):

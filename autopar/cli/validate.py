@@ -12,21 +12,56 @@ from autopar.cli import options as o
 
 @app.command()
 def validate(
-    runs: Annotated[Optional[str], typer.Option("--runs", help="A calibration CSV with the columns of the bundled "
-                                                "tables (default: the bundled public runs, rows 1-54 and 201-291).")] = None,
-    trainer: Annotated[Optional[str], typer.Option("--trainer", help="Only the runs priced with this trainer's "
-                                                   "performance profile (megatron, torchtitan, deepspeed, ...).")] = None,
-    fit: Annotated[bool, typer.Option("--fit", help="Refit the performance profiles to these runs (bounded least "
-                                      "squares) and report with the fitted constants.")] = False,
-    cross_validate: Annotated[bool, typer.Option("--cross-validate", help="Recompute the leave-one-source-out "
-                                                 "figures: fit on every source but one, predict that one (one fit "
-                                                 "per source, minutes).")] = False,
-    write_profile: Annotated[Optional[str], typer.Option("--write-profile", help="With --fit: write the fitted "
-                                                         "constants of --trainer's profile (default megatron) as a "
-                                                         "cluster profile YAML, for --cluster FILE.")] = None,
-    write_profiles: Annotated[Optional[str], typer.Option("--write-profiles", help="With --fit: write every "
-                                                          "fitted profile as a profiles.toml (maintainers: "
-                                                          "autopar/cost/data/profiles.toml).")] = None,
+    runs: Annotated[
+        Optional[str],
+        typer.Option(
+            "--runs",
+            help="A calibration CSV with the columns of the bundled "
+            "tables (default: the bundled public runs, rows 1-54 and 201-291).",
+        ),
+    ] = None,
+    trainer: Annotated[
+        Optional[str],
+        typer.Option(
+            "--trainer",
+            help="Only the runs priced with this trainer's performance profile (megatron, torchtitan, deepspeed, ...).",
+        ),
+    ] = None,
+    fit: Annotated[
+        bool,
+        typer.Option(
+            "--fit",
+            help="Refit the performance profiles to these runs (bounded least "
+            "squares) and report with the fitted constants.",
+        ),
+    ] = False,
+    cross_validate: Annotated[
+        bool,
+        typer.Option(
+            "--cross-validate",
+            help="Recompute the leave-one-source-out "
+            "figures: fit on every source but one, predict that one (one fit "
+            "per source, minutes).",
+        ),
+    ] = False,
+    write_profile: Annotated[
+        Optional[str],
+        typer.Option(
+            "--write-profile",
+            help="With --fit: write the fitted "
+            "constants of --trainer's profile (default megatron) as a "
+            "cluster profile YAML, for --cluster FILE.",
+        ),
+    ] = None,
+    write_profiles: Annotated[
+        Optional[str],
+        typer.Option(
+            "--write-profiles",
+            help="With --fit: write every "
+            "fitted profile as a profiles.toml (maintainers: "
+            "autopar/cost/data/profiles.toml).",
+        ),
+    ] = None,
     as_json: o.Json = False,
 ) -> None:
     """Predict every published run whose layout is complete enough and compare with its measured
@@ -35,30 +70,37 @@ def validate(
 
     Refit from your own runs: autopar validate --fit --runs my_runs.csv --trainer megatron --write-profile mine.yaml
     """
-    from autopar.errors import InputError
-
     from autopar.cli.checks import output_file
+    from autopar.errors import InputError
 
     given = [f for f, v in (("--write-profile", write_profile), ("--write-profiles", write_profiles)) if v]
     if given and not fit:
-        raise InputError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --fit (there is nothing "
-                         f"fitted to write); add --fit")
+        raise InputError(
+            f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --fit (there is nothing "
+            f"fitted to write); add --fit"
+        )
     output_file(write_profile, "--write-profile")
     output_file(write_profiles, "--write-profiles")
     from autopar.cost.validate_runs import validate_runs
 
-    report = validate_runs(runs, trainer, fit=fit, cross_validate=cross_validate,
-                           progress=None if as_json else lambda s: print(f"  fold done: {s}", flush=True))
+    report = validate_runs(
+        runs,
+        trainer,
+        fit=fit,
+        cross_validate=cross_validate,
+        progress=None if as_json else lambda s: print(f"  fold done: {s}", flush=True),
+    )
     from autopar.cli.render_validate import print_report, write_outputs
 
     written = write_outputs(report, trainer, write_profile, write_profiles)
     if as_json:
         import json
 
-        out = report.in_sample.to_dict() | {"cross_validated": (report.cross_validated.summary()
-                                                                if report.cross_validated else None),
-                                            "cross_validation_origin": report.cv_origin,
-                                            "written": [str(p) for p in written]}
+        out = report.in_sample.to_dict() | {
+            "cross_validated": (report.cross_validated.summary() if report.cross_validated else None),
+            "cross_validation_origin": report.cv_origin,
+            "written": [str(p) for p in written],
+        }
         print(json.dumps(out, indent=2, default=float))
         return
     print_report(report, written)

@@ -65,8 +65,25 @@ def space_size(space: SearchSpace, q: "Question") -> int:
 
 
 #: the product axes, in order; values are what `knob_choices` returns for each
-AXES = ("tp", "pp", "cp", "sched_vpp", "ep", "etp", "zero", "mbs", "recompute", "recompute_layers", "dtype",
-        "tp_comm_overlap", "sp", "pp_layout", "moe_dispatcher", "ep_comm_overlap", "trainer")
+AXES = (
+    "tp",
+    "pp",
+    "cp",
+    "sched_vpp",
+    "ep",
+    "etp",
+    "zero",
+    "mbs",
+    "recompute",
+    "recompute_layers",
+    "dtype",
+    "tp_comm_overlap",
+    "sp",
+    "pp_layout",
+    "moe_dispatcher",
+    "ep_comm_overlap",
+    "trainer",
+)
 
 
 def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
@@ -130,16 +147,18 @@ class Enumerator:
         # the trainer is the innermost axis and no rule of the walk reads it, so the inner
         # combinations come in blocks of one per trainer: the folded walk keeps each block's first
         self.trainer_codes = [int(c) for c in self.choices["trainer"]]
-        self.folded_inner = {a: v[::len(self.trainer_codes)] for a, v in self.inner.items()}
+        self.folded_inner = {a: v[:: len(self.trainer_codes)] for a, v in self.inner.items()}
 
     def _combinations(self, axes: tuple[str, ...]) -> dict[str, np.ndarray]:
         """The index combinations of `axes` that pass the rules decidable on them alone."""
         n = int(np.prod([len(self.choices[a]) for a in axes], dtype=np.float64))
         if n > MAX_COMBINATIONS:
             sizes = " x ".join(f"{a} {len(self.choices[a])}" for a in axes if len(self.choices[a]) > 1)
-            raise InputError(f"the search space is too wide to walk on this machine: {n:,} combinations of "
-                             f"{sizes} (at most {MAX_COMBINATIONS:,}); shorten the longest knob lists in the space "
-                             f"file, or pin knobs with flags (--tp, --pp, ...)")
+            raise InputError(
+                f"the search space is too wide to walk on this machine: {n:,} combinations of "
+                f"{sizes} (at most {MAX_COMBINATIONS:,}); shorten the longest knob lists in the space "
+                f"file, or pin knobs with flags (--tp, --pp, ...)"
+            )
         grids = np.meshgrid(*[np.arange(len(self.choices[a])) for a in axes], indexing="ij")
         values = {a: g.ravel() for a, g in zip(axes, grids)}
         if axes == INNER:
@@ -183,15 +202,24 @@ class Enumerator:
         folded = self.total // n_trainers
         for start in range(0, folded, size):
             stop = min(start + size, folded)
-            table = build_table(self.space, self.q, self.values(start, stop, self.folded_inner), self.choices, self,
-                                index_base=start, index_scale=n_trainers)
+            table = build_table(
+                self.space,
+                self.q,
+                self.values(start, stop, self.folded_inner),
+                self.choices,
+                self,
+                index_base=start,
+                index_scale=n_trainers,
+            )
             yield start * n_trainers, stop * n_trainers, table
 
     def require_plans(self) -> "Enumerator":
         """Itself, or one line when the space holds no plan for these GPUs."""
         if self.total == 0:
-            raise InputError(f"no layout of the search space divides {self.q.num_gpus} GPUs (tp*pp*cp must "
-                             f"divide the GPU count); change --gpus or widen the space")
+            raise InputError(
+                f"no layout of the search space divides {self.q.num_gpus} GPUs (tp*pp*cp must "
+                f"divide the GPU count); change --gpus or widen the space"
+            )
         return self
 
     def layout_id(self, pp: np.ndarray, vpp: np.ndarray, choice: np.ndarray) -> np.ndarray:
@@ -217,8 +245,12 @@ def _layout_registry(model: ModelSpec, choices: dict[str, list]) -> tuple[list, 
                 if p == 1:  # one stage: every variant is the auto layout
                     index[(p, v, ci)] = -2
                     continue
-                lay = balanced_layout(model.num_layers, p * v, embedding_as_layer=name == "embedding+loss",
-                                      loss_as_layer=name == "embedding+loss")
+                lay = balanced_layout(
+                    model.num_layers,
+                    p * v,
+                    embedding_as_layer=name == "embedding+loss",
+                    loss_as_layer=name == "embedding+loss",
+                )
                 if lay.stages in seen or min(lay.stages[1:-1] or [1]) <= 0:
                     index[(p, v, ci)] = -2
                     continue
@@ -234,7 +266,7 @@ def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, 
     need EP; SP follows tp (when 'auto'); an explicit etp equal to tp is the same plan as etp 'tp';
     layout variants differ from the auto layout and from each other; expert knobs only for MoE."""
     t, p, c = col["tp"], col["pp"], col["cp"]
-    keep = (q.num_gpus % (t * p * c) == 0)
+    keep = q.num_gpus % (t * p * c) == 0
     keep &= ~((p == 1) & ((sched != SCHED["1f1b"]) | (vpp > 1)))
     keep &= (col["recompute_layers"] < 0) | (col["recompute"] == RECOMP["full"])
     keep &= ~((t == 1) & col["tp_comm_overlap"].astype(bool))
@@ -248,9 +280,15 @@ def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, 
     return keep & (layout_id >= -1)
 
 
-def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], choices: dict[str, list],
-                enumerator: "Enumerator | None" = None, index_base: int | None = None,
-                index_scale: int = 1) -> PlanTable:
+def build_table(
+    space: SearchSpace,
+    q: Question,
+    values: dict[str, np.ndarray],
+    choices: dict[str, list],
+    enumerator: "Enumerator | None" = None,
+    index_base: int | None = None,
+    index_scale: int = 1,
+) -> PlanTable:
     """The canonical plans (`canonical`) among per-axis value arrays (indices into `choices`)."""
     enumerator = enumerator or Enumerator(space, q)
     G = q.num_gpus
@@ -258,13 +296,28 @@ def build_table(space: SearchSpace, q: Question, values: dict[str, np.ndarray], 
     t, p, c = col["tp"], col["pp"], col["cp"]
     idx = np.flatnonzero(canonical(space, q, choices, col, sched, vpp, et, layout_id))
     table = PlanTable.from_columns(
-        enumerator.layouts, tp=t[idx], pp=p[idx], dp=G // (t[idx] * p[idx] * c[idx]), cp=c[idx], ep=col["ep"][idx],
-        etp=et[idx], vpp=vpp[idx], zero_stage=col["zero"][idx], micro_batch_size=col["mbs"][idx],
-        global_batch_size=np.full(len(idx), q.global_batch_size), schedule=sched[idx],
-        recompute=col["recompute"][idx], recompute_layers=col["recompute_layers"][idx], dtype=col["dtype"][idx],
-        tp_comm_overlap=col["tp_comm_overlap"][idx], sequence_parallel=col["sp"][idx], layout_id=layout_id[idx],
-        moe_dispatcher=col["moe_dispatcher"][idx], ep_comm_overlap=col["ep_comm_overlap"][idx],
-        trainer=col["trainer"][idx])
+        enumerator.layouts,
+        tp=t[idx],
+        pp=p[idx],
+        dp=G // (t[idx] * p[idx] * c[idx]),
+        cp=c[idx],
+        ep=col["ep"][idx],
+        etp=et[idx],
+        vpp=vpp[idx],
+        zero_stage=col["zero"][idx],
+        micro_batch_size=col["mbs"][idx],
+        global_batch_size=np.full(len(idx), q.global_batch_size),
+        schedule=sched[idx],
+        recompute=col["recompute"][idx],
+        recompute_layers=col["recompute_layers"][idx],
+        dtype=col["dtype"][idx],
+        tp_comm_overlap=col["tp_comm_overlap"][idx],
+        sequence_parallel=col["sp"][idx],
+        layout_id=layout_id[idx],
+        moe_dispatcher=col["moe_dispatcher"][idx],
+        ep_comm_overlap=col["ep_comm_overlap"][idx],
+        trainer=col["trainer"][idx],
+    )
     if index_base is not None:
         table.columns["plan_index"] = (index_base + idx) * index_scale
     return table

@@ -30,8 +30,15 @@ from autopar.secrets import mask_url
 from autopar.spec.hardware import GIB
 
 #: the estimate figures every trial keeps (with its plan) as user attributes
-ESTIMATE_ATTRS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_bytes",
-                  "memory_capacity_bytes", "bubble_fraction")
+ESTIMATE_ATTRS = (
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "peak_memory_bytes",
+    "memory_capacity_bytes",
+    "bubble_fraction",
+)
 INFEASIBLE_STEP_TIME = 1e9  # objective of a plan that is not a plan (divisibility) or not valid
 
 
@@ -55,8 +62,10 @@ def storage_url(storage: str | None, run_dir: Path) -> str:
 
 
 #: SQL dialect -> the SQLAlchemy drivers autopar can switch between, and the module each imports
-_DRIVERS = {"postgresql": (("psycopg2", "psycopg2"), ("psycopg", "psycopg")),
-            "mysql": (("mysqldb", "MySQLdb"), ("pymysql", "pymysql"))}
+_DRIVERS = {
+    "postgresql": (("psycopg2", "psycopg2"), ("psycopg", "psycopg")),
+    "mysql": (("mysqldb", "MySQLdb"), ("pymysql", "pymysql")),
+}
 
 
 def _default_driver(dialect: str) -> str:
@@ -87,10 +96,14 @@ def with_driver(url: str) -> str:
         return f"{dialect}+{wanted}://{rest}"
     if installed:
         return f"{dialect}+{installed[0]}://{rest}"
-    raise InputError(mask_url(f"cannot open storage '{url}': no {dialect} driver is installed (SQLAlchemy needs "
-                              f"{' or '.join(drivers.values())}); pip install "
-                              f"{'psycopg2-binary' if dialect == 'postgresql' else 'pymysql'}, or use sqlite:///FILE "
-                              f"or a journal file (FILE.log)"))
+    raise InputError(
+        mask_url(
+            f"cannot open storage '{url}': no {dialect} driver is installed (SQLAlchemy needs "
+            f"{' or '.join(drivers.values())}); pip install "
+            f"{'psycopg2-binary' if dialect == 'postgresql' else 'pymysql'}, or use sqlite:///FILE "
+            f"or a journal file (FILE.log)"
+        )
+    )
 
 
 def open_storage(url: str):
@@ -107,8 +120,9 @@ def open_storage(url: str):
         raise
     except Exception as e:  # noqa: BLE001 - any driver error is a bad storage for the user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(mask_url(f"cannot open storage '{url}': {first}; check the URL, the server and its "
-                                  f"driver")) from None
+        raise InputError(
+            mask_url(f"cannot open storage '{url}': {first}; check the URL, the server and its driver")
+        ) from None
 
 
 def _rdb_storage(url: str, attempts: int = 5):
@@ -162,11 +176,13 @@ def set_constraint(trial, value: float) -> None:
 def load_or_create_study(url: str, study_name: str, sampler, directions: list[str]) -> optuna.Study:
     storage = open_storage(url)
     try:
-        return optuna.create_study(storage=storage, study_name=study_name, sampler=sampler, directions=directions,
-                                   load_if_exists=True)
+        return optuna.create_study(
+            storage=storage, study_name=study_name, sampler=sampler, directions=directions, load_if_exists=True
+        )
     except ValueError as e:  # e.g. the study exists with other directions
-        raise InputError(mask_url(f"study '{study_name}' in '{url}' cannot be used: {e}; pick another "
-                                  f"--study-name")) from None
+        raise InputError(
+            mask_url(f"study '{study_name}' in '{url}' cannot be used: {e}; pick another --study-name")
+        ) from None
 
 
 def _counts(t: optuna.trial.FrozenTrial) -> bool:
@@ -205,8 +221,11 @@ def fail_stale(study: optuna.Study, older_than_s: float) -> int:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker", "")
         old = t.datetime_start is not None and (now - t.datetime_start).total_seconds() > older_than_s
-        if (worker and not _alive(worker)) or (not worker and old) or (worker and old and not worker.startswith(
-                socket.gethostname() + ":")):
+        if (
+            (worker and not _alive(worker))
+            or (not worker and old)
+            or (worker and old and not worker.startswith(socket.gethostname() + ":"))
+        ):
             study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
             n += 1
     return n
@@ -214,27 +233,46 @@ def fail_stale(study: optuna.Study, older_than_s: float) -> int:
 
 def _budget_taken_before(study: optuna.Study, number: int) -> int:
     """Budget used by trials numbered before `number`: finished ones and those still running."""
-    return sum(1 for t in study.get_trials(deepcopy=False)
-               if t.number < number and (_counts(t) or t.state == TrialState.RUNNING))
+    return sum(
+        1
+        for t in study.get_trials(deepcopy=False)
+        if t.number < number and (_counts(t) or t.state == TrialState.RUNNING)
+    )
 
 
 #: knobs Optuna chooses (the structure of the layout) and knobs each trial completes exhaustively
 #: (cheap to evaluate side by side, vectorised): a trial is one structure plus its best completion
 OUTER = ("tp", "cp", "pp", "ep", "etp", "dtype", "tp_comm_overlap")
-INNER = ("sched_vpp", "zero", "mbs", "recompute", "recompute_layers", "pp_layout", "moe_dispatcher", "ep_comm_overlap",
-         "trainer")
+INNER = (
+    "sched_vpp",
+    "zero",
+    "mbs",
+    "recompute",
+    "recompute_layers",
+    "pp_layout",
+    "moe_dispatcher",
+    "ep_comm_overlap",
+    "trainer",
+)
 
 
 def suggest_outer(trial: optuna.Trial, choices: dict, moe: bool) -> dict[str, int]:
     """Define-by-run: the structural knobs as ordinal integers (positions in the sorted choices,
     so TPE's kernels see that tp 4 lies between 2 and 8); expert knobs only for MoE models, the
     TP-overlap switch only with tp > 1."""
+
     def pick(axis: str, when: bool = True) -> int:
         n = len(choices[axis])
         return trial.suggest_int(axis, 0, n - 1) if when and n > 1 else 0
 
-    v = {"tp": pick("tp"), "cp": pick("cp"), "pp": pick("pp"), "ep": pick("ep", moe), "etp": pick("etp", moe),
-         "dtype": pick("dtype")}
+    v = {
+        "tp": pick("tp"),
+        "cp": pick("cp"),
+        "pp": pick("pp"),
+        "ep": pick("ep", moe),
+        "etp": pick("etp", moe),
+        "dtype": pick("dtype"),
+    }
     v["tp_comm_overlap"] = pick("tp_comm_overlap", choices["tp"][v["tp"]] > 1)
     return v
 
@@ -259,8 +297,15 @@ def structures_table(space: SearchSpace, q: Question, outers: list[dict[str, int
 
 
 @quiet_optuna()
-def run_study(space: SearchSpace, q: Question, study: optuna.Study, n_trials: int,
-              evaluate: Callable, multi_objective: bool, on_trial: Callable | None = None) -> None:
+def run_study(
+    space: SearchSpace,
+    q: Question,
+    study: optuna.Study,
+    n_trials: int,
+    evaluate: Callable,
+    multi_objective: bool,
+    on_trial: Callable | None = None,
+) -> None:
     """Run trials until the study holds `n_trials` finished ones. Each trial: Optuna proposes a
     structure, `evaluate(table)` scores all its completions (a DataFrame), the best that fits is
     the trial's value. Trial numbers are handed out by the storage, so concurrent workers never
@@ -302,14 +347,23 @@ def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[floa
         constraint = 1.0 + float(best["memory_miss_gib"])
     else:
         set_constraint(trial, 1.0)
-        trial.set_user_attr("estimate", {"rejected_by": str(df["rejected_by"].iloc[0]), "constraint": 1.0,
-                                         "completions": int(len(df))})
+        trial.set_user_attr(
+            "estimate", {"rejected_by": str(df["rejected_by"].iloc[0]), "constraint": 1.0, "completions": int(len(df))}
+        )
         return infeasible
     set_constraint(trial, constraint)
     trial.set_user_attr("plan", row_plan(best, table.layouts).to_dict())
-    trial.set_user_attr("estimate", {k: float(best[k]) for k in ESTIMATE_ATTRS} | {
-        "fits": bool(best["fits"]), "plan_name": str(best["plan_name"]), "rejected_by": str(best["rejected_by"]),
-        "completions": int(len(df)), "constraint": constraint})
+    trial.set_user_attr(
+        "estimate",
+        {k: float(best[k]) for k in ESTIMATE_ATTRS}
+        | {
+            "fits": bool(best["fits"]),
+            "plan_name": str(best["plan_name"]),
+            "rejected_by": str(best["rejected_by"]),
+            "completions": int(len(df)),
+            "constraint": constraint,
+        },
+    )
     headroom = float((best["memory_capacity_bytes"] - best["peak_memory_bytes"]) / GIB)
     return [float(best["step_time_s"])] + ([headroom] if multi_objective else [])
 

@@ -10,35 +10,67 @@ from autopar.cost.columns import MEMORY_BIT
 from autopar.cost.estimate import TIME_LABELS, TIME_TERMS
 from autopar.spec.hardware import GIB
 from autopar.spec.layout import auto_layout
-from autopar.spec.rules import all_rules, reason_text
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan
+from autopar.spec.rules import all_rules, reason_text
 from autopar.spec.table import PlanTable
 from autopar.spec.trainers import ALL_TRAINERS
 
 #: the columns that make a plan what it is, apart from the trainer that runs it
-PLAN_KEY = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage", "sequence_parallel", "micro_batch_size",
-            "global_batch_size", "pp_schedule", "recompute", "recompute_layers", "dtype", "tp_comm_overlap",
-            "layout_id", "moe_dispatch", "capacity_factor", "moe_dispatcher", "ep_comm_overlap")
+PLAN_KEY = (
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "dp",
+    "ep",
+    "etp",
+    "zero_stage",
+    "sequence_parallel",
+    "micro_batch_size",
+    "global_batch_size",
+    "pp_schedule",
+    "recompute",
+    "recompute_layers",
+    "dtype",
+    "tp_comm_overlap",
+    "layout_id",
+    "moe_dispatch",
+    "capacity_factor",
+    "moe_dispatcher",
+    "ep_comm_overlap",
+)
 COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
 
 
 def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None = None) -> pd.DataFrame:
     """Plans and their estimates as one DataFrame (categoricals as names, not codes)."""
     c = table.columns
-    df = pd.DataFrame({
-        "tp": c["tp"], "pp": c["pp"], "vpp": c["vpp"], "cp": c["cp"], "dp": c["dp"], "ep": c["ep"], "etp": c["etp"],
-        "zero_stage": c["zero_stage"], "sequence_parallel": c["sequence_parallel"],
-        "micro_batch_size": c["micro_batch_size"], "global_batch_size": c["global_batch_size"],
-        "pp_schedule": np.asarray(SCHEDULES, dtype=object)[c["schedule"]],
-        "recompute": np.asarray(RECOMPUTE, dtype=object)[c["recompute"]],
-        "recompute_layers": c["recompute_layers"], "dtype": np.asarray(DTYPES, dtype=object)[c["dtype"]],
-        "tp_comm_overlap": c["tp_comm_overlap"], "layout_id": c["layout_id"],
-        "moe_dispatch": np.asarray(MOE_DISPATCH, dtype=object)[c["moe_dispatch"]],
-        "capacity_factor": c["capacity_factor"],
-        "moe_dispatcher": np.asarray(MOE_DISPATCHERS, dtype=object)[c["moe_dispatcher"]],
-        "ep_comm_overlap": c["ep_comm_overlap"],
-        "trainer": np.asarray(ALL_TRAINERS, dtype=object)[c["trainer"]],
-    })
+    df = pd.DataFrame(
+        {
+            "tp": c["tp"],
+            "pp": c["pp"],
+            "vpp": c["vpp"],
+            "cp": c["cp"],
+            "dp": c["dp"],
+            "ep": c["ep"],
+            "etp": c["etp"],
+            "zero_stage": c["zero_stage"],
+            "sequence_parallel": c["sequence_parallel"],
+            "micro_batch_size": c["micro_batch_size"],
+            "global_batch_size": c["global_batch_size"],
+            "pp_schedule": np.asarray(SCHEDULES, dtype=object)[c["schedule"]],
+            "recompute": np.asarray(RECOMPUTE, dtype=object)[c["recompute"]],
+            "recompute_layers": c["recompute_layers"],
+            "dtype": np.asarray(DTYPES, dtype=object)[c["dtype"]],
+            "tp_comm_overlap": c["tp_comm_overlap"],
+            "layout_id": c["layout_id"],
+            "moe_dispatch": np.asarray(MOE_DISPATCH, dtype=object)[c["moe_dispatch"]],
+            "capacity_factor": c["capacity_factor"],
+            "moe_dispatcher": np.asarray(MOE_DISPATCHERS, dtype=object)[c["moe_dispatcher"]],
+            "ep_comm_overlap": c["ep_comm_overlap"],
+            "trainer": np.asarray(ALL_TRAINERS, dtype=object)[c["trainer"]],
+        }
+    )
     if "plan_index" in c:  # the plan's place in the search's walk
         df["plan_index"] = c["plan_index"]
     for name, arr in est.items():
@@ -49,8 +81,9 @@ def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None =
     df["layout_text"] = df.pop("layout") if "layout" in df else layout_texts(table, num_layers)
     df["plan_name"] = plan_names(df)
     terms = np.stack([df[f"time_{t}"].to_numpy() for t in COMM_TERMS], axis=1)
-    df["dominant_cost"] = np.where(terms.max(axis=1) > 0, np.asarray(COMM_TERMS, dtype=object)[terms.argmax(axis=1)],
-                                   "compute")
+    df["dominant_cost"] = np.where(
+        terms.max(axis=1) > 0, np.asarray(COMM_TERMS, dtype=object)[terms.argmax(axis=1)], "compute"
+    )
     df["memory_gib"] = df["peak_memory_bytes"] / GIB
     return df
 
@@ -74,14 +107,23 @@ def layout_texts(table: PlanTable, num_layers: int | None = None) -> np.ndarray:
 
 def plan_names(df: pd.DataFrame) -> np.ndarray:
     """Short layout names, e.g. tp8.pp4.v2.dp8 (axes of size 1 omitted but dp), vectorised."""
+
     def part(col, prefix, always=False):
         v = df[col].astype(str).to_numpy()
         keep = df[col].to_numpy() > 1 if not always else np.ones(len(df), bool)
         return np.where(keep, prefix + v + ".", "")
-    name = (part("tp", "tp") + part("cp", "cp") + part("pp", "pp") + part("vpp", "v") + part("dp", "dp", True)
-            + part("ep", "ep"))
-    name = np.where(df["etp"].to_numpy() != df["tp"].to_numpy(), name + "etp" + df["etp"].astype(str).to_numpy() + ".",
-                    name)
+
+    name = (
+        part("tp", "tp")
+        + part("cp", "cp")
+        + part("pp", "pp")
+        + part("vpp", "v")
+        + part("dp", "dp", True)
+        + part("ep", "ep")
+    )
+    name = np.where(
+        df["etp"].to_numpy() != df["tp"].to_numpy(), name + "etp" + df["etp"].astype(str).to_numpy() + ".", name
+    )
     return np.char.rstrip(name.astype(str), ".")
 
 
@@ -95,17 +137,29 @@ def row_plan(row: pd.Series, layouts) -> ParallelPlan:
     """A DataFrame row back to a ParallelPlan."""
     lid = int(row["layout_id"])
     return ParallelPlan(
-        tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), cp=int(row["cp"]), ep=int(row["ep"]),
-        etp=int(row["etp"]), vpp=int(row["vpp"]), zero_stage=int(row["zero_stage"]),
-        sequence_parallel=bool(row["sequence_parallel"]), micro_batch_size=int(row["micro_batch_size"]),
-        global_batch_size=int(row["global_batch_size"]), pp_schedule=str(row["pp_schedule"]),
+        tp=int(row["tp"]),
+        pp=int(row["pp"]),
+        dp=int(row["dp"]),
+        cp=int(row["cp"]),
+        ep=int(row["ep"]),
+        etp=int(row["etp"]),
+        vpp=int(row["vpp"]),
+        zero_stage=int(row["zero_stage"]),
+        sequence_parallel=bool(row["sequence_parallel"]),
+        micro_batch_size=int(row["micro_batch_size"]),
+        global_batch_size=int(row["global_batch_size"]),
+        pp_schedule=str(row["pp_schedule"]),
         recompute=str(row["recompute"]),
         recompute_layers=None if int(row["recompute_layers"]) < 0 else int(row["recompute_layers"]),
-        dtype=str(row["dtype"]), tp_comm_overlap=bool(row["tp_comm_overlap"]),
-        layout=None if lid < 0 else layouts[lid], trainer=str(row.get("trainer", "megatron")),
+        dtype=str(row["dtype"]),
+        tp_comm_overlap=bool(row["tp_comm_overlap"]),
+        layout=None if lid < 0 else layouts[lid],
+        trainer=str(row.get("trainer", "megatron")),
         moe_dispatch=str(row.get("moe_dispatch", "dropless")),
         capacity_factor=float(row["capacity_factor"]) if row.get("moe_dispatch") == "capacity" else None,
-        moe_dispatcher=str(row.get("moe_dispatcher", "alltoall")), ep_comm_overlap=bool(row.get("ep_comm_overlap", False)))
+        moe_dispatcher=str(row.get("moe_dispatcher", "alltoall")),
+        ep_comm_overlap=bool(row.get("ep_comm_overlap", False)),
+    )
 
 
 def top_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -117,7 +171,8 @@ def top_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
     keys = [c for c in PLAN_KEY if c in fit.columns]
     order = {t: i for i, t in enumerate(ALL_TRAINERS)}
     runs_on = fit.groupby(keys, sort=False, dropna=False)["trainer"].agg(
-        lambda s: ", ".join(sorted(set(s), key=order.get)))
+        lambda s: ", ".join(sorted(set(s), key=order.get))
+    )
     best = fit.drop_duplicates(keys, keep="first").head(k)
     idx = pd.MultiIndex.from_frame(best[keys]) if len(keys) > 1 else best[keys[0]]
     return best.assign(trainers=runs_on.reindex(idx).to_numpy())
@@ -168,17 +223,36 @@ def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
         mem = (runner["peak_memory_bytes"] - winner["peak_memory_bytes"]) / GIB
         why = f"{mem:.3g} GiB less memory" if mem > 0 else "listed first"
         return f"{winner['plan_name']} ties the runner-up, {runner_desc}, on predicted step time; {why}."
-    return (f"{winner['plan_name']} beats the runner-up, {runner_desc}, by {100 * gain:.1f}% per step: "
-            + ", ".join(saved + paid) + ".")
+    return (
+        f"{winner['plan_name']} beats the runner-up, {runner_desc}, by {100 * gain:.1f}% per step: "
+        + ", ".join(saved + paid)
+        + "."
+    )
 
 
 def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
     """The runner-up by its layout, or by what differs when it has the winner's layout."""
     if winner["plan_name"] != runner["plan_name"]:
         return str(runner["plan_name"])
-    keys = ("pp_schedule", "recompute", "zero_stage", "micro_batch_size", "dtype", "tp_comm_overlap", "layout_text",
-            "trainer")
-    labels = {"pp_schedule": "schedule", "recompute": "recompute", "zero_stage": "ZeRO", "micro_batch_size": "mbs",
-              "dtype": "dtype", "tp_comm_overlap": "TP overlap", "layout_text": "stages", "trainer": "trainer"}
+    keys = (
+        "pp_schedule",
+        "recompute",
+        "zero_stage",
+        "micro_batch_size",
+        "dtype",
+        "tp_comm_overlap",
+        "layout_text",
+        "trainer",
+    )
+    labels = {
+        "pp_schedule": "schedule",
+        "recompute": "recompute",
+        "zero_stage": "ZeRO",
+        "micro_batch_size": "mbs",
+        "dtype": "dtype",
+        "tp_comm_overlap": "TP overlap",
+        "layout_text": "stages",
+        "trainer": "trainer",
+    }
     d = [f"{labels[k]} {runner[k]} (not {winner[k]})" for k in keys if k in runner.index and runner[k] != winner[k]]
     return "the same layout with " + (", ".join(d) if d else "another knob")

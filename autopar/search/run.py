@@ -27,12 +27,11 @@ from autopar.search.results import best_per_trainer, frame, row_plan, top_plans,
 from autopar.search.run_dir import SCHEMA_VERSION, PlansWriter, rejection_bits, write_csv, write_frame
 from autopar.search.run_state import RunState, question_summary, recorded_summary, summary_text
 from autopar.search.space import SearchSpace
-from autopar.search.streaming import StreamOptions, Streamed, apply_headroom, stream
+from autopar.search.streaming import Streamed, StreamOptions, apply_headroom, stream
 from autopar.search.training import with_run_columns
 from autopar.spec.table import PlanTable
-from autopar.spec.training_run import TrainingRun
 from autopar.spec.trainers import TRAINERS
-
+from autopar.spec.training_run import TrainingRun
 
 
 @dataclass
@@ -110,32 +109,46 @@ def row_summary(row: pd.Series, layouts) -> dict:
     """A plan and its estimate as plain data (top.json entries, Optuna user attributes)."""
     plan = row_plan(row, layouts)
     out = {"plan_index": int(row["plan_index"])} if "plan_index" in row.index else {}
-    return out | {
-        "plan_name": str(row["plan_name"]),
-        "trainer": str(row["trainer"]),
-        "plan": plan.to_dict(),
-        "fits": bool(row["fits"]),
-        "rejected_by": str(row["rejected_by"]),
-        "step_time_s": float(row["step_time_s"]),
-        "tokens_per_s": float(row["tokens_per_s"]),
-        "tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
-        "model_tflops_per_gpu": float(row["model_tflops_per_gpu"]),
-        "mfu": float(row["mfu"]), "hfu": float(row["hfu"]),
-        "bubble_fraction": float(row["bubble_fraction"]),
-        "peak_memory_bytes": float(row["peak_memory_bytes"]),
-        "memory_capacity_bytes": float(row["memory_capacity_bytes"]),
-        "memory_bytes": {t: float(row[f"mem_{t}"]) for t in MEMORY_TERMS},
-        "time_s": {t: float(row[f"time_{t}"]) for t in TIME_TERMS},
-        "comm_bytes_per_gpu": {a: float(row[f"comm_bytes_{a}"]) for a in AXES},
-        "dominant_cost": str(row["dominant_cost"]),
-        "layout": str(row["layout_text"]),
-    } | ({"run": {c: float(row[c]) if c not in ("meets_deadline", "within_budget") else bool(row[c])
-                  for c in RUN_COLUMNS + ("meets_deadline", "within_budget") if c in row.index}}
-         if "days" in row.index else {})
+    return (
+        out
+        | {
+            "plan_name": str(row["plan_name"]),
+            "trainer": str(row["trainer"]),
+            "plan": plan.to_dict(),
+            "fits": bool(row["fits"]),
+            "rejected_by": str(row["rejected_by"]),
+            "step_time_s": float(row["step_time_s"]),
+            "tokens_per_s": float(row["tokens_per_s"]),
+            "tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
+            "model_tflops_per_gpu": float(row["model_tflops_per_gpu"]),
+            "mfu": float(row["mfu"]),
+            "hfu": float(row["hfu"]),
+            "bubble_fraction": float(row["bubble_fraction"]),
+            "peak_memory_bytes": float(row["peak_memory_bytes"]),
+            "memory_capacity_bytes": float(row["memory_capacity_bytes"]),
+            "memory_bytes": {t: float(row[f"mem_{t}"]) for t in MEMORY_TERMS},
+            "time_s": {t: float(row[f"time_{t}"]) for t in TIME_TERMS},
+            "comm_bytes_per_gpu": {a: float(row[f"comm_bytes_{a}"]) for a in AXES},
+            "dominant_cost": str(row["dominant_cost"]),
+            "layout": str(row["layout_text"]),
+        }
+        | (
+            {
+                "run": {
+                    c: float(row[c]) if c not in ("meets_deadline", "within_budget") else bool(row[c])
+                    for c in RUN_COLUMNS + ("meets_deadline", "within_budget")
+                    if c in row.index
+                }
+            }
+            if "days" in row.index
+            else {}
+        )
+    )
 
 
-def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, int], None] | None = None,
-               interrupts=None) -> SearchResult:
+def run_search(
+    q: Question, opts: SearchOptions, progress: Callable[[str, int, int], None] | None = None, interrupts=None
+) -> SearchResult:
     """Answer the question under the space; write the run directory; return the result. The run
     directory is marked incomplete until search.json is written (autopar.search.run_state);
     `interrupts` (register/unregister, e.g. autopar.trial.hygiene from the CLI) tidies it on Ctrl-C
@@ -158,8 +171,9 @@ def run_search(q: Question, opts: SearchOptions, progress: Callable[[str, int, i
             interrupts.unregister(handle)
 
 
-def _search(q: Question, opts: SearchOptions, enumerator: Enumerator, state: RunState, headroom: float, progress,
-            t0: float) -> SearchResult:
+def _search(
+    q: Question, opts: SearchOptions, enumerator: Enumerator, state: RunState, headroom: float, progress, t0: float
+) -> SearchResult:
     """The search proper (run_search): the plans, the result files, search.json last."""
     run_dir = state.run_dir
     history: list = []
@@ -167,8 +181,13 @@ def _search(q: Question, opts: SearchOptions, enumerator: Enumerator, state: Run
         method = "exhaustive"
         writer = PlansWriter(run_dir)
         try:
-            found = stream(q, enumerator, StreamOptions(top_k=opts.top_k, headroom_gib=headroom),
-                           write=writer.write, progress=progress)
+            found = stream(
+                q,
+                enumerator,
+                StreamOptions(top_k=opts.top_k, headroom_gib=headroom),
+                write=writer.write,
+                progress=progress,
+            )
         except BaseException:
             writer.abort()
             raise
@@ -203,13 +222,29 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
     if opts.training is not None:  # days, GPU-hours, cost and goodput of every plan shown
         run = opts.training
         top, kept, pareto = (with_run_columns(df, q, run) for df in (top, kept, found.pareto))
-        per_trainer = {t: None if row is None else with_run_columns(row.to_frame().T, q, run).iloc[0]
-                       for t, row in per_trainer.items()}
+        per_trainer = {
+            t: None if row is None else with_run_columns(row.to_frame().T, q, run).iloc[0]
+            for t, row in per_trainer.items()
+        }
     else:
         pareto = found.pareto
-    return SearchResult(question=q, options=opts, plans=kept, top=top, method=method, why=why, run_dir=run_dir,
-                        timings=timings, layouts=found.layouts, history=history, per_trainer=per_trainer,
-                        counts=counts, rejections=found.rejections, pareto=pareto, scatter=kept)
+    return SearchResult(
+        question=q,
+        options=opts,
+        plans=kept,
+        top=top,
+        method=method,
+        why=why,
+        run_dir=run_dir,
+        timings=timings,
+        layouts=found.layouts,
+        history=history,
+        per_trainer=per_trainer,
+        counts=counts,
+        rejections=found.rejections,
+        pareto=pareto,
+        scatter=kept,
+    )
 
 
 def runs_on(top: pd.DataFrame, q: Question, layouts: list, headroom: float) -> pd.DataFrame:
@@ -228,13 +263,21 @@ def _no_fit_reason(counts: dict, rejections: dict, closest: pd.DataFrame) -> str
         top3 = ", ".join(list(rejections)[:3])
         return f"No plan is valid; the most common broken rules: {top3}."
     best = closest.iloc[0]
-    return (f"No plan fits in memory; the closest is {best['plan_name']} ({best['recompute']} recompute, "
-            f"zero {best['zero_stage']}), {best['memory_miss_gib']:.1f} GiB over. Add GPUs, or widen the space "
-            f"(more pp/tp, full recompute, zero 3).")
+    return (
+        f"No plan fits in memory; the closest is {best['plan_name']} ({best['recompute']} recompute, "
+        f"zero {best['zero_stage']}), {best['memory_miss_gib']:.1f} GiB over. Add GPUs, or widen the space "
+        f"(more pp/tp, full recompute, zero 3)."
+    )
 
 
-def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: float, progress,
-                   before_write: Callable[[], None] = lambda: None):
+def _optuna_search(
+    q: Question,
+    opts: SearchOptions,
+    run_dir: Path,
+    headroom: float,
+    progress,
+    before_write: Callable[[], None] = lambda: None,
+):
     """Optuna samples the space (the study resumes from its storage); every structure any worker
     tried is re-evaluated in one pass and written as plans.parquet (after `before_write`)."""
     from autopar.search import optuna_driver as od
@@ -242,13 +285,20 @@ def _optuna_search(q: Question, opts: SearchOptions, run_dir: Path, headroom: fl
     url = od.storage_url(opts.storage, run_dir)
     name = opts.study_name or run_dir.name
     directions = ["minimize", "maximize"] if opts.multi_objective else ["minimize"]
-    study = od.load_or_create_study(url, name, od.make_sampler(opts.sampler, opts.seed, opts.multi_objective),
-                                    directions)
+    study = od.load_or_create_study(
+        url, name, od.make_sampler(opts.sampler, opts.seed, opts.multi_objective), directions
+    )
     _claim_study(study, q, opts.space, run_dir)
     od.fail_stale(study, older_than_s=5.0)
-    od.run_study(opts.space, q, study, opts.n_trials, lambda table: evaluate(table, q, headroom),
-                 opts.multi_objective,
-                 on_trial=(lambda n: progress("optuna trials", n, opts.n_trials)) if progress else None)
+    od.run_study(
+        opts.space,
+        q,
+        study,
+        opts.n_trials,
+        lambda table: evaluate(table, q, headroom),
+        opts.multi_objective,
+        on_trial=(lambda n: progress("optuna trials", n, opts.n_trials)) if progress else None,
+    )
     # every completion of every structure any worker tried, re-evaluated in one vectorised pass
     trials = [t for t in study.get_trials(deepcopy=False) if "outer" in t.user_attrs]
     first_seen: dict[tuple, int] = {}
@@ -282,8 +332,10 @@ def _claim_study(study, q: Question, space: SearchSpace, run_dir: Path) -> None:
             study.set_user_attr("question", f"{summary_text(mine)}, space {space.name}")
             return
         other = summary_text(old)
-    raise InputError(f"study '{study.study_name}' holds the trials of another question ({other}); give another "
-                     f"--run-dir or --study-name, or delete the study")
+    raise InputError(
+        f"study '{study.study_name}' holds the trials of another question ({other}); give another "
+        f"--run-dir or --study-name, or delete the study"
+    )
 
 
 def _frame_results(df: pd.DataFrame, layouts: list) -> Streamed:
@@ -294,22 +346,36 @@ def _frame_results(df: pd.DataFrame, layouts: list) -> Streamed:
     pool = fit.groupby("trainer", sort=False).head(200) if len(fit) else fit
     near = df[df["valid"] & ~df["fits"]].sort_values("memory_miss_gib").head(1)
     labels = Counter(x for text in df.loc[~df["fits"], "rejected_by"] for x in str(text).split(", ") if x)
-    return Streamed(pool.reset_index(drop=True), pareto_front(df).reset_index(drop=True), df, near,
-                    len(df), int(df["valid"].sum()), int(df["fits"].sum()), dict(labels.most_common()), layouts)
+    return Streamed(
+        pool.reset_index(drop=True),
+        pareto_front(df).reset_index(drop=True),
+        df,
+        near,
+        len(df),
+        int(df["valid"].sum()),
+        int(df["fits"].sum()),
+        dict(labels.most_common()),
+        layouts,
+    )
 
 
 def write_run(result: SearchResult) -> None:
     """top.json (top-k, best per trainer, Pareto front, all with full breakdowns), scatter.parquet
     and, with --csv, plans.csv (plans.parquet is written while the search streams)."""
     d = result.run_dir
-    top = [row_summary(r, result.layouts) | {"rank": i + 1, "trainers": [x for x in str(r["trainers"]).split(", ") if x]}
-           for i, (_, r) in enumerate(result.top.iterrows())]
+    top = [
+        row_summary(r, result.layouts) | {"rank": i + 1, "trainers": [x for x in str(r["trainers"]).split(", ") if x]}
+        for i, (_, r) in enumerate(result.top.iterrows())
+    ]
     pareto = [row_summary(r, result.layouts) for _, r in result.pareto.iterrows()]
     per_trainer = {t: None if r is None else row_summary(r, result.layouts) for t, r in result.per_trainer.items()}
-    write_atomic(d / "top.json", json.dumps({"why": result.why, "top": top, "pareto": pareto,
-                                             "per_trainer": per_trainer}, indent=2))
-    scatter = result.scatter.assign(in_pareto=result.scatter["plan_index"].isin(result.pareto["plan_index"])
-                                    if len(result.scatter) else [])
+    write_atomic(
+        d / "top.json",
+        json.dumps({"why": result.why, "top": top, "pareto": pareto, "per_trainer": per_trainer}, indent=2),
+    )
+    scatter = result.scatter.assign(
+        in_pareto=result.scatter["plan_index"].isin(result.pareto["plan_index"]) if len(result.scatter) else []
+    )
     write_frame(d / "scatter.parquet", scatter)
     if result.options.csv and (d / "plans.parquet").exists():
         write_csv(d)
@@ -324,13 +390,24 @@ def _write_search_json(result: SearchResult) -> None:
     info = {
         "schema_version": SCHEMA_VERSION,
         "autopar_version": __version__,
-        "question": {"model": q.model.to_dict(), "num_gpus": q.num_gpus, "cluster": q.cluster.to_dict(),
-                     "seq_len": q.seq_len, "global_batch_size": q.global_batch_size, "trainers": list(q.trainers)},
-        "space": {"name": o.space.name, "source": o.space.source, "knobs": o.space.knobs,
-                  "constraints": o.space.constraints},
+        "question": {
+            "model": q.model.to_dict(),
+            "num_gpus": q.num_gpus,
+            "cluster": q.cluster.to_dict(),
+            "seq_len": q.seq_len,
+            "global_batch_size": q.global_batch_size,
+            "trainers": list(q.trainers),
+        },
+        "space": {
+            "name": o.space.name,
+            "source": o.space.source,
+            "knobs": o.space.knobs,
+            "constraints": o.space.constraints,
+        },
         # a --storage URL's password never reaches the file: user:***@host
-        "options": {k: (mask_url(str(v)) if isinstance(v, (str, Path)) else v) for k, v in asdict(o).items()
-                    if k != "space"},
+        "options": {
+            k: (mask_url(str(v)) if isinstance(v, (str, Path)) else v) for k, v in asdict(o).items() if k != "space"
+        },
         "method": result.method,
         "plans_evaluated": result.counts.get("evaluated", 0),
         "plans_valid": result.counts.get("valid", 0),
@@ -340,7 +417,11 @@ def _write_search_json(result: SearchResult) -> None:
         "why": result.why,
         "timings_s": result.timings,
         "history": result.history,
-        "versions": {"python": platform.python_version(), "numpy": np.__version__, "pandas": pd.__version__,
-                     "optuna": version("optuna")},
+        "versions": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "pandas": pd.__version__,
+            "optuna": version("optuna"),
+        },
     }
     write_atomic(result.run_dir / "search.json", json.dumps(info, indent=2, default=str))

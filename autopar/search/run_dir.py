@@ -36,14 +36,42 @@ FILES = ("search.json", "top.json", "plans.parquet", "scatter.parquet")
 INCOMPLETE = ".incomplete"
 
 #: categorical plan columns: name in plans.parquet -> (PlanTable column, names of its codes)
-CATEGORIES = {"trainer": ("trainer", ALL_TRAINERS), "pp_schedule": ("schedule", SCHEDULES),
-              "recompute": ("recompute", RECOMPUTE), "dtype": ("dtype", DTYPES),
-              "moe_dispatch": ("moe_dispatch", MOE_DISPATCH), "moe_dispatcher": ("moe_dispatcher", MOE_DISPATCHERS)}
-INTEGERS = ("plan_index", "tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage", "micro_batch_size",
-            "global_batch_size", "recompute_layers", "layout_id")
+CATEGORIES = {
+    "trainer": ("trainer", ALL_TRAINERS),
+    "pp_schedule": ("schedule", SCHEDULES),
+    "recompute": ("recompute", RECOMPUTE),
+    "dtype": ("dtype", DTYPES),
+    "moe_dispatch": ("moe_dispatch", MOE_DISPATCH),
+    "moe_dispatcher": ("moe_dispatcher", MOE_DISPATCHERS),
+}
+INTEGERS = (
+    "plan_index",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "dp",
+    "ep",
+    "etp",
+    "zero_stage",
+    "micro_batch_size",
+    "global_batch_size",
+    "recompute_layers",
+    "layout_id",
+)
 BOOLEANS = ("sequence_parallel", "tp_comm_overlap", "ep_comm_overlap")
-FIGURES = ("valid", "fits", "rejected_code", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
-           "peak_memory_bytes", "memory_miss_gib", "bubble_fraction")
+FIGURES = (
+    "valid",
+    "fits",
+    "rejected_code",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "peak_memory_bytes",
+    "memory_miss_gib",
+    "bubble_fraction",
+)
 
 
 class PlansWriter:
@@ -61,9 +89,13 @@ class PlansWriter:
         if self.writer is None:
             # plain (not dictionary) pages compress smaller and write ~3x faster here; statistics
             # only where a reader filters (plan, speed, memory, fit)
-            self.writer = pq.ParquetWriter(self.tmp, batch.schema, compression="zstd", use_dictionary=False,
-                                           write_statistics=["plan_index", "step_time_s", "peak_memory_bytes",
-                                                             "fits", "valid"])
+            self.writer = pq.ParquetWriter(
+                self.tmp,
+                batch.schema,
+                compression="zstd",
+                use_dictionary=False,
+                write_statistics=["plan_index", "step_time_s", "peak_memory_bytes", "fits", "valid"],
+            )
         self.writer.write_table(batch)
         self.rows += batch.num_rows
 
@@ -155,8 +187,10 @@ def _check_complete(d: Path) -> None:
     that no longer runs."""
     marker = d / INCOMPLETE
     if marker.exists() and not _writer_alive(marker):
-        raise InputError(f"'{d}' holds a search that did not finish (interrupted); rerun the same "
-                         f"`autopar search ... --run-dir {d}` to finish it")
+        raise InputError(
+            f"'{d}' holds a search that did not finish (interrupted); rerun the same "
+            f"`autopar search ... --run-dir {d}` to finish it"
+        )
 
 
 def read_json(path: Path) -> dict:
@@ -167,11 +201,16 @@ def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise InputError(f"'{path}' is missing: '{path.parent}' is not a complete autopar run directory; rerun "
-                         f"`autopar search ... --run-dir {path.parent}`") from None
+        raise InputError(
+            f"'{path}' is missing: '{path.parent}' is not a complete autopar run directory; rerun "
+            f"`autopar search ... --run-dir {path.parent}`"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # nested past Python's stack: corrupt
-        fix = ("rerun `autopar search` to rewrite the run directory" if path.name in ("top.json", "search.json")
-               else "give a plan JSON file written by autopar (`autopar estimate --json`, a trial file)")
+        fix = (
+            "rerun `autopar search` to rewrite the run directory"
+            if path.name in ("top.json", "search.json")
+            else "give a plan JSON file written by autopar (`autopar estimate --json`, a trial file)"
+        )
         raise InputError(f"'{path}' is corrupt or unreadable ({_one_line(e)}); {fix}") from None
     if not isinstance(data, dict):
         raise InputError(f"'{path}' is corrupt: expected a JSON object; rerun `autopar search` to rewrite it")
@@ -184,8 +223,10 @@ def _check_version(d: Path, search: dict) -> None:
     """One line when search.json was written by an autopar of another run-directory schema."""
     version = search.get("schema_version", 1)
     if version != SCHEMA_VERSION:
-        raise InputError(f"'{d}' was written by another autopar (run schema {quoted(version, 20)}, this one reads "
-                         f"{SCHEMA_VERSION}); rerun the search")
+        raise InputError(
+            f"'{d}' was written by another autopar (run schema {quoted(version, 20)}, this one reads "
+            f"{SCHEMA_VERSION}); rerun the search"
+        )
 
 
 def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFiles:
@@ -200,20 +241,26 @@ def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFile
     _check_complete(d)
     missing = [f for f in ("scatter.parquet", "top.json", "search.json") if not (d / f).is_file()]
     if missing:
-        raise InputError(f"'{d}' is not a complete autopar run directory: {', '.join(missing)} missing; "
-                         f"rerun `autopar search ... --run-dir {d}`")
+        raise InputError(
+            f"'{d}' is not a complete autopar run directory: {', '.join(missing)} missing; "
+            f"rerun `autopar search ... --run-dir {d}`"
+        )
     search = read_json(d / "search.json")  # and its schema version
     top = read_json(d / "top.json")
     try:
         scatter = pd.read_parquet(d / "scatter.parquet")
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError, ...) for a bad file
-        raise InputError(f"'{d / 'scatter.parquet'}' is corrupt or unreadable ({_one_line(e)}); rerun "
-                         f"`autopar search ... --run-dir {d}`") from None
+        raise InputError(
+            f"'{d / 'scatter.parquet'}' is corrupt or unreadable ({_one_line(e)}); rerun "
+            f"`autopar search ... --run-dir {d}`"
+        ) from None
     lacking = [c for c in required_columns if c not in scatter.columns]
     if lacking:
-        raise InputError(f"'{d / 'scatter.parquet'}' lacks column(s) {', '.join(lacking[:5])}"
-                         f"{' ...' if len(lacking) > 5 else ''}; it was not written by this autopar version; "
-                         f"rerun `autopar search`")
+        raise InputError(
+            f"'{d / 'scatter.parquet'}' lacks column(s) {', '.join(lacking[:5])}"
+            f"{' ...' if len(lacking) > 5 else ''}; it was not written by this autopar version; "
+            f"rerun `autopar search`"
+        )
     return RunFiles(d, search, top, scatter)
 
 

@@ -27,22 +27,34 @@ STALE_TMP_S = 600.0
 
 def question_summary(q) -> dict:
     """What makes two searches the same question, as search.json records it."""
-    return {"model": q.model.name, "num_gpus": q.num_gpus, "gpu": q.cluster.gpu.key, "seq_len": q.seq_len,
-            "global_batch_size": q.global_batch_size}
+    return {
+        "model": q.model.name,
+        "num_gpus": q.num_gpus,
+        "gpu": q.cluster.gpu.key,
+        "seq_len": q.seq_len,
+        "global_batch_size": q.global_batch_size,
+    }
 
 
 def summary_text(s: dict) -> str:
     """'llama3-70b on 256 x h100-sxm, seq 8192, gbs 512'."""
-    return (f"{s.get('model')} on {s.get('num_gpus')} x {s.get('gpu')}, seq {s.get('seq_len')}, "
-            f"gbs {s.get('global_batch_size')}")
+    return (
+        f"{s.get('model')} on {s.get('num_gpus')} x {s.get('gpu')}, seq {s.get('seq_len')}, "
+        f"gbs {s.get('global_batch_size')}"
+    )
 
 
 def recorded_summary(run_dir: Path) -> dict | None:
     """The question summary of the search.json a run directory holds (None: none, or unreadable)."""
     try:
         qd = json.loads((run_dir / "search.json").read_text())["question"]
-        return {"model": qd["model"]["name"], "num_gpus": qd["num_gpus"], "gpu": qd["cluster"]["gpu"],
-                "seq_len": qd["seq_len"], "global_batch_size": qd["global_batch_size"]}
+        return {
+            "model": qd["model"]["name"],
+            "num_gpus": qd["num_gpus"],
+            "gpu": qd["cluster"]["gpu"],
+            "seq_len": qd["seq_len"],
+            "global_batch_size": qd["global_batch_size"],
+        }
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
@@ -63,8 +75,12 @@ def _remove_stale_tmp(run_dir: Path) -> None:
     for p in run_dir.glob(".*.tmp"):
         pid = p.name.rsplit(".", 2)[-2] if p.name.count(".") >= 3 else ""
         try:
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)) \
-                    and now - p.stat().st_mtime > STALE_TMP_S:
+            if (
+                pid.isdigit()
+                and int(pid) != os.getpid()
+                and not _alive(int(pid))
+                and now - p.stat().st_mtime > STALE_TMP_S
+            ):
                 p.unlink()
         except OSError:
             pass
@@ -85,8 +101,9 @@ class RunState:
         d = self.run_dir
         kind = path_kind(d)
         if kind not in (None, "dir"):
-            raise InputError(f"run directory {quoted(str(d))} exists and is not a directory; give another "
-                             f"--run-dir, or remove it")
+            raise InputError(
+                f"run directory {quoted(str(d))} exists and is not a directory; give another --run-dir, or remove it"
+            )
         if kind == "dir":
             self._check_question(q)
         p = d
@@ -96,12 +113,22 @@ class RunState:
         self.was_incomplete = kind == "dir" and (d / INCOMPLETE).exists()
         try:
             d.mkdir(parents=True, exist_ok=True)
-            (d / INCOMPLETE).write_text(json.dumps({"question": summary_text(question_summary(q)), "pid": os.getpid(),
-                                                    "host": socket.gethostname(), "started": time.time()}))
+            (d / INCOMPLETE).write_text(
+                json.dumps(
+                    {
+                        "question": summary_text(question_summary(q)),
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "started": time.time(),
+                    }
+                )
+            )
         except OSError as e:
             self._remove_created()
-            raise InputError(f"cannot write the run directory {quoted(str(d))}: {e.strerror or type(e).__name__}; "
-                             f"give another --run-dir, or fix its permissions") from None
+            raise InputError(
+                f"cannot write the run directory {quoted(str(d))}: {e.strerror or type(e).__name__}; "
+                f"give another --run-dir, or fix its permissions"
+            ) from None
         _remove_stale_tmp(d)
         return self
 
@@ -112,9 +139,11 @@ class RunState:
         if have is None or have == question_summary(q):
             return
         if any((self.run_dir / x).exists() for x in ("study.db", "trials")):
-            raise InputError(f"run directory {quoted(str(self.run_dir))} holds the search of another question "
-                             f"({summary_text(have)}) with its study or trials; give another --run-dir, or "
-                             f"delete that directory")
+            raise InputError(
+                f"run directory {quoted(str(self.run_dir))} holds the search of another question "
+                f"({summary_text(have)}) with its study or trials; give another --run-dir, or "
+                f"delete that directory"
+            )
 
     def replace_files(self) -> None:
         """Called before the first result file is replaced: from here on only `finish` unmarks it."""

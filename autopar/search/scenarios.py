@@ -35,17 +35,34 @@ def global_batch(space: SearchSpace, seq_len: int, gbs: int | None) -> int:
     return max(1, round(tokens / seq_len))
 
 
-def run_scenarios(model: ModelSpec, space: SearchSpace, scenarios: list[Scenario], *, gpus_per_node=None,
-                  cluster_file=None, run_dir: Path | None = None, progress=None,
-                  trainers: tuple[str, ...] = TRAINERS, interrupts=None, **opts) -> list[SearchResult]:
+def run_scenarios(
+    model: ModelSpec,
+    space: SearchSpace,
+    scenarios: list[Scenario],
+    *,
+    gpus_per_node=None,
+    cluster_file=None,
+    run_dir: Path | None = None,
+    progress=None,
+    trainers: tuple[str, ...] = TRAINERS,
+    interrupts=None,
+    **opts,
+) -> list[SearchResult]:
     out = []
     for sc in scenarios:
         cluster = resolve_cluster(sc.gpu or "h100-sxm", gpus_per_node, cluster_file)
-        q = Question(model=model, num_gpus=sc.num_gpus, cluster=cluster, seq_len=sc.seq_len,
-                     global_batch_size=global_batch(space, sc.seq_len, sc.gbs), trainers=trainers)
+        q = Question(
+            model=model,
+            num_gpus=sc.num_gpus,
+            cluster=cluster,
+            seq_len=sc.seq_len,
+            global_batch_size=global_batch(space, sc.seq_len, sc.gbs),
+            trainers=trainers,
+        )
         check_batch(space, q, given=sc.gbs is not None)
-        out.append(run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts), progress=progress,
-                              interrupts=interrupts))
+        out.append(
+            run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts), progress=progress, interrupts=interrupts)
+        )
     return out
 
 
@@ -64,19 +81,32 @@ def check_batch(space: SearchSpace, q: Question, given: bool) -> None:
     better = min(-(-gbs // u) * u for u in units)
     fewest = min(n // x for x in products)
     what = f"--gbs {gbs}" if given else f"the default global batch ({gbs} sequences of {q.seq_len} tokens)"
-    raise InputError(f"{what} cannot be split over {n:,} GPUs: a global batch must be a multiple of micro-batch x "
-                     f"dp, and every layout of the space leaves at least dp = {fewest:,}; raise --gbs to {better:,} "
-                     f"(or another multiple of micro-batch x dp), or use fewer GPUs")
+    raise InputError(
+        f"{what} cannot be split over {n:,} GPUs: a global batch must be a multiple of micro-batch x "
+        f"dp, and every layout of the space leaves at least dp = {fewest:,}; raise --gbs to {better:,} "
+        f"(or another multiple of micro-batch x dp), or use fewer GPUs"
+    )
 
 
 def result_json(r: SearchResult) -> dict:
     q = r.question
-    return {"model": q.model.name, "num_gpus": q.num_gpus, "gpu": q.cluster.gpu.key, "seq_len": q.seq_len,
-            "global_batch_size": q.global_batch_size, "trainers": list(q.trainers), "space": r.options.space.name,
-            "method": r.method,
-            "plans_evaluated": r.counts["evaluated"], "plans_fit": r.counts["fit"], "why": r.why,
-            "run_dir": str(r.run_dir), "timings_s": r.timings,
-            "top": [row_summary(row, r.layouts) | {"rank": i + 1, "trainers": str(row["trainers"]).split(", ")}
-                    for i, (_, row) in enumerate(r.top.iterrows())],
-            "per_trainer": {t: None if row is None else row_summary(row, r.layouts)
-                            for t, row in r.per_trainer.items()}}
+    return {
+        "model": q.model.name,
+        "num_gpus": q.num_gpus,
+        "gpu": q.cluster.gpu.key,
+        "seq_len": q.seq_len,
+        "global_batch_size": q.global_batch_size,
+        "trainers": list(q.trainers),
+        "space": r.options.space.name,
+        "method": r.method,
+        "plans_evaluated": r.counts["evaluated"],
+        "plans_fit": r.counts["fit"],
+        "why": r.why,
+        "run_dir": str(r.run_dir),
+        "timings_s": r.timings,
+        "top": [
+            row_summary(row, r.layouts) | {"rank": i + 1, "trainers": str(row["trainers"]).split(", ")}
+            for i, (_, row) in enumerate(r.top.iterrows())
+        ],
+        "per_trainer": {t: None if row is None else row_summary(row, r.layouts) for t, row in r.per_trainer.items()},
+    }

@@ -17,13 +17,25 @@ from autopar.spec.yaml_io import load_yaml
 SPACES_DIR = Path(str(resources.files("autopar.spaces")))
 
 INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "mbs", "recompute_layers")
-CHOICE_KNOBS = {"pp_schedule": [s for s in SCHEDULES if s != "interleaved-1f1b"], "recompute": list(RECOMPUTE),
-                "dtype": list(DTYPES), "pp_layout": ["auto", "balanced", "embedding+loss"],
-                "moe_dispatcher": list(MOE_DISPATCHERS), "trainer": list(ALL_TRAINERS)}
+CHOICE_KNOBS = {
+    "pp_schedule": [s for s in SCHEDULES if s != "interleaved-1f1b"],
+    "recompute": list(RECOMPUTE),
+    "dtype": list(DTYPES),
+    "pp_layout": ["auto", "balanced", "embedding+loss"],
+    "moe_dispatcher": list(MOE_DISPATCHERS),
+    "trainer": list(ALL_TRAINERS),
+}
 BOOL_KNOBS = ("sp", "tp_comm_overlap", "ep_comm_overlap")
 KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + ("tokens_per_step",)
-CONSTRAINTS = {"tp_within_node": bool, "max_pp": int, "max_cp": int, "min_dp": int, "ep_within": int,
-               "memory_headroom_gib": float, "max_tp": int}
+CONSTRAINTS = {
+    "tp_within_node": bool,
+    "max_pp": int,
+    "max_cp": int,
+    "min_dp": int,
+    "ep_within": int,
+    "memory_headroom_gib": float,
+    "max_tp": int,
+}
 #: the largest choice of an integer knob (the schema's limits), and choices per knob
 KNOB_MAX = {"recompute_layers": MAX_LAYERS, "pp": MAX_LAYERS, "vpp": MAX_LAYERS, "mbs": MAX_BATCH}
 MAX_CHOICES = 256
@@ -55,23 +67,28 @@ def _check_list(name: str, value, origin: str) -> list:
     if value == "auto" and name in ("ep", "sp", "etp"):
         return value
     if not isinstance(value, list) or not value or len(value) > MAX_CHOICES:
-        raise InputError(f"{origin}: knob '{name}' must be a non-empty list of at most {MAX_CHOICES} choices (or "
-                         f"'auto' where allowed), got {quoted(value)}")
+        raise InputError(
+            f"{origin}: knob '{name}' must be a non-empty list of at most {MAX_CHOICES} choices (or "
+            f"'auto' where allowed), got {quoted(value)}"
+        )
     if name in INT_KNOBS:
         lo, hi = (0, 3) if name == "zero" else (0 if name == "recompute_layers" else 1, KNOB_MAX.get(name, MAX_GPUS))
         for v in value:
             if name == "etp" and v == "tp":
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-                raise InputError(f"{origin}: knob '{name}' has a bad choice {quoted(v)}; use integers from {lo} to "
-                                 f"{hi:,}")
+                raise InputError(
+                    f"{origin}: knob '{name}' has a bad choice {quoted(v)}; use integers from {lo} to {hi:,}"
+                )
     elif name in CHOICE_KNOBS:
         allowed = CHOICE_KNOBS[name] + (["interleaved-1f1b"] if name == "pp_schedule" else [])
         for v in value:
             if not isinstance(v, str) or v not in allowed:
-                raise InputError(f"{origin}: knob '{name}' has an unknown choice {quoted(v)}"
-                                 f"{did_you_mean(v, allowed) if isinstance(v, str) else ''}; "
-                                 f"choose from {', '.join(allowed)}")
+                raise InputError(
+                    f"{origin}: knob '{name}' has an unknown choice {quoted(v)}"
+                    f"{did_you_mean(v, allowed) if isinstance(v, str) else ''}; "
+                    f"choose from {', '.join(allowed)}"
+                )
     elif name in BOOL_KNOBS:
         if any(not isinstance(v, bool) for v in value):
             raise InputError(f"{origin}: knob '{name}' choices must be true/false, got {quoted(value)}")
@@ -93,18 +110,24 @@ def space_from_dict(data, origin: str) -> SearchSpace:
         raise InputError(f"{origin}: 'knobs' must be a mapping of knob -> choices")
     for k in knobs:
         if k in ("gbs", "global_batch_size"):
-            raise InputError(f"{origin}: knob '{k}' cannot be searched: the global batch is part of the question (it "
-                             f"changes what training converges to, not only its speed); drop it and pass --gbs "
-                             f"256,512 for a what-if per batch size, or set tokens_per_step")
+            raise InputError(
+                f"{origin}: knob '{k}' cannot be searched: the global batch is part of the question (it "
+                f"changes what training converges to, not only its speed); drop it and pass --gbs "
+                f"256,512 for a what-if per batch size, or set tokens_per_step"
+            )
         if k not in KNOBS:
-            raise InputError(f"{origin}: unknown knob {quoted(str(k), 40)}{did_you_mean(str(k), KNOBS)}; known knobs: "
-                             f"{', '.join(KNOBS)}")
+            raise InputError(
+                f"{origin}: unknown knob {quoted(str(k), 40)}{did_you_mean(str(k), KNOBS)}; known knobs: "
+                f"{', '.join(KNOBS)}"
+            )
     checked = {}
     for k, v in knobs.items():
         if k == "tokens_per_step":
             if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_BATCH * MAX_BATCH:
-                raise InputError(f"{origin}: 'tokens_per_step' must be a positive integer up to "
-                                 f"{MAX_BATCH * MAX_BATCH:,}, got {quoted(v)}")
+                raise InputError(
+                    f"{origin}: 'tokens_per_step' must be a positive integer up to "
+                    f"{MAX_BATCH * MAX_BATCH:,}, got {quoted(v)}"
+                )
             checked[k] = v
         else:
             checked[k] = _check_list(k, v, origin)
@@ -113,17 +136,32 @@ def space_from_dict(data, origin: str) -> SearchSpace:
         raise InputError(f"{origin}: 'constraints' must be a mapping")
     for k, v in cons.items():
         if k not in CONSTRAINTS:
-            raise InputError(f"{origin}: unknown constraint {quoted(str(k), 40)}{did_you_mean(str(k), CONSTRAINTS)}; "
-                             f"known: {', '.join(CONSTRAINTS)}")
+            raise InputError(
+                f"{origin}: unknown constraint {quoted(str(k), 40)}{did_you_mean(str(k), CONSTRAINTS)}; "
+                f"known: {', '.join(CONSTRAINTS)}"
+            )
         typ = CONSTRAINTS[k]
-        if typ is bool and not isinstance(v, bool) \
-                or typ is int and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_GPUS) \
-                or typ is float and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1e6):
-            kind = {bool: "true/false", int: f"a positive integer up to {MAX_GPUS:,}",
-                    float: "a number from 0 to 1,000,000"}[typ]
+        if (
+            typ is bool
+            and not isinstance(v, bool)
+            or typ is int
+            and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_GPUS)
+            or typ is float
+            and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1e6)
+        ):
+            kind = {
+                bool: "true/false",
+                int: f"a positive integer up to {MAX_GPUS:,}",
+                float: "a number from 0 to 1,000,000",
+            }[typ]
             raise InputError(f"{origin}: constraint '{k}' must be {kind}, got {quoted(v)}")
-    return SearchSpace(name=str(data.get("name", origin)), description=str(data.get("description", "")),
-                       knobs=checked, constraints=dict(cons), source=origin)
+    return SearchSpace(
+        name=str(data.get("name", origin)),
+        description=str(data.get("description", "")),
+        knobs=checked,
+        constraints=dict(cons),
+        source=origin,
+    )
 
 
 def space_names() -> list[str]:
@@ -136,8 +174,10 @@ def load_space(name_or_file: str) -> SearchSpace:
     if not (path.suffix in (".yaml", ".yml") or "/" in name_or_file):
         path = SPACES_DIR / f"{name_or_file}.yaml"
         if name_or_file not in space_names():
-            raise InputError(f"unknown search space {quoted(name_or_file)}{did_you_mean(name_or_file, space_names())}; "
-                             f"shipped spaces: {', '.join(space_names())}, or pass a YAML file")
+            raise InputError(
+                f"unknown search space {quoted(name_or_file)}{did_you_mean(name_or_file, space_names())}; "
+                f"shipped spaces: {', '.join(space_names())}, or pass a YAML file"
+            )
     elif path_kind(path) != "file":
         raise InputError(f"search space file {quoted(name_or_file)} does not exist; check the path")
     data = load_yaml(path, f"search space '{path}'")

@@ -89,13 +89,20 @@ class _Keeper:
             mine = bad[table.trainer[bad] == t] if len(np.unique(table.trainer)) > 1 else bad
             codes, counts = np.unique(est["rejected_code"][mine], return_counts=True)
             self.pairs.update({(int(c), int(t)): int(n) for c, n in zip(codes, counts)})
-        rows = np.unique(np.concatenate([self._pool_rows(table, est, index), self._layout_rows(table, est, index),
-                                         self._pareto_rows(est, index),
-                                         self._sample_rows(est, index), self._closest_rows(est)]))
+        rows = np.unique(
+            np.concatenate(
+                [
+                    self._pool_rows(table, est, index),
+                    self._layout_rows(table, est, index),
+                    self._pareto_rows(est, index),
+                    self._sample_rows(est, index),
+                    self._closest_rows(est),
+                ]
+            )
+        )
         if not len(rows):
             return
-        df = pd.DataFrame({c: v[rows] for c, v in table.columns.items()}
-                          | {c: est[c][rows] for c in LIGHT_FIGURES})
+        df = pd.DataFrame({c: v[rows] for c, v in table.columns.items()} | {c: est[c][rows] for c in LIGHT_FIGURES})
         df["plan_index"] = index[rows]
         df["sample_key"] = _hash(index[rows], self.opts.seed)
         self.pool.append(df)
@@ -141,7 +148,7 @@ class _Keeper:
         for c in range(3):
             rows = np.flatnonzero((cat == c) & (key <= self.sample_bar[c]))
             if len(rows) > self.opts.sample:
-                rows = rows[np.argpartition(key[rows], self.opts.sample - 1)[:self.opts.sample]]
+                rows = rows[np.argpartition(key[rows], self.opts.sample - 1)[: self.opts.sample]]
             out.append(rows)
         return np.concatenate(out)
 
@@ -153,8 +160,11 @@ class _Keeper:
         df = pd.concat(self.pool, ignore_index=True).drop_duplicates("plan_index")
         fit = df[df["fits"]]
         keep = set(_ranked(fit).groupby("trainer", sort=False).head(self.opts.pool)["plan_index"])
-        front = fit.iloc[pareto_positions(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(),
-                               fit["plan_index"].to_numpy())]
+        front = fit.iloc[
+            pareto_positions(
+                fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(), fit["plan_index"].to_numpy()
+            )
+        ]
         keep |= set(front["plan_index"])
         keep |= set(_ranked(fit).groupby(list(LAYOUT_KEY), sort=False).head(self.opts.per_layout)["plan_index"])
         cat = np.where(df["fits"], 0, np.where(df["valid"], 1, 2))
@@ -180,18 +190,33 @@ class _Keeper:
         if df.empty:
             return Streamed(df, df, df, df, self.evaluated, self.valid, self.fit, self._labels(), layouts)
         ranked = _ranked(df[df["fits"]])
-        pool = pd.concat([ranked.groupby("trainer", sort=False).head(self.opts.pool),
-                          ranked.groupby(list(LAYOUT_KEY), sort=False).head(self.opts.per_layout)])
+        pool = pd.concat(
+            [
+                ranked.groupby("trainer", sort=False).head(self.opts.pool),
+                ranked.groupby(list(LAYOUT_KEY), sort=False).head(self.opts.per_layout),
+            ]
+        )
         pool = _ranked(pool.drop_duplicates("plan_index"))
         fit = df[df["fits"]]
-        pareto = fit.iloc[pareto_positions(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(),
-                                 fit["plan_index"].to_numpy())]
+        pareto = fit.iloc[
+            pareto_positions(
+                fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(), fit["plan_index"].to_numpy()
+            )
+        ]
         cat = np.where(df["fits"], 0, np.where(df["valid"], 1, 2))
         sample = pd.concat([df[cat == c].nsmallest(self.opts.sample, "sample_key", keep="first") for c in range(3)])
         near = df[df["valid"] & ~df["fits"]].sort_values(["memory_miss_gib", "plan_index"]).head(1)
-        return Streamed(pool.reset_index(drop=True), pareto.sort_values("step_time_s").reset_index(drop=True),
-                        sample.sort_values("plan_index").reset_index(drop=True), near.reset_index(drop=True),
-                        self.evaluated, self.valid, self.fit, self._labels(), layouts)
+        return Streamed(
+            pool.reset_index(drop=True),
+            pareto.sort_values("step_time_s").reset_index(drop=True),
+            sample.sort_values("plan_index").reset_index(drop=True),
+            near.reset_index(drop=True),
+            self.evaluated,
+            self.valid,
+            self.fit,
+            self._labels(),
+            layouts,
+        )
 
     def _priced(self, light: pd.DataFrame, layouts) -> pd.DataFrame:
         """The kept rows with every estimate column (autopar.search.results.frame): priced again in
@@ -243,8 +268,13 @@ def _hash(index: np.ndarray, seed: int) -> np.ndarray:
     return z
 
 
-def stream(q: Question, enumerator: Enumerator, opts: StreamOptions,
-           write: Callable | None = None, progress: Callable[[str, int, int], None] | None = None) -> Streamed:
+def stream(
+    q: Question,
+    enumerator: Enumerator,
+    opts: StreamOptions,
+    write: Callable | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Streamed:
     """Price every plan of the walk, chunk by chunk: each chunk of the folded walk (one row per plan
     of every trainer) is priced once per performance profile and checked per trainer;
     `write([(table, est), ...])` persists each chunk, every trainer's share (a plans.parquet row
@@ -255,8 +285,9 @@ def stream(q: Question, enumerator: Enumerator, opts: StreamOptions,
     for start, stop, table in enumerator.folded_chunks(max(1, opts.chunk // len(trainers))):
         if len(table):
             t0 = time.perf_counter()
-            ests = estimate_per_trainer(table, q.model, q.cluster, tuple(trainers), num_gpus=q.num_gpus,
-                                        seq_len=q.seq_len)
+            ests = estimate_per_trainer(
+                table, q.model, q.cluster, tuple(trainers), num_gpus=q.num_gpus, seq_len=q.seq_len
+            )
             t_est += time.perf_counter() - t0
             t1 = time.perf_counter()
             parts = []

@@ -33,8 +33,10 @@ def trial_key(t: FrozenTrial) -> str | None:
 
 def measured(t: FrozenTrial) -> bool:
     """Finished with a measurement: completed, pruned mid-run, or failed as data (oom, crash...)."""
-    return "key" in t.user_attrs and (t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                                      or (t.state == TrialState.FAIL and "failure" in t.user_attrs))
+    return "key" in t.user_attrs and (
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        or (t.state == TrialState.FAIL and "failure" in t.user_attrs)
+    )
 
 
 def _age_s(t: FrozenTrial) -> float:
@@ -61,7 +63,7 @@ def holds(t: FrozenTrial, stale_after_s: float) -> bool:
 
 
 def verdict(study: optuna.Study, number: int, key: str, target: int, stale_after_s: float) -> str:
-    """"measure", "duplicate" (a lower trial holds the plan) or "surplus" (the lower trials
+    """ "measure", "duplicate" (a lower trial holds the plan) or "surplus" (the lower trials
     measure `target` plans already) for trial `number` about to measure `key`."""
     deadline = time.monotonic() + SETTLE_S
     while True:
@@ -89,12 +91,17 @@ def wait_for_others(study: optuna.Study, wait_s: float, stale_after_s: float, lo
     deadline = time.monotonic() + wait_s
     told = False
     while True:
-        running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if "key" in t.user_attrs and live(t, stale_after_s)]
+        running = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if "key" in t.user_attrs and live(t, stale_after_s)
+        ]
         if not running or time.monotonic() > deadline:
             return len(running)
         if not told:
-            log(f"waiting for {len(running)} trial(s) of other workers: "
-                + ", ".join(f"{t.user_attrs['key']} ({t.user_attrs.get('worker', '?')})" for t in running))
+            log(
+                f"waiting for {len(running)} trial(s) of other workers: "
+                + ", ".join(f"{t.user_attrs['key']} ({t.user_attrs.get('worker', '?')})" for t in running)
+            )
             told = True
         time.sleep(0.5)

@@ -15,7 +15,9 @@ from autopar.spec.plan import ParallelPlan
 def calibrates(doc: dict) -> bool:
     """Whether a trial may take part in the calibration fit: it ran, and on the plan's hardware
     (a proxy measured elsewhere, e.g. a CPU proxy of a GPU plan, is left out)."""
-    return doc.get("status") == "ok" and bool(doc.get("measured")) and not (doc.get("proxy") or {}).get("cross_hardware")
+    return (
+        doc.get("status") == "ok" and bool(doc.get("measured")) and not (doc.get("proxy") or {}).get("cross_hardware")
+    )
 
 
 def calibrate_docs(result: SearchResult, docs: list[dict]) -> Calibration | None:
@@ -26,8 +28,15 @@ def calibrate_docs(result: SearchResult, docs: list[dict]) -> Calibration | None
         return None
     q = result.question
     plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
-    return calibrate(plans, [d["measured"]["step_time_s"] for d in ok], [d["measured"]["peak_memory_bytes"] for d in ok],
-                     q.model, q.cluster, q.num_gpus, q.seq_len)
+    return calibrate(
+        plans,
+        [d["measured"]["step_time_s"] for d in ok],
+        [d["measured"]["peak_memory_bytes"] for d in ok],
+        q.model,
+        q.cluster,
+        q.num_gpus,
+        q.seq_len,
+    )
 
 
 def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
@@ -37,25 +46,38 @@ def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
     q = result.question
     ok = [stage.docs[k] for k in stage.order if k in stage.docs and stage.docs[k].get("status") == "ok"]
     pruned = [stage.docs[k] for k in stage.order if k in stage.docs and stage.docs[k].get("status") == "pruned"]
-    failed = [stage.docs[k] for k in stage.order
-              if k in stage.docs and stage.docs[k].get("status") not in ("ok", "pruned")]
-    out: dict = {"trialled": len(stage.order), "succeeded": len(ok), "failed": len(failed),
-                 "failures": {d["key"]: d.get("reasons") for d in failed}, "pruned": len(pruned),
-                 "pruned_after_steps": {d["key"]: (d.get("measured") or {}).get("steps_run") for d in pruned},
-                 "proxies": sum(1 for d in ok if d.get("kind") == "proxy"),
-                 "not_runnable": {k: (d.get("reasons") or [""])[0] for k, d in stage.docs.items()
-                                  if d.get("status") == NOT_RUNNABLE},
-                 "candidates": candidate_rows(stage)}
+    failed = [
+        stage.docs[k] for k in stage.order if k in stage.docs and stage.docs[k].get("status") not in ("ok", "pruned")
+    ]
+    out: dict = {
+        "trialled": len(stage.order),
+        "succeeded": len(ok),
+        "failed": len(failed),
+        "failures": {d["key"]: d.get("reasons") for d in failed},
+        "pruned": len(pruned),
+        "pruned_after_steps": {d["key"]: (d.get("measured") or {}).get("steps_run") for d in pruned},
+        "proxies": sum(1 for d in ok if d.get("kind") == "proxy"),
+        "not_runnable": {
+            k: (d.get("reasons") or [""])[0] for k, d in stage.docs.items() if d.get("status") == NOT_RUNNABLE
+        },
+        "candidates": candidate_rows(stage),
+    }
     cross = [d["key"] for d in ok if not calibrates(d)]
     if cross:
-        out["not_calibrated"] = {"keys": cross, "why": "proxies measured on other hardware than the plans' (scaled "
-                                 "back for the ranking, left out of the calibration fit)"}
+        out["not_calibrated"] = {
+            "keys": cross,
+            "why": "proxies measured on other hardware than the plans' (scaled "
+            "back for the ranking, left out of the calibration fit)",
+        }
     if not ok:
         return out
     meas = [d["measured"]["step_time_s"] for d in ok]
     fastest = ok[min(range(len(ok)), key=lambda i: meas[i])]
-    out["winner"] = {"key": fastest["key"], "measured_step_time_s": fastest["measured"]["step_time_s"],
-                     "predicted_step_time_s": fastest["predicted"].get("step_time_s")}
+    out["winner"] = {
+        "key": fastest["key"],
+        "measured_step_time_s": fastest["measured"]["step_time_s"],
+        "predicted_step_time_s": fastest["predicted"].get("step_time_s"),
+    }
     plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
     before_t, before_m = predict(plans, q.model, q.cluster, q.num_gpus, q.seq_len)
     mem = [d["measured"]["peak_memory_bytes"] for d in ok]
@@ -82,22 +104,30 @@ def candidate_rows(stage: MeasuredStage) -> list[dict]:
     """Per trialled or refused plan: how it ran (full / proxy / not-runnable), predicted, measured
     (a proxy's scaled back) and the proxy's own measured and predicted step time and memory."""
     rows = []
-    order = list(stage.order) + [k for k, d in stage.docs.items() if d.get("status") == NOT_RUNNABLE
-                                 and k not in stage.order]
+    order = list(stage.order) + [
+        k for k, d in stage.docs.items() if d.get("status") == NOT_RUNNABLE and k not in stage.order
+    ]
     for k in order:
         d = stage.docs.get(k)
         if d is None:
             continue
         m, p = d.get("measured") or {}, d.get("predicted") or {}
         own = m.get("proxy") or {}
-        rows.append({"key": k, "kind": d.get("kind") or ("proxy" if d.get("proxy") else "full"),
-                     "status": d.get("status"), "predicted_step_time_s": p.get("step_time_s"),
-                     "measured_step_time_s": m.get("step_time_s"), "proxy_step_time_s": own.get("step_time_s"),
-                     "proxy_predicted_step_time_s": own.get("predicted_step_time_s"),
-                     "predicted_peak_memory_bytes": p.get("peak_memory_bytes"),
-                     "measured_peak_memory_bytes": m.get("peak_memory_bytes"),
-                     "proxy": (d.get("proxy") or {}).get("summary"),
-                     "reason": "; ".join(d.get("reasons") or []) if d.get("status") != "ok" else ""})
+        rows.append(
+            {
+                "key": k,
+                "kind": d.get("kind") or ("proxy" if d.get("proxy") else "full"),
+                "status": d.get("status"),
+                "predicted_step_time_s": p.get("step_time_s"),
+                "measured_step_time_s": m.get("step_time_s"),
+                "proxy_step_time_s": own.get("step_time_s"),
+                "proxy_predicted_step_time_s": own.get("predicted_step_time_s"),
+                "predicted_peak_memory_bytes": p.get("peak_memory_bytes"),
+                "measured_peak_memory_bytes": m.get("peak_memory_bytes"),
+                "proxy": (d.get("proxy") or {}).get("summary"),
+                "reason": "; ".join(d.get("reasons") or []) if d.get("status") != "ok" else "",
+            }
+        )
     return rows
 
 

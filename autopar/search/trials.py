@@ -57,8 +57,10 @@ NAMED = 3
 def plan_key(plan: dict) -> str:
     """A short, file-name-safe key of a plan: axes, schedule, micro-batch, ZeRO, recompute."""
     p = ParallelPlan.from_dict(plan)
-    return (f"tp{p.tp}.pp{p.pp}.v{p.vpp}.dp{p.dp}.cp{p.cp}.ep{p.ep}.{p.pp_schedule}.mb{p.micro_batch_size}"
-            f".z{p.zero_stage}.{p.recompute}.{p.dtype}" + (".sp" if p.sequence_parallel else ""))
+    return (
+        f"tp{p.tp}.pp{p.pp}.v{p.vpp}.dp{p.dp}.cp{p.cp}.ep{p.ep}.{p.pp_schedule}.mb{p.micro_batch_size}"
+        f".z{p.zero_stage}.{p.recompute}.{p.dtype}" + (".sp" if p.sequence_parallel else "")
+    )
 
 
 def diverse(keys: list[str], cands: dict[str, dict]) -> list[str]:
@@ -87,9 +89,18 @@ def candidates(result: SearchResult, df=None) -> dict[str, dict]:
         plan = row_plan(row, result.layouts).to_dict()
         if plan["dp"] * plan["cp"] == 1:
             plan["zero_stage"] = 0  # one data-parallel rank: ZeRO stages are the same plan; run it plainly
-        out.setdefault(plan_key(plan), {"plan": plan, "predicted": {
-            "step_time_s": float(row["step_time_s"]), "peak_memory_bytes": float(row["peak_memory_bytes"]),
-            "tokens_per_s": float(row["tokens_per_s"]), "mfu": float(row["mfu"])}})
+        out.setdefault(
+            plan_key(plan),
+            {
+                "plan": plan,
+                "predicted": {
+                    "step_time_s": float(row["step_time_s"]),
+                    "peak_memory_bytes": float(row["peak_memory_bytes"]),
+                    "tokens_per_s": float(row["tokens_per_s"]),
+                    "mfu": float(row["mfu"]),
+                },
+            },
+        )
     return out
 
 
@@ -114,10 +125,20 @@ def _enqueue(study: optuna.Study, keys: list[str], stale_after_s: float) -> None
 
 
 @od.quiet_optuna()
-def run_measured(result: SearchResult, measure: Measure, k: int, budget: int | None = None,
-                 rounds: int = 1, storage: str | None = None, seed: int | None = 0,
-                 log: Callable[[str], None] = print, study_name: str | None = None,
-                 stale_after_s: float = 3600.0, wait_s: float = 600.0, runnable: Runnable | None = None) -> MeasuredStage:
+def run_measured(
+    result: SearchResult,
+    measure: Measure,
+    k: int,
+    budget: int | None = None,
+    rounds: int = 1,
+    storage: str | None = None,
+    seed: int | None = 0,
+    log: Callable[[str], None] = print,
+    study_name: str | None = None,
+    stale_after_s: float = 3600.0,
+    wait_s: float = 600.0,
+    runnable: Runnable | None = None,
+) -> MeasuredStage:
     """Measure the analytic top-k (then sampler proposals up to `budget`), for `rounds` rounds.
     `measure(plan, predicted, on_step)` runs one plan; `on_step(index, step_time_s)` reports each
     timed step as it ends and returns True when the pruner says stop. Several workers may run this
@@ -130,9 +151,14 @@ def run_measured(result: SearchResult, measure: Measure, k: int, budget: int | N
     url = storage or f"sqlite:///{run_dir / 'trials.db'}"
     # a shared storage holds many runs: the study is named after --study-name, else the run
     name = STUDY if storage is None else f"{study_name or run_dir.name}-{STUDY}"
-    study = optuna.create_study(storage=od.open_storage(url), study_name=name, load_if_exists=True,
-                                direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed),
-                                pruner=optuna.pruners.MedianPruner(n_startup_trials=k, n_warmup_steps=1))
+    study = optuna.create_study(
+        storage=od.open_storage(url),
+        study_name=name,
+        load_if_exists=True,
+        direction="minimize",
+        sampler=optuna.samplers.TPESampler(seed=seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=k, n_warmup_steps=1),
+    )
     stale = od.fail_stale(study, older_than_s=stale_after_s)
     if stale:
         log(f"measured stage: {stale} interrupted trial(s) of a dead process failed; their plans rerun")
@@ -179,8 +205,10 @@ def run_measured(result: SearchResult, measure: Measure, k: int, budget: int | N
         calib = calibrate_docs(result, [docs[kk] for kk in order if kk in docs])
         if calib is not None and rnd < rounds - 1:
             ranking = list(candidates(result, evaluate_with(result, calib)))  # calibrated order, untried first
-            log(f"round {rnd + 1}: recalibrated; next untried by the calibrated model: "
-                + ", ".join(kk for kk in ranking if kk not in _done(study))[:300])
+            log(
+                f"round {rnd + 1}: recalibrated; next untried by the calibrated model: "
+                + ", ".join(kk for kk in ranking if kk not in _done(study))[:300]
+            )
     docs = sync_docs(study, trials_dir)
     order = [kk for kk, _ in sorted(_done(study).items(), key=lambda kv: kv[1].number)]
     return MeasuredStage(docs=docs, order=order, calibration=calib)
@@ -190,8 +218,15 @@ def _mib(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
-def _seeds(study: optuna.Study, ranking: list[str], k: int, cannot: Callable[[str], str | None],
-           cands: dict[str, dict], trials_dir: Path, log: Callable[[str], None]) -> list[str]:
+def _seeds(
+    study: optuna.Study,
+    ranking: list[str],
+    k: int,
+    cannot: Callable[[str], str | None],
+    cands: dict[str, dict],
+    trials_dir: Path,
+    log: Callable[[str], None],
+) -> list[str]:
     """The first k plans of the ranking not measured yet that can run here. Those of the top k that
     cannot are recorded as "not-runnable" trial files; none at all is an InputError."""
     from autopar.search.trial_files import write_trial_doc
@@ -208,25 +243,47 @@ def _seeds(study: optuna.Study, ranking: list[str], k: int, cannot: Callable[[st
         else:
             seeds.append(kk)
     if todo and not seeds and not done:
-        raise InputError(f"none of the {len(ranking)} plans that fit can be trialled here; the best, {todo[0]}: "
-                         f"{cannot(todo[0])}")
+        raise InputError(
+            f"none of the {len(ranking)} plans that fit can be trialled here; the best, {todo[0]}: {cannot(todo[0])}"
+        )
     top = [kk for kk in todo[:k] if kk in skipped]
     for kk in top:
-        doc = {"key": kk, "name": ParallelPlan.from_dict(cands[kk]["plan"]).describe(), "plan": cands[kk]["plan"],
-               "predicted": cands[kk]["predicted"], "kind": NOT_RUNNABLE, "status": NOT_RUNNABLE,
-               "outcome": NOT_RUNNABLE, "reasons": [cannot(kk)], "measured": {}, "pruned": False}
+        doc = {
+            "key": kk,
+            "name": ParallelPlan.from_dict(cands[kk]["plan"]).describe(),
+            "plan": cands[kk]["plan"],
+            "predicted": cands[kk]["predicted"],
+            "kind": NOT_RUNNABLE,
+            "status": NOT_RUNNABLE,
+            "outcome": NOT_RUNNABLE,
+            "reasons": [cannot(kk)],
+            "measured": {},
+            "pruned": False,
+        }
         write_trial_doc(doc, trials_dir)
-        log(f"not runnable here: {kk} (#{ranking.index(kk) + 1} predicted, {cands[kk]['predicted']['step_time_s']:.3f} "
-            f"s/step): {cannot(kk)}")
+        log(
+            f"not runnable here: {kk} (#{ranking.index(kk) + 1} predicted, {cands[kk]['predicted']['step_time_s']:.3f} "
+            f"s/step): {cannot(kk)}"
+        )
     if skipped:
-        log(f"measured instead: the {len(seeds)} best plan(s) that can run here" + (
-            f", after {len(skipped)} that cannot" if len(skipped) > len(top) else "")
-            + (": " + ", ".join(seeds) if seeds else ""))
+        log(
+            f"measured instead: the {len(seeds)} best plan(s) that can run here"
+            + (f", after {len(skipped)} that cannot" if len(skipped) > len(top) else "")
+            + (": " + ", ".join(seeds) if seeds else "")
+        )
     return seeds
 
 
-def _measure_one(study: optuna.Study, trial: optuna.Trial, key: str, cand: dict, measure: Measure, rnd: int,
-                 trials_dir: Path, log: Callable[[str], None]) -> None:
+def _measure_one(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    key: str,
+    cand: dict,
+    measure: Measure,
+    rnd: int,
+    trials_dir: Path,
+    log: Callable[[str], None],
+) -> None:
     """Run one plan, reporting its steps to the pruner as they end, and record the outcome."""
     reported: set[int] = set()
 
@@ -236,8 +293,12 @@ def _measure_one(study: optuna.Study, trial: optuna.Trial, key: str, cand: dict,
         return trial.should_prune()
 
     log(f"trial {trial.number}: {key} (predicted {cand['predicted']['step_time_s']:.3f} s/step)")
-    doc = measure(cand["plan"], cand["predicted"], on_step) | {"key": key, "optuna_trial": trial.number, "round": rnd,
-                                                               "worker": od.WORKER}
+    doc = measure(cand["plan"], cand["predicted"], on_step) | {
+        "key": key,
+        "optuna_trial": trial.number,
+        "round": rnd,
+        "worker": od.WORKER,
+    }
     _tell(study, trial, doc, trials_dir, reported)
     m = doc.get("measured") or {}
     proxy = doc.get("proxy") or {}
@@ -245,14 +306,21 @@ def _measure_one(study: optuna.Study, trial: optuna.Trial, key: str, cand: dict,
         log(f"  proxy ({proxy.get('nproc')} ranks): {proxy.get('summary', '')}")
     tag = " (proxy, scaled back)" if proxy else ""
     if doc["status"] == "pruned":
-        log(f"  -> pruned after {m.get('steps_run', 0)} timed step(s)"
-            + (f", {m['step_time_s']:.3f} s/step so far{tag}" if m else ""))
+        log(
+            f"  -> pruned after {m.get('steps_run', 0)} timed step(s)"
+            + (f", {m['step_time_s']:.3f} s/step so far{tag}" if m else "")
+        )
     elif doc["status"] == "ok" and m:
         own = m.get("proxy") or {}
-        log(f"  -> ok {m['step_time_s']:.3f} s/step, peak {_mib(m['peak_memory_bytes'])}/rank{tag}"
-            + (f"; the proxy itself: {own['step_time_s']:.3f} s/step measured vs {own['predicted_step_time_s']:.3f} "
-               f"predicted here, {_mib(own['peak_memory_bytes'])} vs {_mib(own['predicted_peak_memory_bytes'])}/rank"
-               if own.get("step_time_s") else ""))
+        log(
+            f"  -> ok {m['step_time_s']:.3f} s/step, peak {_mib(m['peak_memory_bytes'])}/rank{tag}"
+            + (
+                f"; the proxy itself: {own['step_time_s']:.3f} s/step measured vs {own['predicted_step_time_s']:.3f} "
+                f"predicted here, {_mib(own['peak_memory_bytes'])} vs {_mib(own['predicted_peak_memory_bytes'])}/rank"
+                if own.get("step_time_s")
+                else ""
+            )
+        )
     else:
         log(f"  -> {doc['status']}{tag}: {'; '.join(doc.get('reasons', []))[:200]}")
 
@@ -276,8 +344,9 @@ def _tell(study: optuna.Study, trial: optuna.Trial, doc: dict, trials_dir: Path,
             trial.report(t, i)
     doc["pruned"] = doc["status"] == "pruned"
     if doc["pruned"]:
-        doc["reasons"] = list(doc.get("reasons", [])) + ["the median pruner: its first steps were slower than the "
-                                                         "median of the finished trials at the same step"]
+        doc["reasons"] = list(doc.get("reasons", [])) + [
+            "the median pruner: its first steps were slower than the median of the finished trials at the same step"
+        ]
     write_trial_doc(doc, trials_dir)
     trial.set_user_attr("result", attrs | {"pruned": doc["pruned"], "reasons": doc.get("reasons", [])})
     if doc["pruned"]:

@@ -3,7 +3,6 @@ calibratable constants (a "hardware profile" is a cluster YAML with these filled
 
 from __future__ import annotations
 
-import math
 import os
 import tomllib
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
@@ -41,12 +40,15 @@ class GpuSpec:
         for f in ("key", "name", "source"):
             check_name(getattr(self, f), f"{what}: {f}", MAX_NAME_CHARS if f != "source" else 1024)
         for f, hi in _GPU_LIMITS.items():
-            check_number(getattr(self, f), f"{what}: {f}", 0.0, hi, above=f not in ("fp8_tflops",),
-                         fix="fix the cluster file")
+            check_number(
+                getattr(self, f), f"{what}: {f}", 0.0, hi, above=f not in ("fp8_tflops",), fix="fix the cluster file"
+            )
         check_int(self.gpus_per_node, f"{what}: gpus_per_node", 1, MAX_GPUS_PER_NODE, fix="fix the cluster file")
         if self.intra_node_topology not in ("switch", "full-mesh"):
-            raise InputError(f"{what}: intra_node_topology must be 'switch' or 'full-mesh', got "
-                             f"{quoted(self.intra_node_topology)}; fix the cluster file")
+            raise InputError(
+                f"{what}: intra_node_topology must be 'switch' or 'full-mesh', got "
+                f"{quoted(self.intra_node_topology)}; fix the cluster file"
+            )
 
     @property
     def hbm_bytes(self) -> float:
@@ -58,11 +60,22 @@ class GpuSpec:
 
 
 #: GpuSpec's figures -> the largest value a cluster file may give (all above 0; fp8_tflops 0 = no FP8)
-_GPU_LIMITS = {"bf16_tflops": 1e6, "fp8_tflops": 1e6, "hbm_gib": 1e6, "hbm_gbps": 1e8, "mma_sync_fraction": 1.0,
-               "intra_node_gbps": 1e7, "nic_gbps": 1e7}
+_GPU_LIMITS = {
+    "bf16_tflops": 1e6,
+    "fp8_tflops": 1e6,
+    "hbm_gib": 1e6,
+    "hbm_gbps": 1e8,
+    "mma_sync_fraction": 1.0,
+    "intra_node_gbps": 1e7,
+    "nic_gbps": 1e7,
+}
 #: ClusterSpec's figures -> the largest value
-_CLUSTER_LIMITS = {"intra_node_gbps": 1e7, "inter_node_gbps": 1e7, "intra_node_latency_us": 1e7,
-                   "inter_node_latency_us": 1e7}
+_CLUSTER_LIMITS = {
+    "intra_node_gbps": 1e7,
+    "inter_node_gbps": 1e7,
+    "intra_node_latency_us": 1e7,
+    "inter_node_latency_us": 1e7,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,10 +151,19 @@ class CostConstants:
             v = getattr(self, f.name)
             fraction = f.name.endswith(("_efficiency", "_overlap", "_mma_sync"))
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v < 0 or (fraction and v > 1):
-                raise InputError(f"cost constant '{f.name}' must be a number in {'[0, 1]' if fraction else '[0, inf)'}, "
-                                 f"got {v!r}; fix the cluster profile")
-        for name in ("gemm_efficiency", "fp8_gemm_efficiency", "attention_efficiency", "intra_node_bw_efficiency",
-                     "inter_node_bw_efficiency", "gemm_half_efficiency_dim", "expert_gemm_efficiency"):
+                raise InputError(
+                    f"cost constant '{f.name}' must be a number in {'[0, 1]' if fraction else '[0, inf)'}, "
+                    f"got {v!r}; fix the cluster profile"
+                )
+        for name in (
+            "gemm_efficiency",
+            "fp8_gemm_efficiency",
+            "attention_efficiency",
+            "intra_node_bw_efficiency",
+            "inter_node_bw_efficiency",
+            "gemm_half_efficiency_dim",
+            "expert_gemm_efficiency",
+        ):
             if getattr(self, name) <= 0:
                 raise InputError(f"cost constant '{name}' must be positive; fix the cluster profile")
 
@@ -174,20 +196,22 @@ class ClusterSpec:
         if self.training_stack is None and self.gpu.key == LOCAL:
             object.__setattr__(self, "training_stack", "torch")
         if self.training_stack is not None and self.training_stack not in TRAINING_STACKS:
-            raise InputError(f"cluster: training_stack must be one of {', '.join(TRAINING_STACKS)}, got "
-                             f"{quoted(self.training_stack)}")
+            raise InputError(
+                f"cluster: training_stack must be one of {', '.join(TRAINING_STACKS)}, got "
+                f"{quoted(self.training_stack)}"
+            )
         check_int(self.gpus_per_node, "cluster: gpus_per_node", 1, MAX_GPUS_PER_NODE, fix="fix the cluster file")
         for f, hi in _CLUSTER_LIMITS.items():
             check_number(getattr(self, f), f"cluster: {f}", 0.0, hi, above=True, fix="fix the cluster file")
         check_name(self.name, "cluster: name")
         if self.intra_node_topology not in ("switch", "full-mesh"):
-            raise InputError(f"cluster: intra_node_topology must be 'switch' or 'full-mesh', got "
-                             f"{quoted(self.intra_node_topology)}")
+            raise InputError(
+                f"cluster: intra_node_topology must be 'switch' or 'full-mesh', got {quoted(self.intra_node_topology)}"
+            )
 
     def with_constants(self, constants: CostConstants, **changes) -> "ClusterSpec":
         """This cluster with every constant set and pinned (a calibration: no profile overrides it)."""
-        return replace(self, constants=constants, pinned=frozenset(f.name for f in fields(CostConstants)),
-                       **changes)
+        return replace(self, constants=constants, pinned=frozenset(f.name for f in fields(CostConstants)), **changes)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -211,8 +235,10 @@ def get_gpu(name: str) -> GpuSpec:
     key = aliases.get(name.lower()) if isinstance(name, str) else None
     if key is None:
         name = name if isinstance(name, str) else quoted(name)
-        raise InputError(f"unknown GPU {quoted(name)}{did_you_mean(name, aliases)}; run `autopar hardware` "
-                         f"for the presets, or describe it in a --cluster YAML file")
+        raise InputError(
+            f"unknown GPU {quoted(name)}{did_you_mean(name, aliases)}; run `autopar hardware` "
+            f"for the presets, or describe it in a --cluster YAML file"
+        )
     row = {k: v for k, v in table[key].items() if k != "aliases"}
     return GpuSpec(key=key, **row)
 
@@ -224,9 +250,14 @@ def default_cluster(gpu: str | GpuSpec = "h100-sxm", gpus_per_node: int | None =
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if gpus_per_node is not None:
         check_int(gpus_per_node, "--gpus-per-node", 1, MAX_GPUS_PER_NODE, fix="change --gpus-per-node")
-    return ClusterSpec(gpu=g, gpus_per_node=gpus_per_node or g.gpus_per_node,
-                       intra_node_gbps=g.intra_node_gbps, inter_node_gbps=g.nic_gbps,
-                       intra_node_topology=g.intra_node_topology, name=g.key)
+    return ClusterSpec(
+        gpu=g,
+        gpus_per_node=gpus_per_node or g.gpus_per_node,
+        intra_node_gbps=g.intra_node_gbps,
+        inter_node_gbps=g.nic_gbps,
+        intra_node_topology=g.intra_node_topology,
+        name=g.key,
+    )
 
 
 _CLUSTER_KEYS = {f.name for f in fields(ClusterSpec)} - {"constants", "reliability"}
@@ -241,8 +272,10 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
         raise InputError(f"{origin}: the top level must be a mapping of cluster fields")
     unknown = set(data) - _CLUSTER_KEYS - {"constants", "reliability"}
     if unknown:
-        raise InputError(f"{origin}: unknown field(s) {_names(unknown)}; known: "
-                         f"{sorted(_CLUSTER_KEYS | {'constants', 'reliability'})}")
+        raise InputError(
+            f"{origin}: unknown field(s) {_names(unknown)}; known: "
+            f"{sorted(_CLUSTER_KEYS | {'constants', 'reliability'})}"
+        )
     reliability = Reliability.from_dict(data["reliability"], origin) if "reliability" in data else Reliability()
     gpu_spec = _gpu_of(data.get("gpu", "h100-sxm"), origin)
     if data.get("gpus_per_node") is not None:
@@ -259,16 +292,22 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
         if not isinstance(pinned, list) or not all(isinstance(p, str) and p in _CONSTANT_KEYS for p in pinned):
             raise InputError(f"{origin}: 'pinned' must list constant names, got {quoted(pinned)}")
         consts = {k: v for k, v in consts.items() if k in pinned}
-    overrides = {k: v for k, v in data.items() if k not in ("gpu", "constants", "gpus_per_node", "pinned",
-                                                            "reliability")}
+    overrides = {
+        k: v for k, v in data.items() if k not in ("gpu", "constants", "gpus_per_node", "pinned", "reliability")
+    }
     for k, v in list(overrides.items()) + list(consts.items()):
         if k in ("name", "intra_node_topology", "training_stack"):
             continue
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise InputError(f"{origin}: '{k}' must be a number, got {quoted(v)}; fix the cluster file")
     try:
-        return replace(cluster, **overrides, constants=replace(cluster.constants, **consts),
-                       pinned=cluster.pinned | frozenset(consts), reliability=reliability)
+        return replace(
+            cluster,
+            **overrides,
+            constants=replace(cluster.constants, **consts),
+            pinned=cluster.pinned | frozenset(consts),
+            reliability=reliability,
+        )
     except InputError as e:
         raise InputError(f"{origin}: {str(e).removeprefix('cluster: ')}") from None
 
@@ -285,19 +324,28 @@ def _gpu_of(gpu: object, origin: str) -> GpuSpec:
     if isinstance(gpu, str):
         return get_gpu(gpu)
     if not isinstance(gpu, dict):
-        raise InputError(f"{origin}: 'gpu' must be a preset name or a mapping of GPU fields, got {quoted(gpu)}; "
-                         f"e.g. gpu: h100-sxm")
+        raise InputError(
+            f"{origin}: 'gpu' must be a preset name or a mapping of GPU fields, got {quoted(gpu)}; e.g. gpu: h100-sxm"
+        )
     base = get_gpu(check_name(gpu["base"], f"{origin}: gpu.base")) if "base" in gpu else None
     fields_ = {k: v for k, v in gpu.items() if k != "base"}
     known = {f.name for f in fields(GpuSpec)}
     unknown = [k for k in fields_ if k not in known]
-    missing = [] if base else [f.name for f in fields(GpuSpec) if f.name not in fields_ and f.name != "key"
-                               and f.default is MISSING]
+    missing = (
+        []
+        if base
+        else [f.name for f in fields(GpuSpec) if f.name not in fields_ and f.name != "key" and f.default is MISSING]
+    )
     if unknown or missing:
-        what = (f"unknown field(s) {', '.join(quoted(str(k), 40) for k in unknown[:5])}" if unknown
-                else f"missing field(s) {', '.join(missing)}")
-        raise InputError(f"{origin}: gpu mapping has {what}; give `base: h100-sxm` plus the fields to change "
-                         f"(known: {', '.join(sorted(known))})")
+        what = (
+            f"unknown field(s) {', '.join(quoted(str(k), 40) for k in unknown[:5])}"
+            if unknown
+            else f"missing field(s) {', '.join(missing)}"
+        )
+        raise InputError(
+            f"{origin}: gpu mapping has {what}; give `base: h100-sxm` plus the fields to change "
+            f"(known: {', '.join(sorted(known))})"
+        )
     try:
         return replace(base, **fields_) if base else GpuSpec(key=fields_.pop("key", "custom"), **fields_)
     except InputError as e:
@@ -321,9 +369,18 @@ LOCAL = "local"
 #: small allocator allowance.
 LOCAL_DEFAULTS: dict = {
     "name": "local (unprobed defaults)",
-    "gpu": {"key": LOCAL, "name": "this machine (CPU, one core per rank)", "bf16_tflops": 0.1, "fp8_tflops": 0.0,
-            "hbm_gib": 4.0, "hbm_gbps": 10.0, "intra_node_gbps": 2.0, "nic_gbps": 2.0,
-            "gpus_per_node": max(1, os.cpu_count() or 1), "source": "autopar LOCAL_DEFAULTS [assumed]"},
+    "gpu": {
+        "key": LOCAL,
+        "name": "this machine (CPU, one core per rank)",
+        "bf16_tflops": 0.1,
+        "fp8_tflops": 0.0,
+        "hbm_gib": 4.0,
+        "hbm_gbps": 10.0,
+        "intra_node_gbps": 2.0,
+        "nic_gbps": 2.0,
+        "gpus_per_node": max(1, os.cpu_count() or 1),
+        "source": "autopar LOCAL_DEFAULTS [assumed]",
+    },
     "intra_node_latency_us": 50.0,
     "inter_node_latency_us": 50.0,
     "constants": {"runtime_reserved_gib": 0.0, "allocator_overhead_fraction": 0.0, "gemm_efficiency": 0.9},

@@ -37,8 +37,9 @@ class _Reader:
         v = self.cfg.get(key)
         if v is None:
             if default is _MISSING:
-                raise InputError(f"{self.source}: missing '{key}' (required for a {self.family} "
-                                 f"model); add it to the file")
+                raise InputError(
+                    f"{self.source}: missing '{key}' (required for a {self.family} model); add it to the file"
+                )
             return default
         if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
             kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
@@ -62,26 +63,35 @@ def _family(cfg: dict, source: str) -> str:
     if model_type is not None:
         if isinstance(model_type, str) and model_type in SUPPORTED_MODEL_TYPES:
             return model_type
-        raise InputError(f"{source}: model_type {quoted(model_type)} is not supported (supported: "
-                         f"{supported}); write an autopar model file (YAML) for other models")
+        raise InputError(
+            f"{source}: model_type {quoted(model_type)} is not supported (supported: "
+            f"{supported}); write an autopar model file (YAML) for other models"
+        )
     archs = cfg.get("architectures") or []
     for arch in archs if isinstance(archs, list) else []:
         if isinstance(arch, str) and arch in _FAMILY_BY_ARCH:
             return _FAMILY_BY_ARCH[arch]
-    raise InputError(f"{source}: cannot tell the model family (model_type missing, architectures "
-                     f"{quoted(archs)}); supported model_type values: {supported}; add 'model_type' "
-                     f"or write an autopar model file (YAML)")
+    raise InputError(
+        f"{source}: cannot tell the model family (model_type missing, architectures "
+        f"{quoted(archs)}); supported model_type values: {supported}; add 'model_type' "
+        f"or write an autopar model file (YAML)"
+    )
 
 
 def _leading_dense_block(cfg: dict, num_layers: int, source: str) -> int:
     """Qwen3-MoE `mlp_only_layers`: how many leading layers are dense (only a leading block)."""
     layers = cfg.get("mlp_only_layers") or []
-    if (not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                for i in layers)
-            or sorted(layers) != list(range(len(layers))) or len(layers) > num_layers):
-        raise InputError(f"{source}: 'mlp_only_layers' = {quoted(layers)} is not supported: autopar "
-                         f"models only a leading block of dense layers ([] or [0, 1, ..., k-1]); "
-                         f"write an autopar model file (YAML) instead")
+    if (
+        not isinstance(layers, list)
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+        or sorted(layers) != list(range(len(layers)))
+        or len(layers) > num_layers
+    ):
+        raise InputError(
+            f"{source}: 'mlp_only_layers' = {quoted(layers)} is not supported: autopar "
+            f"models only a leading block of dense layers ([] or [0, 1, ..., k-1]); "
+            f"write an autopar model file (YAML) instead"
+        )
     return len(layers)
 
 
@@ -95,56 +105,77 @@ def _biases(r: _Reader) -> dict[str, bool]:
         return {"linear_bias": True}
     if attn or mlp:
         key = "attention_bias" if attn else "mlp_bias"
-        raise InputError(f"{r.source}: '{key}: true' alone is not supported: autopar models q/k/v "
-                         f"biases (qkv_bias) or a bias on every linear layer (linear_bias); "
-                         f"write an autopar model file (YAML) instead")
+        raise InputError(
+            f"{r.source}: '{key}: true' alone is not supported: autopar models q/k/v "
+            f"biases (qkv_bias) or a bias on every linear layer (linear_bias); "
+            f"write an autopar model file (YAML) instead"
+        )
     return {}
 
 
 def _moe(r: _Reader, num_layers: int) -> MoESpec | None:
     """The MoE block, mapped onto MoESpec's `first_k_dense` + `layer_freq` layer pattern."""
     if r.family == "mixtral":
-        return MoESpec(num_experts=r.int("num_local_experts"), top_k=r.int("num_experts_per_tok"),
-                       expert_ffn_hidden_size=r.int("intermediate_size"))
+        return MoESpec(
+            num_experts=r.int("num_local_experts"),
+            top_k=r.int("num_experts_per_tok"),
+            expert_ffn_hidden_size=r.int("intermediate_size"),
+        )
     if r.family == "qwen3_moe":
         # HF: layer i is MoE iff i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0
         step = r.int("decoder_sparse_step", default=1)
         dense = _leading_dense_block(r.cfg, num_layers, r.source)
         first = -(-(dense + 1) // step) * step - 1  # first i >= dense with (i + 1) % step == 0
-        return MoESpec(num_experts=r.int("num_experts"), top_k=r.int("num_experts_per_tok"),
-                       expert_ffn_hidden_size=r.int("moe_intermediate_size"),
-                       first_k_dense=min(first, num_layers), layer_freq=step)
+        return MoESpec(
+            num_experts=r.int("num_experts"),
+            top_k=r.int("num_experts_per_tok"),
+            expert_ffn_hidden_size=r.int("moe_intermediate_size"),
+            first_k_dense=min(first, num_layers),
+            layer_freq=step,
+        )
     if r.family == "deepseek_v3":
         # HF: layer i is MoE iff i >= first_k_dense_replace and i % moe_layer_freq == 0
         freq = r.int("moe_layer_freq", default=1)
         first = -(-r.int("first_k_dense_replace", default=0, minimum=0) // freq) * freq
         ffn = r.int("moe_intermediate_size")
         shared = r.int("n_shared_experts", default=0, minimum=0)
-        return MoESpec(num_experts=r.int("n_routed_experts"), top_k=r.int("num_experts_per_tok"),
-                       expert_ffn_hidden_size=ffn, num_shared_experts=shared,
-                       shared_expert_ffn_hidden_size=shared * ffn,
-                       first_k_dense=min(first, num_layers), layer_freq=freq,
-                       router_bias=r.cfg.get("topk_method") == "noaux_tc")
+        return MoESpec(
+            num_experts=r.int("n_routed_experts"),
+            top_k=r.int("num_experts_per_tok"),
+            expert_ffn_hidden_size=ffn,
+            num_shared_experts=shared,
+            shared_expert_ffn_hidden_size=shared * ffn,
+            first_k_dense=min(first, num_layers),
+            layer_freq=freq,
+            router_bias=r.cfg.get("topk_method") == "noaux_tc",
+        )
     return None
 
 
 def model_from_hf_config(cfg: dict, name: str, source: str = "config.json") -> ModelSpec:
     """Convert a HuggingFace config.json dict; `source` names the file in error messages."""
     if not isinstance(cfg, dict):
-        raise InputError(f"{source}: expected a JSON object of config keys, got "
-                         f"{type(cfg).__name__}; pass the model's config.json")
+        raise InputError(
+            f"{source}: expected a JSON object of config keys, got {type(cfg).__name__}; pass the model's config.json"
+        )
     r = _Reader(cfg, _family(cfg, source), source)
     num_layers, hidden, heads = r.int("num_hidden_layers"), r.int("hidden_size"), r.int("num_attention_heads")
     mla = None
     if r.family == "deepseek_v3":
-        mla = MLASpec(q_lora_rank=r.int("q_lora_rank", default=None), kv_lora_rank=r.int("kv_lora_rank"),
-                      qk_nope_head_dim=r.int("qk_nope_head_dim"), qk_rope_head_dim=r.int("qk_rope_head_dim"),
-                      v_head_dim=r.int("v_head_dim"))
+        mla = MLASpec(
+            q_lora_rank=r.int("q_lora_rank", default=None),
+            kv_lora_rank=r.int("kv_lora_rank"),
+            qk_nope_head_dim=r.int("qk_nope_head_dim"),
+            qk_rope_head_dim=r.int("qk_rope_head_dim"),
+            v_head_dim=r.int("v_head_dim"),
+        )
     # MLA's per-head widths live in `mla`; head_dim then records the value head width
     head_dim = mla.v_head_dim if mla else r.int("head_dim", default=hidden // heads or None)
     if head_dim is None:
-        raise InputError(f"{source}: hidden_size ({hidden}) is smaller than num_attention_heads "
-                         f"({heads}) and 'head_dim' is missing; add 'head_dim'")
+        raise InputError(
+            f"{source}: hidden_size ({hidden}) is smaller than num_attention_heads "
+            f"({heads}) and 'head_dim' is missing; add 'head_dim'"
+        )
     return ModelSpec(
         name=name,
         num_layers=num_layers,

@@ -31,13 +31,17 @@ class PipelineLayout:
             out.append("the pipeline layout has a negative layer count")
         if sum(self.stages) != num_layers:
             verb = "drops" if sum(self.stages) < num_layers else "repeats"
-            out.append(f"the pipeline layout {verb} layers: its stages hold {sum(self.stages)} layers, "
-                       f"the model has {num_layers}; every layer must be placed exactly once")
+            out.append(
+                f"the pipeline layout {verb} layers: its stages hold {sum(self.stages)} layers, "
+                f"the model has {num_layers}; every layer must be placed exactly once"
+            )
         # the first stage may hold only the embedding, the last only the head and loss
         empty_inner = [i for i, s in enumerate(self.stages[1:-1], start=1) if s == 0]
         if empty_inner:
-            out.append(f"pipeline stage(s) {empty_inner} hold no layer; only the first (embedding) and "
-                       f"last (loss) stages may be empty")
+            out.append(
+                f"pipeline stage(s) {empty_inner} hold no layer; only the first (embedding) and "
+                f"last (loss) stages may be empty"
+            )
         if n == 1 and self.stages and self.stages[0] == 0:
             out.append("a single pipeline stage must hold layers")
         return out
@@ -74,20 +78,21 @@ def even_layout(num_layers: int, stages: int) -> PipelineLayout | None:
     return PipelineLayout((num_layers // stages,) * stages, "even")
 
 
-def balanced_layout(num_layers: int, stages: int, *, embedding_as_layer: bool = False,
-                    loss_as_layer: bool = False) -> PipelineLayout:
+def balanced_layout(
+    num_layers: int, stages: int, *, embedding_as_layer: bool = False, loss_as_layer: bool = False
+) -> PipelineLayout:
     """Spread layers as evenly as possible; the remainder goes to the middle stages first, then
     the last, then the first (which also hold the embedding / LM head)."""
-    e, l = int(embedding_as_layer), int(loss_as_layer)
-    units = num_layers + e + l
+    emb, loss = int(embedding_as_layer), int(loss_as_layer)
+    units = num_layers + emb + loss
     base, rem = divmod(units, stages)
     counts = [base] * stages
     order = list(range(1, stages - 1)) + ([stages - 1] if stages > 1 else []) + [0]
     for i in order[:rem]:
         counts[i] += 1
-    counts[0] -= e
-    counts[-1] -= l
-    name = "+".join(x for x, on in (("embedding", e), ("loss", l)) if on) or "balanced"
+    counts[0] -= emb
+    counts[-1] -= loss
+    name = "+".join(x for x, on in (("embedding", emb), ("loss", loss)) if on) or "balanced"
     if name != "balanced":
         name += " as layers"
     return PipelineLayout(tuple(counts), name)
@@ -97,23 +102,28 @@ def first_last_layout(num_layers: int, pp: int, vpp: int, first: int | None, las
     """Megatron `--decoder-first/last-pipeline-num-layers`: fixed first/last stage sizes, the rest
     split evenly (vpp must be 1 here; give an explicit layout for interleaved uneven splits)."""
     if vpp != 1:
-        raise InputError("--pp-first/--pp-last need vpp = 1; for interleaved uneven splits give "
-                         "--pp-layout with one count per virtual stage")
-    f, l = first or 0, last or 0
+        raise InputError(
+            "--pp-first/--pp-last need vpp = 1; for interleaved uneven splits give "
+            "--pp-layout with one count per virtual stage"
+        )
     middle = pp - (first is not None) - (last is not None)
-    rest = num_layers - f - l
+    rest = num_layers - (first or 0) - (last or 0)
     if middle <= 0:
         stages = [x for x in (first, last) if x is not None]
         return PipelineLayout(tuple(stages), "first/last")
     given = " and ".join(f"{flag} {v}" for flag, v in (("--pp-first", first), ("--pp-last", last)) if v is not None)
     verb = "leave" if first is not None and last is not None else "leaves"
     if rest < middle:
-        raise InputError(f"{given} {verb} {max(rest, 0)} of the model's {num_layers} layers for the {middle} other "
-                         f"pipeline stage{'s, which need' if middle > 1 else ', which needs'} at least one layer; give at most "
-                         f"{num_layers - middle} layers to the first and last stages together")
+        raise InputError(
+            f"{given} {verb} {max(rest, 0)} of the model's {num_layers} layers for the {middle} other "
+            f"pipeline stage{'s, which need' if middle > 1 else ', which needs'} at least one layer; give at most "
+            f"{num_layers - middle} layers to the first and last stages together"
+        )
     if rest % middle:
-        raise InputError(f"{given} {verb} {rest} layers for {middle} middle stages, which does not divide evenly; "
-                         f"change them or give --pp-layout")
+        raise InputError(
+            f"{given} {verb} {rest} layers for {middle} middle stages, which does not divide evenly; "
+            f"change them or give --pp-layout"
+        )
     mid = [rest // middle] * middle
     stages = ([first] if first is not None else []) + mid + ([last] if last is not None else [])
     return PipelineLayout(tuple(stages), "first/last")

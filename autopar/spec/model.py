@@ -19,8 +19,15 @@ from autopar.errors import InputError, quoted
 from autopar.spec.schema import MAX_NAME_CHARS, MLA_LIMITS, MODEL_LIMITS, MOE_LIMITS, breaks_line
 
 #: the model's true/false fields
-_FLAGS = ("gated_mlp", "tied_embeddings", "qk_norm", "qkv_bias", "linear_bias", "learned_position_embeddings",
-          "dropout")
+_FLAGS = (
+    "gated_mlp",
+    "tied_embeddings",
+    "qk_norm",
+    "qkv_bias",
+    "linear_bias",
+    "learned_position_embeddings",
+    "dropout",
+)
 
 
 def _field_problems(obj, limits: dict, prefix: str) -> list[str]:
@@ -124,8 +131,10 @@ class ModelSpec:
         if out:
             return out
         if self.num_attention_heads % self.num_kv_heads:
-            out.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                       f"num_kv_heads ({self.num_kv_heads})")
+            out.append(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
         if self.moe is not None:
             m = self.moe
             if not isinstance(m.router_bias, bool):
@@ -267,9 +276,14 @@ class ModelSpec:
         moe = self.layer_params(True) if self.moe else dense
         per_dense = dense.tp_sharded + dense.replicated + dense.expert
         per_moe = moe.tp_sharded + moe.replicated + moe.expert
-        return (per_dense * self.num_dense_layers + per_moe * self.num_moe_layers
-                + self.embedding_params + self.output_params + self.norm_params
-                + self.position_embedding_params)
+        return (
+            per_dense * self.num_dense_layers
+            + per_moe * self.num_moe_layers
+            + self.embedding_params
+            + self.output_params
+            + self.norm_params
+            + self.position_embedding_params
+        )
 
     @property
     def params_active(self) -> int:
@@ -286,12 +300,18 @@ class ModelSpec:
         if num_layers is not None:
             changes["num_layers"] = num_layers
         if d != 1:
-            changes.update(hidden_size=self.hidden_size // d, ffn_hidden_size=self.ffn_hidden_size // d,
-                           num_attention_heads=max(1, self.num_attention_heads // d),
-                           num_kv_heads=max(1, self.num_kv_heads // d))
+            changes.update(
+                hidden_size=self.hidden_size // d,
+                ffn_hidden_size=self.ffn_hidden_size // d,
+                num_attention_heads=max(1, self.num_attention_heads // d),
+                num_kv_heads=max(1, self.num_kv_heads // d),
+            )
             if self.moe:
-                changes["moe"] = replace(self.moe, expert_ffn_hidden_size=self.moe.expert_ffn_hidden_size // d,
-                                         shared_expert_ffn_hidden_size=self.moe.shared_expert_ffn_hidden_size // d)
+                changes["moe"] = replace(
+                    self.moe,
+                    expert_ffn_hidden_size=self.moe.expert_ffn_hidden_size // d,
+                    shared_expert_ffn_hidden_size=self.moe.shared_expert_ffn_hidden_size // d,
+                )
         return replace(self, **changes)
 
     def to_dict(self) -> dict:

@@ -24,15 +24,20 @@ def _parse(path: Path, text: str) -> Any:
         try:
             return check_tree(json.loads(text), f"model file '{path.name}'")
         except json.JSONDecodeError as e:
-            raise InputError(f"model file '{path.name}' is not valid JSON (line {e.lineno}, column "
-                             f"{e.colno}): {e.msg}; fix the syntax") from None
+            raise InputError(
+                f"model file '{path.name}' is not valid JSON (line {e.lineno}, column "
+                f"{e.colno}): {e.msg}; fix the syntax"
+            ) from None
         except (ValueError, RecursionError) as e:  # a number of more than 4300 digits, deep nesting
-            raise InputError(f"model file '{path.name}' holds a value autopar cannot read "
-                             f"({type(e).__name__}); fix the file") from None
+            raise InputError(
+                f"model file '{path.name}' holds a value autopar cannot read ({type(e).__name__}); fix the file"
+            ) from None
     if suffix in (".yaml", ".yml"):
         return parse_yaml(text, f"model file '{path.name}'")
-    raise InputError(f"model file '{path.name}' has an unknown extension {quoted(path.suffix)}; use "
-                     f".json (HuggingFace config.json or autopar schema) or .yaml/.yml")
+    raise InputError(
+        f"model file '{path.name}' has an unknown extension {quoted(path.suffix)}; use "
+        f".json (HuggingFace config.json or autopar schema) or .yaml/.yml"
+    )
 
 
 def _default_name(path: Path) -> str:
@@ -52,16 +57,20 @@ def load_model_file(path: Path) -> ModelSpec:
     data = _parse(path, read_bounded(path, f"model file '{path}'", big))
     if not isinstance(data, dict):
         got = "nothing" if data is None else f"a {type(data).__name__}"
-        raise InputError(f"model file '{path.name}' must hold a mapping of field names to values, "
-                         f"got {got}; see README 'Model files' for the schema")
+        raise InputError(
+            f"model file '{path.name}' must hold a mapping of field names to values, "
+            f"got {got}; see README 'Model files' for the schema"
+        )
     if path.suffix.lower() == ".json" and any(k in data for k in _HF_MARKERS):
         return model_from_hf_config(data, _default_name(path), source=path.name)
     row = dict(data)
     name = check_name(row.pop("name", None) or path.stem[:80], f"model file '{path.name}': 'name'")
     for key in ("moe", "mla"):
         if row.get(key) is not None and not isinstance(row[key], dict):
-            raise InputError(f"model file '{path.name}': '{key}' must be a mapping of its fields, "
-                             f"got {quoted(row[key])}; see README 'Model files' for the schema")
+            raise InputError(
+                f"model file '{path.name}': '{key}' must be a mapping of its fields, "
+                f"got {quoted(row[key])}; see README 'Model files' for the schema"
+            )
     if row.get("source") is not None:
         check_name(row["source"], f"model file '{path.name}': 'source'", 1024)
     return model_from_dict(name, row, source=str(row.get("source") or path))

@@ -50,8 +50,10 @@ def model_from_dict(name: str, row: dict, source: str = "") -> ModelSpec:
     unknown = set(row) - known - _META_KEYS
     if unknown:
         shown = ", ".join(quoted(str(k), 40) for k in sorted(unknown, key=str)[:5])
-        raise InputError(f"model {quoted(name)}: unknown field(s) {shown}{' ...' if len(unknown) > 5 else ''}; "
-                         f"known fields are {sorted(known)}")
+        raise InputError(
+            f"model {quoted(name)}: unknown field(s) {shown}{' ...' if len(unknown) > 5 else ''}; "
+            f"known fields are {sorted(known)}"
+        )
     kwargs = {k: v for k, v in row.items() if k in known}
     try:
         if isinstance(kwargs.get("moe"), dict):
@@ -68,8 +70,10 @@ def model_from_dict(name: str, row: dict, source: str = "") -> ModelSpec:
 def get_preset(name: str) -> ModelSpec:
     key = _aliases().get(name.lower())
     if key is None:
-        raise InputError(f"unknown model {quoted(name)}{did_you_mean(name, _aliases())}; "
-                         f"run `autopar models` for the presets, or pass a config.json / YAML file")
+        raise InputError(
+            f"unknown model {quoted(name)}{did_you_mean(name, _aliases())}; "
+            f"run `autopar models` for the presets, or pass a config.json / YAML file"
+        )
     return model_from_dict(key, _preset_table()[key])
 
 
@@ -77,21 +81,28 @@ def resolve_model(arg: str) -> ModelSpec:
     """`--model`: a preset name or alias, a HuggingFace config.json or the folder holding it (a
     downloaded model), or an autopar model file."""
     if not arg.strip():
-        raise InputError("--model is empty; give a preset name (see `autopar models`), a HuggingFace model folder or "
-                         "config.json, or an autopar model file")
+        raise InputError(
+            "--model is empty; give a preset name (see `autopar models`), a HuggingFace model folder or "
+            "config.json, or an autopar model file"
+        )
     path = Path(arg)
     kind = path_kind(arg)
-    if arg.lower() in _aliases() or (kind != "dir" and path.suffix.lower() not in (".json", ".yaml", ".yml")
-                                     and "/" not in arg):
+    if arg.lower() in _aliases() or (
+        kind != "dir" and path.suffix.lower() not in (".json", ".yaml", ".yml") and "/" not in arg
+    ):
         return get_preset(arg)
     if kind == "dir":
         path = path / "config.json"
         if path_kind(path) != "file":
-            raise InputError(f"model folder {quoted(arg)} holds no config.json; give a HuggingFace model folder, a "
-                             f"config.json, an autopar model file or a preset name")
+            raise InputError(
+                f"model folder {quoted(arg)} holds no config.json; give a HuggingFace model folder, a "
+                f"config.json, an autopar model file or a preset name"
+            )
     elif kind != "file":
-        raise InputError(f"model file {quoted(arg)} {'is not a regular file' if kind else 'does not exist'}; give a "
-                         f"preset name or a path to a config.json / YAML model file")
+        raise InputError(
+            f"model file {quoted(arg)} {'is not a regular file' if kind else 'does not exist'}; give a "
+            f"preset name or a path to a config.json / YAML model file"
+        )
     from autopar.spec.model_file import load_model_file
 
     return load_model_file(path)

@@ -78,25 +78,37 @@ class PlanRequest:
         _check_int("zero", self.zero, 0, 3, "0, 1, 2 or 3 (0 DDP, 1 distributed optimizer, 2 + gradients, 3 FSDP)")
         for name in ("recompute_layers", "pp_first", "pp_last"):
             _check_int(name, getattr(self, name), 0, MAX_SIZE, "a non-negative integer")
-        for name, choices in (("pp_schedule", SCHEDULES), ("recompute", RECOMPUTE), ("dtype", DTYPES),
-                              ("grads", GRADS), ("trainer", tuple(trainers())), ("moe_dispatch", MOE_DISPATCH),
-                              ("moe_dispatcher", MOE_DISPATCHERS)):
+        for name, choices in (
+            ("pp_schedule", SCHEDULES),
+            ("recompute", RECOMPUTE),
+            ("dtype", DTYPES),
+            ("grads", GRADS),
+            ("trainer", tuple(trainers())),
+            ("moe_dispatch", MOE_DISPATCH),
+            ("moe_dispatcher", MOE_DISPATCHERS),
+        ):
             _check_choice(name, getattr(self, name), choices)
         if self.pp_layout is not None and not self.pp_layout.strip():
             raise InputError("--pp-layout is empty; give layers per virtual stage, e.g. --pp-layout 4,5,5,4")
         both = [n for n in ("pp_first", "pp_last") if self.pp_layout is not None and getattr(self, n) is not None]
         if both:
             flag = option(both[0])
-            raise InputError(f"--pp-layout {quoted(self.pp_layout)} and {flag} {getattr(self, both[0])} both set "
-                             f"the stages' layers; give --pp-layout alone, or {flag} without it")
+            raise InputError(
+                f"--pp-layout {quoted(self.pp_layout)} and {flag} {getattr(self, both[0])} both set "
+                f"the stages' layers; give --pp-layout alone, or {flag} without it"
+            )
         cf = self.capacity_factor
         if cf is not None:
             if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 1.0 <= cf <= MAX_CAPACITY_FACTOR:
-                raise InputError(f"--capacity-factor {cf!r} must be a number from 1 to {MAX_CAPACITY_FACTOR:g} "
-                                 f"(expert capacity / mean expert load); e.g. --capacity-factor 1.25")
+                raise InputError(
+                    f"--capacity-factor {cf!r} must be a number from 1 to {MAX_CAPACITY_FACTOR:g} "
+                    f"(expert capacity / mean expert load); e.g. --capacity-factor 1.25"
+                )
             if self.moe_dispatch == "dropless":
-                raise InputError(f"--capacity-factor {cf:g} needs --moe-dispatch capacity (dropless dispatch drops "
-                                 f"no token); drop one of them")
+                raise InputError(
+                    f"--capacity-factor {cf:g} needs --moe-dispatch capacity (dropless dispatch drops "
+                    f"no token); drop one of them"
+                )
 
 
 def option(name: str) -> str:
@@ -113,8 +125,10 @@ def _check_int(name: str, v, lo: int, hi: int, what: str) -> None:
 
 def _check_choice(name: str, v, choices) -> None:
     if v is not None and v not in choices:
-        raise InputError(f"{option(name)} {quoted(str(v))} is not one of {', '.join(choices)}{did_you_mean(str(v), choices)}; "
-                         f"choose one of them")
+        raise InputError(
+            f"{option(name)} {quoted(str(v))} is not one of {', '.join(choices)}{did_you_mean(str(v), choices)}; "
+            f"choose one of them"
+        )
 
 
 #: the keyword names of the old resolve_plan(..., tp=, embedding_as_layer=, ...) form
@@ -136,7 +150,9 @@ def request_from_keywords(**flags) -> PlanRequest:
         raise TypeError(f"resolve_plan: {e}") from None
 
 
-def resolve_cluster(gpu: str = "h100-sxm", gpus_per_node: int | None = None, cluster_file: str | None = None) -> ClusterSpec:
+def resolve_cluster(
+    gpu: str = "h100-sxm", gpus_per_node: int | None = None, cluster_file: str | None = None
+) -> ClusterSpec:
     check_flag("--gpus-per-node", gpus_per_node)
     if cluster_file:
         cluster = load_cluster_file(cluster_file)
@@ -159,8 +175,9 @@ def default_global_batch(seq_len: int, micro_batch_size: int, dp: int) -> int:
     return -(-sequences // unit) * unit
 
 
-def resolve_plan(model: ModelSpec, num_gpus: int, seq_len: int, request: PlanRequest | None = None,
-                 **flags) -> ParallelPlan:
+def resolve_plan(
+    model: ModelSpec, num_gpus: int, seq_len: int, request: PlanRequest | None = None, **flags
+) -> ParallelPlan:
     """A ParallelPlan from the plan flags. dp defaults to gpus / (tp*pp*cp); the global batch to
     DEFAULT_TOKENS_PER_STEP tokens; the trainer to Megatron-LM. `flags` is the old keyword form
     (tp=8, ...), kept for callers that have not moved to PlanRequest yet (cli/trial.py)."""
@@ -174,21 +191,39 @@ def resolve_plan(model: ModelSpec, num_gpus: int, seq_len: int, request: PlanReq
     dp = r.dp
     if dp is None:
         if num_gpus % (tp * pp * cp):
-            raise InputError(f"{num_gpus} GPUs do not divide by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}; "
-                             f"change the degrees or --gpus")
+            raise InputError(
+                f"{num_gpus} GPUs do not divide by tp*pp*cp = {tp}*{pp}*{cp} = {tp * pp * cp}; "
+                f"change the degrees or --gpus"
+            )
         dp = num_gpus // (tp * pp * cp)
     dispatch = r.moe_dispatch or ("capacity" if r.capacity_factor is not None else "dropless")
     _check_moe_flags(model, dispatch, r)
     try:
         return ParallelPlan(
-            tp=tp, pp=pp, dp=dp, cp=cp, ep=r.ep or 1, etp=r.etp, vpp=vpp, zero_stage=1 if r.zero is None else r.zero,
-            sequence_parallel=r.sp, micro_batch_size=mbs,
-            global_batch_size=r.gbs or default_global_batch(seq_len, mbs, dp), pp_schedule=r.pp_schedule,
-            recompute=r.recompute or "none", recompute_layers=r.recompute_layers, dtype=r.dtype or "bf16",
-            main_grads_fp32=(r.grads or "fp32") == "fp32", tp_comm_overlap=bool(r.tp_comm_overlap),
-            layout=_layout(model, r, pp, vpp), trainer=r.trainer or "megatron", moe_dispatch=dispatch,
-            capacity_factor=r.capacity_factor, moe_dispatcher=r.moe_dispatcher or "alltoall",
-            ep_comm_overlap=bool(r.ep_comm_overlap))
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            cp=cp,
+            ep=r.ep or 1,
+            etp=r.etp,
+            vpp=vpp,
+            zero_stage=1 if r.zero is None else r.zero,
+            sequence_parallel=r.sp,
+            micro_batch_size=mbs,
+            global_batch_size=r.gbs or default_global_batch(seq_len, mbs, dp),
+            pp_schedule=r.pp_schedule,
+            recompute=r.recompute or "none",
+            recompute_layers=r.recompute_layers,
+            dtype=r.dtype or "bf16",
+            main_grads_fp32=(r.grads or "fp32") == "fp32",
+            tp_comm_overlap=bool(r.tp_comm_overlap),
+            layout=_layout(model, r, pp, vpp),
+            trainer=r.trainer or "megatron",
+            moe_dispatch=dispatch,
+            capacity_factor=r.capacity_factor,
+            moe_dispatcher=r.moe_dispatcher or "alltoall",
+            ep_comm_overlap=bool(r.ep_comm_overlap),
+        )
     except PlanError as e:
         raise InputError(f"{e}; change the plan flags") from None
 
@@ -197,12 +232,20 @@ def _check_moe_flags(model: ModelSpec, dispatch: str, r: PlanRequest) -> None:
     """The MoE-only flags need a mixture-of-experts model."""
     if model.moe is not None:
         return
-    given = [f for f, on in (("--moe-dispatch capacity", dispatch == "capacity"),
-                             ("--moe-dispatcher deepep", r.moe_dispatcher == "deepep"),
-                             ("--ep-comm-overlap", bool(r.ep_comm_overlap))) if on]
+    given = [
+        f
+        for f, on in (
+            ("--moe-dispatch capacity", dispatch == "capacity"),
+            ("--moe-dispatcher deepep", r.moe_dispatcher == "deepep"),
+            ("--ep-comm-overlap", bool(r.ep_comm_overlap)),
+        )
+        if on
+    ]
     if given:
-        raise InputError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} a mixture-of-experts model; "
-                         f"{model.name} is dense (drop {'it' if len(given) == 1 else 'them'})")
+        raise InputError(
+            f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} a mixture-of-experts model; "
+            f"{model.name} is dense (drop {'it' if len(given) == 1 else 'them'})"
+        )
 
 
 def _layout(model: ModelSpec, r: PlanRequest, pp: int, vpp: int):
@@ -211,16 +254,21 @@ def _layout(model: ModelSpec, r: PlanRequest, pp: int, vpp: int):
     if r.pp_first is not None or r.pp_last is not None:
         return first_last_layout(model.num_layers, pp, vpp, r.pp_first, r.pp_last)
     if r.pp_embedding_as_layer or r.pp_loss_as_layer:
-        return balanced_layout(model.num_layers, pp * vpp, embedding_as_layer=bool(r.pp_embedding_as_layer),
-                               loss_as_layer=bool(r.pp_loss_as_layer))
+        return balanced_layout(
+            model.num_layers,
+            pp * vpp,
+            embedding_as_layer=bool(r.pp_embedding_as_layer),
+            loss_as_layer=bool(r.pp_loss_as_layer),
+        )
     return None
 
 
 _LAYOUT_FLAGS = ("pp_layout", "pp_first", "pp_last", "pp_embedding_as_layer", "pp_loss_as_layer")
 
 
-def rebase_plan(base: ParallelPlan, request: PlanRequest, model: ModelSpec, num_gpus: int,
-                seq_len: int) -> ParallelPlan:
+def rebase_plan(
+    base: ParallelPlan, request: PlanRequest, model: ModelSpec, num_gpus: int, seq_len: int
+) -> ParallelPlan:
     """`base` (e.g. a search run's ranked plan) with the given flags on top, re-resolved. What
     follows a changed degree follows it unless given: dp (tp, pp, cp), etp (tp), sequence
     parallelism (tp), the schedule (vpp), recompute layers (recompute), the layout (pp, vpp), the
@@ -240,16 +288,29 @@ def rebase_plan(base: ParallelPlan, request: PlanRequest, model: ModelSpec, num_
     if not any(layout.values()) and base.layout is not None and (pp, vpp) == (base.pp, base.vpp):
         layout["pp_layout"] = ",".join(str(x) for x in base.layout.stages)
     full = replace(
-        request, tp=tp, pp=pp, cp=cp, vpp=vpp, dp=pick("dp", base.dp if same_split else None),
-        ep=pick("ep", base.ep), etp=pick("etp", None if base.etp == base.tp else base.etp),
-        zero=pick("zero", base.zero_stage), sp=pick("sp", base.sequence_parallel if tp == base.tp else None),
-        mbs=pick("mbs", base.micro_batch_size), gbs=pick("gbs", base.global_batch_size),
-        pp_schedule=pick("pp_schedule", base.pp_schedule if vpp == base.vpp else None), recompute=recompute,
+        request,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        vpp=vpp,
+        dp=pick("dp", base.dp if same_split else None),
+        ep=pick("ep", base.ep),
+        etp=pick("etp", None if base.etp == base.tp else base.etp),
+        zero=pick("zero", base.zero_stage),
+        sp=pick("sp", base.sequence_parallel if tp == base.tp else None),
+        mbs=pick("mbs", base.micro_batch_size),
+        gbs=pick("gbs", base.global_batch_size),
+        pp_schedule=pick("pp_schedule", base.pp_schedule if vpp == base.vpp else None),
+        recompute=recompute,
         recompute_layers=pick("recompute_layers", base.recompute_layers if recompute == base.recompute else None),
-        dtype=pick("dtype", base.dtype), grads=pick("grads", "fp32" if base.main_grads_fp32 else "bf16"),
-        tp_comm_overlap=pick("tp_comm_overlap", base.tp_comm_overlap), trainer=pick("trainer", base.trainer),
+        dtype=pick("dtype", base.dtype),
+        grads=pick("grads", "fp32" if base.main_grads_fp32 else "bf16"),
+        tp_comm_overlap=pick("tp_comm_overlap", base.tp_comm_overlap),
+        trainer=pick("trainer", base.trainer),
         moe_dispatch=dispatch,
         capacity_factor=pick("capacity_factor", base.capacity_factor if dispatch == base.moe_dispatch else None),
         moe_dispatcher=pick("moe_dispatcher", base.moe_dispatcher),
-        ep_comm_overlap=pick("ep_comm_overlap", base.ep_comm_overlap), **layout)
+        ep_comm_overlap=pick("ep_comm_overlap", base.ep_comm_overlap),
+        **layout,
+    )
     return resolve_plan(model, num_gpus, seq_len, full)

@@ -46,74 +46,133 @@ def _interleaved(t: PlanTable) -> np.ndarray:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("gpus",
-         lambda t, c: (t.num_gpus != c.num_gpus) if c.num_gpus else np.zeros(len(t), bool),
-         lambda r, c: f"tp*pp*cp*dp = {r['tp']}*{r['pp']}*{r['cp']}*{r['dp']} = "
-                      f"{r['tp'] * r['pp'] * r['cp'] * r['dp']} is not the {c.num_gpus} GPUs; change dp"),
-    Rule("heads%tp",
-         lambda t, c: c.model.num_attention_heads % t.tp != 0,
-         lambda r, c: f"{c.model.num_attention_heads} attention heads do not divide by tp={r['tp']}"),
-    Rule("kv_heads%tp",
-         lambda t, c: c.model.kv_heads_effective % t.tp != 0,
-         lambda r, c: f"{c.model.kv_heads_effective} KV heads do not divide by tp={r['tp']} "
-                      f"(Megatron-Core shards query groups over tp); use tp <= {c.model.kv_heads_effective}"),
-    Rule("ffn%tp",
-         lambda t, c: c.model.ffn_hidden_size % t.tp != 0,
-         lambda r, c: f"FFN hidden size {c.model.ffn_hidden_size} does not divide by tp={r['tp']}"),
-    Rule("layout",
-         lambda t, c: c.stages.layout_problem != "",
-         lambda r, c: str(c.stages.layout_problem[r["_i"]])),
-    Rule("vpp",
-         lambda t, c: ((t.vpp > 1) & ~_interleaved(t)) | (_interleaved(t) & (t.vpp == 1)) | ((t.vpp > 1) & (t.pp == 1)),
-         lambda r, c: ("vpp > 1 needs pp > 1" if r["pp"] == 1 else
-                       "vpp > 1 needs the interleaved-1f1b schedule" if r["vpp"] > 1 else
-                       "the interleaved-1f1b schedule needs vpp > 1")),
-    Rule("microbatches%pp",
-         lambda t, c: _interleaved(t) & (t.num_microbatches % t.pp != 0),
-         lambda r, c: f"interleaved 1F1B needs microbatches ({r['_m']}) to be a multiple of pp={r['pp']} "
-                      f"(Megatron schedules.py); change the global batch"),
-    Rule("seq%cp",
-         lambda t, c: (t.cp > 1) & (c.seq_len % (2 * t.cp) != 0),
-         lambda r, c: f"sequence {c.seq_len} does not split into 2*cp = {2 * r['cp']} chunks "
-                      f"(load-balanced causal context parallelism)"),
-    Rule("seq%sp",
-         lambda t, c: t.sequence_parallel.astype(bool) & ((c.seq_len % t.cp != 0) | ((c.seq_len // t.cp) % t.tp != 0)),
-         lambda r, c: f"sequence parallelism splits the {c.seq_len // r['cp']} local tokens over tp={r['tp']}, "
-                      f"which does not divide"),
-    Rule("sp_needs_tp",
-         lambda t, c: t.sequence_parallel.astype(bool) & (t.tp == 1),
-         lambda r, c: "sequence parallelism needs tp > 1 (Megatron turns it off at tp = 1)"),
-    Rule("ep_needs_moe",
-         lambda t, c: (t.ep > 1) & (not _moe(c)),
-         lambda r, c: f"ep={r['ep']} needs a mixture-of-experts model; {c.model.name} is dense"),
-    Rule("experts%ep",
-         lambda t, c: (c.model.moe.num_experts % t.ep != 0) if _moe(c) else np.zeros(len(t), bool),
-         lambda r, c: f"{c.model.moe.num_experts} experts do not divide by ep={r['ep']}"),
-    Rule("ep*etp|tp*cp*dp",
-         lambda t, c: ((t.tp * t.cp * t.dp) % (t.ep * t.etp) != 0) if _moe(c) else (t.etp != t.tp),
-         lambda r, c: (f"ep*etp = {r['ep'] * r['etp']} must divide tp*cp*dp = {r['tp'] * r['cp'] * r['dp']} "
-                       f"(EP is carved out of the dp x cp (x tp) ranks)") if _moe(c)
-         else "etp only applies to mixture-of-experts models"),
-    Rule("expert_ffn%etp",
-         lambda t, c: (c.model.moe.expert_ffn_hidden_size % t.etp != 0) if _moe(c) else np.zeros(len(t), bool),
-         lambda r, c: f"expert FFN size {c.model.moe.expert_ffn_hidden_size} does not divide by etp={r['etp']}"),
-    Rule("moe_needs_sp",
-         lambda t, c: ((t.tp > 1) & ~t.sequence_parallel.astype(bool)) if _moe(c) else np.zeros(len(t), bool),
-         lambda r, c: "MoE with tp > 1 needs sequence parallelism (Megatron-Core asserts it)"),
-    Rule("gbs%(mbs*dp)",
-         lambda t, c: (t.global_batch_size % (t.micro_batch_size * t.dp) != 0) | (t.global_batch_size < t.micro_batch_size * t.dp),
-         lambda r, c: f"global batch {r['global_batch_size']} is not a multiple of micro-batch*dp = "
-                      f"{r['micro_batch_size']}*{r['dp']} = {r['micro_batch_size'] * r['dp']}"),
-    Rule("grads_bf16_fp32",
-         lambda t, c: ~t.main_grads_fp32 & (t.dtype == DTYPE["fp32"]),
-         lambda r, c: "bf16 main gradients need a 16-bit model (fp32 training keeps fp32 gradients); drop --grads bf16"),
-    Rule("fp8",
-         lambda t, c: (t.dtype == DTYPE["fp8"]) & (c.cluster is not None and c.cluster.gpu.fp8_tflops <= 0),
-         lambda r, c: f"{c.cluster.gpu.key} has no FP8 tensor cores; use --dtype bf16"),
-    Rule("recompute_layers",
-         lambda t, c: (t.recompute == RECOMP["full"]) & (t.recompute_layers > c.stages.max_rank_layers),
-         lambda r, c: f"recompute layers ({r['recompute_layers']}) exceed the layers on one stage "
-                      f"({int(c.stages.max_rank_layers[r['_i']])})"),
+    Rule(
+        "gpus",
+        lambda t, c: (t.num_gpus != c.num_gpus) if c.num_gpus else np.zeros(len(t), bool),
+        lambda r, c: (
+            f"tp*pp*cp*dp = {r['tp']}*{r['pp']}*{r['cp']}*{r['dp']} = "
+            f"{r['tp'] * r['pp'] * r['cp'] * r['dp']} is not the {c.num_gpus} GPUs; change dp"
+        ),
+    ),
+    Rule(
+        "heads%tp",
+        lambda t, c: c.model.num_attention_heads % t.tp != 0,
+        lambda r, c: f"{c.model.num_attention_heads} attention heads do not divide by tp={r['tp']}",
+    ),
+    Rule(
+        "kv_heads%tp",
+        lambda t, c: c.model.kv_heads_effective % t.tp != 0,
+        lambda r, c: (
+            f"{c.model.kv_heads_effective} KV heads do not divide by tp={r['tp']} "
+            f"(Megatron-Core shards query groups over tp); use tp <= {c.model.kv_heads_effective}"
+        ),
+    ),
+    Rule(
+        "ffn%tp",
+        lambda t, c: c.model.ffn_hidden_size % t.tp != 0,
+        lambda r, c: f"FFN hidden size {c.model.ffn_hidden_size} does not divide by tp={r['tp']}",
+    ),
+    Rule("layout", lambda t, c: c.stages.layout_problem != "", lambda r, c: str(c.stages.layout_problem[r["_i"]])),
+    Rule(
+        "vpp",
+        lambda t, c: ((t.vpp > 1) & ~_interleaved(t)) | (_interleaved(t) & (t.vpp == 1)) | ((t.vpp > 1) & (t.pp == 1)),
+        lambda r, c: (
+            "vpp > 1 needs pp > 1"
+            if r["pp"] == 1
+            else "vpp > 1 needs the interleaved-1f1b schedule"
+            if r["vpp"] > 1
+            else "the interleaved-1f1b schedule needs vpp > 1"
+        ),
+    ),
+    Rule(
+        "microbatches%pp",
+        lambda t, c: _interleaved(t) & (t.num_microbatches % t.pp != 0),
+        lambda r, c: (
+            f"interleaved 1F1B needs microbatches ({r['_m']}) to be a multiple of pp={r['pp']} "
+            f"(Megatron schedules.py); change the global batch"
+        ),
+    ),
+    Rule(
+        "seq%cp",
+        lambda t, c: (t.cp > 1) & (c.seq_len % (2 * t.cp) != 0),
+        lambda r, c: (
+            f"sequence {c.seq_len} does not split into 2*cp = {2 * r['cp']} chunks "
+            f"(load-balanced causal context parallelism)"
+        ),
+    ),
+    Rule(
+        "seq%sp",
+        lambda t, c: t.sequence_parallel.astype(bool) & ((c.seq_len % t.cp != 0) | ((c.seq_len // t.cp) % t.tp != 0)),
+        lambda r, c: (
+            f"sequence parallelism splits the {c.seq_len // r['cp']} local tokens over tp={r['tp']}, "
+            f"which does not divide"
+        ),
+    ),
+    Rule(
+        "sp_needs_tp",
+        lambda t, c: t.sequence_parallel.astype(bool) & (t.tp == 1),
+        lambda r, c: "sequence parallelism needs tp > 1 (Megatron turns it off at tp = 1)",
+    ),
+    Rule(
+        "ep_needs_moe",
+        lambda t, c: (t.ep > 1) & (not _moe(c)),
+        lambda r, c: f"ep={r['ep']} needs a mixture-of-experts model; {c.model.name} is dense",
+    ),
+    Rule(
+        "experts%ep",
+        lambda t, c: (c.model.moe.num_experts % t.ep != 0) if _moe(c) else np.zeros(len(t), bool),
+        lambda r, c: f"{c.model.moe.num_experts} experts do not divide by ep={r['ep']}",
+    ),
+    Rule(
+        "ep*etp|tp*cp*dp",
+        lambda t, c: ((t.tp * t.cp * t.dp) % (t.ep * t.etp) != 0) if _moe(c) else (t.etp != t.tp),
+        lambda r, c: (
+            (
+                f"ep*etp = {r['ep'] * r['etp']} must divide tp*cp*dp = {r['tp'] * r['cp'] * r['dp']} "
+                f"(EP is carved out of the dp x cp (x tp) ranks)"
+            )
+            if _moe(c)
+            else "etp only applies to mixture-of-experts models"
+        ),
+    ),
+    Rule(
+        "expert_ffn%etp",
+        lambda t, c: (c.model.moe.expert_ffn_hidden_size % t.etp != 0) if _moe(c) else np.zeros(len(t), bool),
+        lambda r, c: f"expert FFN size {c.model.moe.expert_ffn_hidden_size} does not divide by etp={r['etp']}",
+    ),
+    Rule(
+        "moe_needs_sp",
+        lambda t, c: ((t.tp > 1) & ~t.sequence_parallel.astype(bool)) if _moe(c) else np.zeros(len(t), bool),
+        lambda r, c: "MoE with tp > 1 needs sequence parallelism (Megatron-Core asserts it)",
+    ),
+    Rule(
+        "gbs%(mbs*dp)",
+        lambda t, c: (
+            (t.global_batch_size % (t.micro_batch_size * t.dp) != 0) | (t.global_batch_size < t.micro_batch_size * t.dp)
+        ),
+        lambda r, c: (
+            f"global batch {r['global_batch_size']} is not a multiple of micro-batch*dp = "
+            f"{r['micro_batch_size']}*{r['dp']} = {r['micro_batch_size'] * r['dp']}"
+        ),
+    ),
+    Rule(
+        "grads_bf16_fp32",
+        lambda t, c: ~t.main_grads_fp32 & (t.dtype == DTYPE["fp32"]),
+        lambda r, c: "bf16 main gradients need a 16-bit model (fp32 training keeps fp32 gradients); drop --grads bf16",
+    ),
+    Rule(
+        "fp8",
+        lambda t, c: (t.dtype == DTYPE["fp8"]) & (c.cluster is not None and c.cluster.gpu.fp8_tflops <= 0),
+        lambda r, c: f"{c.cluster.gpu.key} has no FP8 tensor cores; use --dtype bf16",
+    ),
+    Rule(
+        "recompute_layers",
+        lambda t, c: (t.recompute == RECOMP["full"]) & (t.recompute_layers > c.stages.max_rank_layers),
+        lambda r, c: (
+            f"recompute layers ({r['recompute_layers']}) exceed the layers on one stage "
+            f"({int(c.stages.max_rank_layers[r['_i']])})"
+        ),
+    ),
 )
 
 
@@ -176,10 +235,13 @@ def reason_text(codes: np.ndarray, trainer: np.ndarray, rules: tuple) -> np.ndar
     bad = np.flatnonzero(codes != 0)
     if not len(bad):
         return out
-    pairs, inverse = np.unique(np.stack([codes[bad], trainer[bad].astype(np.uint64)], axis=1), axis=0,
-                               return_inverse=True)
-    texts = np.array([", ".join(rule_label(r, int(t)) for i, r in enumerate(rules) if int(c) >> i & 1)
-                      for c, t in pairs], dtype=object)
+    pairs, inverse = np.unique(
+        np.stack([codes[bad], trainer[bad].astype(np.uint64)], axis=1), axis=0, return_inverse=True
+    )
+    texts = np.array(
+        [", ".join(rule_label(r, int(t)) for i, r in enumerate(rules) if int(c) >> i & 1) for c, t in pairs],
+        dtype=object,
+    )
     out[bad] = texts[inverse.reshape(-1)]
     return out
 
@@ -198,11 +260,23 @@ def capability_codes(table: PlanTable, context: Context) -> np.ndarray:
     return out
 
 
-def check_rules(table: PlanTable, model: ModelSpec, *, num_gpus: int | None = None,
-                cluster: ClusterSpec | None = None, seq_len: int | None = None,
-                stages: StageProfiles | None = None, trainer_capabilities: bool = True) -> RuleResult:
-    ctx = Context(model=model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len or model.seq_len,
-                  stages=stages if stages is not None else stage_profiles(table, model))
+def check_rules(
+    table: PlanTable,
+    model: ModelSpec,
+    *,
+    num_gpus: int | None = None,
+    cluster: ClusterSpec | None = None,
+    seq_len: int | None = None,
+    stages: StageProfiles | None = None,
+    trainer_capabilities: bool = True,
+) -> RuleResult:
+    ctx = Context(
+        model=model,
+        num_gpus=num_gpus,
+        cluster=cluster,
+        seq_len=seq_len or model.seq_len,
+        stages=stages if stages is not None else stage_profiles(table, model),
+    )
     masks = {}
     for rule in all_rules(trainer_capabilities):
         m = np.asarray(rule.violated(table, ctx), dtype=bool)
@@ -210,11 +284,23 @@ def check_rules(table: PlanTable, model: ModelSpec, *, num_gpus: int | None = No
     return RuleResult(masks, ctx, table, trainer_capabilities)
 
 
-def plan_problems(plan: ParallelPlan, model: ModelSpec, *, num_gpus: int | None = None,
-                  cluster: ClusterSpec | None = None, seq_len: int | None = None,
-                  trainer_capabilities: bool = True) -> list[str]:
+def plan_problems(
+    plan: ParallelPlan,
+    model: ModelSpec,
+    *,
+    num_gpus: int | None = None,
+    cluster: ClusterSpec | None = None,
+    seq_len: int | None = None,
+    trainer_capabilities: bool = True,
+) -> list[str]:
     """Every rule the plan breaks, as sentences; `trainer_capabilities=False` leaves out its
     trainer's capability lines (a published run ran on its own framework)."""
-    result = check_rules(PlanTable.from_plans([plan]), model, num_gpus=num_gpus, cluster=cluster,
-                         seq_len=seq_len, trainer_capabilities=trainer_capabilities)
+    result = check_rules(
+        PlanTable.from_plans([plan]),
+        model,
+        num_gpus=num_gpus,
+        cluster=cluster,
+        seq_len=seq_len,
+        trainer_capabilities=trainer_capabilities,
+    )
     return result.reasons(0)

@@ -33,14 +33,32 @@ MAX_DEPTH = 32
 WEEK_S = 7 * 24 * 3600.0
 
 #: model-file fields -> (lowest, highest)
-MODEL_LIMITS = {"num_layers": (1, MAX_LAYERS), "hidden_size": (1, 1 << 20), "ffn_hidden_size": (1, 1 << 22),
-                "num_attention_heads": (1, 1 << 14), "num_kv_heads": (1, 1 << 14), "head_dim": (1, 1 << 14),
-                "vocab_size": (1, 1 << 24), "seq_len": (1, MAX_SEQ_LEN)}
-MOE_LIMITS = {"num_experts": (1, 1 << 14), "top_k": (1, 1 << 14), "expert_ffn_hidden_size": (1, 1 << 22),
-              "num_shared_experts": (0, 1 << 14), "shared_expert_ffn_hidden_size": (0, 1 << 26),
-              "first_k_dense": (0, MAX_LAYERS), "layer_freq": (1, MAX_LAYERS)}
-MLA_LIMITS = {"q_lora_rank": (1, 1 << 16), "kv_lora_rank": (1, 1 << 16), "qk_nope_head_dim": (1, 1 << 14),
-              "qk_rope_head_dim": (1, 1 << 14), "v_head_dim": (1, 1 << 14)}
+MODEL_LIMITS = {
+    "num_layers": (1, MAX_LAYERS),
+    "hidden_size": (1, 1 << 20),
+    "ffn_hidden_size": (1, 1 << 22),
+    "num_attention_heads": (1, 1 << 14),
+    "num_kv_heads": (1, 1 << 14),
+    "head_dim": (1, 1 << 14),
+    "vocab_size": (1, 1 << 24),
+    "seq_len": (1, MAX_SEQ_LEN),
+}
+MOE_LIMITS = {
+    "num_experts": (1, 1 << 14),
+    "top_k": (1, 1 << 14),
+    "expert_ffn_hidden_size": (1, 1 << 22),
+    "num_shared_experts": (0, 1 << 14),
+    "shared_expert_ffn_hidden_size": (0, 1 << 26),
+    "first_k_dense": (0, MAX_LAYERS),
+    "layer_freq": (1, MAX_LAYERS),
+}
+MLA_LIMITS = {
+    "q_lora_rank": (1, 1 << 16),
+    "kv_lora_rank": (1, 1 << 16),
+    "qk_nope_head_dim": (1, 1 << 14),
+    "qk_rope_head_dim": (1, 1 << 14),
+    "v_head_dim": (1, 1 << 14),
+}
 
 
 class Limit(NamedTuple):
@@ -55,16 +73,33 @@ class Limit(NamedTuple):
 #: numeric command-line options -> their range (a command whose option means something else passes
 #: its own Limit to check_flag)
 FLAGS: dict[str, Limit] = {
-    "--gpus": Limit(1, MAX_GPUS), "--gpus-per-node": Limit(1, MAX_GPUS_PER_NODE), "--seq-len": Limit(1, MAX_SEQ_LEN),
-    "--gbs": Limit(1, MAX_BATCH), "--top-k": Limit(1, 100_000), "--max-exhaustive": Limit(0, 10**12),
-    "--n-trials": Limit(1, 1_000_000), "--seed": Limit(0, 2**32 - 1), "--trials": Limit(0, 10_000),
-    "--trial-budget": Limit(1, 100_000), "--rounds": Limit(1, 1_000), "--trial-steps": Limit(1, 100_000),
-    "--trial-timeout": Limit(0, WEEK_S, True, True), "--max-local-ranks": Limit(1, 4096),
-    "--proxy-layers": Limit(1, MAX_LAYERS), "--proxy-width": Limit(1, 1 << 14), "--proxy-seq": Limit(1, MAX_SEQ_LEN),
-    "--ranks": Limit(1, 4096), "--timeout": Limit(0, WEEK_S, True, True), "--steps": Limit(1, 100_000),
-    "--warmup": Limit(0, 100_000), "--nnodes": Limit(1, 100_000), "--node-rank": Limit(0, 99_999),
-    "--memory-limit-mib": Limit(0, float(1 << 30), True, True), "--master-port": Limit(1, 65_535),
-    "--rank": Limit(1, 100_000), "--top": Limit(1, 100_000),
+    "--gpus": Limit(1, MAX_GPUS),
+    "--gpus-per-node": Limit(1, MAX_GPUS_PER_NODE),
+    "--seq-len": Limit(1, MAX_SEQ_LEN),
+    "--gbs": Limit(1, MAX_BATCH),
+    "--top-k": Limit(1, 100_000),
+    "--max-exhaustive": Limit(0, 10**12),
+    "--n-trials": Limit(1, 1_000_000),
+    "--seed": Limit(0, 2**32 - 1),
+    "--trials": Limit(0, 10_000),
+    "--trial-budget": Limit(1, 100_000),
+    "--rounds": Limit(1, 1_000),
+    "--trial-steps": Limit(1, 100_000),
+    "--trial-timeout": Limit(0, WEEK_S, True, True),
+    "--max-local-ranks": Limit(1, 4096),
+    "--proxy-layers": Limit(1, MAX_LAYERS),
+    "--proxy-width": Limit(1, 1 << 14),
+    "--proxy-seq": Limit(1, MAX_SEQ_LEN),
+    "--ranks": Limit(1, 4096),
+    "--timeout": Limit(0, WEEK_S, True, True),
+    "--steps": Limit(1, 100_000),
+    "--warmup": Limit(0, 100_000),
+    "--nnodes": Limit(1, 100_000),
+    "--node-rank": Limit(0, 99_999),
+    "--memory-limit-mib": Limit(0, float(1 << 30), True, True),
+    "--master-port": Limit(1, 65_535),
+    "--rank": Limit(1, 100_000),
+    "--top": Limit(1, 100_000),
 }
 
 
@@ -90,11 +125,17 @@ def check_int(value: object, what: str, lo: int, hi: int, fix: str = "fix the va
     return value
 
 
-def check_number(value: object, what: str, lo: float, hi: float, *, above: bool = False,
-                 fix: str = "fix the value") -> float:
+def check_number(
+    value: object, what: str, lo: float, hi: float, *, above: bool = False, fix: str = "fix the value"
+) -> float:
     """`value` when it is a finite number in [lo, hi] (above lo with `above`), else one line."""
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-          and (value > lo if above else value >= lo) and value <= hi)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > lo if above else value >= lo)
+        and value <= hi
+    )
     if not ok:
         raise InputError(f"{what} must be {_range(lo, hi, True, above)}, got {quoted(value)}; {fix}")
     return value
@@ -120,8 +161,10 @@ def check_name(value: object, what: str, max_chars: int = MAX_NAME_CHARS, lines:
         kind = "a string" if not isinstance(value, str) else f"at most {max_chars} characters"
         raise InputError(f"{what} must be {kind}, got {quoted(value)}; fix the value")
     if not lines and breaks_line(value):
-        raise InputError(f"{what} must be one line without control characters, got {quoted(value)}; "
-                         f"remove the line break or control character")
+        raise InputError(
+            f"{what} must be one line without control characters, got {quoted(value)}; "
+            f"remove the line break or control character"
+        )
     return value
 
 
@@ -147,8 +190,13 @@ def check_flag(flag: str, value: object, limit: Limit | None = None) -> object:
     if value is None:
         return value
     if number:
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-              and (value > lo if above else value >= lo) and value <= hi)
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (value > lo if above else value >= lo)
+            and value <= hi
+        )
     else:
         ok = _is_int(value) and lo <= value <= hi
     if not ok:
@@ -170,8 +218,9 @@ def parse_list(text: str, flag: str, number: bool = True, most: int = 32, exampl
     if not any(items):
         raise InputError(f"{flag} {quoted(text)} is empty; give a value, e.g. {flag} {example.split(',')[0]}")
     if not all(items):
-        raise InputError(f"{flag} {quoted(text)} has an empty item; give a comma list without empty items, e.g. "
-                         f"{flag} {example}")
+        raise InputError(
+            f"{flag} {quoted(text)} has an empty item; give a comma list without empty items, e.g. {flag} {example}"
+        )
     if len(items) > most:
         raise InputError(f"{flag} lists {len(items)} values; give at most {most}")
     if not number:
@@ -183,8 +232,10 @@ def parse_list(text: str, flag: str, number: bool = True, most: int = 32, exampl
         except ValueError:
             value = None
         if value is None:
-            raise InputError(f"{flag} {quoted(text)} must be an integer or a comma list of integers, e.g. "
-                             f"{flag} 128,256; {quoted(x)} is not an integer")
+            raise InputError(
+                f"{flag} {quoted(text)} must be an integer or a comma list of integers, e.g. "
+                f"{flag} 128,256; {quoted(x)} is not an integer"
+            )
         if not FLAGS[flag].lo <= value <= FLAGS[flag].hi:  # named as given (-0, +5 and 1_000 quoted)
             check_flag(flag, value if str(value) == x else x)
         out.append(value)
@@ -209,11 +260,14 @@ def read_bounded(path: str | Path, what: str, max_bytes: int) -> str:
         with p.open("rb") as f:
             data = f.read(max_bytes + 1)
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot read {what}: {getattr(e, 'strerror', None) or type(e).__name__}; "
-                         f"check the path") from None
+        raise InputError(
+            f"cannot read {what}: {getattr(e, 'strerror', None) or type(e).__name__}; check the path"
+        ) from None
     if len(data) > max_bytes:
-        raise InputError(f"{what} is larger than {max_bytes // 1024:,} KiB; a model, cluster or space file is a "
-                         f"few KiB: check the path")
+        raise InputError(
+            f"{what} is larger than {max_bytes // 1024:,} KiB; a model, cluster or space file is a "
+            f"few KiB: check the path"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -239,11 +293,13 @@ def check_tree(data: object, what: str) -> object:
             raise InputError(f"{what} contains itself (a recursive YAML alias); remove the alias")
         active.add(key)
         n = 1
-        for child in (list(v) + list(v.values()) if isinstance(v, dict) else v):
+        for child in list(v) + list(v.values()) if isinstance(v, dict) else v:
             n += size(child, depth + 1)
             if n > MAX_NODES:
-                raise InputError(f"{what} holds more than {MAX_NODES:,} values once its YAML aliases are expanded "
-                                 f"(an alias bomb?); an autopar file holds a few hundred: remove the aliases")
+                raise InputError(
+                    f"{what} holds more than {MAX_NODES:,} values once its YAML aliases are expanded "
+                    f"(an alias bomb?); an autopar file holds a few hundred: remove the aliases"
+                )
         active.discard(key)
         sizes[key] = n
         return n

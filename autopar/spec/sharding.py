@@ -25,17 +25,16 @@ from types import MappingProxyType
 
 #: Megatron's column/row split (Shoeybi et al. 2019): Q/K/V and gate/up column-parallel, the output
 #: projection and the down projection row-parallel; norms sequence-parallel when SP is on.
-ATTENTION_PLAN = MappingProxyType({
-    "attention.wq": "colwise", "attention.wk": "colwise", "attention.wv": "colwise",
-    "attention.wo": "rowwise",
-})
-DENSE_MLP_PLAN = MappingProxyType({
-    "feed_forward.w1": "colwise", "feed_forward.w3": "colwise", "feed_forward.w2": "rowwise",
-})
+ATTENTION_PLAN = MappingProxyType(
+    {"attention.wq": "colwise", "attention.wk": "colwise", "attention.wv": "colwise", "attention.wo": "rowwise"}
+)
+DENSE_MLP_PLAN = MappingProxyType(
+    {"feed_forward.w1": "colwise", "feed_forward.w3": "colwise", "feed_forward.w2": "rowwise"}
+)
 #: shared experts of an MoE block are a dense MLP on the TP group (routed experts use EP)
-SHARED_EXPERT_PLAN = MappingProxyType({
-    "moe.shared_expert.w1": "colwise", "moe.shared_expert.w3": "colwise", "moe.shared_expert.w2": "rowwise",
-})
+SHARED_EXPERT_PLAN = MappingProxyType(
+    {"moe.shared_expert.w1": "colwise", "moe.shared_expert.w3": "colwise", "moe.shared_expert.w2": "rowwise"}
+)
 #: routed experts under TP with etp = 1: the MoE region keeps each rank's sequence shard (SP) and
 #: dispatches it over EP; the router is replicated, its gradient reduced over tp like a norm's
 #: (Megatron-Core marks the router weight `sequence_parallel`)

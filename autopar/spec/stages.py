@@ -60,8 +60,9 @@ class _Groups:
     starts: np.ndarray  # (G, W'): the first rank of every run (`_run_starts`), the last repeated
 
 
-def stage_profiles(table: PlanTable, model: ModelSpec, every_rank: bool = False,
-                   run_starts: bool = False, ranks: bool = True) -> StageProfiles:
+def stage_profiles(
+    table: PlanTable, model: ModelSpec, every_rank: bool = False, run_starts: bool = False, ranks: bool = True
+) -> StageProfiles:
     """The stage profiles of every rank (`every_rank`), of the ranks whose time or memory can differ
     (the default), or of the first rank of each run of equal ranks (`run_starts`): a rank's time
     depends only on its layers and on holding the embedding or the head, so those ranks give the
@@ -98,10 +99,19 @@ def _on(table: PlanTable, resolved, rank: np.ndarray) -> StageProfiles:
     active = rank < table.pp[None, :]
     dense = np.where(active, g.dense[row, at], 0)
     moe = np.where(active, g.moe[row, at], 0)
-    return StageProfiles(rank=rank, active=active, dense_layers=dense, moe_layers=moe,
-                         has_embedding=rank == 0, has_head=rank == (table.pp - 1)[None, :],
-                         layout_problem=problem, layout_text=text, max_rank_layers=max_layers, imbalance=imbalance,
-                         uneven=uneven)
+    return StageProfiles(
+        rank=rank,
+        active=active,
+        dense_layers=dense,
+        moe_layers=moe,
+        has_embedding=rank == 0,
+        has_head=rank == (table.pp - 1)[None, :],
+        layout_problem=problem,
+        layout_text=text,
+        max_rank_layers=max_layers,
+        imbalance=imbalance,
+        uneven=uneven,
+    )
 
 
 def _groups(table: PlanTable, model: ModelSpec):
@@ -111,8 +121,14 @@ def _groups(table: PlanTable, model: ModelSpec):
     n = len(table)
     if not n:
         empty = np.zeros((0, 1), dtype=np.int64)
-        return (_Groups(np.zeros(0, np.int64), np.zeros(0, np.int64), empty, empty, empty, empty),
-                np.zeros(0, object), np.zeros(0, object), np.zeros(0), np.ones(0), np.zeros(0, bool))
+        return (
+            _Groups(np.zeros(0, np.int64), np.zeros(0, np.int64), empty, empty, empty, empty),
+            np.zeros(0, object),
+            np.zeros(0, object),
+            np.zeros(0),
+            np.ones(0),
+            np.zeros(0, bool),
+        )
     # one integer per (pp, vpp, layout id >= -2): a 1-D unique, no row comparisons
     pp_span, vpp_span = int(table.pp.max()) + 1, int(table.vpp.max()) + 1
     keys = table.pp + pp_span * (table.vpp + vpp_span * (table.layout_id + 2))
@@ -128,8 +144,13 @@ def _groups(table: PlanTable, model: ModelSpec):
         pp, vpp, lid = int(table.pp[i]), int(table.vpp[i]), int(table.layout_id[i])
         layout = None if lid < 0 else table.layouts[lid]
         r = _resolve(model.num_layers, mask_key, pp, vpp, layout)
-        problem[k], text[k], uneven[k], max_layers[k], imbalance[k] = r.problem, r.text, r.uneven, r.max_layers, \
-            r.imbalance
+        problem[k], text[k], uneven[k], max_layers[k], imbalance[k] = (
+            r.problem,
+            r.text,
+            r.uneven,
+            r.max_layers,
+            r.imbalance,
+        )
         dense[k, :pp], moe[k, :pp] = r.dense, r.moe
         ends.append(r.ends)
         starts.append(r.starts)
@@ -167,13 +188,22 @@ def _resolve(num_layers: int, moe_mask: tuple, pp: int, vpp: int, layout: Pipeli
     max_layers, imbalance = 0.0, 1.0
     if not probs:
         for vstage, layers in enumerate(layout.layer_ranges()):
-            n_moe = int(mask[layers.start:layers.stop].sum())
+            n_moe = int(mask[layers.start : layers.stop].sum())
             moe[vstage % pp] += n_moe
             dense[vstage % pp] += len(layers) - n_moe
         per_rank = layout.rank_layers(pp)
         max_layers, imbalance = float(max(per_rank)), max(per_rank) / (num_layers / pp)
-    return _Resolved("; ".join(probs), layout.describe(), len(set(layout.stages)) > 1, max_layers, imbalance,
-                     dense, moe, _run_ends(pp, dense, moe), _run_starts(pp, dense, moe))
+    return _Resolved(
+        "; ".join(probs),
+        layout.describe(),
+        len(set(layout.stages)) > 1,
+        max_layers,
+        imbalance,
+        dense,
+        moe,
+        _run_ends(pp, dense, moe),
+        _run_starts(pp, dense, moe),
+    )
 
 
 def _all_ranks(table: PlanTable) -> np.ndarray:

@@ -12,9 +12,26 @@ from autopar.spec.layout import PipelineLayout
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan
 from autopar.spec.trainers import ALL_TRAINERS
 
-INT_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero_stage", "micro_batch_size",
-               "global_batch_size", "schedule", "recompute", "recompute_layers", "dtype", "layout_id", "trainer",
-               "moe_dispatch", "moe_dispatcher")
+INT_COLUMNS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "etp",
+    "vpp",
+    "zero_stage",
+    "micro_batch_size",
+    "global_batch_size",
+    "schedule",
+    "recompute",
+    "recompute_layers",
+    "dtype",
+    "layout_id",
+    "trainer",
+    "moe_dispatch",
+    "moe_dispatcher",
+)
 BOOL_COLUMNS = ("sequence_parallel", "main_grads_fp32", "tp_comm_overlap", "ep_comm_overlap")
 FLOAT_COLUMNS = ("capacity_factor",)
 
@@ -56,11 +73,24 @@ class PlanTable:
     def from_columns(cls, layouts: list[PipelineLayout] | None = None, **cols) -> "PlanTable":
         """Build from arrays (the search's enumeration); missing columns take plan defaults."""
         n = len(next(iter(cols.values())))
-        defaults = {"cp": 1, "ep": 1, "vpp": 1, "zero_stage": 1, "micro_batch_size": 1,
-                    "recompute_layers": -1, "dtype": DTYPE["bf16"], "layout_id": -1,
-                    "main_grads_fp32": True, "recompute": RECOMP["none"],
-                    "tp_comm_overlap": False, "trainer": TRAINER["megatron"], "moe_dispatch": DISPATCH["dropless"],
-                    "capacity_factor": 1.0, "moe_dispatcher": DISPATCHER["alltoall"], "ep_comm_overlap": False}
+        defaults = {
+            "cp": 1,
+            "ep": 1,
+            "vpp": 1,
+            "zero_stage": 1,
+            "micro_batch_size": 1,
+            "recompute_layers": -1,
+            "dtype": DTYPE["bf16"],
+            "layout_id": -1,
+            "main_grads_fp32": True,
+            "recompute": RECOMP["none"],
+            "tp_comm_overlap": False,
+            "trainer": TRAINER["megatron"],
+            "moe_dispatch": DISPATCH["dropless"],
+            "capacity_factor": 1.0,
+            "moe_dispatcher": DISPATCHER["alltoall"],
+            "ep_comm_overlap": False,
+        }
         out = {}
         for name in INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS:
             if name in cols:
@@ -88,9 +118,14 @@ class PlanTable:
                 layouts.append(p.layout)
                 layout_ids.append(len(layouts) - 1)
         cols = {
-            "tp": [p.tp for p in plans], "pp": [p.pp for p in plans], "dp": [p.dp for p in plans],
-            "cp": [p.cp for p in plans], "ep": [p.ep for p in plans], "etp": [p.etp for p in plans],
-            "vpp": [p.vpp for p in plans], "zero_stage": [p.zero_stage for p in plans],
+            "tp": [p.tp for p in plans],
+            "pp": [p.pp for p in plans],
+            "dp": [p.dp for p in plans],
+            "cp": [p.cp for p in plans],
+            "ep": [p.ep for p in plans],
+            "etp": [p.etp for p in plans],
+            "vpp": [p.vpp for p in plans],
+            "zero_stage": [p.zero_stage for p in plans],
             "micro_batch_size": [p.micro_batch_size for p in plans],
             "global_batch_size": [p.global_batch_size for p in plans],
             "schedule": [SCHED[p.pp_schedule] for p in plans],
@@ -114,18 +149,30 @@ class PlanTable:
         c = {k: v[i] for k, v in self.columns.items()}
         lid = int(c["layout_id"])
         return ParallelPlan(
-            tp=int(c["tp"]), pp=int(c["pp"]), dp=int(c["dp"]), cp=int(c["cp"]), ep=int(c["ep"]),
-            etp=int(c["etp"]), vpp=int(c["vpp"]), zero_stage=int(c["zero_stage"]),
-            sequence_parallel=bool(c["sequence_parallel"]), micro_batch_size=int(c["micro_batch_size"]),
-            global_batch_size=int(c["global_batch_size"]), pp_schedule=SCHEDULES[int(c["schedule"])],
+            tp=int(c["tp"]),
+            pp=int(c["pp"]),
+            dp=int(c["dp"]),
+            cp=int(c["cp"]),
+            ep=int(c["ep"]),
+            etp=int(c["etp"]),
+            vpp=int(c["vpp"]),
+            zero_stage=int(c["zero_stage"]),
+            sequence_parallel=bool(c["sequence_parallel"]),
+            micro_batch_size=int(c["micro_batch_size"]),
+            global_batch_size=int(c["global_batch_size"]),
+            pp_schedule=SCHEDULES[int(c["schedule"])],
             recompute=RECOMPUTE[int(c["recompute"])],
             recompute_layers=None if c["recompute_layers"] < 0 else int(c["recompute_layers"]),
-            dtype=DTYPES[int(c["dtype"])], main_grads_fp32=bool(c["main_grads_fp32"]),
+            dtype=DTYPES[int(c["dtype"])],
+            main_grads_fp32=bool(c["main_grads_fp32"]),
             tp_comm_overlap=bool(c["tp_comm_overlap"]),
-            layout=None if lid < 0 else self.layouts[lid], trainer=ALL_TRAINERS[int(c["trainer"])],
+            layout=None if lid < 0 else self.layouts[lid],
+            trainer=ALL_TRAINERS[int(c["trainer"])],
             moe_dispatch=MOE_DISPATCH[int(c["moe_dispatch"])],
             capacity_factor=float(c["capacity_factor"]) if MOE_DISPATCH[int(c["moe_dispatch"])] == "capacity" else None,
-            moe_dispatcher=MOE_DISPATCHERS[int(c["moe_dispatcher"])], ep_comm_overlap=bool(c["ep_comm_overlap"]))
+            moe_dispatcher=MOE_DISPATCHERS[int(c["moe_dispatcher"])],
+            ep_comm_overlap=bool(c["ep_comm_overlap"]),
+        )
 
     def take(self, idx: np.ndarray) -> "PlanTable":
         return PlanTable({k: v[idx] for k, v in self.columns.items()}, self.layouts)

@@ -18,7 +18,8 @@ import numpy as np
 
 from autopar.spec.plan import MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
 from autopar.spec.table import DISPATCH, DISPATCHER, DTYPE, RECOMP, SCHED, PlanTable
-from autopar.spec.trainers import ALL_TRAINERS, KINDS as TABLE_KINDS, trainers
+from autopar.spec.trainers import ALL_TRAINERS, trainers
+from autopar.spec.trainers import KINDS as TABLE_KINDS
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,13 @@ class Values:
         key = (how, arg)
         if key not in self.arrays:
             v = self.values
-            self.arrays[key] = (np.array([bool(x) for x in v]) if how == "flag" else
-                                np.array([x == arg for x in v]) if how == "mode" else
-                                np.array([[n in (x or ()) for n in arg] for x in v]))
+            self.arrays[key] = (
+                np.array([bool(x) for x in v])
+                if how == "flag"
+                else np.array([x == arg for x in v])
+                if how == "mode"
+                else np.array([[n in (x or ()) for n in arg] for x in v])
+            )
         return self.arrays[key]
 
 
@@ -110,70 +115,101 @@ def _attention_variant(c) -> bool:
 KINDS: dict[str, Kind] = {
     "pp_schedules": Kind(
         lambda t, c, v: (t.pp > 1) & ~v.allows(t, SCHEDULES, t.schedule),
-        lambda r, c: f"the {SCHEDULES[r['schedule']]} pipeline schedule"),
+        lambda r, c: f"the {SCHEDULES[r['schedule']]} pipeline schedule",
+    ),
     "uneven_stages": Kind(
         lambda t, c, v: (t.pp > 1) & c.stages.uneven & ~v.flag(t),
-        lambda r, c: f"uneven pipeline stages ({c.stages.layout_text[r['_i']]})"),
+        lambda r, c: f"uneven pipeline stages ({c.stages.layout_text[r['_i']]})",
+    ),
     "zero_stages": Kind(
         lambda t, c, v: (t.pp == 1) & (_dp_ranks(t) > 1) & ~v.allows(t, (0, 1, 2, 3), t.zero_stage),
-        lambda r, c: f"ZeRO-{r['zero_stage']}"),
+        lambda r, c: f"ZeRO-{r['zero_stage']}",
+    ),
     "zero_stages_with_pp": Kind(
         lambda t, c, v: (t.pp > 1) & (_dp_ranks(t) > 1) & ~v.allows(t, (0, 1, 2, 3), t.zero_stage),
-        lambda r, c: f"ZeRO-{r['zero_stage']} with pipeline parallelism"),
+        lambda r, c: f"ZeRO-{r['zero_stage']} with pipeline parallelism",
+    ),
     "zero0_with_cp": Kind(
         lambda t, c, v: (t.zero_stage == 0) & (t.cp > 1) & ~v.flag(t),
-        lambda r, c: "ZeRO-0 (DDP) with context parallelism"),
+        lambda r, c: "ZeRO-0 (DDP) with context parallelism",
+    ),
     "cp": Kind(lambda t, c, v: (t.cp > 1) & ~v.flag(t), lambda r, c: f"context parallelism (cp = {r['cp']})"),
     "moe": Kind(lambda t, c, v: _moe(c) & ~v.flag(t), lambda r, c: f"the MoE layers of {c.model.name}"),
     "moe_dispatch": Kind(
         lambda t, c, v: _moe(c) & ~v.allows(t, MOE_DISPATCH, t.moe_dispatch),
-        lambda r, c: f"{MOE_DISPATCH[r['moe_dispatch']]} MoE dispatch"),
+        lambda r, c: f"{MOE_DISPATCH[r['moe_dispatch']]} MoE dispatch",
+    ),
     "moe_dispatcher": Kind(
         lambda t, c, v: _moe(c) & ~v.allows(t, MOE_DISPATCHERS, t.moe_dispatcher),
-        lambda r, c: f"the {MOE_DISPATCHERS[r['moe_dispatcher']]} MoE dispatcher"),
+        lambda r, c: f"the {MOE_DISPATCHERS[r['moe_dispatcher']]} MoE dispatcher",
+    ),
     "ep_comm_overlap": Kind(
-        lambda t, c, v: _moe(c) & _ep_overlap(t, v),
-        lambda r, c: "EP communication overlap" + _overlap_detail(r)),
+        lambda t, c, v: _moe(c) & _ep_overlap(t, v), lambda r, c: "EP communication overlap" + _overlap_detail(r)
+    ),
     "deepep_capacity": Kind(
-        lambda t, c, v: _moe(c) & (t.moe_dispatcher == DISPATCHER["deepep"])
-        & (t.moe_dispatch == DISPATCH["capacity"]) & ~v.flag(t),
-        lambda r, c: "capacity dispatch (padded to capacity) with the DeepEP dispatcher"),
-    "etp": Kind(lambda t, c, v: _moe(c) & _etp(t, v), lambda r, c: f"etp = {r['etp']} with ep = {r['ep']} (tp = {r['tp']})"),
+        lambda t, c, v: (
+            _moe(c) & (t.moe_dispatcher == DISPATCHER["deepep"]) & (t.moe_dispatch == DISPATCH["capacity"]) & ~v.flag(t)
+        ),
+        lambda r, c: "capacity dispatch (padded to capacity) with the DeepEP dispatcher",
+    ),
+    "etp": Kind(
+        lambda t, c, v: _moe(c) & _etp(t, v), lambda r, c: f"etp = {r['etp']} with ep = {r['ep']} (tp = {r['tp']})"
+    ),
     "ep_in_fsdp": Kind(
         lambda t, c, v: _moe(c) & _ep_in_fsdp(t, v),
-        lambda r, c: f"ep = {r['ep']} beside dp_shard*cp*tp = "
-                     f"{(r['dp'] if r['zero_stage'] >= 2 else 1) * r['cp'] * r['tp']} FSDP x CP x TP ranks"),
+        lambda r, c: (
+            f"ep = {r['ep']} beside dp_shard*cp*tp = "
+            f"{(r['dp'] if r['zero_stage'] >= 2 else 1) * r['cp'] * r['tp']} FSDP x CP x TP ranks"
+        ),
+    ),
     "moe_bias_etp1": Kind(
         lambda t, c, v: (_moe(c) and c.model.linear_bias) & v.flag(t) & (t.etp > 1),
-        lambda r, c: f"etp = {r['etp']} with MoE biases"),
+        lambda r, c: f"etp = {r['etp']} with MoE biases",
+    ),
     "fp8": Kind(lambda t, c, v: (t.dtype == DTYPE["fp8"]) & ~v.flag(t), lambda r, c: "FP8 training"),
     "fp32": Kind(lambda t, c, v: (t.dtype == DTYPE["fp32"]) & ~v.flag(t), lambda r, c: "fp32 training"),
     "tp_comm_overlap": Kind(
-        lambda t, c, v: t.tp_comm_overlap & (t.tp > 1) & (v.mode(t, "no") | (v.mode(t, "with-sp")
-                                                                             & ~t.sequence_parallel)),
-        lambda r, c: "TP communication overlap" + ("" if r["sequence_parallel"] else " without sequence parallelism")),
+        lambda t, c, v: (
+            t.tp_comm_overlap & (t.tp > 1) & (v.mode(t, "no") | (v.mode(t, "with-sp") & ~t.sequence_parallel))
+        ),
+        lambda r, c: "TP communication overlap" + ("" if r["sequence_parallel"] else " without sequence parallelism"),
+    ),
     "sp_off": Kind(
         lambda t, c, v: (t.tp > 1) & ~t.sequence_parallel & ~v.flag(t),
-        lambda r, c: "tensor parallelism without sequence parallelism"),
+        lambda r, c: "tensor parallelism without sequence parallelism",
+    ),
     "recompute": Kind(
-        lambda t, c, v: ~v.allows(t, RECOMPUTE, t.recompute),
-        lambda r, c: f"{RECOMPUTE[r['recompute']]} recompute"),
+        lambda t, c, v: ~v.allows(t, RECOMPUTE, t.recompute), lambda r, c: f"{RECOMPUTE[r['recompute']]} recompute"
+    ),
     "partial_recompute": Kind(
         lambda t, c, v: _partial(t, v),
-        lambda r, c: f"full recompute of {r['recompute_layers']} layers per stage"
-                     + (f" with vpp = {r['vpp']}" if r["vpp"] > 1 else "")),
+        lambda r, c: (
+            f"full recompute of {r['recompute_layers']} layers per stage"
+            + (f" with vpp = {r['vpp']}" if r["vpp"] > 1 else "")
+        ),
+    ),
     "bf16_main_grads": Kind(lambda t, c, v: ~t.main_grads_fp32 & ~v.flag(t), lambda r, c: "bf16 main gradients"),
     "zero_bubble_rounds": Kind(
-        lambda t, c, v: (t.schedule == SCHED["zero-bubble"]) & (t.pp > 1) & v.flag(t)
-        & (t.num_microbatches % np.maximum(t.num_microbatches // t.pp, 1) != 0),
-        lambda r, c: f"zero-bubble with {r['_m']} microbatches (not a multiple of microbatches // pp = "
-                     f"{max(r['_m'] // r['pp'], 1)})"),
+        lambda t, c, v: (
+            (t.schedule == SCHED["zero-bubble"])
+            & (t.pp > 1)
+            & v.flag(t)
+            & (t.num_microbatches % np.maximum(t.num_microbatches // t.pp, 1) != 0)
+        ),
+        lambda r, c: (
+            f"zero-bubble with {r['_m']} microbatches (not a multiple of microbatches // pp = "
+            f"{max(r['_m'] // r['pp'], 1)})"
+        ),
+    ),
     "attention_variants": Kind(
         lambda t, c, v: _attention_variant(c) & ~v.flag(t),
-        lambda r, c: f"the attention of {c.model.name} (MLA, QK-norm or QKV-only biases)"),
+        lambda r, c: f"the attention of {c.model.name} (MLA, QK-norm or QKV-only biases)",
+    ),
     "recipes": Kind(
         lambda t, c, v: np.array([r is not None and c.model.name not in r for r in v.values])[t.trainer],
-        lambda r, c: f"recipe for {c.model.name}", verb="has no"),
+        lambda r, c: f"recipe for {c.model.name}",
+        verb="has no",
+    ),
 }
 
 

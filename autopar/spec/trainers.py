@@ -25,9 +25,31 @@ BUILTIN = "autopar"  # autopar's own parallel transformer: what the measured sta
 ALL_TRAINERS = TRAINERS + (BUILTIN,)
 DEFAULT_TRAINER = "megatron"
 #: every capability kind a trainer entry must state (interpreted by autopar.spec.trainer_rules)
-KINDS = ("pp_schedules", "uneven_stages", "zero_stages", "zero_stages_with_pp", "zero0_with_cp", "cp", "moe",
-         "moe_dispatch", "moe_dispatcher", "ep_comm_overlap", "deepep_capacity", "etp", "ep_in_fsdp", "moe_bias_etp1", "fp8", "fp32", "tp_comm_overlap", "sp_off",
-         "recompute", "partial_recompute", "bf16_main_grads", "zero_bubble_rounds", "attention_variants")
+KINDS = (
+    "pp_schedules",
+    "uneven_stages",
+    "zero_stages",
+    "zero_stages_with_pp",
+    "zero0_with_cp",
+    "cp",
+    "moe",
+    "moe_dispatch",
+    "moe_dispatcher",
+    "ep_comm_overlap",
+    "deepep_capacity",
+    "etp",
+    "ep_in_fsdp",
+    "moe_bias_etp1",
+    "fp8",
+    "fp32",
+    "tp_comm_overlap",
+    "sp_off",
+    "recompute",
+    "partial_recompute",
+    "bf16_main_grads",
+    "zero_bubble_rounds",
+    "attention_variants",
+)
 
 
 @dataclass(frozen=True)
@@ -68,16 +90,23 @@ def trainers() -> dict[str, Trainer]:
     for key in ALL_TRAINERS:
         entry = dict(raw[key])
         base = dict(raw[entry["inherit"]]) if "inherit" in entry else {}
-        merged = {k: v for k, v in base.items() if isinstance(v, dict)} | {k: v for k, v in entry.items()
-                                                                         if isinstance(v, dict)}
+        merged = {k: v for k, v in base.items() if isinstance(v, dict)} | {
+            k: v for k, v in entry.items() if isinstance(v, dict)
+        }
         missing = [k for k in KINDS if k not in merged]
         if missing:  # a table error, caught by the tests, never a user's
             raise ValueError(f"trainers.toml: {key} lacks {missing}")
         caps = {k: Capability(k, merged[k]["value"], merged[k]["source"], merged[k]["instead"]) for k in KINDS}
         rec = merged.get("recipes")
-        out[key] = Trainer(key=key, title=entry["title"], engine=entry["engine"], profile=entry["profile"],
-                           source=entry["source"], capabilities=caps,
-                           recipes=Capability("recipes", rec["value"], rec["source"], rec["instead"]) if rec else None)
+        out[key] = Trainer(
+            key=key,
+            title=entry["title"],
+            engine=entry["engine"],
+            profile=entry["profile"],
+            source=entry["source"],
+            capabilities=caps,
+            recipes=Capability("recipes", rec["value"], rec["source"], rec["instead"]) if rec else None,
+        )
     return out
 
 
@@ -86,8 +115,9 @@ def get_trainer(name: str) -> Trainer:
     key = str(name).strip().lower()
     table = trainers()
     if key not in table:
-        raise InputError(f"unknown trainer '{name}'{did_you_mean(key, ALL_TRAINERS)}; choose one of "
-                         f"{', '.join(ALL_TRAINERS)}")
+        raise InputError(
+            f"unknown trainer '{name}'{did_you_mean(key, ALL_TRAINERS)}; choose one of {', '.join(ALL_TRAINERS)}"
+        )
     return table[key]
 
 
@@ -106,6 +136,8 @@ def parse_trainers(text: str | None, gpu_key: str = "") -> tuple[str, ...]:
     if not any(names):
         raise InputError(f"--trainer needs a trainer name, e.g. --trainer megatron; choose from {', '.join(TRAINERS)}")
     if not all(names):
-        raise InputError(f"--trainer {quoted(text)} has an empty item; give a comma list without empty items, e.g. "
-                         f"--trainer megatron,nemo")
+        raise InputError(
+            f"--trainer {quoted(text)} has an empty item; give a comma list without empty items, e.g. "
+            f"--trainer megatron,nemo"
+        )
     return tuple(dict.fromkeys(get_trainer(n).key for n in names))

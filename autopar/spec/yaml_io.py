@@ -16,8 +16,10 @@ def parse_yaml(text: str, what: str) -> Any:
     import yaml  # only needed when a YAML file is given
 
     if len(text) > YAML_BYTES:
-        raise InputError(f"{what} is larger than {YAML_BYTES // 1024} KiB; a model, cluster or space file is a "
-                         f"few KiB: check the path")
+        raise InputError(
+            f"{what} is larger than {YAML_BYTES // 1024} KiB; a model, cluster or space file is a "
+            f"few KiB: check the path"
+        )
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         data = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
@@ -30,8 +32,9 @@ def parse_yaml(text: str, what: str) -> Any:
     except RecursionError:
         raise InputError(f"{what} is nested too deeply; fix the file") from None
     except ValueError as e:  # e.g. an integer of more than 4300 digits
-        raise InputError(f"{what} holds a value autopar cannot read ({' '.join(str(e).split(':')[0].split())[:80]}); "
-                         f"fix the file") from None
+        raise InputError(
+            f"{what} holds a value autopar cannot read ({' '.join(str(e).split(':')[0].split())[:80]}); fix the file"
+        ) from None
     return check_tree(data, what)
 
 

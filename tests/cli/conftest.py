@@ -19,8 +19,11 @@ def _run_in_process(*args) -> SimpleNamespace:
 
     out, err = io.StringIO(), io.StringIO()
     code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            mock.patch("autopar.trial.hygiene.install_signal_handlers", lambda: None):
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        mock.patch("autopar.trial.hygiene.install_signal_handlers", lambda: None),
+    ):
         try:
             main([str(a) for a in args])
         except SystemExit as e:

@@ -27,10 +27,14 @@ FILES = {
     # YAML syntax error
     "bad.yaml": "num_layers: [1, 2\nhidden_size: :\n",
     # a complete autopar model file plus one field autopar does not know
-    "unknown_field.yaml": ("num_layers: 2\nhidden_size: 64\nffn_hidden_size: 128\nnum_attention_heads: 4\n"
-                           "num_kv_heads: 4\nhead_dim: 16\nvocab_size: 100\nseq_len: 128\nbogus_field: 3\n"),
-    "negative.yaml": ("num_layers: 2\nhidden_size: -64\nffn_hidden_size: 128\nnum_attention_heads: 4\n"
-                      "num_kv_heads: 4\nhead_dim: 16\nvocab_size: 100\nseq_len: 128\n"),
+    "unknown_field.yaml": (
+        "num_layers: 2\nhidden_size: 64\nffn_hidden_size: 128\nnum_attention_heads: 4\n"
+        "num_kv_heads: 4\nhead_dim: 16\nvocab_size: 100\nseq_len: 128\nbogus_field: 3\n"
+    ),
+    "negative.yaml": (
+        "num_layers: 2\nhidden_size: -64\nffn_hidden_size: 128\nnum_attention_heads: 4\n"
+        "num_kv_heads: 4\nhead_dim: 16\nvocab_size: 100\nseq_len: 128\n"
+    ),
     "model.txt": "num_layers: 2\n",
     # a config.json of a family autopar does not convert
     "neox/config.json": '{"model_type": "gpt_neox", "hidden_size": 4096, "num_hidden_layers": 44}\n',
@@ -61,10 +65,8 @@ CASES = [
     ("yaml-unknown-field", ["estimate", "--model", "{tmp}/unknown_field.yaml", "--gpus", "8"], ["bogus_field"]),
     ("yaml-negative-size", ["estimate", "--model", "{tmp}/negative.yaml", "--gpus", "8"], ["hidden_size", "-64"]),
     ("model-unknown-extension", ["estimate", "--model", "{tmp}/model.txt", "--gpus", "8"], [".txt"]),
-    ("config-unknown-model-type", ["estimate", "--model", "{tmp}/neox/config.json", "--gpus", "8"],
-     ["gpt_neox"]),
-    ("config-missing-key", ["estimate", "--model", "{tmp}/partial/config.json", "--gpus", "8"],
-     ["num_hidden_layers"]),
+    ("config-unknown-model-type", ["estimate", "--model", "{tmp}/neox/config.json", "--gpus", "8"], ["gpt_neox"]),
+    ("config-missing-key", ["estimate", "--model", "{tmp}/partial/config.json", "--gpus", "8"], ["num_hidden_layers"]),
     ("missing-model-file", ["estimate", "--model", "{tmp}/nope.yaml", "--gpus", "8"], ["nope.yaml", "exist"]),
     # ---- sizes --------------------------------------------------------------------------------
     ("gpus-zero", ["estimate", "--model", "llama3-70b", "--gpus", "0"], ["--gpus"]),
@@ -77,23 +79,44 @@ CASES = [
     # ---- layout arithmetic --------------------------------------------------------------------
     ("layout-product-not-gpus", E70 + ["--tp", "8", "--pp", "4", "--dp", "3"], ["96", "256"]),
     ("gpus-not-divisible", ["estimate", "--model", "llama3-70b", "--gpus", "100", "--tp", "8"], ["100", "divide"]),
-    ("heads-not-divisible-by-tp", ["estimate", "--model", "llama3-70b", "--gpus", "24", "--tp", "3"],
-     ["64 attention heads", "tp=3"]),
-    ("kv-heads-not-divisible-by-tp", ["estimate", "--model", "llama3-70b", "--gpus", "16", "--tp", "16"],
-     ["8 kv heads", "tp=16"]),
+    (
+        "heads-not-divisible-by-tp",
+        ["estimate", "--model", "llama3-70b", "--gpus", "24", "--tp", "3"],
+        ["64 attention heads", "tp=3"],
+    ),
+    (
+        "kv-heads-not-divisible-by-tp",
+        ["estimate", "--model", "llama3-70b", "--gpus", "16", "--tp", "16"],
+        ["8 kv heads", "tp=16"],
+    ),
     ("fp8-on-a100", E70 + ["--tp", "8", "--pp", "4", "--gpu", "a100-80gb", "--dtype", "fp8"], ["a100-80gb", "fp8"]),
     ("vpp-without-pp", E70 + ["--tp", "8", "--vpp", "2"], ["vpp", "pp > 1"]),
-    ("vpp-without-interleaved", E70 + ["--tp", "8", "--pp", "4", "--vpp", "2", "--pp-schedule", "1f1b"],
-     ["vpp", "interleaved"]),
-    ("interleaved-microbatches-not-multiple-of-pp", E70 + ["--tp", "8", "--pp", "4", "--vpp", "2", "--gbs", "24"],
-     ["microbatches", "pp=4"]),
-    ("seq-not-divisible-by-2cp", ["estimate", "--model", "llama3-70b", "--gpus", "24", "--cp", "3",
-                                  "--seq-len", "8192"], ["8192", "2*cp"]),
+    (
+        "vpp-without-interleaved",
+        E70 + ["--tp", "8", "--pp", "4", "--vpp", "2", "--pp-schedule", "1f1b"],
+        ["vpp", "interleaved"],
+    ),
+    (
+        "interleaved-microbatches-not-multiple-of-pp",
+        E70 + ["--tp", "8", "--pp", "4", "--vpp", "2", "--gbs", "24"],
+        ["microbatches", "pp=4"],
+    ),
+    (
+        "seq-not-divisible-by-2cp",
+        ["estimate", "--model", "llama3-70b", "--gpus", "24", "--cp", "3", "--seq-len", "8192"],
+        ["8192", "2*cp"],
+    ),
     ("ep-on-dense-model", E70 + ["--tp", "8", "--ep", "2"], ["ep=2", "dense"]),
-    ("experts-not-divisible-by-ep", ["estimate", "--model", "mixtral-8x7b", "--gpus", "24", "--ep", "3"],
-     ["8 experts", "ep=3"]),
-    ("moe-tp-without-sp", ["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--tp", "2", "--no-sp"],
-     ["sequence parallelism"]),
+    (
+        "experts-not-divisible-by-ep",
+        ["estimate", "--model", "mixtral-8x7b", "--gpus", "24", "--ep", "3"],
+        ["8 experts", "ep=3"],
+    ),
+    (
+        "moe-tp-without-sp",
+        ["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--tp", "2", "--no-sp"],
+        ["sequence parallelism"],
+    ),
     ("gbs-not-divisible-by-mbs-dp", E70 + ["--tp", "8", "--mbs", "3", "--gbs", "100"], ["100", "micro-batch"]),
     ("pp-layout-drops-layer", E70 + ["--tp", "8", "--pp", "4", "--pp-layout", "20,20,20,19"], ["drops", "79"]),
     ("pp-layout-wrong-stage-count", E70 + ["--tp", "8", "--pp", "4", "--pp-layout", "40,40"], ["stages", "pp*vpp"]),
@@ -102,28 +125,59 @@ CASES = [
     ("zero-5", E70 + ["--tp", "8", "--zero", "5"], ["--zero 5"]),
     # ---- trainer and MoE dispatch -------------------------------------------------------------
     ("unknown-trainer", E70 + ["--trainer", "dpeespeed"], ["--trainer", "dpeespeed", "did you mean 'deepspeed'"]),
-    ("trainer-cannot-run-cp", E70 + ["--trainer", "deepspeed", "--cp", "2"],
-     ["DeepSpeed cannot run context parallelism", "use --cp 1"]),
-    ("unknown-moe-dispatch", ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--moe-dispatch", "droppy"],
-     ["--moe-dispatch", "droppy"]),
-    ("capacity-factor-below-1", ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--capacity-factor", "0.5"],
-     ["--capacity-factor", "0.5"]),
+    (
+        "trainer-cannot-run-cp",
+        E70 + ["--trainer", "deepspeed", "--cp", "2"],
+        ["DeepSpeed cannot run context parallelism", "use --cp 1"],
+    ),
+    (
+        "unknown-moe-dispatch",
+        ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--moe-dispatch", "droppy"],
+        ["--moe-dispatch", "droppy"],
+    ),
+    (
+        "capacity-factor-below-1",
+        ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--capacity-factor", "0.5"],
+        ["--capacity-factor", "0.5"],
+    ),
     ("capacity-on-dense-model", E70 + ["--moe-dispatch", "capacity"], ["--moe-dispatch capacity", "dense"]),
-    ("compare-unknown-trainer", ["compare", "--model", "llama3-70b", "--gpus", "256", "--tp 8", "--tp 4",
-                                 "--trainer", "torchtitn"], ["--trainer", "torchtitn", "did you mean 'torchtitan'"]),
-    ("routing-imbalance-below-1", ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "4",
-                                   "--routing-imbalance", "0.5"], ["--routing-imbalance"]),
-    ("routing-imbalance-nan", ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "4",
-                               "--routing-imbalance", "nan"], ["--routing-imbalance"]),
+    (
+        "compare-unknown-trainer",
+        ["compare", "--model", "llama3-70b", "--gpus", "256", "--tp 8", "--tp 4", "--trainer", "torchtitn"],
+        ["--trainer", "torchtitn", "did you mean 'torchtitan'"],
+    ),
+    (
+        "routing-imbalance-below-1",
+        ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "4", "--routing-imbalance", "0.5"],
+        ["--routing-imbalance"],
+    ),
+    (
+        "routing-imbalance-nan",
+        ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "4", "--routing-imbalance", "nan"],
+        ["--routing-imbalance"],
+    ),
     # ---- cluster files ------------------------------------------------------------------------
     ("cluster-unknown-field", E70 + ["--tp", "8", "--cluster", "{tmp}/cluster_unknown.yaml"], ["bogus_link"]),
-    ("cluster-malformed-yaml", E70 + ["--tp", "8", "--cluster", "{tmp}/cluster_bad.yaml"], ["cluster_bad.yaml", "yaml"]),
-    ("cluster-negative-bandwidth", E70 + ["--tp", "8", "--cluster", "{tmp}/cluster_negative.yaml"],
-     ["intra_node_gbps"]),
-    ("cluster-constants-not-a-mapping", E70 + ["--tp", "8", "--cluster", "{tmp}/cluster_constants_scalar.yaml"],
-     ["constants"]),
-    ("cluster-negative-constant", E70 + ["--tp", "8", "--cluster", "{tmp}/cluster_negative_constant.yaml"],
-     ["gemm_efficiency"]),
+    (
+        "cluster-malformed-yaml",
+        E70 + ["--tp", "8", "--cluster", "{tmp}/cluster_bad.yaml"],
+        ["cluster_bad.yaml", "yaml"],
+    ),
+    (
+        "cluster-negative-bandwidth",
+        E70 + ["--tp", "8", "--cluster", "{tmp}/cluster_negative.yaml"],
+        ["intra_node_gbps"],
+    ),
+    (
+        "cluster-constants-not-a-mapping",
+        E70 + ["--tp", "8", "--cluster", "{tmp}/cluster_constants_scalar.yaml"],
+        ["constants"],
+    ),
+    (
+        "cluster-negative-constant",
+        E70 + ["--tp", "8", "--cluster", "{tmp}/cluster_negative_constant.yaml"],
+        ["gemm_efficiency"],
+    ),
     ("missing-cluster-file", E70 + ["--tp", "8", "--cluster", "{tmp}/nocluster.yaml"], ["nocluster.yaml", "exist"]),
     # ---- usage errors (typer/click) -----------------------------------------------------------
     ("tp-not-an-integer", E70 + ["--tp", "abc"], ["--tp"]),
@@ -162,8 +216,9 @@ def test_bad_input_is_one_line_exit_2(args: list[str], expected: list[str], tmp_
     _write_files(tmp_path)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
     # cwd = tmp_path: relative paths such as `missing.csv` are resolved there
-    proc = subprocess.run([sys.executable, "-m", "autopar", *argv], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autopar", *argv], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120
+    )
     shown = f"$ autopar {' '.join(argv)}\nexit {proc.returncode}\n--- stderr\n{proc.stderr}--- stdout\n{proc.stdout}"
     assert "Traceback" not in proc.stderr + proc.stdout, shown
     assert proc.returncode == 2, shown

@@ -20,15 +20,38 @@ from autopar.spec.presets import preset_names
 REPO = Path(__file__).resolve().parents[2]
 
 GBS, SEQ, GPUS = 512, 8192, 256
-ESTIMATE_70B = ["estimate", "--model", "70b", "--gpus", str(GPUS), "--tp", "8", "--pp", "4",
-                "--seq-len", str(SEQ), "--gbs", str(GBS)]
+ESTIMATE_70B = [
+    "estimate",
+    "--model",
+    "70b",
+    "--gpus",
+    str(GPUS),
+    "--tp",
+    "8",
+    "--pp",
+    "4",
+    "--seq-len",
+    str(SEQ),
+    "--gbs",
+    str(GBS),
+]
 DOES_NOT_FIT = ["estimate", "--model", "llama3-70b", "--gpus", "8", "--tp", "8"]
 
 MEMORY_KEYS = {"weights", "gradients", "optimizer", "activations", "other"}
 TIME_KEYS = {"compute", "tp", "cp", "ep", "pp", "dp", "bubble"}
 COMM_KEYS = {"tp", "cp", "ep", "pp", "dp"}
-NUMBER_KEYS = ("peak_memory_bytes", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu",
-               "mfu", "hfu", "bubble_fraction", "params_total", "params_per_gpu")
+NUMBER_KEYS = (
+    "peak_memory_bytes",
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "model_tflops_per_gpu",
+    "mfu",
+    "hfu",
+    "bubble_fraction",
+    "params_total",
+    "params_per_gpu",
+)
 
 
 def _env() -> dict[str, str]:
@@ -42,8 +65,9 @@ def _env() -> dict[str, str]:
 @cache
 def autopar(*args: str) -> subprocess.CompletedProcess:
     """Run `python -m autopar ARGS` from the repository root (cached: commands are deterministic)."""
-    return subprocess.run([sys.executable, "-m", "autopar", *args], cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "autopar", *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300
+    )
 
 
 def ok(*args: str) -> str:
@@ -66,6 +90,7 @@ def is_number(v) -> bool:
 
 
 # ---- estimate --json -----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def est() -> dict:
@@ -121,6 +146,7 @@ def test_estimate_json_throughput_is_tokens_over_step_time(est: dict) -> None:
 
 # ---- estimate (human) ----------------------------------------------------------------------------
 
+
 def test_estimate_human_output_has_verdict_and_tables() -> None:
     out = flat(ok(*ESTIMATE_70B))
     assert "FITS" in out or "DOES NOT FIT" in out
@@ -130,6 +156,7 @@ def test_estimate_human_output_has_verdict_and_tables() -> None:
 
 
 # ---- a valid plan that does not fit: a verdict, exit 0 -------------------------------------------
+
 
 def test_plan_that_does_not_fit_is_a_verdict_not_an_error() -> None:
     out = ok(*DOES_NOT_FIT)
@@ -150,16 +177,24 @@ def test_dtype_defaults_to_what_the_hardware_trains_in(tmp_path: Path) -> None:
     gpu = json.loads(ok("estimate", "--model", "tiny", "--gpus", "2", "--gpu", "h100-sxm", "--json"))
     assert gpu["plan"]["dtype"] == "bf16"
     env = _env() | {"AUTOPAR_LOCAL_PROFILE": str(tmp_path / "none.yaml")}  # unprobed local defaults
-    p = subprocess.run([sys.executable, "-m", "autopar", "estimate", "--model", "tiny", "--gpus", "2", "--gpu", "local",
-                        "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "autopar", "estimate", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["plan"]["dtype"] == "fp32"
-    forced = json.loads(ok("estimate", "--model", "tiny", "--gpus", "2", "--gpu", "h100-sxm", "--dtype", "fp32",
-                           "--json"))
+    forced = json.loads(
+        ok("estimate", "--model", "tiny", "--gpus", "2", "--gpu", "h100-sxm", "--dtype", "fp32", "--json")
+    )
     assert forced["plan"]["dtype"] == "fp32"
 
 
 # ---- models / hardware ---------------------------------------------------------------------------
+
 
 def test_models_lists_every_preset() -> None:
     out = ok("models")
@@ -195,6 +230,7 @@ def test_no_arguments_prints_help() -> None:
 
 
 # ---- validate ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def validation() -> dict:

@@ -21,28 +21,89 @@ from autopar.spec.resolve import MAX_SIZE
 from autopar.spec.schema import FLAGS, Limit
 
 #: the plan flags' ranges (autopar.spec.resolve.PlanRequest.check) beside the schema's options
-LIMITS = FLAGS | {f: Limit(1, MAX_SIZE) for f in ("--tp", "--pp", "--vpp", "--cp", "--dp", "--ep", "--etp", "--mbs")} \
-    | {"--zero": Limit(0, 3), "--recompute-layers": Limit(0, MAX_SIZE), "--pp-first": Limit(0, MAX_SIZE),
-       "--capacity-factor": Limit(1, 64, True)}
+LIMITS = (
+    FLAGS
+    | {f: Limit(1, MAX_SIZE) for f in ("--tp", "--pp", "--vpp", "--cp", "--dp", "--ep", "--etp", "--mbs")}
+    | {
+        "--zero": Limit(0, 3),
+        "--recompute-layers": Limit(0, MAX_SIZE),
+        "--pp-first": Limit(0, MAX_SIZE),
+        "--capacity-factor": Limit(1, 64, True),
+    }
+)
 
-SETTINGS = dict(deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = dict(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 #: command -> (argv with every option valid, numeric options to break); {dir} is a scratch folder
 TEMPLATES = {
-    "search": (["search", "--model", "tiny", "--gpus", "8", "--run-dir", "{dir}/run"],
-               ["--gpus", "--seq-len", "--gbs", "--top-k", "--max-exhaustive", "--n-trials", "--seed", "--trials",
-                "--trial-budget", "--rounds", "--trial-steps", "--trial-timeout", "--max-local-ranks",
-                "--proxy-layers", "--proxy-width", "--proxy-seq", "--gpus-per-node"]),
-    "trial": (["trial", "--model", "tiny", "--gpus", "1", "--run-dir", "{dir}/trials"],
-              ["--gpus", "--seq-len", "--steps", "--warmup", "--nnodes", "--timeout", "--memory-limit-mib",
-               "--proxy-layers", "--proxy-width", "--max-local-ranks"]),
+    "search": (
+        ["search", "--model", "tiny", "--gpus", "8", "--run-dir", "{dir}/run"],
+        [
+            "--gpus",
+            "--seq-len",
+            "--gbs",
+            "--top-k",
+            "--max-exhaustive",
+            "--n-trials",
+            "--seed",
+            "--trials",
+            "--trial-budget",
+            "--rounds",
+            "--trial-steps",
+            "--trial-timeout",
+            "--max-local-ranks",
+            "--proxy-layers",
+            "--proxy-width",
+            "--proxy-seq",
+            "--gpus-per-node",
+        ],
+    ),
+    "trial": (
+        ["trial", "--model", "tiny", "--gpus", "1", "--run-dir", "{dir}/trials"],
+        [
+            "--gpus",
+            "--seq-len",
+            "--steps",
+            "--warmup",
+            "--nnodes",
+            "--timeout",
+            "--memory-limit-mib",
+            "--proxy-layers",
+            "--proxy-width",
+            "--max-local-ranks",
+        ],
+    ),
     "probe": (["probe", "--out", "{dir}/p.yaml"], ["--ranks", "--timeout"]),
-    "export": (["export", "--to", "megatron", "--model", "tiny", "--gpus", "8", "--out", "{dir}/export"],
-               ["--master-port", "--rank", "--gpus", "--seq-len", "--gpus-per-node"]),
-    "estimate": (["estimate", "--model", "tiny", "--gpus", "8"],
-                 ["--gpus", "--seq-len", "--gpus-per-node", "--tp", "--pp", "--vpp", "--cp", "--dp", "--ep", "--etp",
-                  "--mbs", "--gbs", "--zero", "--recompute-layers", "--pp-first", "--capacity-factor"]),
+    "export": (
+        ["export", "--to", "megatron", "--model", "tiny", "--gpus", "8", "--out", "{dir}/export"],
+        ["--master-port", "--rank", "--gpus", "--seq-len", "--gpus-per-node"],
+    ),
+    "estimate": (
+        ["estimate", "--model", "tiny", "--gpus", "8"],
+        [
+            "--gpus",
+            "--seq-len",
+            "--gpus-per-node",
+            "--tp",
+            "--pp",
+            "--vpp",
+            "--cp",
+            "--dp",
+            "--ep",
+            "--etp",
+            "--mbs",
+            "--gbs",
+            "--zero",
+            "--recompute-layers",
+            "--pp-first",
+            "--capacity-factor",
+        ],
+    ),
     "calibrate": (["calibrate", "{dir}/no-run"], ["--top"]),
 }
 CASES = [(cmd, flag) for cmd, (_, flags) in TEMPLATES.items() for flag in flags]
@@ -68,8 +129,11 @@ def bad_value(draw, flag: str) -> str:
         options = [below, st.floats(min_value=hi, exclude_min=True), st.sampled_from([math.nan, math.inf, -math.inf])]
         options = [s.map(repr) for s in options]
     else:
-        options = [st.integers(max_value=int(lo) - 1).map(str), st.integers(min_value=int(hi) + 1).map(str),
-                   st.integers(min_value=10**20, max_value=10**200).map(str)]
+        options = [
+            st.integers(max_value=int(lo) - 1).map(str),
+            st.integers(min_value=int(hi) + 1).map(str),
+            st.integers(min_value=10**20, max_value=10**200).map(str),
+        ]
     options.append(TEXT.filter(lambda t: not _parses(t, number)))
     return draw(st.one_of(options))
 
@@ -91,25 +155,59 @@ def test_a_bad_number_is_one_line_naming_the_option(cli_run, one_line_error, scr
     assert not (scratch / "run").exists() and not (scratch / "p.yaml").exists()
 
 
-SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(min_value=10**20, max_value=10**60)
-           | st.floats() | TEXT)
-JUNK = st.recursive(SCALARS, lambda children: st.one_of(st.lists(children, max_size=4),
-                                                        st.dictionaries(TEXT, children, max_size=4)), max_leaves=12)
+SCALARS = (
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=10**20, max_value=10**60) | st.floats() | TEXT
+)
+JUNK = st.recursive(
+    SCALARS,
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(TEXT, children, max_size=4)),
+    max_leaves=12,
+)
 
-MODEL = {"num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4, "num_kv_heads": 2,
-         "head_dim": 16, "vocab_size": 1000, "seq_len": 256}
+MODEL = {
+    "num_layers": 4,
+    "hidden_size": 64,
+    "ffn_hidden_size": 128,
+    "num_attention_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 1000,
+    "seq_len": 256,
+}
 MOE = {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 64}
 MLA = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
-MODEL_KEYS = (list(MODEL) + ["name", "norm", "gated_mlp", "tied_embeddings", "qk_norm", "linear_bias", "moe", "mla",
-                             "bogus"] + [f"moe.{k}" for k in list(MOE) + ["num_shared_experts", "first_k_dense",
-                                                                         "layer_freq", "router_bias"]]
-              + [f"mla.{k}" for k in MLA])
-CLUSTER_KEYS = ["gpu", "gpus_per_node", "intra_node_gbps", "inter_node_gbps", "intra_node_latency_us", "name",
-                "intra_node_topology", "training_stack", "pinned", "constants", "constants.gemm_efficiency",
-                "constants.layer_overhead_us", "gpu.hbm_gib", "gpu.bf16_tflops", "gpu.name", "gpu.gpus_per_node",
-                "gpu.intra_node_topology", "gpu.base", "gpu.bogus", "reliability",
-                "reliability.interruptions_per_gpu_hour", "reliability.checkpoint_gbps_per_gpu",
-                "reliability.restart_s", "reliability.bogus"]
+MODEL_KEYS = (
+    list(MODEL)
+    + ["name", "norm", "gated_mlp", "tied_embeddings", "qk_norm", "linear_bias", "moe", "mla", "bogus"]
+    + [f"moe.{k}" for k in list(MOE) + ["num_shared_experts", "first_k_dense", "layer_freq", "router_bias"]]
+    + [f"mla.{k}" for k in MLA]
+)
+CLUSTER_KEYS = [
+    "gpu",
+    "gpus_per_node",
+    "intra_node_gbps",
+    "inter_node_gbps",
+    "intra_node_latency_us",
+    "name",
+    "intra_node_topology",
+    "training_stack",
+    "pinned",
+    "constants",
+    "constants.gemm_efficiency",
+    "constants.layer_overhead_us",
+    "gpu.hbm_gib",
+    "gpu.bf16_tflops",
+    "gpu.name",
+    "gpu.gpus_per_node",
+    "gpu.intra_node_topology",
+    "gpu.base",
+    "gpu.bogus",
+    "reliability",
+    "reliability.interruptions_per_gpu_hour",
+    "reliability.checkpoint_gbps_per_gpu",
+    "reliability.restart_s",
+    "reliability.bogus",
+]
 
 
 def _with(base: dict, key: str, value) -> dict:
@@ -154,20 +252,45 @@ RUN_FLAGS = ["--tokens", "--deadline", "--price-per-gpu-hour", "--budget"]
 
 
 @settings(max_examples=60, **SETTINGS)
-@given(flag=st.sampled_from(RUN_FLAGS), value=st.one_of(TEXT, st.floats(allow_nan=True).map(str),
-                                                         st.integers(max_value=0).map(str)))
+@given(
+    flag=st.sampled_from(RUN_FLAGS),
+    value=st.one_of(TEXT, st.floats(allow_nan=True).map(str), st.integers(max_value=0).map(str)),
+)
 def test_a_whole_run_flag_is_exit_0_or_one_line(cli_run, one_line_error, flag, value):
     """--tokens/--deadline/--price-per-gpu-hour/--budget with anything: an estimate or one line."""
-    context = {"--tokens": [], "--budget": ["--tokens", "1T", "--price-per-gpu-hour", "2"]}.get(flag, ["--tokens", "1T"])
+    context = {"--tokens": [], "--budget": ["--tokens", "1T", "--price-per-gpu-hour", "2"]}.get(
+        flag, ["--tokens", "1T"]
+    )
     r = cli_run("estimate", "--model", "tiny", "--gpus", "8", *context, flag, value)
     _exit_0_or_one_line(r, one_line_error)
 
 
-HF = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
-      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 512}
-HF_KEYS = list(HF) + ["architectures", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias",
-                      "num_local_experts", "num_experts_per_tok", "mlp_only_layers", "decoder_sparse_step",
-                      "n_routed_experts", "moe_layer_freq", "first_k_dense_replace", "q_lora_rank", "kv_lora_rank"]
+HF = {
+    "model_type": "llama",
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+}
+HF_KEYS = list(HF) + [
+    "architectures",
+    "head_dim",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "mlp_only_layers",
+    "decoder_sparse_step",
+    "n_routed_experts",
+    "moe_layer_freq",
+    "first_k_dense_replace",
+    "q_lora_rank",
+    "kv_lora_rank",
+]
 HF_TYPES = ["llama", "mixtral", "qwen3_moe", "deepseek_v3", "qwen2"]
 
 
@@ -190,11 +313,32 @@ def test_any_text_as_a_model_file_is_exit_0_or_one_line(cli_run, one_line_error,
     _exit_0_or_one_line(cli_run("estimate", "--model", path, "--gpus", "2"), one_line_error)
 
 
-SPACE_KEYS = (["name", "description", "knobs", "constraints", "bogus"]
-              + [f"knobs.{k}" for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "mbs", "recompute",
-                                        "recompute_layers", "dtype", "sp", "pp_schedule", "trainer",
-                                        "tokens_per_step", "gbs", "bogus")]
-              + [f"constraints.{k}" for k in ("tp_within_node", "max_pp", "min_dp", "memory_headroom_gib", "bogus")])
+SPACE_KEYS = (
+    ["name", "description", "knobs", "constraints", "bogus"]
+    + [
+        f"knobs.{k}"
+        for k in (
+            "tp",
+            "pp",
+            "vpp",
+            "cp",
+            "ep",
+            "etp",
+            "zero",
+            "mbs",
+            "recompute",
+            "recompute_layers",
+            "dtype",
+            "sp",
+            "pp_schedule",
+            "trainer",
+            "tokens_per_step",
+            "gbs",
+            "bogus",
+        )
+    ]
+    + [f"constraints.{k}" for k in ("tp_within_node", "max_pp", "min_dp", "memory_headroom_gib", "bogus")]
+)
 
 
 @settings(max_examples=80, **SETTINGS)

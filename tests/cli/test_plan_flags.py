@@ -67,11 +67,23 @@ def test_the_decorator_hands_the_command_one_request() -> None:
     def run(name: str = "x", plan: PlanRequest = PlanRequest()) -> None:
         seen["name"], seen["plan"] = name, plan
 
-    toy(["--name", "y", "--tp", "8", "--no-sp", "--pp-loss-as-layer", "--trainer", "torchtitan",
-         "--capacity-factor", "1.5"], standalone_mode=False)
+    toy(
+        [
+            "--name",
+            "y",
+            "--tp",
+            "8",
+            "--no-sp",
+            "--pp-loss-as-layer",
+            "--trainer",
+            "torchtitan",
+            "--capacity-factor",
+            "1.5",
+        ],
+        standalone_mode=False,
+    )
     assert seen["name"] == "y"
-    assert seen["plan"] == PlanRequest(tp=8, sp=False, pp_loss_as_layer=True, trainer="torchtitan",
-                                       capacity_factor=1.5)
+    assert seen["plan"] == PlanRequest(tp=8, sp=False, pp_loss_as_layer=True, trainer="torchtitan", capacity_factor=1.5)
     toy([], standalone_mode=False)
     assert seen["plan"] == PlanRequest() and seen["plan"].given() == {}
     assert tuple(PLAN_OPTIONS) == tuple(FIELDS)
@@ -85,10 +97,30 @@ def test_a_command_cannot_declare_a_plan_flag_twice() -> None:
 
 
 #: one bad value per option (typer/click catches the non-numbers, PlanRequest.check the rest)
-BAD = {"tp": "0", "pp": "-2", "vpp": "0", "cp": "0", "dp": "0", "ep": "0", "etp": "0", "zero": "4", "mbs": "0",
-       "gbs": "0", "pp_schedule": "gpipes", "recompute": "partial", "recompute_layers": "-1", "dtype": "fp16",
-       "grads": "fp16", "pp_layout": "4,x", "pp_first": "-1", "pp_last": "-3", "trainer": "megatorn",
-       "moe_dispatch": "dropful", "capacity_factor": "100", "moe_dispatcher": "nccl"}
+BAD = {
+    "tp": "0",
+    "pp": "-2",
+    "vpp": "0",
+    "cp": "0",
+    "dp": "0",
+    "ep": "0",
+    "etp": "0",
+    "zero": "4",
+    "mbs": "0",
+    "gbs": "0",
+    "pp_schedule": "gpipes",
+    "recompute": "partial",
+    "recompute_layers": "-1",
+    "dtype": "fp16",
+    "grads": "fp16",
+    "pp_layout": "4,x",
+    "pp_first": "-1",
+    "pp_last": "-3",
+    "trainer": "megatorn",
+    "moe_dispatch": "dropful",
+    "capacity_factor": "100",
+    "moe_dispatcher": "nccl",
+}
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
@@ -103,10 +135,23 @@ def test_the_old_keyword_form_still_resolves() -> None:
     """cli/trial.py calls resolve_plan(model, gpus, seq, tp=..., embedding_as_layer=...) until it adopts
     PlanRequest: the same plan as the request form."""
     m = resolve_model("llama3-70b")
-    old = resolve_plan(m, 64, 8192, tp=8, pp=4, zero=0, recompute="full", recompute_layers=2,
-                       embedding_as_layer=True, loss_as_layer=False, tp_comm_overlap=False, dtype="bf16")
-    new = resolve_plan(m, 64, 8192, PlanRequest(tp=8, pp=4, zero=0, recompute="full", recompute_layers=2,
-                                                pp_embedding_as_layer=True))
+    old = resolve_plan(
+        m,
+        64,
+        8192,
+        tp=8,
+        pp=4,
+        zero=0,
+        recompute="full",
+        recompute_layers=2,
+        embedding_as_layer=True,
+        loss_as_layer=False,
+        tp_comm_overlap=False,
+        dtype="bf16",
+    )
+    new = resolve_plan(
+        m, 64, 8192, PlanRequest(tp=8, pp=4, zero=0, recompute="full", recompute_layers=2, pp_embedding_as_layer=True)
+    )
     assert old == new and old.layout is not None
     with pytest.raises(TypeError, match="bogus"):
         resolve_plan(m, 64, 8192, bogus=1)
@@ -131,23 +176,40 @@ def test_defaults_and_capacity() -> None:
     assert (q.moe_dispatcher, q.ep_comm_overlap, q.zero_stage) == ("deepep", True, 3)
 
 
-BASE = ParallelPlan(tp=4, pp=4, dp=8, cp=2, vpp=2, zero_stage=3, micro_batch_size=2, global_batch_size=512,
-                    recompute="full", recompute_layers=2, tp_comm_overlap=True, trainer="megatron")
+BASE = ParallelPlan(
+    tp=4,
+    pp=4,
+    dp=8,
+    cp=2,
+    vpp=2,
+    zero_stage=3,
+    micro_batch_size=2,
+    global_batch_size=512,
+    recompute="full",
+    recompute_layers=2,
+    tp_comm_overlap=True,
+    trainer="megatron",
+)
 
 
 def test_rebase_without_flags_is_the_plan_itself() -> None:
     assert rebase_plan(BASE, PlanRequest(), resolve_model("llama3-70b"), 256, 8192) is BASE
 
 
-@pytest.mark.parametrize("request_,expected", [
-    (PlanRequest(zero=1), dict(zero_stage=1, dp=8, vpp=2, pp_schedule="interleaved-1f1b", recompute_layers=2)),
-    (PlanRequest(tp=8), dict(tp=8, dp=4, etp=8, sequence_parallel=True, micro_batch_size=2)),
-    (PlanRequest(vpp=1), dict(vpp=1, pp_schedule="1f1b")),
-    (PlanRequest(vpp=1, pp_schedule="zero-bubble", trainer="torchtitan"),
-     dict(pp_schedule="zero-bubble", trainer="torchtitan", tp_comm_overlap=True)),
-    (PlanRequest(recompute="selective"), dict(recompute="selective", recompute_layers=None)),
-    (PlanRequest(pp=8, vpp=1), dict(pp=8, dp=4, pp_schedule="1f1b", layout=None)),
-])
+@pytest.mark.parametrize(
+    "request_,expected",
+    [
+        (PlanRequest(zero=1), dict(zero_stage=1, dp=8, vpp=2, pp_schedule="interleaved-1f1b", recompute_layers=2)),
+        (PlanRequest(tp=8), dict(tp=8, dp=4, etp=8, sequence_parallel=True, micro_batch_size=2)),
+        (PlanRequest(vpp=1), dict(vpp=1, pp_schedule="1f1b")),
+        (
+            PlanRequest(vpp=1, pp_schedule="zero-bubble", trainer="torchtitan"),
+            dict(pp_schedule="zero-bubble", trainer="torchtitan", tp_comm_overlap=True),
+        ),
+        (PlanRequest(recompute="selective"), dict(recompute="selective", recompute_layers=None)),
+        (PlanRequest(pp=8, vpp=1), dict(pp=8, dp=4, pp_schedule="1f1b", layout=None)),
+    ],
+)
 def test_rebase_lets_what_follows_a_changed_flag_follow_it(request_, expected) -> None:
     got = rebase_plan(BASE, request_, resolve_model("llama3-70b"), 256, 8192)
     for k, v in expected.items():
@@ -168,8 +230,25 @@ def test_rebase_keeps_an_uneven_layout_while_pp_and_vpp_stay() -> None:
 def test_estimate_says_which_trainer_and_profile(capsys) -> None:
     import json
 
-    code, out, err = cli(["estimate", "--model", "llama3-70b", "--gpus", "256", "--tp", "8", "--pp", "4", "--zero", "3",
-                          "--trainer", "torchtitan", "--json"], capsys)
+    code, out, err = cli(
+        [
+            "estimate",
+            "--model",
+            "llama3-70b",
+            "--gpus",
+            "256",
+            "--tp",
+            "8",
+            "--pp",
+            "4",
+            "--zero",
+            "3",
+            "--trainer",
+            "torchtitan",
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     d = json.loads(out)
     assert (d["trainer"], d["profile"], d["plan"]["trainer"]) == ("torchtitan", "torchtitan", "torchtitan")
@@ -180,8 +259,21 @@ def test_estimate_says_which_trainer_and_profile(capsys) -> None:
 def test_compare_layouts_on_different_trainers(capsys) -> None:
     import json
 
-    code, out, err = cli(["compare", "--model", "llama3-70b", "--gpus", "256", "--tp 8 --pp 4 --zero 3",
-                          "--tp 8 --pp 4 --zero 1 --trainer deepspeed", "--trainer", "torchtitan", "--json"], capsys)
+    code, out, err = cli(
+        [
+            "compare",
+            "--model",
+            "llama3-70b",
+            "--gpus",
+            "256",
+            "--tp 8 --pp 4 --zero 3",
+            "--tp 8 --pp 4 --zero 1 --trainer deepspeed",
+            "--trainer",
+            "torchtitan",
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     layouts = json.loads(out)["layouts"]
     assert [x["plan"]["trainer"] for x in layouts] == ["torchtitan", "deepspeed"]  # --trainer: the default only

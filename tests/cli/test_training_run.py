@@ -12,8 +12,15 @@ import numpy as np
 import pytest
 
 from autopar.search.training import choose
-from autopar.spec.training_run import (DEFAULT_INTERRUPTIONS_PER_GPU_HOUR, TrainingRun, parse_budget, parse_duration,
-                                       parse_prices, parse_tokens, training_run)
+from autopar.spec.training_run import (
+    DEFAULT_INTERRUPTIONS_PER_GPU_HOUR,
+    TrainingRun,
+    parse_budget,
+    parse_duration,
+    parse_prices,
+    parse_tokens,
+    training_run,
+)
 
 MODEL = ["--model", "llama3-8b", "--gpus", "16"]
 
@@ -29,17 +36,20 @@ def test_parsers_by_hand() -> None:
     assert training_run(None) is None
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--tokens", "-3T"], ["--tokens", "-3T", "above 0"]),
-    (["--tokens", "lots"], ["--tokens", "lots", "15T"]),
-    (["--tokens", "1T", "--deadline", "60"], ["--deadline", "unit"]),
-    (["--tokens", "1T", "--deadline", "-2d"], ["--deadline", "above 0"]),
-    (["--price-per-gpu-hour", "2.5"], ["--price-per-gpu-hour", "needs --tokens"]),
-    (["--deadline", "30d"], ["--deadline", "needs --tokens"]),
-    (["--tokens", "1T", "--budget", "5M"], ["--budget", "--price-per-gpu-hour"]),
-    (["--tokens", "1T", "--price-per-gpu-hour", "free"], ["--price-per-gpu-hour", "free"]),
-    (["--tokens", "1T", "--price-per-gpu-hour", "b200=4"], ["no price for", "h100-sxm"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--tokens", "-3T"], ["--tokens", "-3T", "above 0"]),
+        (["--tokens", "lots"], ["--tokens", "lots", "15T"]),
+        (["--tokens", "1T", "--deadline", "60"], ["--deadline", "unit"]),
+        (["--tokens", "1T", "--deadline", "-2d"], ["--deadline", "above 0"]),
+        (["--price-per-gpu-hour", "2.5"], ["--price-per-gpu-hour", "needs --tokens"]),
+        (["--deadline", "30d"], ["--deadline", "needs --tokens"]),
+        (["--tokens", "1T", "--budget", "5M"], ["--budget", "--price-per-gpu-hour"]),
+        (["--tokens", "1T", "--price-per-gpu-hour", "free"], ["--price-per-gpu-hour", "free"]),
+        (["--tokens", "1T", "--price-per-gpu-hour", "b200=4"], ["no price for", "h100-sxm"]),
+    ],
+)
 def test_bad_run_flags_one_line(cli_run, one_line_error, args, needles) -> None:
     for command in ("search", "estimate"):
         plan = ["--tp", "2"] if command == "estimate" else ["--run-dir", "/nonexistent/never-written"]
@@ -47,8 +57,19 @@ def test_bad_run_flags_one_line(cli_run, one_line_error, args, needles) -> None:
 
 
 def test_search_days_gpu_hours_and_cost_by_hand(cli_run, tmp_path) -> None:
-    r = cli_run("search", *MODEL, "--tokens", "1T", "--price-per-gpu-hour", "2.5", "--top-k", "3",
-                "--run-dir", tmp_path / "run", "--json")
+    r = cli_run(
+        "search",
+        *MODEL,
+        "--tokens",
+        "1T",
+        "--price-per-gpu-hour",
+        "2.5",
+        "--top-k",
+        "3",
+        "--run-dir",
+        tmp_path / "run",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     top = json.loads((tmp_path / "run" / "top.json").read_text())["top"]
@@ -75,21 +96,35 @@ def test_unmeetable_deadline_says_what_the_fastest_needs(cli_run, one_line_error
     ok = cli_run("search", *MODEL, "--tokens", "1T", "--run-dir", tmp_path / "a", "--json")
     days = json.loads(ok.stdout)["scenarios"][0]["top"][0]["run"]["days"]
     short = max(1, math.floor(days / 2))
-    line = one_line_error(cli_run("search", *MODEL, "--tokens", "1T", "--deadline", f"{short}d",
-                                  "--run-dir", tmp_path / "b"), ["no plan meets", f"{days:.1f} days", "--gpus 16,32,64"])
+    line = one_line_error(
+        cli_run("search", *MODEL, "--tokens", "1T", "--deadline", f"{short}d", "--run-dir", tmp_path / "b"),
+        ["no plan meets", f"{days:.1f} days", "--gpus 16,32,64"],
+    )
     assert f"the {short}-day deadline" in line
-    late = cli_run("search", *MODEL, "--tokens", "1T", "--deadline", f"{math.ceil(days) + 1}d", "--run-dir",
-                   tmp_path / "c")
+    late = cli_run(
+        "search", *MODEL, "--tokens", "1T", "--deadline", f"{math.ceil(days) + 1}d", "--run-dir", tmp_path / "c"
+    )
     assert late.returncode == 0 and "days to spare" in late.stdout
-    one_line_error(cli_run("estimate", *MODEL, "--tokens", "1T", "--deadline", "1d"), ["past the 1-day deadline",
-                                                                                      "autopar search"])
+    one_line_error(
+        cli_run("estimate", *MODEL, "--tokens", "1T", "--deadline", "1d"), ["past the 1-day deadline", "autopar search"]
+    )
 
 
 @pytest.mark.slow
 def test_whatif_cheapest_by_deadline_and_fastest_within_budget(cli_run, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # a what-if writes reports/<scenario>/ here
-    args = ["search", "--model", "llama3-8b", "--gpus", "16,32,64", "--tokens", "1T", "--price-per-gpu-hour", "2",
-            "--json"]
+    args = [
+        "search",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "16,32,64",
+        "--tokens",
+        "1T",
+        "--price-per-gpu-hour",
+        "2",
+        "--json",
+    ]
     r = cli_run(*args)
     assert r.returncode == 0, r.stderr
     scen = json.loads(r.stdout)["scenarios"]
@@ -136,6 +171,8 @@ def test_cluster_reliability(cli_run, one_line_error, tmp_path) -> None:
     assert run["mtbf_s"] == pytest.approx(3600 / (DEFAULT_INTERRUPTIONS_PER_GPU_HOUR * 16), rel=1e-12)
     bad = tmp_path / "bad.yaml"
     bad.write_text("gpu: h100-sxm\nreliability:\n  mtbf: 3\n")
-    one_line_error(cli_run("estimate", "--model", "llama3-8b", "--gpus", "16", "--cluster", bad), ["reliability", "mtbf"])
+    one_line_error(
+        cli_run("estimate", "--model", "llama3-8b", "--gpus", "16", "--cluster", bad), ["reliability", "mtbf"]
+    )
     bad.write_text("gpu: h100-sxm\nreliability:\n  restart_s: -5\n")
     one_line_error(cli_run("estimate", "--model", "llama3-8b", "--gpus", "16", "--cluster", bad), ["restart_s"])

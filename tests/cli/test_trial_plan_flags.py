@@ -22,23 +22,43 @@ def _run(args: list[str], tmp_path: Path, timeout: float = 240) -> subprocess.Co
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["AUTOPAR_LOCAL_PROFILE"] = str(tmp_path / "local.yaml")  # the unprobed local profile
     env.pop("PYTHONWARNINGS", None)
-    return subprocess.run([sys.executable, "-m", "autopar", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "autopar", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_help_lists_every_plan_flag(tmp_path):
     r = _run(["trial", "--help"], tmp_path)
     assert r.returncode == 0, r.stderr
-    for flag in ("--tp", "--pp", "--vpp", "--cp", "--dp", "--ep", "--etp", "--zero", "--sp", "--no-sp", "--mbs",
-                 "--gbs", "--pp-schedule", "--recompute", "--recompute-layers", "--dtype", "--pp-layout",
-                 "--pp-first", "--pp-last", "--pp-embedding-as-layer", "--pp-loss-as-layer"):
+    for flag in (
+        "--tp",
+        "--pp",
+        "--vpp",
+        "--cp",
+        "--dp",
+        "--ep",
+        "--etp",
+        "--zero",
+        "--sp",
+        "--no-sp",
+        "--mbs",
+        "--gbs",
+        "--pp-schedule",
+        "--recompute",
+        "--recompute-layers",
+        "--dtype",
+        "--pp-layout",
+        "--pp-first",
+        "--pp-last",
+        "--pp-embedding-as-layer",
+        "--pp-loss-as-layer",
+    ):
         assert flag in r.stdout, flag
 
 
-@pytest.mark.parametrize("model,flags,axis", [
-    ("tiny", ["--cp", "2"], "cp"),
-    ("tiny-moe", ["--ep", "2"], "ep"),
-], ids=["cp2", "ep2-moe"])
+@pytest.mark.parametrize(
+    "model,flags,axis", [("tiny", ["--cp", "2"], "cp"), ("tiny-moe", ["--ep", "2"], "ep")], ids=["cp2", "ep2-moe"]
+)
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_trial_runs_cp_and_ep(tmp_path, model, flags, axis):
@@ -51,8 +71,24 @@ def test_trial_runs_cp_and_ep(tmp_path, model, flags, axis):
     assert m["comm_bytes_per_rank_by_axis"][axis] > 0  # the axis really ran: its collectives moved bytes
     assert len(m["step_times_s"]) == 2 and m["peak_memory_bytes"] > 0
     # the same flags give `autopar estimate` the same plan (one builder for both commands)
-    e = _run(["estimate", "--model", model, "--gpus", "2", *flags, "--dtype", "fp32", "--trainer", "autopar", "--gbs",
-              str(doc["plan"]["global_batch_size"]), "--json"], tmp_path)
+    e = _run(
+        [
+            "estimate",
+            "--model",
+            model,
+            "--gpus",
+            "2",
+            *flags,
+            "--dtype",
+            "fp32",
+            "--trainer",
+            "autopar",
+            "--gbs",
+            str(doc["plan"]["global_batch_size"]),
+            "--json",
+        ],
+        tmp_path,
+    )
     assert e.returncode == 0, e.stderr
     assert json.loads(e.stdout)["plan"] == doc["plan"]
 

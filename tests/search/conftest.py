@@ -38,8 +38,13 @@ def _question(model: str, num_gpus: int, space_name: str, seq_len: int | None = 
     space = load_space(space_name)
     m = get_preset(model)
     s = seq_len or m.seq_len
-    q = Question(model=m, num_gpus=num_gpus, cluster=default_cluster(gpu), seq_len=s,
-                 global_batch_size=global_batch(space, s, None))
+    q = Question(
+        model=m,
+        num_gpus=num_gpus,
+        cluster=default_cluster(gpu),
+        seq_len=s,
+        global_batch_size=global_batch(space, s, None),
+    )
     return q, space
 
 
@@ -55,7 +60,8 @@ def run_cli(tmp_path):
     """Run `python -m autopar ARGS` to completion (bounded), in tmp_path unless cwd is given."""
 
     def run(*args, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                              cwd=cwd or tmp_path, env=_env())
+        return subprocess.run(
+            _cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd or tmp_path, env=_env()
+        )
 
     return run

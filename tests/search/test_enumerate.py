@@ -22,14 +22,14 @@ H100 = default_cluster("h100-sxm")  # 8 GPUs per node
 # llama3-8b: 32 layers. 16 GPUs.
 HAND_KNOBS = {
     "tp": [1, 2, 4],
-    "pp": [1, 2, 4, 3],            # 3 does not divide 16: never a plan
+    "pp": [1, 2, 4, 3],  # 3 does not divide 16: never a plan
     "cp": [1, 2],
-    "vpp": [1, 2],                 # 2 means interleaved-1f1b
+    "vpp": [1, 2],  # 2 means interleaved-1f1b
     "pp_schedule": ["1f1b", "zero-bubble"],
     "zero": [1, 3],
     "mbs": [1, 2],
     "recompute": ["none", "full"],
-    "recompute_layers": [1],       # only with full recompute
+    "recompute_layers": [1],  # only with full recompute
     "tp_comm_overlap": [False, True],  # only with tp > 1
     "pp_layout": ["auto", "embedding+loss"],
     # sp: auto (default) -> follows tp; dtype: bf16 only; dense model -> ep 1, etp = tp
@@ -56,8 +56,14 @@ HAND_COUNT = 12 * (10 * 1 + 10 * 4 + 8 * 6)
 
 
 def q8b(gpus: int = 16, gbs: int = 64, trainers: tuple[str, ...] = ("megatron",)) -> Question:
-    return Question(model=get_preset("llama3-8b"), num_gpus=gpus, cluster=H100, seq_len=4096,
-                    global_batch_size=gbs, trainers=trainers)
+    return Question(
+        model=get_preset("llama3-8b"),
+        num_gpus=gpus,
+        cluster=H100,
+        seq_len=4096,
+        global_batch_size=gbs,
+        trainers=trainers,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -135,19 +141,28 @@ def test_space_size_bounds_the_enumeration(hand_table):
 
 # ---- MoE ------------------------------------------------------------------------------------------
 
+
 def test_moe_expert_knobs_hand_count():
     """tiny-moe (4 experts) on 8 GPUs, tp in {1, 2}, pp 1, cp 1: ep auto = divisors of 4 = {1, 2, 4};
     etp in {tp, 1}: with tp 1 both are etp 1 (one plan), with tp 2 they differ (two plans).
     Count = 3 ep x (1 + 2) = 9 distinct plans."""
     space = space_from_dict({"knobs": {"tp": [1, 2], "etp": ["tp", 1], "ep": "auto"}}, "moe-hand")
-    q = Question(model=get_preset("tiny-moe"), num_gpus=8, cluster=H100, seq_len=128, global_batch_size=16,
-                 trainers=("megatron",))
+    q = Question(
+        model=get_preset("tiny-moe"),
+        num_gpus=8,
+        cluster=H100,
+        seq_len=128,
+        global_batch_size=16,
+        trainers=("megatron",),
+    )
     assert knob_choices(space, q)["ep"] == [1, 2, 4]
     t = enumerate_plans(space, q)
     plans = _plans(t)
     assert len(set(plans)) == 9
-    assert len(t) == 9, (f"{len(t)} rows for 9 distinct plans: tp=1 rows appear once with etp='tp' and once "
-                         f"with etp=1, which are the same plan")
+    assert len(t) == 9, (
+        f"{len(t)} rows for 9 distinct plans: tp=1 rows appear once with etp='tp' and once "
+        f"with etp=1, which are the same plan"
+    )
 
 
 def test_moe_shipped_space_has_no_duplicates():
@@ -161,8 +176,11 @@ def test_moe_shipped_space_has_no_duplicates():
 
 # ---- the shipped spaces ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model,gpus,space_name", [("llama3-70b", 256, "default"), ("llama3-70b", 512, "dense-large"),
-                                                   ("llama3-8b", 64, "long-context")])
+
+@pytest.mark.parametrize(
+    "model,gpus,space_name",
+    [("llama3-70b", 256, "default"), ("llama3-70b", 512, "dense-large"), ("llama3-8b", 64, "long-context")],
+)
 def test_shipped_dense_spaces_are_canonical(model, gpus, space_name):
     space = load_space(space_name)
     m = get_preset(model)
@@ -177,9 +195,15 @@ def test_shipped_dense_spaces_are_canonical(model, gpus, space_name):
 
 # ---- constraints and errors -------------------------------------------------------------------------
 
+
 def test_constraints_narrow_the_choices():
-    space = space_from_dict({"knobs": {"tp": [1, 2, 4, 8, 16], "pp": [1, 2, 4, 8], "cp": [1, 2, 4]},
-                             "constraints": {"tp_within_node": True, "max_tp": 4, "max_pp": 2, "max_cp": 2}}, "c")
+    space = space_from_dict(
+        {
+            "knobs": {"tp": [1, 2, 4, 8, 16], "pp": [1, 2, 4, 8], "cp": [1, 2, 4]},
+            "constraints": {"tp_within_node": True, "max_tp": 4, "max_pp": 2, "max_cp": 2},
+        },
+        "c",
+    )
     ch = knob_choices(space, q8b(64))
     assert ch["tp"] == [1, 2, 4] and ch["pp"] == [1, 2] and ch["cp"] == [1, 2]
     t = enumerate_plans(space, q8b(64))
@@ -188,8 +212,13 @@ def test_constraints_narrow_the_choices():
 
 def test_tp_within_node_follows_gpus_per_node():
     space = space_from_dict({"knobs": {"tp": [2, 4, 8]}, "constraints": {"tp_within_node": True}}, "n")
-    q = Question(model=get_preset("llama3-8b"), num_gpus=16, cluster=default_cluster("h100-sxm", gpus_per_node=4),
-                 seq_len=4096, global_batch_size=64)
+    q = Question(
+        model=get_preset("llama3-8b"),
+        num_gpus=16,
+        cluster=default_cluster("h100-sxm", gpus_per_node=4),
+        seq_len=4096,
+        global_batch_size=64,
+    )
     assert knob_choices(space, q)["tp"] == [2, 4]
 
 
@@ -215,6 +244,7 @@ def test_no_layout_divides_is_input_error():
 
 
 # ---- library bugs, kept honest -----------------------------------------------------------------------
+
 
 def _plan_set(knobs: dict, q: Question) -> set:
     return set(_plans(enumerate_plans(space_from_dict({"knobs": knobs}, "x"), q)))

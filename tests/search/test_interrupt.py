@@ -14,15 +14,25 @@ import pytest
 from autopar.errors import InputError
 from autopar.search.run_dir import INCOMPLETE, load
 
-LARGE_SPACE = ["search", "--model", "llama3-70b", "--gpus", "4096", "--space", "benchmarks/spaces/scale-l.yaml",
-               "--max-exhaustive", "1000000000"]
+LARGE_SPACE = [
+    "search",
+    "--model",
+    "llama3-70b",
+    "--gpus",
+    "4096",
+    "--space",
+    "benchmarks/spaces/scale-l.yaml",
+    "--max-exhaustive",
+    "1000000000",
+]
 OPTUNA = ["search", "--model", "tiny", "--gpus", "8", "--max-exhaustive", "0"]
 
 
 def _interrupt(sh, argv: list, ready, sig: int, timeout: float = 60) -> subprocess.CompletedProcess:
     """Start `autopar ARGV`, wait until `ready()` holds, send `sig`, return the finished process."""
-    proc = subprocess.Popen(sh.cmd(*argv), cwd=sh.repo, env=sh.env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        sh.cmd(*argv), cwd=sh.repo, env=sh.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + timeout
     while not ready() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -44,8 +54,9 @@ def _one_line(r: subprocess.CompletedProcess, name: str) -> str:
 
 def test_sigterm_while_streaming_leaves_no_half_run(sh, tmp_path):
     run = tmp_path / "run"
-    r = _interrupt(sh, LARGE_SPACE + ["--run-dir", run], lambda: bool(list(run.glob(".plans.parquet.*.tmp"))),
-                   signal.SIGTERM)
+    r = _interrupt(
+        sh, LARGE_SPACE + ["--run-dir", run], lambda: bool(list(run.glob(".plans.parquet.*.tmp"))), signal.SIGTERM
+    )
     assert r.returncode == 143, r.stderr
     assert str(run) in _one_line(r, "SIGTERM")
     assert not run.exists(), sorted(p.name for p in run.iterdir())  # made by the search, nothing replaced yet
@@ -53,15 +64,25 @@ def test_sigterm_while_streaming_leaves_no_half_run(sh, tmp_path):
 
 def test_sigint_during_optuna_then_the_rerun_finishes(sh, tmp_path):
     run = tmp_path / "run"
-    r = _interrupt(sh, OPTUNA + ["--n-trials", "100000", "--run-dir", run],
-                   lambda: (run / "study.db").exists() and (run / "study.db").stat().st_size > 100_000, signal.SIGINT)
+    r = _interrupt(
+        sh,
+        OPTUNA + ["--n-trials", "100000", "--run-dir", run],
+        lambda: (run / "study.db").exists() and (run / "study.db").stat().st_size > 100_000,
+        signal.SIGINT,
+    )
     assert r.returncode == 130, r.stderr
     _one_line(r, "SIGINT")
     assert (run / INCOMPLETE).exists()  # the study is kept, and the directory marked incomplete
     with pytest.raises(InputError, match="did not finish"):
         load(run)
-    done = subprocess.run(sh.cmd(*OPTUNA, "--n-trials", "10", "--run-dir", run), cwd=sh.repo, env=sh.env(),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        sh.cmd(*OPTUNA, "--n-trials", "10", "--run-dir", run),
+        cwd=sh.repo,
+        env=sh.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (run / INCOMPLETE).exists()
     assert load(run).search["method"].startswith("optuna")
@@ -76,8 +97,11 @@ def _cli(argv: list) -> tuple[int, str]:
     from autopar.cli import main
 
     err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), \
-            mock.patch("autopar.trial.hygiene.install_signal_handlers", lambda: None):
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(err),
+        mock.patch("autopar.trial.hygiene.install_signal_handlers", lambda: None),
+    ):
         try:
             main([str(a) for a in argv])
             code = 0

@@ -32,12 +32,15 @@ WORKER_TIMEOUT_S = 150
 
 # ---- a PostgreSQL server for the test ------------------------------------------------------------
 
+
 def _pg_bin(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    cands = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
-                   key=lambda p: [int(x) if x.isdigit() else 0 for x in Path(p).parts[-3].split(".")])
+    cands = sorted(
+        glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
+        key=lambda p: [int(x) if x.isdigit() else 0 for x in Path(p).parts[-3].split(".")],
+    )
     return cands[-1] if cands else None
 
 
@@ -55,8 +58,10 @@ def postgres():
     bins = {n: _pg_bin(n) for n in ("initdb", "pg_ctl", "postgres")}
     missing = [n for n, p in bins.items() if p is None]
     if missing:
-        pytest.fail(f"PostgreSQL binaries not found ({', '.join(missing)}; looked in PATH and "
-                    f"/usr/lib/postgresql/*/bin): make test (as root) installs Debian's `postgresql` package")
+        pytest.fail(
+            f"PostgreSQL binaries not found ({', '.join(missing)}; looked in PATH and "
+            f"/usr/lib/postgresql/*/bin): make test (as root) installs Debian's `postgresql` package"
+        )
     import psycopg2  # declared test dependency (psycopg2-binary)
 
     as_root = os.geteuid() == 0
@@ -70,8 +75,10 @@ def postgres():
             pw = pwd.getpwnam("postgres")
         except KeyError:
             shutil.rmtree(base, ignore_errors=True)
-            pytest.fail("running as root but there is no `postgres` user: make test (as root) installs Debian's "
-                        "`postgresql` package")
+            pytest.fail(
+                "running as root but there is no `postgres` user: make test (as root) installs Debian's "
+                "`postgresql` package"
+            )
         runuser = shutil.which("runuser") or "/usr/sbin/runuser"
         prefix = [runuser, "-u", "postgres", "--"]
         os.chown(base, pw.pw_uid, pw.pw_gid)
@@ -90,12 +97,23 @@ def postgres():
     try:
         run(bins["initdb"], "-D", data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
         started = True  # from here on, always try to stop it
-        run(bins["pg_ctl"], "-D", data, "-l", log, "-w", "-t", "60",
-            "-o", f"-h 127.0.0.1 -p {port} -k {base} -F -c max_connections=100", "start", timeout=90)
+        run(
+            bins["pg_ctl"],
+            "-D",
+            data,
+            "-l",
+            log,
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-h 127.0.0.1 -p {port} -k {base} -F -c max_connections=100",
+            "start",
+            timeout=90,
+        )
 
         def new_db(name: str) -> str:
-            conn = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres",
-                                    connect_timeout=10)
+            conn = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres", connect_timeout=10)
             conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute(f'CREATE DATABASE "{name}"')
@@ -105,12 +123,16 @@ def postgres():
         yield new_db
     finally:
         if started:
-            subprocess.run(prefix + [bins["pg_ctl"], "-D", str(data), "-m", "immediate", "-w", "-t", "30", "stop"],
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                prefix + [bins["pg_ctl"], "-D", str(data), "-m", "immediate", "-w", "-t", "30", "stop"],
+                capture_output=True,
+                timeout=60,
+            )
         shutil.rmtree(base, ignore_errors=True)
 
 
 # ---- the workers ---------------------------------------------------------------------------------
+
 
 def _run_workers(sh, tmp_path: Path, storage: str, study: str, n: int = 2) -> list[tuple[int, str, str]]:
     """Start n workers at once on the same study; wait for all (bounded); return (rc, stdout, stderr)."""
@@ -119,9 +141,26 @@ def _run_workers(sh, tmp_path: Path, storage: str, study: str, n: int = 2) -> li
         for i in range(n):
             out = open(tmp_path / f"worker{i}.out", "w")
             err = open(tmp_path / f"worker{i}.err", "w")
-            cmd = sh.cmd("search", "--model", "llama3-70b", "--gpus", "256", "--seq-len", "8192",
-                         "--max-exhaustive", "0", "--n-trials", N_TRIALS, "--storage", storage,
-                         "--study-name", study, "--run-dir", tmp_path / f"run{i}", "--json")
+            cmd = sh.cmd(
+                "search",
+                "--model",
+                "llama3-70b",
+                "--gpus",
+                "256",
+                "--seq-len",
+                "8192",
+                "--max-exhaustive",
+                "0",
+                "--n-trials",
+                N_TRIALS,
+                "--storage",
+                storage,
+                "--study-name",
+                study,
+                "--run-dir",
+                tmp_path / f"run{i}",
+                "--json",
+            )
             procs.append((subprocess.Popen(cmd, stdout=out, stderr=err, cwd=tmp_path, env=sh.env()), out, err))
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         for p, _, _ in procs:
@@ -136,8 +175,10 @@ def _run_workers(sh, tmp_path: Path, storage: str, study: str, n: int = 2) -> li
                 p.wait(timeout=30)
             out.close()
             err.close()
-    return [(p.returncode, (tmp_path / f"worker{i}.out").read_text(), (tmp_path / f"worker{i}.err").read_text())
-            for i, (p, _, _) in enumerate(procs)]
+    return [
+        (p.returncode, (tmp_path / f"worker{i}.out").read_text(), (tmp_path / f"worker{i}.err").read_text())
+        for i, (p, _, _) in enumerate(procs)
+    ]
 
 
 def _check_study(trials: list[optuna.trial.FrozenTrial], results):
@@ -150,8 +191,11 @@ def _check_study(trials: list[optuna.trial.FrozenTrial], results):
     states = collections.Counter(t.state.name for t in trials)
     assert states["RUNNING"] == 0, f"trials left RUNNING: {states}"
     assert states["FAIL"] == 0, f"failed trials: {states}"
-    counted = [t for t in trials if t.state == TrialState.COMPLETE
-               or (t.state == TrialState.PRUNED and not t.user_attrs.get("surplus"))]
+    counted = [
+        t
+        for t in trials
+        if t.state == TrialState.COMPLETE or (t.state == TrialState.PRUNED and not t.user_attrs.get("surplus"))
+    ]
     assert len(counted) == N_TRIALS, f"{len(counted)} trials count towards the budget of {N_TRIALS}: {states}"
     surplus = [t for t in trials if t.user_attrs.get("surplus")]
     for t in surplus:

@@ -13,9 +13,11 @@ from autopar.search import optuna_driver as od
 
 
 def test_importing_the_driver_leaves_the_log_level_alone() -> None:
-    code = ("import optuna\noptuna.logging.set_verbosity(optuna.logging.DEBUG)\n"
-            "import autopar.search.optuna_driver, autopar.search.trials\n"
-            "assert optuna.logging.get_verbosity() == optuna.logging.DEBUG, optuna.logging.get_verbosity()\n")
+    code = (
+        "import optuna\noptuna.logging.set_verbosity(optuna.logging.DEBUG)\n"
+        "import autopar.search.optuna_driver, autopar.search.trials\n"
+        "assert optuna.logging.get_verbosity() == optuna.logging.DEBUG, optuna.logging.get_verbosity()\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
 
@@ -25,8 +27,9 @@ def test_a_study_is_quiet_and_the_level_comes_back(tmp_path, capfd) -> None:
     optuna.logging.set_verbosity(optuna.logging.INFO)
     try:
         capfd.readouterr()
-        study = od.load_or_create_study(f"sqlite:///{tmp_path / 'study.db'}", "quiet",
-                                        optuna.samplers.RandomSampler(seed=0), ["minimize"])
+        study = od.load_or_create_study(
+            f"sqlite:///{tmp_path / 'study.db'}", "quiet", optuna.samplers.RandomSampler(seed=0), ["minimize"]
+        )
         assert optuna.logging.get_verbosity() == optuna.logging.INFO
         with od.quiet_optuna():
             assert optuna.logging.get_verbosity() == optuna.logging.WARNING

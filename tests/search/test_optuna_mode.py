@@ -59,8 +59,18 @@ def exhaustive_best(question):
 def forced(question, tmp_path_factory):
     q, space = question
     d = tmp_path_factory.mktemp("optuna40")
-    res = run_search(q, SearchOptions(space=space, max_exhaustive=0, n_trials=N_TRIALS, seed=0,
-                                      storage=str(d / "study.log"), study_name="forced", run_dir=d))
+    res = run_search(
+        q,
+        SearchOptions(
+            space=space,
+            max_exhaustive=0,
+            n_trials=N_TRIALS,
+            seed=0,
+            storage=str(d / "study.log"),
+            study_name="forced",
+            run_dir=d,
+        ),
+    )
     return res, journal_study(d / "study.log", "forced")
 
 
@@ -122,9 +132,15 @@ def _structure_rows(df, outer: dict, choices: dict):
     etp = v["tp"] if v["etp"] == 0 else v["etp"]
     from autopar.spec.plan import DTYPES
 
-    return df[(df["tp"] == v["tp"]) & (df["cp"] == v["cp"]) & (df["pp"] == v["pp"]) & (df["ep"] == v["ep"])
-              & (df["etp"] == etp) & (df["dtype"] == DTYPES[v["dtype"]])
-              & (df["tp_comm_overlap"] == bool(v["tp_comm_overlap"]))]
+    return df[
+        (df["tp"] == v["tp"])
+        & (df["cp"] == v["cp"])
+        & (df["pp"] == v["pp"])
+        & (df["ep"] == v["ep"])
+        & (df["etp"] == etp)
+        & (df["dtype"] == DTYPES[v["dtype"]])
+        & (df["tp_comm_overlap"] == bool(v["tp_comm_overlap"]))
+    ]
 
 
 def test_trial_values_are_their_structures_best_completion(forced, question):
@@ -153,8 +169,18 @@ def test_trial_values_are_their_structures_best_completion(forced, question):
 def test_seeded_runs_repeat(forced, question, tmp_path):
     res, study = forced
     q, space = question
-    again = run_search(q, SearchOptions(space=space, max_exhaustive=0, n_trials=N_TRIALS, seed=0,
-                                        storage=str(tmp_path / "study.log"), study_name="forced", run_dir=tmp_path))
+    again = run_search(
+        q,
+        SearchOptions(
+            space=space,
+            max_exhaustive=0,
+            n_trials=N_TRIALS,
+            seed=0,
+            storage=str(tmp_path / "study.log"),
+            study_name="forced",
+            run_dir=tmp_path,
+        ),
+    )
     other = journal_study(tmp_path / "study.log", "forced")
     assert [t.params for t in other.get_trials()] == [t.params for t in study.get_trials()]
     assert again.winner["plan_name"] == res.winner["plan_name"]
@@ -168,8 +194,26 @@ STALE_AFTER_S = 5.0  # run.py: od.fail_stale(study, older_than_s=5.0)
 
 
 def _search_cmd(sh, run_dir: Path, storage: str | None) -> list[str]:
-    args = ["search", "--model", "llama3-70b", "--gpus", "256", "--seq-len", "8192", "--max-exhaustive", "0",
-            "--n-trials", RESUME_TRIALS, "--seed", "0", "--study-name", "resume", "--run-dir", run_dir, "--json"]
+    args = [
+        "search",
+        "--model",
+        "llama3-70b",
+        "--gpus",
+        "256",
+        "--seq-len",
+        "8192",
+        "--max-exhaustive",
+        "0",
+        "--n-trials",
+        RESUME_TRIALS,
+        "--seed",
+        "0",
+        "--study-name",
+        "resume",
+        "--run-dir",
+        run_dir,
+        "--json",
+    ]
     if storage:
         args += ["--storage", storage]
     return sh.cmd(*args)
@@ -191,8 +235,9 @@ def _start_and_kill(sh, run_dir: Path, storage: str | None, url: str, db: Path, 
     """Start the search, wait (bounded) until KILL_AFTER trials are COMPLETE and the next one is
     RUNNING, SIGKILL the process. Returns the trials as they were after the kill and its time."""
     log = open(tmp_path / "first.stderr", "w")
-    proc = subprocess.Popen(_search_cmd(sh, run_dir, storage), stdout=subprocess.DEVNULL, stderr=log,
-                            cwd=tmp_path, env=sh.env())
+    proc = subprocess.Popen(
+        _search_cmd(sh, run_dir, storage), stdout=subprocess.DEVNULL, stderr=log, cwd=tmp_path, env=sh.env()
+    )
     rdb = None
     try:
         deadline = time.monotonic() + 90
@@ -201,8 +246,10 @@ def _start_and_kill(sh, run_dir: Path, storage: str | None, url: str, db: Path, 
             if time.monotonic() > deadline:
                 pytest.fail(f"only {done} trials completed within 90 s")
             if proc.poll() is not None:
-                pytest.fail(f"the search exited (rc {proc.returncode}) before {KILL_AFTER} trials: "
-                            f"{(tmp_path / 'first.stderr').read_text()[-2000:]}")
+                pytest.fail(
+                    f"the search exited (rc {proc.returncode}) before {KILL_AFTER} trials: "
+                    f"{(tmp_path / 'first.stderr').read_text()[-2000:]}"
+                )
             if rdb is None and db.exists():
                 try:  # one storage, reused: polling must not slow the search down
                     rdb = _rdb(url)
@@ -236,8 +283,11 @@ def _check_resumed(before, after):
     assert len(numbers) == len(set(numbers)), "a trial number appears twice"
     states = collections.Counter(t.state.name for t in after)
     assert states["RUNNING"] == 0, f"trials left RUNNING: {[t.number for t in after if t.state == TrialState.RUNNING]}"
-    counted = [t for t in after if t.state == TrialState.COMPLETE
-               or (t.state == TrialState.PRUNED and not t.user_attrs.get("surplus"))]
+    counted = [
+        t
+        for t in after
+        if t.state == TrialState.COMPLETE or (t.state == TrialState.PRUNED and not t.user_attrs.get("surplus"))
+    ]
     assert len(counted) == RESUME_TRIALS, states
     # the rerun did not redo the trials finished before the kill: COMPLETE is the budget, not budget + those
     assert states["COMPLETE"] == RESUME_TRIALS, states
@@ -262,8 +312,9 @@ def test_resume_after_sigkill(sh, tmp_path):
     url = f"sqlite:///{db}"
     before, killed_at = _start_and_kill(sh, run_dir, url, url, db, tmp_path)
     time.sleep(max(0.0, STALE_AFTER_S + 1.0 - (time.monotonic() - killed_at)))
-    r = subprocess.run(_search_cmd(sh, run_dir, url), capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                       env=sh.env())
+    r = subprocess.run(
+        _search_cmd(sh, run_dir, url), capture_output=True, text=True, timeout=120, cwd=tmp_path, env=sh.env()
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert out["method"] == "optuna-tpe" and out["top"]
@@ -280,8 +331,9 @@ def test_resume_right_after_sigkill(sh, tmp_path):
     running = [t for t in before if t.state == TrialState.RUNNING]
     if not running:
         pytest.skip("the kill landed between two trials: nothing was interrupted")
-    r = subprocess.run(_search_cmd(sh, run_dir, None), capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                       env=sh.env())
+    r = subprocess.run(
+        _search_cmd(sh, run_dir, None), capture_output=True, text=True, timeout=120, cwd=tmp_path, env=sh.env()
+    )
     if r.returncode != 0:  # not the known bug: fail outright (pytest.fail is not an AssertionError)
         pytest.fail(f"the rerun exited {r.returncode}: {r.stderr[-3000:]}")
     after = _trials(url)

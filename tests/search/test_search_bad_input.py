@@ -24,13 +24,30 @@ CASES = [
     ("malformed-space-yaml", S70 + ["--gpus", "64", "--space", "{tmp}/broken.yaml"], ["broken.yaml", "yaml", "line"]),
     ("unknown-space-name", S70 + ["--gpus", "64", "--space", "nosuch"], ["nosuch", "default"]),
     ("unknown-space-typo", S70 + ["--gpus", "64", "--space", "defualt"], ["did you mean 'default'"]),
-    ("storage-cannot-open", S70 + ["--gpus", "64", "--max-exhaustive", "0", "--n-trials", "5", "--storage",
-                                   "postgresql+psycopg2://nobody@127.0.0.1:1/nothing", "--run-dir", "{tmp}/run"],
-     ["storage", "127.0.0.1:1"]),
+    (
+        "storage-cannot-open",
+        S70
+        + [
+            "--gpus",
+            "64",
+            "--max-exhaustive",
+            "0",
+            "--n-trials",
+            "5",
+            "--storage",
+            "postgresql+psycopg2://nobody@127.0.0.1:1/nothing",
+            "--run-dir",
+            "{tmp}/run",
+        ],
+        ["storage", "127.0.0.1:1"],
+    ),
     ("gpus-zero", S70 + ["--gpus", "0"], ["--gpus"]),
     ("gpus-not-a-number", S70 + ["--gpus", "128,abc"], ["--gpus", "128,abc"]),
-    ("sampler-unknown", S70 + ["--gpus", "64", "--sampler", "nosuch", "--max-exhaustive", "0", "--run-dir",
-                               "{tmp}/run"], ["sampler", "nosuch", "tpe"]),
+    (
+        "sampler-unknown",
+        S70 + ["--gpus", "64", "--sampler", "nosuch", "--max-exhaustive", "0", "--run-dir", "{tmp}/run"],
+        ["sampler", "nosuch", "tpe"],
+    ),
     ("what-if-with-run-dir", S70 + ["--gpus", "128,256", "--run-dir", "{tmp}/run"], ["--run-dir"]),
 ]
 

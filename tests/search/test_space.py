@@ -97,8 +97,10 @@ def test_unknown_space_name_lists_shipped_spaces():
         assert name in msg
 
 
-@pytest.mark.parametrize("typo,meant", [("defualt", "default"), ("mo", "moe"), ("long-contex", "long-context"),
-                                        ("dense_large", "dense-large")])
+@pytest.mark.parametrize(
+    "typo,meant",
+    [("defualt", "default"), ("mo", "moe"), ("long-contex", "long-context"), ("dense_large", "dense-large")],
+)
 def test_unknown_space_name_suggests_a_close_one(typo, meant):
     with pytest.raises(InputError) as ei:
         load_space(typo)

@@ -19,19 +19,24 @@ from autopar.secrets import mask_url, mask_values
 PW = "S3cr3tPW"
 
 
-@pytest.mark.parametrize("text, masked", [
-    (f"postgresql://u:{PW}@host:1/db", "postgresql://u:***@host:1/db"),
-    (f"mysql://u:{PW}@h/db", "mysql://u:***@h/db"),
-    (f"postgresql+psycopg2://u:{PW}@h/db", "postgresql+psycopg2://u:***@h/db"),
-    (f"cannot open storage 'mysql+pymysql://root:{PW}@h:3306/x': refused", "cannot open storage "
-     "'mysql+pymysql://root:***@h:3306/x': refused"),
-    (f"postgresql://u:p@{PW}@h/db", "postgresql://u:***@h/db"),  # an unescaped @ in the password
-    (f"postgresql://:{PW}@h/db", "postgresql://:***@h/db"),
-    (f"mysql://h/db?user=u&password={PW}&charset=utf8", "mysql://h/db?user=u&password=***&charset=utf8"),
-    ("sqlite:////tmp/study.db", "sqlite:////tmp/study.db"),
-    ("postgresql://u@h/db", "postgresql://u@h/db"),
-    ("no url here: a:b@c", "no url here: a:b@c"),
-])
+@pytest.mark.parametrize(
+    "text, masked",
+    [
+        (f"postgresql://u:{PW}@host:1/db", "postgresql://u:***@host:1/db"),
+        (f"mysql://u:{PW}@h/db", "mysql://u:***@h/db"),
+        (f"postgresql+psycopg2://u:{PW}@h/db", "postgresql+psycopg2://u:***@h/db"),
+        (
+            f"cannot open storage 'mysql+pymysql://root:{PW}@h:3306/x': refused",
+            "cannot open storage 'mysql+pymysql://root:***@h:3306/x': refused",
+        ),
+        (f"postgresql://u:p@{PW}@h/db", "postgresql://u:***@h/db"),  # an unescaped @ in the password
+        (f"postgresql://:{PW}@h/db", "postgresql://:***@h/db"),
+        (f"mysql://h/db?user=u&password={PW}&charset=utf8", "mysql://h/db?user=u&password=***&charset=utf8"),
+        ("sqlite:////tmp/study.db", "sqlite:////tmp/study.db"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("no url here: a:b@c", "no url here: a:b@c"),
+    ],
+)
 def test_mask_url(text: str, masked: str) -> None:
     """Every URL form hides its password, in a string and inside JSON-like values."""
     assert mask_url(text) == masked
@@ -59,8 +64,11 @@ def _leaks(run_dir: Path, *streams: str) -> list[str]:
 
 
 SEARCH = ["search", "--model", "tiny", "--gpus", "4", "--gpu", "local"]
-UNREACHABLE = [f"postgresql://u:{PW}@127.0.0.1:1/db", f"mysql://u:{PW}@127.0.0.1:1/db",
-               f"postgresql+psycopg2://u:{PW}@127.0.0.1:1/db"]
+UNREACHABLE = [
+    f"postgresql://u:{PW}@127.0.0.1:1/db",
+    f"mysql://u:{PW}@127.0.0.1:1/db",
+    f"postgresql+psycopg2://u:{PW}@127.0.0.1:1/db",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -111,21 +119,45 @@ def test_working_storage_never_leaks(tmp_path, capsys, monkeypatch) -> None:
 
     def crash(trials, nproc, **kw):
         """A trial launch that fails at once."""
-        return LaunchResult(outcome="crash", returncode=1, wall_s=0.0, result=None, command=["stub"],
-                            reasons=["stubbed launch"])
+        return LaunchResult(
+            outcome="crash", returncode=1, wall_s=0.0, result=None, command=["stub"], reasons=["stubbed launch"]
+        )
 
     monkeypatch.setattr(od, "_rdb_storage", sqlite_instead)
     monkeypatch.setattr("autopar.trial.measure.launch", crash)
     run = tmp_path / "run"
     url = f"postgresql://u:{PW}@db.example:5432/autopar"
     # two ranks (every plan runs here as it is), a seeded sampler: the measured stage has a plan to try
-    code, out, err = _run(["search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--seed", "1",
-                           "--storage", url, "--run-dir", str(run), "--max-exhaustive", "0",
-                           "--n-trials", "4", "--trials", "1"], capsys)
+    code, out, err = _run(
+        [
+            "search",
+            "--model",
+            "tiny",
+            "--gpus",
+            "2",
+            "--gpu",
+            "local",
+            "--seed",
+            "1",
+            "--storage",
+            url,
+            "--run-dir",
+            str(run),
+            "--max-exhaustive",
+            "0",
+            "--n-trials",
+            "4",
+            "--trials",
+            "1",
+        ],
+        capsys,
+    )
     assert opened and all(u == url for u in opened)  # both stages opened the real URL
     assert code == 0, err
     assert (run / "measured.json").is_file() and list((run / "trials").glob("*.json"))
     assert (run / "report.html").is_file()
-    assert json.loads((run / "search.json").read_text())["options"]["storage"] == \
-        "postgresql://u:***@db.example:5432/autopar"
+    assert (
+        json.loads((run / "search.json").read_text())["options"]["storage"]
+        == "postgresql://u:***@db.example:5432/autopar"
+    )
     assert not _leaks(run, out, err), _leaks(run, out, err)

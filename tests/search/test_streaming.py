@@ -66,8 +66,12 @@ def test_streamed_equals_one_shot_and_pandas(space_name, model, gpus):
             counts[label] = counts.get(label, 0) + 1
     assert whole.rejections == counts
     fit = ref[ref["fits"]].sort_values(["step_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
-    pool = pd.concat([fit.groupby("trainer", sort=False).head(SMALL["pool"]),
-                      fit.groupby(list(LAYOUT_KEY), sort=False).head(SMALL["per_layout"])])
+    pool = pd.concat(
+        [
+            fit.groupby("trainer", sort=False).head(SMALL["pool"]),
+            fit.groupby(list(LAYOUT_KEY), sort=False).head(SMALL["per_layout"]),
+        ]
+    )
     assert sorted(whole.pool["plan_index"]) == sorted(set(pool["plan_index"]))
     # the front by another algorithm (throughput up, memory down; one of exact duplicates)
     mask = pareto_mask(fit["tokens_per_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy())

@@ -88,8 +88,18 @@ def test_every_column_matches_scalar_estimate(case):
             check(i, f"mem_{t}", cols[f"mem_{t}"][i], e.memory_bytes[t])
         for a in AXES:
             check(i, f"comm_bytes_{a}", cols[f"comm_bytes_{a}"][i], e.comm_bytes_per_gpu[a])
-        for name in ("peak_memory_bytes", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
-                     "hfu", "bubble_fraction", "params_total", "params_per_gpu", "memory_capacity_bytes"):
+        for name in (
+            "peak_memory_bytes",
+            "tokens_per_s",
+            "tokens_per_s_per_gpu",
+            "model_tflops_per_gpu",
+            "mfu",
+            "hfu",
+            "bubble_fraction",
+            "params_total",
+            "params_per_gpu",
+            "memory_capacity_bytes",
+        ):
             check(i, name, cols[name][i], getattr(e, name))
         check(i, "num_microbatches", int(cols["num_microbatches"][i]), e.num_microbatches)
         check(i, "layout", cols["layout"][i], e.layout)
@@ -114,7 +124,7 @@ def test_every_column_matches_scalar_estimate(case):
             for a in AXES:
                 check(i, f"stage{r}.comm_{a}", cols[f"stage_comm_bytes_{a}"][r, i], st["comm_bytes"][a])
         # ranks beyond this plan's pipeline are padding: nothing there
-        assert not np.any(cols["stage_active"][plan.pp:, i])
+        assert not np.any(cols["stage_active"][plan.pp :, i])
     assert not mismatches, f"{len(mismatches)} mismatches:\n" + "\n".join(mismatches[:20])
 
 
@@ -125,6 +135,22 @@ def test_scalar_plans_round_trip(case):
     _, table, _, idx = case
     plans = [table.plan(i) for i in idx]
     back = PlanTable.from_plans(plans)
-    for name in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "zero_stage", "micro_batch_size", "global_batch_size",
-                 "schedule", "recompute", "recompute_layers", "dtype", "sequence_parallel", "tp_comm_overlap"):
+    for name in (
+        "tp",
+        "pp",
+        "dp",
+        "cp",
+        "ep",
+        "etp",
+        "vpp",
+        "zero_stage",
+        "micro_batch_size",
+        "global_batch_size",
+        "schedule",
+        "recompute",
+        "recompute_layers",
+        "dtype",
+        "sequence_parallel",
+        "tp_comm_overlap",
+    ):
         assert np.array_equal(back.columns[name], table.columns[name][idx]), name

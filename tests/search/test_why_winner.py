@@ -8,9 +8,18 @@ from autopar.search.results import TIME_TERMS, why_winner
 
 
 def _row(name: str, mem_gib: float, **times: float) -> pd.Series:
-    row = {"plan_name": name, "step_time_s": 0.0, "peak_memory_bytes": mem_gib * 2**30, "pp_schedule": "1f1b",
-           "recompute": "none", "zero_stage": 1, "micro_batch_size": 1, "dtype": "bf16", "tp_comm_overlap": False,
-           "layout_text": ""}
+    row = {
+        "plan_name": name,
+        "step_time_s": 0.0,
+        "peak_memory_bytes": mem_gib * 2**30,
+        "pp_schedule": "1f1b",
+        "recompute": "none",
+        "zero_stage": 1,
+        "micro_batch_size": 1,
+        "dtype": "bf16",
+        "tp_comm_overlap": False,
+        "layout_text": "",
+    }
     row |= {f"time_{t}": times.get(t, 0.0) for t in TIME_TERMS}
     row["step_time_s"] = sum(times.values())
     return pd.Series(row)
@@ -28,8 +37,9 @@ def test_a_tie_on_time_says_so_and_names_the_memory_saved() -> None:
     runner["zero_stage"] = 0
     line = why_winner(winner, runner)
     # the same layout twice: the line names what differs, not the layout again
-    assert line == ("dp2 ties the runner-up, the same layout with ZeRO 0 (not 1), on predicted step time; "
-                    "2 GiB less memory.")
+    assert line == (
+        "dp2 ties the runner-up, the same layout with ZeRO 0 (not 1), on predicted step time; 2 GiB less memory."
+    )
     assert ": ." not in why_winner(winner, _row("dp2", 10, compute=1.0))
 
 

@@ -89,10 +89,9 @@ def test_top_is_sorted_and_fits(result, every_plan):
     # the top-k are the k fastest distinct fitting plans (a plan several trainers run counts once)
     from autopar.search.results import PLAN_KEY
 
-    fit = every_plan[every_plan["fits"]].sort_values(["step_time_s", "peak_memory_bytes", "plan_index"],
-                                                     kind="stable")
+    fit = every_plan[every_plan["fits"]].sort_values(["step_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
     distinct = fit.drop_duplicates([c for c in PLAN_KEY if c in fit.columns])["step_time_s"].to_numpy()
-    assert np.allclose(st, distinct[:len(st)], rtol=0, atol=0)
+    assert np.allclose(st, distinct[: len(st)], rtol=0, atol=0)
     assert set(top["trainers"].str.split(", ").explode()) <= set(every_plan["trainer"])
 
 
@@ -120,16 +119,23 @@ def test_files(result):
 
 def test_parquet_round_trip(result, every_plan):
     back = every_plan
-    for col in ("plan_index", "trainer", "rejected_code", "memory_miss_gib", "step_time_s", "peak_memory_bytes",
-                "fits", "valid"):
+    for col in (
+        "plan_index",
+        "trainer",
+        "rejected_code",
+        "memory_miss_gib",
+        "step_time_s",
+        "peak_memory_bytes",
+        "fits",
+        "valid",
+    ):
         assert col in back.columns
     fit = back[back["fits"]]
     best = fit.loc[fit["step_time_s"].idxmin()]
     w = result.winner
     assert best["plan_index"] == w["plan_index"]
     assert best["step_time_s"] == w["step_time_s"]
-    for col in ("tp", "pp", "cp", "dp", "vpp", "zero_stage", "micro_batch_size", "pp_schedule", "recompute",
-                "trainer"):
+    for col in ("tp", "pp", "cp", "dp", "vpp", "zero_stage", "micro_batch_size", "pp_schedule", "recompute", "trainer"):
         assert best[col] == w[col], col
     csv = pd.read_csv(result.run_dir / "plans.csv")
     assert len(csv) == len(back)
@@ -164,8 +170,9 @@ def test_search_json(result, every_plan):
     assert info["plans_evaluated"] == len(every_plan)
     assert info["plans_valid"] == int(every_plan["valid"].sum())
     assert info["plans_fit"] == int(every_plan["fits"].sum())
-    assert info["rejected_by"]["memory"] == int(((every_plan["rejected_code"].to_numpy(np.uint64) >> np.uint64(63))
-                                                 == 1).sum())
+    assert info["rejected_by"]["memory"] == int(
+        ((every_plan["rejected_code"].to_numpy(np.uint64) >> np.uint64(63)) == 1).sum()
+    )
     assert info["question"]["num_gpus"] == 256 and info["question"]["seq_len"] == 8192
     assert info["space"]["name"] == "default"
 
@@ -191,8 +198,9 @@ def test_cli_what_if_two_gpu_counts(run_cli, tmp_path):
 
 
 def test_cli_single_scenario_matches_library(run_cli, result, tmp_path):
-    r = run_cli("search", "--model", "llama3-70b", "--gpus", "256", "--seq-len", "8192", "--json",
-                "--run-dir", tmp_path / "one")
+    r = run_cli(
+        "search", "--model", "llama3-70b", "--gpus", "256", "--seq-len", "8192", "--json", "--run-dir", tmp_path / "one"
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert isinstance(out, dict)

@@ -13,7 +13,8 @@ from autopar.errors import InputError
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
 from autopar.spec.trainer_rules import KINDS
-from autopar.spec.trainers import ALL_TRAINERS, KINDS as TABLE_KINDS, get_trainer, parse_trainers, trainers
+from autopar.spec.trainers import ALL_TRAINERS, get_trainer, parse_trainers, trainers
+from autopar.spec.trainers import KINDS as TABLE_KINDS
 
 
 def test_every_trainer_states_every_capability_with_its_source():
@@ -34,7 +35,8 @@ def test_unknown_trainer_is_one_line_with_did_you_mean():
 
 def test_a_knob_the_trainer_lacks_names_the_limit_and_the_fix():
     problems = ParallelPlan(tp=8, pp=4, cp=2, dp=4, global_batch_size=512, trainer="deepspeed").problems(
-        get_preset("llama3-70b"), num_gpus=256)
+        get_preset("llama3-70b"), num_gpus=256
+    )
     assert problems == [p for p in problems if "DeepSpeed cannot run" in p]
     cp = [p for p in problems if "context parallelism (cp = 2)" in p]
     assert cp and "use --cp 1, or --trainer megatron / torchtitan" in cp[0]
@@ -43,13 +45,13 @@ def test_a_knob_the_trainer_lacks_names_the_limit_and_the_fix():
 def test_nemo_runs_only_models_with_a_recipe():
     plan = ParallelPlan(tp=8, pp=4, dp=8, global_batch_size=512, trainer="nemo")
     assert plan.problems(get_preset("llama3-70b"), num_gpus=256) == []
-    assert any("has no recipe for llama2-13b" in p
-               for p in plan.problems(get_preset("llama2-13b"), num_gpus=256))
+    assert any("has no recipe for llama2-13b" in p for p in plan.problems(get_preset("llama2-13b"), num_gpus=256))
 
 
 def test_autopar_trainers_json_lists_the_table():
-    out = subprocess.run([sys.executable, "-m", "autopar", "trainers", "--json"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "autopar", "trainers", "--json"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert list(data) == list(ALL_TRAINERS)
