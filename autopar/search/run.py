@@ -8,7 +8,6 @@ import json
 import platform
 import re
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,17 +16,18 @@ import numpy as np
 import pandas as pd
 
 from autopar import __version__
-from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate_table
+from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.cost.goodput import RUN_COLUMNS
-from autopar.errors import InputError
 from autopar.search.atomic import write_atomic
 from autopar.search.enumerate import Enumerator, Question
+from autopar.search.evaluate import evaluate
 from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
-from autopar.search.results import best_per_trainer, frame, row_plan, top_plans, why_winner
+from autopar.search.optuna_search import optuna_search
+from autopar.search.results import best_per_trainer, row_plan, top_plans, why_winner
 from autopar.search.run_dir import SCHEMA_VERSION, PlansWriter, rejection_bits, write_csv, write_frame
-from autopar.search.run_state import RunState, question_summary, recorded_summary, summary_text
+from autopar.search.run_state import RunState
 from autopar.search.space import SearchSpace
-from autopar.search.streaming import Streamed, StreamOptions, apply_headroom, stream
+from autopar.search.streaming import Streamed, StreamOptions, stream
 from autopar.search.training import with_run_columns
 from autopar.spec.table import PlanTable
 from autopar.spec.trainers import TRAINERS
@@ -91,18 +91,6 @@ def run_slug(q: Question, space: SearchSpace) -> str:
 
         slug = slug[:100] + "-" + hashlib.sha256(raw.encode()).hexdigest()[:12]
     return slug
-
-
-def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float) -> dict:
-    """Every estimate column of a (small) table, the space's memory headroom applied."""
-    est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
-    apply_headroom(est, headroom_gib)
-    return est
-
-
-def evaluate(table: PlanTable, q: Question, headroom_gib: float) -> pd.DataFrame:
-    """Every plan of a (small) table as a frame: Optuna's structures, a measured stage's re-rank."""
-    return frame(table, estimate_fitting(table, q, headroom_gib))
 
 
 def row_summary(row: pd.Series, layouts) -> dict:
@@ -196,7 +184,7 @@ def _search(
         timings = dict(found.timings)
     else:
         method = f"optuna-{opts.sampler}"
-        found, history = _optuna_search(q, opts, run_dir, headroom, progress, before_write=state.replace_files)
+        found, history = optuna_search(q, opts, run_dir, headroom, progress, before_write=state.replace_files)
         timings = {"optuna_s": time.perf_counter() - t0}
     result = _result(q, opts, found, method, run_dir, timings, history, headroom)
     state.replace_files()
@@ -267,95 +255,6 @@ def _no_fit_reason(counts: dict, rejections: dict, closest: pd.DataFrame) -> str
         f"No plan fits in memory; the closest is {best['plan_name']} ({best['recompute']} recompute, "
         f"zero {best['zero_stage']}), {best['memory_miss_gib']:.1f} GiB over. Add GPUs, or widen the space "
         f"(more pp/tp, full recompute, zero 3)."
-    )
-
-
-def _optuna_search(
-    q: Question,
-    opts: SearchOptions,
-    run_dir: Path,
-    headroom: float,
-    progress,
-    before_write: Callable[[], None] = lambda: None,
-):
-    """Optuna samples the space (the study resumes from its storage); every structure any worker
-    tried is re-evaluated in one pass and written as plans.parquet (after `before_write`)."""
-    from autopar.search import optuna_driver as od
-
-    url = od.storage_url(opts.storage, run_dir)
-    name = opts.study_name or run_dir.name
-    directions = ["minimize", "maximize"] if opts.multi_objective else ["minimize"]
-    study = od.load_or_create_study(
-        url, name, od.make_sampler(opts.sampler, opts.seed, opts.multi_objective), directions
-    )
-    _claim_study(study, q, opts.space, run_dir)
-    od.fail_stale(study, older_than_s=5.0)
-    od.run_study(
-        opts.space,
-        q,
-        study,
-        opts.n_trials,
-        lambda table: evaluate(table, q, headroom),
-        opts.multi_objective,
-        on_trial=(lambda n: progress("optuna trials", n, opts.n_trials)) if progress else None,
-    )
-    # every completion of every structure any worker tried, re-evaluated in one vectorised pass
-    trials = [t for t in study.get_trials(deepcopy=False) if "outer" in t.user_attrs]
-    first_seen: dict[tuple, int] = {}
-    for t in trials:
-        first_seen.setdefault(tuple(sorted(t.user_attrs["outer"].items())), t.number)
-    table = od.structures_table(opts.space, q, [dict(k) for k in first_seen])
-    table.columns["plan_index"] = np.arange(len(table), dtype=np.int64)
-    est = estimate_fitting(table, q, headroom)
-    before_write()
-    writer = PlansWriter(run_dir)
-    writer.write([(table, est)])
-    writer.close()
-    return _frame_results(frame(table, est), table.layouts), od.study_history(study)
-
-
-def _claim_study(study, q: Question, space: SearchSpace, run_dir: Path) -> None:
-    """Mark the study with its question; refuse one that holds another question's trials (a run
-    directory or --study-name reused for another model, GPU count, ...)."""
-    import hashlib
-
-    mine = question_summary(q) | {"space": space.name, "trainers": sorted(q.trainers)}
-    key = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    have = study.user_attrs.get("question_key")
-    if have == key:
-        return
-    other = study.user_attrs.get("question", "another question")
-    if have is None:  # a new study, or one an older autopar made: its run directory's search.json tells
-        old = recorded_summary(run_dir)
-        if not (study.get_trials(deepcopy=False) and old is not None and old != question_summary(q)):
-            study.set_user_attr("question_key", key)
-            study.set_user_attr("question", f"{summary_text(mine)}, space {space.name}")
-            return
-        other = summary_text(old)
-    raise InputError(
-        f"study '{study.study_name}' holds the trials of another question ({other}); give another "
-        f"--run-dir or --study-name, or delete the study"
-    )
-
-
-def _frame_results(df: pd.DataFrame, layouts: list) -> Streamed:
-    """A small evaluated frame (Optuna's) in the streamed results' shape."""
-    from autopar.search.results import pareto_front, ranked
-
-    fit = ranked(df)
-    pool = fit.groupby("trainer", sort=False).head(200) if len(fit) else fit
-    near = df[df["valid"] & ~df["fits"]].sort_values("memory_miss_gib").head(1)
-    labels = Counter(x for text in df.loc[~df["fits"], "rejected_by"] for x in str(text).split(", ") if x)
-    return Streamed(
-        pool.reset_index(drop=True),
-        pareto_front(df).reset_index(drop=True),
-        df,
-        near,
-        len(df),
-        int(df["valid"].sum()),
-        int(df["fits"].sum()),
-        dict(labels.most_common()),
-        layouts,
     )
 
 

@@ -1,0 +1,115 @@
+"""The search when the space is too large to walk: Optuna samples it (a study that resumes from its
+storage, shared by workers), then every structure any worker tried is priced in one pass and
+written as plans.parquet, in the streamed results' shape."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from autopar.errors import InputError
+from autopar.search.enumerate import Question
+from autopar.search.evaluate import estimate_fitting, evaluate
+from autopar.search.results import frame
+from autopar.search.run_dir import PlansWriter
+from autopar.search.run_state import question_summary, recorded_summary, summary_text
+from autopar.search.space import SearchSpace
+from autopar.search.streaming import Streamed
+
+if TYPE_CHECKING:
+    from autopar.search.run import SearchOptions
+
+
+def optuna_search(
+    q: Question,
+    opts: SearchOptions,
+    run_dir: Path,
+    headroom: float,
+    progress,
+    before_write: Callable[[], None] = lambda: None,
+):
+    """Optuna samples the space (the study resumes from its storage); every structure any worker
+    tried is re-evaluated in one pass and written as plans.parquet (after `before_write`)."""
+    from autopar.search import optuna_driver as od
+
+    url = od.storage_url(opts.storage, run_dir)
+    name = opts.study_name or run_dir.name
+    directions = ["minimize", "maximize"] if opts.multi_objective else ["minimize"]
+    study = od.load_or_create_study(
+        url, name, od.make_sampler(opts.sampler, opts.seed, opts.multi_objective), directions
+    )
+    _claim_study(study, q, opts.space, run_dir)
+    od.fail_stale(study, older_than_s=5.0)
+    od.run_study(
+        opts.space,
+        q,
+        study,
+        opts.n_trials,
+        lambda table: evaluate(table, q, headroom),
+        opts.multi_objective,
+        on_trial=(lambda n: progress("optuna trials", n, opts.n_trials)) if progress else None,
+    )
+    # every completion of every structure any worker tried, re-evaluated in one vectorised pass
+    trials = [t for t in study.get_trials(deepcopy=False) if "outer" in t.user_attrs]
+    first_seen: dict[tuple, int] = {}
+    for t in trials:
+        first_seen.setdefault(tuple(sorted(t.user_attrs["outer"].items())), t.number)
+    table = od.structures_table(opts.space, q, [dict(k) for k in first_seen])
+    table.columns["plan_index"] = np.arange(len(table), dtype=np.int64)
+    est = estimate_fitting(table, q, headroom)
+    before_write()
+    writer = PlansWriter(run_dir)
+    writer.write([(table, est)])
+    writer.close()
+    return _frame_results(frame(table, est), table.layouts), od.study_history(study)
+
+
+def _claim_study(study, q: Question, space: SearchSpace, run_dir: Path) -> None:
+    """Mark the study with its question; refuse one that holds another question's trials (a run
+    directory or --study-name reused for another model, GPU count, ...)."""
+    import hashlib
+
+    mine = question_summary(q) | {"space": space.name, "trainers": sorted(q.trainers)}
+    key = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    have = study.user_attrs.get("question_key")
+    if have == key:
+        return
+    other = study.user_attrs.get("question", "another question")
+    if have is None:  # a new study, or one an older autopar made: its run directory's search.json tells
+        old = recorded_summary(run_dir)
+        if not (study.get_trials(deepcopy=False) and old is not None and old != question_summary(q)):
+            study.set_user_attr("question_key", key)
+            study.set_user_attr("question", f"{summary_text(mine)}, space {space.name}")
+            return
+        other = summary_text(old)
+    raise InputError(
+        f"study '{study.study_name}' holds the trials of another question ({other}); give another "
+        f"--run-dir or --study-name, or delete the study"
+    )
+
+
+def _frame_results(df: pd.DataFrame, layouts: list) -> Streamed:
+    """A small evaluated frame (Optuna's) in the streamed results' shape."""
+    from autopar.search.results import pareto_front, ranked
+
+    fit = ranked(df)
+    pool = fit.groupby("trainer", sort=False).head(200) if len(fit) else fit
+    near = df[df["valid"] & ~df["fits"]].sort_values("memory_miss_gib").head(1)
+    labels = Counter(x for text in df.loc[~df["fits"], "rejected_by"] for x in str(text).split(", ") if x)
+    return Streamed(
+        pool.reset_index(drop=True),
+        pareto_front(df).reset_index(drop=True),
+        df,
+        near,
+        len(df),
+        int(df["valid"].sum()),
+        int(df["fits"].sum()),
+        dict(labels.most_common()),
+        layouts,
+    )
