@@ -131,19 +131,7 @@ def _build(v: dict) -> TrialFlags:
 
 
 #: measured-stage options -> their default: given without --trials they would do nothing
-_STAGE_ONLY = {
-    "trial_budget": None,
-    "rounds": 1,
-    "trial_steps": 5,
-    "trial_timeout": 120.0,
-    "launcher": "local",
-    "max_local_ranks": None,
-    "proxy": True,
-    "proxy_layers": None,
-    "proxy_width": None,
-    "proxy_seq": None,
-    "sbatch_args": None,
-}
+_STAGE_ONLY = {name: opt.default for name, opt in TRIAL_OPTIONS.items() if name != "trials"}
 
 
 def _flag(name: str) -> str:
