@@ -142,42 +142,47 @@ def item_from_flags(text: str, index: int, shared, trainer: str | None = None):
 # ---- the command ---------------------------------------------------------------------------------
 
 
+Layouts = Annotated[
+    list[str],
+    typer.Argument(
+        help='Two or more layouts: quoted plan flags ("--tp 8 --pp 4", the flags of `autopar estimate`), a run '
+        "directory (its winner) or DIR#RANK, or a plan JSON file (a trial file, `autopar estimate --json`).",
+        show_default=False,
+        metavar="PLAN_OR_RUN",
+    ),
+]
+Gbs = Annotated[
+    Optional[int],
+    typer.Option(
+        "--gbs", help="Global batch of the flag-string layouts (default: the run directory's, else ~4M tokens)."
+    ),
+]
+Trainer = Annotated[
+    Optional[str],
+    typer.Option(
+        "--trainer",
+        help="Trainer of the flag-string layouts that name "
+        "none (default megatron); run directories and plan files keep "
+        "their own.",
+    ),
+]
+Out = Annotated[
+    Optional[Path], typer.Option("--out", "-o", help="Also write the comparison as a self-contained HTML page here.")
+]
+
+
 @app.command(context_settings={"ignore_unknown_options": True})
 def compare(
-    layouts: Annotated[
-        list[str],
-        typer.Argument(
-            help='Two or more layouts: quoted plan flags ("--tp 8 --pp 4", the flags of `autopar estimate`), a run '
-            "directory (its winner) or DIR#RANK, or a plan JSON file (a trial file, `autopar estimate --json`).",
-            show_default=False,
-            metavar="PLAN_OR_RUN",
-        ),
-    ],
+    layouts: Layouts,
     model: OptModel = None,
     gpus: OptGpus = None,
     gpu: OptGpu = None,
     gpus_per_node: o.GpusPerNode = None,
     cluster: o.ClusterFile = None,
     seq_len: o.SeqLen = None,
-    gbs: Annotated[
-        Optional[int],
-        typer.Option(
-            "--gbs", help="Global batch of the flag-string layouts (default: the run directory's, else ~4M tokens)."
-        ),
-    ] = None,
-    trainer: Annotated[
-        Optional[str],
-        typer.Option(
-            "--trainer",
-            help="Trainer of the flag-string layouts that name "
-            "none (default megatron); run directories and plan files keep "
-            "their own.",
-        ),
-    ] = None,
-    out: Annotated[
-        Optional[Path],
-        typer.Option("--out", "-o", help="Also write the comparison as a self-contained HTML page here."),
-    ] = None,
+    gbs: Gbs = None,
+    trainer: Trainer = None,
+    out: Out = None,
     as_json: o.Json = False,
 ) -> None:
     """Compare two or more layouts of one model on one cluster: every breakdown aligned, differences
@@ -185,16 +190,37 @@ def compare(
 
     Example: autopar compare --model 70b --gpus 256 "--tp 8 --pp 4" "--tp 4 --pp 8 --recompute full" reports/run#2
     """
+    from autopar.cli.checks import output_file
     from autopar.errors import InputError
     from autopar.report.compare import compare as run_compare
-    from autopar.report.compare import file_names_its_question, item_from_file, item_from_run, split_rank
 
     PlanRequest(trainer=trainer).check()  # an unknown --trainer: one line with "did you mean"
     if out is not None and out.is_dir():
         raise InputError(f"--out '{out}' is a directory; give a file name such as {out / 'compare.html'}")
-    from autopar.cli.checks import output_file
-
     output_file(out, "--out")
+    flags = dict(model=model, gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node, cluster=cluster, seq_len=seq_len)
+    cmp = run_compare(*_items(layouts, flags, gbs, trainer))
+    if out is not None:
+        from autopar.report.html import write_compare
+
+        write_compare(cmp, out)
+    if as_json:
+        print(json.dumps(compare_json(cmp, out), indent=2, default=float))
+        return
+    from autopar.cli.render import console
+
+    c = console()
+    c.print(compare_table(cmp))
+    if out is not None:
+        c.print(f"Comparison: {out}")
+
+
+def _kinds(layouts: list[str]) -> list[str]:
+    """Each layout's kind: "flags" (a quoted flag string), "run" (a run directory, or DIR#RANK) or "file"
+    (a plan JSON file); anything else is refused."""
+    from autopar.errors import InputError
+    from autopar.report.compare import split_rank
+
     kinds = []
     for i, arg in enumerate(layouts, start=1):
         path, _ = split_rank(arg)
@@ -209,6 +235,18 @@ def compare(
                 f"layout #{i} '{arg}' is not a run directory, a plan JSON file or a quoted flag string "
                 f'such as "--tp 8 --pp 4"'
             )
+    return kinds
+
+
+def _items(layouts: list[str], flags: dict, gbs: int | None, trainer: str | None) -> tuple[list, tuple | None]:
+    """(the CompareItem of each layout, the reference question). Run directories and plan files that name
+    their question are read first; the first of their questions, overridden by the command's options
+    (`flags`: model, gpus, gpu, gpus_per_node, cluster, seq_len; and `gbs`), is the question of the flag
+    strings and of the plan files that name none. The reference is the command's options when they
+    override a layout's question, else None."""
+    from autopar.report.compare import file_names_its_question, item_from_file, item_from_run
+
+    kinds = _kinds(layouts)
     items: list = [None] * len(layouts)
     for i, (arg, kind) in enumerate(zip(layouts, kinds)):  # layouts that know their question first
         if kind == "run":
@@ -216,56 +254,31 @@ def compare(
         elif kind == "file" and file_names_its_question(arg):
             items[i] = item_from_file(arg, None)
     base = next((it.question for it in items if it is not None), None)
-    options_given = any(v is not None for v in (model, gpus, gpu, gpus_per_node, cluster, seq_len))
+    options_given = any(v is not None for v in flags.values())
     shared = None
     if options_given or base is not None:
-        shared = _question(
-            base,
-            model=model,
-            gpus=gpus,
-            gpu=gpu,
-            gpus_per_node=gpus_per_node,
-            cluster=cluster,
-            seq_len=seq_len,
-            gbs=gbs,
-            where="compare",
-        )
+        shared = _question(base, **flags, gbs=gbs, where="compare")
     for i, (arg, kind) in enumerate(zip(layouts, kinds)):
         if kind == "file" and items[i] is None:
             items[i] = item_from_file(arg, shared)
         elif kind == "flags":
             items[i] = item_from_flags(arg, i + 1, shared, trainer)
     reference = ("the command's --model/--gpus/... options", shared) if options_given and base is not None else None
-    cmp = run_compare(items, reference)
-    if out is not None:
-        from autopar.report.html import write_compare
+    return items, reference
 
-        write_compare(cmp, out)
-    if as_json:
-        q = cmp.question
-        print(
-            json.dumps(
-                {
-                    "model": q.model.name,
-                    "gpu": q.cluster.gpu.key,
-                    "num_gpus": q.num_gpus,
-                    "seq_len": q.seq_len,
-                    "html": str(out) if out else None,
-                    "layouts": [
-                        {"label": it.label, "source": it.source} | e for it, e in zip(cmp.items, cmp.estimate_dicts())
-                    ],
-                },
-                indent=2,
-                default=float,
-            )
-        )
-        return
-    from autopar.cli.render import console
 
-    c = console()
-    c.print(compare_table(cmp))
-    if out is not None:
-        c.print(f"Comparison: {out}")
+def compare_json(cmp, out: Path | None) -> dict:
+    """The comparison as `autopar compare --json` prints it: the question, the HTML page (or None) and
+    each layout's label, source and estimate."""
+    q = cmp.question
+    return {
+        "model": q.model.name,
+        "gpu": q.cluster.gpu.key,
+        "num_gpus": q.num_gpus,
+        "seq_len": q.seq_len,
+        "html": str(out) if out else None,
+        "layouts": [{"label": it.label, "source": it.source} | e for it, e in zip(cmp.items, cmp.estimate_dicts())],
+    }
 
 
 def compare_table(cmp):

@@ -62,64 +62,79 @@ def _given(ctx: typer.Context) -> list[str]:
     return words
 
 
+To = Annotated[str, typer.Option("--to", help="Format(s): a name below, a comma list, or all.")]
+Run = Annotated[
+    Optional[Path], typer.Option("--run", help="An `autopar search` run directory (top.json, search.json).")
+]
+Rank = Annotated[int, typer.Option("--rank", help="With --run: which ranked plan (1 = fastest).")]
+Out = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--out",
+        "-o",
+        help="Output directory; each format goes to OUT/<format>/ (default: RUN/export-rank<N>, or ./autopar-export).",
+    ),
+]
+TorchtitanVersion = Annotated[
+    str,
+    typer.Option(
+        "--torchtitan-version",
+        help="torchtitan release: 0.3 and later get a Python config, 0.2.2 and earlier a TOML file.",
+    ),
+]
+TorchtitanBase = Annotated[
+    Optional[str],
+    typer.Option(
+        "--torchtitan-base",
+        help="torchtitan base config for models without a preset: module:function (>= 0.3) or name:flavor (<= 0.2.2).",
+    ),
+]
+Recipe = Annotated[
+    Optional[str],
+    typer.Option(
+        "--recipe", help="NeMo 2 recipe module / Megatron-Bridge recipe function (default: the model preset's)."
+    ),
+]
+Partition = Annotated[Optional[str], typer.Option("--partition", help="SLURM partition.")]
+Account = Annotated[Optional[str], typer.Option("--account", help="SLURM account.")]
+TimeLimit = Annotated[Optional[str], typer.Option("--time", help="SLURM time limit, e.g. 04:00:00.")]
+JobName = Annotated[str, typer.Option("--job-name", help="SLURM job name.")]
+ContainerImage = Annotated[Optional[str], typer.Option("--container-image", help="SLURM (pyxis) container image.")]
+MasterPort = Annotated[int, typer.Option("--master-port", help="Rendezvous port.")]
+# the question of a plan given by flags (with --run, it comes from the run directory)
+Model = Annotated[
+    Optional[str], typer.Option("--model", "-m", help="Without --run: preset, HF config.json or model file.")
+]
+Gpus = Annotated[Optional[int], typer.Option("--gpus", "-g", help="Without --run: number of GPUs.")]
+Gpu = Annotated[Optional[str], typer.Option("--gpu", help="Without --run: GPU preset (default h100-sxm).")]
+
+
 @app.command(help=_help(), no_args_is_help=True)
 @with_plan_flags
 def export(
     ctx: typer.Context,
-    to: Annotated[str, typer.Option("--to", help="Format(s): a name below, a comma list, or all.")],
-    run: Annotated[
-        Optional[Path], typer.Option("--run", help="An `autopar search` run directory (top.json, search.json).")
-    ] = None,
-    rank: Annotated[int, typer.Option("--rank", help="With --run: which ranked plan (1 = fastest).")] = 1,
-    out: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--out",
-            "-o",
-            help="Output directory; each format goes to "
-            "OUT/<format>/ (default: RUN/export-rank<N>, or ./autopar-export).",
-        ),
-    ] = None,
-    torchtitan_version: Annotated[
-        str,
-        typer.Option(
-            "--torchtitan-version",
-            help="torchtitan release: 0.3 and later get a Python config, 0.2.2 and earlier a TOML file.",
-        ),
-    ] = "0.3",
-    torchtitan_base: Annotated[
-        Optional[str],
-        typer.Option(
-            "--torchtitan-base",
-            help="torchtitan base config for "
-            "models without a preset: module:function (>= 0.3) or "
-            "name:flavor (<= 0.2.2).",
-        ),
-    ] = None,
-    recipe: Annotated[
-        Optional[str],
-        typer.Option(
-            "--recipe", help="NeMo 2 recipe module / Megatron-Bridge recipe function (default: the model preset's)."
-        ),
-    ] = None,
-    partition: Annotated[Optional[str], typer.Option("--partition", help="SLURM partition.")] = None,
-    account: Annotated[Optional[str], typer.Option("--account", help="SLURM account.")] = None,
-    time_limit: Annotated[Optional[str], typer.Option("--time", help="SLURM time limit, e.g. 04:00:00.")] = None,
-    job_name: Annotated[str, typer.Option("--job-name", help="SLURM job name.")] = "autopar",
-    container_image: Annotated[
-        Optional[str], typer.Option("--container-image", help="SLURM (pyxis) container image.")
-    ] = None,
-    master_port: Annotated[int, typer.Option("--master-port", help="Rendezvous port.")] = 29500,
-    model: Annotated[
-        Optional[str], typer.Option("--model", "-m", help="Without --run: preset, HF config.json or model file.")
-    ] = None,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", "-g", help="Without --run: number of GPUs.")] = None,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="Without --run: GPU preset (default h100-sxm).")] = None,
+    to: To,
+    run: Run = None,
+    rank: Rank = 1,
+    out: Out = None,
+    torchtitan_version: TorchtitanVersion = "0.3",
+    torchtitan_base: TorchtitanBase = None,
+    recipe: Recipe = None,
+    partition: Partition = None,
+    account: Account = None,
+    time_limit: TimeLimit = None,
+    job_name: JobName = "autopar",
+    container_image: ContainerImage = None,
+    master_port: MasterPort = 29500,
+    model: Model = None,
+    gpus: Gpus = None,
+    gpu: Gpu = None,
     gpus_per_node: o.GpusPerNode = None,
     cluster: o.ClusterFile = None,
     seq_len: o.SeqLen = None,
     plan: PlanRequest = PlanRequest(),
 ) -> None:
+    from autopar.cli.checks import output_dir
     from autopar.errors import InputError
     from autopar.export import ExportOptions, SlurmOptions
 
@@ -131,31 +146,15 @@ def export(
         check_base(torchtitan_base, toml_era(torchtitan_version))
     if rank != 1 and run is None:
         raise InputError("--rank needs --run")
-    if run is not None:
-        fixed = [
-            f
-            for f, v in (
-                ("--model", model),
-                ("--gpus", gpus),
-                ("--gpu", gpu),
-                ("--gpus-per-node", gpus_per_node),
-                ("--cluster", cluster),
-                ("--seq-len", seq_len),
-            )
-            if v is not None
-        ]
-        if fixed:
-            raise InputError(f"{', '.join(fixed)} come from the run directory; drop them (or drop --run)")
-        spec, clus, s, the_plan, source = _from_run(run, rank, plan)
-        default_out = run / f"export-rank{rank}"
-    else:
-        if model is None or gpus is None:
-            raise InputError(
-                "give --run DIR --rank N, or a plan with --model and --gpus (and the plan flags of `autopar estimate`)"
-            )
-        spec, clus, s, the_plan = _from_flags(model, gpus, gpu, gpus_per_node, cluster, seq_len, plan)
-        source = None
-        default_out = Path("autopar-export")
+    question = {
+        "--model": model,
+        "--gpus": gpus,
+        "--gpu": gpu,
+        "--gpus-per-node": gpus_per_node,
+        "--cluster": cluster,
+        "--seq-len": seq_len,
+    }
+    spec, clus, s, the_plan, source, default_out = _the_plan(run, rank, question, plan)
     options = ExportOptions(
         seq_len=s,
         command=shlex.join(_given(ctx)),
@@ -168,11 +167,28 @@ def export(
             job_name=job_name, partition=partition, account=account, time=time_limit, container_image=container_image
         ),
     )
-    from autopar.cli.checks import output_dir
-
     output_dir(out or default_out, "--out" if out is not None else "the default output folder")
     bundles, refused = _render_all(formats, to, the_plan, spec, clus, options)
     _write(bundles, refused, out or default_out)
+
+
+def _the_plan(run: Path | None, rank: int, question: dict, request: PlanRequest):
+    """(model, cluster, seq_len, plan, source, default output folder): rank N of --run, or the plan of
+    the flags; `question` maps --model, --gpus, --gpu, --gpus-per-node, --cluster, --seq-len to their values."""
+    from autopar.errors import InputError
+
+    if run is not None:
+        fixed = [f for f, v in question.items() if v is not None]
+        if fixed:
+            raise InputError(f"{', '.join(fixed)} come from the run directory; drop them (or drop --run)")
+        spec, clus, s, the_plan, source = _from_run(run, rank, request)
+        return spec, clus, s, the_plan, source, run / f"export-rank{rank}"
+    if question["--model"] is None or question["--gpus"] is None:
+        raise InputError(
+            "give --run DIR --rank N, or a plan with --model and --gpus (and the plan flags of `autopar estimate`)"
+        )
+    spec, clus, s, the_plan = _from_flags(*question.values(), request)
+    return spec, clus, s, the_plan, None, Path("autopar-export")
 
 
 #: SLURM --time forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]

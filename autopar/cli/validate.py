@@ -9,59 +9,66 @@ import typer
 from autopar.cli import app
 from autopar.cli import options as o
 
+Runs = Annotated[
+    Optional[str],
+    typer.Option(
+        "--runs",
+        help="A calibration CSV with the columns of the bundled "
+        "tables (default: the bundled public runs, rows 1-54 and 201-291).",
+    ),
+]
+Trainer = Annotated[
+    Optional[str],
+    typer.Option(
+        "--trainer",
+        help="Only the runs priced with this trainer's performance profile (megatron, torchtitan, deepspeed, ...).",
+    ),
+]
+Fit = Annotated[
+    bool,
+    typer.Option(
+        "--fit",
+        help="Refit the performance profiles to these runs (bounded least "
+        "squares) and report with the fitted constants.",
+    ),
+]
+CrossValidate = Annotated[
+    bool,
+    typer.Option(
+        "--cross-validate",
+        help="Recompute the leave-one-source-out "
+        "figures: fit on every source but one, predict that one (one fit "
+        "per source, minutes).",
+    ),
+]
+WriteProfile = Annotated[
+    Optional[str],
+    typer.Option(
+        "--write-profile",
+        help="With --fit: write the fitted "
+        "constants of --trainer's profile (default megatron) as a "
+        "cluster profile YAML, for --cluster FILE.",
+    ),
+]
+WriteProfiles = Annotated[
+    Optional[str],
+    typer.Option(
+        "--write-profiles",
+        help="With --fit: write every "
+        "fitted profile as a profiles.toml (maintainers: "
+        "autopar/cost/data/profiles.toml).",
+    ),
+]
+
 
 @app.command()
 def validate(
-    runs: Annotated[
-        Optional[str],
-        typer.Option(
-            "--runs",
-            help="A calibration CSV with the columns of the bundled "
-            "tables (default: the bundled public runs, rows 1-54 and 201-291).",
-        ),
-    ] = None,
-    trainer: Annotated[
-        Optional[str],
-        typer.Option(
-            "--trainer",
-            help="Only the runs priced with this trainer's performance profile (megatron, torchtitan, deepspeed, ...).",
-        ),
-    ] = None,
-    fit: Annotated[
-        bool,
-        typer.Option(
-            "--fit",
-            help="Refit the performance profiles to these runs (bounded least "
-            "squares) and report with the fitted constants.",
-        ),
-    ] = False,
-    cross_validate: Annotated[
-        bool,
-        typer.Option(
-            "--cross-validate",
-            help="Recompute the leave-one-source-out "
-            "figures: fit on every source but one, predict that one (one fit "
-            "per source, minutes).",
-        ),
-    ] = False,
-    write_profile: Annotated[
-        Optional[str],
-        typer.Option(
-            "--write-profile",
-            help="With --fit: write the fitted "
-            "constants of --trainer's profile (default megatron) as a "
-            "cluster profile YAML, for --cluster FILE.",
-        ),
-    ] = None,
-    write_profiles: Annotated[
-        Optional[str],
-        typer.Option(
-            "--write-profiles",
-            help="With --fit: write every "
-            "fitted profile as a profiles.toml (maintainers: "
-            "autopar/cost/data/profiles.toml).",
-        ),
-    ] = None,
+    runs: Runs = None,
+    trainer: Trainer = None,
+    fit: Fit = False,
+    cross_validate: CrossValidate = False,
+    write_profile: WriteProfile = None,
+    write_profiles: WriteProfiles = None,
     as_json: o.Json = False,
 ) -> None:
     """Predict every published run whose layout is complete enough and compare with its measured
