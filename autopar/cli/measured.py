@@ -170,64 +170,18 @@ def run_stage(
     """The measured stage over a search result; figures into measured.json and search.json (written
     atomically: another worker may share the run directory); returns them."""
     from autopar.search.trial_results import acceptance
-    from autopar.search.trials import plan_key, run_measured
-    from autopar.spec.hardware import LOCAL
+    from autopar.search.trials import run_measured
     from autopar.trial.hygiene import install_signal_handlers
-    from autopar.trial.measure import measure_placement
-    from autopar.trial.proxy import Planner, Target
 
     options = options or TrialOptions()
     out = sys.stderr if quiet else sys.stdout
-    header: list[str] = []  # said before the stage's first line (a refusal is one line alone)
-
-    def log(msg: str) -> None:
-        while header:
-            print(header.pop(0), file=out, flush=True)
-        print(msg, file=out, flush=True)
-
-    q = result.question
+    log = _StageLog(out)
     warmup = 1
-    w = _where(q, options, log)
-    popts = options.proxy
-    if popts.step_budget_s is None and w.limits is not None:  # on the cluster, --trial-timeout alone bounds a trial
-        popts = replace(popts, step_budget_s=step_budget(timeout, steps, warmup, w.device))
-    planner = Planner(
-        Target(model=spec, cluster=q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len),
-        w.limits,
-        popts,
-        w.here,
-        device=w.device,
-        fix_hint=w.fix,
-    )
-    header.append(
-        f"Measured stage on {w.text}; "
-        + (
-            "plans that do not fit run as scaled-down proxies (--no-proxy: not at all)"
-            if popts.enabled
-            else "plans that do not fit are not run (--no-proxy)"
-        )
-    )
-    peak = q.cluster.gpu.peak_flops("bf16") / (2 if q.cluster.gpu.key == LOCAL else 1)
-    workroot = Path(result.run_dir) / "trials" / "work"
+    w = _where(result.question, options, log)
+    planner, header = _planner(result.question, spec, options, w, steps=steps, warmup=warmup, timeout=timeout)
+    log.header.append(header)
+    measure, runnable = _trial_callables(result, planner, w, steps=steps, warmup=warmup, timeout=timeout)
     install_signal_handlers()  # SIGINT/SIGTERM: kill the running trial (or scancel it), exit 130/143
-
-    def measure(plan: dict, predicted: dict, on_step) -> dict:
-        return measure_placement(
-            planner.place(plan, predicted),
-            predicted,
-            steps=steps,
-            warmup=warmup,
-            timeout_s=timeout,
-            workdir=workroot / plan_key(plan),
-            peak_flops=peak,
-            on_step=on_step,
-            launch_fn=w.launch_fn,
-        )
-
-    def runnable(plan: dict, predicted: dict) -> str | None:
-        p = planner.place(plan, predicted)
-        return None if p.runnable else p.reason
-
     t0 = time.perf_counter()
     # another worker's trial ends within its timeout; one of another host silent far longer is dead
     stage = run_measured(
@@ -252,6 +206,75 @@ def run_stage(
     _save(result, stage, figs)
     print_measured(figs, file=out)
     return figs
+
+
+class _StageLog:
+    """The stage's log: each line to `out` at once, the header lines before the first one (a
+    refusal before any line is one line alone)."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.header: list[str] = []
+
+    def __call__(self, msg: str) -> None:
+        while self.header:
+            print(self.header.pop(0), file=self.out, flush=True)
+        print(msg, file=self.out, flush=True)
+
+
+def _planner(q, spec, options: TrialOptions, w: _Where, *, steps: int, warmup: int, timeout: float):
+    """Where each plan runs here (as it is, as a scaled-down proxy, or not at all), and the
+    stage's header line saying so."""
+    from autopar.trial.proxy import Planner, Target
+
+    popts = options.proxy
+    if popts.step_budget_s is None and w.limits is not None:  # on the cluster, --trial-timeout alone bounds a trial
+        popts = replace(popts, step_budget_s=step_budget(timeout, steps, warmup, w.device))
+    planner = Planner(
+        Target(model=spec, cluster=q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len),
+        w.limits,
+        popts,
+        w.here,
+        device=w.device,
+        fix_hint=w.fix,
+    )
+    header = f"Measured stage on {w.text}; " + (
+        "plans that do not fit run as scaled-down proxies (--no-proxy: not at all)"
+        if popts.enabled
+        else "plans that do not fit are not run (--no-proxy)"
+    )
+    return planner, header
+
+
+def _trial_callables(result, planner, w: _Where, *, steps: int, warmup: int, timeout: float):
+    """run_measured's `measure(plan, predicted, on_step)` (one trial of the plan as the planner
+    places it) and `runnable(plan, predicted)` (why it cannot run here, or None)."""
+    from autopar.search.trials import plan_key
+    from autopar.spec.hardware import LOCAL
+    from autopar.trial.measure import measure_placement
+
+    q = result.question
+    peak = q.cluster.gpu.peak_flops("bf16") / (2 if q.cluster.gpu.key == LOCAL else 1)
+    workroot = Path(result.run_dir) / "trials" / "work"
+
+    def measure(plan: dict, predicted: dict, on_step) -> dict:
+        return measure_placement(
+            planner.place(plan, predicted),
+            predicted,
+            steps=steps,
+            warmup=warmup,
+            timeout_s=timeout,
+            workdir=workroot / plan_key(plan),
+            peak_flops=peak,
+            on_step=on_step,
+            launch_fn=w.launch_fn,
+        )
+
+    def runnable(plan: dict, predicted: dict) -> str | None:
+        p = planner.place(plan, predicted)
+        return None if p.runnable else p.reason
+
+    return measure, runnable
 
 
 def _machine_notes(figs: dict, stage, options: TrialOptions, device: str) -> None:

@@ -16,50 +16,59 @@ from autopar.cli.plan_flags import with_plan_flags
 from autopar.errors import InputError
 from autopar.spec.resolve import PlanRequest
 
+# the options of `trial` alone (those shared with other commands are in autopar.cli.options)
+Gpus = Annotated[int, typer.Option("--gpus", "-g", help="Ranks in all (nodes x per node).")]
+Gpu = Annotated[str, typer.Option("--gpu", help="Hardware profile of the prediction (local = `autopar probe`).")]
+Steps = Annotated[int, typer.Option("--steps", help="Timed steps after warm-up.")]
+Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up steps, left out of the timing.")]
+ProxyLayers = Annotated[
+    Optional[int],
+    typer.Option(
+        "--proxy-layers", help="Proxy: run this many layers (same shapes, pp/vpp split kept), scale the time back."
+    ),
+]
+ProxyWidth = Annotated[
+    Optional[int],
+    typer.Option("--proxy-width", help="Proxy: a model this many times narrower, same ratios; scale the time back."),
+]
+Nnodes = Annotated[int, typer.Option("--nnodes", help="Nodes (multi-node: one torchrun per node).")]
+NodeRank = Annotated[int, typer.Option("--node-rank", help="This node's rank (multi-node).")]
+RdzvEndpoint = Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="host:port (multi-node).")]
+EmitSlurm = Annotated[Optional[Path], typer.Option("--emit-slurm", help="Write an sbatch script, run nothing.")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds before the trial is killed.")]
+MaxLocalRanks = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-local-ranks",
+        help="Most ranks this machine may start (default: its CPU cores; more oversubscribes them).",
+    ),
+]
+MemoryLimitMib = Annotated[
+    Optional[float], typer.Option("--memory-limit-mib", help="Cap each rank's memory growth (forces an OOM past it).")
+]
+RunDir = Annotated[Path, typer.Option("--run-dir", help="Results go to RUN_DIR/trials/.")]
+
 
 @app.command()
 @with_plan_flags
 def trial(
     model: o.Model,
-    gpus: Annotated[int, typer.Option("--gpus", "-g", help="Ranks in all (nodes x per node).")],
+    gpus: Gpus,
     seq_len: o.SeqLen = None,
-    gpu: Annotated[
-        str, typer.Option("--gpu", help="Hardware profile of the prediction (local = `autopar probe`).")
-    ] = "local",
+    gpu: Gpu = "local",
     cluster: o.ClusterFile = None,
-    steps: Annotated[int, typer.Option("--steps", help="Timed steps after warm-up.")] = 5,
-    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps, left out of the timing.")] = 2,
-    proxy_layers: Annotated[
-        Optional[int],
-        typer.Option(
-            "--proxy-layers", help="Proxy: run this many layers (same shapes, pp/vpp split kept), scale the time back."
-        ),
-    ] = None,
-    proxy_width: Annotated[
-        Optional[int],
-        typer.Option(
-            "--proxy-width", help="Proxy: a model this many times narrower, same ratios; scale the time back."
-        ),
-    ] = None,
-    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes (multi-node: one torchrun per node).")] = 1,
-    node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank (multi-node).")] = 0,
-    rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="host:port (multi-node).")] = None,
-    emit_slurm: Annotated[
-        Optional[Path], typer.Option("--emit-slurm", help="Write an sbatch script, run nothing.")
-    ] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the trial is killed.")] = 300.0,
-    max_local_ranks: Annotated[
-        Optional[int],
-        typer.Option(
-            "--max-local-ranks",
-            help="Most ranks this machine may start (default: its CPU cores; more oversubscribes them).",
-        ),
-    ] = None,
-    memory_limit_mib: Annotated[
-        Optional[float],
-        typer.Option("--memory-limit-mib", help="Cap each rank's memory growth (forces an OOM past it)."),
-    ] = None,
-    run_dir: Annotated[Path, typer.Option("--run-dir", help="Results go to RUN_DIR/trials/.")] = Path("reports/trials"),
+    steps: Steps = 5,
+    warmup: Warmup = 2,
+    proxy_layers: ProxyLayers = None,
+    proxy_width: ProxyWidth = None,
+    nnodes: Nnodes = 1,
+    node_rank: NodeRank = 0,
+    rdzv_endpoint: RdzvEndpoint = None,
+    emit_slurm: EmitSlurm = None,
+    timeout: Timeout = 300.0,
+    max_local_ranks: MaxLocalRanks = None,
+    memory_limit_mib: MemoryLimitMib = None,
+    run_dir: RunDir = Path("reports/trials"),
     as_json: o.Json = False,
     *,
     plan: PlanRequest,
@@ -110,27 +119,14 @@ def trial(
     )
     key = plan_key(t.plan.to_dict())
     nproc = gpus // nnodes
+    launch = dict(steps=steps, warmup=warmup, timeout=timeout)  # how the ranks run, here or under sbatch
     if emit_slurm:
-        spec_path = plan_trial.write_sbatch(
-            t, key, emit_slurm, run_dir, nnodes=nnodes, nproc=nproc, steps=steps, warmup=warmup, timeout=timeout
-        )
+        spec_path = plan_trial.write_sbatch(t, key, emit_slurm, run_dir, nnodes=nnodes, nproc=nproc, **launch)
         print(f"sbatch script: {emit_slurm} (run file {spec_path})")
         return
-    if nnodes > 1 and not rdzv_endpoint:
-        raise InputError("--nnodes > 1 needs --rdzv-endpoint host:port (or --emit-slurm)")
+    rdzv = _rendezvous(nnodes, node_rank, rdzv_endpoint)
     plan_trial.check_local_fit(t, nproc, max_local_ranks)
-    rdzv = {"nnodes": nnodes, "node_rank": node_rank, "endpoint": rdzv_endpoint} if nnodes > 1 else None
-    doc, path = _run_here(
-        t,
-        key,
-        nproc,
-        steps=steps,
-        warmup=warmup,
-        timeout=timeout,
-        rdzv=rdzv,
-        memory_limit_mib=memory_limit_mib,
-        run_dir=run_dir,
-    )
+    doc, path = _run_here(t, key, nproc, rdzv=rdzv, memory_limit_mib=memory_limit_mib, run_dir=run_dir, **launch)
     _print_result(doc, key, t.predicted, path, as_json)
     if doc["status"] != "ok":
         sys.exit(1)
@@ -176,6 +172,16 @@ def _check_trial_flags(
         )
     if node_rank >= nnodes:
         raise InputError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (ranks count from 0)")
+
+
+def _rendezvous(nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> dict | None:
+    """torchrun's rendezvous of a multi-node trial run here (None on one node); one line when the
+    endpoint is missing."""
+    if nnodes <= 1:
+        return None
+    if not rdzv_endpoint:
+        raise InputError("--nnodes > 1 needs --rdzv-endpoint host:port (or --emit-slurm)")
+    return {"nnodes": nnodes, "node_rank": node_rank, "endpoint": rdzv_endpoint}
 
 
 def _run_here(

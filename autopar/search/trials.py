@@ -27,6 +27,7 @@ shared, and each worker's final ranking covers all workers' measurements.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,6 +125,22 @@ def _enqueue(study: optuna.Study, keys: list[str], stale_after_s: float) -> None
             study.enqueue_trial({"plan": k}, user_attrs={"seeded": True})
 
 
+def _open_study(run_dir: Path, storage: str | None, study_name: str | None, seed: int | None, k: int) -> optuna.Study:
+    """The stage's study (created, or found by a rerun or another worker): `trials.db` in the run
+    directory, or `storage`; the pruner starts after the k seeded trials."""
+    url = storage or f"sqlite:///{run_dir / 'trials.db'}"
+    # a shared storage holds many runs: the study is named after --study-name, else the run
+    name = STUDY if storage is None else f"{study_name or run_dir.name}-{STUDY}"
+    return optuna.create_study(
+        storage=od.open_storage(url),
+        study_name=name,
+        load_if_exists=True,
+        direction="minimize",
+        sampler=optuna.samplers.TPESampler(seed=seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=k, n_warmup_steps=1),
+    )
+
+
 @od.quiet_optuna()
 def run_measured(
     result: SearchResult,
@@ -148,30 +165,16 @@ def run_measured(
     trials_dir = run_dir / "trials"
     cands = candidates(result)
     keys = sorted(cands)  # the categorical choices: fixed for the life of the study
-    url = storage or f"sqlite:///{run_dir / 'trials.db'}"
-    # a shared storage holds many runs: the study is named after --study-name, else the run
-    name = STUDY if storage is None else f"{study_name or run_dir.name}-{STUDY}"
-    study = optuna.create_study(
-        storage=od.open_storage(url),
-        study_name=name,
-        load_if_exists=True,
-        direction="minimize",
-        sampler=optuna.samplers.TPESampler(seed=seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=k, n_warmup_steps=1),
-    )
+    study = _open_study(run_dir, storage, study_name, seed, k)
     stale = od.fail_stale(study, older_than_s=stale_after_s)
     if stale:
         log(f"measured stage: {stale} interrupted trial(s) of a dead process failed; their plans rerun")
     budget = max(budget or k, k)
     ranking = diverse(list(cands), cands)
-    why_not: dict[str, str | None] = {}
 
+    @functools.cache  # asked once per plan
     def cannot(kk: str) -> str | None:
-        if runnable is None:
-            return None
-        if kk not in why_not:
-            why_not[kk] = runnable(cands[kk]["plan"], cands[kk]["predicted"])
-        return why_not[kk]
+        return None if runnable is None else runnable(cands[kk]["plan"], cands[kk]["predicted"])
 
     calib = None
     for rnd in range(rounds):
