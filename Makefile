@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup setup-test test-deps run test bench clean
+.PHONY: setup setup-test test-deps run lint test bench clean
 
 setup: $(STAMP)
 setup-test: $(TEST_STAMP)
@@ -34,7 +34,12 @@ run: setup
 test-deps:
 	bash scripts/install-test-deps.sh
 
-test: test-deps setup-test
+# ruff (pinned in the test extras, configured in pyproject.toml): the format is checked, not changed
+lint: setup-test
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+test: test-deps setup-test lint
 	$(PY) -m pytest
 
 bench: setup
