@@ -130,9 +130,25 @@ def _check_empty(argv: list[str]) -> None:
         raise InputError(f"an empty argument {quoted(tok)} follows {quoted(prev)}; remove it or give a value")
 
 
+def _safe_streams() -> None:
+    """Output that cannot fail: characters the terminal's encoding lacks are escaped (a model name
+    in Cyrillic under LANG=C or PYTHONIOENCODING=ascii), and a closed stdout or stderr (`>&-`)
+    writes nowhere instead of crashing."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - for the life of the process
+        elif hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError, TypeError):
+                pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the command line; input errors print one line and exit 2, Ctrl-C / SIGTERM exit 130 / 143
     with one line (autopar.trial.hygiene)."""
+    _safe_streams()
     _register()
     from autopar.trial.hygiene import install_signal_handlers
 

@@ -388,3 +388,32 @@ def test_a_run_directory_of_another_model_is_refused(cli_run, one_line_error, tm
     one_line_error(cli_run("search", "--model", "llama3-8b", *opts), ["another question", "tiny", "--run-dir"])
     r = cli_run("search", "--model", "tiny", *opts)  # the same question resumes its study
     assert r.returncode == 0, r.stderr
+
+
+def _autopar(*args, **kw):
+    """`python -m autopar ARGS` in a fresh process (stdout and stderr captured unless given)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **kw.pop("env", {}))
+    if "stdout" not in kw and "stderr" not in kw:
+        kw["capture_output"] = True
+    return subprocess.run([sys.executable, "-m", "autopar", *map(str, args)], env=env, text=True, timeout=120,
+                          check=False, **kw)
+
+
+def test_output_the_terminal_cannot_encode_is_escaped(tmp_path):
+    model = tmp_path / "m.yaml"
+    model.write_text(TINY.format(layers=4) + 'name: "модель-🚀"\n', encoding="utf-8")
+    r = _autopar("estimate", "--model", model, "--gpus", "2", env={"PYTHONIOENCODING": "ascii"})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "\\u043c" in r.stdout
+
+
+def test_a_closed_stdout_is_no_traceback():
+    import subprocess
+
+    r = _autopar("models", stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
