@@ -102,6 +102,7 @@ def search(
     Example: autopar search --model 70b --gpus 256
     """
     from autopar.report import write_reports
+    from autopar.search.scenarios import check_any_valid
     from autopar.search.training import check_run
 
     check_flags({"--gpus-per-node": gpus_per_node, "--top-k": top_k, "--max-exhaustive": max_exhaustive})
@@ -112,6 +113,7 @@ def search(
     options = dict(top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials, seed=seed)
     options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
     results = _run(spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, **options)
+    check_any_valid(results)  # no valid plan at all: one line, exit 2 (the run directory stays for a look)
     if measure.trials > 0:
         if len(results) != 1:
             raise InputError("--trials applies to one scenario")

@@ -110,3 +110,22 @@ def result_json(r: SearchResult) -> dict:
         ],
         "per_trainer": {t: None if row is None else row_summary(row, r.layouts) for t, row in r.per_trainer.items()},
     }
+
+
+def check_any_valid(results: list[SearchResult]) -> None:
+    """One line when no scenario has a single valid plan (every plan breaks a rule of the model,
+    the batch or a trainer): the question has no answer, so it is bad input, not a result. A
+    scenario where plans are valid but none fits in memory is a result (exit 0)."""
+    if not results or any(r.counts.get("valid", 0) for r in results):
+        return
+    r = results[0]
+    q = r.question
+    rules = ", ".join(f"{k} ({v:,} plans)" for k, v in list(r.rejections.items())[:3])
+    where = f"{q.model.name} on {q.num_gpus:,} x {q.cluster.gpu.key}" + (
+        " (and every other scenario)" if len(results) > 1 else ""
+    )
+    trainer = "another --trainer, " if any(":" in k for k in list(r.rejections)[:3]) else ""
+    raise InputError(
+        f"no plan of the space is valid for {where}; the most common broken rules: {rules}; use {trainer}fewer "
+        f"GPUs, another --gbs, or a wider --space"
+    )

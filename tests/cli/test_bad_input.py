@@ -70,6 +70,12 @@ CASES = [
     ("missing-model-file", ["estimate", "--model", "{tmp}/nope.yaml", "--gpus", "8"], ["nope.yaml", "exist"]),
     # ---- sizes --------------------------------------------------------------------------------
     ("gpus-zero", ["estimate", "--model", "llama3-70b", "--gpus", "0"], ["--gpus"]),
+    # no plan of the space is valid at all (a 4-layer model on a million GPUs): no answer, not a result
+    (
+        "search-nothing-valid",
+        ["search", "--model", "tiny", "--gpus", "1048576", "--run-dir", "{tmp}/run"],
+        ["no plan of the space is valid", "fewer GPUs"],
+    ),
     ("tp-zero", E70 + ["--tp", "0"], ["--tp"]),
     ("mbs-negative", E70 + ["--mbs", "-1"], ["--mbs"]),
     ("gbs-zero", E70 + ["--tp", "8", "--gbs", "0"], ["--gbs"]),

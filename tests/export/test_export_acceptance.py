@@ -139,8 +139,9 @@ def test_a_search_that_finds_nothing_for_a_trainer(tmp_path, capsys) -> None:
         ],
         capsys,
     )
-    assert code == 0, err
-    assert "No plan is valid" in out and "deepspeed:moe" in out
+    # no valid plan is no answer: one line, exit 2, the run directory written for a look
+    assert code == 2 and err.count("\n") == 1, err
+    assert "no plan of the space is valid" in err and "deepspeed:moe" in err and "another --trainer" in err
     top = json.loads((run / "top.json").read_text())
     assert top["top"] == [] and top["per_trainer"] == {"deepspeed": None}
     code, out, err = cli(["export", "--run", str(run), "--to", "deepspeed", "--out", str(tmp_path / "out")], capsys)
