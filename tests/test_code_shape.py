@@ -1,0 +1,42 @@
+"""The shape the codebase keeps (so the next engineer can carry it): no module of autopar/ over 400
+lines, no function over 80 (counted on the ruff-formatted source, from `def` to its last line),
+and nothing in autopar/ or the README pointing at files outside the repository."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = sorted((ROOT / "autopar").rglob("*.py"))
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 80
+
+
+def test_modules_and_functions_are_short() -> None:
+    assert len(SOURCES) > 50  # the walk found the package
+    too_long = []
+    for path in SOURCES:
+        text = path.read_text()
+        name = path.relative_to(ROOT)
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}: {n} lines")
+    assert not too_long, "over the size limits:\n" + "\n".join(too_long)
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    outside = re.compile(
+        r"\.\./shared|shared/(seeds|reference)|design-lessons|cpu-distributed\.md|calibration_runs[^ ]*\.md"
+    )
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in [*SOURCES, *(ROOT / "autopar").rglob("*.toml"), ROOT / "README.md"]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if outside.search(line)
+    ]
+    assert not hits, "references to files outside the repository:\n" + "\n".join(hits)
