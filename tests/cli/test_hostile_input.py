@@ -396,12 +396,12 @@ def _autopar(*args, **kw):
     import sys
 
     repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               **kw.pop("env", {}))
+    env = dict(os.environ, PYTHONPATH=str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""), **kw.pop("env", {}))
     if "stdout" not in kw and "stderr" not in kw:
         kw["capture_output"] = True
-    return subprocess.run([sys.executable, "-m", "autopar", *map(str, args)], env=env, text=True, timeout=120,
-                          check=False, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "autopar", *map(str, args)], env=env, text=True, timeout=120, check=False, **kw
+    )
 
 
 def test_output_the_terminal_cannot_encode_is_escaped(tmp_path):
