@@ -125,3 +125,28 @@ def test_chromium_is_installed(name):
     assert shutil.which(name) or shutil.which("chromium-browser"), (
         "install Debian's chromium (apt-get install -y chromium); make test does as root"
     )
+
+
+def test_whole_run_whatif_renders_offline(browser, cli, tmp_path, monkeypatch):
+    """--tokens with a deadline over two GPU counts: the time and cost panel, the days breakdown
+    with its deadline line and the what-if's days and cost against GPUs draw without an error."""
+    monkeypatch.chdir(tmp_path)  # a what-if writes reports/<scenario>/ here
+    r = cli(
+        "search",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "16,32",
+        "--tokens",
+        "1T",
+        "--deadline",
+        "400d",
+        "--price-per-gpu-hour",
+        "2.5",
+    )
+    assert r.returncode == 0, r.stderr
+    page = next(tmp_path.glob("reports/llama3-8b_16x*/" + REPORT_FILE))
+    r = browser.render(page, tmp_path, height=9000)
+    check_page(r, page)
+    ids = [f["id"] for f in r.probe["figures"]]
+    assert {"fig-run", "fig-whatif", "fig-whatif-run"} <= set(ids), ids
