@@ -21,6 +21,7 @@ from autopar.search.run_dir import PlansWriter
 from autopar.search.run_state import question_summary, recorded_summary, summary_text
 from autopar.search.space import SearchSpace
 from autopar.search.streaming import Streamed
+from autopar.search.training import plan_file_columns
 
 if TYPE_CHECKING:
     from autopar.search.run import SearchOptions
@@ -64,7 +65,7 @@ def optuna_search(
     table.columns["plan_index"] = np.arange(len(table), dtype=np.int64)
     est = estimate_fitting(table, q, headroom)
     before_write()
-    writer = PlansWriter(run_dir)
+    writer = PlansWriter(run_dir, extra=plan_file_columns(q, opts.training))
     writer.write([(table, est)])
     writer.close()
     return _frame_results(frame(table, est), table.layouts), od.study_history(study)

@@ -28,7 +28,7 @@ from autopar.search.run_dir import SCHEMA_VERSION, PlansWriter, rejection_bits, 
 from autopar.search.run_state import RunState
 from autopar.search.space import SearchSpace
 from autopar.search.streaming import Streamed, StreamOptions, stream
-from autopar.search.training import with_run_columns
+from autopar.search.training import plan_file_columns, with_run_columns
 from autopar.spec.table import PlanTable
 from autopar.spec.trainers import TRAINERS
 from autopar.spec.training_run import TrainingRun
@@ -167,7 +167,7 @@ def _search(
     history: list = []
     if enumerator.total <= opts.max_exhaustive:
         method = "exhaustive"
-        writer = PlansWriter(run_dir)
+        writer = PlansWriter(run_dir, extra=plan_file_columns(q, opts.training))
         try:
             found = stream(
                 q,

@@ -77,8 +77,10 @@ FIGURES = (
 class PlansWriter:
     """plans.parquet, one row group per priced chunk (atomic: renamed into place when closed)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, extra=None):
         self.path = run_dir / "plans.parquet"
+        #: (table, estimate) -> more columns (the whole run's days and cost with --tokens)
+        self.extra = extra
         self.tmp = run_dir / f".plans.parquet.{os.getpid()}.tmp"
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
@@ -112,6 +114,8 @@ class PlansWriter:
         out["capacity_factor"] = pa.array(c["capacity_factor"], type=pa.float32())
         for name in FIGURES:
             out[name] = pa.array(est[name])
+        if self.extra is not None:
+            out |= {name: pa.array(v) for name, v in self.extra(table, est).items()}
         return out
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from autopar.cost.goodput import run_time_columns
 from autopar.errors import InputError
+from autopar.spec.plan import DTYPES
 from autopar.spec.training_run import TrainingRun
 
 
@@ -33,6 +34,33 @@ def with_run_columns(df: pd.DataFrame, question, run: TrainingRun | None) -> pd.
         run.budget,
     )
     return df.assign(**cols)
+
+
+#: the run columns plans.parquet gets for every plan (the rows shown get all of RUN_COLUMNS)
+PLAN_FILE_COLUMNS = ("days", "goodput", "gpu_hours", "cost")
+
+
+def plan_file_columns(question, run: TrainingRun | None):
+    """For PlansWriter: (table, estimate) -> the whole run's days, goodput, GPU-hours and cost of
+    every plan of a priced chunk; None without a run."""
+    if run is None:
+        return None
+    price = run.price_for(question.cluster.gpu.key)
+
+    def columns(table, est: dict) -> dict:
+        dtype = np.asarray(DTYPES, dtype=object)[table.columns["dtype"]]
+        cols = run_time_columns(
+            est["tokens_per_s"],
+            dtype,
+            question.num_gpus,
+            question.model.params_total,
+            run.tokens,
+            question.cluster.reliability,
+            price,
+        )
+        return {k: cols[k] for k in PLAN_FILE_COLUMNS}
+
+    return columns
 
 
 def tokens_text(tokens: float) -> str:

@@ -9,6 +9,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from autopar.search.training import choose
@@ -86,6 +87,14 @@ def test_search_days_gpu_hours_and_cost_by_hand(cli_run, tmp_path) -> None:
         assert run["checkpoint_gib"] == pytest.approx(8.03e9 * 14 / 2**30, rel=1e-2)
         lost = run["lost_to_checkpoints"] + run["lost_to_rework"] + run["lost_to_restarts"]
         assert run["goodput"] + lost == pytest.approx(1.0, abs=1e-12)
+    # every plan of plans.parquet carries its days, goodput, GPU-hours and cost too
+    plans = pd.read_parquet(tmp_path / "run" / "plans.parquet").set_index("plan_index")
+    for row in top:
+        for col in ("days", "goodput", "gpu_hours", "cost"):
+            assert plans.loc[row["plan_index"], col] == pytest.approx(row["run"][col], rel=1e-12)
+    valid = plans[plans["valid"]]
+    assert valid["days"].notna().all()
+    assert np.allclose(valid["cost"], valid["gpu_hours"] * 2.5, rtol=1e-12)
     assert out["answers"][0].startswith("Training 1T tokens with ")
     html = (tmp_path / "run" / "report.html").read_text()
     assert "Time and cost of the whole run" in html and "fig-run" in html
