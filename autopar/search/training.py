@@ -16,24 +16,28 @@ from autopar.spec.plan import DTYPES
 from autopar.spec.training_run import TrainingRun
 
 
-def with_run_columns(df: pd.DataFrame, question, run: TrainingRun | None) -> pd.DataFrame:
-    """`df` (plans priced for `question`) with the run columns (autopar.cost.goodput.RUN_COLUMNS,
-    meets_deadline, within_budget) when a run is given."""
-    if run is None or df is None or not len(df):
-        return df
+def run_columns(question, run: TrainingRun, tokens_per_s, dtype, verdicts: bool = True) -> dict:
+    """The whole run of plans priced for `question` (autopar.cost.goodput.run_time_columns), with
+    meets_deadline and within_budget when `verdicts`."""
     cluster = question.cluster
-    cols = run_time_columns(
-        df["tokens_per_s"].to_numpy(),
-        df["dtype"].to_numpy(),
+    return run_time_columns(
+        tokens_per_s,
+        dtype,
         question.num_gpus,
         question.model.params_total,
         run.tokens,
         cluster.reliability,
         run.price_for(cluster.gpu.key),
-        run.deadline_s,
-        run.budget,
+        run.deadline_s if verdicts else None,
+        run.budget if verdicts else None,
     )
-    return df.assign(**cols)
+
+
+def with_run_columns(df: pd.DataFrame, question, run: TrainingRun | None) -> pd.DataFrame:
+    """`df` (plans priced for `question`) with the run columns when a run is given."""
+    if run is None or df is None or not len(df):
+        return df
+    return df.assign(**run_columns(question, run, df["tokens_per_s"].to_numpy(), df["dtype"].to_numpy()))
 
 
 #: the run columns plans.parquet gets for every plan (the rows shown get all of RUN_COLUMNS)
@@ -45,19 +49,11 @@ def plan_file_columns(question, run: TrainingRun | None):
     every plan of a priced chunk; None without a run."""
     if run is None:
         return None
-    price = run.price_for(question.cluster.gpu.key)
+    run.price_for(question.cluster.gpu.key)  # a missing price is one line before any plan is priced
+    dtypes = np.asarray(DTYPES, dtype=object)
 
     def columns(table, est: dict) -> dict:
-        dtype = np.asarray(DTYPES, dtype=object)[table.columns["dtype"]]
-        cols = run_time_columns(
-            est["tokens_per_s"],
-            dtype,
-            question.num_gpus,
-            question.model.params_total,
-            run.tokens,
-            question.cluster.reliability,
-            price,
-        )
+        cols = run_columns(question, run, est["tokens_per_s"], dtypes[table.columns["dtype"]], verdicts=False)
         return {k: cols[k] for k in PLAN_FILE_COLUMNS}
 
     return columns
