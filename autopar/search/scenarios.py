@@ -115,8 +115,9 @@ def result_json(r: SearchResult) -> dict:
 def check_any_valid(results: list[SearchResult]) -> None:
     """One line when no scenario has a single valid plan (every plan breaks a rule of the model,
     the batch or a trainer): the question has no answer, so it is bad input, not a result. A
-    scenario where plans are valid but none fits in memory is a result (exit 0)."""
-    if not results or any(r.counts.get("valid", 0) for r in results):
+    scenario where plans are valid but none fits in memory is a result (exit 0), and so is an Optuna
+    search that sampled no valid plan (the space may hold some: more --n-trials can find them)."""
+    if not results or any(r.counts.get("valid", 0) or r.method != "exhaustive" for r in results):
         return
     r = results[0]
     q = r.question

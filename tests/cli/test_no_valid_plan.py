@@ -1,0 +1,34 @@
+"""A search whose space holds no valid plan at all has no answer: one line, exit 2. An Optuna
+search that merely sampled no valid plan is a result (more --n-trials may find some): exit 0."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_exhaustive_search_with_no_valid_plan_is_one_line(cli_run, one_line_error, tmp_path) -> None:
+    r = cli_run("search", "--model", "tiny", "--gpus", "1048576", "--run-dir", tmp_path / "run")
+    one_line_error(r, ["no plan of the space is valid", "tiny on 1,048,576", "fewer GPUs"])
+    assert (tmp_path / "run" / "search.json").is_file()  # the run directory stays, complete, for a look
+
+
+def test_optuna_sampling_no_valid_plan_is_a_result(cli_run, tmp_path) -> None:
+    r = cli_run(
+        "search",
+        "--model",
+        "tiny",
+        "--gpus",
+        "8",
+        "--max-exhaustive",
+        "0",
+        "--n-trials",
+        "3",
+        "--seed",
+        "0",
+        "--run-dir",
+        tmp_path / "run",
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["method"].startswith("optuna") and out["plans_fit"] == 0
