@@ -78,7 +78,7 @@ def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):
     or the budget, saying what it needs."""
     from autopar.cost.goodput import run_time
     from autopar.errors import InputError
-    from autopar.search.training import deadline_text, money_text, tokens_text
+    from autopar.spec.training_run import deadline_text, money_text, tokens_text
 
     r = run_time(
         run.tokens,

@@ -11,7 +11,7 @@ from autopar.cli import options as o
 @app.command()
 def models(as_json: o.Json = False) -> None:
     """List model presets: shape and derived parameter counts (total / active)."""
-    from autopar.cli.render import human_count
+    from autopar.report.format import human_count
     from autopar.spec.presets import get_preset, preset_names
 
     specs = [get_preset(n) for n in preset_names()]

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autopar.cost.estimate import MEMORY_TERMS, TIME_LABELS, TIME_TERMS, Estimate
+from autopar.report.format import human_count
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 
@@ -16,13 +17,6 @@ from autopar.spec.model import ModelSpec
 def console() -> Console:
     """The terminal's width, or a wide one when piped (tables stay whole in files, greps and CI logs)."""
     return Console() if sys.stdout.isatty() else Console(width=240)
-
-
-def human_count(n: float) -> str:
-    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.2f}{unit}"
-    return f"{n:.0f}"
 
 
 def plan_line(est: Estimate) -> str:
@@ -125,7 +119,7 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
 def run_table(r, run) -> Table:
     """The whole run of one plan (autopar.cost.goodput.RunTime): days, goodput and its terms,
     checkpoints, GPU-hours, cost."""
-    from autopar.search.training import money_text, tokens_text
+    from autopar.spec.training_run import money_text, tokens_text
 
     t = Table(title=f"Whole run: {tokens_text(run.tokens)} tokens", title_justify="left")
     t.add_column("figure")

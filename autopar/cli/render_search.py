@@ -113,7 +113,7 @@ def run_headers(run) -> list[str]:
 
 def run_cells(row, run) -> list[str]:
     """A plan's whole-run cells (run_headers): days to train after goodput, GPU-hours, cost."""
-    from autopar.search.training import money_text
+    from autopar.spec.training_run import money_text
 
     if run is None:
         return []

@@ -77,7 +77,7 @@ def question_rows(run: RunData) -> pd.DataFrame:
 
 def _whole_run_text(t: object) -> str:
     """'15T tokens, by 120 days, at 2.5 per GPU-hour, within 15M' (search --tokens ...), or ''."""
-    from autopar.search.training import money_text, tokens_text
+    from autopar.spec.training_run import money_text, tokens_text
 
     if not isinstance(t, dict) or not t.get("tokens"):
         return ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from autopar.spec.hardware import GIB
+from autopar.spec.training_run import money_text
 
 
 def human_count(n: float) -> str:
@@ -30,7 +31,7 @@ KINDS = {
     "s_signed": lambda v: f"{v:+.3f}",
     "gib_signed": lambda v: f"{v:+.2f}",
     "days": lambda v: f"{v:,.1f}",
-    "money": lambda v: human_count(v),
+    "money": money_text,
 }
 
 

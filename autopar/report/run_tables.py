@@ -27,7 +27,7 @@ def training_run(run: RunData) -> dict | None:
 def run_panel(run: RunData, w: pd.Series) -> pd.DataFrame:
     """The winner's whole run as (item, value) rows: tokens, days, goodput and its terms,
     checkpoints, GPU-hours, cost, and the deadline and budget verdicts."""
-    from autopar.search.training import money_text, tokens_text
+    from autopar.spec.training_run import money_text, tokens_text
 
     t = training_run(run) or {}
     rows = [
@@ -81,8 +81,8 @@ def run_breakdown(rows: pd.DataFrame) -> pd.DataFrame:
 def whatif_answers(wt: pd.DataFrame, t: dict | None) -> list[str]:
     """The what-if's answers to the run's questions (autopar.search.training.choose): the cheapest
     scenario that meets the deadline and the fastest within the budget."""
-    from autopar.search.training import choose, deadline_text, money_text
-    from autopar.spec.training_run import TrainingRun
+    from autopar.search.training import choose
+    from autopar.spec.training_run import TrainingRun, deadline_text, money_text
 
     if t is None or not wt["days"].notna().any():
         return []

@@ -13,7 +13,7 @@ import pandas as pd
 from autopar.cost.goodput import run_time_columns
 from autopar.errors import InputError
 from autopar.spec.plan import DTYPES
-from autopar.spec.training_run import TrainingRun
+from autopar.spec.training_run import TrainingRun, deadline_text, money_text, tokens_text
 
 
 def run_columns(question, run: TrainingRun, tokens_per_s, dtype, verdicts: bool = True) -> dict:
@@ -57,27 +57,6 @@ def plan_file_columns(question, run: TrainingRun | None):
         return {k: cols[k] for k in PLAN_FILE_COLUMNS}
 
     return columns
-
-
-def tokens_text(tokens: float) -> str:
-    """15e12 -> '15T' (the way --tokens is written)."""
-    for unit, div in (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if tokens >= div:
-            return f"{tokens / div:.3g}{unit}"
-    return f"{tokens:.0f}"
-
-
-def money_text(x: float) -> str:
-    """An amount in the price's currency: 21,682,581 -> '21.7M'."""
-    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{unit}"
-    return f"{x:.2f}"
-
-
-def deadline_text(seconds: float) -> str:
-    """5,184,000 s -> 'the 60-day deadline'."""
-    return f"the {seconds / 86_400:.3g}-day deadline"
 
 
 @dataclass

@@ -165,6 +165,30 @@ def parse_budget(text: str) -> float:
     return _in_range(value, text, "--budget", MAX_BUDGET, "5M")
 
 
+# ---- the run's quantities written back the way the flags take them ------------------------------
+
+
+def tokens_text(tokens: float) -> str:
+    """15e12 -> '15T' (the way --tokens is written)."""
+    for unit, div in (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if tokens >= div:
+            return f"{tokens / div:.3g}{unit}"
+    return f"{tokens:.0f}"
+
+
+def money_text(x: float) -> str:
+    """An amount in the price's currency: 21,682,581 -> '21.7M'."""
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.2f}"
+
+
+def deadline_text(seconds: float) -> str:
+    """5,184,000 s -> 'the 60-day deadline'."""
+    return f"the {seconds / 86_400:.3g}-day deadline"
+
+
 def training_run(
     tokens: str | None, deadline: str | None = None, price: str | None = None, budget: str | None = None
 ) -> TrainingRun | None:
