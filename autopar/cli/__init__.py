@@ -41,7 +41,7 @@ def _register() -> None:
         hardware,
         models,
         probe,
-        report,  # noqa: F401
+        report,
         search,
         trainers,
         trial,

@@ -196,8 +196,6 @@ def _run_section(run: D.RunData) -> tuple[str, str, str] | None:
     rows = T.top_rows(run)
     if R.training_run(run) is None or not len(rows) or "days" not in rows.columns:
         return None
-    t = R.training_run(run)
-    deadline = t["deadline_s"] / 86_400 if t.get("deadline_s") else None
     return (
         "run",
         "time and cost",
@@ -207,7 +205,7 @@ def _run_section(run: D.RunData) -> tuple[str, str, str] | None:
         "interruption and restarts; interruptions per GPU-hour, checkpoint bandwidth and restart time from "
         "the cluster's <code>reliability:</code> (default: the Llama 3 paper's 16,384-GPU cluster).</p>"
         + kv(R.run_panel(run, rows.iloc[0]))
-        + fig(run_figure(R.run_breakdown(rows), R.RUN_TERMS, deadline), "fig-run"),
+        + fig(run_figure(R.run_breakdown(rows), R.RUN_TERMS, R.deadline_days(run)), "fig-run"),
     )
 
 
@@ -304,7 +302,7 @@ def _whatif_section(
     rows = table(wt, cols, row_class=lambda i, r: "win" if r["current"] else "")
     t = R.training_run(run)
     days = (
-        fig(whatif_run_figure(wt, t["deadline_s"] / 86_400 if t.get("deadline_s") else None), "fig-whatif-run")
+        fig(whatif_run_figure(wt, R.deadline_days(run)), "fig-whatif-run")
         if t is not None and wt["days"].notna().any()
         else ""
     )

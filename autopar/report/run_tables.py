@@ -24,6 +24,12 @@ def training_run(run: RunData) -> dict | None:
     return t if isinstance(t, dict) and t.get("tokens") else None
 
 
+def deadline_days(run: RunData) -> float | None:
+    """The deadline the search was asked about, in days (None: no deadline)."""
+    t = training_run(run) or {}
+    return t["deadline_s"] / 86_400 if t.get("deadline_s") else None
+
+
 def run_panel(run: RunData, w: pd.Series) -> pd.DataFrame:
     """The winner's whole run as (item, value) rows: tokens, days, goodput and its terms,
     checkpoints, GPU-hours, cost, and the deadline and budget verdicts."""
