@@ -1,10 +1,23 @@
-"""Collective cost (alpha-beta) and which link a process group spans (vectorised).
+"""Collective time from measured link behaviour, and which links a process group spans (vectorised).
 
-Conventions: nccl-tests doc/PERFORMANCE.md: all-reduce moves 2(n-1)/n of the
-buffer S per rank, reduce-scatter / all-gather (n-1)/n of the full buffer, all-to-all (n-1)/n of a
-rank's send buffer, send/recv all of it. A group that spans nodes is modelled hierarchically
-(NCCL's hierarchical algorithms): the in-node part on NVLink, the cross-node part on the g NIC rails of the g group
-members in each node.
+Conventions (NVIDIA/nccl-tests doc/PERFORMANCE.md): an all-reduce moves 2(n-1)/n of its buffer S
+per rank, reduce-scatter and all-gather (n-1)/n of the whole buffer, all-to-all (n-1)/n of a rank's
+send buffer, send/recv all of it; bus bandwidth (busbw) is that volume over the time.
+
+A group that spans nodes runs hierarchically (NCCL's NVLS-tree / hierarchical algorithms): the part
+inside a node on NVLink, the cross-node part on the NIC rails of the group's members in a node,
+each rail one NIC. The time of each part comes from published measurements (autopar.spec.behaviour):
+- inside a node: the GPU's nccl-tests all-reduce time by message size (latency included), capped
+  for the ring algorithms (all-gather, reduce-scatter) at their measured large-message busbw, and
+  scaled to the group size by the measured busbw per GPU count (NVLink SHARP needs 5+ GPUs);
+- across nodes: each NIC at the fraction of its line rate NCCL reaches (48 of 50 GB/s on CX-7), times
+  the measured size efficiency of a multi-node all-reduce (GTC24 NVLS-tree scan at 32 and 8192 GPUs,
+  interpolated in log GPUs), plus NCCL's per-hop latency on a tree;
+- NCCL all-to-all: the in-node share at its measured NVLink busbw, the cross-node share at one NIC
+  (all-to-all cannot aggregate NICs), concurrently;
+- DeepEP / HybridEP dispatch and combine: deduplicated per node over RDMA, forwarded over NVLink.
+A GPU without published NVLink figures (a custom GPU, the local CPU profile) is priced alpha-beta
+from its line rates: `intra_node_bw_efficiency` x line rate and the cluster's per-step latencies.
 
 Placement: ranks are laid out in MESH_ORDER with tp innermost (autopar.spec.plan), so a group is
 `size` ranks at a fixed `stride`; `gpus_per_node` consecutive ranks share a node.
@@ -16,30 +29,57 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.spec.behaviour import NetworkFigures, NvlinkFigures, behaviour_of, shared_figures
 from autopar.spec.hardware import ClusterSpec
+
+ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, SEND = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "all_to_all",
+    "send",
+)
+#: bus-volume factor of each kind over its group: x (n-1)/n, all-reduce twice
+_HALF_RINGS = {ALL_REDUCE: 2.0, REDUCE_SCATTER: 1.0, ALL_GATHER: 1.0}
+#: GPUs per node of the published multi-node scans
+_SCAN_GPUS_PER_NODE = 8
 
 
 @dataclass
 class Links:
-    """Effective link figures of a cluster, in bytes/s and seconds."""
+    """A cluster's links as the cost model prices them."""
 
     gpus_per_node: int
-    intra_bw: float
+    nvlink: NvlinkFigures | None  # measured; None: alpha-beta from the line rates
+    nvlink_scale: float  # the cluster's NVLink rate over its preset's (a cluster file may change it)
+    intra_line: float  # B/s per GPU per direction
+    inter_line: float  # B/s per NIC (one per GPU) per direction
     intra_full_mesh: bool
-    inter_bw: float
-    intra_lat: float
+    intra_lat: float  # s per step (alpha-beta only)
     inter_lat: float
+    network: NetworkFigures
+    intra_eff: float  # `intra_node_bw_efficiency` (alpha-beta) / a multiplier on the measured figures
+    inter_eff: float
+    dispatch_nvlink_fraction: float  # DeepEP's NVLink rate / line rate on this GPU generation
 
     @classmethod
     def of(cls, cluster: ClusterSpec) -> "Links":
         k = cluster.constants
+        beh = behaviour_of(cluster.gpu)
+        shared = shared_figures()
         return cls(
             gpus_per_node=cluster.gpus_per_node,
-            intra_bw=cluster.intra_node_gbps * 1e9 * k.intra_node_bw_efficiency,
+            nvlink=beh.nvlink,
+            nvlink_scale=cluster.intra_node_gbps / cluster.gpu.intra_node_gbps,
+            intra_line=cluster.intra_node_gbps * 1e9,
+            inter_line=cluster.inter_node_gbps * 1e9,
             intra_full_mesh=cluster.intra_node_topology == "full-mesh",
-            inter_bw=cluster.inter_node_gbps * 1e9 * k.inter_node_bw_efficiency,
             intra_lat=cluster.intra_node_latency_us * 1e-6,
             inter_lat=cluster.inter_node_latency_us * 1e-6,
+            network=shared.network,
+            intra_eff=k.intra_node_bw_efficiency,
+            inter_eff=k.inter_node_bw_efficiency,
+            dispatch_nvlink_fraction=beh.dispatch_nvlink_fraction or shared.dispatch.nvlink_fraction,
         )
 
 
@@ -63,98 +103,144 @@ def place(size, stride, gpus_per_node: int) -> Group:
     return Group(size=size, per_node=per_node, nodes=nodes)
 
 
-def _intra_bw(links: Links, per_node: np.ndarray) -> np.ndarray:
-    """NVSwitch gives every GPU its full rate; a full mesh (MI300X) gives a group of g ranks g-1 links."""
+# ---- inside a node ---------------------------------------------------------------------------------
+
+
+def _nvlink_busbw(links: Links, kind: str, nbytes, g) -> np.ndarray:
+    """Measured busbw (B/s) of one call of `kind` on `g` GPUs of one node with an `nbytes` buffer."""
+    nv = links.nvlink
+    s = np.maximum(np.asarray(nbytes, dtype=float), 1.0)
+    ar8 = 1.75 * s / nv.all_reduce_s(s)  # the measured 8-GPU all-reduce at this size
+    peak8 = float(1.75 * nv.all_reduce_s.x[-1] / nv.all_reduce_s.y[-1])
+    g = np.asarray(g, dtype=float)
+    scale = links.nvlink_scale * links.intra_eff
+    if kind == ALL_REDUCE:
+        by = nv.by_gpus(np.clip(g, 4, 8)) if nv.by_gpus is not None else np.full(g.shape, nv.sharp_busbw)
+        peak_g = np.where(g >= 8, nv.sharp_busbw, np.where(g >= 4, by, nv.ring_busbw))
+        return ar8 * np.minimum(1.0, peak_g / peak8) * scale
+    size_eff = ar8 / peak8
+    if kind == ALL_TO_ALL:
+        return nv.all_to_all_busbw * np.minimum(1.0, size_eff * peak8 / nv.ring_busbw) * scale
+    if kind == SEND:
+        return nv.p2p * np.minimum(1.0, size_eff * peak8 / nv.ring_busbw) * scale
+    return np.minimum(ar8, nv.ring_busbw) * scale
+
+
+def _intra_line_bw(links: Links, per_node) -> np.ndarray:
+    """Alpha-beta link rate: NVSwitch gives every GPU its full rate; a full mesh (MI300X) gives a
+    group of g ranks g-1 links."""
+    bw = links.intra_line * links.intra_eff
     if links.intra_full_mesh:
-        return links.intra_bw * np.maximum(per_node - 1, 1)
-    return np.full(per_node.shape, links.intra_bw)
+        return bw * np.maximum(np.asarray(per_node) - 1, 1)
+    return np.full(np.shape(per_node), bw)
 
 
-def all_reduce_time(nbytes, group: Group, links: Links) -> np.ndarray:
-    """Ring all-reduce: 2(g-1)/g * S/B_nvlink + 2(N-1)/N * (S/g)/B_nic + 2(g-1)a_i + 2(N-1)a_e
-    (alpha-beta cost model, hierarchical form)."""
-    return 2.0 * _half_ring(nbytes, group, links)
+# ---- across nodes ----------------------------------------------------------------------------------
 
 
-def reduce_scatter_time(nbytes, group: Group, links: Links) -> np.ndarray:
-    """Reduce-scatter of a full buffer S: (n-1)/n factor, hierarchical (alpha-beta cost model, hierarchical)."""
-    return _half_ring(nbytes, group, links)
+def _scan_efficiency(net: NetworkFigures, per_nic_bytes, gpus) -> np.ndarray:
+    """Multi-node all-reduce busbw at this size over its large-message value, interpolated in log
+    GPUs between the two published scans; the size is what the scans' 8-GPU nodes put on one NIC."""
+    s = np.asarray(per_nic_bytes, dtype=float) * _SCAN_GPUS_PER_NODE
+    (n_small, small), (n_large, large) = net.scan_small, net.scan_large
+    e_small = small(s) / small.y[-1]
+    e_large = large(s) / large.y[-1]
+    w = np.clip(np.log(np.maximum(np.asarray(gpus, dtype=float), 1.0) / n_small) / np.log(n_large / n_small), 0, 1)
+    return np.exp((1 - w) * np.log(e_small) + w * np.log(e_large))
 
 
-all_gather_time = reduce_scatter_time  # same factor, S = the gathered (full) buffer (nccl-tests doc/PERFORMANCE.md)
+def _nic_rate(links: Links, per_nic_bytes, gpus) -> np.ndarray:
+    """B/s one NIC sustains in a collective of this size over this many GPUs."""
+    if links.nvlink is None:
+        return np.full(np.shape(per_nic_bytes), links.inter_line * links.inter_eff)
+    eff = _scan_efficiency(links.network, per_nic_bytes, gpus)
+    return links.inter_line * links.network.nic_fraction * links.inter_eff * eff
 
 
-def _half_ring(nbytes, group: Group, links: Links) -> np.ndarray:
-    per_byte, fixed = half_ring_linear(group, links)
-    return np.asarray(nbytes, dtype=float) * per_byte + fixed
+def _inter_latency(links: Links, nodes) -> np.ndarray:
+    """NCCL's latency of a cross-node phase: base + a hop per tree level (tuning.cc)."""
+    n = np.maximum(np.asarray(nodes, dtype=float), 1.0)
+    if links.nvlink is None:
+        return (n - 1) * links.inter_lat
+    net = links.network
+    return np.where(n > 1, net.base_latency_s + np.log2(n) * net.hop_latency_s, 0.0)
 
 
-def half_ring_linear(group: Group, links: Links) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds per byte, seconds per call) of a reduce-scatter or all-gather: (g-1)/g * S/B_nvlink +
-    (N-1)/N * (S/g)/B_nic, plus (g-1)a_i + (N-1)a_e (alpha-beta cost model, hierarchical); 0 for a group of one.
-    Linear in S, so calls on one group are priced by their summed bytes (autopar.cost.comm)."""
-    g = group.per_node.astype(float)
-    nn = group.nodes.astype(float)
-    per_byte = (g - 1) / g / _intra_bw(links, group.per_node) + (nn - 1) / nn / g / links.inter_bw
-    fixed = (g - 1) * links.intra_lat + (nn - 1) * links.inter_lat
-    on = group.size > 1
-    return np.where(on, per_byte, 0.0), np.where(on, fixed, 0.0)
+# ---- one call ----------------------------------------------------------------------------------------
 
 
-def all_to_all_time(nbytes, group: Group, links: Links) -> np.ndarray:
-    """All-to-all of a rank's send buffer S: the (g-1)/n share to in-node peers over NVLink, the
-    (n-g)/n share over the rank's own NIC, plus (n-1) latencies (alpha-beta cost model, hierarchical)."""
-    per_byte, fixed = all_to_all_linear(group, links)
-    return np.asarray(nbytes, dtype=float) * per_byte + fixed
-
-
-def all_to_all_linear(group: Group, links: Links) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds per byte, seconds per call) of `all_to_all_time` (alpha-beta cost model, hierarchical)."""
-    n = group.size.astype(float)
-    g = group.per_node.astype(float)
-    lat = np.where(group.nodes > 1, links.inter_lat, links.intra_lat)
-    on = group.size > 1
-    per_byte = (g - 1) / n / _intra_bw(links, group.per_node) + (n - g) / n / links.inter_bw
-    return np.where(on, per_byte, 0.0), np.where(on, (n - 1) * lat, 0.0)
-
-
-def deduplicated_all_to_all_time(nbytes, group: Group, links: Links, top_k: int) -> np.ndarray:
-    """A dispatch or combine of DeepEP / HybridEP kernels: a token's k routed copies cross the
-    network once per distinct destination node (then fan out over NVLink there), and the NVLink and
-    RDMA transfers run at once (DeepEP README, 'normal kernels': intranode NVLink forwarding of
-    internode RDMA). With uniform routing a token reaches (N - 1)(1 - (1 - 1/N)^k) remote nodes of
-    the N the group spans, against k(N - 1)/N remote copies without deduplication."""
-    per_byte, fixed = deduplicated_all_to_all_linear(group, links, top_k)
-    return np.asarray(nbytes, dtype=float) * per_byte + fixed
-
-
-def deduplicated_all_to_all_linear(group: Group, links: Links, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds per byte, seconds per call) of `deduplicated_all_to_all_time`: the slower of the
-    NVLink and RDMA shares, both linear in S (DeepEP README)."""
+def collective_seconds(kind: str, nbytes, group: Group, links: Links) -> np.ndarray:
+    """Seconds of one call of `kind` with buffer `nbytes` (a rank's send buffer for all-to-all, the
+    gathered size for all-gather) on `group`; 0 for a group of one."""
+    s = np.asarray(nbytes, dtype=float)
     n = group.size.astype(float)
     g = group.per_node.astype(float)
     nodes = group.nodes.astype(float)
-    remote = (n - g) / n
-    distinct = np.where(nodes > 1, nodes * (1 - (1 - 1 / np.maximum(nodes, 1)) ** top_k) / top_k, 1.0)
-    nvlink = ((g - 1) / n + remote) / _intra_bw(links, group.per_node)
-    rdma = remote * distinct / links.inter_bw
-    lat = np.where(group.nodes > 1, links.inter_lat, links.intra_lat) * (n - 1)
     on = group.size > 1
-    return np.where(on, np.maximum(nvlink, rdma), 0.0), np.where(on, lat, 0.0)
+    if kind == ALL_TO_ALL:
+        intra_share, inter_share = (g - 1) / n, (n - g) / n
+        intra = intra_share * s / _intra_rate(links, kind, s, g)
+        inter = inter_share * s / _a2a_nic_rate(links, s / np.maximum(g, 1), n)
+        t = np.maximum(intra, inter) + np.where(nodes > 1, _inter_latency(links, nodes), 0.0)
+        if links.nvlink is None:
+            t = intra + inter + (n - 1) * np.where(nodes > 1, links.inter_lat, links.intra_lat)
+        return np.where(on, t, 0.0)
+    factor = _HALF_RINGS[kind]
+    intra = np.where(g > 1, factor * (g - 1) / g * s / _intra_rate(links, kind, s, g), 0.0)
+    per_nic = s / g
+    inter = np.where(nodes > 1, factor * (nodes - 1) / nodes * per_nic / _nic_rate(links, per_nic, n), 0.0)
+    lat = factor * _inter_latency(links, nodes)
+    if links.nvlink is None:
+        lat = factor * ((g - 1) * links.intra_lat + (nodes - 1) * links.inter_lat)
+    return np.where(on, intra + inter + lat, 0.0)
 
 
-def p2p_time(nbytes, crosses_node, links: Links) -> np.ndarray:
-    """Send/recv: S/B + a on the link between the two ranks (alpha-beta cost model)."""
-    per_byte, fixed = p2p_linear(crosses_node, links)
-    return np.asarray(nbytes, dtype=float) * per_byte + fixed
+def _intra_rate(links: Links, kind: str, s, g) -> np.ndarray:
+    if links.nvlink is None:
+        return _intra_line_bw(links, g)
+    return _nvlink_busbw(links, kind, s, g)
 
 
-def p2p_linear(crosses_node, links: Links) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds per byte, seconds per call) of `p2p_time` (alpha-beta cost model)."""
-    return (
-        np.where(crosses_node, 1.0 / links.inter_bw, 1.0 / links.intra_bw),
-        np.where(crosses_node, links.inter_lat, links.intra_lat),
-    )
+def _a2a_nic_rate(links: Links, per_nic_bytes, gpus) -> np.ndarray:
+    """NCCL all-to-all over one NIC: its measured per-NIC busbw (GTC25: 48 GB/s on DGX H100), with
+    the multi-node size efficiency [assumed: no published all-to-all size curve]."""
+    if links.nvlink is None:
+        return np.full(np.shape(per_nic_bytes), links.inter_line * links.inter_eff)
+    eff = _scan_efficiency(links.network, per_nic_bytes, gpus)
+    return links.inter_line * links.network.all_to_all_fraction * links.inter_eff * eff
+
+
+def p2p_seconds(nbytes, crosses_node, links: Links) -> np.ndarray:
+    """Send/recv of `nbytes` between two ranks: NVLink at the measured P2P rate, or one NIC."""
+    s = np.asarray(nbytes, dtype=float)
+    if links.nvlink is None:
+        bw = np.where(crosses_node, links.inter_line * links.inter_eff, links.intra_line * links.intra_eff)
+        return s / bw + np.where(crosses_node, links.inter_lat, links.intra_lat)
+    intra = s / _nvlink_busbw(links, SEND, s, 2)
+    inter = s / _nic_rate(links, s, 2) + links.network.base_latency_s
+    return np.where(crosses_node, inter, intra)
+
+
+def deduplicated_seconds(nbytes, group: Group, links: Links, top_k: int) -> np.ndarray:
+    """A DeepEP / HybridEP dispatch or combine of a rank's k routed copies (`nbytes` = k x tokens x
+    hidden x element bytes): each token crosses the network once per distinct remote node it goes to
+    ((N - 1)(1 - (1 - 1/N)^k) of the N nodes the group spans under uniform routing, against k (N - 1)/N
+    copies without deduplication), then fans out over NVLink there; the NVLink and RDMA transfers run
+    at once (DeepEP README, normal kernels). RDMA at the NIC's line rate (DeepEP V1: 43-58 GB/s on a
+    50 GB/s CX-7), NVLink at DeepEP's measured fraction of the line rate."""
+    s = np.asarray(nbytes, dtype=float)
+    n = group.size.astype(float)
+    g = group.per_node.astype(float)
+    nodes = group.nodes.astype(float)
+    k = float(top_k)
+    copy = s / k  # one token's payload, per token of the rank
+    remote_nodes = np.where(nodes > 1, (nodes - 1) * (1 - (1 - 1 / np.maximum(nodes, 1)) ** k), 0.0)
+    rdma = copy * remote_nodes / (links.inter_line * links.inter_eff)
+    # in-node copies sent directly, plus the remote copies forwarded to their GPU inside the far node
+    nvlink_bytes = s * (g - 1) / n + s * (n - g) / n * (g - 1) / np.maximum(g, 1)
+    nvlink = nvlink_bytes / (links.intra_line * links.dispatch_nvlink_fraction * links.intra_eff)
+    lat = links.network.base_latency_s * np.where(nodes > 1, 2.0, 1.0)
+    return np.where(group.size > 1, np.maximum(nvlink, rdma) + lat, 0.0)
 
 
 def allreduce_bytes_moved(nbytes: float, n: int) -> float:

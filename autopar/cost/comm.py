@@ -2,7 +2,8 @@
 
 Each axis is described as a list of collective calls (kind, full buffer bytes, count); the payload
 bytes (what a byte-counting hook on the running model sees: the input buffer of each call, sends
-only for P2P) and the time both come from that one list, so they cannot drift apart.
+only for P2P) and the time (each call at the measured rate of its message size,
+autopar.cost.collectives) both come from that one list, so they cannot drift apart.
 
 Sources: TP + SP collectives per layer: Megatron-LM (Shoeybi et al. 2019 f/g operators; Korthikanti
 et al. 2022 §4.2.2: SP turns each all-reduce into reduce-scatter + all-gather); vocab-parallel
@@ -21,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from autopar.cost.collectives import Links, all_to_all_linear, half_ring_linear, p2p_linear
+from autopar.cost.collectives import Links, collective_seconds, p2p_seconds
 from autopar.spec.sharding import MODEL_PLAN, SEQUENCE_STYLES, block_plan, sync_points
 
 
@@ -40,76 +41,50 @@ def payload(call: Call, group_size) -> np.ndarray:
     return np.where(n > 1, s * call.count, 0.0)
 
 
-#: reduce-scatter and all-gather move (n-1)/n of the buffer, an all-reduce twice that (nccl-tests doc/PERFORMANCE.md)
-HALF_RINGS = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}
-
-
 class Volume(NamedTuple):
-    """A list of calls on one group, summed by how their time is priced: every collective's time is
-    linear in its buffer (autopar.cost.collectives), so the calls of a kind cost their summed bytes
-    times the group's seconds per byte plus their count times its seconds per call."""
+    """A list of calls on one group: the payload this GPU hands to them, and the calls that issue
+    anything (each priced at its own message size: autopar.cost.collectives)."""
 
     handed: np.ndarray | float  # payload bytes this GPU hands to the calls (0 when not counted)
-    ring_bytes: np.ndarray | float  # half-ring bytes: reduce-scatter and all-gather once, all-reduce twice
-    ring_calls: np.ndarray | float
-    a2a_bytes: np.ndarray | float
-    a2a_calls: np.ndarray | float
-    p2p_bytes: np.ndarray | float
-    p2p_calls: np.ndarray | float
+    calls: tuple[Call, ...]
 
 
 def volume(calls: list[Call], group_size, with_bytes: bool = True) -> Volume:
-    """The calls' summed volume; `with_bytes=False` leaves the payload at 0 (a search ranks by time)."""
+    """The calls' payload and the calls themselves; `with_bytes=False` leaves the payload at 0 (a
+    search ranks by time)."""
     n = np.asarray(group_size, dtype=float)
-    handed = ring_bytes = ring_calls = a2a_bytes = a2a_calls = p2p_bytes = p2p_calls = 0.0
+    handed = 0.0
+    kept = []
     for c in calls:
-        sent = c.full_bytes * c.count
+        if np.isscalar(c.count) and c.count == 0:
+            continue
+        kept.append(c)
         if with_bytes:
+            sent = c.full_bytes * c.count
             handed = handed + (sent / n if c.kind == "all_gather" else sent)
-        if c.kind in HALF_RINGS:
-            ring_bytes = ring_bytes + HALF_RINGS[c.kind] * sent
-            ring_calls = ring_calls + HALF_RINGS[c.kind] * c.count
-        elif c.kind == "all_to_all":
-            a2a_bytes, a2a_calls = a2a_bytes + sent, a2a_calls + c.count
-        else:
-            p2p_bytes, p2p_calls = p2p_bytes + sent, p2p_calls + c.count
-    return Volume(
-        np.where(n > 1, handed, 0.0) if with_bytes else 0.0,
-        ring_bytes,
-        ring_calls,
-        a2a_bytes,
-        a2a_calls,
-        p2p_bytes,
-        p2p_calls,
-    )
+    return Volume(np.where(n > 1, handed, 0.0) if with_bytes else 0.0, tuple(kept))
 
 
-def _none(x) -> bool:
-    return np.isscalar(x) and x == 0.0
-
-
-def seconds(v: Volume, group, links: Links, crosses_node=None, all_to_all=all_to_all_linear) -> np.ndarray:
-    """The time of a volume on its group; `all_to_all` gives the all-to-all's coefficients (DeepEP's
-    instead of NCCL's)."""
+def seconds(v: Volume, group, links: Links, crosses_node=None, dispatch=None) -> np.ndarray:
+    """The time of a volume's calls on their group: each call kind at the measured rate of its
+    message size; `dispatch` prices the all-to-alls instead of NCCL's (DeepEP's deduplicated
+    kernels: autopar.cost.collectives.deduplicated_seconds)."""
     out = np.zeros(())
-    if not _none(v.ring_bytes):
-        per_byte, fixed = half_ring_linear(group, links)
-        out = out + v.ring_bytes * per_byte + v.ring_calls * fixed
-    if not _none(v.a2a_bytes):
-        per_byte, fixed = all_to_all(group, links)
-        out = out + v.a2a_bytes * per_byte + v.a2a_calls * fixed
-    if not _none(v.p2p_bytes):
-        per_byte, fixed = p2p_linear(crosses_node, links)
-        out = out + v.p2p_bytes * per_byte + v.p2p_calls * fixed
+    for c in v.calls:
+        if c.kind == "send":
+            t = p2p_seconds(c.full_bytes, crosses_node, links)
+        elif c.kind == "all_to_all" and dispatch is not None:
+            t = dispatch(c.full_bytes, group, links)
+        else:
+            t = collective_seconds(c.kind, c.full_bytes, group, links)
+        out = out + np.where(np.asarray(c.count) > 0, t * c.count, 0.0)
     return out
 
 
-def traffic(
-    calls: list[Call], group_size, group, links: Links, crosses_node=None, all_to_all=all_to_all_linear
-) -> tuple[np.ndarray, np.ndarray]:
+def traffic(calls: list[Call], group_size, group, links: Links, crosses_node=None, dispatch=None):
     """(payload bytes, time) of a list of calls on one group."""
     v = volume(calls, group_size)
-    return v.handed, seconds(v, group, links, crosses_node, all_to_all)
+    return v.handed, seconds(v, group, links, crosses_node, dispatch)
 
 
 def tp_calls(

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from autopar.cost.collectives import Group, Links, all_to_all_linear, deduplicated_all_to_all_linear, place
+from autopar.cost.collectives import Group, Links, deduplicated_seconds, place
 from autopar.cost.comm import (
     Volume,
     cp_calls,
@@ -61,8 +61,8 @@ class OnGroup:
     group: Group | None
     crosses_node: np.ndarray | None = None
 
-    def traffic(self, links: Links, all_to_all=all_to_all_linear) -> Traffic:
-        return Traffic(self.volume.handed, seconds(self.volume, self.group, links, self.crosses_node, all_to_all))
+    def traffic(self, links: Links, dispatch=None) -> Traffic:
+        return Traffic(self.volume.handed, seconds(self.volume, self.group, links, self.crosses_node, dispatch))
 
 
 class CommVolumes(NamedTuple):
@@ -155,19 +155,18 @@ def comm_terms(
     with_bytes: bool = True,
     volumes: CommVolumes | None = None,
 ) -> CommTerms:
-    """Every axis's calls priced on its group with the cluster's links and the profile's all-to-all
-    efficiencies; `volumes`: `comm_volumes` of the same plans, when already summed."""
+    """Every axis's calls priced on its group with the cluster's measured links (NCCL, or DeepEP's
+    deduplicated kernels for the EP all-to-alls of plans with that dispatcher); `volumes`:
+    `comm_volumes` of the same plans, when already summed."""
     v = volumes if volumes is not None else comm_volumes(x, model, cluster.gpus_per_node, prm, with_bytes)
     links = Links.of(cluster)
     stats, tp, cp = v.stats.traffic(links), v.tp.traffic(links), v.cp.traffic(links)
     ep = v.ep.traffic(links)
     if model.moe:
-        k = cluster.constants
         deepep = x.table.moe_dispatcher == DISPATCHER["deepep"]
-        fused = 0.0
         if deepep.any():
-            fused = v.ep.traffic(links, partial(deduplicated_all_to_all_linear, top_k=model.moe.top_k)).seconds
-        ep = Traffic(ep.bytes, np.where(deepep, fused / k.deepep_efficiency, ep.seconds / k.ep_a2a_efficiency))
+            fused = v.ep.traffic(links, partial(deduplicated_seconds, top_k=model.moe.top_k)).seconds
+            ep = Traffic(ep.bytes, np.where(deepep, fused, ep.seconds))
     reduce, gather = v.dense_reduce.traffic(links), v.dense_gather.traffic(links)
     if v.expert_reduce is not None:
         er, eg = v.expert_reduce.traffic(links), v.expert_gather.traffic(links)

@@ -1,11 +1,15 @@
-"""Compute time of one GPU: FLOPs / (peak x efficiency), efficiency by per-GPU GEMM shape.
+"""Compute time of one GPU per microbatch, in two steps (vectorised):
 
-GEMM efficiency = e_max * x / (x + x_half), where x is the smallest dimension of the per-GPU GEMMs
-(tokens of the microbatch, hidden, ffn/tp, q/tp): small GEMMs (large tp, small microbatches, thin
-experts) run further from peak. e_max and x_half are calibrated constants (CostConstants), fitted to
-the published runs in calibration_runs.csv (`autopar validate --fit`). Core attention (flash) runs in
-bf16 at `attention_efficiency` of the GEMM rate. Non-GEMM kernels (norms, SwiGLU, RoPE, residuals)
-are memory bound: `elementwise_traffic_factor` x the activation bytes, over HBM bandwidth.
+1. `raw_compute`: seconds at the GPU's published kernel rates (autopar.cost.kernels) with no trainer
+   constant: GEMMs at the achievable rate and shape fall-off, attention at its kernels' rates,
+   memory-bound kernels at the achieved HBM bandwidth, and how many layer passes a microbatch makes.
+2. `assemble_compute`: the trainer profile's constants applied: each efficiency a fraction of the
+   rate in step 1, the elementwise traffic factor, the fixed time per layer pass.
+
+Step 1 runs once per plan; step 2 is a few array operations, so a fit of the constants re-runs it
+alone (autopar.cost.profile_fit). FLOPs follow Megatron's convention (autopar.cost.flops): backward
+= 2 x forward for GEMMs; attention backward = 2.5 x forward (it recomputes QK^T:
+Dao-AILab/flash-attention#1525).
 """
 
 from __future__ import annotations
@@ -20,58 +24,108 @@ from autopar.cost.flops import (
     head_flops_per_token,
     mlp_flops_per_token,
 )
+from autopar.cost.kernels import attention_seconds, gemm_rate, hbm_rate
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.table import DISPATCH, DTYPE
 
 
-def shape_efficiency(x, half) -> np.ndarray:
-    """Saturating GEMM efficiency in the smallest dimension x: x / (x + x_half)."""
-    x = np.asarray(x, dtype=float)
-    return x / (x + half)
+class RawCompute(NamedTuple):
+    """Seconds per microbatch of each costed rank ((C, n) arrays) at the published kernel rates."""
+
+    gemm_bf16: np.ndarray  # BF16 / TF32 GEMMs (every GEMM of a bf16 plan; the LM head of an FP8 one)
+    gemm_fp8: np.ndarray  # FP8 GEMMs (the layers' GEMMs of an FP8 plan, experts included)
+    attention: np.ndarray  # the attention core
+    elementwise: np.ndarray  # the stored activations' traffic at achieved HBM bandwidth
+    traffic: np.ndarray  # fixed memory traffic: MoE permutation and router, FP8 casts
+    layer_passes: np.ndarray  # layer forwards + backwards, a recomputed forward counting half
+    moe_layer_passes: np.ndarray
+    recompute_flops: np.ndarray  # recomputed forward FLOPs (hardware FLOPs, not model FLOPs)
 
 
-def large_gemm_rate(cluster: ClusterSpec, dtype) -> np.ndarray:
-    """Achieved FLOP/s of large GEMMs in the plan's dtype: the dense peak x the efficiency of its
-    precision (TF32 tensor cores run at half the BF16 rate: H100/A100 datasheets, reference C)."""
+class ComputeTerms(NamedTuple):
+    """Seconds per microbatch of each costed rank, with the profile's constants."""
+
+    gemm: np.ndarray
+    attention: np.ndarray
+    elementwise: np.ndarray  # memory-bound non-GEMM kernels
+    launch: np.ndarray  # fixed per-layer overhead
+    recompute_flops: np.ndarray
+
+    def total(self) -> np.ndarray:
+        return self.gemm + self.attention + self.elementwise + self.launch
+
+
+def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_layers_act: np.ndarray) -> RawCompute:
+    """3 x forward FLOPs (Megatron's convention) plus the recomputed forward, each GEMM class at its
+    shape's rate; the attention core at its kernels' rates; the memory-bound kernels from the
+    activation bytes they touch."""
+    tf, tokens, share = x.tp_float, x.tokens, x.recompute_share
+    fp8 = x.table.dtype == DTYPE["fp8"]
+    lin_layer = x.dense_layers * (
+        attention_linear_flops_per_token(model) + mlp_flops_per_token(model, False)
+    ) + x.moe_layers * attention_linear_flops_per_token(model)
+    expert_layer = x.moe_layers * mlp_flops_per_token(model, True) if model.moe else 0.0 * x.moe_layers
+    head = tokens * x.has_head * head_flops_per_token(model, x.tp) / tf
+    layer_gemm = tokens * lin_layer * (3 + share) / tf
+    dim = dense_gemm_dim(x, model)
+    dense_s = layer_gemm / gemm_rate(cluster, x.table.dtype, dim)
+    head_s = 3 * head / gemm_rate(cluster, np.where(fp8, DTYPE["bf16"], x.table.dtype), dim)
+    expert_s = 0.0
+    if model.moe:
+        expert_s = tokens * expert_layer * (3 + share) / tf * expert_load(x)
+        expert_s = expert_s / gemm_rate(cluster, x.table.dtype, expert_gemm_dim(x, model))
+    layers_s = dense_s + expert_s
+    fwd_core = tokens * (x.layers * attention_core_flops_per_token(model, x.seq_len)) / tf
+    recompute_core = np.where(x.selective | x.full, np.where(x.full, share, 1.0), 0.0) * fwd_core
+    attention = _attention_seconds(x, model, cluster, fwd_core, recompute_core)
+    hbm = hbm_rate(cluster)
+    elementwise = (rank_layers_act * (1 + share) + score_matrix_bytes(x, model, cluster)) / hbm
+    traffic = (moe_traffic_bytes(x, model) + fp8_cast_bytes(x, model) * fp8) / hbm
+    passes = 1 + share / 2
+    return RawCompute(
+        gemm_bf16=np.where(fp8, head_s, layers_s + head_s),
+        gemm_fp8=np.where(fp8, layers_s, 0.0),
+        attention=attention,
+        elementwise=elementwise,
+        traffic=traffic,
+        layer_passes=x.layers * passes,
+        moe_layer_passes=x.moe_layers * passes,
+        recompute_flops=tokens * (lin_layer + expert_layer) * share / tf + recompute_core,
+    )
+
+
+def _attention_seconds(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, fwd_core, recompute_core):
+    """Flash attention at its kernels' rates over the K/V length of one CP chunk; an attention that
+    materialises its score matrix (attention_flash 0: Megatron before FlashAttention) computes all s^2
+    scores (then masks) as batched GEMMs at the BF16 GEMM rate."""
     k = cluster.constants
-    g = cluster.gpu
-    fp8 = np.asarray(dtype) == DTYPE["fp8"]
-    fp32 = np.asarray(dtype) == DTYPE["fp32"]
-    bf16 = g.bf16_tflops * 1e12 * k.gemm_efficiency
-    return np.where(fp8, g.fp8_tflops * 1e12 * k.fp8_gemm_efficiency, np.where(fp32, bf16 / 2, bf16))
+    forwards = 1.0 + np.where(fwd_core > 0, recompute_core / np.maximum(fwd_core, 1e-30), 0.0)
+    kv = x.seq_len / x.cp
+    flash = attention_seconds(cluster, fwd_core, kv, model.qk_head_dim, forwards, k.attention_mma_sync, x.cp)
+    if k.attention_flash >= 1:
+        return flash
+    bmm = 2.0 * (3 * fwd_core + recompute_core) / gemm_rate(cluster, DTYPE["bf16"], model.qk_head_dim)
+    return k.attention_flash * flash + (1 - k.attention_flash) * bmm
 
 
-def gemm_rate(cluster: ClusterSpec, dtype, smallest_dim) -> np.ndarray:
-    """Achieved FLOP/s of the GEMMs of a plan on one GPU."""
-    return large_gemm_rate(cluster, dtype) * shape_efficiency(smallest_dim, cluster.constants.gemm_half_efficiency_dim)
+def assemble_compute(raw: RawCompute, k) -> ComputeTerms:
+    """The profile's constants on the raw seconds: efficiencies are fractions of the published rates."""
+    gemm = raw.gemm_bf16 / k.gemm_efficiency + raw.gemm_fp8 / k.fp8_gemm_efficiency
+    launch = (raw.layer_passes * k.layer_overhead_us + raw.moe_layer_passes * k.moe_layer_overhead_us) * 1e-6
+    return ComputeTerms(
+        gemm=gemm,
+        attention=raw.attention / k.attention_efficiency,
+        elementwise=raw.elementwise * k.elementwise_traffic_factor + raw.traffic,
+        launch=launch,
+        recompute_flops=raw.recompute_flops,
+    )
 
 
-def attention_rate(cluster: ClusterSpec, kv_len=None, head_dim: int | None = None) -> np.ndarray:
-    """Achieved FLOP/s of flash attention (bf16, also in FP8 runs): the tensor-core rate of the
-    kernel's instructions (mma.sync kernels reach only part of a Hopper's peak, FlashAttention-3
-    paper sec. 2.2), x attention_efficiency, rising with the K/V length a kernel iterates over
-    (L / (L + attention_half_seq)) and with the head dimension (d / (d + 16): FlashAttention-2
-    paper Fig. 4-7, head dim 64 runs ~10 % below 128)."""
-    k, g = cluster.constants, cluster.gpu
-    peak = g.bf16_tflops * 1e12 * (1 - k.attention_mma_sync + k.attention_mma_sync * g.mma_sync_fraction)
-    rate = peak * k.gemm_efficiency * k.attention_efficiency
-    if kv_len is not None and k.attention_half_seq > 0:
-        kv = np.asarray(kv_len, dtype=float)
-        rate = rate * kv / (kv + k.attention_half_seq)
-    if head_dim is not None and k.attention_half_seq > 0:
-        rate = rate * head_dim / (head_dim + 16.0) / (128 / 144)  # relative to head dim 128
-    return rate
-
-
-def causal_block_waste(cluster: ClusterSpec, seq_len) -> np.ndarray:
-    """Executed / causal attention FLOPs: a causal flash kernel skips the blocks above the diagonal
-    but computes the diagonal ones in full, s*B/2 more than s^2/2 (FlashAttention-2 paper sec. 3.1);
-    an attention that materialises its scores computes all s^2 of them, then masks."""
-    k = cluster.constants
-    flash = 1.0 + np.minimum(k.attention_block / np.asarray(seq_len, dtype=float), 1.0)
-    return k.attention_flash * flash + (1 - k.attention_flash) * 2.0
+def compute_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_layers_act: np.ndarray) -> ComputeTerms:
+    """Both steps with the cluster's constants."""
+    return assemble_compute(raw_compute(x, model, cluster, rank_layers_act), cluster.constants)
 
 
 def score_matrix_bytes(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
@@ -85,66 +139,10 @@ def score_matrix_bytes(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) ->
     return (1 - k.attention_flash) * x.layers * per_layer * passes
 
 
-class ComputeTerms(NamedTuple):
-    """Seconds per microbatch of each costed rank (forward + backward + recomputed forward), and
-    the recomputed FLOPs that count towards HFU only."""
-
-    gemm: np.ndarray  # dense and expert GEMMs
-    attention: np.ndarray  # the attention core (flash)
-    elementwise: np.ndarray  # memory-bound non-GEMM kernels
-    launch: np.ndarray  # fixed per-layer overhead
-    recompute_flops: np.ndarray  # recomputed forward FLOPs (hardware FLOPs, not model FLOPs)
-
-    def total(self) -> np.ndarray:
-        return self.gemm + self.attention + self.elementwise + self.launch
-
-
-def compute_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_layers_act: np.ndarray) -> ComputeTerms:
-    """Compute time per microbatch: 3 x forward FLOPs (backward = 2 x forward, Megatron's FLOPs
-    convention) plus the recomputed forward, each GEMM class at its shape-dependent rate;
-    elementwise kernels from the activation bytes they touch; a per-layer overhead (recomputed
-    layers count half: a forward's kernels but no backward's)."""
-    k = cluster.constants
-    tf, tokens, share = x.tp_float, x.tokens, x.recompute_share
-    lin_layer = x.dense_layers * (
-        attention_linear_flops_per_token(model) + mlp_flops_per_token(model, False)
-    ) + x.moe_layers * attention_linear_flops_per_token(model)
-    expert_layer = x.moe_layers * mlp_flops_per_token(model, True) if model.moe else 0.0 * x.moe_layers
-    fwd_gemm = tokens * (lin_layer + x.has_head * head_flops_per_token(model, x.tp)) / tf
-    fwd_expert = tokens * expert_layer / tf
-    fwd_core = tokens * (x.layers * attention_core_flops_per_token(model, x.seq_len)) / tf
-    recompute_dense = share * tokens * lin_layer / tf
-    recompute_expert = share * tokens * expert_layer / tf
-    recompute_core = np.where(x.selective | x.full, np.where(x.full, share, 1.0), 0.0) * fwd_core
-    rate_dense = gemm_rate(cluster, x.table.dtype, dense_gemm_dim(x, model))
-    gemm = (3 * fwd_gemm + recompute_dense) / rate_dense
-    if model.moe:
-        gemm = gemm + (3 * fwd_expert + recompute_expert) / expert_rate(x, model, cluster) * expert_load(x)
-    attn_rate = attention_rate(cluster, x.seq_len / x.cp, model.qk_head_dim)
-    attention = (3 * fwd_core + recompute_core) * causal_block_waste(cluster, x.seq_len) / attn_rate
-    hbm = cluster.gpu.hbm_gbps * 1e9
-    elementwise = (
-        k.elementwise_traffic_factor * (rank_layers_act * (1 + share) + score_matrix_bytes(x, model, cluster))
-        + moe_traffic_bytes(x, model)
-    ) / hbm
-    launch = (x.layers * k.layer_overhead_us + x.moe_layers * k.moe_layer_overhead_us) * (1 + share / 2) * 1e-6
-    return ComputeTerms(gemm, attention, elementwise, launch, recompute_dense + recompute_expert + recompute_core)
-
-
-def expert_rate(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
-    """Achieved FLOP/s of the grouped expert GEMMs: the GEMM rate of the dtype at the shape
-    efficiency of the geometric-mean dimension of one local expert's GEMM (tokens per local expert x
-    expert ffn / etp x hidden), with its own half point: small experts run far below dense GEMMs
-    (Megatron-Core grouped GEMM, TE GroupedLinear: one GEMM per local expert)."""
-    k = cluster.constants
-    full = large_gemm_rate(cluster, x.table.dtype) * k.expert_gemm_efficiency
-    return full * shape_efficiency(expert_gemm_dim(x, model), k.expert_gemm_half_dim)
-
-
 def expert_load(x: PlanArrays) -> np.ndarray:
     """The busiest expert rank's tokens over the mean: dropless dispatch computes whatever the router
-    sends (x routing imbalance; 1 when forced-balanced), capacity dispatch pads every expert to its
-    capacity (x capacity factor: Megatron --moe-pad-expert-input-to-capacity)."""
+    sends (the routing imbalance, an input: 1 when forced-balanced), capacity dispatch pads every
+    expert to its capacity (x capacity factor: Megatron --moe-pad-expert-input-to-capacity)."""
     dropless = np.full(len(x.table), x.routing_imbalance)
     return np.where(x.table.moe_dispatch == DISPATCH["capacity"], x.table.capacity_factor, dropless)
 
@@ -162,6 +160,33 @@ def moe_traffic_bytes(x: PlanArrays, model: ModelSpec) -> np.ndarray:
     return x.moe_layers * per_pass * (2.0 + x.recompute_share)
 
 
+def fp8_cast_bytes(x: PlanArrays, model: ModelSpec) -> np.ndarray:
+    """HBM bytes of Transformer Engine's FP8 casts per microbatch: every FP8 GEMM's input is read in
+    BF16 and written in FP8 with its transpose (the fused cast-transpose: 2 + 1 + 1 bytes per
+    element), in the forward for the activations and in the backward for the output gradients
+    (TransformerEngine fp8 recipe docs; the weights are cast once per step, not counted). Per token
+    on one GPU: the QKV and FC1 inputs are whole under TP, the row-parallel inputs a 1/tp slice;
+    routed experts see k copies of the tp-local tokens, gathered over etp."""
+    h, tf = model.hidden_size, x.tp_float
+    g = 3 if model.gated_mlp else 2
+
+    def mlp(ffn, copies=1.0):
+        return copies * (h + ffn / tf), copies * ((g - 1) * ffn / tf + h)
+
+    attn_in, attn_grad = h + model.q_size / tf, (model.q_size + model.k_size + model.v_size) / tf + h
+    dense_in, dense_grad = mlp(model.ffn_hidden_size)
+    moe_in = moe_grad = 0.0
+    if model.moe:
+        m = model.moe
+        etp = x.etp.astype(float)
+        moe_in, moe_grad = mlp(m.expert_ffn_hidden_size / etp * tf, m.top_k * etp / tf)
+        shared_in, shared_grad = mlp(m.shared_expert_ffn_hidden_size) if m.shared_expert_ffn_hidden_size else (0, 0)
+        moe_in, moe_grad = moe_in + shared_in, moe_grad + shared_grad
+    inputs = x.layers * attn_in + x.dense_layers * dense_in + x.moe_layers * moe_in
+    grads = x.layers * attn_grad + x.dense_layers * dense_grad + x.moe_layers * moe_grad
+    return 4.0 * x.tokens * (inputs * (1.0 + x.recompute_share) + grads)
+
+
 def dense_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:
     """The smallest dimension of the per-GPU dense GEMMs: tokens, hidden, ffn/tp, q/tp."""
     return np.minimum.reduce(
@@ -175,8 +200,9 @@ def dense_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:
 
 
 def expert_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:
-    """The geometric-mean dimension of one local expert's GEMM: (tokens per local expert instance x
-    expert ffn / etp x hidden)^(1/3)."""
+    """The smallest dimension of one local expert's GEMMs: the tokens it receives per microbatch
+    (top-k copies of the EP group's tokens over the experts) or its ffn slice (ffn / etp); the
+    hidden size is never the smaller in practice."""
     mo = model.moe
     per_expert = x.micro_batch * x.seq_len * mo.top_k * x.ep * x.etp / (mo.num_experts * x.tp * x.cp)
-    return np.cbrt(per_expert * (mo.expert_ffn_hidden_size / x.etp.astype(float)) * model.hidden_size)
+    return np.minimum(per_expert, mo.expert_ffn_hidden_size / x.etp.astype(float))

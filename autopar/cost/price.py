@@ -10,7 +10,7 @@ import numpy as np
 
 from autopar.cost.columns import comm_columns, plan_columns, ranking_columns, stage_columns
 from autopar.cost.comm_terms import comm_terms
-from autopar.cost.compute import compute_terms
+from autopar.cost.compute import raw_compute
 from autopar.cost.memory_terms import LayerActivations, layer_activations, memory_terms
 from autopar.cost.params import RankParams, rank_params
 from autopar.cost.plan_arrays import PlanArrays, plan_arrays
@@ -95,12 +95,12 @@ def price(
         xt, prm_t, act_t = p.timed
         xt = replace(xt, routing_imbalance=routing_imbalance)
         memory = memory_terms(x, model, cluster, p.params, p.layer_act)
-        compute = compute_terms(xt, model, cluster, act_t.rank_layers)
+        raw = raw_compute(xt, model, cluster, act_t.rank_layers)
         comm = comm_terms(xt, model, cluster, prm_t, with_bytes=not search)
-        step = step_terms(xt, cluster, prm_t, compute, comm)
+        step = step_terms(xt, cluster, prm_t, raw, comm)
         if search:
             return ranking_columns(x, model, cluster, p.rules, memory, step)
-        out = plan_columns(x, xt, model, cluster, p.rules, memory, step, compute.recompute_flops, prm_t.total)
+        out = plan_columns(x, xt, model, cluster, p.rules, memory, step, step.recompute_flops, prm_t.total)
         out.update(comm_columns(xt, comm))
         out["rejected_by"] = np.where(out["valid"], np.where(out["fits"], "", "memory"), p.rules.short_reasons())
         out["layout"] = x.stages.layout_text

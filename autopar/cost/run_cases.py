@@ -15,6 +15,7 @@ from autopar.errors import InputError
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan, PlanError
+from autopar.spec.routing import FORCED_BALANCED, REAL_ROUTER_IMBALANCE
 from autopar.spec.rules import plan_problems
 
 LONG_CONTEXT = 32768  # sequence length from which a run counts as long-context
@@ -69,12 +70,15 @@ class RunCase:
     published: float
     flops_per_token: float  # under the row's convention (TFLOP/s and MFU rows)
     routing_imbalance: float = 1.0  # busiest expert rank / mean (forced-balanced routing: 1)
-    dropless: bool = False  # real routing, dropless: priced with the profile's routing imbalance
+    #: a second measurement of a row's layout with the real router (reported on its own)
+    dropless: bool = False
+    #: the throughput is a whole run's average (interruptions, checkpoints): priced x the goodput
+    whole_run: bool = False
     assumptions: list[str] = field(default_factory=list)
     profile: str = ""  # the performance profile that prices it (autopar.cost.run_rows.FAMILY_PROFILE)
     #: kernel facts the source documents that differ from today's trainer (its attention kernels)
     kernel_overrides: dict = field(default_factory=dict)
-    prepared: object = field(default=None, repr=False, compare=False)  # autopar.cost.price.Prepared, cached
+    inputs: object = field(default=None, repr=False, compare=False)  # autopar.cost.step.StepInputs, cached
 
     @property
     def workload(self) -> str:
@@ -135,9 +139,10 @@ def build_case(row: dict) -> RunCase:
     if problems:
         raise ValueError("; ".join(problems))
     metric, published, fpt = _metric(row, src, model, s, plan.tp, cluster, notes)
-    forced = re.search(r"force-load-balancing|forced balance", text(row, "notes"), re.I) is not None
-    if model.moe is not None and not forced:
-        notes.append("routing not stated: assumed forced-balanced (a benchmark table)")
+    imbalance = _routing(row, model, notes)
+    whole_run = re.search(r"average over the whole", text(row, "notes"), re.I) is not None
+    if whole_run:
+        notes.append("a whole run's average throughput: the step's times the goodput of its interruptions")
     overrides, why = SOURCE_KERNELS.get(src, ({}, ""))
     if why:
         notes.append(why)
@@ -156,7 +161,24 @@ def build_case(row: dict) -> RunCase:
         assumptions=notes,
         kernel_overrides=dict(overrides),
         profile=FAMILY_PROFILE[fam],
+        routing_imbalance=imbalance,
+        whole_run=whole_run,
     )
+
+
+def _routing(row: dict, model, notes: list[str]) -> float:
+    """The busiest expert rank's tokens over the mean (autopar.spec.routing): forced-balanced where
+    the row says so or states nothing (NVIDIA's benchmark tables), a real router's where it says the
+    routing was learned (aux-loss or aux-loss-free balancing)."""
+    if model.moe is None:
+        return FORCED_BALANCED
+    words = text(row, "notes")
+    if re.search(r"real \(not forced|aux-loss", words, re.I):
+        notes.append(f"real router, dropless: routing imbalance {REAL_ROUTER_IMBALANCE} (autopar.spec.routing)")
+        return REAL_ROUTER_IMBALANCE
+    if re.search(r"force-load-balancing|forced balance|force-balanced", words, re.I) is None:
+        notes.append("routing not stated: assumed forced-balanced (a benchmark table)")
+    return FORCED_BALANCED
 
 
 def _dropless_case(case: RunCase, row: dict) -> RunCase | None:
@@ -171,8 +193,9 @@ def _dropless_case(case: RunCase, row: dict) -> RunCase | None:
             "row_id": f"{case.row_id}d",
             "published": float(m.group(1)),
             "dropless": True,
+            "routing_imbalance": REAL_ROUTER_IMBALANCE,
             "assumptions": case.assumptions + ["dropless (real routing): the row's notes"],
-            "prepared": None,
+            "inputs": None,
         }
     )
 

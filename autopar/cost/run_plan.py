@@ -64,6 +64,12 @@ def run_plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
         etp = 1
         notes.append("expert-TP 1 (ModelZoo/Bridge MoE recipes state ETP 1)")
         dispatcher, ep_overlap = _moe_comm(row, src, notes)
+    schedule = None
+    if re.search(r"DualPipe", text(row, "framework")) and pp > 1:
+        schedule = "zero-bubble"
+        notes.append(
+            "DualPipe priced as zero-bubble (ZB-H1): its bubble (PP/2-1)(F&B+B-3W) is about ZB-H1's (DeepSeek-V3 report Table 2)"
+        )
     return ParallelPlan(
         tp=tp,
         pp=pp,
@@ -84,23 +90,30 @@ def run_plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
         trainer=FAMILY_TRAINER[fam],
         moe_dispatcher=dispatcher,
         ep_comm_overlap=ep_overlap and ep > 1,
+        **({"pp_schedule": schedule} if schedule else {}),
     )
 
 
 def _moe_comm(row, src, notes) -> tuple[str, bool]:
     """The dispatcher and EP overlap a MoE row states ('Dispatcher DeepEP', 'HybridEP dispatcher',
-    'A2A_OVERLAP=1', '+1f1b overlap'); Megatron-Bridge recipes apply the flex dispatcher backend
-    (megatron/bridge/recipes/*: apply_flex_dispatcher_backend, DeepEP / HybridEP)."""
-    words = text(row, "notes") + " " + text(row, "interconnect")
+    'A2A_OVERLAP=1', '+1f1b overlap', '1F1B A2A overlap ON', 'DualPipe'); Megatron-Bridge recipes
+    apply the flex dispatcher backend (megatron/bridge/recipes/*: apply_flex_dispatcher_backend,
+    DeepEP / HybridEP)."""
+    words = " ".join(text(row, k) for k in ("notes", "interconnect", "framework"))
     if re.search(r"DeepEP|HybridEP", words):
         dispatcher = "deepep"
-    elif re.search(r"Dispatcher A2A|AlltoAll dispatcher", words) or src != "bridge-25.09":
+    elif src == "deepseek-v3-report":
+        dispatcher = "deepep"
+        notes.append(
+            "dispatcher: DeepSeek's own deduplicating cross-node all-to-all kernels (report sec. 3.2.2, released as DeepEP)"
+        )
+    elif re.search(r"Dispatcher A2A|AlltoAll dispatcher|all-to-all dispatcher", words, re.I) or src != "bridge-25.09":
         dispatcher = "alltoall"
     else:
         dispatcher = "deepep"
         notes.append("dispatcher not stated: the Megatron-Bridge recipe's flex backend (DeepEP/HybridEP)")
-    overlap = re.search(r"A2A_OVERLAP=1|1f1b overlap", words, re.I) is not None
-    return dispatcher, overlap
+    on = re.search(r"A2A_OVERLAP=1|\+1f1b overlap|overlap ON|DualPipe", words, re.I) is not None
+    return dispatcher, on and re.search(r"overlap OFF|A2A_OVERLAP=0", words, re.I) is None
 
 
 def _divisor_near(n: int, want: int) -> int:
@@ -122,11 +135,14 @@ def _recompute(row, rid, src, fam, model, pp, vpp, notes) -> tuple[str, int | No
     if t == "selective" and src == "fms-fsdp":
         notes.append("fms-fsdp selective AC fraction not printed: assumed half the blocks")
         return "full", _multiple(per_rank // 2, vpp)
-    if t.startswith("selective:"):
-        modules = t.split(":", 1)[1]
+    modules_only = re.match(r"^(core_attn|moe_act|layernorm|mlp|up_proj|mla_up_proj|moe)\b", t)
+    if t.startswith("selective:") or modules_only:
+        modules = t.split(":", 1)[1] if t.startswith("selective:") else t
         if "core_attn" in modules:
             return "selective", None
-        notes.append(f"recompute modules ({modules.strip()[:40]}) recompute elementwise ops only: priced as none")
+        notes.append(
+            f"recompute modules ({modules.strip()[:40]}) recompute elementwise ops or small GEMMs only: priced as none"
+        )
         return "none", None
     if t.startswith("selective"):
         return "selective", None

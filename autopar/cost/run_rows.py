@@ -2,7 +2,7 @@
 the source it came from, the trainer family that ran it, its model and its cluster.
 
 Every field a row leaves empty gets an explicit, recorded assumption (the `notes` list), never a
-silent guess. The bundled files are the shared calibration tables (rows 1-54 and 201-291);
+silent guess. The bundled files are the shared calibration tables (rows 1-54, 201-291 and 401-411);
 `--runs FILE` reads a user's own table with the same columns.
 """
 
@@ -19,7 +19,8 @@ from autopar.spec.hardware import ClusterSpec, default_cluster
 from autopar.spec.model import ModelSpec
 from autopar.spec.presets import get_preset
 
-BUNDLED = ("calibration_runs.csv", "calibration_runs_2.csv")
+BUNDLED = ("calibration_runs.csv", "calibration_runs_2.csv", "calibration_runs_3.csv")
+BUNDLED_ROWS = "rows 1-54, 201-291 and 401-411"
 REQUIRED = {"row_id", "model", "num_layers", "hidden_size", "num_gpus", "gpu_type"}
 
 #: source text -> short key (leave-one-source-out folds). Unknown sources key on their text.
@@ -38,6 +39,9 @@ SOURCES = (
     (r"Llama 3 Herd", "llama3-paper"),
     (r"Megatron-MoE-ModelZoo", "moe-modelzoo"),
     (r"deepseek-v3-gb200", "deepseek-v3-gb200"),
+    (r"Scalable Training of Mixture-of-Experts", "megatron-moe-report"),
+    (r"DeepSeek-V3 Technical Report", "deepseek-v3-report"),
+    (r"transformer/moe/README", "megatron-moe-readme"),
 )
 #: framework text -> trainer family (the performance profile that prices it: FAMILY_TRAINER)
 FAMILIES = (
@@ -71,6 +75,7 @@ PRESET_BY_NAME = (
     ("qwen3-30b", "qwen3-30b-a3b"),
     ("qwen3_235b", "qwen3-235b-a22b"),
     ("qwen3-235b", "qwen3-235b-a22b"),
+    ("mixtral8x7b", "mixtral-8x7b"),
 )
 VOCAB_BY_FAMILY = (
     ("llama2", 32000, "Llama 2 tokenizer"),
@@ -81,7 +86,7 @@ VOCAB_BY_FAMILY = (
 
 
 def bundled_runs() -> list[dict]:
-    """Both bundled calibration tables, rows 1-54 then 201-291."""
+    """The bundled calibration tables, rows 1-54, 201-291 then 401-411."""
     out = []
     for name in BUNDLED:
         text = resources.files("autopar.cost").joinpath(f"data/{name}").read_text()
@@ -218,6 +223,7 @@ GPU_PATTERNS = (
     (r"hbm2e", "h100-96gb-hbm2e"),
     (r"a100.*40", "a100-40gb"),
     (r"a100", "a100-80gb"),
+    (r"h800", "h800"),
     (r"h100", "h100-sxm"),
 )
 

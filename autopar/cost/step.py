@@ -1,9 +1,13 @@
-"""Step time from the per-microbatch and per-step terms (vectorised).
+"""Step time from the per-microbatch and per-step terms (vectorised), in two steps as the compute:
+`step_inputs` gathers what no trainer constant changes (raw compute seconds, communication seconds
+at the measured link rates, the schedule), `assemble_step` applies the profile's constants. A fit
+of the constants re-runs the assembly only, on the inputs of every case at once
+(autopar.cost.profile_fit).
 
 Each rank's time per microbatch = compute + the exposed TP, CP, EP and PP communication; the
 pipeline runs at the pace of its slowest stage, so pipeline time = m * pace / (1 - bubble
-fraction) (Narayanan et al. 2021, Megatron-LM at scale, sec. 2.2: the bubble is idle time on top of m steady
-microbatches); then the exposed DP communication, the TP per-step reductions and the optimizer
+fraction) (Narayanan et al. 2021, Megatron-LM at scale, sec. 2.2: the bubble is idle time on top of m
+steady microbatches); then the exposed DP communication, the TP per-step reductions and the optimizer
 step of the slowest rank.
 """
 
@@ -14,15 +18,39 @@ from typing import NamedTuple
 import numpy as np
 
 from autopar.cost.comm_terms import CommTerms
-from autopar.cost.compute import ComputeTerms
+from autopar.cost.compute import RawCompute, assemble_compute
+from autopar.cost.kernels import hbm_rate
 from autopar.cost.params import RankParams
 from autopar.cost.pipeline import bubble_fraction
 from autopar.cost.plan_arrays import PlanArrays
+from autopar.spec.behaviour import behaviour_of, shared_figures
 from autopar.spec.hardware import ClusterSpec
 
 #: optimizer step traffic per parameter of the local optimizer shard: read grad (4), master,
 #: m, v (12); write master, m, v (12) and the bf16 weight (2); plus grad zeroing (4)
 OPTIMIZER_BYTES_PER_PARAM = 34.0
+
+
+class StepInputs(NamedTuple):
+    """What the step assembly reads: (C, n) per costed rank, (n,) per plan."""
+
+    raw: RawCompute  # (C, n) seconds per microbatch at the published kernel rates
+    tp: np.ndarray  # (C, n) seconds per microbatch of each axis at the measured link rates
+    cp: np.ndarray
+    ep: np.ndarray
+    pp: np.ndarray
+    tp_step: np.ndarray  # (C, n) seconds per step
+    dp_reduce: np.ndarray
+    dp_gather: np.ndarray
+    optimizer: np.ndarray  # (C, n) seconds per step
+    active: np.ndarray  # (C, n) the plan has this rank
+    tp_overlap_on: np.ndarray  # (n,) --tp-comm-overlap
+    ep_overlap_on: np.ndarray  # (n,) EP all-to-alls overlapped with another microbatch's compute
+    overlap_sm_share: np.ndarray  # (n,) share of the SMs an overlapped dispatcher takes from compute
+    zero3: np.ndarray  # (n,)
+    cp_size: np.ndarray  # (n,)
+    microbatches: np.ndarray  # (n,)
+    bubble_fraction: np.ndarray  # (n,)
 
 
 class Exposed(NamedTuple):
@@ -49,6 +77,7 @@ class StepTerms(NamedTuple):
     bubble_fraction: np.ndarray
     pipeline: np.ndarray  # m * pace / (1 - bubble)
     step: np.ndarray
+    recompute_flops: np.ndarray  # (C, n)
 
     def at_pace(self, a) -> np.ndarray:
         """A (C, n) term on the slowest stage."""
@@ -63,70 +92,100 @@ def _pick(a, index, shape) -> np.ndarray:
     return np.take_along_axis(np.broadcast_to(a, shape), index[None], 0)[0]
 
 
-def exposed(x: PlanArrays, cluster: ClusterSpec, compute: ComputeTerms, comm: CommTerms) -> Exposed:
-    """What overlap leaves exposed: TP under GEMMs with --tp-comm-overlap (Megatron's userbuffers
-    overlap), EP and PP by their calibrated overlap fractions, and the CP ring under the attention
-    of the chunk in hand: each of the cp - 1 ring steps sends a K/V block while the attention of
-    the previous one runs, and the local step's attention hides nothing, so the ring is hidden
-    under (cp - 1) / cp of the attention only (Liu et al. 2023, Ring Attention sec. 3)."""
-    k = cluster.constants
-    cp = x.cp.astype(float)
-    return Exposed(
-        compute=compute.total(),
-        tp=comm.tp.seconds * (1 - k.tp_overlap * x.table.tp_comm_overlap),
-        cp=np.maximum(0.0, comm.cp.seconds - compute.attention * (cp - 1) / cp),
-        ep=comm.ep.seconds * (1 - k.ep_overlap * x.table.ep_comm_overlap),
-        pp=comm.pp.seconds * (1 - k.pp_overlap),
+def step_inputs(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCompute, comm: CommTerms) -> StepInputs:
+    t = x.table
+    overlap = t.ep_comm_overlap.astype(bool) & (x.ep > 1)
+    # an overlapped dispatcher (DeepEP's kernels, or NCCL's all-to-all channels [assumed the same])
+    # runs on SMs the GEMMs then lack: 20 of the H800's 132 (arXiv 2603.07685 sec. 4.2.3)
+    sm_share = shared_figures().dispatch.sms / behaviour_of(cluster.gpu).sms
+    return StepInputs(
+        raw=raw,
+        tp=comm.tp.seconds,
+        cp=comm.cp.seconds,
+        ep=comm.ep.seconds,
+        pp=comm.pp.seconds,
+        tp_step=comm.tp_step.seconds,
+        dp_reduce=comm.dp_reduce.seconds,
+        dp_gather=comm.dp_gather.seconds,
+        optimizer=optimizer_seconds(x, cluster, prm),
+        active=x.active,
+        tp_overlap_on=t.tp_comm_overlap.astype(float),
+        ep_overlap_on=overlap.astype(float),
+        overlap_sm_share=np.where(overlap, sm_share, 0.0),
+        zero3=t.zero_stage == 3,
+        cp_size=x.cp.astype(float),
+        microbatches=x.microbatches,
+        bubble_fraction=bubble_fraction(t.schedule, x.pp, x.microbatches, x.vpp),
     )
 
 
-def dp_exposed(x: PlanArrays, cluster: ClusterSpec, compute_mb: np.ndarray, comm: CommTerms) -> np.ndarray:
+def exposed(inp: StepInputs, k) -> Exposed:
+    """What overlap leaves exposed: TP under GEMMs with --tp-comm-overlap (Megatron's userbuffers
+    overlap), EP (a fraction hidden under another microbatch's compute, at the cost of the SMs the
+    dispatcher takes while it runs) and PP by their overlap fractions, and the CP ring under the
+    attention of the chunk in hand: each of the cp - 1 ring steps sends a K/V block while the
+    attention of the previous one runs, and the local step's attention hides nothing, so the ring is
+    hidden under (cp - 1) / cp of the attention only (Liu et al. 2023, Ring Attention sec. 3)."""
+    compute = assemble_compute(inp.raw, k)
+    cp = inp.cp_size
+    hidden_ep = k.ep_overlap * inp.ep_overlap_on
+    return Exposed(
+        compute=compute.total(),
+        tp=inp.tp * (1 - k.tp_overlap * inp.tp_overlap_on),
+        cp=np.maximum(0.0, inp.cp - compute.attention * (cp - 1) / cp),
+        ep=inp.ep * (1 - hidden_ep * (1 - inp.overlap_sm_share)),
+        pp=inp.pp * (1 - k.pp_overlap),
+    )
+
+
+def dp_exposed(inp: StepInputs, k, compute_mb: np.ndarray) -> np.ndarray:
     """DP communication left exposed per step: the gradient reduction overlaps the last
     microbatch's backward, the parameter gathering the first forward (Megatron
     --overlap-grad-reduce / --overlap-param-gather); ZeRO-3 (FSDP) gathers and reduces every
     microbatch under its compute. Backward = 2/3 of a microbatch's compute, forward 1/3: the
     backward does twice the forward's FLOPs (Megatron's FLOPs convention, autopar.cost.flops)."""
-    k = cluster.constants
-    reduce_t, gather_t = comm.dp_reduce.seconds, comm.dp_gather.seconds
+    reduce_t, gather_t = inp.dp_reduce, inp.dp_gather
     bwd_mb, fwd_mb = compute_mb * 2 / 3, compute_mb / 3
     return np.where(
-        x.table.zero_stage == 3,
-        np.maximum(0.0, reduce_t + gather_t - k.dp_overlap * x.microbatches * compute_mb),
+        inp.zero3,
+        np.maximum(0.0, reduce_t + gather_t - k.dp_overlap * inp.microbatches * compute_mb),
         np.maximum(0.0, reduce_t - k.dp_overlap * bwd_mb) + np.maximum(0.0, gather_t - k.dp_overlap * fwd_mb),
     )
 
 
 def optimizer_seconds(x: PlanArrays, cluster: ClusterSpec, prm: RankParams) -> np.ndarray:
-    """Adam over the local optimizer shard, memory bound: OPTIMIZER_BYTES_PER_PARAM over HBM
-    bandwidth (ZeRO-1+ shards it over the data-parallel group)."""
+    """Adam over the local optimizer shard, memory bound: OPTIMIZER_BYTES_PER_PARAM at the achieved
+    HBM bandwidth (ZeRO-1+ shards it over the data-parallel group)."""
     sharded = x.table.zero_stage >= 1
     shard = prm.dense / np.where(sharded, x.dp_group, 1.0) + prm.expert / np.where(sharded, x.expert_dp, 1.0)
-    return shard * OPTIMIZER_BYTES_PER_PARAM / (cluster.gpu.hbm_gbps * 1e9)
+    return shard * OPTIMIZER_BYTES_PER_PARAM / hbm_rate(cluster)
 
 
-def step_terms(
-    x: PlanArrays, cluster: ClusterSpec, prm: RankParams, compute: ComputeTerms, comm: CommTerms
-) -> StepTerms:
-    mb = exposed(x, cluster, compute, comm)
-    t_mb = np.where(x.active, mb.total(), -np.inf)
-    dp = dp_exposed(x, cluster, mb.compute, comm)
-    optimizer = optimizer_seconds(x, cluster, prm)
+def assemble_step(inp: StepInputs, k) -> StepTerms:
+    """The step with the profile's constants `k` (floats, or per-plan arrays)."""
+    mb = exposed(inp, k)
+    t_mb = np.where(inp.active, mb.total(), -np.inf)
+    dp = dp_exposed(inp, k, mb.compute)
     pace_index = np.argmax(t_mb, axis=0)
     pace = _pick(t_mb, pace_index, t_mb.shape)
-    m = x.microbatches
-    f = bubble_fraction(x.table.schedule, x.pp, m, x.vpp)
+    m, f = inp.microbatches, inp.bubble_fraction
     pipeline = m * pace / (1 - f)
-    tail = np.where(x.active, dp + optimizer + comm.tp_step.seconds, -np.inf)
+    tail = np.where(inp.active, dp + inp.optimizer + inp.tp_step, -np.inf)
     tail_index = np.argmax(tail, axis=0)
     return StepTerms(
         per_microbatch=mb,
         time_per_microbatch=t_mb,
         dp_exposed=dp,
-        optimizer=optimizer,
-        tp_step=comm.tp_step.seconds,
+        optimizer=inp.optimizer,
+        tp_step=inp.tp_step,
         pace_index=pace_index,
         tail_index=tail_index,
         bubble_fraction=f,
         pipeline=pipeline,
         step=pipeline + _pick(tail, tail_index, tail.shape),
+        recompute_flops=inp.raw.recompute_flops,
     )
+
+
+def step_terms(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCompute, comm: CommTerms) -> StepTerms:
+    return assemble_step(step_inputs(x, cluster, prm, raw, comm), cluster.constants)

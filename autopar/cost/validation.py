@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.cost.price import prepare, price
-from autopar.cost.profiles import profile_of, profiles
+from autopar.cost.case_batch import CaseBatch, constants_table
 from autopar.cost.run_cases import RunCase
 from autopar.spec.hardware import CostConstants
-from autopar.spec.table import PlanTable
 
 CATEGORIES = ("dense Megatron-family", "FSDP-family", "MoE", "long context")
 
@@ -103,80 +101,13 @@ class ValidationResult:
         }
 
 
-def priced(case: RunCase, constants: dict[str, CostConstants] | None):
-    """The case's cluster priced with its trainer's profile, or with the given constants (profile
-    name -> constants: a fit in progress)."""
-    prof = profiles()[case.profile] if case.profile else profile_of(case.plan.trainer)
-    cluster = replace(
-        case.cluster, constants=(constants or {}).get(prof.name, prof.constants), training_stack=prof.memory_stack
-    )
-    if case.kernel_overrides:
-        cluster = replace(cluster, constants=replace(cluster.constants, **case.kernel_overrides))
-    return cluster
-
-
-def predict(case: RunCase, constants: dict[str, CostConstants] | None = None) -> tuple[float, float]:
-    """(predicted value in the row's metric, relative error on throughput). `constants`: profile
-    name -> constants to price with (a fit in progress); None = the shipped profiles."""
-    cluster = priced(case, constants)
-    imbalance = cluster.constants.moe_routing_imbalance if case.dropless else case.routing_imbalance
-    if case.prepared is None:
-        case.prepared = prepare(
-            PlanTable.from_plans([case.plan]),
-            case.model,
-            case.cluster,
-            num_gpus=case.plan.num_gpus,
-            seq_len=case.seq_len,
-            trainer_capabilities=False,
-        )
-    cols = price(case.prepared, cluster, imbalance)
-    step = float(cols["step_time_s"][0])
-    tok_gpu = float(cols["tokens_per_s_per_gpu"][0])
-    if case.metric == "tokens/s/GPU":
-        return tok_gpu, tok_gpu / case.published - 1
-    if case.metric == "step time s":
-        return step, case.published / step - 1
-    if case.metric == "TFLOP/s/GPU":
-        pred = tok_gpu * case.flops_per_token / 1e12
-        return pred, pred / case.published - 1
-    pred = tok_gpu * case.flops_per_token / (case.cluster.gpu.bf16_tflops * 1e12)  # MFU
-    return pred, pred / case.published - 1
-
-
 def evaluate_cases(
     cases: list[RunCase], skipped, constants: dict[str, CostConstants] | None = None, method: str = "in-sample"
 ) -> ValidationResult:
-    rows = []
-    for c in cases:
-        pred, err = predict(c, constants)
-        rows.append(RowResult(case=c, predicted=pred, error=err))
+    """Every case predicted with the shipped profiles, or with the given constants (profile name ->
+    constants: a fit's), all at once (autopar.cost.case_batch)."""
+    if not cases:
+        return ValidationResult([], skipped, method)
+    pred, err = CaseBatch.of(cases).predicted(constants_table(constants or {}))
+    rows = [RowResult(case=c, predicted=float(p), error=float(e)) for c, p, e in zip(cases, pred, err)]
     return ValidationResult(rows=rows, skipped=skipped, method=method)
-
-
-@dataclass
-class CrossValidation:
-    """Leave-one-source-out: each source predicted by the constants fitted on all the others."""
-
-    result: ValidationResult
-    folds: dict[str, dict[str, CostConstants]] = field(default_factory=dict)  # held-out source -> fit
-
-
-def leave_one_source_out(
-    cases: list[RunCase],
-    skipped,
-    fit: Callable[[list[RunCase]], dict[str, CostConstants]],
-    progress: Callable[[str], None] | None = None,
-) -> CrossValidation:
-    """Fit on every source but one and predict that one, for every source."""
-    rows: list[RowResult] = []
-    folds = {}
-    for source in dict.fromkeys(c.source for c in cases):
-        if progress:
-            progress(source)
-        train = [c for c in cases if c.source != source]
-        folds[source] = fit(train)
-        held = evaluate_cases([c for c in cases if c.source == source], [], folds[source])
-        rows += held.rows
-    order = {id(c): i for i, c in enumerate(cases)}
-    rows.sort(key=lambda r: order[id(r.case)])
-    return CrossValidation(result=ValidationResult(rows, skipped, "leave-one-source-out"), folds=folds)

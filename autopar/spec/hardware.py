@@ -1,5 +1,6 @@
-"""Hardware: GPU presets (data/gpus.toml), the cluster they sit in, and the cost model's
-calibratable constants (a "hardware profile" is a cluster YAML with these filled in)."""
+"""Hardware: GPU presets (data/gpus.toml) and the cluster they sit in; the cost model's constants
+(autopar.spec.constants.CostConstants, re-exported here) a cluster file may pin (a "hardware
+profile" is a cluster YAML with them filled in)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 
 from autopar.errors import InputError, did_you_mean, quoted
+from autopar.spec.behaviour import MeasuredBehaviour
+from autopar.spec.constants import CostConstants  # noqa: F401 (re-exported: the cost model imports it from here)
 from autopar.spec.schema import MAX_GPUS_PER_NODE, MAX_NAME_CHARS, check_int, check_name, check_number
 from autopar.spec.training_run import Reliability
 
@@ -26,9 +29,6 @@ class GpuSpec:
     fp8_tflops: float  # dense peak; 0 = no FP8
     hbm_gib: float
     hbm_gbps: float
-    #: tensor-core rate of mma.sync kernels (FlashAttention-2) as a fraction of the dense peak:
-    #: 2/3 on Hopper, where only wgmma reaches the peak (FlashAttention-3 paper sec. 2.2); 1 before
-    mma_sync_fraction: float = 1.0
     intra_node_gbps: float  # per GPU per direction (per link when topology is full-mesh)
     nic_gbps: float  # scale-out, per GPU per direction
     gpus_per_node: int = 8
@@ -65,7 +65,6 @@ _GPU_LIMITS = {
     "fp8_tflops": 1e6,
     "hbm_gib": 1e6,
     "hbm_gbps": 1e8,
-    "mma_sync_fraction": 1.0,
     "intra_node_gbps": 1e7,
     "nic_gbps": 1e7,
 }
@@ -76,96 +75,6 @@ _CLUSTER_LIMITS = {
     "intra_node_latency_us": 1e7,
     "inter_node_latency_us": 1e7,
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class CostConstants:
-    """Efficiency and overlap constants of the cost model. The compute and TP-overlap defaults
-    were fitted to the 52 evaluable rows of the bundled autopar/cost/data/calibration_runs.csv by
-    `autopar validate --fit` (bounded least squares, autopar/cost/fit.py; docs/trainers.md);
-    the link efficiencies and DP/PP overlaps are stated assumptions. `autopar calibrate` refits
-    them from trial measurements."""
-
-    #: achieved fraction of dense peak on large BF16 GEMMs
-    gemm_efficiency: float = 0.745
-    #: achieved fraction of FP8 dense peak on large FP8 GEMMs
-    fp8_gemm_efficiency: float = 0.563
-    #: GEMM size (per-GPU output columns x rows, in elements^0.5) at which efficiency is halved
-    gemm_half_efficiency_dim: float = 66.0
-    #: core attention (flash) efficiency relative to the GEMM efficiency
-    attention_efficiency: float = 0.713
-    #: K/V length at which a flash-attention kernel reaches half its rate (short sequences leave
-    #: its inner loop short); 0 = no length effect
-    attention_half_seq: float = 0.0
-    #: a causal flash kernel computes the diagonal blocks of this size in full (FlashAttention-2
-    #: tiles of 128); 0 = exact causal FLOPs
-    attention_block: float = 0.0
-    #: 1 = flash attention (scores never leave the chip); 0 = the attention materialises its score
-    #: matrix in HBM (Megatron before FlashAttention: computed in full, then masked and softmaxed)
-    attention_flash: float = 1.0
-    #: share of the attention kernels on mma.sync instructions (FlashAttention-2, PyTorch SDPA),
-    #: which reach only `GpuSpec.mma_sync_fraction` of a Hopper's tensor-core peak (FlashAttention-3
-    #: paper, Shah et al. 2024 sec. 2.2); 0 = Hopper-native kernels (cuDNN / TE fused attention, FA3)
-    attention_mma_sync: float = 0.0
-    #: bytes of HBM traffic per stored activation byte for the non-GEMM ops (norms, SwiGLU, RoPE,
-    #: residuals): read and write around every kernel
-    elementwise_traffic_factor: float = 13.9
-    #: fixed time per layer per microbatch (forward + backward): kernel launches, FP8 scaling, syncs
-    layer_overhead_us: float = 280.0
-    #: grouped-GEMM efficiency of routed experts relative to dense GEMMs (permutation, padding)
-    expert_gemm_efficiency: float = 1.0
-    #: geometric-mean GEMM dimension (tokens per local expert x expert ffn x hidden)^(1/3) at which
-    #: a grouped expert GEMM runs at half its rate: small experts run far below dense GEMMs
-    expert_gemm_half_dim: float = 66.0
-    #: fixed time per MoE layer per microbatch on top of a dense layer's: router, permutation,
-    #: dispatcher and grouped-GEMM launches
-    moe_layer_overhead_us: float = 0.0
-    #: fraction of the links' collective bandwidth an EP all-to-all reaches (many small messages;
-    #: DeepEP/HybridEP kernels reach more than NCCL's all-to-all)
-    ep_a2a_efficiency: float = 1.0
-    #: fraction of the link bandwidth DeepEP / HybridEP dispatch and combine kernels reach
-    deepep_efficiency: float = 1.0
-    #: fraction of a link's per-direction bandwidth a NCCL collective achieves (busBw / line rate)
-    intra_node_bw_efficiency: float = 0.80
-    inter_node_bw_efficiency: float = 0.85
-    #: fraction of TP communication hidden under GEMMs when the plan turns on --tp-comm-overlap
-    tp_overlap: float = 0.95
-    #: fraction of the EP all-to-alls hidden under another microbatch's compute when the plan
-    #: overlaps them (--ep-comm-overlap; Megatron-Core's 1F1B all-to-all overlap)
-    ep_overlap: float = 0.0
-    #: dropless MoE with real (learned) routing: the busiest expert rank's tokens / the mean
-    moe_routing_imbalance: float = 1.0
-    #: fraction of PP send/recv hidden (Megatron overlaps P2P with compute in steady state)
-    pp_overlap: float = 0.5
-    #: fraction of the last microbatch's backward that the DP gradient reduce can hide under
-    #: (--overlap-grad-reduce); also applied to the parameter all-gather (--overlap-param-gather)
-    dp_overlap: float = 0.9
-    #: CUDA context, cuBLAS workspace and NCCL buffers per GPU
-    runtime_reserved_gib: float = 1.5
-    #: allocator fragmentation and temporaries, as a fraction of activation memory
-    #: (Megatron theoretical_memory_usage.py multiplies by 1.05: "5% overhead")
-    allocator_overhead_fraction: float = 0.05
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            fraction = f.name.endswith(("_efficiency", "_overlap", "_mma_sync"))
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v < 0 or (fraction and v > 1):
-                raise InputError(
-                    f"cost constant '{f.name}' must be a number in {'[0, 1]' if fraction else '[0, inf)'}, "
-                    f"got {v!r}; fix the cluster profile"
-                )
-        for name in (
-            "gemm_efficiency",
-            "fp8_gemm_efficiency",
-            "attention_efficiency",
-            "intra_node_bw_efficiency",
-            "inter_node_bw_efficiency",
-            "gemm_half_efficiency_dim",
-            "expert_gemm_efficiency",
-        ):
-            if getattr(self, name) <= 0:
-                raise InputError(f"cost constant '{name}' must be positive; fix the cluster profile")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +100,9 @@ class ClusterSpec:
     #: interruptions, checkpoint bandwidth and restart time, for the time to train a whole run
     #: (autopar.cost.goodput); a cluster file's `reliability:` mapping
     reliability: Reliability = field(default_factory=Reliability)
+    #: what `autopar probe` measured on this cluster, replacing the published (or derived) behaviour
+    #: of its GPU (autopar.spec.behaviour); a cluster file's `behaviour:` mapping
+    measured: MeasuredBehaviour = field(default_factory=MeasuredBehaviour)
 
     def __post_init__(self) -> None:
         if self.training_stack is None and self.gpu.key == LOCAL:
@@ -217,6 +129,7 @@ class ClusterSpec:
         out = asdict(self)
         out["gpu"] = self.gpu.key
         out["pinned"] = sorted(self.pinned)
+        out["behaviour"] = {k: v for k, v in out.pop("measured").items() if v is not None}
         return out
 
 
@@ -260,7 +173,7 @@ def default_cluster(gpu: str | GpuSpec = "h100-sxm", gpus_per_node: int | None =
     )
 
 
-_CLUSTER_KEYS = {f.name for f in fields(ClusterSpec)} - {"constants", "reliability"}
+_CLUSTER_KEYS = {f.name for f in fields(ClusterSpec)} - {"constants", "reliability", "measured"}
 _CONSTANT_KEYS = {f.name for f in fields(CostConstants)}
 
 
@@ -270,13 +183,14 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
     optional `reliability` mapping (interruptions, checkpoint bandwidth, restart time)."""
     if not isinstance(data, dict):
         raise InputError(f"{origin}: the top level must be a mapping of cluster fields")
-    unknown = set(data) - _CLUSTER_KEYS - {"constants", "reliability"}
+    unknown = set(data) - _CLUSTER_KEYS - {"constants", "reliability", "behaviour"}
     if unknown:
         raise InputError(
             f"{origin}: unknown field(s) {_names(unknown)}; known: "
-            f"{sorted(_CLUSTER_KEYS | {'constants', 'reliability'})}"
+            f"{sorted(_CLUSTER_KEYS | {'constants', 'reliability', 'behaviour'})}"
         )
     reliability = Reliability.from_dict(data["reliability"], origin) if "reliability" in data else Reliability()
+    measured = MeasuredBehaviour.from_dict(data["behaviour"], origin) if "behaviour" in data else MeasuredBehaviour()
     gpu_spec = _gpu_of(data.get("gpu", "h100-sxm"), origin)
     if data.get("gpus_per_node") is not None:
         check_int(data["gpus_per_node"], f"{origin}: gpus_per_node", 1, MAX_GPUS_PER_NODE, fix="fix the cluster file")
@@ -293,7 +207,9 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
             raise InputError(f"{origin}: 'pinned' must list constant names, got {quoted(pinned)}")
         consts = {k: v for k, v in consts.items() if k in pinned}
     overrides = {
-        k: v for k, v in data.items() if k not in ("gpu", "constants", "gpus_per_node", "pinned", "reliability")
+        k: v
+        for k, v in data.items()
+        if k not in ("gpu", "constants", "gpus_per_node", "pinned", "reliability", "behaviour")
     }
     for k, v in list(overrides.items()) + list(consts.items()):
         if k in ("name", "intra_node_topology", "training_stack"):
@@ -307,6 +223,7 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
             constants=replace(cluster.constants, **consts),
             pinned=cluster.pinned | frozenset(consts),
             reliability=reliability,
+            measured=measured,
         )
     except InputError as e:
         raise InputError(f"{origin}: {str(e).removeprefix('cluster: ')}") from None

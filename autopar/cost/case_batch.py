@@ -1,0 +1,154 @@
+"""Published runs priced together: each case's step inputs (autopar.cost.step.StepInputs: raw
+compute and communication seconds at the published hardware rates, with its trainer's kernel facts)
+are computed once, stacked into one batch, and the step assembled for all of them at once with
+per-case constants. A fit of the constants (autopar.cost.profile_fit) re-runs only the assembly:
+a few array operations over every case, so leave-one-source-out refits take seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from types import SimpleNamespace
+
+import numpy as np
+
+from autopar.cost.comm_terms import comm_terms
+from autopar.cost.goodput import run_time
+from autopar.cost.compute import RawCompute, raw_compute
+from autopar.cost.price import prepare
+from autopar.cost.profiles import profile_of, profiles
+from autopar.cost.run_cases import RunCase
+from autopar.cost.step import StepInputs, assemble_step, step_inputs
+from autopar.spec.hardware import ClusterSpec, CostConstants
+from autopar.spec.table import PlanTable
+
+
+def case_profile(case: RunCase) -> str:
+    return case.profile or profile_of(case.plan.trainer).name
+
+
+def case_cluster(case: RunCase, constants: CostConstants | None = None) -> ClusterSpec:
+    """The case's cluster priced with its profile's constants (or the given ones), its memory
+    stack, and the kernel facts its source documents."""
+    prof = profiles()[case_profile(case)]
+    cluster = replace(case.cluster, constants=constants or prof.constants, training_stack=prof.memory_stack)
+    if case.kernel_overrides:
+        cluster = replace(cluster, constants=replace(cluster.constants, **case.kernel_overrides))
+    return cluster
+
+
+def case_inputs(case: RunCase) -> StepInputs:
+    """The case's step inputs on its pace-deciding ranks (cached on the case)."""
+    if case.inputs is None:
+        cluster = case_cluster(case)
+        p = prepare(
+            PlanTable.from_plans([case.plan]),
+            case.model,
+            case.cluster,
+            num_gpus=case.plan.num_gpus,
+            seq_len=case.seq_len,
+            trainer_capabilities=False,
+            time_ranks=True,
+        )
+        x, prm, act = p.timed
+        x = replace(x, routing_imbalance=case.routing_imbalance)
+        raw = raw_compute(x, case.model, cluster, act.rank_layers)
+        comm = comm_terms(x, case.model, cluster, prm, with_bytes=False)
+        inp = step_inputs(x, cluster, prm, raw, comm)
+        shape = np.shape(inp.active)
+
+        def per_rank(a):
+            return np.broadcast_to(np.asarray(a, dtype=float), shape).copy()
+
+        case.inputs = inp._replace(
+            raw=RawCompute(*(per_rank(a) for a in inp.raw)), **{f: per_rank(getattr(inp, f)) for f in _PER_RANK}
+        )
+    return case.inputs
+
+
+#: the (C, n) fields of StepInputs besides `raw` and `active`
+_PER_RANK = ("tp", "cp", "ep", "pp", "tp_step", "dp_reduce", "dp_gather", "optimizer")
+
+
+def _stack(parts: list, rows: int):
+    """Per-case arrays ((C_i, 1) or (1,)) side by side, (C, 1) ones padded to `rows` ranks."""
+    first = np.asarray(parts[0])
+    if first.ndim == 2:
+        out = np.zeros((rows, len(parts)), dtype=first.dtype)
+        for i, a in enumerate(parts):
+            a = np.asarray(a)
+            out[: a.shape[0], i] = a[:, 0]
+        return out
+    return np.concatenate([np.atleast_1d(np.asarray(a)) for a in parts])
+
+
+@dataclass
+class CaseBatch:
+    cases: list[RunCase]
+    inputs: StepInputs
+    profile_index: np.ndarray  # (n,) index into `profile_names`
+    profile_names: list[str]
+    tokens_per_step: np.ndarray
+    gpus: np.ndarray
+    goodput: np.ndarray  # the whole-run rows' goodput (autopar.cost.goodput), 1 for benchmark steps
+
+    @classmethod
+    def of(cls, cases: list[RunCase]) -> "CaseBatch":
+        per = [case_inputs(c) for c in cases]
+        rows = max(np.asarray(p.active).shape[0] for p in per)
+        raw = RawCompute(*(_stack([getattr(p.raw, f) for p in per], rows) for f in RawCompute._fields))
+        stacked = {f: raw if f == "raw" else _stack([getattr(p, f) for p in per], rows) for f in StepInputs._fields}
+        names = list(profiles())
+        return cls(
+            cases=cases,
+            inputs=StepInputs(**stacked),
+            profile_index=np.array([names.index(case_profile(c)) for c in cases]),
+            profile_names=names,
+            tokens_per_step=np.array([c.plan.global_batch_size * c.seq_len for c in cases], dtype=float),
+            gpus=np.array([c.plan.num_gpus for c in cases], dtype=float),
+            goodput=np.array([_goodput(c) for c in cases]),
+        )
+
+    def step_time(self, table: np.ndarray) -> np.ndarray:
+        """Step seconds of every case; `table` is (profiles, constants) in CostConstants' field order."""
+        per_case = table[self.profile_index]
+        k = SimpleNamespace(**{f.name: per_case[:, i] for i, f in enumerate(fields(CostConstants))})
+        return assemble_step(self.inputs, k).step
+
+    def predicted(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(predicted value in each row's metric, relative error on throughput)."""
+        step = self.step_time(table)
+        tok_gpu = self.tokens_per_step / step / self.gpus * self.goodput
+        pred = np.empty(len(self.cases))
+        err = np.empty(len(self.cases))
+        for i, c in enumerate(self.cases):
+            pred[i], err[i] = _in_metric(c, float(step[i]), float(tok_gpu[i]))
+        return pred, err
+
+
+def _goodput(case: RunCase) -> float:
+    """A whole run's average throughput is its steps' times the goodput left after checkpoints,
+    rework and restarts at the cluster's interruption rate (autopar.cost.goodput)."""
+    if not case.whole_run:
+        return 1.0
+    r = run_time(1.0, 1.0, case.plan.num_gpus, case.model.params_total, rel=case.cluster.reliability)
+    return float(r.goodput)
+
+
+def _in_metric(case: RunCase, step: float, tok_gpu: float) -> tuple[float, float]:
+    if case.metric == "tokens/s/GPU":
+        return tok_gpu, tok_gpu / case.published - 1
+    if case.metric == "step time s":
+        return step, case.published / step - 1
+    if case.metric == "TFLOP/s/GPU":
+        pred = tok_gpu * case.flops_per_token / 1e12
+        return pred, pred / case.published - 1
+    pred = tok_gpu * case.flops_per_token / (case.cluster.gpu.bf16_tflops * 1e12)  # MFU
+    return pred, pred / case.published - 1
+
+
+def constants_table(by_profile: dict[str, CostConstants]) -> np.ndarray:
+    """(profiles, constants) array of the given profiles' constants (the shipped ones for the rest)."""
+    names = list(profiles())
+    return np.array(
+        [[getattr(by_profile.get(n, profiles()[n].constants), f.name) for f in fields(CostConstants)] for n in names]
+    )
