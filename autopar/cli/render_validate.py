@@ -133,13 +133,25 @@ def print_report(report: ValidationReport, written: list[Path]) -> None:
 
 
 def fit_table(report: ValidationReport) -> Table:
-    f = report.fit
-    t = Table(title="Fitted profiles (base = megatron; others = base x exp(deviation))", title_justify="left")
-    t.add_column("constant")
-    for prof in f.constants:
-        t.add_column(prof, justify="right")
-    for n in f.base_names:
-        t.add_row(n, *[f"{getattr(k, n):.4g}" for k in f.constants.values()])
+    """Each fitted constant: its prior (the physical default), the fitted value, the shift and the
+    documented range; a value on a bound is marked (a mechanism the model lacks)."""
+    t = Table(
+        title="Fitted constants (prior and range: autopar/spec/data/constants.toml; a child profile fits only its own)",
+        title_justify="left",
+    )
+    for col in ("profile", "constant", "prior", "fitted", "shift", "range", ""):
+        t.add_column(col, justify="left" if col in ("profile", "constant", "") else "right")
+    for p in report.fit.parameters:
+        t.add_row(
+            p.profile,
+            p.name,
+            f"{p.prior:.4g}",
+            f"{p.value:.4g}",
+            f"{p.shift:+.3g}",
+            f"[{p.low:g}, {p.high:g}]",
+            "ON A BOUND" if p.on_bound else "",
+            style="red" if p.on_bound else None,
+        )
     return t
 
 

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from autopar.cost.comm_terms import comm_terms
-from autopar.cost.goodput import run_time
 from autopar.cost.compute import RawCompute, raw_compute
+from autopar.cost.goodput import run_time
 from autopar.cost.price import prepare
 from autopar.cost.profiles import profile_of, profiles
 from autopar.cost.run_cases import RunCase
@@ -66,7 +66,7 @@ def case_inputs(case: RunCase) -> StepInputs:
 
 
 #: the (C, n) fields of StepInputs besides `raw` and `active`
-_PER_RANK = ("tp", "cp", "ep", "pp", "tp_step", "dp_reduce", "dp_gather", "optimizer")
+_PER_RANK = ("tp", "cp", "ep", "pp", "tp_step", "dp_reduce", "dp_gather", "optimizer", "tp_backward_share")
 
 
 def _stack(parts: list, rows: int):

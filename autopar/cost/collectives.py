@@ -58,7 +58,7 @@ class Links:
     intra_lat: float  # s per step (alpha-beta only)
     inter_lat: float
     network: NetworkFigures
-    intra_eff: float  # `intra_node_bw_efficiency` (alpha-beta) / a multiplier on the measured figures
+    intra_eff: float  # `intra_node_bw_efficiency`: alpha-beta only (the measured curves are what NCCL reaches)
     inter_eff: float
     dispatch_nvlink_fraction: float  # DeepEP's NVLink rate / line rate on this GPU generation
 
@@ -113,7 +113,7 @@ def _nvlink_busbw(links: Links, kind: str, nbytes, g) -> np.ndarray:
     ar8 = 1.75 * s / nv.all_reduce_s(s)  # the measured 8-GPU all-reduce at this size
     peak8 = float(1.75 * nv.all_reduce_s.x[-1] / nv.all_reduce_s.y[-1])
     g = np.asarray(g, dtype=float)
-    scale = links.nvlink_scale * links.intra_eff
+    scale = links.nvlink_scale
     if kind == ALL_REDUCE:
         by = nv.by_gpus(np.clip(g, 4, 8)) if nv.by_gpus is not None else np.full(g.shape, nv.sharp_busbw)
         peak_g = np.where(g >= 8, nv.sharp_busbw, np.where(g >= 4, by, nv.ring_busbw))
@@ -154,7 +154,7 @@ def _nic_rate(links: Links, per_nic_bytes, gpus) -> np.ndarray:
     if links.nvlink is None:
         return np.full(np.shape(per_nic_bytes), links.inter_line * links.inter_eff)
     eff = _scan_efficiency(links.network, per_nic_bytes, gpus)
-    return links.inter_line * links.network.nic_fraction * links.inter_eff * eff
+    return links.inter_line * links.network.nic_fraction * eff
 
 
 def _inter_latency(links: Links, nodes) -> np.ndarray:
@@ -207,7 +207,7 @@ def _a2a_nic_rate(links: Links, per_nic_bytes, gpus) -> np.ndarray:
     if links.nvlink is None:
         return np.full(np.shape(per_nic_bytes), links.inter_line * links.inter_eff)
     eff = _scan_efficiency(links.network, per_nic_bytes, gpus)
-    return links.inter_line * links.network.all_to_all_fraction * links.inter_eff * eff
+    return links.inter_line * links.network.all_to_all_fraction * eff
 
 
 def p2p_seconds(nbytes, crosses_node, links: Links) -> np.ndarray:
@@ -235,10 +235,11 @@ def deduplicated_seconds(nbytes, group: Group, links: Links, top_k: int) -> np.n
     k = float(top_k)
     copy = s / k  # one token's payload, per token of the rank
     remote_nodes = np.where(nodes > 1, (nodes - 1) * (1 - (1 - 1 / np.maximum(nodes, 1)) ** k), 0.0)
-    rdma = copy * remote_nodes / (links.inter_line * links.inter_eff)
+    measured = links.nvlink is not None
+    rdma = copy * remote_nodes / (links.inter_line * (1.0 if measured else links.inter_eff))
     # in-node copies sent directly, plus the remote copies forwarded to their GPU inside the far node
     nvlink_bytes = s * (g - 1) / n + s * (n - g) / n * (g - 1) / np.maximum(g, 1)
-    nvlink = nvlink_bytes / (links.intra_line * links.dispatch_nvlink_fraction * links.intra_eff)
+    nvlink = nvlink_bytes / (links.intra_line * links.dispatch_nvlink_fraction * (1.0 if measured else links.intra_eff))
     lat = links.network.base_latency_s * np.where(nodes > 1, 2.0, 1.0)
     return np.where(group.size > 1, np.maximum(nvlink, rdma) + lat, 0.0)
 

@@ -34,13 +34,16 @@ from autopar.spec.table import DISPATCH, DTYPE
 class RawCompute(NamedTuple):
     """Seconds per microbatch of each costed rank ((C, n) arrays) at the published kernel rates."""
 
-    gemm_bf16: np.ndarray  # BF16 / TF32 GEMMs (every GEMM of a bf16 plan; the LM head of an FP8 one)
-    gemm_fp8: np.ndarray  # FP8 GEMMs (the layers' GEMMs of an FP8 plan, experts included)
+    gemm_bf16: np.ndarray  # BF16 / TF32 dense GEMMs (every one of a bf16 plan; the LM head of an FP8 one)
+    gemm_fp8: np.ndarray  # FP8 dense GEMMs (the layers' GEMMs of an FP8 plan)
+    expert_bf16: np.ndarray  # grouped expert GEMMs, at the dense rate of their shape
+    expert_fp8: np.ndarray
     attention: np.ndarray  # the attention core
     elementwise: np.ndarray  # the stored activations' traffic at achieved HBM bandwidth
     traffic: np.ndarray  # fixed memory traffic: MoE permutation and router, FP8 casts
     layer_passes: np.ndarray  # layer forwards + backwards, a recomputed forward counting half
     moe_layer_passes: np.ndarray
+    expert_passes: np.ndarray  # MoE layer passes x local experts
     recompute_flops: np.ndarray  # recomputed forward FLOPs (hardware FLOPs, not model FLOPs)
 
 
@@ -72,11 +75,10 @@ def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_laye
     dim = dense_gemm_dim(x, model)
     dense_s = layer_gemm / gemm_rate(cluster, x.table.dtype, dim)
     head_s = 3 * head / gemm_rate(cluster, np.where(fp8, DTYPE["bf16"], x.table.dtype), dim)
-    expert_s = 0.0
+    expert_s = 0.0 * dense_s
     if model.moe:
         expert_s = tokens * expert_layer * (3 + share) / tf * expert_load(x)
         expert_s = expert_s / gemm_rate(cluster, x.table.dtype, expert_gemm_dim(x, model))
-    layers_s = dense_s + expert_s
     fwd_core = tokens * (x.layers * attention_core_flops_per_token(model, x.seq_len)) / tf
     recompute_core = np.where(x.selective | x.full, np.where(x.full, share, 1.0), 0.0) * fwd_core
     attention = _attention_seconds(x, model, cluster, fwd_core, recompute_core)
@@ -85,13 +87,16 @@ def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_laye
     traffic = (moe_traffic_bytes(x, model) + fp8_cast_bytes(x, model) * fp8) / hbm
     passes = 1 + share / 2
     return RawCompute(
-        gemm_bf16=np.where(fp8, head_s, layers_s + head_s),
-        gemm_fp8=np.where(fp8, layers_s, 0.0),
+        gemm_bf16=np.where(fp8, head_s, dense_s + head_s),
+        gemm_fp8=np.where(fp8, dense_s, 0.0),
+        expert_bf16=np.where(fp8, 0.0, expert_s),
+        expert_fp8=np.where(fp8, expert_s, 0.0),
         attention=attention,
         elementwise=elementwise,
         traffic=traffic,
         layer_passes=x.layers * passes,
         moe_layer_passes=x.moe_layers * passes,
+        expert_passes=x.moe_layers * passes * (model.moe.num_experts / x.ep if model.moe else 0.0),
         recompute_flops=tokens * (lin_layer + expert_layer) * share / tf + recompute_core,
     )
 
@@ -112,8 +117,13 @@ def _attention_seconds(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, fw
 
 def assemble_compute(raw: RawCompute, k) -> ComputeTerms:
     """The profile's constants on the raw seconds: efficiencies are fractions of the published rates."""
-    gemm = raw.gemm_bf16 / k.gemm_efficiency + raw.gemm_fp8 / k.fp8_gemm_efficiency
-    launch = (raw.layer_passes * k.layer_overhead_us + raw.moe_layer_passes * k.moe_layer_overhead_us) * 1e-6
+    expert = (raw.expert_bf16 / k.gemm_efficiency + raw.expert_fp8 / k.fp8_gemm_efficiency) / k.expert_gemm_efficiency
+    gemm = raw.gemm_bf16 / k.gemm_efficiency + raw.gemm_fp8 / k.fp8_gemm_efficiency + expert
+    launch = (
+        raw.layer_passes * k.layer_overhead_us
+        + raw.moe_layer_passes * k.moe_layer_overhead_us
+        + raw.expert_passes * k.expert_launch_us
+    ) * 1e-6
     return ComputeTerms(
         gemm=gemm,
         attention=raw.attention / k.attention_efficiency,

@@ -74,7 +74,7 @@ class FittedConstant:
 class ProfileFit:
     constants: dict[str, CostConstants]  # profile name -> fitted constants
     parameters: list[FittedConstant]
-    residuals: np.ndarray  # per case, relative throughput error after the fit
+    residuals: np.ndarray  # per fitted case (dropless measurements left out), relative error after the fit
     initial_residuals: np.ndarray  # with every constant at its prior
     success: bool
     message: str
@@ -132,9 +132,14 @@ def _facts(name: str) -> list[float | None]:
 
 
 def fit_profiles(cases: list[RunCase], batch: CaseBatch | None = None) -> ProfileFit:
-    """Fit the base constants and each present profile's own ones to the cases."""
+    """Fit the base constants and each present profile's own ones to the cases. A dropless second
+    measurement of a row is not fitted: it is what the real router's imbalance is read from
+    (autopar.spec.routing), given the fit."""
     from scipy.optimize import least_squares
 
+    if batch is not None and any(c.dropless for c in cases):
+        batch = None
+    cases = [c for c in cases if not c.dropless]
     batch = batch or CaseBatch.of(cases)
     params = _parameters({case_profile(c) for c in cases})
     specs = [constant_table()[n].for_profile(prof) for prof, n in params]

@@ -68,7 +68,8 @@ def run_plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
     if re.search(r"DualPipe", text(row, "framework")) and pp > 1:
         schedule = "zero-bubble"
         notes.append(
-            "DualPipe priced as zero-bubble (ZB-H1): its bubble (PP/2-1)(F&B+B-3W) is about ZB-H1's (DeepSeek-V3 report Table 2)"
+            "DualPipe priced as zero-bubble (ZB-H1): its bubble (PP/2-1)(F&B+B-3W) is about ZB-H1's "
+            "(DeepSeek-V3 report Table 2)"
         )
     return ParallelPlan(
         tp=tp,
@@ -105,9 +106,10 @@ def _moe_comm(row, src, notes) -> tuple[str, bool]:
     elif src == "deepseek-v3-report":
         dispatcher = "deepep"
         notes.append(
-            "dispatcher: DeepSeek's own deduplicating cross-node all-to-all kernels (report sec. 3.2.2, released as DeepEP)"
+            "dispatcher: DeepSeek's own deduplicating cross-node all-to-all kernels (report sec. 3.2.2, "
+            "released as DeepEP)"
         )
-    elif re.search(r"Dispatcher A2A|AlltoAll dispatcher|all-to-all dispatcher", words, re.I) or src != "bridge-25.09":
+    elif src != "bridge-25.09" or re.search(r"Dispatcher A2A|AlltoAll dispatcher|all-to-all dispatcher", words, re.I):
         dispatcher = "alltoall"
     else:
         dispatcher = "deepep"

@@ -25,6 +25,7 @@ from autopar.cost.pipeline import bubble_fraction
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.spec.behaviour import behaviour_of, shared_figures
 from autopar.spec.hardware import ClusterSpec
+from autopar.spec.table import DISPATCHER
 
 #: optimizer step traffic per parameter of the local optimizer shard: read grad (4), master,
 #: m, v (12); write master, m, v (12) and the bf16 weight (2); plus grad zeroing (4)
@@ -45,8 +46,13 @@ class StepInputs(NamedTuple):
     optimizer: np.ndarray  # (C, n) seconds per step
     active: np.ndarray  # (C, n) the plan has this rank
     tp_overlap_on: np.ndarray  # (n,) --tp-comm-overlap
+    tp_backward_share: np.ndarray  # (C, n) share of the TP seconds in the backward pass
+    tp_async_backward: np.ndarray  # (n,) the trainer overlaps the backward's TP collectives
     ep_overlap_on: np.ndarray  # (n,) EP all-to-alls overlapped with another microbatch's compute
-    overlap_sm_share: np.ndarray  # (n,) share of the SMs an overlapped dispatcher takes from compute
+    #: (n,) share of the SMs overlapped communication takes from the compute beside it: NCCL's
+    #: collectives, and the EP dispatcher's (DeepEP's kernels or NCCL's: autopar.spec.behaviour)
+    comm_sm_share: np.ndarray
+    dispatch_sm_share: np.ndarray
     zero3: np.ndarray  # (n,)
     cp_size: np.ndarray  # (n,)
     microbatches: np.ndarray  # (n,)
@@ -95,9 +101,11 @@ def _pick(a, index, shape) -> np.ndarray:
 def step_inputs(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCompute, comm: CommTerms) -> StepInputs:
     t = x.table
     overlap = t.ep_comm_overlap.astype(bool) & (x.ep > 1)
-    # an overlapped dispatcher (DeepEP's kernels, or NCCL's all-to-all channels [assumed the same])
-    # runs on SMs the GEMMs then lack: 20 of the H800's 132 (arXiv 2603.07685 sec. 4.2.3)
-    sm_share = shared_figures().dispatch.sms / behaviour_of(cluster.gpu).sms
+    # overlapped communication runs on SMs the compute beside it then lacks: NCCL's kernels 8-32
+    # (arXiv 2603.07685 sec. 4.1.7), DeepEP's 20 (sec. 4.2.3) of the GPU's SMs
+    sms = behaviour_of(cluster.gpu).sms
+    nccl_share = shared_figures().nccl_sms / sms
+    deepep_share = shared_figures().dispatch.sms / sms
     return StepInputs(
         raw=raw,
         tp=comm.tp.seconds,
@@ -110,8 +118,12 @@ def step_inputs(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCo
         optimizer=optimizer_seconds(x, cluster, prm),
         active=x.active,
         tp_overlap_on=t.tp_comm_overlap.astype(float),
+        # TP calls run once per forward, backward and recomputed forward (autopar.cost.comm.tp_calls)
+        tp_backward_share=1.0 / (2.0 + x.recompute_share),
+        tp_async_backward=np.full(len(t), cluster.constants.tp_async_backward),
         ep_overlap_on=overlap.astype(float),
-        overlap_sm_share=np.where(overlap, sm_share, 0.0),
+        comm_sm_share=np.full(len(t), nccl_share),
+        dispatch_sm_share=np.where(t.moe_dispatcher == DISPATCHER["deepep"], deepep_share, nccl_share),
         zero3=t.zero_stage == 3,
         cp_size=x.cp.astype(float),
         microbatches=x.microbatches,
@@ -119,22 +131,37 @@ def step_inputs(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCo
     )
 
 
+def _with_contention(comm, hidden, sm_share):
+    """Communication left exposed when `hidden` seconds of it run beside compute: the rest, plus the
+    compute those seconds slow down by taking `sm_share` of the SMs."""
+    hidden = np.minimum(hidden, comm)
+    return comm - hidden + hidden * sm_share
+
+
+def _tp_hidden_share(inp: StepInputs, k) -> np.ndarray:
+    """Share of the TP seconds hidden: every pass's at `tp_overlap` with --tp-comm-overlap, else the
+    backward's at `tp_backward_overlap` where the trainer launches it asynchronously."""
+    on = inp.tp_overlap_on
+    backward = inp.tp_backward_share * k.tp_backward_overlap * inp.tp_async_backward
+    return on * k.tp_overlap + (1 - on) * backward
+
+
 def exposed(inp: StepInputs, k) -> Exposed:
     """What overlap leaves exposed: TP under GEMMs with --tp-comm-overlap (Megatron's userbuffers
-    overlap), EP (a fraction hidden under another microbatch's compute, at the cost of the SMs the
-    dispatcher takes while it runs) and PP by their overlap fractions, and the CP ring under the
-    attention of the chunk in hand: each of the cp - 1 ring steps sends a K/V block while the
-    attention of the previous one runs, and the local step's attention hides nothing, so the ring is
-    hidden under (cp - 1) / cp of the attention only (Liu et al. 2023, Ring Attention sec. 3)."""
+    overlap), EP (under another microbatch's compute) and PP by their overlap fractions, and the CP
+    ring under the attention of the chunk in hand: each of the cp - 1 ring steps sends a K/V block
+    while the attention of the previous one runs, and the local step's attention hides nothing, so
+    the ring is hidden under (cp - 1) / cp of the attention only (Liu et al. 2023, Ring Attention
+    sec. 3). Hidden communication still costs the compute beside it the SMs it runs on."""
     compute = assemble_compute(inp.raw, k)
     cp = inp.cp_size
-    hidden_ep = k.ep_overlap * inp.ep_overlap_on
+    s = inp.comm_sm_share
     return Exposed(
         compute=compute.total(),
-        tp=inp.tp * (1 - k.tp_overlap * inp.tp_overlap_on),
-        cp=np.maximum(0.0, inp.cp - compute.attention * (cp - 1) / cp),
-        ep=inp.ep * (1 - hidden_ep * (1 - inp.overlap_sm_share)),
-        pp=inp.pp * (1 - k.pp_overlap),
+        tp=_with_contention(inp.tp, inp.tp * _tp_hidden_share(inp, k), s),
+        cp=_with_contention(inp.cp, compute.attention * (cp - 1) / cp, s),
+        ep=_with_contention(inp.ep, inp.ep * k.ep_overlap * inp.ep_overlap_on, inp.dispatch_sm_share),
+        pp=_with_contention(inp.pp, inp.pp * k.pp_overlap, s),
     )
 
 
@@ -143,14 +170,14 @@ def dp_exposed(inp: StepInputs, k, compute_mb: np.ndarray) -> np.ndarray:
     microbatch's backward, the parameter gathering the first forward (Megatron
     --overlap-grad-reduce / --overlap-param-gather); ZeRO-3 (FSDP) gathers and reduces every
     microbatch under its compute. Backward = 2/3 of a microbatch's compute, forward 1/3: the
-    backward does twice the forward's FLOPs (Megatron's FLOPs convention, autopar.cost.flops)."""
+    backward does twice the forward's FLOPs (Megatron's FLOPs convention, autopar.cost.flops).
+    Hidden communication still costs the compute beside it the SMs it runs on."""
     reduce_t, gather_t = inp.dp_reduce, inp.dp_gather
     bwd_mb, fwd_mb = compute_mb * 2 / 3, compute_mb / 3
-    return np.where(
-        inp.zero3,
-        np.maximum(0.0, reduce_t + gather_t - k.dp_overlap * inp.microbatches * compute_mb),
-        np.maximum(0.0, reduce_t - k.dp_overlap * bwd_mb) + np.maximum(0.0, gather_t - k.dp_overlap * fwd_mb),
-    )
+    s = inp.comm_sm_share
+    zero3 = _with_contention(reduce_t + gather_t, k.dp_overlap * inp.microbatches * compute_mb, s)
+    other = _with_contention(reduce_t, k.dp_overlap * bwd_mb, s) + _with_contention(gather_t, k.dp_overlap * fwd_mb, s)
+    return np.where(inp.zero3, zero3, other)
 
 
 def optimizer_seconds(x: PlanArrays, cluster: ClusterSpec, prm: RankParams) -> np.ndarray:

@@ -1,7 +1,13 @@
 """`autopar validate` as a library call: published runs predicted in sample and leave-one-source-out
-cross-validated (the headline), optionally after refitting the profiles; the stored cross-validation
-of the bundled runs (data/profiles.cv.json, written with the shipped profiles) is shown without
-refitting 14 folds."""
+cross-validated (fit on every source but one, predict that one: the headline figure), optionally
+after refitting the profiles. Both are recomputed on every call: the cases are priced once and a fit
+only re-assembles the step (autopar.cost.case_batch), so every fold takes a fraction of a second.
+
+`autopar validate --fit --write-profiles autopar/cost/data/profiles.toml` regenerates the shipped
+profiles and their stored figures (data/profiles.cv.json) with a digest over the code, the data and
+the profiles' constants they were computed with (`current_digest`): the docs quote that command's
+output, and a test checks the stored digest is the current one.
+"""
 
 from __future__ import annotations
 
@@ -9,45 +15,71 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from autopar.cost.case_batch import CaseBatch
 from autopar.cost.profile_fit import ProfileFit, fit_profiles
-from autopar.cost.profiles import Provenance, profile_of, profiles_toml, provenance
+from autopar.cost.profiles import Provenance, profile_of, profiles_toml
 from autopar.cost.run_cases import RunCase, build_cases
-from autopar.cost.run_rows import BUNDLED, load_runs
+from autopar.cost.run_rows import BUNDLED, BUNDLED_ROWS, load_runs
 from autopar.cost.validation import RowResult, ValidationResult, evaluate_cases
 from autopar.errors import InputError
-from autopar.spec.hardware import CostConstants
 from autopar.spec.trainers import get_trainer
 
 CV_FILE = "profiles.cv.json"
+#: what the stored figures depend on: the cost model's code and the data it reads
+_DIGESTED_PACKAGES = ("autopar.cost", "autopar.spec")
 
 
 @dataclass
 class ValidationReport:
     in_sample: ValidationResult
     cross_validated: ValidationResult | None
-    cv_origin: str  # where the cross-validated figures come from
+    cv_origin: str  # how the cross-validated figures were obtained
     fit: ProfileFit | None
     runs: str  # what was read
 
 
-def bundled_digest() -> str:
-    """sha256 of the bundled calibration tables: a stored cross-validation is for these rows only."""
+def current_digest() -> str:
+    """sha256 over the cost model's code (autopar/cost, autopar/spec: .py files), its data files (the
+    calibration tables, the hardware behaviour, the constants table, models, GPUs, trainers) and the
+    profiles' constants (profiles.toml without its [provenance] table, which holds the digest)."""
     h = hashlib.sha256()
-    for name in BUNDLED:
-        h.update(resources.files("autopar.cost").joinpath(f"data/{name}").read_bytes())
+    for package in _DIGESTED_PACKAGES:
+        root = resources.files(package)
+        files = sorted(p for p in _walk(root) if p.name.endswith((".py", ".toml", ".csv")))
+        for p in files:
+            data = p.read_bytes()
+            if p.name == "profiles.toml":
+                data = _without_provenance(data.decode()).encode()
+            h.update(p.name.encode() + b"\0" + data)
     return h.hexdigest()
+
+
+def _walk(root):
+    for p in root.iterdir():
+        if p.is_dir() and p.name != "__pycache__":
+            yield from _walk(p)
+        elif p.is_file():
+            yield p
+
+
+def _without_provenance(text: str) -> str:
+    out, skip = [], False
+    for line in text.splitlines():
+        if line.startswith("["):
+            skip = line.strip() == "[provenance]"
+        if not skip:
+            out.append(line)
+    return "\n".join(out)
 
 
 def validate_runs(
     runs: str | None = None,
     trainer: str | None = None,
     fit: bool = False,
-    cross_validate: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> ValidationReport:
     cases, skipped = build_cases(load_runs(runs))
@@ -59,89 +91,78 @@ def validate_runs(
                 f"no run of {runs or 'the bundled tables'} is priced with {trainer}'s profile; "
                 f"drop --trainer or pass --runs with runs of that trainer"
             )
-    fitted = fit_profiles(cases) if fit else None
+    batch = CaseBatch.of(cases)
+    fitted = fit_profiles(cases, batch) if fit else None
     in_sample = evaluate_cases(cases, skipped, fitted.constants if fitted else None)
-    if cross_validate:
-        cv, origin = leave_one_source_out(cases, skipped, progress), "recomputed: leave-one-source-out refits"
-    else:
-        cv, origin = stored_cross_validation(cases, skipped, runs, fitted)
-    return ValidationReport(in_sample, cv, origin, fitted, runs or "the bundled calibration runs (rows 1-54, 201-291)")
-
-
-def _fold(args: tuple[list[RunCase], str]) -> tuple[str, dict[str, CostConstants], list[tuple[str, float, float]]]:
-    cases, source = args
-    train = [c for c in cases if c.source != source]
-    constants = fit_profiles(train).constants
-    held = evaluate_cases([c for c in cases if c.source == source], [], constants)
-    return source, constants, [(r.case.row_id, r.predicted, r.error) for r in held.rows]
+    cv = leave_one_source_out(cases, skipped, progress)
+    origin = "recomputed: every source predicted by the profiles fitted to all the others"
+    return ValidationReport(in_sample, cv, origin, fitted, runs or f"the bundled calibration runs ({BUNDLED_ROWS})")
 
 
 def leave_one_source_out(cases: list[RunCase], skipped, progress=None) -> ValidationResult:
-    """Fit on every source but one, predict that one, for every source (folds in parallel)."""
-    sources = list(dict.fromkeys(c.source for c in cases))
+    """Fit on every source but one, predict that one, for every source."""
     by_row: dict[str, tuple[float, float]] = {}
-    workers = max(1, min(len(sources), os.cpu_count() or 1))
-    with ProcessPoolExecutor(workers) as pool:
-        for source, _, rows in pool.map(_fold, [(cases, s) for s in sources]):
-            if progress:
-                progress(source)
-            by_row.update({rid: (pred, err) for rid, pred, err in rows})
+    for source in dict.fromkeys(c.source for c in cases):
+        train = [c for c in cases if c.source != source]
+        held = [c for c in cases if c.source == source]
+        if not train:
+            continue
+        result = evaluate_cases(held, [], fit_profiles(train).constants)
+        by_row.update({r.case.row_id: (r.predicted, r.error) for r in result.rows})
+        if progress:
+            progress(source)
     kept = [c for c in cases if c.row_id in by_row]
     return ValidationResult([RowResult(c, *by_row[c.row_id]) for c in kept], skipped, "leave-one-source-out")
 
 
-def stored_cross_validation(cases, skipped, runs, fitted) -> tuple[ValidationResult | None, str]:
-    """The cross-validation stored with the shipped profiles, when it is for these rows."""
-    if runs is not None:
-        return None, "not stored for your runs: add --cross-validate (refits once per source)"
-    if fitted is not None:
-        return None, "refitted profiles: add --cross-validate for their cross-validated figures"
+def stored_figures() -> dict | None:
+    """The figures stored with the shipped profiles (data/profiles.cv.json), or None."""
     path = resources.files("autopar.cost").joinpath(f"data/{CV_FILE}")
-    if not path.is_file():
-        return None, "none stored yet: run autopar validate --fit --cross-validate"
-    data = json.loads(path.read_text())
-    if data.get("runs_sha256") != bundled_digest():
-        return None, "the stored cross-validation is for other rows: rerun with --cross-validate"
-    rows = data["rows"]
-    kept = [c for c in cases if c.row_id in rows]
-    result = ValidationResult(
-        [RowResult(c, rows[c.row_id]["predicted"], rows[c.row_id]["error"]) for c in kept],
-        skipped,
-        "leave-one-source-out",
-    )
-    return result, f"stored with the shipped profiles ({provenance().date}; {provenance().command})"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def write_profiles(report: ValidationReport, path: str | Path, command: str, date: str) -> list[Path]:
-    """The fitted profiles as a profiles.toml (and, cross-validated, its .cv.json beside it)."""
+    """The fitted profiles as a profiles.toml, and its figures (.cv.json) beside it, with the digest."""
     if report.fit is None:
         raise InputError("--write-profiles needs --fit (there is nothing fitted to write)")
-    cv = report.cross_validated if report.cv_origin.startswith("recomputed") else None
-    summary = (
-        "none"
-        if cv is None
-        else "; ".join(
-            f"{g} {100 * v['mape']:.1f}% over {v['rows']} rows" for g, v in cv.summary()["by_category"].items()
-        )
-    )
-    prov = Provenance(
-        command=command, runs=report.runs, date=date, cross_validation=f"leave-one-source-out MAPE: {summary}"
+    cv = report.cross_validated
+    summary = "; ".join(
+        f"{g} {100 * v['mape']:.1f}% over {v['rows']} rows" for g, v in cv.summary()["by_category"].items()
     )
     out = Path(path)
-    _write(out, profiles_toml(report.fit.constants, prov))
-    written = [out]
-    if cv is not None:
-        cv_path = out.with_name(CV_FILE) if out.name == "profiles.toml" else out.with_suffix(".cv.json")
-        rows = {r.case.row_id: {"source": r.case.source, "predicted": r.predicted, "error": r.error} for r in cv.rows}
-        _write(
-            cv_path,
-            json.dumps(
-                {"runs_sha256": bundled_digest(), "summary": cv.summary(), "rows": rows}, indent=1, default=float
-            )
-            + "\n",
-        )
-        written.append(cv_path)
-    return written
+    # the digest covers the profiles' constants: write them first, then the digest over them
+    draft = Provenance(command=command, runs=report.runs, date=date, cross_validation="", digest="")
+    _write(out, profiles_toml(report.fit.own(), draft))
+    if out.resolve() == Path(str(resources.files("autopar.cost").joinpath("data/profiles.toml"))).resolve():
+        from autopar.cost.profiles import profiles, provenance
+
+        profiles.cache_clear()
+        provenance.cache_clear()
+    digest = current_digest()
+    prov = Provenance(
+        command=command,
+        runs=report.runs,
+        date=date,
+        cross_validation=f"leave-one-source-out MAPE: {summary}",
+        digest=digest,
+    )
+    _write(out, profiles_toml(report.fit.own(), prov))
+    cv_path = out.with_name(CV_FILE) if out.name == "profiles.toml" else out.with_suffix(".cv.json")
+    rows = {r.case.row_id: {"source": r.case.source, "predicted": r.predicted, "error": r.error} for r in cv.rows}
+    fitted = [
+        {"profile": p.profile, "constant": p.name, "prior": p.prior, "low": p.low, "high": p.high, "value": p.value}
+        for p in report.fit.parameters
+    ]
+    body = {
+        "digest": digest,
+        "runs": BUNDLED,
+        "in_sample": report.in_sample.summary(),
+        "cross_validated": cv.summary(),
+        "fitted": fitted,
+        "rows": rows,
+    }
+    _write(cv_path, json.dumps(body, indent=1, default=float) + "\n")
+    return [out, cv_path]
 
 
 def _write(path: Path, text: str) -> None:

@@ -133,6 +133,7 @@ class SharedFigures:
     network: NetworkFigures
     dispatch: DispatchFigures
     kernel_launch_s: float
+    nccl_sms: float  # SMs a NCCL collective occupies beside compute (mean of the published range)
     sources: dict[str, str]
 
 
@@ -183,7 +184,13 @@ def shared_figures() -> SharedFigures:
         network=network,
         dispatch=dispatch,
         kernel_launch_s=d["launch"]["kernel_launch_us"] * 1e-6,
-        sources={"gemm_shape": g["source"], "attention_head_dim": hd["source"], "launch": d["launch"]["source"]},
+        nccl_sms=float(np.mean(d["nccl"]["sms"])),
+        sources={
+            "nccl": d["nccl"]["source_sms"],
+            "gemm_shape": g["source"],
+            "attention_head_dim": hd["source"],
+            "launch": d["launch"]["source"],
+        },
     )
 
 
@@ -349,7 +356,7 @@ def behaviour(key: str) -> GpuBehaviour:
 
 
 def _gpu_keys(d: dict) -> set[str]:
-    shared = {"gemm_shape", "attention_head_dim", "network", "dispatch", "launch"}
+    shared = {"gemm_shape", "attention_head_dim", "network", "dispatch", "nccl", "launch"}
     return {k for k, v in d.items() if isinstance(v, dict) and k not in shared}
 
 
