@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup setup-test test-deps run lint test bench clean
+.PHONY: setup setup-test test-deps run lint test bench profiles clean
 
 setup: $(STAMP)
 setup-test: $(TEST_STAMP)
@@ -47,6 +47,11 @@ bench: setup
 	$(PY) benchmarks/bench_search.py
 	$(PY) benchmarks/bench_search_scale.py
 	$(PY) benchmarks/bench_report.py
+
+# Refit the shipped trainer profiles to the bundled public runs and store their figures with the
+# digest of the code and data (docs/cost-model.md quotes them; a test checks the digest)
+profiles: setup
+	$(VENV)/bin/autopar validate --fit --write-profiles autopar/cost/data/profiles.toml
 
 clean:
 	rm -rf $(VENV) build *.egg-info

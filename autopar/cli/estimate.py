@@ -59,17 +59,23 @@ def estimate(
         raise InputError("invalid plan: " + "; ".join(est.reasons))
     trainer, profile = trainer_line(est, clus)
     whole = None if run is None else whole_run(est, spec, clus, gpus, run, model)
+    from autopar.cost.ep_detail import ep_details
+    from autopar.cost.profiles import priced_cluster
+
+    dispatch = ep_details(the_plan, spec, priced_cluster(clus, trainer), gpus, s, routing_imbalance)
     if as_json:
         out = est.to_dict()
         out.update(model=spec.name, gpu=clus.gpu.key, num_gpus=gpus, seq_len=s, trainer=trainer, profile=profile)
+        out.update(routing_imbalance=routing_imbalance, ep_dispatch=[d.to_dict() for d in dispatch])
         if whole is not None:
             out["run"] = whole.to_dict() | {"training_run": run.to_dict()}
         print(json.dumps(out, indent=2, default=float))
         return
-    from autopar.cli.render import console, run_table
+    from autopar.cli.render import console, ep_table, run_table
 
     out = console()
-    for renderable in estimate_tables(est, spec, clus, gpus, s) + ([] if whole is None else [run_table(whole, run)]):
+    tables = estimate_tables(est, spec, clus, gpus, s) + ep_table(dispatch, the_plan, routing_imbalance)
+    for renderable in tables + ([] if whole is None else [run_table(whole, run)]):
         out.print(renderable)
 
 

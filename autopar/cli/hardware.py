@@ -10,14 +10,27 @@ from autopar.cli import options as o
 
 @app.command()
 def hardware(as_json: o.Json = False) -> None:
-    """List GPU presets: dense peaks, HBM, NVLink and NIC bandwidth (per GPU, per direction)."""
+    """List GPU presets: dense peaks, the achievable GEMM rates the cost model uses (published MAMF),
+    HBM, NVLink and NIC bandwidth (per GPU, per direction), and which published figures stand in
+    for the ones a GPU has none of."""
     from dataclasses import asdict
 
+    from autopar.spec.behaviour import behaviour
     from autopar.spec.hardware import get_gpu, gpu_names
 
     gpus = [get_gpu(n) for n in gpu_names()]
+    beh = {g.key: behaviour(g.key) for g in gpus}
     if as_json:
-        print(json.dumps([asdict(g) for g in gpus], indent=2))
+        out = [
+            asdict(g)
+            | {
+                "mamf_bf16_tflops": beh[g.key].gemm.bf16_flops / 1e12,
+                "mamf_fp8_tflops": beh[g.key].gemm.fp8_flops / 1e12,
+                "stand_ins": list(beh[g.key].stand_ins),
+            }
+            for g in gpus
+        ]
+        print(json.dumps(out, indent=2))
         return
     from rich.table import Table
 
@@ -29,6 +42,8 @@ def hardware(as_json: o.Json = False) -> None:
         "name",
         "BF16 TFLOP/s",
         "FP8 TFLOP/s",
+        "MAMF BF16",
+        "MAMF FP8",
         "HBM GiB",
         "HBM GB/s",
         "NVLink GB/s/dir",
@@ -42,6 +57,8 @@ def hardware(as_json: o.Json = False) -> None:
             g.name,
             f"{g.bf16_tflops:g}",
             f"{g.fp8_tflops:g}" if g.fp8_tflops else "-",
+            f"{beh[g.key].gemm.bf16_flops / 1e12:.0f}",
+            f"{beh[g.key].gemm.fp8_flops / 1e12:.0f}" if beh[g.key].gemm.fp8_flops else "-",
             f"{g.hbm_gib:g}",
             f"{g.hbm_gbps:g}",
             f"{g.intra_node_gbps:g}" + (" per link" if g.intra_node_topology == "full-mesh" else ""),
@@ -49,3 +66,7 @@ def hardware(as_json: o.Json = False) -> None:
             str(g.gpus_per_node),
         )
     console().print(t)
+    console().print("MAMF: the achievable GEMM rate (published; autopar/spec/data/hardware_behaviour.toml).")
+    for g in gpus:
+        for note in beh[g.key].stand_ins:
+            console().print(f"  {g.key}: {note}")

@@ -116,6 +116,34 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     return out
 
 
+def ep_table(details: list, plan, routing_imbalance: float) -> list:
+    """The EP all-to-all under each dispatcher: seconds before overlap, the rates it runs at and
+    their sources (autopar.cost.ep_detail); empty without EP."""
+    if not details:
+        return []
+    t = Table(title="EP all-to-all per step under each dispatcher (before overlap)", title_justify="left")
+    for col in ("dispatcher", "seconds", "GB", "GB/s", "NVLink GB/s", "network GB/s", "crosses network"):
+        t.add_column(col, justify="left" if col == "dispatcher" else "right")
+    names = {"alltoall": "NCCL all-to-all", "deepep": "DeepEP / HybridEP"}
+    for d in details:
+        label = names[d.dispatcher] + (" (this plan)" if d.dispatcher == plan.moe_dispatcher else "")
+        t.add_row(
+            label,
+            f"{d.seconds:.3f}",
+            f"{d.bytes / 1e9:.1f}",
+            f"{d.effective_gbps:.1f}",
+            f"{d.nvlink_gbps:.0f}",
+            f"{d.network_gbps:.0f}" if d.network_gbps else "-",
+            f"{100 * d.network_share:.0f}%",
+        )
+    routing = "forced-balanced" if routing_imbalance == 1 else f"busiest expert rank x{routing_imbalance:g}"
+    notes = [Text(f"  routing: {routing} (--routing-imbalance)", style="dim")]
+    for d in details:
+        for src in d.sources:
+            notes.append(Text(f"  {names[d.dispatcher]}: {src}", style="dim"))
+    return [t, *notes]
+
+
 def run_table(r, run) -> Table:
     """The whole run of one plan (autopar.cost.goodput.RunTime): days, goodput and its terms,
     checkpoints, GPU-hours, cost."""

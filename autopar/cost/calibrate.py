@@ -10,26 +10,34 @@ import numpy as np
 
 from autopar.cost.estimate import estimate_table
 from autopar.cost.fit import FitResult, fit_constants
+from autopar.spec.constants import constant_table
 from autopar.spec.hardware import GIB, LOCAL, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.table import PlanTable
 
-#: step-time constants `calibrate` moves, with bounds wide enough for CPUs (one core per rank)
-TIME_BOUNDS: dict[str, tuple[float, float]] = {
-    "gemm_efficiency": (0.05, 1.0),
-    "gemm_half_efficiency_dim": (1.0, 4096.0),
-    "layer_overhead_us": (0.0, 100_000.0),
-    "elementwise_traffic_factor": (0.0, 1000.0),  # CPU elementwise ops run far below memory bandwidth
-    "intra_node_bw_efficiency": (0.01, 1.0),
-    "pp_overlap": (0.0, 1.0),
-    "dp_overlap": (0.0, 1.0),
-}
+#: the profile whose ranges (autopar/spec/data/constants.toml) bound a calibration: trials run the
+#: built-in model
+CALIBRATED_PROFILE = "autopar"
+#: step-time constants `calibrate` moves
+TIME_CONSTANTS = (
+    "gemm_efficiency",
+    "layer_overhead_us",
+    "elementwise_traffic_factor",
+    "intra_node_bw_efficiency",
+    "pp_overlap",
+    "dp_overlap",
+)
 #: memory constants: allocator allowance on activations, fixed reservation
-MEMORY_BOUNDS: dict[str, tuple[float, float]] = {
-    "allocator_overhead_fraction": (0.0, 1.0),
-    "runtime_reserved_gib": (0.0, 2.0),
-}
+MEMORY_CONSTANTS = ("allocator_overhead_fraction", "runtime_reserved_gib")
+
+
+def bounds(names) -> dict[str, tuple[float, float]]:
+    """Each constant's documented range for the built-in model (the one table of ranges)."""
+    table = constant_table()
+    return {
+        n: (table[n].for_profile(CALIBRATED_PROFILE).low, table[n].for_profile(CALIBRATED_PROFILE).high) for n in names
+    }
 
 
 def predict(
@@ -77,16 +85,16 @@ def calibrate(
     def time_errors(k):
         return predict(plans, model, cluster.with_constants(k), num_gpus, seq_len)[0] / measured_s - 1
 
-    names = [n for n in (names or TIME_BOUNDS) if n in TIME_BOUNDS]
+    names = [n for n in (names or TIME_CONSTANTS) if n in TIME_CONSTANTS]
     before = predict(plans, model, cluster, num_gpus, seq_len)[0]
-    tfit = _multistart(time_errors, cluster.constants, names, TIME_BOUNDS)
+    tfit = _multistart(time_errors, cluster.constants, names, bounds(TIME_CONSTANTS))
     mfit = None
     if np.all(measured_mem > 0):
 
         def mem_errors(k):
             return predict(plans, model, cluster.with_constants(k), num_gpus, seq_len)[1] / measured_mem - 1
 
-        mfit = fit_constants(mem_errors, tfit.constants, list(MEMORY_BOUNDS), MEMORY_BOUNDS)
+        mfit = fit_constants(mem_errors, tfit.constants, list(MEMORY_CONSTANTS), bounds(MEMORY_CONSTANTS))
     consts = mfit.constants if mfit else tfit.constants
     out = cluster.with_constants(consts, name=(cluster.name or cluster.gpu.key) + " (calibrated)")
     after = predict(plans, model, out, num_gpus, seq_len)[0]
@@ -124,6 +132,9 @@ def profile_dict(cluster: ClusterSpec, **extra) -> dict:
         "inter_node_latency_us": cluster.inter_node_latency_us,
         "constants": asdict(cluster.constants),
     }
+    measured = {k: v for k, v in asdict(cluster.measured).items() if v is not None}
+    if measured:
+        out["behaviour"] = measured
     return out | extra
 
 
@@ -173,9 +184,9 @@ def profile_from_probe(gemm: dict, colls: list[dict], ranks: int, ram_bytes: flo
         "inter_node_gbps": busbw,
         "intra_node_latency_us": lat * 1e6,
         "inter_node_latency_us": lat * 1e6,
+        "behaviour": {"gemm_half_dim": max(half, 1.0)},
         "constants": {
             "gemm_efficiency": efficiency,
-            "gemm_half_efficiency_dim": max(half, 1.0),
             "runtime_reserved_gib": 0.0,
             "allocator_overhead_fraction": 0.0,
             "intra_node_bw_efficiency": 1.0,

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.spec.behaviour import NetworkFigures, NvlinkFigures, behaviour_of, shared_figures
+from autopar.spec.behaviour import behaviour_of, shared_figures
+from autopar.spec.curves import NetworkFigures, NvlinkFigures
 from autopar.spec.hardware import ClusterSpec
 
 ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, SEND = (

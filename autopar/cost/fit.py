@@ -1,6 +1,6 @@
-"""Fit the cost model's constants to measurements: bounded least squares on log throughput ratios
-(scipy.optimize.least_squares). Used by `autopar validate --fit` (published runs) and
-`autopar calibrate` (trial measurements)."""
+"""Fit the cost model's constants to this machine's trial measurements (`autopar calibrate`):
+bounded least squares on log ratios (scipy.optimize.least_squares). The published runs are fitted
+by autopar.cost.profile_fit, towards each constant's prior."""
 
 from __future__ import annotations
 
@@ -10,18 +10,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from autopar.spec.hardware import CostConstants
-
-#: what `validate --fit` may move, with physically sensible bounds
-DEFAULT_BOUNDS: dict[str, tuple[float, float]] = {
-    "gemm_efficiency": (0.4, 0.95),
-    "fp8_gemm_efficiency": (0.3, 0.95),
-    "gemm_half_efficiency_dim": (1.0, 4096.0),
-    "attention_efficiency": (0.2, 1.0),
-    "elementwise_traffic_factor": (0.0, 20.0),
-    "layer_overhead_us": (0.0, 5000.0),
-    "expert_gemm_efficiency": (0.2, 1.0),
-    "tp_overlap": (0.0, 0.95),
-}
 
 
 @dataclass
@@ -37,15 +25,14 @@ class FitResult:
 def fit_constants(
     errors_for: Callable[[CostConstants], np.ndarray],
     start: CostConstants,
-    names: Sequence[str] | None = None,
-    bounds: dict[str, tuple[float, float]] | None = None,
+    names: Sequence[str],
+    bounds: dict[str, tuple[float, float]],
 ) -> FitResult:
-    """Move the named constants (within bounds) to minimise sum(log(1 + error)^2), where
-    `errors_for(constants)` returns each case's relative throughput error."""
+    """Move the named constants (within their ranges, autopar.cost.calibrate.bounds) to minimise
+    sum(log(1 + error)^2), where `errors_for(constants)` returns each case's relative error."""
     from scipy.optimize import least_squares
 
-    bounds = bounds or DEFAULT_BOUNDS
-    names = list(names or bounds)
+    names = list(names)
     lo = np.array([bounds[n][0] for n in names])
     hi = np.array([bounds[n][1] for n in names])
     x0 = np.clip(np.array([getattr(start, n) for n in names], dtype=float), lo, hi)

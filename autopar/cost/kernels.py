@@ -20,7 +20,8 @@ from functools import cache
 
 import numpy as np
 
-from autopar.spec.behaviour import GpuBehaviour, behaviour_of, shared_figures
+from autopar.spec.behaviour import behaviour_of, shared_figures
+from autopar.spec.curves import GpuBehaviour
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.table import DTYPE
 

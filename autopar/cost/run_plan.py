@@ -59,18 +59,8 @@ def run_plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
     dtype = "fp8" if re.search(r"fp8|float8", text(row, "precision"), re.I) else "bf16"
     sp = _sequence_parallel(row, fam, tp, model, notes)
     overlap = _tp_overlap(row, rid, src, tp, sp, notes)
-    etp, dispatcher, ep_overlap = None, "alltoall", False
-    if model.moe is not None:
-        etp = 1
-        notes.append("expert-TP 1 (ModelZoo/Bridge MoE recipes state ETP 1)")
-        dispatcher, ep_overlap = _moe_comm(row, src, notes)
-    schedule = None
-    if re.search(r"DualPipe", text(row, "framework")) and pp > 1:
-        schedule = "zero-bubble"
-        notes.append(
-            "DualPipe priced as zero-bubble (ZB-H1): its bubble (PP/2-1)(F&B+B-3W) is about ZB-H1's "
-            "(DeepSeek-V3 report Table 2)"
-        )
+    etp, dispatcher, ep_overlap, dispatch = _moe(row, src, model, notes)
+    schedule = _schedule(row, pp, notes)
     return ParallelPlan(
         tp=tp,
         pp=pp,
@@ -90,9 +80,35 @@ def run_plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
         layout=_layout(row, src, model, pp, vpp, notes),
         trainer=FAMILY_TRAINER[fam],
         moe_dispatcher=dispatcher,
+        moe_dispatch=dispatch,
         ep_comm_overlap=ep_overlap and ep > 1,
         **({"pp_schedule": schedule} if schedule else {}),
     )
+
+
+def _moe(row, src, model, notes) -> tuple[int | None, str, bool, str]:
+    """(expert TP, dispatcher, EP overlap, dispatch mode) of a MoE row (nothing for a dense one)."""
+    if model.moe is None:
+        return None, "alltoall", False, "dropless"
+    notes.append("expert-TP 1 (ModelZoo/Bridge MoE recipes state ETP 1)")
+    dispatcher, ep_overlap = _moe_comm(row, src, notes)
+    if re.search(r"tokendrop|token-drop", text(row, "model") + " " + text(row, "notes"), re.I):
+        # padding experts to capacity is refused by the flex (DeepEP) dispatcher
+        # (megatron/core/transformer/transformer_config.py): token-drop runs use the all-to-all one
+        notes.append("token drop: capacity dispatch at capacity factor 1 with the all-to-all dispatcher")
+        return 1, "alltoall", ep_overlap, "capacity"
+    return 1, dispatcher, ep_overlap, "dropless"
+
+
+def _schedule(row, pp, notes) -> str | None:
+    """The pipeline schedule a row states, where it is not Megatron's default for its vpp."""
+    if re.search(r"DualPipe", text(row, "framework")) and pp > 1:
+        notes.append(
+            "DualPipe priced as zero-bubble (ZB-H1): its bubble (PP/2-1)(F&B+B-3W) is about ZB-H1's "
+            "(DeepSeek-V3 report Table 2)"
+        )
+        return "zero-bubble"
+    return None
 
 
 def _moe_comm(row, src, notes) -> tuple[str, bool]:

@@ -161,6 +161,11 @@ def row_model(row: dict, seq_len: int, fam: str, notes: list[str]) -> ModelSpec:
             notes.append(f"architecture from preset {preset}")
             vocab = integer(row, "vocab_size")
             spec = replace(get_preset(preset), seq_len=seq_len)
+            if re.search(r"incl\. MTP", name):
+                # DeepSeek-V3's multi-token-prediction module: one more MoE block (and its head) on the
+                # last stage (num_nextn_predict_layers 1; Megatron layout 'tmL')
+                spec = replace(spec, num_layers=spec.num_layers + 1)
+                notes.append("MTP module priced as one more MoE layer (num_nextn_predict_layers 1)")
             return replace(spec, vocab_size=vocab) if vocab else spec
     L, h = integer(row, "num_layers"), integer(row, "hidden_size")
     if not L or not h:

@@ -16,125 +16,27 @@ runs at is the cost model's (autopar.cost.kernels, autopar.cost.collectives).
 from __future__ import annotations
 
 import copy
-import math
 import tomllib
-from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
 import numpy as np
 
-from autopar.errors import InputError, quoted
+from autopar.spec.curves import (
+    AttentionFigures,
+    Curve,
+    DispatchFigures,
+    GemmFigures,
+    GpuBehaviour,
+    NetworkFigures,
+    NvlinkFigures,
+    SharedFigures,
+    scaled_attention,
+)
 
 _COMPUTE_TABLES = ("gemm", "attention")
 #: keys of one curve: an entry giving `bytes` replaces the whole curve of its stand-in
 _CURVE_KEYS = ("bytes", "all_reduce_us", "all_reduce_busbw")
-
-
-@dataclass(frozen=True)
-class Curve:
-    """A measured curve y(x), interpolated piecewise-linearly in log x and log y; flat beyond its ends."""
-
-    x: tuple[float, ...]
-    y: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.x) != len(self.y) or not self.x or any(v <= 0 for v in (*self.x, *self.y)):
-            raise ValueError(f"a curve needs positive points of equal count, got {self.x} / {self.y}")
-        if list(self.x) != sorted(self.x):
-            raise ValueError(f"a curve's x must increase, got {self.x}")
-
-    def __call__(self, q) -> np.ndarray:
-        lq = np.log(np.maximum(np.asarray(q, dtype=float), 1e-30))
-        return np.exp(np.interp(lq, np.log(self.x), np.log(self.y)))
-
-    def scaled(self, factor: float) -> "Curve":
-        return Curve(self.x, tuple(v * factor for v in self.y))
-
-
-@dataclass(frozen=True)
-class GemmFigures:
-    bf16_flops: float  # achievable (MAMF) FLOP/s
-    fp8_flops: float  # 0: no FP8 tensor cores
-    source: str
-
-
-@dataclass(frozen=True)
-class AttentionFigures:
-    """Attention at head dim 128, FLOP/s by sequence length, causal and without a mask (`full`: the
-    off-diagonal blocks of context-parallel attention). `native`: Hopper-native / newer kernels
-    (FlashAttention-3, cuDNN fused attention, FlashAttention-4); `mma_sync`: FlashAttention-2
-    forward + backward (one rate for both passes), or None where it is not published. Where the
-    unmasked backward is not published it is the causal backward x the forwards' ratio at that length."""
-
-    native_fwd: Curve | None
-    native_bwd: Curve | None
-    mma_sync_fwd_bwd: Curve | None
-    mma_sync_hd64_ratio: Curve | None  # FA2 head dim 64 / 128, by sequence length
-    source: str
-    native_fwd_full: Curve | None = None
-    native_bwd_full: Curve | None = None
-    mma_sync_fwd_bwd_full: Curve | None = None
-
-
-@dataclass(frozen=True)
-class NvlinkFigures:
-    """NCCL inside one NVLink domain."""
-
-    all_reduce_s: Curve  # seconds of an 8-GPU all-reduce by buffer bytes
-    ring_busbw: float  # B/s, large messages, ring algorithms (all-gather, reduce-scatter)
-    sharp_busbw: float  # B/s, large-message all-reduce with NVLink SHARP (NVLS); = ring without it
-    by_gpus: Curve | None  # large-message all-reduce busbw by group size (NVLS from 5 GPUs)
-    all_to_all_busbw: float
-    p2p: float  # B/s, one direction
-    source: str
-
-
-@dataclass(frozen=True)
-class NetworkFigures:
-    nic_fraction: float  # what a collective reaches of a NIC's line rate
-    scan_small: tuple[int, Curve]  # (GPUs, all-reduce busbw by bytes)
-    scan_large: tuple[int, Curve]
-    all_to_all_fraction: float  # NCCL all-to-all per NIC, of its line rate
-    base_latency_s: float
-    hop_latency_s: float
-    source: str
-
-
-@dataclass(frozen=True)
-class DispatchFigures:
-    rdma_fraction: float  # DeepEP RDMA bottleneck bandwidth / NIC line rate
-    nvlink_fraction: float  # DeepEP intranode bandwidth / NVLink line rate
-    sms: int  # SMs a dispatcher takes from concurrent GEMMs
-    kernels_per_layer: float  # kernels of one MoE layer, forward + backward (DeepSeek's stack)
-    source: str
-
-
-@dataclass(frozen=True)
-class GpuBehaviour:
-    key: str
-    gemm: GemmFigures
-    hbm_fraction: float  # achievable fraction of the HBM peak for memory-bound kernels
-    attention: AttentionFigures
-    nvlink: NvlinkFigures | None  # None: priced from the preset's link figures (autopar.cost.collectives)
-    sms: int
-    #: DeepEP / HybridEP's NVLink rate as a fraction of the line rate on this GPU generation; None:
-    #: the shared (Hopper) figure
-    dispatch_nvlink_fraction: float | None = None
-    #: "figure: the GPU standing in, and why" for every figure not published for this GPU
-    stand_ins: tuple[str, ...] = field(default=())
-
-
-@dataclass(frozen=True)
-class SharedFigures:
-    shape_points: tuple[tuple[float, float], ...]  # (smallest dimension, rate / large-shape rate)
-    shape_ridge: float  # FLOP per byte of the GPU the shape points were measured on
-    head_dim: dict  # head dim -> causal forward rate by sequence length; "noncausal": head dim 128 unmasked
-    network: NetworkFigures
-    dispatch: DispatchFigures
-    kernel_launch_s: float
-    nccl_sms: float  # SMs a NCCL collective occupies beside compute (mean of the published range)
-    sources: dict[str, str]
 
 
 def _data() -> dict:
@@ -190,6 +92,10 @@ def shared_figures() -> SharedFigures:
             "gemm_shape": g["source"],
             "attention_head_dim": hd["source"],
             "launch": d["launch"]["source"],
+            "nic": n["source_nic"],
+            "network_all_to_all": n["source_all_to_all"],
+            "dispatch_rdma": x["source_rdma"],
+            "dispatch_nvlink": x["source_nvlink"],
         },
     )
 
@@ -251,7 +157,9 @@ def _merged(key: str, table: dict, seen: tuple[str, ...] = ()) -> tuple[dict, li
             out[t] = inherited | v
         else:
             out[t] = v
-    inherited = sorted(t for t in base if t not in own or (isinstance(own.get(t), dict) and set(base[t]) - set(own[t])))
+    inherited = sorted(
+        t for t, v in base.items() if isinstance(v, dict) and (t not in own or set(v) - set(own.get(t, {})))
+    )
     notes.append(f"{', '.join(inherited)} from {base_key}: {why}")
     return out, notes
 
@@ -260,13 +168,7 @@ def _attention(t: dict, gpus: dict, shared_hd: dict[int, Curve]) -> AttentionFig
     scale = t.get("_scale", 1.0)
     if "stand_in" in t:  # a sub-table stand-in: another GPU's attention scaled
         other = behaviour(t["stand_in"]).attention
-        s = t["scale"] * scale
-        curves = {
-            k: (c.scaled(s) if isinstance(c, Curve) and k != "mma_sync_hd64_ratio" else c)
-            for k, c in vars(other).items()
-            if k != "source"
-        }
-        return AttentionFigures(**curves, source=f"{t['stand_in']} x {t['scale']}: {t['stand_in_why']}")
+        return scaled_attention(other, t["scale"] * scale, f"{t['stand_in']} x {t['scale']}: {t['stand_in_why']}")
     fwd = bwd = fwd_full = bwd_full = None
     if "fwd_us" in t:
         seq = tuple(float(s) for s in t["seq"])
@@ -319,6 +221,7 @@ def _nvlink(t: dict | None) -> NvlinkFigures | None:
         all_to_all_busbw=t["all_to_all_busbw_gbps"] * 1e9 * scale,
         p2p=t.get("p2p_gbps", ring / 1e9 / scale) * 1e9 * scale,
         source="; ".join(str(v) for k, v in t.items() if k.startswith("source")),
+        all_to_all_source=str(t.get("source_all_to_all", "")),
     )
 
 
@@ -351,6 +254,7 @@ def behaviour(key: str) -> GpuBehaviour:
         nvlink=_nvlink(t.get("nvlink")),
         sms=int(t["sms"]),
         dispatch_nvlink_fraction=_nvlink_fraction(t["dispatch"]["nvlink_gbps"], key) if "dispatch" in t else None,
+        dispatch_source=t["dispatch"]["source"] if "dispatch" in t else "",
         stand_ins=tuple(notes),
     )
 
@@ -375,13 +279,7 @@ def derived_behaviour(gpu) -> GpuBehaviour:
         key=gpu.key,
         gemm=GemmFigures(gpu.bf16_tflops * 1e12, gpu.fp8_tflops * 1e12, f"the preset's peak ({gpu.source})"),
         hbm_fraction=1.0,
-        attention=AttentionFigures(
-            att.native_fwd.scaled(ratio),
-            att.native_bwd.scaled(ratio),
-            att.mma_sync_fwd_bwd.scaled(ratio),
-            att.mma_sync_hd64_ratio,
-            source=f"h100-sxm x {ratio:.3g} (ratio of peaks)",
-        ),
+        attention=scaled_attention(att, ratio, f"h100-sxm x {ratio:.3g} (ratio of peaks)"),
         nvlink=None,
         sms=h100.sms,
         stand_ins=(
@@ -397,25 +295,3 @@ def behaviour_of(gpu) -> GpuBehaviour:
         return behaviour(gpu.key)
     except KeyError:
         return derived_behaviour(gpu)
-
-
-@dataclass(frozen=True)
-class MeasuredBehaviour:
-    """What `autopar probe` measured on the user's cluster (a cluster file's `behaviour:` mapping),
-    replacing the published or derived figure of the same name; None = not measured."""
-
-    #: x_half of the GEMM shape fall-off x / (x + x_half), fitted to the probe's GEMMs by shape
-    gemm_half_dim: float | None = None
-
-    @classmethod
-    def from_dict(cls, data: object, origin: str) -> "MeasuredBehaviour":
-        if not isinstance(data, dict):
-            raise InputError(f"{origin}: 'behaviour' must be a mapping, e.g. behaviour: {{gemm_half_dim: 8}}")
-        known = {"gemm_half_dim": (1e-3, 1e6)}
-        for k, v in data.items():
-            if k not in known:
-                raise InputError(f"{origin}: unknown behaviour field {quoted(str(k), 40)}; known: {', '.join(known)}")
-            lo, hi = known[k]
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
-                raise InputError(f"{origin}: behaviour.{k} must be a number in [{lo:g}, {hi:g}], got {quoted(v)}")
-        return cls(**{k: float(v) for k, v in data.items()})

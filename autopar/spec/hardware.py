@@ -12,8 +12,8 @@ from importlib import resources
 from pathlib import Path
 
 from autopar.errors import InputError, did_you_mean, quoted
-from autopar.spec.behaviour import MeasuredBehaviour
 from autopar.spec.constants import CostConstants  # noqa: F401 (re-exported: the cost model imports it from here)
+from autopar.spec.curves import MeasuredBehaviour
 from autopar.spec.schema import MAX_GPUS_PER_NODE, MAX_NAME_CHARS, check_int, check_name, check_number
 from autopar.spec.training_run import Reliability
 

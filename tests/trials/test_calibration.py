@@ -60,7 +60,7 @@ def test_local_profile_defaults_and_file(tmp_path, monkeypatch):
     ]
     prof = profile_from_probe(probe, colls, 2, 8 * 2**30)
     assert prof["gpu"]["bf16_tflops"] * 0.9 / 2 == pytest.approx(0.1, rel=0.05)  # fp32 peak recovered
-    assert prof["constants"]["gemm_half_efficiency_dim"] == pytest.approx(8, rel=0.1)
+    assert prof["behaviour"]["gemm_half_dim"] == pytest.approx(8, rel=0.1)
     path = tmp_path / "local.yaml"
     path.write_text(yaml.safe_dump(prof))
     monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(path))

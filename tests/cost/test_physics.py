@@ -1,0 +1,111 @@
+"""The cost model's physics against published figures and hand derivations: GEMM rates from MAMF and
+the DeepGEMM shape fall-off, attention from the published kernel rates, collectives from the
+measured NCCL curves, DeepEP's deduplication, the constants table, the real router's imbalance."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+
+from autopar.cost.collectives import Links, collective_seconds, deduplicated_seconds, place
+from autopar.cost.kernels import attention_seconds, causal_share, gemm_rate, half_dims, reference_half_dim
+from autopar.cost.profiles import profiles
+from autopar.cost.routing_derivation import implied_imbalances
+from autopar.cost.run_cases import build_cases
+from autopar.cost.run_rows import load_runs
+from autopar.spec.constants import CostConstants, check_table_matches_fields, constant_table
+from autopar.spec.hardware import default_cluster
+from autopar.spec.routing import REAL_ROUTER_IMBALANCE
+from autopar.spec.table import DTYPE
+
+H100 = default_cluster("h100-sxm")
+
+
+def test_shape_half_dim_is_the_least_squares_fit_of_the_published_points():
+    """x / (x + a) relative to M = 4096, fitted in log to the DeepGEMM points: a fine scan by hand
+    finds the same a within the grid's resolution."""
+    from autopar.spec.behaviour import shared_figures
+
+    pts = np.array(shared_figures().shape_points)
+    m, r = pts[:, 0], pts[:, 1]
+    scan = np.linspace(100, 320, 22001)
+    err = [np.sum(np.log((m / (m + a)) / (4096 / (4096 + a)) / r) ** 2) for a in scan]
+    assert reference_half_dim() == pytest.approx(scan[int(np.argmin(err))], rel=3e-3)
+
+
+def test_gemm_rate_is_mamf_times_the_shape_fall_off():
+    """H100 BF16: ridge 2 x 989.4 / 3.35 = the H800 FP8 ridge 1978.9 / 3.35 (x 1 byte), so the half
+    point is the reference one; rate = 794.5 TFLOPS x x / (x + a)."""
+    a = reference_half_dim()
+    assert float(half_dims(H100, DTYPE["bf16"])) == pytest.approx(a * (2 * 989.4e3 / 3350) / 590.7, rel=1e-6)
+    x = 512.0
+    half = float(half_dims(H100, DTYPE["bf16"]))
+    assert float(gemm_rate(H100, DTYPE["bf16"], x)) == pytest.approx(794.5e12 * x / (x + half))
+    # TF32 (fp32 training): twice the bytes per element at half the peak, so the same half point
+    assert float(half_dims(H100, DTYPE["fp32"])) == pytest.approx(half, rel=1e-6)
+    assert float(gemm_rate(H100, DTYPE["fp32"], x)) == pytest.approx(794.5e12 / 2 * x / (x + half))
+
+
+def test_attention_seconds_are_the_published_kernel_times():
+    """One causal forward + backward at S = 4096 (B=4, H=48, D=128) takes the tritonbench
+    1236.9 + 4643.46 us; with a recomputed forward one forward more."""
+    flops = 4 * 4 * 4096**2 * 48 * 128 / 2
+    t = float(attention_seconds(H100, flops, 4096, 128, 1.0, 0.0))
+    assert t == pytest.approx(1236.9e-6 + 4643.46e-6)
+    t2 = float(attention_seconds(H100, flops, 4096, 128, 2.0, 0.0))
+    assert t2 == pytest.approx(2 * 1236.9e-6 + 4643.46e-6)
+
+
+def test_context_parallel_ranks_run_mostly_unmasked_blocks():
+    """With the load-balanced split a CP rank's diagonal blocks are 1 / (2 cp) of its work."""
+    assert float(causal_share(1)) == 1.0 and float(causal_share(4)) == pytest.approx(1 / 8)
+
+
+def test_all_reduce_across_nodes_runs_at_the_nic_rate():
+    """64 GPUs (8 nodes of 8), 16 GiB: the in-node part at the measured NVLink busbw, the cross-node
+    part 2 (N-1)/N x S/8 over one NIC at 48 GB/s (nccl-tests #267) x the scan's size efficiency 1."""
+    g = place(np.array(64), np.array(1), 8)
+    links = Links.of(H100)
+    s = 16 * 2**30
+    t = float(collective_seconds("all_reduce", s, g, links))
+    intra = float(collective_seconds("all_reduce", s, place(np.array(8), np.array(1), 8), links))
+    inter = 2 * 7 / 8 * (s / 8) / 48e9
+    assert t == pytest.approx(intra + inter + 2 * (8.4e-6 + np.log2(8) * 14e-6), rel=1e-6)
+
+
+def test_deepep_crosses_the_network_once_per_remote_node():
+    """EP16 on two H100 nodes, top-8: a token reaches the other node with probability 1 - 0.5^8 and
+    crosses once; NCCL's all-to-all sends 8 of its 16 destinations' copies over the NIC."""
+    g = place(np.array(16), np.array(1), 8)
+    links = Links.of(H100)
+    s = 4096 * 8 * 7168 * 2.0  # 4096 tokens, top-8, hidden 7168, BF16
+    dedup = float(deduplicated_seconds(s, g, links, top_k=8))
+    rdma = 4096 * 7168 * 2.0 * (1 - 0.5**8) / 50e9
+    nvlink = s * (7 / 16 + 8 / 16 * 7 / 8) / (450e9 * 0.7775)
+    assert dedup == pytest.approx(max(rdma, nvlink) + 2 * 8.4e-6, rel=1e-6)
+    nccl = float(collective_seconds("all_to_all", s, g, links))
+    assert nccl > 3 * dedup
+
+
+def test_constants_table_matches_the_dataclass_and_the_profiles_stay_in_range():
+    check_table_matches_fields()
+    table = constant_table()
+    assert {f.name for f in fields(CostConstants)} == set(table)
+    for name, spec in table.items():
+        assert spec.source and spec.meaning and spec.low <= spec.prior <= spec.high, name
+    for prof in profiles().values():
+        for n in prof.own:
+            spec = table[n].for_profile(prof.name)
+            if spec.kind == "fitted":
+                assert spec.low <= getattr(prof.constants, n) <= spec.high, (prof.name, n)
+
+
+def test_real_router_imbalance_is_what_the_paired_measurements_imply():
+    """autopar.spec.routing's default for a real router is the median of the imbalances the four
+    forced-balanced / dropless pairs imply under the shipped profiles."""
+    cases, _ = build_cases(load_runs(None))
+    implied = implied_imbalances(cases)
+    assert set(implied) == {"282d", "283d", "284d", "285d"}
+    assert REAL_ROUTER_IMBALANCE == pytest.approx(np.median(list(implied.values())), abs=0.05)
