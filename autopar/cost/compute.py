@@ -108,7 +108,9 @@ def _attention_seconds(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, fw
     k = cluster.constants
     forwards = 1.0 + np.where(fwd_core > 0, recompute_core / np.maximum(fwd_core, 1e-30), 0.0)
     kv = x.seq_len / x.cp
-    flash = attention_seconds(cluster, fwd_core, kv, model.qk_head_dim, forwards, k.attention_mma_sync, x.cp)
+    flash = attention_seconds(
+        cluster, fwd_core, kv, model.qk_head_dim, forwards, k.attention_mma_sync, x.cp, k.attention_fa1
+    )
     if k.attention_flash >= 1:
         return flash
     bmm = 2.0 * (3 * fwd_core + recompute_core) / gemm_rate(cluster, DTYPE["bf16"], model.qk_head_dim)

@@ -100,13 +100,15 @@ def causal_share(cp) -> np.ndarray:
     return np.where(cp > 1, 1.0 / (2.0 * cp), 1.0)
 
 
-def attention_seconds(cluster: ClusterSpec, fwd_flops, kv_len, head_dim: float, forwards, mma_sync, cp=1) -> np.ndarray:
+def attention_seconds(
+    cluster: ClusterSpec, fwd_flops, kv_len, head_dim: float, forwards, mma_sync, cp=1, fa1=0.0
+) -> np.ndarray:
     """Seconds of flash attention doing `fwd_flops` (causal) per forward, `forwards` forwards (1 +
     recomputed ones) and one backward (2.5 x the forward's FLOPs: Dao-AILab/flash-attention#1525), at
     the published rates of the GPU's kernels for this K/V length, causally masked blocks at the causal
     rate and a CP rank's whole blocks at the unmasked rate (`causal_share`); `mma_sync` is the share
-    of it on FlashAttention-2-class kernels. A GPU without a published curve for one kind uses the
-    other's."""
+    of it on FlashAttention-2-class kernels, `fa1` of that on FlashAttention-1-era ones (half FA2's
+    rate: FA2 paper abstract). A GPU without a published curve for one kind uses the other's."""
     a = gpu_behaviour(cluster).attention
     f = np.asarray(fwd_flops, dtype=float)
     hd = head_dim_factor(head_dim, kv_len)
@@ -119,7 +121,7 @@ def attention_seconds(cluster: ClusterSpec, fwd_flops, kv_len, head_dim: float, 
     if a.mma_sync_fwd_bwd is not None:
         ratio = np.where(head_dim <= 64, a.mma_sync_hd64_ratio(kv_len), 1.0)
         per = c / a.mma_sync_fwd_bwd(kv_len) + (1 - c) / a.mma_sync_fwd_bwd_full(kv_len)
-        mma = f * (forwards + 2.5) * per / ratio
+        mma = f * (forwards + 2.5) * per / ratio * (1.0 + fa1)
     native = mma if native is None else native
     mma = native if mma is None else mma
     return (1 - mma_sync) * native + mma_sync * mma

@@ -8,8 +8,9 @@ rest with its parent. A profile with no row in the training set keeps its parent
 the leave-one-source-out prediction for a source alone in its family.
 
 The fit is a maximum a posteriori estimate: each case's residual is log(predicted / published
-throughput) / SIGMA_OBS, each parameter's is (value - prior) / sigma with sigma a quarter of its
-range (the range spans +-2 sigma around a central prior), every parameter bounded to its range
+throughput) / SIGMA_OBS under a robust (pseudo-Huber) loss, each parameter's is (value - prior) /
+sigma with sigma a quarter of its range (the range spans +-2 sigma around a central prior), every
+parameter bounded to its range
 (scipy.optimize.least_squares, trust-region reflective). The cases are priced once
 (autopar.cost.case_batch); the fit re-assembles the step only, so it takes well under a second.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from autopar.cost.case_batch import CaseBatch, case_profile
-from autopar.cost.profiles import profiles, resolve
+from autopar.cost.profiles import lineage, profiles, resolve
 from autopar.cost.run_cases import RunCase
 from autopar.spec.constants import constant_table
 from autopar.spec.hardware import CostConstants
@@ -131,6 +132,13 @@ def _facts(name: str) -> list[float | None]:
     return [getattr(c, f) if f not in FITTED else None for f in FIELDS]
 
 
+def _robust(r: np.ndarray) -> np.ndarray:
+    """Pseudo-Huber residuals (least squares on them is scipy's soft_l1 loss): a run the model misses
+    by far more than SIGMA_OBS (a mechanism it lacks) pulls the constants linearly, not
+    quadratically, so a few such runs cannot drag a physical constant to its bound."""
+    return np.sign(r) * np.sqrt(2.0 * (np.sqrt(1.0 + r * r) - 1.0))
+
+
 def fit_profiles(cases: list[RunCase], batch: CaseBatch | None = None) -> ProfileFit:
     """Fit the base constants and each present profile's own ones to the cases. A dropless second
     measurement of a row is not fitted: it is what the real router's imbalance is read from
@@ -142,7 +150,7 @@ def fit_profiles(cases: list[RunCase], batch: CaseBatch | None = None) -> Profil
     cases = [c for c in cases if not c.dropless]
     batch = batch or CaseBatch.of(cases)
     params = _parameters({case_profile(c) for c in cases})
-    specs = [constant_table()[n].for_profile(prof) for prof, n in params]
+    specs = [constant_table()[n].for_profile(prof, lineage(prof)) for prof, n in params]
     prior = np.array([s.prior for s in specs])
     lo = np.array([s.low for s in specs])
     hi = np.array([s.high for s in specs])
@@ -153,7 +161,7 @@ def fit_profiles(cases: list[RunCase], batch: CaseBatch | None = None) -> Profil
 
     def residual(v: np.ndarray) -> np.ndarray:
         err = batch.predicted(table_at(v))[1]
-        return np.concatenate([np.log1p(np.maximum(err, -0.99)) / SIGMA_OBS, (v - prior) / sigma])
+        return np.concatenate([_robust(np.log1p(np.maximum(err, -0.99)) / SIGMA_OBS), (v - prior) / sigma])
 
     sol = least_squares(residual, prior, bounds=(lo, hi), method="trf", x_scale=sigma, diff_step=1e-4)
     fitted = {p: float(x) for p, x in zip(params, sol.x)}

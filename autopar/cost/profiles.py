@@ -105,6 +105,15 @@ def provenance() -> Provenance:
     )
 
 
+def lineage(name: str) -> tuple[str, ...]:
+    """A profile's parents, nearest first."""
+    out, p = [], profiles()[name].parent
+    while p and p not in out:
+        out.append(p)
+        p = profiles()[p].parent
+    return tuple(out)
+
+
 def profile_of(trainer: str) -> Profile:
     return profiles()[get_trainer(trainer).profile]
 

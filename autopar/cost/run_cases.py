@@ -46,7 +46,11 @@ _NO_FLASH = (
     "attention: no FlashAttention (fused softmax over the whole score matrix, 2021-22)",
 )
 SOURCE_KERNELS = {
-    "llm-foundry": ({"attention_mma_sync": 1.0}, "attention: llm-foundry's triton FlashAttention (mma.sync)"),
+    "llm-foundry": (
+        {"attention_mma_sync": 1.0, "attention_fa1": 1.0},
+        "attention: llm-foundry's attn_impl triton (flash_attn_triton.py of FlashAttention v1): half "
+        "FlashAttention-2's rate",
+    ),
     "torchtitan-2024": _FA2,
     "fms-fsdp": _FA2,
     "nanotron": _FA2,

@@ -53,6 +53,7 @@ class StepInputs(NamedTuple):
     #: collectives, and the EP dispatcher's (DeepEP's kernels or NCCL's: autopar.spec.behaviour)
     comm_sm_share: np.ndarray
     dispatch_sm_share: np.ndarray
+    tp_sm_share: np.ndarray  # userbuffer SMs under --tp-comm-overlap, else NCCL's
     zero3: np.ndarray  # (n,)
     cp_size: np.ndarray  # (n,)
     microbatches: np.ndarray  # (n,)
@@ -123,6 +124,7 @@ def step_inputs(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCo
         tp_async_backward=np.full(len(t), cluster.constants.tp_async_backward),
         ep_overlap_on=overlap.astype(float),
         comm_sm_share=np.full(len(t), nccl_share),
+        tp_sm_share=np.where(t.tp_comm_overlap.astype(bool), shared_figures().ub_sms / sms, nccl_share),
         dispatch_sm_share=np.where(t.moe_dispatcher == DISPATCHER["deepep"], deepep_share, nccl_share),
         zero3=t.zero_stage == 3,
         cp_size=x.cp.astype(float),
@@ -158,7 +160,7 @@ def exposed(inp: StepInputs, k) -> Exposed:
     s = inp.comm_sm_share
     return Exposed(
         compute=compute.total(),
-        tp=_with_contention(inp.tp, inp.tp * _tp_hidden_share(inp, k), s),
+        tp=_with_contention(inp.tp, inp.tp * _tp_hidden_share(inp, k), inp.tp_sm_share),
         cp=_with_contention(inp.cp, compute.attention * (cp - 1) / cp, s),
         ep=_with_contention(inp.ep, inp.ep * k.ep_overlap * inp.ep_overlap_on, inp.dispatch_sm_share),
         pp=_with_contention(inp.pp, inp.pp * k.pp_overlap, s),

@@ -87,6 +87,7 @@ def shared_figures() -> SharedFigures:
         dispatch=dispatch,
         kernel_launch_s=d["launch"]["kernel_launch_us"] * 1e-6,
         nccl_sms=float(np.mean(d["nccl"]["sms"])),
+        ub_sms=float(np.mean(d["nccl"]["ub_sms"])),
         sources={
             "nccl": d["nccl"]["source_sms"],
             "gemm_shape": g["source"],

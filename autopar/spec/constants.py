@@ -26,9 +26,11 @@ class ConstantSpec:
     source: str
     profiles: dict  # profile -> {prior, low, high, source}
 
-    def for_profile(self, profile: str) -> "ConstantSpec":
-        """This constant as `profile` has it: its own prior, range and source, if the table gives them."""
-        own = self.profiles.get(profile)
+    def for_profile(self, profile: str, parents: tuple[str, ...] = ()) -> "ConstantSpec":
+        """This constant as `profile` has it: its own prior, range and source if the table gives
+        them, else its nearest parent's that has them (a profile runs its parent's kernels unless
+        the table says otherwise), else the shared ones."""
+        own = next((self.profiles[p] for p in (profile, *parents) if p in self.profiles), None)
         if not own:
             return self
         return ConstantSpec(
@@ -83,6 +85,7 @@ class CostConstants:
     dp_overlap: float = _prior("dp_overlap")
     attention_flash: float = _prior("attention_flash")
     attention_mma_sync: float = _prior("attention_mma_sync")
+    attention_fa1: float = _prior("attention_fa1")
     tp_async_backward: float = _prior("tp_async_backward")
     intra_node_bw_efficiency: float = _prior("intra_node_bw_efficiency")
     inter_node_bw_efficiency: float = _prior("inter_node_bw_efficiency")

@@ -117,6 +117,7 @@ class SharedFigures:
     dispatch: DispatchFigures
     kernel_launch_s: float
     nccl_sms: float  # SMs a NCCL collective occupies beside compute (mean of the published range)
+    ub_sms: float  # the same with user-buffer registration
     sources: dict[str, str]
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from autopar.cost.collectives import Links, collective_seconds, deduplicated_seconds, place
 from autopar.cost.kernels import attention_seconds, causal_share, gemm_rate, half_dims, reference_half_dim
-from autopar.cost.profiles import profiles
+from autopar.cost.profiles import lineage, profiles
 from autopar.cost.routing_derivation import implied_imbalances
 from autopar.cost.run_cases import build_cases
 from autopar.cost.run_rows import load_runs
@@ -97,7 +97,7 @@ def test_constants_table_matches_the_dataclass_and_the_profiles_stay_in_range():
         assert spec.source and spec.meaning and spec.low <= spec.prior <= spec.high, name
     for prof in profiles().values():
         for n in prof.own:
-            spec = table[n].for_profile(prof.name)
+            spec = table[n].for_profile(prof.name, lineage(prof.name))
             if spec.kind == "fitted":
                 assert spec.low <= getattr(prof.constants, n) <= spec.high, (prof.name, n)
 
