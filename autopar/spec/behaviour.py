@@ -174,11 +174,11 @@ def _attention(t: dict, gpus: dict, shared_hd: dict[int, Curve]) -> AttentionFig
     if "fwd_us" in t:
         seq = tuple(float(s) for s in t["seq"])
         flops = [4.0 * t["batch"] * s * s * t["heads"] * t["head_dim"] / 2 for s in seq]
-        fwd = Curve(seq, tuple(f / (us * 1e-6) * scale for f, us in zip(flops, t["fwd_us"])))
-        bwd = Curve(seq, tuple(2.5 * f / (us * 1e-6) * scale for f, us in zip(flops, t["bwd_us"])))
+        fwd = Curve(seq, tuple(f / (us * 1e-6) * scale for f, us in zip(flops, t["fwd_us"])), saturating=True)
+        bwd = Curve(seq, tuple(2.5 * f / (us * 1e-6) * scale for f, us in zip(flops, t["bwd_us"])), saturating=True)
         unmasked = shared_hd["noncausal"](seq) / shared_hd[128](seq)
-        fwd_full = Curve(seq, tuple(float(v) for v in fwd(seq) * unmasked))
-        bwd_full = Curve(seq, tuple(float(v) for v in bwd(seq) * unmasked))
+        fwd_full = Curve(seq, tuple(float(v) for v in fwd(seq) * unmasked), saturating=True)
+        bwd_full = Curve(seq, tuple(float(v) for v in bwd(seq) * unmasked), saturating=True)
     elif "at_seq" in t:  # one published point: the shape in S of another GPU's curve
         shape = behaviour(t["shape_from"]).attention
         at = t["at_seq"]

@@ -14,10 +14,13 @@ from autopar.errors import InputError, quoted
 
 @dataclass(frozen=True)
 class Curve:
-    """A measured curve y(x), interpolated piecewise-linearly in log x and log y; flat beyond its ends."""
+    """A measured curve y(x), interpolated piecewise-linearly in log x and log y; flat beyond its ends,
+    or, `saturating`, continued above its last point as y_inf x / (x + x_h) through its last two
+    points (a kernel rate still rising where the measurements stop: it nears its asymptote)."""
 
     x: tuple[float, ...]
     y: tuple[float, ...]
+    saturating: bool = False
 
     def __post_init__(self) -> None:
         if len(self.x) != len(self.y) or not self.x or any(v <= 0 for v in (*self.x, *self.y)):
@@ -26,11 +29,18 @@ class Curve:
             raise ValueError(f"a curve's x must increase, got {self.x}")
 
     def __call__(self, q) -> np.ndarray:
-        lq = np.log(np.maximum(np.asarray(q, dtype=float), 1e-30))
-        return np.exp(np.interp(lq, np.log(self.x), np.log(self.y)))
+        q = np.asarray(q, dtype=float)
+        inside = np.exp(np.interp(np.log(np.maximum(q, 1e-30)), np.log(self.x), np.log(self.y)))
+        if not self.saturating or len(self.x) < 2 or self.y[-1] <= self.y[-2]:
+            return inside
+        (x1, x2), (y1, y2) = self.x[-2:], self.y[-2:]
+        # y = a x / (x + h) through (x1, y1) and (x2, y2)
+        h = x1 * x2 * (y2 - y1) / (y1 * x2 - y2 * x1)
+        a = y2 * (x2 + h) / x2
+        return np.where(q > x2, a * q / (q + h), inside)
 
     def scaled(self, factor: float) -> "Curve":
-        return Curve(self.x, tuple(v * factor for v in self.y))
+        return Curve(self.x, tuple(v * factor for v in self.y), self.saturating)
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ def test_wide_ep_rows_carry_their_dispatcher_and_overlap(cases):
 
 #: leave-one-source-out MAPE per category this model must stay under (issue 22's bar is 10 % in
 #: each; the figures reached are in docs/cost-model.md)
-BARS = {"dense Megatron-family": 0.10, "FSDP-family": 0.10, "MoE": 0.17, "long context": 0.15}
+BARS = {"dense Megatron-family": 0.10, "FSDP-family": 0.10, "MoE": 0.17, "long context": 0.14}
 
 
 @pytest.fixture(scope="module")
