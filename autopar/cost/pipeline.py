@@ -36,3 +36,16 @@ def microbatches_in_flight(
     return np.where(
         schedule == SCHED["gpipe"], m, np.where(schedule == SCHED["interleaved-1f1b"], interleaved, one_f_one_b)
     )
+
+
+def steady_fraction(schedule, p, m, v) -> np.ndarray:
+    """Share of a rank's microbatch chunks that run in the 1F1B steady state, a forward beside a
+    backward (what Megatron-Core's 1F1B all-to-all overlap pairs: overlap_moe_expert_parallel_comm):
+    the first rank's warm-up forwards (p - 1, or 2(p - 1) + (v - 1)p interleaved: Megatron
+    schedules.py get_num_warmup_microbatches) and as many cool-down backwards have no partner;
+    without a pipeline, only the first microbatch's forward."""
+    p, m, v = (np.asarray(a, dtype=float) for a in (p, m, v))
+    warmup = np.where(schedule == SCHED["interleaved-1f1b"], 2 * (p - 1) + (v - 1) * p, p - 1)
+    warmup = np.where(p > 1, warmup, 1.0)
+    chunks = m * np.where(schedule == SCHED["interleaved-1f1b"], v, 1.0)
+    return np.clip(1.0 - warmup / chunks, 0.0, 1.0)

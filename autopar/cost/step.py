@@ -21,7 +21,7 @@ from autopar.cost.comm_terms import CommTerms
 from autopar.cost.compute import RawCompute, assemble_compute
 from autopar.cost.kernels import hbm_rate
 from autopar.cost.params import RankParams
-from autopar.cost.pipeline import bubble_fraction
+from autopar.cost.pipeline import bubble_fraction, steady_fraction
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.spec.behaviour import behaviour_of, shared_figures
 from autopar.spec.hardware import ClusterSpec
@@ -48,7 +48,9 @@ class StepInputs(NamedTuple):
     tp_overlap_on: np.ndarray  # (n,) --tp-comm-overlap
     tp_backward_share: np.ndarray  # (C, n) share of the TP seconds in the backward pass
     tp_async_backward: np.ndarray  # (n,) the trainer overlaps the backward's TP collectives
-    ep_overlap_on: np.ndarray  # (n,) EP all-to-alls overlapped with another microbatch's compute
+    #: (n,) share of the EP all-to-alls that can overlap another microbatch's compute: the plan
+    #: overlaps them, in the chunks of the 1F1B steady state (autopar.cost.pipeline.steady_fraction)
+    ep_overlap_on: np.ndarray
     #: (n,) share of the SMs overlapped communication takes from the compute beside it: NCCL's
     #: collectives, and the EP dispatcher's (DeepEP's kernels or NCCL's: autopar.spec.behaviour)
     comm_sm_share: np.ndarray
@@ -122,7 +124,7 @@ def step_inputs(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCo
         # TP calls run once per forward, backward and recomputed forward (autopar.cost.comm.tp_calls)
         tp_backward_share=1.0 / (2.0 + x.recompute_share),
         tp_async_backward=np.full(len(t), cluster.constants.tp_async_backward),
-        ep_overlap_on=overlap.astype(float),
+        ep_overlap_on=overlap * steady_fraction(t.schedule, x.pp, x.microbatches, x.vpp),
         comm_sm_share=np.full(len(t), nccl_share),
         tp_sm_share=np.where(t.tp_comm_overlap.astype(bool), shared_figures().ub_sms / sms, nccl_share),
         dispatch_sm_share=np.where(t.moe_dispatcher == DISPATCHER["deepep"], deepep_share, nccl_share),
@@ -150,8 +152,9 @@ def _tp_hidden_share(inp: StepInputs, k) -> np.ndarray:
 
 def exposed(inp: StepInputs, k) -> Exposed:
     """What overlap leaves exposed: TP under GEMMs with --tp-comm-overlap (Megatron's userbuffers
-    overlap), EP (under another microbatch's compute) and PP by their overlap fractions, and the CP
-    ring under the attention of the chunk in hand: each of the cp - 1 ring steps sends a K/V block
+    overlap), EP (under another microbatch's compute) and PP by their overlap fractions, each
+    hiding at most the compute it runs beside (the GEMMs for TP, a microbatch's compute for EP), and
+    the CP ring under the attention of the chunk in hand: each of the cp - 1 ring steps sends a K/V block
     while the attention of the previous one runs, and the local step's attention hides nothing, so
     the ring is hidden under (cp - 1) / cp of the attention only (Liu et al. 2023, Ring Attention
     sec. 3). Hidden communication still costs the compute beside it the SMs it runs on."""
@@ -160,9 +163,11 @@ def exposed(inp: StepInputs, k) -> Exposed:
     s = inp.comm_sm_share
     return Exposed(
         compute=compute.total(),
-        tp=_with_contention(inp.tp, inp.tp * _tp_hidden_share(inp, k), inp.tp_sm_share),
+        tp=_with_contention(inp.tp, np.minimum(inp.tp, compute.gemm) * _tp_hidden_share(inp, k), inp.tp_sm_share),
         cp=_with_contention(inp.cp, compute.attention * (cp - 1) / cp, s),
-        ep=_with_contention(inp.ep, inp.ep * k.ep_overlap * inp.ep_overlap_on, inp.dispatch_sm_share),
+        ep=_with_contention(
+            inp.ep, np.minimum(inp.ep, compute.total()) * k.ep_overlap * inp.ep_overlap_on, inp.dispatch_sm_share
+        ),
         pp=_with_contention(inp.pp, inp.pp * k.pp_overlap, s),
     )
 

@@ -109,3 +109,16 @@ def test_real_router_imbalance_is_what_the_paired_measurements_imply():
     implied = implied_imbalances(cases)
     assert set(implied) == {"282d", "283d", "284d", "285d"}
     assert REAL_ROUTER_IMBALANCE == pytest.approx(np.median(list(implied.values())), abs=0.05)
+
+
+def test_ep_overlap_needs_a_partner_chunk():
+    """Megatron's 1F1B all-to-all overlap pairs a forward with a backward: interleaved pp4 x v6 with
+    16 microbatches warms up 2(p-1) + (v-1)p = 26 of its 96 chunks without a partner; plain 1F1B
+    p - 1 of m; without a pipeline only the first forward."""
+    from autopar.cost.pipeline import steady_fraction
+    from autopar.spec.table import SCHED
+
+    inter, plain = SCHED["interleaved-1f1b"], SCHED["1f1b"]
+    assert float(steady_fraction(inter, 4, 16, 6)) == pytest.approx(1 - 26 / 96)
+    assert float(steady_fraction(plain, 8, 32, 1)) == pytest.approx(1 - 7 / 32)
+    assert float(steady_fraction(plain, 1, 8, 1)) == pytest.approx(1 - 1 / 8)
