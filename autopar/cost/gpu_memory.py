@@ -38,6 +38,7 @@ from autopar.cost.memory_overheads import fragmentation, runtime
 from autopar.cost.memory_stacks import MemoryStack, compiled
 from autopar.cost.pipeline import microbatches_in_flight
 from autopar.cost.stack_activations import PlanShape, StackLayers, head_bytes, stack_layers
+from autopar.cost.torch_stack import zero_bubble_in_flight
 from autopar.spec.hardware import LOCAL
 from autopar.spec.table import DTYPE, SCHED
 
@@ -114,10 +115,13 @@ def plan_shape(x, model, cluster, facts: MemoryFacts) -> PlanShape:
 
 
 def in_flight(x, stack: MemoryStack) -> np.ndarray:
-    """Microbatches each rank holds at its peak (autopar.cost.pipeline); Llama 3's schedule warms
-    up 2(p - r - 1) + (v - 1) N chunks with N microbatches a round (MemoryStack.pp_round)."""
+    """Microbatches each rank holds at its peak (autopar.cost.pipeline; torch's zero-bubble schedule
+    as autopar.cost.torch_stack); Llama 3's schedule warms up 2(p - r - 1) + (v - 1) N chunks with
+    N microbatches a round (MemoryStack.pp_round)."""
     t = x.table
     base = microbatches_in_flight(t.schedule, x.pp, x.rank, x.microbatches, x.vpp)
+    if stack.family == "torch":  # torch's zero-bubble schedule keeps p (autopar.cost.torch_stack)
+        base = zero_bubble_in_flight(t.schedule, x.pp, x.vpp, x.microbatches, base)
     if not stack.pp_round:
         return base
     p, r, v, m = (np.asarray(a, dtype=float) for a in (x.pp, x.rank, x.vpp, x.microbatches))
@@ -173,7 +177,7 @@ def torch_states(x, prm, stack: MemoryStack):
     sharded = prm.dense / np.where(z >= 1, d, 1.0) + prm.expert / np.where(z >= 1, e, 1.0)
     total = prm.total
     half = np.where(x.fp32, 0.0, 2.0)  # bf16 compute copies
-    pp = x.pp > 1
+    pp = (x.pp > 1) & (x.microbatches > 1)  # unsharded gradients accumulate over a pipelined step
     if stack.grads == "fp32_accum":
         weights = half * total + np.where(x.fp32, 4.0 * total, 0.0)
         grads = 4.0 * total + np.where((z == 0) & (d > 1), half * total, 0.0)
