@@ -157,7 +157,8 @@ def megatron_states(x, prm, stack: MemoryStack, facts: MemoryFacts, model):
         vocab_rows = padded_vocab(model, x.tp.astype(np.int64)) * model.hidden_size / x.tp_float
         head_copy = (not model.tied_embeddings) | (x.pp > 1)
         linear = prm.total - (x.has_embedding + x.has_head * head_copy) * vocab_rows
-        weights = weights + np.where(fp8, 2.0 * np.maximum(linear, 0.0), 0.0)
+        # ZeRO-3 (Megatron-FSDP) gathers per unit: its FP8 copies are not kept for the whole model
+        weights = weights + np.where(fp8 & (t.zero_stage < 3), 2.0 * np.maximum(linear, 0.0), 0.0)
     if facts.bf16_optimizer_states:
         opt = opt * (8.0 / 12.0)  # fp32 master + bf16 m, v
     buffers = 0.0 * weights

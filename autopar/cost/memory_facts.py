@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from autopar.cost.run_rows import family
 from autopar.spec.layout import parse_layout
 
 #: Megatron-Core --recompute-modules (transformer_config.py `recompute_modules`) and
@@ -34,11 +35,11 @@ MODULE_BITS = {m: 1 << i for i, m in enumerate(MODULES)}
 #: the words of the calibration rows' `recompute` cells -> modules
 _WORDS = (
     (r"\bcore_attn", "core_attn"),
-    (r"\b(layer)?norm\b", "layernorm"),
+    (r"\b(layer|rms)?norm\b", "layernorm"),
     (r"\bmoe_act\b|(?<![\w_])act\b", "moe_act"),
     (r"(?<![\w_])moe(?![\w_])", "moe"),
     (r"(?<![\w_])mlp\b", "mlp"),
-    (r"mla[ _]up_proj", "mla_up_proj"),
+    (r"mla[ _]up_proj|mla up-projection|(?<![\w_])up_proj\b", "mla_up_proj"),
     (r"shared_experts", "shared_experts"),
 )
 
@@ -61,6 +62,12 @@ SOURCE_STACK = {
 }
 
 
+#: a source autopar does not know, by the trainer family its `framework` names (autopar.cost.run_rows
+#: `family`): a published run ran with its program's own defaults (torchtitan's reshard policy
+#: "default", not autopar's export)
+_FAMILY_STACK = {"fsdp": "torchtitan-default", "nanotron": "nanotron", "deepspeed": "megatron-deepspeed"}
+
+
 @dataclass(frozen=True)
 class MemoryFacts:
     modules: int = 0  # MODULE_BITS of what is recomputed or offloaded beyond the plan's recompute
@@ -74,12 +81,14 @@ class MemoryFacts:
 
 
 def recompute_modules(text: str) -> int:
-    """Bitmask of the modules a `recompute` cell lists after "selective:" (offloaded modules
-    after "offloading")."""
+    """Bitmask of the modules a `recompute` cell lists ("selective: norm, act", "moe_act, layernorm
+    (B.2)"; offloaded modules after "offloading"); nothing for full, none or Megatron's default
+    selective (the attention core, which the plan's "selective" prices)."""
     t = text.lower()
-    if not t.startswith("selective:"):
+    if t.startswith(("full", "none", "not stated")) or not t.strip():
         return 0
-    listed, _, offload = t.split(":", 1)[1].partition("offloading")
+    listed, _, offload = (t.split(":", 1)[1] if t.startswith("selective:") else t).partition("offloading")
+    listed = re.split(r";|\(b\.2|table \d+", listed)[0]  # the row's own list, not a second table's
     bits = 0
     for pattern, module in _WORDS:
         if re.search(pattern, listed):
@@ -99,13 +108,13 @@ def row_memory_facts(row: dict, source: str) -> MemoryFacts:
     mods = recompute_modules(text)
     if mods:
         notes.append(f"recompute modules: {', '.join(m for m in MODULES if mods & MODULE_BITS[m])}")
-    bf16_states = re.search(r"BF16 optimizer states", opt) is not None
+    bf16_states = re.search(r"BF16 optimizer (states|moments)", opt, re.I) is not None
     if bf16_states:
         notes.append("bf16 Adam states (the row)")
     return MemoryFacts(
         modules=mods,
         bf16_optimizer_states=bf16_states,
-        stack=SOURCE_STACK.get(source),
+        stack=SOURCE_STACK.get(source, _FAMILY_STACK.get(family(row))),
         era_2022=source == "bloom",
         notes=tuple(notes),
     )
@@ -138,8 +147,9 @@ def memory_plan(case, row: dict | None = None) -> tuple[object, object, list[str
     - nanotron splits its layers by compute cost (`nanotron_layout`);
     - Korthikanti et al.'s GPT models train with dropout (its 34 s b h counts the masks);
     - NeMo and Megatron-Bridge performance recipes reduce gradients in bf16, so the main-gradient
-      buffer is bf16 (NeMo nemo/collections/llm/recipes/llama3_70b.py
-      `pretrain_performance_optimizations`: grad_reduce_in_fp32 = False);
+      buffer is bf16 (Megatron-Bridge scripts/performance/utils/helpers.py `set_precision_configs`
+      and NeMo nemo/collections/llm/recipes/llama3_70b.py `pretrain_performance_optimizations`:
+      grad_reduce_in_fp32 = False; the base recipes keep True);
     - fms-fsdp checkpoints a share of its blocks that its README does not print; its HFU / MFU
       ratio does: recomputing a share p of the forward adds p / 3 of a step's FLOPs."""
     plan, model, notes = case.plan, case.model, []
@@ -155,7 +165,7 @@ def memory_plan(case, row: dict | None = None) -> tuple[object, object, list[str
         notes.append(f"nanotron's compute-cost layer split {layout.describe()}")
     if case.source in ("nemo-24.07", "nemo-long-sequence", "bridge-25.09") and plan.main_grads_fp32:
         plan = plan.with_(main_grads_fp32=False)
-        notes.append("bf16 gradient reduction (NeMo performance recipes: grad_reduce_in_fp32 = False)")
+        notes.append("bf16 gradient reduction (NeMo/Bridge performance recipes: grad_reduce_in_fp32 = False)")
     if case.source == "fms-fsdp" and plan.recompute == "full" and row:
         share = _recompute_share_from_hfu(row)
         if share is not None:

@@ -13,7 +13,8 @@ What each source's figure measures (parsed from the row's `notes`, or its `peak_
   layers' weights, gradients and optimizer state (18 bytes per parameter), and the activations
   the layers keep for the microbatches in flight, for the row's layout without sequence
   parallelism or recompute (Y) and with both (Z);
-- a `peak_memory_gib` cell: taken as the device total of the most loaded rank (assumed).
+- a `peak_memory_gib` cell: torchtitan's sources log torch.cuda.max_memory_reserved of rank 0;
+  any other source's is taken as the device total of the most loaded rank (assumed).
 
 The predictions run the estimate's memory path (autopar.cost.price.prepare on every rank, then
 autopar.cost.memory_terms.memory_breakdown) on the plan and program the source ran
@@ -35,6 +36,7 @@ from autopar.cost.memory_terms import memory_breakdown
 from autopar.cost.params import rank_params
 from autopar.cost.price import prepare
 from autopar.cost.run_cases import RunCase
+from autopar.cost.run_rows import load_runs
 from autopar.cost.stack_activations import stack_layers
 from autopar.cost.validation import priced
 from autopar.spec.hardware import GIB
@@ -118,6 +120,10 @@ def published_memory(row: dict, source: str) -> list[PublishedMemory]:
             figures.append(PublishedMemory("layer activations", plain, "rank 0", "no SP, no recompute"))
         return figures
     peak = str(row.get("peak_memory_gib", "") or "").strip()
+    if peak and source.startswith("torchtitan"):
+        # torchtitan logs torch.cuda.max_memory_reserved of the logging rank, rank 0
+        # (torchtitan components/metrics.py DeviceMemoryMonitor, LOG_RANK=0 in run_train.sh)
+        return [PublishedMemory("reserved", float(peak), "rank 0")]
     if peak:
         return [PublishedMemory("device", float(peak), "most loaded rank")]
     return []
@@ -174,9 +180,11 @@ def _layer_params(p) -> float:
     return float(prm.total[0, 0])
 
 
-def compare_published_memory(cases: list[RunCase], rows: list[dict]) -> PublishedMemoryResult:
-    """Every published memory figure of the rows against its prediction, and the fit check of
-    every case (dropless sub-cases repeat their row's layout and are skipped)."""
+def compare_published_memory(cases: list[RunCase], rows: list[dict] | None = None) -> PublishedMemoryResult:
+    """Every published memory figure of the rows (default: the bundled tables) against its
+    prediction, and the fit check of every case (dropless sub-cases repeat their row's layout and
+    are skipped)."""
+    rows = load_runs(None) if rows is None else rows
     by_id = {str(r.get("row_id")): r for r in rows}
     comparisons, fits = [], []
     for case in cases:

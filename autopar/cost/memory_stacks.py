@@ -109,20 +109,24 @@ class MemoryStack:
     #: A100, `torch.ones(1).cuda()`), 0.92 eager (torch 2.1.1), 1.78 eager on torch 1.10.2
     #: (stas00/ml-engineering training/performance/README.md @744d01e)
     cuda_context_gib: float = 0.47
-    #: NCCL per communicator a rank uses, GiB: ml-engineering measured +1.45 GiB after the first
-    #: barrier of a 2-GPU NCCL group (same file); NCCL >= 2.22 connects lazily
-    #: (NCCL_RUNTIME_CONNECT=1 default: buffers only for the algorithms used), so later
-    #: communicators add their buffers only: NCCL_BUFFSIZE 4 MiB per protocol, channel and peer
-    #: (NVIDIA/nccl docs env.rst)
+    #: NCCL per communicator a rank uses, GiB: the first one +1.45 GiB (ml-engineering measured the
+    #: device memory of a 2-GPU NCCL group after its first barrier: NCCL's kernels and buffers);
+    #: each further one its buffers, 16 channels x 2 connections (ring, tree) x 8 MiB: the 4 MiB
+    #: Simple-protocol buffer (NCCL_BUFFSIZE default, NVIDIA/nccl docs env.rst) and about as much for
+    #: LL and LL128 (assumed). NCCL >= 2.22 connects lazily (NCCL_RUNTIME_CONNECT=1), allocating only
+    #: for what a communicator runs; runs of 2022 pay every communicator as the first
+    #: (autopar.cost.memory_overheads ERA_2022_CONTEXT_GIB)
     nccl_first_gib: float = 1.45
     nccl_more_gib: float = 0.25
-    #: the caching allocator's reserved memory beyond the allocated peak, as a share of the
-    #: memory that churns within a step (activations, gathered units, temporaries): default
-    #: PyTorch allocator fragmentation is 15 % of reserved memory on average on eight LLM
-    #: trainings on A100-80GB (GMLake, Guo et al. ASPLOS 2024, arXiv 2401.08156), up to 43 %
-    #: with interleaved pipelines and recompute (arXiv 2507.16274); churning memory is about
-    #: half of it, so 0.3 of the churning bytes; expandable segments
-    #: (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) remove most of it
+    #: the caching allocator's reserved memory beyond the allocated peak, as a share of the memory
+    #: that churns within a step (activations, gathered units, temporaries). With PyTorch's default
+    #: allocator (reserved - allocated) / reserved averaged 15 % over eight LLM trainings on
+    #: A100-80GB, which GMLake removes (Guo et al. ASPLOS 2024, arXiv 2401.08156: 9.2 GB saved on
+    #: average, up to 25 GB), up to 43 % with interleaved pipelines and recompute (arXiv
+    #: 2507.16274): 0.18 of the allocated bytes, of which about 60 % churn in such trainings
+    #: (assumed), i.e. 0.3 of the churning bytes. Expandable segments
+    #: (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) remove most of it. It counts in what
+    #: torch.cuda.max_memory_reserved and nvidia-smi show, not in what must fit
     fragmentation: float = 0.3
     #: Llama 3's pipeline schedule runs N microbatches per round, not pp (Llama 3 paper
     #: arXiv 2407.21783 sec. 3.3.2, Figure 6: "in this case N = 5"); 0 = the trainer's (pp)

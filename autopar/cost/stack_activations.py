@@ -150,7 +150,9 @@ def moe_layer(stack: MemoryStack, model: ModelSpec, shape: PlanShape, recompute_
     tokens = np.asarray(shape.tokens, dtype=float)
     local = tokens / shape.tp
     dense_mlp = _mlp_bytes(stack, model.ffn_hidden_size, model.gated_mlp, mods, False) / shape.tp
-    attention_side = dense_layer(stack, model, shape, recompute_off) - tokens * np.where(
+    # op-level SAC's saved list is a dense block's (_op_sac_bytes): an MoE block is priced as kept
+    plain = shape._replace(selective=np.zeros_like(shape.selective)) if stack.selective == "op_sac" else shape
+    attention_side = dense_layer(stack, model, plain, recompute_off) - tokens * np.where(
         _has(mods, "mlp"), 0.0, dense_mlp
     )
     expert_in = h * np.asarray(shape.etp, dtype=float) * _linear_input_bytes(stack, mods)

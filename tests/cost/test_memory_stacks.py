@@ -222,7 +222,12 @@ def test_the_local_profile_runs_the_built_in_model_whatever_the_trainer() -> Non
             "selective: moe_act, layernorm + fine-grained activation offloading (expert_fc1, moe_act)",
             {"layernorm", "moe_act", "offload_expert_fc1", "offload_moe_act"},
         ),
+        ("moe_act, layernorm (B.2)", {"layernorm", "moe_act"}),
+        ("up_proj, mlp (B.2); Table 17 lists mlp, mla_up_proj, moe_act, layernorm", {"mla_up_proj", "mlp"}),
+        ("selective: all RMSNorm + MLA up-projections (Sec 3.2.3)", {"layernorm", "mla_up_proj"}),
         ("selective (attention core only)", set()),
+        ("selective (layer)", set()),
+        ("none (B.2)", set()),
         ("full", set()),
     ],
 )
