@@ -1,23 +1,19 @@
 """How each training program allocates memory: one `MemoryStack` per program, every switch with
 the trainer file or measurement it comes from (autopar.cost.gpu_memory prices them).
 
-The estimate picks the stack from the cluster's `training_stack` and the plan's trainer
-(`stack_codes`): "megatron" prices Megatron-Core (Megatron-LM, NeMo, Megatron-Bridge) or, for the
-deepspeed trainer, Megatron-DeepSpeed; "torch" prices torchtitan on GPUs and autopar's built-in
-model on the `local` profile or under the built-in trainer (autopar.cost.torch_stack, checked
-against live tensor bytes). Published runs of programs autopar does not export to (nanotron,
-llm-foundry, fms-fsdp, Meta's 4D stack) name their stack by source
-(autopar.cost.memory_published).
+The estimate picks the stack from the priced cluster (`stack_name`): its `training_stack`, which
+the trainer's performance profile sets ("megatron": Megatron-Core; "torch": torchtitan; or any
+name of STACKS), and autopar's built-in model on the `local` profile (autopar.cost.torch_stack,
+checked against live tensor bytes). Published runs name their program by source
+(autopar.cost.memory_facts SOURCE_STACK): NeMo/Bridge, Megatron-DeepSpeed, nanotron,
+llm-foundry, fms-fsdp, Meta's Llama 3 stack.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from autopar.spec.hardware import LOCAL, ClusterSpec
-from autopar.spec.table import TRAINER
 
 
 @dataclass(frozen=True)
@@ -233,29 +229,21 @@ STACKS = {
         META_4D,
     )
 }
-#: plan trainer -> its stack on a GPU cluster, per cluster training stack
-_BY_TRAINER = {
-    "megatron": {
-        "megatron": MEGATRON_CORE,
-        "nemo": NEMO_BRIDGE,
-        "bridge": NEMO_BRIDGE,
-        "deepspeed": MEGATRON_DEEPSPEED,
-    },
-    "torch": {"torchtitan": TORCHTITAN},
-}
+#: the cluster's `training_stack` -> the program priced on a GPU cluster. A performance profile names
+#: it (autopar/cost/data/profiles.toml `memory_stack`), and the search prices the trainers that share
+#: a profile once (autopar.cost.estimate `estimate_per_trainer`), so the program follows the priced
+#: cluster, never a plan's trainer column. "megatron" and "torch" are the names profiles use today;
+#: any name of STACKS selects that program directly.
+LEGACY = {"megatron": MEGATRON_CORE.name, "torch": TORCHTITAN.name}
 
 
-def stack_names(cluster: ClusterSpec, trainer_codes: np.ndarray) -> np.ndarray:
-    """(n,) stack name of every plan: the built-in model on the `local` profile, under the
-    built-in trainer, or on the "torch" stack with a non-torchtitan trainer (the measured model)."""
-    codes = np.asarray(trainer_codes)
+def stack_name(cluster: ClusterSpec) -> str:
+    """The program whose allocation prices the cluster's plans: the built-in model on the `local`
+    profile (what CPU trials run), else the cluster's training stack (Megatron-Core by default)."""
     if cluster.gpu.key == LOCAL:
-        return np.full(codes.shape, BUILTIN.name, dtype=object)
-    family = cluster.training_stack or "megatron"
-    fallback = MEGATRON_CORE if family == "megatron" else BUILTIN
-    table = _BY_TRAINER.get(family, {})
-    by_code = np.array([table.get(name, fallback).name for name in TRAINER], dtype=object)
-    return by_code[codes]
+        return BUILTIN.name
+    name = cluster.training_stack or "megatron"
+    return name if name in STACKS else LEGACY[name]
 
 
 def compiled(stack: MemoryStack) -> MemoryStack:

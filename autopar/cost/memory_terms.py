@@ -1,7 +1,7 @@
 """Memory of every costed pipeline rank at its peak, by term (vectorised, (C, n) arrays).
 
 Each plan is priced as its training program allocates (autopar.cost.memory_stacks picks the
-program from the cluster's `training_stack` and the plan's trainer): Megatron-Core and the other
+program from the priced cluster's `training_stack`): Megatron-Core and the other
 GPU programs in autopar.cost.gpu_memory, autopar's built-in model in autopar.cost.torch_stack.
 `layer_activations` is Korthikanti et al. 2022's fused count, which the time model reads as the
 elementwise kernels' traffic (autopar.cost.compute).
@@ -17,7 +17,7 @@ from autopar.cost import activations as act
 from autopar.cost.gpu_memory import MemoryBreakdown, MemoryTerms, gpu_memory
 from autopar.cost.memory import StateBytes, state_bytes
 from autopar.cost.memory_facts import MemoryFacts
-from autopar.cost.memory_stacks import BUILTIN, STACKS, stack_names
+from autopar.cost.memory_stacks import BUILTIN, STACKS, stack_name
 from autopar.cost.params import RankParams
 from autopar.cost.pipeline import microbatches_in_flight
 from autopar.cost.plan_arrays import PlanArrays
@@ -86,25 +86,13 @@ def memory_terms(
 def memory_breakdown(
     x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams, facts: MemoryFacts | None = None
 ) -> MemoryBreakdown:
-    """The peak of every costed rank by term, each plan on its stack (`stack_names`, or the
-    program `facts.stack` names)."""
+    """The peak of every costed rank by term, on the cluster's program (`stack_name`) or the one
+    `facts.stack` names."""
     facts = facts or MemoryFacts()
-    if facts.stack is not None:
-        names = np.full(len(x.table), facts.stack, dtype=object)
-    else:
-        names = stack_names(cluster, x.table.trainer)
-    out = None
-    for name in dict.fromkeys(names):
-        if name == BUILTIN.name:
-            part = builtin_breakdown(x, model, cluster, prm)
-        else:
-            part = gpu_memory(x, model, cluster, prm, STACKS[name], facts, moe_buffer_bytes(x, model))
-        if out is None:
-            out = part
-        else:
-            here = names == name
-            out = MemoryBreakdown(*(np.where(here, a, b) for a, b in zip(part, out)))
-    return out
+    name = facts.stack or stack_name(cluster)
+    if name == BUILTIN.name:
+        return builtin_breakdown(x, model, cluster, prm)
+    return gpu_memory(x, model, cluster, prm, STACKS[name], facts, moe_buffer_bytes(x, model))
 
 
 def builtin_breakdown(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams) -> MemoryBreakdown:

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from autopar.cost.memory_facts import MODULE_BITS, MemoryFacts, nanotron_layout, recompute_modules
-from autopar.cost.memory_stacks import STACKS, stack_names
+from autopar.cost.memory_stacks import STACKS, stack_name
 from autopar.cost.memory_terms import memory_breakdown
 from autopar.cost.price import prepare
 from autopar.cost.stack_activations import PlanShape, dense_layer, moe_layer
 from autopar.spec.hardware import GIB, LOCAL_DEFAULTS, cluster_from_dict, default_cluster
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
-from autopar.spec.table import TRAINER, PlanTable
+from autopar.spec.table import PlanTable
 
 LLAMA3_8B = get_preset("llama3-8b")  # h 4096, ffn 14336, 32 heads, 8 KV heads of 128, SwiGLU
 H100 = default_cluster("h100-sxm")
@@ -127,7 +127,7 @@ def test_te_fp8_weight_cache_vs_fp8_parameters() -> None:
     plan = ParallelPlan(dp=8, global_batch_size=64, dtype="fp8")
     _, fp8 = breakdown(plan, LLAMA3_8B)
     _, bf16 = breakdown(plan.with_(dtype="bf16"), LLAMA3_8B)
-    _, bridge = breakdown(plan.with_(trainer="bridge"), LLAMA3_8B)
+    _, bridge = breakdown(plan, LLAMA3_8B, facts=MemoryFacts(stack="nemo-bridge"))
     assert fp8.weights[0, 0] - bf16.weights[0, 0] == pytest.approx(2 * (6_979_321_856 + 32 * 2 * 4096 + 4096))
     assert bridge.weights[0, 0] == bf16.weights[0, 0]
 
@@ -168,7 +168,7 @@ def test_deepspeed_fp16_zero1_partition_and_bucket() -> None:
     plan = ParallelPlan(
         tp=8, pp=4, dp=4, zero_stage=1, main_grads_fp32=False, trainer="deepspeed", global_batch_size=64
     )
-    p, b = breakdown(plan, LLAMA3_8B)
+    p, b = breakdown(plan, LLAMA3_8B, facts=MemoryFacts(stack="megatron-deepspeed"))
     params = p.params.total[0, 0]
     assert b.gradients[0, 0] == pytest.approx(2 * params)
     assert b.optimizer[0, 0] == pytest.approx(16 * params / 4)
@@ -195,17 +195,22 @@ def test_2022_runs_pay_every_communicator_in_full() -> None:
     # context 1.78 GiB. Rank 0 of tp8 pp12 dp4 on Megatron: tp, pp, dp, model-parallel, embedding
     plan = ParallelPlan(tp=8, pp=12, dp=4, zero_stage=1, trainer="deepspeed", global_batch_size=64)
     model = replace(LLAMA3_8B, num_layers=48)
-    _, b = breakdown(plan, model, facts=MemoryFacts(era_2022=True))
+    _, b = breakdown(plan, model, facts=MemoryFacts(stack="megatron-deepspeed", era_2022=True))
     assert b.nccl[0, 0] == pytest.approx(5 * 1.45 * GIB)
     assert b.cuda_context[0, 0] == pytest.approx(1.78 * GIB)
 
 
-def test_the_local_profile_runs_the_built_in_model_whatever_the_trainer() -> None:
+def test_the_program_follows_the_priced_cluster_not_the_plans_trainer() -> None:
+    # the search prices the trainers that share a performance profile once (estimate_per_trainer):
+    # the program is the priced cluster's, the `local` profile's is the built-in model
     local = cluster_from_dict(LOCAL_DEFAULTS, origin="local defaults")
-    codes = np.array([TRAINER["torchtitan"], TRAINER["megatron"]])
-    assert list(stack_names(local, codes)) == ["autopar-builtin", "autopar-builtin"]
-    assert list(stack_names(H100, codes)) == ["megatron-core", "megatron-core"]
-    assert list(stack_names(replace(H100, training_stack="torch"), codes)) == ["torchtitan", "autopar-builtin"]
+    assert stack_name(local) == "autopar-builtin"
+    assert stack_name(H100) == "megatron-core"
+    assert stack_name(replace(H100, training_stack="torch")) == "torchtitan"
+    plan = ParallelPlan(tp=2, dp=4, global_batch_size=32, dtype="fp8")
+    _, megatron = breakdown(plan, LLAMA3_8B)
+    _, bridge = breakdown(plan.with_(trainer="bridge"), LLAMA3_8B)
+    assert megatron.required[0, 0] == bridge.required[0, 0]
 
 
 # ---- facts of published rows ---------------------------------------------------------------------
