@@ -2,8 +2,9 @@
 the trainer file or measurement it comes from (autopar.cost.gpu_memory prices them).
 
 The estimate picks the stack from the priced cluster (`stack_name`): its `training_stack`, which
-the trainer's performance profile sets ("megatron": Megatron-Core; "torch": torchtitan; or any
-name of STACKS), and autopar's built-in model on the `local` profile (autopar.cost.torch_stack,
+the trainer's performance profile sets ("megatron": Megatron-Core; "torch": the built-in model's
+accounting, as before; or any name of STACKS, e.g. "torchtitan"), and autopar's built-in model on
+the `local` profile (autopar.cost.torch_stack,
 checked against live tensor bytes). Published runs name their program by source
 (autopar.cost.memory_facts SOURCE_STACK): NeMo/Bridge, Megatron-DeepSpeed, nanotron,
 llm-foundry, fms-fsdp, Meta's Llama 3 stack.
@@ -232,9 +233,10 @@ STACKS = {
 #: the cluster's `training_stack` -> the program priced on a GPU cluster. A performance profile names
 #: it (autopar/cost/data/profiles.toml `memory_stack`), and the search prices the trainers that share
 #: a profile once (autopar.cost.estimate `estimate_per_trainer`), so the program follows the priced
-#: cluster, never a plan's trainer column. "megatron" and "torch" are the names profiles use today;
-#: any name of STACKS selects that program directly.
-LEGACY = {"megatron": MEGATRON_CORE.name, "torch": TORCHTITAN.name}
+#: cluster, never a plan's trainer column. "megatron" and "torch" are the names profiles use today
+#: ("torch" keeps its meaning, the built-in model's accounting: autopar.spec.hardware ClusterSpec);
+#: any name of STACKS selects that program directly (e.g. "torchtitan" for torchtitan on GPUs).
+LEGACY = {"megatron": MEGATRON_CORE.name, "torch": BUILTIN.name}
 
 
 def stack_name(cluster: ClusterSpec) -> str:
