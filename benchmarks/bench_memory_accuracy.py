@@ -7,6 +7,13 @@ allocator_overhead_fraction 0, nothing reserved), per pipeline rank. Prints one 
 the peak rank's prediction and measurement, the error, every rank's pair, and the predicted terms.
 
     .venv/bin/python benchmarks/bench_memory_accuracy.py [--plans JSON] [--json]
+
+With --published it launches nothing and prints instead the published memory figures of the bundled
+calibration runs against the estimate of the same quantity (autopar.cost.memory_published: what
+each source's figure measures, the prediction, the error, MAPE per source) and every published run
+the estimate predicts not to fit (tests/cost/test_memory_published.py asserts the same):
+
+    .venv/bin/python benchmarks/bench_memory_accuracy.py --published [--json]
 """
 
 from __future__ import annotations
@@ -90,12 +97,56 @@ def run(plans: list[dict], model: str = "tiny", gbs: int = 8, cluster=None) -> l
     return rows
 
 
+def published(as_json: bool) -> None:
+    """The published-memory comparison (no trials)."""
+    from autopar.cost.memory_published import compare_published_memory
+    from autopar.cost.run_cases import build_cases
+    from autopar.cost.run_rows import load_runs
+
+    runs = load_runs(None)
+    result = compare_published_memory(build_cases(runs)[0], runs)
+    figures = [
+        {
+            "row_id": c.row_id,
+            "source": c.source,
+            "measures": f"{c.figure.quantity} ({c.figure.ranks}{', ' + c.figure.variant if c.figure.variant else ''})",
+            "published_gib": c.figure.gib,
+            "predicted_gib": c.predicted_gib,
+            "error": c.error,
+        }
+        for c in result.comparisons
+    ]
+    misses = [
+        {"row_id": f.row_id, "required_gib": f.required_gib, "capacity_gib": f.capacity_gib} for f in result.not_fitting
+    ]
+    peaks = result.mape(lambda c: c.figure.quantity in ("reserved", "device"))
+    summary = {"by_source": result.by_source(), "mape": result.mape(), "mape_measured_peaks": peaks}
+    if as_json:
+        print(json.dumps({"figures": figures, **summary, "not_fitting": misses, "checked": len(result.fit_checks)}))
+        return
+    for f in figures:
+        print(
+            f"{f['row_id']:>4s} {f['source']:17s} {f['measures']:42s} published {f['published_gib']:7.2f} GiB  "
+            f"predicted {f['predicted_gib']:7.2f} GiB  {100 * f['error']:+6.1f}%"
+        )
+    for source, s in result.by_source().items():
+        mape, worst = 100 * s["mape"], 100 * s["max_abs_error"]
+        print(f"{source:17s} {s['figures']:3d} figures  MAPE {mape:5.1f}%  max {worst:5.1f}%")
+    print(f"all figures MAPE {100 * result.mape():.1f}%; measured peaks (nanotron, BLOOM) {100 * peaks:.1f}%")
+    over = ", ".join(f"{m['row_id']} ({m['required_gib']:.1f} > {m['capacity_gib']:.1f} GiB)" for m in misses)
+    print(f"{len(result.fit_checks)} runs checked; predicted not to fit: {over or 'none'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", help="JSON list of plan dicts (default: the built-in list)")
     ap.add_argument("--profile", type=Path, help="hardware profile YAML (default: the local defaults)")
+    ap.add_argument("--published", action="store_true", help="compare the published runs' memory instead")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.published:
+        published(args.json)
+        return
     rows = run(
         json.loads(args.plans) if args.plans else PLANS,
         cluster=load_cluster_file(args.profile) if args.profile else None,

@@ -1,8 +1,10 @@
 """Memory of every costed pipeline rank at its peak, by term (vectorised, (C, n) arrays).
 
-The accounting follows the training stack (`ClusterSpec.training_stack`): "megatron" (this
-module: Megatron-Core's fused kernels and preallocated gradient buffers, Korthikanti et al. 2022
-activations, Megatron `theoretical_memory_usage.py`) or "torch" (autopar.cost.torch_stack).
+Each plan is priced as its training program allocates (autopar.cost.memory_stacks picks the
+program from the priced cluster's `training_stack`): Megatron-Core and the other
+GPU programs in autopar.cost.gpu_memory, autopar's built-in model in autopar.cost.torch_stack.
+`layer_activations` is Korthikanti et al. 2022's fused count, which the time model reads as the
+elementwise kernels' traffic (autopar.cost.compute).
 """
 
 from __future__ import annotations
@@ -12,26 +14,16 @@ from typing import NamedTuple
 import numpy as np
 
 from autopar.cost import activations as act
+from autopar.cost.gpu_memory import MemoryBreakdown, MemoryTerms, gpu_memory
 from autopar.cost.memory import StateBytes, state_bytes
+from autopar.cost.memory_facts import MemoryFacts
+from autopar.cost.memory_stacks import BUILTIN, STACKS, stack_name
 from autopar.cost.params import RankParams
 from autopar.cost.pipeline import microbatches_in_flight
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.cost.torch_stack import torch_stack_memory
-from autopar.spec.hardware import GIB, ClusterSpec
+from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
-
-
-class MemoryTerms(NamedTuple):
-    """Bytes per GPU of each costed rank at its peak."""
-
-    weights: np.ndarray
-    gradients: np.ndarray
-    optimizer: np.ndarray
-    activations: np.ndarray
-    other: np.ndarray
-
-    def total(self) -> np.ndarray:
-        return sum(self)
 
 
 class LayerActivations(NamedTuple):
@@ -78,52 +70,52 @@ def in_flight(x: PlanArrays) -> np.ndarray:
 
 
 def memory_terms(
-    x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams, layer_act: LayerActivations
+    x: PlanArrays,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    prm: RankParams,
+    layer_act: LayerActivations,
+    facts: MemoryFacts | None = None,
 ) -> MemoryTerms:
-    """Peak memory of every costed rank, by term, on the cluster's training stack."""
-    states = model_states(x, prm)
-    inflight = in_flight(x)
-    gather, moe_buffers = fsdp_gather_bytes(x, prm), moe_buffer_bytes(x, model)
-    if cluster.training_stack == "torch":  # PyTorch eager + FSDP2/DDP + torch pipelining (the built-in model)
-        return MemoryTerms(
-            **torch_stack_memory(
-                model,
-                x.table,
-                x.stages,
-                prm,
-                states,
-                tokens=x.tokens,
-                m=x.microbatches,
-                inflight=inflight,
-                recompute_share=x.recompute_share,
-                selective=x.selective,
-                act_bytes=x.act_bytes,
-                fp32=x.fp32,
-                edp=x.expert_dp,
-                constants=cluster.constants,
-                fsdp_gather=gather,
-                moe_buffers=moe_buffers,
-            )
-        )
-    activations = inflight * stored_activations(x, model, layer_act) + working_set(x, layer_act)
-    k = cluster.constants
-    other = k.runtime_reserved_gib * GIB + k.allocator_overhead_fraction * activations + gather + moe_buffers
-    return MemoryTerms(states.weights, states.gradients, states.optimizer, activations, other)
+    """Peak memory of every costed rank, by term, as the plans' training programs allocate it
+    (autopar.cost.memory_stacks): "other" holds the buffers, the allocator's reserve, the CUDA
+    context and NCCL. `facts`: what a run states beyond its plan (autopar.cost.memory_facts)."""
+    return memory_breakdown(x, model, cluster, prm, facts).terms()
 
 
-def stored_activations(x: PlanArrays, model: ModelSpec, layer_act: LayerActivations) -> np.ndarray:
-    """Bytes one microbatch leaves stored on a rank: its layers (a recomputed share keeps only its
-    inputs), the embedding's ids and masks, the head's inputs and fp32 logits (Korthikanti §4)."""
-    share = x.recompute_share
-    return (
-        layer_act.rank_layers * (1 - share)
-        + x.layers * layer_act.layer_input * share
-        + x.has_embedding * act.embedding_bytes(model, x.tokens, x.tp, x.sequence_parallel)
-        + x.has_head * act.head_bytes(model, x.tokens, x.tp, x.sequence_parallel, x.act_bytes)
+def memory_breakdown(
+    x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams, facts: MemoryFacts | None = None
+) -> MemoryBreakdown:
+    """The peak of every costed rank by term, on the cluster's program (`stack_name`) or the one
+    `facts.stack` names."""
+    facts = facts or MemoryFacts()
+    name = facts.stack or stack_name(cluster)
+    if name == BUILTIN.name:
+        return builtin_breakdown(x, model, cluster, prm)
+    return gpu_memory(x, model, cluster, prm, STACKS[name], facts, moe_buffer_bytes(x, model))
+
+
+def builtin_breakdown(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams) -> MemoryBreakdown:
+    """autopar's built-in model (autopar.cost.torch_stack): its terms, "other" as buffers."""
+    terms = torch_stack_memory(
+        model,
+        x.table,
+        x.stages,
+        prm,
+        model_states(x, prm),
+        tokens=x.tokens,
+        m=x.microbatches,
+        inflight=in_flight(x),
+        recompute_share=x.recompute_share,
+        selective=x.selective,
+        act_bytes=x.act_bytes,
+        fp32=x.fp32,
+        edp=x.expert_dp,
+        constants=cluster.constants,
+        fsdp_gather=fsdp_gather_bytes(x, prm),
+        moe_buffers=moe_buffer_bytes(x, model),
     )
-
-
-def working_set(x: PlanArrays, layer_act: LayerActivations) -> np.ndarray:
-    """A recomputed layer's activations rebuilt for its backward, on top of what is stored
-    (Korthikanti §5: one layer's full activations live during its recomputed backward)."""
-    return np.where(x.recompute_share > 0, np.maximum(layer_act.dense, layer_act.moe), 0.0)
+    zero = 0.0 * terms["other"]
+    return MemoryBreakdown(
+        terms["weights"], terms["gradients"], terms["optimizer"], terms["activations"], terms["other"], zero, zero, zero
+    )

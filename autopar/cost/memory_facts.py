@@ -1,0 +1,188 @@
+"""Memory facts of a run that a ParallelPlan cannot express yet, and the plan of a published run as
+its source ran it where that differs in memory from autopar.cost.run_plan's reading.
+
+- `MemoryFacts`: Megatron's --recompute-modules and fine-grained activation offloading, bf16
+  optimizer states, and the program that ran (a MemoryStack name); the estimate prices its
+  trainer's defaults without them (Megatron selective = core_attn only).
+- `memory_plan` / `row_memory_facts`: what a row's source states or its program fixes. Each
+  correction below is one the run-case builder could make itself (autopar.cost.run_plan).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from autopar.cost.run_rows import family
+from autopar.spec.layout import parse_layout
+
+#: Megatron-Core --recompute-modules (transformer_config.py `recompute_modules`) and
+#: --offload-modules of fine-grained activation offloading; bit i = entry i
+MODULES = (
+    "core_attn",
+    "layernorm",
+    "moe_act",
+    "moe",
+    "mlp",
+    "mla_up_proj",
+    "shared_experts",
+    "offload_expert_fc1",
+    "offload_moe_act",
+)
+MODULE_BITS = {m: 1 << i for i, m in enumerate(MODULES)}
+#: the words of the calibration rows' `recompute` cells -> modules
+_WORDS = (
+    (r"\bcore_attn", "core_attn"),
+    (r"\b(layer|rms)?norm\b", "layernorm"),
+    (r"\bmoe_act\b|(?<![\w_])act\b", "moe_act"),
+    (r"(?<![\w_])moe(?![\w_])", "moe"),
+    (r"(?<![\w_])mlp\b", "mlp"),
+    (r"mla[ _]up_proj|mla up-projection|(?<![\w_])up_proj\b", "mla_up_proj"),
+    (r"shared_experts", "shared_experts"),
+)
+
+#: calibration source -> the program that ran it (autopar.cost.memory_stacks.STACKS)
+SOURCE_STACK = {
+    "megatron-readme-h100": "megatron-core",
+    "megatron-readme-2021": "megatron-core",
+    "korthikanti-2022": "megatron-core",
+    "nemo-24.07": "nemo-bridge",
+    "nemo-long-sequence": "nemo-bridge",
+    "bridge-25.09": "nemo-bridge",
+    "moe-modelzoo": "megatron-core",
+    "deepseek-v3-gb200": "megatron-core",
+    "llm-foundry": "llm-foundry",
+    "torchtitan-2024": "torchtitan-default",
+    "fms-fsdp": "fms-fsdp",
+    "nanotron": "nanotron",
+    "bloom": "megatron-deepspeed",
+    "llama3-paper": "meta-4d",
+}
+
+
+#: a source autopar does not know, by the trainer family its `framework` names (autopar.cost.run_rows
+#: `family`): a published run ran with its program's own defaults (torchtitan's reshard policy
+#: "default", not autopar's export)
+_FAMILY_STACK = {"fsdp": "torchtitan-default", "nanotron": "nanotron", "deepspeed": "megatron-deepspeed"}
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    modules: int = 0  # MODULE_BITS of what is recomputed or offloaded beyond the plan's recompute
+    bf16_optimizer_states: bool = False  # Adam m and v in bf16 (--use-precision-aware-optimizer)
+    stack: str | None = None  # the program (memory_stacks.STACKS); None = the plan's trainer's
+    era_2022: bool = False  # torch 1.x (eager CUDA module loading) and NCCL before lazy connection
+    notes: tuple[str, ...] = ()
+
+    def module_array(self, n: int) -> np.ndarray:
+        return np.full(n, self.modules, dtype=np.int64)
+
+
+def recompute_modules(text: str) -> int:
+    """Bitmask of the modules a `recompute` cell lists ("selective: norm, act", "moe_act, layernorm
+    (B.2)"; offloaded modules after "offloading"); nothing for full, none or Megatron's default
+    selective (the attention core, which the plan's "selective" prices)."""
+    t = text.lower()
+    if t.startswith(("full", "none", "not stated")) or not t.strip():
+        return 0
+    listed, _, offload = (t.split(":", 1)[1] if t.startswith("selective:") else t).partition("offloading")
+    listed = re.split(r";|\(b\.2|table \d+", listed)[0]  # the row's own list, not a second table's
+    bits = 0
+    for pattern, module in _WORDS:
+        if re.search(pattern, listed):
+            bits |= MODULE_BITS[module]
+    if "expert_fc1" in offload:
+        bits |= MODULE_BITS["offload_expert_fc1"]
+    if "moe_act" in offload:
+        bits |= MODULE_BITS["offload_moe_act"]
+    return bits
+
+
+def row_memory_facts(row: dict, source: str) -> MemoryFacts:
+    """The memory facts a calibration row states (its `recompute`, `zero_or_dist_opt` cells)."""
+    text = row.get("recompute", "") or ""
+    opt = (row.get("zero_or_dist_opt", "") or "") + " " + (row.get("notes", "") or "")
+    notes = []
+    mods = recompute_modules(text)
+    if mods:
+        notes.append(f"recompute modules: {', '.join(m for m in MODULES if mods & MODULE_BITS[m])}")
+    bf16_states = re.search(r"BF16 optimizer (states|moments)", opt, re.I) is not None
+    if bf16_states:
+        notes.append("bf16 Adam states (the row)")
+    return MemoryFacts(
+        modules=mods,
+        bf16_optimizer_states=bf16_states,
+        stack=SOURCE_STACK.get(source, _FAMILY_STACK.get(family(row))),
+        era_2022=source == "bloom",
+        notes=tuple(notes),
+    )
+
+
+def nanotron_layout(model, pp: int):
+    """nanotron's split of its pipeline blocks (nanotron/models/base.py `build_model`): blocks
+    weighted by `get_block_compute_costs` (a decoder layer 4 a d h + 3 h F, the LM head V h, the
+    embedding 0), each rank taking blocks until their cumulative cost passes its share
+    (r + 1)/pp of the total, the block that passes it included."""
+    layer = 4 * model.num_attention_heads * model.head_dim * model.hidden_size
+    layer += 3 * model.ffn_hidden_size * model.hidden_size
+    costs = np.cumsum([0] + [layer] * model.num_layers + [model.vocab_size * model.hidden_size])
+    rank, counts = 0, [0] * pp
+    for i, total in enumerate(costs):
+        if 1 <= i <= model.num_layers:
+            counts[rank] += 1
+        if total > costs[-1] * (rank + 1) / pp and rank < pp - 1:
+            rank += 1
+    return parse_layout(",".join(str(c) for c in counts))
+
+
+def memory_plan(case, row: dict | None = None) -> tuple[object, object, list[str]]:
+    """(plan, model, notes): the run case's plan and model as its source ran them, where that
+    differs in memory from the case's reading (autopar.cost.run_plan / run_rows):
+    - BLOOM (Megatron-DeepSpeed, 2022) had no sequence parallelism (Megatron-LM added it with
+      Korthikanti et al. 2022, after these runs) and its pre-launch benchmarks ran fp16 with
+      DeepSpeed's fp16 ZeRO optimizer (16-bit gradients) where the row states no bf16 (the tr11
+      chronicles switch to the BF16_Optimizer, which accumulates fp32 gradients, later);
+    - nanotron splits its layers by compute cost (`nanotron_layout`);
+    - Korthikanti et al.'s GPT models train with dropout (its 34 s b h counts the masks);
+    - NeMo and Megatron-Bridge performance recipes reduce gradients in bf16, so the main-gradient
+      buffer is bf16 (Megatron-Bridge scripts/performance/utils/helpers.py `set_precision_configs`
+      and NeMo nemo/collections/llm/recipes/llama3_70b.py `pretrain_performance_optimizations`:
+      grad_reduce_in_fp32 = False; the base recipes keep True);
+    - fms-fsdp checkpoints a share of its blocks that its README does not print; its HFU / MFU
+      ratio does: recomputing a share p of the forward adds p / 3 of a step's FLOPs."""
+    plan, model, notes = case.plan, case.model, []
+    if case.source == "bloom":
+        plan = plan.with_(sequence_parallel=False, tp_comm_overlap=False)
+        notes.append("no sequence parallelism (Megatron-DeepSpeed 2022)")
+        if not re.search(r"bf16", (row or {}).get("precision", "") or "", re.I):
+            plan = plan.with_(main_grads_fp32=False)
+            notes.append("fp16 with DeepSpeed's fp16 ZeRO-1 optimizer: 16-bit gradients")
+    if case.source == "nanotron" and plan.pp > 1 and plan.vpp == 1:
+        layout = nanotron_layout(model, plan.pp)
+        plan = plan.with_(layout=layout)
+        notes.append(f"nanotron's compute-cost layer split {layout.describe()}")
+    if case.source in ("nemo-24.07", "nemo-long-sequence", "bridge-25.09") and plan.main_grads_fp32:
+        plan = plan.with_(main_grads_fp32=False)
+        notes.append("bf16 gradient reduction (NeMo/Bridge performance recipes: grad_reduce_in_fp32 = False)")
+    if case.source == "fms-fsdp" and plan.recompute == "full" and row:
+        share = _recompute_share_from_hfu(row)
+        if share is not None:
+            layers = max(0, min(model.num_layers, round(share * model.num_layers)))
+            plan = plan.with_(recompute_layers=layers)
+            notes.append(f"{layers} of {model.num_layers} blocks checkpointed (HFU / MFU = 1 + share / 3)")
+    if case.source == "korthikanti-2022" and not model.dropout:
+        model = replace(model, dropout=True)
+        notes.append("dropout (Korthikanti et al.'s GPT models)")
+    return plan, model, notes
+
+
+def _recompute_share_from_hfu(row: dict) -> float | None:
+    """Share of blocks fully recomputed, from a row's HFU / MFU (hardware FLOPs count the
+    recomputed forward: HFU / MFU = 1 + p / 3 with the forward a third of a step's FLOPs)."""
+    try:
+        hfu, mfu = (float(str(row.get(k, "")).rstrip("%")) for k in ("hfu", "mfu"))
+    except ValueError:
+        return None
+    return float(np.clip(3.0 * (hfu / mfu - 1.0), 0.0, 1.0)) if mfu > 0 else None
