@@ -161,6 +161,8 @@ def megatron_states(x, prm, stack: MemoryStack, facts: MemoryFacts, model):
         weights = weights + np.where(fp8 & (t.zero_stage < 3), 2.0 * np.maximum(linear, 0.0), 0.0)
     if facts.bf16_optimizer_states:
         opt = opt * (8.0 / 12.0)  # fp32 master + bf16 m, v
+    if facts.optimizer_offload:
+        opt = 0.0 * opt  # the optimizer shard lives in host memory (Megatron --optimizer-cpu-offload)
     buffers = 0.0 * weights
     if stack.grads == "deepspeed":
         sixteen_bit = ~np.asarray(t.main_grads_fp32)

@@ -59,6 +59,9 @@ SOURCE_STACK = {
     "nanotron": "nanotron",
     "bloom": "megatron-deepspeed",
     "llama3-paper": "meta-4d",
+    "megatron-moe-report": "megatron-core",
+    "deepseek-v3-report": "megatron-core",
+    "megatron-moe-readme": "megatron-core",
 }
 
 
@@ -72,6 +75,8 @@ _FAMILY_STACK = {"fsdp": "torchtitan-default", "nanotron": "nanotron", "deepspee
 class MemoryFacts:
     modules: int = 0  # MODULE_BITS of what is recomputed or offloaded beyond the plan's recompute
     bf16_optimizer_states: bool = False  # Adam m and v in bf16 (--use-precision-aware-optimizer)
+    #: the optimizer shard (fp32 master, Adam m and v) in host memory (Megatron --optimizer-cpu-offload)
+    optimizer_offload: bool = False
     stack: str | None = None  # the program (memory_stacks.STACKS); None = the plan's trainer's
     era_2022: bool = False  # torch 1.x (eager CUDA module loading) and NCCL before lazy connection
     notes: tuple[str, ...] = ()
@@ -108,12 +113,17 @@ def row_memory_facts(row: dict, source: str) -> MemoryFacts:
     mods = recompute_modules(text)
     if mods:
         notes.append(f"recompute modules: {', '.join(m for m in MODULES if mods & MODULE_BITS[m])}")
-    bf16_states = re.search(r"BF16 optimizer (states|moments)", opt, re.I) is not None
+    framework = row.get("framework", "") or ""
+    bf16_states = re.search(r"BF16 optimizer (states|moments)", opt + " " + framework, re.I) is not None
     if bf16_states:
         notes.append("bf16 Adam states (the row)")
+    offload = re.search(r"optimizer-state CPU offload|optimizer CPU offload", framework + " " + opt, re.I) is not None
+    if offload:
+        notes.append("optimizer states offloaded to the host (the row)")
     return MemoryFacts(
         modules=mods,
         bf16_optimizer_states=bf16_states,
+        optimizer_offload=offload,
         stack=SOURCE_STACK.get(source, _FAMILY_STACK.get(family(row))),
         era_2022=source == "bloom",
         notes=tuple(notes),

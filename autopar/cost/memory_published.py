@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autopar.cost.case_batch import case_cluster
 from autopar.cost.gpu_memory import in_flight, plan_shape
 from autopar.cost.memory_facts import memory_plan, row_memory_facts
 from autopar.cost.memory_stacks import STACKS
@@ -38,7 +39,6 @@ from autopar.cost.price import prepare
 from autopar.cost.run_cases import RunCase
 from autopar.cost.run_rows import load_runs
 from autopar.cost.stack_activations import stack_layers
-from autopar.cost.validation import priced
 from autopar.spec.hardware import GIB
 from autopar.spec.table import PlanTable
 
@@ -131,7 +131,7 @@ def published_memory(row: dict, source: str) -> list[PublishedMemory]:
 
 def _priced_memory(case: RunCase, row: dict, plan, model):
     facts = row_memory_facts(row, case.source)
-    cluster = priced(case, None)
+    cluster = case_cluster(case)
     p = prepare(
         PlanTable.from_plans([plan]),
         model,
@@ -167,7 +167,7 @@ def _predict(figure: PublishedMemory, case: RunCase, row: dict) -> tuple[float, 
         return float(states * (1 - embedding / p.params.total[0, 0])) / GIB, notes
     # layer activations: what rank 0's layers keep for the microbatches in flight
     stack = STACKS[facts.stack]
-    layers = stack_layers(stack, model, plan_shape(x, model, priced(case, None), facts))
+    layers = stack_layers(stack, model, plan_shape(x, model, case_cluster(case), facts))
     per_mb = (x.dense_layers * layers.dense + x.moe_layers * layers.moe)[0, 0]
     return float(in_flight(x, stack)[0, 0] * per_mb) / GIB, notes
 

@@ -18,7 +18,22 @@ from autopar.spec.schema import MAX_GPUS_PER_NODE, MAX_NAME_CHARS, check_int, ch
 from autopar.spec.training_run import Reliability
 
 GIB = 1024**3
-TRAINING_STACKS = ("megatron", "torch")
+#: the programs whose allocation the memory model knows (autopar.cost.memory_stacks: "megatron" and
+#: "torch" are the profiles' short names, for Megatron-Core and the built-in model)
+TRAINING_STACKS = (
+    "megatron",
+    "torch",
+    "megatron-core",
+    "nemo-bridge",
+    "megatron-deepspeed",
+    "torchtitan",
+    "torchtitan-default",
+    "autopar-builtin",
+    "nanotron",
+    "llm-foundry",
+    "fms-fsdp",
+    "meta-4d",
+)
 
 
 @dataclass(frozen=True, kw_only=True)

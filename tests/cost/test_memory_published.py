@@ -18,7 +18,13 @@ KNOWN_MISSES = {
     # torchtitan 2024, Llama 2 13B, FSDP 64 A100-80GB, no AC, local batch 2 x 4096: eager torchtitan
     # keeps ~75 GiB of activations (fp32 RMSNorm copies, four SwiGLU tensors, the attention output
     # twice); it fits only with fused RMSNorm or torch.compile, which the source does not state
-    "235"
+    "235",
+    # Megatron-Core MoE report, DeepSeek-V3 BF16 on 256 GB200 (PP8 EP32): fits only with bf16
+    # gradient reduction, which the row does not state
+    "403",
+    # the report's Qwen3-235B MXFP8 on 256 GB200 (PP4 VPP6 EP64, MBS 3): the same layout as
+    # ModelZoo's row 287, whose source says it needs activation offloading; this row does not say so
+    "406",
 }
 
 

@@ -122,3 +122,10 @@ def test_ep_overlap_needs_a_partner_chunk():
     assert float(steady_fraction(inter, 4, 16, 6)) == pytest.approx(1 - 26 / 96)
     assert float(steady_fraction(plain, 8, 32, 1)) == pytest.approx(1 - 7 / 32)
     assert float(steady_fraction(plain, 1, 8, 1)) == pytest.approx(1 - 1 / 8)
+
+
+def test_every_memory_program_is_a_training_stack_a_cluster_may_name():
+    from autopar.cost.memory_stacks import LEGACY, STACKS
+    from autopar.spec.hardware import TRAINING_STACKS
+
+    assert set(TRAINING_STACKS) == set(STACKS) | set(LEGACY)
