@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 from typing import Optional
@@ -11,6 +10,7 @@ from autopar.cli import app
 from autopar.cli import options as o
 from autopar.cli.plan_flags import with_plan_flags
 from autopar.cli.run_flags import with_run_flags
+from autopar.json_out import dumps
 from autopar.spec.resolve import PlanRequest
 from autopar.spec.training_run import TrainingRun
 
@@ -64,7 +64,7 @@ def estimate(
         out.update(model=spec.name, gpu=clus.gpu.key, num_gpus=gpus, seq_len=s, trainer=trainer, profile=profile)
         if whole is not None:
             out["run"] = whole.to_dict() | {"training_run": run.to_dict()}
-        print(json.dumps(out, indent=2, default=float))
+        print(dumps(out, indent=2))
         return
     from autopar.cli.render import console, run_table
 

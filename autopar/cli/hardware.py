@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.json_out import dumps
 
 
 @app.command()
@@ -17,7 +16,7 @@ def hardware(as_json: o.Json = False) -> None:
 
     gpus = [get_gpu(n) for n in gpu_names()]
     if as_json:
-        print(json.dumps([asdict(g) for g in gpus], indent=2))
+        print(dumps([asdict(g) for g in gpus], indent=2))
         return
     from rich.table import Table
 

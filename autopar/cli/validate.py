@@ -101,13 +101,13 @@ def validate(
 
     written = write_outputs(report, trainer, write_profile, write_profiles)
     if as_json:
-        import json
+        from autopar.json_out import dumps
 
         out = report.in_sample.to_dict() | {
             "cross_validated": (report.cross_validated.summary() if report.cross_validated else None),
             "cross_validation_origin": report.cv_origin,
             "written": [str(p) for p in written],
         }
-        print(json.dumps(out, indent=2, default=float))
+        print(dumps(out, indent=2))
         return
     print_report(report, written)

@@ -112,7 +112,7 @@ def item_from_run(arg: str) -> CompareItem:
             f"run directory '{d}' does not exist; give a run directory, a plan JSON file or a "
             f'flag string such as "--tp 8 --pp 4"'
         )
-    missing = [f for f in ("top.json", "search.json") if not (d / f).is_file()]
+    missing = [f for f in ("top.json", "search.json") if not (d / f).exists()]  # a special file: the reader says
     if missing:
         raise InputError(
             f"'{d}' is not an autopar run directory: {', '.join(missing)} missing; rerun "

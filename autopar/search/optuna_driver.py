@@ -26,7 +26,7 @@ from autopar.search.enumerate import Question, build_table, knob_choices
 from autopar.search.limits import SAMPLERS
 from autopar.search.results import row_plan
 from autopar.search.space import SearchSpace
-from autopar.secrets import mask_url
+from autopar.secrets import mask_secrets
 from autopar.spec.hardware import GIB
 
 #: the estimate figures every trial keeps (with its plan) as user attributes
@@ -97,7 +97,7 @@ def with_driver(url: str) -> str:
     if installed:
         return f"{dialect}+{installed[0]}://{rest}"
     raise InputError(
-        mask_url(
+        mask_secrets(
             f"cannot open storage '{url}': no {dialect} driver is installed (SQLAlchemy needs "
             f"{' or '.join(drivers.values())}); pip install "
             f"{'psycopg2-binary' if dialect == 'postgresql' else 'pymysql'}, or use sqlite:///FILE "
@@ -121,7 +121,7 @@ def open_storage(url: str):
     except Exception as e:  # noqa: BLE001 - any driver error is a bad storage for the user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(
-            mask_url(f"cannot open storage '{url}': {first}; check the URL, the server and its driver")
+            mask_secrets(f"cannot open storage '{url}': {first}; check the URL, the server and its driver")
         ) from None
 
 
@@ -181,7 +181,7 @@ def load_or_create_study(url: str, study_name: str, sampler, directions: list[st
         )
     except ValueError as e:  # e.g. the study exists with other directions
         raise InputError(
-            mask_url(f"study '{study_name}' in '{url}' cannot be used: {e}; pick another --study-name")
+            mask_secrets(f"study '{study_name}' in '{url}' cannot be used: {e}; pick another --study-name")
         ) from None
 
 

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autopar.json_out import dumps
 from autopar.trial import hygiene
 from autopar.trial.config import TrialConfig
 
@@ -132,7 +133,7 @@ def launch(
     workdir = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="autopar-trial-"))
     workdir.mkdir(parents=True, exist_ok=True)
     spec, out = workdir / "run.json", workdir / "result.json"
-    spec.write_text(json.dumps({"trials": [t.to_dict() for t in trials]}, indent=1))
+    spec.write_text(dumps({"trials": [t.to_dict() for t in trials]}, indent=1))
     progress = workdir / PROGRESS_FILE if on_progress else None
     args = list(worker_args or []) + (["--progress", str(progress)] if progress else [])
     cmd = torchrun_command(nproc, spec, out, python, rdzv=rdzv, worker_args=args)

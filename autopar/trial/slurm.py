@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autopar.errors import InputError
+from autopar.json_out import dumps
 from autopar.trial import hygiene
 from autopar.trial.config import TrialConfig
 from autopar.trial.launcher import PROGRESS_FILE, LaunchResult, ProgressReader, classify
@@ -162,7 +163,7 @@ def run_job(
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     spec, out, progress = workdir / "run.json", workdir / "result.json", workdir / PROGRESS_FILE
-    spec_text = json.dumps({"trials": [t.to_dict() for t in trials]}, indent=1)
+    spec_text = dumps({"trials": [t.to_dict() for t in trials]}, indent=1)
     nnodes, per_node = options.nodes(nproc)
     args = list(worker_args or []) + (["--progress", str(progress)] if on_progress else [])
     script = sbatch_script(
