@@ -97,6 +97,8 @@ def validate(
         cross_validate=cross_validate,
         progress=None if as_json else lambda s: print(f"  fold done: {s}", flush=True),
     )
+    if fit and not report.in_sample.rows:  # nothing was fitted: no profile may be written
+        raise InputError(no_row_to_fit(runs, report.in_sample.skipped))
     from autopar.cli.render_validate import print_report, write_outputs
 
     written = write_outputs(report, trainer, write_profile, write_profiles)
@@ -111,3 +113,12 @@ def validate(
         print(dumps(out, indent=2))
         return
     print_report(report, written)
+
+
+def no_row_to_fit(runs: str | None, skipped: list[tuple[str, str, str]]) -> str:
+    """The line for --fit when no row can be evaluated: how many were skipped and the first reason."""
+    first = f" (row {skipped[0][0]}: {skipped[0][2][:120]})" if skipped else ""
+    return (
+        f"--fit has no row to fit: none of the {len(skipped):,} rows of {runs or 'the bundled tables'} can be "
+        f"evaluated{first}; fix the rows (`autopar validate --runs FILE` lists why each is skipped)"
+    )
