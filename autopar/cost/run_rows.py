@@ -114,7 +114,7 @@ def load_runs(path: str | Path | None) -> list[dict]:
         for row in reader:
             if len(rows) == MAX_RUN_ROWS:
                 raise InputError(
-                    f"runs file '{path}' has more than {MAX_RUN_ROWS:,} rows; split it, or keep the runs to calibrate on"
+                    f"runs file '{path}' has more than {MAX_RUN_ROWS:,} rows; split it or keep the runs to calibrate on"
                 )
             rows.append(row)
     except csv.Error as e:
