@@ -49,9 +49,53 @@ class RunTime:
         return self.wall_s / 86_400.0
 
     def to_dict(self) -> dict:
-        """One plan's figures as plain floats (estimate --json, the report)."""
-        out = {k: float(v) for k, v in vars(self).items() if v is not None}
-        return out | {"days": out["wall_s"] / 86_400.0, "train_days": out["train_s"] / 86_400.0}
+        """One plan's figures as plain floats (estimate --json, the report); a figure that is
+        infinite by the cluster's inputs is null, and `why_null` says why."""
+        out: dict = {k: float(v) for k, v in vars(self).items() if v is not None}
+        out |= {"days": out["wall_s"] / 86_400.0, "train_days": out["train_s"] / 86_400.0}
+        why = {k: NEVER_INTERRUPTED for k in ("mtbf_s", "interval_s") if not math.isfinite(out[k])}
+        why |= {k: NEVER_FINISHES for k, v in out.items() if k not in why and not math.isfinite(v)}
+        return out | {k: None for k in why} | ({"why_null": why} if why else {})
+
+
+#: why a figure of RunTime.to_dict is null
+NEVER_INTERRUPTED = (
+    "reliability: interruptions_per_gpu_hour is 0: the job is never interrupted, so no mean time "
+    "between failures and no checkpoint interval"
+)
+NEVER_FINISHES = "the run never finishes: its goodput is 0 (checkpoints, rework and restarts take all the time)"
+
+
+def _duration(s: float) -> str:
+    """31.6 s, 14.1 min, 2.5 h, 7.0 days."""
+    for unit, div in (("days", 86_400.0), ("h", 3600.0), ("min", 60.0)):
+        if s >= 3 * div:
+            return f"{s / div:,.1f} {unit}"
+    return f"{s:,.3g} s"
+
+
+def finish_problem(rel: Reliability, num_gpus: int, params_total: float, fp32: bool = False) -> str | None:
+    """Why no plan of `num_gpus` GPUs can ever finish on a cluster of this reliability (its goodput
+    is 0 whatever the plan's speed: the module docstring's formula), or None. The checkpoint write
+    and the MTBF both scale as 1 / GPUs, so the plan's layout does not matter, only its size."""
+    r = run_time(1.0, 1.0, num_gpus, params_total, fp32=fp32, rel=rel)
+    if float(r.goodput) > 0:
+        return None
+    write, mtbf = float(r.write_s), float(r.mtbf_s)
+    where = f"the cluster's MTBF {_duration(mtbf)} (on {num_gpus:,} GPUs)"
+    if write >= mtbf:
+        why = f"{where} is shorter than one checkpoint write, {_duration(write)}"
+    elif rel.restart_s + write >= mtbf:
+        why = (
+            f"{where} is shorter than a restart ({_duration(rel.restart_s)}) and a checkpoint read ({_duration(write)})"
+        )
+    else:
+        lost = float(r.interval_s + write) / 2 + rel.restart_s + write
+        why = f"{where} is shorter than what each interruption costs: {_duration(lost)} of restart, read and rework"
+    return (
+        f"{why}: training can never finish; fix the cluster file's reliability (fewer "
+        f"interruptions_per_gpu_hour, more checkpoint_gbps_per_gpu, a shorter restart_s) or use fewer GPUs"
+    )
 
 
 def checkpoint_bytes(params_total, fp32) -> np.ndarray:
