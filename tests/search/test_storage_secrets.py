@@ -12,9 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autopar.cli import main
 from autopar.secrets import mask_secrets, mask_values
+from autopar.spec.hardware import LOCAL_DEFAULTS
 
 PW = "S3cr3tPW"
 
@@ -83,7 +85,9 @@ UNREACHABLE = [
 
 @pytest.fixture(autouse=True)
 def _local_profile(tmp_path, monkeypatch):
-    """A private local profile; the measured stage leaves the test process's signal handlers alone."""
+    """A private local profile (the unprobed defaults); the measured stage leaves the test process's
+    signal handlers alone."""
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(LOCAL_DEFAULTS))
     monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(tmp_path / "local.yaml"))
     monkeypatch.setattr("autopar.trial.hygiene.install_signal_handlers", lambda: None)
 
