@@ -53,15 +53,16 @@ class RunTime:
         infinite by the cluster's inputs is null, and `why_null` says why."""
         out: dict = {k: float(v) for k, v in vars(self).items() if v is not None}
         out |= {"days": out["wall_s"] / 86_400.0, "train_days": out["train_s"] / 86_400.0}
-        why = {k: NEVER_INTERRUPTED for k in ("mtbf_s", "interval_s") if not math.isfinite(out[k])}
+        never = not (math.isfinite(out["mtbf_s"]) and math.isfinite(out["interval_s"]))
+        why = {k: NEVER_INTERRUPTED for k in ("mtbf_s", "interval_s") if never}
         why |= {k: NEVER_FINISHES for k, v in out.items() if k not in why and not math.isfinite(v)}
         return out | {k: None for k in why} | ({"why_null": why} if why else {})
 
 
 #: why a figure of RunTime.to_dict is null
 NEVER_INTERRUPTED = (
-    "reliability: interruptions_per_gpu_hour is 0: the job is never interrupted, so no mean time "
-    "between failures and no checkpoint interval"
+    "reliability: interruptions_per_gpu_hour is 0 (or too small for a finite MTBF): the job is never "
+    "interrupted, so no mean time between failures and no checkpoint interval"
 )
 NEVER_FINISHES = "the run never finishes: its goodput is 0 (checkpoints, rework and restarts take all the time)"
 
@@ -110,7 +111,8 @@ def checkpoint_bytes(params_total, fp32) -> np.ndarray:
 def young_daly_interval(write_s, mtbf_s) -> np.ndarray:
     """The checkpoint interval that maximises the goodput to first order: sqrt(2 delta M) (Young
     1974; Daly 2006 eq. 3 for delta << M)."""
-    return np.sqrt(2.0 * np.asarray(write_s, dtype=float) * np.asarray(mtbf_s, dtype=float))
+    # as sqrt(2 delta) x sqrt(M): the product overflows for an MTBF near the largest float
+    return np.sqrt(2.0 * np.asarray(write_s, dtype=float)) * np.sqrt(np.asarray(mtbf_s, dtype=float))
 
 
 def run_time(
@@ -129,12 +131,13 @@ def run_time(
     train = tokens / tps
     ckpt = checkpoint_bytes(params_total, fp32)
     write = ckpt / (rel.checkpoint_gbps_per_gpu * 1e9 * gpus)
-    mtbf = (
-        3600.0 / (rel.interruptions_per_gpu_hour * gpus)
-        if rel.interruptions_per_gpu_hour > 0
-        else np.full_like(gpus, math.inf)
-    )
-    interval = young_daly_interval(write, mtbf)
+    with np.errstate(over="ignore", divide="ignore"):  # a rate so small the MTBF overflows: never interrupted
+        mtbf = (
+            3600.0 / (rel.interruptions_per_gpu_hour * gpus)
+            if rel.interruptions_per_gpu_hour > 0
+            else np.full_like(gpus, math.inf)
+        )
+        interval = young_daly_interval(write, mtbf)
     period = interval + write
     with np.errstate(divide="ignore", invalid="ignore"):
         ckpt_share = np.where(np.isfinite(mtbf), write / period, 0.0)

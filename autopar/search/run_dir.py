@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from autopar.errors import InputError, quoted
 from autopar.search.atomic import write_with
+from autopar.secrets import mask_values
 from autopar.spec import read_file
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
 from autopar.spec.table import PlanTable
@@ -228,7 +229,9 @@ def read_json(path: Path) -> dict:
         raise InputError(f"'{path}' is corrupt: expected a JSON object; {fix}")
     if path.name == "search.json":
         _check_version(path.parent, data)  # another schema's fields are not this one's
-    return check_run_file(data, path) if run_file else data
+    # what autopar wrote is masked already; a file edited by hand may hold a password, which then
+    # reaches no page, export or message
+    return mask_values(check_run_file(data, path) if run_file else data)
 
 
 def read_trial(path: Path) -> tuple[dict | None, str]:
@@ -242,7 +245,7 @@ def read_trial(path: Path) -> tuple[dict | None, str]:
     except InputError as e:
         return None, _one_line(e).removesuffix("; ")
     why = trial_problem(data)
-    return (None, f"{what}: {why}") if why else (data, "")
+    return (None, f"{what}: {why}") if why else (mask_values(data), "")
 
 
 def _check_version(d: Path, search: dict) -> None:
