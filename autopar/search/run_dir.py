@@ -209,7 +209,7 @@ def read_json(path: Path) -> dict:
     top.json or search.json, checked against its schema (autopar.search.run_schema; and refused
     while the directory is marked incomplete), or a plan file (compare's). One line naming the file
     and the fix when it is missing, special, too large, not JSON or of the wrong shape."""
-    from autopar.search.run_schema import FILES, check_run_file
+    from autopar.search.run_schema import FILES, PlanFile, check, check_run_file
 
     run_file = path.name in FILES
     if run_file:
@@ -229,9 +229,10 @@ def read_json(path: Path) -> dict:
         raise InputError(f"'{path}' is corrupt: expected a JSON object; {fix}")
     if path.name == "search.json":
         _check_version(path.parent, data)  # another schema's fields are not this one's
+    checked = check_run_file(data, path) if run_file else check(data, PlanFile, f"plan file '{path}':", fix)
     # what autopar wrote is masked already; a file edited by hand may hold a password, which then
     # reaches no page, export or message
-    return mask_values(check_run_file(data, path) if run_file else data)
+    return mask_values(checked)
 
 
 def read_trial(path: Path) -> tuple[dict | None, str]:

@@ -142,17 +142,59 @@ class SearchFile(Doc):
     history: list[HistoryDoc] = []
 
 
+#: a measured or predicted figure: a finite number, 0 where nothing was measured
+Figure = Annotated[float, Field(ge=0)]
+#: a figure the calibration fits: above 0
+Measure = Annotated[float, Field(gt=0)]
+
+
+class FiguresDoc(Doc):
+    """A trial's predicted or measured figures (those the report and the calibration read)."""
+
+    step_time_s: Figure | None = None
+    peak_memory_bytes: Figure | None = None
+
+
+class MeasuredDoc(FiguresDoc):
+    proxy: FiguresDoc | None = None  # a proxy's own figures, before they are scaled back
+
+
+class OkMeasuredDoc(MeasuredDoc):
+    """What a trial that ran ("status": "ok") measured: the calibration fits both figures."""
+
+    step_time_s: Measure
+    peak_memory_bytes: Measure
+
+
+class ProxyDoc(Doc):
+    summary: str = ""
+    changes: list[str] = []
+    cross_hardware: bool = False
+
+
 class TrialDoc(Doc):
     """A trial document (autopar.trial.measure; autopar.search.trials adds its key)."""
 
     key: str = ""
-    plan: dict[str, Any]
-    predicted: dict[str, Any]
-    measured: dict[str, Any]
+    plan: PlanDoc
+    predicted: FiguresDoc
+    measured: MeasuredDoc
     status: str | None = None
     kind: str | None = None
     reasons: list[str] = []
-    proxy: dict[str, Any] | None = None
+    proxy: ProxyDoc | None = None
+
+
+class PlanFile(Doc):
+    """A plan file `autopar compare` reads (a trial file, `estimate --json` output, a hand-written
+    plan): a plan, and what it says of its question (the rest comes from the other layouts)."""
+
+    plan: PlanDoc
+    model: str | ModelDoc | None = None
+    num_gpus: Size | None = None
+    gpu: str | None = None
+    seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)] | None = None
+    question: QuestionDoc | None = None
 
 
 #: file name -> its model (trial documents: TrialDoc)
@@ -217,11 +259,13 @@ def _where(data: object, loc: tuple) -> tuple[str, int]:
     return text or "the top level", used
 
 
-def problem(data: object, e: ValidationError) -> str:
-    """The first thing wrong with `data`, in words: 'top[0].plan is null (expected an object)'."""
+def problem(data: object, e: ValidationError, within: tuple = ()) -> str:
+    """The first thing wrong with `data`, in words: 'top[0].plan is null (expected an object)'
+    (`within`: the path of the part of `data` that was validated)."""
     errors = e.errors(include_url=False)
     first = errors[0]
-    where, used = _where(data, tuple(first["loc"]))
+    where, used = _where(data, within + tuple(first["loc"]))
+    used -= len(within)
     if first["type"] == "missing":
         return f"{where} is missing"
     # a union reports one error per member: what it could have been is all of them
@@ -254,9 +298,14 @@ def check_run_file(data: object, path: Path) -> object:
 def trial_problem(data: object) -> str | None:
     """Why a trial document cannot be used (None: it can)."""
     try:
-        TrialDoc.model_validate(data)
+        doc = TrialDoc.model_validate(data)
     except ValidationError as e:
         return problem(data, e)
     except RecursionError:
         return "nested too deeply"
+    if doc.status == "ok" and data["measured"]:
+        try:
+            OkMeasuredDoc.model_validate(data["measured"])
+        except ValidationError as e:
+            return problem(data, e, ("measured",)) + " (a trial that ran measures both its step time and memory)"
     return None

@@ -333,3 +333,33 @@ def test_a_price_list_is_exit_0_or_one_line(cli_run, one_line_error, scratch, pa
         names = {"h100-sxm", "mygpu" if custom else "nvidia h100 sxm5 80gb"}
         price = next((v for k, v in t["prices_by_gpu"].items() if k in names), t["price_per_gpu_hour"])
         assert run["cost"] == pytest.approx(run["gpu_hours"] * price)
+
+
+# ---- compare's plan files -----------------------------------------------------------------------
+
+PLAN_FIELDS = ["plan", "model", "num_gpus", "gpu", "seq_len", "question"] + [
+    f"plan.{k}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "layout", "zero_stage", "trainer", "dtype",
+                          "recompute", "recompute_layers", "micro_batch_size", "global_batch_size", "pp_schedule",
+                          "capacity_factor", "moe_dispatch")
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def plan_file(cli_run, tmp_path_factory) -> dict:
+    """`autopar estimate --json` of a tiny plan: a plan file compare reads."""
+    r = cli_run("estimate", "--model", "tiny", "--gpus", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(field=st.sampled_from(PLAN_FIELDS), value=st.one_of(JUNK, st.just(DELETE)))
+@pytest.mark.timeout(300)
+def test_a_plan_file_field_is_exit_0_or_one_line(cli_run, one_line_error, scratch, plan_file, field, value):
+    path = scratch / "plan.json"
+    path.write_text(json.dumps(_set(json.loads(json.dumps(plan_file)), field, value)))
+    out = scratch / "cmp"
+    shutil.rmtree(out, ignore_errors=True)
+    check(
+        cli_run("compare", path, "--tp 1", "--out", out / "c.html", "--json"), one_line_error, as_json=True, written=out
+    )

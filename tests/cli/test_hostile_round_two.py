@@ -126,6 +126,40 @@ def test_a_special_trial_file_is_skipped_by_the_report(cli_run, tiny_run, tmp_pa
     assert "trials/fifo.json is a FIFO" in page and "trials/null-plan.json: plan is null" in page
 
 
+@pytest.mark.parametrize(
+    "plan_file, words",
+    [
+        ({"plan": {"layout": ["a"]}}, ["plan.layout[0] is a string 'a'"]),
+        ({"plan": {"tp": 10**22}}, ["plan.tp is 10000000000000000000000", "at most"]),
+        ({"plan": {}, "model": 5}, ["model is 5", "a string or an object"]),
+        ({"plan": {}, "model": "tiny", "num_gpus": "x"}, ["num_gpus is a string 'x'"]),
+        ({"model": "tiny"}, ["plan is missing"]),
+    ],
+)
+def test_a_plan_file_of_the_wrong_type_is_one_line(cli_run, one_line_error, tiny_run, tmp_path, plan_file, words):
+    """compare's plan files go through the same schema (autopar.search.run_schema.PlanFile)."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_file))
+    one_line_error(cli_run("compare", path, tiny_run), ["plan file", *words])
+
+
+def test_calibrate_leaves_out_a_trial_document_of_the_wrong_type(cli_run, one_line_error, tiny_run, tmp_path):
+    """A trial whose plan is not a plan, or whose measured figures are not numbers, is not fitted."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (run / "trials").mkdir()
+    plan = json.loads((run / "top.json").read_text())["top"][0]["plan"]
+    docs = {
+        "a": {"plan": {"tp": "x"}, "measured": {"step_time_s": 1.0, "peak_memory_bytes": 1e9}},
+        "b": {"plan": plan, "measured": {"step_time_s": "x", "peak_memory_bytes": None}},
+        "c": {"plan": plan, "measured": {"step_time_s": 1.0, "peak_memory_bytes": 1e400}},
+    }
+    for key, doc in docs.items():
+        doc |= {"key": key, "status": "ok", "predicted": {"step_time_s": 1.0}}
+        (run / "trials" / f"{key}.json").write_text(json.dumps(doc))
+    one_line_error(cli_run("calibrate", run), ["fewer than 2 successful trials"])
+
+
 # ---- secrets --------------------------------------------------------------------------------------
 
 
