@@ -119,8 +119,10 @@ def load_runs(path: str | Path | None) -> list[dict]:
             rows.append(row)
     except csv.Error as e:
         raise InputError(f"runs file '{path}' is not a readable CSV ({e}); {fix}") from None
-    if not rows or not REQUIRED <= set(reader.fieldnames):
+    if not REQUIRED <= set(reader.fieldnames):
         raise InputError(f"runs file '{path}' lacks the calibration columns {sorted(REQUIRED)}; {fix}")
+    if not rows:
+        raise InputError(f"runs file '{path}' has the calibration columns but no row; add a row per run")
     return rows
 
 

@@ -100,3 +100,19 @@ def test_a_fifo_or_a_device_is_refused_at_once(cli_run, one_line_error, tmp_path
     else:
         path.symlink_to("/dev/zero")
     one_line_error(cli_run("validate", "--runs", path), ["runs.csv", "not a regular file"])
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"", ["lacks the calibration columns"]),
+        (",".join(ROWS[0]).encode() + b"\n", ["no row"]),
+        (b"row_id,model\n1,\xe9\n", ["not UTF-8"]),
+        (b'row_id,model\n1,"' + b"x" * 200_000 + b'"\n', ["not a readable CSV", "field larger than field limit"]),
+    ],
+    ids=["empty", "header-only", "latin-1", "huge-field"],
+)
+def test_an_unusable_file_is_one_line(cli_run, one_line_error, tmp_path, content, words):
+    path = tmp_path / "runs.csv"
+    path.write_bytes(content)
+    one_line_error(cli_run("validate", "--runs", path), ["runs.csv", *words])
