@@ -21,13 +21,14 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from autopar.errors import InputError
+from autopar.errors import InputError, quoted
 from autopar.search.enumerate import Question, build_table, knob_choices
 from autopar.search.limits import SAMPLERS
 from autopar.search.results import row_plan
 from autopar.search.space import SearchSpace
 from autopar.secrets import mask_secrets
 from autopar.spec.hardware import GIB
+from autopar.spec.read_file import check_regular
 
 #: the estimate figures every trial keeps (with its plan) as user attributes
 ESTIMATE_ATTRS = (
@@ -109,6 +110,10 @@ def with_driver(url: str) -> str:
 def open_storage(url: str):
     """An Optuna storage for the URL; a journal file for *.log / *.jsonl paths. Bad URLs are
     one-line InputErrors."""
+    if url.endswith((".log", ".jsonl")) and "://" not in url:
+        check_regular(url, f"--storage journal file {quoted(url)}", "give a journal file name (FILE.log)")
+    elif url.startswith("sqlite:///"):
+        check_regular(url.removeprefix("sqlite:///"), f"the SQLite file of {quoted(url)}", "give another file")
     try:
         if url.endswith((".log", ".jsonl")) and "://" not in url:
             from optuna.storages.journal import JournalFileBackend, JournalStorage

@@ -49,6 +49,19 @@ def _refuse_special(mode: int, what: str, fix: str) -> None:
         raise InputError(f"{what} is {_what_it_is(mode)}, not a regular file (or a link to one); {fix}")
 
 
+def check_regular(path: str | Path, what: str, fix: str = "check the path") -> None:
+    """One line when `path` exists but is not a regular file (a FIFO, a device, a link to one): for
+    a file another library opens (an Optuna journal or SQLite file), which would block on a FIFO or
+    read /dev/zero for ever. A path not there yet is fine (it will be created)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot use {what}: {getattr(e, 'strerror', None) or type(e).__name__}; {fix}") from None
+    _refuse_special(mode, what, fix)
+
+
 def _too_big(what: str, max_bytes: int, usual: str, fix: str) -> InputError:
     return InputError(f"{what} is larger than {size_text(max_bytes)}{f' ({usual})' if usual else ''}; {fix}")
 

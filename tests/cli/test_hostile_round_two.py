@@ -160,6 +160,23 @@ def test_calibrate_leaves_out_a_trial_document_of_the_wrong_type(cli_run, one_li
     one_line_error(cli_run("calibrate", run), ["fewer than 2 successful trials"])
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_a_special_storage_file_is_refused_at_once(cli_run, one_line_error, tmp_path, target, kind):
+    """An Optuna journal or SQLite file that is a FIFO (an open for writing blocks) or a device (read
+    for ever) is refused before the search; nothing is left behind."""
+    path = tmp_path / ("j.log" if kind == "journal" else "s.db")
+    if target == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(target)
+    storage = str(path) if kind == "journal" else f"sqlite:///{path}"
+    argv = ["search", "--model", "tiny", "--gpus", "8", "--max-exhaustive", "0", "--n-trials", "3"]
+    one_line_error(cli_run(*argv, "--storage", storage, "--run-dir", tmp_path / "run"), ["not a regular file"])
+    assert not (tmp_path / "run").exists()
+
+
 # ---- secrets --------------------------------------------------------------------------------------
 
 
