@@ -53,10 +53,7 @@ class RunTime:
         infinite by the cluster's inputs is null, and `why_null` says why."""
         out: dict = {k: float(v) for k, v in vars(self).items() if v is not None}
         out |= {"days": out["wall_s"] / 86_400.0, "train_days": out["train_s"] / 86_400.0}
-        never = not (math.isfinite(out["mtbf_s"]) and math.isfinite(out["interval_s"]))
-        why = {k: NEVER_INTERRUPTED for k in ("mtbf_s", "interval_s") if never}
-        why |= {k: NEVER_FINISHES for k, v in out.items() if k not in why and not math.isfinite(v)}
-        return out | {k: None for k in why} | ({"why_null": why} if why else {})
+        return with_null_reasons(out)
 
 
 #: why a figure of RunTime.to_dict is null
@@ -65,6 +62,25 @@ NEVER_INTERRUPTED = (
     "interrupted, so no mean time between failures and no checkpoint interval"
 )
 NEVER_FINISHES = "the run never finishes: its goodput is 0 (checkpoints, rework and restarts take all the time)"
+NOT_PRICED = "not priced: give --price-per-gpu-hour"
+#: the figures that are infinite when the job is never interrupted
+_INTERRUPTION_FIGURES = ("mtbf_s", "interval_s", "checkpoint_interval_min")
+
+
+def with_null_reasons(figures: dict) -> dict:
+    """A run's figures (RunTime.to_dict, a plan's run columns) with each number that is not finite
+    as None, and `why_null` saying why (JSON has no infinity: autopar.json_out)."""
+    bad = [k for k, v in figures.items() if isinstance(v, float) and not math.isfinite(v)]
+    never = any(k in _INTERRUPTION_FIGURES for k in bad)
+    why = {
+        k: NOT_PRICED
+        if k == "cost" and math.isnan(figures[k])
+        else NEVER_INTERRUPTED
+        if never and k in _INTERRUPTION_FIGURES
+        else NEVER_FINISHES
+        for k in bad
+    }
+    return figures | {k: None for k in why} | ({"why_null": why} if why else {})
 
 
 def _duration(s: float) -> str:

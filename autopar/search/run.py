@@ -16,7 +16,7 @@ import pandas as pd
 
 from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
-from autopar.cost.goodput import RUN_COLUMNS
+from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
 from autopar.json_out import dumps
 from autopar.search.atomic import write_atomic
 from autopar.search.enumerate import Enumerator, Question
@@ -122,11 +122,13 @@ def row_summary(row: pd.Series, layouts) -> dict:
         }
         | (
             {
-                "run": {
-                    c: float(row[c]) if c not in ("meets_deadline", "within_budget") else bool(row[c])
-                    for c in RUN_COLUMNS + ("meets_deadline", "within_budget")
-                    if c in row.index
-                }
+                "run": with_null_reasons(
+                    {
+                        c: float(row[c]) if c not in ("meets_deadline", "within_budget") else bool(row[c])
+                        for c in RUN_COLUMNS + ("meets_deadline", "within_budget")
+                        if c in row.index
+                    }
+                )
             }
             if "days" in row.index
             else {}

@@ -246,7 +246,7 @@ def get_gpu(name: str) -> GpuSpec:
 def default_cluster(gpu: str | GpuSpec = "h100-sxm", gpus_per_node: int | None = None) -> ClusterSpec:
     """A cluster of identical nodes of the preset GPU: NVLink inside a node, one NIC per GPU."""
     if isinstance(gpu, str) and gpu.lower() == LOCAL:
-        from autopar.spec.local_gpu import local_cluster  # reads a file: autopar.spec.read_file
+        from autopar.spec.local_gpu import local_cluster  # lazy: local_gpu imports this module
 
         return local_cluster(gpus_per_node)
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu

@@ -264,6 +264,8 @@ def test_a_cluster_never_interrupted_writes_null_with_a_reason(cli_run, tmp_path
     strict_json(r.stdout)
     for name in ("top.json", "search.json"):
         strict_json((tmp_path / "run" / name).read_text())
+    run = strict_json((tmp_path / "run" / "top.json").read_text())["top"][0]["run"]
+    assert run["checkpoint_interval_min"] is None and "never interrupted" in run["why_null"]["checkpoint_interval_min"]
 
 
 def test_a_search_without_a_price_writes_strict_json(cli_run, tmp_path):
@@ -271,7 +273,10 @@ def test_a_search_without_a_price_writes_strict_json(cli_run, tmp_path):
     r = cli_run("search", "--model", "tiny", "--gpus", "8", "--tokens", "1T", "--run-dir", tmp_path / "run", "--json")
     assert r.returncode == 0, r.stderr
     top = strict_json((tmp_path / "run" / "top.json").read_text())
-    assert top["top"][0]["run"]["cost"] is None and top["top"][0]["run"]["days"] > 0
+    run = top["top"][0]["run"]
+    assert (
+        run["cost"] is None and run["days"] > 0 and run["why_null"] == {"cost": "not priced: give --price-per-gpu-hour"}
+    )
 
 
 # ---- contradictions ----------------------------------------------------------------------------
