@@ -123,10 +123,8 @@ class TrainingRun:
         from autopar.errors import did_you_mean
         from autopar.spec.hardware import gpu_names
 
-        for gpu in gpus:
-            self.price_for(gpu)
         known = set(gpu_names()) | {n for g in gpus for n in (g.key.lower(), g.name.lower())}
-        for kind in self.prices_by_gpu:
+        for kind in self.prices_by_gpu:  # first: a typo explains the price that is then missing
             if kind not in known:
                 ours = ", ".join(dict.fromkeys(_label(g) for g in gpus))
                 raise InputError(
@@ -134,6 +132,8 @@ class TrainingRun:
                     f"question ({ours}){did_you_mean(kind, sorted(known))}; price a GPU by its preset or by the "
                     f"name its cluster file gives it"
                 )
+        for gpu in gpus:
+            self.price_for(gpu)
 
     @property
     def priced(self) -> bool:

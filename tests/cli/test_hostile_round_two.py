@@ -312,6 +312,9 @@ def test_a_custom_gpu_is_priced_by_its_name(cli_run, one_line_error, tmp_path):
         cli_run(*ESTIMATE, "--cluster", path, "--price-per-gpu-hour", "b200=3"), ["no price for 'mygpu'"]
     )
     assert "describe it in a --cluster" not in line
+    # the other way round: a cluster file's name without the cluster file is no GPU of the question
+    words = ["'mygpu'", "no GPU of this question (h100-sxm)"]
+    one_line_error(cli_run(*ESTIMATE, "--price-per-gpu-hour", "mygpu=3"), words)
 
 
 def test_ep_without_moe_layers_is_one_line(cli_run, one_line_error, tmp_path):
