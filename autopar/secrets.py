@@ -1,36 +1,58 @@
-"""Credentials never leave autopar: `mask_url` hides the password of every URL in a text.
+"""Credentials never leave autopar: `mask_secrets` is the one masking rule, applied to every message
+(autopar.cli), log line, file and JSON document autopar writes (autopar.json_out).
 
-Optuna storage URLs (`--storage postgresql://user:PASSWORD@host/db`) carry passwords. Every message,
-file, report and export that shows a storage URL shows it through `mask_url` as `user:***@host`.
+Optuna storage URLs (`--storage postgresql://user:PASSWORD@host/db`) carry passwords, in the
+userinfo or in the query (`?password=`, `?sslpassword=`, `?api_key=`). The rule, for any word of a
+text (URL-like or not, parsed or not, a mistyped scheme such as `postgresql:/u:PASS@host` too):
+  - userinfo: in a word holding an '@', whatever follows the user name's ':' up to the last '@'
+    is the password (the user name is the part after the scheme and its slashes; an unescaped '@'
+    in a password would otherwise leave its tail visible): `user:***@host`;
+  - query: the value of every parameter whose name contains pass, secret, token or key
+    (case-insensitive) after '?', '&' or ';': `?sslpassword=***`.
 """
 
 from __future__ import annotations
 
 import re
 
-#: scheme://user:password@ ; the password runs to the last '@' of the word (an unescaped '@' in a
-#: password would otherwise leave its tail visible)
-_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s'\"]*):(?P<secret>\S*)@")
-#: password=... in a URL's query string (mysql and postgresql drivers accept it there too)
-_QUERY = re.compile(r"(?P<head>[?&;](?:password|passwd|pwd)=)(?P<secret>[^&;\s'\"]*)", re.IGNORECASE)
-
 MASK = "***"
 
+#: a scheme with its slashes ('postgresql://', 'postgresql:/', 'file:///')
+_SCHEME_SLASHES = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:/+")
+#: a scheme without slashes that a user:password follows ('postgres:u:PASS@host')
+_SCHEME_BARE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:(?=[^:]*:)")
+#: name=value of a query whose name says it holds a secret
+_QUERY = re.compile(r"(?P<head>[?&;][^=&;?\s'\"]*(?:pass|secret|token|key)[^=&;?\s'\"]*=)[^&;\s'\"]*", re.IGNORECASE)
+_KEYWORDS = ("pass", "secret", "token", "key")
 
-def mask_url(text: str) -> str:
-    """`text` with the password of every URL in it replaced by ***: `user:***@host`, `?password=***`."""
-    if "://" not in text:
-        return text
-    text = _USERINFO.sub(lambda m: f"{m['head']}:{MASK}@", text)
-    return _QUERY.sub(lambda m: f"{m['head']}{MASK}", text)
+
+def _mask_userinfo(word: str) -> str:
+    at = word.rfind("@")
+    if at <= 0:
+        return word
+    head = word[:at]
+    lead = len(head) - len(head.lstrip("'\"(<[`"))  # a quoted or bracketed URL
+    m = _SCHEME_SLASHES.match(head, lead) or _SCHEME_BARE.match(head, lead)
+    colon = head.find(":", m.end() if m else lead)
+    return word if colon < 0 else head[: colon + 1] + MASK + word[at:]
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with every password in it replaced by ***: `user:***@host`, `?sslpassword=***`."""
+    if "@" in text:  # the userinfo first: a query value may hold an '@', a password '?key='
+        text = "".join(_mask_userinfo(w) for w in re.split(r"(\s+)", text))
+    if any(k in text.lower() for k in _KEYWORDS):
+        text = _QUERY.sub(lambda m: f"{m['head']}{MASK}", text)
+    return text
 
 
 def mask_values(obj):
-    """A copy of a JSON-like value (dicts, lists, strings) with `mask_url` applied to every string."""
+    """A copy of a JSON-like value (dicts, lists, strings) with `mask_secrets` applied to every string
+    (keys too)."""
     if isinstance(obj, str):
-        return mask_url(obj)
+        return mask_secrets(obj)
     if isinstance(obj, dict):
-        return {k: mask_values(v) for k, v in obj.items()}
+        return {mask_values(k): mask_values(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [mask_values(v) for v in obj]
     return obj

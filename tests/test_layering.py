@@ -33,14 +33,15 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "__init__": (frozenset(), frozenset()),
     "__main__": (frozenset({"cli"}), frozenset()),
     "errors": (frozenset(), frozenset()),
-    "secrets": (frozenset(), frozenset()),  # mask_url: passwords of storage URLs
+    "secrets": (frozenset(), frozenset()),  # mask_secrets: the one masking rule of passwords
+    "json_out": (frozenset({"secrets"}), frozenset()),  # dumps: the one JSON writer (strict, masked)
     "quoting": (frozenset({"errors"}), frozenset()),  # values in generated scripts
     "spec": (frozenset({"errors", "spec"}), frozenset({"numpy", "yaml"})),
-    "cost": (frozenset({"errors", "spec", "cost"}), frozenset({"numpy", "scipy"})),
-    "search": (frozenset({"errors", "secrets", "spec", "cost", "search"}), ANY),
-    "trial": (frozenset({"errors", "secrets", "quoting", "spec", "cost", "trial"}), ANY),
-    "export": (frozenset({"errors", "secrets", "quoting", "spec", "cost", "search", "export"}), ANY),
-    "report": (frozenset({"errors", "secrets", "spec", "cost", "search", "report"}), ANY),
+    "cost": (frozenset({"errors", "json_out", "spec", "cost"}), frozenset({"numpy", "scipy"})),
+    "search": (frozenset({"errors", "secrets", "json_out", "spec", "cost", "search"}), ANY),
+    "trial": (frozenset({"errors", "secrets", "json_out", "quoting", "spec", "cost", "trial"}), ANY),
+    "export": (frozenset({"errors", "secrets", "json_out", "quoting", "spec", "cost", "search", "export"}), ANY),
+    "report": (frozenset({"errors", "secrets", "json_out", "spec", "cost", "search", "report"}), ANY),
     "cli": (ANY, ANY),
 }
 

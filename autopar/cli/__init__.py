@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - older typer with click installed
     from click import exceptions as click_exc
 
 from autopar.errors import InputError, one_line, quoted
-from autopar.secrets import mask_url
+from autopar.secrets import mask_secrets
 
 app = typer.Typer(
     name="autopar",
@@ -70,7 +70,7 @@ _USER_ERRNOS = frozenset(
 
 def _fail(message: str, code: int = 2) -> None:
     """One line `autopar: error: ...` on stderr (no password, no control character), then exit."""
-    print(f"autopar: error: {one_line(mask_url(message))}", file=sys.stderr)
+    print(f"autopar: error: {one_line(mask_secrets(message))}", file=sys.stderr)
     sys.exit(code)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,6 +11,7 @@ import typer
 from autopar.cli import app
 from autopar.cli import options as o
 from autopar.cli.plan_flags import with_plan_flags
+from autopar.json_out import dumps
 from autopar.spec.resolve import PlanRequest
 
 OptModel = Annotated[
@@ -205,7 +205,7 @@ def compare(
 
         write_compare(cmp, out)
     if as_json:
-        print(json.dumps(compare_json(cmp, out), indent=2, default=float))
+        print(dumps(compare_json(cmp, out), indent=2))
         return
     from autopar.cli.render import console
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 from typing import Optional
@@ -11,6 +10,7 @@ from autopar.cli import app
 from autopar.cli import options as o
 from autopar.cli.plan_flags import with_plan_flags
 from autopar.cli.run_flags import with_run_flags
+from autopar.json_out import dumps
 from autopar.spec.resolve import PlanRequest
 from autopar.spec.training_run import TrainingRun
 
@@ -52,8 +52,7 @@ def estimate(
     the_plan = resolve_plan(
         spec, gpus, s, plan.with_defaults(dtype=default_dtype(clus), trainer=default_trainer(clus.gpu.key))
     )
-    if not math.isfinite(routing_imbalance) or routing_imbalance < 1:
-        raise InputError(f"--routing-imbalance must be >= 1 (busiest / mean), got {routing_imbalance}")
+    check_routing_imbalance(routing_imbalance, the_plan.ep)
     est = run_estimate(the_plan, spec, clus, num_gpus=gpus, seq_len=s, routing_imbalance=routing_imbalance)
     if not est.valid:
         raise InputError("invalid plan: " + "; ".join(est.reasons))
@@ -69,7 +68,7 @@ def estimate(
         out.update(routing_imbalance=routing_imbalance, ep_dispatch=[d.to_dict() for d in dispatch])
         if whole is not None:
             out["run"] = whole.to_dict() | {"training_run": run.to_dict()}
-        print(json.dumps(out, indent=2, default=float))
+        print(dumps(out, indent=2))
         return
     from autopar.cli.render import console, ep_table, run_table
 
@@ -79,13 +78,31 @@ def estimate(
         out.print(renderable)
 
 
+def check_routing_imbalance(imbalance: float, ep: int) -> None:
+    """--routing-imbalance (the busiest expert rank's tokens / the mean over the ep ranks) from 1
+    (balanced) to ep (every token on one rank: ep x the mean), else one line."""
+    from autopar.errors import InputError, quoted
+
+    if not (math.isfinite(imbalance) and 1 <= imbalance <= ep):
+        why = "below 1 (balanced routing)" if math.isfinite(imbalance) and imbalance < 1 else f"above ep={ep}"
+        raise InputError(
+            f"--routing-imbalance {quoted(imbalance)} is {why}: the busiest of ep expert ranks holds from 1 to ep "
+            f"times the mean; give a value from 1 to {ep}"
+            + (" (a plan without expert parallelism is balanced: 1)" if ep == 1 else "")
+        )
+
+
 def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):
     """The plan's whole run (autopar.cost.goodput.run_time), or one line when it misses the deadline
     or the budget, saying what it needs."""
-    from autopar.cost.goodput import run_time
+    from autopar.cost.goodput import finish_problem, run_time
     from autopar.errors import InputError
     from autopar.spec.training_run import deadline_text, money_text, tokens_text
 
+    run.check_prices([cluster.gpu])
+    never = finish_problem(cluster.reliability, gpus, spec.params_total, fp32=est.plan.dtype == "fp32")
+    if never:
+        raise InputError(never)
     r = run_time(
         run.tokens,
         est.tokens_per_s,
@@ -93,7 +110,7 @@ def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):
         spec.params_total,
         fp32=est.plan.dtype == "fp32",
         rel=cluster.reliability,
-        price_per_gpu_hour=run.price_for(cluster.gpu.key),
+        price_per_gpu_hour=run.price_for(cluster.gpu),
     )
     what = f"this plan needs {float(r.days):.1f} days for {tokens_text(run.tokens)} tokens"
     what_if = f"--gpus {gpus},{2 * gpus},{4 * gpus} --tokens {tokens_text(run.tokens)}"

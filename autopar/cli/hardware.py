@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.json_out import dumps
 
 
 @app.command()
@@ -30,7 +29,7 @@ def hardware(as_json: o.Json = False) -> None:
             }
             for g in gpus
         ]
-        print(json.dumps(out, indent=2))
+        print(dumps(out, indent=2))
         return
     from rich.table import Table
 

@@ -4,7 +4,6 @@ its terminal summary. Imports no torch: trials run in their own processes."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autopar.errors import InputError, quoted
+from autopar.json_out import dumps
 from autopar.trial.proxy import ProxyOptions
 
 LAUNCHERS = ("local", "slurm")
@@ -100,7 +100,8 @@ class _Where:
 
 def _where(q, options: TrialOptions, log: Callable[[str], None]) -> _Where:
     """This machine (its ranks and memory) or the cluster through SLURM."""
-    from autopar.spec.hardware import GIB, LOCAL, local_cluster
+    from autopar.spec.hardware import GIB, LOCAL
+    from autopar.spec.local_gpu import local_cluster
     from autopar.trial.resources import detect, local_limits
 
     on_cpu_profile = q.cluster.gpu.key == LOCAL
@@ -295,6 +296,8 @@ def _machine_notes(figs: dict, stage, options: TrialOptions, device: str) -> Non
 def _save(result, stage, figs: dict) -> None:
     """calibrated.yaml (when the stage calibrated), measured.json, and the figures in search.json."""
     from autopar.search.atomic import write_atomic
+    from autopar.search.run_dir import RUN_FILE_BYTES
+    from autopar.spec.read_file import read_json
 
     if stage.calibration is not None:
         import yaml
@@ -302,11 +305,11 @@ def _save(result, stage, figs: dict) -> None:
         from autopar.cost.calibrate import profile_dict
 
         write_atomic(Path(result.run_dir) / "calibrated.yaml", yaml.safe_dump(profile_dict(stage.calibration.cluster)))
-    write_atomic(Path(result.run_dir) / "measured.json", json.dumps(figs, indent=2, default=float))
+    write_atomic(Path(result.run_dir) / "measured.json", dumps(figs, indent=2))
     info_path = Path(result.run_dir) / "search.json"
-    info = json.loads(info_path.read_text())
+    info = read_json(info_path, f"'{info_path}'", RUN_FILE_BYTES)  # this search's own, through the one reader
     info["measured"] = figs
-    write_atomic(info_path, json.dumps(info, indent=2, default=str))
+    write_atomic(info_path, dumps(info, indent=2))
 
 
 def _s(v) -> str:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.json_out import dumps
 
 
 @app.command()
@@ -17,7 +16,7 @@ def models(as_json: o.Json = False) -> None:
     specs = [get_preset(n) for n in preset_names()]
     if as_json:
         print(
-            json.dumps(
+            dumps(
                 [s.to_dict() | {"params_total": s.params_total, "params_active": s.params_active} for s in specs],
                 indent=2,
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 from rich.console import Console
@@ -147,13 +148,13 @@ def ep_table(details: list, plan, routing_imbalance: float) -> list:
 def run_table(r, run) -> Table:
     """The whole run of one plan (autopar.cost.goodput.RunTime): days, goodput and its terms,
     checkpoints, GPU-hours, cost."""
-    from autopar.spec.training_run import money_text, tokens_text
+    from autopar.spec.training_run import money_text, never_text, tokens_text
 
     t = Table(title=f"Whole run: {tokens_text(run.tokens)} tokens", title_justify="left")
     t.add_column("figure")
     t.add_column("value", justify="right")
     rows = [
-        ("days to train", f"{float(r.days):,.1f}"),
+        ("days to train", never_text(float(r.days), "{:,.1f}")),
         ("  days of steps (no failures)", f"{float(r.train_s) / 86_400:,.1f}"),
         ("goodput", f"{100 * float(r.goodput):.2f}%"),
         ("  lost to checkpoint writes", f"{100 * float(r.lost_to_checkpoints):.2f}%"),
@@ -161,12 +162,13 @@ def run_table(r, run) -> Table:
         ("  lost to restarts and reads", f"{100 * float(r.lost_to_restarts):.2f}%"),
         ("checkpoint (all ranks)", f"{float(r.checkpoint_bytes) / GIB:,.0f} GiB"),
         ("checkpoint write", f"{float(r.write_s):,.1f} s"),
-        ("checkpoint every (Young/Daly)", f"{float(r.interval_s) / 60:,.1f} min"),
-        ("mean time between failures", f"{float(r.mtbf_s) / 3600:,.2f} h"),
-        ("GPU-hours", f"{float(r.gpu_hours):,.0f}"),
+        ("checkpoint every (Young/Daly)", never_text(float(r.interval_s) / 60, "{:,.1f} min")),
+        ("mean time between failures", never_text(float(r.mtbf_s) / 3600, "{:,.2f} h")),
+        ("GPU-hours", never_text(float(r.gpu_hours), "{:,.0f}")),
     ]
     if r.cost is not None:
-        rows.append(("cost", money_text(float(r.cost))))
+        cost = float(r.cost)
+        rows.append(("cost", money_text(cost) if math.isfinite(cost) else "never (the run never finishes)"))
     for row in rows:
         t.add_row(*row)
     return t

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from rich import box
@@ -113,18 +114,23 @@ def run_headers(run) -> list[str]:
 
 def run_cells(row, run) -> list[str]:
     """A plan's whole-run cells (run_headers): days to train after goodput, GPU-hours, cost."""
-    from autopar.spec.training_run import money_text
+    from autopar.spec.training_run import money_text, never_text
 
     if run is None:
         return []
     late = run.deadline_s is not None and not bool(row.get("meets_deadline", True))
     over = run.budget is not None and not bool(row.get("within_budget", True))
     cells = [
-        f"{row['days']:.1f}" + (" late" if late else ""),
+        never_text(float(row["days"]), "{:.1f}") + (" late" if late else ""),
         f"{100 * row['goodput']:.1f}%",
-        f"{row['gpu_hours'] / 1e6:.3g}M",
+        never_text(float(row["gpu_hours"]) / 1e6, "{:.3g}M"),
     ]
-    return cells + ([money_text(row["cost"]) + (" over" if over else "")] if run.priced else [])
+    cost = float(row["cost"])
+    return cells + (
+        [never_text(cost, "{}") if not math.isfinite(cost) else money_text(cost) + (" over" if over else "")]
+        if run.priced
+        else []
+    )
 
 
 def _runs_on(row) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,6 +12,7 @@ from autopar.cli import options as o
 from autopar.cli.run_flags import with_run_flags
 from autopar.cli.trial_flags import TrialFlags, with_trial_flags
 from autopar.errors import InputError, quoted
+from autopar.json_out import dumps
 from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
 from autopar.spec.schema import check_flags
 from autopar.spec.training_run import TrainingRun
@@ -155,7 +155,7 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
     if as_json:
         out = [result_json(r) | {"report": str(Path(r.run_dir) / "report.html")} for r in results]
         doc = (out[0] if len(out) == 1 else out) if answer is None else {"scenarios": out} | answer.to_dict()
-        print(json.dumps(doc, indent=2, default=float))
+        print(dumps(doc, indent=2))
         return
     if len(results) == 1:
         print_result(results[0])

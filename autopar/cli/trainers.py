@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
 
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.json_out import dumps
 
 
 def _value(v) -> str:
@@ -37,7 +37,7 @@ def trainers(
     table = {k: get_trainer(k) for k in keys}
     if as_json:
         print(
-            json.dumps(
+            dumps(
                 {
                     k: {
                         "title": t.title,

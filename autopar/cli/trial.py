@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from autopar.cli import app
 from autopar.cli import options as o
 from autopar.cli.plan_flags import with_plan_flags
 from autopar.errors import InputError
+from autopar.json_out import dumps
 from autopar.spec.resolve import PlanRequest
 
 # the options of `trial` alone (those shared with other commands are in autopar.cli.options)
@@ -223,7 +223,7 @@ def _run_here(
 def _print_result(doc: dict, key: str, predicted: dict, path: Path, as_json: bool) -> None:
     """The trial document as JSON, or two lines: measured vs predicted, collective bytes and environment."""
     if as_json:
-        print(json.dumps(doc, indent=1, default=str))
+        print(dumps(doc, indent=1))
         return
     m = doc["measured"]
     if doc["status"] != "ok":

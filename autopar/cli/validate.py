@@ -82,12 +82,12 @@ def validate(
     output_file(write_profiles, "--write-profiles")
     from autopar.cost.validate_runs import validate_runs
 
-    report = validate_runs(runs, trainer, fit=fit, progress=None)
+    report = validate_runs(runs, trainer, fit=fit, progress=None, no_row=no_row_to_fit)
     from autopar.cli.render_validate import print_report, write_outputs
 
     written = write_outputs(report, trainer, write_profile, write_profiles)
     if as_json:
-        import json
+        from autopar.json_out import dumps
 
         out = report.in_sample.to_dict() | {
             "cross_validated": (report.cross_validated.summary() if report.cross_validated else None),
@@ -108,6 +108,15 @@ def validate(
             else None,
             "written": [str(p) for p in written],
         }
-        print(json.dumps(out, indent=2, default=float))
+        print(dumps(out, indent=2))
         return
     print_report(report, written)
+
+
+def no_row_to_fit(runs: str | None, skipped: list[tuple[str, str, str]]) -> str:
+    """The line for --fit when no row can be evaluated: how many were skipped and the first reason."""
+    first = f" (row {skipped[0][0]}: {skipped[0][2][:120]})" if skipped else ""
+    return (
+        f"--fit has no row to fit: none of the {len(skipped):,} rows of {runs or 'the bundled tables'} can be "
+        f"evaluated{first}; fix the rows (`autopar validate --runs FILE` lists why each is skipped)"
+    )

@@ -49,9 +49,70 @@ class RunTime:
         return self.wall_s / 86_400.0
 
     def to_dict(self) -> dict:
-        """One plan's figures as plain floats (estimate --json, the report)."""
-        out = {k: float(v) for k, v in vars(self).items() if v is not None}
-        return out | {"days": out["wall_s"] / 86_400.0, "train_days": out["train_s"] / 86_400.0}
+        """One plan's figures as plain floats (estimate --json, the report); a figure that is
+        infinite by the cluster's inputs is null, and `why_null` says why."""
+        out: dict = {k: float(v) for k, v in vars(self).items() if v is not None}
+        out |= {"days": out["wall_s"] / 86_400.0, "train_days": out["train_s"] / 86_400.0}
+        return with_null_reasons(out)
+
+
+#: why a figure of RunTime.to_dict is null
+NEVER_INTERRUPTED = (
+    "reliability: interruptions_per_gpu_hour is 0 (or too small for a finite MTBF): the job is never "
+    "interrupted, so no mean time between failures and no checkpoint interval"
+)
+NEVER_FINISHES = "the run never finishes: its goodput is 0 (checkpoints, rework and restarts take all the time)"
+NOT_PRICED = "not priced: give --price-per-gpu-hour"
+#: the figures that are infinite when the job is never interrupted
+_INTERRUPTION_FIGURES = ("mtbf_s", "interval_s", "checkpoint_interval_min")
+
+
+def with_null_reasons(figures: dict) -> dict:
+    """A run's figures (RunTime.to_dict, a plan's run columns) with each number that is not finite
+    as None, and `why_null` saying why (JSON has no infinity: autopar.json_out)."""
+    bad = [k for k, v in figures.items() if isinstance(v, float) and not math.isfinite(v)]
+    never = any(k in _INTERRUPTION_FIGURES for k in bad)
+    why = {
+        k: NOT_PRICED
+        if k == "cost" and math.isnan(figures[k])
+        else NEVER_INTERRUPTED
+        if never and k in _INTERRUPTION_FIGURES
+        else NEVER_FINISHES
+        for k in bad
+    }
+    return figures | {k: None for k in why} | ({"why_null": why} if why else {})
+
+
+def _duration(s: float) -> str:
+    """31.6 s, 14.1 min, 2.5 h, 7.0 days."""
+    for unit, div in (("days", 86_400.0), ("h", 3600.0), ("min", 60.0)):
+        if s >= 3 * div:
+            return f"{s / div:,.1f} {unit}"
+    return f"{s:,.3g} s"
+
+
+def finish_problem(rel: Reliability, num_gpus: int, params_total: float, fp32: bool = False) -> str | None:
+    """Why no plan of `num_gpus` GPUs can ever finish on a cluster of this reliability (its goodput
+    is 0 whatever the plan's speed: the module docstring's formula), or None. The checkpoint write
+    and the MTBF both scale as 1 / GPUs, so the plan's layout does not matter, only its size."""
+    r = run_time(1.0, 1.0, num_gpus, params_total, fp32=fp32, rel=rel)
+    if float(r.goodput) > 0:
+        return None
+    write, mtbf = float(r.write_s), float(r.mtbf_s)
+    where = f"the cluster's MTBF {_duration(mtbf)} (on {num_gpus:,} GPUs)"
+    if write >= mtbf:
+        why = f"{where} is shorter than one checkpoint write, {_duration(write)}"
+    elif rel.restart_s + write >= mtbf:
+        why = (
+            f"{where} is shorter than a restart ({_duration(rel.restart_s)}) and a checkpoint read ({_duration(write)})"
+        )
+    else:
+        lost = float(r.interval_s + write) / 2 + rel.restart_s + write
+        why = f"{where} is shorter than what each interruption costs: {_duration(lost)} of restart, read and rework"
+    return (
+        f"{why}: training can never finish; fix the cluster file's reliability (fewer "
+        f"interruptions_per_gpu_hour, more checkpoint_gbps_per_gpu, a shorter restart_s) or use fewer GPUs"
+    )
 
 
 def checkpoint_bytes(params_total, fp32) -> np.ndarray:
@@ -66,7 +127,8 @@ def checkpoint_bytes(params_total, fp32) -> np.ndarray:
 def young_daly_interval(write_s, mtbf_s) -> np.ndarray:
     """The checkpoint interval that maximises the goodput to first order: sqrt(2 delta M) (Young
     1974; Daly 2006 eq. 3 for delta << M)."""
-    return np.sqrt(2.0 * np.asarray(write_s, dtype=float) * np.asarray(mtbf_s, dtype=float))
+    # as sqrt(2 delta) x sqrt(M): the product overflows for an MTBF near the largest float
+    return np.sqrt(2.0 * np.asarray(write_s, dtype=float)) * np.sqrt(np.asarray(mtbf_s, dtype=float))
 
 
 def run_time(
@@ -85,12 +147,13 @@ def run_time(
     train = tokens / tps
     ckpt = checkpoint_bytes(params_total, fp32)
     write = ckpt / (rel.checkpoint_gbps_per_gpu * 1e9 * gpus)
-    mtbf = (
-        3600.0 / (rel.interruptions_per_gpu_hour * gpus)
-        if rel.interruptions_per_gpu_hour > 0
-        else np.full_like(gpus, math.inf)
-    )
-    interval = young_daly_interval(write, mtbf)
+    with np.errstate(over="ignore", divide="ignore"):  # a rate so small the MTBF overflows: never interrupted
+        mtbf = (
+            3600.0 / (rel.interruptions_per_gpu_hour * gpus)
+            if rel.interruptions_per_gpu_hour > 0
+            else np.full_like(gpus, math.inf)
+        )
+        interval = young_daly_interval(write, mtbf)
     period = interval + write
     with np.errstate(divide="ignore", invalid="ignore"):
         ckpt_share = np.where(np.isfinite(mtbf), write / period, 0.0)

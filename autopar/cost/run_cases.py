@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from autopar.cost.flop_conventions import CONVENTIONS, flops_per_token
+from autopar.cost.run_checks import row_problem
 from autopar.cost.run_plan import run_plan
 from autopar.cost.run_rows import FAMILY_PROFILE, family, integer, num, row_cluster, row_model, source_key, text
 from autopar.errors import InputError
@@ -114,6 +115,9 @@ def build_cases(rows: list[dict]) -> tuple[list[RunCase], list[tuple[str, str, s
     the reason."""
     cases, skipped = [], []
     for row in rows:
+        if why := row_problem(row):  # a value no real run has (autopar.cost.run_checks)
+            skipped.append((row.get("row_id", "?"), row.get("model", "?"), why))
+            continue
         try:
             case = build_case(row)
         except (ValueError, PlanError, InputError) as e:

@@ -9,6 +9,7 @@ silent guess. The bundled files are the shared calibration tables (rows 1-54, 20
 from __future__ import annotations
 
 import csv
+import io
 import re
 from dataclasses import replace
 from importlib import resources
@@ -18,10 +19,15 @@ from autopar.errors import InputError
 from autopar.spec.hardware import ClusterSpec, default_cluster
 from autopar.spec.model import ModelSpec
 from autopar.spec.presets import get_preset
+from autopar.spec.read_file import read_text
 
 BUNDLED = ("calibration_runs.csv", "calibration_runs_2.csv", "calibration_runs_3.csv")
 BUNDLED_ROWS = "rows 1-54, 201-291 and 401-411"
 REQUIRED = {"row_id", "model", "num_layers", "hidden_size", "num_gpus", "gpu_type"}
+#: a --runs file: bytes and rows at most (the bundled tables: 145 rows, about 200 KiB; a row of a
+#: user's own runs is under 1 KiB without notes)
+RUNS_BYTES = 32 << 20
+MAX_RUN_ROWS = 20_000
 
 #: source text -> short key (leave-one-source-out folds). Unknown sources key on their text.
 SOURCES = (
@@ -95,22 +101,33 @@ def bundled_runs() -> list[dict]:
 
 
 def load_runs(path: str | Path | None) -> list[dict]:
-    """A calibration CSV (None = the bundled tables)."""
+    """A calibration CSV (None = the bundled tables): user data, read through the one reader
+    (autopar.spec.read_file) as UTF-8 with or without the byte-order mark spreadsheets write, at most
+    RUNS_BYTES and MAX_RUN_ROWS rows; the header needs the REQUIRED columns (names stripped of
+    blanks). The rows' values are checked one by one later (autopar.cost.run_checks)."""
     if path is None:
         return bundled_runs()
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"runs file '{path}' does not exist; pass --runs with a calibration CSV")
+    fix = "pass --runs with a calibration CSV (the columns of calibration_runs.csv)"
+    text = read_text(
+        path, f"runs file '{path}'", RUNS_BYTES, encoding="utf-8-sig", fix=fix, usual="the bundled tables: 200 KiB"
+    )
+    rows = []
     try:
-        with p.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise InputError(
-            f"runs file '{path}' is not a readable CSV ({type(e).__name__}); pass a calibration "
-            f"CSV with the columns of calibration_runs.csv"
-        ) from None
-    if not rows or not REQUIRED <= set(rows[0]):
-        raise InputError(f"runs file '{path}' lacks the calibration columns {sorted(REQUIRED)}")
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = reader.fieldnames or []
+        reader.fieldnames = [str(h).strip() for h in header]
+        for row in reader:
+            if len(rows) == MAX_RUN_ROWS:
+                raise InputError(
+                    f"runs file '{path}' has more than {MAX_RUN_ROWS:,} rows; split it or keep the runs to calibrate on"
+                )
+            rows.append(row)
+    except csv.Error as e:
+        raise InputError(f"runs file '{path}' is not a readable CSV ({e}); {fix}") from None
+    if not REQUIRED <= set(reader.fieldnames):
+        raise InputError(f"runs file '{path}' lacks the calibration columns {sorted(REQUIRED)}; {fix}")
+    if not rows:
+        raise InputError(f"runs file '{path}' has the calibration columns but no row; add a row per run")
     return rows
 
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from autopar.cost.case_batch import CaseBatch
 from autopar.cost.profile_fit import ProfileFit, fit_profiles
 from autopar.cost.profiles import Provenance, profile_of, profiles_toml
 from autopar.cost.run_cases import RunCase, build_cases
 from autopar.cost.run_rows import BUNDLED, BUNDLED_ROWS, load_runs
 from autopar.cost.validation import RowResult, ValidationResult, evaluate_cases
 from autopar.errors import InputError
+from autopar.json_out import dumps
 from autopar.spec.trainers import get_trainer
 
 CV_FILE = "profiles.cv.json"
@@ -81,8 +81,12 @@ def validate_runs(
     trainer: str | None = None,
     fit: bool = False,
     progress: Callable[[str], None] | None = None,
+    no_row: Callable[[str | None, list], str] | None = None,
 ) -> ValidationReport:
+    """`no_row(runs, skipped)`: the line for --fit when no row can be evaluated (exit 2)."""
     cases, skipped = build_cases(load_runs(runs))
+    if fit and not cases:
+        raise InputError(no_row(runs, skipped) if no_row else "--fit has no row to fit")
     if trainer is not None:
         prof = get_trainer(trainer).profile
         cases = [c for c in cases if profile_of(c.plan.trainer).name == prof]
@@ -91,8 +95,7 @@ def validate_runs(
                 f"no run of {runs or 'the bundled tables'} is priced with {trainer}'s profile; "
                 f"drop --trainer or pass --runs with runs of that trainer"
             )
-    batch = CaseBatch.of(cases)
-    fitted = fit_profiles(cases, batch) if fit else None
+    fitted = fit_profiles(cases) if fit else None
     in_sample = evaluate_cases(cases, skipped, fitted.constants if fitted else None)
     cv = leave_one_source_out(cases, skipped, progress)
     origin = "recomputed: every source predicted by the profiles fitted to all the others"
@@ -161,7 +164,7 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
         "fitted": fitted,
         "rows": rows,
     }
-    _write(cv_path, json.dumps(body, indent=1, default=float) + "\n")
+    _write(cv_path, dumps(body, indent=1) + "\n")
     return [out, cv_path]
 
 

@@ -23,6 +23,7 @@ from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.megatron import USER_ARGS
 from autopar.export.megatron_core import recompute_from
 from autopar.export.view import normalize
+from autopar.json_out import dumps
 
 CONFIG = "ds_config.json"
 ARGS = "megatron_deepspeed_args.sh"
@@ -134,7 +135,7 @@ class DeepSpeedExporter(Exporter):
     )
 
     def _render(self, ctx: Context) -> ExportBundle:
-        cfg = json.dumps(ds_config(ctx), indent=2) + "\n"
+        cfg = dumps(ds_config(ctx), indent=2) + "\n"
         args = (
             comment_header(ctx)
             + "# Megatron-DeepSpeed flags for pretrain_gpt.py; sourced by the launch scripts.\n"

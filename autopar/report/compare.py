@@ -112,7 +112,7 @@ def item_from_run(arg: str) -> CompareItem:
             f"run directory '{d}' does not exist; give a run directory, a plan JSON file or a "
             f'flag string such as "--tp 8 --pp 4"'
         )
-    missing = [f for f in ("top.json", "search.json") if not (d / f).is_file()]
+    missing = [f for f in ("top.json", "search.json") if not (d / f).exists()]  # a special file: the reader says
     if missing:
         raise InputError(
             f"'{d}' is not an autopar run directory: {', '.join(missing)} missing; rerun "
@@ -158,7 +158,7 @@ def item_from_file(arg: str, shared: Question | None) -> CompareItem:
         raise InputError(f"'{path}': the plan is malformed ({e})") from None
     if "question" in data:  # a search.json-shaped file
         return CompareItem(source=str(path), plan=plan, question=question_from_search(data, f"'{path}'"))
-    if shared is None and "model" not in data:
+    if shared is None and data.get("model") is None:  # null: not said (the schema allows it)
         raise InputError(f"'{path}' does not say which model it is for; give --model and --gpus")
     from dataclasses import replace
 
@@ -173,19 +173,19 @@ def item_from_file(arg: str, shared: Question | None) -> CompareItem:
         m = dict(model)
         model = model_from_dict(m.pop("name", "model"), m)
     if q is None:
-        gpus = data.get("num_gpus", plan.num_gpus)
+        gpus = data.get("num_gpus") or plan.num_gpus
         q = Question(
             model=model,
-            cluster=resolve_cluster(str(data.get("gpu", "h100-sxm"))),
+            cluster=resolve_cluster(data.get("gpu") or "h100-sxm"),
             num_gpus=int(gpus),
             seq_len=int(data.get("seq_len") or model.seq_len),
         )
     else:
         if model is not None:
             q.model = model
-        if "gpu" in data and data["gpu"] != q.cluster.gpu.key:
-            q.cluster = resolve_cluster(str(data["gpu"]), q.cluster.gpus_per_node)
-        if "num_gpus" in data:
+        if data.get("gpu") is not None and data["gpu"] != q.cluster.gpu.key:
+            q.cluster = resolve_cluster(data["gpu"], q.cluster.gpus_per_node)
+        if data.get("num_gpus") is not None:
             q.num_gpus = int(data["num_gpus"])
         if data.get("seq_len"):
             q.seq_len = int(data["seq_len"])

@@ -46,8 +46,8 @@ def fmt(value, kind: str = "") -> str:
         if isinstance(value, bool):
             return "yes" if value else "no"
     if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            return "-"
+        if not math.isfinite(value):  # days of a run that never finishes: 'never', not 'inf'
+            return "never" if kind == "days" and value > 0 else "-"
         return KINDS[kind](value) if kind in KINDS else (f"{value:g}" if isinstance(value, float) else str(value))
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value))

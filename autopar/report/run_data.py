@@ -3,13 +3,16 @@ answer, the plans kept) plus the measured stage's trials and a what-if's other s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from pydantic import BaseModel, ConfigDict
 
-from autopar.search.run_dir import _one_line, load, read_json  # noqa: F401  (read_json: compare reads plan files)
+from autopar.json_out import dumps
+from autopar.search.run_dir import load, read_json, read_trial  # noqa: F401  (read_json: compare reads plan files)
+from autopar.search.run_schema import check
+from autopar.spec import read_file
 
 
 @dataclass
@@ -59,38 +62,39 @@ def load_run(run_dir: str | Path, *, with_trials: bool = True, with_scenarios: b
 
 
 def load_trials(run_dir: Path) -> tuple[list[dict], list[str]]:
-    """`trials/*.json` of the run: each needs `plan` (dict), `predicted` and `measured`
-    {step_time_s, peak_memory_bytes}. Files that do not parse are skipped and reported, so one bad
-    trial does not hide the others."""
+    """`trials/*.json` of the run: each needs `plan`, `predicted` and `measured` objects
+    (autopar.search.run_schema.TrialDoc). Files that cannot be read or used are skipped and
+    reported, so one bad trial does not hide the others."""
     out, problems = [], []
     for path in sorted((run_dir / "trials").glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-            problems.append(f"trials/{path.name}: not JSON ({_one_line(e)})")
-            continue
-        if not isinstance(data, dict) or not all(
-            isinstance(data.get(k), dict) for k in ("plan", "predicted", "measured")
-        ):
-            problems.append(f"trials/{path.name}: needs 'plan', 'predicted' and 'measured' objects")
-            continue
-        out.append(data | {"_file": path.name})
+        data, why = read_trial(path)
+        if data is None:
+            problems.append(why)
+        else:
+            out.append(data | {"_file": path.name})
     return out, problems
 
 
 WHATIF_FILE = "whatif.json"
+#: bytes at most of whatif.json (a path per scenario of at most 32 GPU counts x kinds x ...)
+WHATIF_BYTES = 4 << 20
+
+
+class _Scenarios(BaseModel):
+    """whatif.json: the scenario directories, relative to this run directory or absolute."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    scenarios: list[str]
 
 
 def read_scenarios(run_dir: Path) -> list[Path]:
     """The what-if scenarios recorded with this run (whatif.json), as directories; [] when none."""
     path = run_dir / WHATIF_FILE
-    if not path.is_file():
+    if not path.exists():
         return []
-    try:
-        data = json.loads(path.read_text())
-        dirs = [Path(p) for p in data["scenarios"]]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return []
+    fix = "rerun the what-if search, or delete the file"
+    data = check(read_file.read_json(path, f"'{path}'", WHATIF_BYTES, fix=fix), _Scenarios, f"'{path}'", fix)
+    dirs = [Path(p) for p in data["scenarios"]]
     return [p if p.is_absolute() else (run_dir / p) for p in dirs]
 
 
@@ -99,4 +103,4 @@ def write_scenarios(run_dir: Path, scenarios: list[Path]) -> None:
     import os
 
     rel = [os.path.relpath(Path(s).resolve(), Path(run_dir).resolve()) for s in scenarios]
-    (Path(run_dir) / WHATIF_FILE).write_text(json.dumps({"scenarios": rel}, indent=2))
+    (Path(run_dir) / WHATIF_FILE).write_text(dumps({"scenarios": rel}, indent=2))

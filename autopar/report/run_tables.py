@@ -33,20 +33,20 @@ def deadline_days(run: RunData) -> float | None:
 def run_panel(run: RunData, w: pd.Series) -> pd.DataFrame:
     """The winner's whole run as (item, value) rows: tokens, days, goodput and its terms,
     checkpoints, GPU-hours, cost, and the deadline and budget verdicts."""
-    from autopar.spec.training_run import money_text, tokens_text
+    from autopar.spec.training_run import money_text, never_text, tokens_text
 
     t = training_run(run) or {}
     rows = [
         ("tokens", tokens_text(float(t.get("tokens", 0)))),
-        ("days to train", f"{w['days']:,.1f}"),
+        ("days to train", never_text(float(w["days"]), "{:,.1f}")),
         ("days of steps (without checkpoints or failures)", f"{w['train_days']:,.1f}"),
         ("goodput", f"{100 * w['goodput']:.2f}%"),
     ]
     rows += [(f"lost to {RUN_TERMS[k]}", f"{100 * w[k]:.2f}%") for k in RUN_TERMS if k != "steps"]
     rows += [
         ("checkpoint (every rank's shard)", f"{w['checkpoint_gib']:,.0f} GiB"),
-        ("checkpoint interval (Young/Daly)", f"{w['checkpoint_interval_min']:,.1f} min"),
-        ("GPU-hours", f"{w['gpu_hours']:,.0f}"),
+        ("checkpoint interval (Young/Daly)", never_text(float(w["checkpoint_interval_min"]), "{:,.1f} min")),
+        ("GPU-hours", never_text(float(w["gpu_hours"]), "{:,.0f}")),
     ]
     if pd.notna(w.get("cost")):
         rows.append(("cost", money_text(float(w["cost"]))))

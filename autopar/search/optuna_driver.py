@@ -21,13 +21,14 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from autopar.errors import InputError
+from autopar.errors import InputError, quoted
 from autopar.search.enumerate import Question, build_table, knob_choices
 from autopar.search.limits import SAMPLERS
 from autopar.search.results import row_plan
 from autopar.search.space import SearchSpace
-from autopar.secrets import mask_url
+from autopar.secrets import mask_secrets
 from autopar.spec.hardware import GIB
+from autopar.spec.read_file import check_regular
 
 #: the estimate figures every trial keeps (with its plan) as user attributes
 ESTIMATE_ATTRS = (
@@ -97,7 +98,7 @@ def with_driver(url: str) -> str:
     if installed:
         return f"{dialect}+{installed[0]}://{rest}"
     raise InputError(
-        mask_url(
+        mask_secrets(
             f"cannot open storage '{url}': no {dialect} driver is installed (SQLAlchemy needs "
             f"{' or '.join(drivers.values())}); pip install "
             f"{'psycopg2-binary' if dialect == 'postgresql' else 'pymysql'}, or use sqlite:///FILE "
@@ -109,6 +110,10 @@ def with_driver(url: str) -> str:
 def open_storage(url: str):
     """An Optuna storage for the URL; a journal file for *.log / *.jsonl paths. Bad URLs are
     one-line InputErrors."""
+    if url.endswith((".log", ".jsonl")) and "://" not in url:
+        check_regular(url, f"--storage journal file {quoted(url)}", "give a journal file name (FILE.log)")
+    elif url.startswith("sqlite:///"):
+        check_regular(url.removeprefix("sqlite:///"), f"the SQLite file of {quoted(url)}", "give another file")
     try:
         if url.endswith((".log", ".jsonl")) and "://" not in url:
             from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -121,7 +126,7 @@ def open_storage(url: str):
     except Exception as e:  # noqa: BLE001 - any driver error is a bad storage for the user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(
-            mask_url(f"cannot open storage '{url}': {first}; check the URL, the server and its driver")
+            mask_secrets(f"cannot open storage '{url}': {first}; check the URL, the server and its driver")
         ) from None
 
 
@@ -181,7 +186,7 @@ def load_or_create_study(url: str, study_name: str, sampler, directions: list[st
         )
     except ValueError as e:  # e.g. the study exists with other directions
         raise InputError(
-            mask_url(f"study '{study_name}' in '{url}' cannot be used: {e}; pick another --study-name")
+            mask_secrets(f"study '{study_name}' in '{url}' cannot be used: {e}; pick another --study-name")
         ) from None
 
 

@@ -4,7 +4,6 @@ seconds; rank what fits, per trainer too; persist the run directory (autopar.sea
 
 from __future__ import annotations
 
-import json
 import platform
 import re
 import time
@@ -17,7 +16,8 @@ import pandas as pd
 
 from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
-from autopar.cost.goodput import RUN_COLUMNS
+from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
+from autopar.json_out import dumps
 from autopar.search.atomic import write_atomic
 from autopar.search.enumerate import Enumerator, Question
 from autopar.search.evaluate import evaluate
@@ -122,11 +122,13 @@ def row_summary(row: pd.Series, layouts) -> dict:
         }
         | (
             {
-                "run": {
-                    c: float(row[c]) if c not in ("meets_deadline", "within_budget") else bool(row[c])
-                    for c in RUN_COLUMNS + ("meets_deadline", "within_budget")
-                    if c in row.index
-                }
+                "run": with_null_reasons(
+                    {
+                        c: float(row[c]) if c not in ("meets_deadline", "within_budget") else bool(row[c])
+                        for c in RUN_COLUMNS + ("meets_deadline", "within_budget")
+                        if c in row.index
+                    }
+                )
             }
             if "days" in row.index
             else {}
@@ -269,8 +271,7 @@ def write_run(result: SearchResult) -> None:
     pareto = [row_summary(r, result.layouts) for _, r in result.pareto.iterrows()]
     per_trainer = {t: None if r is None else row_summary(r, result.layouts) for t, r in result.per_trainer.items()}
     write_atomic(
-        d / "top.json",
-        json.dumps({"why": result.why, "top": top, "pareto": pareto, "per_trainer": per_trainer}, indent=2),
+        d / "top.json", dumps({"why": result.why, "top": top, "pareto": pareto, "per_trainer": per_trainer}, indent=2)
     )
     scatter = result.scatter.assign(
         in_pareto=result.scatter["plan_index"].isin(result.pareto["plan_index"]) if len(result.scatter) else []
@@ -284,7 +285,7 @@ def _write_search_json(result: SearchResult) -> None:
     q, o = result.question, result.options
     from importlib.metadata import version
 
-    from autopar.secrets import mask_url
+    from autopar.secrets import mask_secrets
 
     info = {
         "schema_version": SCHEMA_VERSION,
@@ -305,7 +306,7 @@ def _write_search_json(result: SearchResult) -> None:
         },
         # a --storage URL's password never reaches the file: user:***@host
         "options": {
-            k: (mask_url(str(v)) if isinstance(v, (str, Path)) else v) for k, v in asdict(o).items() if k != "space"
+            k: (mask_secrets(str(v)) if isinstance(v, (str, Path)) else v) for k, v in asdict(o).items() if k != "space"
         },
         "method": result.method,
         "plans_evaluated": result.counts.get("evaluated", 0),
@@ -323,4 +324,4 @@ def _write_search_json(result: SearchResult) -> None:
             "optuna": version("optuna"),
         },
     }
-    write_atomic(result.run_dir / "search.json", json.dumps(info, indent=2, default=str))
+    write_atomic(result.run_dir / "search.json", dumps(info, indent=2))

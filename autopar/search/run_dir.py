@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-import json
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +26,18 @@ import pyarrow.parquet as pq
 
 from autopar.errors import InputError, quoted
 from autopar.search.atomic import write_with
+from autopar.secrets import mask_values
+from autopar.spec import read_file
 from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
 from autopar.spec.table import PlanTable
 from autopar.spec.trainers import ALL_TRAINERS
 
 SCHEMA_VERSION = 2
+#: bytes at most of top.json, search.json and scatter.parquet (the largest top-k and Optuna history
+#: autopar writes are a few hundred MiB), of a trial document and of the .incomplete marker
+RUN_FILE_BYTES = 1 << 30
+TRIAL_BYTES = 16 << 20
+MARKER_BYTES = 64 << 10
 FILES = ("search.json", "top.json", "plans.parquet", "scatter.parquet")
 #: present while a search replaces the files (autopar.search.run_state); search.json is written last
 INCOMPLETE = ".incomplete"
@@ -174,14 +181,14 @@ def _writer_alive(marker: Path) -> bool:
     import socket
 
     try:
-        who = json.loads(marker.read_text())
+        who = read_file.read_json(marker, f"'{marker}'", MARKER_BYTES)
         pid = int(who["pid"])
         if who.get("host") != socket.gethostname() or pid == os.getpid():
             return False
         os.kill(pid, 0)
     except PermissionError:
         return True
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):  # InputError: an unreadable marker
         return False
     return True
 
@@ -198,29 +205,48 @@ def _check_complete(d: Path) -> None:
 
 
 def read_json(path: Path) -> dict:
-    """A JSON object file of a run directory, or one line naming the file and the fix (a run
-    directory's top.json or search.json while it is marked incomplete too)."""
-    if path.name in ("top.json", "search.json"):
+    """A JSON object file through the one reader (autopar.spec.read_file): a run directory's
+    top.json or search.json, checked against its schema (autopar.search.run_schema; and refused
+    while the directory is marked incomplete), or a plan file (compare's). One line naming the file
+    and the fix when it is missing, special, too large, not JSON or of the wrong shape."""
+    from autopar.search.run_schema import FILES, PlanFile, check, check_run_file
+
+    run_file = path.name in FILES
+    if run_file:
         _check_complete(path.parent)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(
-            f"'{path}' is missing: '{path.parent}' is not a complete autopar run directory; rerun "
-            f"`autopar search ... --run-dir {path.parent}`"
-        ) from None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # nested past Python's stack: corrupt
-        fix = (
-            "rerun `autopar search` to rewrite the run directory"
-            if path.name in ("top.json", "search.json")
-            else "give a plan JSON file written by autopar (`autopar estimate --json`, a trial file)"
-        )
-        raise InputError(f"'{path}' is corrupt or unreadable ({_one_line(e)}); {fix}") from None
+        if not path.exists():
+            raise InputError(
+                f"'{path}' is missing: '{path.parent}' is not a complete autopar run directory; rerun "
+                f"`autopar search ... --run-dir {path.parent}`"
+            )
+    fix = (
+        "rerun `autopar search` to rewrite the run directory"
+        if run_file
+        else "give a plan JSON file written by autopar (`autopar estimate --json`, a trial file)"
+    )
+    data = read_file.read_json(path, f"'{path}'", RUN_FILE_BYTES, fix=fix)
     if not isinstance(data, dict):
-        raise InputError(f"'{path}' is corrupt: expected a JSON object; rerun `autopar search` to rewrite it")
+        raise InputError(f"'{path}' is corrupt: expected a JSON object; {fix}")
     if path.name == "search.json":
-        _check_version(path.parent, data)
-    return data
+        _check_version(path.parent, data)  # another schema's fields are not this one's
+    checked = check_run_file(data, path) if run_file else check(data, PlanFile, f"plan file '{path}':", fix)
+    # what autopar wrote is masked already; a file edited by hand may hold a password, which then
+    # reaches no page, export or message
+    return mask_values(checked)
+
+
+def read_trial(path: Path) -> tuple[dict | None, str]:
+    """A trial document (trials/*.json, through the one reader) checked against its schema, or
+    (None, why it is skipped: 'trials/x.json is not valid JSON ...')."""
+    from autopar.search.run_schema import trial_problem
+
+    what = f"trials/{path.name}"
+    try:
+        data = read_file.read_json(path, what, TRIAL_BYTES, fix="")
+    except InputError as e:
+        return None, _one_line(e).removesuffix("; ")
+    why = trial_problem(data)
+    return (None, f"{what}: {why}") if why else (mask_values(data), "")
 
 
 def _check_version(d: Path, search: dict) -> None:
@@ -243,7 +269,7 @@ def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFile
     if not d.is_dir():
         raise InputError(f"'{d}' is not a directory; {hint}")
     _check_complete(d)
-    missing = [f for f in ("scatter.parquet", "top.json", "search.json") if not (d / f).is_file()]
+    missing = [f for f in ("scatter.parquet", "top.json", "search.json") if not (d / f).exists()]
     if missing:
         raise InputError(
             f"'{d}' is not a complete autopar run directory: {', '.join(missing)} missing; "
@@ -251,13 +277,12 @@ def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFile
         )
     search = read_json(d / "search.json")  # and its schema version
     top = read_json(d / "top.json")
+    fix = f"rerun `autopar search ... --run-dir {d}`"
+    data = read_file.read_bytes(d / "scatter.parquet", f"'{d / 'scatter.parquet'}'", RUN_FILE_BYTES, fix=fix)
     try:
-        scatter = pd.read_parquet(d / "scatter.parquet")
+        scatter = pd.read_parquet(io.BytesIO(data))
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError, ...) for a bad file
-        raise InputError(
-            f"'{d / 'scatter.parquet'}' is corrupt or unreadable ({_one_line(e)}); rerun "
-            f"`autopar search ... --run-dir {d}`"
-        ) from None
+        raise InputError(f"'{d / 'scatter.parquet'}' is corrupt or unreadable ({_one_line(e)}); {fix}") from None
     lacking = [c for c in required_columns if c not in scatter.columns]
     if lacking:
         raise InputError(

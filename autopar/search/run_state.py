@@ -9,7 +9,6 @@ search of another question is refused before anything is written into it.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -17,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autopar.errors import InputError, quoted
-from autopar.search.run_dir import INCOMPLETE
+from autopar.json_out import dumps
+from autopar.search.run_dir import INCOMPLETE, RUN_FILE_BYTES
+from autopar.spec.read_file import read_json
 from autopar.spec.schema import path_kind
 
 #: a temporary file of a dead process is removed once it is this old (another host's worker may
@@ -47,7 +48,7 @@ def summary_text(s: dict) -> str:
 def recorded_summary(run_dir: Path) -> dict | None:
     """The question summary of the search.json a run directory holds (None: none, or unreadable)."""
     try:
-        qd = json.loads((run_dir / "search.json").read_text())["question"]
+        qd = read_json(run_dir / "search.json", "search.json", RUN_FILE_BYTES)["question"]
         return {
             "model": qd["model"]["name"],
             "num_gpus": qd["num_gpus"],
@@ -55,7 +56,7 @@ def recorded_summary(run_dir: Path) -> dict | None:
             "seq_len": qd["seq_len"],
             "global_batch_size": qd["global_batch_size"],
         }
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    except (ValueError, KeyError, TypeError):  # InputError: not there, special or unreadable
         return None
 
 
@@ -114,7 +115,7 @@ class RunState:
         try:
             d.mkdir(parents=True, exist_ok=True)
             (d / INCOMPLETE).write_text(
-                json.dumps(
+                dumps(
                     {
                         "question": summary_text(question_summary(q)),
                         "pid": os.getpid(),

@@ -11,6 +11,7 @@ from autopar.errors import InputError
 from autopar.search.enumerate import Question, knob_choices
 from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search
 from autopar.search.space import SearchSpace
+from autopar.search.training import check_question_run
 from autopar.spec.model import ModelSpec
 from autopar.spec.resolve import DEFAULT_TOKENS_PER_STEP, resolve_cluster
 from autopar.spec.trainers import TRAINERS
@@ -48,8 +49,8 @@ def run_scenarios(
     interrupts=None,
     **opts,
 ) -> list[SearchResult]:
-    out = []
-    for sc in scenarios:
+    questions = []
+    for sc in scenarios:  # every scenario checked before any is searched
         cluster = resolve_cluster(sc.gpu or "h100-sxm", gpus_per_node, cluster_file)
         q = Question(
             model=model,
@@ -60,10 +61,12 @@ def run_scenarios(
             trainers=trainers,
         )
         check_batch(space, q, given=sc.gbs is not None)
-        out.append(
-            run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts), progress=progress, interrupts=interrupts)
-        )
-    return out
+        questions.append(q)
+    check_question_run(questions, opts.get("training"), space.knobs.get("dtype") or ["bf16"])
+    return [
+        run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts), progress=progress, interrupts=interrupts)
+        for q in questions
+    ]
 
 
 def check_batch(space: SearchSpace, q: Question, given: bool) -> None:

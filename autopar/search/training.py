@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from autopar.cost.goodput import run_time_columns
+from autopar.cost.goodput import finish_problem, run_time_columns
 from autopar.errors import InputError
 from autopar.spec.plan import DTYPES
 from autopar.spec.training_run import TrainingRun, deadline_text, money_text, tokens_text
@@ -27,7 +27,7 @@ def run_columns(question, run: TrainingRun, tokens_per_s, dtype, verdicts: bool 
         question.model.params_total,
         run.tokens,
         cluster.reliability,
-        run.price_for(cluster.gpu.key),
+        run.price_for(cluster.gpu),
         run.deadline_s if verdicts else None,
         run.budget if verdicts else None,
     )
@@ -40,6 +40,20 @@ def with_run_columns(df: pd.DataFrame, question, run: TrainingRun | None) -> pd.
     return df.assign(**run_columns(question, run, df["tokens_per_s"].to_numpy(), df["dtype"].to_numpy()))
 
 
+def check_question_run(questions: list, run: TrainingRun | None, dtypes) -> None:
+    """Before any plan is priced, one line when the run of these questions (a what-if's scenarios)
+    cannot be priced (TrainingRun.check_prices) or can never finish on a question's cluster
+    (autopar.cost.goodput.finish_problem, with the smallest checkpoint the space's `dtypes` allow)."""
+    if run is None:
+        return
+    run.check_prices([q.cluster.gpu for q in questions])
+    fp32 = all(d == "fp32" for d in dtypes)
+    for q in questions:
+        why = finish_problem(q.cluster.reliability, q.num_gpus, q.model.params_total, fp32)
+        if why:
+            raise InputError(why)
+
+
 #: the run columns plans.parquet gets for every plan (the rows shown get all of RUN_COLUMNS)
 PLAN_FILE_COLUMNS = ("days", "goodput", "gpu_hours", "cost")
 
@@ -49,7 +63,7 @@ def plan_file_columns(question, run: TrainingRun | None):
     every plan of a priced chunk; None without a run."""
     if run is None:
         return None
-    run.price_for(question.cluster.gpu.key)  # a missing price is one line before any plan is priced
+    run.price_for(question.cluster.gpu)  # a missing price is one line before any plan is priced
     dtypes = np.asarray(DTYPES, dtype=object)
 
     def columns(table, est: dict) -> dict:

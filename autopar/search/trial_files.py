@@ -3,13 +3,13 @@ a reader (a report, another worker sharing the run directory) never sees half a 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from autopar.json_out import dumps
 from autopar.search.atomic import write_atomic
 
 
 def write_trial_doc(doc: dict, trials_dir: Path) -> Path:
     trials_dir = Path(trials_dir)
     trials_dir.mkdir(parents=True, exist_ok=True)
-    return write_atomic(trials_dir / f"{doc['key']}.json", json.dumps(doc, indent=1, default=str))
+    return write_atomic(trials_dir / f"{doc['key']}.json", dumps(doc, indent=1))

@@ -28,7 +28,6 @@ shared, and each worker's final ranking covers all workers' measurements.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -373,12 +372,13 @@ def sync_docs(study: optuna.Study, trials_dir: Path) -> dict[str, dict]:
 
 
 def load_docs(trials_dir: Path) -> dict[str, dict]:
+    """The trial documents of `trials_dir` by key (autopar.search.run_dir.read_trial: a file that
+    cannot be read or used, or has no key, is left out)."""
+    from autopar.search.run_dir import read_trial
+
     out = {}
     for p in sorted(Path(trials_dir).glob("*.json")):
-        try:
-            d = json.loads(p.read_text())
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(d, dict) and "key" in d:
+        d, _ = read_trial(p)
+        if d is not None and d.get("key"):
             out[d["key"]] = d
     return out

@@ -174,6 +174,8 @@ def get_gpu(name: str) -> GpuSpec:
 def default_cluster(gpu: str | GpuSpec = "h100-sxm", gpus_per_node: int | None = None) -> ClusterSpec:
     """A cluster of identical nodes of the preset GPU: NVLink inside a node, one NIC per GPU."""
     if isinstance(gpu, str) and gpu.lower() == LOCAL:
+        from autopar.spec.local_gpu import local_cluster  # lazy: local_gpu imports this module
+
         return local_cluster(gpus_per_node)
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if gpus_per_node is not None:
@@ -317,16 +319,3 @@ LOCAL_DEFAULTS: dict = {
     "inter_node_latency_us": 50.0,
     "constants": {"runtime_reserved_gib": 0.0, "allocator_overhead_fraction": 0.0, "gemm_efficiency": 0.9},
 }
-
-
-def local_profile_path() -> Path:
-    """Where `autopar probe` writes (and `--gpu local` reads) this machine's profile:
-    $AUTOPAR_LOCAL_PROFILE, else ~/.autopar/local.yaml."""
-    return Path(os.environ.get("AUTOPAR_LOCAL_PROFILE") or "~/.autopar/local.yaml").expanduser()
-
-
-def local_cluster(gpus_per_node: int | None = None) -> ClusterSpec:
-    """`--gpu local`: the probed profile if there is one, else LOCAL_DEFAULTS."""
-    path = local_profile_path()
-    cluster = load_cluster_file(path) if path.exists() else cluster_from_dict(LOCAL_DEFAULTS, origin="local defaults")
-    return replace(cluster, gpus_per_node=gpus_per_node) if gpus_per_node else cluster

@@ -11,8 +11,9 @@ from autopar.errors import InputError, quoted
 from autopar.spec.hf_config import model_from_hf_config
 from autopar.spec.model import ModelSpec
 from autopar.spec.presets import model_from_dict
-from autopar.spec.schema import JSON_BYTES, YAML_BYTES, check_name, check_tree, read_bounded
-from autopar.spec.yaml_io import parse_yaml
+from autopar.spec.read_file import read_text
+from autopar.spec.schema import JSON_BYTES, YAML_BYTES, check_name, check_tree
+from autopar.spec.yaml_io import USUAL, parse_yaml
 
 _HF_MARKERS = ("model_type", "architectures", "num_hidden_layers")
 
@@ -54,7 +55,7 @@ def load_model_file(path: Path) -> ModelSpec:
     if path.suffix.lower() not in (".json", ".yaml", ".yml"):
         _parse(path, "")  # the one line about the extension
     big = JSON_BYTES if path.suffix.lower() == ".json" else YAML_BYTES
-    data = _parse(path, read_bounded(path, f"model file '{path}'", big))
+    data = _parse(path, read_text(path, f"model file '{path}'", big, usual=USUAL))
     if not isinstance(data, dict):
         got = "nothing" if data is None else f"a {type(data).__name__}"
         raise InputError(

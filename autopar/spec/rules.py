@@ -115,8 +115,15 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "ep_needs_moe",
-        lambda t, c: (t.ep > 1) & (not _moe(c)),
-        lambda r, c: f"ep={r['ep']} needs a mixture-of-experts model; {c.model.name} is dense",
+        lambda t, c: (t.ep > 1) & (not _moe(c) or c.model.num_moe_layers == 0),
+        lambda r, c: (
+            f"ep={r['ep']} needs a mixture-of-experts layer; {c.model.name} "
+            + (
+                "is dense"
+                if not _moe(c)
+                else f"has none (moe.first_k_dense {c.model.moe.first_k_dense} covers its {c.model.num_layers} layers)"
+            )
+        ),
     ),
     Rule(
         "experts%ep",

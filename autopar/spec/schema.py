@@ -253,27 +253,6 @@ def path_kind(path: str | Path) -> str | None:
         return None
 
 
-def read_bounded(path: str | Path, what: str, max_bytes: int) -> str:
-    """A text file of at most `max_bytes` bytes, or one line saying what is wrong with it."""
-    p = Path(path)
-    try:
-        with p.open("rb") as f:
-            data = f.read(max_bytes + 1)
-    except (OSError, ValueError) as e:
-        raise InputError(
-            f"cannot read {what}: {getattr(e, 'strerror', None) or type(e).__name__}; check the path"
-        ) from None
-    if len(data) > max_bytes:
-        raise InputError(
-            f"{what} is larger than {max_bytes // 1024:,} KiB; a model, cluster or space file is a "
-            f"few KiB: check the path"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{what} is not UTF-8 text (a binary file?); check the path") from None
-
-
 def check_tree(data: object, what: str) -> object:
     """`data` (parsed JSON or YAML) when it holds at most MAX_NODES values with YAML aliases expanded,
     is nested at most MAX_DEPTH levels and does not contain itself; else one line that does not

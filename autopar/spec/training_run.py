@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, fields
 
 from autopar.errors import InputError, quoted
-from autopar.spec.schema import check_number
+from autopar.spec.schema import check_name, check_number
 
 #: the Llama 3 paper (Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.3.4): 419 unexpected
 #: interruptions in a 54-day snapshot of pre-training on 16,384 H100 GPUs
@@ -96,18 +96,44 @@ class TrainingRun:
     prices_by_gpu: dict = field(default_factory=dict)  # GPU kind -> price, overriding the single price
     budget: float | None = None
 
-    def price_for(self, gpu: str) -> float | None:
-        """The price per GPU-hour of one GPU kind (None: not priced), or one line when a per-kind
-        price list misses it."""
+    def price_for(self, gpu) -> float | None:
+        """The price per GPU-hour of a GPU (a GpuSpec: priced by its preset key, an alias, or the
+        name a cluster file gives it), None when the run is not priced; one line when the list
+        misses it, or prices it twice (by its base preset and by its own name)."""
         if not self.priced:
             return None
-        price = self.prices_by_gpu.get(gpu, self.price_per_gpu_hour)
+        names = {gpu.key.lower(), gpu.name.lower()}
+        hits = [k for k in self.prices_by_gpu if k in names]
+        if len(hits) > 1:
+            raise InputError(
+                f"--price-per-gpu-hour prices the GPU {quoted(gpu.name)} twice, as {' and as '.join(hits)} (a "
+                f"cluster file's GPU is priced by its name or by its base preset, not both); give one price"
+            )
+        price = self.prices_by_gpu[hits[0]] if hits else self.price_per_gpu_hour
         if price is None:
             raise InputError(
-                f"--price-per-gpu-hour gives no price for {quoted(gpu)}; add {gpu}=PRICE, or one bare "
-                f"price for every GPU kind"
+                f"--price-per-gpu-hour gives no price for {quoted(_label(gpu))}; add {_label(gpu)}=PRICE, or one "
+                f"bare price for every GPU kind"
             )
         return price
+
+    def check_prices(self, gpus) -> None:
+        """Every GPU of the question priced once (price_for), and every kind the list names a GPU
+        preset or one of these GPUs (by its name): else one line (a typo would price nothing)."""
+        from autopar.errors import did_you_mean
+        from autopar.spec.hardware import gpu_names
+
+        known = set(gpu_names()) | {n for g in gpus for n in (g.key.lower(), g.name.lower())}
+        for kind in self.prices_by_gpu:  # first: a typo explains the price that is then missing
+            if kind not in known:
+                ours = ", ".join(dict.fromkeys(_label(g) for g in gpus))
+                raise InputError(
+                    f"--price-per-gpu-hour prices {quoted(kind)}, which is no GPU preset and no GPU of this "
+                    f"question ({ours}){did_you_mean(kind, sorted(known))}; price a GPU by its preset or by the "
+                    f"name its cluster file gives it"
+                )
+        for gpu in gpus:
+            self.price_for(gpu)
 
     @property
     def priced(self) -> bool:
@@ -126,6 +152,8 @@ class TrainingRun:
 def parse_tokens(text: str) -> float:
     """'15T', '300B', '2.5e12', '500M' -> tokens."""
     value = _si_number(text, "--tokens", "a token count such as 15T, 300B or 2.5e12")
+    if 0 < value < 1:
+        raise InputError(f"--tokens {quoted(text)} is fewer than one token; give a token count such as --tokens 15T")
     return _in_range(value, text, "--tokens", MAX_TOKENS, "15T")
 
 
@@ -140,16 +168,23 @@ def parse_duration(text: str, flag: str = "--deadline") -> float:
 
 def parse_prices(text: str) -> tuple[float | None, dict]:
     """'2.5' (every GPU kind) or 'h100-sxm=2.5,b200=4' (per kind; a bare number among them is the
-    price of the others) -> (price, {kind: price})."""
-    single, by_kind = None, {}
+    price of the others) -> (price, {kind: price}). A preset or its alias is keyed by the preset
+    (h100 -> h100-sxm), any other name as given, lower-case (a GPU a cluster file names: checked
+    against the question's GPUs by TrainingRun.check_prices). A kind priced twice is one line."""
+    single, by_kind, given = None, {}, {}
     for part in str(text).split(","):
         kind, _, value = part.rpartition("=")
         price = _si_number(value, "--price-per-gpu-hour", "a price per GPU-hour such as 2.5, or h100-sxm=2.5,b200=4")
         _in_range(price, value, "--price-per-gpu-hour", MAX_PRICE, "2.5")
-        if kind.strip():
-            from autopar.spec.hardware import get_gpu
-
-            by_kind[get_gpu(kind.strip()).key] = price
+        kind = kind.strip()
+        if kind:
+            key = _gpu_key(kind)
+            if key in by_kind:
+                twice = f"{quoted(given[key], 40)} and {quoted(kind, 40)}" if given[key] != kind else quoted(kind, 40)
+                raise InputError(
+                    f"--price-per-gpu-hour {quoted(text)} prices {key} twice ({twice}); give one price per GPU kind"
+                )
+            by_kind[key], given[key] = price, kind
         elif single is None:
             single = price
         else:
@@ -157,6 +192,27 @@ def parse_prices(text: str) -> tuple[float | None, dict]:
                 f"--price-per-gpu-hour {quoted(text)} gives two prices for every GPU; give one, or KIND=PRICE pairs"
             )
     return single, by_kind
+
+
+def _gpu_key(kind: str) -> str:
+    """A priced kind's key: its preset's (aliases resolved), else the name, lower-case."""
+    from autopar.spec.hardware import get_gpu
+
+    check_name(kind, "--price-per-gpu-hour: a GPU kind", 64)
+    try:
+        return get_gpu(kind).key
+    except InputError:
+        return kind.lower()
+
+
+def _label(gpu) -> str:
+    """How the price list names a GPU: its preset key; the name a cluster file gives a GPU (on a
+    preset base, or a GpuSpec of its own without a key); else its key ('local')."""
+    from autopar.spec.hardware import get_gpu, gpu_names
+
+    if gpu.key in gpu_names():
+        return gpu.key if gpu.name == get_gpu(gpu.key).name else gpu.name
+    return gpu.name if gpu.key == "custom" else gpu.key
 
 
 def parse_budget(text: str) -> float:
@@ -182,6 +238,12 @@ def money_text(x: float) -> str:
         if abs(x) >= div:
             return f"{x / div:.3g}{unit}"
     return f"{x:.2f}"
+
+
+def never_text(x: float, spec: str) -> str:
+    """`x` formatted with `spec` ("{:,.1f} days"), or 'never' when it is infinite or not a number:
+    the days of a run whose goodput is 0, the MTBF of a cluster that is never interrupted."""
+    return spec.format(x) if math.isfinite(x) else "never"
 
 
 def deadline_text(seconds: float) -> str:

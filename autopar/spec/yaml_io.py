@@ -8,7 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import InputError
-from autopar.spec.schema import YAML_BYTES, check_tree, path_kind, read_bounded
+from autopar.spec.read_file import read_text
+from autopar.spec.schema import YAML_BYTES, check_tree
+
+#: how large such a file is, for the message about one that is too large
+USUAL = "a model, cluster or space file is a few KiB"
 
 
 def parse_yaml(text: str, what: str) -> Any:
@@ -16,10 +20,7 @@ def parse_yaml(text: str, what: str) -> Any:
     import yaml  # only needed when a YAML file is given
 
     if len(text) > YAML_BYTES:
-        raise InputError(
-            f"{what} is larger than {YAML_BYTES // 1024} KiB; a model, cluster or space file is a "
-            f"few KiB: check the path"
-        )
+        raise InputError(f"{what} is larger than {YAML_BYTES // 1024} KiB ({USUAL}); check the path")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         data = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
@@ -39,8 +40,6 @@ def parse_yaml(text: str, what: str) -> Any:
 
 
 def load_yaml(path: str | Path, what: str) -> Any:
-    """Read and parse a YAML file; a missing, unreadable or oversized file is an InputError too."""
-    kind = path_kind(path)
-    if kind != "file":
-        raise InputError(f"{what} {'is not a regular file' if kind else 'does not exist'}; check the path")
-    return parse_yaml(read_bounded(path, what, YAML_BYTES), what)
+    """Read (autopar.spec.read_file) and parse a YAML file; a missing, special, unreadable or
+    oversized file is an InputError too."""
+    return parse_yaml(read_text(path, what, YAML_BYTES, usual=USUAL), what)

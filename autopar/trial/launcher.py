@@ -38,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autopar.json_out import dumps
+from autopar.spec.read_file import read_json
 from autopar.trial import hygiene
 from autopar.trial.config import TrialConfig
 
@@ -132,7 +134,7 @@ def launch(
     workdir = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix="autopar-trial-"))
     workdir.mkdir(parents=True, exist_ok=True)
     spec, out = workdir / "run.json", workdir / "result.json"
-    spec.write_text(json.dumps({"trials": [t.to_dict() for t in trials]}, indent=1))
+    spec.write_text(dumps({"trials": [t.to_dict() for t in trials]}, indent=1))
     progress = workdir / PROGRESS_FILE if on_progress else None
     args = list(worker_args or []) + (["--progress", str(progress)] if progress else [])
     cmd = torchrun_command(nproc, spec, out, python, rdzv=rdzv, worker_args=args)
@@ -215,7 +217,7 @@ def run_command(
             on_progress(rec)
     wall = time.perf_counter() - t0
     stdout, stderr = _tail(stdout_path), _tail(stderr_path)
-    result = _read_result(result_path)
+    result = read_result(result_path)
     if stopped:
         outcome, reasons = "pruned", [f"stopped by the caller after {len(records)} step record(s)"]
     else:
@@ -347,8 +349,15 @@ def _tail(path: Path, limit: int = 20_000) -> str:
     return data[-limit:].decode("utf-8", "replace")
 
 
-def _read_result(path: Path) -> dict | None:
+#: bytes at most of a trial's result file (its per-step figures and environment: a few KiB)
+RESULT_BYTES = 64 << 20
+
+
+def read_result(path: Path) -> dict | None:
+    """A trial's result file through the one reader (autopar.spec.read_file), or None when it is
+    missing, special, too large or not a JSON object (the trial failed to write it)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(path, f"'{path}'", RESULT_BYTES)
+    except ValueError:  # InputError
         return None
+    return data if isinstance(data, dict) else None

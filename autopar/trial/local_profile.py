@@ -3,12 +3,13 @@ size, each a subprocess of autopar.trial.probe) and write the `local` hardware p
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from autopar.json_out import dumps
 
 
 def probe_machine(ranks: int, timeout_s: float, say: Callable[[str], None] = print) -> tuple[dict, list[dict]]:
@@ -69,6 +70,6 @@ def write_local_profile(dest: Path, gemm: dict, colls: list[dict], ranks: int) -
         "# autopar probe: this machine's profile (--gpu local / --cluster)\n"
         + yaml.safe_dump(body)
         + "# raw measurements\n"
-        + "".join(f"# {ln}\n" for ln in json.dumps(prof["probe"]).splitlines())
+        + "".join(f"# {ln}\n" for ln in dumps(prof["probe"]).splitlines())
     )
     return body

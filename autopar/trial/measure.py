@@ -28,12 +28,12 @@ killed and the document says status "pruned", with the steps that ran in `measur
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from autopar.json_out import dumps
 from autopar.spec.plan import ParallelPlan
 from autopar.trial.config import TrialConfig
 from autopar.trial.launcher import LaunchResult, launch
@@ -343,6 +343,6 @@ def write_trial(doc: dict, trials_dir: Path, key: str) -> Path:
     trials_dir.mkdir(parents=True, exist_ok=True)
     path = trials_dir / f"{key}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    tmp.write_text(dumps(doc, indent=1))
     tmp.replace(path)
     return path

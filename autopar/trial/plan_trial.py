@@ -9,12 +9,12 @@ anything is allocated, a trial this machine cannot hold.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from autopar.cost.estimate import estimate
 from autopar.errors import InputError
+from autopar.json_out import dumps
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -158,7 +158,7 @@ def write_sbatch(
         spec=spec_path.resolve(),
         out=(run_dir / "trials" / f"{key}.result.json").resolve(),
     )
-    spec_path.write_text(json.dumps({"trials": [c.to_dict() for c in configs]}, indent=1))
+    spec_path.write_text(dumps({"trials": [c.to_dict() for c in configs]}, indent=1))
     path.write_text(script, encoding="utf-8")
     return spec_path
 

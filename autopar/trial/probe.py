@@ -11,7 +11,6 @@ rank gets); `python -m torch.distributed.run --nproc_per_node N -m autopar.trial
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from autopar.json_out import dumps
 
 GEMM_SHAPES = (
     (64, 64, 64),
@@ -109,7 +110,7 @@ def _collectives_main(out: Path) -> None:
     dist.init_process_group("gloo")
     res = collectives()
     if dist.get_rank() == 0:
-        out.write_text(json.dumps(res, indent=1))
+        out.write_text(dumps(res, indent=1))
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # skip gloo's process-group teardown, which may abort at interpreter exit
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         doc = {"device": torch.cuda.get_device_name(0), "dtype": "bf16", "gemm": res}
     else:
         doc = {"threads": torch.get_num_threads(), "gemm": gemm(), "memory_bytes_per_s": memory_bandwidth()}
-    args.out.write_text(json.dumps(doc | {"torch": torch.__version__}, indent=1))
+    args.out.write_text(dumps(doc | {"torch": torch.__version__}, indent=1))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ SLURM's time limit), crash (failed, cancelled by someone else, or no complete re
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import subprocess
@@ -35,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autopar.errors import InputError
+from autopar.json_out import dumps
 from autopar.trial import hygiene
 from autopar.trial.config import TrialConfig
-from autopar.trial.launcher import PROGRESS_FILE, LaunchResult, ProgressReader, classify
+from autopar.trial.launcher import PROGRESS_FILE, LaunchResult, ProgressReader, classify, read_result
 from autopar.trial.sbatch import sbatch_script
 
 __all__ = ["SlurmOptions", "cancel", "job_state", "run_job", "sbatch_script"]
@@ -162,7 +162,7 @@ def run_job(
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     spec, out, progress = workdir / "run.json", workdir / "result.json", workdir / PROGRESS_FILE
-    spec_text = json.dumps({"trials": [t.to_dict() for t in trials]}, indent=1)
+    spec_text = dumps({"trials": [t.to_dict() for t in trials]}, indent=1)
     nnodes, per_node = options.nodes(nproc)
     args = list(worker_args or []) + (["--progress", str(progress)] if on_progress else [])
     script = sbatch_script(
@@ -302,10 +302,7 @@ def _watch(
 
 
 def _complete(out: Path) -> bool:
-    try:
-        return bool(json.loads(out.read_text()).get("complete"))
-    except (OSError, ValueError):
-        return False
+    return bool((read_result(out) or {}).get("complete"))
 
 
 def _finish(
@@ -322,10 +319,7 @@ def _finish(
     cmd: list[str],
     queued: bool = False,
 ) -> LaunchResult:
-    try:
-        result = json.loads(out.read_text())
-    except (OSError, ValueError):
-        result = None
+    result = read_result(out)
     logs = ""
     for p in sorted(workdir.glob(f"slurm-{job}.out")):
         logs = p.read_text(errors="replace")[-20_000:]

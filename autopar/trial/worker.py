@@ -34,6 +34,8 @@ import time
 import traceback
 from pathlib import Path
 
+from autopar.json_out import dumps
+
 if __name__ == "__main__":  # before torch's import (seconds): a worker whose launcher dies meanwhile ends too
     from autopar.trial.hygiene import start_watchdog
 
@@ -85,7 +87,7 @@ def summary_line(result: dict) -> str:
 
 def write_json(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    tmp.write_text(dumps(doc, indent=1))
     os.replace(tmp, path)
 
 
@@ -129,7 +131,7 @@ class ProgressWriter:
         self.path, self.trial, self.name = path, trial, name
 
     def __call__(self, step: int, time_s: float, timed: bool) -> None:
-        line = json.dumps({"trial": self.trial, "name": self.name, "step": step, "time_s": time_s, "timed": timed})
+        line = dumps({"trial": self.trial, "name": self.name, "step": step, "time_s": time_s, "timed": timed})
         with open(self.path, "a") as f:
             f.write(line + "\n")
             f.flush()

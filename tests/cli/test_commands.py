@@ -13,8 +13,9 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import yaml
 
-from autopar.spec.hardware import gpu_names
+from autopar.spec.hardware import LOCAL_DEFAULTS, gpu_names
 from autopar.spec.presets import preset_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,7 +177,8 @@ def test_dtype_defaults_to_what_the_hardware_trains_in(tmp_path: Path) -> None:
     """bf16 on a GPU; fp32 on the CPU `local` profile, the dtype its trials run in."""
     gpu = json.loads(ok("estimate", "--model", "tiny", "--gpus", "2", "--gpu", "h100-sxm", "--json"))
     assert gpu["plan"]["dtype"] == "bf16"
-    env = _env() | {"AUTOPAR_LOCAL_PROFILE": str(tmp_path / "none.yaml")}  # unprobed local defaults
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(LOCAL_DEFAULTS))  # the unprobed local defaults
+    env = _env() | {"AUTOPAR_LOCAL_PROFILE": str(tmp_path / "local.yaml")}
     p = subprocess.run(
         [sys.executable, "-m", "autopar", "estimate", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--json"],
         cwd=REPO,

@@ -227,9 +227,17 @@ def _write(path: Path, data) -> Path:
 
 
 def _exit_0_or_one_line(r, one_line_error) -> None:
-    """Valid data may run (exit 0); anything else is the one-line contract."""
+    """Valid data may run (exit 0: its --json output strict JSON, no NaN or Infinity); anything else
+    is the one-line contract."""
     if r.returncode != 0:
         one_line_error(r)
+    elif r.stdout.lstrip().startswith(("{", "[")):
+        import json
+
+        def refuse(word: str):
+            raise ValueError(f"--json output holds {word}")
+
+        json.loads(r.stdout, parse_constant=refuse)
 
 
 @settings(max_examples=80, **SETTINGS)
@@ -237,7 +245,7 @@ def _exit_0_or_one_line(r, one_line_error) -> None:
 def test_a_model_file_field_is_exit_0_or_one_line(cli_run, one_line_error, scratch, key, value):
     base = dict(MODEL, moe=MOE) if key.startswith("moe.") else dict(MODEL, mla=MLA) if key.startswith("mla.") else MODEL
     path = _write(scratch / "model.yaml", _with(base, key, value))
-    _exit_0_or_one_line(cli_run("estimate", "--model", path, "--gpus", "2"), one_line_error)
+    _exit_0_or_one_line(cli_run("estimate", "--model", path, "--gpus", "2", "--json"), one_line_error)
 
 
 @settings(max_examples=80, **SETTINGS)
@@ -245,7 +253,8 @@ def test_a_model_file_field_is_exit_0_or_one_line(cli_run, one_line_error, scrat
 def test_a_cluster_file_field_is_exit_0_or_one_line(cli_run, one_line_error, scratch, key, value):
     base = {"gpu": {"base": "h100-sxm"}} if key.startswith("gpu.") else {"gpu": "h100-sxm"}
     path = _write(scratch / "cluster.yaml", _with(base, key, value))
-    _exit_0_or_one_line(cli_run("estimate", "--model", "tiny", "--gpus", "8", "--cluster", path), one_line_error)
+    argv = ["estimate", "--model", "tiny", "--gpus", "8", "--cluster", path, "--tokens", "1T", "--json"]
+    _exit_0_or_one_line(cli_run(*argv), one_line_error)
 
 
 RUN_FLAGS = ["--tokens", "--deadline", "--price-per-gpu-hour", "--budget"]
@@ -261,7 +270,7 @@ def test_a_whole_run_flag_is_exit_0_or_one_line(cli_run, one_line_error, flag, v
     context = {"--tokens": [], "--budget": ["--tokens", "1T", "--price-per-gpu-hour", "2"]}.get(
         flag, ["--tokens", "1T"]
     )
-    r = cli_run("estimate", "--model", "tiny", "--gpus", "8", *context, flag, value)
+    r = cli_run("estimate", "--model", "tiny", "--gpus", "8", *context, flag, value, "--json")
     _exit_0_or_one_line(r, one_line_error)
 
 
@@ -302,7 +311,7 @@ def test_a_huggingface_config_field_is_exit_0_or_one_line(cli_run, one_line_erro
     folder = scratch / "hf"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(_with(dict(HF, model_type=model_type), key, value)))
-    _exit_0_or_one_line(cli_run("estimate", "--model", folder, "--gpus", "2"), one_line_error)
+    _exit_0_or_one_line(cli_run("estimate", "--model", folder, "--gpus", "2", "--json"), one_line_error)
 
 
 @settings(max_examples=40, **SETTINGS)

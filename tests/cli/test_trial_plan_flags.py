@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from autopar.spec.hardware import LOCAL_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[2]
 TRIAL = ["trial", "--gpus", "2", "--steps", "2", "--warmup", "1", "--run-dir", "out"]
@@ -20,7 +23,8 @@ TRIAL = ["trial", "--gpus", "2", "--steps", "2", "--warmup", "1", "--run-dir", "
 def _run(args: list[str], tmp_path: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["AUTOPAR_LOCAL_PROFILE"] = str(tmp_path / "local.yaml")  # the unprobed local profile
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(LOCAL_DEFAULTS))  # the unprobed local profile
+    env["AUTOPAR_LOCAL_PROFILE"] = str(tmp_path / "local.yaml")
     env.pop("PYTHONWARNINGS", None)
     return subprocess.run(
         [sys.executable, "-m", "autopar", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout

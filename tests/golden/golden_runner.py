@@ -1,6 +1,6 @@
 """Run a golden case in-process and return what is compared: the plans frame and top.json of a
 search, the JSON object of an estimate. The `local` profile is pinned to its built-in defaults
-(no probe file) so the CPU cases do not depend on the machine."""
+(written as a profile file) so the CPU cases do not depend on the machine."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import os
 from pathlib import Path
 
 import pandas as pd
+import yaml
+
+from autopar.spec.hardware import LOCAL_DEFAULTS
 
 
 def _main(args: list[str]) -> str:
@@ -26,8 +29,16 @@ def _main(args: list[str]) -> str:
     return buf.getvalue()
 
 
+def unprobed_profile(folder: Path) -> str:
+    """The unprobed local defaults as this machine's profile (a profile a test names must exist)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "unprobed-local.yaml"
+    path.write_text(yaml.safe_dump(LOCAL_DEFAULTS))
+    return str(path)
+
+
 def run_search(args: list[str], run_dir: Path) -> tuple[pd.DataFrame, dict]:
-    os.environ["AUTOPAR_LOCAL_PROFILE"] = str(run_dir / "no-local-profile.yaml")
+    os.environ["AUTOPAR_LOCAL_PROFILE"] = unprobed_profile(run_dir.parent)
     _main(["search", *args, "--run-dir", str(run_dir), "--json"])
     plans = pd.read_parquet(run_dir / "plans.parquet")
     top = json.loads((run_dir / "top.json").read_text())
@@ -35,5 +46,5 @@ def run_search(args: list[str], run_dir: Path) -> tuple[pd.DataFrame, dict]:
 
 
 def run_estimate(args: list[str], tmp: Path) -> dict:
-    os.environ["AUTOPAR_LOCAL_PROFILE"] = str(tmp / "no-local-profile.yaml")
+    os.environ["AUTOPAR_LOCAL_PROFILE"] = unprobed_profile(tmp)
     return json.loads(_main(["estimate", *args, "--json"]))

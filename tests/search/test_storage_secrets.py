@@ -12,9 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autopar.cli import main
-from autopar.secrets import mask_url, mask_values
+from autopar.secrets import mask_secrets, mask_values
+from autopar.spec.hardware import LOCAL_DEFAULTS
 
 PW = "S3cr3tPW"
 
@@ -34,13 +36,23 @@ PW = "S3cr3tPW"
         (f"mysql://h/db?user=u&password={PW}&charset=utf8", "mysql://h/db?user=u&password=***&charset=utf8"),
         ("sqlite:////tmp/study.db", "sqlite:////tmp/study.db"),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
-        ("no url here: a:b@c", "no url here: a:b@c"),
+        # one rule for any word, URL or not: user:password@ hides the password
+        ("no url here: a:b@c", "no url here: a:***@c"),
+        ("an address a@b.example is no password", "an address a@b.example is no password"),
+        # issue 24: a query parameter named for a secret, a mistyped scheme, no scheme
+        (f"postgresql://u@127.0.0.1:1/db?sslpassword={PW}", "postgresql://u@127.0.0.1:1/db?sslpassword=***"),
+        (f"sqlite:///pw.db?sslpassword={PW}", "sqlite:///pw.db?sslpassword=***"),
+        (f"x://h/db?api_key={PW}&Token={PW};client_secret={PW}", "x://h/db?api_key=***&Token=***;client_secret=***"),
+        (f"postgresql:/u:{PW}@host/db", "postgresql:/u:***@host/db"),
+        (f"postgres:u:{PW}@host/db", "postgres:u:***@host/db"),
+        (f"'u:{PW}@host/db'", "'u:***@host/db'"),
+        (f"postgresql://u:a?key={PW}@h/db", "postgresql://u:***@h/db"),  # the userinfo is masked first
     ],
 )
-def test_mask_url(text: str, masked: str) -> None:
+def test_mask_secrets(text: str, masked: str) -> None:
     """Every URL form hides its password, in a string and inside JSON-like values."""
-    assert mask_url(text) == masked
-    assert PW not in mask_url(text)
+    assert mask_secrets(text) == masked
+    assert PW not in mask_secrets(text)
     assert mask_values({"a": [text, 1, None], "b": text}) == {"a": [masked, 1, None], "b": masked}
 
 
@@ -73,7 +85,9 @@ UNREACHABLE = [
 
 @pytest.fixture(autouse=True)
 def _local_profile(tmp_path, monkeypatch):
-    """A private local profile; the measured stage leaves the test process's signal handlers alone."""
+    """A private local profile (the unprobed defaults); the measured stage leaves the test process's
+    signal handlers alone."""
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(LOCAL_DEFAULTS))
     monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(tmp_path / "local.yaml"))
     monkeypatch.setattr("autopar.trial.hygiene.install_signal_handlers", lambda: None)
 

@@ -39,7 +39,8 @@ H100 = resolve_cluster("h100-sxm")
 
 @pytest.fixture
 def local(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(tmp_path / "none.yaml"))  # the unprobed defaults
+    monkeypatch.delenv("AUTOPAR_LOCAL_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # the unprobed defaults: no ~/.autopar/local.yaml
     return resolve_cluster("local")
 
 

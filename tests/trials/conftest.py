@@ -18,8 +18,20 @@ CLI = "import sys; from autopar.cli import main; main(sys.argv[1:])"
 def cli_env(tmp_path: Path) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["AUTOPAR_LOCAL_PROFILE"] = str(tmp_path / "local.yaml")  # unprobed defaults unless a test writes it
+    env["AUTOPAR_LOCAL_PROFILE"] = str(unprobed_profile(tmp_path / "local.yaml"))  # a test may probe over it
     return env
+
+
+def unprobed_profile(path: Path) -> Path:
+    """The unprobed defaults written as this machine's profile (a named profile must exist), unless
+    a test wrote one there."""
+    import yaml
+
+    from autopar.spec.hardware import LOCAL_DEFAULTS
+
+    if not path.exists():
+        path.write_text(yaml.safe_dump(LOCAL_DEFAULTS))
+    return path
 
 
 def run_cli(args: list[str], tmp_path: Path, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -51,7 +63,7 @@ def processes_mentioning(text: str) -> list[str]:
 
 @pytest.fixture
 def local_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(tmp_path / "local.yaml"))
+    monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(unprobed_profile(tmp_path / "local.yaml")))
     return tmp_path
 
 

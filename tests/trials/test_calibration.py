@@ -41,7 +41,8 @@ PLANS = [
 
 
 def test_local_profile_defaults_and_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(tmp_path / "none.yaml"))
+    monkeypatch.delenv("AUTOPAR_LOCAL_PROFILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # a machine never probed: no ~/.autopar/local.yaml
     c = default_cluster("local")
     assert c.gpu.key == "local" and c.constants.runtime_reserved_gib == 0.0
     probe = {
