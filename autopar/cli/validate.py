@@ -33,6 +33,14 @@ Fit = Annotated[
         "prior, fitted value, shift and range of each.",
     ),
 ]
+CrossValidate = Annotated[
+    bool,
+    typer.Option(
+        "--cross-validate",
+        help="With --runs: also the leave-one-source-out figures of your runs (fit on every source "
+        "but one, predict that one; one fit per source). The bundled runs always have them.",
+    ),
+]
 WriteProfile = Annotated[
     Optional[str],
     typer.Option(
@@ -58,6 +66,7 @@ def validate(
     runs: Runs = None,
     trainer: Trainer = None,
     fit: Fit = False,
+    cross_validate: CrossValidate = False,
     write_profile: WriteProfile = None,
     write_profiles: WriteProfiles = None,
     as_json: o.Json = False,
@@ -82,7 +91,7 @@ def validate(
     output_file(write_profiles, "--write-profiles")
     from autopar.cost.validate_runs import validate_runs
 
-    report = validate_runs(runs, trainer, fit=fit, progress=None, no_row=no_row_to_fit)
+    report = validate_runs(runs, trainer, fit=fit, no_row=no_row_to_fit, cross_validate=cross_validate)
     from autopar.cli.render_validate import print_report, write_outputs
 
     written = write_outputs(report, trainer, write_profile, write_profiles)

@@ -39,30 +39,60 @@ def case_cluster(case: RunCase, constants: CostConstants | None = None) -> Clust
 def case_inputs(case: RunCase) -> StepInputs:
     """The case's step inputs on its pace-deciding ranks (cached on the case)."""
     if case.inputs is None:
-        cluster = case_cluster(case)
+        prime_inputs([case])
+    return case.inputs
+
+
+def _group_key(case: RunCase) -> tuple:
+    """What the cases priced in one vectorised pass share: model, priced cluster, sequence length,
+    GPU count and routing (their plans may differ)."""
+    return (case.model, case_cluster(case), case.seq_len, case.plan.num_gpus, case.routing_imbalance)
+
+
+def prime_inputs(cases: list[RunCase]) -> None:
+    """Every case's step inputs, the cases that share a model, a cluster and a question priced in
+    one vectorised pass over their plans (a user's table of thousands of runs has few of those)."""
+    groups: dict[tuple, list[RunCase]] = {}
+    for c in cases:
+        if c.inputs is None:
+            groups.setdefault(_group_key(c), []).append(c)
+    for (model, cluster, seq_len, num_gpus, imbalance), members in groups.items():
         p = prepare(
-            PlanTable.from_plans([case.plan]),
-            case.model,
-            case.cluster,
-            num_gpus=case.plan.num_gpus,
-            seq_len=case.seq_len,
+            PlanTable.from_plans([c.plan for c in members]),
+            model,
+            members[0].cluster,
+            num_gpus=num_gpus,
+            seq_len=seq_len,
             trainer_capabilities=False,
             time_ranks=True,
         )
         x, prm, act = p.timed
-        x = replace(x, routing_imbalance=case.routing_imbalance)
-        raw = raw_compute(x, case.model, cluster, act.rank_layers)
-        comm = comm_terms(x, case.model, cluster, prm, with_bytes=False)
+        x = replace(x, routing_imbalance=imbalance)
+        raw = raw_compute(x, model, cluster, act.rank_layers)
+        comm = comm_terms(x, model, cluster, prm, with_bytes=False)
         inp = step_inputs(x, cluster, prm, raw, comm)
         shape = np.shape(inp.active)
 
         def per_rank(a):
-            return np.broadcast_to(np.asarray(a, dtype=float), shape).copy()
+            return np.broadcast_to(np.asarray(a, dtype=float), shape)
 
-        case.inputs = inp._replace(
-            raw=RawCompute(*(per_rank(a) for a in inp.raw)), **{f: per_rank(getattr(inp, f)) for f in _PER_RANK}
-        )
-    return case.inputs
+        raw_all = RawCompute(*(per_rank(a) for a in inp.raw))
+        ranked = {f: per_rank(getattr(inp, f)) for f in _PER_RANK}
+        for j, c in enumerate(members):
+            col = slice(j, j + 1)
+            c.inputs = StepInputs(
+                raw=RawCompute(*(a[:, col].copy() for a in raw_all)),
+                **{f: (ranked[f][:, col].copy() if f in ranked else _column(getattr(inp, f), col)) for f in _FIELDS},
+            )
+
+
+def _column(a, col: slice):
+    a = np.asarray(a)
+    return a[:, col].copy() if a.ndim == 2 else a[col].copy()
+
+
+#: StepInputs' fields besides `raw`
+_FIELDS = tuple(f for f in StepInputs._fields if f != "raw")
 
 
 #: the (C, n) fields of StepInputs besides `raw` and `active`
@@ -93,7 +123,8 @@ class CaseBatch:
 
     @classmethod
     def of(cls, cases: list[RunCase]) -> "CaseBatch":
-        per = [case_inputs(c) for c in cases]
+        prime_inputs(cases)
+        per = [c.inputs for c in cases]
         rows = max(np.asarray(p.active).shape[0] for p in per)
         raw = RawCompute(*(_stack([getattr(p.raw, f) for p in per], rows) for f in RawCompute._fields))
         stacked = {f: raw if f == "raw" else _stack([getattr(p, f) for p in per], rows) for f in StepInputs._fields}

@@ -114,15 +114,23 @@ def build_cases(rows: list[dict]) -> tuple[list[RunCase], list[tuple[str, str, s
     """Every row as a case (plus the dropless sub-cases a row prints in its notes), or skipped with
     the reason."""
     cases, skipped = [], []
+    built: dict[tuple, RunCase | str] = {}  # a row's content without its id -> its case, or why not
     for row in rows:
         if why := row_problem(row):  # a value no real run has (autopar.cost.run_checks)
             skipped.append((row.get("row_id", "?"), row.get("model", "?"), why))
             continue
-        try:
-            case = build_case(row)
-        except (ValueError, PlanError, InputError) as e:
-            skipped.append((row.get("row_id", "?"), row.get("model", "?"), str(e)))
+        key = tuple((k, v) for k, v in row.items() if k != "row_id")
+        if key not in built:
+            try:
+                built[key] = build_case(row)
+            except (ValueError, PlanError, InputError) as e:
+                built[key] = str(e)
+        if isinstance(built[key], str):
+            skipped.append((row.get("row_id", "?"), row.get("model", "?"), built[key]))
             continue
+        case = built[key]
+        if case.row_id != (rid := str(int(num(row, "row_id") or 0))):  # the same run in another row
+            case = RunCase(**{**case.__dict__, "row_id": rid, "assumptions": list(case.assumptions)})
         cases.append(case)
         dropless = _dropless_case(case, row)
         if dropless is not None:

@@ -1,7 +1,7 @@
 """`autopar validate` as a library call: published runs predicted in sample and leave-one-source-out
 cross-validated (fit on every source but one, predict that one: the headline figure), optionally
-after refitting the profiles. Both are recomputed on every call: the cases are priced once and a fit
-only re-assembles the step (autopar.cost.case_batch), so every fold takes a fraction of a second.
+after refitting the profiles. The cases are priced once and a fit only re-assembles the step
+(autopar.cost.case_batch), so the cross-validation of the bundled runs takes seconds.
 
 `autopar validate --fit --write-profiles autopar/cost/data/profiles.toml` regenerates the shipped
 profiles and their stored figures (data/profiles.cv.json) with a digest over the code, the data and
@@ -82,8 +82,12 @@ def validate_runs(
     fit: bool = False,
     progress: Callable[[str], None] | None = None,
     no_row: Callable[[str | None, list], str] | None = None,
+    cross_validate: bool = False,
 ) -> ValidationReport:
-    """`no_row(runs, skipped)`: the line for --fit when no row can be evaluated (exit 2)."""
+    """The leave-one-source-out figures are recomputed for the bundled runs when refitting or when
+    the stored ones are for other code or data (their digest), else read back; for a user's runs
+    only with `cross_validate` (one fit per source). `no_row(runs, skipped)`: the line for --fit
+    when no row can be evaluated (exit 2)."""
     cases, skipped = build_cases(load_runs(runs))
     if fit and not cases:
         raise InputError(no_row(runs, skipped) if no_row else "--fit has no row to fit")
@@ -97,9 +101,33 @@ def validate_runs(
             )
     fitted = fit_profiles(cases) if fit else None
     in_sample = evaluate_cases(cases, skipped, fitted.constants if fitted else None)
+    what = runs or f"the bundled calibration runs ({BUNDLED_ROWS})"
+    stored = _stored_result(cases, skipped) if runs is None and not fit and trainer is None else None
+    if stored is not None:
+        return ValidationReport(
+            in_sample, stored, "stored with the shipped profiles (their digest is this code's and data's)", None, what
+        )
+    if runs is not None and not cross_validate:
+        origin = "not computed for your runs: add --cross-validate (one fit per source)"
+        return ValidationReport(in_sample, None, origin, fitted, what)
     cv = leave_one_source_out(cases, skipped, progress)
     origin = "recomputed: every source predicted by the profiles fitted to all the others"
-    return ValidationReport(in_sample, cv, origin, fitted, runs or f"the bundled calibration runs ({BUNDLED_ROWS})")
+    return ValidationReport(in_sample, cv, origin, fitted, what)
+
+
+def _stored_result(cases: list[RunCase], skipped) -> ValidationResult | None:
+    """The stored leave-one-source-out rows, if they were computed with this code and data."""
+    stored = stored_figures()
+    if stored is None or stored.get("digest") != current_digest():
+        return None
+    rows = stored["rows"]
+    if {c.row_id for c in cases} != set(rows):
+        return None
+    return ValidationResult(
+        [RowResult(c, rows[c.row_id]["predicted"], rows[c.row_id]["error"]) for c in cases],
+        skipped,
+        "leave-one-source-out",
+    )
 
 
 def leave_one_source_out(cases: list[RunCase], skipped, progress=None) -> ValidationResult:
@@ -129,8 +157,10 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
     if report.fit is None:
         raise InputError("--write-profiles needs --fit (there is nothing fitted to write)")
     cv = report.cross_validated
-    summary = "; ".join(
-        f"{g} {100 * v['mape']:.1f}% over {v['rows']} rows" for g, v in cv.summary()["by_category"].items()
+    summary = (
+        "; ".join(f"{g} {100 * v['mape']:.1f}% over {v['rows']} rows" for g, v in cv.summary()["by_category"].items())
+        if cv is not None
+        else "not computed (add --cross-validate)"
     )
     out = Path(path)
     # the digest covers the profiles' constants: write them first, then the digest over them
@@ -151,7 +181,11 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
     )
     _write(out, profiles_toml(report.fit.own(), prov))
     cv_path = out.with_name(CV_FILE) if out.name == "profiles.toml" else out.with_suffix(".cv.json")
-    rows = {r.case.row_id: {"source": r.case.source, "predicted": r.predicted, "error": r.error} for r in cv.rows}
+    rows = (
+        {r.case.row_id: {"source": r.case.source, "predicted": r.predicted, "error": r.error} for r in cv.rows}
+        if cv
+        else {}
+    )
     fitted = [
         {"profile": p.profile, "constant": p.name, "prior": p.prior, "low": p.low, "high": p.high, "value": p.value}
         for p in report.fit.parameters
@@ -160,7 +194,7 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
         "digest": digest,
         "runs": BUNDLED,
         "in_sample": report.in_sample.summary(),
-        "cross_validated": cv.summary(),
+        "cross_validated": cv.summary() if cv else None,
         "fitted": fitted,
         "rows": rows,
     }
