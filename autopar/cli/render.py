@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 from rich.console import Console
@@ -16,8 +17,12 @@ from autopar.spec.model import ModelSpec
 
 
 def console() -> Console:
-    """The terminal's width, or a wide one when piped (tables stay whole in files, greps and CI logs)."""
-    return Console() if sys.stdout.isatty() else Console(width=240)
+    """The terminal's width; when piped, COLUMNS if set, else a wide one (tables stay whole in files,
+    greps and CI logs)."""
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() and 20 <= int(columns) <= 1000 else 240)
 
 
 def plan_line(est: Estimate) -> str:
@@ -113,8 +118,43 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     thr.add_row("HFU (incl. recompute)", f"{100 * est.hfu:.1f}%")
     thr.add_row("bubble fraction", f"{100 * est.bubble_fraction:.1f}%")
     thr.add_row("params per GPU", human_count(est.params_per_gpu))
-    out += [mem, tim, com, thr]
+    out += [mem, tim, com, thr, sureness_table(est), sureness_line(est)]
     return out
+
+
+def sureness_table(est: Estimate) -> Table:
+    """The 80 % intervals and the support of the estimate (autopar.cost.uncertainty)."""
+    x = est.extra
+    level = round(100 * x["interval_level"])
+    t = Table(title=f"How sure: {level} % intervals, {x['support']}", title_justify="left")
+    t.add_column("figure")
+    t.add_column("estimate", justify="right")
+    t.add_column(f"{level} % interval", justify="right")
+    rows = (
+        ("step time s", est.step_time_s, "step_time_s_interval", "{:.3f}"),
+        ("tokens/s/GPU", est.tokens_per_s_per_gpu, "tokens_per_s_per_gpu_interval", "{:,.0f}"),
+        ("peak memory GiB", est.peak_memory_bytes / GIB, "peak_memory_bytes_interval", "{:.1f}"),
+    )
+    for name, value, key, fmt in rows:
+        lo, hi = x[key]
+        if key == "peak_memory_bytes_interval":
+            lo, hi = lo / GIB, hi / GIB
+        band = f"{fmt.format(lo)} - {fmt.format(hi)}" if math.isfinite(lo) and math.isfinite(hi) else "unknown"
+        t.add_row(name, fmt.format(value), band)
+    return t
+
+
+def sureness_line(est: Estimate) -> Text:
+    """What the support is, and whether the memory interval reaches past the GPU's memory."""
+    x = est.extra
+    line = f"support: {x['support']}: {x['support_reason']}."
+    high = x["peak_memory_bytes_interval"][1]
+    if est.fits and high > est.memory_capacity_bytes:
+        line += (
+            f" Memory: the interval's high end ({high / GIB:.1f} GiB) is above the GPU's "
+            f"{est.memory_capacity_bytes / GIB:.1f} GiB, so it may not fit."
+        )
+    return Text(line)
 
 
 def ep_table(details: list, plan, routing_imbalance: float) -> list:

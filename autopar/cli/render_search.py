@@ -49,60 +49,72 @@ class SearchProgress:
         self.progress.update(self.tasks[label], completed=done, total=total)
 
 
+#: schedule names as the tables print them (a 120-column terminal has no room for the long ones)
+SCHEDULE_SHORT = {"interleaved-1f1b": "i-1f1b", "zero-bubble": "zb"}
+
+
+def compact_table(title: str) -> Table:
+    """A table with one space between columns, so the plans fit a 120-column terminal whole."""
+    return Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", padding=(0, 1, 0, 0), pad_edge=False)
+
+
 def top_table(r: SearchResult) -> Table:
     q = r.question
-    t = Table(
-        box=box.SIMPLE_HEAD,
-        title=f"Top {len(r.top)} of {r.counts['fit']:,} plans that fit "
-        f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})",
-        title_justify="left",
+    t = compact_table(
+        f"Top {len(r.top)} of {r.counts['fit']:,} plans that fit "
+        f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})"
     )
-    for col in (
-        "#",
-        "layout",
-        "schedule",
-        "stages",
-        "recompute",
-        "ZeRO",
-        "mbs",
-        "memory GiB",
-        "step s",
-        "tokens/s",
-        "MFU",
-        "bubble",
-        "dominant cost",
-        "runs on",
-    ):
-        t.add_column(
-            col,
-            justify="left"
-            if col in ("layout", "schedule", "stages", "recompute", "dominant cost", "runs on")
-            else "right",
-        )
+    uneven = any(stage_balance(row) not in ("-", "even") for _, row in r.top.iterrows())
+    cols = ["#", "layout", "sched"] + (["stages"] if uneven else []) + ["recomp", "ZeRO", "mbs", "mem GiB"]
+    cols += ["step s", "80% range", "tokens/s", "MFU", "support", "runs on"]
+    left = ("layout", "sched", "stages", "recomp", "support", "runs on")
+    for col in cols:
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
     run = r.options.training
     for col in run_headers(run):
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", no_wrap=True)
     cap = q.cluster.gpu.hbm_bytes / GIB
     for i, (_, row) in enumerate(r.top.iterrows(), start=1):
-        sched = row["pp_schedule"] if row["pp"] > 1 else "-"
         t.add_row(
             str(i),
             str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
-            sched,
-            stage_balance(row),
+            _schedule(row),
+            *([stage_balance(row)] if uneven else []),
             row["recompute"],
             str(row["zero_stage"]),
             str(row["micro_batch_size"]),
-            f"{row['memory_gib']:.1f} / {cap:.0f}",
+            f"{row['memory_gib']:.1f}/{cap:.0f}",
             f"{row['step_time_s']:.3f}",
+            step_range(row),
             f"{row['tokens_per_s']:,.0f}",
             f"{100 * row['mfu']:.1f}%",
-            f"{100 * row['bubble_fraction']:.1f}%",
-            str(row["dominant_cost"]),
+            support_cell(row),
             _runs_on(row),
             *run_cells(row, run),
         )
     return t
+
+
+def _schedule(row) -> str:
+    return SCHEDULE_SHORT.get(row["pp_schedule"], row["pp_schedule"]) if row["pp"] > 1 else "-"
+
+
+def step_range(row) -> str:
+    """The step time's 80 % interval, '13.3-15.8' (autopar.cost.uncertainty)."""
+    if "step_time_s_low" not in row.index:
+        return "-"
+    lo, hi = float(row["step_time_s_low"]), float(row["step_time_s_high"])
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "unknown"
+    digits = 1 if hi >= 10 else 2 if hi >= 1 else 3
+    return f"{lo:.{digits}f}-{hi:.{digits}f}"
+
+
+def support_cell(row) -> str:
+    """'calib' (every knob within published runs of its trainer) or 'extrap' (a reason is in --json)."""
+    if "support_gaps" not in row.index:
+        return "-"
+    return "calib" if int(row["support_gaps"]) == 0 else "extrap"
 
 
 def run_headers(run) -> list[str]:
@@ -133,50 +145,76 @@ def run_cells(row, run) -> list[str]:
     )
 
 
+#: trainers as the tables abbreviate them (the legend under the table spells them out)
+TRAINER_LETTERS = {
+    "megatron": "M",
+    "nemo": "N",
+    "bridge": "B",
+    "torchtitan": "T",
+    "deepspeed": "D",
+    "autopar": "A",
+}
+
+
 def _runs_on(row) -> str:
-    """The trainers that can run the plan; the one it is timed on (the fastest) first if they differ."""
+    """The trainers that can run the plan, abbreviated (TRAINER_LETTERS); the one it is timed on
+    (the fastest) first if they differ."""
     names = str(row["trainers"]).split(", ")
-    return ", ".join([row["trainer"]] + [n for n in names if n != row["trainer"]]) if len(names) > 1 else names[0]
+    ordered = [row["trainer"]] + [n for n in names if n != row["trainer"]] if len(names) > 1 else names
+    return " ".join(TRAINER_LETTERS.get(n, n) for n in ordered)
+
+
+def trainer_legend(r: SearchResult) -> str:
+    """'runs on: M Megatron-LM, N NeMo 2, ...' for the trainers the top table names."""
+    from autopar.spec.trainers import get_trainer
+
+    named = {n for _, row in r.top.iterrows() for n in str(row["trainers"]).split(", ")}
+    return "runs on: " + ", ".join(
+        f"{letter} {get_trainer(t).title}" for t, letter in TRAINER_LETTERS.items() if t in named
+    )
 
 
 def trainer_table(r: SearchResult) -> Table:
     """The best plan each searched trainer can run, side by side."""
     from autopar.spec.trainers import get_trainer
 
-    t = Table(box=box.SIMPLE_HEAD, title="The best plan per trainer", title_justify="left")
+    t = compact_table("The best plan per trainer")
     for col in (
         "trainer",
         "layout",
-        "schedule",
-        "recompute",
+        "sched",
+        "recomp",
         "ZeRO",
         "mbs",
-        "memory GiB",
+        "mem GiB",
         "step s",
-        "tokens/s",
+        "80% range",
         "MFU",
         "vs best",
+        "support",
     ):
-        t.add_column(col, justify="left" if col in ("trainer", "layout", "schedule", "recompute") else "right")
+        left = col in ("trainer", "layout", "sched", "recomp", "support")
+        t.add_column(col, justify="left" if left else "right", no_wrap=True)
     best = r.winner
     for name, row in r.per_trainer.items():
         title = get_trainer(name).title
         if row is None:
-            t.add_row(title, "nothing fits", *[""] * 9)
+            t.add_row(title, "nothing fits", *[""] * 10)
             continue
         slower = row["step_time_s"] / best["step_time_s"] - 1 if best is not None else 0.0
         t.add_row(
             title,
             str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
-            row["pp_schedule"] if row["pp"] > 1 else "-",
+            _schedule(row),
             row["recompute"],
             str(row["zero_stage"]),
             str(row["micro_batch_size"]),
             f"{row['memory_gib']:.1f}",
             f"{row['step_time_s']:.3f}",
-            f"{row['tokens_per_s']:,.0f}",
+            step_range(row),
             f"{100 * row['mfu']:.1f}%",
             "best" if slower <= 1e-12 else f"+{100 * slower:.1f}%",
+            support_cell(row),
         )
     return t
 
@@ -194,9 +232,12 @@ def print_result(r: SearchResult) -> None:
     n, valid, fit = r.counts["evaluated"], r.counts["valid"], r.counts["fit"]
     if not r.top.empty:
         c.print(top_table(r))
+        c.print(trainer_legend(r) + "; 80% range: the step time's 80 % interval; support: calib(rated) or extrap(olated)")
         if len(r.per_trainer) > 1:
             c.print(trainer_table(r))
     c.print(f"[bold]{r.why}[/bold]")
+    for line in r.sureness:
+        c.print(f"[bold]{line}[/bold]")
     how = (
         "exhaustive: every plan of the space evaluated, so this is the exact optimum of the cost model"
         if r.method == "exhaustive"

@@ -68,8 +68,9 @@ def summary_table(report: ValidationReport) -> Table:
     t = Table(
         title="MAPE on throughput: leave-one-source-out cross-validated (headline) and in sample", title_justify="left"
     )
-    for col in ("group", "rows", "cross-validated", "max (cv)", "in sample", "max (in sample)"):
+    for col in ("group", "rows", "cross-validated", "max (cv)", "in sample", "max (in sample)", "in 80% interval"):
         t.add_column(col, justify="left" if col == "group" else "right")
+    covered = (report.uncertainty() or {}).get("coverage", {})
 
     def add(label: str, key: str, group: str, style: str | None = None) -> None:
         a = (
@@ -87,6 +88,7 @@ def summary_table(report: ValidationReport) -> Table:
             _pct(b and b["max_abs_error"]),
             _pct(a["mape"]),
             _pct(a["max_abs_error"]),
+            _pct(covered[group]["covered"]) if key == "by_category" and group in covered else "",
             style=style,
         )
 
@@ -112,6 +114,12 @@ def print_report(report: ValidationReport, written: list[Path]) -> None:
             style="bold",
         )
     )
+    memory = ((report.uncertainty() or {}).get("coverage") or {}).get("peak memory")
+    if memory:
+        out.print(
+            f"Peak memory: {_pct(memory['covered'])} of {memory['rows']} measured peaks inside the 80 % "
+            f"interval built from the other sources' peaks."
+        )
     if report.fit is not None:
         out.print(fit_table(report))
     if report.in_sample.skipped:

@@ -67,6 +67,14 @@ RunDir = Annotated[
     Optional[Path],
     typer.Option("--run-dir", help="Where results go (default: reports/<model>_<gpus>x<gpu>_s<seq>_gbs<gbs>_<space>)."),
 ]
+RankBy = Annotated[
+    str,
+    typer.Option(
+        "--rank-by",
+        help="expected: rank by the central prediction (default); p80: by the pessimistic end of each "
+        "plan's 80 % interval (the step time 90 % of outcomes beat).",
+    ),
+]
 Csv = Annotated[bool, typer.Option("--csv", help="Also write plans.csv (every plan; plans.parquet always has them).")]
 
 
@@ -93,6 +101,7 @@ def search(
     multi_objective: MultiObjective = False,
     run_dir: RunDir = None,
     csv: Csv = False,
+    rank_by: RankBy = "expected",
     as_json: o.Json = False,
     run: Optional[TrainingRun] = None,
     measure: Optional[TrialFlags] = None,
@@ -107,12 +116,18 @@ def search(
 
     check_flags({"--gpus-per-node": gpus_per_node, "--top-k": top_k, "--max-exhaustive": max_exhaustive})
     check_flags({"--n-trials": n_trials, "--seed": seed})
+    from autopar.search.streaming import RANK_BY
+
+    if rank_by not in RANK_BY:
+        raise InputError(f"--rank-by {quoted(rank_by)} is not one of {', '.join(RANK_BY)}; choose one of them")
     spec, sp, scenarios, trainers = _question(
         model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler
     )
     options = dict(top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials, seed=seed)
     options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
-    results = _run(spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, **options)
+    results = _run(
+        spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, rank_by=rank_by, **options
+    )
     check_any_valid(results)  # no valid plan at all: one line, exit 2 (the run directory stays for a look)
     if measure.trials > 0:
         if len(results) != 1:
@@ -123,7 +138,9 @@ def search(
     _show(results, reports, answer, as_json)
 
 
-def _run(spec, space, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet: bool, **options) -> list:
+def _run(
+    spec, space, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet: bool, rank_by="expected", **options
+) -> list:
     """Every scenario's search (autopar.search.scenarios), with a progress bar unless `quiet`; Ctrl-C
     and SIGTERM leave the run directory marked incomplete (autopar.trial.hygiene)."""
     from autopar.cli.render_search import SearchProgress
@@ -139,6 +156,7 @@ def _run(spec, space, scenarios, gpus_per_node, cluster, trainers, run, csv, qui
             cluster_file=cluster,
             progress=progress.update,
             trainers=trainers,
+            rank_by=rank_by,
             csv=csv,
             interrupts=hygiene,
             training=run,

@@ -101,6 +101,8 @@ def validate(
         out = report.in_sample.to_dict() | {
             "cross_validated": (report.cross_validated.summary() if report.cross_validated else None),
             "cross_validation_origin": report.cv_origin,
+            "coverage": (report.uncertainty() or {}).get("coverage"),
+            "interval_level": (report.uncertainty() or {}).get("level"),
             "fitted": [
                 {
                     "profile": p.profile,

@@ -20,6 +20,7 @@ import numpy as np
 from autopar.cost.columns import RANKING_COLUMNS, set_validity
 from autopar.cost.price import prepare, price
 from autopar.cost.profiles import priced_cluster
+from autopar.cost.uncertainty import LEVEL, interval_columns, support_text
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -74,9 +75,14 @@ def estimate_table(
     )
     groups = _profile_groups(table)
     if len(groups) == 1:
-        return _estimate_priced(table, model, priced_cluster(cluster, groups[0][0]), **kw)
-    parts = [(rows, _estimate_priced(table.take(rows), model, priced_cluster(cluster, t), **kw)) for t, rows in groups]
-    return _merge(parts, len(table))
+        out = _estimate_priced(table, model, priced_cluster(cluster, groups[0][0]), **kw)
+    else:
+        parts = [
+            (rows, _estimate_priced(table.take(rows), model, priced_cluster(cluster, t), **kw)) for t, rows in groups
+        ]
+        out = _merge(parts, len(table))
+    out.update(interval_columns(table, out, model, cluster, seq_len or model.seq_len))
+    return out
 
 
 def _profile_groups(table: PlanTable) -> list[tuple[str, np.ndarray]]:
@@ -173,8 +179,20 @@ def estimate_per_trainer(
         est = figures[t]
         est["memory_capacity_bytes"] = np.full(n, cluster.gpu.hbm_bytes)
         set_validity(est, codes[t])
+        est.update(interval_columns(table, est, model, cluster, s, trainer=t))
         out.append(est)
     return out
+
+
+def interval_fields(row, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, seq_len: int) -> dict:
+    """A plan's 80 % intervals and support as the `--json` fields of `estimate` and of the search's
+    top plans: <figure>_interval ([low, high]), interval_level, support, support_reason."""
+    support, reason = support_text(int(row["support_gaps"]), plan, model, cluster, seq_len)
+    out: dict = {
+        f"{f}_interval": [float(row[f"{f}_low"]), float(row[f"{f}_high"])]
+        for f in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "peak_memory_bytes")
+    }
+    return out | {"interval_level": LEVEL, "support": support, "support_reason": reason}
 
 
 @dataclass
@@ -260,6 +278,7 @@ def estimate(
         for k, v in row.items()
         if k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step", "time_tp_per_step")
     }
+    extra.update(interval_fields(row, plan, model, cluster, seq_len or model.seq_len))
     extra["stages"] = [
         {
             "rank": r,

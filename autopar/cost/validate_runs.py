@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from autopar.cost.memory_published import compare_published_memory
 from autopar.cost.profile_fit import ProfileFit, fit_profiles
 from autopar.cost.profiles import Provenance, profile_of, profiles_toml
 from autopar.cost.run_cases import RunCase, build_cases
 from autopar.cost.run_rows import BUNDLED, BUNDLED_ROWS, load_runs
+from autopar.cost.uncertainty import LEVEL, calibration_point, coverage, fit_widening, memory_coverage
 from autopar.cost.validation import RowResult, ValidationResult, evaluate_cases
 from autopar.errors import InputError
 from autopar.json_out import dumps
@@ -40,6 +43,24 @@ class ValidationReport:
     cv_origin: str  # how the cross-validated figures were obtained
     fit: ProfileFit | None
     runs: str  # what was read
+    stored_uncertainty: dict | None = None  # the stored points, widening and coverage, when read back
+
+    def uncertainty(self) -> dict | None:
+        """The calibration points of the held-out errors, the fitted widening per support gap and
+        the coverage of the 80 % interval per category (autopar.cost.uncertainty), or None without
+        cross-validated figures."""
+        if self.stored_uncertainty is not None:
+            return self.stored_uncertainty
+        if self.cross_validated is None:
+            return None
+        points = [calibration_point(r.case, r.error) for r in self.cross_validated.rows if not r.case.dropless]
+        widening = fit_widening(points)
+        return {
+            "level": LEVEL,
+            "widening": widening,
+            "coverage": coverage(points, widening),
+            "points": [p.to_dict() for p in points],
+        }
 
 
 def current_digest() -> str:
@@ -105,7 +126,12 @@ def validate_runs(
     stored = _stored_result(cases, skipped) if runs is None and not fit and trainer is None else None
     if stored is not None:
         return ValidationReport(
-            in_sample, stored, "stored with the shipped profiles (their digest is this code's and data's)", None, what
+            in_sample,
+            stored,
+            "stored with the shipped profiles (their digest is this code's and data's)",
+            None,
+            what,
+            (stored_figures() or {}).get("uncertainty"),
         )
     if runs is not None and not cross_validate:
         origin = "not computed for your runs: add --cross-validate (one fit per source)"
@@ -197,9 +223,25 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
         "cross_validated": cv.summary() if cv else None,
         "fitted": fitted,
         "rows": rows,
+        "uncertainty": _uncertainty_body(report),
     }
     _write(cv_path, dumps(body, indent=1) + "\n")
     return [out, cv_path]
+
+
+def _uncertainty_body(report: ValidationReport) -> dict | None:
+    """What the intervals are built from: the held-out calibration points, the widening, the
+    coverage, and the residuals of the measured peak-memory figures (autopar.cost.memory_published:
+    a device or reserved peak, not an analytic term)."""
+    body = report.uncertainty()
+    if body is None:
+        return None
+    cases = [r.case for r in report.in_sample.rows]
+    memory = compare_published_memory(cases).comparisons
+    peaks = [c for c in memory if c.figure.quantity in ("reserved", "device") and c.error > -1]
+    body["memory_residuals"] = [{"row_id": c.row_id, "source": c.source, "residual": -math.log1p(c.error)} for c in peaks]
+    body["coverage"]["peak memory"] = memory_coverage([(c.source, -math.log1p(c.error)) for c in peaks])
+    return body
 
 
 def _write(path: Path, text: str) -> None:

@@ -37,6 +37,9 @@ class Question:
     seq_len: int
     global_batch_size: int
     trainers: tuple[str, ...] = TRAINERS
+    #: what "fastest" means: "expected" (the central prediction) or "p80" (the pessimistic end of
+    #: the 80 % interval: the step time 90 % of outcomes beat; autopar.cost.uncertainty)
+    rank_by: str = "expected"
 
 
 def divisors(n: int) -> list[int]:

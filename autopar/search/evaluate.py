@@ -8,7 +8,7 @@ import pandas as pd
 from autopar.cost.estimate import estimate_table
 from autopar.search.enumerate import Question
 from autopar.search.results import frame
-from autopar.search.streaming import apply_headroom
+from autopar.search.streaming import apply_headroom, set_rank_time
 from autopar.spec.table import PlanTable
 
 
@@ -16,6 +16,7 @@ def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float) -> dict
     """Every estimate column of a (small) table, the space's memory headroom applied."""
     est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
     apply_headroom(est, headroom_gib)
+    set_rank_time(est, q.rank_by)
     return est
 
 

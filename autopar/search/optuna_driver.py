@@ -346,7 +346,7 @@ def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[floa
     df = evaluate(table)
     fit, valid = df[df["fits"]], df[df["valid"]]
     if len(fit):
-        best, constraint = fit.loc[fit["step_time_s"].idxmin()], 0.0
+        best, constraint = fit.loc[fit["rank_time_s"].idxmin()], 0.0
     elif len(valid):
         best = valid.loc[valid["memory_miss_gib"].idxmin()]
         constraint = 1.0 + float(best["memory_miss_gib"])
@@ -370,7 +370,7 @@ def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[floa
         },
     )
     headroom = float((best["memory_capacity_bytes"] - best["peak_memory_bytes"]) / GIB)
-    return [float(best["step_time_s"])] + ([headroom] if multi_objective else [])
+    return [float(best["rank_time_s"])] + ([headroom] if multi_objective else [])
 
 
 def study_history(study: optuna.Study) -> list[dict]:

@@ -77,6 +77,8 @@ def _claim_study(study, q: Question, space: SearchSpace, run_dir: Path) -> None:
     import hashlib
 
     mine = question_summary(q) | {"space": space.name, "trainers": sorted(q.trainers)}
+    if q.rank_by != "expected":  # another objective: the study of the central prediction is not this one
+        mine["rank_by"] = q.rank_by
     key = hashlib.sha256(json.dumps(mine, sort_keys=True, default=str).encode()).hexdigest()[:16]
     have = study.user_attrs.get("question_key")
     if have == key:

@@ -128,9 +128,11 @@ def plan_names(df: pd.DataFrame) -> np.ndarray:
 
 
 def ranked(df: pd.DataFrame) -> pd.DataFrame:
-    """Plans that fit, fastest first (ties: less memory first)."""
+    """Plans that fit, fastest first by the step time the search ranks by (rank_time_s, else the
+    central prediction); ties: less memory first."""
     fit = df[df["fits"]]
-    return fit.sort_values(["step_time_s", "peak_memory_bytes"], kind="stable")
+    key = "rank_time_s" if "rank_time_s" in fit.columns else "step_time_s"
+    return fit.sort_values([key, "peak_memory_bytes"], kind="stable")
 
 
 def row_plan(row: pd.Series, layouts) -> ParallelPlan:
@@ -256,3 +258,44 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
     }
     d = [f"{labels[k]} {runner[k]} (not {winner[k]})" for k in keys if k in runner.index and runner[k] != winner[k]]
     return "the same layout with " + (", ".join(d) if d else "another knob")
+
+
+def sureness_lines(top: pd.DataFrame, pool: pd.DataFrame) -> list[str]:
+    """How sure the answer is (autopar.cost.uncertainty): whether the winner stands on calibrated
+    ground, whether the runner-up is inside the winner's 80 % interval of step time, and, when the
+    winner is extrapolated, the fastest calibrated plan that is inside that interval too."""
+    if top.empty or "step_time_s_low" not in top.columns:
+        return []
+    w = top.iloc[0]
+    lo, hi = float(w["step_time_s_low"]), float(w["step_time_s_high"])
+    band = f"{lo:.3f}-{hi:.3f} s per step"
+    calibrated = int(w["support_gaps"]) == 0
+    reason = str(w.get("support_reason", ""))
+    lines = [
+        f"The winner {w['plan_name']} is {'calibrated' if calibrated else 'extrapolated'}: {reason}; "
+        f"80 % interval {band}."
+    ]
+    if len(top) > 1:
+        r = top.iloc[1]
+        t = float(r["step_time_s"])
+        if t <= hi:
+            lines.append(
+                f"The runner-up {_runner_text(w, r)} ({t:.3f} s) is inside the winner's interval: the model "
+                f"cannot tell them apart; measure both (--trials) before committing."
+            )
+        else:
+            lines.append(
+                f"The runner-up {_runner_text(w, r)} ({t:.3f} s) is outside the winner's interval: the ranking "
+                f"holds under the model's own error."
+            )
+    if not calibrated and len(pool) and "support_gaps" in pool.columns:
+        solid = ranked(pool[(pool["support_gaps"] == 0) & (pool["step_time_s"] <= hi)])
+        if len(solid):
+            c = solid.iloc[0]
+            slower = float(c["step_time_s"]) / float(w["step_time_s"]) - 1
+            lines.append(
+                f"Fastest predicted: {w['plan_name']} ({float(w['step_time_s']):.3f} s, extrapolated). Fastest on "
+                f"calibrated ground: {c['plan_name']} on {c['trainer']} ({float(c['step_time_s']):.3f} s, "
+                f"{100 * slower:+.1f}%), inside the winner's interval."
+            )
+    return lines

@@ -17,13 +17,14 @@ import pandas as pd
 from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
+from autopar.cost.uncertainty import INTERVAL_FIGURES, LEVEL, support_text
 from autopar.json_out import dumps
 from autopar.search.atomic import write_atomic
 from autopar.search.enumerate import Enumerator, Question
 from autopar.search.evaluate import evaluate
 from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
 from autopar.search.optuna_search import optuna_search
-from autopar.search.results import best_per_trainer, row_plan, top_plans, why_winner
+from autopar.search.results import best_per_trainer, row_plan, sureness_lines, top_plans, why_winner
 from autopar.search.run_dir import SCHEMA_VERSION, PlansWriter, rejection_bits, write_csv, write_frame
 from autopar.search.run_state import RunState
 from autopar.search.space import SearchSpace
@@ -74,6 +75,8 @@ class SearchResult:
     rejections: dict = field(default_factory=dict)  # reason label -> plans it rejects
     pareto: pd.DataFrame = field(default_factory=pd.DataFrame)
     scatter: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: how sure the answer is: the winner's support, the runner-up against its interval
+    sureness: list = field(default_factory=list)
 
     @property
     def winner(self) -> pd.Series | None:
@@ -120,6 +123,7 @@ def row_summary(row: pd.Series, layouts) -> dict:
             "dominant_cost": str(row["dominant_cost"]),
             "layout": str(row["layout_text"]),
         }
+        | _interval_summary(row)
         | (
             {
                 "run": with_null_reasons(
@@ -134,6 +138,30 @@ def row_summary(row: pd.Series, layouts) -> dict:
             else {}
         )
     )
+
+
+def _interval_summary(row: pd.Series) -> dict:
+    """The plan's 80 % intervals and support (autopar.cost.uncertainty), as `estimate --json` has them."""
+    if "step_time_s_low" not in row.index:
+        return {}
+    out = {f"{f}_interval": [float(row[f"{f}_low"]), float(row[f"{f}_high"])] for f in INTERVAL_FIGURES}
+    out["interval_level"] = LEVEL
+    out["support"] = "calibrated" if int(row["support_gaps"]) == 0 else "extrapolated"
+    if "support_reason" in row.index:
+        out["support_reason"] = str(row["support_reason"])
+    return out
+
+
+def with_support(df: pd.DataFrame, q: Question, layouts: list) -> pd.DataFrame:
+    """The plans shown with `support` and `support_reason`: the gaps in words and the nearest
+    published run (autopar.cost.uncertainty.support_text)."""
+    if df.empty or "support_gaps" not in df.columns:
+        return df
+    texts = [
+        support_text(int(r["support_gaps"]), row_plan(r, layouts), q.model, q.cluster, q.seq_len)
+        for _, r in df.iterrows()
+    ]
+    return df.assign(support=[t[0] for t in texts], support_reason=[t[1] for t in texts])
 
 
 def run_search(
@@ -209,6 +237,11 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
     if "plan_index" in kept:
         kept = kept.drop_duplicates("plan_index")
     per_trainer = {t: None for t in q.trainers} | (best_per_trainer(pool) if len(pool) else {})
+    top = with_support(top, q, found.layouts)
+    per_trainer = {
+        t: None if row is None else with_support(row.to_frame().T, q, found.layouts).iloc[0]
+        for t, row in per_trainer.items()
+    }
     if opts.training is not None:  # days, GPU-hours, cost and goodput of every plan shown
         run = opts.training
         top, kept, pareto = (with_run_columns(df, q, run) for df in (top, kept, found.pareto))
@@ -234,6 +267,7 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
         rejections=found.rejections,
         pareto=pareto,
         scatter=kept,
+        sureness=sureness_lines(top, pool),
     )
 
 
@@ -297,6 +331,7 @@ def _write_search_json(result: SearchResult) -> None:
             "seq_len": q.seq_len,
             "global_batch_size": q.global_batch_size,
             "trainers": list(q.trainers),
+            "rank_by": q.rank_by,
         },
         "space": {
             "name": o.space.name,

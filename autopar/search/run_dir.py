@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from autopar.cost.uncertainty import INTERVAL_COLUMNS
 from autopar.errors import InputError, quoted
 from autopar.search.atomic import write_with
 from autopar.secrets import mask_values
@@ -78,7 +79,7 @@ FIGURES = (
     "peak_memory_bytes",
     "memory_miss_gib",
     "bubble_fraction",
-)
+) + INTERVAL_COLUMNS
 
 
 class PlansWriter:

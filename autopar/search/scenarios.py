@@ -46,6 +46,7 @@ def run_scenarios(
     run_dir: Path | None = None,
     progress=None,
     trainers: tuple[str, ...] = TRAINERS,
+    rank_by: str = "expected",
     interrupts=None,
     **opts,
 ) -> list[SearchResult]:
@@ -59,6 +60,7 @@ def run_scenarios(
             seq_len=sc.seq_len,
             global_batch_size=global_batch(space, sc.seq_len, sc.gbs),
             trainers=trainers,
+            rank_by=rank_by,
         )
         check_batch(space, q, given=sc.gbs is not None)
         questions.append(q)
@@ -100,11 +102,13 @@ def result_json(r: SearchResult) -> dict:
         "seq_len": q.seq_len,
         "global_batch_size": q.global_batch_size,
         "trainers": list(q.trainers),
+        "rank_by": q.rank_by,
         "space": r.options.space.name,
         "method": r.method,
         "plans_evaluated": r.counts["evaluated"],
         "plans_fit": r.counts["fit"],
         "why": r.why,
+        "sureness": r.sureness,
         "run_dir": str(r.run_dir),
         "timings_s": r.timings,
         "top": [

@@ -31,7 +31,9 @@ DEFAULT_CHUNK = 1 << 16
 #: what a layout is, for the per-layout pool: the process grid and the pipeline's shape
 LAYOUT_KEY = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp")
 #: the figures a kept row carries until the end of the walk (then it is priced in full)
-LIGHT_FIGURES = ("valid", "fits", "step_time_s", "peak_memory_bytes", "memory_miss_gib")
+LIGHT_FIGURES = ("valid", "fits", "step_time_s", "rank_time_s", "peak_memory_bytes", "memory_miss_gib")
+#: --rank-by -> the step-time column plans are ranked by (autopar.cost.uncertainty's intervals)
+RANK_BY = {"expected": "step_time_s", "p80": "step_time_s_high"}
 #: the PlanTable columns of a kept row
 PLAN_COLUMNS = INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS + ("plan_index",)
 
@@ -113,8 +115,8 @@ class _Keeper:
     def _pool_rows(self, table, est, index) -> np.ndarray:
         out = []
         for t in np.unique(table.trainer):
-            ok = est["fits"] & (table.trainer == t) & (est["step_time_s"] <= self.pool_bar.get(int(t), np.inf))
-            out.append(_smallest(np.flatnonzero(ok), est["step_time_s"], self.opts.pool))
+            ok = est["fits"] & (table.trainer == t) & (est["rank_time_s"] <= self.pool_bar.get(int(t), np.inf))
+            out.append(_smallest(np.flatnonzero(ok), est["rank_time_s"], self.opts.pool))
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     def _layout_rows(self, table, est, index) -> np.ndarray:
@@ -127,7 +129,7 @@ class _Keeper:
             v = table.columns[c][rows].astype(np.int64)
             key = key * (int(v.max()) + 1) + v
         _, group = np.unique(key, return_inverse=True)
-        order = np.lexsort((index[rows], est["peak_memory_bytes"][rows], est["step_time_s"][rows], group))
+        order = np.lexsort((index[rows], est["peak_memory_bytes"][rows], est["rank_time_s"][rows], group))
         g = group[order]
         rank = np.arange(len(g)) - np.searchsorted(g, g)  # place within its layout, fastest first
         return rows[order[rank < self.opts.per_layout]]
@@ -178,7 +180,7 @@ class _Keeper:
         self.held = self.kept = len(self.pool[0])
         for t, mine in fit.groupby("trainer", sort=False):
             if len(mine) >= self.opts.pool:
-                self.pool_bar[int(t)] = float(mine["step_time_s"].nsmallest(self.opts.pool).iloc[-1])
+                self.pool_bar[int(t)] = float(mine["rank_time_s"].nsmallest(self.opts.pool).iloc[-1])
         for c in range(3):
             keys = df.loc[cat == c, "sample_key"]
             if len(keys) >= self.opts.sample:
@@ -227,6 +229,7 @@ class _Keeper:
         q = self.q
         est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
         apply_headroom(est, self.opts.headroom_gib)
+        set_rank_time(est, q.rank_by)
         df = frame(table, est, q.model.num_layers)
         df["sample_key"] = light["sample_key"].to_numpy()
         return df
@@ -245,8 +248,9 @@ class _Keeper:
 
 
 def _ranked(df: pd.DataFrame) -> pd.DataFrame:
-    """Fastest first; ties by memory, then by the plan's place in the walk (the one-shot order)."""
-    return df.sort_values(["step_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
+    """Fastest first (by the question's rank_by); ties by memory, then by the plan's place in the
+    walk (the one-shot order)."""
+    return df.sort_values(["rank_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
 
 
 def _smallest(rows: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
@@ -293,6 +297,7 @@ def stream(
             parts = []
             for j, (code, est) in enumerate(zip(enumerator.trainer_codes, ests)):
                 apply_headroom(est, opts.headroom_gib)
+                set_rank_time(est, q.rank_by)
                 index = table.columns["plan_index"] + j
                 mine = table.with_columns(trainer=code, plan_index=index)
                 keeper.add(mine, est, index)
@@ -305,6 +310,12 @@ def stream(
     out = keeper.result(enumerator.layouts)
     out.timings = {"evaluate_s": t_est, "keep_and_write_s": t_rest}
     return out
+
+
+def set_rank_time(est: dict, rank_by: str) -> None:
+    """rank_time_s: the step time the search ranks by (RANK_BY: the central prediction, or the
+    pessimistic end of its 80 % interval)."""
+    est["rank_time_s"] = est[RANK_BY[rank_by]]
 
 
 def apply_headroom(est: dict, headroom_gib: float) -> None:

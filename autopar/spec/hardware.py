@@ -48,11 +48,14 @@ class GpuSpec:
     nic_gbps: float  # scale-out, per GPU per direction
     gpus_per_node: int = 8
     intra_node_topology: str = "switch"  # "switch" (NVSwitch) | "full-mesh" (MI300X xGMI)
+    #: the architecture ("ampere", "hopper", "blackwell", "cdna3"; "" = not stated): published runs
+    #: on one GPU of a generation calibrate plans on the others (autopar.cost.uncertainty)
+    generation: str = ""
     source: str = ""
 
     def __post_init__(self) -> None:
         what = f"gpu {quoted(self.key)}" if isinstance(self.key, str) else "gpu"
-        for f in ("key", "name", "source"):
+        for f in ("key", "name", "source", "generation"):
             check_name(getattr(self, f), f"{what}: {f}", MAX_NAME_CHARS if f != "source" else 1024)
         for f, hi in _GPU_LIMITS.items():
             check_number(
