@@ -151,7 +151,7 @@ class Planner:
     def _full(self, plan: ParallelPlan, predicted: dict) -> Placement | None:
         """The plan as is, when nothing needs to change and it fits."""
         t = self.target
-        if self._changes_needed(plan) or plan.tp_comm_overlap:
+        if self._changes_needed(plan) or plan.tp_comm_overlap or _too_few_microbatches(plan):
             return None
         if self.limits is not None:
             if t.num_gpus > self.limits.max_ranks:
@@ -324,7 +324,8 @@ class Planner:
                     pp=pp,
                     dp=dp,
                     ep=ep,
-                    global_batch_size=plan.num_microbatches * plan.micro_batch_size * dp,
+                    # torch.distributed.pipelining runs at least one microbatch per stage
+                    global_batch_size=max(plan.num_microbatches, pp if pp > 1 else 1) * plan.micro_batch_size * dp,
                     layout=None,
                     zero_stage=zero,
                     tp_comm_overlap=False,
@@ -364,6 +365,11 @@ class Planner:
             changes.append(f"pp {plan.pp} -> {pp} (stand-in stages, same schedule)")
         if dp != plan.dp:
             changes.append(f"dp {plan.dp} -> {dp}")
+        if small.num_microbatches != plan.num_microbatches:
+            changes.append(
+                f"{small.num_microbatches} microbatches for {plan.num_microbatches} (torch.distributed.pipelining "
+                f"runs at least one per stage)"
+            )
         if ep != plan.ep:
             experts = spec.moe.num_experts
             changes.append(f"ep {plan.ep} -> {ep} ({experts} experts, {experts // ep} per rank as planned)")
@@ -389,3 +395,10 @@ class Planner:
             + (f", {wd}x narrower" if wd > 1 else "")
             + (f", sequence /{sd}" if sd > 1 else "")
         )
+
+
+def _too_few_microbatches(plan: ParallelPlan) -> bool:
+    """Fewer microbatches than pipeline stages: Megatron runs it (warm-up min(pp - rank - 1, m)),
+    torch.distributed.pipelining's schedules refuse it (PipelineScheduleSingle: "Number of
+    microbatches must be greater than or equal to the number of stages"), so a proxy runs pp."""
+    return plan.pp > 1 and plan.num_microbatches < plan.pp
