@@ -98,10 +98,43 @@ def candidates(result: SearchResult, df=None) -> dict[str, dict]:
                     "peak_memory_bytes": float(row["peak_memory_bytes"]),
                     "tokens_per_s": float(row["tokens_per_s"]),
                     "mfu": float(row["mfu"]),
-                },
+                }
+                | _interval(row),
             },
         )
     return out
+
+
+def _interval(row) -> dict:
+    """The step time's 80 % interval and the support of a candidate (autopar.cost.uncertainty)."""
+    if "step_time_s_low" not in row.index:
+        return {}
+    return {
+        "step_time_s_interval": [float(row["step_time_s_low"]), float(row["step_time_s_high"])],
+        "support": "calibrated" if int(row["support_gaps"]) == 0 else "extrapolated",
+    }
+
+
+def unresolved_first(ranking: list[str], cands: dict[str, dict]) -> list[str]:
+    """The order the measured stage runs plans in: the leader (the ranking's first) first; then the
+    plans the model cannot tell from it, those whose step-time interval overlaps the leader's, the
+    extrapolated before the calibrated (a measurement settles most where the model knows least);
+    then the rest. Each group keeps the ranking's order. Candidates without intervals count as
+    overlapping and calibrated."""
+    if not ranking:
+        return []
+    lead = cands[ranking[0]]["predicted"]
+    lead_high = lead.get("step_time_s_interval", [0.0, float("inf")])[1]
+
+    def group(k: str) -> int:
+        p = cands[k]["predicted"]
+        low = p.get("step_time_s_interval", [p["step_time_s"]])[0]
+        if low > lead_high:
+            return 3
+        return 1 if p.get("support") == "extrapolated" else 2
+
+    rest = sorted(ranking[1:], key=lambda k: group(k))  # stable: the ranking's order within a group
+    return ranking[:1] + rest
 
 
 @dataclass
@@ -169,7 +202,7 @@ def run_measured(
     if stale:
         log(f"measured stage: {stale} interrupted trial(s) of a dead process failed; their plans rerun")
     budget = max(budget or k, k)
-    ranking = diverse(list(cands), cands)
+    ranking = unresolved_first(diverse(list(cands), cands), cands)
 
     @functools.cache  # asked once per plan
     def cannot(kk: str) -> str | None:

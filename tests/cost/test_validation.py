@@ -159,3 +159,18 @@ def test_stored_figures_are_for_this_code_and_data():
     stored = stored_figures()
     assert stored is not None
     assert stored["digest"] == current_digest()
+
+
+@pytest.mark.parametrize("category", list(BARS))
+def test_the_80_percent_interval_covers_70_to_90_percent_of_held_out_rows(loso, category):
+    """Issue 23: the interval of every published run, built from the other sources' held-out
+    residuals (recomputed above, not read back), holds its published value for 70-90 % of the rows
+    of each category; the stored coverage (what `autopar validate --json` prints) is this one."""
+    from autopar.cost.uncertainty import calibration_point, coverage, fit_widening
+
+    points = [calibration_point(r.case, r.error) for r in loso.rows if not r.case.dropless]
+    widening = fit_widening(points)
+    got = coverage(points, widening)[category]
+    assert got["rows"] >= 10
+    assert 0.70 <= got["covered"] <= 0.90, f"{category}: {100 * got['covered']:.1f}% of {got['rows']} rows"
+    assert stored_figures()["uncertainty"]["coverage"][category]["covered"] == pytest.approx(got["covered"])

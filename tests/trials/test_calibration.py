@@ -101,3 +101,30 @@ def test_plan_key_and_diverse_order():
         for k in order[:5]
     }
     assert len(first) == 5  # the first five span the five layouts
+
+
+def test_the_measured_stage_runs_first_what_the_model_cannot_separate():
+    """The leader first; then the plans whose step-time interval overlaps the leader's, the
+    extrapolated before the calibrated; the plans the leader's interval excludes last."""
+    from autopar.search.trials import unresolved_first
+
+    def cand(t, lo, hi, support):
+        return {"predicted": {"step_time_s": t, "step_time_s_interval": [lo, hi], "support": support}}
+
+    cands = {
+        "lead": cand(10.0, 9.0, 11.0, "calibrated"),
+        "close-calibrated": cand(10.2, 9.2, 11.4, "calibrated"),
+        "close-extrapolated": cand(10.5, 9.5, 12.0, "extrapolated"),
+        "far-extrapolated": cand(13.0, 11.5, 15.0, "extrapolated"),
+        "far": cand(12.5, 11.2, 13.5, "calibrated"),
+        "close-extrapolated-2": cand(10.9, 10.8, 13.0, "extrapolated"),
+    }
+    ranking = list(cands)
+    assert unresolved_first(ranking, cands) == [
+        "lead",
+        "close-extrapolated",
+        "close-extrapolated-2",
+        "close-calibrated",
+        "far-extrapolated",
+        "far",
+    ]

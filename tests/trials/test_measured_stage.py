@@ -16,7 +16,7 @@ from autopar.search.run import SearchOptions, run_search
 from autopar.search.scenarios import global_batch
 from autopar.search.space import load_space
 from autopar.search.trial_results import acceptance
-from autopar.search.trials import STUDY, candidates, diverse, run_measured
+from autopar.search.trials import STUDY, candidates, diverse, run_measured, unresolved_first
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 
@@ -38,7 +38,7 @@ def _result(tmp_path):
 def test_seeded_failures_budget_winner(local_env, tmp_path):
     result = _result(tmp_path)
     cands = candidates(result)
-    seeded = diverse(list(cands), cands)[:4]
+    seeded = unresolved_first(diverse(list(cands), cands), cands)[:4]
     calls = []
 
     def measure(plan, predicted, on_step):

@@ -1,0 +1,144 @@
+"""The 80 % intervals and the support of a prediction (autopar.cost.uncertainty), derived by hand on
+small sets of calibration points: the regime's quantiles, the back-off to a coarser regime, the
+support gaps and their words, the widening, and the leave-one-source-out coverage."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from autopar.cost import uncertainty as U
+from autopar.cost.estimate import estimate_table
+from autopar.spec.hardware import default_cluster
+from autopar.spec.plan import ParallelPlan
+from autopar.spec.presets import get_preset
+from autopar.spec.table import PlanTable
+
+
+def point(i: int, residual: float, **kw) -> U.CalibrationPoint:
+    base = dict(
+        row_id=str(i),
+        source=f"s{i % 4}",
+        profile="megatron",
+        workload="dense",
+        long_context=False,
+        dtype="bf16",
+        generation="hopper",
+        gpu="h100-sxm",
+        tp=8,
+        pp=4,
+        cp=1,
+        ep=1,
+        dp=16,
+        zero_stage=1,
+        num_gpus=512,
+        ep_cross_node=False,
+        residual=residual,
+        params=70e9,
+        categories=("dense Megatron-family",),
+    )
+    return U.CalibrationPoint(**(base | kw))
+
+
+def type7(values, q):
+    """Hyndman & Fan type 7 by hand: h = (n - 1) q, linear between the order statistics."""
+    v = sorted(values)
+    h = (len(v) - 1) * q
+    lo = math.floor(h)
+    return v[lo] + (h - lo) * (v[min(lo + 1, len(v) - 1)] - v[lo])
+
+
+def test_band_is_the_regimes_10_and_90_percent_quantiles():
+    residuals = [-0.20, -0.12, -0.05, -0.02, 0.0, 0.01, 0.03, 0.06, 0.09, 0.15, 0.30]
+    support = U.Support(tuple(point(i, r) for i, r in enumerate(residuals)), widening=0.0)
+    band = U.regime_band(support, "megatron", "dense", False, "bf16", "hopper")
+    assert band.runs == 11 and band.name == "megatron dense short context bf16 hopper"
+    assert band.low == pytest.approx(type7(residuals, 0.1))  # -0.12
+    assert band.high == pytest.approx(type7(residuals, 0.9))  # 0.15
+
+
+def test_a_regime_of_fewer_than_ten_runs_backs_off_to_a_coarser_one():
+    hopper = [point(i, 0.05) for i in range(6)]
+    ampere = [point(10 + i, -0.10 + 0.02 * i, generation="ampere", gpu="a100-80gb") for i in range(6)]
+    support = U.Support(tuple(hopper + ampere), 0.0)
+    band = U.regime_band(support, "megatron", "dense", False, "bf16", "hopper")
+    every = [p.residual for p in hopper + ampere]
+    assert band.runs == 12 and band.name == "megatron dense short context"
+    assert band.low == pytest.approx(min(type7(every, 0.1), 0.0))
+    assert band.high == pytest.approx(max(type7(every, 0.9), 0.0))
+
+
+def test_the_band_always_holds_the_central_prediction():
+    support = U.Support(tuple(point(i, 0.1 + 0.01 * i) for i in range(12)), 0.0)
+    band = U.regime_band(support, "megatron", "dense", False, "bf16", "hopper")
+    assert band.low == 0.0 and band.high > 0.1  # every run faster than predicted: the interval reaches up only
+
+
+def test_support_gaps_and_their_words():
+    model, cluster = get_preset("70b"), default_cluster("h100-sxm")
+    points = [point(i, 0.0, zero_stage=3 if i < 3 else 1, dp=64 if i < 3 else 16) for i in range(12)]
+    support = U.Support(tuple(points), widening=0.05)
+    plans = [
+        ParallelPlan(tp=8, pp=4, dp=8, global_batch_size=512, trainer="megatron"),  # inside every reach
+        ParallelPlan(tp=1, pp=1, dp=256, zero_stage=3, global_batch_size=512, trainer="megatron"),
+        ParallelPlan(tp=8, pp=8, cp=2, dp=4, global_batch_size=512, trainer="megatron"),
+    ]
+    table = PlanTable.from_plans(plans)
+    reach = U.Reach.of("megatron", points)
+    gaps = U.support_gaps(table, model, cluster, 8192, reach, table.columns["dtype"])
+    assert gaps[0] == 0
+    assert gaps[1] == U.GAP_BIT["sharded_dp"]
+    assert gaps[2] == U.GAP_BIT["pp"] | U.GAP_BIT["cp"]
+    kind, why = U.support_text(int(gaps[1]), plans[1], model, cluster, 8192, support)
+    assert kind == "extrapolated" and "no megatron run with ZeRO-3 beyond dp 64" in why and "nearest run" in why
+    assert U.support_text(0, plans[0], model, cluster, 8192, support)[0] == "calibrated"
+    # a trainer whose profile has no published run at all
+    t = PlanTable.from_plans([plans[0].with_(trainer="deepspeed")])
+    none = U.support_gaps(t, model, cluster, 8192, U.Reach.of("deepspeed", points), t.columns["dtype"])
+    assert none[0] == U.GAP_BIT["profile"]
+
+
+def test_interval_columns_widen_per_gap():
+    """step time interval = step x exp(-(high + w g)) .. step x exp(-(low - w g)), g the gaps (<= 3)."""
+    model, cluster = get_preset("70b"), default_cluster("h100-sxm")
+    residuals = [-0.10, -0.08, -0.04, -0.02, 0.0, 0.02, 0.03, 0.05, 0.07, 0.12]
+    points = [point(i, r) for i, r in enumerate(residuals)]
+    memory = tuple(np.linspace(-0.05, 0.10, 12))
+    support = U.Support(tuple(points), widening=0.05, memory_residuals=memory)
+    plans = [
+        ParallelPlan(tp=8, pp=4, dp=8, global_batch_size=512, trainer="megatron"),
+        ParallelPlan(tp=8, pp=8, cp=2, dp=4, global_batch_size=512, trainer="megatron"),
+    ]
+    table = PlanTable.from_plans(plans)
+    est = estimate_table(table, model, cluster, num_gpus=256)
+    cols = U.interval_columns(table, est, model, cluster, 8192, support=support)
+    lo, hi = type7(residuals, 0.1), type7(residuals, 0.9)
+    m_lo, m_hi = type7(memory, 0.1), type7(memory, 0.9)
+    for i, g in enumerate((0, 2)):
+        step = est["step_time_s"][i]
+        assert cols["step_time_s_low"][i] == pytest.approx(step * math.exp(-(hi + 0.05 * g)))
+        assert cols["step_time_s_high"][i] == pytest.approx(step * math.exp(-(lo - 0.05 * g)))
+        tok = est["tokens_per_s_per_gpu"][i]
+        assert cols["tokens_per_s_per_gpu_low"][i] == pytest.approx(tok * math.exp(lo - 0.05 * g))
+        peak = est["peak_memory_bytes"][i]
+        assert cols["peak_memory_bytes_high"][i] == pytest.approx(peak * math.exp(m_hi + 0.05 * g))
+        assert cols["peak_memory_bytes_low"][i] == pytest.approx(peak * math.exp(m_lo - 0.05 * g))
+
+
+def test_coverage_leaves_each_source_out():
+    """Four sources; each point's band comes from the other three sources' points. Ten points of
+    residual 0 and two outliers: the outliers fall outside, the rest inside."""
+    points = [point(i, 0.0) for i in range(10)] + [point(10, 0.5), point(11, -0.5)]
+    got = U.coverage(points, widening=0.0)["dense Megatron-family"]
+    assert got == {"rows": 12, "covered": pytest.approx(10 / 12)}
+
+
+def test_widening_is_the_80th_percentile_of_what_extrapolated_runs_needed():
+    """Ten calibrated runs at residual 0 from sources s0-s3, and five runs of one new source beyond
+    every other run's tp (one gap each) with residuals 0.1 .. 0.5: each needed its own residual, so
+    the widening is their 80th percentile (type 7)."""
+    base = [point(i, 0.0) for i in range(12)]
+    far = [point(100 + i, 0.1 * (i + 1), source="new", tp=16) for i in range(5)]
+    assert U.fit_widening(base + far) == pytest.approx(type7([0.1, 0.2, 0.3, 0.4, 0.5], 0.8))
