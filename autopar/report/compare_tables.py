@@ -58,6 +58,10 @@ COMPARE_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("memory (GiB)", "headroom_bytes", "headroom", "higher"),
     ("memory (GiB)", "params_per_gpu", "parameters per GPU", "lower"),
     *(("comm per GPU per step (GB)", f"comm_bytes_per_gpu.{a}", a.upper(), "lower") for a in AXES),
+    # how sure (autopar.cost.uncertainty): the pessimistic end is the one to rank by
+    ("how sure", "support", "support", ""),
+    ("how sure", "step_time_s_low", "step time, 80 % interval low", ""),
+    ("how sure", "step_time_s_high", "step time, 80 % interval high", "lower"),
 )
 #: display scale of a row's raw value, by section
 COMPARE_SCALE = {"memory (GiB)": GIB, "comm per GPU per step (GB)": 1e9}
@@ -81,6 +85,7 @@ def compare_table(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
         e["name"] = e.get("name") or trial_name(e.get("plan", {}), "?")
         e["headroom_bytes"] = e["memory_capacity_bytes"] - e["peak_memory_bytes"]
         e["reasons"] = "; ".join(e.get("reasons") or [])
+        e["step_time_s_low"], e["step_time_s_high"] = e.get("step_time_s_interval") or (None, None)
         ests.append(e)
     rows = []
     for section, key, label, better in COMPARE_ROWS:

@@ -57,6 +57,8 @@ def fmt(value, kind: str = "") -> str:
 #: compare row key -> kind
 COMPARE_KINDS = {
     "step_time_s": "s4",
+    "step_time_s_low": "s4",
+    "step_time_s_high": "s4",
     "tokens_per_s": "count",
     "tokens_per_s_per_gpu": "count",
     "model_tflops_per_gpu": "tflops",

@@ -123,3 +123,12 @@ def test_validate_json_reports_coverage_per_category(cli_run):
             assert 0.70 <= v["covered"] <= 0.90, (category, v)
     assert {"dense Megatron-family", "FSDP-family", "MoE", "long context"} <= set(cov)
     assert not math.isnan(cov["peak memory"]["covered"])
+
+
+def test_compare_shows_each_layouts_support_and_interval(cli_run):
+    r = cli_run("compare", "--model", "70b", "--gpus", "256", "--tp 8 --pp 4", "--zero 3 --recompute full", "--json")
+    assert r.returncode == 0, r.stderr
+    a, b = json.loads(r.stdout)["layouts"]
+    _check_fields(a)
+    _check_fields(b)
+    assert (a["support"], b["support"]) == ("calibrated", "extrapolated")
