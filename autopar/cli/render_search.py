@@ -146,14 +146,7 @@ def run_cells(row, run) -> list[str]:
 
 
 #: trainers as the tables abbreviate them (the legend under the table spells them out)
-TRAINER_LETTERS = {
-    "megatron": "M",
-    "nemo": "N",
-    "bridge": "B",
-    "torchtitan": "T",
-    "deepspeed": "D",
-    "autopar": "A",
-}
+TRAINER_LETTERS = {"megatron": "M", "nemo": "N", "bridge": "B", "torchtitan": "T", "deepspeed": "D", "autopar": "A"}
 
 
 def _runs_on(row) -> str:
@@ -232,7 +225,9 @@ def print_result(r: SearchResult) -> None:
     n, valid, fit = r.counts["evaluated"], r.counts["valid"], r.counts["fit"]
     if not r.top.empty:
         c.print(top_table(r))
-        c.print(trainer_legend(r) + "; 80% range: the step time's 80 % interval; support: calib(rated) or extrap(olated)")
+        c.print(
+            trainer_legend(r) + "; 80% range: the step time's 80 % interval; support: calib(rated) or extrap(olated)"
+        )
         if len(r.per_trainer) > 1:
             c.print(trainer_table(r))
     c.print(f"[bold]{r.why}[/bold]")

@@ -25,7 +25,8 @@ from autopar.cost.profile_fit import ProfileFit, fit_profiles
 from autopar.cost.profiles import Provenance, profile_of, profiles_toml
 from autopar.cost.run_cases import RunCase, build_cases
 from autopar.cost.run_rows import BUNDLED, BUNDLED_ROWS, load_runs
-from autopar.cost.uncertainty import LEVEL, calibration_point, coverage, fit_widening, memory_coverage
+from autopar.cost.support import calibration_point
+from autopar.cost.uncertainty import LEVEL, coverage, fit_widening, memory_coverage
 from autopar.cost.validation import RowResult, ValidationResult, evaluate_cases
 from autopar.errors import InputError
 from autopar.json_out import dumps
@@ -239,7 +240,9 @@ def _uncertainty_body(report: ValidationReport) -> dict | None:
     cases = [r.case for r in report.in_sample.rows]
     memory = compare_published_memory(cases).comparisons
     peaks = [c for c in memory if c.figure.quantity in ("reserved", "device") and c.error > -1]
-    body["memory_residuals"] = [{"row_id": c.row_id, "source": c.source, "residual": -math.log1p(c.error)} for c in peaks]
+    body["memory_residuals"] = [
+        {"row_id": c.row_id, "source": c.source, "residual": -math.log1p(c.error)} for c in peaks
+    ]
     body["coverage"]["peak memory"] = memory_coverage([(c.source, -math.log1p(c.error)) for c in peaks])
     return body
 

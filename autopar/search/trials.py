@@ -41,6 +41,7 @@ from autopar.search import optuna_driver as od
 from autopar.search import trial_claims as claims
 from autopar.search.results import ranked, row_plan
 from autopar.search.run import SearchResult
+from autopar.search.trial_order import diverse, unresolved_first
 from autopar.spec.hardware import GIB
 from autopar.spec.plan import ParallelPlan
 
@@ -61,24 +62,6 @@ def plan_key(plan: dict) -> str:
         f"tp{p.tp}.pp{p.pp}.v{p.vpp}.dp{p.dp}.cp{p.cp}.ep{p.ep}.{p.pp_schedule}.mb{p.micro_batch_size}"
         f".z{p.zero_stage}.{p.recompute}.{p.dtype}" + (".sp" if p.sequence_parallel else "")
     )
-
-
-def diverse(keys: list[str], cands: dict[str, dict]) -> list[str]:
-    """The ranking reordered round-robin over layouts (axes, schedule, recomputation), fastest first
-    within each, so the top-K measured spans axes, schedules, recomputation, micro-batches and ZeRO
-    stages, not one layout's near-ties."""
-    groups: dict[str, list[str]] = {}
-    for k in keys:
-        p = cands[k]["plan"]
-        layout = (p["tp"], p["pp"], p["vpp"], p.get("cp", 1), p["dp"], p.get("pp_schedule"), p.get("recompute"))
-        groups.setdefault(".".join(map(str, layout)), []).append(k)
-    out, i = [], 0
-    while len(out) < len(keys):
-        for g in groups.values():
-            if i < len(g):
-                out.append(g[i])
-        i += 1
-    return out
 
 
 def candidates(result: SearchResult, df=None) -> dict[str, dict]:
@@ -113,28 +96,6 @@ def _interval(row) -> dict:
         "step_time_s_interval": [float(row["step_time_s_low"]), float(row["step_time_s_high"])],
         "support": "calibrated" if int(row["support_gaps"]) == 0 else "extrapolated",
     }
-
-
-def unresolved_first(ranking: list[str], cands: dict[str, dict]) -> list[str]:
-    """The order the measured stage runs plans in: the leader (the ranking's first) first; then the
-    plans the model cannot tell from it, those whose step-time interval overlaps the leader's, the
-    extrapolated before the calibrated (a measurement settles most where the model knows least);
-    then the rest. Each group keeps the ranking's order. Candidates without intervals count as
-    overlapping and calibrated."""
-    if not ranking:
-        return []
-    lead = cands[ranking[0]]["predicted"]
-    lead_high = lead.get("step_time_s_interval", [0.0, float("inf")])[1]
-
-    def group(k: str) -> int:
-        p = cands[k]["predicted"]
-        low = p.get("step_time_s_interval", [p["step_time_s"]])[0]
-        if low > lead_high:
-            return 3
-        return 1 if p.get("support") == "extrapolated" else 2
-
-    rest = sorted(ranking[1:], key=lambda k: group(k))  # stable: the ranking's order within a group
-    return ranking[:1] + rest
 
 
 @dataclass

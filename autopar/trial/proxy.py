@@ -151,7 +151,9 @@ class Planner:
     def _full(self, plan: ParallelPlan, predicted: dict) -> Placement | None:
         """The plan as is, when nothing needs to change and it fits."""
         t = self.target
-        if self._changes_needed(plan) or plan.tp_comm_overlap or _too_few_microbatches(plan):
+        # fewer microbatches than stages: Megatron runs it, torch.distributed.pipelining refuses it
+        few = plan.pp > 1 and plan.num_microbatches < plan.pp
+        if self._changes_needed(plan) or plan.tp_comm_overlap or few:
             return None
         if self.limits is not None:
             if t.num_gpus > self.limits.max_ranks:
@@ -395,10 +397,3 @@ class Planner:
             + (f", {wd}x narrower" if wd > 1 else "")
             + (f", sequence /{sd}" if sd > 1 else "")
         )
-
-
-def _too_few_microbatches(plan: ParallelPlan) -> bool:
-    """Fewer microbatches than pipeline stages: Megatron runs it (warm-up min(pp - rank - 1, m)),
-    torch.distributed.pipelining's schedules refuse it (PipelineScheduleSingle: "Number of
-    microbatches must be greater than or equal to the number of stages"), so a proxy runs pp."""
-    return plan.pp > 1 and plan.num_microbatches < plan.pp

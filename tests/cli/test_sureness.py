@@ -56,7 +56,9 @@ def test_search_json_top_and_per_trainer_carry_intervals(search70):
         _check_fields(d)
     every = pd.read_parquet(run / "plans.parquet")
     fit = every[every["fits"]]
-    assert (fit["step_time_s_low"] <= fit["step_time_s"]).all() and (fit["step_time_s"] <= fit["step_time_s_high"]).all()
+    assert (fit["step_time_s_low"] <= fit["step_time_s"]).all() and (
+        fit["step_time_s"] <= fit["step_time_s_high"]
+    ).all()
     top = out["top"][0]
     row = every[every["plan_index"] == top["plan_index"]].iloc[0]
     assert [row["step_time_s_low"], row["step_time_s_high"]] == pytest.approx(top["step_time_s_interval"])

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from autopar.cost import support as S
 from autopar.cost import uncertainty as U
 from autopar.cost.estimate import estimate_table
 from autopar.spec.hardware import default_cluster
@@ -17,7 +18,7 @@ from autopar.spec.presets import get_preset
 from autopar.spec.table import PlanTable
 
 
-def point(i: int, residual: float, **kw) -> U.CalibrationPoint:
+def point(i: int, residual: float, **kw) -> S.CalibrationPoint:
     base = dict(
         row_id=str(i),
         source=f"s{i % 4}",
@@ -39,7 +40,7 @@ def point(i: int, residual: float, **kw) -> U.CalibrationPoint:
         params=70e9,
         categories=("dense Megatron-family",),
     )
-    return U.CalibrationPoint(**(base | kw))
+    return S.CalibrationPoint(**(base | kw))
 
 
 def type7(values, q):
@@ -86,18 +87,18 @@ def test_support_gaps_and_their_words():
         ParallelPlan(tp=8, pp=8, cp=2, dp=4, global_batch_size=512, trainer="megatron"),
     ]
     table = PlanTable.from_plans(plans)
-    reach = U.Reach.of("megatron", points)
-    gaps = U.support_gaps(table, model, cluster, 8192, reach, table.columns["dtype"])
+    reach = S.Reach.of("megatron", points)
+    gaps = S.support_gaps(table, model, cluster, 8192, reach, table.columns["dtype"])
     assert gaps[0] == 0
-    assert gaps[1] == U.GAP_BIT["sharded_dp"]
-    assert gaps[2] == U.GAP_BIT["pp"] | U.GAP_BIT["cp"]
+    assert gaps[1] == S.GAP_BIT["sharded_dp"]
+    assert gaps[2] == S.GAP_BIT["pp"] | S.GAP_BIT["cp"]
     kind, why = U.support_text(int(gaps[1]), plans[1], model, cluster, 8192, support)
     assert kind == "extrapolated" and "no megatron run with ZeRO-3 beyond dp 64" in why and "nearest run" in why
     assert U.support_text(0, plans[0], model, cluster, 8192, support)[0] == "calibrated"
     # a trainer whose profile has no published run at all
     t = PlanTable.from_plans([plans[0].with_(trainer="deepspeed")])
-    none = U.support_gaps(t, model, cluster, 8192, U.Reach.of("deepspeed", points), t.columns["dtype"])
-    assert none[0] == U.GAP_BIT["profile"]
+    none = S.support_gaps(t, model, cluster, 8192, S.Reach.of("deepspeed", points), t.columns["dtype"])
+    assert none[0] == S.GAP_BIT["profile"]
 
 
 def test_interval_columns_widen_per_gap():

@@ -166,7 +166,8 @@ def test_the_80_percent_interval_covers_70_to_90_percent_of_held_out_rows(loso, 
     """Issue 23: the interval of every published run, built from the other sources' held-out
     residuals (recomputed above, not read back), holds its published value for 70-90 % of the rows
     of each category; the stored coverage (what `autopar validate --json` prints) is this one."""
-    from autopar.cost.uncertainty import calibration_point, coverage, fit_widening
+    from autopar.cost.support import calibration_point
+    from autopar.cost.uncertainty import coverage, fit_widening
 
     points = [calibration_point(r.case, r.error) for r in loso.rows if not r.case.dropless]
     widening = fit_widening(points)

@@ -15,8 +15,9 @@ from autopar.search.enumerate import Question
 from autopar.search.run import SearchOptions, run_search
 from autopar.search.scenarios import global_batch
 from autopar.search.space import load_space
+from autopar.search.trial_order import diverse, unresolved_first
 from autopar.search.trial_results import acceptance
-from autopar.search.trials import STUDY, candidates, diverse, run_measured, unresolved_first
+from autopar.search.trials import STUDY, candidates, run_measured
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 

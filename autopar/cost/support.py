@@ -1,0 +1,257 @@
+"""Where the cost model has been checked: the published runs as calibration points (their regime,
+their layout, their held-out residual), how far the runs of one profile go (Reach), and the support
+gaps of a plan against them, in bits and in words, with the nearest published run. The intervals
+built on them are autopar.cost.uncertainty's."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from autopar.cost.collectives import place
+from autopar.spec.hardware import ClusterSpec
+from autopar.spec.model import ModelSpec
+from autopar.spec.plan import DTYPES
+from autopar.spec.table import PlanTable
+
+#: gaps counted in the widening: beyond three the plan is far from anything measured anyway
+MAX_GAPS = 3
+
+
+#: sequence length from which a run counts as long-context (the validation's categories)
+LONG_CONTEXT = 32768
+
+
+#: what a plan may do beyond every published run of its profile, one bit each
+SUPPORT_GAPS = (
+    "profile",
+    "workload",
+    "long_context",
+    "dtype",
+    "generation",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "ep_cross_node",
+    "sharded_dp",
+    "gpus",
+)
+
+
+GAP_BIT = {name: 1 << i for i, name in enumerate(SUPPORT_GAPS)}
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """One published run as the support of the cost model: its regime, its layout and its held-out
+    residual ln(published / predicted)."""
+
+    row_id: str
+    source: str
+    profile: str
+    workload: str  # "dense" | "moe"
+    long_context: bool
+    dtype: str
+    generation: str
+    gpu: str
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    dp: int
+    zero_stage: int
+    num_gpus: int
+    ep_cross_node: bool
+    residual: float
+    params: float = 0.0  # the model's parameters
+    categories: tuple[str, ...] = ()  # the validation's categories it counts in
+    layout: str = ""
+    model: str = ""
+
+    def regime(self, level: Sequence[str]) -> tuple:
+        return tuple(getattr(self, f) for f in level)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def calibration_point(case, error: float) -> CalibrationPoint:
+    """A published run (autopar.cost.run_cases.RunCase) and its held-out relative error on
+    throughput, as a calibration point."""
+    p, g = case.plan, case.cluster
+    ep_nodes = int(place(p.ep, p.etp, g.gpus_per_node).nodes) if case.model.moe else 1
+    return CalibrationPoint(
+        row_id=case.row_id,
+        source=case.source,
+        profile=case.profile,
+        workload=case.workload,
+        long_context=case.seq_len >= LONG_CONTEXT,
+        dtype=p.dtype,
+        generation=g.gpu.generation,
+        gpu=g.gpu.key,
+        tp=p.tp,
+        pp=p.pp,
+        cp=p.cp,
+        ep=p.ep,
+        dp=p.dp,
+        zero_stage=p.zero_stage,
+        num_gpus=p.num_gpus,
+        ep_cross_node=ep_nodes > 1,
+        residual=-math.log1p(error),
+        params=float(case.model.params_total),
+        categories=tuple(case.categories()),
+        layout=p.describe(),
+        model=case.name,
+    )
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How far the published runs of one profile go (the support a plan is checked against)."""
+
+    profile: str
+    runs: int
+    workloads: frozenset  # (workload, long_context) pairs
+    dtypes: frozenset
+    generations: frozenset
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    ep_cross_node: bool
+    sharded_dp: int  # largest dp with sharded states (ZeRO-3 / FSDP); 0: none
+    gpus: int
+
+    @classmethod
+    def of(cls, profile: str, points: Sequence[CalibrationPoint]) -> "Reach":
+        mine = [p for p in points if p.profile == profile]
+        moe = [p for p in mine if p.workload == "moe"]
+        sharded = [p.dp for p in mine if p.zero_stage >= 3]
+        return cls(
+            profile=profile,
+            runs=len(mine),
+            workloads=frozenset((p.workload, p.long_context) for p in mine),
+            dtypes=frozenset(p.dtype for p in mine),
+            generations=frozenset(p.generation for p in mine),
+            tp=max((p.tp for p in mine), default=0),
+            pp=max((p.pp for p in mine), default=0),
+            cp=max((p.cp for p in mine), default=0),
+            ep=max((p.ep for p in moe), default=0),
+            ep_cross_node=any(p.ep_cross_node for p in moe),
+            sharded_dp=max(sharded, default=0),
+            gpus=max((p.num_gpus for p in mine), default=0),
+        )
+
+
+def support_gaps(
+    table: PlanTable, model: ModelSpec, cluster: ClusterSpec, seq_len: int, reach: Reach, dtype: np.ndarray
+) -> np.ndarray:
+    """Per plan, the bitmask of SUPPORT_GAPS it has against `reach` (0: calibrated)."""
+    c = table.columns
+    crosses = place(c["ep"], c["etp"], cluster.gpus_per_node).nodes > 1
+    return layout_gaps(
+        reach,
+        "moe" if model.moe else "dense",
+        seq_len >= LONG_CONTEXT,
+        cluster.gpu.generation,
+        np.asarray(DTYPES, dtype=object)[dtype],
+        c["tp"],
+        c["pp"],
+        c["cp"],
+        c["ep"],
+        crosses,
+        c["zero_stage"],
+        c["dp"],
+        table.num_gpus,
+    )
+
+
+def layout_gaps(reach: Reach, workload, long_context, generation, dtype, tp, pp, cp, ep, ep_cross, zero, dp, gpus):
+    """The gap bitmask of layouts (arrays) of one workload, context and GPU generation."""
+    n = len(tp)
+    gaps = np.zeros(n, dtype=np.int64)
+    if reach.runs == 0:
+        return gaps | GAP_BIT["profile"]
+    if (workload, long_context) not in reach.workloads:
+        kind = "long_context" if long_context and any(w == workload for w, _ in reach.workloads) else "workload"
+        gaps |= GAP_BIT[kind]
+    gaps |= np.where(np.isin(dtype, list(reach.dtypes)), 0, GAP_BIT["dtype"])
+    if not generation or generation not in reach.generations:
+        gaps |= GAP_BIT["generation"]
+    for name, size in (("tp", tp), ("pp", pp), ("cp", cp)):
+        gaps |= np.where(np.asarray(size) > getattr(reach, name), GAP_BIT[name], 0)
+    if workload == "moe":
+        gaps |= np.where(np.asarray(ep) > reach.ep, GAP_BIT["ep"], 0)
+        if not reach.ep_cross_node:
+            gaps |= np.where(ep_cross, GAP_BIT["ep_cross_node"], 0)
+    sharded = np.asarray(zero) >= 3
+    gaps |= np.where(sharded & (np.asarray(dp) > reach.sharded_dp), GAP_BIT["sharded_dp"], 0)
+    gaps |= np.where(np.asarray(gpus) > reach.gpus, GAP_BIT["gpus"], 0)
+    return gaps
+
+
+def gap_count(gaps: np.ndarray) -> np.ndarray:
+    """Support gaps per plan (bits set), at most MAX_GAPS."""
+    g = np.asarray(gaps, dtype=np.int64)
+    count = np.zeros(g.shape, dtype=np.int64)
+    for bit in GAP_BIT.values():
+        count += (g & bit) > 0
+    return np.minimum(count, MAX_GAPS)
+
+
+def gap_words(name: str, plan, model, cluster, seq_len: int, reach: Reach) -> str:
+    who = reach.profile
+    if name == "profile":
+        return f"no published run on {who}'s profile"
+    if name == "workload":
+        return f"no {'MoE' if model.moe else 'dense'} run on {who}"
+    if name == "long_context":
+        return f"no run at {seq_len // 1024}K context on {who}"
+    if name == "dtype":
+        return f"no {plan.dtype} run on {who}"
+    if name == "generation":
+        gen = cluster.gpu.generation or "this GPU's (not stated)"
+        return f"no {who} run on a {gen} GPU"
+    if name in ("tp", "pp", "cp", "ep"):
+        return f"no {who} run with {name} beyond {getattr(reach, name)}"
+    if name == "ep_cross_node":
+        return f"no {who} run with EP across nodes"
+    if name == "sharded_dp":
+        what = "ZeRO-3" if who != "torchtitan" else "FSDP"
+        limit = f"beyond dp {reach.sharded_dp}" if reach.sharded_dp else "at all"
+        return f"no {who} run with {what} {limit}"
+    if name == "gpus":
+        return f"no {who} run beyond {reach.gpus} GPUs"
+    raise KeyError(name)
+
+
+def nearest_point(plan, model, cluster, points: Sequence[CalibrationPoint], profile: str) -> CalibrationPoint | None:
+    """The published run of the profile (else of any) closest to the plan: the same workload,
+    context, precision and generation first, then the nearest sizes in log2."""
+    pool = [p for p in points if p.profile == profile] or list(points)
+    if not pool:
+        return None
+    workload, long_context = ("moe" if model.moe else "dense"), model.seq_len >= LONG_CONTEXT
+
+    def distance(p: CalibrationPoint) -> float:
+        d = 4.0 * (p.workload != workload) + 2.0 * (p.long_context != long_context)
+        d += 2.0 * (p.dtype != plan.dtype) + 1.0 * (p.generation != cluster.gpu.generation)
+        d += 1.0 * ((p.zero_stage >= 3) != (plan.zero_stage >= 3))
+        for a, b in ((p.tp, plan.tp), (p.pp, plan.pp), (p.cp, plan.cp), (p.ep, plan.ep), (p.dp, plan.dp)):
+            d += 0.25 * abs(math.log2(a) - math.log2(b))
+        if p.params > 0:
+            d += 0.5 * abs(math.log2(p.params / model.params_total))
+        return d
+
+    return min(pool, key=lambda p: (distance(p), p.row_id))
+
+
+def point_gaps(p: CalibrationPoint, points: Sequence[CalibrationPoint]) -> int:
+    """Support gaps of a published run against other points (as counted in the widening)."""
+    one = (np.array([v]) for v in (p.dtype, p.tp, p.pp, p.cp, p.ep, p.ep_cross_node, p.zero_stage, p.dp, p.num_gpus))
+    reach = Reach.of(p.profile, points)
+    return int(gap_count(layout_gaps(reach, p.workload, p.long_context, p.generation, *one))[0])
