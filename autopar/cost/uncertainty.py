@@ -249,15 +249,29 @@ def fit_widening(points: Sequence[CalibrationPoint]) -> float:
 def coverage(points: Sequence[CalibrationPoint], widening: float) -> dict[str, dict]:
     """Per category, the share of published runs whose published value falls inside the 80 %
     interval built from the other sources' points (leave-one-source-out)."""
-    hits: dict[str, list[bool]] = {}
-    for p in points:
-        rest = Support(tuple(q for q in points if q.source != p.source), widening)
-        band = regime_band(rest, p.profile, p.workload, p.long_context, p.dtype, p.generation)
-        w = widening * point_gaps(p, rest.points)
-        inside = band.low - w <= p.residual <= band.high + w
-        for c in p.categories:
-            hits.setdefault(c, []).append(inside)
-    return {c: {"rows": len(h), "covered": float(np.mean(h))} for c, h in hits.items()}
+    return _shares((p, inside(p, Support(tuple(q for q in points if q.source != p.source), widening))) for p in points)
+
+
+def coverage_against(points: Sequence[CalibrationPoint], support: Support) -> dict[str, dict]:
+    """Per category, the share of runs (their errors under the shipped profiles) inside the
+    intervals the shipped support gives them: how a set of runs the model never saw judges it."""
+    return _shares((p, inside(p, support)) for p in points)
+
+
+def inside(p: CalibrationPoint, support: Support) -> bool:
+    """Whether a run's residual falls inside the interval `support` gives its regime and layout."""
+    band = regime_band(support, p.profile, p.workload, p.long_context, p.dtype, p.generation)
+    w = support.widening * point_gaps(p, support.points)
+    return band.low - w <= p.residual <= band.high + w
+
+
+def _shares(hits: Iterable[tuple[CalibrationPoint, bool]]) -> dict[str, dict]:
+    """{category: {rows, covered}} of (point, inside) pairs, every run in "all rows" too."""
+    by: dict[str, list[bool]] = {}
+    for p, hit in hits:
+        for c in (*p.categories, "all rows"):
+            by.setdefault(c, []).append(hit)
+    return {c: {"rows": len(h), "covered": float(np.mean(h))} for c, h in by.items()}
 
 
 def memory_coverage(residuals: Sequence[tuple[str, float]]) -> dict:

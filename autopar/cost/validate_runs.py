@@ -26,7 +26,7 @@ from autopar.cost.profiles import Provenance, profile_of, profiles_toml
 from autopar.cost.run_cases import RunCase, build_cases
 from autopar.cost.run_rows import BUNDLED, BUNDLED_ROWS, load_runs
 from autopar.cost.support import calibration_point
-from autopar.cost.uncertainty import LEVEL, coverage, fit_widening, memory_coverage
+from autopar.cost.uncertainty import LEVEL, coverage, coverage_against, fit_widening, memory_coverage, support_points
 from autopar.cost.validation import RowResult, ValidationResult, evaluate_cases
 from autopar.errors import InputError
 from autopar.json_out import dumps
@@ -45,6 +45,8 @@ class ValidationReport:
     fit: ProfileFit | None
     runs: str  # what was read
     stored_uncertainty: dict | None = None  # the stored points, widening and coverage, when read back
+    #: a user's runs priced with the shipped profiles: their coverage is by the shipped intervals
+    judged_by_shipped: bool = False
 
     def uncertainty(self) -> dict | None:
         """The calibration points of the held-out errors, the fitted widening per support gap and
@@ -52,6 +54,13 @@ class ValidationReport:
         cross-validated figures."""
         if self.stored_uncertainty is not None:
             return self.stored_uncertainty
+        if self.judged_by_shipped:
+            points = [calibration_point(r.case, r.error) for r in self.in_sample.rows if not r.case.dropless]
+            return {
+                "level": LEVEL,
+                "method": "your runs inside the shipped profiles' intervals (the model never saw them)",
+                "coverage": coverage_against(points, support_points()),
+            }
         if self.cross_validated is None:
             return None
         points = [calibration_point(r.case, r.error) for r in self.cross_validated.rows if not r.case.dropless]
@@ -59,6 +68,7 @@ class ValidationReport:
         return {
             "level": LEVEL,
             "widening": widening,
+            "method": "leave-one-source-out: each run inside the interval the other sources give it",
             "coverage": coverage(points, widening),
             "points": [p.to_dict() for p in points],
         }
@@ -136,7 +146,7 @@ def validate_runs(
         )
     if runs is not None and not cross_validate:
         origin = "not computed for your runs: add --cross-validate (one fit per source)"
-        return ValidationReport(in_sample, None, origin, fitted, what)
+        return ValidationReport(in_sample, None, origin, fitted, what, judged_by_shipped=not fit)
     cv = leave_one_source_out(cases, skipped, progress)
     origin = "recomputed: every source predicted by the profiles fitted to all the others"
     return ValidationReport(in_sample, cv, origin, fitted, what)

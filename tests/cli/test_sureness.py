@@ -134,3 +134,20 @@ def test_compare_shows_each_layouts_support_and_interval(cli_run):
     _check_fields(a)
     _check_fields(b)
     assert (a["support"], b["support"]) == ("calibrated", "extrapolated")
+
+
+def test_validate_runs_of_ones_own_reports_their_coverage_by_the_shipped_intervals(cli_run, tmp_path):
+    """A set of runs the model is judged on (e.g. runs kept aside): priced with the shipped profiles,
+    each inside or outside the interval the shipped support gives it."""
+    from importlib import resources
+
+    from autopar.cost.run_rows import BUNDLED
+
+    path = tmp_path / "mine.csv"
+    path.write_text(resources.files("autopar.cost").joinpath(f"data/{BUNDLED[0]}").read_text())
+    r = cli_run("validate", "--runs", path, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["coverage"]["all rows"]["rows"] == out["evaluated"]
+    assert 0.0 < out["coverage"]["all rows"]["covered"] <= 1.0
+    assert set(out["by_category"]) <= set(out["coverage"])

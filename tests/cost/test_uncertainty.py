@@ -143,3 +143,22 @@ def test_widening_is_the_80th_percentile_of_what_extrapolated_runs_needed():
     base = [point(i, 0.0) for i in range(12)]
     far = [point(100 + i, 0.1 * (i + 1), source="new", tp=16) for i in range(5)]
     assert U.fit_widening(base + far) == pytest.approx(type7([0.1, 0.2, 0.3, 0.4, 0.5], 0.8))
+
+
+def test_runs_the_model_never_saw_are_judged_by_the_shipped_intervals():
+    """Twelve shipped points spread over [-0.1, 0.1]: band = their 10/90 % quantiles. Three new runs:
+    one inside, one beyond the band, one beyond the band but with one support gap (tp 16 > 8) and the
+    widening 0.05 that brings it inside."""
+    shipped = [point(i, -0.1 + 0.2 * i / 11) for i in range(12)]
+    support = U.Support(tuple(shipped), widening=0.05)
+    hi = type7([p.residual for p in shipped], 0.9)
+    new = [
+        point(100, 0.0, source="new"),
+        point(101, hi + 0.02, source="new"),
+        point(102, hi + 0.02, source="new", tp=16),
+    ]
+    assert [U.inside(p, support) for p in new] == [True, False, True]
+    got = U.coverage_against(new, support)
+    assert got["dense Megatron-family"] == {"rows": 3, "covered": pytest.approx(2 / 3)}
+    assert got["all rows"]["rows"] == 3
+
