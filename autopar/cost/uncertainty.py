@@ -283,3 +283,12 @@ def memory_coverage(residuals: Sequence[tuple[str, float]]) -> dict:
         lo, hi = _quantiles(rest) if len(rest) >= MIN_RUNS else (-math.inf, math.inf)
         hits.append(lo <= r <= hi)
     return {"rows": len(hits), "covered": float(np.mean(hits)) if hits else math.nan}
+
+
+def conformal_half_width(residuals: Sequence[float]) -> float | None:
+    """The half-width of the 80 % band of a new residual exchangeable with these n (split conformal
+    on |r|, Lei et al. 2018: the ceil((n + 1) x 0.8)-th smallest |r|), or None when n is too small
+    for one (fewer than 4). What a calibration on measured trials leaves of the model's error."""
+    r = np.sort(np.abs(np.fromiter(residuals, float)))
+    k = math.ceil((len(r) + 1) * LEVEL)
+    return float(r[k - 1]) if 1 <= k <= len(r) else None

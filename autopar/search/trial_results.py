@@ -4,9 +4,11 @@ correlation of predicted and measured step times, memory error)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 from autopar.cost.calibrate import Calibration, calibrate, predict, spearman
+from autopar.cost.uncertainty import LEVEL, conformal_half_width
 from autopar.search.run import SearchResult
 from autopar.search.trials import NOT_RUNNABLE, MeasuredStage
 from autopar.spec.plan import ParallelPlan
@@ -97,7 +99,22 @@ def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
         out["calibrated_constants"] = {n: float(getattr(c.cluster.constants, n)) for n in c.time_fit.names}
         out["time_residuals_calibrated"] = {d["key"]: float(p / m - 1) for d, p, m in zip(ok, after_t, meas)}
         out["memory_error_calibrated_max_abs"] = float(max(abs(p / m - 1) for p, m in zip(after_m, mem)))
+        out["intervals"] = intervals_before_after(ok, after_t, meas)
     return out
+
+
+def intervals_before_after(ok: list[dict], after_t, measured) -> dict:
+    """Each measured plan's 80 % step-time interval before calibration (the published runs' band)
+    and after it: the calibrated prediction x exp(+-h), h the conformal half-width of the calibrated
+    trials' residuals ln(measured / calibrated) (autopar.cost.uncertainty); None with too few trials."""
+    residuals = [math.log(m / p) for p, m in zip(after_t, measured)]
+    h = conformal_half_width(residuals)
+    plans = {}
+    for d, p in zip(ok, after_t):
+        before = (d.get("predicted") or {}).get("step_time_s_interval")
+        after = None if h is None else [float(p * math.exp(-h)), float(p * math.exp(h))]
+        plans[d["key"]] = {"before": before, "after": after, "calibrated_step_time_s": float(p)}
+    return {"level": LEVEL, "trials": len(residuals), "half_width_log": h, "plans": plans}
 
 
 def candidate_rows(stage: MeasuredStage) -> list[dict]:

@@ -84,6 +84,19 @@ def test_seeded_failures_budget_winner(local_env, tmp_path):
     ok = [d for d in stage.docs.values() if d["status"] == "ok"]
     assert figs["winner"]["key"] == min(ok, key=lambda d: d["measured"]["step_time_s"])["key"]
     assert "spearman_calibrated" in figs and abs(figs["memory_error_max_abs"] - 0.05 / 1.05) < 1e-6
+    # intervals after calibration: the calibrated prediction x exp(+-h), h the ceil(5 x 0.8) = 4th
+    # smallest of the 4 trials' |ln(measured / calibrated)| (split conformal), by hand
+    import math
+
+    res = figs["time_residuals_calibrated"]  # calibrated / measured - 1
+    h = max(abs(math.log(1 + v)) for v in res.values())
+    iv = figs["intervals"]
+    assert iv["trials"] == 4 and iv["half_width_log"] == pytest.approx(h)
+    for key, plan in iv["plans"].items():
+        t = plan["calibrated_step_time_s"]
+        assert plan["after"] == pytest.approx([t * math.exp(-h), t * math.exp(h)])
+        lo, hi = plan["before"]
+        assert plan["after"][1] - plan["after"][0] < hi - lo  # the trials narrowed what was measured
     trials, problems = load_trials(result.run_dir)
     assert len(trials) == 6 and not problems
     # a rerun keeps everything and measures nothing new
