@@ -1,8 +1,9 @@
 """HTML reports of search runs and side-by-side comparisons of layouts.
 
 Three steps. Data: `run_data` reads a run directory (through autopar.search.run_dir);
-`top_tables` (the top-k, the best plan per trainer, the breakdowns), `scatter_tables` (every plan's
-scatter, the Pareto front), `answer_text` (the question and the answer in words), `run_tables`
+`top_tables` (the top-k, the best plan per trainer, the breakdowns, each plan's 80 % intervals and
+support), `scatter_tables` (every plan's scatter, the Pareto front), `answer_text` (the question,
+the answer and how sure it is, in words), `run_tables`
 (the whole run's days and cost), `trial_tables` (Optuna, trials, what-if) and `compare_tables`
 compute the report data (pandas, exactly testable). Figures: `breakdown_figures`,
 `scatter_figures` and `trial_figures` draw it as plotly figure dicts, on `figure_base` (the

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from autopar.report.run_data import RunData
-from autopar.report.top_tables import winner
+from autopar.report.top_tables import top_rows, winner
 from autopar.spec.hardware import GIB
 
 
@@ -141,3 +141,35 @@ def answer(run: RunData) -> str:
         f"{w['step_time_s']:.3f} s per step, {w['tokens_per_s']:,.0f} tokens/s, {100 * w['mfu']:.1f}% MFU, "
         f"peak memory {w['peak_memory_bytes'] / GIB:.1f} of {w['memory_capacity_bytes'] / GIB:.1f} GiB."
     )
+
+
+#: how to read an 80 % interval (autopar.cost.uncertainty), shown with the intervals
+INTERVAL_NOTE = (
+    "How to read the 80 % interval: 80 % of outcomes like this fall inside; built from the "
+    "leave-one-source-out errors on published runs of the plan's regime; widened for each thing the plan "
+    "does beyond every published run. Support: calibrated when some published run of the plan's profile "
+    "does everything it does, extrapolated otherwise (hover the support cell for why)."
+)
+
+
+def has_intervals(run: RunData) -> bool:
+    """Whether the run's top plans carry intervals (a run directory from before them does not)."""
+    top = top_rows(run)
+    return bool(len(top)) and bool(top["step_time_s_low"].notna().any())
+
+
+def sureness(run: RunData) -> list[str]:
+    """How sure the answer is: search.json's `sureness` lines; for a run directory written before
+    the search stored them, recomputed from its top plans and the plans it kept
+    (autopar.search.results.sureness_lines); [] for a run without intervals."""
+    stored = run.sureness
+    if stored is not None:
+        return stored
+    if not has_intervals(run):
+        return []
+    from autopar.search.results import sureness_lines
+
+    try:
+        return sureness_lines(top_rows(run), run.plans)
+    except (KeyError, TypeError, ValueError):  # a run with intervals but not every column the lines use
+        return []

@@ -39,7 +39,8 @@ CANDIDATE_AXIS = {"autorange": "reversed", "automargin": True, "type": "category
 
 
 def time_figure(tb: pd.DataFrame, title: str = "Step time breakdown (s)") -> dict:
-    """Stacked horizontal bars: one bar per candidate, one segment per step-time term."""
+    """Stacked horizontal bars: one bar per candidate, one segment per step-time term; the step
+    time's 80 % interval as an error bar on each bar, where the frame has one."""
     labels = list(tb.index)
     data = []
     for t in TIME_TERMS:
@@ -59,6 +60,7 @@ def time_figure(tb: pd.DataFrame, title: str = "Step time breakdown (s)") -> dic
                 "hovertemplate": f"%{{y}}<br>{TIME_LABELS[t]}: %{{x:.4f}} s (%{{customdata:.1f}}%)<extra></extra>",
             }
         )
+    data += _interval_traces(tb, labels)
     layout = figure_layout(
         title,
         bar_height(len(labels)),
@@ -67,6 +69,44 @@ def time_figure(tb: pd.DataFrame, title: str = "Step time breakdown (s)") -> dic
         yaxis=CANDIDATE_AXIS,
     )
     return {"data": data, "layout": layout}
+
+
+#: the name of the step-time figure's interval trace (the error bars)
+INTERVAL_NAME = "80 % interval"
+
+
+def _interval_traces(tb: pd.DataFrame, labels: list) -> list[dict]:
+    """The step time's 80 % interval (step_time_s_low, _high) as asymmetric error bars at the end of
+    each stacked bar (a marker at the predicted step time); none where the frame has no interval
+    (a run directory written before them, a comparison)."""
+    if not {"step_time_s_low", "step_time_s_high"} <= set(tb.columns):
+        return []
+    x = tb["step_time_s"].to_numpy(float)
+    lo, hi = tb["step_time_s_low"].to_numpy(float), tb["step_time_s_high"].to_numpy(float)
+    if not (np.isfinite(lo) | np.isfinite(hi)).any():
+        return []
+    return [
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": INTERVAL_NAME,
+            "y": labels,
+            "x": floats(x),
+            "marker": {"color": "#111", "size": 10, "symbol": "line-ns-open", "line": {"width": 1.5}},
+            "error_x": {
+                "type": "data",
+                "symmetric": False,
+                "array": floats(np.maximum(hi - x, 0)),
+                "arrayminus": floats(np.maximum(x - lo, 0)),
+                "color": "#111",
+                "thickness": 1.5,
+                "width": 6,
+            },
+            "customdata": [floats(pair) for pair in zip(lo, hi)],
+            "hovertemplate": "%{y}<br>predicted %{x:.3f} s; 80 % interval "
+            "%{customdata[0]:.3f}-%{customdata[1]:.3f} s<extra></extra>",
+        }
+    ]
 
 
 def memory_figure(

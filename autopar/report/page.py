@@ -5,6 +5,7 @@ load, sortable tables and key-value tables."""
 from __future__ import annotations
 
 import html
+import math
 
 import pandas as pd
 
@@ -36,6 +37,8 @@ tr.diff td{background:var(--diff)}tr.diff td.m{font-weight:700}
 td.best{color:var(--best);font-weight:700}
 .scroll{overflow-x:auto}.fig{margin:6px 0 18px}
 .note{color:var(--muted);font-size:13px}
+ul.sure{margin:4px 0 10px;padding-left:20px;color:#333}ul.sure li{margin:2px 0}
+td.extrapolated{color:#b35c00}td[title]{cursor:help}td.calibrated,td.extrapolated{text-decoration:underline dotted}
 footer{margin-top:40px;color:var(--muted);font-size:12px}
 """
 
@@ -118,17 +121,43 @@ def cell(value, kind: str = "", text: bool = False, sort_value=None, cls: str = 
     return f"<td{f' class={chr(34)}{classes}{chr(34)}' if classes else ''}{data}>{e(fmt(v, kind))}</td>"
 
 
+def interval_cell(low, high, kind: str = "s") -> str:
+    """'low-high' of an interval, sorted by its low end; the exact ends in data-low / data-high."""
+    lo, hi = (float(v) if v is not None else float("nan") for v in (low, high))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return '<td data-v="">-</td>'
+    return f'<td data-v="{lo!r}" data-low="{lo!r}" data-high="{hi!r}">{e(fmt(lo, kind))}-{e(fmt(hi, kind))}</td>'
+
+
+def support_cell(support, reason) -> str:
+    """'calibrated' or 'extrapolated', the reason as its tooltip; '-' when the run has none."""
+    s = support if isinstance(support, str) else ""
+    if not s:
+        return '<td class="t">-</td>'
+    why = reason if isinstance(reason, str) else ""
+    return f'<td class="t {e(s)}" title="{e(why)}">{e(s)}</td>'
+
+
+def _cell_of(r: pd.Series, c: str, k: str) -> str:
+    if k == "html":
+        return f'<td class="t">{r[c]}</td>'
+    if k == "interval":  # c: the figure; the frame has c_low and c_high
+        return interval_cell(r.get(f"{c}_low"), r.get(f"{c}_high"))
+    if k == "support":  # c: the support column; the frame has c_reason
+        return support_cell(r.get(c), r.get(f"{c}_reason"))
+    return cell(r[c], "" if k == "t" else k, text=k == "t")
+
+
 def table(df: pd.DataFrame, columns: list[tuple[str, str, str]], *, sortable: bool = True, row_class=None) -> str:
     """columns: (frame column, header, kind); kind 't' = left-aligned text, 'html' = trusted markup
-    (built and escaped by the caller)."""
-    head = "".join(f'<th class="{"t" if k in ("t", "html") else ""}">{e(h)}</th>' for _, h, k in columns)
+    (built and escaped by the caller), 'interval' = the column's `_low` and `_high` as 'low-high'
+    (seconds), 'support' = the column and its `_reason` as a tooltip."""
+    left = ("t", "html", "support")
+    head = "".join(f'<th class="{"t" if k in left else ""}">{e(h)}</th>' for _, h, k in columns)
     rows = []
     for i, (_, r) in enumerate(df.iterrows()):
         cls = row_class(i, r) if row_class else ""
-        cells = "".join(
-            f'<td class="t">{r[c]}</td>' if k == "html" else cell(r[c], "" if k == "t" else k, text=k == "t")
-            for c, _, k in columns
-        )
+        cells = "".join(_cell_of(r, c, k) for c, _, k in columns)
         rows.append(f"<tr{f' class={chr(34)}{cls}{chr(34)}' if cls else ''}>{cells}</tr>")
     return (
         f'<div class="scroll"><table class="{"sortable" if sortable else ""}"><thead><tr>{head}</tr></thead>'

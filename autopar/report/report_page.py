@@ -46,6 +46,8 @@ TOP_COLUMNS = [
     ("dominant_cost", "dominant cost", "t"),
     ("trainers", "runs on", "t"),
 ]
+#: how sure: the step time's 80 % interval and the support (after the step time), where the run has them
+SURE_COLUMNS = [("step_time_s", "80 % interval s", "interval"), ("support", "support", "support")]
 TRAINER_COLUMNS = [
     ("trainer", "trainer", "t"),
     ("plan_name", "layout", "t"),
@@ -127,6 +129,10 @@ def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, ou
     why = run.top.get("why") or run.search.get("why", "")
     if why:
         parts.append(f'<p class="why">{e(why)}</p>')
+    if sure := A.sureness(run):
+        parts.append('<ul class="sure">' + "".join(f"<li>{e(line)}</li>" for line in sure) + "</ul>")
+    if A.has_intervals(run):
+        parts.append(f'<p class="note">{e(A.INTERVAL_NOTE)}</p>')
     built = [
         ("question", "question", f'<h2 id="question">The question</h2>{kv(A.question_rows(run))}'),
         *_answer_sections(run, why),
@@ -152,14 +158,24 @@ def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
     if not len(top):
         return [("top", "top plans", f'<h2 id="top">No plan fits</h2><p>{e(why)}</p>')]
     rows = T.top_rows(run)
+    sure = _sure_columns(top)
+    sure_note = (
+        " 80 % interval: of the step time (how to read it: under the answer above); support: hover it for why."
+        if sure
+        else ""
+    )
     out = [
         (
             "top",
             "top plans",
             f'<h2 id="top">Top {len(top)} plans that fit</h2>'
             f'<p class="note">Click a column to sort. Memory: peak per GPU on the most loaded '
-            f"pipeline rank, of {top['memory_capacity_gib'].iloc[0]:.1f} GiB.</p>"
-            + table(_pp_dash(top), TOP_COLUMNS + _run_columns(top), row_class=lambda i, r: "win" if i == 0 else ""),
+            f"pipeline rank, of {top['memory_capacity_gib'].iloc[0]:.1f} GiB.{e(sure_note)}</p>"
+            + table(
+                _pp_dash(top),
+                _with_sure(TOP_COLUMNS, sure) + _run_columns(top),
+                row_class=lambda i, r: "win" if i == 0 else "",
+            ),
         )
     ]
     per_trainer = T.trainer_table(run)
@@ -171,7 +187,7 @@ def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
                 '<h2 id="trainers">The best plan per trainer</h2>'
                 '<p class="note">Each trainer runs only what its capability table allows '
                 "(autopar/spec/data/trainers.toml) and at the speed of its own performance profile."
-                "</p>" + table(_pp_dash(per_trainer), TRAINER_COLUMNS),
+                "</p>" + table(_pp_dash(per_trainer), _with_sure(TRAINER_COLUMNS, _sure_columns(per_trainer))),
             )
         )
     out.append(
@@ -179,11 +195,28 @@ def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
             "breakdown",
             "breakdowns",
             '<h2 id="breakdown">Where the step time and the memory go</h2>'
+            + (
+                '<p class="note">The black bar on each step time: its 80 % interval.</p>'
+                if rows["step_time_s_low"].notna().any()
+                else ""
+            )
             + fig(time_figure(T.time_breakdown(rows)), "fig-time")
             + fig(memory_figure(T.memory_breakdown(rows), run.headroom_gib), "fig-memory"),
         )
     )
     return out
+
+
+def _sure_columns(df: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """The interval and support columns, where the frame has an interval (not a run from before)."""
+    has = "step_time_s_low" in df.columns and df["step_time_s_low"].notna().any()
+    return SURE_COLUMNS if has else []
+
+
+def _with_sure(columns: list[tuple[str, str, str]], sure: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The columns with the sure ones right after the step time."""
+    at = next(i for i, c in enumerate(columns) if c[0] == "step_time_s") + 1
+    return columns[:at] + sure + columns[at:]
 
 
 def _run_columns(df: pd.DataFrame) -> list[tuple[str, str, str]]:
@@ -228,6 +261,8 @@ def _plans_section(run: D.RunData) -> tuple[str, str, str]:
     if sc.attrs.get("without_estimate"):
         note += f" {sc.attrs['without_estimate']:,} plans have no finite estimate and are not drawn."
     limit = f", the dotted one the search's limit ({run.headroom_gib:g} GiB headroom)" if run.headroom_gib else ""
+    if "tokens_per_s_low" in sc.columns and sc["tokens_per_s_low"].notna().any():
+        limit += ". The faint vertical bar on each point: its 80 % interval of throughput"
     figure = (
         fig(scatter_figure(sc, S.category_order(sc["category"]), win, cap, run.headroom_gib), "fig-scatter")
         if len(sc)

@@ -47,6 +47,15 @@ class RunData:
     def plans_evaluated(self) -> int:
         return int(self.search.get("plans_evaluated", len(self.plans)))
 
+    @property
+    def sureness(self) -> list[str] | None:
+        """search.json's `sureness` lines (autopar.search.results.sureness_lines), or None where the
+        file has none (written before the search stored them) or not as a list of strings."""
+        lines = self.search.get("sureness")
+        if isinstance(lines, list) and all(isinstance(line, str) for line in lines):
+            return list(lines)
+        return None
+
 
 def load_run(run_dir: str | Path, *, with_trials: bool = True, with_scenarios: bool = True) -> RunData:
     """Read a run directory. Missing or corrupt: InputError with one line naming the file and the fix."""

@@ -1,6 +1,6 @@
 """The scatter of every evaluated plan (`scatter_tables.scatter_frame`): peak memory against
-throughput, one colour per class, the Pareto front as a line, the winner as a star and the GPU's
-capacity as a line."""
+throughput, one colour per class, each point's 80 % interval of throughput as an error bar, the
+Pareto front as a line, the winner as a star and the GPU's capacity as a line."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def scatter_figure(
     headroom_gib: float = 0.0,
 ) -> dict:
     """Every evaluated plan: peak memory vs throughput, one colour per class, the Pareto front as a
-    line, the winner as a star. winner: (memory GiB, tokens/s, name)."""
+    line, the winner as a star; each point's 80 % interval of throughput as a vertical error bar,
+    where the run has intervals. winner: (memory GiB, tokens/s, name)."""
     data = _class_traces(sc, order) + _front_traces(sc) + _winner_traces(winner)
     return {"data": data, "layout": _scatter_layout(sc, _capacity_lines(capacity_gib, headroom_gib))}
 
@@ -46,9 +47,38 @@ def _class_traces(sc: pd.DataFrame, order: list[str]) -> list[dict]:
                 "text": s["hover"].tolist(),
                 "marker": {"color": colour, "size": 6, "opacity": 0.75 if cat == "fits" else 0.5},
                 "hovertemplate": "%{text}<extra></extra>",
+                **_error_y(s, colour, 0.35 if cat == "fits" else 0.15),
             }
         )
     return data
+
+
+def _error_y(s: pd.DataFrame, colour: str, alpha: float) -> dict:
+    """The points' 80 % interval of throughput as asymmetric vertical error bars (tokens_per_s_low
+    and _high); none where the run has no intervals (a run directory written before them)."""
+    if not {"tokens_per_s_low", "tokens_per_s_high"} <= set(s.columns):
+        return {}
+    y = s["tokens_per_s"].to_numpy(float)
+    lo, hi = s["tokens_per_s_low"].to_numpy(float), s["tokens_per_s_high"].to_numpy(float)
+    if not np.isfinite(lo).any() and not np.isfinite(hi).any():
+        return {}
+    return {
+        "error_y": {
+            "type": "data",
+            "symmetric": False,
+            "array": floats(np.maximum(hi - y, 0)),
+            "arrayminus": floats(np.maximum(y - lo, 0)),
+            "color": _faint(colour, alpha),
+            "thickness": 0.75,
+            "width": 0,
+        }
+    }
+
+
+def _faint(colour: str, alpha: float) -> str:
+    """'#rrggbb' as a translucent rgba(), so thousands of error bars do not hide the points."""
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
 
 
 def _front_traces(sc: pd.DataFrame) -> list[dict]:

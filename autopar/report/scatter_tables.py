@@ -88,6 +88,13 @@ def hover_text(plans: pd.DataFrame) -> pd.Series:
         + (100 * plans["mfu"]).map("{:.1f}".format)
         + "%"
     )
+    if {"step_time_s_low", "step_time_s_high"} <= set(plans.columns):  # the 80 % interval and support
+        lo, hi = plans["step_time_s_low"], plans["step_time_s_high"]
+        band = "<br>80 % interval " + lo.map("{:.3f}".format) + "-" + hi.map("{:.3f}".format) + " s/step"
+        if "support_gaps" in plans.columns:
+            gaps = plans["support_gaps"]
+            band = band + np.where(gaps.isna(), "", np.where(gaps == 0, ", calibrated", ", extrapolated"))
+        text = text.where(lo.isna() | hi.isna(), text + band)
     rej = plans["rejected_by"].astype(str)
     return text.where(rej == "", text + "<br>rejected: " + rej)
 
@@ -114,7 +121,8 @@ def scatter_frame(
     plans: pd.DataFrame, keep: pd.Index | None = None, max_points: int = MAX_SCATTER_POINTS, seed: int = 0
 ) -> pd.DataFrame:
     """Every evaluated plan with a finite estimate: memory (GiB) vs throughput, its colour class,
-    whether it is on the Pareto front, and the hover text. Plans with the same estimate (same
+    whether it is on the Pareto front, the hover text, and where the run has them the point's 80 %
+    intervals (step_time_s_low/high, tokens_per_s_low/high) and support_gaps. Plans with the same estimate (same
     memory, throughput and class, e.g. schedules that do not matter without a pipeline) share one
     point: `n_plans` counts them and the hover names them. Above max_points points, a
     deterministic sample that always keeps the Pareto front and the rows in `keep` (e.g. the
@@ -158,6 +166,9 @@ def scatter_frame(
         },
         index=sel.index,
     )
+    for c in ("step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "support_gaps"):
+        if c in sel.columns:  # the point's 80 % intervals and support (a run from before them has none)
+            out[c] = sel[c].to_numpy()
     # hover: the first plan's text, then up to four more plans that share its estimate
     hover = hover_text(sel).to_numpy(dtype=object)
     dup = np.flatnonzero(~first & np.isin(gid, g[n_plans[g] > 1]))

@@ -4,14 +4,23 @@ go. Also the columns of the plans frame the report reads (checked when a run is 
 
 Every frame keeps the raw numbers of the run (seconds, bytes, tokens/s, fractions) next to derived
 display units (GiB), so tests can compare them with the estimates exactly.
+
+How sure (autopar.cost.uncertainty): the top-k rows carry each figure's 80 % interval as
+`<figure>_low` / `<figure>_high` and `support` ("calibrated" | "extrapolated") with
+`support_reason`, from top.json's entries where they have them, else from scatter.parquet's
+columns (the support then from `support_gaps`); NaN and "" in a run directory written before the
+intervals.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
 
 from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS
+from autopar.cost.uncertainty import GAP_BIT, INTERVAL_FIGURES, SUPPORT_GAPS
 from autopar.report.run_data import RunData
 from autopar.search.results import best_per_trainer, ranked, top_plans
 from autopar.spec.hardware import GIB
@@ -47,6 +56,10 @@ REQUIRED_COLUMNS = (
     + tuple(f"mem_{t}" for t in MEMORY_TERMS)
 )
 
+#: the interval columns of a run's frames (scatter.parquet, plans.parquet); optional: a run
+#: directory written before the intervals has none
+INTERVAL_COLUMNS = tuple(f"{f}_{end}" for f in INTERVAL_FIGURES for end in ("low", "high"))
+
 TOP_COLUMNS = (
     "rank",
     "label",
@@ -73,6 +86,9 @@ TOP_COLUMNS = (
     "dominant_cost",
     "trainer",
     "trainers",
+    *INTERVAL_COLUMNS,
+    "support",
+    "support_reason",
 )
 
 
@@ -88,7 +104,7 @@ def top_rows(run: RunData) -> pd.DataFrame:
     entries = run.top.get("top", []) if isinstance(run.top.get("top"), list) else []
     k = len(entries) if entries else int(run.search.get("options", {}).get("top_k", 10))
     if not k:
-        return run.plans.iloc[:0]
+        return with_uncertainty(run.plans.iloc[:0])
     if (
         entries
         and "plan_index" in run.plans.columns
@@ -98,10 +114,59 @@ def top_rows(run: RunData) -> pd.DataFrame:
         pos = pd.Index(first["plan_index"]).get_indexer([int(e["plan_index"]) for e in entries])
         if (pos >= 0).all():
             rows = first.iloc[pos]
-            return rows.assign(trainers=[", ".join(e.get("trainers") or [str(e.get("trainer", ""))]) for e in entries])
+            rows = rows.assign(trainers=[", ".join(e.get("trainers") or [str(e.get("trainer", ""))]) for e in entries])
+            return with_uncertainty(rows, entries)
     if "trainer" not in run.plans.columns:  # a run directory from before trainers were searched
-        return ranked(run.plans).head(k).assign(trainer="megatron", trainers="megatron")
-    return top_plans(run.plans, k)
+        return with_uncertainty(ranked(run.plans).head(k).assign(trainer="megatron", trainers="megatron"))
+    return with_uncertainty(top_plans(run.plans, k))
+
+
+def gap_text(gaps: int) -> str:
+    """The support gaps of a bitmask (autopar.cost.uncertainty.SUPPORT_GAPS) in a few words, for
+    rows the run's JSON does not describe."""
+    names = [n for n in SUPPORT_GAPS if gaps & GAP_BIT[n]]
+    if not names:
+        return "within the published runs of its profile"
+    return "beyond every published run of its profile in: " + ", ".join(names)
+
+
+def _pair(value) -> tuple[float, float] | None:
+    """An interval of the run's JSON, [low, high], as two finite floats; None for anything else."""
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return None
+    try:
+        lo, hi = float(value[0]), float(value[1])
+    except OverflowError:  # an integer beyond any float
+        return None
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
+
+
+def with_uncertainty(rows: pd.DataFrame, entries: list | None = None) -> pd.DataFrame:
+    """The rows with every interval column (INTERVAL_COLUMNS) and `support` / `support_reason`.
+    `entries`: the run's JSON of the same plans, in order (top.json's `top`): their
+    `<figure>_interval` pairs and `support` / `support_reason` win over the frame's columns. Where
+    neither has them (an older run directory): NaN and ""."""
+    n = len(rows)
+    out = {}
+    for f in INTERVAL_FIGURES:
+        lo = rows[f"{f}_low"].to_numpy(float).copy() if f"{f}_low" in rows.columns else np.full(n, np.nan)
+        hi = rows[f"{f}_high"].to_numpy(float).copy() if f"{f}_high" in rows.columns else np.full(n, np.nan)
+        for i, e in enumerate(entries or []):
+            if (pair := _pair(e.get(f"{f}_interval") if isinstance(e, dict) else None)) is not None:
+                lo[i], hi[i] = pair
+        out[f"{f}_low"], out[f"{f}_high"] = lo, hi
+    support, reason = [""] * n, [""] * n
+    if "support_gaps" in rows.columns:
+        for i, g in enumerate(rows["support_gaps"].tolist()):
+            if g is not None and g == g:  # not NaN
+                support[i] = "calibrated" if int(g) == 0 else "extrapolated"
+                reason[i] = gap_text(int(g))
+    for i, e in enumerate(entries or []):
+        if isinstance(e, dict) and isinstance(e.get("support"), str):
+            support[i], reason[i] = e["support"], str(e.get("support_reason", ""))
+    return rows.assign(**out, support=support, support_reason=reason)
 
 
 def trainer_table(run: RunData) -> pd.DataFrame:
@@ -113,9 +178,19 @@ def trainer_table(run: RunData) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame()
     out = pd.concat(rows, ignore_index=True)
+    out = with_uncertainty(out, [_trainer_entry(run, r) for _, r in out.iterrows()])
     out["memory_gib"] = out["peak_memory_bytes"].astype(float) / GIB
     out["vs_best"] = out["step_time_s"].astype(float) / out["step_time_s"].astype(float).min() - 1
     return out
+
+
+def _trainer_entry(run: RunData, row: pd.Series) -> dict | None:
+    """top.json's `per_trainer` entry of the row's trainer, when it is the row's plan."""
+    per = run.top.get("per_trainer")
+    e = per.get(str(row["trainer"])) if isinstance(per, dict) else None
+    if isinstance(e, dict) and "plan_index" in row.index and e.get("plan_index") == row["plan_index"]:
+        return e
+    return None
 
 
 def candidate_labels(top: pd.DataFrame) -> list[str]:
@@ -134,12 +209,16 @@ def top_table(run: RunData) -> pd.DataFrame:
 
 
 def time_breakdown(rows: pd.DataFrame, labels: list[str] | None = None) -> pd.DataFrame:
-    """Step-time terms (seconds) per candidate; the terms sum to step_time_s."""
+    """Step-time terms (seconds) per candidate; the terms sum to step_time_s. Plus the step time's
+    80 % interval (step_time_s_low, step_time_s_high) where the rows have one."""
     out = pd.DataFrame(
         {t: rows[f"time_{t}"].to_numpy(dtype=float) for t in TIME_TERMS},
         index=pd.Index(labels or candidate_labels(rows), name="candidate"),
     )
     out["step_time_s"] = rows["step_time_s"].to_numpy(dtype=float)
+    for end in ("low", "high"):  # the step time's 80 % interval, where the rows have one
+        if f"step_time_s_{end}" in rows.columns:
+            out[f"step_time_s_{end}"] = rows[f"step_time_s_{end}"].to_numpy(dtype=float)
     return out
 
 

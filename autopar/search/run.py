@@ -350,6 +350,7 @@ def _write_search_json(result: SearchResult) -> None:
         "rejected_by": result.rejections,
         "rule_bits": rejection_bits(),
         "why": result.why,
+        "sureness": result.sureness,
         "timings_s": result.timings,
         "history": result.history,
         "versions": {

@@ -92,6 +92,49 @@ def write_trials(run_dir: Path, rows: list[tuple[dict, dict, dict]]) -> list[Pat
     return out
 
 
+#: what a run directory written before the intervals (autopar.cost.uncertainty) lacks
+INTERVAL_COLUMNS = [
+    f"{f}_{end}"
+    for f in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "peak_memory_bytes")
+    for end in ("low", "high")
+] + ["support_gaps"]
+INTERVAL_KEYS = (
+    "step_time_s_interval",
+    "tokens_per_s_interval",
+    "tokens_per_s_per_gpu_interval",
+    "peak_memory_bytes_interval",
+    "interval_level",
+    "support",
+    "support_reason",
+)
+
+
+@pytest.fixture(scope="session")
+def run70_old(run70: Path, tmp_path_factory) -> Path:
+    """A copy of the 70B run directory as autopar wrote it before the intervals: no interval or
+    support columns in scatter.parquet, no intervals or support in top.json, no sureness in
+    search.json."""
+    import pandas as pd
+
+    d = tmp_path_factory.mktemp("r70_old")
+    plans = pd.read_parquet(run70 / "scatter.parquet")
+    assert set(INTERVAL_COLUMNS) <= set(plans.columns)  # else the copy would test nothing
+    plans.drop(columns=INTERVAL_COLUMNS).to_parquet(d / "scatter.parquet")
+    top = json.loads((run70 / "top.json").read_text())
+
+    def strip(entry):
+        return {k: v for k, v in entry.items() if k not in INTERVAL_KEYS} if isinstance(entry, dict) else entry
+
+    top["top"] = [strip(e) for e in top["top"]]
+    top["pareto"] = [strip(e) for e in top.get("pareto", [])]
+    top["per_trainer"] = {k: strip(v) for k, v in (top.get("per_trainer") or {}).items()}
+    (d / "top.json").write_text(json.dumps(top))
+    search = json.loads((run70 / "search.json").read_text())
+    search.pop("sureness", None)
+    (d / "search.json").write_text(json.dumps(search))
+    return d
+
+
 @pytest.fixture(scope="session")
 def full_run(run_optuna: Path, run70_128: Path) -> Path:
     """The Optuna run with every optional section: three trials of its top plans and a what-if
@@ -208,6 +251,7 @@ PROBE_JS = r"""
       return {id: d.id, state: d.getAttribute('data-state'), svgs: d.querySelectorAll('svg.main-svg').length,
               traces: d._fullData ? d._fullData.length : 0, trace_nodes: d.querySelectorAll('g.trace').length,
               points: d.querySelectorAll('.point').length,
+              errorbars: d.querySelectorAll('g.errorbar').length,
               paths: Array.prototype.filter.call(d.querySelectorAll('.plot path'), function(p){
                        var a = p.getAttribute('d'); return a && a.length > 4; }).length,
               rect: [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height]};

@@ -5,6 +5,7 @@ trace elements exist) and the screenshot is not blank, overall and where each fi
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -94,7 +95,22 @@ def test_report_renders_offline_with_every_figure(browser, full_run, tmp_path):
     ]
     scatter = next(f for f in r.probe["figures"] if f["id"] == "fig-scatter")
     assert scatter["points"] > 500  # every evaluated plan is a marker
+    # the 80 % intervals are drawn: one error bar per top plan, one per point of the scatter
+    top_k = len(json.loads((full_run / "top.json").read_text())["top"])
+    assert next(f for f in r.probe["figures"] if f["id"] == "fig-time")["errorbars"] == top_k > 0
+    assert scatter["errorbars"] > 500
     assert r.probe["sortable"] >= 1 and r.probe["sort"] == {"column": "#", "ascending": True, "descending": True}
+
+
+def test_report_of_a_run_without_intervals_renders_offline(browser, run70_old, tmp_path):
+    """A run directory written before the intervals: the same figures, no error bars."""
+    from autopar.report.html import write_report
+
+    page = write_report(run70_old, out=tmp_path / "old.html")
+    r = browser.render(page, tmp_path, height=6000)
+    check_page(r, page)
+    assert [f["id"] for f in r.probe["figures"]] == ["fig-time", "fig-memory", "fig-scatter"]
+    assert all(f["errorbars"] == 0 for f in r.probe["figures"])
 
 
 def test_comparison_renders_offline(browser, cli, run70, tmp_path):
