@@ -161,4 +161,3 @@ def test_runs_the_model_never_saw_are_judged_by_the_shipped_intervals():
     got = U.coverage_against(new, support)
     assert got["dense Megatron-family"] == {"rows": 3, "covered": pytest.approx(2 / 3)}
     assert got["all rows"]["rows"] == 3
-
