@@ -4,6 +4,7 @@ its terminal summary. Imports no torch: trials run in their own processes."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -379,6 +380,13 @@ def print_measured(f: dict, file=None) -> None:
                 if "memory_error_calibrated_max_abs" in f
                 else ""
             )
+        )
+    iv = f.get("intervals") or {}
+    if iv.get("half_width_log") is not None:
+        lines.append(
+            f"80 % interval of step time after calibration: the calibrated prediction x/ "
+            f"{math.exp(iv['half_width_log']):.3f} (split conformal over {iv['trials']} trials; before: the "
+            f"published runs' band of each plan's regime)"
         )
     if f.get("not_calibrated"):
         lines.append(

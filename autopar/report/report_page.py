@@ -5,6 +5,7 @@ HTML string (`page.page`). `html.write_report` writes it."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -87,6 +88,8 @@ TRIAL_COLUMNS = [
     ("memory_error", "error", "pct_signed"),
     ("proxy_step_time_s", "proxy measured s", "s"),
     ("proxy_predicted_step_time_s", "proxy predicted s", "s"),
+    ("interval_before", "80 % interval s", "interval"),
+    ("interval_after", "after calibration", "interval"),
     ("note", "proxy changes / why not run", "t"),
 ]
 #: the whole-run columns of the top and what-if tables (with --tokens)
@@ -296,7 +299,9 @@ def _trials_section(run: D.RunData) -> tuple[str, str, str] | None:
     """Predicted against measured, per trial (full size, proxy, or not run here)."""
     if not (run.trials or run.trial_problems):
         return None
-    tt = X.trials_table(run.trials)
+    measured = run.search.get("measured") if isinstance(run.search.get("measured"), dict) else {}
+    intervals = measured.get("intervals") if isinstance(measured.get("intervals"), dict) else {}
+    tt = X.trials_table(run.trials, intervals.get("plans"))
     summ = X.trials_summary(tt)
     body = [f'<h2 id="trials">Trials: predicted vs measured ({summ["trials"]})</h2>']
     if len(tt):
@@ -311,6 +316,13 @@ def _trials_section(run: D.RunData) -> tuple[str, str, str] | None:
                 "the plan by the estimate's ratio (predicted plan / predicted proxy on the machine it ran "
                 "on); the proxy's own measured and predicted step times are in the proxy columns. "
                 "<b>not run</b>: the plan cannot run on this machine, for the reason given.</p>"
+            )
+        if intervals.get("half_width_log") is not None:
+            body.append(
+                f'<p class="note">80 % interval of step time: before, from the published runs of the plan\'s '
+                f"regime; after calibration, the calibrated prediction within the split-conformal band of the "
+                f"{int(intervals.get('trials') or 0)} calibrated trials' own errors "
+                f"(x/ {math.exp(float(intervals['half_width_log'])):.3f}).</p>"
             )
         body.append(table(tt, TRIAL_COLUMNS))
         figs = trials_figures(tt)

@@ -74,15 +74,21 @@ def _trial_note(t: dict) -> str:
     return str(proxy.get("summary") or ", ".join(proxy.get("changes") or []))
 
 
-def trials_table(trials: list[dict]) -> pd.DataFrame:
+def trials_table(trials: list[dict], intervals: dict | None = None) -> pd.DataFrame:
     """One row per trialled plan: how it ran (full / proxy / not run), predicted and measured step
     time and peak memory (a proxy's scaled back to the plan), the errors (absolute: predicted -
-    measured; relative: / measured), the proxy's own measured and predicted step time, and a note:
-    what the proxy changed, or why the trial did not run."""
+    measured; relative: / measured), the proxy's own measured and predicted step time, a note:
+    what the proxy changed, or why the trial did not run; and the step time's 80 % interval before
+    and after calibration (`intervals`: search.json's measured.intervals.plans, by trial key)."""
     rows = []
+    intervals = intervals if isinstance(intervals, dict) else {}
     for t in trials:
         pred, meas = t.get("predicted") or {}, t.get("measured") or {}
         own = meas.get("proxy") if isinstance(meas.get("proxy"), dict) else {}
+        key = str(t.get("_file", "")).removesuffix(".json")
+        mine = intervals.get(key) if isinstance(intervals.get(key), dict) else {}
+        before = _pair(pred.get("step_time_s_interval"))
+        after = _pair(mine.get("after"))
         rows.append(
             {
                 "trial": str(t.get("_file", "")).removesuffix(".json"),
@@ -96,6 +102,10 @@ def trials_table(trials: list[dict]) -> pd.DataFrame:
                 "proxy_step_time_s": _num(own, "step_time_s"),
                 "proxy_predicted_step_time_s": _num(own, "predicted_step_time_s"),
                 "note": _trial_note(t),
+                "interval_before_low": before[0],
+                "interval_before_high": before[1],
+                "interval_after_low": after[0],
+                "interval_after_high": after[1],
             }
         )
     cols = [
@@ -110,6 +120,10 @@ def trials_table(trials: list[dict]) -> pd.DataFrame:
         "proxy_step_time_s",
         "proxy_predicted_step_time_s",
         "note",
+        "interval_before_low",
+        "interval_before_high",
+        "interval_after_low",
+        "interval_after_high",
     ]
     df = pd.DataFrame(rows, columns=cols)
     df["step_time_error_s"] = df["predicted_step_time_s"] - df["measured_step_time_s"]
@@ -119,6 +133,13 @@ def trials_table(trials: list[dict]) -> pd.DataFrame:
     df["memory_error_gib"] = df["predicted_memory_gib"] - df["measured_memory_gib"]
     df["memory_error"] = relative_error(df["predicted_peak_memory_bytes"], df["measured_peak_memory_bytes"])
     return df
+
+
+def _pair(v) -> tuple[float, float]:
+    """[low, high] of a trial file or search.json as two floats (NaN where absent or not numbers)."""
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
+        return float(v[0]), float(v[1])
+    return math.nan, math.nan
 
 
 def trials_summary(df: pd.DataFrame) -> dict:

@@ -373,3 +373,26 @@ def test_compare_table_aligns_every_breakdown():
     rows = C.estimate_rows(labels, ests)
     assert T.time_breakdown(rows, labels).loc["#2 b", "compute"] == ests[1]["time_s"]["compute"]
     assert T.memory_breakdown(rows, labels).loc["#1 a", "activations"] == ests[0]["memory_bytes"]["activations"]
+
+
+def test_trials_table_has_the_intervals_before_and_after_calibration(tmp_path, trials):
+    """Before: the trial file's predicted interval; after: search.json's measured.intervals, by key."""
+    trials.write(
+        tmp_path,
+        [
+            (
+                PLAN,
+                {"step_time_s": 11.0, "peak_memory_bytes": 40 * GIB, "step_time_s_interval": [9.5, 12.0]},
+                {"step_time_s": 10.0, "peak_memory_bytes": 50 * GIB},
+            ),
+            (PLAN | {"tp": 4, "pp": 8}, {"step_time_s": 9.0, "peak_memory_bytes": 30 * GIB}, {"step_time_s": 12.0}),
+        ],
+    )
+    data, _ = D.load_trials(tmp_path)
+    key = str(data[0]["_file"]).removesuffix(".json")
+    df = X.trials_table(data, {key: {"after": [10.1, 10.4]}})
+    first = df.iloc[0]
+    assert (first["interval_before_low"], first["interval_before_high"]) == (9.5, 12.0)
+    assert (first["interval_after_low"], first["interval_after_high"]) == (10.1, 10.4)
+    assert df[["interval_before_low", "interval_after_high"]].iloc[1].isna().all()  # none recorded
+    assert X.trials_table(data, {key: "junk"})["interval_after_low"].isna().all()
