@@ -31,29 +31,16 @@ def hardware(as_json: o.Json = False) -> None:
         ]
         print(dumps(out, indent=2))
         return
-    from rich.table import Table
 
-    from autopar.cli.render import console
+    from autopar.cli.render import compact_table, console
 
-    t = Table(title="GPU presets (each row's source: autopar hardware --json, autopar/spec/data/gpus.toml)")
-    for col in (
-        "key",
-        "name",
-        "BF16 TFLOP/s",
-        "FP8 TFLOP/s",
-        "MAMF BF16",
-        "MAMF FP8",
-        "HBM GiB",
-        "HBM GB/s",
-        "NVLink GB/s/dir",
-        "NIC GB/s/dir",
-        "GPUs/node",
-    ):
-        t.add_column(col, justify="left" if col in ("key", "name") else "right")
+    t = compact_table("GPU presets (each row's source: autopar hardware --json, autopar/spec/data/gpus.toml)")
+    for col in ("key", "BF16", "FP8", "MAMF BF16", "MAMF FP8", "HBM GiB", "HBM GB/s", "NVLink", "NIC", "/node", "name"):
+        # the key stays whole in a narrow terminal: it is what `--gpu` takes
+        t.add_column(col, justify="left" if col in ("key", "name") else "right", no_wrap=col == "key")
     for g in gpus:
         t.add_row(
             g.key,
-            g.name,
             f"{g.bf16_tflops:g}",
             f"{g.fp8_tflops:g}" if g.fp8_tflops else "-",
             f"{beh[g.key].gemm.bf16_flops / 1e12:.0f}",
@@ -63,9 +50,13 @@ def hardware(as_json: o.Json = False) -> None:
             f"{g.intra_node_gbps:g}" + (" per link" if g.intra_node_topology == "full-mesh" else ""),
             f"{g.nic_gbps:g}",
             str(g.gpus_per_node),
+            g.name,
         )
     console().print(t)
-    console().print("MAMF: the achievable GEMM rate (published; autopar/spec/data/hardware_behaviour.toml).")
+    console().print(
+        "BF16, FP8: dense peak TFLOP/s; MAMF: the achievable GEMM rate, TFLOP/s (published; "
+        "autopar/spec/data/hardware_behaviour.toml); NVLink, NIC: GB/s per GPU per direction; /node: GPUs per node."
+    )
     for g in gpus:
         for note in beh[g.key].stand_ins:
             console().print(f"  {g.key}: {note}")

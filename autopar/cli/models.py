@@ -22,11 +22,10 @@ def models(as_json: o.Json = False) -> None:
             )
         )
         return
-    from rich.table import Table
 
-    from autopar.cli.render import console
+    from autopar.cli.render import compact_table, console
 
-    t = Table(title="Model presets (parameter counts derived from the shapes)")
+    t = compact_table("Model presets (parameter counts derived from the shapes)")
     for col in (
         "name",
         "layers",
@@ -39,7 +38,10 @@ def models(as_json: o.Json = False) -> None:
         "params",
         "active",
     ):
-        t.add_column(col, justify="left" if col in ("name", "MoE (experts/top-k/ffn)") else "right")
+        # a preset's name stays whole in a narrow terminal: it is what `--model` takes
+        t.add_column(
+            col, justify="left" if col in ("name", "MoE (experts/top-k/ffn)") else "right", no_wrap=col == "name"
+        )
     for s in specs:
         moe = f"{s.moe.num_experts}/{s.moe.top_k}/{s.moe.expert_ffn_hidden_size}" if s.moe else "-"
         t.add_row(

@@ -25,6 +25,14 @@ def console() -> Console:
     return Console(width=int(columns) if columns.isdigit() and 20 <= int(columns) <= 1000 else 240)
 
 
+def compact_table(title: str) -> Table:
+    """A table with one space between columns and a rule under the header, so that wide listings
+    fit a 120-column terminal."""
+    from rich import box
+
+    return Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", padding=(0, 1, 0, 0), pad_edge=False)
+
+
 def plan_line(est: Estimate) -> str:
     p = est.plan
     parts = [

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from autopar.cli.render import console
+from autopar.cli.render import compact_table, console
 from autopar.search.run import SearchResult
 from autopar.spec.hardware import GIB
 
@@ -51,11 +51,6 @@ class SearchProgress:
 
 #: schedule names as the tables print them (a 120-column terminal has no room for the long ones)
 SCHEDULE_SHORT = {"interleaved-1f1b": "i-1f1b", "zero-bubble": "zb"}
-
-
-def compact_table(title: str) -> Table:
-    """A table with one space between columns, so the plans fit a 120-column terminal whole."""
-    return Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", padding=(0, 1, 0, 0), pad_edge=False)
 
 
 def top_table(r: SearchResult) -> Table:

@@ -59,7 +59,7 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("PYTHONWARNINGS", None)
-    env["COLUMNS"] = "80"  # what rich uses when stdout is not a terminal: a plain 80-column terminal
+    env["COLUMNS"] = "120"  # piped output honours COLUMNS: a 120-column terminal
     return env
 
 
@@ -201,7 +201,7 @@ def test_dtype_defaults_to_what_the_hardware_trains_in(tmp_path: Path) -> None:
 def test_models_lists_every_preset() -> None:
     out = ok("models")
     missing = [n for n in preset_names() if n not in out]
-    assert not missing, f"`autopar models` (80 columns) does not show {missing}\n{out}"
+    assert not missing, f"`autopar models` (120 columns) does not show {missing}\n{out}"
 
 
 def test_models_json_lists_every_preset() -> None:
@@ -214,7 +214,7 @@ def test_models_json_lists_every_preset() -> None:
 def test_hardware_lists_every_gpu() -> None:
     out = ok("hardware")
     missing = [n for n in gpu_names() if n not in out]
-    assert not missing, f"`autopar hardware` (80 columns) does not show {missing}\n{out}"
+    assert not missing, f"`autopar hardware` (120 columns) does not show {missing}\n{out}"
 
 
 def test_hardware_json_lists_every_gpu() -> None:
