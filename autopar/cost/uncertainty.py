@@ -39,6 +39,7 @@ from functools import cache
 
 import numpy as np
 
+from autopar.cost.stored_figures import stored_figures
 from autopar.cost.support import (
     GAP_BIT,
     LONG_CONTEXT,
@@ -96,8 +97,6 @@ class RegimeBand:
 @cache
 def support_points() -> Support:
     """The shipped profiles' calibration points (data/profiles.cv.json), or none."""
-    from autopar.cost.validate_runs import stored_figures
-
     stored = stored_figures() or {}
     u = stored.get("uncertainty") or {}
     points = tuple(

@@ -12,7 +12,6 @@ output, and a test checks the stored digest is the current one.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from autopar.cost.profile_fit import ProfileFit, fit_profiles
 from autopar.cost.profiles import Provenance, profile_of, profiles_toml
 from autopar.cost.run_cases import RunCase, build_cases
 from autopar.cost.run_rows import BUNDLED, BUNDLED_ROWS, load_runs
+from autopar.cost.stored_figures import CV_FILE, stored_figures
 from autopar.cost.support import calibration_point
 from autopar.cost.uncertainty import LEVEL, coverage, coverage_against, fit_widening, memory_coverage, support_points
 from autopar.cost.validation import RowResult, ValidationResult, evaluate_cases
@@ -32,7 +32,6 @@ from autopar.errors import InputError
 from autopar.json_out import dumps
 from autopar.spec.trainers import get_trainer
 
-CV_FILE = "profiles.cv.json"
 #: what the stored figures depend on: the cost model's code and the data it reads
 _DIGESTED_PACKAGES = ("autopar.cost", "autopar.spec")
 
@@ -183,12 +182,6 @@ def leave_one_source_out(cases: list[RunCase], skipped, progress=None) -> Valida
     return ValidationResult([RowResult(c, *by_row[c.row_id]) for c in kept], skipped, "leave-one-source-out")
 
 
-def stored_figures() -> dict | None:
-    """The figures stored with the shipped profiles (data/profiles.cv.json), or None."""
-    path = resources.files("autopar.cost").joinpath(f"data/{CV_FILE}")
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def write_profiles(report: ValidationReport, path: str | Path, command: str, date: str) -> list[Path]:
     """The fitted profiles as a profiles.toml, and its figures (.cv.json) beside it, with the digest."""
     if report.fit is None:
@@ -237,6 +230,8 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
         "uncertainty": _uncertainty_body(report),
     }
     _write(cv_path, dumps(body, indent=1) + "\n")
+    stored_figures.cache_clear()
+    support_points.cache_clear()
     return [out, cv_path]
 
 

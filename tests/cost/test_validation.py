@@ -12,7 +12,8 @@ from autopar.cost.flop_conventions import flops_per_token
 from autopar.cost.profile_fit import fit_profiles
 from autopar.cost.run_cases import build_cases
 from autopar.cost.run_rows import load_runs, num
-from autopar.cost.validate_runs import current_digest, leave_one_source_out, stored_figures
+from autopar.cost.stored_figures import stored_figures
+from autopar.cost.validate_runs import current_digest, leave_one_source_out
 from autopar.cost.validation import evaluate_cases
 from autopar.spec.model import ModelSpec
 
