@@ -169,7 +169,20 @@ def scatter_frame(
     for c in ("step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "support_gaps"):
         if c in sel.columns:  # the point's 80 % intervals and support (a run from before them has none)
             out[c] = sel[c].to_numpy()
-    # hover: the first plan's text, then up to four more plans that share its estimate
+    out["hover"] = _hover(p, sel, gid, g, first, n_plans)
+    out = out.sort_index()
+    out.attrs.update(
+        total=int(len(plans)),
+        points=int(points),
+        plotted=int(len(out)),
+        plotted_plans=int(out["n_plans"].sum()),
+        without_estimate=int((~finite).sum()),
+    )
+    return out
+
+
+def _hover(p: pd.DataFrame, sel: pd.DataFrame, gid, g, first, n_plans) -> np.ndarray:
+    """A point's hover: its first plan's text, then up to four more plans that share its estimate."""
     hover = hover_text(sel).to_numpy(dtype=object)
     dup = np.flatnonzero(~first & np.isin(gid, g[n_plans[g] > 1]))
     if len(dup):
@@ -189,16 +202,7 @@ def scatter_frame(
             ],
             dtype=object,
         )
-    out["hover"] = hover
-    out = out.sort_index()
-    out.attrs.update(
-        total=int(len(plans)),
-        points=int(points),
-        plotted=int(len(out)),
-        plotted_plans=int(out["n_plans"].sum()),
-        without_estimate=int((~finite).sum()),
-    )
-    return out
+    return hover
 
 
 CATEGORY_ORDER = ("fits", "memory")
