@@ -92,7 +92,7 @@ def calibrate(
     from autopar.cost.calibrate import profile_dict
     from autopar.errors import InputError
     from autopar.search.run import SearchOptions, run_search
-    from autopar.search.trial_results import calibrate_docs, calibrates, evaluate_with
+    from autopar.search.trial_calibration import calibrate_docs, calibrates, evaluate_with
     from autopar.search.trials import NOT_RUNNABLE, candidates, load_docs
     from autopar.spec.schema import Limit, check_flag
 

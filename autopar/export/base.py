@@ -133,12 +133,7 @@ class Exporter:
         check_inputs(model, options)
         trainer = self.runs_on(plan, options)
         ctx = Context.make(
-            self.name,
-            plan.with_(trainer=trainer),
-            model,
-            cluster,
-            options,
-            waived=self.trainer_exporter(trainer).waived(options),
+            self.name, plan.with_(trainer=trainer), model, cluster, options, waived=self.waived_for(trainer, options)
         )
         bundle = self._render(ctx)
         return replace(bundle, meta={**bundle.meta, "trainer": trainer, "estimate": ctx.estimate})
@@ -153,19 +148,10 @@ class Exporter:
 
         return recipe_waiver(self.name, options.recipe)
 
-    def trainer_exporter(self, trainer: str) -> "Exporter":
-        """The exporter of a trainer; a trainer without one (autopar's built-in model) is refused."""
-        import autopar.export  # noqa: F401  (registers the exporters)
-        from autopar.export.registry import EXPORTERS
-        from autopar.spec.trainers import TRAINERS, get_trainer
-
-        if trainer not in EXPORTERS:
-            raise ExportRefused(
-                self.name,
-                f"it runs on {get_trainer(trainer).title}, which has no launch config "
-                f"(`autopar trial` runs it); pass --trainer with one of {', '.join(TRAINERS)}",
-            )
-        return EXPORTERS[trainer]
+    def waived_for(self, trainer: str, options: ExportOptions) -> frozenset[str]:
+        """The capability lines waived for `trainer` (runs_on's): this exporter's own; a launcher
+        asks the trainer it wraps (autopar.export.launch)."""
+        return self.waived(options)
 
     def _render(self, ctx: "Context") -> ExportBundle:  # pragma: no cover - abstract
         raise NotImplementedError

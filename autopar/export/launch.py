@@ -19,7 +19,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
+from autopar.export.base import Context, ExportBundle, Exporter, ExportFile, ExportRefused
 from autopar.export.header import comment_header
 from autopar.quoting import check_text, sbatch_directives
 
@@ -230,6 +230,19 @@ class _LauncherExporter(Exporter):
         from autopar.spec.trainers import get_trainer
 
         return get_trainer(options.trainer or plan.trainer).key
+
+    def waived_for(self, trainer: str, options) -> frozenset[str]:
+        """The wrapped trainer's waivers; a trainer without an exporter (autopar's built-in model) is refused."""
+        from autopar.export.registry import EXPORTERS
+        from autopar.spec.trainers import TRAINERS, get_trainer
+
+        if trainer not in EXPORTERS:
+            raise ExportRefused(
+                self.name,
+                f"it runs on {get_trainer(trainer).title}, which has no launch config "
+                f"(`autopar trial` runs it); pass --trainer with one of {', '.join(TRAINERS)}",
+            )
+        return EXPORTERS[trainer].waived(options)
 
     def _render(self, ctx: Context) -> ExportBundle:
         from autopar.export.registry import get_exporter

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from autopar.errors import InputError, did_you_mean
-from autopar.export.base import Exporter
 
-EXPORTERS: dict[str, Exporter] = {}
+if TYPE_CHECKING:  # the exporters import nothing of the registry back at run time
+    from autopar.export.base import Exporter
+
+EXPORTERS: dict[str, "Exporter"] = {}
 
 
-def register(exporter: Exporter) -> Exporter:
+def register(exporter: "Exporter") -> "Exporter":
     """Add an exporter under its `name`. A second exporter with the same name is a programming
     error (two modules claiming one trainer), raised at import time."""
     name = exporter.name
@@ -23,7 +27,7 @@ def register(exporter: Exporter) -> Exporter:
     return exporter
 
 
-def get_exporter(name: str) -> Exporter:
+def get_exporter(name: str) -> "Exporter":
     try:
         return EXPORTERS[name]
     except KeyError:

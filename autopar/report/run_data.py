@@ -9,10 +9,42 @@ from pathlib import Path
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
+from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS
 from autopar.json_out import dumps
 from autopar.search.run_dir import load, read_json, read_trial  # noqa: F401  (read_json: compare reads plan files)
 from autopar.search.run_schema import check
 from autopar.spec import read_file
+
+#: scatter.parquet columns the report reads
+REQUIRED_COLUMNS = (
+    (
+        "plan_name",
+        "fits",
+        "valid",
+        "rejected_by",
+        "peak_memory_bytes",
+        "memory_capacity_bytes",
+        "step_time_s",
+        "tokens_per_s",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "bubble_fraction",
+        "dominant_cost",
+        "tp",
+        "cp",
+        "pp",
+        "vpp",
+        "dp",
+        "ep",
+        "zero_stage",
+        "micro_batch_size",
+        "pp_schedule",
+        "recompute",
+        "layout_text",
+    )
+    + tuple(f"time_{t}" for t in TIME_TERMS)
+    + tuple(f"mem_{t}" for t in MEMORY_TERMS)
+)
 
 
 @dataclass
@@ -59,8 +91,6 @@ class RunData:
 
 def load_run(run_dir: str | Path, *, with_trials: bool = True, with_scenarios: bool = True) -> RunData:
     """Read a run directory. Missing or corrupt: InputError with one line naming the file and the fix."""
-    from autopar.report.top_tables import REQUIRED_COLUMNS
-
     files = load(run_dir, REQUIRED_COLUMNS)
     run = RunData(run_dir=files.run_dir, plans=files.scatter, top=files.top, search=files.search)
     if with_trials:

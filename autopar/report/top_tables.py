@@ -20,41 +20,11 @@ import numpy as np
 import pandas as pd
 
 from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS
-from autopar.cost.uncertainty import GAP_BIT, INTERVAL_FIGURES, SUPPORT_GAPS
+from autopar.cost.support import GAP_BIT, SUPPORT_GAPS
+from autopar.cost.uncertainty import INTERVAL_FIGURES
 from autopar.report.run_data import RunData
 from autopar.search.results import best_per_trainer, ranked, top_plans
 from autopar.spec.hardware import GIB
-
-#: scatter.parquet columns the report reads
-REQUIRED_COLUMNS = (
-    (
-        "plan_name",
-        "fits",
-        "valid",
-        "rejected_by",
-        "peak_memory_bytes",
-        "memory_capacity_bytes",
-        "step_time_s",
-        "tokens_per_s",
-        "tokens_per_s_per_gpu",
-        "mfu",
-        "bubble_fraction",
-        "dominant_cost",
-        "tp",
-        "cp",
-        "pp",
-        "vpp",
-        "dp",
-        "ep",
-        "zero_stage",
-        "micro_batch_size",
-        "pp_schedule",
-        "recompute",
-        "layout_text",
-    )
-    + tuple(f"time_{t}" for t in TIME_TERMS)
-    + tuple(f"mem_{t}" for t in MEMORY_TERMS)
-)
 
 #: the interval columns of a run's frames (scatter.parquet, plans.parquet); optional: a run
 #: directory written before the intervals has none

@@ -8,7 +8,6 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -16,15 +15,13 @@ import pandas as pd
 from autopar.errors import InputError
 from autopar.search.enumerate import Question
 from autopar.search.evaluate import estimate_fitting, evaluate
+from autopar.search.options import SearchOptions
 from autopar.search.results import frame
 from autopar.search.run_dir import PlansWriter
 from autopar.search.run_state import question_summary, recorded_summary, summary_text
 from autopar.search.space import SearchSpace
 from autopar.search.streaming import Streamed
 from autopar.search.training import plan_file_columns
-
-if TYPE_CHECKING:
-    from autopar.search.run import SearchOptions
 
 
 def optuna_search(

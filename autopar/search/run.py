@@ -22,7 +22,7 @@ from autopar.json_out import dumps
 from autopar.search.atomic import write_atomic
 from autopar.search.enumerate import Enumerator, Question
 from autopar.search.evaluate import evaluate
-from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
+from autopar.search.options import SearchOptions
 from autopar.search.optuna_search import optuna_search
 from autopar.search.results import best_per_trainer, row_plan, sureness_lines, top_plans, why_winner
 from autopar.search.run_dir import SCHEMA_VERSION, PlansWriter, rejection_bits, write_csv, write_frame
@@ -32,30 +32,6 @@ from autopar.search.streaming import Streamed, StreamOptions, stream
 from autopar.search.training import plan_file_columns, with_run_columns
 from autopar.spec.table import PlanTable
 from autopar.spec.trainers import TRAINERS
-from autopar.spec.training_run import TrainingRun
-
-
-@dataclass
-class SearchOptions:
-    space: SearchSpace
-    top_k: int = 10
-    max_exhaustive: int = DEFAULT_MAX_EXHAUSTIVE
-    sampler: str = "tpe"
-    n_trials: int = 200
-    seed: int | None = None
-    storage: str | None = None
-    study_name: str | None = None
-    multi_objective: bool = False
-    run_dir: Path | None = None
-    csv: bool = False  # also write plans.csv
-    training: TrainingRun | None = None  # --tokens/--deadline/--price-per-gpu-hour/--budget: the whole run
-
-    def __post_init__(self) -> None:
-        from autopar.spec.schema import check_name, check_storage
-
-        check_storage(self.storage)
-        if self.study_name is not None:
-            check_name(self.study_name, "--study-name")
 
 
 @dataclass

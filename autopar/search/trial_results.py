@@ -7,38 +7,12 @@ from __future__ import annotations
 import math
 import warnings
 
-from autopar.cost.calibrate import Calibration, calibrate, predict, spearman
+from autopar.cost.calibrate import predict, spearman
 from autopar.cost.uncertainty import LEVEL, conformal_half_width
 from autopar.search.run import SearchResult
+from autopar.search.trial_calibration import calibrates
 from autopar.search.trials import NOT_RUNNABLE, MeasuredStage
 from autopar.spec.plan import ParallelPlan
-
-
-def calibrates(doc: dict) -> bool:
-    """Whether a trial may take part in the calibration fit: it ran, and on the plan's hardware
-    (a proxy measured elsewhere, e.g. a CPU proxy of a GPU plan, is left out)."""
-    return (
-        doc.get("status") == "ok" and bool(doc.get("measured")) and not (doc.get("proxy") or {}).get("cross_hardware")
-    )
-
-
-def calibrate_docs(result: SearchResult, docs: list[dict]) -> Calibration | None:
-    """Fit the cost model to the successful trials of the run measured on its hardware (None if
-    fewer than 2)."""
-    ok = [d for d in docs if calibrates(d)]
-    if len(ok) < 2:
-        return None
-    q = result.question
-    plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
-    return calibrate(
-        plans,
-        [d["measured"]["step_time_s"] for d in ok],
-        [d["measured"]["peak_memory_bytes"] for d in ok],
-        q.model,
-        q.cluster,
-        q.num_gpus,
-        q.seq_len,
-    )
 
 
 def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
@@ -146,15 +120,3 @@ def candidate_rows(stage: MeasuredStage) -> list[dict]:
             }
         )
     return rows
-
-
-def evaluate_with(result: SearchResult, calib: Calibration):
-    """The run's plans re-evaluated with a calibrated cluster."""
-    from dataclasses import replace
-
-    from autopar.search.enumerate import Enumerator
-    from autopar.search.streaming import StreamOptions, stream
-
-    q = replace(result.question, cluster=calib.cluster)
-    headroom = float(result.options.space.constraints.get("memory_headroom_gib", 0.0))
-    return stream(q, Enumerator(result.options.space, q), StreamOptions(headroom_gib=headroom)).pool

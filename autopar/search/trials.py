@@ -41,6 +41,7 @@ from autopar.search import optuna_driver as od
 from autopar.search import trial_claims as claims
 from autopar.search.results import ranked, row_plan
 from autopar.search.run import SearchResult
+from autopar.search.trial_calibration import calibrate_docs, evaluate_with
 from autopar.search.trial_order import diverse, unresolved_first
 from autopar.spec.hardware import GIB
 from autopar.spec.plan import ParallelPlan
@@ -196,8 +197,6 @@ def run_measured(
         claims.wait_for_others(study, wait_s, stale_after_s, log)
         docs = sync_docs(study, trials_dir)
         order = [kk for kk, _ in sorted(_done(study).items(), key=lambda kv: kv[1].number)]
-        from autopar.search.trial_results import calibrate_docs, evaluate_with  # they read this module's stage
-
         calib = calibrate_docs(result, [docs[kk] for kk in order if kk in docs])
         if calib is not None and rnd < rounds - 1:
             ranking = list(candidates(result, evaluate_with(result, calib)))  # calibrated order, untried first
