@@ -32,6 +32,7 @@ from autopar.cost.params import RankParams
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
+from autopar.spec.ranks import EXPERT_MESH_ORDER, group_stride
 from autopar.spec.table import DISPATCHER
 
 
@@ -90,12 +91,15 @@ def comm_volumes(
     gpn = gpus_per_node
     vol = partial(volume, with_bytes=with_bytes)
     t, c, share, sp = x.tp, x.cp, x.recompute_share, x.sequence_parallel
-    tp_group = place(t, 1, gpn)
+    ranks = {"pp": x.pp, "dp": x.dp, "cp": c, "tp": t}  # MESH_ORDER's sizes
+    expert = {"pp": x.pp, "edp": x.expert_dp, "ep": x.ep, "etp": x.etp}  # EXPERT_MESH_ORDER's
+    tp_group = place(t, group_stride(ranks, ("tp",)), gpn)
     # MoE aux-loss statistics over the ranks holding a sequence's tokens (cp x tp under SP): booked
     # on cp when cp > 1, else on tp (the built-in model names its group so: autopar.trial.parallelize)
     stat_n = c * np.where(sp, t, 1)
     stats = OnGroup(
-        vol(moe_stat_calls(model, x.micro_batch, stat_n, x.moe_layers, share), stat_n), place(stat_n, 1, gpn)
+        vol(moe_stat_calls(model, x.micro_batch, stat_n, x.moe_layers, share), stat_n),
+        place(stat_n, group_stride(ranks, ("cp", "tp")), gpn),
     )
     tp = OnGroup(
         vol(
@@ -115,14 +119,15 @@ def comm_volumes(
         ),
         tp_group,
     )
-    cp_group = place(c, t, gpn)
+    cp_group = place(c, group_stride(ranks, ("cp",)), gpn)
     cp = OnGroup(vol(cp_calls(model, x.tokens, t, c, x.layers, share, x.act_bytes), c), cp_group, cp_group.nodes > 1)
     load = expert_load(x) if model.moe else 1.0
     ep = OnGroup(
-        vol(ep_calls(model, x.tokens, t, sp, x.moe_layers, load, x.act_bytes, share), x.ep), place(x.ep, x.etp, gpn)
+        vol(ep_calls(model, x.tokens, t, sp, x.moe_layers, load, x.act_bytes, share), x.ep),
+        place(x.ep, group_stride(expert, ("ep",), EXPERT_MESH_ORDER), gpn),
     )
     # neighbouring stages are tp*cp*dp ranks apart: do two of them share a node?
-    neighbours = place(2, t * c * x.dp, gpn)
+    neighbours = place(2, group_stride(ranks, ("pp",)), gpn)
     pp = OnGroup(
         vol(pp_calls(model, x.tokens, t, sp, x.pp, x.vpp, x.rank, x.act_bytes), x.pp), None, neighbours.nodes > 1
     )
@@ -130,9 +135,11 @@ def comm_volumes(
     tp_step = OnGroup(
         vol(tp_step_calls(model, sp, x.dense_layers, x.moe_layers, x.has_head, x.grad_bytes, reductions), t), tp_group
     )
-    dense = _dp_volumes(x, prm.dense, x.dp_group, place(x.dp_group, t, gpn), vol)
+    dense = _dp_volumes(x, prm.dense, x.dp_group, place(x.dp_group, group_stride(ranks, ("dp", "cp")), gpn), vol)
     expert = (
-        _dp_volumes(x, prm.expert, x.expert_dp, place(x.expert_dp, x.ep * x.etp, gpn), vol)
+        _dp_volumes(
+            x, prm.expert, x.expert_dp, place(x.expert_dp, group_stride(expert, ("edp",), EXPERT_MESH_ORDER), gpn), vol
+        )
         if model.moe
         else (None, None)
     )
