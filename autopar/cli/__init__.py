@@ -13,11 +13,6 @@ import sys
 
 import typer
 
-try:  # typer >= 0.20 vendors click
-    from typer._click import exceptions as click_exc
-except ImportError:  # pragma: no cover - older typer with click installed
-    from click import exceptions as click_exc
-
 from autopar.errors import InputError, one_line, quoted
 from autopar.secrets import mask_secrets
 
@@ -158,12 +153,13 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv, standalone_mode=False)
     except InputError as e:
         _fail(str(e))  # no storage password, whoever wrote it
-    except click_exc.NoArgsIsHelpError as e:
-        print(e.ctx.get_help() if e.ctx else "", file=sys.stdout)
-        sys.exit(0)
-    except click_exc.ClickException as e:
-        cmd = e.ctx.command_path if e.ctx else "autopar"
-        msg = e.format_message().strip().rstrip(".")
+    except typer.TyperException as e:  # click's usage errors, as typer raises them (its public base)
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError":  # `autopar search` alone: its help, exit 0
+            print(ctx.get_help() if ctx else "", file=sys.stdout)
+            sys.exit(0)
+        cmd = ctx.command_path if ctx else "autopar"
+        msg = (e.format_message() if hasattr(e, "format_message") else str(e)).strip().rstrip(".")
         value = _given_value(sys.argv[1:] if argv is None else argv, getattr(e, "param", None))
         _fail(f"{msg}{'' if value is None else f' (got {quoted(value)})'}; see `{cmd} --help`")
     except (typer.Abort, KeyboardInterrupt):

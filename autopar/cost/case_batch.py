@@ -36,13 +36,6 @@ def case_cluster(case: RunCase, constants: CostConstants | None = None) -> Clust
     return cluster
 
 
-def case_inputs(case: RunCase) -> StepInputs:
-    """The case's step inputs on its pace-deciding ranks (cached on the case)."""
-    if case.inputs is None:
-        prime_inputs([case])
-    return case.inputs
-
-
 def _group_key(case: RunCase) -> tuple:
     """What the cases priced in one vectorised pass share: model, priced cluster, sequence length,
     GPU count and routing (their plans may differ)."""

@@ -135,11 +135,6 @@ def assemble_compute(raw: RawCompute, k) -> ComputeTerms:
     )
 
 
-def compute_terms(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_layers_act: np.ndarray) -> ComputeTerms:
-    """Both steps with the cluster's constants."""
-    return assemble_compute(raw_compute(x, model, cluster, rank_layers_act), cluster.constants)
-
-
 def score_matrix_bytes(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:
     """HBM bytes of the attention score matrices per microbatch when they are materialised
     (attention_flash 0): per layer the stored 5as^2 bytes of Korthikanti et al. 2022 Table 2 (QK^T

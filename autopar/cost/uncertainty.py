@@ -80,9 +80,6 @@ class Support:
     widening: float  # log-space widening on each side per support gap
     memory_residuals: tuple[float, ...] = ()  # ln(measured / predicted) of published peak memory
 
-    def without_source(self, source: str) -> "Support":
-        return Support(tuple(p for p in self.points if p.source != source), self.widening, self.memory_residuals)
-
 
 @dataclass(frozen=True)
 class RegimeBand:

@@ -299,7 +299,3 @@ def rejection_bits() -> list[str]:
     from autopar.spec.rules import all_rules
 
     return [r.name for r in all_rules()]
-
-
-def plan_count(run_dir: Path) -> int:
-    return pq.ParquetFile(run_dir / "plans.parquet").metadata.num_rows if (run_dir / "plans.parquet").exists() else 0

@@ -141,13 +141,6 @@ def check_number(
     return value
 
 
-def check_bool(value: object, what: str) -> bool:
-    """`value` when it is true or false, else one line."""
-    if not isinstance(value, bool):
-        raise InputError(f"{what} must be true or false, got {quoted(value)}; fix the value")
-    return value
-
-
 def breaks_line(text: str) -> bool:
     """Whether `text` holds a line break or another control character (they would start a new line
     of a message, a generated script or a file header)."""
