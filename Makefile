@@ -9,19 +9,21 @@ TEST_STAMP := $(VENV)/.installed-test
 setup: $(STAMP)
 setup-test: $(TEST_STAMP)
 
-# CPU machines (no nvidia-smi) get the local CPU build of torch first; GPU machines get the normal
-# build through the package's own torch range.
+# The package with its trial extra (torch: trials, probe, calibration rounds). CPU machines (no
+# nvidia-smi) get the local CPU build of torch first; GPU machines get the normal build through the
+# trial extra's torch range.
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch==2.13.0; fi
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[trial]'
 	touch $(STAMP)
 
-# The test extras (pytest, hypothesis, the trainers' own config parsers for the export tests), and
-# older / CUDA-only trainer releases that the export tests read without importing (no dependencies).
+# The test extras (the trial extra, pytest, hypothesis, the trainers' own config parsers for the
+# export tests), and older / CUDA-only trainer releases that the export tests read without importing
+# (no dependencies).
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[trial,test]'
 	rm -rf $(VENV)/trainer-refs
 	$(PY) -m pip install -q --no-deps --target $(VENV)/trainer-refs torchtitan==0.2.2 megatron-bridge==0.3.1 nemo-toolkit==2.7.3
 	touch $(TEST_STAMP)

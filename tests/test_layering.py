@@ -230,8 +230,8 @@ def test_imports_respect_layers(path: Path) -> None:
 
 
 def test_heavy_packages_only_in_their_layer() -> None:
-    """torch only under autopar/trial/ (nothing, while it does not exist), optuna only under
-    autopar/search/, plotly only under autopar/report/."""
+    """torch only under autopar/trial/, optuna only under autopar/search/, plotly only under
+    autopar/report/."""
     bad = []
     for path in FILES:
         layer = _layer_of_file(path)
@@ -239,6 +239,53 @@ def test_heavy_packages_only_in_their_layer() -> None:
             top = name.split(".")[0]
             if top in HEAVY and layer not in HEAVY[top]:
                 bad.append(f"{path.relative_to(REPO)}:{line}: imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def _module_file(name: str) -> Path | None:
+    """The file of module autopar.x.y (x/y.py or x/y/__init__.py), or None (a name, not a module)."""
+    base = REPO.joinpath(*name.split("."))
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+
+
+def _autopar_modules_imported(path: Path) -> set[str]:
+    """The autopar modules a file imports (at any depth), with `from autopar.x import y` as
+    autopar.x.y when y is a module, and the packages above each (importing a module runs them)."""
+    names = {n for _, n in imports_of(path.read_text(), _module_name(path), path.name == "__init__.py")}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    out = set()
+    for name in names:
+        parts = name.split(".")
+        out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1) if parts[0] == "autopar"}
+    return {n for n in out if _module_file(n)}
+
+
+def test_the_autopar_process_reaches_no_torch() -> None:
+    """torch is an optional extra: no module the `autopar` command can import (following every
+    autopar import from autopar/cli/, lazy ones too) imports torch. Only the trial processes do
+    (autopar.trial.worker under torchrun, autopar.trial.probe), started by `python -m`, not imported."""
+    start = [_module_name(p) for p in FILES if _layer_of_file(p) in ("cli", "__main__")]
+    via: dict[str, str | None] = dict.fromkeys(start)
+    todo = list(start)
+    while todo:
+        mod = todo.pop()
+        for dep in sorted(_autopar_modules_imported(_module_file(mod))):
+            if dep not in via:
+                via[dep] = mod
+                todo.append(dep)
+    assert "autopar.trial.launcher" in via and "autopar.trial.measure" in via  # the walk follows lazy imports
+    bad = []
+    for mod in sorted(via):
+        path = _module_file(mod)
+        for line, name in imports_of(path.read_text(), mod, path.name == "__init__.py"):
+            if name.split(".")[0] == "torch":
+                chain, m = [], mod
+                while m is not None:
+                    chain.append(m)
+                    m = via[m]
+                bad.append(f"{path.relative_to(REPO)}:{line}: imports {name} (reached by {' <- '.join(chain)})")
     assert not bad, "\n".join(bad)
 
 

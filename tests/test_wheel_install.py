@@ -5,7 +5,11 @@ with `pip install --target` into a fresh folder, and run with PYTHONPATH = that 
 environment's site-packages (for the dependencies), with `python -S` so that the editable install's
 .pth finder is not loaded: the only autopar on the path is the installed one, and the repository is
 not on it. This is what catches data files (search spaces, profiles, calibration tables, presets)
-that the package reads but the wheel does not ship."""
+that the package reads but the wheel does not ship.
+
+torch is an optional extra (`autopar[trial]`): the same install, with `import torch` failing as it
+does where torch is not installed (sys.modules["torch"] = None before autopar starts), runs the
+analytic commands, and the commands that need torch say what to install in one line, exit 2."""
 
 from __future__ import annotations
 
@@ -51,14 +55,20 @@ def installed(tmp_path_factory) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
-def elsewhere(installed, tmp_path_factory):
-    """Run `python -S -m autopar ...` in a folder outside the repository, on the installed package."""
-    cwd = tmp_path_factory.mktemp("elsewhere")
+def _env(installed: Path) -> dict[str, str]:
+    """PYTHONPATH = the installed package + the venv's site-packages (for the dependencies)."""
     paths = sysconfig.get_paths()
     deps = dict.fromkeys([paths["purelib"], paths["platlib"]])  # the venv's site-packages, once
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AUTOPAR"))}
     env["PYTHONPATH"] = os.pathsep.join([str(installed), *deps])
+    return env
+
+
+@pytest.fixture(scope="module")
+def elsewhere(installed, tmp_path_factory):
+    """Run `python -S -m autopar ...` in a folder outside the repository, on the installed package."""
+    cwd = tmp_path_factory.mktemp("elsewhere")
+    env = _env(installed)
 
     def run(*args: str, timeout: float = 300) -> str:
         return _run([sys.executable, "-S", *args], cwd=cwd, env=env, timeout=timeout)
@@ -100,3 +110,84 @@ def test_every_data_file_is_installed(installed):
 
     shipped = data(REPO / "autopar") | {f"spaces/{p.name}" for p in (REPO / "search_spaces").glob("*.yaml")}
     assert shipped and shipped <= data(installed / "autopar")
+
+
+#: the first statement of a process where `import torch` raises ModuleNotFoundError (an ImportError),
+#: as it does where torch is not installed
+BLOCK_TORCH = "import sys; sys.modules['torch'] = None"
+#: `python -S -c NO_TORCH ARGS...` runs `autopar ARGS...` so
+NO_TORCH = BLOCK_TORCH + "; import runpy; runpy.run_module('autopar', run_name='__main__', alter_sys=True)"
+
+
+@pytest.fixture(scope="module")
+def without_torch(installed, tmp_path_factory):
+    """Run `autopar ARGS...` (the installed package, outside the repository) without torch; the
+    completed process."""
+    cwd = tmp_path_factory.mktemp("without-torch")
+    env = _env(installed)
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-S", "-c", NO_TORCH, *args]
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+    return run, cwd
+
+
+def test_torch_is_an_extra() -> None:
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!~;\[ ]", d)[0] for d in project["dependencies"]]
+    assert "torch" not in names and "optuna" in names
+    assert any(re.split(r"[<>=!~;\[ ]", d)[0] == "torch" for d in project["optional-dependencies"]["trial"])
+
+
+def test_the_block_is_a_missing_torch() -> None:
+    code = BLOCK_TORCH + "\ntry:\n    import torch\nexcept ImportError:\n    print('missing')"
+    p = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "missing", p.stderr
+
+
+def test_the_analytic_commands_run_without_torch(without_torch):
+    run, cwd = without_torch
+    run_dir = cwd / "run"
+    commands = [
+        ["search", "--model", "70b", "--gpus", "256", "--run-dir", str(run_dir)],
+        ["estimate", "--model", "70b", "--gpus", "256", "--tp", "8", "--pp", "4"],
+        ["compare", "--model", "70b", "--gpus", "256", "--tp 8 --pp 4", "--tp 4 --pp 8"],
+        ["export", "--run", str(run_dir), "--rank", "1", "--to", "megatron", "--out", str(cwd / "export")],
+        ["report", str(run_dir)],
+        ["validate"],
+        ["trainers"],
+        ["models"],
+        ["hardware"],
+        ["trial", "--model", "tiny", "--gpus", "2", "--tp", "2", "--emit-slurm", str(cwd / "t.sbatch")],
+    ]
+    for args in commands:
+        p = run(*args)
+        assert p.returncode == 0, (
+            f"autopar {' '.join(args)} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+        )
+        assert "Traceback" not in p.stderr, p.stderr
+    assert (run_dir / "report.html").is_file() and (cwd / "export" / "megatron" / "megatron_args.sh").is_file()
+    assert (cwd / "t.sbatch").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["trial", "--model", "tiny", "--gpus", "2", "--tp", "2"], "autopar trial"),
+        (["probe", "--ranks", "2"], "autopar probe"),
+        (["search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", "2"], "autopar search --trials"),
+        (["calibrate", "no-such-run", "--rounds", "1"], "autopar calibrate --rounds"),
+    ],
+    ids=["trial", "probe", "search-trials", "calibrate-rounds"],
+)
+def test_the_torch_commands_say_what_to_install(without_torch, args, what):
+    run, cwd = without_torch
+    p = run(*args)
+    lines = p.stderr.splitlines()
+    assert p.returncode == 2 and len(lines) == 1, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    assert lines[0].startswith(f"autopar: error: {what} needs PyTorch: ") and "autopar[trial]" in lines[0], lines
+    assert not (cwd / "reports").exists()  # stopped before writing anything

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from autopar.cli import app
+from autopar.trial.needs_torch import require_torch
 
 
 def _question(run_dir: Path):
@@ -99,6 +100,8 @@ def calibrate(
     check_flag("--top", top)
     check_flag("--rounds", rounds, Limit(0, 1_000))
     check_flag("--trials", trials, Limit(1, 10_000))
+    if rounds > 0:  # the fit alone needs no torch; more rounds run trials
+        require_torch("autopar calibrate --rounds")
     q, space, info = _question(run_dir)
     output_file(out or run_dir / "calibrated.yaml", "--out" if out else "the profile path")
     docs = load_docs(run_dir / "trials")

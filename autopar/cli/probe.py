@@ -34,8 +34,10 @@ def probe(ranks: Ranks = None, out: Out = None, timeout: Timeout = 120.0) -> Non
     from autopar.spec.local_gpu import local_profile_path
     from autopar.spec.schema import check_flags
     from autopar.trial.local_profile import probe_machine, write_local_profile
+    from autopar.trial.needs_torch import require_torch
 
     check_flags({"--ranks": ranks, "--timeout": timeout})
+    require_torch("autopar probe")  # its benchmarks run torch in subprocesses
     most = 4 * (os.cpu_count() or 1)  # each rank is a process of this machine
     if ranks is not None and ranks > most:
         raise InputError(

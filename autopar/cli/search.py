@@ -116,6 +116,10 @@ def search(
 
     check_flags({"--gpus-per-node": gpus_per_node, "--top-k": top_k, "--max-exhaustive": max_exhaustive})
     check_flags({"--n-trials": n_trials, "--seed": seed})
+    if measure.trials > 0:  # before the analytic search, not after it
+        from autopar.trial.needs_torch import require_torch
+
+        require_torch("autopar search --trials")
     from autopar.search.streaming import RANK_BY
 
     if rank_by not in RANK_BY:

@@ -99,6 +99,7 @@ def trial(
         max_local_ranks=max_local_ranks,
         memory_limit_mib=memory_limit_mib,
         rdzv_endpoint=rdzv_endpoint,
+        emit_slurm=emit_slurm,
     )
     spec = resolve_model(model)
     plan_trial.check_proxy_width(spec, proxy_width)
@@ -146,10 +147,14 @@ def _check_trial_flags(
     max_local_ranks: int | None,
     memory_limit_mib: float | None,
     rdzv_endpoint: str | None,
+    emit_slurm: Path | None,
 ) -> None:
-    """One line for the first bad launch flag (ranges, --rdzv-endpoint's HOST:PORT, --node-rank)."""
+    """One line for the first bad launch flag (ranges, --rdzv-endpoint's HOST:PORT, --node-rank),
+    or for a missing torch when the trial runs here (not for --emit-slurm: the cluster's python runs
+    the script)."""
     from autopar.errors import quoted
     from autopar.spec.schema import check_flags
+    from autopar.trial.needs_torch import require_torch
 
     check_flags(
         {
@@ -172,6 +177,8 @@ def _check_trial_flags(
         )
     if node_rank >= nnodes:
         raise InputError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (ranks count from 0)")
+    if emit_slurm is None:
+        require_torch("autopar trial")
 
 
 def _rendezvous(nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> dict | None:

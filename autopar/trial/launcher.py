@@ -42,6 +42,7 @@ from autopar.json_out import dumps
 from autopar.spec.read_file import read_json
 from autopar.trial import hygiene
 from autopar.trial.config import TrialConfig
+from autopar.trial.needs_torch import INSTALL_HINT, MISSING_MARKER
 
 PROGRESS_FILE = "progress.jsonl"
 #: seconds between looks at the progress file (a step of the smallest trials takes ~50 ms)
@@ -307,6 +308,8 @@ def classify(returncode: int | None, timed_out: bool, result: dict | None, logs:
     text = logs + "\n".join(errors)
     if any(m in text for m in _OOM_MARKERS) or returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
         return "oom", errors or ["out of memory (allocation failure or killed by the kernel)"]
+    if MISSING_MARKER in text:  # the python the trial ran (a cluster node's, say) lacks torch
+        return "crash", errors or [f"PyTorch is not installed where the trial ran: {INSTALL_HINT}"]
     return "crash", errors or [f"exit code {returncode}, no complete result"]
 
 
