@@ -48,7 +48,8 @@ def _layout(
 
 def parse_flags(text: str, where: str) -> tuple[dict, PlanRequest]:
     """A flag string ("--tp 8 --pp 4 --recompute full") -> (its question flags, its plan flags)."""
-    from autopar.cli import click_exc
+    import typer
+
     from autopar.errors import InputError
 
     try:
@@ -61,8 +62,8 @@ def parse_flags(text: str, where: str) -> tuple[dict, PlanRequest]:
         )
     try:
         return _flags(args=tokens, prog_name="layout", standalone_mode=False)
-    except click_exc.ClickException as e:
-        msg = e.format_message().strip().rstrip(".").replace("\n", " ")
+    except typer.TyperException as e:  # click's usage errors, as typer raises them
+        msg = (e.format_message() if hasattr(e, "format_message") else str(e)).strip().rstrip(".").replace("\n", " ")
         raise InputError(f"{where}: {msg}; a layout takes the plan flags of `autopar estimate`") from None
 
 
