@@ -46,6 +46,18 @@ class ValidationReport:
     stored_uncertainty: dict | None = None  # the stored points, widening and coverage, when read back
     #: a user's runs priced with the shipped profiles: their coverage is by the shipped intervals
     judged_by_shipped: bool = False
+    runs_path: str | None = None  # --runs (None: the bundled tables)
+
+    def _memory_peaks(self) -> list[tuple[str, str, float]]:
+        """(row, source, ln(measured / predicted)) of the rows' measured peak-memory figures (a
+        device or reserved peak, not an analytic term: autopar.cost.memory_published)."""
+        cases = [r.case for r in self.in_sample.rows]
+        memory = compare_published_memory(cases, load_runs(self.runs_path)).comparisons
+        return [
+            (c.row_id, c.source, -math.log1p(c.error))
+            for c in memory
+            if c.figure.quantity in ("reserved", "device") and c.error > -1
+        ]
 
     def uncertainty(self) -> dict | None:
         """The calibration points of the held-out errors, the fitted widening per support gap and
@@ -64,12 +76,14 @@ class ValidationReport:
             return None
         points = [calibration_point(r.case, r.error) for r in self.cross_validated.rows if not r.case.dropless]
         widening = fit_widening(points)
+        peaks = self._memory_peaks()
         return {
             "level": LEVEL,
             "widening": widening,
             "method": "leave-one-source-out: each run inside the interval the other sources give it",
-            "coverage": coverage(points, widening),
+            "coverage": coverage(points, widening) | {"peak memory": memory_coverage([(s, r) for _, s, r in peaks])},
             "points": [p.to_dict() for p in points],
+            "memory_residuals": [{"row_id": i, "source": s, "residual": r} for i, s, r in peaks],
         }
 
 
@@ -145,10 +159,10 @@ def validate_runs(
         )
     if runs is not None and not cross_validate:
         origin = "not computed for your runs: add --cross-validate (one fit per source)"
-        return ValidationReport(in_sample, None, origin, fitted, what, judged_by_shipped=not fit)
+        return ValidationReport(in_sample, None, origin, fitted, what, judged_by_shipped=not fit, runs_path=runs)
     cv = leave_one_source_out(cases, skipped, progress)
     origin = "recomputed: every source predicted by the profiles fitted to all the others"
-    return ValidationReport(in_sample, cv, origin, fitted, what)
+    return ValidationReport(in_sample, cv, origin, fitted, what, runs_path=runs)
 
 
 def _stored_result(cases: list[RunCase], skipped) -> ValidationResult | None:
@@ -227,29 +241,12 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
         "cross_validated": cv.summary() if cv else None,
         "fitted": fitted,
         "rows": rows,
-        "uncertainty": _uncertainty_body(report),
+        "uncertainty": report.uncertainty(),
     }
     _write(cv_path, dumps(body, indent=1) + "\n")
     stored_figures.cache_clear()
     support_points.cache_clear()
     return [out, cv_path]
-
-
-def _uncertainty_body(report: ValidationReport) -> dict | None:
-    """What the intervals are built from: the held-out calibration points, the widening, the
-    coverage, and the residuals of the measured peak-memory figures (autopar.cost.memory_published:
-    a device or reserved peak, not an analytic term)."""
-    body = report.uncertainty()
-    if body is None:
-        return None
-    cases = [r.case for r in report.in_sample.rows]
-    memory = compare_published_memory(cases).comparisons
-    peaks = [c for c in memory if c.figure.quantity in ("reserved", "device") and c.error > -1]
-    body["memory_residuals"] = [
-        {"row_id": c.row_id, "source": c.source, "residual": -math.log1p(c.error)} for c in peaks
-    ]
-    body["coverage"]["peak memory"] = memory_coverage([(c.source, -math.log1p(c.error)) for c in peaks])
-    return body
 
 
 def _write(path: Path, text: str) -> None:
