@@ -72,7 +72,7 @@ class TopFile(Doc):
 
 
 class ModelDoc(Doc):
-    """The model's fields are checked by autopar.spec.presets.model_from_dict where it is rebuilt."""
+    """The model's fields are checked by autopar.spec.model_file.model_from_dict where it is rebuilt."""
 
     name: str
 
