@@ -323,10 +323,10 @@ FIELD = {f.name: f for f in FIELDS}
 LAYOUT_KEY = tuple(f.name for f in sorted((f for f in FIELDS if f.layout_key is not None), key=lambda f: f.layout_key))
 #: the fields with the layout key first, in its order, then as declared: the plan flags' order
 GRID_FIRST = tuple(sorted(FIELDS, key=lambda f: (f.layout_key is None, f.layout_key or 0)))
-#: the columns of search results, as a frame holds them: the plan (the layout key first), then who
-#: runs it (autopar.search.results.frame; plans.parquet groups them by type)
-RESULT_FIELDS = tuple(f for f in GRID_FIRST if f.shown and f.plan_key) + tuple(
-    f for f in GRID_FIRST if f.shown and not f.plan_key
-)
+#: the fields in the order of search results: the plan (the layout key first), then who runs it
+BY_KEY = tuple(f for f in GRID_FIRST if f.plan_key) + tuple(f for f in GRID_FIRST if not f.plan_key)
+#: the columns of search results, as a frame holds them (autopar.search.results.frame;
+#: plans.parquet groups them by type, autopar.search.run_dir)
+RESULT_FIELDS = tuple(f for f in BY_KEY if f.shown)
 #: the columns that make a plan what it is, apart from the trainer that runs it
 PLAN_KEY = tuple(f.column for f in RESULT_FIELDS if f.plan_key)
