@@ -318,7 +318,6 @@ class ParallelPlan:
 
 #: the plan's fields, as declared above (autopar.spec.plan_fields.PlanField)
 FIELDS = plan_fields(ParallelPlan)
-FIELD = {f.name: f for f in FIELDS}
 #: what a layout is, for the search's per-layout pool: the process grid and the pipeline's shape
 LAYOUT_KEY = tuple(f.name for f in sorted((f for f in FIELDS if f.layout_key is not None), key=lambda f: f.layout_key))
 #: the fields with the layout key first, in its order, then as declared: the plan flags' order
