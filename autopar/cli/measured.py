@@ -101,8 +101,7 @@ class _Where:
 
 def _where(q, options: TrialOptions, log: Callable[[str], None]) -> _Where:
     """This machine (its ranks and memory) or the cluster through SLURM."""
-    from autopar.spec.hardware import GIB, LOCAL
-    from autopar.spec.local_gpu import local_cluster
+    from autopar.spec.hardware import GIB, LOCAL, local_cluster
     from autopar.trial.resources import detect, local_limits
 
     on_cpu_profile = q.cluster.gpu.key == LOCAL

@@ -216,10 +216,6 @@ def view_from_deepspeed(cfg: dict, argv: list[str], ds_argv: list[str], num_gpus
             "recompute_layers": rl,
             "dtype": "bf16" if bf16 else "fp32",
             "main_grads_fp32": cfg.get("data_types", {}).get("grad_accum_dtype", "fp32") == "fp32",
-            "tp_comm_overlap": False,
-            "moe_dispatch": "dropless",
-            "capacity_factor": None,  # no MoE
-            "moe_dispatcher": "alltoall",
-            "ep_comm_overlap": False,
+            # no TP overlap and no MoE: those fields read back as the plan's defaults (normalize)
         }
     )

@@ -121,15 +121,13 @@ def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
             "pp_schedule": schedule,
             "layout": stages,
             "recompute": cfg["activation_checkpoint"],
-            "recompute_layers": None,
             "dtype": "fp8" if cfg["float8"] else ("fp32" if tr.get("mixed_precision_param") == "float32" else "bf16"),
             "main_grads_fp32": tr.get("mixed_precision_reduce", "float32") == "float32",
             "tp_comm_overlap": bool(
                 par.get("enable_async_tensor_parallel") or cfg["compile"].get("enable_async_tensor_parallel")
             ),
-            "moe_dispatch": "dropless",
-            "capacity_factor": None,  # torchtitan's MoE is dropless only
             "moe_dispatcher": "deepep" if cfg["moe_comm_backend"] == "deepep" else "alltoall",
-            "ep_comm_overlap": False,  # no EP all-to-all overlap across microbatches
+            # no partial recompute, MoE dispatch dropless only, no EP all-to-all overlap across
+            # microbatches: those fields read back as the plan's defaults (normalize)
         }
     )

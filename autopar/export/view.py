@@ -6,74 +6,36 @@ Every exporter's `parse` returns a normalized view, so the round trip is
 from __future__ import annotations
 
 from autopar.spec.model import ModelSpec
-from autopar.spec.plan import ParallelPlan
+from autopar.spec.plan import GRID_FIRST, ParallelPlan
+from autopar.spec.plan_fields import BOOL, LAYOUT
 
-VIEW_KEYS = (
-    "num_gpus",
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "dp",
-    "ep",
-    "etp",
-    "sequence_parallel",
-    "zero_stage",
-    "micro_batch_size",
-    "global_batch_size",
-    "num_microbatches",
-    "pp_schedule",
-    "layout",
-    "recompute",
-    "recompute_layers",
-    "dtype",
-    "main_grads_fp32",
-    "tp_comm_overlap",
-    "moe_dispatch",
-    "capacity_factor",
-    "moe_dispatcher",
-    "ep_comm_overlap",
-)
+#: the plan's fields an export must express (autopar.spec.plan: every one but the trainer, whose
+#: files the export is)
+VIEWED = tuple(f for f in GRID_FIRST if f.view)
+VIEW_KEYS = ("num_gpus", "num_microbatches") + tuple(f.name for f in VIEWED)
+#: what a field reads back as where a trainer's files do not say it (the trainer has no such
+#: setting): the plan's default
+DEFAULTS = {f.name: f.default for f in VIEWED}
 
 
 def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
     """What a trainer must reproduce of a plan, as plain values (normalized)."""
-    layout = plan.resolved_layout(model.num_layers)
-    return normalize(
-        {
-            "num_gpus": plan.num_gpus,
-            "tp": plan.tp,
-            "pp": plan.pp,
-            "vpp": plan.vpp,
-            "cp": plan.cp,
-            "dp": plan.dp,
-            "ep": plan.ep,
-            "etp": plan.etp,
-            "sequence_parallel": bool(plan.sequence_parallel),
-            "zero_stage": plan.zero_stage,
-            "micro_batch_size": plan.micro_batch_size,
-            "global_batch_size": plan.global_batch_size,
-            "num_microbatches": plan.num_microbatches,
-            "pp_schedule": plan.pp_schedule,
-            "layout": tuple(layout.stages),
-            "recompute": plan.recompute,
-            "recompute_layers": plan.recompute_layers,
-            "dtype": plan.dtype,
-            "main_grads_fp32": plan.main_grads_fp32,
-            "tp_comm_overlap": plan.tp_comm_overlap,
-            # a dense model drops no token and dispatches none: it reads back as dropless all-to-all
-            "moe_dispatch": plan.moe_dispatch if model.moe is not None else "dropless",
-            "capacity_factor": plan.capacity_factor if model.moe is not None else None,
-            "moe_dispatcher": plan.moe_dispatcher if model.moe is not None else "alltoall",
-            "ep_comm_overlap": plan.ep_comm_overlap and model.moe is not None,
-        }
-    )
+    view = {"num_gpus": plan.num_gpus, "num_microbatches": plan.num_microbatches}
+    for f in VIEWED:
+        if f.kind == LAYOUT:
+            view[f.name] = tuple(plan.resolved_layout(model.num_layers).stages)
+        elif f.moe and model.moe is None:
+            view[f.name] = f.default  # a dense model drops no token and dispatches none: the defaults
+        else:
+            view[f.name] = bool(getattr(plan, f.name)) if f.kind == BOOL else getattr(plan, f.name)
+    return normalize(view)
 
 
 def normalize(view: dict) -> dict:
     """Drop distinctions that do not exist in a run: no schedule or layout without a pipeline, no
-    sharding stage without data-parallel ranks to shard over, no SP without TP."""
-    v = {k: view.get(k) for k in VIEW_KEYS}
+    sharding stage without data-parallel ranks to shard over, no SP without TP. A field the view
+    does not give reads back as the plan's default (DEFAULTS)."""
+    v = {k: view.get(k, DEFAULTS.get(k)) for k in VIEW_KEYS}
     if v["pp"] == 1:
         v["pp_schedule"] = None
         v["layout"] = None

@@ -17,7 +17,9 @@ from autopar.search.space import SearchSpace
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.layout import auto_layout, balanced_layout
 from autopar.spec.model import ModelSpec
-from autopar.spec.table import DISPATCHER, DTYPE, RECOMP, SCHED, TRAINER, PlanTable
+from autopar.spec.plan import FIELDS
+from autopar.spec.plan_fields import PlanField
+from autopar.spec.table import RECOMP, SCHED, TRAINER, PlanTable
 from autopar.spec.trainers import TRAINERS
 
 DEFAULT_EP_LIMIT = 64
@@ -67,26 +69,15 @@ def space_size(space: SearchSpace, q: "Question") -> int:
     return int(np.prod([len(v) for v in knob_choices(space, q).values()], dtype=np.float64))
 
 
-#: the product axes, in order; values are what `knob_choices` returns for each
-AXES = (
-    "tp",
-    "pp",
-    "cp",
-    "sched_vpp",
-    "ep",
-    "etp",
-    "zero",
-    "mbs",
-    "recompute",
-    "recompute_layers",
-    "dtype",
-    "tp_comm_overlap",
-    "sp",
-    "pp_layout",
-    "moe_dispatcher",
-    "ep_comm_overlap",
-    "trainer",
-)
+#: the axes that decide whether a row is a plan at all (divisibility, schedules, layouts, expert and
+#: TP knobs; `sched_vpp` pairs the schedule with vpp), and the rest, whose every combination is a
+#: plan (but recompute layers without full recompute, and EP knobs without EP): every other knob of
+#: the plan's declaration (autopar.spec.plan), in its order, the trainer innermost
+OUTER = ("tp", "pp", "cp", "sched_vpp", "ep", "etp", "tp_comm_overlap", "sp", "pp_layout")
+_IN_OUTER = OUTER + ("vpp", "pp_schedule")  # the knobs the outer axes stand for
+INNER = tuple(f.space for f in FIELDS if f.space and f.space not in _IN_OUTER + ("trainer",)) + ("trainer",)
+#: the product axes; values are what `knob_choices` returns for each
+AXES = OUTER + INNER
 
 
 def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
@@ -102,32 +93,29 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
     if etp_raw == "auto":  # Megatron's default (= tp) and expert-TP folding (1)
         etp_raw = ["tp", 1]
     sp_knob = k.get("sp", "auto")
-    return {
+    shaped = {
         "tp": [t for t in tp if t <= cons.get("max_tp", t)],
         "pp": [p for p in _int_choices(space, "pp", [1]) if p <= cons.get("max_pp", p)],
         "cp": [c for c in _int_choices(space, "cp", [1]) if c <= cons.get("max_cp", c)],
         "sched_vpp": sched_vpp or [(SCHED["1f1b"], 1)],
         "ep": ep_choices(space, model),
         "etp": sorted({0 if e == "tp" else int(e) for e in etp_raw}),
-        "zero": _int_choices(space, "zero", [1]),
-        "mbs": _int_choices(space, "mbs", [1]),
-        "recompute": sorted({RECOMP[r] for r in k.get("recompute", ["none"])}),
         "recompute_layers": [-1] + sorted(set(k.get("recompute_layers", []))),
-        "dtype": sorted({DTYPE[d] for d in k.get("dtype", ["bf16"])}),
-        "tp_comm_overlap": sorted(set(k.get("tp_comm_overlap", [False]))),
         "sp": [True, False] if sp_knob == "auto" else sorted(set(sp_knob)),
         "pp_layout": ["auto"] + [x for x in dict.fromkeys(k.get("pp_layout", ["auto"])) if x != "auto"],
-        "moe_dispatcher": sorted({DISPATCHER[d] for d in k.get("moe_dispatcher", ["alltoall"])}) if model.moe else [0],
-        "ep_comm_overlap": sorted(set(k.get("ep_comm_overlap", [False]))) if model.moe else [False],
         "trainer": [TRAINER[t] for t in q.trainers if t in k.get("trainer", q.trainers)],
     }
+    return shaped | {f.space: _listed(f, k, model) for f in FIELDS if f.space in AXES and f.space not in shaped}
 
 
-#: the axes that decide whether a row is a plan at all (divisibility, schedules, layouts, expert and
-#: TP knobs), and the rest, whose every combination is a plan (but recompute layers without full
-#: recompute, and EP knobs without EP)
-OUTER = ("tp", "pp", "cp", "sched_vpp", "ep", "etp", "tp_comm_overlap", "sp", "pp_layout")
-INNER = ("zero", "mbs", "recompute", "recompute_layers", "dtype", "moe_dispatcher", "ep_comm_overlap", "trainer")
+def _listed(f: PlanField, knobs: dict, model: ModelSpec) -> list:
+    """A knob's choices as the space lists them (as table values: a category by its code), its
+    default where the space names none; an MoE-only knob keeps its default on a dense model."""
+    if f.moe and model.moe is None:
+        return [f.encode(f.default)]
+    return sorted({f.encode(v) for v in knobs.get(f.space, [f.default])})
+
+
 assert set(OUTER) | set(INNER) == set(AXES) and not set(OUTER) & set(INNER)
 
 
@@ -298,29 +286,16 @@ def build_table(
     col, sched, vpp, et, layout_id = _columns(choices, values, enumerator)
     t, p, c = col["tp"], col["pp"], col["cp"]
     idx = np.flatnonzero(canonical(space, q, choices, col, sched, vpp, et, layout_id))
-    table = PlanTable.from_columns(
-        enumerator.layouts,
-        tp=t[idx],
-        pp=p[idx],
-        dp=G // (t[idx] * p[idx] * c[idx]),
-        cp=c[idx],
-        ep=col["ep"][idx],
-        etp=et[idx],
-        vpp=vpp[idx],
-        zero_stage=col["zero"][idx],
-        micro_batch_size=col["mbs"][idx],
-        global_batch_size=np.full(len(idx), q.global_batch_size),
-        schedule=sched[idx],
-        recompute=col["recompute"][idx],
-        recompute_layers=col["recompute_layers"][idx],
-        dtype=col["dtype"][idx],
-        tp_comm_overlap=col["tp_comm_overlap"][idx],
-        sequence_parallel=col["sp"][idx],
-        layout_id=layout_id[idx],
-        moe_dispatcher=col["moe_dispatcher"][idx],
-        ep_comm_overlap=col["ep_comm_overlap"][idx],
-        trainer=col["trainer"][idx],
-    )
+    cols = {f.column: col[f.space][idx] for f in FIELDS if f.space in col}  # the knobs as searched
+    cols |= {
+        "dp": G // (t[idx] * p[idx] * c[idx]),
+        "etp": et[idx],
+        "vpp": vpp[idx],
+        "global_batch_size": np.full(len(idx), q.global_batch_size),
+        "pp_schedule": sched[idx],
+        "layout_id": layout_id[idx],
+    }
+    table = PlanTable.from_columns(enumerator.layouts, **cols)
     if index_base is not None:
         table.columns["plan_index"] = (index_base + idx) * index_scale
     return table

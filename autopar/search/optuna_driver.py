@@ -22,6 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autopar.errors import InputError, quoted
+from autopar.search.enumerate import INNER as WALK_INNER
 from autopar.search.enumerate import Question, build_table, knob_choices
 from autopar.search.limits import SAMPLERS
 from autopar.search.results import row_plan
@@ -248,17 +249,10 @@ def _budget_taken_before(study: optuna.Study, number: int) -> int:
 #: knobs Optuna chooses (the structure of the layout) and knobs each trial completes exhaustively
 #: (cheap to evaluate side by side, vectorised): a trial is one structure plus its best completion
 OUTER = ("tp", "cp", "pp", "ep", "etp", "dtype", "tp_comm_overlap")
-INNER = (
-    "sched_vpp",
-    "zero",
-    "mbs",
-    "recompute",
-    "recompute_layers",
-    "pp_layout",
-    "moe_dispatcher",
-    "ep_comm_overlap",
-    "trainer",
-)
+_COMPLETED_FIRST = ("sched_vpp", "zero", "mbs", "recompute", "recompute_layers", "pp_layout")
+#: the schedule, ZeRO, micro-batch, recompute and layout choices, then every other inner axis of the
+#: exhaustive walk (autopar.search.enumerate.INNER: the rest of the plan's knobs, the trainer last)
+INNER = _COMPLETED_FIRST + tuple(a for a in WALK_INNER if a not in _COMPLETED_FIRST + OUTER)
 
 
 def suggest_outer(trial: optuna.Trial, choices: dict, moe: bool) -> dict[str, int]:

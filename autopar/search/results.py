@@ -10,67 +10,20 @@ from autopar.cost.columns import MEMORY_BIT
 from autopar.cost.estimate import TIME_LABELS, TIME_TERMS
 from autopar.spec.hardware import GIB
 from autopar.spec.layout import auto_layout
-from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan
+from autopar.spec.plan import PLAN_KEY, RESULT_FIELDS, ParallelPlan
+from autopar.spec.plan_fields import CATEGORY
+from autopar.spec.plan_fields import plan_names as names_of
 from autopar.spec.rules import all_rules, reason_text
-from autopar.spec.table import PlanTable
+from autopar.spec.table import PlanTable, plan_of_row
 from autopar.spec.trainers import ALL_TRAINERS
 
-#: the columns that make a plan what it is, apart from the trainer that runs it
-PLAN_KEY = (
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "dp",
-    "ep",
-    "etp",
-    "zero_stage",
-    "sequence_parallel",
-    "micro_batch_size",
-    "global_batch_size",
-    "pp_schedule",
-    "recompute",
-    "recompute_layers",
-    "dtype",
-    "tp_comm_overlap",
-    "layout_id",
-    "moe_dispatch",
-    "capacity_factor",
-    "moe_dispatcher",
-    "ep_comm_overlap",
-)
 COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
 
 
 def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None = None) -> pd.DataFrame:
     """Plans and their estimates as one DataFrame (categoricals as names, not codes)."""
     c = table.columns
-    df = pd.DataFrame(
-        {
-            "tp": c["tp"],
-            "pp": c["pp"],
-            "vpp": c["vpp"],
-            "cp": c["cp"],
-            "dp": c["dp"],
-            "ep": c["ep"],
-            "etp": c["etp"],
-            "zero_stage": c["zero_stage"],
-            "sequence_parallel": c["sequence_parallel"],
-            "micro_batch_size": c["micro_batch_size"],
-            "global_batch_size": c["global_batch_size"],
-            "pp_schedule": np.asarray(SCHEDULES, dtype=object)[c["schedule"]],
-            "recompute": np.asarray(RECOMPUTE, dtype=object)[c["recompute"]],
-            "recompute_layers": c["recompute_layers"],
-            "dtype": np.asarray(DTYPES, dtype=object)[c["dtype"]],
-            "tp_comm_overlap": c["tp_comm_overlap"],
-            "layout_id": c["layout_id"],
-            "moe_dispatch": np.asarray(MOE_DISPATCH, dtype=object)[c["moe_dispatch"]],
-            "capacity_factor": c["capacity_factor"],
-            "moe_dispatcher": np.asarray(MOE_DISPATCHERS, dtype=object)[c["moe_dispatcher"]],
-            "ep_comm_overlap": c["ep_comm_overlap"],
-            "trainer": np.asarray(ALL_TRAINERS, dtype=object)[c["trainer"]],
-        }
-    )
+    df = pd.DataFrame({f.column: _shown(f, c[f.column]) for f in RESULT_FIELDS})
     if "plan_index" in c:  # the plan's place in the search's walk
         df["plan_index"] = c["plan_index"]
     for name, arr in est.items():
@@ -86,6 +39,11 @@ def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None =
     )
     df["memory_gib"] = df["peak_memory_bytes"] / GIB
     return df
+
+
+def _shown(f, column: np.ndarray) -> np.ndarray:
+    """A table column as search results show it: a category by its names."""
+    return np.asarray(f.choices, dtype=object)[column] if f.kind == CATEGORY else column
 
 
 def rejection_text(codes: np.ndarray, trainer: np.ndarray) -> np.ndarray:
@@ -106,25 +64,9 @@ def layout_texts(table: PlanTable, num_layers: int | None = None) -> np.ndarray:
 
 
 def plan_names(df: pd.DataFrame) -> np.ndarray:
-    """Short layout names, e.g. tp8.pp4.v2.dp8 (axes of size 1 omitted but dp), vectorised."""
-
-    def part(col, prefix, always=False):
-        v = df[col].astype(str).to_numpy()
-        keep = df[col].to_numpy() > 1 if not always else np.ones(len(df), bool)
-        return np.where(keep, prefix + v + ".", "")
-
-    name = (
-        part("tp", "tp")
-        + part("cp", "cp")
-        + part("pp", "pp")
-        + part("vpp", "v")
-        + part("dp", "dp", True)
-        + part("ep", "ep")
-    )
-    name = np.where(
-        df["etp"].to_numpy() != df["tp"].to_numpy(), name + "etp" + df["etp"].astype(str).to_numpy() + ".", name
-    )
-    return np.char.rstrip(name.astype(str), ".")
+    """Short layout names, e.g. tp8.pp4.v2.dp8 (axes of size 1 omitted but dp), vectorised (the one
+    namer, autopar.spec.plan_fields.plan_names, that ParallelPlan.describe uses too)."""
+    return names_of(df)
 
 
 def ranked(df: pd.DataFrame) -> pd.DataFrame:
@@ -136,32 +78,8 @@ def ranked(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def row_plan(row: pd.Series, layouts) -> ParallelPlan:
-    """A DataFrame row back to a ParallelPlan."""
-    lid = int(row["layout_id"])
-    return ParallelPlan(
-        tp=int(row["tp"]),
-        pp=int(row["pp"]),
-        dp=int(row["dp"]),
-        cp=int(row["cp"]),
-        ep=int(row["ep"]),
-        etp=int(row["etp"]),
-        vpp=int(row["vpp"]),
-        zero_stage=int(row["zero_stage"]),
-        sequence_parallel=bool(row["sequence_parallel"]),
-        micro_batch_size=int(row["micro_batch_size"]),
-        global_batch_size=int(row["global_batch_size"]),
-        pp_schedule=str(row["pp_schedule"]),
-        recompute=str(row["recompute"]),
-        recompute_layers=None if int(row["recompute_layers"]) < 0 else int(row["recompute_layers"]),
-        dtype=str(row["dtype"]),
-        tp_comm_overlap=bool(row["tp_comm_overlap"]),
-        layout=None if lid < 0 else layouts[lid],
-        trainer=str(row.get("trainer", "megatron")),
-        moe_dispatch=str(row.get("moe_dispatch", "dropless")),
-        capacity_factor=float(row["capacity_factor"]) if row.get("moe_dispatch") == "capacity" else None,
-        moe_dispatcher=str(row.get("moe_dispatcher", "alltoall")),
-        ep_comm_overlap=bool(row.get("ep_comm_overlap", False)),
-    )
+    """A DataFrame row back to a ParallelPlan (the one decoder, autopar.spec.table.plan_of_row)."""
+    return plan_of_row(row, layouts)
 
 
 def top_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:

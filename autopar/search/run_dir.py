@@ -29,9 +29,9 @@ from autopar.errors import InputError, quoted
 from autopar.search.atomic import write_with
 from autopar.secrets import mask_values
 from autopar.spec import read_file
-from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
+from autopar.spec.plan import RESULT_FIELDS
+from autopar.spec.plan_fields import BOOL, CATEGORY, FLOAT, INT, LAYOUT
 from autopar.spec.table import PlanTable
-from autopar.spec.trainers import ALL_TRAINERS
 
 SCHEMA_VERSION = 2
 #: bytes at most of top.json, search.json and scatter.parquet (the largest top-k and Optuna history
@@ -43,31 +43,17 @@ FILES = ("search.json", "top.json", "plans.parquet", "scatter.parquet")
 #: present while a search replaces the files (autopar.search.run_state); search.json is written last
 INCOMPLETE = ".incomplete"
 
-#: categorical plan columns: name in plans.parquet -> (PlanTable column, names of its codes)
+# plans.parquet's plan columns, the search results' (autopar.spec.plan.RESULT_FIELDS) grouped by type:
+#: integers, stored as int32 (the plan's place in the walk first, as int64)
+INTEGERS = ("plan_index",) + tuple(f.column for f in RESULT_FIELDS if f.kind in (INT, LAYOUT))
+#: categorical columns, as dictionaries of their names (the trainer that runs the plan first):
+#: name in plans.parquet -> (PlanTable column, names of its codes)
 CATEGORIES = {
-    "trainer": ("trainer", ALL_TRAINERS),
-    "pp_schedule": ("schedule", SCHEDULES),
-    "recompute": ("recompute", RECOMPUTE),
-    "dtype": ("dtype", DTYPES),
-    "moe_dispatch": ("moe_dispatch", MOE_DISPATCH),
-    "moe_dispatcher": ("moe_dispatcher", MOE_DISPATCHERS),
+    f.name: (f.column, f.choices) for f in sorted(RESULT_FIELDS, key=lambda f: f.plan_key) if f.kind == CATEGORY
 }
-INTEGERS = (
-    "plan_index",
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "dp",
-    "ep",
-    "etp",
-    "zero_stage",
-    "micro_batch_size",
-    "global_batch_size",
-    "recompute_layers",
-    "layout_id",
-)
-BOOLEANS = ("sequence_parallel", "tp_comm_overlap", "ep_comm_overlap")
+BOOLEANS = tuple(f.column for f in RESULT_FIELDS if f.kind == BOOL)
+#: numbers, stored as float32
+FLOATS = tuple(f.column for f in RESULT_FIELDS if f.kind == FLOAT)
 FIGURES = (
     "valid",
     "fits",
@@ -119,7 +105,8 @@ class PlansWriter:
             out[name] = pa.DictionaryArray.from_arrays(pa.array(c[col], type=pa.int8()), pa.array(list(names)))
         for name in BOOLEANS:
             out[name] = pa.array(c[name], type=pa.bool_())
-        out["capacity_factor"] = pa.array(c["capacity_factor"], type=pa.float32())
+        for name in FLOATS:
+            out[name] = pa.array(c[name], type=pa.float32())
         for name in FIGURES:
             out[name] = pa.array(est[name])
         if self.extra is not None:

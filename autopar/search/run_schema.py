@@ -12,9 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from autopar.errors import InputError, quoted
+from autopar.spec.plan import FIELDS
+from autopar.spec.plan_fields import BOOL, CATEGORY, FLOAT, INT
 from autopar.spec.schema import MAX_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
 
 #: an index or a count of plans, GPUs, tokens
@@ -30,32 +32,37 @@ class Doc(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
 
-class PlanDoc(Doc):
-    """A ParallelPlan as to_dict writes it (autopar.spec.plan: the values are checked there)."""
+#: the bounds a plan file keeps, where a field has them; every other field of the plan
+#: (autopar.spec.plan) is of its kind's type, None allowed where its default is None
+_PLAN_BOUNDS: dict[str, Any] = {
+    "tp": Size,
+    "pp": Size,
+    "dp": Size,
+    "cp": Size,
+    "ep": Size,
+    "etp": Size | None,
+    "vpp": Annotated[int, Field(ge=1, le=MAX_LAYERS)],
+    "micro_batch_size": Batch,
+    "global_batch_size": Batch,
+    "recompute_layers": Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None,
+    "layout": list[Annotated[int, Field(ge=0, le=MAX_LAYERS)]] | None,
+}
+_KIND_TYPES = {INT: int, BOOL: bool, FLOAT: float, CATEGORY: str}
 
-    tp: Size = 1
-    pp: Size = 1
-    dp: Size = 1
-    cp: Size = 1
-    ep: Size = 1
-    etp: Size | None = None
-    vpp: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 1
-    zero_stage: int = 1
-    sequence_parallel: bool | None = None
-    micro_batch_size: Batch = 1
-    global_batch_size: Batch = 1
-    pp_schedule: str | None = None
-    recompute: str = "none"
-    recompute_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None = None
-    dtype: str = "bf16"
-    main_grads_fp32: bool = True
-    tp_comm_overlap: bool = False
-    layout: list[Annotated[int, Field(ge=0, le=MAX_LAYERS)]] | None = None
-    trainer: str = "megatron"
-    moe_dispatch: str = "dropless"
-    capacity_factor: float | None = None
-    moe_dispatcher: str = "alltoall"
-    ep_comm_overlap: bool = False
+
+def _plan_type(f) -> Any:
+    if f.name in _PLAN_BOUNDS:
+        return _PLAN_BOUNDS[f.name]
+    return _KIND_TYPES[f.kind] | None if f.default is None else _KIND_TYPES[f.kind]
+
+
+PlanDoc = create_model(
+    "PlanDoc",
+    __base__=Doc,
+    __module__=__name__,
+    __doc__="A ParallelPlan as to_dict writes it (autopar.spec.plan: the values are checked there).",
+    **{f.name: (_plan_type(f), f.default) for f in FIELDS},
+)
 
 
 class TopEntry(Doc):
@@ -72,7 +79,7 @@ class TopFile(Doc):
 
 
 class ModelDoc(Doc):
-    """The model's fields are checked by autopar.spec.presets.model_from_dict where it is rebuilt."""
+    """The model's fields are checked by autopar.spec.model_file.model_from_dict where it is rebuilt."""
 
     name: str
 

@@ -8,24 +8,20 @@ from importlib import resources
 from pathlib import Path
 
 from autopar.errors import InputError, did_you_mean, quoted
-from autopar.spec.plan import DTYPES, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
+from autopar.spec.plan import BY_KEY, SCHEDULES
+from autopar.spec.plan_fields import BOOL, CATEGORY, INT, LAYOUT
 from autopar.spec.schema import MAX_BATCH, MAX_GPUS, MAX_LAYERS, check_name, path_kind
-from autopar.spec.trainers import ALL_TRAINERS
 from autopar.spec.yaml_io import load_yaml
 
 #: the shipped spaces: the top-level folder search_spaces/, installed as the package autopar.spaces
 SPACES_DIR = Path(str(resources.files("autopar.spaces")))
 
-INT_KNOBS = ("tp", "pp", "vpp", "cp", "ep", "etp", "zero", "mbs", "recompute_layers")
-CHOICE_KNOBS = {
-    "pp_schedule": [s for s in SCHEDULES if s != "interleaved-1f1b"],
-    "recompute": list(RECOMPUTE),
-    "dtype": list(DTYPES),
-    "pp_layout": ["auto", "balanced", "embedding+loss"],
-    "moe_dispatcher": list(MOE_DISPATCHERS),
-    "trainer": list(ALL_TRAINERS),
-}
-BOOL_KNOBS = ("sp", "tp_comm_overlap", "ep_comm_overlap")
+#: the knobs, by kind: the plan's fields that name one (autopar.spec.plan), in the search results' order
+_KNOB_FIELDS = tuple(f for f in BY_KEY if f.space)
+INT_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.kind == INT)
+CHOICE_KNOBS = {f.space: list(f.choices) for f in _KNOB_FIELDS if f.kind in (CATEGORY, LAYOUT)}
+CHOICE_KNOBS["pp_schedule"] = [s for s in SCHEDULES if s != "interleaved-1f1b"]  # interleaving: vpp > 1
+BOOL_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.kind == BOOL)
 KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + ("tokens_per_step",)
 CONSTRAINTS = {
     "tp_within_node": bool,

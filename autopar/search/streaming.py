@@ -22,20 +22,19 @@ from autopar.cost.estimate import estimate_per_trainer, estimate_table
 from autopar.search.enumerate import Enumerator, Question
 from autopar.search.results import MEMORY_BIT, frame, pareto_positions
 from autopar.spec.hardware import GIB
+from autopar.spec.plan import LAYOUT_KEY  # what a layout is, for the per-layout pool
 from autopar.spec.rules import all_rules, rule_label
-from autopar.spec.table import BOOL_COLUMNS, FLOAT_COLUMNS, INT_COLUMNS, PlanTable
+from autopar.spec.table import TABLE_COLUMNS, PlanTable
 from autopar.spec.trainers import ALL_TRAINERS
 
 #: plans priced at once: the working set is a few hundred bytes per plan and costed rank
 DEFAULT_CHUNK = 1 << 16
-#: what a layout is, for the per-layout pool: the process grid and the pipeline's shape
-LAYOUT_KEY = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp")
 #: the figures a kept row carries until the end of the walk (then it is priced in full)
 LIGHT_FIGURES = ("valid", "fits", "step_time_s", "rank_time_s", "peak_memory_bytes", "memory_miss_gib")
 #: --rank-by -> the step-time column plans are ranked by (autopar.cost.uncertainty's intervals)
 RANK_BY = {"expected": "step_time_s", "p80": "step_time_s_high"}
 #: the PlanTable columns of a kept row
-PLAN_COLUMNS = INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS + ("plan_index",)
+PLAN_COLUMNS = TABLE_COLUMNS + ("plan_index",)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.constants import CostConstants  # noqa: F401 (re-exported: the cost model imports it from here)
 from autopar.spec.curves import MeasuredBehaviour
+from autopar.spec.reliability import Reliability
 from autopar.spec.schema import MAX_GPUS_PER_NODE, MAX_NAME_CHARS, check_int, check_name, check_number
-from autopar.spec.training_run import Reliability
 
 GIB = 1024**3
 #: the programs whose allocation the memory model knows (autopar.cost.memory_stacks: "megatron" and
@@ -177,8 +177,6 @@ def get_gpu(name: str) -> GpuSpec:
 def default_cluster(gpu: str | GpuSpec = "h100-sxm", gpus_per_node: int | None = None) -> ClusterSpec:
     """A cluster of identical nodes of the preset GPU: NVLink inside a node, one NIC per GPU."""
     if isinstance(gpu, str) and gpu.lower() == LOCAL:
-        from autopar.spec.local_gpu import local_cluster  # lazy: local_gpu imports this module
-
         return local_cluster(gpus_per_node)
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if gpus_per_node is not None:
@@ -322,3 +320,26 @@ LOCAL_DEFAULTS: dict = {
     "inter_node_latency_us": 50.0,
     "constants": {"runtime_reserved_gib": 0.0, "allocator_overhead_fraction": 0.0, "gemm_efficiency": 0.9},
 }
+
+#: names the profile file `--gpu local` reads (and `autopar probe` writes)
+ENV = "AUTOPAR_LOCAL_PROFILE"
+
+
+def local_profile_path() -> Path:
+    """Where `autopar probe` writes (and `--gpu local` reads) this machine's profile:
+    $AUTOPAR_LOCAL_PROFILE, else ~/.autopar/local.yaml."""
+    return Path(os.environ.get(ENV) or "~/.autopar/local.yaml").expanduser()
+
+
+def local_cluster(gpus_per_node: int | None = None) -> ClusterSpec:
+    """`--gpu local`: this machine's profile as `autopar probe` wrote it (autopar.trial.local_profile),
+    else LOCAL_DEFAULTS on a machine never probed. A profile that $AUTOPAR_LOCAL_PROFILE names must
+    exist: a path the user gave and mistyped is one line, never a silent fallback to the defaults."""
+    path = local_profile_path()
+    if os.environ.get(ENV) and not path.exists():
+        raise InputError(
+            f"{ENV} names {quoted(str(path))}, which does not exist; run `autopar probe` to write it "
+            f"there, fix the path, or unset {ENV} (the unprobed defaults)"
+        )
+    cluster = load_cluster_file(path) if path.exists() else cluster_from_dict(LOCAL_DEFAULTS, origin="local defaults")
+    return replace(cluster, gpus_per_node=gpus_per_node) if gpus_per_node else cluster

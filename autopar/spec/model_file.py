@@ -1,21 +1,49 @@
 """Model files for `--model`: a HuggingFace config.json, or an autopar model file (JSON/YAML with
-the same fields as a data/models.toml entry, optional nested `moe:`/`mla:` and an optional `name:`)."""
+the same fields as a data/models.toml entry, optional nested `moe:`/`mla:` and an optional `name:`),
+and that plain-data schema itself (`model_from_dict`, shared with the presets)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from autopar.errors import InputError, quoted
 from autopar.spec.hf_config import model_from_hf_config
-from autopar.spec.model import ModelSpec
-from autopar.spec.presets import model_from_dict
+from autopar.spec.model import MLASpec, ModelSpec, MoESpec
 from autopar.spec.read_file import read_text
 from autopar.spec.schema import JSON_BYTES, YAML_BYTES, check_name, check_tree
 from autopar.spec.yaml_io import USUAL, parse_yaml
 
 _HF_MARKERS = ("model_type", "architectures", "num_hidden_layers")
+#: keys of a preset row that describe it and are not ModelSpec fields
+_META_KEYS = {"source", "aliases", "published_params", "published_active"}
+
+
+def model_from_dict(name: str, row: dict, source: str = "") -> ModelSpec:
+    """Build a ModelSpec from the plain-data schema (presets and autopar model files share it).
+    Unknown keys are an error that names them."""
+    row = dict(row)
+    known = {f for f in ModelSpec.__dataclass_fields__} - {"name", "source"}
+    unknown = set(row) - known - _META_KEYS
+    if unknown:
+        shown = ", ".join(quoted(str(k), 40) for k in sorted(unknown, key=str)[:5])
+        raise InputError(
+            f"model {quoted(name)}: unknown field(s) {shown}{' ...' if len(unknown) > 5 else ''}; "
+            f"known fields are {sorted(known)}"
+        )
+    kwargs = {k: v for k, v in row.items() if k in known}
+    try:
+        if isinstance(kwargs.get("moe"), dict):
+            kwargs["moe"] = MoESpec(**kwargs["moe"])
+        if isinstance(kwargs.get("mla"), dict):
+            kwargs["mla"] = MLASpec(**kwargs["mla"])
+        return ModelSpec(name=name, source=source or row.get("source", ""), **kwargs)
+    except TypeError as e:  # missing or unknown nested field
+        missing = re.findall(r"'(\w+)'", str(e))
+        what = f"missing or unknown field(s) {', '.join(missing[:5])}" if missing else quoted(str(e))
+        raise InputError(f"model {quoted(name)}: {what}; see README 'Model files' for the schema") from None
 
 
 def _parse(path: Path, text: str) -> Any:

@@ -10,70 +10,227 @@ the tp*cp*dp ranks are re-viewed as `EXPERT_MESH_ORDER = ("pp", "edp", "ep", "et
 (expert tensor parallel, default = tp), then ep, then the expert data-parallel rest
 edp = tp*cp*dp / (ep*etp). So an EP group takes ep ranks at stride etp: with etp = tp it spans
 dp x cp ranks; with etp = 1 ("expert-TP folding") it folds the tp ranks into EP.
+
+The plan's fields are declared here once, each with what the rest of autopar derives from it
+(autopar.spec.plan_fields: its kind, default, table column, plan flag, search knob, whether it is
+part of the layout key and the plan key, whether the search results show it). Adding a knob is one
+`knob(...)` line below, and the cost term that reads it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
 
 from autopar.errors import InputError
-from autopar.spec.layout import PipelineLayout
-from autopar.spec.trainers import ALL_TRAINERS
+from autopar.spec.layout import PipelineLayout, auto_layout
+from autopar.spec.plan_fields import (
+    BOOL,
+    CATEGORY,
+    DTYPES,
+    FLOAT,
+    INT,
+    LAYOUT,
+    LAYOUT_RULES,
+    MOE_DISPATCH,
+    MOE_DISPATCHERS,
+    NAME_FIELDS,
+    RECOMPUTE,
+    SCHED,
+    SCHEDULES,
+    ZERO_STAGES,
+    Flag,
+    fill_followers,
+    knob,
+    plan_fields,
+    plan_names,
+)
+from autopar.spec.rules import plan_problems
+from autopar.spec.trainers import ALL_TRAINERS, TRAINERS
 
 MESH_ORDER = ("pp", "dp", "cp", "tp")
 EXPERT_MESH_ORDER = ("pp", "edp", "ep", "etp")
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
-MOE_DISPATCH = ("dropless", "capacity")  # every routed token computed / tokens past capacity dropped
-#: MoE token dispatcher: NCCL all-to-all, or DeepEP / HybridEP fused kernels (Megatron-Core
-#: --moe-token-dispatcher-type alltoall | flex), which send each token once per destination node
-MOE_DISPATCHERS = ("alltoall", "deepep")
-RECOMPUTE = ("none", "selective", "full")
-DTYPES = ("bf16", "fp8", "fp32")  # fp32: full-precision training (CPU trials)
-ZERO_STAGES = (0, 1, 2, 3)
-
 _POSITIVE = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "global_batch_size")
+#: the values the plan flags take for the main-gradient dtype (main_grads_fp32)
+GRADS = ("fp32", "bf16")
 
 
 class PlanError(InputError):
     """A plan that is malformed in itself (not merely infeasible for a model)."""
 
 
+def _schedule(p):
+    """The default schedule: 1F1B, or interleaved 1F1B when vpp > 1 (codes, for a plan or a table)."""
+    return np.where(p.vpp > 1, SCHED["interleaved-1f1b"], SCHED["1f1b"])
+
+
 @dataclass(frozen=True, kw_only=True)
 class ParallelPlan:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int | None = None  # expert tensor parallel; None = tp (Megatron's default)
-    vpp: int = 1  # virtual pipeline stages per pp rank
-    zero_stage: int = 1  # 0 DDP, 1 distributed optimizer, 2 + sharded grads, 3 FSDP
-    sequence_parallel: bool | None = None  # None = on whenever tp > 1
-    micro_batch_size: int = 1
-    global_batch_size: int = 1
-    pp_schedule: str | None = None  # None = 1f1b, or interleaved-1f1b when vpp > 1
-    recompute: str = "none"
-    recompute_layers: int | None = None  # full recompute: layers per stage recomputed; None = all
-    dtype: str = "bf16"
-    main_grads_fp32: bool = True  # Megatron's fp32 main grads (18 B/param); False = bf16 gradients (16 B/param)
-    tp_comm_overlap: bool = False  # overlap TP collectives with GEMMs (Megatron --tp-comm-overlap)
-    layout: PipelineLayout | None = field(default=None)  # None = auto (see layout.auto_layout)
-    trainer: str = "megatron"  # which program runs the plan (autopar.spec.trainers)
-    moe_dispatch: str = "dropless"  # MoE token dispatch: dropless or capacity (drop past the capacity factor)
-    capacity_factor: float | None = None  # capacity dispatch: expert capacity / mean load; None = 1.0
-    moe_dispatcher: str = "alltoall"  # alltoall (NCCL) | deepep (DeepEP/HybridEP kernels)
-    ep_comm_overlap: bool = False  # overlap the EP all-to-alls with another microbatch's compute
+    tp: int = knob(1, INT, layout_key=0, space="tp", flag=Flag("tp", "Tensor-parallel size (default 1)."))
+    pp: int = knob(1, INT, layout_key=1, space="pp", flag=Flag("pp", "Pipeline-parallel size (default 1)."))
+    dp: int = knob(1, INT, layout_key=4, flag=Flag("dp", "Data-parallel size (default: gpus / (tp*pp*cp))."))
+    cp: int = knob(1, INT, layout_key=3, space="cp", flag=Flag("cp", "Context-parallel size (default 1)."))
+    ep: int = knob(
+        1,
+        INT,
+        layout_key=5,
+        space="ep",
+        flag=Flag("ep", "Expert-parallel size, carved out of the dp x cp (x tp) ranks (default 1)."),
+    )
+    #: expert tensor parallel; None = tp (Megatron's default)
+    etp: int | None = knob(
+        None,
+        INT,
+        layout_key=6,
+        follows=lambda p: p.tp,
+        space="etp",
+        flag=Flag("etp", "Expert tensor-parallel size (default: tp)."),
+    )
+    #: virtual pipeline stages per pp rank
+    vpp: int = knob(
+        1,
+        INT,
+        layout_key=2,
+        space="vpp",
+        flag=Flag("vpp", "Virtual pipeline stages per pp rank: interleaved 1F1B (default 1)."),
+    )
+    #: 0 DDP, 1 distributed optimizer, 2 + sharded grads, 3 FSDP
+    zero_stage: int = knob(
+        1,
+        INT,
+        space="zero",
+        flag=Flag("zero", "ZeRO stage: 0 DDP, 1 distributed optimizer, 2 + sharded gradients, 3 FSDP (default 1)."),
+    )
+    #: None = on whenever tp > 1
+    sequence_parallel: bool | None = knob(
+        None,
+        BOOL,
+        follows=lambda p: p.tp > 1,
+        space="sp",
+        flag=Flag("sp", "Sequence parallelism (default: on when tp > 1)."),
+    )
+    micro_batch_size: int = knob(1, INT, space="mbs", flag=Flag("mbs", "Micro-batch size in sequences (default 1)."))
+    global_batch_size: int = knob(1, INT, flag=Flag("gbs", "Global batch size in sequences (default: ~4M tokens)."))
+    #: None = 1f1b, or interleaved-1f1b when vpp > 1
+    pp_schedule: str | None = knob(
+        None,
+        CATEGORY,
+        SCHEDULES,
+        follows=_schedule,
+        space="pp_schedule",
+        flag=Flag(
+            "pp_schedule", "gpipe | 1f1b | interleaved-1f1b | zero-bubble (default: 1f1b, interleaved when vpp > 1)."
+        ),
+    )
+    recompute: str = knob(
+        "none",
+        CATEGORY,
+        RECOMPUTE,
+        space="recompute",
+        flag=Flag("recompute", "none | selective | full (default none)."),
+    )
+    #: full recompute: layers per stage recomputed; None = all
+    recompute_layers: int | None = knob(
+        None,
+        INT,
+        none=-1,
+        space="recompute_layers",
+        flag=Flag("recompute_layers", "With --recompute full: layers per stage to recompute (default: all)."),
+    )
+    dtype: str = knob(
+        "bf16",
+        CATEGORY,
+        DTYPES,
+        space="dtype",
+        flag=Flag("dtype", "bf16 | fp8 (GEMMs in FP8) | fp32 (full precision). Default: bf16; fp32 on --gpu local."),
+    )
+    #: Megatron's fp32 main grads (18 B/param); False = bf16 gradients (16 B/param)
+    main_grads_fp32: bool = knob(
+        True,
+        BOOL,
+        shown=False,
+        flag=Flag(
+            "grads",
+            "Main-gradient dtype: fp32 (Megatron, 18 B/param; default) or bf16 (16 bytes per parameter with Adam).",
+            str,
+            GRADS,
+        ),
+    )
+    #: overlap TP collectives with GEMMs (Megatron --tp-comm-overlap)
+    tp_comm_overlap: bool = knob(
+        False,
+        BOOL,
+        space="tp_comm_overlap",
+        flag=Flag(
+            "tp_comm_overlap",
+            "Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap, torchtitan async TP; default off).",
+        ),
+    )
+    #: None = auto (see layout.auto_layout); the table holds an index into its layouts (-1 = auto)
+    layout: PipelineLayout | None = knob(None, LAYOUT, LAYOUT_RULES, column_name="layout_id", space="pp_layout")
+    #: which program runs the plan (autopar.spec.trainers)
+    trainer: str = knob(
+        "megatron",
+        CATEGORY,
+        ALL_TRAINERS,
+        plan_key=False,
+        view=False,
+        space="trainer",
+        flag=Flag(
+            "trainer",
+            f"The trainer that runs the plan: {', '.join(TRAINERS)} (default megatron); its capabilities and "
+            f"performance profile apply.",
+        ),
+    )
+    #: MoE token dispatch: dropless or capacity (drop past the capacity factor)
+    moe_dispatch: str = knob(
+        "dropless",
+        CATEGORY,
+        MOE_DISPATCH,
+        moe=True,
+        flag=Flag(
+            "moe_dispatch",
+            "MoE token dispatch: dropless (default) or capacity (tokens past the capacity factor dropped).",
+        ),
+    )
+    #: capacity dispatch: expert capacity / mean load; None = 1.0
+    capacity_factor: float | None = knob(
+        None,
+        FLOAT,
+        none=1.0,
+        only_if=("moe_dispatch", "capacity"),
+        moe=True,
+        flag=Flag("capacity_factor", "With --moe-dispatch capacity: expert capacity / mean load (default 1.0)."),
+    )
+    #: alltoall (NCCL) | deepep (DeepEP/HybridEP kernels)
+    moe_dispatcher: str = knob(
+        "alltoall",
+        CATEGORY,
+        MOE_DISPATCHERS,
+        moe=True,
+        space="moe_dispatcher",
+        flag=Flag(
+            "moe_dispatcher", "MoE token dispatcher: alltoall (NCCL, default) or deepep (DeepEP / HybridEP kernels)."
+        ),
+    )
+    #: overlap the EP all-to-alls with another microbatch's compute
+    ep_comm_overlap: bool = knob(
+        False,
+        BOOL,
+        moe=True,
+        space="ep_comm_overlap",
+        flag=Flag(
+            "ep_comm_overlap",
+            "Hide the EP all-to-alls of one microbatch under another's compute (Megatron "
+            "--overlap-moe-expert-parallel-comm; default off).",
+        ),
+    )
 
     def __post_init__(self) -> None:
-        if self.etp is None:
-            object.__setattr__(self, "etp", self.tp)
-        if self.sequence_parallel is None:
-            object.__setattr__(self, "sequence_parallel", self.tp > 1)
-        if self.pp_schedule is None:
-            object.__setattr__(self, "pp_schedule", "interleaved-1f1b" if self.vpp > 1 else "1f1b")
-        if self.capacity_factor is None and self.moe_dispatch == "capacity":
-            object.__setattr__(self, "capacity_factor", 1.0)
+        for name, value in fill_followers(self, plan_fields(type(self))).items():
+            object.__setattr__(self, name, value)
         problems = self.intrinsic_problems()
         if problems:
             raise PlanError("invalid plan: " + "; ".join(problems))
@@ -131,28 +288,17 @@ class ParallelPlan:
     def problems(self, model, num_gpus: int | None = None, cluster=None, seq_len: int | None = None) -> list[str]:
         """Every rule this plan breaks for the model (and GPU count / cluster), as sentences.
         The rules are the vectorised ones the search applies (autopar.spec.rules)."""
-        from autopar.spec.rules import plan_problems
-
         return plan_problems(self, model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len)
 
     def resolved_layout(self, num_layers: int) -> PipelineLayout:
-        from autopar.spec.layout import auto_layout
-
         return self.layout if self.layout is not None else auto_layout(num_layers, self.pp, self.vpp)
 
     def with_(self, **changes) -> "ParallelPlan":
         return replace(self, **changes)
 
     def describe(self) -> str:
-        """Short layout string, e.g. tp8.pp4.dp8 (axes of size 1 omitted)."""
-        parts = [f"{a}{getattr(self, a)}" for a in ("tp", "cp", "pp", "dp") if getattr(self, a) > 1 or a == "dp"]
-        if self.vpp > 1:
-            parts.insert(parts.index(f"pp{self.pp}") + 1, f"v{self.vpp}")
-        if self.ep > 1:
-            parts.append(f"ep{self.ep}")
-        if self.etp != self.tp:
-            parts.append(f"etp{self.etp}")
-        return ".".join(parts)
+        """Short layout string, e.g. tp8.pp4.dp8 (axes of size 1 omitted; autopar.spec.plan_fields.plan_names)."""
+        return str(plan_names({a: [getattr(self, a)] for a in NAME_FIELDS})[0])
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -166,3 +312,20 @@ class ParallelPlan:
         if data.get("layout") is not None and not isinstance(data["layout"], PipelineLayout):
             data["layout"] = PipelineLayout(tuple(data["layout"]), "explicit")
         return cls(**data)
+
+
+# ---- what the declaration gives the rest of autopar ------------------------------------------------
+
+#: the plan's fields, as declared above (autopar.spec.plan_fields.PlanField)
+FIELDS = plan_fields(ParallelPlan)
+#: what a layout is, for the search's per-layout pool: the process grid and the pipeline's shape
+LAYOUT_KEY = tuple(f.name for f in sorted((f for f in FIELDS if f.layout_key is not None), key=lambda f: f.layout_key))
+#: the fields with the layout key first, in its order, then as declared: the plan flags' order
+GRID_FIRST = tuple(sorted(FIELDS, key=lambda f: (f.layout_key is None, f.layout_key or 0)))
+#: the fields in the order of search results: the plan (the layout key first), then who runs it
+BY_KEY = tuple(f for f in GRID_FIRST if f.plan_key) + tuple(f for f in GRID_FIRST if not f.plan_key)
+#: the columns of search results, as a frame holds them (autopar.search.results.frame;
+#: plans.parquet groups them by type, autopar.search.run_dir)
+RESULT_FIELDS = tuple(f for f in BY_KEY if f.shown)
+#: the columns that make a plan what it is, apart from the trainer that runs it
+PLAN_KEY = tuple(f.column for f in RESULT_FIELDS if f.plan_key)

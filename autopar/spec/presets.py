@@ -1,19 +1,18 @@
 """Model presets (data/models.toml) and `--model` resolution: preset name, HF config.json, or
-an autopar model file (YAML/JSON)."""
+an autopar model file (YAML/JSON, autopar.spec.model_file, which owns the plain-data schema:
+`model_from_dict`, re-exported here)."""
 
 from __future__ import annotations
 
-import re
 import tomllib
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from autopar.errors import InputError, did_you_mean, quoted
-from autopar.spec.model import MLASpec, ModelSpec, MoESpec
+from autopar.spec.model import ModelSpec
+from autopar.spec.model_file import load_model_file, model_from_dict
 from autopar.spec.schema import path_kind
-
-_META_KEYS = {"source", "aliases", "published_params", "published_active"}
 
 
 @cache
@@ -40,31 +39,6 @@ def published_counts(name: str) -> tuple[float | None, float | None]:
     """The model card's (total, active) parameter counts, for tests of the derivation."""
     row = _preset_table()[_aliases()[name]]
     return row.get("published_params"), row.get("published_active")
-
-
-def model_from_dict(name: str, row: dict, source: str = "") -> ModelSpec:
-    """Build a ModelSpec from the plain-data schema (presets and autopar model files share it).
-    Unknown keys are an error that names them."""
-    row = dict(row)
-    known = {f for f in ModelSpec.__dataclass_fields__} - {"name", "source"}
-    unknown = set(row) - known - _META_KEYS
-    if unknown:
-        shown = ", ".join(quoted(str(k), 40) for k in sorted(unknown, key=str)[:5])
-        raise InputError(
-            f"model {quoted(name)}: unknown field(s) {shown}{' ...' if len(unknown) > 5 else ''}; "
-            f"known fields are {sorted(known)}"
-        )
-    kwargs = {k: v for k, v in row.items() if k in known}
-    try:
-        if isinstance(kwargs.get("moe"), dict):
-            kwargs["moe"] = MoESpec(**kwargs["moe"])
-        if isinstance(kwargs.get("mla"), dict):
-            kwargs["mla"] = MLASpec(**kwargs["mla"])
-        return ModelSpec(name=name, source=source or row.get("source", ""), **kwargs)
-    except TypeError as e:  # missing or unknown nested field
-        missing = re.findall(r"'(\w+)'", str(e))
-        what = f"missing or unknown field(s) {', '.join(missing[:5])}" if missing else quoted(str(e))
-        raise InputError(f"model {quoted(name)}: {what}; see README 'Model files' for the schema") from None
 
 
 def get_preset(name: str) -> ModelSpec:
@@ -103,6 +77,4 @@ def resolve_model(arg: str) -> ModelSpec:
             f"model file {quoted(arg)} {'is not a regular file' if kind else 'does not exist'}; give a "
             f"preset name or a path to a config.json / YAML model file"
         )
-    from autopar.spec.model_file import load_model_file
-
     return load_model_file(path)

@@ -8,56 +8,57 @@ existing plan (a search run's ranked plan), letting what follows a changed degre
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import field, fields, make_dataclass, replace
+from typing import Optional
 
 from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.hardware import LOCAL, ClusterSpec, default_cluster, load_cluster_file
 from autopar.spec.layout import balanced_layout, first_last_layout, parse_layout
 from autopar.spec.model import ModelSpec
-from autopar.spec.plan import DTYPES, MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES, ParallelPlan, PlanError
+from autopar.spec.plan import GRADS as GRADS  # the --grads values (re-exported)
+from autopar.spec.plan import GRID_FIRST, ParallelPlan, PlanError
+from autopar.spec.plan_fields import BOOL, CATEGORY, FLOAT, INT, PlanField
 from autopar.spec.schema import check_flag
-from autopar.spec.trainers import trainers
 
 #: tokens per step when no global batch is given (a common pre-training setting)
 DEFAULT_TOKENS_PER_STEP = 4 * 1024 * 1024
 #: sanity bound on every size (GPUs, degrees, batch, sequence): keeps numbers inside int64
 MAX_SIZE = 1 << 30
-GRADS = ("fp32", "bf16")
 MAX_CAPACITY_FACTOR = 64.0
 
+#: the plan's fields that have a flag (autopar.spec.plan), in the flags' order: the layout key first
+FLAGGED = tuple(f for f in GRID_FIRST if f.flag)
+#: the flags that give the pipeline layout (autopar.spec.layout), not a field each; in --help they
+#: follow the precision flags (--dtype, --grads)
+LAYOUT_FLAGS = {
+    "pp_layout": str,
+    "pp_first": int,
+    "pp_last": int,
+    "pp_embedding_as_layer": bool,
+    "pp_loss_as_layer": bool,
+}
+_LAYOUT_FLAGS_AFTER = "grads"
+_TYPES = {INT: int, BOOL: bool, FLOAT: float, CATEGORY: str}
 
-@dataclass(frozen=True, kw_only=True)
-class PlanRequest:
-    """The plan flags of `autopar estimate / compare / export / trial`; None = not given (the
-    default applies, or, on top of a run's plan, the run's value)."""
 
-    tp: int | None = None
-    pp: int | None = None
-    vpp: int | None = None
-    cp: int | None = None
-    dp: int | None = None
-    ep: int | None = None
-    etp: int | None = None
-    zero: int | None = None
-    sp: bool | None = None
-    mbs: int | None = None
-    gbs: int | None = None
-    pp_schedule: str | None = None
-    recompute: str | None = None
-    recompute_layers: int | None = None
-    dtype: str | None = None
-    grads: str | None = None
-    pp_layout: str | None = None
-    pp_first: int | None = None
-    pp_last: int | None = None
-    pp_embedding_as_layer: bool | None = None
-    pp_loss_as_layer: bool | None = None
-    tp_comm_overlap: bool | None = None
-    trainer: str | None = None
-    moe_dispatch: str | None = None
-    capacity_factor: float | None = None
-    moe_dispatcher: str | None = None
-    ep_comm_overlap: bool | None = None
+def flag_type(f: PlanField) -> type:
+    """The value type of a field's flag."""
+    return f.flag.type or _TYPES[f.kind]
+
+
+def _request_fields() -> list:
+    out = []
+    for f in FLAGGED:
+        out.append((f.flag.name, Optional[flag_type(f)], field(default=None)))
+        if f.flag.name == _LAYOUT_FLAGS_AFTER:
+            out += [(name, Optional[t], field(default=None)) for name, t in LAYOUT_FLAGS.items()]
+    return out
+
+
+class _Request:
+    """The plan flags of `autopar estimate / compare / export / trial`, one field each (the plan's
+    flagged fields, autopar.spec.plan, and the layout flags); None = not given (the default
+    applies, or, on top of a run's plan, the run's value)."""
 
     def given(self) -> dict:
         """The flags that were given, field -> value."""
@@ -78,16 +79,9 @@ class PlanRequest:
         _check_int("zero", self.zero, 0, 3, "0, 1, 2 or 3 (0 DDP, 1 distributed optimizer, 2 + gradients, 3 FSDP)")
         for name in ("recompute_layers", "pp_first", "pp_last"):
             _check_int(name, getattr(self, name), 0, MAX_SIZE, "a non-negative integer")
-        for name, choices in (
-            ("pp_schedule", SCHEDULES),
-            ("recompute", RECOMPUTE),
-            ("dtype", DTYPES),
-            ("grads", GRADS),
-            ("trainer", tuple(trainers())),
-            ("moe_dispatch", MOE_DISPATCH),
-            ("moe_dispatcher", MOE_DISPATCHERS),
-        ):
-            _check_choice(name, getattr(self, name), choices)
+        for f in FLAGGED:
+            if f.flag.choices or f.choices:
+                _check_choice(f.flag.name, getattr(self, f.flag.name), f.flag.choices or f.choices)
         if self.pp_layout is not None and not self.pp_layout.strip():
             raise InputError("--pp-layout is empty; give layers per virtual stage, e.g. --pp-layout 4,5,5,4")
         both = [n for n in ("pp_first", "pp_last") if self.pp_layout is not None and getattr(self, n) is not None]
@@ -109,6 +103,10 @@ class PlanRequest:
                     f"--capacity-factor {cf:g} needs --moe-dispatch capacity (dropless dispatch drops "
                     f"no token); drop one of them"
                 )
+
+
+PlanRequest = make_dataclass("PlanRequest", _request_fields(), bases=(_Request,), frozen=True, kw_only=True)
+PlanRequest.__module__, PlanRequest.__doc__ = __name__, _Request.__doc__
 
 
 def option(name: str) -> str:
@@ -197,49 +195,38 @@ def resolve_plan(
             )
         dp = num_gpus // (tp * pp * cp)
     dispatch = r.moe_dispatch or ("capacity" if r.capacity_factor is not None else "dropless")
-    _check_moe_flags(model, dispatch, r)
+    values = {f.name: _value(r, f) for f in FLAGGED} | {
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "cp": cp,
+        "vpp": vpp,
+        "micro_batch_size": mbs,
+        "global_batch_size": r.gbs or default_global_batch(seq_len, mbs, dp),
+        "main_grads_fp32": (r.grads or "fp32") == "fp32",
+        "moe_dispatch": dispatch,
+    }
+    _check_moe_flags(model, values)
     try:
-        return ParallelPlan(
-            tp=tp,
-            pp=pp,
-            dp=dp,
-            cp=cp,
-            ep=r.ep or 1,
-            etp=r.etp,
-            vpp=vpp,
-            zero_stage=1 if r.zero is None else r.zero,
-            sequence_parallel=r.sp,
-            micro_batch_size=mbs,
-            global_batch_size=r.gbs or default_global_batch(seq_len, mbs, dp),
-            pp_schedule=r.pp_schedule,
-            recompute=r.recompute or "none",
-            recompute_layers=r.recompute_layers,
-            dtype=r.dtype or "bf16",
-            main_grads_fp32=(r.grads or "fp32") == "fp32",
-            tp_comm_overlap=bool(r.tp_comm_overlap),
-            layout=_layout(model, r, pp, vpp),
-            trainer=r.trainer or "megatron",
-            moe_dispatch=dispatch,
-            capacity_factor=r.capacity_factor,
-            moe_dispatcher=r.moe_dispatcher or "alltoall",
-            ep_comm_overlap=bool(r.ep_comm_overlap),
-        )
+        return ParallelPlan(**values, layout=_layout(model, r, pp, vpp))
     except PlanError as e:
         raise InputError(f"{e}; change the plan flags") from None
 
 
-def _check_moe_flags(model: ModelSpec, dispatch: str, r: PlanRequest) -> None:
-    """The MoE-only flags need a mixture-of-experts model."""
+def _value(r: PlanRequest, f: PlanField):
+    """A field's value as its flag gives it (a switch as a bool), or the field's default."""
+    v = getattr(r, f.flag.name)
+    return f.default if v is None else bool(v) if f.kind == BOOL else v
+
+
+def _check_moe_flags(model: ModelSpec, values: dict) -> None:
+    """The MoE-only flags need a mixture-of-experts model (a choice or a switch off its default)."""
     if model.moe is not None:
         return
     given = [
-        f
-        for f, on in (
-            ("--moe-dispatch capacity", dispatch == "capacity"),
-            ("--moe-dispatcher deepep", r.moe_dispatcher == "deepep"),
-            ("--ep-comm-overlap", bool(r.ep_comm_overlap)),
-        )
-        if on
+        option(f.flag.name) + (f" {values[f.name]}" if f.kind == CATEGORY else "")
+        for f in FLAGGED
+        if f.moe and f.kind in (CATEGORY, BOOL) and values[f.name] != f.default
     ]
     if given:
         raise InputError(
@@ -287,30 +274,27 @@ def rebase_plan(
     layout = {k: g.get(k) for k in _LAYOUT_FLAGS}
     if not any(layout.values()) and base.layout is not None and (pp, vpp) == (base.pp, base.vpp):
         layout["pp_layout"] = ",".join(str(x) for x in base.layout.stages)
+    kept = {f.flag.name: pick(f.flag.name, getattr(base, f.name)) for f in FLAGGED}  # the rest: as it was
     full = replace(
         request,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        vpp=vpp,
-        dp=pick("dp", base.dp if same_split else None),
-        ep=pick("ep", base.ep),
-        etp=pick("etp", None if base.etp == base.tp else base.etp),
-        zero=pick("zero", base.zero_stage),
-        sp=pick("sp", base.sequence_parallel if tp == base.tp else None),
-        mbs=pick("mbs", base.micro_batch_size),
-        gbs=pick("gbs", base.global_batch_size),
-        pp_schedule=pick("pp_schedule", base.pp_schedule if vpp == base.vpp else None),
-        recompute=recompute,
-        recompute_layers=pick("recompute_layers", base.recompute_layers if recompute == base.recompute else None),
-        dtype=pick("dtype", base.dtype),
-        grads=pick("grads", "fp32" if base.main_grads_fp32 else "bf16"),
-        tp_comm_overlap=pick("tp_comm_overlap", base.tp_comm_overlap),
-        trainer=pick("trainer", base.trainer),
-        moe_dispatch=dispatch,
-        capacity_factor=pick("capacity_factor", base.capacity_factor if dispatch == base.moe_dispatch else None),
-        moe_dispatcher=pick("moe_dispatcher", base.moe_dispatcher),
-        ep_comm_overlap=pick("ep_comm_overlap", base.ep_comm_overlap),
-        **layout,
+        **kept
+        | {
+            "tp": tp,
+            "pp": pp,
+            "cp": cp,
+            "vpp": vpp,
+            "dp": pick("dp", base.dp if same_split else None),
+            "etp": pick("etp", None if base.etp == base.tp else base.etp),
+            "sp": pick("sp", base.sequence_parallel if tp == base.tp else None),
+            "pp_schedule": pick("pp_schedule", base.pp_schedule if vpp == base.vpp else None),
+            "recompute": recompute,
+            "recompute_layers": pick(
+                "recompute_layers", base.recompute_layers if recompute == base.recompute else None
+            ),
+            "grads": pick("grads", "fp32" if base.main_grads_fp32 else "bf16"),
+            "moe_dispatch": dispatch,
+            "capacity_factor": pick("capacity_factor", base.capacity_factor if dispatch == base.moe_dispatch else None),
+        }
+        | layout,
     )
     return resolve_plan(model, num_gpus, seq_len, full)

@@ -1,4 +1,5 @@
-"""Validity rules of a plan for a model, GPU count and cluster, vectorised over a PlanTable.
+"""Validity rules of a plan for a model, GPU count and cluster, vectorised over a table of plans
+(autopar.spec.plan_fields.PlanColumns: a PlanTable, or one plan as a table of one row).
 
 Each rule is a mask over the table and a sentence for a violating row. The scalar
 `ParallelPlan.problems` runs the same rules on a one-row table, so the search and `autopar
@@ -16,9 +17,9 @@ import numpy as np
 
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
-from autopar.spec.plan import ParallelPlan
+from autopar.spec.plan_fields import DTYPE, RECOMP, SCHED, PlanColumns, plan_fields
 from autopar.spec.stages import StageProfiles, stage_profiles
-from autopar.spec.table import DTYPE, RECOMP, SCHED, PlanTable
+from autopar.spec.trainer_rules import trainer_rules
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Context:
 @dataclass(frozen=True)
 class Rule:
     name: str
-    violated: Callable[[PlanTable, Context], np.ndarray]
+    violated: Callable[[PlanColumns, Context], np.ndarray]
     explain: Callable[[dict, Context], str]
 
 
@@ -41,8 +42,8 @@ def _moe(c: Context) -> bool:
     return c.model.moe is not None
 
 
-def _interleaved(t: PlanTable) -> np.ndarray:
-    return t.schedule == SCHED["interleaved-1f1b"]
+def _interleaved(t: PlanColumns) -> np.ndarray:
+    return t.pp_schedule == SCHED["interleaved-1f1b"]
 
 
 RULES: tuple[Rule, ...] = (
@@ -185,8 +186,6 @@ RULES: tuple[Rule, ...] = (
 
 def all_rules(trainer_capabilities: bool = True) -> tuple:
     """The model rules, then every trainer's capability lines (autopar.spec.trainer_rules)."""
-    from autopar.spec.trainer_rules import trainer_rules
-
     return RULES + trainer_rules() if trainer_capabilities else RULES
 
 
@@ -194,7 +193,7 @@ def all_rules(trainer_capabilities: bool = True) -> tuple:
 class RuleResult:
     masks: dict[str, np.ndarray]
     context: Context
-    table: PlanTable
+    table: PlanColumns
     trainer_capabilities: bool = True
 
     @property
@@ -253,12 +252,10 @@ def reason_text(codes: np.ndarray, trainer: np.ndarray, rules: tuple) -> np.ndar
     return out
 
 
-def capability_codes(table: PlanTable, context: Context) -> np.ndarray:
+def capability_codes(table: PlanColumns, context: Context) -> np.ndarray:
     """Per row, the bits of the trainer capability lines it breaks, at their places in
     `all_rules()` (after the model rules): with the model rules' `codes()`, a row's full bitmask.
     The search checks each trainer this way on plans it prices once (autopar.cost.estimate)."""
-    from autopar.spec.trainer_rules import trainer_rules
-
     out = np.zeros(len(table), dtype=np.uint64)
     for i, rule in enumerate(trainer_rules(), start=len(RULES)):
         m = np.asarray(rule.violated(table, context), dtype=bool)
@@ -268,7 +265,7 @@ def capability_codes(table: PlanTable, context: Context) -> np.ndarray:
 
 
 def check_rules(
-    table: PlanTable,
+    table: PlanColumns,
     model: ModelSpec,
     *,
     num_gpus: int | None = None,
@@ -292,7 +289,7 @@ def check_rules(
 
 
 def plan_problems(
-    plan: ParallelPlan,
+    plan,
     model: ModelSpec,
     *,
     num_gpus: int | None = None,
@@ -300,10 +297,11 @@ def plan_problems(
     seq_len: int | None = None,
     trainer_capabilities: bool = True,
 ) -> list[str]:
-    """Every rule the plan breaks, as sentences; `trainer_capabilities=False` leaves out its
-    trainer's capability lines (a published run ran on its own framework)."""
+    """Every rule the plan (a ParallelPlan, autopar.spec.plan) breaks, as sentences, checked on a
+    table of one row; `trainer_capabilities=False` leaves out its trainer's capability lines (a
+    published run ran on its own framework)."""
     result = check_rules(
-        PlanTable.from_plans([plan]),
+        PlanColumns.of_plans([plan], plan_fields(type(plan))),
         model,
         num_gpus=num_gpus,
         cluster=cluster,

@@ -1,4 +1,4 @@
-"""Per-rank stage profiles of a pipeline layout, vectorised over a PlanTable.
+"""Per-rank stage profiles of a pipeline layout, vectorised over a table of plans (a PlanTable).
 
 Arrays are shaped (C, n): C costed pipeline ranks per plan, `rank` says which. With `every_rank`
 every rank is costed (C = the largest pp; `active` marks rank < pp), for the per-stage breakdown of
@@ -23,7 +23,7 @@ import numpy as np
 
 from autopar.spec.layout import PipelineLayout, auto_layout
 from autopar.spec.model import ModelSpec
-from autopar.spec.table import SCHED, PlanTable
+from autopar.spec.plan_fields import SCHED, PlanColumns
 
 #: ranks costed around a kink of the in-flight count: floor(r*) - 1 .. floor(r*) + 2
 KINK_OFFSETS = np.array([-1, 0, 1, 2])
@@ -61,7 +61,7 @@ class _Groups:
 
 
 def stage_profiles(
-    table: PlanTable, model: ModelSpec, every_rank: bool = False, run_starts: bool = False, ranks: bool = True
+    table: PlanColumns, model: ModelSpec, every_rank: bool = False, run_starts: bool = False, ranks: bool = True
 ) -> StageProfiles:
     """The stage profiles of every rank (`every_rank`), of the ranks whose time or memory can differ
     (the default), or of the first rank of each run of equal ranks (`run_starts`): a rank's time
@@ -81,17 +81,17 @@ def stage_profiles(
     return _on(table, resolved, rank)
 
 
-def costed_and_run_starts(table: PlanTable, model: ModelSpec) -> tuple[StageProfiles, StageProfiles]:
+def costed_and_run_starts(table: PlanColumns, model: ModelSpec) -> tuple[StageProfiles, StageProfiles]:
     """`stage_profiles` of the costed ranks and of the run starts, the layouts resolved once."""
     resolved = _groups(table, model)
     return _on(table, resolved, _costed_ranks(table, resolved[0])), _on(table, resolved, _starts(table, resolved[0]))
 
 
-def _starts(table: PlanTable, g: "_Groups") -> np.ndarray:
+def _starts(table: PlanColumns, g: "_Groups") -> np.ndarray:
     return g.starts[g.of_row].T if len(table) else np.zeros((1, 0), dtype=np.int64)
 
 
-def _on(table: PlanTable, resolved, rank: np.ndarray) -> StageProfiles:
+def _on(table: PlanColumns, resolved, rank: np.ndarray) -> StageProfiles:
     """The profiles of the given (C, n) ranks of resolved layouts."""
     g, problem, text, max_layers, imbalance, uneven = resolved
     row = np.broadcast_to(g.of_row[None, :], rank.shape)
@@ -114,7 +114,7 @@ def _on(table: PlanTable, resolved, rank: np.ndarray) -> StageProfiles:
     )
 
 
-def _groups(table: PlanTable, model: ModelSpec):
+def _groups(table: PlanColumns, model: ModelSpec):
     """Resolve each distinct (pp, vpp, layout) once: its layers per rank, run ends, text, problems
     and balance, each gathered to the rows by their group."""
     mask = np.asarray(model.moe_layer_mask, dtype=bool)
@@ -206,7 +206,7 @@ def _resolve(num_layers: int, moe_mask: tuple, pp: int, vpp: int, layout: Pipeli
     )
 
 
-def _all_ranks(table: PlanTable) -> np.ndarray:
+def _all_ranks(table: PlanColumns) -> np.ndarray:
     R = int(table.pp.max()) if len(table) else 1
     return np.broadcast_to(np.arange(R)[:, None], (R, len(table)))
 
@@ -235,7 +235,7 @@ def _run_starts(pp: int, dense: np.ndarray, moe: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([[0, pp - 1], _run_changes(pp, dense, moe) + 1]))
 
 
-def _costed_ranks(table: PlanTable, groups: _Groups) -> np.ndarray:
+def _costed_ranks(table: PlanColumns, groups: _Groups) -> np.ndarray:
     """(C, n) ranks to cost, ascending per plan: run ends, then the ranks around the in-flight kink."""
     static = groups.ends[groups.of_row].T if len(table) else np.zeros((1, 0), dtype=np.int64)
     kinks = np.floor(_in_flight_kink(table))[None, :].astype(np.int64) + KINK_OFFSETS[:, None]
@@ -243,10 +243,10 @@ def _costed_ranks(table: PlanTable, groups: _Groups) -> np.ndarray:
     return np.sort(ranks, axis=0)
 
 
-def _in_flight_kink(table: PlanTable) -> np.ndarray:
+def _in_flight_kink(table: PlanColumns) -> np.ndarray:
     """The rank r* where the in-flight count of autopar.cost.pipeline.microbatches_in_flight meets
     the step's microbatches m: 1F1B p - r* = m; interleaved 2(p - r* - 1) + (v - 1)p + 1 = m v."""
     p, v = table.pp.astype(float), table.vpp.astype(float)
     m = np.maximum(table.num_microbatches, 1).astype(float)
     interleaved = (2 * (p - 1) + (v - 1) * p + 1 - m * v) / 2
-    return np.where(table.schedule == SCHED["interleaved-1f1b"], interleaved, p - m)
+    return np.where(table.pp_schedule == SCHED["interleaved-1f1b"], interleaved, p - m)

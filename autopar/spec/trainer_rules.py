@@ -16,29 +16,39 @@ from functools import cache
 
 import numpy as np
 
-from autopar.spec.plan import MOE_DISPATCH, MOE_DISPATCHERS, RECOMPUTE, SCHEDULES
-from autopar.spec.table import DISPATCH, DISPATCHER, DTYPE, RECOMP, SCHED, PlanTable
+from autopar.spec.plan_fields import (
+    DISPATCH,
+    DISPATCHER,
+    DTYPE,
+    MOE_DISPATCH,
+    MOE_DISPATCHERS,
+    RECOMP,
+    RECOMPUTE,
+    SCHED,
+    SCHEDULES,
+    PlanColumns,
+)
 from autopar.spec.trainers import ALL_TRAINERS, trainers
 from autopar.spec.trainers import KINDS as TABLE_KINDS
 
 
 @dataclass(frozen=True)
 class Values:
-    """One kind's value for every trainer, indexed by trainer code (autopar.spec.table.TRAINER)."""
+    """One kind's value for every trainer, indexed by trainer code (autopar.spec.plan_fields.TRAINER)."""
 
     kind: str
     values: tuple
     arrays: dict = field(default_factory=dict, compare=False, repr=False)  # lookups built (`_lookup`)
 
-    def flag(self, t: PlanTable) -> np.ndarray:
+    def flag(self, t: PlanColumns) -> np.ndarray:
         """Per row: the row's trainer has this (boolean) capability."""
         return self._lookup("flag", None)[t.trainer]
 
-    def mode(self, t: PlanTable, mode) -> np.ndarray:
+    def mode(self, t: PlanColumns, mode) -> np.ndarray:
         """Per row: the row's trainer's value is `mode` (string kinds)."""
         return self._lookup("mode", mode)[t.trainer]
 
-    def allows(self, t: PlanTable, names: tuple, codes: np.ndarray) -> np.ndarray:
+    def allows(self, t: PlanColumns, names: tuple, codes: np.ndarray) -> np.ndarray:
         """Per row: the row's trainer's list admits the row's option (`names[code]`)."""
         return self._lookup("allows", names)[t.trainer, codes]
 
@@ -61,12 +71,12 @@ class Values:
 class Kind:
     """How one capability kind reads a plan: which rows break it, and what they ask for."""
 
-    violated: Callable[[PlanTable, object, Values], np.ndarray]  # (table, context, values) -> mask
+    violated: Callable[[PlanColumns, object, Values], np.ndarray]  # (table, context, values) -> mask
     needs: Callable[[dict, object], str]  # (row, context) -> what the plan asks for
     verb: str = "cannot run"
 
 
-def _dp_ranks(t: PlanTable) -> np.ndarray:
+def _dp_ranks(t: PlanColumns) -> np.ndarray:
     return t.dp * t.cp
 
 
@@ -82,7 +92,7 @@ def _overlap_detail(r: dict) -> str:
     return " in fp32" if r["dtype"] == DTYPE["fp32"] else ""
 
 
-def _partial(t: PlanTable, v: Values) -> np.ndarray:
+def _partial(t: PlanColumns, v: Values) -> np.ndarray:
     partial = (t.recompute == RECOMP["full"]) & (t.recompute_layers >= 0)
     never = v.mode(t, "no")
     without_pp = v.mode(t, "without-pp") & ((t.pp > 1) | (t.recompute_layers == 0))
@@ -90,19 +100,19 @@ def _partial(t: PlanTable, v: Values) -> np.ndarray:
     return partial & (never | without_pp | per_chunk)
 
 
-def _ep_overlap(t: PlanTable, v: Values) -> np.ndarray:
+def _ep_overlap(t: PlanColumns, v: Values) -> np.ndarray:
     on = t.ep_comm_overlap & (t.ep > 1)
     conditions = ((t.pp > 1) & (t.vpp == 1)) | (t.recompute == RECOMP["full"]) | (t.dtype == DTYPE["fp32"])
     return on & (~v.flag(t) | (v.mode(t, "interleaved-16bit-no-full-recompute") & conditions))
 
 
-def _etp(t: PlanTable, v: Values) -> np.ndarray:
+def _etp(t: PlanColumns, v: Values) -> np.ndarray:
     tp_or_1 = v.mode(t, "tp-or-1") & np.where(t.ep > 1, t.etp != 1, t.etp != t.tp)
     any_ep = v.mode(t, "tp-or-1-any-ep") & (t.etp != 1) & (t.etp != t.tp)
     return tp_or_1 | any_ep
 
 
-def _ep_in_fsdp(t: PlanTable, v: Values) -> np.ndarray:
+def _ep_in_fsdp(t: PlanColumns, v: Values) -> np.ndarray:
     shard = np.where(t.zero_stage >= 2, t.dp, 1) * t.cp * t.tp
     return v.flag(t) & (t.ep > 1) & (shard % (t.ep * np.where(t.ep > 1, 1, t.etp)) != 0)
 
@@ -114,8 +124,8 @@ def _attention_variant(c) -> bool:
 
 KINDS: dict[str, Kind] = {
     "pp_schedules": Kind(
-        lambda t, c, v: (t.pp > 1) & ~v.allows(t, SCHEDULES, t.schedule),
-        lambda r, c: f"the {SCHEDULES[r['schedule']]} pipeline schedule",
+        lambda t, c, v: (t.pp > 1) & ~v.allows(t, SCHEDULES, t.pp_schedule),
+        lambda r, c: f"the {SCHEDULES[r['pp_schedule']]} pipeline schedule",
     ),
     "uneven_stages": Kind(
         lambda t, c, v: (t.pp > 1) & c.stages.uneven & ~v.flag(t),
@@ -191,7 +201,7 @@ KINDS: dict[str, Kind] = {
     "bf16_main_grads": Kind(lambda t, c, v: ~t.main_grads_fp32 & ~v.flag(t), lambda r, c: "bf16 main gradients"),
     "zero_bubble_rounds": Kind(
         lambda t, c, v: (
-            (t.schedule == SCHED["zero-bubble"])
+            (t.pp_schedule == SCHED["zero-bubble"])
             & (t.pp > 1)
             & v.flag(t)
             & (t.num_microbatches % np.maximum(t.num_microbatches // t.pp, 1) != 0)
@@ -223,7 +233,7 @@ class TrainerRule:
     rule: Kind
     values: Values
 
-    def violated(self, table: PlanTable, ctx) -> np.ndarray:
+    def violated(self, table: PlanColumns, ctx) -> np.ndarray:
         return np.broadcast_to(np.asarray(self.rule.violated(table, ctx, self.values), bool), (len(table),))
 
     def explain(self, row: dict, ctx) -> str:

@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
-from autopar.errors import InputError, quoted
-from autopar.spec.schema import check_name, check_number
+from autopar.errors import InputError, did_you_mean, quoted
+from autopar.spec.hardware import get_gpu, gpu_names
 
-#: the Llama 3 paper (Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.3.4): 419 unexpected
-#: interruptions in a 54-day snapshot of pre-training on 16,384 H100 GPUs
-LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
-#: interruptions per GPU-hour of a large H100 cluster (the Llama 3 figures above)
-DEFAULT_INTERRUPTIONS_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
-#: checkpoint storage bandwidth per GPU, GB/s: Meta's Tectonic file system sustains 2 TB/s for the
-#: 16,384-GPU Llama 3 cluster (Dubey et al. 2024, sec. 3.3.1); each GPU's share of a write or read
-DEFAULT_CHECKPOINT_GBPS_PER_GPU = 2000.0 / LLAMA3_GPUS
-#: [assumed] seconds from an interruption to training again, before the checkpoint read: the
-#: scheduler restarting the job and NCCL and the data loaders starting up on thousands of GPUs
-#: (the Llama 3 paper gives no figure; ten minutes is the order its operators describe)
-DEFAULT_RESTART_S = 600.0
+# re-exported: the run's quantities come with the cluster's reliability (autopar.spec.reliability)
+from autopar.spec.reliability import DEFAULT_CHECKPOINT_GBPS_PER_GPU as DEFAULT_CHECKPOINT_GBPS_PER_GPU
+from autopar.spec.reliability import DEFAULT_INTERRUPTIONS_PER_GPU_HOUR as DEFAULT_INTERRUPTIONS_PER_GPU_HOUR
+from autopar.spec.reliability import Reliability as Reliability
+from autopar.spec.schema import check_name
 
 #: the largest values the flags and the cluster file accept (beyond them the input is a typo)
 MAX_TOKENS = 1e18
@@ -34,55 +27,6 @@ MAX_BUDGET = 1e15
 
 _SI = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 _DURATION = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86_400.0, "w": 7 * 86_400.0}
-
-
-@dataclass(frozen=True)
-class Reliability:
-    """How often a cluster's jobs are interrupted and how fast they checkpoint and restart (a
-    cluster file's `reliability:` mapping; defaults from the Llama 3 paper)."""
-
-    interruptions_per_gpu_hour: float = DEFAULT_INTERRUPTIONS_PER_GPU_HOUR
-    checkpoint_gbps_per_gpu: float = DEFAULT_CHECKPOINT_GBPS_PER_GPU
-    restart_s: float = DEFAULT_RESTART_S
-
-    def __post_init__(self) -> None:
-        check_number(
-            self.interruptions_per_gpu_hour,
-            "reliability: interruptions_per_gpu_hour",
-            0.0,
-            1.0,
-            fix="fix the cluster file (the Llama 3 paper's cluster: 1.97e-5)",
-        )
-        check_number(
-            self.checkpoint_gbps_per_gpu,
-            "reliability: checkpoint_gbps_per_gpu",
-            0.0,
-            1e4,
-            above=True,
-            fix="fix the cluster file (storage GB/s divided by the GPUs writing)",
-        )
-        check_number(self.restart_s, "reliability: restart_s", 0.0, 7 * 86_400.0, fix="fix the cluster file")
-
-    @classmethod
-    def from_dict(cls, data: object, origin: str) -> "Reliability":
-        if not isinstance(data, dict):
-            raise InputError(
-                f"{origin}: 'reliability' must be a mapping of {', '.join(_RELIABILITY_KEYS)}, got "
-                f"{quoted(data)}; fix the cluster file"
-            )
-        unknown = [k for k in data if k not in _RELIABILITY_KEYS]
-        if unknown:
-            raise InputError(
-                f"{origin}: unknown reliability field {quoted(str(unknown[0]), 40)}; known: "
-                f"{', '.join(_RELIABILITY_KEYS)}"
-            )
-        try:
-            return cls(**data)
-        except InputError as e:
-            raise InputError(f"{origin}: {e}") from None
-
-
-_RELIABILITY_KEYS = tuple(f.name for f in fields(Reliability))
 
 
 @dataclass(frozen=True)
@@ -120,9 +64,6 @@ class TrainingRun:
     def check_prices(self, gpus) -> None:
         """Every GPU of the question priced once (price_for), and every kind the list names a GPU
         preset or one of these GPUs (by its name): else one line (a typo would price nothing)."""
-        from autopar.errors import did_you_mean
-        from autopar.spec.hardware import gpu_names
-
         known = set(gpu_names()) | {n for g in gpus for n in (g.key.lower(), g.name.lower())}
         for kind in self.prices_by_gpu:  # first: a typo explains the price that is then missing
             if kind not in known:
@@ -196,8 +137,6 @@ def parse_prices(text: str) -> tuple[float | None, dict]:
 
 def _gpu_key(kind: str) -> str:
     """A priced kind's key: its preset's (aliases resolved), else the name, lower-case."""
-    from autopar.spec.hardware import get_gpu
-
     check_name(kind, "--price-per-gpu-hour: a GPU kind", 64)
     try:
         return get_gpu(kind).key
@@ -208,8 +147,6 @@ def _gpu_key(kind: str) -> str:
 def _label(gpu) -> str:
     """How the price list names a GPU: its preset key; the name a cluster file gives a GPU (on a
     preset base, or a GpuSpec of its own without a key); else its key ('local')."""
-    from autopar.spec.hardware import get_gpu, gpu_names
-
     if gpu.key in gpu_names():
         return gpu.key if gpu.name == get_gpu(gpu.key).name else gpu.name
     return gpu.name if gpu.key == "custom" else gpu.key
