@@ -1,6 +1,9 @@
-"""The shape the codebase keeps (so the next engineer can carry it): no module of autopar/ over 400
+"""The shape the codebase keeps (so the next engineer can carry it): no module of autopar/ over 600
 lines, no function over 80 (counted on the ruff-formatted source, from `def` to its last line),
-and nothing in autopar/ or the README pointing at files outside the repository."""
+and nothing in autopar/ or the README pointing at files outside the repository. The module limit is
+generous on purpose: a module is split where a concept ends, not where a line count does (the
+halves of one module held together by an import inside a function are what tests/test_import_cycles.py
+refuses)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "autopar").rglob("*.py"))
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 80
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
 
 
 def test_modules_and_functions_are_short() -> None:
