@@ -161,3 +161,11 @@ def test_runs_the_model_never_saw_are_judged_by_the_shipped_intervals():
     got = U.coverage_against(new, support)
     assert got["dense Megatron-family"] == {"rows": 3, "covered": pytest.approx(2 / 3)}
     assert got["all rows"]["rows"] == 3
+
+
+def test_support_text_without_any_published_run():
+    """No stored calibration point at all: extrapolated, no nearest run, and no crash."""
+    model, cluster = get_preset("70b"), default_cluster("h100-sxm")
+    plan = ParallelPlan(tp=8, pp=4, dp=8, global_batch_size=512, trainer="megatron")
+    kind, why = U.support_text(S.GAP_BIT["profile"], plan, model, cluster, 8192, U.Support((), 0.0))
+    assert kind == "extrapolated" and "no published run on megatron's profile" in why and "nearest" not in why
