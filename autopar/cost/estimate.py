@@ -20,7 +20,7 @@ import numpy as np
 from autopar.cost.columns import RANKING_COLUMNS, set_validity
 from autopar.cost.price import prepare, price
 from autopar.cost.profiles import priced_cluster
-from autopar.cost.uncertainty import LEVEL, interval_columns, support_text
+from autopar.cost.uncertainty import interval_columns, interval_fields, support_text
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -184,17 +184,6 @@ def estimate_per_trainer(
     return out
 
 
-def interval_fields(row, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, seq_len: int) -> dict:
-    """A plan's 80 % intervals and support as the `--json` fields of `estimate` and of the search's
-    top plans: <figure>_interval ([low, high]), interval_level, support, support_reason."""
-    support, reason = support_text(int(row["support_gaps"]), plan, model, cluster, seq_len)
-    out: dict = {
-        f"{f}_interval": [float(row[f"{f}_low"]), float(row[f"{f}_high"])]
-        for f in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "peak_memory_bytes")
-    }
-    return out | {"interval_level": LEVEL, "support": support, "support_reason": reason}
-
-
 @dataclass
 class Estimate:
     """One plan's estimate (the `--json` schema of `autopar estimate`)."""
@@ -278,7 +267,8 @@ def estimate(
         for k, v in row.items()
         if k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step", "time_tp_per_step")
     }
-    extra.update(interval_fields(row, plan, model, cluster, seq_len or model.seq_len))
+    _, reason = support_text(int(row["support_gaps"]), plan, model, cluster, seq_len or model.seq_len)
+    extra.update(interval_fields(row, reason))
     extra["stages"] = [
         {
             "rank": r,

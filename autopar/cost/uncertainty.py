@@ -184,9 +184,8 @@ def interval_columns(
         out["step_time_s_low"] = est["step_time_s"] * np.exp(-high)
         out["step_time_s_high"] = est["step_time_s"] * np.exp(-low)
         m_lo, m_hi = _memory_band(support)
-        m_widen = support.widening * gap_count(gaps)
-        out["peak_memory_bytes_low"] = est["peak_memory_bytes"] * np.exp(m_lo - m_widen)
-        out["peak_memory_bytes_high"] = est["peak_memory_bytes"] * np.exp(m_hi + m_widen)
+        out["peak_memory_bytes_low"] = est["peak_memory_bytes"] * np.exp(m_lo - widen)
+        out["peak_memory_bytes_high"] = est["peak_memory_bytes"] * np.exp(m_hi + widen)
     return out
 
 
@@ -220,7 +219,7 @@ def support_text(
     )
     on = f"its interval from {band.runs} published runs ({band.name})"
     if not gaps:
-        return "calibrated", f"within the published {trainer.profile} runs; {on}"
+        return support_word(gaps), f"within the published {trainer.profile} runs; {on}"
     words = [gap_words(name, plan, model, cluster, seq_len, reach) for name in SUPPORT_GAPS if gaps & GAP_BIT[name]]
     nearest = nearest_point(plan, model, cluster, support.points, trainer.profile)
     near = (
@@ -292,3 +291,17 @@ def conformal_half_width(residuals: Sequence[float]) -> float | None:
     r = np.sort(np.abs(np.fromiter(residuals, float)))
     k = math.ceil((len(r) + 1) * LEVEL)
     return float(r[k - 1]) if 1 <= k <= len(r) else None
+
+
+def support_word(gaps: int) -> str:
+    """ "calibrated" (no support gap) or "extrapolated"."""
+    return "calibrated" if int(gaps) == 0 else "extrapolated"
+
+
+def interval_fields(row, reason: str | None = None) -> dict:
+    """A plan's intervals and support as the `--json` fields of `estimate`, of the search's plans and
+    of the measured stage's candidates: <figure>_interval ([low, high]), interval_level, support, and
+    support_reason when given; `row` maps interval_columns' names to one plan's values."""
+    out: dict = {f"{f}_interval": [float(row[f"{f}_low"]), float(row[f"{f}_high"])] for f in INTERVAL_FIGURES}
+    out |= {"interval_level": LEVEL, "support": support_word(row["support_gaps"])}
+    return out | ({"support_reason": reason} if reason is not None else {})

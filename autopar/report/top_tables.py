@@ -21,7 +21,7 @@ import pandas as pd
 
 from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS
 from autopar.cost.support import GAP_BIT, SUPPORT_GAPS
-from autopar.cost.uncertainty import INTERVAL_FIGURES
+from autopar.cost.uncertainty import INTERVAL_FIGURES, support_word
 from autopar.report.run_data import RunData
 from autopar.search.results import best_per_trainer, ranked, top_plans
 from autopar.spec.hardware import GIB
@@ -131,7 +131,7 @@ def with_uncertainty(rows: pd.DataFrame, entries: list | None = None) -> pd.Data
     if "support_gaps" in rows.columns:
         for i, g in enumerate(rows["support_gaps"].tolist()):
             if g is not None and g == g:  # not NaN
-                support[i] = "calibrated" if int(g) == 0 else "extrapolated"
+                support[i] = support_word(int(g))
                 reason[i] = gap_text(int(g))
     for i, e in enumerate(entries or []):
         if isinstance(e, dict) and isinstance(e.get("support"), str):

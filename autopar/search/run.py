@@ -17,7 +17,7 @@ import pandas as pd
 from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
-from autopar.cost.uncertainty import INTERVAL_FIGURES, LEVEL, support_text
+from autopar.cost.uncertainty import interval_fields, support_text
 from autopar.json_out import dumps
 from autopar.search.atomic import write_atomic
 from autopar.search.enumerate import Enumerator, Question
@@ -120,12 +120,7 @@ def _interval_summary(row: pd.Series) -> dict:
     """The plan's 80 % intervals and support (autopar.cost.uncertainty), as `estimate --json` has them."""
     if "step_time_s_low" not in row.index:
         return {}
-    out = {f"{f}_interval": [float(row[f"{f}_low"]), float(row[f"{f}_high"])] for f in INTERVAL_FIGURES}
-    out["interval_level"] = LEVEL
-    out["support"] = "calibrated" if int(row["support_gaps"]) == 0 else "extrapolated"
-    if "support_reason" in row.index:
-        out["support_reason"] = str(row["support_reason"])
-    return out
+    return interval_fields(row, str(row["support_reason"]) if "support_reason" in row.index else None)
 
 
 def with_support(df: pd.DataFrame, q: Question, layouts: list) -> pd.DataFrame:

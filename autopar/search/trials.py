@@ -36,6 +36,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autopar.cost.calibrate import Calibration
+from autopar.cost.uncertainty import interval_fields
 from autopar.errors import InputError
 from autopar.search import optuna_driver as od
 from autopar.search import trial_claims as claims
@@ -93,10 +94,8 @@ def _interval(row) -> dict:
     """The step time's 80 % interval and the support of a candidate (autopar.cost.uncertainty)."""
     if "step_time_s_low" not in row.index:
         return {}
-    return {
-        "step_time_s_interval": [float(row["step_time_s_low"]), float(row["step_time_s_high"])],
-        "support": "calibrated" if int(row["support_gaps"]) == 0 else "extrapolated",
-    }
+    f = interval_fields(row)
+    return {"step_time_s_interval": f["step_time_s_interval"], "support": f["support"]}
 
 
 @dataclass
