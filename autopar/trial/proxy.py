@@ -91,6 +91,7 @@ class Planner:
         p = ParallelPlan.from_dict(plan)
         pp = min(p.pp, 2)
         dp = 1
+        assert p.etp is not None  # ParallelPlan.__post_init__ resolves None to tp
         if p.ep > 1:
             while (p.tp * p.cp * dp) % (min(p.ep, 2) * p.etp):
                 dp += 1
@@ -197,6 +198,7 @@ class Planner:
             else [p for p in range(plan.pp, 1, -1) if plan.pp_schedule != "interleaved-1f1b" or m % p == 0]
         )
         eps = [1] if plan.ep == 1 else list(range(plan.ep, 1, -1))
+        assert plan.etp is not None  # ParallelPlan.__post_init__ resolves None to tp
         out = []
         for pp in pps:
             for ep in eps:
@@ -237,6 +239,7 @@ class Planner:
             )
         layout = plan.resolved_layout(t.model.num_layers)
         lps_max = max(1, max(layout.stages))
+        assert plan.etp is not None  # ParallelPlan.__post_init__ resolves None to tp
         tp_mult = max(plan.tp, plan.etp)
         base = self.base_model
         widths = _halvings(opts.width_divisor, base.head_dim * base.num_kv_heads // (2 * plan.tp))
@@ -373,6 +376,7 @@ class Planner:
                 f"runs at least one per stage)"
             )
         if ep != plan.ep:
+            assert spec.moe is not None  # only a MoE model's proxy changes ep
             experts = spec.moe.num_experts
             changes.append(f"ep {plan.ep} -> {ep} ({experts} experts, {experts // ep} per rank as planned)")
         if layers != t.model.num_layers:
