@@ -223,8 +223,12 @@ def support_text(
         return "calibrated", f"within the published {trainer.profile} runs; {on}"
     words = [gap_words(name, plan, model, cluster, seq_len, reach) for name in SUPPORT_GAPS if gaps & GAP_BIT[name]]
     nearest = nearest_point(plan, model, cluster, support.points, trainer.profile)
-    near = f"; nearest run: {nearest.row_id} ({nearest.model} {nearest.layout} on {nearest.num_gpus} x {nearest.gpu})"
-    return "extrapolated", "; ".join(words) + (near if nearest else "") + f"; {on}"
+    near = (
+        f"; nearest run: {nearest.row_id} ({nearest.model} {nearest.layout} on {nearest.num_gpus} x {nearest.gpu})"
+        if nearest is not None
+        else ""
+    )
+    return "extrapolated", "; ".join(words) + near + f"; {on}"
 
 
 def fit_widening(points: Sequence[CalibrationPoint]) -> float:

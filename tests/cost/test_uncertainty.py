@@ -101,6 +101,14 @@ def test_support_gaps_and_their_words():
     assert none[0] == S.GAP_BIT["profile"]
 
 
+def test_support_text_without_any_published_run():
+    """No published point at all: the words say so, with no nearest run (it used to raise)."""
+    model, cluster = get_preset("70b"), default_cluster("h100-sxm")
+    plan = ParallelPlan(tp=8, pp=4, dp=8, global_batch_size=512, trainer="megatron")
+    kind, why = U.support_text(S.GAP_BIT["profile"], plan, model, cluster, 8192, U.Support((), widening=0.05))
+    assert kind == "extrapolated" and "nearest run" not in why
+
+
 def test_interval_columns_widen_per_gap():
     """step time interval = step x exp(-(high + w g)) .. step x exp(-(low - w g)), g the gaps (<= 3)."""
     model, cluster = get_preset("70b"), default_cluster("h100-sxm")
