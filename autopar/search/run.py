@@ -120,7 +120,9 @@ def _interval_summary(row: pd.Series) -> dict:
     """The plan's 80 % intervals and support (autopar.cost.uncertainty), as `estimate --json` has them."""
     if "step_time_s_low" not in row.index:
         return {}
-    out = {f"{f}_interval": [float(row[f"{f}_low"]), float(row[f"{f}_high"])] for f in INTERVAL_FIGURES}
+    out: dict[str, object] = {
+        f"{f}_interval": [float(row[f"{f}_low"]), float(row[f"{f}_high"])] for f in INTERVAL_FIGURES
+    }
     out["interval_level"] = LEVEL
     out["support"] = "calibrated" if int(row["support_gaps"]) == 0 else "extrapolated"
     if "support_reason" in row.index:
