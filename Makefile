@@ -36,10 +36,12 @@ run: setup
 test-deps:
 	bash scripts/install-test-deps.sh
 
-# ruff (pinned in the test extras, configured in pyproject.toml): the format is checked, not changed
+# ruff and mypy (pinned in the test extras, configured in pyproject.toml): the format is checked, not
+# changed; mypy type-checks autopar/
 lint: setup-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 
 test: test-deps setup-test lint
 	$(PY) -m pytest

@@ -67,15 +67,16 @@ def estimate(
         out.update(model=spec.name, gpu=clus.gpu.key, num_gpus=gpus, seq_len=s, trainer=trainer, profile=profile)
         out.update(routing_imbalance=routing_imbalance, ep_dispatch=[d.to_dict() for d in dispatch])
         if whole is not None:
+            assert run is not None  # whole is priced only for a run
             out["run"] = whole.to_dict() | {"training_run": run.to_dict()}
         print(dumps(out, indent=2))
         return
     from autopar.cli.render import console, ep_table, run_table
 
-    out = console()
+    term = console()
     tables = estimate_tables(est, spec, clus, gpus, s) + ep_table(dispatch, the_plan, routing_imbalance)
     for renderable in tables + ([] if whole is None else [run_table(whole, run)]):
-        out.print(renderable)
+        term.print(renderable)
 
 
 def check_routing_imbalance(imbalance: float, ep: int) -> None:
@@ -120,9 +121,11 @@ def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):
             f"{what}, past {deadline_text(run.deadline_s)}; find a plan that meets it: {search} "
             f"--deadline {run.deadline_s / 86_400:g}d"
         )
-    if run.budget is not None and float(r.cost) > run.budget:
-        raise InputError(
-            f"this plan costs {money_text(float(r.cost))} for {tokens_text(run.tokens)} tokens, over the "
-            f"budget of {money_text(run.budget)}; raise --budget, or compare GPU counts: {search}"
-        )
+    if run.budget is not None:
+        assert r.cost is not None  # --budget needs a price (autopar.spec.training_run)
+        if float(r.cost) > run.budget:
+            raise InputError(
+                f"this plan costs {money_text(float(r.cost))} for {tokens_text(run.tokens)} tokens, over the "
+                f"budget of {money_text(run.budget)}; raise --budget, or compare GPU counts: {search}"
+            )
     return r

@@ -187,7 +187,10 @@ def _the_plan(run: Path | None, rank: int, question: dict, request: PlanRequest)
         raise InputError(
             "give --run DIR --rank N, or a plan with --model and --gpus (and the plan flags of `autopar estimate`)"
         )
-    spec, clus, s, the_plan = _from_flags(*question.values(), request)
+    q = question
+    spec, clus, s, the_plan = _from_flags(
+        q["--model"], q["--gpus"], q["--gpu"], q["--gpus-per-node"], q["--cluster"], q["--seq-len"], request
+    )
     return spec, clus, s, the_plan, None, Path("autopar-export")
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 
 from autopar.errors import InputError, quoted
 from autopar.json_out import dumps
+from autopar.spec.hardware import ClusterSpec
 from autopar.trial.proxy import ProxyOptions
+from autopar.trial.resources import LocalLimits
 
 LAUNCHERS = ("local", "slurm")
 #: how much slower than its uncalibrated prediction a CPU trial's step runs (README: 2.5-6x), for
@@ -91,9 +93,9 @@ class _Where:
     """Where the trials run: the machine's limits (None on the cluster), the device, the hardware
     the proxies are priced on, what to do when a plan cannot run, a launcher (None: local torchrun)."""
 
-    limits: object
+    limits: LocalLimits | None
     device: str
-    here: object
+    here: ClusterSpec
     fix: str
     text: str
     launch_fn: Callable | None = None

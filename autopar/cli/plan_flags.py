@@ -36,11 +36,11 @@ LAYOUT_HELP = {
 
 def _plan_option(f: PlanField) -> tuple[object, object]:
     """A flagged field's (type, typer option): `--name`, or `--name/--no-name` for a switch."""
-    typ, name = flag_type(f), option(f.flag.name)
-    return Optional[typ], _opt(f"{name}/--no-{name[2:]}" if typ is bool else name, help=f.flag.help)
+    typ, name = flag_type(f), option(f.cli.name)
+    return Optional[typ], _opt(f"{name}/--no-{name[2:]}" if typ is bool else name, help=f.cli.help)
 
 
-_OPTIONS = {f.flag.name: _plan_option(f) for f in FLAGGED} | {
+_OPTIONS = {f.cli.name: _plan_option(f) for f in FLAGGED} | {
     name: (Optional[typ], _opt(option(name), help=LAYOUT_HELP[name])) for name, typ in LAYOUT_FLAGS.items()
 }
 assert set(_OPTIONS) == {f.name for f in fields(PlanRequest)}, "one option per PlanRequest field"

@@ -7,7 +7,7 @@ import time
 
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from autopar.cli.render import compact_table, console
@@ -22,7 +22,7 @@ class SearchProgress:
         self.enabled = enabled
         self.start = time.perf_counter()
         self.progress: Progress | None = None
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
 
     def __enter__(self):
         return self

@@ -84,8 +84,8 @@ def summary_table(report: ValidationReport) -> Table:
         t.add_row(
             label,
             str(a["rows"]),
-            _pct(b and b["mape"]),
-            _pct(b and b["max_abs_error"]),
+            _pct(b["mape"] if b else None),
+            _pct(b["max_abs_error"] if b else None),
             _pct(a["mape"]),
             _pct(a["max_abs_error"]),
             _pct(covered[group]["covered"]) if key == "by_category" and group in covered else "",
@@ -149,6 +149,7 @@ def fit_table(report: ValidationReport) -> Table:
     )
     for col in ("profile", "constant", "prior", "fitted", "shift", "range", ""):
         t.add_column(col, justify="left" if col in ("profile", "constant", "") else "right")
+    assert report.fit is not None  # a report with --fit
     for p in report.fit.parameters:
         t.add_row(
             p.profile,
@@ -186,6 +187,7 @@ def _write_cluster_profile(report: ValidationReport, trainer: str, path: str) ->
     from autopar.cost.profiles import profile_of
     from autopar.errors import InputError
 
+    assert report.fit is not None  # --write-profile needs --fit
     consts = report.fit.constants[profile_of(trainer).name]
     p = Path(path)
     try:

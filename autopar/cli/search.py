@@ -116,6 +116,7 @@ def search(
 
     check_flags({"--gpus-per-node": gpus_per_node, "--top-k": top_k, "--max-exhaustive": max_exhaustive})
     check_flags({"--n-trials": n_trials, "--seed": seed})
+    assert measure is not None  # filled by @with_trial_flags
     if measure.trials > 0:  # before the analytic search, not after it
         from autopar.trial.needs_torch import require_torch
 

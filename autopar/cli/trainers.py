@@ -82,6 +82,6 @@ def trainers(
         tab.add_column(k)
     for kind in table[keys[0]].capabilities:
         tab.add_row(kind, *[_value(table[k].cap(kind).value) for k in keys])
-    tab.add_row("recipes", *[_value(table[k].recipes.value) if table[k].recipes else "any model" for k in keys])
+    tab.add_row("recipes", *[_value(rec.value) if (rec := table[k].recipes) else "any model" for k in keys])
     tab.add_row("performance profile", *[profile_of(k).name for k in keys])
     out.print(tab)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -120,7 +120,7 @@ def trial(
     )
     key = plan_key(t.plan.to_dict())
     nproc = gpus // nnodes
-    launch = dict(steps=steps, warmup=warmup, timeout=timeout)  # how the ranks run, here or under sbatch
+    launch: dict[str, Any] = dict(steps=steps, warmup=warmup, timeout=timeout)  # the ranks' run, here or sbatch
     if emit_slurm:
         spec_path = plan_trial.write_sbatch(t, key, emit_slurm, run_dir, nnodes=nnodes, nproc=nproc, **launch)
         print(f"sbatch script: {emit_slurm} (run file {spec_path})")

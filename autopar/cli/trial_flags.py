@@ -4,13 +4,16 @@ one TrialFlags in its `measure` parameter."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from autopar.cli.option_groups import Opt, with_options
 from autopar.errors import InputError, quoted
 from autopar.spec.schema import check_flags
+
+if TYPE_CHECKING:  # imported by _build (the measured stage's module is loaded only when asked for)
+    from autopar.cli.measured import TrialOptions
 
 PANEL = "Measured stage (trials)"
 
@@ -98,7 +101,7 @@ class TrialFlags:
     rounds: int
     trial_steps: int
     trial_timeout: float
-    options: object  # TrialOptions
+    options: TrialOptions
 
 
 def _build(v: dict) -> TrialFlags:

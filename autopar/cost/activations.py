@@ -56,6 +56,7 @@ def moe_layer_bytes(model: ModelSpec, tokens, tp, etp) -> np.ndarray:
     dispatched input (gathered over etp), the expert hidden units (ffn/etp of etp x the tokens) and
     the expert output for the router-probability weighting."""
     m = model.moe
+    assert m is not None  # a MoE model
     h = model.hidden_size
     local = np.asarray(tokens, dtype=float) / np.asarray(tp, dtype=float)
     attention = replicated_bytes_per_token(model) - 2 * h + attention_sharded_bytes_per_token(model)
@@ -143,6 +144,7 @@ def eager_moe_layer_bytes(model: ModelSpec, tokens, tp, sp, cp, etp, act_bytes, 
     silu(w1 x), their product: 4F where the fused count is 3F) and the expert output kept for the
     router-weight product; a shared expert keeps a dense MLP's four hidden tensors."""
     m = model.moe
+    assert m is not None  # a MoE model
     a = np.asarray(act_bytes, dtype=float)
     h = model.hidden_size
     dense = eager_dense_layer_bytes(model, tokens, tp, sp, cp, act_bytes, selective)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 
@@ -117,10 +118,12 @@ class CaseBatch:
     @classmethod
     def of(cls, cases: list[RunCase]) -> "CaseBatch":
         prime_inputs(cases)
-        per = [c.inputs for c in cases]
+        per = cast("list[StepInputs]", [c.inputs for c in cases])  # every one set by prime_inputs
         rows = max(np.asarray(p.active).shape[0] for p in per)
         raw = RawCompute(*(_stack([getattr(p.raw, f) for p in per], rows) for f in RawCompute._fields))
-        stacked = {f: raw if f == "raw" else _stack([getattr(p, f) for p in per], rows) for f in StepInputs._fields}
+        stacked: dict[str, Any] = {
+            f: raw if f == "raw" else _stack([getattr(p, f) for p in per], rows) for f in StepInputs._fields
+        }
         names = list(profiles())
         return cls(
             cases=cases,

@@ -110,6 +110,7 @@ def place(size, stride, gpus_per_node: int) -> Group:
 def _nvlink_busbw(links: Links, kind: str, nbytes, g) -> np.ndarray:
     """Measured busbw (B/s) of one call of `kind` on `g` GPUs of one node with an `nbytes` buffer."""
     nv = links.nvlink
+    assert nv is not None  # the callers take the line-rate path without measured NVLink figures
     s = np.maximum(np.asarray(nbytes, dtype=float), 1.0)
     ar8 = 1.75 * s / nv.all_reduce_s(s)  # the measured 8-GPU all-reduce at this size
     peak8 = float(1.75 * nv.all_reduce_s.x[-1] / nv.all_reduce_s.y[-1])

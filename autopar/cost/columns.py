@@ -128,8 +128,8 @@ def set_validity(est: dict, codes: np.ndarray) -> None:
     est["memory_miss_gib"] = np.where(over, (peak - cap) / GIB, 0.0)
 
 
-def _per_rank_bytes(x: PlanArrays, comm: CommTerms) -> dict[str, np.ndarray]:
-    """Payload bytes per step of each costed rank, per axis."""
+def _per_rank_bytes(x: PlanArrays, comm: CommTerms) -> dict[str, np.ndarray | float]:
+    """Payload bytes per step of each costed rank, per axis (0 when not counted)."""
     m = x.microbatches
     return {
         "tp": comm.tp.bytes * m + comm.tp_step.bytes,

@@ -37,7 +37,7 @@ from autopar.spec.table import DISPATCHER
 
 
 class Traffic(NamedTuple):
-    bytes: np.ndarray  # payload this GPU hands to the calls
+    bytes: np.ndarray | float  # payload this GPU hands to the calls (0 when not counted)
     seconds: np.ndarray
 
 
@@ -136,14 +136,14 @@ def comm_volumes(
         vol(tp_step_calls(model, sp, x.dense_layers, x.moe_layers, x.has_head, x.grad_bytes, reductions), t), tp_group
     )
     dense = _dp_volumes(x, prm.dense, x.dp_group, place(x.dp_group, group_stride(ranks, ("dp", "cp")), gpn), vol)
-    expert = (
+    expert_dp: tuple[OnGroup | None, OnGroup | None] = (
         _dp_volumes(
             x, prm.expert, x.expert_dp, place(x.expert_dp, group_stride(expert, ("edp",), EXPERT_MESH_ORDER), gpn), vol
         )
         if model.moe
         else (None, None)
     )
-    return CommVolumes(stats, tp, cp, ep, pp, tp_step, *dense, *expert, c > 1)
+    return CommVolumes(stats, tp, cp, ep, pp, tp_step, *dense, *expert_dp, c > 1)
 
 
 def _dp_volumes(x: PlanArrays, params, group_size, group, vol) -> tuple[OnGroup, OnGroup]:
@@ -176,6 +176,7 @@ def comm_terms(
             ep = Traffic(ep.bytes, np.where(deepep, fused, ep.seconds))
     reduce, gather = v.dense_reduce.traffic(links), v.dense_gather.traffic(links)
     if v.expert_reduce is not None:
+        assert v.expert_gather is not None  # both, or neither (a dense model)
         er, eg = v.expert_reduce.traffic(links), v.expert_gather.traffic(links)
         reduce = Traffic(reduce.bytes + er.bytes, reduce.seconds + er.seconds)
         gather = Traffic(gather.bytes + eg.bytes, gather.seconds + eg.seconds)

@@ -211,5 +211,6 @@ def expert_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:
     (top-k copies of the EP group's tokens over the experts) or its ffn slice (ffn / etp); the
     hidden size is never the smaller in practice."""
     mo = model.moe
+    assert mo is not None  # a MoE model
     per_expert = x.micro_batch * x.seq_len * mo.top_k * x.ep * x.etp / (mo.num_experts * x.tp * x.cp)
     return np.minimum(per_expert, mo.expert_ffn_hidden_size / x.etp.astype(float))

@@ -83,7 +83,7 @@ def _detail(d, seconds, nbytes, links: Links, cluster: ClusterSpec, g, n, nodes,
         nvlink = beh.nvlink.all_to_all_busbw if beh.nvlink else links.intra_line * links.intra_eff
         network = links.inter_line * (shared.network.all_to_all_fraction if beh.nvlink else links.inter_eff)
         share = (n - g) / n
-        sources = (
+        sources: tuple[str, ...] = (
             f"in-node share {(g - 1) / n:.0%} at the NVLink all-to-all busbw: "
             + (beh.nvlink.all_to_all_source if beh.nvlink else "the link's line rate x intra_node_bw_efficiency"),
             f"cross-node share {share:.0%} at one NIC: " + shared.sources["network_all_to_all"],

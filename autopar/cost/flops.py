@@ -34,6 +34,7 @@ def mlp_flops_per_token(model: ModelSpec, moe_layer: bool) -> float:
     if not moe_layer:
         return 2.0 * h * model.ffn_hidden_size * g
     m = model.moe
+    assert m is not None  # moe_layer: a MoE model
     return 2.0 * h * g * (m.expert_ffn_hidden_size * m.top_k + m.shared_expert_ffn_hidden_size)
 
 

@@ -115,10 +115,13 @@ def attention_seconds(
     c = causal_share(cp)
     native = mma = None
     if a.native_fwd is not None:
+        # the native curves are published (or fitted) together (autopar.spec.behaviour)
+        assert a.native_fwd_full is not None and a.native_bwd is not None and a.native_bwd_full is not None
         fwd = c / a.native_fwd(kv_len) + (1 - c) / a.native_fwd_full(kv_len)
         bwd = c / a.native_bwd(kv_len) + (1 - c) / a.native_bwd_full(kv_len)
         native = f * (forwards * fwd + 2.5 * bwd) / hd
     if a.mma_sync_fwd_bwd is not None:
+        assert a.mma_sync_hd64_ratio is not None and a.mma_sync_fwd_bwd_full is not None  # FA2's come together
         ratio = np.where(head_dim <= 64, a.mma_sync_hd64_ratio(kv_len), 1.0)
         per = c / a.mma_sync_fwd_bwd(kv_len) + (1 - c) / a.mma_sync_fwd_bwd_full(kv_len)
         mma = f * (forwards + 2.5) * per / ratio * (1.0 + fa1)

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autopar.cost.run_rows import family
 from autopar.spec.layout import parse_layout
+
+if TYPE_CHECKING:
+    from autopar.cost.run_cases import RunCase
+    from autopar.spec.model import ModelSpec
+    from autopar.spec.plan import ParallelPlan
 
 #: Megatron-Core --recompute-modules (transformer_config.py `recompute_modules`) and
 #: --offload-modules of fine-grained activation offloading; bit i = entry i
@@ -147,7 +153,7 @@ def nanotron_layout(model, pp: int):
     return parse_layout(",".join(str(c) for c in counts))
 
 
-def memory_plan(case, row: dict | None = None) -> tuple[object, object, list[str]]:
+def memory_plan(case: RunCase, row: dict | None = None) -> tuple[ParallelPlan, ModelSpec, list[str]]:
     """(plan, model, notes): the run case's plan and model as its source ran them, where that
     differs in memory from the case's reading (autopar.cost.run_plan / run_rows):
     - BLOOM (Megatron-DeepSpeed, 2022) had no sequence parallelism (Megatron-LM added it with

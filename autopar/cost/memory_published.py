@@ -86,7 +86,7 @@ class PublishedMemoryResult:
         return float(np.mean(errors)) if errors else math.nan
 
     def by_source(self) -> dict[str, dict]:
-        out: dict[str, dict] = {}
+        out: dict[str, list[float]] = {}
         for c in self.comparisons:
             out.setdefault(c.source, []).append(abs(c.error))
         return {

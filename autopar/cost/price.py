@@ -42,6 +42,7 @@ class Prepared:
     def timed(self) -> tuple[PlanArrays, RankParams, LayerActivations]:
         if self.x_time is None:
             return self.x, self.params, self.layer_act
+        assert self.params_time is not None and self.layer_act_time is not None  # set with x_time
         return self.x_time, self.params_time, self.layer_act_time
 
 

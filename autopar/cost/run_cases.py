@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from autopar.cost.flop_conventions import CONVENTIONS, flops_per_token
 from autopar.cost.run_checks import row_problem
@@ -18,6 +19,9 @@ from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan, PlanError
 from autopar.spec.routing import FORCED_BALANCED, REAL_ROUTER_IMBALANCE
 from autopar.spec.rules import plan_problems
+
+if TYPE_CHECKING:  # (autopar.cost.step imports the pricing modules; the cases only hold its result)
+    from autopar.cost.step import StepInputs
 
 LONG_CONTEXT = 32768  # sequence length from which a run counts as long-context
 
@@ -83,7 +87,7 @@ class RunCase:
     profile: str = ""  # the performance profile that prices it (autopar.cost.run_rows.FAMILY_PROFILE)
     #: kernel facts the source documents that differ from today's trainer (its attention kernels)
     kernel_overrides: dict = field(default_factory=dict)
-    inputs: object = field(default=None, repr=False, compare=False)  # autopar.cost.step.StepInputs, cached
+    inputs: StepInputs | None = field(default=None, repr=False, compare=False)  # cached (case_batch)
 
     @property
     def workload(self) -> str:
@@ -113,7 +117,8 @@ class RunCase:
 def build_cases(rows: list[dict]) -> tuple[list[RunCase], list[tuple[str, str, str]]]:
     """Every row as a case (plus the dropless sub-cases a row prints in its notes), or skipped with
     the reason."""
-    cases, skipped = [], []
+    cases: list[RunCase] = []
+    skipped: list[tuple[str, str, str]] = []
     built: dict[tuple, RunCase | str] = {}  # a row's content without its id -> its case, or why not
     for row in rows:
         if why := row_problem(row):  # a value no real run has (autopar.cost.run_checks)
@@ -125,10 +130,10 @@ def build_cases(rows: list[dict]) -> tuple[list[RunCase], list[tuple[str, str, s
                 built[key] = build_case(row)
             except (ValueError, PlanError, InputError) as e:
                 built[key] = str(e)
-        if isinstance(built[key], str):
-            skipped.append((row.get("row_id", "?"), row.get("model", "?"), built[key]))
-            continue
         case = built[key]
+        if isinstance(case, str):
+            skipped.append((row.get("row_id", "?"), row.get("model", "?"), case))
+            continue
         if case.row_id != (rid := str(int(num(row, "row_id") or 0))):  # the same run in another row
             case = RunCase(**{**case.__dict__, "row_id": rid, "assumptions": list(case.assumptions)})
         cases.append(case)

@@ -73,7 +73,7 @@ def _value(row: dict, key: str) -> tuple[float | None, str | None]:
 
 def _counts(row: dict) -> tuple[dict[str, int], str | None]:
     """The row's stated counts, or the first that is out of its range."""
-    out = {}
+    out: dict[str, int] = {}
     for key, hi in COUNTS.items():
         v, bad = _value(row, key)
         if bad:

@@ -26,6 +26,7 @@ def run_plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
     cp = integer(row, "cp") or 1
     vpp = integer(row, "vpp") or 1
     ep = integer(row, "ep") or 1
+    assert G is not None  # row_problem (autopar.cost.run_checks) rejects a row without num_gpus
     dp = G // (tp * pp * cp)
     if dp * tp * pp * cp != G:
         raise ValueError(f"tp*pp*cp = {tp * pp * cp} does not divide {G} GPUs")
@@ -82,7 +83,7 @@ def run_plan(row, rid, src, fam, model, cluster, s, notes) -> ParallelPlan:
         moe_dispatcher=dispatcher,
         moe_dispatch=dispatch,
         ep_comm_overlap=ep_overlap and ep > 1,
-        **({"pp_schedule": schedule} if schedule else {}),
+        pp_schedule=schedule,  # None: the default for vpp (ParallelPlan.__post_init__)
     )
 
 

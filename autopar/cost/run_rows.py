@@ -111,7 +111,7 @@ def load_runs(path: str | Path | None) -> list[dict]:
     text = read_text(
         path, f"runs file '{path}'", RUNS_BYTES, encoding="utf-8-sig", fix=fix, usual="the bundled tables: 200 KiB"
     )
-    rows = []
+    rows: list[dict] = []
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))
         header = reader.fieldnames or []

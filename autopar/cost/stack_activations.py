@@ -47,7 +47,7 @@ class PlanShape(NamedTuple):
     etp: np.ndarray
     act_bytes: np.ndarray  # 2, or 4 in fp32
     fp8: np.ndarray  # bool: FP8 GEMMs
-    selective: np.ndarray  # bool: recompute = "selective"
+    selective: np.ndarray | bool  # bool: recompute = "selective" (False: rebuilt with nothing recomputed)
     modules: np.ndarray  # int bitmask of Megatron --recompute-modules (autopar.cost.memory_facts)
     flash: float  # 1 = flash attention kernels; 0 = the score matrix is materialised
     seq_len: int  # keys per query (the sequence on this CP rank)
@@ -145,6 +145,7 @@ def moe_layer(stack: MemoryStack, model: ModelSpec, shape: PlanShape, recompute_
     drops the expert activation output; offloaded expert inputs and activation inputs
     (`offload_expert_fc1`, `offload_moe_act`) leave the GPU."""
     m = model.moe
+    assert m is not None  # a MoE model
     h, a = model.hidden_size, shape.act_bytes
     mods = shape if not recompute_off else shape._replace(modules=np.zeros_like(shape.modules), selective=False)
     tokens = np.asarray(shape.tokens, dtype=float)

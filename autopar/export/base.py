@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autopar.errors import InputError, quoted
 from autopar.export.header import header_lines
@@ -31,6 +32,9 @@ from autopar.quoting import check_identifier, check_text
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
+
+if TYPE_CHECKING:  # imported where the estimate is made (Context.make)
+    from autopar.cost.estimate import Estimate
 
 
 class ExportRefused(InputError):
@@ -203,7 +207,7 @@ class Context:
     nodes: int
     gpus_per_node: int
     stages: tuple[int, ...]  # layers per virtual stage (the resolved layout)
-    estimate: object  # autopar.cost.estimate.Estimate
+    estimate: Estimate
 
     @classmethod
     def make(

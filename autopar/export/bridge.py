@@ -29,7 +29,7 @@ from autopar.export.nemo import recipe_name
 from autopar.spec.trainers import get_trainer
 
 #: autopar preset -> megatron.bridge.recipes function (the capability table's [bridge.recipes])
-BRIDGE_RECIPES = dict(get_trainer("bridge").recipes.value)
+BRIDGE_RECIPES = dict(get_trainer("bridge").recipes.value)  # type: ignore[union-attr]  # the table has [bridge.recipes]
 
 FILE = "bridge_overrides.txt"
 MIXED = {"bf16": "bf16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}

@@ -174,21 +174,29 @@ def launch_files(ctx: Context, entry: Entry) -> tuple[ExportFile, ExportFile]:
     )
 
 
+def _find(pattern: str, script: str, name: str) -> re.Match[str]:
+    """The first match of `pattern` in the launch script `name`; ValueError when it has none."""
+    m = re.search(pattern, script)
+    if m is None:
+        raise ValueError(f"{name} has no line matching {pattern!r}")
+    return m
+
+
 def parse_world(bundle: ExportBundle) -> int:
     """GPUs the launch scripts start (nodes x processes per node); the scripts must agree."""
     sizes = []
     names = {f.name for f in bundle.files}
     if "launch_torchrun.sh" in names:
         t = bundle.text("launch_torchrun.sh")
-        m = re.search(r"torchrun --nnodes (\d+) --nproc_per_node (\d+)", t)
+        m = _find(r"torchrun --nnodes (\d+) --nproc_per_node (\d+)", t, "launch_torchrun.sh")
         sizes.append(int(m.group(1)) * int(m.group(2)))
     if "launch_slurm.sbatch" in names:
         t = bundle.text("launch_slurm.sbatch")
-        nodes = int(re.search(r"#SBATCH --nodes=(\d+)", t).group(1))
-        tasks = int(re.search(r"#SBATCH --ntasks-per-node=(\d+)", t).group(1))
-        gpus = int(re.search(r"#SBATCH --gpus-per-node=(\d+)", t).group(1))
+        nodes = int(_find(r"#SBATCH --nodes=(\d+)", t, "launch_slurm.sbatch").group(1))
+        tasks = int(_find(r"#SBATCH --ntasks-per-node=(\d+)", t, "launch_slurm.sbatch").group(1))
+        gpus = int(_find(r"#SBATCH --gpus-per-node=(\d+)", t, "launch_slurm.sbatch").group(1))
         if tasks == 1:
-            m = re.search(r"torchrun --nnodes (\d+) --nproc_per_node (\d+)", t)
+            m = _find(r"torchrun --nnodes (\d+) --nproc_per_node (\d+)", t, "launch_slurm.sbatch")
             if int(m.group(1)) != nodes or int(m.group(2)) != gpus:
                 raise ValueError("the sbatch header and its torchrun line disagree on the world size")
             sizes.append(nodes * gpus)

@@ -25,6 +25,7 @@ def capacity_settings(ctx: Context) -> dict:
     p = ctx.plan
     if ctx.model.moe is None or p.moe_dispatch != "capacity":
         return {}
+    assert p.capacity_factor is not None  # capacity dispatch: ParallelPlan sets 1.0 when not given
     return {
         "moe_expert_capacity_factor": float(p.capacity_factor),
         "moe_token_drop_policy": "probs",
@@ -37,7 +38,7 @@ def dispatcher_settings(ctx: Context) -> dict:
     NCCL all-to-all, or the flex dispatcher with the DeepEP backend; and the EP all-to-all overlap
     with another microbatch's compute (overlap_moe_expert_parallel_comm, combined_1f1b.py)."""
     p = ctx.plan
-    out = {"moe_token_dispatcher_type": "flex" if p.moe_dispatcher == "deepep" else "alltoall"}
+    out: dict[str, object] = {"moe_token_dispatcher_type": "flex" if p.moe_dispatcher == "deepep" else "alltoall"}
     if p.moe_dispatcher == "deepep":
         out["moe_flex_dispatcher_backend"] = "deepep"
     if ep_overlap(p):
@@ -87,7 +88,7 @@ def recompute_from(granularity: str | None, method: str | None, num_layers: int 
         return "selective", None
     if method == "uniform" and num_layers == 1:
         return "full", None
-    if method == "block":
+    if method == "block" and num_layers is not None:
         return "full", int(num_layers) * vpp
     raise ValueError(f"recompute {granularity}/{method}/{num_layers} is not one autopar emits")
 
@@ -100,7 +101,7 @@ def core_parallel_fields(ctx: Context) -> dict:
     recipe's own layout settings cannot linger)."""
     p, m = ctx.plan, ctx.model
     lay = megatron_layout(ctx.stages, p.pp, p.vpp)
-    out = {
+    out: dict[str, object] = {
         "tensor_model_parallel_size": p.tp,
         "pipeline_model_parallel_size": p.pp,
         "virtual_pipeline_model_parallel_size": p.vpp if p.vpp > 1 else None,

@@ -31,7 +31,7 @@ from autopar.quoting import check_identifier
 from autopar.spec.trainers import get_trainer
 
 #: autopar preset -> nemo.collections.llm.recipes module (the capability table's [nemo.recipes])
-NEMO_RECIPES = dict(get_trainer("nemo").recipes.value)
+NEMO_RECIPES = dict(get_trainer("nemo").recipes.value)  # type: ignore[union-attr]  # the table has [nemo.recipes]
 
 SCRIPT = "nemo_pretrain.py"
 OVERRIDES = "nemo_overrides.txt"
@@ -42,6 +42,7 @@ def recipe_name(ctx: Context) -> str:
     without one unless --recipe was given); a Python name, since it is pasted into an import line
     and a command (anything else is refused in one line)."""
     name = ctx.options.recipe or get_trainer(ctx.plan.trainer).recipe_for(ctx.model.name)
+    assert name is not None  # Context.make refused the model
     return check_identifier(name, "--recipe", example="llama3_70b")
 
 

@@ -57,6 +57,7 @@ def check_toml(ctx: Context) -> None:
     if p.ep == 1 and p.etp != p.tp:
         raise ctx.refuse("without EP torchtitan shards experts over TP (etp = tp); use --etp tp")
     shard = p.dp if p.zero_stage >= 2 else 1
+    assert p.etp is not None  # ParallelPlan.__post_init__ resolves None to tp
     etp = p.etp if p.ep > 1 else 1
     if p.ep > 1 and (shard * p.cp * p.tp) % (p.ep * etp):
         raise ctx.refuse(
@@ -96,4 +97,7 @@ def base_config(ctx: Context, toml: bool) -> tuple[str, str]:
             f"model's shape"
         )
     name, flavor, fn = known
-    return (name, flavor) if toml else (f"torchtitan.models.{name}.config_registry", fn)
+    if toml:
+        return name, flavor
+    assert fn is not None  # refused above: no Python config function
+    return f"torchtitan.models.{name}.config_registry", fn

@@ -36,7 +36,7 @@ def torchtitan_values(ctx: Context, toml: bool) -> dict:
         par["enable_async_tensor_parallel"] = tp_overlap(p)
     par["pipeline_parallel_degree"] = p.pp
     if p.pp > 1:
-        par["pipeline_parallel_schedule"] = SCHEDULES[p.pp_schedule]
+        par["pipeline_parallel_schedule"] = SCHEDULES[str(p.pp_schedule)]  # set by the plan (fill_followers)
         par["pipeline_parallel_microbatch_size"] = p.micro_batch_size
         par["module_fqns_per_model_part"] = torchtitan_fqns(ctx.stages, "output" if toml else "lm_head")
     par["context_parallel_degree"] = p.cp

@@ -20,7 +20,7 @@ DEFAULTS = {f.name: f.default for f in VIEWED}
 
 def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
     """What a trainer must reproduce of a plan, as plain values (normalized)."""
-    view = {"num_gpus": plan.num_gpus, "num_microbatches": plan.num_microbatches}
+    view: dict[str, object] = {"num_gpus": plan.num_gpus, "num_microbatches": plan.num_microbatches}
     for f in VIEWED:
         if f.kind == LAYOUT:
             view[f.name] = tuple(plan.resolved_layout(model.num_layers).stages)

@@ -64,8 +64,8 @@ def question_rows(run: RunData) -> pd.DataFrame:
         ),
         (
             "rejected by",
-            rejection_text(s.get("rejected_by"))
-            if isinstance(s.get("rejected_by"), dict)
+            rejection_text(by)
+            if isinstance(by := s.get("rejected_by"), dict)
             else rejection_text_of(run.plans) or "nothing",
         ),
         ("autopar", f"{s.get('autopar_version', '?')}; search took {s.get('timings_s', {}).get('total_s', 0):.2f} s"),

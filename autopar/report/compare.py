@@ -173,6 +173,7 @@ def item_from_file(arg: str, shared: Question | None) -> CompareItem:
         m = dict(model)
         model = model_from_dict(m.pop("name", "model"), m)
     if q is None:
+        assert model is not None  # without a shared question the file names its model (above)
         gpus = data.get("num_gpus") or plan.num_gpus
         q = Question(
             model=model,

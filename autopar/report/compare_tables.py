@@ -67,7 +67,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str, str], ...] = (
 COMPARE_SCALE = {"memory (GiB)": GIB, "comm per GPU per step (GB)": 1e9}
 
 
-def _path(d: dict, key: str):
+def _path(d: object, key: str):
     for part in key.split("."):
         d = d.get(part) if isinstance(d, dict) else None
     return d

@@ -8,6 +8,7 @@ lines of inline JavaScript to sort tables. Opens from disk in any browser.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from autopar.errors import InputError
@@ -18,7 +19,7 @@ from autopar.search.atomic import write_with
 
 
 def write_report(
-    run_dir: str | Path, *, out: str | Path | None = None, scenarios: list[str | Path] | None = None
+    run_dir: str | Path, *, out: str | Path | None = None, scenarios: Sequence[str | Path] | None = None
 ) -> Path:
     """(Re)build the report of a run directory; returns the file written (default
     RUN_DIR/report.html). `scenarios`: the run directories of the search this run belongs to (this
@@ -51,7 +52,7 @@ def write_report(
     return path
 
 
-def write_reports(run_dirs: list[str | Path]) -> list[Path]:
+def write_reports(run_dirs: Sequence[str | Path]) -> list[Path]:
     """The reports of one search (what `autopar search` calls): one report per run directory;
     several directories are the scenarios of a what-if, and each report shows them side by side."""
     # one directory twice (e.g. two scenarios into one --run-dir) is one scenario

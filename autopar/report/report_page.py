@@ -136,7 +136,7 @@ def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, ou
         parts.append('<ul class="sure">' + "".join(f"<li>{e(line)}</li>" for line in sure) + "</ul>")
     if A.has_intervals(run):
         parts.append(f'<p class="note">{e(A.INTERVAL_NOTE)}</p>')
-    built = [
+    sections = [
         ("question", "question", f'<h2 id="question">The question</h2>{kv(A.question_rows(run))}'),
         *_answer_sections(run, why),
         _run_section(run),
@@ -145,7 +145,7 @@ def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, ou
         _trials_section(run),
         _whatif_section(run, scenario_runs, out_dir),
     ]
-    built = [b for b in built if b is not None]
+    built = [b for b in sections if b is not None]
     head = "<nav>" + "".join(f'<a href="#{a}">{e(b)}</a>' for a, b, _ in built if b) + "</nav>"
     foot = (
         f"<footer>autopar {e(__version__)}; run directory {e(str(run.run_dir))}; "
@@ -299,8 +299,8 @@ def _trials_section(run: D.RunData) -> tuple[str, str, str] | None:
     """Predicted against measured, per trial (full size, proxy, or not run here)."""
     if not (run.trials or run.trial_problems):
         return None
-    measured = run.search.get("measured") if isinstance(run.search.get("measured"), dict) else {}
-    intervals = measured.get("intervals") if isinstance(measured.get("intervals"), dict) else {}
+    measured = got if isinstance(got := run.search.get("measured"), dict) else {}
+    intervals = ivs if isinstance(ivs := measured.get("intervals"), dict) else {}
     tt = X.trials_table(run.trials, intervals.get("plans"))
     summ = X.trials_summary(tt)
     body = [f'<h2 id="trials">Trials: predicted vs measured ({summ["trials"]})</h2>']

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS
 from autopar.json_out import dumps
 from autopar.search.run_dir import load, read_json, read_trial  # noqa: F401  (read_json: compare reads plan files)
-from autopar.search.run_schema import check
+from autopar.search.run_schema import Doc, check
 from autopar.spec import read_file
 
 #: scatter.parquet columns the report reads
@@ -119,7 +120,7 @@ WHATIF_FILE = "whatif.json"
 WHATIF_BYTES = 4 << 20
 
 
-class _Scenarios(BaseModel):
+class _Scenarios(Doc):
     """whatif.json: the scenario directories, relative to this run directory or absolute."""
 
     model_config = ConfigDict(strict=True, extra="allow")
@@ -132,7 +133,8 @@ def read_scenarios(run_dir: Path) -> list[Path]:
     if not path.exists():
         return []
     fix = "rerun the what-if search, or delete the file"
-    data = check(read_file.read_json(path, f"'{path}'", WHATIF_BYTES, fix=fix), _Scenarios, f"'{path}'", fix)
+    doc = check(read_file.read_json(path, f"'{path}'", WHATIF_BYTES, fix=fix), _Scenarios, f"'{path}'", fix)
+    data = cast(dict, doc)  # valid for _Scenarios: a JSON object
     dirs = [Path(p) for p in data["scenarios"]]
     return [p if p.is_absolute() else (run_dir / p) for p in dirs]
 

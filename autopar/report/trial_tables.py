@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -34,7 +35,7 @@ def optuna_history(run: RunData) -> pd.DataFrame:
 
 
 def _num(d: dict, key: str) -> float:
-    v = d.get(key) if isinstance(d, dict) else None
+    v: Any = d.get(key) if isinstance(d, dict) else None  # a JSON value: float() decides
     try:
         v = float(v)
     except (TypeError, ValueError):
@@ -84,9 +85,9 @@ def trials_table(trials: list[dict], intervals: dict | None = None) -> pd.DataFr
     intervals = intervals if isinstance(intervals, dict) else {}
     for t in trials:
         pred, meas = t.get("predicted") or {}, t.get("measured") or {}
-        own = meas.get("proxy") if isinstance(meas.get("proxy"), dict) else {}
+        own = proxy if isinstance(proxy := meas.get("proxy"), dict) else {}
         key = str(t.get("_file", "")).removesuffix(".json")
-        mine = intervals.get(key) if isinstance(intervals.get(key), dict) else {}
+        mine = got if isinstance(got := intervals.get(key), dict) else {}
         before = _pair(pred.get("step_time_s_interval"))
         after = _pair(mine.get("after"))
         rows.append(

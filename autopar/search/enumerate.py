@@ -9,6 +9,7 @@ tp*pp*cp does not divide the GPU count are not plans at all and are not enumerat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -80,7 +81,7 @@ INNER = tuple(f.space for f in FIELDS if f.space and f.space not in _IN_OUTER + 
 AXES = OUTER + INNER
 
 
-def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
+def knob_choices(space: SearchSpace, q: Question) -> dict[str, list[Any]]:
     """The choices of every product axis after the space's constraints. `sched_vpp` holds
     (schedule code, vpp) pairs; `etp` 0 stands for "= tp"; `pp_layout` holds layout rule names."""
     model = q.model
@@ -93,7 +94,7 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list]:
     if etp_raw == "auto":  # Megatron's default (= tp) and expert-TP folding (1)
         etp_raw = ["tp", 1]
     sp_knob = k.get("sp", "auto")
-    shaped = {
+    shaped: dict[str, list[Any]] = {
         "tp": [t for t in tp if t <= cons.get("max_tp", t)],
         "pp": [p for p in _int_choices(space, "pp", [1]) if p <= cons.get("max_pp", p)],
         "cp": [c for c in _int_choices(space, "cp", [1]) if c <= cons.get("max_cp", c)],

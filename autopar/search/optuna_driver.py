@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import optuna
@@ -30,6 +31,9 @@ from autopar.search.space import SearchSpace
 from autopar.secrets import mask_secrets
 from autopar.spec.hardware import GIB
 from autopar.spec.read_file import check_regular
+
+#: an objective's direction, as optuna names it
+Direction = Literal["minimize", "maximize"]
 
 #: the estimate figures every trial keeps (with its plan) as user attributes
 ESTIMATE_ATTRS = (
@@ -179,7 +183,7 @@ def set_constraint(trial, value: float) -> None:
 
 
 @quiet_optuna()
-def load_or_create_study(url: str, study_name: str, sampler, directions: list[str]) -> optuna.Study:
+def load_or_create_study(url: str, study_name: str, sampler, directions: list[Direction]) -> optuna.Study:
     storage = open_storage(url)
     try:
         return optuna.create_study(

@@ -38,7 +38,7 @@ def optuna_search(
 
     url = od.storage_url(opts.storage, run_dir)
     name = opts.study_name or run_dir.name
-    directions = ["minimize", "maximize"] if opts.multi_objective else ["minimize"]
+    directions: list[od.Direction] = ["minimize", "maximize"] if opts.multi_objective else ["minimize"]
     study = od.load_or_create_study(
         url, name, od.make_sampler(opts.sampler, opts.seed, opts.multi_objective), directions
     )

@@ -91,7 +91,7 @@ def top_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
     keys = [c for c in PLAN_KEY if c in fit.columns]
     order = {t: i for i, t in enumerate(ALL_TRAINERS)}
     runs_on = fit.groupby(keys, sort=False, dropna=False)["trainer"].agg(
-        lambda s: ", ".join(sorted(set(s), key=order.get))
+        lambda s: ", ".join(sorted(set(s), key=lambda t: order[t]))
     )
     best = fit.drop_duplicates(keys, keep="first").head(k)
     idx = pd.MultiIndex.from_frame(best[keys]) if len(keys) > 1 else best[keys[0]]

@@ -9,8 +9,9 @@ AttributeError.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -56,13 +57,17 @@ def _plan_type(f) -> Any:
     return _KIND_TYPES[f.kind] | None if f.default is None else _KIND_TYPES[f.kind]
 
 
-PlanDoc = create_model(
-    "PlanDoc",
-    __base__=Doc,
-    __module__=__name__,
-    __doc__="A ParallelPlan as to_dict writes it (autopar.spec.plan: the values are checked there).",
-    **{f.name: (_plan_type(f), f.default) for f in FIELDS},
-)
+if TYPE_CHECKING:
+    # its fields come from the plan's one declaration (autopar.spec.plan) at import time
+    PlanDoc = Doc
+else:
+    PlanDoc = create_model(
+        "PlanDoc",
+        __base__=Doc,
+        __module__=__name__,
+        __doc__="A ParallelPlan as to_dict writes it (autopar.spec.plan: the values are checked there).",
+        **{f.name: (_plan_type(f), f.default) for f in FIELDS},
+    )
 
 
 class TopEntry(Doc):
@@ -237,7 +242,7 @@ def _shown(value: object) -> str:
     return quoted(value, 40)
 
 
-def _expected(err: dict) -> str:
+def _expected(err: Mapping[str, Any]) -> str:
     ctx = err.get("ctx") or {}
     bounds = {
         "greater_than_equal": ("at least", "ge"),
@@ -310,9 +315,10 @@ def trial_problem(data: object) -> str | None:
         return problem(data, e)
     except RecursionError:
         return "nested too deeply"
-    if doc.status == "ok" and data["measured"]:
+    measured = data.get("measured") if isinstance(data, dict) else None
+    if doc.status == "ok" and measured:
         try:
-            OkMeasuredDoc.model_validate(data["measured"])
+            OkMeasuredDoc.model_validate(measured)
         except ValidationError as e:
             return problem(data, e, ("measured",)) + " (a trial that ran measures both its step time and memory)"
     return None

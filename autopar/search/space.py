@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.plan import BY_KEY, SCHEDULES
@@ -18,10 +19,10 @@ SPACES_DIR = Path(str(resources.files("autopar.spaces")))
 
 #: the knobs, by kind: the plan's fields that name one (autopar.spec.plan), in the search results' order
 _KNOB_FIELDS = tuple(f for f in BY_KEY if f.space)
-INT_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.kind == INT)
-CHOICE_KNOBS = {f.space: list(f.choices) for f in _KNOB_FIELDS if f.kind in (CATEGORY, LAYOUT)}
+INT_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == INT)
+CHOICE_KNOBS = {f.space: list(f.choices) for f in _KNOB_FIELDS if f.space and f.kind in (CATEGORY, LAYOUT)}
 CHOICE_KNOBS["pp_schedule"] = [s for s in SCHEDULES if s != "interleaved-1f1b"]  # interleaving: vpp > 1
-BOOL_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.kind == BOOL)
+BOOL_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == BOOL)
 KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + ("tokens_per_step",)
 CONSTRAINTS = {
     "tp_within_node": bool,
@@ -116,7 +117,7 @@ def space_from_dict(data, origin: str) -> SearchSpace:
                 f"{origin}: unknown knob {quoted(str(k), 40)}{did_you_mean(str(k), KNOBS)}; known knobs: "
                 f"{', '.join(KNOBS)}"
             )
-    checked = {}
+    checked: dict[str, Any] = {}
     for k, v in knobs.items():
         if k == "tokens_per_step":
             if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_BATCH * MAX_BATCH:

@@ -150,6 +150,7 @@ def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
     budget = None if run.budget is None else f"the budget of {money_text(run.budget)}"
     tokens = tokens_text(run.tokens)
     if deadline and c["cheapest_by_deadline"] is None:
+        assert c["fastest"] is not None  # some scenario has a best plan
         fastest = results[c["fastest"]]
         more = "" if len(results) > 1 else f"; try a what-if with more GPUs, e.g. --gpus {_more(fastest)}"
         raise InputError(
@@ -157,6 +158,7 @@ def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
             f"{fastest.winner['days']:.1f} days for {tokens} tokens{more}"
         )
     if budget and c["fastest_within_budget"] is None:
+        assert c["cheapest"] is not None  # some scenario has a best plan
         cheapest = results[c["cheapest"]]
         raise InputError(
             f"no plan fits {budget}: the cheapest, {_where(cheapest)}, costs "
@@ -164,6 +166,8 @@ def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
             f"fewer tokens"
         )
     if deadline and budget and c["both"] is None:
+        # each has a plan, else the lines above raised
+        assert c["cheapest_by_deadline"] is not None and c["fastest_within_budget"] is not None
         raise InputError(
             f"no plan meets both {deadline} and {budget}: the cheapest by the deadline costs "
             f"{money_text(results[c['cheapest_by_deadline']].winner['cost'])}, the fastest within the "
@@ -180,9 +184,12 @@ def answer_lines(results: list, c: dict, run: TrainingRun, deadline: str | None,
     if len(results) == 1:
         w = results[0].winner
         lines = [summary_line(results[0], run)]
-        margins = ([f"{(run.deadline_s / 86_400 - w['days']):.1f} days to spare"] if deadline else []) + (
-            [f"{money_text(run.budget - w['cost'])} under budget"] if budget else []
-        )
+        margins = []
+        if deadline:
+            assert run.deadline_s is not None  # `deadline` is its text
+            margins.append(f"{(run.deadline_s / 86_400 - w['days']):.1f} days to spare")
+        if budget:
+            margins.append(f"{money_text(run.budget - w['cost'])} under budget")
         if margins:
             lines.append("Meets " + " and ".join(x for x in (deadline, budget) if x) + ": " + ", ".join(margins) + ".")
         return lines

@@ -80,8 +80,8 @@ def verdict(study: optuna.Study, number: int, key: str, target: int, stale_after
     return "measure"
 
 
-def held_keys(study: optuna.Study, stale_after_s: float) -> set[str]:
-    """Plans some trial holds (so a worker does not enqueue them again)."""
+def held_keys(study: optuna.Study, stale_after_s: float) -> set[str | None]:
+    """Plans some trial holds (so a worker does not enqueue them again; None: a trial with no plan key)."""
     return {trial_key(t) for t in study.get_trials(deepcopy=False) if holds(t, stale_after_s)}
 
 

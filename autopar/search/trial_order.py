@@ -14,7 +14,8 @@ def diverse(keys: list[str], cands: dict[str, dict]) -> list[str]:
         p = cands[k]["plan"]
         layout = (p["tp"], p["pp"], p["vpp"], p.get("cp", 1), p["dp"], p.get("pp_schedule"), p.get("recompute"))
         groups.setdefault(".".join(map(str, layout)), []).append(k)
-    out, i = [], 0
+    out: list[str] = []
+    i = 0
     while len(out) < len(keys):
         for g in groups.values():
             if i < len(g):

@@ -227,7 +227,8 @@ def _seeds(
 
     done = _done(study)
     todo = [kk for kk in ranking if kk not in done]
-    seeds, skipped = [], []
+    seeds: list[str] = []
+    skipped: list[str] = []
     for kk in todo:
         if len(seeds) == k:
             break

@@ -49,7 +49,7 @@ def shared_figures() -> SharedFigures:
     g = d["gemm_shape"]
     points = _shape_points(g["dense"], g["grouped_large"], g["grouped_small"])
     hd = d["attention_head_dim"]
-    head = {
+    head: dict[int | str, Curve] = {
         int(k.removeprefix("causal_hd")): Curve(tuple(hd["seq"]), tuple(v))
         for k, v in hd.items()
         if k.startswith("causal_hd")
@@ -158,14 +158,14 @@ def _merged(key: str, table: dict, seen: tuple[str, ...] = ()) -> tuple[dict, li
             out[t] = inherited | v
         else:
             out[t] = v
-    inherited = sorted(
+    inherited_tables = sorted(
         t for t, v in base.items() if isinstance(v, dict) and (t not in own or set(v) - set(own.get(t, {})))
     )
-    notes.append(f"{', '.join(inherited)} from {base_key}: {why}")
+    notes.append(f"{', '.join(inherited_tables)} from {base_key}: {why}")
     return out, notes
 
 
-def _attention(t: dict, gpus: dict, shared_hd: dict[int, Curve]) -> AttentionFigures:
+def _attention(t: dict, gpus: dict, shared_hd: dict[int | str, Curve]) -> AttentionFigures:
     scale = t.get("_scale", 1.0)
     if "stand_in" in t:  # a sub-table stand-in: another GPU's attention scaled
         other = behaviour(t["stand_in"]).attention
@@ -183,7 +183,8 @@ def _attention(t: dict, gpus: dict, shared_hd: dict[int, Curve]) -> AttentionFig
         shape = behaviour(t["shape_from"]).attention
         at = t["at_seq"]
 
-        def fit(curve: Curve, tflops: float) -> Curve:
+        def fit(curve: Curve | None, tflops: float) -> Curve:
+            assert curve is not None  # the shape's GPU publishes its native curves
             return curve.scaled(tflops * 1e12 * scale / float(curve(at)))
 
         fwd, bwd = fit(shape.native_fwd, t["fwd_tflops"]), fit(shape.native_bwd, t["bwd_tflops"])

@@ -283,7 +283,7 @@ class ParallelPlan:
     @property
     def expert_dp(self) -> int:
         """Expert data-parallel size: the tp*cp*dp ranks of a stage left after ep*etp."""
-        return max(1, self.tp * self.cp * self.dp // (self.ep * self.etp))
+        return max(1, self.tp * self.cp * self.dp // (self.ep * (self.etp or self.tp)))  # etp: tp when not given
 
     def problems(self, model, num_gpus: int | None = None, cluster=None, seq_len: int | None = None) -> list[str]:
         """Every rule this plan breaks for the model (and GPU count / cluster), as sentences.
@@ -319,7 +319,9 @@ class ParallelPlan:
 #: the plan's fields, as declared above (autopar.spec.plan_fields.PlanField)
 FIELDS = plan_fields(ParallelPlan)
 #: what a layout is, for the search's per-layout pool: the process grid and the pipeline's shape
-LAYOUT_KEY = tuple(f.name for f in sorted((f for f in FIELDS if f.layout_key is not None), key=lambda f: f.layout_key))
+LAYOUT_KEY = tuple(
+    f.name for f in sorted((f for f in FIELDS if f.layout_key is not None), key=lambda f: f.layout_key or 0)
+)
 #: the fields with the layout key first, in its order, then as declared: the plan flags' order
 GRID_FIRST = tuple(sorted(FIELDS, key=lambda f: (f.layout_key is None, f.layout_key or 0)))
 #: the fields in the order of search results: the plan (the layout key first), then who runs it

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from types import SimpleNamespace
+from typing import Self
 
 import numpy as np
 
@@ -90,6 +91,13 @@ class PlanField:
         return self.column_name or self.name
 
     @property
+    def cli(self) -> Flag:
+        """The field's flag, for a field that has one (autopar.spec.resolve.FLAGGED)."""
+        if self.flag is None:
+            raise ValueError(f"the plan field {self.name} has no flag")
+        return self.flag
+
+    @property
     def dtype(self) -> type:
         return bool if self.kind == BOOL else float if self.kind == FLOAT else np.int64
 
@@ -123,9 +131,13 @@ def knob(default, kind: str, choices: tuple = (), **meta):
     return field(default=default, metadata={"plan": PlanField(kind, choices, **meta)})
 
 
-@cache
 def plan_fields(plan_class: type) -> tuple[PlanField, ...]:
     """The fields of a plan class, in declaration order."""
+    return _plan_fields(plan_class)
+
+
+@cache
+def _plan_fields(plan_class: type) -> tuple[PlanField, ...]:
     return tuple(replace(f.metadata["plan"], name=f.name, default=f.default) for f in fields(plan_class))
 
 
@@ -193,25 +205,25 @@ class PlanColumns:
         return self.tp * self.pp * self.cp * self.dp
 
     @classmethod
-    def build(cls, specs: tuple[PlanField, ...], layouts: list | None, cols: Mapping) -> "PlanColumns":
+    def build(cls, specs: tuple[PlanField, ...], layouts: list | None, cols: Mapping) -> Self:
         """From arrays (or one value each); a missing column takes the plan's default, or the value
         it follows from the others (etp = tp, ...)."""
         cols = {COLUMN_ALIASES.get(k, k): v for k, v in cols.items()}
         n = len(next(iter(cols.values())))
-        out = {}
+        out: dict[str, np.ndarray] = {}
         for f in specs:
             if f.column in cols or f.follows is None:
                 v = cols[f.column] if f.column in cols else (-1 if f.kind == LAYOUT else f.encode(f.default))
                 out[f.column] = np.broadcast_to(np.asarray(v, dtype=f.dtype), (n,)).copy()
         given = SimpleNamespace(**out)
         for f in specs:
-            if f.column not in out:
+            if f.column not in out and f.follows is not None:
                 out[f.column] = np.broadcast_to(np.asarray(f.follows(given), dtype=f.dtype), (n,)).copy()
         ints, bools, floats = table_columns(specs)
         return cls({c: out[c] for c in ints + bools + floats}, layouts if layouts is not None else [])
 
     @classmethod
-    def of_plans(cls, plans: list, specs: tuple[PlanField, ...]) -> "PlanColumns":
+    def of_plans(cls, plans: list, specs: tuple[PlanField, ...]) -> Self:
         """Plans (of the class whose fields `specs` are) as a table, a layout list entry per plan
         that names its layout."""
         layouts: list[PipelineLayout] = []
@@ -228,10 +240,10 @@ class PlanColumns:
                 cols[f.column].append(v)
         return cls.build(specs, layouts, cols)
 
-    def take(self, idx: np.ndarray) -> "PlanColumns":
+    def take(self, idx: np.ndarray) -> Self:
         return type(self)({k: v[idx] for k, v in self.columns.items()}, self.layouts)
 
-    def with_columns(self, **columns) -> "PlanColumns":
+    def with_columns(self, **columns) -> Self:
         """The same plans with some columns replaced (arrays, or one value for every row)."""
         n = len(self)
         new = {

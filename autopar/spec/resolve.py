@@ -9,7 +9,7 @@ existing plan (a search run's ranked plan), letting what follows a changed degre
 from __future__ import annotations
 
 from dataclasses import field, fields, make_dataclass, replace
-from typing import Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.hardware import LOCAL, ClusterSpec, default_cluster, load_cluster_file
@@ -43,14 +43,14 @@ _TYPES = {INT: int, BOOL: bool, FLOAT: float, CATEGORY: str}
 
 def flag_type(f: PlanField) -> type:
     """The value type of a field's flag."""
-    return f.flag.type or _TYPES[f.kind]
+    return f.cli.type or _TYPES[f.kind]
 
 
 def _request_fields() -> list:
     out = []
     for f in FLAGGED:
-        out.append((f.flag.name, Optional[flag_type(f)], field(default=None)))
-        if f.flag.name == _LAYOUT_FLAGS_AFTER:
+        out.append((f.cli.name, Optional[flag_type(f)], field(default=None)))
+        if f.cli.name == _LAYOUT_FLAGS_AFTER:
             out += [(name, Optional[t], field(default=None)) for name, t in LAYOUT_FLAGS.items()]
     return out
 
@@ -59,6 +59,14 @@ class _Request:
     """The plan flags of `autopar estimate / compare / export / trial`, one field each (the plan's
     flagged fields, autopar.spec.plan, and the layout flags); None = not given (the default
     applies, or, on top of a run's plan, the run's value)."""
+
+    if TYPE_CHECKING:
+        # The fields come from the one declaration (autopar.spec.plan_fields) at import time, which
+        # a type checker cannot see: it sees a dataclass whose fields are typed Any.
+        __dataclass_fields__: ClassVar[dict[str, Any]]
+
+        def __init__(self, **fields: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
 
     def given(self) -> dict:
         """The flags that were given, field -> value."""
@@ -80,8 +88,8 @@ class _Request:
         for name in ("recompute_layers", "pp_first", "pp_last"):
             _check_int(name, getattr(self, name), 0, MAX_SIZE, "a non-negative integer")
         for f in FLAGGED:
-            if f.flag.choices or f.choices:
-                _check_choice(f.flag.name, getattr(self, f.flag.name), f.flag.choices or f.choices)
+            if f.cli.choices or f.choices:
+                _check_choice(f.cli.name, getattr(self, f.cli.name), f.cli.choices or f.choices)
         if self.pp_layout is not None and not self.pp_layout.strip():
             raise InputError("--pp-layout is empty; give layers per virtual stage, e.g. --pp-layout 4,5,5,4")
         both = [n for n in ("pp_first", "pp_last") if self.pp_layout is not None and getattr(self, n) is not None]
@@ -105,8 +113,11 @@ class _Request:
                 )
 
 
-PlanRequest = make_dataclass("PlanRequest", _request_fields(), bases=(_Request,), frozen=True, kw_only=True)
-PlanRequest.__module__, PlanRequest.__doc__ = __name__, _Request.__doc__
+if TYPE_CHECKING:
+    PlanRequest = _Request
+else:
+    PlanRequest = make_dataclass("PlanRequest", _request_fields(), bases=(_Request,), frozen=True, kw_only=True)
+    PlanRequest.__module__, PlanRequest.__doc__ = __name__, _Request.__doc__
 
 
 def option(name: str) -> str:
@@ -215,7 +226,7 @@ def resolve_plan(
 
 def _value(r: PlanRequest, f: PlanField):
     """A field's value as its flag gives it (a switch as a bool), or the field's default."""
-    v = getattr(r, f.flag.name)
+    v = getattr(r, f.cli.name)
     return f.default if v is None else bool(v) if f.kind == BOOL else v
 
 
@@ -224,7 +235,7 @@ def _check_moe_flags(model: ModelSpec, values: dict) -> None:
     if model.moe is not None:
         return
     given = [
-        option(f.flag.name) + (f" {values[f.name]}" if f.kind == CATEGORY else "")
+        option(f.cli.name) + (f" {values[f.name]}" if f.kind == CATEGORY else "")
         for f in FLAGGED
         if f.moe and f.kind in (CATEGORY, BOOL) and values[f.name] != f.default
     ]
@@ -274,7 +285,7 @@ def rebase_plan(
     layout = {k: g.get(k) for k in _LAYOUT_FLAGS}
     if not any(layout.values()) and base.layout is not None and (pp, vpp) == (base.pp, base.vpp):
         layout["pp_layout"] = ",".join(str(x) for x in base.layout.stages)
-    kept = {f.flag.name: pick(f.flag.name, getattr(base, f.name)) for f in FLAGGED}  # the rest: as it was
+    kept = {f.cli.name: pick(f.cli.name, getattr(base, f.name)) for f in FLAGGED}  # the rest: as it was
     full = replace(
         request,
         **kept

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.spec.hardware import ClusterSpec
-from autopar.spec.model import ModelSpec
+from autopar.spec.hardware import ClusterSpec, GpuSpec
+from autopar.spec.model import ModelSpec, MoESpec
 from autopar.spec.plan_fields import DTYPE, RECOMP, SCHED, PlanColumns, plan_fields
 from autopar.spec.stages import StageProfiles, stage_profiles
 from autopar.spec.trainer_rules import trainer_rules
@@ -29,6 +29,18 @@ class Context:
     cluster: ClusterSpec | None
     seq_len: int
     stages: StageProfiles
+
+    @property
+    def moe(self) -> MoESpec:
+        """The model's MoE layers (the rules that read them are those of an MoE model)."""
+        assert self.model.moe is not None, "an MoE rule on a dense model"
+        return self.model.moe
+
+    @property
+    def gpu(self) -> GpuSpec:
+        """The cluster's GPU (the rules that read it are those checked against a cluster)."""
+        assert self.cluster is not None, "a hardware rule without a cluster"
+        return self.cluster.gpu
 
 
 @dataclass(frozen=True)
@@ -122,14 +134,14 @@ RULES: tuple[Rule, ...] = (
             + (
                 "is dense"
                 if not _moe(c)
-                else f"has none (moe.first_k_dense {c.model.moe.first_k_dense} covers its {c.model.num_layers} layers)"
+                else f"has none (moe.first_k_dense {c.moe.first_k_dense} covers its {c.model.num_layers} layers)"
             )
         ),
     ),
     Rule(
         "experts%ep",
-        lambda t, c: (c.model.moe.num_experts % t.ep != 0) if _moe(c) else np.zeros(len(t), bool),
-        lambda r, c: f"{c.model.moe.num_experts} experts do not divide by ep={r['ep']}",
+        lambda t, c: (c.moe.num_experts % t.ep != 0) if _moe(c) else np.zeros(len(t), bool),
+        lambda r, c: f"{c.moe.num_experts} experts do not divide by ep={r['ep']}",
     ),
     Rule(
         "ep*etp|tp*cp*dp",
@@ -145,8 +157,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "expert_ffn%etp",
-        lambda t, c: (c.model.moe.expert_ffn_hidden_size % t.etp != 0) if _moe(c) else np.zeros(len(t), bool),
-        lambda r, c: f"expert FFN size {c.model.moe.expert_ffn_hidden_size} does not divide by etp={r['etp']}",
+        lambda t, c: (c.moe.expert_ffn_hidden_size % t.etp != 0) if _moe(c) else np.zeros(len(t), bool),
+        lambda r, c: f"expert FFN size {c.moe.expert_ffn_hidden_size} does not divide by etp={r['etp']}",
     ),
     Rule(
         "moe_needs_sp",
@@ -171,7 +183,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "fp8",
         lambda t, c: (t.dtype == DTYPE["fp8"]) & (c.cluster is not None and c.cluster.gpu.fp8_tflops <= 0),
-        lambda r, c: f"{c.cluster.gpu.key} has no FP8 tensor cores; use --dtype bf16",
+        lambda r, c: f"{c.gpu.key} has no FP8 tensor cores; use --dtype bf16",
     ),
     Rule(
         "recompute_layers",

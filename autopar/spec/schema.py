@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import unicodedata
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard, cast
 
 from autopar.errors import InputError, quoted
 
@@ -103,7 +103,7 @@ FLAGS: dict[str, Limit] = {
 }
 
 
-def _is_int(v: object) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -138,7 +138,7 @@ def check_number(
     )
     if not ok:
         raise InputError(f"{what} must be {_range(lo, hi, True, above)}, got {quoted(value)}; {fix}")
-    return value
+    return cast(float, value)  # a finite int or float (ok)
 
 
 def breaks_line(text: str) -> bool:

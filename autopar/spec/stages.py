@@ -155,8 +155,8 @@ def _groups(table: PlanColumns, model: ModelSpec):
         ends.append(r.ends)
         starts.append(r.starts)
     groups = _Groups(of_row.reshape(-1), uniq % pp_span, dense, moe, _padded(ends), _padded(starts))
-    r = groups.of_row
-    return groups, problem[r], text[r], max_layers[r], imbalance[r], uneven[r]
+    rows = groups.of_row
+    return groups, problem[rows], text[rows], max_layers[rows], imbalance[rows], uneven[rows]
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def _resolve(num_layers: int, moe_mask: tuple, pp: int, vpp: int, layout: Pipeli
     layout); cached, as a search meets the same few hundred layouts in every chunk."""
     mask = np.asarray(moe_mask, dtype=bool)
     auto = layout is None
-    layout = auto_layout(num_layers, pp, vpp) if auto else layout
+    layout = auto_layout(num_layers, pp, vpp) if layout is None else layout
     probs = layout.problems(num_layers, pp, vpp)
     if auto and num_layers < pp * vpp - 2:
         probs = [f"{num_layers} layers cannot fill pp*vpp = {pp * vpp} stages"]

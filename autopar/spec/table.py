@@ -11,6 +11,7 @@ search results frame, which holds the names) back into a ParallelPlan.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from autopar.spec.layout import PipelineLayout
 from autopar.spec.plan import FIELDS, ParallelPlan
@@ -68,7 +69,7 @@ class PlanTable(PlanColumns):
 def plan_of_row(row: Mapping, layouts) -> ParallelPlan:
     """A row back into a ParallelPlan: a table's (categories as codes) or a search results frame's
     (categories as names; a field it does not show takes the plan's default)."""
-    values = {}
+    values: dict[str, Any] = {}
     for f in FIELDS:
         if f.column in row:
             v = row[f.column]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -71,8 +72,9 @@ class Values:
 class Kind:
     """How one capability kind reads a plan: which rows break it, and what they ask for."""
 
-    violated: Callable[[PlanColumns, object, Values], np.ndarray]  # (table, context, values) -> mask
-    needs: Callable[[dict, object], str]  # (row, context) -> what the plan asks for
+    # the context is autopar.spec.rules.Context (typed Any: rules imports this module)
+    violated: Callable[[PlanColumns, Any, Values], np.ndarray]  # (table, context, values) -> mask
+    needs: Callable[[dict, Any], str]  # (row, context) -> what the plan asks for
     verb: str = "cannot run"
 
 
@@ -239,6 +241,7 @@ class TrainerRule:
     def explain(self, row: dict, ctx) -> str:
         tr = trainers()[ALL_TRAINERS[row["trainer"]]]
         cap = tr.recipes if self.kind == "recipes" else tr.cap(self.kind)
+        assert cap is not None, "a rule's kind is a capability every trainer lists"
         instead = f"; {cap.instead}" if cap.instead else ""
         return f"{tr.title} {self.rule.verb} {self.rule.needs(row, ctx)} ({cap.source}){instead}"
 
@@ -254,7 +257,7 @@ def trainer_rules() -> tuple[TrainerRule, ...]:
     out = []
     for kind in TABLE_KINDS + ("recipes",):
         if kind == "recipes":
-            values = tuple(table[t].recipes.value if table[t].recipes else None for t in ALL_TRAINERS)
+            values = tuple(r.value if (r := table[t].recipes) else None for t in ALL_TRAINERS)
         else:
             values = tuple(table[t].cap(kind).value for t in ALL_TRAINERS)
         out.append(TrainerRule(f"trainer:{kind}", kind, KINDS[kind], Values(kind, values)))

@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from autopar.errors import InputError, did_you_mean, quoted
 
@@ -55,7 +56,7 @@ KINDS = (
 @dataclass(frozen=True)
 class Capability:
     kind: str
-    value: object
+    value: Any  # the TOML value: a bool, number, string, list or table, by kind
     source: str  # the trainer file or document this line comes from
     instead: str  # what to use instead when a plan needs more than the value allows
 

@@ -112,7 +112,9 @@ def parse_prices(text: str) -> tuple[float | None, dict]:
     price of the others) -> (price, {kind: price}). A preset or its alias is keyed by the preset
     (h100 -> h100-sxm), any other name as given, lower-case (a GPU a cluster file names: checked
     against the question's GPUs by TrainingRun.check_prices). A kind priced twice is one line."""
-    single, by_kind, given = None, {}, {}
+    single: float | None = None
+    by_kind: dict[str, float] = {}
+    given: dict[str, str] = {}
     for part in str(text).split(","):
         kind, _, value = part.rpartition("=")
         price = _si_number(value, "--price-per-gpu-hour", "a price per GPU-hour such as 2.5, or h100-sxm=2.5,b200=4")

@@ -14,6 +14,7 @@ be the dp group; autopar.trial.mesh.axis_ranks); a group of no axis lands in "ot
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -71,14 +72,16 @@ def _process_group(args, kwargs) -> ProcessGroup | None:
             except RuntimeError:
                 continue  # another boxed object (a reduce op, a work handle)
     names = [a for a in values if isinstance(a, str)]
-    return _resolve_process_group(names[-1]) if names else None
+    # a plain str to the checker: torch types the name as its GroupName NewType
+    return _resolve_process_group(names[-1]) if names else None  # type: ignore[arg-type]
 
 
 class CommBytesMode(TorchDispatchMode):
     """`with CommBytesMode(axis_ranks) as cb:` counts every collective issued inside, by axis.
-    `axis_ranks` maps the rank set of each axis group to its name (autopar.trial.mesh.axis_ranks)."""
+    `axis_ranks` maps the rank set of each axis group to its name (autopar.trial.mesh.axis_ranks;
+    also keyed (kind, rank set) and ("name", group name))."""
 
-    def __init__(self, axis_ranks: dict[frozenset[int], str]) -> None:
+    def __init__(self, axis_ranks: dict[Hashable, str]) -> None:
         super().__init__()
         self.axis_ranks = axis_ranks
         self.count = CommCount()

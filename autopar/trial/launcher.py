@@ -213,6 +213,7 @@ def run_command(
             hygiene.unregister(handle)
     (workdir / PGID_FILE).unlink(missing_ok=True)
     if reader is not None and not stopped:
+        assert on_progress is not None  # a reader is made only for a callback
         for rec in reader.read():  # the last steps, written just before the exit: seen, too late to stop
             records.append(rec)
             on_progress(rec)
@@ -253,6 +254,7 @@ def _wait(
         except subprocess.TimeoutExpired:
             pass
         if reader is not None:
+            assert on_progress is not None  # a reader is made only for a callback
             for rec in reader.read():
                 records.append(rec)
                 if on_progress(rec):

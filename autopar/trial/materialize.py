@@ -19,7 +19,7 @@ def count_params(module: nn.Module) -> int:
     return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
 
 
-def materialize(module: nn.Module, seed: int, device: torch.device) -> None:
+def materialize(module: Transformer, seed: int, device: torch.device) -> None:
     """Give a meta-built (stage) module its initial values on `device`: each parameter's full
     value sliced to this rank's shard (DTensor layout), then the RoPE buffers."""
     module.to_empty(device=device)

@@ -32,6 +32,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from autopar.json_out import dumps
 from autopar.spec.plan import ParallelPlan
@@ -67,7 +68,9 @@ def trial_configs(
 ) -> list[TrialConfig]:
     """The timed trial (`warmup` steps, `steps` timed ones, then the byte-counting step) and the
     tensor-memory trial of one plan."""
-    base = dict(model=model, plan=plan, scale=scale, seq_len=seq_len, device=device, optimizer="adamw", seed=0)
+    base: dict[str, Any] = dict(
+        model=model, plan=plan, scale=scale, seq_len=seq_len, device=device, optimizer="adamw", seed=0
+    )
     return [
         TrialConfig(name=name or "timed", steps=warmup + steps + 1, warmup=warmup, count_comm=True, **base),
         TrialConfig(
@@ -158,6 +161,7 @@ def measure_plan(
         if rec.get("trial") != 0 or not rec.get("timed"):
             return False  # warm-up, the byte-counting step, the memory trial
         seen.append(float(rec["time_s"]))
+        assert on_step is not None  # progress is passed to the launch only with an on_step
         return bool(on_step(len(seen) - 1, seen[-1]))
 
     res = (launch_fn or launch)(

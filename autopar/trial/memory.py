@@ -42,7 +42,7 @@ class PeakMemory:
 
     device: torch.device
     _start: int = 0
-    _tracker: object = None
+    _tracker: TensorPeak | None = None
 
     def _tensor_mode(self) -> bool:
         return self.device.type == "cpu" and os.environ.get("AUTOPAR_TENSOR_MEMORY") == "1"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,7 +50,7 @@ def init_distributed(runtime: Runtime, timeout_s: float = 300.0) -> None:
     """Join the torchrun process group (env:// rendezvous) once; a bounded timeout so a broken peer
     ends the run instead of hanging it."""
     if not dist.is_initialized():
-        kwargs = {"device_id": runtime.device} if runtime.backend == "nccl" else {}
+        kwargs: dict[str, Any] = {"device_id": runtime.device} if runtime.backend == "nccl" else {}
         dist.init_process_group(runtime.backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
 
 
@@ -79,6 +80,7 @@ def new_axes_group(mesh: DeviceMesh, axes: tuple[str, ...]):
     """A fresh process group over this rank's group of the `axes` flattened (in mesh order; every
     rank creates every one, in the same order, as new_group requires); its name is unique, so the
     byte counter can attribute it by name."""
+    assert mesh.mesh_dim_names is not None  # the plan's meshes all have named axes
     names = list(mesh.mesh_dim_names)
     dims = sorted(names.index(a) for a in axes)
     size = 1
@@ -107,6 +109,7 @@ def build_expert_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh:
     the tp*cp*dp consecutive ranks re-viewed with etp innermost, then ep, then expert-dp (so an EP
     group takes ep ranks at stride etp, as autopar.spec.plan and the cost model say)."""
     world = dist.get_world_size()
+    assert plan.etp is not None  # ParallelPlan.__post_init__ resolves None to tp
     shape = (plan.pp, plan.expert_dp, plan.ep, plan.etp)
     if plan.pp * plan.expert_dp * plan.ep * plan.etp != world:
         raise ValueError(f"expert mesh {shape} does not cover the {world} ranks")

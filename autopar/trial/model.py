@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -153,12 +155,16 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         mlp = self.feed_forward if self.feed_forward is not None else self.moe
+        assert mlp is not None  # a block has a dense FFN or an MoE
         return x + mlp(self.ffn_norm(x))
 
 
 class Transformer(nn.Module):
     """The decoder: tokens [b, s] -> logits [b, s, vocab_rows]. Parts set to None are skipped,
     so a pipeline stage is this module with the parts it does not hold removed."""
+
+    rope_cos: torch.Tensor  # buffers (register_buffer), declared for the type checker
+    rope_sin: torch.Tensor
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -197,6 +203,10 @@ class Transformer(nn.Module):
         if self.output is not None:
             x = self.output(x)
         return x
+
+    def blocks(self) -> Iterable[tuple[str, TransformerBlock]]:
+        """`layers.items()`, typed: (global layer index as a string, its block)."""
+        return cast("Iterable[tuple[str, TransformerBlock]]", self.layers.items())
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head when the spec ties them (again after `to_empty`,

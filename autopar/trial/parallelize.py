@@ -25,6 +25,7 @@ Axes of size 1 are skipped, so they issue no collective.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,7 @@ class ParallelModel:
     plan: ParallelPlan
     mesh: DeviceMesh
     stages: list[tuple[int, nn.Module]]  # (virtual stage index, module as run: maybe DDP/FSDP)
-    unwrapped: list[nn.Module]  # the stage modules as built (DDP wraps them; FSDP2 in place)
+    unwrapped: list[Transformer]  # the stage modules as built (DDP wraps them; FSDP2 in place)
     schedule: Any | None  # torch.distributed.pipelining schedule when pp > 1
     params: dict[str, nn.Parameter]  # name -> parameter as the optimizer sees it
     param_count: int  # parameters this rank holds under TP (before ZeRO sharding)
@@ -88,6 +89,7 @@ class ParallelModel:
                 ffn_dim = 2 if name.endswith("w2") else 1
                 for axis, dim in (("etp", ffn_dim), ("ep", 0)):
                     if getattr(self.plan, axis) > 1:
+                        assert self.expert_mesh is not None  # split experts have their mesh
                         group = self.expert_mesh.get_group(axis)
                         parts = [torch.empty_like(t) for _ in range(group.size())]
                         torch.distributed.all_gather(parts, t.detach().contiguous(), group=group)
@@ -156,6 +158,7 @@ def _place_experts(model: Transformer, blocks: list, plan: ParallelPlan, device:
     the experts' own gradient scale when they have a gradient group of their own."""
     # routed experts get their own gradient group whenever their ranks do not all see the same
     # tokens' gradients as the dense layers do: split over EP, or whole on each tp rank (etp = 1)
+    assert plan.etp is not None  # ParallelPlan.__post_init__ resolves None to tp
     apart = bool(blocks) and (plan.ep > 1 or plan.tp > 1)
     experts = _Experts(
         apart=apart,
@@ -164,6 +167,8 @@ def _place_experts(model: Transformer, blocks: list, plan: ParallelPlan, device:
     )
     scale = expert_grad_scale(plan.tp, plan.ep, plan.etp)
     if experts.split:
+        # etp is 1 or tp (plan_problems), so split experts are also apart: they have their mesh
+        assert experts.mesh is not None
         ep_mesh = experts.mesh["ep"] if plan.ep > 1 else None
         etp_mesh = experts.mesh["etp"] if plan.etp > 1 else None
         apply_ep(model, ep_mesh, etp_mesh, scale)
@@ -203,7 +208,8 @@ def _apply_dp_to_stages(
 ) -> list[tuple[int, nn.Module]]:
     """Wrap each stage module for data parallelism (apply_dp): dense parameters over dp x cp,
     experts over expert-dp; a stage with no data-parallel peer is returned as is."""
-    edp_mesh = fresh_axis_mesh(experts.mesh, "edp") if experts.apart and plan.expert_dp > 1 else None
+    apart_mesh = experts.mesh if experts.apart else None  # (not None when apart)
+    edp_mesh = fresh_axis_mesh(apart_mesh, "edp") if apart_mesh is not None and plan.expert_dp > 1 else None
     if edp_mesh is not None:  # booked as data-parallel traffic, whatever other axis has its ranks
         named_axes[("name", edp_mesh.get_group().group_name)] = "dp"
     if plan.dp * plan.cp > 1:
@@ -219,7 +225,7 @@ def _apply_dp_to_stages(
     ]
 
 
-def _optimizer_params(stages: list[tuple[int, nn.Module]]) -> dict[str, nn.Parameter]:
+def _optimizer_params(stages: Sequence[tuple[int, nn.Module]]) -> dict[str, nn.Parameter]:
     """The parameters as the optimizer sees them (FSDP2 swaps in unsharded ones only inside a step)."""
     params: dict[str, nn.Parameter] = {}
     for _, stage in stages:

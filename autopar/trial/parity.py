@@ -73,7 +73,7 @@ def compare(
         init = initial_value(config, name, tuple(want.shape), cfg.seed)
         per_update[name] = _rel(got - init, want - init)
     loss_rel = [abs(a - b) / abs(b) for a, b in zip(losses, ref.losses)]
-    worst = max(per_param, key=per_param.get) if per_param else None
+    worst = max(per_param, key=per_param.__getitem__) if per_param else None
     return {
         "reference_losses": ref.losses,
         "losses": losses,

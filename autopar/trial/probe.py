@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -86,7 +87,7 @@ def collectives(sizes=COLL_SIZES, reps: int = 10) -> dict:
     import torch.distributed as dist
 
     n = dist.get_world_size()
-    res = {"world_size": n, "all_reduce": [], "all_gather": []}
+    res: dict[str, Any] = {"world_size": n, "all_reduce": [], "all_gather": []}
     for size in sizes:
         x = torch.ones(max(1, size // 4))
         outs = [torch.empty_like(x) for _ in range(n)]
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.device == "cuda":
         res = gemm(GPU_GEMM_SHAPES, torch.bfloat16, device="cuda")
-        doc = {"device": torch.cuda.get_device_name(0), "dtype": "bf16", "gemm": res}
+        doc: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "dtype": "bf16", "gemm": res}
     else:
         doc = {"threads": torch.get_num_threads(), "gemm": gemm(), "memory_bytes_per_s": memory_bandwidth()}
     args.out.write_text(dumps(doc | {"torch": torch.__version__}, indent=1))

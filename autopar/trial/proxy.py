@@ -91,8 +91,8 @@ class Planner:
         p = ParallelPlan.from_dict(plan)
         pp = min(p.pp, 2)
         dp = 1
-        if p.ep > 1:
-            while (p.tp * p.cp * dp) % (min(p.ep, 2) * p.etp):
+        if p.ep > 1:  # (etp: an int once ParallelPlan.__post_init__ has resolved None to tp)
+            while (p.tp * p.cp * dp) % (min(p.ep, 2) * p.etp):  # type: ignore[operator]
                 dp += 1
         return p.tp * p.cp * pp * dp
 
@@ -204,7 +204,7 @@ class Planner:
                     world = plan.tp * plan.cp * pp * dp
                     if world > lim:
                         break
-                    if (plan.tp * plan.cp * dp) % (ep * plan.etp):
+                    if (plan.tp * plan.cp * dp) % (ep * plan.etp):  # type: ignore[operator]  # etp: an int
                         continue
                     out.append((pp, dp, ep))
 
@@ -237,7 +237,7 @@ class Planner:
             )
         layout = plan.resolved_layout(t.model.num_layers)
         lps_max = max(1, max(layout.stages))
-        tp_mult = max(plan.tp, plan.etp)
+        tp_mult: int = max(plan.tp, plan.etp)  # type: ignore[type-var, assignment]  # etp: an int
         base = self.base_model
         widths = _halvings(opts.width_divisor, base.head_dim * base.num_kv_heads // (2 * plan.tp))
         seq_limit = max(1, t.seq_len // (2 * plan.cp * plan.tp))
@@ -373,6 +373,7 @@ class Planner:
                 f"runs at least one per stage)"
             )
         if ep != plan.ep:
+            assert spec.moe is not None  # only a MoE model's proxy changes ep
             experts = spec.moe.num_experts
             changes.append(f"ep {plan.ep} -> {ep} ({experts} experts, {experts // ep} per rank as planned)")
         if layers != t.model.num_layers:

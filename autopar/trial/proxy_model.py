@@ -5,6 +5,7 @@ after), and the ladder of (layers per stage, width divisor, sequence divisor) a 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -79,7 +80,7 @@ def _narrow(spec: ModelSpec, wd: int, round_to: int, etp: int, tp: int) -> Model
     def div(n: int, mult: int) -> int:
         return max(mult, -(-n // wd // mult) * mult)
 
-    changes = {
+    changes: dict[str, Any] = {
         "hidden_size": max(8, spec.hidden_size // wd),
         "head_dim": spec.head_dim // g,
         "num_attention_heads": spec.num_attention_heads // f,
@@ -114,6 +115,7 @@ def proxy_spec(
     `seq_len` tokens, and, for a MoE, the plan's experts per rank on `ep` expert ranks (top-k,
     leading dense layers and MoE frequency cut to what the fewer layers and experts allow); None
     when the width cannot shrink so."""
+    assert plan.etp is not None  # ParallelPlan.__post_init__ resolves None to tp
     spec = _narrow(base, width_divisor, round_to, plan.etp, plan.tp)
     if spec is None:
         return None

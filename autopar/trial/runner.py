@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -101,8 +102,9 @@ def _global_losses(local: list[torch.Tensor | None], pm: ParallelModel, device: 
     """Mean loss over the global batch per step: the last stage's ranks hold it (tp copies, dp shares)."""
     plan = pm.plan
     vals = torch.zeros(len(local), dtype=torch.float64, device=device)
-    if pm.is_last:
-        vals = torch.stack([x.double() for x in local]) / (plan.dp * plan.tp * plan.cp)
+    if pm.is_last:  # which has every step's loss
+        held = cast("list[torch.Tensor]", local)
+        vals = torch.stack([x.double() for x in held]) / (plan.dp * plan.tp * plan.cp)
     dist.all_reduce(vals)
     return vals.tolist()
 
@@ -151,7 +153,7 @@ def run_trial(
     coords = {axis: pm.mesh.get_local_rank(axis) for axis in MESH_ORDER}
     opt = make_optimizer(list(pm.params.values()), cfg.optimizer, cfg.lr)
     axes = axis_ranks(pm.mesh, pm.expert_mesh) | pm.named_axes
-    moes = [b.moe for m in pm.unwrapped for b in m.layers.values() if b.moe is not None]
+    moes = [b.moe for m in pm.unwrapped for _, b in m.blocks() if b.moe is not None]
     mem = PeakMemory(device)
     count_step = cfg.steps - 1 if cfg.count_comm else -1
     timed = set(timed_steps(cfg, count_step))
@@ -182,6 +184,7 @@ def run_trial(
         if on_step is not None:
             _report_step(on_step, step, times[-1], step in timed, device)
         if step == count_step:
+            assert isinstance(counting, CommBytesMode)  # the counted step's context
             comm = counting.count.to_dict()
             extra |= _ep_rows(logs)
             stop_rows_logs(moes)

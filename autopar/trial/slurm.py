@@ -270,6 +270,7 @@ def _watch(
     try:
         while True:
             if reader is not None:
+                assert on_progress is not None  # a reader is made only for a callback
                 for rec in reader.read():
                     records.append(rec)
                     if on_progress(rec):
@@ -295,6 +296,7 @@ def _watch(
     finally:
         hygiene.unregister(handle)
     if reader is not None and not stopped:
+        assert on_progress is not None  # a reader is made only for a callback
         for rec in reader.read():
             records.append(rec)
             on_progress(rec)

@@ -33,6 +33,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from autopar.json_out import dumps
 
@@ -69,7 +70,7 @@ def environment(runtime: Runtime) -> dict:
 def summary_line(result: dict) -> str:
     """One line per trial on stdout: step time, throughput, loss, peak memory, bytes per axis."""
     peak = max(r["peak_memory_bytes"] for r in result["ranks"]) / 2**20
-    comm = {}
+    comm: dict[str, float] = {}
     for r in result["ranks"]:
         for axis, n in ((r.get("comm") or {}).get("bytes_by_axis") or {}).items():
             comm[axis] = max(comm.get(axis, 0), n)
@@ -151,7 +152,7 @@ def run(
     rank = dist.get_rank()
     if memory_limit_mib is not None:
         limit_memory(memory_limit_mib)
-    doc = {"env": environment(runtime), "trials": [], "complete": False}
+    doc: dict[str, Any] = {"env": environment(runtime), "trials": [], "complete": False}
     code = 0
     for i, cfg in enumerate(trials):
         t0 = time.perf_counter()
@@ -173,6 +174,7 @@ def run(
             code = 1
             break
         if rank == 0:
+            assert result is not None  # run_trial returns the result dict on rank 0
             result["wall_s"] = time.perf_counter() - t0
             doc["trials"].append(result)
             write_json(out, doc)

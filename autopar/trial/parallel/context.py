@@ -195,7 +195,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group, loa
 def ring_core(group, load_balance: bool) -> partial:
     """An attention core (`Attention.core`'s signature) that runs as a ring over the cp `group`."""
     core = partial(ring_attention, group=group, load_balance=load_balance)
-    core.ring = True  # selective recomputation leaves a ring alone (autopar.trial.parallel.recompute)
+    # selective recomputation leaves a ring alone (autopar.trial.parallel.recompute); a partial
+    # object takes attributes, which its type does not declare
+    core.ring = True  # type: ignore[attr-defined]
     return core
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -79,7 +80,7 @@ def apply_dp(
                 unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=_mp(bf16), ignored_params=ignored
             )
 
-        stacks = [b.moe.experts for b in module.layers.values() if b.moe is not None]
+        stacks = [b.moe.experts for _, b in module.blocks() if b.moe is not None]
         ignored = None
         if expert_mesh is not None:
             for unit in stacks:
@@ -92,7 +93,7 @@ def apply_dp(
         return _wrap_units(module, lambda unit: replicate(unit, mesh=dp_mesh, mp_policy=_mp(bf16)))
     if zero_stage == 0:
         # buffers are the RoPE table, identical everywhere: no per-forward broadcast
-        no_sync_buffers = (
+        no_sync_buffers: dict[str, Any] = (
             {"forward_sync_buffers": False}
             if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
             else {"broadcast_buffers": False}

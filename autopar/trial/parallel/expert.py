@@ -251,7 +251,7 @@ def apply_ep(model: Transformer, ep_mesh, etp_mesh, grad_scale: float) -> list[n
     local, ffn = spec.moe.num_experts // ep, spec.moe.expert_ffn_hidden_size // etp
     rows, cols = slice(rank * local, (rank + 1) * local), slice(etp_rank * ffn, (etp_rank + 1) * ffn)
     params: list[nn.Parameter] = []
-    for block in model.layers.values():
+    for _, block in model.blocks():
         moe = block.moe
         if moe is None:
             continue
@@ -275,7 +275,7 @@ def apply_ep(model: Transformer, ep_mesh, etp_mesh, grad_scale: float) -> list[n
                 new.w2.copy_(old.w2[rows, :, cols])
         new.grad_scale = grad_scale
         moe.experts = new
-        moe.routed_experts = ExpertDispatch(
+        moe.routed_experts = ExpertDispatch(  # type: ignore[method-assign]  # the per-instance hook MoE documents
             moe,
             ep_mesh.get_group() if ep_mesh is not None else None,
             etp_mesh.get_group() if etp_mesh is not None else None,
@@ -291,7 +291,7 @@ def init_local_experts(model: Transformer, seed: int) -> None:
 
     spec = model.config.spec
     with torch.no_grad():
-        for key, block in model.layers.items():
+        for key, block in model.blocks():
             if block.moe is None or not isinstance(block.moe.routed_experts, ExpertDispatch):
                 continue
             ex = block.moe.experts

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -31,9 +32,13 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
 )
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 
 from autopar.spec.plan import ParallelPlan
 from autopar.trial.model import Transformer
+
+if TYPE_CHECKING:  # the schedules' type for their list of stages
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
 SINGLE_STAGE = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 MULTI_STAGE = {"interleaved-1f1b": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}
@@ -89,9 +94,10 @@ def build_schedule(
     """The plan's schedule over this rank's (possibly DDP/FSDP-wrapped) stage modules."""
     n = plan.pp * plan.vpp
     group = pp_mesh.get_group()
-    pipe = [PipelineStage(module, i, n, device, group=group) for i, module in stages]
+    pipe: list[_PipelineStageBase] = [PipelineStage(module, i, n, device, group=group) for i, module in stages]
     m = plan.num_microbatches
     name = plan.pp_schedule
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti
     if name in SINGLE_STAGE:
         if plan.vpp != 1:
             raise ValueError(f"the {name} schedule runs one stage per rank; vpp={plan.vpp} needs interleaved-1f1b")
@@ -103,6 +109,7 @@ def build_schedule(
     else:
         raise ValueError(f"unknown pipeline schedule {name!r}")
     # the losses come back through `losses=`; merged outputs would keep every microbatch's logits on
-    # the last stage to the end of the step (torchtitan's trainer passes return_outputs=False too)
-    schedule.step = functools.partial(schedule.step, return_outputs=False)
+    # the last stage to the end of the step (torchtitan's trainer passes return_outputs=False too);
+    # an instance attribute over the method, which the checker reports as a method assignment
+    schedule.step = functools.partial(schedule.step, return_outputs=False)  # type: ignore[method-assign]
     return schedule
