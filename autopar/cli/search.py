@@ -121,7 +121,7 @@ def search(
         from autopar.trial.needs_torch import require_torch
 
         require_torch("autopar search --trials")
-    from autopar.search.streaming import RANK_BY
+    from autopar.search.results import RANK_BY
 
     if rank_by not in RANK_BY:
         raise InputError(f"--rank-by {quoted(rank_by)} is not one of {', '.join(RANK_BY)}; choose one of them")

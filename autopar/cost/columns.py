@@ -35,7 +35,13 @@ RANKING_COLUMNS = (
 
 
 def ranking_columns(
-    x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rules: RuleResult, memory: MemoryTerms, step: StepTerms
+    x: PlanArrays,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    rules: RuleResult,
+    memory: MemoryTerms,
+    step: StepTerms,
+    headroom_gib: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """RANKING_COLUMNS only, equal to `plan_columns`' (the search re-prices the plans it keeps in full)."""
     gbs = x.table.global_batch_size.astype(float)
@@ -50,7 +56,7 @@ def ranking_columns(
         "mfu": flops / step.step / n_gpus / (cluster.gpu.bf16_tflops * 1e12),
         "bubble_fraction": step.bubble_fraction,
     }
-    set_validity(out, rules.codes())
+    set_validity(out, rules.codes(), headroom_gib)
     return out
 
 
@@ -64,6 +70,7 @@ def plan_columns(
     step: StepTerms,
     recompute_flops,
     params,
+    headroom_gib: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """The per-plan columns: memory on the most loaded rank (of `x`'s ranks), time terms,
     throughput, MFU (of `xt`'s ranks)."""
@@ -112,20 +119,23 @@ def plan_columns(
     }
     for name, arr in memory._asdict().items():
         out[f"mem_{name}"] = on_peak(arr)
-    set_validity(out, rules.codes())
+    set_validity(out, rules.codes(), headroom_gib)
     return out
 
 
-def set_validity(est: dict, codes: np.ndarray) -> None:
-    """valid, fits, rejected_code and memory_miss_gib of estimate columns from the rows' rule
-    bitmasks (autopar.spec.rules): a valid plan whose peak exceeds the GPU's memory gets the memory bit."""
-    peak, cap = est["peak_memory_bytes"], est["memory_capacity_bytes"]
+def set_validity(est: dict, codes: np.ndarray, headroom_gib: float = 0.0) -> None:
+    """The one place that decides whether a plan fits: valid, fits, rejected_code and
+    memory_miss_gib of estimate columns from the rows' rule bitmasks (autopar.spec.rules). A valid
+    plan whose peak exceeds the GPU's memory less `headroom_gib` (a search space's
+    memory_headroom_gib) gets the memory bit."""
+    peak = est["peak_memory_bytes"]
+    limit = est["memory_capacity_bytes"] - max(headroom_gib, 0.0) * GIB
     valid = codes == 0
-    over = valid & (peak > cap)
+    over = valid & (peak > limit)
     est["valid"] = valid
     est["fits"] = valid & ~over
     est["rejected_code"] = np.where(over, np.uint64(1 << MEMORY_BIT), codes)
-    est["memory_miss_gib"] = np.where(over, (peak - cap) / GIB, 0.0)
+    est["memory_miss_gib"] = np.where(over, (peak - limit) / GIB, 0.0)
 
 
 def _per_rank_bytes(x: PlanArrays, comm: CommTerms) -> dict[str, np.ndarray | float]:

@@ -63,15 +63,22 @@ def estimate_table(
     routing_imbalance: float = 1.0,
     every_rank: bool = False,
     search: bool = False,
+    headroom_gib: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """Every estimate column for every plan of the table, each plan priced with its trainer's
     performance profile (autopar.cost.profiles). `every_rank` costs every pipeline rank (for the
     per-stage breakdown); otherwise only the ranks that can differ (autopar.spec.stages), which
     gives the same peak and pace. `search` leaves out what a search of millions of plans does not
     need per plan: the per-rank columns and the text ones (`rejected_by`, `layout`; `rejected_code`
-    and `layout_id` say the same)."""
+    and `layout_id` say the same). A plan fits with `headroom_gib` of its GPU's memory to spare (a
+    search space's memory_headroom_gib)."""
     kw = dict(
-        num_gpus=num_gpus, seq_len=seq_len, routing_imbalance=routing_imbalance, every_rank=every_rank, search=search
+        num_gpus=num_gpus,
+        seq_len=seq_len,
+        routing_imbalance=routing_imbalance,
+        every_rank=every_rank,
+        search=search,
+        headroom_gib=headroom_gib,
     )
     groups = _profile_groups(table)
     if len(groups) == 1:
@@ -120,6 +127,7 @@ def _estimate_priced(
     routing_imbalance,
     every_rank,
     search,
+    headroom_gib,
 ) -> dict[str, np.ndarray]:
     """The estimate of plans that share one priced cluster (one performance profile)."""
     return price(
@@ -129,6 +137,7 @@ def _estimate_priced(
         cluster,
         routing_imbalance,
         search,
+        headroom_gib,
     )
 
 
@@ -140,6 +149,7 @@ def estimate_per_trainer(
     *,
     num_gpus: int | None = None,
     seq_len: int | None = None,
+    headroom_gib: float = 0.0,
 ) -> list[dict[str, np.ndarray]]:
     """The search's RANKING_COLUMNS of the table's plans once per trainer (the table's own trainer
     column is ignored). The rules are checked first, each trainer's capability table on top of the
@@ -178,7 +188,7 @@ def estimate_per_trainer(
     for t in trainers:
         est = figures[t]
         est["memory_capacity_bytes"] = np.full(n, cluster.gpu.hbm_bytes)
-        set_validity(est, codes[t])
+        set_validity(est, codes[t], headroom_gib)
         est.update(interval_columns(table, est, model, cluster, s, trainer=t))
         out.append(est)
     return out

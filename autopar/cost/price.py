@@ -88,9 +88,10 @@ def _on_ranks(table: PlanTable, model: ModelSpec, seq_len: int, stages) -> tuple
 
 
 def price(
-    p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0, search: bool = False
+    p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0, search: bool = False, headroom_gib: float = 0.0
 ) -> dict[str, np.ndarray]:
-    """The estimate columns of prepared plans on a priced cluster (its constants are the profile's)."""
+    """The estimate columns of prepared plans on a priced cluster (its constants are the profile's);
+    a plan fits with `headroom_gib` to spare (autopar.cost.columns.set_validity)."""
     with np.errstate(divide="ignore", invalid="ignore"):  # invalid plans (e.g. FP8 on A100) are marked, not warned
         x, model = replace(p.x, routing_imbalance=routing_imbalance), p.model
         xt, prm_t, act_t = p.timed
@@ -100,8 +101,10 @@ def price(
         comm = comm_terms(xt, model, cluster, prm_t, with_bytes=not search)
         step = step_terms(xt, cluster, prm_t, raw, comm)
         if search:
-            return ranking_columns(x, model, cluster, p.rules, memory, step)
-        out = plan_columns(x, xt, model, cluster, p.rules, memory, step, step.recompute_flops, prm_t.total)
+            return ranking_columns(x, model, cluster, p.rules, memory, step, headroom_gib)
+        out = plan_columns(
+            x, xt, model, cluster, p.rules, memory, step, step.recompute_flops, prm_t.total, headroom_gib
+        )
         out.update(comm_columns(xt, comm))
         out["rejected_by"] = np.where(out["valid"], np.where(out["fits"], "", "memory"), p.rules.short_reasons())
         out["layout"] = x.stages.layout_text

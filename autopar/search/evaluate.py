@@ -1,5 +1,7 @@
-"""Pricing a (small) table of plans for a search question: Optuna's structures, the top plans
-priced on every trainer, a measured stage's re-rank."""
+"""The search's one entry into the cost model: a table of plans priced for a search question, the
+space's memory headroom part of "fits" (autopar.cost.columns.set_validity) and the step time it
+ranks by set. The streaming walk prices its chunks per trainer (autopar.cost.estimate
+estimate_per_trainer) and its kept plans, Optuna's trials and a measured stage's re-rank here."""
 
 from __future__ import annotations
 
@@ -7,15 +9,13 @@ import pandas as pd
 
 from autopar.cost.estimate import estimate_table
 from autopar.search.enumerate import Question
-from autopar.search.results import frame
-from autopar.search.streaming import apply_headroom, set_rank_time
+from autopar.search.results import frame, set_rank_time
 from autopar.spec.table import PlanTable
 
 
 def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float) -> dict:
     """Every estimate column of a (small) table, the space's memory headroom applied."""
-    est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
-    apply_headroom(est, headroom_gib)
+    est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len, headroom_gib=headroom_gib)
     set_rank_time(est, q.rank_by)
     return est
 

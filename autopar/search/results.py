@@ -18,6 +18,12 @@ from autopar.spec.table import PlanTable, plan_of_row
 from autopar.spec.trainers import ALL_TRAINERS
 
 COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
+#: --rank-by -> the step-time column plans are ranked by (autopar.cost.uncertainty's intervals)
+RANK_BY = {"expected": "step_time_s", "p80": "step_time_s_high"}
+#: the one ranking order of plans, the tie-break included: the step time ranked by (rank_time_s),
+#: then less memory, then the plan's place in the walk (the one-shot order); a frame without a
+#: column skips it (stable sorts keep its order)
+RANK_KEYS = ("rank_time_s", "peak_memory_bytes", "plan_index")
 
 
 def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None = None) -> pd.DataFrame:
@@ -69,12 +75,23 @@ def plan_names(df: pd.DataFrame) -> np.ndarray:
     return names_of(df)
 
 
+def set_rank_time(est: dict, rank_by: str) -> None:
+    """rank_time_s: the step time the search ranks by (RANK_BY: the central prediction, or the
+    pessimistic end of its 80 % interval)."""
+    est["rank_time_s"] = est[RANK_BY[rank_by]]
+
+
+def rank_order(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows in RANK_KEYS order (rank_time_s, else the central prediction)."""
+    keys = [k for k in RANK_KEYS if k in df.columns]
+    if "rank_time_s" not in df.columns:
+        keys.insert(0, "step_time_s")
+    return df.sort_values(keys, kind="stable")
+
+
 def ranked(df: pd.DataFrame) -> pd.DataFrame:
-    """Plans that fit, fastest first by the step time the search ranks by (rank_time_s, else the
-    central prediction); ties: less memory first."""
-    fit = df[df["fits"]]
-    key = "rank_time_s" if "rank_time_s" in fit.columns else "step_time_s"
-    return fit.sort_values([key, "peak_memory_bytes"], kind="stable")
+    """Plans that fit, fastest first (`rank_order`)."""
+    return rank_order(df[df["fits"]])
 
 
 def row_plan(row: pd.Series, layouts) -> ParallelPlan:

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import estimate_per_trainer, estimate_table
+from autopar.cost.estimate import estimate_per_trainer
 from autopar.search.enumerate import Enumerator, Question
-from autopar.search.results import MEMORY_BIT, frame, pareto_positions
-from autopar.spec.hardware import GIB
+from autopar.search.evaluate import estimate_fitting
+from autopar.search.results import MEMORY_BIT, frame, pareto_positions, rank_order, set_rank_time
 from autopar.spec.plan import LAYOUT_KEY  # what a layout is, for the per-layout pool
 from autopar.spec.rules import all_rules, rule_label
 from autopar.spec.table import TABLE_COLUMNS, PlanTable
@@ -31,8 +31,6 @@ from autopar.spec.trainers import ALL_TRAINERS
 DEFAULT_CHUNK = 1 << 16
 #: the figures a kept row carries until the end of the walk (then it is priced in full)
 LIGHT_FIGURES = ("valid", "fits", "step_time_s", "rank_time_s", "peak_memory_bytes", "memory_miss_gib")
-#: --rank-by -> the step-time column plans are ranked by (autopar.cost.uncertainty's intervals)
-RANK_BY = {"expected": "step_time_s", "p80": "step_time_s_high"}
 #: the PlanTable columns of a kept row
 PLAN_COLUMNS = TABLE_COLUMNS + ("plan_index",)
 
@@ -225,11 +223,7 @@ class _Keeper:
         if light.empty:
             return pd.DataFrame()
         table = PlanTable({c: light[c].to_numpy() for c in PLAN_COLUMNS if c in light.columns}, layouts)
-        q = self.q
-        est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
-        apply_headroom(est, self.opts.headroom_gib)
-        set_rank_time(est, q.rank_by)
-        df = frame(table, est, q.model.num_layers)
+        df = frame(table, estimate_fitting(table, self.q, self.opts.headroom_gib), self.q.model.num_layers)
         df["sample_key"] = light["sample_key"].to_numpy()
         return df
 
@@ -247,9 +241,8 @@ class _Keeper:
 
 
 def _ranked(df: pd.DataFrame) -> pd.DataFrame:
-    """Fastest first (by the question's rank_by); ties by memory, then by the plan's place in the
-    walk (the one-shot order)."""
-    return df.sort_values(["rank_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
+    """Fastest first (by the question's rank_by), in the one ranking order (RANK_KEYS)."""
+    return rank_order(df)
 
 
 def _smallest(rows: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
@@ -289,13 +282,18 @@ def stream(
         if len(table):
             t0 = time.perf_counter()
             ests = estimate_per_trainer(
-                table, q.model, q.cluster, tuple(trainers), num_gpus=q.num_gpus, seq_len=q.seq_len
+                table,
+                q.model,
+                q.cluster,
+                tuple(trainers),
+                num_gpus=q.num_gpus,
+                seq_len=q.seq_len,
+                headroom_gib=opts.headroom_gib,
             )
             t_est += time.perf_counter() - t0
             t1 = time.perf_counter()
             parts = []
             for j, (code, est) in enumerate(zip(enumerator.trainer_codes, ests)):
-                apply_headroom(est, opts.headroom_gib)
                 set_rank_time(est, q.rank_by)
                 index = table.columns["plan_index"] + j
                 mine = table.with_columns(trainer=code, plan_index=index)
@@ -309,22 +307,3 @@ def stream(
     out = keeper.result(enumerator.layouts)
     out.timings = {"evaluate_s": t_est, "keep_and_write_s": t_rest}
     return out
-
-
-def set_rank_time(est: dict, rank_by: str) -> None:
-    """rank_time_s: the step time the search ranks by (RANK_BY: the central prediction, or the
-    pessimistic end of its 80 % interval)."""
-    est["rank_time_s"] = est[RANK_BY[rank_by]]
-
-
-def apply_headroom(est: dict, headroom_gib: float) -> None:
-    """The space's memory headroom: a plan fits only with this many GiB to spare."""
-    if headroom_gib <= 0:
-        return
-    limit = est["memory_capacity_bytes"] - headroom_gib * GIB
-    over = est["valid"] & (est["peak_memory_bytes"] > limit)
-    est["fits"] = est["fits"] & ~over
-    est["memory_miss_gib"] = np.where(over, (est["peak_memory_bytes"] - limit) / GIB, est["memory_miss_gib"])
-    est["rejected_code"] = np.where(over, est["rejected_code"] | np.uint64(1 << MEMORY_BIT), est["rejected_code"])
-    if "rejected_by" in est:
-        est["rejected_by"] = np.where(over, "memory", est["rejected_by"])

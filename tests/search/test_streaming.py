@@ -15,7 +15,7 @@ from autopar.report.scatter_tables import pareto_mask
 from autopar.search.enumerate import Enumerator, Question
 from autopar.search.results import frame
 from autopar.search.space import load_space, space_names
-from autopar.search.streaming import LAYOUT_KEY, StreamOptions, apply_headroom, stream
+from autopar.search.streaming import LAYOUT_KEY, StreamOptions, stream
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 
@@ -35,8 +35,7 @@ def _reference(space, q: Question, headroom: float) -> pd.DataFrame:
     """Every plan priced in one table by the non-search path (reasons as text, per-rank columns)."""
     e = Enumerator(space, q)
     table = e.chunk(0, e.total)
-    est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
-    apply_headroom(est, headroom)
+    est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len, headroom_gib=headroom)
     return frame(table, est)
 
 
