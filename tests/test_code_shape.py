@@ -43,3 +43,18 @@ def test_nothing_points_outside_the_repository() -> None:
         if outside.search(line)
     ]
     assert not hits, "references to files outside the repository:\n" + "\n".join(hits)
+
+
+def test_one_atomic_write() -> None:
+    """A file is renamed into place in one module only (autopar/atomic.py): nothing else renames a
+    temporary file over its target, and no other module names a temporary file."""
+    renames = re.compile(r"os\.replace\(|os\.rename\(|\.replace\(\s*(self\.)?(path|out|dest|target)\b")
+    temp_names = re.compile(r"""\.tmp["')]""")
+    found = []
+    for path in SOURCES:
+        if path.name == "atomic.py" and path.parent.name == "autopar":
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if renames.search(line) or temp_names.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not found, "use autopar.atomic (write_atomic, write_with, temp_path):\n" + "\n".join(found)

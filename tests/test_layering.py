@@ -35,13 +35,17 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "errors": (frozenset(), frozenset()),
     "secrets": (frozenset(), frozenset()),  # mask_secrets: the one masking rule of passwords
     "json_out": (frozenset({"secrets"}), frozenset()),  # dumps: the one JSON writer (strict, masked)
+    "atomic": (frozenset(), frozenset()),  # write_atomic: the one atomic file write
     "quoting": (frozenset({"errors"}), frozenset()),  # values in generated scripts
     "spec": (frozenset({"errors", "spec"}), frozenset({"numpy", "yaml"})),
-    "cost": (frozenset({"errors", "json_out", "spec", "cost"}), frozenset({"numpy", "scipy"})),
-    "search": (frozenset({"errors", "secrets", "json_out", "spec", "cost", "search"}), ANY),
-    "trial": (frozenset({"errors", "secrets", "json_out", "quoting", "spec", "cost", "trial"}), ANY),
-    "export": (frozenset({"errors", "secrets", "json_out", "quoting", "spec", "cost", "search", "export"}), ANY),
-    "report": (frozenset({"errors", "secrets", "json_out", "spec", "cost", "search", "report"}), ANY),
+    "cost": (frozenset({"errors", "json_out", "atomic", "spec", "cost"}), frozenset({"numpy", "scipy"})),
+    "search": (frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "search"}), ANY),
+    "trial": (frozenset({"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "trial"}), ANY),
+    "export": (
+        frozenset({"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "search", "export"}),
+        ANY,
+    ),
+    "report": (frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "search", "report"}), ANY),
     "cli": (ANY, ANY),
 }
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autopar.errors import InputError, quoted
-from autopar.json_out import dumps
 from autopar.spec.hardware import ClusterSpec
 from autopar.trial.proxy import ProxyOptions
 from autopar.trial.resources import LocalLimits
@@ -297,21 +296,16 @@ def _machine_notes(figs: dict, stage, options: TrialOptions, device: str) -> Non
 
 def _save(result, stage, figs: dict) -> None:
     """calibrated.yaml (when the stage calibrated), measured.json, and the figures in search.json."""
-    from autopar.search.atomic import write_atomic
-    from autopar.search.run_dir import RUN_FILE_BYTES
-    from autopar.spec.read_file import read_json
+    from autopar.search.run_dir import write_measured
 
+    calibrated = None
     if stage.calibration is not None:
         import yaml
 
         from autopar.cost.calibrate import profile_dict
 
-        write_atomic(Path(result.run_dir) / "calibrated.yaml", yaml.safe_dump(profile_dict(stage.calibration.cluster)))
-    write_atomic(Path(result.run_dir) / "measured.json", dumps(figs, indent=2))
-    info_path = Path(result.run_dir) / "search.json"
-    info = read_json(info_path, f"'{info_path}'", RUN_FILE_BYTES)  # this search's own, through the one reader
-    info["measured"] = figs
-    write_atomic(info_path, dumps(info, indent=2))
+        calibrated = yaml.safe_dump(profile_dict(stage.calibration.cluster))
+    write_measured(Path(result.run_dir), figs, calibrated)
 
 
 def _s(v) -> str:

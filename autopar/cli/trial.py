@@ -204,8 +204,9 @@ def _run_here(
     run_dir: Path,
 ) -> tuple[dict, Path]:
     """Run the trial under torchrun on this machine; the trial document and the file it went to."""
+    from autopar.search.run_dir import write_trial_doc
     from autopar.trial.hygiene import install_signal_handlers
-    from autopar.trial.measure import measure_plan, write_trial
+    from autopar.trial.measure import measure_plan
 
     install_signal_handlers()  # SIGINT/SIGTERM: kill the trial's processes, exit 130/143
     doc = measure_plan(
@@ -224,7 +225,7 @@ def _run_here(
         worker_args=["--memory-limit-mib", str(memory_limit_mib)] if memory_limit_mib else None,
         workdir=run_dir / "trials" / "work" / key,
     )
-    return doc, write_trial(doc | {"key": key}, run_dir / "trials", key)
+    return doc, write_trial_doc(doc | {"key": key}, run_dir / "trials")
 
 
 def _print_result(doc: dict, key: str, predicted: dict, path: Path, as_json: bool) -> None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from autopar.atomic import write_atomic
 from autopar.cost.memory_published import compare_published_memory
 from autopar.cost.profile_fit import ProfileFit, fit_profiles
 from autopar.cost.profiles import Provenance, profile_of, profiles_toml
@@ -252,8 +252,6 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
 def _write(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_atomic(path, text)
     except OSError as e:
         raise InputError(f"cannot write '{path}' ({e.strerror}); choose a writable path") from None

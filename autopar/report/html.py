@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from autopar.atomic import write_with
 from autopar.errors import InputError
 from autopar.report import run_data as D
 from autopar.report.compare_page import compare_html
 from autopar.report.report_page import REPORT_FILE, report_html
-from autopar.search.atomic import write_with
+from autopar.search.run_dir import forget_scenarios, write_scenarios
 
 
 def write_report(
@@ -32,9 +33,9 @@ def write_report(
     if scenarios is not None:  # a fresh search: record its scenarios, or forget a what-if of the past
         dirs = [Path(s) for s in scenarios]
         if len(dirs) > 1:
-            D.write_scenarios(d, dirs)
+            write_scenarios(d, dirs)
         else:
-            (d / D.WHATIF_FILE).unlink(missing_ok=True)
+            forget_scenarios(d)
         run.scenarios = dirs
     scenario_runs = None
     if len(run.scenarios) > 1:

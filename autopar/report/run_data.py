@@ -5,16 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import pandas as pd
-from pydantic import ConfigDict
 
 from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS
-from autopar.json_out import dumps
-from autopar.search.run_dir import load, read_json, read_trial  # noqa: F401  (read_json: compare reads plan files)
-from autopar.search.run_schema import Doc, check
-from autopar.spec import read_file
+from autopar.search.run_dir import load, read_json, read_scenarios, read_trial  # noqa: F401  (read_json: compare reads plan files)
 
 #: scatter.parquet columns the report reads
 REQUIRED_COLUMNS = (
@@ -113,35 +108,3 @@ def load_trials(run_dir: Path) -> tuple[list[dict], list[str]]:
         else:
             out.append(data | {"_file": path.name})
     return out, problems
-
-
-WHATIF_FILE = "whatif.json"
-#: bytes at most of whatif.json (a path per scenario of at most 32 GPU counts x kinds x ...)
-WHATIF_BYTES = 4 << 20
-
-
-class _Scenarios(Doc):
-    """whatif.json: the scenario directories, relative to this run directory or absolute."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-    scenarios: list[str]
-
-
-def read_scenarios(run_dir: Path) -> list[Path]:
-    """The what-if scenarios recorded with this run (whatif.json), as directories; [] when none."""
-    path = run_dir / WHATIF_FILE
-    if not path.exists():
-        return []
-    fix = "rerun the what-if search, or delete the file"
-    doc = check(read_file.read_json(path, f"'{path}'", WHATIF_BYTES, fix=fix), _Scenarios, f"'{path}'", fix)
-    data = cast(dict, doc)  # valid for _Scenarios: a JSON object
-    dirs = [Path(p) for p in data["scenarios"]]
-    return [p if p.is_absolute() else (run_dir / p) for p in dirs]
-
-
-def write_scenarios(run_dir: Path, scenarios: list[Path]) -> None:
-    """Record the what-if scenario directories (relative to this run directory) in whatif.json."""
-    import os
-
-    rel = [os.path.relpath(Path(s).resolve(), Path(run_dir).resolve()) for s in scenarios]
-    (Path(run_dir) / WHATIF_FILE).write_text(dumps({"scenarios": rel}, indent=2))

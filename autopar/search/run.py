@@ -18,14 +18,20 @@ from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
 from autopar.cost.uncertainty import interval_fields, support_text
-from autopar.json_out import dumps
-from autopar.search.atomic import write_atomic
 from autopar.search.enumerate import Enumerator, Question
 from autopar.search.evaluate import evaluate
 from autopar.search.options import SearchOptions
 from autopar.search.optuna_search import optuna_search
 from autopar.search.results import best_per_trainer, row_plan, sureness_lines, top_plans, why_winner
-from autopar.search.run_dir import SCHEMA_VERSION, PlansWriter, rejection_bits, write_csv, write_frame
+from autopar.search.run_dir import (
+    SCHEMA_VERSION,
+    PlansWriter,
+    rejection_bits,
+    write_csv,
+    write_scatter,
+    write_search_info,
+    write_top,
+)
 from autopar.search.run_state import RunState
 from autopar.search.space import SearchSpace
 from autopar.search.streaming import Streamed, StreamOptions, stream
@@ -275,13 +281,11 @@ def write_run(result: SearchResult) -> None:
     ]
     pareto = [row_summary(r, result.layouts) for _, r in result.pareto.iterrows()]
     per_trainer = {t: None if r is None else row_summary(r, result.layouts) for t, r in result.per_trainer.items()}
-    write_atomic(
-        d / "top.json", dumps({"why": result.why, "top": top, "pareto": pareto, "per_trainer": per_trainer}, indent=2)
-    )
+    write_top(d, {"why": result.why, "top": top, "pareto": pareto, "per_trainer": per_trainer})
     scatter = result.scatter.assign(
         in_pareto=result.scatter["plan_index"].isin(result.pareto["plan_index"]) if len(result.scatter) else []
     )
-    write_frame(d / "scatter.parquet", scatter)
+    write_scatter(d, scatter)
     if result.options.csv and (d / "plans.parquet").exists():
         write_csv(d)
 
@@ -331,4 +335,4 @@ def _write_search_json(result: SearchResult) -> None:
             "optuna": version("optuna"),
         },
     }
-    write_atomic(result.run_dir / "search.json", dumps(info, indent=2))
+    write_search_info(result.run_dir, info)

@@ -9,8 +9,17 @@
     scatter.parquet every fitting Pareto point, each trainer's fastest plans and a uniform sample of
                     each category of plan, with every estimate column (the report's scatter)
     plans.csv       plans.parquet as CSV, only with --csv
+    trials/<key>.json  a measured stage's (or `autopar trial --run-dir`'s) trial documents;
+                    trials/work/ their launchers' scratch (autopar.trial.launcher)
+    measured.json   the measured stage's figures (also under search.json's `measured`)
+    calibrated.yaml the cluster profile the measured stage calibrated, when it did
+    whatif.json     a what-if's scenario directories (relative to this one), read by the report
+    study.db        an Optuna study, when the search's storage is the default (autopar.search.optuna_driver)
+    report.html     the report (autopar.report.html)
     .incomplete     only while a search replaces these files, or after it was interrupted (search.json
                     is written last, then this marker removed); `load` refuses such a directory
+
+Every file above but study.db and report.html is written here, each atomically (autopar.atomic).
 """
 
 from __future__ import annotations
@@ -19,14 +28,16 @@ import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from autopar.atomic import publish, temp_path, write_atomic, write_with
 from autopar.cost.uncertainty import INTERVAL_COLUMNS
 from autopar.errors import InputError, quoted
-from autopar.search.atomic import write_with
+from autopar.json_out import dumps
 from autopar.secrets import mask_values
 from autopar.spec import read_file
 from autopar.spec.plan import RESULT_FIELDS
@@ -42,6 +53,9 @@ MARKER_BYTES = 64 << 10
 FILES = ("search.json", "top.json", "plans.parquet", "scatter.parquet")
 #: present while a search replaces the files (autopar.search.run_state); search.json is written last
 INCOMPLETE = ".incomplete"
+WHATIF_FILE = "whatif.json"
+#: bytes at most of whatif.json (a path per scenario of at most 32 GPU counts x kinds x ...)
+WHATIF_BYTES = 4 << 20
 
 # plans.parquet's plan columns, the search results' (autopar.spec.plan.RESULT_FIELDS) grouped by type:
 #: integers, stored as int32 (the plan's place in the walk first, as int64)
@@ -75,7 +89,7 @@ class PlansWriter:
         self.path = run_dir / "plans.parquet"
         #: (table, estimate) -> more columns (the whole run's days and cost with --tokens)
         self.extra = extra
-        self.tmp = run_dir / f".plans.parquet.{os.getpid()}.tmp"
+        self.tmp = temp_path(self.path)
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
 
@@ -116,7 +130,7 @@ class PlansWriter:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-            self.tmp.replace(self.path)
+            publish(self.path)
         elif self.path.exists():
             self.path.unlink()
 
@@ -131,17 +145,77 @@ def write_csv(run_dir: Path) -> Path:
     import pyarrow.csv as pacsv
 
     src = pq.ParquetFile(run_dir / "plans.parquet")
-    out = run_dir / "plans.csv"
-    tmp = run_dir / f".plans.csv.{os.getpid()}.tmp"
-    with pacsv.CSVWriter(tmp, src.schema_arrow) as w:
-        for i in range(src.num_row_groups):
-            w.write_table(src.read_row_group(i))
-    tmp.replace(out)
-    return out
+
+    def write(tmp: Path) -> None:
+        with pacsv.CSVWriter(tmp, src.schema_arrow) as w:
+            for i in range(src.num_row_groups):
+                w.write_table(src.read_row_group(i))
+
+    return write_with(run_dir / "plans.csv", write)
 
 
-def write_frame(path: Path, df: pd.DataFrame) -> None:
-    write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
+def write_scatter(run_dir: Path, df: pd.DataFrame) -> None:
+    write_with(run_dir / "scatter.parquet", lambda tmp: df.to_parquet(tmp, index=False))
+
+
+def write_top(run_dir: Path, doc: dict) -> None:
+    write_atomic(run_dir / "top.json", dumps(doc, indent=2))
+
+
+def write_search_info(run_dir: Path, info: dict) -> None:
+    """search.json: written last by a search (autopar.search.run_state unmarks the directory after it)."""
+    write_atomic(run_dir / "search.json", dumps(info, indent=2))
+
+
+def write_marker(run_dir: Path, doc: dict) -> None:
+    """The .incomplete marker (autopar.search.run_state), with who holds the directory."""
+    write_atomic(run_dir / INCOMPLETE, dumps(doc))
+
+
+def write_trial_doc(doc: dict, trials_dir: Path) -> Path:
+    """trials/<key>.json (`trials_dir`: the run directory's trials/)."""
+    trials_dir = Path(trials_dir)
+    trials_dir.mkdir(parents=True, exist_ok=True)
+    return write_atomic(trials_dir / f"{doc['key']}.json", dumps(doc, indent=1))
+
+
+def write_measured(run_dir: Path, figures: dict, calibrated_yaml: str | None) -> None:
+    """The measured stage's files: calibrated.yaml (when it calibrated), measured.json, and the
+    figures in this search's own search.json, read back through the one reader."""
+    from autopar.spec.read_file import read_json as read_raw
+
+    if calibrated_yaml is not None:
+        write_atomic(run_dir / "calibrated.yaml", calibrated_yaml)
+    write_atomic(run_dir / "measured.json", dumps(figures, indent=2))
+    info_path = run_dir / "search.json"
+    info = read_raw(info_path, f"'{info_path}'", RUN_FILE_BYTES)
+    info["measured"] = figures
+    write_search_info(run_dir, info)
+
+
+def write_scenarios(run_dir: Path, scenarios: list[Path]) -> None:
+    """Record the what-if scenario directories (relative to this run directory) in whatif.json."""
+    rel = [os.path.relpath(Path(s).resolve(), Path(run_dir).resolve()) for s in scenarios]
+    write_atomic(Path(run_dir) / WHATIF_FILE, dumps({"scenarios": rel}, indent=2))
+
+
+def forget_scenarios(run_dir: Path) -> None:
+    """Remove a whatif.json an earlier what-if left (a search of one scenario)."""
+    (Path(run_dir) / WHATIF_FILE).unlink(missing_ok=True)
+
+
+def read_scenarios(run_dir: Path) -> list[Path]:
+    """The what-if scenarios recorded with this run (whatif.json), as directories; [] when none."""
+    from autopar.search.run_schema import Scenarios, check
+
+    path = run_dir / WHATIF_FILE
+    if not path.exists():
+        return []
+    fix = "rerun the what-if search, or delete the file"
+    doc = check(read_file.read_json(path, f"'{path}'", WHATIF_BYTES, fix=fix), Scenarios, f"'{path}'", fix)
+    data = cast(dict, doc)  # valid for Scenarios: a JSON object
+    dirs = [Path(p) for p in data["scenarios"]]
+    return [p if p.is_absolute() else (run_dir / p) for p in dirs]
 
 
 @dataclass

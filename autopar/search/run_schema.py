@@ -197,6 +197,13 @@ class TrialDoc(Doc):
     proxy: ProxyDoc | None = None
 
 
+class Scenarios(Doc):
+    """whatif.json: the scenario directories, relative to this run directory or absolute."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    scenarios: list[str]
+
+
 class PlanFile(Doc):
     """A plan file `autopar compare` reads (a trial file, `estimate --json` output, a hand-written
     plan): a plan, and what it says of its question (the rest comes from the other layouts)."""

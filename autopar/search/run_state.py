@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autopar.atomic import temp_files
 from autopar.errors import InputError, quoted
-from autopar.json_out import dumps
-from autopar.search.run_dir import INCOMPLETE, RUN_FILE_BYTES
+from autopar.search.run_dir import INCOMPLETE, RUN_FILE_BYTES, write_marker
 from autopar.spec.read_file import read_json
 from autopar.spec.schema import path_kind
 
@@ -71,17 +71,11 @@ def _alive(pid: int) -> bool:
 
 
 def _remove_stale_tmp(run_dir: Path) -> None:
-    """Remove `.NAME.PID.tmp` files (autopar.search.atomic) of processes that died while writing."""
+    """Remove `.NAME.PID.tmp` files (autopar.atomic) of processes that died while writing."""
     now = time.time()
-    for p in run_dir.glob(".*.tmp"):
-        pid = p.name.rsplit(".", 2)[-2] if p.name.count(".") >= 3 else ""
+    for p, pid in temp_files(run_dir):
         try:
-            if (
-                pid.isdigit()
-                and int(pid) != os.getpid()
-                and not _alive(int(pid))
-                and now - p.stat().st_mtime > STALE_TMP_S
-            ):
+            if pid is not None and pid != os.getpid() and not _alive(pid) and now - p.stat().st_mtime > STALE_TMP_S:
                 p.unlink()
         except OSError:
             pass
@@ -114,15 +108,14 @@ class RunState:
         self.was_incomplete = kind == "dir" and (d / INCOMPLETE).exists()
         try:
             d.mkdir(parents=True, exist_ok=True)
-            (d / INCOMPLETE).write_text(
-                dumps(
-                    {
-                        "question": summary_text(question_summary(q)),
-                        "pid": os.getpid(),
-                        "host": socket.gethostname(),
-                        "started": time.time(),
-                    }
-                )
+            write_marker(
+                d,
+                {
+                    "question": summary_text(question_summary(q)),
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "started": time.time(),
+                },
             )
         except OSError as e:
             self._remove_created()
@@ -159,7 +152,7 @@ class RunState:
         was replaced, restore the directory as it was (unmarked, or gone when this search made it
         and left nothing in it); else leave it marked incomplete for a rerun to finish."""
         d = self.run_dir
-        for p in d.glob(f".*.{os.getpid()}.tmp"):
+        for p, _ in temp_files(d, own=True):
             p.unlink(missing_ok=True)
         if self.replacing or self.was_incomplete or self._holds_unfinished():
             return

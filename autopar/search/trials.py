@@ -223,7 +223,7 @@ def _seeds(
 ) -> list[str]:
     """The first k plans of the ranking not measured yet that can run here. Those of the top k that
     cannot are recorded as "not-runnable" trial files; none at all is an InputError."""
-    from autopar.search.trial_files import write_trial_doc
+    from autopar.search.run_dir import write_trial_doc
 
     done = _done(study)
     todo = [kk for kk in ranking if kk not in done]
@@ -324,7 +324,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, doc: dict, trials_dir: Path,
     """Report the steps not streamed live, record the document (trial file, then user attribute:
     the whole document but its command line), finish the trial: COMPLETE, PRUNED (stopped
     mid-run, its partial step times kept) or FAIL (a failure recorded as data)."""
-    from autopar.search.trial_files import write_trial_doc
+    from autopar.search.run_dir import write_trial_doc
 
     m = doc.get("measured") or {}
     attrs = {k: v for k, v in doc.items() if k != "command"}
@@ -353,7 +353,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, doc: dict, trials_dir: Path,
 def sync_docs(study: optuna.Study, trials_dir: Path) -> dict[str, dict]:
     """The trial documents of the run: the files in `trials_dir`, completed by the documents other
     workers recorded in the study (written here, so the run directory holds every measurement)."""
-    from autopar.search.trial_files import write_trial_doc
+    from autopar.search.run_dir import write_trial_doc
 
     docs = load_docs(trials_dir)
     for key, t in _done(study).items():

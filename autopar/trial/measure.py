@@ -34,7 +34,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autopar.json_out import dumps
 from autopar.spec.plan import ParallelPlan
 from autopar.trial.config import TrialConfig
 from autopar.trial.launcher import LaunchResult, launch
@@ -340,13 +339,3 @@ def measure_placement(
     if predicted and m.get("step_time_s") and m.get("peak_memory_bytes"):
         doc["errors"] = _prediction_errors(predicted, m)
     return doc
-
-
-def write_trial(doc: dict, trials_dir: Path, key: str) -> Path:
-    """reports/<run>/trials/<key>.json, atomically."""
-    trials_dir.mkdir(parents=True, exist_ok=True)
-    path = trials_dir / f"{key}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(dumps(doc, indent=1))
-    tmp.replace(path)
-    return path

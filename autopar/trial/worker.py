@@ -35,6 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autopar.atomic import write_atomic
 from autopar.json_out import dumps
 
 if __name__ == "__main__":  # before torch's import (seconds): a worker whose launcher dies meanwhile ends too
@@ -87,9 +88,7 @@ def summary_line(result: dict) -> str:
 
 
 def write_json(path: Path, doc: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(dumps(doc, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, dumps(doc, indent=1))
 
 
 def limit_memory(mib: float) -> None:

@@ -23,6 +23,7 @@ from autopar.report import run_data as D
 from autopar.report import scatter_tables as S
 from autopar.report import top_tables as T
 from autopar.report import trial_tables as X
+from autopar.search import run_dir as run_files
 from autopar.search.results import pareto_front
 
 GIB = 2**30
@@ -314,8 +315,8 @@ def test_whatif_best_plan_per_scenario(run70, run70_128):
 def test_scenarios_round_trip_through_whatif_json(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    D.write_scenarios(a, [a, b])
-    assert [p.resolve() for p in D.read_scenarios(a)] == [a.resolve(), b.resolve()]
+    run_files.write_scenarios(a, [a, b])
+    assert [p.resolve() for p in run_files.read_scenarios(a)] == [a.resolve(), b.resolve()]
     assert json.loads((a / "whatif.json").read_text())["scenarios"] == [".", "../b"]  # relative: moves with them
 
 
