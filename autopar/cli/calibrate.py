@@ -17,10 +17,10 @@ def _question(run_dir: Path):
     from dataclasses import fields, replace
 
     from autopar.errors import InputError
-    from autopar.search.enumerate import Question
     from autopar.search.run_dir import load
     from autopar.spec.hardware import ClusterSpec, CostConstants, default_cluster
     from autopar.spec.presets import model_from_dict
+    from autopar.spec.question import Question
 
     info = load(run_dir).search  # a complete run directory of this autopar, or one line
     try:

@@ -74,8 +74,8 @@ def _question(
     from dataclasses import replace
 
     from autopar.errors import InputError
-    from autopar.report.compare import Question
     from autopar.spec.presets import resolve_model
+    from autopar.spec.question import Question
     from autopar.spec.resolve import resolve_cluster
     from autopar.spec.schema import check_flags
 

@@ -227,13 +227,14 @@ class _StageLog:
 def _planner(q, spec, options: TrialOptions, w: _Where, *, steps: int, warmup: int, timeout: float):
     """Where each plan runs here (as it is, as a scaled-down proxy, or not at all), and the
     stage's header line saying so."""
-    from autopar.trial.proxy import Planner, Target
+    from autopar.spec.question import Question
+    from autopar.trial.proxy import Planner
 
     popts = options.proxy
     if popts.step_budget_s is None and w.limits is not None:  # on the cluster, --trial-timeout alone bounds a trial
         popts = replace(popts, step_budget_s=step_budget(timeout, steps, warmup, w.device))
     planner = Planner(
-        Target(model=spec, cluster=q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len),
+        Question(model=spec, num_gpus=q.num_gpus, cluster=q.cluster, seq_len=q.seq_len),
         w.limits,
         popts,
         w.here,

@@ -9,7 +9,6 @@ the layouts answer the same question; the CLI parses flag strings.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,31 +18,9 @@ from autopar.cost.estimate import Estimate, estimate
 from autopar.errors import InputError
 from autopar.report import compare_tables as C
 from autopar.report import run_data as D
-from autopar.spec.hardware import ClusterSpec, cluster_from_dict
-from autopar.spec.model import ModelSpec
+from autopar.spec.hardware import cluster_from_dict
 from autopar.spec.plan import ParallelPlan
-
-
-@dataclass
-class Question:
-    """What a layout is a layout of."""
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    num_gpus: int
-    seq_len: int
-    global_batch_size: int | None = None  # a run's batch, inherited by flag-string plans
-
-    def key(self) -> tuple:
-        return (
-            json.dumps(self.model.to_dict(), sort_keys=True),
-            json.dumps(self.cluster.to_dict(), sort_keys=True),
-            self.num_gpus,
-            self.seq_len,
-        )
-
-    def describe(self) -> str:
-        return f"{self.model.name} on {self.num_gpus} x {self.cluster.gpu.key}, seq {self.seq_len}"
+from autopar.spec.question import Question
 
 
 @dataclass

@@ -8,41 +8,23 @@ tp*pp*cp does not divide the GPU count are not plans at all and are not enumerat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from autopar.errors import InputError
 from autopar.search.space import SearchSpace
-from autopar.spec.hardware import ClusterSpec
 from autopar.spec.layout import auto_layout, balanced_layout
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import FIELDS
 from autopar.spec.plan_fields import PlanField
+from autopar.spec.question import Question
 from autopar.spec.table import RECOMP, SCHED, TRAINER, PlanTable
-from autopar.spec.trainers import TRAINERS
 
 DEFAULT_EP_LIMIT = 64
 #: most combinations of the outer (or inner) axes held at once: ~150 bytes each while walked, so
 #: about 1.5 GB; beyond it the space is refused with one line instead of running out of memory
 MAX_COMBINATIONS = 10_000_000
-
-
-@dataclass
-class Question:
-    """What the user asked: model, GPUs, cluster, sequence length, global batch, and the trainers
-    the plans must run on (all of them unless `--trainer` says)."""
-
-    model: ModelSpec
-    num_gpus: int
-    cluster: ClusterSpec
-    seq_len: int
-    global_batch_size: int
-    trainers: tuple[str, ...] = TRAINERS
-    #: what "fastest" means: "expected" (the central prediction) or "p80" (the pessimistic end of
-    #: the 80 % interval: the step time 90 % of outcomes beat; autopar.cost.uncertainty)
-    rank_by: str = "expected"
 
 
 def divisors(n: int) -> list[int]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pandas as pd
 
 from autopar.cost.estimate import estimate_table
-from autopar.search.enumerate import Question
 from autopar.search.results import frame, set_rank_time
+from autopar.spec.question import Question
 from autopar.spec.table import PlanTable
 
 

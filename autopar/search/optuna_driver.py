@@ -24,12 +24,13 @@ from optuna.trial import TrialState
 
 from autopar.errors import InputError, quoted
 from autopar.search.enumerate import INNER as WALK_INNER
-from autopar.search.enumerate import Question, build_table, knob_choices
+from autopar.search.enumerate import build_table, knob_choices
 from autopar.search.limits import SAMPLERS
 from autopar.search.results import row_plan
 from autopar.search.space import SearchSpace
 from autopar.secrets import mask_secrets
 from autopar.spec.hardware import GIB
+from autopar.spec.question import Question
 from autopar.spec.read_file import check_regular
 
 #: an objective's direction, as optuna names it

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from autopar.errors import InputError
-from autopar.search.enumerate import Question
 from autopar.search.evaluate import estimate_fitting, evaluate
 from autopar.search.options import SearchOptions
 from autopar.search.results import frame
@@ -22,6 +21,7 @@ from autopar.search.run_state import question_summary, recorded_summary, summary
 from autopar.search.space import SearchSpace
 from autopar.search.streaming import Streamed
 from autopar.search.training import plan_file_columns
+from autopar.spec.question import Question
 
 
 def optuna_search(

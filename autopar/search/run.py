@@ -18,7 +18,7 @@ from autopar import __version__
 from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
 from autopar.cost.uncertainty import interval_fields, support_text
-from autopar.search.enumerate import Enumerator, Question
+from autopar.search.enumerate import Enumerator
 from autopar.search.evaluate import evaluate
 from autopar.search.options import SearchOptions
 from autopar.search.optuna_search import optuna_search
@@ -36,6 +36,7 @@ from autopar.search.run_state import RunState
 from autopar.search.space import SearchSpace
 from autopar.search.streaming import Streamed, StreamOptions, stream
 from autopar.search.training import plan_file_columns, with_run_columns
+from autopar.spec.question import Question
 from autopar.spec.table import PlanTable
 from autopar.spec.trainers import TRAINERS
 

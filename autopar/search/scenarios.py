@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autopar.errors import InputError
-from autopar.search.enumerate import Question, knob_choices
+from autopar.search.enumerate import knob_choices
 from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search
 from autopar.search.space import SearchSpace
 from autopar.search.training import check_question_run
 from autopar.spec.model import ModelSpec
+from autopar.spec.question import Question
 from autopar.spec.resolve import DEFAULT_TOKENS_PER_STEP, resolve_cluster
 from autopar.spec.trainers import TRAINERS
 
@@ -80,7 +81,7 @@ def check_batch(space: SearchSpace, q: Question, given: bool) -> None:
     for axis in ("tp", "pp", "cp"):  # partial products that divide the GPUs (at most its divisors)
         products = {x * v for x in products for v in choices[axis] if n % (x * v) == 0}
     units = {m * (n // x) for x in products for m in choices["mbs"]}
-    gbs = q.global_batch_size
+    gbs = q.batch
     if not units or any(gbs % u == 0 for u in units):
         return
     better = min(-(-gbs // u) * u for u in units)

@@ -19,10 +19,11 @@ import numpy as np
 import pandas as pd
 
 from autopar.cost.estimate import estimate_per_trainer
-from autopar.search.enumerate import Enumerator, Question
+from autopar.search.enumerate import Enumerator
 from autopar.search.evaluate import estimate_fitting
 from autopar.search.results import MEMORY_BIT, frame, pareto_positions, rank_order, set_rank_time
 from autopar.spec.plan import LAYOUT_KEY  # what a layout is, for the per-layout pool
+from autopar.spec.question import Question
 from autopar.spec.rules import all_rules, rule_label
 from autopar.spec.table import TABLE_COLUMNS, PlanTable
 from autopar.spec.trainers import ALL_TRAINERS

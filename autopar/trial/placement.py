@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from autopar.errors import InputError
-from autopar.spec.hardware import ClusterSpec
-from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
 
 
@@ -32,21 +30,11 @@ class ProxyOptions:
 
 
 @dataclass(frozen=True)
-class Target:
-    """What the plans were found for: model, hardware, GPU count, sequence length."""
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    num_gpus: int
-    seq_len: int
-
-
-@dataclass(frozen=True)
 class Proxy:
     """How a proxy differs from its plan, what it is predicted to take here, and the scale-back."""
 
     changes: tuple[str, ...]  # every difference from the plan, in words
-    nproc: int  # ranks of the proxy (the plan's: Target.num_gpus)
+    nproc: int  # ranks of the proxy (the plan's: Question.num_gpus)
     layers_per_stage: int
     width_divisor: int
     seq_divisor: int

@@ -37,12 +37,13 @@ from autopar.cost.estimate import estimate
 from autopar.spec.hardware import GIB, LOCAL, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan, PlanError
+from autopar.spec.question import Question
 from autopar.trial.features import model_problems, plan_problems
-from autopar.trial.placement import Placement, Proxy, ProxyOptions, Target, as_builtin, builtin_trainer
+from autopar.trial.placement import Placement, Proxy, ProxyOptions, as_builtin, builtin_trainer
 from autopar.trial.proxy_model import _halvings, _ladder, model_dict, proxy_spec, standin_model
 from autopar.trial.resources import LocalLimits
 
-__all__ = ["MAX_STRUCTURES", "Placement", "Planner", "Proxy", "ProxyOptions", "Target", "as_builtin", "builtin_trainer"]
+__all__ = ["MAX_STRUCTURES", "Placement", "Planner", "Proxy", "ProxyOptions", "as_builtin", "builtin_trainer"]
 
 #: proxy rank structures tried (most faithful first) before a plan is declared not runnable
 MAX_STRUCTURES = 6
@@ -54,7 +55,7 @@ class Planner:
 
     def __init__(
         self,
-        target: Target,
+        target: Question,
         limits: LocalLimits | None,
         options: ProxyOptions,
         here: ClusterSpec,

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from autopar.cost.estimate import estimate_table
-from autopar.search.enumerate import Question, enumerate_plans
+from autopar.search.enumerate import enumerate_plans
 from autopar.search.space import space_from_dict
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
+from autopar.spec.question import Question
 
 DEEP = {
     "tp": [1, 8],

@@ -21,9 +21,10 @@ import pytest
 
 from autopar.cost.estimate import estimate_table
 from autopar.export import ExportOptions, ExportRefused, get_exporter, plan_view
-from autopar.search.enumerate import Question, enumerate_plans
+from autopar.search.enumerate import enumerate_plans
 from autopar.search.space import SearchSpace
 from autopar.spec.presets import resolve_model
+from autopar.spec.question import Question
 from autopar.spec.resolve import resolve_cluster
 from autopar.spec.rules import check_rules
 from autopar.spec.table import DISPATCH, DISPATCHER, DTYPE, PlanTable

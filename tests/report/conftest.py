@@ -37,12 +37,12 @@ def _env() -> dict:
 
 
 def _search(run_dir: Path, num_gpus: int = 256, **opts):
-    from autopar.search.enumerate import Question
     from autopar.search.run import SearchOptions, run_search
     from autopar.search.scenarios import global_batch
     from autopar.search.space import load_space
     from autopar.spec.hardware import default_cluster
     from autopar.spec.presets import get_preset
+    from autopar.spec.question import Question
 
     space = load_space("default")
     m = get_preset("llama3-70b")

@@ -120,11 +120,11 @@ def test_write_reports_dedupes_and_single_run_has_no_whatif(run70, tmp_path):
 
 
 def test_nothing_fits_report(tmp_path):
-    from autopar.search.enumerate import Question
     from autopar.search.run import SearchOptions, run_search
     from autopar.search.space import load_space
     from autopar.spec.hardware import default_cluster
     from autopar.spec.presets import get_preset
+    from autopar.spec.question import Question
 
     m = get_preset("llama3.1-405b")
     q = Question(model=m, num_gpus=8, cluster=default_cluster("h100-sxm"), seq_len=8192, global_batch_size=64)

@@ -29,11 +29,11 @@ def _cmd(*args) -> list[str]:
 def _question(model: str, num_gpus: int, space_name: str, seq_len: int | None = None, gpu: str = "h100-sxm"):
     """(Question, SearchSpace) as `autopar search` builds them: global batch from the space's
     tokens_per_step."""
-    from autopar.search.enumerate import Question
     from autopar.search.scenarios import global_batch
     from autopar.search.space import load_space
     from autopar.spec.hardware import default_cluster
     from autopar.spec.presets import get_preset
+    from autopar.spec.question import Question
 
     space = load_space(space_name)
     m = get_preset(model)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autopar.search.enumerate import Enumerator, Question, enumerate_plans
+from autopar.search.enumerate import Enumerator, enumerate_plans
 from autopar.search.space import load_space, space_names
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
+from autopar.spec.question import Question
 from autopar.spec.table import PlanTable
 
 CASES = [("llama3-70b", 256), ("deepseek-v3", 1024), ("qwen3-30b-a3b", 64), ("tiny", 2)]

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from autopar.errors import InputError
-from autopar.search.enumerate import Question, enumerate_plans, knob_choices, space_size
+from autopar.search.enumerate import enumerate_plans, knob_choices, space_size
 from autopar.search.space import load_space, space_from_dict
 from autopar.spec.hardware import default_cluster
 from autopar.spec.layout import auto_layout
 from autopar.spec.presets import get_preset
+from autopar.spec.question import Question
 from autopar.spec.table import SCHED
 
 H100 = default_cluster("h100-sxm")  # 8 GPUs per node

@@ -9,11 +9,12 @@ import json
 
 import pytest
 
-from autopar.search.enumerate import Enumerator, Question
+from autopar.search.enumerate import Enumerator
 from autopar.search.run import SearchOptions, run_search
 from autopar.search.space import space_from_dict
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
+from autopar.spec.question import Question
 
 pytestmark = [pytest.mark.slow]  # searches of spaces too large to walk: about 12 s
 

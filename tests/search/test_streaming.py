@@ -12,12 +12,13 @@ import pytest
 
 from autopar.cost.estimate import estimate_table
 from autopar.report.scatter_tables import pareto_mask
-from autopar.search.enumerate import Enumerator, Question
+from autopar.search.enumerate import Enumerator
 from autopar.search.results import frame
 from autopar.search.space import load_space, space_names
 from autopar.search.streaming import LAYOUT_KEY, StreamOptions, stream
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
+from autopar.spec.question import Question
 
 pytestmark = [pytest.mark.slow]  # every shipped space, streamed and in one piece: about 8 s
 

@@ -15,12 +15,13 @@ from autopar.cost.estimate import estimate
 from autopar.errors import InputError
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
+from autopar.spec.question import Question
 from autopar.spec.resolve import resolve_cluster
 from autopar.trial.config import TrialConfig
 from autopar.trial.features import model_problems, plan_problems
 from autopar.trial.launcher import LaunchResult
 from autopar.trial.measure import measure_placement
-from autopar.trial.proxy import Planner, ProxyOptions, Target
+from autopar.trial.proxy import Planner, ProxyOptions
 from autopar.trial.proxy_model import standin_model
 from autopar.trial.resources import CPU_RANK_RUNTIME_BYTES, GIB, Machine, local_limits
 
@@ -56,7 +57,7 @@ def planner(
     spec = get_preset(model)
     device = "cuda" if machine.gpus else "cpu"
     return Planner(
-        Target(spec, cluster, gpus, spec.seq_len),
+        Question(spec, gpus, cluster, spec.seq_len),
         local_limits(machine, device, max_ranks),
         options or ProxyOptions(step_budget_s=1.0),
         local if device == "cpu" else cluster,

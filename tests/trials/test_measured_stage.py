@@ -11,7 +11,6 @@ import pytest
 from optuna.trial import TrialState
 
 from autopar.report.run_data import load_trials
-from autopar.search.enumerate import Question
 from autopar.search.run import SearchOptions, run_search
 from autopar.search.scenarios import global_batch
 from autopar.search.space import load_space
@@ -20,6 +19,7 @@ from autopar.search.trial_results import acceptance
 from autopar.search.trials import STUDY, candidates, run_measured
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
+from autopar.spec.question import Question
 
 pytestmark = [pytest.mark.slow]
 

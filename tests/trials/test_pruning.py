@@ -10,7 +10,6 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autopar.search.enumerate import Question
 from autopar.search.run import SearchOptions, run_search
 from autopar.search.scenarios import global_batch
 from autopar.search.space import load_space
@@ -18,6 +17,7 @@ from autopar.search.trial_results import acceptance
 from autopar.search.trials import STUDY, plan_key, run_measured
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
+from autopar.spec.question import Question
 from autopar.trial.launcher import ProgressReader
 from autopar.trial.measure import measure_plan
 
