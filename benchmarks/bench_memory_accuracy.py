@@ -1,6 +1,6 @@
 """Predicted vs measured peak memory of CPU trials (tiny model, world 2), before any calibration.
 
-Each plan runs as the search's memory trial (autopar.trial.measure.trial_configs: AdamW, 2 steps,
+Each plan runs as the search's memory trial (autopar.measured.measure.trial_configs: AdamW, 2 steps,
 the second measured as live tensor bytes, autopar.trial.memory), all in one torchrun launch; the
 prediction is the cost model's on the `local` profile's defaults (training stack "torch",
 allocator_overhead_fraction 0, nothing reserved), per pipeline rank. Prints one row per plan:
@@ -25,11 +25,11 @@ import tempfile
 from pathlib import Path
 
 from autopar.cost.estimate import estimate
+from autopar.measured.launcher import launch
+from autopar.measured.measure import trial_configs
 from autopar.spec.hardware import LOCAL_DEFAULTS, cluster_from_dict, load_cluster_file
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
-from autopar.trial.launcher import launch
-from autopar.trial.measure import trial_configs
 
 MIB = 2**20
 #: the search's CPU space (search_spaces/local.yaml: tp/pp/vpp, gpipe/1f1b, mbs, ZeRO 0/1/3,

@@ -20,10 +20,10 @@ sys.path.insert(0, str(REPO))
 from gpu_check import GPU_KEYS  # noqa: E402
 
 from autopar.cost.calibrate import calibrate, fit_gemm, predict  # noqa: E402
+from autopar.measured.measure import measure_plan  # noqa: E402
 from autopar.spec.hardware import default_cluster  # noqa: E402
 from autopar.spec.plan import ParallelPlan  # noqa: E402
 from autopar.spec.presets import get_preset  # noqa: E402
-from autopar.trial.measure import measure_plan  # noqa: E402
 
 
 def main() -> int:

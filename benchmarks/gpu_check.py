@@ -5,7 +5,7 @@ The slice: llama2-7b cut to 4 layers (4 x 202M + 2 x 131M embedding/head = 1.07B
 sequence 4096, micro-batch 2, global batch 8 (4 microbatches of gradient accumulation), AdamW,
 bf16 autocast over fp32 master weights. MFU = model FLOPs per step (autopar.cost.flops, 6 x
 forward incl. causal attention) / step time / the GPU's dense bf16 peak (autopar spec data).
-Imports no torch itself: the trial runs under torchrun through autopar.trial.launcher.
+Imports no torch itself: the trial runs under torchrun through autopar.measured.launcher.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from autopar.measured.config import TrialConfig  # noqa: E402
+from autopar.measured.launcher import launch  # noqa: E402
 from autopar.spec.hardware import get_gpu  # noqa: E402
-from autopar.trial.config import TrialConfig  # noqa: E402
-from autopar.trial.launcher import launch  # noqa: E402
 
 #: GPU name fragments (torch.cuda.get_device_name) -> autopar GPU presets, for the peak FLOP/s
 GPU_KEYS = (

@@ -40,7 +40,15 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "spec": (frozenset({"errors", "spec"}), frozenset({"numpy", "yaml"})),
     "cost": (frozenset({"errors", "json_out", "atomic", "spec", "cost"}), frozenset({"numpy", "scipy"})),
     "search": (frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "search"}), ANY),
-    "trial": (frozenset({"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "trial"}), ANY),
+    # the measured stage: torch-free, between the search and the torch trials it launches
+    "measured": (
+        frozenset({"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "search", "measured"}),
+        ANY,
+    ),
+    "trial": (
+        frozenset({"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "measured", "trial"}),
+        ANY,
+    ),
     "export": (
         frozenset({"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "search", "export"}),
         ANY,
@@ -50,7 +58,7 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
 }
 
 #: heavy third-party packages -> the only layers that may import them (anywhere, lazily or not)
-HEAVY = {"torch": {"trial"}, "optuna": {"search"}, "plotly": {"report"}}
+HEAVY = {"torch": {"trial"}, "optuna": {"search", "measured"}, "plotly": {"report"}}
 
 STDLIB = frozenset(sys.stdlib_module_names)
 
@@ -197,7 +205,7 @@ FILES = _files()
 
 
 def test_trial_checks_and_emits_without_torch(tmp_path: Path) -> None:
-    """`autopar trial` validates the plan (autopar.trial.features) and writes an sbatch script
+    """`autopar trial` validates the plan (autopar.measured.features) and writes an sbatch script
     without loading torch: only the trial processes it launches need it."""
     out = _probe(["trial", "--model", "tiny", "--gpus", "2", "--tp", "2", "--emit-slurm", str(tmp_path / "t.sbatch")])
     assert out["code"] == 0, out
@@ -279,7 +287,7 @@ def test_the_autopar_process_reaches_no_torch() -> None:
             if dep not in via:
                 via[dep] = mod
                 todo.append(dep)
-    assert "autopar.trial.launcher" in via and "autopar.trial.measure" in via  # the walk follows lazy imports
+    assert "autopar.measured.launcher" in via and "autopar.measured.measure" in via  # the walk follows lazy imports
     bad = []
     for mod in sorted(via):
         path = _module_file(mod)

@@ -142,10 +142,10 @@ def _safe_streams() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the command line; input errors print one line and exit 2, Ctrl-C / SIGTERM exit 130 / 143
-    with one line (autopar.trial.hygiene)."""
+    with one line (autopar.measured.hygiene)."""
     _safe_streams()
     _register()
-    from autopar.trial.hygiene import install_signal_handlers
+    from autopar.measured.hygiene import install_signal_handlers
 
     install_signal_handlers()
     try:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from autopar.cli import app
-from autopar.trial.needs_torch import require_torch
+from autopar.measured.needs_torch import require_torch
 
 
 def _question(run_dir: Path):
@@ -92,9 +92,9 @@ def calibrate(
     from autopar.cli.checks import output_file
     from autopar.cost.calibrate import profile_dict
     from autopar.errors import InputError
+    from autopar.measured.calibration import calibrate_docs, calibrates, evaluate_with
+    from autopar.measured.trials import NOT_RUNNABLE, candidates, load_docs
     from autopar.search.run import SearchOptions, run_search
-    from autopar.search.trial_calibration import calibrate_docs, calibrates, evaluate_with
-    from autopar.search.trials import NOT_RUNNABLE, candidates, load_docs
     from autopar.spec.schema import Limit, check_flag
 
     check_flag("--top", top)
@@ -110,7 +110,7 @@ def calibrate(
             f"{run_dir}/trials has fewer than 2 successful trials on the plans' hardware to fit (proxies "
             f"measured elsewhere are left out); run more trials, e.g. with --launcher slurm"
         )
-    from autopar.trial import hygiene
+    from autopar.measured import hygiene
 
     result = run_search(q, SearchOptions(space=space, run_dir=run_dir), interrupts=hygiene)
     calib = calibrate_docs(result, list(docs.values()))

@@ -31,10 +31,10 @@ def probe(ranks: Ranks = None, out: Out = None, timeout: Timeout = 120.0) -> Non
 
     from autopar.cli.checks import output_file
     from autopar.errors import InputError
+    from autopar.measured.local_profile import probe_machine, write_local_profile
+    from autopar.measured.needs_torch import require_torch
     from autopar.spec.hardware import local_profile_path
     from autopar.spec.schema import check_flags
-    from autopar.trial.local_profile import probe_machine, write_local_profile
-    from autopar.trial.needs_torch import require_torch
 
     check_flags({"--ranks": ranks, "--timeout": timeout})
     require_torch("autopar probe")  # its benchmarks run torch in subprocesses

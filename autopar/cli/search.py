@@ -118,7 +118,7 @@ def search(
     check_flags({"--n-trials": n_trials, "--seed": seed})
     assert measure is not None  # filled by @with_trial_flags
     if measure.trials > 0:  # before the analytic search, not after it
-        from autopar.trial.needs_torch import require_torch
+        from autopar.measured.needs_torch import require_torch
 
         require_torch("autopar search --trials")
     from autopar.search.results import RANK_BY
@@ -147,10 +147,10 @@ def _run(
     spec, space, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet: bool, rank_by="expected", **options
 ) -> list:
     """Every scenario's search (autopar.search.scenarios), with a progress bar unless `quiet`; Ctrl-C
-    and SIGTERM leave the run directory marked incomplete (autopar.trial.hygiene)."""
+    and SIGTERM leave the run directory marked incomplete (autopar.measured.hygiene)."""
     from autopar.cli.render_search import SearchProgress
+    from autopar.measured import hygiene
     from autopar.search.scenarios import run_scenarios
-    from autopar.trial import hygiene
 
     with SearchProgress(enabled=not quiet) as progress:
         return run_scenarios(
@@ -232,7 +232,7 @@ def _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, 
 
 
 def _measured_stage(result, spec, measure: TrialFlags, storage, quiet: bool, study_name: str | None = None) -> dict:
-    """Optuna's measured stage over the search result (autopar.cli.measured: where the trials run,
+    """Optuna's measured stage over the search result (autopar.measured.stage: where the trials run,
     as they are or as proxies, or on the cluster); figures into measured.json and search.json."""
     from autopar.cli.measured import run_stage
 

@@ -82,9 +82,9 @@ def trial(
     Example: autopar trial --model tiny --gpus 2 --tp 2 --mbs 2 --gbs 8
     """
     from autopar.cli.checks import output_dir, output_file
-    from autopar.search.trials import plan_key
+    from autopar.measured import plan_trial
+    from autopar.measured.trials import plan_key
     from autopar.spec.presets import resolve_model
-    from autopar.trial import plan_trial
 
     _check_trial_flags(
         gpus=gpus,
@@ -153,8 +153,8 @@ def _check_trial_flags(
     or for a missing torch when the trial runs here (not for --emit-slurm: the cluster's python runs
     the script)."""
     from autopar.errors import quoted
+    from autopar.measured.needs_torch import require_torch
     from autopar.spec.schema import check_flags
-    from autopar.trial.needs_torch import require_torch
 
     check_flags(
         {
@@ -204,9 +204,9 @@ def _run_here(
     run_dir: Path,
 ) -> tuple[dict, Path]:
     """Run the trial under torchrun on this machine; the trial document and the file it went to."""
+    from autopar.measured.hygiene import install_signal_handlers
+    from autopar.measured.measure import measure_plan
     from autopar.search.run_dir import write_trial_doc
-    from autopar.trial.hygiene import install_signal_handlers
-    from autopar.trial.measure import measure_plan
 
     install_signal_handlers()  # SIGINT/SIGTERM: kill the trial's processes, exit 130/143
     doc = measure_plan(

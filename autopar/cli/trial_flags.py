@@ -13,7 +13,7 @@ from autopar.errors import InputError, quoted
 from autopar.spec.schema import check_flags
 
 if TYPE_CHECKING:  # imported by _build (the measured stage's module is loaded only when asked for)
-    from autopar.cli.measured import TrialOptions
+    from autopar.measured.stage import TrialOptions
 
 PANEL = "Measured stage (trials)"
 
@@ -94,7 +94,7 @@ TRIAL_OPTIONS = {
 @dataclass(frozen=True)
 class TrialFlags:
     """The measured stage as asked for: K plans (0: none), the budget, rounds, steps, timeout and
-    where the trials run (autopar.cli.measured.TrialOptions)."""
+    where the trials run (autopar.measured.stage.TrialOptions)."""
 
     trials: int
     trial_budget: int | None
@@ -119,7 +119,7 @@ def _build(v: dict) -> TrialFlags:
         }
     )
     _check_used(v)
-    from autopar.cli.measured import trial_options
+    from autopar.measured.stage import trial_options
 
     options = trial_options(
         v["launcher"],
@@ -144,7 +144,7 @@ def _flag(name: str) -> str:
 def _check_used(v: dict) -> None:
     """One line for a measured-stage option that would be ignored: given without --trials, or
     --sbatch-args without --launcher slurm (an unknown --launcher is named first)."""
-    from autopar.cli.measured import LAUNCHERS
+    from autopar.measured.stage import LAUNCHERS
 
     if v["launcher"] not in LAUNCHERS:
         raise InputError(f"--launcher {quoted(v['launcher'])} is not one of {', '.join(LAUNCHERS)}; choose one of them")

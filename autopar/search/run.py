@@ -147,7 +147,7 @@ def run_search(
 ) -> SearchResult:
     """Answer the question under the space; write the run directory; return the result. The run
     directory is marked incomplete until search.json is written (autopar.search.run_state);
-    `interrupts` (register/unregister, e.g. autopar.trial.hygiene from the CLI) tidies it on Ctrl-C
+    `interrupts` (register/unregister, e.g. autopar.measured.hygiene from the CLI) tidies it on Ctrl-C
     or SIGTERM; a failure leaves it as it was, or marked incomplete for a rerun to finish."""
     t0 = time.perf_counter()
     run_dir = opts.run_dir or Path("reports") / run_slug(q, opts.space)

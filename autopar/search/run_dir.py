@@ -10,7 +10,7 @@
                     each category of plan, with every estimate column (the report's scatter)
     plans.csv       plans.parquet as CSV, only with --csv
     trials/<key>.json  a measured stage's (or `autopar trial --run-dir`'s) trial documents;
-                    trials/work/ their launchers' scratch (autopar.trial.launcher)
+                    trials/work/ their launchers' scratch (autopar.measured.launcher)
     measured.json   the measured stage's figures (also under search.json's `measured`)
     calibrated.yaml the cluster profile the measured stage calibrated, when it did
     whatif.json     a what-if's scenario directories (relative to this one), read by the report

@@ -185,7 +185,7 @@ class ProxyDoc(Doc):
 
 
 class TrialDoc(Doc):
-    """A trial document (autopar.trial.measure; autopar.search.trials adds its key)."""
+    """A trial document (autopar.measured.measure; autopar.measured.trials adds its key)."""
 
     key: str = ""
     plan: PlanDoc

@@ -332,7 +332,7 @@ def local_profile_path() -> Path:
 
 
 def local_cluster(gpus_per_node: int | None = None) -> ClusterSpec:
-    """`--gpu local`: this machine's profile as `autopar probe` wrote it (autopar.trial.local_profile),
+    """`--gpu local`: this machine's profile as `autopar probe` wrote it (autopar.measured.local_profile),
     else LOCAL_DEFAULTS on a machine never probed. A profile that $AUTOPAR_LOCAL_PROFILE names must
     exist: a path the user gave and mistyped is one line, never a silent fallback to the defaults."""
     path = local_profile_path()

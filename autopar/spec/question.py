@@ -1,6 +1,6 @@
 """The question, declared once: what the user asks autopar (model, GPUs, cluster, sequence length,
 global batch, trainers, and what "fastest" means). A search (autopar.search), a comparison
-(autopar.report.compare), an estimate and the measured stage's trials (autopar.trial.placement)
+(autopar.report.compare), an estimate and the measured stage's trials (autopar.measured.placement)
 all take this one type; a comparison or a trial leaves the batch and the ranking at their defaults.
 """
 

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autopar.measured.features import model_problems
 from autopar.spec.model import ModelSpec
-from autopar.trial.features import model_problems
 from autopar.trial.layers import FeedForward
 from autopar.trial.moe import MoE
 
@@ -63,7 +63,7 @@ class ModelConfig:
 
 def unsupported(spec: ModelSpec) -> list[str]:
     """Spec features the built-in Llama-style model does not implement, as sentences
-    (autopar.trial.features.model_problems, which needs no torch)."""
+    (autopar.measured.features.model_problems, which needs no torch)."""
     return model_problems(spec)
 
 

@@ -34,8 +34,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from autopar.measured.features import plan_problems
 from autopar.spec.plan import ParallelPlan
-from autopar.trial.features import plan_problems
 from autopar.trial.loss import cross_entropy
 from autopar.trial.materialize import count_params, materialize
 from autopar.trial.mesh import build_expert_mesh, dp_cp_mesh, fresh_axis_mesh, new_axes_group

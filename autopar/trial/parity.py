@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from autopar.measured.config import TrialConfig
 from autopar.trial.batch import synthetic_batch
-from autopar.trial.config import TrialConfig
 from autopar.trial.loss import cross_entropy
 from autopar.trial.model import ModelConfig, build_model, initial_value
 from autopar.trial.optim import make_optimizer

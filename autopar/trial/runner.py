@@ -25,12 +25,12 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from autopar.cost.flops import model_flops_per_step, padded_vocab
+from autopar.measured.config import TrialConfig
+from autopar.measured.features import plan_problems
 from autopar.spec.plan import MESH_ORDER
 from autopar.spec.trainers import BUILTIN
 from autopar.trial.batch import cp_share, dp_share, synthetic_batch
 from autopar.trial.comm_count import CommBytesMode
-from autopar.trial.config import TrialConfig
-from autopar.trial.features import plan_problems
 from autopar.trial.loss import cross_entropy, loss_context
 from autopar.trial.memory import PeakMemory
 from autopar.trial.mesh import Runtime, axis_ranks, build_mesh

@@ -1,11 +1,11 @@
 """torchrun entry: `python -m autopar.trial.worker --spec run.json --out result.json
 [--tensor-memory] [--memory-limit-mib N] [--fault raise|hang|raise-rank1|slow|slow-exit] [--progress FILE]`.
 
-A watchdog thread (autopar.trial.hygiene.start_watchdog), started before torch is imported, ends
+A watchdog thread (autopar.measured.hygiene.start_watchdog), started before torch is imported, ends
 the worker when torchrun or the launching autopar process is gone, so a SIGKILLed search leaves no
 worker behind.
 
-Runs every trial of the run file in order on all ranks (autopar.trial.config for the schema) and
+Runs every trial of the run file in order on all ranks (autopar.measured.config for the schema) and
 has rank 0 write the result JSON after each trial (atomically: write, then rename), so a crash
 keeps what was done. The document: {"env": ..., "trials": [...], "complete": bool}; a trial that
 raised is recorded with status "error" and ends the run (the other ranks may be inside a
@@ -39,14 +39,14 @@ from autopar.atomic import write_atomic
 from autopar.json_out import dumps
 
 if __name__ == "__main__":  # before torch's import (seconds): a worker whose launcher dies meanwhile ends too
-    from autopar.trial.hygiene import start_watchdog
+    from autopar.measured.hygiene import start_watchdog
 
     start_watchdog()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from autopar.trial.config import TrialConfig, load_run  # noqa: E402
+from autopar.measured.config import TrialConfig, load_run  # noqa: E402
 from autopar.trial.mesh import Runtime, detect_runtime, init_distributed  # noqa: E402
 from autopar.trial.runner import run_trial  # noqa: E402
 

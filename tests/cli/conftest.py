@@ -22,7 +22,7 @@ def _run_in_process(*args) -> SimpleNamespace:
     with (
         contextlib.redirect_stdout(out),
         contextlib.redirect_stderr(err),
-        mock.patch("autopar.trial.hygiene.install_signal_handlers", lambda: None),
+        mock.patch("autopar.measured.hygiene.install_signal_handlers", lambda: None),
     ):
         try:
             main([str(a) for a in args])

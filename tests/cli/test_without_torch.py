@@ -1,5 +1,5 @@
 """torch is an optional extra (`autopar[trial]`): the commands that run it stop first, in one line
-naming the install, when it is missing (here: autopar.trial.needs_torch says so; the slow
+naming the install, when it is missing (here: autopar.measured.needs_torch says so; the slow
 tests/test_wheel_install.py runs an installed package where `import torch` fails)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from autopar.trial import needs_torch
-from autopar.trial.launcher import classify
+from autopar.measured import needs_torch
+from autopar.measured.launcher import classify
 
 
 @pytest.fixture

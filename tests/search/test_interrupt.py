@@ -100,7 +100,7 @@ def _cli(argv: list) -> tuple[int, str]:
     with (
         contextlib.redirect_stdout(io.StringIO()),
         contextlib.redirect_stderr(err),
-        mock.patch("autopar.trial.hygiene.install_signal_handlers", lambda: None),
+        mock.patch("autopar.measured.hygiene.install_signal_handlers", lambda: None),
     ):
         try:
             main([str(a) for a in argv])

@@ -15,7 +15,7 @@ from autopar.search import optuna_driver as od
 def test_importing_the_driver_leaves_the_log_level_alone() -> None:
     code = (
         "import optuna\noptuna.logging.set_verbosity(optuna.logging.DEBUG)\n"
-        "import autopar.search.optuna_driver, autopar.search.trials\n"
+        "import autopar.search.optuna_driver, autopar.measured.trials\n"
         "assert optuna.logging.get_verbosity() == optuna.logging.DEBUG, optuna.logging.get_verbosity()\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -89,7 +89,7 @@ def _local_profile(tmp_path, monkeypatch):
     signal handlers alone."""
     (tmp_path / "local.yaml").write_text(yaml.safe_dump(LOCAL_DEFAULTS))
     monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(tmp_path / "local.yaml"))
-    monkeypatch.setattr("autopar.trial.hygiene.install_signal_handlers", lambda: None)
+    monkeypatch.setattr("autopar.measured.hygiene.install_signal_handlers", lambda: None)
 
 
 @pytest.mark.parametrize("url", UNREACHABLE, ids=["postgresql", "mysql", "postgresql+psycopg2"])
@@ -121,8 +121,8 @@ def test_working_storage_never_leaks(tmp_path, capsys, monkeypatch) -> None:
     report: the password is in no stream and no file of the run directory."""
     import optuna
 
+    from autopar.measured.launcher import LaunchResult
     from autopar.search import optuna_driver as od
-    from autopar.trial.launcher import LaunchResult
 
     opened: list[str] = []
 
@@ -138,7 +138,7 @@ def test_working_storage_never_leaks(tmp_path, capsys, monkeypatch) -> None:
         )
 
     monkeypatch.setattr(od, "_rdb_storage", sqlite_instead)
-    monkeypatch.setattr("autopar.trial.measure.launch", crash)
+    monkeypatch.setattr("autopar.measured.measure.launch", crash)
     run = tmp_path / "run"
     url = f"postgresql://u:{PW}@db.example:5432/autopar"
     # two ranks (every plan runs here as it is), a seeded sampler: the measured stage has a plan to try

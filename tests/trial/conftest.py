@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from autopar.cost.estimate import estimate
+from autopar.measured.config import TrialConfig
+from autopar.measured.launcher import LaunchResult, launch
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset, model_from_dict
 from autopar.spec.trainers import BUILTIN
-from autopar.trial.config import TrialConfig
-from autopar.trial.launcher import LaunchResult, launch
 
 CLUSTER = default_cluster("h100-sxm")  # does not affect bytes or parameters
 #: one launch per world size; torchrun start-up plus all its cases (world 8: ~40 s on 2 cores)
@@ -205,7 +205,7 @@ if os.environ.get("AUTOPAR_TRIAL_CASES"):  # a developer's subset: comma-separat
 WORLDS = tuple(sorted({c.world for c in CASES}))
 
 #: peak-memory trials (test_memory_accuracy.py): the search's memory trial of each plan (AdamW, the
-#: second of 2 steps measured as live tensor bytes; autopar.trial.measure.trial_configs), tiny model,
+#: second of 2 steps measured as live tensor bytes; autopar.measured.measure.trial_configs), tiny model,
 #: world 2, global batch 8 as in search_spaces/local.yaml. They run first in the world-2 launch: the
 #: tracker counts every tensor alive, and the parity cases leave their reference runs cached.
 MEMORY_PLANS: tuple[dict, ...] = (
@@ -237,7 +237,7 @@ def memory_name(plan: dict) -> str:
 
 
 def memory_trials() -> list[TrialConfig]:
-    from autopar.trial.measure import trial_configs
+    from autopar.measured.measure import trial_configs
 
     return [trial_configs(memory_model(p), memory_plan(p).to_dict(), name=memory_name(p))[1] for p in MEMORY_PLANS]
 

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from autopar.cost.flops import padded_vocab
+from autopar.measured.features import plan_problems
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
-from autopar.trial.features import plan_problems
 from autopar.trial.loss import cross_entropy
 from autopar.trial.materialize import count_params
 from autopar.trial.model import ModelConfig, Transformer, apply_rope, build_model, initial_value, rope_table

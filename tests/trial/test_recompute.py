@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from autopar.cost import activations as act
+from autopar.measured.features import plan_problems
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
-from autopar.trial.features import plan_problems
 from autopar.trial.loss import cross_entropy
 from autopar.trial.memory import TensorPeak, _is_tensor
 from autopar.trial.model import ModelConfig, build_model

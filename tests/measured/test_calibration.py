@@ -91,8 +91,8 @@ def test_fit_recovers_known_constants():
 
 
 def test_plan_key_and_diverse_order():
-    from autopar.search.trial_order import diverse
-    from autopar.search.trials import plan_key
+    from autopar.measured.order import diverse
+    from autopar.measured.trials import plan_key
 
     keys = {plan_key(p.to_dict()): {"plan": p.to_dict()} for p in PLANS}
     assert len(keys) == len(PLANS)  # distinct plans, distinct keys
@@ -107,7 +107,7 @@ def test_plan_key_and_diverse_order():
 def test_the_measured_stage_runs_first_what_the_model_cannot_separate():
     """The leader first; then the plans whose step-time interval overlaps the leader's, the
     extrapolated before the calibrated; the plans the leader's interval excludes last."""
-    from autopar.search.trial_order import unresolved_first
+    from autopar.measured.order import unresolved_first
 
     def cand(t, lo, hi, support):
         return {"predicted": {"step_time_s": t, "step_time_s_interval": [lo, hi], "support": support}}

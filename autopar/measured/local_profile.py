@@ -17,7 +17,7 @@ def probe_machine(ranks: int, timeout_s: float, say: Callable[[str], None] = pri
     scratch folder; `say` gets one line per collective group and per GEMM shape. Returns (the GEMM probe's
     result, the results of the collective probes that succeeded)."""
     from autopar.errors import InputError
-    from autopar.trial.launcher import rendezvous_command, run_command
+    from autopar.measured.launcher import rendezvous_command, run_command
 
     work = Path(tempfile.mkdtemp(prefix="autopar-probe-"))
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -2,8 +2,8 @@
 (and why); imports no torch.
 
 A plan found for 256 GPUs cannot run as 256 ranks on a workstation. `Planner.place(plan)` compares
-the trial with the limits of the machine it will run on (autopar.trial.resources: ranks and memory)
-and returns a `Placement` (autopar.trial.placement holds the types, re-exported here):
+the trial with the limits of the machine it will run on (autopar.measured.resources: ranks and memory)
+and returns a `Placement` (autopar.measured.placement holds the types, re-exported here):
 
 - **full**: the plan runs as it is (its world and its predicted memory per rank fit, on the
   hardware the estimate is for);
@@ -34,14 +34,14 @@ from __future__ import annotations
 import math
 
 from autopar.cost.estimate import estimate
+from autopar.measured.features import model_problems, plan_problems
+from autopar.measured.placement import Placement, Proxy, ProxyOptions, as_builtin, builtin_trainer
+from autopar.measured.proxy_model import _halvings, _ladder, model_dict, proxy_spec, standin_model
+from autopar.measured.resources import LocalLimits
 from autopar.spec.hardware import GIB, LOCAL, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan, PlanError
 from autopar.spec.question import Question
-from autopar.trial.features import model_problems, plan_problems
-from autopar.trial.placement import Placement, Proxy, ProxyOptions, as_builtin, builtin_trainer
-from autopar.trial.proxy_model import _halvings, _ladder, model_dict, proxy_spec, standin_model
-from autopar.trial.resources import LocalLimits
 
 __all__ = ["MAX_STRUCTURES", "Placement", "Planner", "Proxy", "ProxyOptions", "as_builtin", "builtin_trainer"]
 

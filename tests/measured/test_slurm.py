@@ -1,5 +1,5 @@
 """`autopar search --trials 2 --launcher slurm`, end to end, against stand-in SLURM commands that
-run each job here (tests/trials/slurm_stub.py): every trial is one sbatch job whose result JSON
+run each job here (tests/measured/slurm_stub.py): every trial is one sbatch job whose result JSON
 comes back into the study; a SIGKILLed search's running job is adopted by the rerun, not submitted
 again; SIGINT cancels the running job (scancel) and exits 130 with nothing left; a job past the
 trial timeout is cancelled and recorded as a timeout."""
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import slurm_stub
 
-from autopar.search.trials import load_docs
-from autopar.trial import slurm
+from autopar.measured import slurm
+from autopar.measured.trials import load_docs
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.distributed, pytest.mark.slow]
 

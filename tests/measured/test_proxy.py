@@ -1,7 +1,7 @@
-"""Fitting trials to the machine (autopar.trial.resources, autopar.trial.proxy), without launching:
+"""Fitting trials to the machine (autopar.measured.resources, autopar.measured.proxy), without launching:
 the limits of a CPU or GPU machine, which plans run as they are, which as proxies (and what a
 proxy keeps), which are not runnable here and why, and how a proxy's measurement is scaled back
-(autopar.trial.measure.measure_placement with a stand-in launch). No torch import."""
+(autopar.measured.measure.measure_placement with a stand-in launch). No torch import."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ import pytest
 
 from autopar.cost.estimate import estimate
 from autopar.errors import InputError
+from autopar.measured.config import TrialConfig
+from autopar.measured.features import model_problems, plan_problems
+from autopar.measured.launcher import LaunchResult
+from autopar.measured.measure import measure_placement
+from autopar.measured.proxy import Planner, ProxyOptions
+from autopar.measured.proxy_model import standin_model
+from autopar.measured.resources import CPU_RANK_RUNTIME_BYTES, GIB, Machine, local_limits
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
 from autopar.spec.question import Question
 from autopar.spec.resolve import resolve_cluster
-from autopar.trial.config import TrialConfig
-from autopar.trial.features import model_problems, plan_problems
-from autopar.trial.launcher import LaunchResult
-from autopar.trial.measure import measure_placement
-from autopar.trial.proxy import Planner, ProxyOptions
-from autopar.trial.proxy_model import standin_model
-from autopar.trial.resources import CPU_RANK_RUNTIME_BYTES, GIB, Machine, local_limits
 
 REPO = Path(__file__).resolve().parents[2]
 CPU2 = Machine(cpu_cores=2, ram_total_bytes=24 * GIB, ram_available_bytes=22 * GIB)
@@ -97,8 +97,9 @@ def test_gpu_limits():
 
 def test_detect_reads_this_machine_without_torch():
     code = (
-        "import sys, autopar.trial.resources as r, autopar.trial.proxy, autopar.trial.slurm, "
-        "autopar.trial.hygiene; m = r.detect(); print(m.cpu_cores, m.ram_available_bytes > 0, 'torch' in sys.modules)"
+        "import sys, autopar.measured.resources as r, autopar.measured.proxy, autopar.measured.slurm, "
+        "autopar.measured.hygiene; m = r.detect(); "
+        "print(m.cpu_cores, m.ram_available_bytes > 0, 'torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from autopar.trial.config import TrialConfig, load_run
-from autopar.trial.launcher import TEARDOWN_ABORT_MARKER, classify, run_command, torchrun_command
+from autopar.measured.config import TrialConfig, load_run
+from autopar.measured.launcher import TEARDOWN_ABORT_MARKER, classify, run_command, torchrun_command
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,7 +116,7 @@ def test_torchrun_command_and_run_file_round_trip(tmp_path: Path) -> None:
 
 
 def test_the_launcher_does_not_import_torch() -> None:
-    code = "import sys, autopar.trial.launcher, autopar.trial.config; print('torch' in sys.modules)"
+    code = "import sys, autopar.measured.launcher, autopar.measured.config; print('torch' in sys.modules)"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

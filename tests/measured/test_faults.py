@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from autopar.trial.measure import measure_plan
+from autopar.measured.measure import measure_plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """Measure one plan for real and say how it compares with the estimate; imports no torch.
 
-`measure_plan` launches one torchrun run of two trials of the plan (autopar.trial.launcher): a timed
+`measure_plan` launches one torchrun run of two trials of the plan (autopar.measured.launcher): a timed
 one (warm-up, then N steps; VmHWM) and a short one with tensor-memory tracking (live tensor bytes,
 autopar.trial.memory; kept apart because tracking slows the step), and returns the trial document
 `reports/<run>/trials/*.json` holds: plan, predicted, measured, status/outcome/reasons, environment.
@@ -11,14 +11,14 @@ pp*vpp); the step time is scaled back by the ratio of the estimate's full and pr
 cost model carries the non-layer terms); `{"width_divisor": d}` runs a narrower model with the same
 ratios (ModelSpec.scaled) and scales back the same way. Both say so in `measured.proxy`.
 
-Placements (autopar.trial.proxy): `measure_placement` runs what the planner chose for this machine
+Placements (autopar.measured.proxy): `measure_placement` runs what the planner chose for this machine
 — the plan as is, or its proxy — and writes the trial document about the *plan*: `kind` ("full",
 "proxy", "not-runnable"), `proxy` (what changed, the proxy's own prediction here, the ratios), and
 in `measured` the figures scaled back to the plan (step times x time ratio, peak memory x memory
 ratio, tokens/s and MFU from the prediction's), with the proxy's own figures in `measured.proxy`;
 collective bytes, per-rank parameter and memory lists stay the proxy's. A plan that cannot run here
 gets a document with status "not-runnable" and the reason. The launch goes through `launch_fn`
-(default: torchrun here, autopar.trial.launcher.launch; autopar.trial.slurm.run_job for a cluster).
+(default: torchrun here, autopar.measured.launcher.launch; autopar.measured.slurm.run_job for a cluster).
 
 Pruning: with `on_step(index, time_s)`, each timed step of the timed trial is handed over as it
 ends (index 0, 1, ... = its place in `measured.step_times_s`); when it returns True the run is
@@ -34,10 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autopar.measured.config import TrialConfig
+from autopar.measured.launcher import LaunchResult, launch
+from autopar.measured.proxy import Placement
 from autopar.spec.plan import ParallelPlan
-from autopar.trial.config import TrialConfig
-from autopar.trial.launcher import LaunchResult, launch
-from autopar.trial.proxy import Placement
 
 OUTCOME_STATUS = {
     "ok": "ok",

@@ -1,4 +1,4 @@
-"""How a proxy trial shrinks the model (autopar.trial.proxy): a stand-in for what the built-in
+"""How a proxy trial shrinks the model (autopar.measured.proxy): a stand-in for what the built-in
 model cannot build (MLA -> multi-head attention, ...), every width divided (heads kept, head size
 after), and the ladder of (layers per stage, width divisor, sequence divisor) a proxy tries."""
 

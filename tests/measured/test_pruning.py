@@ -10,16 +10,16 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autopar.measured.launcher import ProgressReader
+from autopar.measured.measure import measure_plan
+from autopar.measured.results import acceptance
+from autopar.measured.trials import STUDY, plan_key, run_measured
 from autopar.search.run import SearchOptions, run_search
 from autopar.search.scenarios import global_batch
 from autopar.search.space import load_space
-from autopar.search.trial_results import acceptance
-from autopar.search.trials import STUDY, plan_key, run_measured
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 from autopar.spec.question import Question
-from autopar.trial.launcher import ProgressReader
-from autopar.trial.measure import measure_plan
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

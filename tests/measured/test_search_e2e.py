@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from autopar.search.trials import load_docs
+from autopar.measured.trials import load_docs
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.trial import hygiene
+from autopar.measured import hygiene
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.distributed, pytest.mark.slow]
 
@@ -167,7 +167,7 @@ def test_watchdog_ends_a_worker_whose_launcher_died(tmp_path):
     by itself within a second; a worker whose parent dies ends too."""
     repo = str(Path(__file__).resolve().parents[2])
     worker = (
-        "import os, sys, time; sys.path.insert(0, %r); from autopar.trial.hygiene import start_watchdog; "
+        "import os, sys, time; sys.path.insert(0, %r); from autopar.measured.hygiene import start_watchdog; "
         "start_watchdog(0.1); open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
     ) % repo
     middle = (
@@ -177,7 +177,7 @@ def test_watchdog_ends_a_worker_whose_launcher_died(tmp_path):
     launcher = textwrap.dedent(f"""
         import os, subprocess, sys, time
         sys.path.insert(0, {repo!r})
-        from autopar.trial import hygiene
+        from autopar.measured import hygiene
         env = hygiene.child_env(dict(os.environ), hygiene.new_token())
         m = subprocess.Popen([sys.executable, "-c", {middle!r}, {worker!r}, sys.argv[1], sys.argv[2]], env=env,
                              start_new_session=True)

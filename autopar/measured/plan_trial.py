@@ -15,12 +15,12 @@ from pathlib import Path
 from autopar.cost.estimate import estimate
 from autopar.errors import InputError
 from autopar.json_out import dumps
+from autopar.measured.config import TrialConfig
+from autopar.measured.features import plan_problems
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.resolve import PlanRequest, resolve_cluster, resolve_plan
-from autopar.trial.config import TrialConfig
-from autopar.trial.features import plan_problems
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def write_sbatch(
     timeout: float,
 ) -> Path:
     """Write the sbatch script of the trial to `path` and its run file next to it; return the run file."""
-    from autopar.trial.sbatch import sbatch_script
+    from autopar.measured.sbatch import sbatch_script
 
     spec_path = path.with_suffix(".run.json")
     configs = [
@@ -166,8 +166,8 @@ def write_sbatch(
 def check_local_fit(t: PlanTrial, nproc: int, max_local_ranks: int | None) -> None:
     """Refuse, before anything is allocated, a trial this machine cannot hold: more ranks than it
     may start, or more memory per rank (predicted on this machine's `local` profile) than it has
-    for a trial (autopar.trial.resources)."""
-    from autopar.trial.resources import detect, local_limits
+    for a trial (autopar.measured.resources)."""
+    from autopar.measured.resources import detect, local_limits
 
     here = t.cluster if t.cluster.gpu.key == "local" else resolve_cluster("local")  # the trial runs on this machine
     spec = t.spec if t.proxy is None else t.spec.scaled(**t.proxy)

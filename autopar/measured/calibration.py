@@ -1,6 +1,6 @@
 """The measured stage's calibration: which trials may calibrate the cost model, the fit to them,
-and the run's plans re-ranked with it (read by autopar.search.trials between rounds and by
-autopar.search.trial_results and `autopar calibrate` after the stage)."""
+and the run's plans re-ranked with it (read by autopar.measured.trials between rounds and by
+autopar.measured.results and `autopar calibrate` after the stage)."""
 
 from __future__ import annotations
 

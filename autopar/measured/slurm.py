@@ -1,4 +1,4 @@
-"""Trials on a SLURM cluster: `run_job` submits the trial's sbatch script (autopar.trial.sbatch;
+"""Trials on a SLURM cluster: `run_job` submits the trial's sbatch script (autopar.measured.sbatch;
 `autopar trial --emit-slurm` writes the same one), follows the job and collects its result; imports
 no torch.
 
@@ -9,14 +9,14 @@ polls `squeue` (state) and `sacct` (final state and exit code once the job has l
 Per-step records (`progress.jsonl`) are handed to `on_progress` as they appear, so the pruner can
 stop a trial mid-run. The trial timeout counts from the moment the job runs (the queue wait has its
 own limit, `queue_timeout_s`); on timeout, on a prune, and when autopar is interrupted (SIGINT /
-SIGTERM, through autopar.trial.hygiene) the job is cancelled with `scancel`.
+SIGTERM, through autopar.measured.hygiene) the job is cancelled with `scancel`.
 
 Resume: a rerun of the same trial finds `slurm.job`. A job still pending or running, with the same
 digest, is adopted (followed, not submitted again); one that completed with a complete result is
 collected as it is; anything else is submitted afresh. A SIGKILLed autopar cannot cancel its job:
 the job runs on, and the rerun adopts it.
 
-Outcomes are the launcher's (autopar.trial.launcher): ok / teardown-abort (complete
+Outcomes are the launcher's (autopar.measured.launcher): ok / teardown-abort (complete
 result), oom (SLURM's OUT_OF_MEMORY or an allocation failure in the log), timeout (ours, or
 SLURM's time limit), crash (failed, cancelled by someone else, or no complete result), pruned.
 """
@@ -35,10 +35,10 @@ from pathlib import Path
 
 from autopar.errors import InputError
 from autopar.json_out import dumps
-from autopar.trial import hygiene
-from autopar.trial.config import TrialConfig
-from autopar.trial.launcher import PROGRESS_FILE, LaunchResult, ProgressReader, classify, read_result
-from autopar.trial.sbatch import sbatch_script
+from autopar.measured import hygiene
+from autopar.measured.config import TrialConfig
+from autopar.measured.launcher import PROGRESS_FILE, LaunchResult, ProgressReader, classify, read_result
+from autopar.measured.sbatch import sbatch_script
 
 __all__ = ["SlurmOptions", "cancel", "job_state", "run_job", "sbatch_script"]
 
@@ -258,7 +258,7 @@ def _watch(
 ) -> tuple:
     """Follow a submitted job until it ends, its progress asks to stop (the pruner), or it runs past
     `timeout_s` (or queues past the queue timeout): (progress records, state, exit code, wall
-    seconds, timed out, stopped, never ran). SIGINT/SIGTERM scancel it (autopar.trial.hygiene)."""
+    seconds, timed out, stopped, never ran). SIGINT/SIGTERM scancel it (autopar.measured.hygiene)."""
     handle = hygiene.register(f"SLURM job {job}", lambda: cancel(job))
     reader = ProgressReader(progress) if on_progress else None
     records: list[dict] = []

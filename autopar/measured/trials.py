@@ -1,14 +1,14 @@
 """The measured stage of `autopar search --trials K` (Optuna): a study
 in the run directory (SQLite `trials.db`, or any --storage) seeded with the analytic top-K through
 `enqueue_trial`; each Optuna trial measures one plan for real through a `measure(plan, predicted,
-on_step)` callable (the CLI wires autopar.trial.measure: this layer imports no torch). The running
+on_step)` callable (the CLI wires autopar.measured.measure: this layer imports no torch). The running
 trial streams its per-step times: each is reported to Optuna as it ends and the pruner
 (MedianPruner, after the K seeded trials) is asked at once, so a plan whose first steps are already
 slower than the finished trials' median is killed mid-run and recorded as pruned with the steps it
 ran. While `budget` remains the sampler proposes further plans among the analytic plans that fit.
 Results are trial JSON files (`trials/<key>.json`) and user attributes (the same document).
 
-Machines smaller than the plans (autopar.trial.proxy, wired by the CLI): `runnable(plan, predicted)`
+Machines smaller than the plans (autopar.measured.proxy, wired by the CLI): `runnable(plan, predicted)`
 says why a plan cannot be trialled here (None: it can, as is or as a scaled-down proxy). The top-K
 seeds are the first K plans of the ranking that can run; those of the top K that cannot are
 recorded as trial files with status "not-runnable" and the reason (no Optuna trial: they use no
@@ -21,7 +21,7 @@ otherwise fit the GPU profile to CPU timings.
 Resume: a rerun finds the study; trials left RUNNING by a dead process are failed (fail_stale) and
 their plans rerun; finished plans are kept. Between rounds (`rounds`), the cost model is refitted
 to the measurements (autopar.cost.calibrate) and the untried plans re-ranked and enqueued. Several
-workers can share the study (autopar.search.trial_claims): no plan is measured twice, the budget is
+workers can share the study (autopar.measured.claims): no plan is measured twice, the budget is
 shared, and each worker's final ranking covers all workers' measurements.
 """
 
@@ -38,12 +38,12 @@ from optuna.trial import TrialState
 from autopar.cost.calibrate import Calibration
 from autopar.cost.uncertainty import interval_fields
 from autopar.errors import InputError
+from autopar.measured import claims
+from autopar.measured.calibration import calibrate_docs, evaluate_with
+from autopar.measured.order import diverse, unresolved_first
 from autopar.search import optuna_driver as od
-from autopar.search import trial_claims as claims
 from autopar.search.results import ranked, row_plan
 from autopar.search.run import SearchResult
-from autopar.search.trial_calibration import calibrate_docs, evaluate_with
-from autopar.search.trial_order import diverse, unresolved_first
 from autopar.spec.hardware import GIB
 from autopar.spec.plan import ParallelPlan
 
@@ -152,7 +152,7 @@ def run_measured(
     """Measure the analytic top-k (then sampler proposals up to `budget`), for `rounds` rounds.
     `measure(plan, predicted, on_step)` runs one plan; `on_step(index, step_time_s)` reports each
     timed step as it ends and returns True when the pruner says stop. Several workers may run this
-    at once on one `storage` (see autopar.search.trial_claims); at the end each waits up to
+    at once on one `storage` (see autopar.measured.claims); at the end each waits up to
     `wait_s` for the others' running trials, so every worker ranks every measurement."""
     run_dir = Path(result.run_dir)
     trials_dir = run_dir / "trials"

@@ -4,8 +4,8 @@
 `python -m torch.distributed.run --standalone --nproc_per_node N -m autopar.trial.worker ...`
 in its own session (process group), and on timeout kills the whole group and every process of the
 launch (torchrun puts its workers in sessions of their own: they are found by the launch token in
-their environment, autopar.trial.hygiene), so no process outlives the call. While it runs, the
-launch is registered with autopar.trial.hygiene, whose SIGINT/SIGTERM handlers kill it; torchrun
+their environment, autopar.measured.hygiene), so no process outlives the call. While it runs, the
+launch is registered with autopar.measured.hygiene, whose SIGINT/SIGTERM handlers kill it; torchrun
 dies with the launching process (PR_SET_PDEATHSIG) and each worker's watchdog ends the worker when
 torchrun or the launching process is gone (SIGKILL). Outcomes:
 
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autopar.json_out import dumps
+from autopar.measured import hygiene
+from autopar.measured.config import TrialConfig
+from autopar.measured.needs_torch import INSTALL_HINT, MISSING_MARKER
 from autopar.spec.read_file import read_json
-from autopar.trial import hygiene
-from autopar.trial.config import TrialConfig
-from autopar.trial.needs_torch import INSTALL_HINT, MISSING_MARKER
 
 PROGRESS_FILE = "progress.jsonl"
 #: seconds between looks at the progress file (a step of the smallest trials takes ~50 ms)
@@ -269,7 +269,7 @@ PGID_FILE = "launch.pgid"
 def _die_with_parent() -> None:
     """In the child before exec: SIGKILL it when the launching process dies (prctl(2)
     PR_SET_PDEATHSIG; Linux), so a killed search leaves no torchrun behind; its workers, in
-    sessions of their own, end through their watchdogs (autopar.trial.hygiene)."""
+    sessions of their own, end through their watchdogs (autopar.measured.hygiene)."""
     hygiene.set_parent_death_signal(signal.SIGKILL)
 
 

@@ -10,13 +10,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autopar.measured.order import diverse, unresolved_first
+from autopar.measured.results import acceptance
+from autopar.measured.trials import STUDY, candidates, run_measured
 from autopar.report.run_data import load_trials
 from autopar.search.run import SearchOptions, run_search
 from autopar.search.scenarios import global_batch
 from autopar.search.space import load_space
-from autopar.search.trial_order import diverse, unresolved_first
-from autopar.search.trial_results import acceptance
-from autopar.search.trials import STUDY, candidates, run_measured
 from autopar.spec.hardware import default_cluster
 from autopar.spec.presets import get_preset
 from autopar.spec.question import Question
@@ -67,8 +67,8 @@ def test_seeded_failures_budget_winner(local_env, tmp_path):
         }
 
     stage = run_measured(result, measure, k=4, budget=6, log=lambda s: None)
-    from autopar.search.trial_claims import measured
-    from autopar.search.trials import plan_key
+    from autopar.measured.claims import measured
+    from autopar.measured.trials import plan_key
 
     assert [plan_key(p) for p in calls[:4]] == seeded  # the analytic top-K, in seeding order, first
     assert len(calls) == 6 and len(stage.order) == 6  # budget: 2 more proposed by the sampler

@@ -9,9 +9,9 @@ import warnings
 
 from autopar.cost.calibrate import predict, spearman
 from autopar.cost.uncertainty import LEVEL, conformal_half_width
+from autopar.measured.calibration import calibrates
+from autopar.measured.trials import NOT_RUNNABLE, MeasuredStage
 from autopar.search.run import SearchResult
-from autopar.search.trial_calibration import calibrates
-from autopar.search.trials import NOT_RUNNABLE, MeasuredStage
 from autopar.spec.plan import ParallelPlan
 
 

@@ -1,6 +1,6 @@
 """The sbatch script of a trial on a SLURM cluster: one torchrun per node (c10d rendezvous on the first
 node), or one standalone torchrun on a single node. `autopar trial --emit-slurm` writes it, and
-autopar.trial.slurm.run_job submits it; imports no torch."""
+autopar.measured.slurm.run_job submits it; imports no torch."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
-from autopar.search import trial_claims as claims
+from autopar.measured import claims as claims
 
 K = 4
 DIST = {"plan": optuna.distributions.CategoricalDistribution(["a", "b", "c"])}

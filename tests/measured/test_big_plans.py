@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.search.trials import load_docs
+from autopar.measured.trials import load_docs
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.distributed, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""What the proxy planner (autopar.trial.proxy) works with and decides: the proxy options, the
+"""What the proxy planner (autopar.measured.proxy) works with and decides: the proxy options, the
 target the plans were found for, and a plan's `Placement` on this machine (with its `Proxy`, when
 scaled down); imports no torch."""
 
