@@ -141,7 +141,7 @@ def export(
     _check_options(master_port, time_limit, rank)
     formats = _formats(to)
     if torchtitan_base is not None:  # checked even when no torchtitan file is written
-        from autopar.export.torchtitan_checks import check_base, toml_era
+        from autopar.export.torchtitan import check_base, toml_era
 
         check_base(torchtitan_base, toml_era(torchtitan_version))
     if rank != 1 and run is None:

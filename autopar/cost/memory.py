@@ -20,6 +20,12 @@ OPTIMIZER_BYTES = 12.0  # fp32 master + Adam m + v
 FP32_OPTIMIZER_BYTES = 8.0  # fp32 training: Adam m + v, no master copy
 
 
+def grad_bytes(main_grads_fp32, fp32) -> np.ndarray:
+    """Bytes per main-gradient element: fp32 main gradients (Megatron's default, and fp32 training)
+    4, else the model's 16-bit 2."""
+    return np.where(np.asarray(main_grads_fp32) | np.asarray(fp32), 4.0, 2.0)
+
+
 def precision_bytes(fp32) -> tuple[np.ndarray, np.ndarray]:
     """(weight bytes, optimizer bytes) per parameter: mixed precision 2 and 12, fp32 4 and 8."""
     return np.where(fp32, 4.0, WEIGHT_BYTES), np.where(fp32, FP32_OPTIMIZER_BYTES, OPTIMIZER_BYTES)
@@ -42,7 +48,7 @@ def state_bytes(
     reduce-scatter waits for the last one: torch.distributed.pipelining with FSDP2, measured on
     the built-in model), so ZeRO-2/3 shard them only without pipelining."""
     z = np.asarray(zero_stage)
-    grad_b = np.where(np.asarray(main_grads_fp32) | np.asarray(fp32), 4.0, 2.0)
+    grad_b = grad_bytes(main_grads_fp32, fp32)
     weight_b, opt_b = precision_bytes(fp32)
 
     def sharded(params, group, from_stage, per_param, when=True):

@@ -91,13 +91,13 @@ class MemoryStack:
     #: FSDP2 with pipeline parallelism keeps each stage's parameters unsharded between
     #: microbatches (torchtitan parallelize.py `apply_fsdp`, reshard_after_forward_policy
     #: "default": False when pp is enabled); autopar's torchtitan export writes "always" for
-    #: ZeRO-3 and "never" for ZeRO-2 (autopar/export/torchtitan_values.py RESHARD)
+    #: ZeRO-3 and "never" for ZeRO-2 (autopar/export/torchtitan.py RESHARD)
     pp_keeps_params_gathered: bool = False
     #: activation memory compiled by torch.compile (fused elementwise ops save less: see
     #: `gated_mlp_tensors`)
     compiled: bool = False
     #: compiled where the plan turns on TP-communication overlap: autopar's torchtitan export
-    #: enables torch.compile only for async TP, which needs it (torchtitan_values.py `compile`)
+    #: enables torch.compile only for async TP, which needs it (autopar/export/torchtitan.py `compile`)
     compiles_with_async_tp: bool = False
     #: FSDP all-gathers FP8 weights under FP8 training (torchtitan enable_fsdp_float8_all_gather);
     #: off by default in torchtitan's float8 config and in autopar's export

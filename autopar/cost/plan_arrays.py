@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.cost.memory import grad_bytes as grad_precision_bytes
 from autopar.cost.memory import precision_bytes
 from autopar.spec.model import ModelSpec
 from autopar.spec.stages import StageProfiles
@@ -96,7 +97,7 @@ def plan_arrays(
         act_bytes=act_bytes,
         act_scale=act_bytes / 2.0,
         weight_bytes=weight_bytes,
-        grad_bytes=np.where(table.main_grads_fp32 | fp32, 4.0, 2.0),
+        grad_bytes=grad_precision_bytes(table.main_grads_fp32, fp32),
         full=full,
         selective=table.recompute == RECOMP["selective"],
         recompute_share=np.where(full, np.minimum(1.0, rl / np.maximum(layers, 1.0)), 0.0),

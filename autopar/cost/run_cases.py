@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from autopar.cost.flop_conventions import CONVENTIONS, flops_per_token
 from autopar.cost.run_checks import row_problem
 from autopar.cost.run_plan import run_plan
-from autopar.cost.run_rows import FAMILY_PROFILE, family, integer, num, row_cluster, row_model, source_key, text
+from autopar.cost.run_rows import FAMILY_PROFILE, PublishedRow, num, row_cluster, row_model, text
 from autopar.errors import InputError
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -144,23 +144,21 @@ def build_cases(rows: list[dict]) -> tuple[list[RunCase], list[tuple[str, str, s
 
 
 def build_case(row: dict) -> RunCase:
-    notes: list[str] = []
-    rid = int(num(row, "row_id") or 0)
-    s = integer(row, "seq_len")
+    r = PublishedRow.of(row)
+    rid, src, fam, notes = r.row_id, r.source, r.family, r.notes
+    s = r.integer("seq_len")
     if not s:
         raise ValueError("sequence length not stated")
-    fam = family(row)
-    src = source_key(row)
-    model = row_model(row, s, fam, notes)
-    cluster = row_cluster(row, notes)
-    plan = run_plan(row, rid, src, fam, model, cluster, s, notes)
+    model = row_model(r, s)
+    cluster = row_cluster(r)
+    plan = run_plan(r, model, cluster)
     problems = plan_problems(
         plan, model, num_gpus=plan.num_gpus, cluster=cluster, seq_len=s, trainer_capabilities=False
     )  # the run ran on its own framework
     if problems:
         raise ValueError("; ".join(problems))
-    metric, published, fpt = _metric(row, src, model, s, plan.tp, cluster, notes)
-    imbalance = _routing(row, model, notes)
+    metric, published, fpt = _metric(r, model, s, plan.tp)
+    imbalance = _routing(r, model)
     whole_run = re.search(r"average over the whole", text(row, "notes"), re.I) is not None
     if whole_run:
         notes.append("a whole run's average throughput: the step's times the goodput of its interruptions")
@@ -187,18 +185,18 @@ def build_case(row: dict) -> RunCase:
     )
 
 
-def _routing(row: dict, model, notes: list[str]) -> float:
+def _routing(r: PublishedRow, model) -> float:
     """The busiest expert rank's tokens over the mean (autopar.spec.routing): forced-balanced where
     the row says so or states nothing (NVIDIA's benchmark tables), a real router's where it says the
     routing was learned (aux-loss or aux-loss-free balancing)."""
     if model.moe is None:
         return FORCED_BALANCED
-    words = text(row, "notes")
+    words = r.text("notes")
     if re.search(r"real \(not forced|aux-loss", words, re.I):
-        notes.append(f"real router, dropless: routing imbalance {REAL_ROUTER_IMBALANCE} (autopar.spec.routing)")
+        r.notes.append(f"real router, dropless: routing imbalance {REAL_ROUTER_IMBALANCE} (autopar.spec.routing)")
         return REAL_ROUTER_IMBALANCE
     if re.search(r"force-load-balancing|forced balance|force-balanced", words, re.I) is None:
-        notes.append("routing not stated: assumed forced-balanced (a benchmark table)")
+        r.notes.append("routing not stated: assumed forced-balanced (a benchmark table)")
     return FORCED_BALANCED
 
 
@@ -224,20 +222,20 @@ def _dropless_case(case: RunCase, row: dict) -> RunCase | None:
 # ---- metric --------------------------------------------------------------------------------------
 
 
-def _metric(row, src, model, s, tp, cluster, notes) -> tuple[str, float, float]:
+def _metric(r: PublishedRow, model, s, tp) -> tuple[str, float, float]:
     """The measure to compare, best first: tokens/s/GPU, step time, TFLOP/s/GPU, MFU (the last two
     need the source's FLOP convention: SOURCE_CONVENTION, else current Megatron's)."""
-    convention = SOURCE_CONVENTION.get(src, "megatron-causal")
+    convention = SOURCE_CONVENTION.get(r.source, "megatron-causal")
     fpt = flops_per_token(convention, model, s, tp)
-    tok, step, tfl, mfu = (num(row, k) for k in ("tokens_per_sec_per_gpu", "step_time_s", "tflops_per_gpu", "mfu"))
+    tok, step, tfl, mfu = (r.num(k) for k in ("tokens_per_sec_per_gpu", "step_time_s", "tflops_per_gpu", "mfu"))
     if tok:
         return "tokens/s/GPU", tok, fpt
     if step:
         return "step time s", step, fpt
     if tfl:
-        notes.append(f"TFLOP/s per {CONVENTIONS[convention]}")
+        r.notes.append(f"TFLOP/s per {CONVENTIONS[convention]}")
         return "TFLOP/s/GPU", tfl, fpt
     if mfu:
-        notes.append(f"MFU against the dense BF16 peak, FLOPs per {CONVENTIONS[convention]} (assumed)")
+        r.notes.append(f"MFU against the dense BF16 peak, FLOPs per {CONVENTIONS[convention]} (assumed)")
         return "MFU", mfu / 100.0, fpt
     raise ValueError("no throughput measure (tokens/s, step time, TFLOP/s or MFU)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -165,39 +165,65 @@ def family(row: dict) -> str:
     return "megatron"
 
 
+@dataclass
+class PublishedRow:
+    """One published run as the parser reads it (its model and cluster here, its plan in
+    autopar.cost.run_plan, its case in autopar.cost.run_cases): the CSV row, its id, the source's
+    key, the trainer family, and the notes of what the parser had to assume."""
+
+    row: dict
+    row_id: int
+    source: str
+    family: str
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, row: dict) -> PublishedRow:
+        return cls(row, int(num(row, "row_id") or 0), source_key(row), family(row))
+
+    def num(self, key: str) -> float | None:
+        return num(self.row, key)
+
+    def integer(self, key: str) -> int | None:
+        return integer(self.row, key)
+
+    def text(self, key: str) -> str:
+        return text(self.row, key)
+
+
 # ---- model ---------------------------------------------------------------------------------------
 
 
-def row_model(row: dict, seq_len: int, fam: str, notes: list[str]) -> ModelSpec:
+def row_model(r: PublishedRow, seq_len: int) -> ModelSpec:
     """The architecture: a preset for MoE/MLA models the table cannot spell out, else the row's
     shape with the conventions of its family (MPT, BLOOM, GPT, Llama)."""
-    name = text(row, "model")
+    name = r.text("model")
     key = name.lower().replace(".", "").replace(" ", "")
     for pattern, preset in PRESET_BY_NAME:
         if pattern in key:
-            notes.append(f"architecture from preset {preset}")
-            vocab = integer(row, "vocab_size")
+            r.notes.append(f"architecture from preset {preset}")
+            vocab = r.integer("vocab_size")
             spec = replace(get_preset(preset), seq_len=seq_len)
             if re.search(r"incl\. MTP", name):
                 # DeepSeek-V3's multi-token-prediction module: one more MoE block (and its head) on the
                 # last stage (num_nextn_predict_layers 1; Megatron layout 'tmL')
                 spec = replace(spec, num_layers=spec.num_layers + 1)
-                notes.append("MTP module priced as one more MoE layer (num_nextn_predict_layers 1)")
+                r.notes.append("MTP module priced as one more MoE layer (num_nextn_predict_layers 1)")
             return replace(spec, vocab_size=vocab) if vocab else spec
-    L, h = integer(row, "num_layers"), integer(row, "hidden_size")
+    L, h = r.integer("num_layers"), r.integer("hidden_size")
     if not L or not h:
         raise ValueError("architecture (layers, hidden size) not stated")
-    heads = integer(row, "num_attention_heads")
+    heads = r.integer("num_attention_heads")
     if heads is None:
         heads = h // 128
-        notes.append(f"heads not stated: assumed head dim 128 ({heads} heads)")
-    kv = integer(row, "num_kv_heads") or heads
-    ffn = integer(row, "ffn_hidden_size")
+        r.notes.append(f"heads not stated: assumed head dim 128 ({heads} heads)")
+    kv = r.integer("num_kv_heads") or heads
+    ffn = r.integer("ffn_hidden_size")
     if ffn is None:
         ffn = 4 * h
-        notes.append("ffn not stated: assumed 4h")
-    vocab = integer(row, "vocab_size") or _vocab_from_name(key, notes)
-    style = _style(key, fam, ffn)
+        r.notes.append("ffn not stated: assumed 4h")
+    vocab = r.integer("vocab_size") or _vocab_from_name(key, r.notes)
+    style = _style(key, r.family, ffn)
     return ModelSpec(
         name=name,
         num_layers=L,
@@ -250,16 +276,16 @@ GPU_PATTERNS = (
 )
 
 
-def row_cluster(row: dict, notes: list[str]) -> ClusterSpec:
+def row_cluster(r: PublishedRow) -> ClusterSpec:
     """The GPU preset, the NVLink domain (NVL72 racks: the rack, or what the source says) and the
     scale-out bandwidth per GPU where the row states a per-node figure."""
-    g = text(row, "gpu_type").lower()
+    g = r.text("gpu_type").lower()
     key = next((k for pattern, k in GPU_PATTERNS if re.search(pattern, g)), None)
     if key is None:
-        raise ValueError(f"GPU '{text(row, 'gpu_type')}' has no preset")
-    inter = text(row, "interconnect")
+        raise ValueError(f"GPU '{r.text('gpu_type')}' has no preset")
+    inter = r.text("interconnect")
     domain = re.search(r"every (\d+) GPUs[^;]*NVL domain|NVLink domain (\d+)", inter)
-    per_node = integer(row, "gpus_per_node")
+    per_node = r.integer("gpus_per_node")
     if domain:
         per_node = int(domain.group(1) or domain.group(2))
     elif key in ("gb200", "gb300"):
@@ -267,7 +293,7 @@ def row_cluster(row: dict, notes: list[str]) -> ClusterSpec:
     cluster = default_cluster(key, per_node if per_node and per_node >= 8 else None)
     nic = _nic_per_gpu(inter, cluster.gpus_per_node if key not in ("gb200", "gb300") else 4)
     if nic is not None and abs(nic - cluster.inter_node_gbps) > 1e-9:
-        notes.append(f"scale-out {nic:g} GB/s per GPU from '{inter[:60]}'")
+        r.notes.append(f"scale-out {nic:g} GB/s per GPU from '{inter[:60]}'")
         cluster = replace(cluster, inter_node_gbps=nic)
     return cluster
 

@@ -58,7 +58,7 @@ MODELS = {"llama3-8b": 16, "qwen3-30b-a3b": 32, "deepseek-v3": 64, "llama2-13b":
 def models_for(trainer: str) -> list[str]:
     """torchtitan exports need a base config for the model (--torchtitan-base, an export option the
     table leaves out: see test_torchtitan_needs_a_base_config_for_models_without_one)."""
-    from autopar.export.torchtitan_checks import TORCHTITAN_MODELS
+    from autopar.export.torchtitan import TORCHTITAN_MODELS
 
     return [m for m in MODELS if trainer != "torchtitan" or m in TORCHTITAN_MODELS]
 

@@ -606,7 +606,7 @@ def test_torchtitan_toml_loads_with_torchtitan_0_2_2(tmp_path) -> None:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stderr[-3000:]
     results = json.loads(lines[-1].removeprefix("RESULT "))
-    from autopar.export.torchtitan_values import SCHEDULES
+    from autopar.export.torchtitan import SCHEDULES
 
     for case, (path, _) in zip(TOML_CASES, jobs):
         r, p = results[path], case.plan
