@@ -65,9 +65,6 @@ def top_table(r: SearchResult) -> Table:
     left = ("layout", "sched", "stages", "recomp", "support", "runs on")
     for col in cols:
         t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
-    run = r.options.training
-    for col in run_headers(run):
-        t.add_column(col, justify="right", no_wrap=True)
     cap = q.cluster.gpu.hbm_bytes / GIB
     for i, (_, row) in enumerate(r.top.iterrows(), start=1):
         t.add_row(
@@ -85,8 +82,23 @@ def top_table(r: SearchResult) -> Table:
             f"{100 * row['mfu']:.1f}%",
             support_cell(row),
             _runs_on(row),
-            *run_cells(row, run),
         )
+    return t
+
+
+def run_table(r: SearchResult) -> Table | None:
+    """The whole run of each top plan (with --tokens; its own table, so that the top table fits
+    a 120-column terminal): days to train after goodput, GPU-hours, cost."""
+    from autopar.spec.training_run import tokens_text
+
+    run = r.options.training
+    if run is None or r.top.empty:
+        return None
+    t = compact_table(f"The whole run of the top plans ({tokens_text(run.tokens)} tokens)")
+    for col in ["#", "layout"] + run_headers(run):
+        t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
+    for i, (_, row) in enumerate(r.top.iterrows(), start=1):
+        t.add_row(str(i), str(row["plan_name"]), *run_cells(row, run))
     return t
 
 
@@ -220,9 +232,10 @@ def print_result(r: SearchResult) -> None:
     n, valid, fit = r.counts["evaluated"], r.counts["valid"], r.counts["fit"]
     if not r.top.empty:
         c.print(top_table(r))
-        c.print(
-            trainer_legend(r) + "; 80% range: the step time's 80 % interval; support: calib(rated) or extrap(olated)"
-        )
+        c.print(trainer_legend(r))
+        c.print("80% range: the step time's 80 % interval; support: calib(rated) or extrap(olated)")
+        if (whole := run_table(r)) is not None:
+            c.print(whole)
         if len(r.per_trainer) > 1:
             c.print(trainer_table(r))
     c.print(f"[bold]{r.why}[/bold]")

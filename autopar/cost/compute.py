@@ -109,7 +109,15 @@ def _attention_seconds(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, fw
     forwards = 1.0 + np.where(fwd_core > 0, recompute_core / np.maximum(fwd_core, 1e-30), 0.0)
     kv = x.seq_len / x.cp
     flash = attention_seconds(
-        cluster, fwd_core, kv, model.qk_head_dim, forwards, k.attention_mma_sync, x.cp, k.attention_fa1
+        cluster,
+        fwd_core,
+        kv,
+        model.qk_head_dim,
+        forwards,
+        k.attention_mma_sync,
+        x.cp,
+        k.attention_fa1,
+        k.triton_attention_rate,
     )
     if k.attention_flash >= 1:
         return flash

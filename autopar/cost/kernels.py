@@ -101,14 +101,15 @@ def causal_share(cp) -> np.ndarray:
 
 
 def attention_seconds(
-    cluster: ClusterSpec, fwd_flops, kv_len, head_dim: float, forwards, mma_sync, cp=1, fa1=0.0
+    cluster: ClusterSpec, fwd_flops, kv_len, head_dim: float, forwards, mma_sync, cp=1, fa1=0.0, triton_rate=1.0
 ) -> np.ndarray:
     """Seconds of flash attention doing `fwd_flops` (causal) per forward, `forwards` forwards (1 +
     recomputed ones) and one backward (2.5 x the forward's FLOPs: Dao-AILab/flash-attention#1525), at
     the published rates of the GPU's kernels for this K/V length, causally masked blocks at the causal
     rate and a CP rank's whole blocks at the unmasked rate (`causal_share`); `mma_sync` is the share
-    of it on FlashAttention-2-class kernels, `fa1` of that on FlashAttention-1-era ones (half FA2's
-    rate: FA2 paper abstract). A GPU without a published curve for one kind uses the other's."""
+    of it on FlashAttention-2-class kernels, `fa1` of that on FlashAttention-in-Triton ones at
+    `triton_rate` of FA2's (the constant triton_attention_rate: FA2 paper sec. 4.1). A GPU without a
+    published curve for one kind uses the other's."""
     a = gpu_behaviour(cluster).attention
     f = np.asarray(fwd_flops, dtype=float)
     hd = head_dim_factor(head_dim, kv_len)
@@ -124,7 +125,7 @@ def attention_seconds(
         assert a.mma_sync_hd64_ratio is not None and a.mma_sync_fwd_bwd_full is not None  # FA2's come together
         ratio = np.where(head_dim <= 64, a.mma_sync_hd64_ratio(kv_len), 1.0)
         per = c / a.mma_sync_fwd_bwd(kv_len) + (1 - c) / a.mma_sync_fwd_bwd_full(kv_len)
-        mma = f * (forwards + 2.5) * per / ratio * (1.0 + fa1)
+        mma = f * (forwards + 2.5) * per / ratio * (1.0 - fa1 + fa1 / triton_rate)
     native = mma if native is None else native
     mma = native if mma is None else mma
     return (1 - mma_sync) * native + mma_sync * mma
