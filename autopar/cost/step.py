@@ -157,14 +157,15 @@ def exposed(inp: StepInputs, k) -> Exposed:
     the CP ring under the attention of the chunk in hand: each of the cp - 1 ring steps sends a K/V block
     while the attention of the previous one runs, and the local step's attention hides nothing, so
     the ring is hidden under (cp - 1) / cp of the attention only (Liu et al. 2023, Ring Attention
-    sec. 3). Hidden communication still costs the compute beside it the SMs it runs on."""
+    sec. 3); an all-gather-based CP (cp_ring_overlap 0: Meta's Llama 3 stack) hides none of it.
+    Hidden communication still costs the compute beside it the SMs it runs on."""
     compute = assemble_compute(inp.raw, k)
     cp = inp.cp_size
     s = inp.comm_sm_share
     return Exposed(
         compute=compute.total(),
         tp=_with_contention(inp.tp, np.minimum(inp.tp, compute.gemm) * _tp_hidden_share(inp, k), inp.tp_sm_share),
-        cp=_with_contention(inp.cp, compute.attention * (cp - 1) / cp, s),
+        cp=_with_contention(inp.cp, compute.attention * (cp - 1) / cp * k.cp_ring_overlap, s),
         ep=_with_contention(
             inp.ep, np.minimum(inp.ep, compute.total()) * k.ep_overlap * inp.ep_overlap_on, inp.dispatch_sm_share
         ),

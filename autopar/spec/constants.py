@@ -87,6 +87,7 @@ class CostConstants:
     attention_mma_sync: float = _prior("attention_mma_sync")
     attention_fa1: float = _prior("attention_fa1")
     triton_attention_rate: float = _prior("triton_attention_rate")
+    cp_ring_overlap: float = _prior("cp_ring_overlap")
     tp_async_backward: float = _prior("tp_async_backward")
     intra_node_bw_efficiency: float = _prior("intra_node_bw_efficiency")
     inter_node_bw_efficiency: float = _prior("inter_node_bw_efficiency")
