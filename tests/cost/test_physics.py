@@ -58,6 +58,47 @@ def test_attention_seconds_are_the_published_kernel_times():
     assert t2 == pytest.approx(2 * 1236.9e-6 + 4643.46e-6)
 
 
+def test_flash_attention_in_triton_runs_at_its_published_share_of_fa2():
+    """FlashAttention-2 is 1.3-2.5x faster than FlashAttention in Triton (FA2 paper sec. 4.1): the
+    Triton kernel's time is the FA2 time x 1.8 (the range's geometric mean, sqrt(1.3 x 2.5) = 1.80),
+    and the constant's range is exactly 1 / 2.5 .. 1 / 1.3."""
+    spec = constant_table()["triton_attention_rate"]
+    assert (spec.low, spec.high) == (pytest.approx(1 / 2.5, abs=1e-4), pytest.approx(1 / 1.3, abs=1e-4))
+    assert 1 / spec.prior == pytest.approx((1.3 * 2.5) ** 0.5, rel=1e-4)
+    flops = 4 * 4 * 8192**2 * 16 * 128 / 2
+    fa2 = float(attention_seconds(H100, flops, 8192, 128, 1.0, 1.0))
+    triton = float(attention_seconds(H100, flops, 8192, 128, 1.0, 1.0, fa1=1.0, triton_rate=spec.prior))
+    half_triton = float(attention_seconds(H100, flops, 8192, 128, 1.0, 1.0, fa1=0.5, triton_rate=spec.prior))
+    assert triton == pytest.approx(fa2 / spec.prior)
+    assert half_triton == pytest.approx(0.5 * fa2 + 0.5 * fa2 / spec.prior)
+
+
+def test_all_gather_context_parallelism_hides_nothing():
+    """cp_ring_overlap 1 (the ring) hides the CP traffic under (cp - 1) / cp of the attention; 0
+    (Meta's all-gather CP) leaves all of it exposed: the exposed CP seconds are then the traffic's
+    own plus nothing hidden, so with no contention they equal the CP traffic."""
+    from dataclasses import replace
+
+    from autopar.cost.compute import assemble_compute
+    from autopar.cost.step import exposed
+
+    case = next(c for c in build_cases(load_runs(None))[0] if c.row_id == "276")
+    from autopar.cost.case_batch import case_cluster, prime_inputs
+
+    prime_inputs([case])
+    inp = case.inputs
+    ring = case_cluster(case).constants
+    gather = replace(ring, cp_ring_overlap=0.0)
+    quiet = inp._replace(comm_sm_share=np.zeros_like(inp.comm_sm_share))
+    cp = float(inp.cp_size[0])
+    attention = float(assemble_compute(inp.raw, ring).attention[0, 0])
+    traffic = float(inp.cp[0, 0])
+    assert float(exposed(quiet, gather).cp[0, 0]) == pytest.approx(traffic)
+    assert float(exposed(quiet, replace(ring, cp_ring_overlap=1.0)).cp[0, 0]) == pytest.approx(
+        max(traffic - attention * (cp - 1) / cp, 0.0)
+    )
+
+
 def test_context_parallel_ranks_run_mostly_unmasked_blocks():
     """With the load-balanced split a CP rank's diagonal blocks are 1 / (2 cp) of its work."""
     assert float(causal_share(1)) == 1.0 and float(causal_share(4)) == pytest.approx(1 / 8)
