@@ -102,6 +102,26 @@ def summary_table(report: ValidationReport) -> Table:
     return t
 
 
+def memory_line(report: ValidationReport) -> str:
+    """The published memory figures' MAPE per source, and which runs are predicted not to fit (or
+    fit only with an option the row does not state)."""
+    m = report.memory
+    sources = ", ".join(f"{s} {_pct(v['mape'])}" for s, v in m.by_source().items())
+    figures = (
+        f"Published memory figures: {_pct(m.mape())} MAPE over {len(m.comparisons)} ({sources})."
+        if m.comparisons
+        else ""
+    )
+    misses = "; ".join(f"row {f.row_id} needs {f.required_gib:.1f} of {f.capacity_gib:.1f} GiB" for f in m.not_fitting)
+    fits = (
+        f"{len(m.not_fitting)} of {len(m.fit_checks)} runs predicted not to fit: {misses}."
+        if m.not_fitting
+        else f"All {len(m.fit_checks)} runs predicted to fit their GPUs."
+    )
+    assumed = "".join(f" Row {f.row_id} fits with {f.assumed}." for f in m.fit_checks if f.assumed)
+    return " ".join(p for p in (figures, fits + assumed) if p)
+
+
 def print_report(report: ValidationReport, written: list[Path]) -> None:
     out = console()
     out.print(rows_table(report))
@@ -120,6 +140,7 @@ def print_report(report: ValidationReport, written: list[Path]) -> None:
             f"Peak memory: {_pct(memory['covered'])} of {memory['rows']} measured peaks inside the 80 % "
             f"interval built from the other sources' peaks."
         )
+    out.print(memory_line(report))
     if report.fit is not None:
         out.print(fit_table(report))
     if report.in_sample.skipped:

@@ -117,6 +117,16 @@ def validate(
             ]
             if report.fit
             else None,
+            "published_memory": {
+                "mape": report.memory.mape(),
+                "by_source": report.memory.by_source(),
+                "runs_checked": len(report.memory.fit_checks),
+                "not_fitting": [
+                    {"row_id": f.row_id, "required_gib": f.required_gib, "capacity_gib": f.capacity_gib}
+                    for f in report.memory.not_fitting
+                ],
+                "fits_with_unstated_option": {f.row_id: f.assumed for f in report.memory.fit_checks if f.assumed},
+            },
             "written": [str(p) for p in written],
         }
         print(dumps(out, indent=2))

@@ -111,6 +111,67 @@ def recompute_modules(text: str) -> int:
     return bits
 
 
+#: NVIDIA's DeepSeek-V3 pre-training recipe: the precision-aware optimizer with bf16 Adam moments
+#: (fp32 master weights) and bf16 main gradients (grad_reduce_in_fp32 = False)
+DEEPSEEK_V3_RECIPE = "Megatron-Bridge recipes/deepseek/deepseek_v3.py: bf16 exp_avg / exp_avg_sq, bf16 main_grads"
+
+
+def nvidia_deepseek_v3_recipe(row: dict, source: str) -> bool:
+    """A DeepSeek-V3 run of the Megatron-Core MoE team's report, which trains it with NVIDIA's
+    DeepSeek-V3 recipe (`DEEPSEEK_V3_RECIPE`; every recipe of that file sets both) where the row
+    states no optimizer precision."""
+    return source == "megatron-moe-report" and str(row.get("model", "")).startswith("DeepSeek-V3")
+
+
+#: the cells that identify one run: two rows equal in all of them (a published TFLOP/s included)
+#: are the same run published by two sources
+SAME_RUN = (
+    "gpu_type",
+    "num_gpus",
+    "num_layers",
+    "hidden_size",
+    "seq_len",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "micro_batch_size",
+    "global_batch_size",
+    "tflops_per_gpu",
+)
+
+
+def _run_key(row: dict) -> tuple[str, ...]:
+    return tuple(str(row.get(c, "") or "").strip() for c in SAME_RUN)
+
+
+def with_twin_offloading(row: dict, rows: list[dict]) -> dict:
+    """The row with the fine-grained activation offloading its twin states (the same run published
+    by another source, `SAME_RUN`) where the row's own recompute cell names none: the Megatron-Core
+    MoE report prints the recompute modules of its Qwen3 GB200 run (row 406) and the ModelZoo's
+    command line of the same run (row 287, 919 TFLOP/s) also offloads activations, which the run
+    needs to fit."""
+    key = _run_key(row)
+    own = row.get("recompute", "") or ""
+    if not key[-1] or "offloading" in own:
+        return row
+    for twin in rows:
+        text = twin.get("recompute", "") or ""
+        if (
+            twin is not row
+            and twin.get("row_id") != row.get("row_id")
+            and _run_key(twin) == key
+            and "offloading" in text
+        ):
+            offloaded = text[text.index("offloading") :]
+            return {
+                **row,
+                "recompute": f"{own} + fine-grained activation {offloaded} (row {twin['row_id']}, the same run)",
+            }
+    return row
+
+
 def row_memory_facts(row: dict, source: str) -> MemoryFacts:
     """The memory facts a calibration row states (its `recompute`, `zero_or_dist_opt` cells)."""
     text = row.get("recompute", "") or ""
@@ -120,9 +181,13 @@ def row_memory_facts(row: dict, source: str) -> MemoryFacts:
     if mods:
         notes.append(f"recompute modules: {', '.join(m for m in MODULES if mods & MODULE_BITS[m])}")
     framework = row.get("framework", "") or ""
-    bf16_states = re.search(r"BF16 optimizer (states|moments)", opt + " " + framework, re.I) is not None
+    precision = row.get("precision", "") or ""
+    bf16_states = re.search(r"BF16 optimizer (states|moments)", f"{opt} {framework} {precision}", re.I) is not None
     if bf16_states:
         notes.append("bf16 Adam states (the row)")
+    elif nvidia_deepseek_v3_recipe(row, source):
+        bf16_states = True
+        notes.append(f"bf16 Adam moments ({DEEPSEEK_V3_RECIPE})")
     offload = re.search(r"optimizer-state CPU offload|optimizer CPU offload", framework + " " + opt, re.I) is not None
     if offload:
         notes.append("optimizer states offloaded to the host (the row)")
@@ -165,7 +230,8 @@ def memory_plan(case: RunCase, row: dict | None = None) -> tuple[ParallelPlan, M
     - NeMo and Megatron-Bridge performance recipes reduce gradients in bf16, so the main-gradient
       buffer is bf16 (Megatron-Bridge scripts/performance/utils/helpers.py `set_precision_configs`
       and NeMo nemo/collections/llm/recipes/llama3_70b.py `pretrain_performance_optimizations`:
-      grad_reduce_in_fp32 = False; the base recipes keep True);
+      grad_reduce_in_fp32 = False; the base recipes keep True), and so does NVIDIA's DeepSeek-V3
+      recipe, which the Megatron-Core MoE report's DeepSeek-V3 runs use (`nvidia_deepseek_v3_recipe`);
     - fms-fsdp checkpoints a share of its blocks that its README does not print; its HFU / MFU
       ratio does: recomputing a share p of the forward adds p / 3 of a step's FLOPs."""
     plan, model, notes = case.plan, case.model, []
@@ -182,6 +248,9 @@ def memory_plan(case: RunCase, row: dict | None = None) -> tuple[ParallelPlan, M
     if case.source in ("nemo-24.07", "nemo-long-sequence", "bridge-25.09") and plan.main_grads_fp32:
         plan = plan.with_(main_grads_fp32=False)
         notes.append("bf16 gradient reduction (NeMo/Bridge performance recipes: grad_reduce_in_fp32 = False)")
+    if row is not None and nvidia_deepseek_v3_recipe(row, case.source) and plan.main_grads_fp32:
+        plan = plan.with_(main_grads_fp32=False)
+        notes.append(f"bf16 main gradients ({DEEPSEEK_V3_RECIPE})")
     if case.source == "fms-fsdp" and plan.recompute == "full" and row:
         share = _recompute_share_from_hfu(row)
         if share is not None:

@@ -166,6 +166,15 @@ TORCHTITAN = MemoryStack(
 )
 #: a torchtitan run with its own defaults (a published run): reshard_after_forward_policy "default"
 TORCHTITAN_DEFAULT = replace(TORCHTITAN, name="torchtitan-default", pp_keeps_params_gathered=True)
+#: torchtitan's 2024 Llama configs with norm_type "fused_rmsnorm": the Triton RMSNorm of
+#: torchtitan/models/norms.py, which keeps its input and 1/rms (torchtitan README 2024, features:
+#: "optional fused RMSNorm"); the other choice, "rmsnorm", is the eager norm of TORCHTITAN
+TORCHTITAN_FUSED_NORM = replace(
+    TORCHTITAN_DEFAULT,
+    name="torchtitan-fused-norm",
+    title="torchtitan (2024) with norm_type fused_rmsnorm",
+    fused_norm=True,
+)
 BUILTIN = replace(TORCHTITAN, name="autopar-builtin", title="autopar's built-in model (autopar.cost.torch_stack)")
 NANOTRON = MemoryStack(
     name="nanotron",
@@ -223,6 +232,7 @@ STACKS = {
         MEGATRON_DEEPSPEED,
         TORCHTITAN,
         TORCHTITAN_DEFAULT,
+        TORCHTITAN_FUSED_NORM,
         BUILTIN,
         NANOTRON,
         LLM_FOUNDRY,

@@ -15,11 +15,12 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
 from autopar.atomic import write_atomic
-from autopar.cost.memory_published import compare_published_memory
+from autopar.cost.memory_published import PublishedMemoryResult, compare_published_memory
 from autopar.cost.profile_fit import ProfileFit, fit_profiles
 from autopar.cost.profiles import Provenance, profile_of, profiles_toml
 from autopar.cost.run_cases import RunCase, build_cases
@@ -48,14 +49,18 @@ class ValidationReport:
     judged_by_shipped: bool = False
     runs_path: str | None = None  # --runs (None: the bundled tables)
 
+    @cached_property
+    def memory(self) -> PublishedMemoryResult:
+        """The rows' published memory figures against their predictions, and every run's fit check
+        (autopar.cost.memory_published; recomputed, nothing stored)."""
+        return compare_published_memory([r.case for r in self.in_sample.rows], load_runs(self.runs_path))
+
     def _memory_peaks(self) -> list[tuple[str, str, float]]:
         """(row, source, ln(measured / predicted)) of the rows' measured peak-memory figures (a
-        device or reserved peak, not an analytic term: autopar.cost.memory_published)."""
-        cases = [r.case for r in self.in_sample.rows]
-        memory = compare_published_memory(cases, load_runs(self.runs_path)).comparisons
+        device or reserved peak, not an analytic term)."""
         return [
             (c.row_id, c.source, -math.log1p(c.error))
-            for c in memory
+            for c in self.memory.comparisons
             if c.figure.quantity in ("reserved", "device") and c.error > -1
         ]
 

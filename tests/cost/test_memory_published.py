@@ -8,24 +8,20 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cost.memory_published import compare_published_memory, published_memory
+from autopar.cost.memory_facts import (
+    MODULE_BITS,
+    memory_plan,
+    recompute_modules,
+    row_memory_facts,
+    with_twin_offloading,
+)
+from autopar.cost.memory_published import _priced_memory, compare_published_memory, published_memory
 from autopar.cost.run_cases import build_cases
 from autopar.cost.run_rows import load_runs
 
 #: published runs the model still predicts not to fit, each with the reason (the test fails if any
 #: other row does not fit, and if one of these starts to fit: then drop it here)
-KNOWN_MISSES = {
-    # torchtitan 2024, Llama 2 13B, FSDP 64 A100-80GB, no AC, local batch 2 x 4096: eager torchtitan
-    # keeps ~75 GiB of activations (fp32 RMSNorm copies, four SwiGLU tensors, the attention output
-    # twice); it fits only with fused RMSNorm or torch.compile, which the source does not state
-    "235",
-    # Megatron-Core MoE report, DeepSeek-V3 BF16 on 256 GB200 (PP8 EP32): fits only with bf16
-    # gradient reduction, which the row does not state
-    "403",
-    # the report's Qwen3-235B MXFP8 on 256 GB200 (PP4 VPP6 EP64, MBS 3): the same layout as
-    # ModelZoo's row 287, whose source says it needs activation offloading; this row does not say so
-    "406",
-}
+KNOWN_MISSES: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +59,7 @@ def test_korthikanti_figure1_terms_match_to_a_tenth_of_a_percent(result) -> None
 def test_no_published_run_is_predicted_not_to_fit(result) -> None:
     assert len(result.fit_checks) >= 140  # every evaluable row of the bundled tables
     missing = {f.row_id: round(f.required_gib - f.capacity_gib, 2) for f in result.not_fitting}
-    assert set(missing) == KNOWN_MISSES, missing
+    assert set(missing) == set(KNOWN_MISSES), missing
     assert {f.row_id for f in result.fit_checks if f.row_id in ("50", "49", "37")} == {"50", "49", "37"}
 
 
@@ -79,3 +75,56 @@ def test_parsing_reads_what_each_source_prints() -> None:
     assert (plain.gib, plain.variant) == (66.84, "no SP, no recompute")
     assert published_memory(rows["264"], "bloom") == []  # the production run prints no memory
     assert published_memory(rows["50"], "bridge-25.09") == []
+
+
+def test_the_same_run_published_twice_shares_its_offloading() -> None:
+    # row 406 (the MoE report's Qwen3-235B MXFP8 on 256 GB200, PP4 VPP6 EP64, MBS 3, 919 TF/GPU)
+    # and row 287 (ModelZoo's command line of that run) are one run: 287 states the fine-grained
+    # activation offloading that 406's recompute cell leaves out
+    rows = {r["row_id"]: r for r in load_runs(None)}
+    merged = with_twin_offloading(rows["406"], list(rows.values()))
+    bits = recompute_modules(merged["recompute"])
+    for module in ("moe_act", "layernorm", "offload_expert_fc1", "offload_moe_act"):
+        assert bits & MODULE_BITS[module], (module, merged["recompute"])
+    assert "row 287" in merged["recompute"]
+    # a row without a twin, and the twin that already states it, are left as they are
+    assert with_twin_offloading(rows["405"], list(rows.values())) is rows["405"]
+    assert with_twin_offloading(rows["287"], list(rows.values())) is rows["287"]
+
+
+def test_nvidia_deepseek_v3_recipe_bf16_moments_and_gradients() -> None:
+    # Megatron-Bridge recipes/deepseek/deepseek_v3.py: precision-aware optimizer, bf16 exp_avg and
+    # exp_avg_sq (fp32 master), bf16 main gradients, in every recipe of that file
+    rows = load_runs(None)
+    by = {r["row_id"]: r for r in rows}
+    cases = {c.row_id: c for c in build_cases(rows)[0]}
+    for rid in ("401", "402", "403", "404"):
+        plan, _, notes = memory_plan(cases[rid], by[rid])
+        assert not plan.main_grads_fp32 and row_memory_facts(by[rid], "megatron-moe-report").bf16_optimizer_states
+        assert any("deepseek_v3.py" in n for n in notes)
+    for rid in ("405", "406", "407"):  # Qwen3 rows of the same report: the Qwen3 recipes keep fp32
+        plan, _, _ = memory_plan(cases[rid], by[rid])
+        assert plan.main_grads_fp32 and not row_memory_facts(by[rid], "megatron-moe-report").bf16_optimizer_states
+    c, row = cases["403"], by["403"]
+    plan, model, _ = memory_plan(c, row)
+    bf16 = _priced_memory(c, row, plan, model)[1]
+    fp32 = _priced_memory(c, row, plan.with_(main_grads_fp32=True), model)[1]
+    assert bf16.gradients[2, 0] == pytest.approx(fp32.gradients[2, 0] / 2, rel=1e-9)  # 2 of 4 bytes
+
+
+def test_torchtitan_2024_fits_with_its_fused_rmsnorm(result) -> None:
+    # Llama 2 13B, no AC, local batch 2 x 4096 on 64 A100-80GB: with the eager RMSNorm every norm
+    # keeps an fp32 copy of its input (4 h bytes per token) and fp32 1/rms (4) beyond the fused
+    # kernel's bf16 input; 2 norms in each of 40 layers and the final norm: 81 x (4 h + 4) x 8192
+    check = {f.row_id: f for f in result.fit_checks}["235"]
+    assert "fused_rmsnorm" in check.assumed and check.fits
+    rows = load_runs(None)
+    by = {r["row_id"]: r for r in rows}
+    c = {c.row_id: c for c in build_cases(rows)[0]}["235"]
+    plan, model, _ = memory_plan(c, by["235"])
+    eager = _priced_memory(c, by["235"], plan, model)[1].required[0, 0]
+    fused = _priced_memory(c, by["235"], plan, model, "torchtitan-fused-norm")[1].required[0, 0]
+    assert eager - fused == pytest.approx(81 * (4 * 5120 + 4) * 8192, rel=1e-12)
+    assert check.required_gib == pytest.approx(fused / 2**30, rel=1e-12)
+    # a run that fits with the default is checked with it: nothing assumed
+    assert not {f.row_id: f for f in result.fit_checks}["233"].assumed
