@@ -25,6 +25,7 @@ from autopar.cost.flops import (
     mlp_flops_per_token,
 )
 from autopar.cost.kernels import attention_seconds, gemm_rate, hbm_rate
+from autopar.cost.memory_facts import MODULE_BITS
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -141,6 +142,72 @@ def assemble_compute(raw: RawCompute, k) -> ComputeTerms:
         launch=launch,
         recompute_flops=raw.recompute_flops,
     )
+
+
+def module_recompute(
+    x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, raw: RawCompute, modules: np.ndarray
+) -> RawCompute:
+    """The raw seconds with Megatron-Core's --recompute-modules of GEMMs added: each listed module's
+    forward runs once more in the backward (megatron/core/transformer/transformer_config.py
+    `recompute_modules`):
+    - "mlp": the dense MLP of the dense layers (transformer_layer.py checkpoints `self.mlp` when it is
+      not a MoELayer);
+    - "shared_experts": the MoE layers' shared experts;
+    - "mla_up_proj": MLA's query and key/value up-projections (and the RoPE applied after them);
+    - "moe": the whole MoE layer, router, dispatch, routed and shared experts, combine
+      (moe/moe_layer.py MoELayer.forward wraps them in one tensor_parallel.checkpoint): its expert
+      GEMMs, permutation traffic and fixed per-layer time once more (its all-to-alls:
+      autopar.cost.comm.ep_calls with `recompute_share`).
+    "core_attn" is the plan's recompute "selective"; "layernorm" and "moe_act" re-run elementwise
+    kernels only, within the elementwise term. `modules`: (n,) bitmasks of autopar.cost.memory_facts
+    MODULE_BITS; a plan's recompute share already counts its own recomputed forwards."""
+
+    def has(name):
+        return (np.asarray(modules) & MODULE_BITS[name]) > 0
+
+    tf, tokens, share = x.tp_float, x.tokens, x.recompute_share
+    fp8 = x.table.dtype == DTYPE["fp8"]
+    rate = gemm_rate(cluster, x.table.dtype, dense_gemm_dim(x, model))
+    dense_mlp = np.where(has("mlp"), x.dense_layers * mlp_flops_per_token(model, False), 0.0)
+    up = np.where(has("mla_up_proj"), x.layers * 2.0 * mla_up_projection_params(model), 0.0)
+    gemm = tokens * (dense_mlp + up) / tf / rate
+    expert_fwd_bf16 = raw.expert_bf16 / (3 + share)
+    expert_fwd_fp8 = raw.expert_fp8 / (3 + share)
+    shared_share, moe_on = 0.0, has("moe")
+    if model.moe:
+        m = model.moe
+        shared_share = m.shared_expert_ffn_hidden_size / (
+            m.expert_ffn_hidden_size * m.top_k + m.shared_expert_ffn_hidden_size
+        )
+    experts = np.where(moe_on, 1.0, np.where(has("shared_experts"), shared_share, 0.0))
+    traffic = np.where(moe_on, moe_traffic_bytes(x, model) / (2.0 + share), 0.0) / hbm_rate(cluster)
+    moe_passes = np.where(moe_on, x.moe_layers * 0.5, 0.0)  # a recomputed forward counts half a pass
+    recomputed = tokens * (dense_mlp + up) / tf
+    if model.moe:
+        expert_flops = x.moe_layers * mlp_flops_per_token(model, True)
+        recomputed = recomputed + tokens * expert_flops * experts / tf
+    return raw._replace(
+        gemm_bf16=raw.gemm_bf16 + np.where(fp8, 0.0, gemm),
+        gemm_fp8=raw.gemm_fp8 + np.where(fp8, gemm, 0.0),
+        expert_bf16=raw.expert_bf16 + experts * expert_fwd_bf16,
+        expert_fp8=raw.expert_fp8 + experts * expert_fwd_fp8,
+        traffic=raw.traffic + traffic,
+        moe_layer_passes=raw.moe_layer_passes + moe_passes,
+        expert_passes=raw.expert_passes + moe_passes * (model.moe.num_experts / x.ep if model.moe else 0.0),
+        recompute_flops=raw.recompute_flops + recomputed,
+    )
+
+
+def mla_up_projection_params(model: ModelSpec) -> int:
+    """MLA's up-projection weights: the query's from its latent (q_lora_rank x heads x qk head dim)
+    and the keys' and values' from theirs (kv_lora_rank x heads x (qk nope + v head dim)); 0 without
+    MLA (the terms of ModelSpec.attention_weight_params)."""
+    m = model.mla
+    if m is None:
+        return 0
+    n = model.num_attention_heads
+    q_up = (m.q_lora_rank or 0) * n * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+    return q_up + m.kv_lora_rank * n * (m.qk_nope_head_dim + m.v_head_dim)
 
 
 def score_matrix_bytes(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:

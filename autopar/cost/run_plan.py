@@ -144,8 +144,9 @@ def _divisor_near(n: int, want: int) -> int:
 def _recompute(r: PublishedRow, model, pp, vpp) -> tuple[str, int | None]:
     """The source's words as autopar's recompute: full; selective = the attention core (Megatron,
     torchtitan 'op' SAC); torchtitan 'selective (layer)' checkpoints every other block; fms-fsdp's
-    selective fraction is not printed (half assumed); Megatron's --recompute-modules of elementwise
-    ops (norm, act) recompute no GEMM: priced as none."""
+    selective fraction is not printed (half assumed); Megatron's --recompute-modules without
+    core_attn: the plan's recompute is none, and the run case prices the modules
+    (RunCase.recompute_modules)."""
     t = r.text("recompute").lower()
     per_rank = model.num_layers // pp
     if t.startswith("full"):
@@ -162,7 +163,8 @@ def _recompute(r: PublishedRow, model, pp, vpp) -> tuple[str, int | None]:
         if "core_attn" in modules:
             return "selective", None
         r.notes.append(
-            f"recompute modules ({modules.strip()[:40]}) recompute elementwise ops or small GEMMs only: priced as none"
+            f"recompute modules ({modules.strip()[:40]}): the plan recomputes nothing else; the modules' "
+            "recomputed forwards priced per module (autopar.cost.compute module_recompute)"
         )
         return "none", None
     if t.startswith("selective"):

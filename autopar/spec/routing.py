@@ -8,11 +8,13 @@ busiest expert rank receives over the mean.
   Megatron-MoE-ModelZoo's long-context table prints, for the same Qwen3-235B-A22B layouts on 256
   H100, the throughput with forced balance and with the real router (dropless): 295 / 237, 335 /
   277, 368 / 320, 389 / 357 TFLOP/s at 16K-128K. The imbalance that turns each forced-balanced
-  prediction into its dropless measurement (autopar.cost.routing_check re-derives it, and a test
-  checks this value against the derivation) is 1.37-1.59; this is their median, rounded.
+  prediction into its dropless measurement (autopar.cost.routing_derivation re-derives it, and a
+  test checks this value against the derivation) is 1.61-1.68 under the shipped profiles; this is
+  their median, rounded. It is measured on one model and router (Qwen3-235B-A22B in
+  Megatron-Core); other routers may differ, and no published pair measures them yet.
 """
 
 from __future__ import annotations
 
 FORCED_BALANCED = 1.0
-REAL_ROUTER_IMBALANCE = 1.77
+REAL_ROUTER_IMBALANCE = 1.67
