@@ -169,7 +169,7 @@ def module_recompute(
     fp8 = x.table.dtype == DTYPE["fp8"]
     rate = gemm_rate(cluster, x.table.dtype, dense_gemm_dim(x, model))
     dense_mlp = np.where(has("mlp"), x.dense_layers * mlp_flops_per_token(model, False), 0.0)
-    up = np.where(has("mla_up_proj"), x.layers * 2.0 * mla_up_projection_params(model), 0.0)
+    up = np.where(has("mla_up_proj"), x.layers * 2.0 * model.mla_up_projection_params, 0.0)
     gemm = tokens * (dense_mlp + up) / tf / rate
     expert_fwd_bf16 = raw.expert_bf16 / (3 + share)
     expert_fwd_fp8 = raw.expert_fp8 / (3 + share)
@@ -196,18 +196,6 @@ def module_recompute(
         expert_passes=raw.expert_passes + moe_passes * (model.moe.num_experts / x.ep if model.moe else 0.0),
         recompute_flops=raw.recompute_flops + recomputed,
     )
-
-
-def mla_up_projection_params(model: ModelSpec) -> int:
-    """MLA's up-projection weights: the query's from its latent (q_lora_rank x heads x qk head dim)
-    and the keys' and values' from theirs (kv_lora_rank x heads x (qk nope + v head dim)); 0 without
-    MLA (the terms of ModelSpec.attention_weight_params)."""
-    m = model.mla
-    if m is None:
-        return 0
-    n = model.num_attention_heads
-    q_up = (m.q_lora_rank or 0) * n * (m.qk_nope_head_dim + m.qk_rope_head_dim)
-    return q_up + m.kv_lora_rank * n * (m.qk_nope_head_dim + m.v_head_dim)
 
 
 def score_matrix_bytes(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:

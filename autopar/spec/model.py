@@ -216,13 +216,22 @@ class ModelSpec:
         if self.mla is None:
             return h * (self.q_size + self.k_size + self.v_size) + self.attn_out_size * h
         m, n = self.mla, self.num_attention_heads
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        if m.q_lora_rank is None:
-            q_term = h * n * qk
-        else:  # down-projection, its norm, up-projection
-            q_term = m.q_lora_rank * (h + n * qk + 1)
-        kv_term = m.kv_lora_rank * (h + n * (m.qk_nope_head_dim + m.v_head_dim) + 1)
-        return q_term + kv_term + h * m.qk_rope_head_dim + n * m.v_head_dim * h
+        # the query: straight from h without a latent, else its down-projection and norm
+        q_term = h * n * (m.qk_nope_head_dim + m.qk_rope_head_dim) if m.q_lora_rank is None else m.q_lora_rank * (h + 1)
+        kv_term = m.kv_lora_rank * (h + 1)  # the keys' and values' down-projection and its norm
+        return q_term + kv_term + self.mla_up_projection_params + h * m.qk_rope_head_dim + n * m.v_head_dim * h
+
+    @property
+    def mla_up_projection_params(self) -> int:
+        """MLA's up-projection weights: the query's from its latent (q_lora_rank x heads x qk head
+        dim) and the keys' and values' from theirs (kv_lora_rank x heads x (qk nope + v head dim));
+        0 without MLA. Megatron's --recompute-modules mla_up_proj recomputes these GEMMs."""
+        m = self.mla
+        if m is None:
+            return 0
+        n = self.num_attention_heads
+        q_up = (m.q_lora_rank or 0) * n * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        return q_up + m.kv_lora_rank * n * (m.qk_nope_head_dim + m.v_head_dim)
 
     def _mlp_weight_params(self, ffn: int) -> int:
         """Source: Megatron A.1.a `dense_mlp_params = 2*h*ffn*gated_linear_multiplier`."""
