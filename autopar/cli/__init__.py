@@ -8,6 +8,7 @@ one line and exit 130 and 143.
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import sys
 
@@ -26,22 +27,65 @@ app = typer.Typer(
 )
 
 
-def _register() -> None:
-    # each module adds its command to `app`; none imports torch, optuna or plotly at import time
-    from autopar.cli import (
-        calibrate,
-        compare,
-        estimate,
-        export,
-        hardware,
-        models,
-        probe,
-        report,
-        search,
-        trainers,
-        trial,
-        validate,
-    )
+#: every command, as `autopar --help` lists it; its code is the module autopar.cli.<name>, imported
+#: only when that command runs, so `autopar --help` and a bad-input error start in a fraction of a
+#: second instead of loading the whole planner
+COMMANDS: dict[str, str] = {
+    "search": "Which layouts fit MODEL on GPUS, which is fastest, and why.",
+    "estimate": "One plan: fits?, peak memory, step time, MFU, term by term.",
+    "compare": "Two or more layouts of one model on one cluster, term by term.",
+    "export": "Ready-to-run launch configs of a plan, per trainer.",
+    "report": "RUN_DIR/report.html: one self-contained offline page of a search.",
+    "trainers": "The trainers autopar plans for: what each can run, with sources.",
+    "models": "Model presets and aliases: shape and parameter counts.",
+    "hardware": "GPU presets: peaks, achievable GEMM rates, links.",
+    "validate": "Predict the published runs and compare with what they measured.",
+    "calibrate": "Fit efficiency, overlap and memory constants to measured trials.",
+    "trial": "Run one plan for real (torchrun); record times, memory, bytes.",
+    "probe": "Measure this machine's GEMM, memory and collective rates.",
+}
+
+
+@app.callback()
+def _group() -> None:
+    """Keeps `autopar` a group of commands when only one command is loaded (typer would otherwise
+    run that one command at the top level)."""
+
+
+_loaded: set[str] = set()  # commands whose module is imported (registered for real)
+_listed: set[str] = set()  # commands registered as a name and a line only, for the listing
+
+
+def _register(names=None) -> None:
+    """Import the modules of `names` (default: every command); each adds its command to `app`
+    (none imports torch, optuna or plotly at import time). A command registered for real after its
+    listing entry replaces it: typer keeps the last command of a name."""
+    for name in COMMANDS if names is None else names:
+        if name not in _loaded:
+            importlib.import_module(f"autopar.cli.{name}")
+            _loaded.add(name)
+    for info in app.registered_commands:
+        name = info.name or getattr(info.callback, "__name__", "")
+        if name in COMMANDS and info.short_help is None:
+            info.short_help = COMMANDS[name]
+
+
+def _not_loaded() -> None:
+    raise RuntimeError("a listing entry ran instead of its command")  # main() loads a command it runs
+
+
+def _register_listing() -> None:
+    """Every command not loaded as a name and its line: enough for `autopar --help`, `autopar` alone
+    and an unknown command's message, without importing the commands."""
+    for name, line in COMMANDS.items():
+        if name not in _loaded and name not in _listed:
+            app.command(name=name, short_help=line, add_help_option=False)(_not_loaded)
+            _listed.add(name)
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command ARGV runs (its first word; `autopar` takes no option but --help), or None."""
+    return argv[0] if argv and argv[0] in COMMANDS else None
 
 
 #: OS errors of the user's paths, permissions and disk: bad input (one line, exit 2), not a crash
@@ -144,12 +188,17 @@ def main(argv: list[str] | None = None) -> None:
     """Run the command line; input errors print one line and exit 2, Ctrl-C / SIGTERM exit 130 / 143
     with one line (autopar.measured.hygiene)."""
     _safe_streams()
-    _register()
+    args = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    command = _command_of(args)
+    if command is None:
+        _register_listing()
+    else:
+        _register([command])
     from autopar.measured.hygiene import install_signal_handlers
 
     install_signal_handlers()
     try:
-        _check_empty(sys.argv[1:] if argv is None else list(argv))
+        _check_empty(args)
         app(args=argv, standalone_mode=False)
     except InputError as e:
         _fail(str(e))  # no storage password, whoever wrote it
