@@ -129,6 +129,9 @@ def check_any_valid(results: list[SearchResult]) -> None:
         return
     r = results[0]
     q = r.question
+    blocked = trainers_ruled_out(r)
+    if blocked and len(blocked) == len(q.trainers):  # the trainers, not the GPUs or the batch
+        raise InputError("; ".join(blocked))
     rules = ", ".join(f"{k} ({v:,} plans)" for k, v in list(r.rejections.items())[:3])
     where = f"{q.model.name} on {q.num_gpus:,} x {q.cluster.gpu.key}" + (
         " (and every other scenario)" if len(results) > 1 else ""
@@ -138,3 +141,26 @@ def check_any_valid(results: list[SearchResult]) -> None:
         f"no plan of the space is valid for {where}; the most common broken rules: {rules}; use {trainer}fewer "
         f"GPUs, another --gbs, or a wider --space"
     )
+
+
+def trainers_ruled_out(result: SearchResult) -> list[str]:
+    """Per trainer of the question that one of its capability lines rules out for every plan of
+    the space (no recipe for the model, no MoE, an attention variant it lacks): a sentence naming
+    the trainer, what it lacks, the source of that line and what to do instead."""
+    from autopar.spec.trainers import get_trainer
+
+    q = result.question
+    per_trainer = result.counts.get("evaluated", 0) / max(len(q.trainers), 1)
+    out = []
+    for key in q.trainers:
+        t = get_trainer(key)
+        for rule, count in result.rejections.items():
+            owner, _, kind = rule.partition(":")
+            cap = t.recipes if kind == "recipes" else t.capabilities.get(kind)
+            if owner != key or count < per_trainer or cap is None:
+                continue
+            lacks = f"has no recipe for {q.model.name}" if kind == "recipes" else f"cannot run {q.model.name} ({kind})"
+            out.append(f"{t.title} {lacks} ({cap.source})" + (f"; {cap.instead}" if cap.instead else ""))
+            break
+    return out
+

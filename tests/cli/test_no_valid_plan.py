@@ -32,3 +32,24 @@ def test_optuna_sampling_no_valid_plan_is_a_result(cli_run, tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["method"].startswith("optuna")  # whatever it sampled, a result
+
+
+def test_a_trainer_without_a_recipe_is_named_not_the_gpus(cli_run, one_line_error, tmp_path) -> None:
+    """Megatron-Bridge has no recipe of Mixtral 8x22B (megatron/bridge/recipes/__init__.py): the
+    line says so, with the capability table's source and what to do, and never suggests fewer GPUs
+    (every plan of every GPU count would be refused alike)."""
+    r = cli_run(
+        "search", "--model", "mixtral-8x22b", "--gpus", "64", "--trainer", "bridge", "--run-dir", tmp_path / "r"
+    )
+    one_line_error(
+        r,
+        ["Megatron-Bridge has no recipe for mixtral-8x22b", "recipes/__init__.py", "--trainer megatron"],
+        absent=["fewer GPUs"],
+    )
+
+
+def test_a_trainer_without_moe_is_named(cli_run, one_line_error, tmp_path) -> None:
+    r = cli_run(
+        "search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--trainer", "deepspeed", "--run-dir", tmp_path / "r"
+    )
+    one_line_error(r, ["DeepSpeed cannot run qwen3-30b-a3b (moe)", "sharded_moe.py"], absent=["fewer GPUs"])
