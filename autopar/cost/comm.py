@@ -152,6 +152,18 @@ def tp_step_calls(model, sp, dense_layers, moe_layers, has_head, grad_bytes, red
     return [Call("all_reduce", params * grad_bytes, np.where(sp, 1.0, 0.0) * reductions)]
 
 
+def replica_calls(params, zero_stage, grad_bytes, m, pp, shard, replicas) -> list[Call]:
+    """Hybrid sharding: each gradient reduction, after its reduce-scatter within the shard group,
+    all-reduces the shard (1/shard of the gradients) across the `replicas` copies of that shard
+    (PyTorch FSDP2 HSDP: reduce-scatter, then all-reduce over the replicate mesh dimension,
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce; Megatron-Core's partial
+    distributed optimizer: reduce-scatter within an instance, all-reduce across the instances,
+    megatron/core/distributed/param_and_grad_buffer.py). None without replicas."""
+    reductions = grad_reductions_per_step(zero_stage, m, pp, shard)
+    count = np.where(np.asarray(replicas) > 1, reductions, 0.0)
+    return [Call("all_reduce", params * grad_bytes / np.asarray(shard, dtype=float), count)]
+
+
 def grad_reductions_per_step(zero_stage, m, pp, dp_group_size) -> np.ndarray:
     """How often a GPU's gradients are reduced over data parallelism per step: once, after the last
     microbatch (ZeRO-0/1, and every stage under pipeline parallelism, where

@@ -22,6 +22,7 @@ from autopar.cost.comm import (
     grad_reductions_per_step,
     moe_stat_calls,
     pp_calls,
+    replica_calls,
     seconds,
     tp_calls,
     tp_step_calls,
@@ -81,6 +82,7 @@ class CommVolumes(NamedTuple):
     expert_reduce: OnGroup | None  # None: a dense model
     expert_gather: OnGroup | None
     on_cp: np.ndarray
+    dense_replicas: OnGroup | None = None  # hybrid sharding: the shards' all-reduce across their copies
 
 
 def comm_volumes(
@@ -135,7 +137,12 @@ def comm_volumes(
     tp_step = OnGroup(
         vol(tp_step_calls(model, sp, x.dense_layers, x.moe_layers, x.has_head, x.grad_bytes, reductions), t), tp_group
     )
-    dense = _dp_volumes(x, prm.dense, x.dp_group, place(x.dp_group, group_stride(ranks, ("dp", "cp")), gpn), vol)
+    # hybrid sharding: a shard group is dp_shard neighbouring ranks of the dp x cp group, its copies
+    # are dp_shard such ranks apart
+    dp_stride = group_stride(ranks, ("dp", "cp"))
+    dense = _dp_volumes(x, prm.dense, x.dp_shard, place(x.dp_shard, dp_stride, gpn), vol)
+    calls = replica_calls(prm.dense, x.table.zero_stage, x.grad_bytes, x.microbatches, x.pp, x.dp_shard, x.dp_replicas)
+    replicas = OnGroup(vol(calls, x.dp_replicas), place(x.dp_replicas, dp_stride * x.dp_shard, gpn))
     expert_dp: tuple[OnGroup | None, OnGroup | None] = (
         _dp_volumes(
             x, prm.expert, x.expert_dp, place(x.expert_dp, group_stride(expert, ("edp",), EXPERT_MESH_ORDER), gpn), vol
@@ -143,7 +150,7 @@ def comm_volumes(
         if model.moe
         else (None, None)
     )
-    return CommVolumes(stats, tp, cp, ep, pp, tp_step, *dense, *expert_dp, c > 1)
+    return CommVolumes(stats, tp, cp, ep, pp, tp_step, *dense, *expert_dp, c > 1, replicas)
 
 
 def _dp_volumes(x: PlanArrays, params, group_size, group, vol) -> tuple[OnGroup, OnGroup]:
@@ -175,6 +182,9 @@ def comm_terms(
             fused = v.ep.traffic(links, partial(deduplicated_seconds, top_k=model.moe.top_k)).seconds
             ep = Traffic(ep.bytes, np.where(deepep, fused, ep.seconds))
     reduce, gather = v.dense_reduce.traffic(links), v.dense_gather.traffic(links)
+    if v.dense_replicas is not None:
+        rep = v.dense_replicas.traffic(links)
+        reduce = Traffic(reduce.bytes + rep.bytes, reduce.seconds + rep.seconds)
     if v.expert_reduce is not None:
         assert v.expert_gather is not None  # both, or neither (a dense model)
         er, eg = v.expert_reduce.traffic(links), v.expert_gather.traffic(links)

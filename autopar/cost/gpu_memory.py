@@ -150,7 +150,7 @@ def stored_per_microbatch(x, model, stack, shape, layers: StackLayers) -> tuple[
 def megatron_states(x, prm, stack: MemoryStack, facts: MemoryFacts, model):
     """(weights, gradients, optimizer, buffers) of the Megatron family."""
     t = x.table
-    states = state_bytes(prm.dense, prm.expert, t.zero_stage, x.dp_group, x.expert_dp, t.main_grads_fp32, x.fp32, x.pp)
+    states = state_bytes(prm.dense, prm.expert, t.zero_stage, x.dp_shard, x.expert_dp, t.main_grads_fp32, x.fp32, x.pp)
     weights, grads, opt = states.weights, states.gradients, states.optimizer
     fp8 = t.dtype == DTYPE["fp8"]
     if stack.fp8_weights == "te_cache":
@@ -166,7 +166,7 @@ def megatron_states(x, prm, stack: MemoryStack, facts: MemoryFacts, model):
     buffers = 0.0 * weights
     if stack.grads == "deepspeed":
         sixteen_bit = ~np.asarray(t.main_grads_fp32)
-        sharded = (prm.dense / x.dp_group + prm.expert / x.expert_dp) * (t.zero_stage >= 1)
+        sharded = (prm.dense / x.dp_shard + prm.expert / x.expert_dp) * (t.zero_stage >= 1)
         opt = opt + np.where(sixteen_bit, 4.0 * sharded, 0.0)  # fp32 gradient partition
         buffers = buffers + np.where(x.dp_group > 1, 2.0 * DEEPSPEED_REDUCE_BUCKET, 0.0)
     return weights, grads, opt, buffers
@@ -176,7 +176,7 @@ def torch_states(x, prm, stack: MemoryStack):
     """(weights, gradients, optimizer, gathered, end-of-backward gradients) of the torch family,
     mixed precision (bf16 compute; fp32 training keeps 4-byte copies only)."""
     t = x.table
-    z, d, e = t.zero_stage, x.dp_group.astype(float), x.expert_dp.astype(float)
+    z, d, e = t.zero_stage, x.dp_shard.astype(float), x.expert_dp.astype(float)
     sharded = prm.dense / np.where(z >= 1, d, 1.0) + prm.expert / np.where(z >= 1, e, 1.0)
     total = prm.total
     half = np.where(x.fp32, 0.0, 2.0)  # bf16 compute copies
@@ -209,7 +209,7 @@ def gpu_memory(x, model, cluster, prm, stack: MemoryStack, facts: MemoryFacts, m
     working = np.maximum(np.where(rebuilds, layers.working, 0.0), loss)
     if stack.family == "megatron":
         weights, grads, opt, buffers = megatron_states(x, prm, stack, facts, model)
-        gather = np.where((x.table.zero_stage == 3) & (x.dp_group > 1), 2.0 * x.weight_bytes * prm.dense_layer_max, 0.0)
+        gather = np.where((x.table.zero_stage == 3) & (x.dp_shard > 1), 2.0 * x.weight_bytes * prm.dense_layer_max, 0.0)
         buffers = buffers + gather
         end_grads = 0.0 * weights
     else:

@@ -39,7 +39,8 @@ def communicators(x, family: str) -> np.ndarray:
     count = (
         (t.tp > 1).astype(float)
         + (t.cp > 1)
-        + (x.dp_group > 1)
+        + (x.dp_shard > 1)
+        + (x.dp_replicas > 1)  # hybrid sharding: the shard group and the replica group
         + (t.pp > 1)
         + (t.ep > 1)
         + ((x.expert_dp > 1) & (t.ep > 1))

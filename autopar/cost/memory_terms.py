@@ -46,13 +46,13 @@ def layer_activations(x: PlanArrays, model: ModelSpec) -> LayerActivations:
 def model_states(x: PlanArrays, prm: RankParams) -> StateBytes:
     """Weights, gradients and optimizer state of each rank (autopar.cost.memory)."""
     t = x.table
-    return state_bytes(prm.dense, prm.expert, t.zero_stage, x.dp_group, x.expert_dp, t.main_grads_fp32, x.fp32, x.pp)
+    return state_bytes(prm.dense, prm.expert, t.zero_stage, x.dp_shard, x.expert_dp, t.main_grads_fp32, x.fp32, x.pp)
 
 
 def fsdp_gather_bytes(x: PlanArrays, prm: RankParams) -> np.ndarray:
     """ZeRO-3: the gathered unit being computed and the next one prefetched, two layers' weights
     (FSDP's default prefetch of one unit; Megatron-FSDP buckets by layer)."""
-    return np.where((x.table.zero_stage == 3) & (x.dp_group > 1), 2.0 * x.weight_bytes * prm.dense_layer_max, 0.0)
+    return np.where((x.table.zero_stage == 3) & (x.dp_shard > 1), 2.0 * x.weight_bytes * prm.dense_layer_max, 0.0)
 
 
 def moe_buffer_bytes(x: PlanArrays, model: ModelSpec) -> np.ndarray:

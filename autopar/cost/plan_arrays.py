@@ -63,6 +63,18 @@ class PlanArrays:
         """Ranks the dense gradients are reduced over: dp x cp (Megatron-Core's dp-cp group)."""
         return self.dp * self.cp
 
+    @property
+    def dp_shard(self) -> np.ndarray:
+        """Ranks one ZeRO shard of the dense states spans: the dp x cp group, or fewer under hybrid
+        sharding (--dp-shard: FSDP2 HSDP, Megatron --num-distributed-optimizer-instances)."""
+        return np.where(self.table.dp_shard > 0, self.table.dp_shard, self.dp_group)
+
+    @property
+    def dp_replicas(self) -> np.ndarray:
+        """Copies of each dense shard (1 without hybrid sharding): the gradients, reduce-scattered
+        within a shard group, are then all-reduced across the replicas."""
+        return self.dp_group // self.dp_shard
+
 
 def plan_arrays(
     table: PlanTable, model: ModelSpec, seq_len: int, stages: StageProfiles, routing_imbalance: float = 1.0

@@ -192,7 +192,7 @@ def optimizer_seconds(x: PlanArrays, cluster: ClusterSpec, prm: RankParams) -> n
     """Adam over the local optimizer shard, memory bound: OPTIMIZER_BYTES_PER_PARAM at the achieved
     HBM bandwidth (ZeRO-1+ shards it over the data-parallel group)."""
     sharded = x.table.zero_stage >= 1
-    shard = prm.dense / np.where(sharded, x.dp_group, 1.0) + prm.expert / np.where(sharded, x.expert_dp, 1.0)
+    shard = prm.dense / np.where(sharded, x.dp_shard, 1.0) + prm.expert / np.where(sharded, x.expert_dp, 1.0)
     return shard * OPTIMIZER_BYTES_PER_PARAM / hbm_rate(cluster)
 
 

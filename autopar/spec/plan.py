@@ -103,6 +103,20 @@ class ParallelPlan:
         space="zero",
         flag=Flag("zero", "ZeRO stage: 0 DDP, 1 distributed optimizer, 2 + sharded gradients, 3 FSDP (default 1)."),
     )
+    #: ranks one ZeRO shard of the dense parameters spans; None = the whole dp x cp group. Fewer:
+    #: hybrid sharding (HSDP), each shard replicated over dp*cp / dp_shard groups
+    dp_shard: int | None = knob(
+        None,
+        INT,
+        none=-1,
+        shown=False,
+        flag=Flag(
+            "dp_shard",
+            "Hybrid sharding (HSDP): ranks one ZeRO shard spans, a divisor of dp x cp (torchtitan "
+            "data_parallel_shard_degree; Megatron --num-distributed-optimizer-instances = dp x cp / "
+            "dp_shard). Default: the whole dp x cp group.",
+        ),
+    )
     #: None = on whenever tp > 1
     sequence_parallel: bool | None = knob(
         None,
@@ -262,6 +276,16 @@ class ParallelPlan:
                 out.append("a capacity factor needs --moe-dispatch capacity (dropless dispatch drops no token)")
             elif isinstance(cf, bool) or not isinstance(cf, (int, float)) or not cf >= 1.0 or cf > 64:
                 out.append(f"capacity factor must be a number from 1 to 64 (expert capacity / mean load), got {cf!r}")
+        if self.dp_shard is not None:
+            if isinstance(self.dp_shard, bool) or not isinstance(self.dp_shard, int) or self.dp_shard <= 0:
+                out.append(f"dp shard must be a positive integer, got {self.dp_shard!r}")
+            elif (self.dp * self.cp) % self.dp_shard:
+                out.append(
+                    f"dp shard {self.dp_shard} does not divide the {self.dp * self.cp} data-parallel ranks "
+                    f"(dp x cp); give a divisor"
+                )
+            elif self.zero_stage == 0:
+                out.append("hybrid sharding (--dp-shard) needs ZeRO 1, 2 or 3: ZeRO 0 shards nothing")
         if self.recompute_layers is not None:
             if self.recompute != "full":
                 out.append("recompute layers need --recompute full")

@@ -176,6 +176,21 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        "dp_shard",
+        lambda t, c: (
+            (t.dp_shard > 0)
+            & (((t.dp * t.cp) % np.maximum(t.dp_shard, 1) != 0) | (t.zero_stage == 0) | (c.model.moe is not None))
+        ),
+        lambda r, c: (
+            "hybrid sharding (--dp-shard) of a mixture-of-experts model is not priced (experts shard over "
+            "their expert-data-parallel group); leave --dp-shard out"
+            if _moe(c)
+            else "hybrid sharding (--dp-shard) needs ZeRO 1, 2 or 3: ZeRO 0 shards nothing"
+            if r["zero_stage"] == 0
+            else f"dp shard {r['dp_shard']} does not divide the {r['dp'] * r['cp']} data-parallel ranks (dp x cp)"
+        ),
+    ),
+    Rule(
         "grads_bf16_fp32",
         lambda t, c: ~t.main_grads_fp32 & (t.dtype == DTYPE["fp32"]),
         lambda r, c: "bf16 main gradients need a 16-bit model (fp32 training keeps fp32 gradients); drop --grads bf16",

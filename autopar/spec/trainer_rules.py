@@ -201,6 +201,10 @@ KINDS: dict[str, Kind] = {
         ),
     ),
     "bf16_main_grads": Kind(lambda t, c, v: ~t.main_grads_fp32 & ~v.flag(t), lambda r, c: "bf16 main gradients"),
+    "hsdp": Kind(
+        lambda t, c, v: (t.dp_shard > 0) & (t.dp_shard < t.dp * t.cp) & ~v.allows(t, (0, 1, 2, 3), t.zero_stage),
+        lambda r, c: f"hybrid sharding (--dp-shard {r['dp_shard']}) with ZeRO-{r['zero_stage']}",
+    ),
     "zero_bubble_rounds": Kind(
         lambda t, c, v: (
             (t.pp_schedule == SCHED["zero-bubble"])

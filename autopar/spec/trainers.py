@@ -48,6 +48,7 @@ KINDS = (
     "recompute",
     "partial_recompute",
     "bf16_main_grads",
+    "hsdp",
     "zero_bubble_rounds",
     "attention_variants",
 )
