@@ -308,9 +308,9 @@ def compare_tables(cmp, width: int) -> list:
         for lab in cmp.labels:
             cells[lab].append(Text(fmt(r[lab], kind), style="bold green" if lab in best else ""))
     need = {lab: max([len(lab)] + [len(c) for c in cells[lab]]) for lab in cmp.labels}
-    room = width - max(len(m) for m in metric)
+    room = width - max(len(m) for m in metric) - 2  # compact_table: an edge either side
     groups: list[list[str]] = [[]]
-    for lab in cmp.labels:  # two spaces before each column (compact_table)
+    for lab in cmp.labels:  # and two spaces between columns
         if groups[-1] and sum(need[x] + 2 for x in groups[-1]) + need[lab] + 2 > room:
             groups.append([])
         groups[-1].append(lab)

@@ -71,10 +71,11 @@ def fitted_table(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]],
         return max([len(w) for w in cols[i].header.split()] + [len(w) for r in rows for w in str(r[i]).split()])
 
     shown = list(range(len(cols)))
-    # compact_table: two spaces between columns (one of padding, the box's blank rule)
-    while sum(narrowest(i) for i in shown) + 2 * (len(shown) - 1) > width and any(cols[i].drop for i in shown):
+    # compact_table: two spaces between columns (one of padding, the box's blank rule), one blank
+    # edge on either side
+    while sum(narrowest(i) for i in shown) + 2 * len(shown) > width and any(cols[i].drop for i in shown):
         shown.remove(min((i for i in shown if cols[i].drop), key=lambda i: cols[i].drop))
-    fixed = sum(natural(i) for i in shown if not cols[i].wraps) + 2 * (len(shown) - 1)
+    fixed = sum(natural(i) for i in shown if not cols[i].wraps) + 2 * len(shown)
     wrapping = [i for i in shown if cols[i].wraps]
     room = max(width - fixed - sum(narrowest(i) for i in wrapping), 0)  # spread over the wrapping columns
     t = compact_table(title)
@@ -106,9 +107,7 @@ def compact_table(title: str) -> Table:
     fit a 120-column terminal."""
     from rich import box
 
-    return Table(
-        box=box.SIMPLE_HEAD, title=title, title_justify="left", padding=(0, 1, 0, 0), pad_edge=False, show_edge=False
-    )
+    return Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", padding=(0, 1, 0, 0), pad_edge=False)
 
 
 def plan_line(est: Estimate) -> str:

@@ -63,7 +63,6 @@ class SearchProgress:
 TOP_COLUMNS = (
     Col("#"),
     Col("layout", left=True),
-    Col("+var", drop=8),
     Col("sched", left=True, drop=9),
     Col("stages", left=True, drop=7),
     Col("recomp", left=True, drop=10),
@@ -81,23 +80,21 @@ TOP_COLUMNS = (
 
 def top_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
     """The top-k table fitted to `width` (autopar.cli.render.fitted_table) and the headers it drops.
-    Each row is a structurally different plan (autopar.search.results.STRUCTURE_KEY); '+var' counts
-    the variants folded under it (top.json lists them)."""
+    Each row is a structurally different plan (autopar.search.results.STRUCTURE_KEY); '+N' after
+    its layout counts the variants folded under it (top.json lists them)."""
     q = r.question
     title = (
         f"Top {len(r.top)} of {r.counts['fit']:,} plans that fit "
         f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})"
     )
     uneven = any(stage_balance(row) not in ("-", "even") for _, row in r.top.iterrows())
-    folded = "variants" in r.top.columns and bool((r.top["variants"] > 0).any())
-    cols = [c for c in TOP_COLUMNS if (c.header != "stages" or uneven) and (c.header != "+var" or folded)]
+    cols = [c for c in TOP_COLUMNS if c.header != "stages" or uneven]
     cap = q.cluster.gpu.hbm_bytes / GIB
     rows = []
     for i, (_, row) in enumerate(r.top.iterrows(), start=1):
         cells = {
             "#": str(i),
-            "layout": str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
-            "+var": f"+{int(row['variants'])}" if folded and int(row["variants"]) else "",
+            "layout": str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else "") + variants_text(row),
             "sched": _schedule(row),
             "stages": stage_balance(row),
             "recomp": row["recompute"],
@@ -189,15 +186,21 @@ def _runs_on(row) -> str:
     return " ".join(TRAINER_LETTERS.get(n, n) for n in ordered)
 
 
+def variants_text(row) -> str:
+    """' +2' after a layout with two variants folded under it, '' without."""
+    n = int(row["variants"]) if "variants" in row.index else 0
+    return f" +{n}" if n else ""
+
+
 def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
     """The lines under the top table that spell out what its shown columns abbreviate."""
     named = {n for _, row in r.top.iterrows() for n in str(row["trainers"]).split(", ")}
     lines = [trainer_legend(named)] if "runs on" in shown else []
     notes = []
-    if "+var" in shown:
+    if any(variants_text(row) for _, row in r.top.iterrows()):
         notes.append(
-            "+var: plans of the row's structure that differ only in mbs, ZeRO, stage layout or flags "
-            "(listed in top.json)"
+            "+N: N more plans of the layout's structure, differing only in mbs, ZeRO, stage layout or flags "
+            "(top.json lists them)"
         )
     if "80% range" in shown:
         notes.append("80% range: the step time's 80 % interval")

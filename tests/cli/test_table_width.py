@@ -86,10 +86,10 @@ def test_a_narrow_terminal_keeps_the_layout_step_time_and_mfu_whole(width, cli_r
     assert not [line for line in out.splitlines() if len(line) > width]
     assert "…" not in out
     top = json.loads((tmp_path / "run" / "top.json").read_text())
-    head = next(line for line in out.splitlines() if line.startswith("#  layout"))
+    head = next(line for line in out.splitlines() if line.startswith(" #  layout"))
     assert "step s" in head and "MFU" in head
     for i, d in enumerate(top["top"], start=1):
-        row = next(line for line in out.splitlines() if line.startswith(f"{i}  "))
+        row = next(line for line in out.splitlines() if line.startswith(f" {i}  "))
         assert row.split()[1] == d["plan_name"]  # whole, not "tp4.p…"
         assert f"{d['step_time_s']:.3f}" in row and f"{100 * d['mfu']:.1f}%" in row
     assert "not shown at this width: " in out and "tokens/s" in out.split("not shown at this width: ")[1]
@@ -98,13 +98,13 @@ def test_a_narrow_terminal_keeps_the_layout_step_time_and_mfu_whole(width, cli_r
 def test_a_fitted_table_drops_the_lowest_drop_first_and_wraps_at_words():
     cols = (Col("name", left=True), Col("a", drop=2), Col("b", drop=1), Col("note", left=True, wraps=True))
     rows = [("layout-whole", "1" * 10, "2" * 10, "one two three four")]
-    # natural: 12 + 10 + 10 + 18 and 2 spaces between the 4 columns = 56
-    t, dropped = fitted_table("t", cols, rows, 56)
+    # natural: 12 + 10 + 10 + 18, 2 spaces between the 4 columns and an edge on either side = 58
+    t, dropped = fitted_table("t", cols, rows, 58)
     assert dropped == [] and [c.header for c in t.columns] == ["name", "a", "b", "note"]
-    # at 50 the note wraps (its longest word, 'three', is 5): 12 + 10 + 10 + 5 + 6 = 43 fits
+    # at 50 the note wraps (its longest word, 'three', is 5): 12 + 10 + 10 + 5 + 8 = 45 fits
     t, dropped = fitted_table("t", cols, rows, 50)
-    assert dropped == [] and t.columns[3].width == 50 - 38
-    # at 40: b (drop 1) goes first, then 12 + 10 + 5 + 4 = 31 fits
+    assert dropped == [] and t.columns[3].width == 50 - 40
+    # at 40: b (drop 1) goes first, then 12 + 10 + 5 + 6 = 33 fits
     t, dropped = fitted_table("t", cols, rows, 40)
     assert dropped == ["b"] and [c.header for c in t.columns] == ["name", "a", "note"]
     t, dropped = fitted_table("t", cols, rows, 20)
