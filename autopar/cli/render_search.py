@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import time
 
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -301,54 +300,52 @@ def print_result(r: SearchResult) -> None:
     c.print(f"Results: {r.run_dir}/ ({files})")
 
 
+#: the what-if table's columns (as TOP_COLUMNS: `drop` 1 goes first); the whole run's are added
+WHATIF_COLUMNS = (
+    Col("GPUs"),
+    Col("GPU", left=True, drop=4),
+    Col("seq", drop=3),
+    Col("gbs", drop=2),
+    Col("best layout", left=True),
+    Col("schedule", left=True, drop=5),
+    Col("recompute", left=True, drop=6),
+    Col("memory GiB", drop=7),
+    Col("step s"),
+    Col("tokens/s", drop=1),
+    Col("tokens/s/GPU", drop=8),
+    Col("MFU"),
+)
+
+
 def print_whatif(results: list[SearchResult]) -> None:
-    t = Table(box=box.SIMPLE_HEAD, title="What-if: the best plan per scenario", title_justify="left")
     run = results[0].options.training
-    cols = [
-        "GPUs",
-        "GPU",
-        "seq",
-        "gbs",
-        "best layout",
-        "schedule",
-        "recompute",
-        "memory GiB",
-        "step s",
-        "tokens/s",
-        "tokens/s/GPU",
-        "MFU",
-    ] + run_headers(run)
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("GPU", "best layout", "schedule", "recompute") else "right")
+    cols = WHATIF_COLUMNS + tuple(Col(h) for h in run_headers(run))
+    rows = []
     for r in results:
         q, w = r.question, r.winner
+        head = [str(q.num_gpus), q.cluster.gpu.key, str(q.seq_len), str(q.global_batch_size)]
         if w is None:
-            t.add_row(
-                str(q.num_gpus),
-                q.cluster.gpu.key,
-                str(q.seq_len),
-                str(q.global_batch_size),
-                "nothing fits",
-                *[""] * (len(cols) - 5),
-            )
+            rows.append(head + ["nothing fits"] + [""] * (len(cols) - 5))
             continue
-        t.add_row(
-            str(q.num_gpus),
-            q.cluster.gpu.key,
-            str(q.seq_len),
-            str(q.global_batch_size),
-            str(w["plan_name"]),
-            w["pp_schedule"] if w["pp"] > 1 else "-",
-            w["recompute"],
-            f"{w['memory_gib']:.1f}",
-            f"{w['step_time_s']:.3f}",
-            f"{w['tokens_per_s']:,.0f}",
-            f"{w['tokens_per_s_per_gpu']:,.0f}",
-            f"{100 * w['mfu']:.1f}%",
-            *run_cells(w, run),
+        rows.append(
+            head
+            + [
+                str(w["plan_name"]),
+                SCHEDULE_SHORT.get(w["pp_schedule"], w["pp_schedule"]) if w["pp"] > 1 else "-",
+                w["recompute"],
+                f"{w['memory_gib']:.1f}",
+                f"{w['step_time_s']:.3f}",
+                f"{w['tokens_per_s']:,.0f}",
+                f"{w['tokens_per_s_per_gpu']:,.0f}",
+                f"{100 * w['mfu']:.1f}%",
+                *run_cells(w, run),
+            ]
         )
     c = console()
+    t, dropped = fitted_table("What-if: the best plan per scenario", cols, rows, c.width)
     c.print(t)
+    if note := dropped_line(dropped):
+        c.print(note)
     for r in results:
         c.print(f"  {r.run_dir}: {r.why}")
 
