@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -89,6 +90,12 @@ def fitted_table(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]],
     for r in rows:
         t.add_row(*(Text(str(r[i])) for i in shown))
     return t, [cols[i].header for i in range(len(cols)) if i not in shown]
+
+
+def note(text: str, style: str = "", indent: int = 2) -> Padding:
+    """An indented note whose wrapped lines keep the indent (a hanging indent, so that a long note
+    reads as one item under the table it belongs to)."""
+    return Padding(Text(text, style=style), (0, 0, 0, indent), expand=False)
 
 
 def dropped_line(dropped: list[str]) -> str | None:
@@ -172,7 +179,7 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     )
     out: list = [head]
     for r in est.reasons:
-        out.append(Text(f"  - {r}", style="red"))
+        out.append(note(f"- {r}", style="red"))
 
     mem = breakdown_table(
         "Memory per GPU (most loaded rank)",
@@ -263,10 +270,10 @@ def ep_table(details: list, plan, routing_imbalance: float) -> list:
             f"{100 * d.network_share:.0f}%",
         )
     routing = "forced-balanced" if routing_imbalance == 1 else f"busiest expert rank x{routing_imbalance:g}"
-    notes = [Text(f"  routing: {routing} (--routing-imbalance)", style="dim")]
+    notes = [note(f"routing: {routing} (--routing-imbalance)", style="dim")]
     for d in details:
         for src in d.sources:
-            notes.append(Text(f"  {names[d.dispatcher]}: {src}", style="dim"))
+            notes.append(note(f"{names[d.dispatcher]}: {src}", style="dim"))
     return [t, *notes]
 
 

@@ -285,15 +285,7 @@ def write_run(result: SearchResult) -> None:
     full breakdowns), scatter.parquet and, with --csv, plans.csv (plans.parquet is written while the
     search streams)."""
     d = result.run_dir
-    top = [
-        row_summary(r, result.layouts)
-        | {"rank": i + 1, "trainers": _trainer_list(r), "variants": int(r.get("variants", 0))}
-        for i, (_, r) in enumerate(result.top.iterrows())
-    ]
-    variants = [
-        row_summary(r, result.layouts) | {"variant_of": int(r["variant_of"]), "trainers": _trainer_list(r)}
-        for _, r in result.variants.iterrows()
-    ]
+    top, variants = top_entries(result)
     pareto = [row_summary(r, result.layouts) for _, r in result.pareto.iterrows()]
     per_trainer = {t: None if r is None else row_summary(r, result.layouts) for t, r in result.per_trainer.items()}
     write_top(d, {"why": result.why, "top": top, "variants": variants, "pareto": pareto, "per_trainer": per_trainer})
@@ -303,6 +295,21 @@ def write_run(result: SearchResult) -> None:
     write_scatter(d, scatter)
     if result.options.csv and (d / "plans.parquet").exists():
         write_csv(d)
+
+
+def top_entries(result: SearchResult) -> tuple[list[dict], list[dict]]:
+    """(the top-k, each with its rank, trainers and count of variants; the variants, each with
+    `variant_of`: the rank it folds under) as top.json and `search --json` write them."""
+    top = [
+        row_summary(r, result.layouts)
+        | {"rank": i + 1, "trainers": _trainer_list(r), "variants": int(r.get("variants", 0))}
+        for i, (_, r) in enumerate(result.top.iterrows())
+    ]
+    variants = [
+        row_summary(r, result.layouts) | {"variant_of": int(r["variant_of"]), "trainers": _trainer_list(r)}
+        for _, r in result.variants.iterrows()
+    ]
+    return top, variants
 
 
 def _trainer_list(row: pd.Series) -> list[str]:
