@@ -32,7 +32,7 @@ def console() -> Console:
 
 
 #: schedule names as the tables print them (a 120-column terminal has no room for the long ones;
-#: SCHEDULE_LEGEND spells them out)
+#: schedule_legend spells them out)
 SCHEDULE_SHORT = {"interleaved-1f1b": "i-1f1b", "zero-bubble": "zb"}
 #: trainers as the tables abbreviate them (a legend under the table spells them out)
 TRAINER_LETTERS = {"megatron": "M", "nemo": "N", "bridge": "B", "torchtitan": "T", "deepspeed": "D", "autopar": "A"}
@@ -43,6 +43,13 @@ def trainer_legend(used: set[str]) -> str:
     from autopar.spec.trainers import get_trainer
 
     return "runs on: " + legend_line(TRAINER_LETTERS, used, lambda k: get_trainer(k).title)
+
+
+def schedule_legend(used: set[str] | None = None) -> str | None:
+    """'schedules: i-1f1b interleaved-1f1b, zb zero-bubble' for the abbreviated schedules `used`
+    (their full names; None: all), or None when none is."""
+    named = [f"{short} {name}" for name, short in SCHEDULE_SHORT.items() if used is None or name in used]
+    return "schedules: " + ", ".join(named) if named else None
 
 
 @dataclass(frozen=True)

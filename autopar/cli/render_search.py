@@ -17,6 +17,7 @@ from autopar.cli.render import (
     console,
     dropped_line,
     fitted_table,
+    schedule_legend,
     trainer_legend,
 )
 from autopar.search.run import SearchResult
@@ -195,6 +196,8 @@ def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
     """The lines under the top table that spell out what its shown columns abbreviate."""
     named = {n for _, row in r.top.iterrows() for n in str(row["trainers"]).split(", ")}
     lines = [trainer_legend(named)] if "runs on" in shown else []
+    if "sched" in shown and (schedules := schedule_legend(set(r.top.loc[r.top["pp"] > 1, "pp_schedule"]))):
+        lines.append(schedules)
     notes = []
     if any(variants_text(row) for _, row in r.top.iterrows()):
         notes.append(

@@ -57,7 +57,7 @@ def trainers(
             )
         )
         return
-    from autopar.cli.render import SCHEDULE_SHORT, Col, compact_table, console, fitted_table
+    from autopar.cli.render import SCHEDULE_SHORT, Col, compact_table, console, fitted_table, schedule_legend
 
     out = console()
     if trainer:
@@ -87,4 +87,4 @@ def trainers(
     tab.add_row("recipes", *[_value(rec.value) if (rec := table[k].recipes) else "any model" for k in keys])
     tab.add_row("performance profile", *[profile_of(k).name for k in keys])
     out.print(tab)
-    out.print("schedules: " + ", ".join(f"{short} {name}" for name, short in SCHEDULE_SHORT.items()))
+    out.print(schedule_legend())
