@@ -211,7 +211,8 @@ def compare(
     from autopar.cli.render import console
 
     c = console()
-    c.print(compare_table(cmp))
+    for table in compare_tables(cmp, c.width):
+        c.print(table)
     if out is not None:
         c.print(f"Comparison: {out}")
 
@@ -282,30 +283,49 @@ def compare_json(cmp, out: Path | None) -> dict:
     }
 
 
-def compare_table(cmp):
-    """The aligned rich table: one row per metric, one column per layout; rows that differ in bold
-    yellow, the best value of a ranked row in green."""
-    from rich.table import Table
+def compare_tables(cmp, width: int) -> list:
+    """The aligned comparison, one row per metric and one column per layout, as tables that fit
+    `width` columns: as many layouts side by side as fit, the metric column repeated in each; rows
+    that differ in bold yellow, the best value of a ranked row in green."""
     from rich.text import Text
 
+    from autopar.cli.render import compact_table
     from autopar.report.format import compare_kind, fmt
 
     q = cmp.question
-    t = Table(
-        title=f"{len(cmp.items)} layouts of {q.model.name} on {q.num_gpus} x {q.cluster.gpu.key}, seq "
-        f"{q.seq_len} (differences in yellow, best in green)",
-        title_justify="left",
-    )
-    t.add_column("metric")
-    for lab in cmp.labels:
-        t.add_column(lab, justify="right")
+    metric: list = []
+    cells: dict[str, list] = {lab: [] for lab in cmp.labels}
     section = None
     for _, r in cmp.table.iterrows():
         if r["section"] != section:
             section = r["section"]
-            t.add_row(Text(section, style="bold underline"), *[""] * len(cmp.labels))
+            metric.append(Text(section, style="bold underline"))
+            for lab in cmp.labels:
+                cells[lab].append(Text(""))
         kind = compare_kind(r["section"], r["key"])
         best = set(str(r["best"]).split(", ")) if r["best"] else set()
-        cells = [Text(fmt(r[lab], kind), style="bold green" if lab in best else "") for lab in cmp.labels]
-        t.add_row(Text("  " + r["metric"], style="bold yellow" if r["differs"] else ""), *cells)
-    return t
+        metric.append(Text("  " + r["metric"], style="bold yellow" if r["differs"] else ""))
+        for lab in cmp.labels:
+            cells[lab].append(Text(fmt(r[lab], kind), style="bold green" if lab in best else ""))
+    need = {lab: max([len(lab)] + [len(c) for c in cells[lab]]) for lab in cmp.labels}
+    room = width - max(len(m) for m in metric) - 2  # compact_table: an edge either side
+    groups: list[list[str]] = [[]]
+    for lab in cmp.labels:  # and two spaces between columns
+        if groups[-1] and sum(need[x] + 2 for x in groups[-1]) + need[lab] + 2 > room:
+            groups.append([])
+        groups[-1].append(lab)
+    title = (
+        f"{len(cmp.items)} layouts of {q.model.name} on {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len} "
+        f"(differences in yellow, best in green)"
+    )
+    tables = []
+    for n, group in enumerate(groups, start=1):
+        part = f", part {n} of {len(groups)}" if len(groups) > 1 else ""
+        t = compact_table(title + part)
+        t.add_column("metric", no_wrap=True)
+        for lab in group:
+            t.add_column(lab, justify="right", no_wrap=True)
+        for i, m in enumerate(metric):
+            t.add_row(m, *[cells[lab][i] for lab in group])
+        tables.append(t)
+    return tables

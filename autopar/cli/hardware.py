@@ -32,7 +32,7 @@ def hardware(as_json: o.Json = False) -> None:
         print(dumps(out, indent=2))
         return
 
-    from autopar.cli.render import compact_table, console
+    from autopar.cli.render import compact_table, console, note
 
     t = compact_table("GPU presets (each row's source: autopar hardware --json, autopar/spec/data/gpus.toml)")
     for col in ("key", "BF16", "FP8", "MAMF BF16", "MAMF FP8", "HBM GiB", "HBM GB/s", "NVLink", "NIC", "/node", "name"):
@@ -58,5 +58,5 @@ def hardware(as_json: o.Json = False) -> None:
         "autopar/spec/data/hardware_behaviour.toml); NVLink, NIC: GB/s per GPU per direction; /node: GPUs per node."
     )
     for g in gpus:
-        for note in beh[g.key].stand_ins:
-            console().print(f"  {g.key}: {note}")
+        for stand_in in beh[g.key].stand_ins:
+            console().print(note(f"{g.key}: {stand_in}"))

@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -15,14 +18,102 @@ from autopar.report.format import human_count
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 
+#: the width of piped output when COLUMNS does not say: the common wide terminal, which every table
+#: is laid out for (tables wider than this drop their least important columns, `fitted_table`)
+PIPED_WIDTH = 120
+
 
 def console() -> Console:
-    """The terminal's width; when piped, COLUMNS if set, else a wide one (tables stay whole in files,
-    greps and CI logs)."""
+    """The terminal's width; when piped, COLUMNS if set, else PIPED_WIDTH."""
     if sys.stdout.isatty():
         return Console()
     columns = os.environ.get("COLUMNS", "")
-    return Console(width=int(columns) if columns.isdigit() and 20 <= int(columns) <= 1000 else 240)
+    return Console(width=int(columns) if columns.isdigit() and 20 <= int(columns) <= 1000 else PIPED_WIDTH)
+
+
+#: schedule names as the tables print them (a 120-column terminal has no room for the long ones;
+#: schedule_legend spells them out)
+SCHEDULE_SHORT = {"interleaved-1f1b": "i-1f1b", "zero-bubble": "zb"}
+#: trainers as the tables abbreviate them (a legend under the table spells them out)
+TRAINER_LETTERS = {"megatron": "M", "nemo": "N", "bridge": "B", "torchtitan": "T", "deepspeed": "D", "autopar": "A"}
+
+
+def trainer_legend(used: set[str]) -> str:
+    """'runs on: M Megatron-LM, N NeMo 2, ...' for the trainers `used` (their keys)."""
+    from autopar.spec.trainers import get_trainer
+
+    return "runs on: " + legend_line(TRAINER_LETTERS, used, lambda k: get_trainer(k).title)
+
+
+def schedule_legend(used: set[str] | None = None) -> str | None:
+    """'schedules: i-1f1b interleaved-1f1b, zb zero-bubble' for the abbreviated schedules `used`
+    (their full names; None: all), or None when none is."""
+    named = [f"{short} {name}" for name, short in SCHEDULE_SHORT.items() if used is None or name in used]
+    return "schedules: " + ", ".join(named) if named else None
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column of a `fitted_table`: its header, alignment and when it goes if the table is too
+    wide (0: never; of the others, 1 goes first, then 2, ...)."""
+
+    header: str
+    left: bool = False
+    drop: int = 0
+    #: a long text column (notes, sources) wraps at word boundaries instead of setting the width
+    wraps: bool = False
+
+
+def fitted_table(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> tuple[Table, list[str]]:
+    """A compact table of `rows` that fits `width` columns: while it is wider, the droppable column
+    with the lowest `drop` goes. Returns the table and the headers dropped (for a line that says so).
+    The columns that stay are never cut: a cell is whole or, in a `wraps` column, wrapped at spaces
+    (the column is never narrower than its longest word)."""
+
+    def natural(i: int) -> int:
+        return max([len(cols[i].header)] + [len(str(r[i])) for r in rows])
+
+    def narrowest(i: int) -> int:
+        if not cols[i].wraps:
+            return natural(i)
+        return max([len(w) for w in cols[i].header.split()] + [len(w) for r in rows for w in str(r[i]).split()])
+
+    shown = list(range(len(cols)))
+    # compact_table: two spaces between columns (one of padding, the box's blank rule), one blank
+    # edge on either side
+    while sum(narrowest(i) for i in shown) + 2 * len(shown) > width and any(cols[i].drop for i in shown):
+        shown.remove(min((i for i in shown if cols[i].drop), key=lambda i: cols[i].drop))
+    fixed = sum(natural(i) for i in shown if not cols[i].wraps) + 2 * len(shown)
+    wrapping = [i for i in shown if cols[i].wraps]
+    room = max(width - fixed - sum(narrowest(i) for i in wrapping), 0)  # spread over the wrapping columns
+    t = compact_table(title)
+    for i in shown:
+        c = cols[i]
+        w = None
+        if c.wraps:
+            w = min(natural(i), narrowest(i) + room)
+            room -= w - narrowest(i)
+        t.add_column(c.header, justify="left" if c.left else "right", no_wrap=not c.wraps, width=w)
+    for r in rows:
+        t.add_row(*(Text(str(r[i])) for i in shown))
+    return t, [cols[i].header for i in range(len(cols)) if i not in shown]
+
+
+def note(text: str, style: str = "", indent: int = 2) -> Padding:
+    """An indented note whose wrapped lines keep the indent (a hanging indent, so that a long note
+    reads as one item under the table it belongs to)."""
+    return Padding(Text(text, style=style), (0, 0, 0, indent), expand=False)
+
+
+def dropped_line(dropped: list[str]) -> str | None:
+    """'not shown at this width: tokens/s, 80% range (a wider terminal or --json has them)'."""
+    return f"not shown at this width: {', '.join(dropped)} (a wider terminal or --json has them)" if dropped else None
+
+
+def legend_line(letters: dict[str, str], used: set[str], title) -> str:
+    """'M Megatron-LM, N NeMo 2, ...': the abbreviations `letters` (key -> letter) used, spelled out
+    by `title(key)`, in the order of `letters`."""
+    return ", ".join(f"{letter} {title(k)}" for k, letter in letters.items() if k in used)
 
 
 def compact_table(title: str) -> Table:
@@ -95,7 +186,7 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     )
     out: list = [head]
     for r in est.reasons:
-        out.append(Text(f"  - {r}", style="red"))
+        out.append(note(f"- {r}", style="red"))
 
     mem = breakdown_table(
         "Memory per GPU (most loaded rank)",
@@ -186,10 +277,10 @@ def ep_table(details: list, plan, routing_imbalance: float) -> list:
             f"{100 * d.network_share:.0f}%",
         )
     routing = "forced-balanced" if routing_imbalance == 1 else f"busiest expert rank x{routing_imbalance:g}"
-    notes = [Text(f"  routing: {routing} (--routing-imbalance)", style="dim")]
+    notes = [note(f"routing: {routing} (--routing-imbalance)", style="dim")]
     for d in details:
         for src in d.sources:
-            notes.append(Text(f"  {names[d.dispatcher]}: {src}", style="dim"))
+            notes.append(note(f"{names[d.dispatcher]}: {src}", style="dim"))
     return [t, *notes]
 
 

@@ -5,12 +5,21 @@ from __future__ import annotations
 import math
 import time
 
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from autopar.cli.render import compact_table, console
+from autopar.cli.render import (
+    SCHEDULE_SHORT,
+    TRAINER_LETTERS,
+    Col,
+    compact_table,
+    console,
+    dropped_line,
+    fitted_table,
+    schedule_legend,
+    trainer_legend,
+)
 from autopar.search.run import SearchResult
 from autopar.spec.hardware import GIB
 
@@ -49,41 +58,58 @@ class SearchProgress:
         self.progress.update(self.tasks[label], completed=done, total=total)
 
 
-#: schedule names as the tables print them (a 120-column terminal has no room for the long ones)
-SCHEDULE_SHORT = {"interleaved-1f1b": "i-1f1b", "zero-bubble": "zb"}
+#: the top table's columns: the layout, its step time and MFU always; the others go, least
+#: important first (`drop` 1, 2, ...), when the terminal is too narrow
+TOP_COLUMNS = (
+    Col("#"),
+    Col("layout", left=True),
+    Col("sched", left=True, drop=9),
+    Col("stages", left=True, drop=7),
+    Col("recomp", left=True, drop=10),
+    Col("ZeRO", drop=4),
+    Col("mbs", drop=5),
+    Col("mem GiB", drop=11),
+    Col("step s"),
+    Col("80% range", drop=2),
+    Col("tokens/s", drop=1),
+    Col("MFU"),
+    Col("support", left=True, drop=3),
+    Col("runs on", left=True, drop=6),
+)
 
 
-def top_table(r: SearchResult) -> Table:
+def top_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
+    """The top-k table fitted to `width` (autopar.cli.render.fitted_table) and the headers it drops.
+    Each row is a structurally different plan (autopar.search.results.STRUCTURE_KEY); '+N' after
+    its layout counts the variants folded under it (top.json lists them)."""
     q = r.question
-    t = compact_table(
+    title = (
         f"Top {len(r.top)} of {r.counts['fit']:,} plans that fit "
         f"({q.model.name}, {q.num_gpus} x {q.cluster.gpu.key}, seq {q.seq_len}, gbs {q.global_batch_size})"
     )
     uneven = any(stage_balance(row) not in ("-", "even") for _, row in r.top.iterrows())
-    cols = ["#", "layout", "sched"] + (["stages"] if uneven else []) + ["recomp", "ZeRO", "mbs", "mem GiB"]
-    cols += ["step s", "80% range", "tokens/s", "MFU", "support", "runs on"]
-    left = ("layout", "sched", "stages", "recomp", "support", "runs on")
-    for col in cols:
-        t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
+    cols = [c for c in TOP_COLUMNS if c.header != "stages" or uneven]
     cap = q.cluster.gpu.hbm_bytes / GIB
+    rows = []
     for i, (_, row) in enumerate(r.top.iterrows(), start=1):
-        t.add_row(
-            str(i),
-            str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
-            _schedule(row),
-            *([stage_balance(row)] if uneven else []),
-            row["recompute"],
-            str(row["zero_stage"]),
-            str(row["micro_batch_size"]),
-            f"{row['memory_gib']:.1f}/{cap:.0f}",
-            f"{row['step_time_s']:.3f}",
-            step_range(row),
-            f"{row['tokens_per_s']:,.0f}",
-            f"{100 * row['mfu']:.1f}%",
-            support_cell(row),
-            _runs_on(row),
-        )
-    return t
+        cells = {
+            "#": str(i),
+            "layout": str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else "") + variants_text(row),
+            "sched": _schedule(row),
+            "stages": stage_balance(row),
+            "recomp": row["recompute"],
+            "ZeRO": str(row["zero_stage"]),
+            "mbs": str(row["micro_batch_size"]),
+            "mem GiB": f"{row['memory_gib']:.1f}/{cap:.0f}",
+            "step s": f"{row['step_time_s']:.3f}",
+            "80% range": step_range(row),
+            "tokens/s": f"{row['tokens_per_s']:,.0f}",
+            "MFU": f"{100 * row['mfu']:.1f}%",
+            "support": support_cell(row),
+            "runs on": _runs_on(row),
+        }
+        rows.append([cells[c.header] for c in cols])
+    return fitted_table(title, cols, rows, width)
 
 
 def run_table(r: SearchResult) -> Table | None:
@@ -152,10 +178,6 @@ def run_cells(row, run) -> list[str]:
     )
 
 
-#: trainers as the tables abbreviate them (the legend under the table spells them out)
-TRAINER_LETTERS = {"megatron": "M", "nemo": "N", "bridge": "B", "torchtitan": "T", "deepspeed": "D", "autopar": "A"}
-
-
 def _runs_on(row) -> str:
     """The trainers that can run the plan, abbreviated (TRAINER_LETTERS); the one it is timed on
     (the fastest) first if they differ."""
@@ -164,59 +186,77 @@ def _runs_on(row) -> str:
     return " ".join(TRAINER_LETTERS.get(n, n) for n in ordered)
 
 
-def trainer_legend(r: SearchResult) -> str:
-    """'runs on: M Megatron-LM, N NeMo 2, ...' for the trainers the top table names."""
-    from autopar.spec.trainers import get_trainer
+def variants_text(row) -> str:
+    """' +2' after a layout with two variants folded under it, '' without."""
+    n = int(row["variants"]) if "variants" in row.index else 0
+    return f" +{n}" if n else ""
 
+
+def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
+    """The lines under the top table that spell out what its shown columns abbreviate."""
     named = {n for _, row in r.top.iterrows() for n in str(row["trainers"]).split(", ")}
-    return "runs on: " + ", ".join(
-        f"{letter} {get_trainer(t).title}" for t, letter in TRAINER_LETTERS.items() if t in named
-    )
+    lines = [trainer_legend(named)] if "runs on" in shown else []
+    if "sched" in shown and (schedules := schedule_legend(set(r.top.loc[r.top["pp"] > 1, "pp_schedule"]))):
+        lines.append(schedules)
+    notes = []
+    if any(variants_text(row) for _, row in r.top.iterrows()):
+        notes.append(
+            "+N: N more plans of the layout's structure, differing only in mbs, ZeRO, stage layout or flags "
+            "(top.json lists them)"
+        )
+    if "80% range" in shown:
+        notes.append("80% range: the step time's 80 % interval")
+    if "support" in shown:
+        notes.append("support: calib(rated) or extrap(olated)")
+    return lines + (["; ".join(notes)] if notes else [])
 
 
-def trainer_table(r: SearchResult) -> Table:
-    """The best plan each searched trainer can run, side by side."""
+#: the per-trainer table's columns (as TOP_COLUMNS: `drop` 1 goes first)
+TRAINER_COLUMNS = (
+    Col("trainer", left=True),
+    Col("layout", left=True),
+    Col("sched", left=True, drop=6),
+    Col("recomp", left=True, drop=7),
+    Col("ZeRO", drop=3),
+    Col("mbs", drop=4),
+    Col("mem GiB", drop=8),
+    Col("step s"),
+    Col("80% range", drop=1),
+    Col("MFU"),
+    Col("vs best", drop=5),
+    Col("support", left=True, drop=2),
+)
+
+
+def trainer_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
+    """The best plan each searched trainer can run, side by side, fitted to `width`."""
     from autopar.spec.trainers import get_trainer
 
-    t = compact_table("The best plan per trainer")
-    for col in (
-        "trainer",
-        "layout",
-        "sched",
-        "recomp",
-        "ZeRO",
-        "mbs",
-        "mem GiB",
-        "step s",
-        "80% range",
-        "MFU",
-        "vs best",
-        "support",
-    ):
-        left = col in ("trainer", "layout", "sched", "recomp", "support")
-        t.add_column(col, justify="left" if left else "right", no_wrap=True)
     best = r.winner
+    rows = []
     for name, row in r.per_trainer.items():
         title = get_trainer(name).title
         if row is None:
-            t.add_row(title, "nothing fits", *[""] * 10)
+            rows.append([title, "nothing fits"] + [""] * (len(TRAINER_COLUMNS) - 2))
             continue
         slower = row["step_time_s"] / best["step_time_s"] - 1 if best is not None else 0.0
-        t.add_row(
-            title,
-            str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
-            _schedule(row),
-            row["recompute"],
-            str(row["zero_stage"]),
-            str(row["micro_batch_size"]),
-            f"{row['memory_gib']:.1f}",
-            f"{row['step_time_s']:.3f}",
-            step_range(row),
-            f"{100 * row['mfu']:.1f}%",
-            "best" if slower <= 1e-12 else f"+{100 * slower:.1f}%",
-            support_cell(row),
+        rows.append(
+            [
+                title,
+                str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
+                _schedule(row),
+                row["recompute"],
+                str(row["zero_stage"]),
+                str(row["micro_batch_size"]),
+                f"{row['memory_gib']:.1f}",
+                f"{row['step_time_s']:.3f}",
+                step_range(row),
+                f"{100 * row['mfu']:.1f}%",
+                "best" if slower <= 1e-12 else f"+{100 * slower:.1f}%",
+                support_cell(row),
+            ]
         )
-    return t
+    return fitted_table("The best plan per trainer", TRAINER_COLUMNS, rows, width)
 
 
 def stage_balance(row) -> str:
@@ -231,13 +271,18 @@ def print_result(r: SearchResult) -> None:
     c = console()
     n, valid, fit = r.counts["evaluated"], r.counts["valid"], r.counts["fit"]
     if not r.top.empty:
-        c.print(top_table(r))
-        c.print(trainer_legend(r))
-        c.print("80% range: the step time's 80 % interval; support: calib(rated) or extrap(olated)")
+        top, dropped = top_table(r, c.width)
+        c.print(top)
+        shown = [col.header for col in TOP_COLUMNS if col.header not in dropped]
+        for line in top_legend(r, shown) + ([note] if (note := dropped_line(dropped)) else []):
+            c.print(line)
         if (whole := run_table(r)) is not None:
             c.print(whole)
         if len(r.per_trainer) > 1:
-            c.print(trainer_table(r))
+            per, dropped = trainer_table(r, c.width)
+            c.print(per)
+            if note := dropped_line(dropped):
+                c.print(note)
     c.print(f"[bold]{r.why}[/bold]")
     for line in r.sureness:
         c.print(f"[bold]{line}[/bold]")
@@ -258,54 +303,52 @@ def print_result(r: SearchResult) -> None:
     c.print(f"Results: {r.run_dir}/ ({files})")
 
 
+#: the what-if table's columns (as TOP_COLUMNS: `drop` 1 goes first); the whole run's are added
+WHATIF_COLUMNS = (
+    Col("GPUs"),
+    Col("GPU", left=True, drop=4),
+    Col("seq", drop=3),
+    Col("gbs", drop=2),
+    Col("best layout", left=True),
+    Col("schedule", left=True, drop=5),
+    Col("recompute", left=True, drop=6),
+    Col("memory GiB", drop=7),
+    Col("step s"),
+    Col("tokens/s", drop=1),
+    Col("tokens/s/GPU", drop=8),
+    Col("MFU"),
+)
+
+
 def print_whatif(results: list[SearchResult]) -> None:
-    t = Table(box=box.SIMPLE_HEAD, title="What-if: the best plan per scenario", title_justify="left")
     run = results[0].options.training
-    cols = [
-        "GPUs",
-        "GPU",
-        "seq",
-        "gbs",
-        "best layout",
-        "schedule",
-        "recompute",
-        "memory GiB",
-        "step s",
-        "tokens/s",
-        "tokens/s/GPU",
-        "MFU",
-    ] + run_headers(run)
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("GPU", "best layout", "schedule", "recompute") else "right")
+    cols = WHATIF_COLUMNS + tuple(Col(h) for h in run_headers(run))
+    rows = []
     for r in results:
         q, w = r.question, r.winner
+        head = [str(q.num_gpus), q.cluster.gpu.key, str(q.seq_len), str(q.global_batch_size)]
         if w is None:
-            t.add_row(
-                str(q.num_gpus),
-                q.cluster.gpu.key,
-                str(q.seq_len),
-                str(q.global_batch_size),
-                "nothing fits",
-                *[""] * (len(cols) - 5),
-            )
+            rows.append(head + ["nothing fits"] + [""] * (len(cols) - 5))
             continue
-        t.add_row(
-            str(q.num_gpus),
-            q.cluster.gpu.key,
-            str(q.seq_len),
-            str(q.global_batch_size),
-            str(w["plan_name"]),
-            w["pp_schedule"] if w["pp"] > 1 else "-",
-            w["recompute"],
-            f"{w['memory_gib']:.1f}",
-            f"{w['step_time_s']:.3f}",
-            f"{w['tokens_per_s']:,.0f}",
-            f"{w['tokens_per_s_per_gpu']:,.0f}",
-            f"{100 * w['mfu']:.1f}%",
-            *run_cells(w, run),
+        rows.append(
+            head
+            + [
+                str(w["plan_name"]),
+                SCHEDULE_SHORT.get(w["pp_schedule"], w["pp_schedule"]) if w["pp"] > 1 else "-",
+                w["recompute"],
+                f"{w['memory_gib']:.1f}",
+                f"{w['step_time_s']:.3f}",
+                f"{w['tokens_per_s']:,.0f}",
+                f"{w['tokens_per_s_per_gpu']:,.0f}",
+                f"{100 * w['mfu']:.1f}%",
+                *run_cells(w, run),
+            ]
         )
     c = console()
+    t, dropped = fitted_table("What-if: the best plan per scenario", cols, rows, c.width)
     c.print(t)
+    if note := dropped_line(dropped):
+        c.print(note)
     for r in results:
         c.print(f"  {r.run_dir}: {r.why}")
 

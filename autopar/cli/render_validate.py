@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from autopar.cli.render import console
+from autopar.cli.render import TRAINER_LETTERS, Col, console, dropped_line, fitted_table, legend_line
 from autopar.cost.validate_runs import ValidationReport
 from autopar.cost.validation import CATEGORIES
 
@@ -19,46 +19,67 @@ def _pct(v: float | None) -> str:
     return "-" if v is None or v != v else f"{100 * v:.1f}%"
 
 
-def rows_table(report: ValidationReport) -> Table:
+#: the per-row table's columns: the row, its layout and both errors always; the others go, least
+#: important first (`drop` 1, 2, ...), when the terminal is too narrow (autopar.cli.render.fitted_table)
+ROW_COLUMNS = (
+    Col("row", left=True),
+    Col("source", left=True, drop=1),
+    Col("model", left=True, wraps=True, drop=7),
+    Col("GPUs", drop=5),
+    Col("GPU", left=True, drop=2),
+    Col("layout", left=True),
+    Col("tr", left=True, drop=3),
+    Col("metric", left=True, drop=6),
+    Col("published", drop=6),
+    Col("predicted", drop=4),
+    Col("error"),
+    Col("cv error"),
+)
+
+
+def rows_table(report: ValidationReport, width: int) -> tuple[Table, list[str], list[str]]:
+    """Predicted vs published per row, fitted to `width`: (the table, the headers dropped, the
+    legend of what the shown columns abbreviate). Rows over 20 % off (cross-validated, else in
+    sample) in red."""
     cv = {r.case.row_id: r.error for r in report.cross_validated.rows} if report.cross_validated else {}
-    t = Table(title=f"Predicted vs published throughput ({report.runs})", title_justify="left")
-    for col in (
-        "row",
-        "source",
-        "model",
-        "GPUs",
-        "GPU",
-        "layout",
-        "trainer",
-        "metric",
-        "published",
-        "predicted",
-        "error",
-        "cross-validated",
-    ):
-        t.add_column(
-            col, justify="right" if col in ("GPUs", "published", "predicted", "error", "cross-validated") else "left"
-        )
+    rows, styles = [], []
     for r in report.in_sample.rows:
         c = r.case
         e_cv = cv.get(c.row_id)
-        style = "red" if abs(e_cv if e_cv is not None else r.error) > 0.2 else None
-        t.add_row(
-            c.row_id,
-            c.source,
-            c.name[:24],
-            str(c.plan.num_gpus),
-            c.cluster.gpu.key,
-            f"{c.plan.describe()} {c.plan.dtype}",
-            c.plan.trainer,
-            c.metric,
-            f"{c.published:,.4g}",
-            f"{r.predicted:,.4g}",
-            f"{100 * r.error:+.1f}%",
-            "-" if e_cv is None else f"{100 * e_cv:+.1f}%",
-            style=style,
+        styles.append("red" if abs(e_cv if e_cv is not None else r.error) > 0.2 else None)
+        rows.append(
+            [
+                c.row_id,
+                c.source,
+                c.name,
+                str(c.plan.num_gpus),
+                c.cluster.gpu.key,
+                f"{c.plan.describe()} {c.plan.dtype}",
+                TRAINER_LETTERS.get(c.plan.trainer, c.plan.trainer),
+                c.metric,
+                f"{c.published:,.4g}",
+                f"{r.predicted:,.4g}",
+                f"{100 * r.error:+.1f}%",
+                "-" if e_cv is None else f"{100 * e_cv:+.1f}%",
+            ]
         )
-    return t
+    t, dropped = fitted_table(f"Predicted vs published throughput ({report.runs})", ROW_COLUMNS, rows, width)
+    for row, style in zip(t.rows, styles):
+        row.style = style
+    legend = ["error: in sample; cv error: leave-one-source-out cross-validated (fit without the row's source)"]
+    if "tr" not in dropped:
+        legend.insert(
+            0,
+            "tr (trainer): "
+            + legend_line(TRAINER_LETTERS, {r.case.plan.trainer for r in report.in_sample.rows}, _title),
+        )
+    return t, dropped, legend
+
+
+def _title(trainer: str) -> str:
+    from autopar.spec.trainers import get_trainer
+
+    return get_trainer(trainer).title
 
 
 def summary_table(report: ValidationReport) -> Table:
@@ -124,7 +145,10 @@ def memory_line(report: ValidationReport) -> str:
 
 def print_report(report: ValidationReport, written: list[Path]) -> None:
     out = console()
-    out.print(rows_table(report))
+    rows, dropped, legend = rows_table(report, out.width)
+    out.print(rows)
+    for line in legend + ([note] if (note := dropped_line(dropped)) else []):
+        out.print(line)
     out.print(summary_table(report))
     n, skipped = len({r.case.row_id.rstrip("d") for r in report.in_sample.rows}), len(report.in_sample.skipped)
     out.print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Annotated, Optional
 
 import typer
@@ -56,32 +57,34 @@ def trainers(
             )
         )
         return
-    from rich.table import Table
-
-    from autopar.cli.render import console
+    from autopar.cli.render import SCHEDULE_SHORT, Col, compact_table, console, fitted_table, schedule_legend
 
     out = console()
     if trainer:
         t = table[keys[0]]
-        tab = Table(
-            title=f"{t.title} ({t.engine}; performance profile {profile_of(t.key).name}): {t.source}",
-            title_justify="left",
+        tab, _ = fitted_table(
+            f"{t.title} ({t.engine}; performance profile {profile_of(t.key).name}): {t.source}",
+            (Col("capability", left=True), Col("value", left=True, wraps=True), Col("source", left=True, wraps=True)),
+            [(c.kind, _value(c.value), c.source) for c in [*t.capabilities.values(), t.recipes] if c is not None],
+            out.width,
         )
-        for col in ("capability", "value", "source"):
-            tab.add_column(col)
-        for c in list(t.capabilities.values()) + ([t.recipes] if t.recipes else []):
-            tab.add_row(c.kind, _value(c.value), c.source)
         out.print(tab)
         return
-    tab = Table(
-        title="What each trainer can run (autopar/spec/data/trainers.toml; `--trainer T` for the sources)",
-        title_justify="left",
-    )
-    tab.add_column("capability")
+    tab = compact_table("What each trainer can run (autopar/spec/data/trainers.toml; `--trainer T` for the sources)")
+    kinds = list(table[keys[0]].capabilities) + ["recipes", "performance profile"]
+    tab.add_column("capability", no_wrap=True)
+    # the trainers share what the capability column leaves; a cell wraps at spaces and hyphens
+    cell = max(8, (out.width - max(map(len, kinds)) - 2 * len(keys)) // len(keys))
     for k in keys:
-        tab.add_column(k)
+        tab.add_column(k, no_wrap=True)
+
+    def shown(v) -> str:
+        short = [SCHEDULE_SHORT.get(x, x) for x in v] if isinstance(v, list) else SCHEDULE_SHORT.get(v, v)
+        return textwrap.fill(_value(short), width=cell, break_on_hyphens=True)
+
     for kind in table[keys[0]].capabilities:
-        tab.add_row(kind, *[_value(table[k].cap(kind).value) for k in keys])
+        tab.add_row(kind, *[shown(table[k].cap(kind).value) for k in keys])
     tab.add_row("recipes", *[_value(rec.value) if (rec := table[k].recipes) else "any model" for k in keys])
     tab.add_row("performance profile", *[profile_of(k).name for k in keys])
     out.print(tab)
+    out.print(schedule_legend())

@@ -10,7 +10,7 @@ from autopar.cost.columns import MEMORY_BIT
 from autopar.cost.estimate import TIME_LABELS, TIME_TERMS
 from autopar.spec.hardware import GIB
 from autopar.spec.layout import auto_layout
-from autopar.spec.plan import PLAN_KEY, RESULT_FIELDS, ParallelPlan
+from autopar.spec.plan import LAYOUT_KEY, PLAN_KEY, RESULT_FIELDS, ParallelPlan
 from autopar.spec.plan_fields import CATEGORY
 from autopar.spec.plan_fields import plan_names as names_of
 from autopar.spec.rules import all_rules, reason_text
@@ -18,6 +18,16 @@ from autopar.spec.table import PlanTable, plan_of_row
 from autopar.spec.trainers import ALL_TRAINERS
 
 COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
+#: a communication or bubble term is the plan's dominant cost only from this share of the step on
+#: (issue 26's threshold): below a fifth of the step no single overhead dominates, and naming the
+#: largest one misleads
+DOMINANT_SHARE = 0.20
+#: what makes two plans structurally different layouts: the process grid and the pipeline's shape
+#: (LAYOUT_KEY: tp, pp, vpp, cp, dp, ep, etp), the pipeline schedule, what is recomputed and the
+#: precision. Plans that agree on these and differ only in the micro-batch, the ZeRO stage, the
+#: stage layout or a flag (SP, TP overlap, grads precision, MoE dispatch) are variants of one
+#: another: the top-k shows the fastest of each structure and folds the others under it.
+STRUCTURE_KEY = LAYOUT_KEY + ("pp_schedule", "recompute", "recompute_layers", "dtype")
 #: --rank-by -> the step-time column plans are ranked by (autopar.cost.uncertainty's intervals)
 RANK_BY = {"expected": "step_time_s", "p80": "step_time_s_high"}
 #: the one ranking order of plans, the tie-break included: the step time ranked by (rank_time_s),
@@ -39,12 +49,21 @@ def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None =
         df["rejected_by"] = rejection_text(est["rejected_code"], c["trainer"])
     df["layout_text"] = df.pop("layout") if "layout" in df else layout_texts(table, num_layers)
     df["plan_name"] = plan_names(df)
-    terms = np.stack([df[f"time_{t}"].to_numpy() for t in COMM_TERMS], axis=1)
-    df["dominant_cost"] = np.where(
-        terms.max(axis=1) > 0, np.asarray(COMM_TERMS, dtype=object)[terms.argmax(axis=1)], "compute"
-    )
+    df["dominant_cost"] = dominant_costs(df)
     df["memory_gib"] = df["peak_memory_bytes"] / GIB
     return df
+
+
+def dominant_costs(df: pd.DataFrame) -> np.ndarray:
+    """Per row, the communication or bubble term (COMM_TERMS) that takes the largest share of the
+    step when it takes at least DOMINANT_SHARE of it, else "" (no overhead dominates)."""
+    terms = np.stack([df[f"time_{t}"].to_numpy(dtype=float) for t in COMM_TERMS], axis=1)
+    step = df["step_time_s"].to_numpy(dtype=float)
+    largest = terms.max(axis=1) if len(df) else np.zeros(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dominates = largest >= DOMINANT_SHARE * step
+    names = np.asarray(COMM_TERMS, dtype=object)[terms.argmax(axis=1)] if len(df) else np.zeros(0, dtype=object)
+    return np.where(dominates & (largest > 0), names, "")
 
 
 def _shown(f, column: np.ndarray) -> np.ndarray:
@@ -100,19 +119,45 @@ def row_plan(row: pd.Series, layouts) -> ParallelPlan:
 
 
 def top_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
-    """The k fastest distinct plans that fit, each on its fastest trainer, with `trainers`: every
-    trainer that can run that plan (and fits it), in the order of autopar.spec.trainers.TRAINERS."""
+    """The k fastest structurally different plans that fit (STRUCTURE_KEY), each on its fastest
+    trainer, with `trainers`: every trainer that can run that plan (and fits it), in the order of
+    autopar.spec.trainers.TRAINERS, and `variants`: how many other plans of its structure fit
+    (`variant_plans` lists them)."""
+    leaders, variants = _distinct(df)
+    best = leaders.head(k)
+    counts = variants.groupby("variant_of", sort=False).size() if len(variants) else pd.Series(dtype=int)
+    return best.assign(variants=[int(counts.get(r, 0)) for r in range(1, len(best) + 1)])
+
+
+def variant_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
+    """The variants folded under the top k (top_plans): each distinct fitting plan that shares the
+    structure of a top plan and is slower, fastest first, with `variant_of`: the rank (1-based) of
+    the top plan it is a variant of, and `trainers` as top_plans has it."""
+    _, variants = _distinct(df)
+    return variants[variants["variant_of"] <= k] if len(variants) else variants
+
+
+def _distinct(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the fastest plan of each structure, in rank order; every other distinct plan, with
+    `variant_of` the rank of its structure's fastest), both with `trainers`."""
     fit = ranked(df)
     if fit.empty:
-        return fit.assign(trainers=pd.Series(dtype=object))
+        empty = fit.assign(trainers=pd.Series(dtype=object))
+        return empty, empty.assign(variant_of=pd.Series(dtype=int))
     keys = [c for c in PLAN_KEY if c in fit.columns]
     order = {t: i for i, t in enumerate(ALL_TRAINERS)}
     runs_on = fit.groupby(keys, sort=False, dropna=False)["trainer"].agg(
         lambda s: ", ".join(sorted(set(s), key=lambda t: order[t]))
     )
-    best = fit.drop_duplicates(keys, keep="first").head(k)
-    idx = pd.MultiIndex.from_frame(best[keys]) if len(keys) > 1 else best[keys[0]]
-    return best.assign(trainers=runs_on.reindex(idx).to_numpy())
+    plans = fit.drop_duplicates(keys, keep="first")
+    idx = pd.MultiIndex.from_frame(plans[keys]) if len(keys) > 1 else plans[keys[0]]
+    plans = plans.assign(trainers=runs_on.reindex(idx).to_numpy())
+    shape = [c for c in STRUCTURE_KEY if c in plans.columns]
+    group = plans.groupby(shape, sort=False, dropna=False).ngroup().to_numpy()
+    first = ~pd.Series(group).duplicated().to_numpy()
+    rank_of_group = {g: r for r, g in enumerate(group[first], start=1)}
+    variants = plans[~first]
+    return plans[first], variants.assign(variant_of=[rank_of_group[g] for g in group[~first]])
 
 
 def best_per_trainer(df: pd.DataFrame) -> dict[str, pd.Series]:

@@ -22,7 +22,7 @@ from autopar.search.enumerate import Enumerator
 from autopar.search.evaluate import evaluate
 from autopar.search.options import SearchOptions
 from autopar.search.optuna_search import optuna_search
-from autopar.search.results import best_per_trainer, row_plan, sureness_lines, top_plans, why_winner
+from autopar.search.results import best_per_trainer, row_plan, sureness_lines, top_plans, variant_plans, why_winner
 from autopar.search.run_dir import (
     SCHEMA_VERSION,
     PlansWriter,
@@ -46,7 +46,9 @@ class SearchResult:
     question: Question
     options: SearchOptions
     plans: pd.DataFrame  # the plans kept: each trainer's fastest, the Pareto front, a sample (not every plan)
-    top: pd.DataFrame  # the top-k distinct plans that fit, fastest first (`trainers`: who runs each)
+    #: the top-k structurally different plans that fit (autopar.search.results.STRUCTURE_KEY),
+    #: fastest first (`trainers`: who runs each; `variants`: how many are folded under each)
+    top: pd.DataFrame
     method: str  # "exhaustive" | "optuna-<sampler>"
     why: str
     run_dir: Path
@@ -60,6 +62,8 @@ class SearchResult:
     scatter: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: how sure the answer is: the winner's support, the runner-up against its interval
     sureness: list = field(default_factory=list)
+    #: the other plans of the top plans' structures, fastest first (`variant_of`: the top rank)
+    variants: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def winner(self) -> pd.Series | None:
@@ -208,6 +212,9 @@ def _search(
 def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroom) -> SearchResult:
     pool = found.pool
     top = runs_on(top_plans(pool, opts.top_k), q, found.layouts, headroom) if len(pool) else top_plans(pool, 0)
+    variants = variant_plans(pool, opts.top_k)
+    if len(variants):
+        variants = runs_on(variants, q, found.layouts, headroom)
     runner = top.iloc[1] if len(top) > 1 else None
     counts = {"evaluated": found.evaluated, "valid": found.valid, "fit": found.fit}
     why = why_winner(top.iloc[0], runner) if len(top) else _no_fit_reason(counts, found.rejections, found.closest)
@@ -246,6 +253,7 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
         pareto=pareto,
         scatter=kept,
         sureness=sureness_lines(top, pool),
+        variants=variants,
     )
 
 
@@ -273,22 +281,39 @@ def _no_fit_reason(counts: dict, rejections: dict, closest: pd.DataFrame) -> str
 
 
 def write_run(result: SearchResult) -> None:
-    """top.json (top-k, best per trainer, Pareto front, all with full breakdowns), scatter.parquet
-    and, with --csv, plans.csv (plans.parquet is written while the search streams)."""
+    """top.json (top-k, the variants folded under them, best per trainer, Pareto front, all with
+    full breakdowns), scatter.parquet and, with --csv, plans.csv (plans.parquet is written while the
+    search streams)."""
     d = result.run_dir
-    top = [
-        row_summary(r, result.layouts) | {"rank": i + 1, "trainers": [x for x in str(r["trainers"]).split(", ") if x]}
-        for i, (_, r) in enumerate(result.top.iterrows())
-    ]
+    top, variants = top_entries(result)
     pareto = [row_summary(r, result.layouts) for _, r in result.pareto.iterrows()]
     per_trainer = {t: None if r is None else row_summary(r, result.layouts) for t, r in result.per_trainer.items()}
-    write_top(d, {"why": result.why, "top": top, "pareto": pareto, "per_trainer": per_trainer})
+    write_top(d, {"why": result.why, "top": top, "variants": variants, "pareto": pareto, "per_trainer": per_trainer})
     scatter = result.scatter.assign(
         in_pareto=result.scatter["plan_index"].isin(result.pareto["plan_index"]) if len(result.scatter) else []
     )
     write_scatter(d, scatter)
     if result.options.csv and (d / "plans.parquet").exists():
         write_csv(d)
+
+
+def top_entries(result: SearchResult) -> tuple[list[dict], list[dict]]:
+    """(the top-k, each with its rank, trainers and count of variants; the variants, each with
+    `variant_of`: the rank it folds under) as top.json and `search --json` write them."""
+    top = [
+        row_summary(r, result.layouts)
+        | {"rank": i + 1, "trainers": _trainer_list(r), "variants": int(r.get("variants", 0))}
+        for i, (_, r) in enumerate(result.top.iterrows())
+    ]
+    variants = [
+        row_summary(r, result.layouts) | {"variant_of": int(r["variant_of"]), "trainers": _trainer_list(r)}
+        for _, r in result.variants.iterrows()
+    ]
+    return top, variants
+
+
+def _trainer_list(row: pd.Series) -> list[str]:
+    return [x for x in str(row["trainers"]).split(", ") if x]
 
 
 def _write_search_json(result: SearchResult) -> None:

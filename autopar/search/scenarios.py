@@ -9,7 +9,7 @@ from pathlib import Path
 
 from autopar.errors import InputError
 from autopar.search.enumerate import knob_choices
-from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search
+from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search, top_entries
 from autopar.search.space import SearchSpace
 from autopar.search.training import check_question_run
 from autopar.spec.model import ModelSpec
@@ -96,6 +96,7 @@ def check_batch(space: SearchSpace, q: Question, given: bool) -> None:
 
 def result_json(r: SearchResult) -> dict:
     q = r.question
+    top, variants = top_entries(r)
     return {
         "model": q.model.name,
         "num_gpus": q.num_gpus,
@@ -112,10 +113,8 @@ def result_json(r: SearchResult) -> dict:
         "sureness": r.sureness,
         "run_dir": str(r.run_dir),
         "timings_s": r.timings,
-        "top": [
-            row_summary(row, r.layouts) | {"rank": i + 1, "trainers": str(row["trainers"]).split(", ")}
-            for i, (_, row) in enumerate(r.top.iterrows())
-        ],
+        "top": top,
+        "variants": variants,
         "per_trainer": {t: None if row is None else row_summary(row, r.layouts) for t, row in r.per_trainer.items()},
     }
 

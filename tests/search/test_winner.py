@@ -86,12 +86,13 @@ def test_top_is_sorted_and_fits(result, every_plan):
     assert top["fits"].all()
     st = top["step_time_s"].to_numpy()
     assert np.all(np.diff(st) >= 0)
-    # the top-k are the k fastest distinct fitting plans (a plan several trainers run counts once)
-    from autopar.search.results import PLAN_KEY
-
+    # the top-k are the fastest fitting plan of each of the k fastest structures: the grid, the
+    # schedule, the recompute and the precision (mbs, ZeRO and the stage layout are variants)
+    structure = ["tp", "pp", "vpp", "cp", "dp", "ep", "etp", "pp_schedule", "recompute", "recompute_layers", "dtype"]
     fit = every_plan[every_plan["fits"]].sort_values(["step_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
-    distinct = fit.drop_duplicates([c for c in PLAN_KEY if c in fit.columns])["step_time_s"].to_numpy()
+    distinct = fit.drop_duplicates(structure)["step_time_s"].to_numpy()
     assert np.allclose(st, distinct[: len(st)], rtol=0, atol=0)
+    assert not top.duplicated(structure).any()
     assert set(top["trainers"].str.split(", ").explode()) <= set(every_plan["trainer"])
 
 
@@ -161,6 +162,15 @@ def test_top_json(result):
     assert [e["step_time_s"] for e in data["top"]] == sorted(e["step_time_s"] for e in data["top"])
     assert int(w["plan_index"]) in [p["plan_index"] for p in data["pareto"]]  # the fastest is on the front
     assert set(data["per_trainer"]) == set(result.question.trainers)
+    # every variant folded under a top plan: its structure, slower, and counted in the entry
+    shape = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "pp_schedule", "recompute", "recompute_layers", "dtype")
+    for v in data["variants"]:
+        lead = data["top"][v["variant_of"] - 1]
+        assert all(v["plan"][k] == lead["plan"][k] for k in shape), (v["plan"], lead["plan"])
+        assert v["plan"] != lead["plan"] and v["step_time_s"] >= lead["step_time_s"]
+    assert [e["variants"] for e in data["top"]] == [
+        sum(v["variant_of"] == e["rank"] for v in data["variants"]) for e in data["top"]
+    ]
 
 
 def test_search_json(result, every_plan):
