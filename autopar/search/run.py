@@ -60,6 +60,8 @@ class SearchResult:
     scatter: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: how sure the answer is: the winner's support, the runner-up against its interval
     sureness: list = field(default_factory=list)
+    #: lines about the question itself: the default global batch adapted to the GPUs, or forcing pp / cp
+    notes: list = field(default_factory=list)
 
     @property
     def winner(self) -> pd.Series | None:
