@@ -21,6 +21,11 @@ class InputError(ValueError):
     """Bad input the user can fix. The message is one line: the problem, then the fix."""
 
 
+class UnmetGoal(Exception):
+    """An answer, not bad input: the question is sound but no plan meets its deadline or budget.
+    The CLI prints the message (what the best plan needs) as one line and exits 1."""
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """A ' (did you mean X?)' suffix for the closest choice, or '' when none is close."""
     if len(word) > VALUE_CHARS:  # no name is that long (and difflib is quadratic)

@@ -1,7 +1,8 @@
 """The `autopar` command line: one file per command, each a thin call into the library.
 
 Errors a user can fix (autopar.errors.InputError, typer/click usage errors, paths that cannot be
-written) print one line on stderr and exit with code 2; never a traceback. Ctrl-C and SIGTERM print
+written) print one line on stderr and exit with code 2; never a traceback. A deadline or budget no
+plan meets (autopar.errors.UnmetGoal) is an answer: one line on stdout, exit 1. Ctrl-C and SIGTERM print
 one line and exit 130 and 143.
 """
 
@@ -14,7 +15,7 @@ import sys
 
 import typer
 
-from autopar.errors import InputError, one_line, quoted
+from autopar.errors import InputError, UnmetGoal, one_line, quoted
 from autopar.secrets import mask_secrets
 
 app = typer.Typer(
@@ -202,6 +203,9 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv, standalone_mode=False)
     except InputError as e:
         _fail(str(e))  # no storage password, whoever wrote it
+    except UnmetGoal as e:  # an answer: no plan meets the deadline or budget, and what the best needs
+        print(f"autopar: {one_line(mask_secrets(str(e)))}")
+        sys.exit(1)
     except typer.TyperException as e:  # click's usage errors, as typer raises them (its public base)
         ctx = getattr(e, "ctx", None)
         if type(e).__name__ == "NoArgsIsHelpError":  # `autopar search` alone: its help, exit 0

@@ -57,6 +57,8 @@ def estimate(
     if not est.valid:
         raise InputError("invalid plan: " + "; ".join(est.reasons))
     trainer, profile = trainer_line(est, clus)
+    if run is not None:
+        run.check_one_step(the_plan.global_batch_size, s)
     whole = None if run is None else whole_run(est, spec, clus, gpus, run, model)
     from autopar.cost.ep_detail import ep_details
     from autopar.cost.profiles import priced_cluster
@@ -94,10 +96,10 @@ def check_routing_imbalance(imbalance: float, ep: int) -> None:
 
 
 def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):
-    """The plan's whole run (autopar.cost.goodput.run_time), or one line when it misses the deadline
-    or the budget, saying what it needs."""
+    """The plan's whole run (autopar.cost.goodput.run_time), or UnmetGoal (one line, exit 1) when it
+    misses the deadline or the budget, saying what it needs."""
     from autopar.cost.goodput import finish_problem, run_time
-    from autopar.errors import InputError
+    from autopar.errors import InputError, UnmetGoal
     from autopar.spec.training_run import deadline_text, money_text, tokens_text
 
     run.check_prices([cluster.gpu])
@@ -117,14 +119,14 @@ def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):
     what_if = f"--gpus {gpus},{2 * gpus},{4 * gpus} --tokens {tokens_text(run.tokens)}"
     search = f"autopar search --model {shlex.quote(model)} {what_if}"
     if run.deadline_s is not None and float(r.wall_s) > run.deadline_s:
-        raise InputError(
+        raise UnmetGoal(
             f"{what}, past {deadline_text(run.deadline_s)}; find a plan that meets it: {search} "
             f"--deadline {run.deadline_s / 86_400:g}d"
         )
     if run.budget is not None:
         assert r.cost is not None  # --budget needs a price (autopar.spec.training_run)
         if float(r.cost) > run.budget:
-            raise InputError(
+            raise UnmetGoal(
                 f"this plan costs {money_text(float(r.cost))} for {tokens_text(run.tokens)} tokens, over the "
                 f"budget of {money_text(run.budget)}; raise --budget, or compare GPU counts: {search}"
             )

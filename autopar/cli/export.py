@@ -27,8 +27,8 @@ def _help() -> str:
         "The plan is re-targeted to each format's trainer (--to deepspeed exports it as DeepSpeed's) and "
         "re-estimated with that trainer; --to torchrun / slurm launch --trainer (default: the plan's own). "
         "A plan a trainer cannot run is refused with the line of its capability table that forbids it "
-        "(exit 2), the same line the search applies; with --to all, refused formats are skipped with the "
-        "reason and the rest are written.",
+        "(exit 2), the same line the search applies; with several formats (--to all, or a comma list such "
+        "as --to megatron,nemo), refused formats are skipped with the reason and the rest are written.",
         "Every file carries a header: model, cluster, trainer, predicted memory, step time, MFU and the "
         "command that produced it.",
         "\b\nFormats (--to):",
@@ -168,7 +168,7 @@ def export(
         ),
     )
     output_dir(out or default_out, "--out" if out is not None else "the default output folder")
-    bundles, refused = _render_all(formats, to, the_plan, spec, clus, options)
+    bundles, refused = _render_all(formats, the_plan, spec, clus, options)
     _write(bundles, refused, out or default_out)
 
 
@@ -211,8 +211,9 @@ def _check_options(master_port: int, time_limit: str | None, rank: int) -> None:
         )
 
 
-def _render_all(formats: list[str], to: str, plan, spec, clus, options) -> tuple[list, list]:
-    """Every format's bundle; with --to all, the refused ones (format, ExportRefused) beside them."""
+def _render_all(formats: list[str], plan, spec, clus, options) -> tuple[list, list]:
+    """Every format's bundle; with several formats (--to all or a comma list), the refused ones
+    (format, ExportRefused) beside them; one format refused is one line (exit 2)."""
     from autopar.errors import InputError
     from autopar.export import ExportRefused, get_exporter
 
@@ -221,7 +222,7 @@ def _render_all(formats: list[str], to: str, plan, spec, clus, options) -> tuple
         try:
             bundles.append(get_exporter(name).render(plan, spec, clus, options))
         except ExportRefused as e:
-            if to.strip() != "all":
+            if len(formats) == 1:
                 raise
             refused.append((name, e))
     if not bundles:

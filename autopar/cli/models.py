@@ -11,13 +11,22 @@ from autopar.json_out import dumps
 def models(as_json: o.Json = False) -> None:
     """List model presets: shape and derived parameter counts (total / active)."""
     from autopar.report.format import human_count
-    from autopar.spec.presets import get_preset, preset_names
+    from autopar.spec.presets import get_preset, preset_aliases, preset_names
 
     specs = [get_preset(n) for n in preset_names()]
+    aliases = preset_aliases()
     if as_json:
         print(
             dumps(
-                [s.to_dict() | {"params_total": s.params_total, "params_active": s.params_active} for s in specs],
+                [
+                    s.to_dict()
+                    | {
+                        "params_total": s.params_total,
+                        "params_active": s.params_active,
+                        "aliases": [a for a, name in aliases.items() if name == s.name],
+                    }
+                    for s in specs
+                ],
                 indent=2,
             )
         )
@@ -57,3 +66,10 @@ def models(as_json: o.Json = False) -> None:
             human_count(s.params_active),
         )
     console().print(t)
+    # the short names `--model` takes too (models.toml's aliases), each with the preset it means
+    shorts = compact_table("Aliases `--model` takes")
+    shorts.add_column("alias", no_wrap=True)
+    shorts.add_column("preset", no_wrap=True)
+    for alias, name in aliases.items():
+        shorts.add_row(alias, name)
+    console().print(shorts)

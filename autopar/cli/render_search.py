@@ -159,7 +159,7 @@ def run_headers(run) -> list[str]:
 
 def run_cells(row, run) -> list[str]:
     """A plan's whole-run cells (run_headers): days to train after goodput, GPU-hours, cost."""
-    from autopar.spec.training_run import money_text, never_text
+    from autopar.spec.training_run import gpu_hours_text, money_text, never_text
 
     if run is None:
         return []
@@ -168,7 +168,7 @@ def run_cells(row, run) -> list[str]:
     cells = [
         never_text(float(row["days"]), "{:.1f}") + (" late" if late else ""),
         f"{100 * row['goodput']:.1f}%",
-        never_text(float(row["gpu_hours"]) / 1e6, "{:.3g}M"),
+        gpu_hours_text(float(row["gpu_hours"])),
     ]
     cost = float(row["cost"])
     return cells + (

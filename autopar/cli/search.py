@@ -139,7 +139,7 @@ def search(
             raise InputError("--trials applies to one scenario")
         _measured_stage(results[0], spec, measure, storage, quiet=as_json, study_name=study_name)
     reports = write_reports([r.run_dir for r in results])  # RUN_DIR/report.html; a what-if links them
-    answer = check_run(results, run)  # a deadline or budget no plan meets: one line, exit 2
+    answer = check_run(results, run)  # a deadline or budget no plan meets: one line, exit 1
     _show(results, reports, answer, as_json)
 
 
@@ -180,6 +180,9 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
         doc = (out[0] if len(out) == 1 else out) if answer is None else {"scenarios": out} | answer.to_dict()
         print(dumps(doc, indent=2))
         return
+    for r in results:
+        for note in r.notes:
+            print(f"autopar: {note}" if len(results) == 1 else f"autopar: {r.question.num_gpus:,} GPUs: {note}")
     if len(results) == 1:
         print_result(results[0])
     else:

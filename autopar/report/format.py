@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from autopar.spec.hardware import GIB
-from autopar.spec.training_run import money_text
+from autopar.spec.training_run import money_text, significant
 
 
 def human_count(n: float) -> str:
@@ -48,7 +48,9 @@ def fmt(value, kind: str = "") -> str:
     if isinstance(value, (int, float)):
         if not math.isfinite(value):  # days of a run that never finishes: 'never', not 'inf'
             return "never" if kind == "days" and value > 0 else "-"
-        return KINDS[kind](value) if kind in KINDS else (f"{value:g}" if isinstance(value, float) else str(value))
+        return (
+            KINDS[kind](value) if kind in KINDS else (significant(value, 6) if isinstance(value, float) else str(value))
+        )
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value))
     return str(value)

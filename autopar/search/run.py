@@ -64,6 +64,8 @@ class SearchResult:
     sureness: list = field(default_factory=list)
     #: the other plans of the top plans' structures, fastest first (`variant_of`: the top rank)
     variants: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: lines about the question itself: the default global batch adapted to the GPUs, or forcing pp / cp
+    notes: list = field(default_factory=list)
 
     @property
     def winner(self) -> pd.Series | None:

@@ -4,6 +4,7 @@ knob: it changes what training converges to, not only how fast a step runs."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def run_scenarios(
     interrupts=None,
     **opts,
 ) -> list[SearchResult]:
-    questions = []
+    questions, notes = [], []
     for sc in scenarios:  # every scenario checked before any is searched
         cluster = resolve_cluster(sc.gpu or "h100-sxm", gpus_per_node, cluster_file)
         q = Question(
@@ -63,28 +64,84 @@ def run_scenarios(
             trainers=trainers,
             rank_by=rank_by,
         )
+        q, note = adapt_default_batch(space, q) if sc.gbs is None else (q, None)
         check_batch(space, q, given=sc.gbs is not None)
         questions.append(q)
+        notes.append([] if note is None else [note])
     check_question_run(questions, opts.get("training"), space.knobs.get("dtype") or ["bf16"])
-    return [
+    results = [
         run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts), progress=progress, interrupts=interrupts)
         for q in questions
     ]
+    for r, scenario_notes, sc in zip(results, notes, scenarios):
+        forced = batch_forces_model_parallel(space, r) if sc.gbs is None else None
+        r.notes = scenario_notes + ([forced] if forced else [])
+    return results
+
+
+def _batch_units(space: SearchSpace, q: Question) -> tuple[set[int], set[int]]:
+    """(micro-batch x dp of every layout of the space on q's GPUs, the GPUs of one replica of each):
+    a global batch splits over a layout when it is a multiple of its micro-batch x dp, with dp =
+    GPUs / (tp*pp*cp)."""
+    n, choices = q.num_gpus, knob_choices(space, q)
+    products = {1}
+    for axis in ("tp", "pp", "cp"):  # partial products that divide the GPUs (at most its divisors)
+        products = {x * v for x in products for v in choices[axis] if n % (x * v) == 0}
+    return {m * (n // x) for x in products for m in choices["mbs"]}, products
+
+
+def smallest_splitting_batch(space: SearchSpace, q: Question) -> int | None:
+    """The smallest global batch >= q's that some layout of the space splits (a multiple of its
+    micro-batch x dp); None when no layout divides the GPUs."""
+    units, _ = _batch_units(space, q)
+    return min((-(-q.batch // u) * u for u in units), default=None)
+
+
+def adapt_default_batch(space: SearchSpace, q: Question) -> tuple[Question, str | None]:
+    """The default global batch (the space's tokens_per_step, not the user's --gbs) when some
+    layout splits it; else the smallest batch above it that some layout splits (it keeps at least
+    the tokens per step the default asks for, and the fewest more), with the line that says so."""
+    better = smallest_splitting_batch(space, q)
+    if better is None or better == q.batch:
+        return q, None
+    note = (
+        f"the default global batch ({q.batch:,} sequences of {q.seq_len:,} tokens) cannot be split over "
+        f"{q.num_gpus:,} GPUs, so this search uses {better:,} sequences ({better * q.seq_len:,} tokens per "
+        f"step), the smallest batch above it that a layout of the space splits; give --gbs to choose another"
+    )
+    return dataclasses.replace(q, global_batch_size=better), note
+
+
+def batch_forces_model_parallel(space: SearchSpace, r: SearchResult) -> str | None:
+    """A warning when the global batch is what forces the best plan's pipeline / context
+    parallelism: dp is at most the batch (one sequence per replica), so a replica spans at least
+    GPUs / batch GPUs; when that is more than the space's largest tp, every layout needs pp x cp > 1,
+    and a larger --gbs lets dp take those GPUs instead."""
+    from autopar.search.run import row_plan
+
+    q = r.question
+    widest_tp = max(knob_choices(space, q)["tp"])
+    replica = -(-q.num_gpus // q.batch)  # the fewest GPUs a replica spans, at dp = the batch
+    if r.winner is None or replica <= widest_tp:
+        return None
+    plan = row_plan(r.winner, r.layouts)
+    return (
+        f"warning: the global batch ({q.batch:,} sequences) is what forces cp{plan.cp}·pp{plan.pp} here: it "
+        f"allows at most dp={q.batch:,} on {q.num_gpus:,} GPUs, so each replica spans at least {replica:,} "
+        f"GPUs, more than tp (at most {widest_tp}) takes; a larger --gbs lets dp grow and pp, cp shrink"
+    )
 
 
 def check_batch(space: SearchSpace, q: Question, given: bool) -> None:
     """Refuse, before searching, a global batch that no layout of the space can split: every plan
     needs it to be a multiple of micro-batch x dp (dp = GPUs / (tp*pp*cp)). Names the smallest
     batch at least as large that some layout splits."""
-    n, choices = q.num_gpus, knob_choices(space, q)
-    products = {1}
-    for axis in ("tp", "pp", "cp"):  # partial products that divide the GPUs (at most its divisors)
-        products = {x * v for x in products for v in choices[axis] if n % (x * v) == 0}
-    units = {m * (n // x) for x in products for m in choices["mbs"]}
+    n = q.num_gpus
+    units, products = _batch_units(space, q)
     gbs = q.batch
     if not units or any(gbs % u == 0 for u in units):
         return
-    better = min(-(-gbs // u) * u for u in units)
+    better = smallest_splitting_batch(space, q)
     fewest = min(n // x for x in products)
     what = f"--gbs {gbs}" if given else f"the default global batch ({gbs} sequences of {q.seq_len} tokens)"
     raise InputError(
@@ -103,6 +160,7 @@ def result_json(r: SearchResult) -> dict:
         "gpu": q.cluster.gpu.key,
         "seq_len": q.seq_len,
         "global_batch_size": q.global_batch_size,
+        "notes": list(r.notes),  # the default batch adapted to the GPUs, or forcing pp / cp
         "trainers": list(q.trainers),
         "rank_by": q.rank_by,
         "space": r.options.space.name,

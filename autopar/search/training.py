@@ -1,7 +1,7 @@
 """The whole run of a search: days to train, GPU-hours, cost and goodput for each plan kept
 (autopar.cost.goodput), and the answers a what-if gives about it: the cheapest plan that finishes
-by the deadline, the fastest plan within the budget. A deadline or budget no plan meets is one line
-and exit 2, saying what the best plan needs."""
+by the deadline, the fastest plan within the budget. A deadline or budget no plan meets is an
+answer (UnmetGoal: one line and exit 1), saying what the best plan needs."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 
 from autopar.cost.goodput import finish_problem, run_time_columns
-from autopar.errors import InputError
+from autopar.errors import InputError, UnmetGoal
 from autopar.spec.plan import DTYPES
-from autopar.spec.training_run import TrainingRun, deadline_text, money_text, tokens_text
+from autopar.spec.training_run import TrainingRun, deadline_text, gpu_hours_text, money_text, tokens_text
 
 
 def run_columns(question, run: TrainingRun, tokens_per_s, dtype, verdicts: bool = True) -> dict:
@@ -49,6 +49,7 @@ def check_question_run(questions: list, run: TrainingRun | None, dtypes) -> None
     run.check_prices([q.cluster.gpu for q in questions])
     fp32 = all(d == "fp32" for d in dtypes)
     for q in questions:
+        run.check_one_step(q.batch, q.seq_len)
         why = finish_problem(q.cluster.reliability, q.num_gpus, q.model.params_total, fp32)
         if why:
             raise InputError(why)
@@ -99,7 +100,7 @@ def _with(r) -> str:
 def _costs(r, run: TrainingRun) -> str:
     w = r.winner
     cost = f", cost {money_text(w['cost'])}" if run.priced else ""
-    return f"{w['days']:.1f} days, {w['gpu_hours'] / 1e6:.3g}M GPU-hours{cost}"
+    return f"{w['days']:.1f} days, {gpu_hours_text(w['gpu_hours'])} GPU-hours{cost}"
 
 
 def summary_line(r, run: TrainingRun) -> str:
@@ -111,7 +112,7 @@ def summary_line(r, run: TrainingRun) -> str:
         f"Training {tokens_text(run.tokens)} tokens {_with(r)} takes {w['days']:.1f} days ({w['train_days']:.1f} "
         f"days of steps at {100 * w['goodput']:.1f} % goodput: checkpoints {100 * w['lost_to_checkpoints']:.1f} %, "
         f"rework {100 * w['lost_to_rework']:.1f} %, restarts {100 * w['lost_to_restarts']:.1f} %): "
-        f"{w['gpu_hours'] / 1e6:.3g}M GPU-hours{cost}."
+        f"{gpu_hours_text(w['gpu_hours'])} GPU-hours{cost}."
     )
 
 
@@ -137,7 +138,7 @@ def choose(days, cost, run: TrainingRun) -> dict[str, int | None]:
 
 
 def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
-    """The run's answers over the scenarios' best plans; InputError when no plan meets the deadline,
+    """The run's answers over the scenarios' best plans; UnmetGoal when no plan meets the deadline,
     the budget, or both."""
     if run is None or all(r.winner is None for r in results):
         return None
@@ -153,14 +154,14 @@ def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
         assert c["fastest"] is not None  # some scenario has a best plan
         fastest = results[c["fastest"]]
         more = "" if len(results) > 1 else f"; try a what-if with more GPUs, e.g. --gpus {_more(fastest)}"
-        raise InputError(
+        raise UnmetGoal(
             f"no plan meets {deadline}: the fastest, {_where(fastest)}, needs "
             f"{fastest.winner['days']:.1f} days for {tokens} tokens{more}"
         )
     if budget and c["fastest_within_budget"] is None:
         assert c["cheapest"] is not None  # some scenario has a best plan
         cheapest = results[c["cheapest"]]
-        raise InputError(
+        raise UnmetGoal(
             f"no plan fits {budget}: the cheapest, {_where(cheapest)}, costs "
             f"{money_text(cheapest.winner['cost'])} for {tokens} tokens; raise --budget or train on "
             f"fewer tokens"
@@ -168,7 +169,7 @@ def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
     if deadline and budget and c["both"] is None:
         # each has a plan, else the lines above raised
         assert c["cheapest_by_deadline"] is not None and c["fastest_within_budget"] is not None
-        raise InputError(
+        raise UnmetGoal(
             f"no plan meets both {deadline} and {budget}: the cheapest by the deadline costs "
             f"{money_text(results[c['cheapest_by_deadline']].winner['cost'])}, the fastest within the "
             f"budget needs {results[c['fastest_within_budget']].winner['days']:.1f} days"

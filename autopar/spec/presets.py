@@ -31,6 +31,11 @@ def _aliases() -> dict[str, str]:
     return out
 
 
+def preset_aliases() -> dict[str, str]:
+    """Each short name `--model` also takes (models.toml's `aliases`) -> its preset."""
+    return {alias: name for alias, name in _aliases().items() if alias != name}
+
+
 def preset_names() -> list[str]:
     return list(_preset_table())
 

@@ -76,6 +76,17 @@ class TrainingRun:
         for gpu in gpus:
             self.price_for(gpu)
 
+    def check_one_step(self, global_batch: int, seq_len: int) -> None:
+        """One line when --tokens is fewer than one step trains on (global batch x sequence length):
+        a run takes whole steps, so it could not even finish its first."""
+        step = global_batch * seq_len
+        if self.tokens < step:
+            raise InputError(
+                f"--tokens {tokens_text(self.tokens)} is fewer than one step trains on: {step:,} tokens "
+                f"({global_batch:,} sequences of {seq_len:,}); give --tokens {step} or more "
+                f"(a run trains on whole steps), e.g. --tokens 15T"
+            )
+
     @property
     def priced(self) -> bool:
         return self.price_per_gpu_hour is not None or bool(self.prices_by_gpu)
@@ -163,20 +174,52 @@ def parse_budget(text: str) -> float:
 # ---- the run's quantities written back the way the flags take them ------------------------------
 
 
+#: at most this many decimals in a figure below 1 (a smaller one reads as 0)
+MAX_DECIMALS = 6
+
+
+def significant(x: float, digits: int = 3) -> str:
+    """`x` to `digits` significant digits, never in e-notation (a person reads '14,080', not
+    '1.408e+04'; '0.00329', not '3.29e-03'): thousands separated, trailing zeros dropped, at most
+    MAX_DECIMALS decimals."""
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    decimals = min(MAX_DECIMALS, max(0, digits - 1 - math.floor(math.log10(abs(x)))))
+    text = f"{x:,.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def scaled_text(x: float, units: tuple[tuple[str, float], ...], digits: int = 3) -> str:
+    """`x` in the largest of `units` ((suffix, size), largest first) it reaches, to `digits`
+    significant digits (significant): 3.29e6 with M, k -> '3.29M'; 412 -> '412'."""
+    for unit, div in units:
+        if abs(x) >= div:
+            return significant(x / div, digits) + unit
+    return significant(x, digits)
+
+
+_TOKEN_UNITS = (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3))
+_AMOUNT_UNITS = (("B", 1e9), ("M", 1e6), ("k", 1e3))
+
+
 def tokens_text(tokens: float) -> str:
     """15e12 -> '15T' (the way --tokens is written)."""
-    for unit, div in (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if tokens >= div:
-            return f"{tokens / div:.3g}{unit}"
-    return f"{tokens:.0f}"
+    return scaled_text(tokens, _TOKEN_UNITS)
 
 
 def money_text(x: float) -> str:
-    """An amount in the price's currency: 21,682,581 -> '21.7M'."""
-    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{unit}"
-    return f"{x:.2f}"
+    """An amount in the price's currency: 21,682,581 -> '21.7M'; below 1,000 with cents: '412.50'."""
+    return scaled_text(x, _AMOUNT_UNITS) if abs(x) >= 1e3 else f"{x:.2f}"
+
+
+def gpu_hours_text(hours: float) -> str:
+    """GPU-hours of a run: 3,290,000 -> '3.29M', 14,080 -> '14.1k', 0.25 -> '0.25'; 'never' when
+    infinite (a run whose goodput is 0)."""
+    return scaled_text(hours, _AMOUNT_UNITS) if math.isfinite(hours) else "never"
 
 
 def never_text(x: float, spec: str) -> str:
@@ -187,7 +230,7 @@ def never_text(x: float, spec: str) -> str:
 
 def deadline_text(seconds: float) -> str:
     """5,184,000 s -> 'the 60-day deadline'."""
-    return f"the {seconds / 86_400:.3g}-day deadline"
+    return f"the {significant(seconds / 86_400)}-day deadline"
 
 
 def training_run(

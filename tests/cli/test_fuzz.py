@@ -227,8 +227,12 @@ def _write(path: Path, data) -> Path:
 
 
 def _exit_0_or_one_line(r, one_line_error) -> None:
-    """Valid data may run (exit 0: its --json output strict JSON, no NaN or Infinity); anything else
-    is the one-line contract."""
+    """Valid data may run (exit 0: its --json output strict JSON, no NaN or Infinity), or answer that
+    no plan meets its deadline or budget (exit 1: one line on stdout); anything else is the one-line
+    contract."""
+    if r.returncode == 1:
+        assert r.stderr == "" and len(r.stdout.splitlines()) == 1 and r.stdout.startswith("autopar: "), r
+        return
     if r.returncode != 0:
         one_line_error(r)
     elif r.stdout.lstrip().startswith(("{", "[")):

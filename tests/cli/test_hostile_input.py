@@ -66,9 +66,10 @@ CASES = [
         [],
     ),
     (
-        "search-405b-default-gbs",
-        ["search", "--model", "405b", "--gpus", "24576", "--run-dir", "{tmp}/run"],
-        ["global batch", "--gbs", "576"],
+        # a --gbs the user gave is refused; the default adapts (tests/cli/test_answers_read_well.py)
+        "search-405b-given-gbs",
+        ["search", "--model", "405b", "--gpus", "24576", "--gbs", "512", "--run-dir", "{tmp}/run"],
+        ["--gbs 512", "cannot be split", "576"],
         [],
     ),
     ("probe-ranks-negative", ["probe", "--ranks", "-2", "--out", "{tmp}/p.yaml"], ["--ranks -2"], []),

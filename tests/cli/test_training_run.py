@@ -105,7 +105,8 @@ def test_unmeetable_deadline_says_what_the_fastest_needs(cli_run, one_line_error
     ok = cli_run("search", *MODEL, "--tokens", "1T", "--run-dir", tmp_path / "a", "--json")
     days = json.loads(ok.stdout)["scenarios"][0]["top"][0]["run"]["days"]
     short = max(1, math.floor(days / 2))
-    line = one_line_error(
+    # an answer, not bad input: one line on stdout, exit 1
+    line = unmet_goal(
         cli_run("search", *MODEL, "--tokens", "1T", "--deadline", f"{short}d", "--run-dir", tmp_path / "b"),
         ["no plan meets", f"{days:.1f} days", "--gpus 16,32,64"],
     )
@@ -114,9 +115,23 @@ def test_unmeetable_deadline_says_what_the_fastest_needs(cli_run, one_line_error
         "search", *MODEL, "--tokens", "1T", "--deadline", f"{math.ceil(days) + 1}d", "--run-dir", tmp_path / "c"
     )
     assert late.returncode == 0 and "days to spare" in late.stdout
-    one_line_error(
+    unmet_goal(
         cli_run("estimate", *MODEL, "--tokens", "1T", "--deadline", "1d"), ["past the 1-day deadline", "autopar search"]
     )
+    unmet_goal(
+        cli_run("estimate", *MODEL, "--tokens", "1T", "--price-per-gpu-hour", "2", "--budget", "1"),
+        ["over the budget of 1.00", "raise --budget"],
+    )
+
+
+def unmet_goal(r, needles) -> str:
+    """The contract of a deadline or budget no plan meets: exit 1, one line `autopar: ...` on
+    stdout holding every needle, nothing on stderr. Returns the line."""
+    assert r.returncode == 1, (r.returncode, r.stderr, r.stdout[-500:])
+    assert r.stderr == "" and len(r.stdout.splitlines()) == 1 and r.stdout.startswith("autopar: "), r
+    for word in needles:
+        assert word in r.stdout, (word, r.stdout)
+    return r.stdout.strip()
 
 
 @pytest.mark.slow
