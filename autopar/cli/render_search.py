@@ -174,6 +174,15 @@ def trainer_legend(r: SearchResult) -> str:
     )
 
 
+def mfu_legend(results: list[SearchResult]) -> str:
+    """What the MFU columns divide by: the cost model's `mfu` (autopar.cost.columns) is model FLOPs
+    per second per GPU over the GPU's dense BF16 peak, for FP8 plans too (so FP8 plans can pass 100 %)."""
+    peaks = {r.question.cluster.gpu.key: r.question.cluster.gpu.bf16_tflops for r in results}
+    shown = ", ".join(f"{peak:,.0f} TF/s ({key})" for key, peak in peaks.items())
+    fp8 = any("fp8" in (r.options.space.knobs.get("dtype") or []) for r in results)
+    return f"MFU vs the dense bf16 peak {shown}" + (", fp8 plans too (not the fp8 peak)" if fp8 else "")
+
+
 def trainer_table(r: SearchResult) -> Table:
     """The best plan each searched trainer can run, side by side."""
     from autopar.spec.trainers import get_trainer
@@ -234,6 +243,7 @@ def print_result(r: SearchResult) -> None:
         c.print(top_table(r))
         c.print(trainer_legend(r))
         c.print("80% range: the step time's 80 % interval; support: calib(rated) or extrap(olated)")
+        c.print(mfu_legend([r]))
         if (whole := run_table(r)) is not None:
             c.print(whole)
         if len(r.per_trainer) > 1:
@@ -266,6 +276,7 @@ def print_whatif(results: list[SearchResult]) -> None:
         "GPU",
         "seq",
         "gbs",
+        "dtype",
         "best layout",
         "schedule",
         "recompute",
@@ -285,8 +296,9 @@ def print_whatif(results: list[SearchResult]) -> None:
                 q.cluster.gpu.key,
                 str(q.seq_len),
                 str(q.global_batch_size),
+                "/".join(r.options.space.knobs.get("dtype") or ["bf16"]),
                 "nothing fits",
-                *[""] * (len(cols) - 5),
+                *[""] * (len(cols) - 6),
             )
             continue
         t.add_row(
@@ -294,6 +306,7 @@ def print_whatif(results: list[SearchResult]) -> None:
             q.cluster.gpu.key,
             str(q.seq_len),
             str(q.global_batch_size),
+            str(w["dtype"]),
             str(w["plan_name"]),
             w["pp_schedule"] if w["pp"] > 1 else "-",
             w["recompute"],
@@ -306,6 +319,7 @@ def print_whatif(results: list[SearchResult]) -> None:
         )
     c = console()
     c.print(t)
+    c.print(mfu_legend(results))
     for r in results:
         c.print(f"  {r.run_dir}: {r.why}")
 
