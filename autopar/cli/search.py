@@ -203,10 +203,9 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
         print_result(results[0])
     else:
         print_whatif(results)
-    for r in results:  # the winner on a bound of the space: the space may decide the answer
-        if bounds := space_bounds(r):
-            where = "" if len(results) == 1 else f" ({Path(r.run_dir).name})"
-            print(f"Space bounds{where}: " + "; ".join(bounds))
+    for i, r in enumerate(results, start=1):  # the winner on a bound of the space: it may decide the answer
+        for bound in space_bounds(r):  # one per line: the tables' 120 columns
+            print(f"Space bound{'' if len(results) == 1 else f' (scenario {i})'}: {bound}")
     if answer is not None:
         print_answer(answer)
     for p in reports:
