@@ -211,6 +211,15 @@ def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
     return lines + (["; ".join(notes)] if notes else [])
 
 
+def mfu_legend(results: list[SearchResult]) -> str:
+    """What the MFU columns divide by: the cost model's `mfu` (autopar.cost.columns) is model FLOPs
+    per second per GPU over the GPU's dense BF16 peak, for FP8 plans too (so FP8 plans can pass 100 %)."""
+    peaks = {r.question.cluster.gpu.key: r.question.cluster.gpu.bf16_tflops for r in results}
+    shown = ", ".join(f"{peak:,.0f} TF/s ({key})" for key, peak in peaks.items())
+    fp8 = any("fp8" in (r.options.space.knobs.get("dtype") or []) for r in results)
+    return f"MFU vs the dense bf16 peak {shown}" + (", fp8 plans too (not the fp8 peak)" if fp8 else "")
+
+
 #: the per-trainer table's columns (as TOP_COLUMNS: `drop` 1 goes first)
 TRAINER_COLUMNS = (
     Col("trainer", left=True),
@@ -276,6 +285,7 @@ def print_result(r: SearchResult) -> None:
         shown = [col.header for col in TOP_COLUMNS if col.header not in dropped]
         for line in top_legend(r, shown) + ([note] if (note := dropped_line(dropped)) else []):
             c.print(line)
+        c.print(mfu_legend([r]))
         if (whole := run_table(r)) is not None:
             c.print(whole)
         if len(r.per_trainer) > 1:
@@ -309,6 +319,7 @@ WHATIF_COLUMNS = (
     Col("GPU", left=True, drop=4),
     Col("seq", drop=3),
     Col("gbs", drop=2),
+    Col("dtype", left=True, drop=9),
     Col("best layout", left=True),
     Col("schedule", left=True, drop=5),
     Col("recompute", left=True, drop=6),
@@ -326,9 +337,10 @@ def print_whatif(results: list[SearchResult]) -> None:
     rows = []
     for r in results:
         q, w = r.question, r.winner
-        head = [str(q.num_gpus), q.cluster.gpu.key, str(q.seq_len), str(q.global_batch_size)]
+        dtype = "/".join(r.options.space.knobs.get("dtype") or ["bf16"])
+        head = [str(q.num_gpus), q.cluster.gpu.key, str(q.seq_len), str(q.global_batch_size), dtype]
         if w is None:
-            rows.append(head + ["nothing fits"] + [""] * (len(cols) - 5))
+            rows.append(head + ["nothing fits"] + [""] * (len(cols) - 6))
             continue
         rows.append(
             head
@@ -349,6 +361,7 @@ def print_whatif(results: list[SearchResult]) -> None:
     c.print(t)
     if note := dropped_line(dropped):
         c.print(note)
+    c.print(mfu_legend(results))
     for r in results:
         c.print(f"  {r.run_dir}: {r.why}")
 

@@ -29,7 +29,22 @@ Gbs = Annotated[
         "tokens_per_step, ~4M tokens).",
     ),
 ]
-Space = Annotated[str, typer.Option("--space", help="Search space: a name in search_spaces/ or a YAML file.")]
+Dtype = Annotated[
+    Optional[str],
+    typer.Option(
+        "--dtype",
+        help="Precision of the plans (bf16, fp8, fp32), or a comma list for a what-if (bf16,fp8): sets the "
+        "space's dtype knob (default: the space's).",
+    ),
+]
+Space = Annotated[
+    Optional[str],
+    typer.Option(
+        "--space",
+        help="Search space: a name in search_spaces/ or a YAML file (default: chosen from the model and "
+        "sequence length: default, moe, long-context from 32K tokens, or both).",
+    ),
+]
 Trainer = Annotated[
     Optional[str],
     typer.Option(
@@ -89,7 +104,8 @@ def search(
     cluster: o.ClusterFile = None,
     seq_len: SeqLen = None,
     gbs: Gbs = None,
-    space: Space = "default",
+    dtype: Dtype = None,
+    space: Space = None,
     trainer: Trainer = None,
     top_k: TopK = 10,
     max_exhaustive: MaxExhaustive = DEFAULT_MAX_EXHAUSTIVE,
@@ -126,7 +142,7 @@ def search(
     if rank_by not in RANK_BY:
         raise InputError(f"--rank-by {quoted(rank_by)} is not one of {', '.join(RANK_BY)}; choose one of them")
     spec, sp, scenarios, trainers = _question(
-        model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler
+        model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler, dtype
     )
     options = dict(top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials, seed=seed)
     options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
@@ -173,7 +189,7 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
     """The results: JSON (one scenario, a list of them, or the whole run's answers with the
     scenarios), or the terminal tables and the reports' paths."""
     from autopar.cli.render_search import print_answer, print_result, print_whatif
-    from autopar.search.scenarios import result_json
+    from autopar.search.scenarios import result_json, space_bounds
 
     if as_json:
         out = [result_json(r) | {"report": str(Path(r.run_dir) / "report.html")} for r in results]
@@ -183,22 +199,28 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
     for r in results:
         for note in r.notes:
             print(f"autopar: {note}" if len(results) == 1 else f"autopar: {r.question.num_gpus:,} GPUs: {note}")
+    chosen = dict.fromkeys(f"{r.options.space.name} ({r.options.space.chosen_because})" for r in results)
+    if all(r.options.space.chosen_because for r in results):  # one line: which space, and why
+        print(f"Space: {'; '.join(chosen)}; pass --space to choose another")
     if len(results) == 1:
         print_result(results[0])
     else:
         print_whatif(results)
+    for i, r in enumerate(results, start=1):  # the winner on a bound of the space: it may decide the answer
+        for bound in space_bounds(r):  # one per line: the tables' 120 columns
+            print(f"Space bound{'' if len(results) == 1 else f' (scenario {i})'}: {bound}")
     if answer is not None:
         print_answer(answer)
     for p in reports:
         print(f"Report: {p}")
 
 
-def _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler):
-    """The model, the space, the scenarios (--gpus x --gpu x --seq-len x --gbs) and the trainers of
+def _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler, dtype):
+    """The model, the space, the scenarios (--gpus x --gpu x --seq-len x --gbs x --dtype) and the trainers of
     the command line, or one line naming the bad option."""
     from autopar.search.limits import SAMPLERS
     from autopar.search.scenarios import MAX_SCENARIOS, Scenario
-    from autopar.search.space import load_space
+    from autopar.search.space import check_choices, load_space
     from autopar.spec.presets import resolve_model
     from autopar.spec.schema import parse_list
     from autopar.spec.trainers import parse_trainers
@@ -207,26 +229,31 @@ def _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, 
     gpu_kinds = parse_list(gpu, "--gpu", number=False) if not cluster else [None]
     seqs = parse_list(seq_len, "--seq-len") if seq_len is not None else None
     batches = parse_list(gbs, "--gbs") if gbs is not None else [None]
+    dtypes: list = [None]  # None: the space's own dtype knob
+    if dtype is not None:
+        dtypes = list(dict.fromkeys(parse_list(dtype, "--dtype", number=False, example="bf16,fp8")))
+        check_choices("dtype", dtypes, "--dtype")
     for flag, value in (("--storage", storage), ("--study-name", study_name)):
         if value is not None and not value.strip():
             raise InputError(f"{flag} is empty; give a value or leave the option out")
     if sampler not in SAMPLERS:
         raise InputError(f"--sampler {quoted(sampler)} is not one of {', '.join(SAMPLERS)}; choose one of them")
     spec = resolve_model(model)
-    if gpu == "local" and space == "default":
+    if gpu == "local" and space is None:
         space = "local"  # CPU trials: fp32, small batch, the knobs the trial model runs
-    sp = load_space(space)
+    sp = load_space(space) if space is not None else None  # None: chosen per scenario (run_scenarios)
     trainers = parse_trainers(trainer, "local" if gpu_kinds == ["local"] else "")
     scenarios = [
-        Scenario(num_gpus=g, gpu=k, seq_len=s, gbs=b)
+        Scenario(num_gpus=g, gpu=k, seq_len=s, gbs=b, dtype=d)
         for k in gpu_kinds
         for g in gpu_counts
         for s in (seqs or [spec.seq_len])
         for b in batches
+        for d in dtypes
     ]
     if len(scenarios) > MAX_SCENARIOS:
         raise InputError(
-            f"this what-if has {len(scenarios):,} scenarios (--gpus x --gpu x --seq-len x --gbs); "
+            f"this what-if has {len(scenarios):,} scenarios (--gpus x --gpu x --seq-len x --gbs x --dtype); "
             f"give at most {MAX_SCENARIOS}"
         )
     if len(scenarios) > 1 and (storage or study_name or run_dir):

@@ -4,14 +4,13 @@ knob: it changes what training converges to, not only how fast a step runs."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autopar.errors import InputError
 from autopar.search.enumerate import knob_choices
 from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search, top_entries
-from autopar.search.space import SearchSpace
+from autopar.search.space import SearchSpace, chosen_space
 from autopar.search.training import check_question_run
 from autopar.spec.model import ModelSpec
 from autopar.spec.question import Question
@@ -28,6 +27,20 @@ class Scenario:
     gpu: str | None  # None: from the cluster file
     seq_len: int
     gbs: int | None = None  # sequences; None: the space's tokens_per_step
+    dtype: str | None = None  # --dtype: the space's dtype knob pinned to it; None: the space's own
+
+
+def scenario_space(space: SearchSpace | None, sc: Scenario, model: ModelSpec) -> SearchSpace:
+    """The space a scenario searches: the given one, or without one the space chosen from the model
+    and the scenario's sequence length (autopar.search.space.chosen_space); with --dtype, the
+    space's dtype knob set to that one precision, named after it (`default+fp8`) so that each
+    precision of a what-if has its own run directory."""
+    if space is None:
+        space = chosen_space(model.moe is not None, sc.seq_len)
+    if sc.dtype is None:
+        return space
+    pinned = space.with_knobs(dtype=[sc.dtype])
+    return replace(pinned, name=f"{space.name}+{sc.dtype}")
 
 
 def global_batch(space: SearchSpace, seq_len: int, gbs: int | None) -> int:
@@ -40,7 +53,7 @@ def global_batch(space: SearchSpace, seq_len: int, gbs: int | None) -> int:
 
 def run_scenarios(
     model: ModelSpec,
-    space: SearchSpace,
+    space: SearchSpace | None,
     scenarios: list[Scenario],
     *,
     gpus_per_node=None,
@@ -52,29 +65,32 @@ def run_scenarios(
     interrupts=None,
     **opts,
 ) -> list[SearchResult]:
-    questions, notes = [], []
+    questions, notes, spaces = [], [], []
     for sc in scenarios:  # every scenario checked before any is searched
+        sp = scenario_space(space, sc, model)
         cluster = resolve_cluster(sc.gpu or "h100-sxm", gpus_per_node, cluster_file)
         q = Question(
             model=model,
             num_gpus=sc.num_gpus,
             cluster=cluster,
             seq_len=sc.seq_len,
-            global_batch_size=global_batch(space, sc.seq_len, sc.gbs),
+            global_batch_size=global_batch(sp, sc.seq_len, sc.gbs),
             trainers=trainers,
             rank_by=rank_by,
         )
-        q, note = adapt_default_batch(space, q) if sc.gbs is None else (q, None)
-        check_batch(space, q, given=sc.gbs is not None)
+        q, note = adapt_default_batch(sp, q) if sc.gbs is None else (q, None)
+        check_batch(sp, q, given=sc.gbs is not None)
         questions.append(q)
         notes.append([] if note is None else [note])
-    check_question_run(questions, opts.get("training"), space.knobs.get("dtype") or ["bf16"])
+        spaces.append(sp)
+    dtypes = list(dict.fromkeys(d for sp in spaces for d in sp.knobs.get("dtype") or ["bf16"]))
+    check_question_run(questions, opts.get("training"), dtypes)
     results = [
-        run_search(q, SearchOptions(space=space, run_dir=run_dir, **opts), progress=progress, interrupts=interrupts)
-        for q in questions
+        run_search(q, SearchOptions(space=sp, run_dir=run_dir, **opts), progress=progress, interrupts=interrupts)
+        for q, sp in zip(questions, spaces)
     ]
-    for r, scenario_notes, sc in zip(results, notes, scenarios):
-        forced = batch_forces_model_parallel(space, r) if sc.gbs is None else None
+    for r, scenario_notes, sc, sp in zip(results, notes, scenarios, spaces):
+        forced = batch_forces_model_parallel(sp, r) if sc.gbs is None else None
         r.notes = scenario_notes + ([forced] if forced else [])
     return results
 
@@ -109,7 +125,7 @@ def adapt_default_batch(space: SearchSpace, q: Question) -> tuple[Question, str 
         f"{q.num_gpus:,} GPUs, so this search uses {better:,} sequences ({better * q.seq_len:,} tokens per "
         f"step), the smallest batch above it that a layout of the space splits; give --gbs to choose another"
     )
-    return dataclasses.replace(q, global_batch_size=better), note
+    return replace(q, global_batch_size=better), note
 
 
 def batch_forces_model_parallel(space: SearchSpace, r: SearchResult) -> str | None:
@@ -164,10 +180,12 @@ def result_json(r: SearchResult) -> dict:
         "trainers": list(q.trainers),
         "rank_by": q.rank_by,
         "space": r.options.space.name,
+        "space_chosen": r.options.space.chosen_because or None,  # None: named by --space
         "method": r.method,
         "plans_evaluated": r.counts["evaluated"],
         "plans_fit": r.counts["fit"],
         "why": r.why,
+        "space_bounds": space_bounds(r),
         "sureness": r.sureness,
         "run_dir": str(r.run_dir),
         "timings_s": r.timings,
@@ -175,6 +193,52 @@ def result_json(r: SearchResult) -> dict:
         "variants": variants,
         "per_trainer": {t: None if row is None else row_summary(row, r.layouts) for t, row in r.per_trainer.items()},
     }
+
+
+#: the integer knobs whose bound the winner can sit on: knob -> the plans' column
+BOUNDED_KNOBS = {"tp": "tp", "pp": "pp", "vpp": "vpp", "cp": "cp", "mbs": "micro_batch_size"}
+
+
+def _largest(space: SearchSpace, q: Question, knob: str) -> int:
+    """The largest choice of an integer knob after the space's constraints (max_pp, max_cp, ...)."""
+    choices = knob_choices(space, q)
+    if knob == "vpp":
+        return max(v for _, v in choices["sched_vpp"])
+    return max(choices[knob])
+
+
+def _next_possible(knob: str, value: int, row, q: Question) -> bool:
+    """Whether twice the winner's `value` of `knob` is still a layout of the question: a divisor
+    of the GPUs (tp within a node, pp up to the layers), vpp with a pipeline, mbs splitting the batch."""
+    double = 2 * value
+    if knob == "tp":
+        return double <= q.cluster.gpus_per_node and q.num_gpus % double == 0
+    if knob in ("pp", "cp"):
+        return q.num_gpus % double == 0 and (knob == "cp" or double <= q.model.num_layers)
+    if knob == "vpp":
+        return int(row["pp"]) > 1 and int(row["pp"]) * double <= q.model.num_layers
+    return q.batch % (double * int(row["dp"])) == 0  # mbs
+
+
+def space_bounds(r: SearchResult) -> list[str]:
+    """Where the winner sits on the space's largest choice of a knob that could go further, with
+    the shipped space that goes furthest on it: 'cp hit the space's maximum 2: try --space
+    long-context (cp up to 32)'. Results depend on the space; this says when they may."""
+    from autopar.search.space import load_space, space_names
+
+    w, q, space = r.winner, r.question, r.options.space
+    if w is None:
+        return []
+    out = []
+    for knob, column in BOUNDED_KNOBS.items():
+        value, largest = int(w[column]), _largest(space, q, knob)
+        if value != largest or not _next_possible(knob, value, w, q):
+            continue
+        wider = {n: _largest(load_space(n), q, knob) for n in space_names() if n not in ("local", space.name)}
+        name, reach = max(wider.items(), key=lambda kv: kv[1], default=("", 0))
+        fix = f"try --space {name} ({knob} up to {reach})" if reach > value else f"widen '{knob}' in a space file"
+        out.append(f"{knob} hit the space's maximum {largest}: {fix}")
+    return out
 
 
 def check_any_valid(results: list[SearchResult]) -> None:
@@ -220,4 +284,3 @@ def trainers_ruled_out(result: SearchResult) -> list[str]:
             out.append(f"{t.title} {lacks} ({cap.source})" + (f"; {cap.instead}" if cap.instead else ""))
             break
     return out
-

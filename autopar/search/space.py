@@ -3,7 +3,7 @@ and the constraints every plan must meet. Unknown keys and bad values are errors
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,8 @@ from autopar.spec.yaml_io import load_yaml
 
 #: the shipped spaces: the top-level folder search_spaces/, installed as the package autopar.spaces
 SPACES_DIR = Path(str(resources.files("autopar.spaces")))
+#: the space every other one inherits the knobs and constraints it does not set from
+DEFAULT_SPACE = "default"
 
 #: the knobs, by kind: the plan's fields that name one (autopar.spec.plan), in the search results' order
 _KNOB_FIELDS = tuple(f for f in BY_KEY if f.space)
@@ -45,6 +47,10 @@ class SearchSpace:
     knobs: dict = field(default_factory=dict)  # knob -> list of choices, or "auto"
     constraints: dict = field(default_factory=dict)
     source: str = ""
+    #: the knobs and constraints taken from the default space because this one does not set them
+    inherited: tuple[str, ...] = ()
+    #: why `--space` left out chose this space (`chosen_space`); "" when the user named it
+    chosen_because: str = ""
 
     def choices(self, knob: str, default):
         v = self.knobs.get(knob, default)
@@ -56,10 +62,26 @@ class SearchSpace:
         for k, v in overrides.items():
             if v is not None:
                 knobs[k] = v if isinstance(v, list) else [v]
-        return SearchSpace(self.name, self.description, knobs, dict(self.constraints), self.source)
+        return replace(self, knobs=knobs, constraints=dict(self.constraints))
 
 
-def _check_list(name: str, value, origin: str) -> list:
+def inherit(space: SearchSpace, base: SearchSpace) -> SearchSpace:
+    """`space` with every knob and constraint it does not set taken from `base` (the default space),
+    so that a file holding only `dtype: [fp8]` is the default space with fp8, not a space of single
+    choices (an unset knob would otherwise fall back to its plan default: tp 1, pp 1, ...)."""
+    knobs = {k: v for k, v in base.knobs.items() if k not in space.knobs}
+    cons = {k: v for k, v in base.constraints.items() if k not in space.constraints}
+    return SearchSpace(
+        space.name,
+        space.description,
+        knobs | space.knobs,
+        cons | space.constraints,
+        space.source,
+        tuple(knobs) + tuple(cons),
+    )
+
+
+def check_choices(name: str, value, origin: str) -> list:
     """A knob's choices: a non-empty list of at most MAX_CHOICES values of the knob's kind."""
     if value == "auto" and name in ("ep", "sp", "etp"):
         return value
@@ -127,7 +149,7 @@ def space_from_dict(data, origin: str) -> SearchSpace:
                 )
             checked[k] = v
         else:
-            checked[k] = _check_list(k, v, origin)
+            checked[k] = check_choices(k, v, origin)
     cons = data.get("constraints") or {}
     if not isinstance(cons, dict):
         raise InputError(f"{origin}: 'constraints' must be a mapping")
@@ -181,4 +203,40 @@ def load_space(name_or_file: str) -> SearchSpace:
     space = space_from_dict(data, f"search space '{path.name}'")
     if not (isinstance(data, dict) and data.get("name")):  # a file without a name is named after it
         space = SearchSpace(path.stem, space.description, space.knobs, space.constraints, space.source)
-    return space
+    if path.resolve() == (SPACES_DIR / f"{DEFAULT_SPACE}.yaml").resolve():
+        return space
+    return inherit(space, load_space(DEFAULT_SPACE))
+
+
+#: the sequence length from which `chosen_space` takes the long-context space's knobs: that space's
+#: own range (search_spaces/long-context.yaml: "Long sequences (32K-1M tokens)")
+LONG_CONTEXT_SEQ = 32 * 1024
+
+
+def chosen_space(is_moe: bool, seq_len: int) -> SearchSpace:
+    """The space `autopar search` uses when --space is not given: the default space, with the moe
+    space's knobs for an MoE model and the long-context space's from LONG_CONTEXT_SEQ tokens on
+    (both: moe's, then long-context's on top, `compose`)."""
+    names = (["moe"] if is_moe else []) + (["long-context"] if seq_len >= LONG_CONTEXT_SEQ else [])
+    why = ", ".join(
+        (["an MoE model"] if is_moe else [])
+        + ([f"seq {seq_len:,} >= {LONG_CONTEXT_SEQ:,}"] if "long-context" in names else [])
+    )
+    space = compose(names) if names else load_space(DEFAULT_SPACE)
+    return replace(space, chosen_because=f"chosen for {why}" if why else "chosen for a dense model below seq 32,768")
+
+
+def compose(names: list[str]) -> SearchSpace:
+    """The default space with each named shipped space's knobs and constraints that differ from the
+    default's laid over it, in order (a later space wins a knob both set): moe + long-context keeps
+    moe's expert knobs (etp, ep_comm_overlap, ep_within) and takes long-context's cp, pp, vpp, mbs."""
+    if len(names) == 1:
+        return load_space(names[0])
+    base = load_space(DEFAULT_SPACE)
+    knobs, cons = dict(base.knobs), dict(base.constraints)
+    for name in names:
+        sp = load_space(name)
+        knobs |= {k: v for k, v in sp.knobs.items() if k not in sp.inherited and base.knobs.get(k) != v}
+        cons |= {k: v for k, v in sp.constraints.items() if k not in sp.inherited and base.constraints.get(k) != v}
+    description = "The default space with the knobs of " + ", then ".join(names)
+    return SearchSpace("+".join(names), description, knobs, cons, "+".join(names))

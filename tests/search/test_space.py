@@ -117,6 +117,7 @@ def test_minimal_space_and_with_knobs():
 
 
 def test_auto_allowed_only_where_documented(tmp_path):
-    assert load_space(_write(tmp_path, "knobs:\n  ep: auto\n  sp: auto\n")).knobs == {"ep": "auto", "sp": "auto"}
+    knobs = load_space(_write(tmp_path, "knobs:\n  ep: auto\n  sp: auto\n")).knobs
+    assert (knobs["ep"], knobs["sp"]) == ("auto", "auto")
     with pytest.raises(InputError, match="'tp'"):
         load_space(_write(tmp_path, "knobs:\n  tp: auto\n"))
