@@ -44,6 +44,10 @@ def megatron_parser() -> argparse.ArgumentParser:
         "--micro-batch-size",
         "--global-batch-size",
         "--recompute-num-layers",
+        "--rotary-base",
+        "--make-vocab-size-divisible-by",
+        "--fp8-amax-history-len",
+        "--save-interval",
     ]
     for f in ints:
         ap.add_argument(f, type=int)
@@ -59,10 +63,13 @@ def megatron_parser() -> argparse.ArgumentParser:
         "--fp8-format",
         "--moe-token-drop-policy",
         "--moe-flex-dispatcher-backend",
+        "--fp8-recipe",
+        "--fp8-amax-compute-algo",
+        "--ckpt-format",
     ]
     for f in strs:
         ap.add_argument(f, type=str)
-    for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor"):
+    for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor", "--norm-epsilon"):
         ap.add_argument(f, type=float)
     flags = [
         "--group-query-attention",
@@ -87,6 +94,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     ]
     for f in flags:
         ap.add_argument(f, action="store_true")
+    # Megatron-LM's negated flag (store_false into gradient_accumulation_fusion)
+    ap.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion", action="store_false")
     return ap
 
 
