@@ -268,8 +268,9 @@ class MegatronExporter(Exporter):
     title = "Megatron-LM pretrain_gpt.py: flags + torchrun and srun (one task per GPU) launch scripts"
     example = "autopar export --run reports/run --rank 1 --to megatron --out launch/"
     description = (
-        "megatron_args.sh (AUTOPAR_ARGS: model shape and every parallel, batch, recompute, precision and "
-        "overlap flag; USER_ARGS: data and tokenizer to fill in), launch_torchrun.sh (per node) and "
+        "megatron_args.sh (AUTOPAR_ARGS: model shape and facts (RoPE base, norm epsilon, vocab padding), "
+        "every parallel, batch, recompute, precision and overlap flag, and the checkpoint interval; USER_ARGS: "
+        "data and tokenizer to fill in, checkpoints under CHECKPOINT_DIR), launch_torchrun.sh (per node) and "
         "launch_slurm.sbatch (srun, one task per GPU). Set MEGATRON_LM to your Megatron-LM checkout."
     )
 
