@@ -42,3 +42,9 @@ def read_bash_array(text: str, name: str) -> list[str]:
             continue
         words += shlex.split(s, comments=True)
     raise ValueError(f"unterminated {name}=( ... ) array")
+
+
+def number_word(x: float) -> str:
+    """A flag's number: an integral value without a fraction or exponent (500000, not 5e+05, which an
+    int-typed argparse flag refuses), else Python's shortest repr (1e-05)."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))

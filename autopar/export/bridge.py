@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shlex
 
+from autopar.cost.flops import VOCAB_DIVISOR
 from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
 from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
@@ -26,6 +27,7 @@ from autopar.export.megatron_core import (
     view_from_core_fields,
 )
 from autopar.export.nemo import recipe_name
+from autopar.export.production import checkpoint_interval, megatron_family_env
 from autopar.spec.trainers import get_trainer
 
 #: autopar preset -> megatron.bridge.recipes function (the capability table's [bridge.recipes])
@@ -63,6 +65,22 @@ def bridge_overrides(ctx: Context) -> dict:
             "mixed_precision": MIXED[p.dtype],
         }
     )
+    m = ctx.model
+    # model facts (GPTModelProvider.rotary_base / make_vocab_size_divisible_by, TransformerConfig
+    # layernorm_epsilon), restated so a recipe's own values cannot differ from the spec's
+    if not m.learned_position_embeddings and m.rope_theta is not None:
+        out["model.rotary_base"] = int(m.rope_theta) if float(m.rope_theta).is_integer() else m.rope_theta
+    if m.norm_epsilon is not None:
+        out["model.layernorm_epsilon"] = m.norm_epsilon
+    out["model.make_vocab_size_divisible_by"] = VOCAB_DIVISOR
+    steps = checkpoint_interval(ctx).steps  # the goodput model's Young/Daly interval
+    if steps is not None:
+        out["checkpoint.save_interval"] = steps
+    if p.zero_stage >= 2:
+        # Megatron-FSDP: fsdp_dtensor checkpoints only, no gradient-accumulation fusion (Megatron-Bridge
+        # 0.3.1 training/config.py ConfigContainer.validate asserts the one and turns off the other)
+        out["checkpoint.ckpt_format"] = "fsdp_dtensor"
+        out["model.gradient_accumulation_fusion"] = False
     return out
 
 
@@ -121,6 +139,7 @@ class BridgeExporter(Exporter):
             f"# recipe: {recipe}",
         ]
         lines += [f"{k}={hydra_value(v)}" for k, v in ov.items()]
+        env = megatron_family_env(ctx)
         entry = Entry(
             program='"$MEGATRON_BRIDGE/scripts/training/run_recipe.py"',
             args=f'--recipe {shlex.quote(recipe)} "${{OVERRIDES[@]}}"',
@@ -128,7 +147,8 @@ class BridgeExporter(Exporter):
                 "MEGATRON_BRIDGE=${MEGATRON_BRIDGE:-/opt/Megatron-Bridge}",
                 f"mapfile -t OVERRIDES < <(grep -v '^#' \"$HERE/{FILE}\")",
             ),
-            env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
+            env=env.set,
+            unset=env.unset,
         )
         return ExportBundle(
             format=self.name,

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 
+from autopar.cost.flops import VOCAB_DIVISOR
 from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
-from autopar.export.bash import bash_array, read_bash_array
+from autopar.export.bash import bash_array, number_word, read_bash_array
 from autopar.export.header import comment_header, header_dict
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.megatron import USER_ARGS
 from autopar.export.megatron_core import recompute_from
+from autopar.export.production import checkpoint_interval
 from autopar.export.view import normalize
 from autopar.json_out import dumps
 
@@ -92,6 +94,17 @@ def mds_args(ctx: Context) -> list[tuple[str, list[str]]]:
     model += ["--normalization", "rmsnorm" if m.norm == "rmsnorm" else "layernorm"]
     if not m.learned_position_embeddings:
         model += ["--use-rotary-position-embeddings"]
+        if m.rope_theta is not None:  # Megatron-DeepSpeed arguments.py --rope-theta (float, default 10000)
+            model += ["--rope-theta", number_word(m.rope_theta)]
+    if m.norm_epsilon is not None:  # Megatron-DeepSpeed keeps Megatron-LM's old name (default 1e-5)
+        model += ["--layernorm-epsilon", number_word(m.norm_epsilon)]
+    # the vocabulary padding the cost model priced (autopar.cost.flops.padded_vocab: 128 x tp)
+    model += ["--make-vocab-size-divisible-by", str(VOCAB_DIVISOR)]
+    # FlashAttention-2, which the cost model prices; without it Megatron-DeepSpeed materialises the
+    # s x s score matrix (megatron/model/transformer.py FlashSelfAttention, --use-flash-attn-v2;
+    # the kernel takes fp16/bf16 only, so an fp32 plan keeps the unfused attention)
+    if p.dtype != "fp32":
+        model += ["--use-flash-attn-v2"]
     if not m.tied_embeddings:
         model += ["--untie-embeddings-and-output-weights"]
     if not m.linear_bias:
@@ -121,7 +134,16 @@ def mds_args(ctx: Context) -> list[tuple[str, list[str]]]:
             ]
         rec += ["--deepspeed-activation-checkpointing"]
     prec = ["--bf16"] if p.dtype == "bf16" else []
-    return [("model shape", model), ("parallelism", par), ("batch", batch), ("recompute", rec), ("precision", prec)]
+    steps = checkpoint_interval(ctx).steps  # the goodput model's Young/Daly interval
+    ckpt = ["--save-interval", str(steps)] if steps is not None else []
+    return [
+        ("model shape", model),
+        ("parallelism", par),
+        ("batch", batch),
+        ("recompute", rec),
+        ("precision", prec),
+        ("checkpoints", ckpt),
+    ]
 
 
 class DeepSpeedExporter(Exporter):

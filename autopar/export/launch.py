@@ -32,6 +32,7 @@ class Entry:
     args: str  # e.g. '"${AUTOPAR_ARGS[@]}" "${USER_ARGS[@]}"'
     setup: tuple[str, ...] = ()  # shell lines run first (source args files, defaults)
     env: tuple[tuple[str, str], ...] = ()  # trainer-specific environment
+    unset: tuple[str, ...] = ()  # variables the trainer needs unset (e.g. Megatron-FSDP's CUDA_DEVICE_MAX_CONNECTIONS)
     one_task_per_gpu: bool = False  # SLURM: srun one task per GPU (Megatron) instead of torchrun
 
 
@@ -61,7 +62,7 @@ def rank_order_lines(ctx: Context) -> list[str]:
 
 
 def _env_block(entry: Entry) -> str:
-    lines = [f"export {k}={v}" for k, v in COMMON_ENV + entry.env]
+    lines = [f"export {k}={v}" for k, v in COMMON_ENV + entry.env] + [f"unset {k}" for k in entry.unset]
     return "\n".join(lines) + "\n"
 
 

@@ -20,13 +20,21 @@ The flags are read back (the plan they express) in autopar/export/megatron_parse
 
 from __future__ import annotations
 
+from autopar.cost.flops import VOCAB_DIVISOR
 from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
-from autopar.export.bash import bash_array, read_bash_array
+from autopar.export.bash import bash_array, number_word, read_bash_array
 from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import megatron_layout
-from autopar.export.megatron_core import ZERO_FSDP_STRATEGY, capacity_settings, dispatcher_settings, recompute_settings
+from autopar.export.megatron_core import (
+    FP8_RECIPE,
+    ZERO_FSDP_STRATEGY,
+    capacity_settings,
+    dispatcher_settings,
+    recompute_settings,
+)
 from autopar.export.megatron_parse import view_from_megatron_argv
+from autopar.export.production import checkpoint_interval, megatron_family_env, uses_megatron_fsdp
 
 __all__ = ["ZERO_FSDP_STRATEGY", "MegatronExporter", "recompute_settings", "view_from_megatron_argv"]
 
@@ -66,6 +74,7 @@ def model_args(ctx: Context) -> list[str]:
         a += ["--swiglu"]
     a += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
     a += ["--position-embedding-type", "learned_absolute" if m.learned_position_embeddings else "rope"]
+    a += model_fact_args(ctx)
     if not m.tied_embeddings:
         a += ["--untie-embeddings-and-output-weights"]
     if not m.linear_bias:
@@ -126,6 +135,27 @@ def model_args(ctx: Context) -> list[str]:
     return a
 
 
+def model_fact_args(ctx: Context) -> list[str]:
+    """What Megatron-LM would otherwise take from its own defaults: the RoPE base (default 10000;
+    `--rotary-base`, an int in Megatron-LM arguments.py), the norms' epsilon (`--norm-epsilon`,
+    default 1e-5: TransformerConfig.layernorm_epsilon's argparse name in megatron-core 0.16.1
+    transformer_config.py) and the vocabulary padding the cost model priced (autopar.cost.flops
+    padded_vocab: a multiple of 128 x tp), all from the model spec and written even when they equal
+    today's defaults, so a changed default cannot change the model."""
+    m = ctx.model
+    a = []
+    if not m.learned_position_embeddings and m.rope_theta is not None:
+        if not float(m.rope_theta).is_integer():
+            raise ctx.refuse(
+                f"Megatron-LM's --rotary-base is an integer and the model's rope_theta is {m.rope_theta:g}"
+            )
+        a += ["--rotary-base", str(int(m.rope_theta))]
+    if m.norm_epsilon is not None:
+        a += ["--norm-epsilon", number_word(m.norm_epsilon)]
+    a += ["--make-vocab-size-divisible-by", str(VOCAB_DIVISOR)]
+    return a
+
+
 def parallel_args(ctx: Context) -> list[str]:
     p, m = ctx.plan, ctx.model
     a = ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp)]
@@ -149,6 +179,10 @@ def parallel_args(ctx: Context) -> list[str]:
         a += ["--use-distributed-optimizer"]
     if p.zero_stage >= 2:
         a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", ZERO_FSDP_STRATEGY[p.zero_stage]]
+        # Megatron-FSDP cannot fuse gradient accumulation into the wgrad GEMM (Megatron-Bridge 0.3.1
+        # training/config.py turns gradient_accumulation_fusion off with use_megatron_fsdp; Megatron-LM
+        # leaves it on unless told)
+        a += ["--no-gradient-accumulation-fusion"]
     a += ["--overlap-grad-reduce"]
     if p.zero_stage >= 1:
         a += ["--overlap-param-gather"]
@@ -179,6 +213,14 @@ def precision_args(ctx: Context) -> list[str]:
         a += ["--bf16"]
     if p.dtype == "fp8":
         a += ["--fp8-format", "hybrid"]
+        a += [
+            "--fp8-recipe",
+            str(FP8_RECIPE["fp8_recipe"]),
+            "--fp8-amax-history-len",
+            str(FP8_RECIPE["fp8_amax_history_len"]),
+            "--fp8-amax-compute-algo",
+            str(FP8_RECIPE["fp8_amax_compute_algo"]),
+        ]
     if not p.main_grads_fp32 and p.dtype != "fp32":
         a += ["--grad-reduce-in-bf16"]
     return a
@@ -194,8 +236,20 @@ USER_ARGS=(
   --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --lr-warmup-iters 100
   --weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95
   --log-interval 1 --eval-interval 1000 --eval-iters 10
+  --save "${CHECKPOINT_DIR:-$HERE/checkpoints}" --load "${CHECKPOINT_DIR:-$HERE/checkpoints}"
 )
 """
+
+
+def checkpoint_args(ctx: Context) -> list[str]:
+    """Save every Young/Daly interval of the goodput model (autopar.export.production); Megatron-FSDP
+    saves and loads only the fsdp_dtensor format (Megatron-Bridge 0.3.1 training/config.py asserts
+    ckpt_format == "fsdp_dtensor" with use_megatron_fsdp). Paths: USER_ARGS."""
+    steps = checkpoint_interval(ctx).steps
+    a = ["--save-interval", str(steps)] if steps is not None else []
+    if uses_megatron_fsdp(ctx):
+        a += ["--ckpt-format", "fsdp_dtensor"]
+    return a
 
 
 def megatron_argv(ctx: Context) -> list[tuple[str, list[str]]]:
@@ -205,6 +259,7 @@ def megatron_argv(ctx: Context) -> list[tuple[str, list[str]]]:
         ("batch", batch_args(ctx)),
         ("recompute", recompute_args(ctx)),
         ("precision", precision_args(ctx)),
+        ("checkpoints", checkpoint_args(ctx)),
     ]
 
 
@@ -213,8 +268,9 @@ class MegatronExporter(Exporter):
     title = "Megatron-LM pretrain_gpt.py: flags + torchrun and srun (one task per GPU) launch scripts"
     example = "autopar export --run reports/run --rank 1 --to megatron --out launch/"
     description = (
-        "megatron_args.sh (AUTOPAR_ARGS: model shape and every parallel, batch, recompute, precision and "
-        "overlap flag; USER_ARGS: data and tokenizer to fill in), launch_torchrun.sh (per node) and "
+        "megatron_args.sh (AUTOPAR_ARGS: model shape and facts (RoPE base, norm epsilon, vocab padding), "
+        "every parallel, batch, recompute, precision and overlap flag, and the checkpoint interval; USER_ARGS: "
+        "data and tokenizer to fill in, checkpoints under CHECKPOINT_DIR), launch_torchrun.sh (per node) and "
         "launch_slurm.sbatch (srun, one task per GPU). Set MEGATRON_LM to your Megatron-LM checkout."
     )
 
@@ -225,11 +281,13 @@ class MegatronExporter(Exporter):
             + bash_array("AUTOPAR_ARGS", megatron_argv(ctx))
             + USER_ARGS
         )
+        env = megatron_family_env(ctx)
         entry = Entry(
             program='"$MEGATRON_LM/pretrain_gpt.py"',
             args='"${AUTOPAR_ARGS[@]}" "${USER_ARGS[@]}"',
             setup=("MEGATRON_LM=${MEGATRON_LM:-/opt/Megatron-LM}", 'source "$HERE/megatron_args.sh"'),
-            env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
+            env=env.set,
+            unset=env.unset,
             one_task_per_gpu=True,
         )
         notes = ["set MEGATRON_LM, DATA_PATH and TOKENIZER (and review USER_ARGS) before launching"]

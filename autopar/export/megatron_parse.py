@@ -10,83 +10,95 @@ from autopar.export.layouts import parse_layout_string, stages_from_megatron
 from autopar.export.megatron_core import FSDP_STRATEGY_ZERO, dispatch_from, dispatcher_from, recompute_from
 from autopar.export.view import normalize
 
+#: the subset of Megatron-LM's argparse that autopar emits, by type (names as in arguments.py)
+INT_FLAGS = (
+    "--num-layers",
+    "--hidden-size",
+    "--ffn-hidden-size",
+    "--num-attention-heads",
+    "--kv-channels",
+    "--num-query-groups",
+    "--seq-length",
+    "--max-position-embeddings",
+    "--q-lora-rank",
+    "--kv-lora-rank",
+    "--qk-head-dim",
+    "--qk-pos-emb-head-dim",
+    "--v-head-dim",
+    "--num-experts",
+    "--moe-router-topk",
+    "--moe-ffn-hidden-size",
+    "--moe-shared-expert-intermediate-size",
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers",
+    "--context-parallel-size",
+    "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--recompute-num-layers",
+    "--rotary-base",
+    "--make-vocab-size-divisible-by",
+    "--fp8-amax-history-len",
+    "--save-interval",
+)
+STR_FLAGS = (
+    "--normalization",
+    "--position-embedding-type",
+    "--moe-layer-freq",
+    "--moe-token-dispatcher-type",
+    "--pipeline-model-parallel-layout",
+    "--data-parallel-sharding-strategy",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--fp8-format",
+    "--moe-token-drop-policy",
+    "--moe-flex-dispatcher-backend",
+    "--fp8-recipe",
+    "--fp8-amax-compute-algo",
+    "--ckpt-format",
+)
+FLOAT_FLAGS = ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor", "--norm-epsilon")
+STORE_TRUE_FLAGS = (
+    "--group-query-attention",
+    "--swiglu",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--add-qkv-bias",
+    "--qk-layernorm",
+    "--multi-latent-attention",
+    "--moe-router-enable-expert-bias",
+    "--moe-grouped-gemm",
+    "--sequence-parallel",
+    "--use-distributed-optimizer",
+    "--use-megatron-fsdp",
+    "--overlap-grad-reduce",
+    "--overlap-param-gather",
+    "--tp-comm-overlap",
+    "--bf16",
+    "--grad-reduce-in-bf16",
+    "--moe-pad-expert-input-to-capacity",
+    "--overlap-moe-expert-parallel-comm",
+)
+
 
 def megatron_parser() -> argparse.ArgumentParser:
     """The subset of Megatron-LM's argparse that autopar emits (names and types as in arguments.py)."""
     ap = argparse.ArgumentParser(prog="pretrain_gpt.py", add_help=False, allow_abbrev=False)
-    ints = [
-        "--num-layers",
-        "--hidden-size",
-        "--ffn-hidden-size",
-        "--num-attention-heads",
-        "--kv-channels",
-        "--num-query-groups",
-        "--seq-length",
-        "--max-position-embeddings",
-        "--q-lora-rank",
-        "--kv-lora-rank",
-        "--qk-head-dim",
-        "--qk-pos-emb-head-dim",
-        "--v-head-dim",
-        "--num-experts",
-        "--moe-router-topk",
-        "--moe-ffn-hidden-size",
-        "--moe-shared-expert-intermediate-size",
-        "--tensor-model-parallel-size",
-        "--pipeline-model-parallel-size",
-        "--num-layers-per-virtual-pipeline-stage",
-        "--num-virtual-stages-per-pipeline-rank",
-        "--decoder-first-pipeline-num-layers",
-        "--decoder-last-pipeline-num-layers",
-        "--context-parallel-size",
-        "--expert-model-parallel-size",
-        "--expert-tensor-parallel-size",
-        "--micro-batch-size",
-        "--global-batch-size",
-        "--recompute-num-layers",
-    ]
-    for f in ints:
+    for f in INT_FLAGS:
         ap.add_argument(f, type=int)
-    strs = [
-        "--normalization",
-        "--position-embedding-type",
-        "--moe-layer-freq",
-        "--moe-token-dispatcher-type",
-        "--pipeline-model-parallel-layout",
-        "--data-parallel-sharding-strategy",
-        "--recompute-granularity",
-        "--recompute-method",
-        "--fp8-format",
-        "--moe-token-drop-policy",
-        "--moe-flex-dispatcher-backend",
-    ]
-    for f in strs:
+    for f in STR_FLAGS:
         ap.add_argument(f, type=str)
-    for f in ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor"):
+    for f in FLOAT_FLAGS:
         ap.add_argument(f, type=float)
-    flags = [
-        "--group-query-attention",
-        "--swiglu",
-        "--untie-embeddings-and-output-weights",
-        "--disable-bias-linear",
-        "--add-qkv-bias",
-        "--qk-layernorm",
-        "--multi-latent-attention",
-        "--moe-router-enable-expert-bias",
-        "--moe-grouped-gemm",
-        "--sequence-parallel",
-        "--use-distributed-optimizer",
-        "--use-megatron-fsdp",
-        "--overlap-grad-reduce",
-        "--overlap-param-gather",
-        "--tp-comm-overlap",
-        "--bf16",
-        "--grad-reduce-in-bf16",
-        "--moe-pad-expert-input-to-capacity",
-        "--overlap-moe-expert-parallel-comm",
-    ]
-    for f in flags:
+    for f in STORE_TRUE_FLAGS:
         ap.add_argument(f, action="store_true")
+    # Megatron-LM's negated flag (store_false into gradient_accumulation_fusion)
+    ap.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion", action="store_false")
     return ap
 
 

@@ -27,6 +27,7 @@ from autopar.export.megatron_core import (
     core_recompute_fields,
     view_from_core_fields,
 )
+from autopar.export.production import megatron_family_env
 from autopar.quoting import check_identifier
 from autopar.spec.trainers import get_trainer
 
@@ -153,12 +154,8 @@ if __name__ == "__main__":
                 "run nemo_pretrain.py (it adds it)"
             )
         lines += [f"{k}={_cli_value(v)}" for k, v in ov.items()]
-        entry = Entry(
-            program='"$HERE/nemo_pretrain.py"',
-            args="",
-            one_task_per_gpu=False,
-            env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
-        )
+        env = megatron_family_env(ctx)
+        entry = Entry(program='"$HERE/nemo_pretrain.py"', args="", one_task_per_gpu=False, env=env.set, unset=env.unset)
         return ExportBundle(
             format=self.name,
             files=(

@@ -46,6 +46,13 @@ class _Reader:
             raise InputError(f"{self.source}: '{key}' must be {kind}, got {quoted(v)}; fix the value")
         return v
 
+    def number(self, key: str) -> float | None:
+        """A positive number, or None when absent or null (ModelSpec checks the range)."""
+        v = self.cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise InputError(f"{self.source}: '{key}' must be a positive number, got {quoted(v)}; fix the value")
+        return None if v is None else float(v)
+
     def bool(self, key: str, default: bool = False) -> bool:
         """A true/false flag; `default` when absent or null."""
         v = self.cfg.get(key)
@@ -191,6 +198,8 @@ def model_from_hf_config(cfg: dict, name: str, source: str = "config.json") -> M
         qk_norm=r.family in ("qwen3", "qwen3_moe"),
         moe=_moe(r, num_layers),
         mla=mla,
+        rope_theta=r.number("rope_theta"),
+        norm_epsilon=r.number("rms_norm_eps"),
         source=f"HuggingFace {r.family} config ({source})",
         **_biases(r),
     )

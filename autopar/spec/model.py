@@ -13,6 +13,7 @@ Megatron-Core's MLA attention computes on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 
 from autopar.errors import InputError, quoted
@@ -102,6 +103,11 @@ class ModelSpec:
     dropout: bool = False
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    #: RoPE base frequency (config.json `rope_theta`); None = not stated. Exports only: no cost term
+    #: depends on it, hence compare=False like `source`
+    rope_theta: float | None = field(default=None, compare=False)
+    #: the norms' epsilon (config.json `rms_norm_eps` / `layer_norm_epsilon`); None = not stated
+    norm_epsilon: float | None = field(default=None, compare=False)
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +128,10 @@ class ModelSpec:
                 out.append(f"{f} must be true or false, got {quoted(getattr(self, f))}")
         if self.norm not in ("rmsnorm", "layernorm"):
             out.append(f"norm must be 'rmsnorm' or 'layernorm', got {quoted(self.norm)}")
+        for f in ("rope_theta", "norm_epsilon"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+                out.append(f"{f} must be a positive number, got {quoted(v)}")
         for key, typ, limits in (("moe", MoESpec, MOE_LIMITS), ("mla", MLASpec, MLA_LIMITS)):
             sub = getattr(self, key)
             if sub is not None and not isinstance(sub, typ):

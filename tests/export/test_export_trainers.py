@@ -159,6 +159,11 @@ MDS_FLAGS = {
     "--global-batch-size",
     "--bf16",
 } | {"--num-key-value-heads", "--use-rotary-position-embeddings", "--attention-dropout", "--hidden-dropout"}
+#: Megatron-DeepSpeed megatron/arguments.py (not on PyPI; not in reference B.4): --rope-theta (float,
+#: default 10000), --layernorm-epsilon and --make-vocab-size-divisible-by (Megatron-LM's old names),
+#: --use-flash-attn-v2 (FlashSelfAttention), --save-interval / --save / --load (checkpointing)
+MDS_FLAGS |= {"--rope-theta", "--layernorm-epsilon", "--make-vocab-size-divisible-by", "--use-flash-attn-v2"}
+MDS_FLAGS |= {"--save-interval"}
 
 
 @pytest.mark.parametrize("case", DS_CASES, ids=[c.id for c in DS_CASES])
@@ -334,6 +339,12 @@ MEGATRON_B1_FLAGS = {
 }
 #: not in the reference and not a dataclass field: Megatron-LM arguments.py, from memory
 MEGATRON_OTHER_FLAGS = {"--grad-reduce-in-bf16"}
+#: Megatron-LM arguments.py training-loop and checkpoint flags: --rotary-base (int; MLATransformerConfig
+#: has rotary_base, TransformerConfig not), --norm-epsilon (layernorm_epsilon's argparse name in
+#: megatron-core 0.16.1 transformer_config.py), --make-vocab-size-divisible-by (reference B.1),
+#: --save-interval and --ckpt-format (checkpointing), --no-gradient-accumulation-fusion (store_false)
+MEGATRON_OTHER_FLAGS |= {"--rotary-base", "--norm-epsilon", "--make-vocab-size-divisible-by", "--save-interval"}
+MEGATRON_OTHER_FLAGS |= {"--ckpt-format", "--no-gradient-accumulation-fusion"}
 
 
 def test_every_megatron_flag_is_known() -> None:
@@ -357,7 +368,7 @@ def test_bridge_overrides_build_megatron_core_configs(case) -> None:
     _, TransformerConfig, _, DDP, _ = _core()
     ov = parse_bridge_overrides(render(case, "bridge").text("bridge_overrides.txt"))
     model = {k.removeprefix("model."): v for k, v in ov.items() if k.startswith("model.")}
-    provider_only = {"seq_length"}
+    provider_only = {"seq_length", "rotary_base", "make_vocab_size_divisible_by"}  # GPTModelProvider fields
     tc_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     assert set(model) - provider_only <= tc_fields
     assert model.pop("num_layers") == case.spec.num_layers
