@@ -257,6 +257,11 @@ def _stages_section(run: D.RunData, stages: W.WinnerStages | None) -> tuple[str,
     pace = float(sm["time_per_mb_s"].max())
     bubble = float(tl["bubble"].iloc[0])
     tail = float(tl[["dp", "tp_step", "optimizer"]].iloc[0].sum())
+    bubble_text = (
+        f"{fmt(bubble, 's')} s is the {e(str(est.plan.pp_schedule))} schedule's bubble"
+        if est.plan.pp > 1
+        else "none is bubble (no pipeline)"
+    )
     stale = (
         ""
         if stages.same_as_run
@@ -277,9 +282,9 @@ def _stages_section(run: D.RunData, stages: W.WinnerStages | None) -> tuple[str,
         + f'<p class="note">One step per stage, as the cost model prices it: each stage runs its {m} '
         f"microbatches at its own time per microbatch; the pipeline runs at the pace of the slowest stage, "
         f"{m} x {fmt(pace, 's4')} s / (1 - bubble fraction {fmt(est.bubble_fraction, 'pct')}) = "
-        f"{fmt(pipe, 's')} s, of which {fmt(bubble, 's')} s is the {e(str(est.plan.pp_schedule))} schedule's "
-        f"bubble; then {fmt(tail, 's')} s after the pipeline (exposed DP communication, TP per-step "
-        f"reductions, optimizer step). Forward and backward are each stage's {m} microbatches summed, "
+        f"{fmt(pipe, 's')} s, of which {bubble_text}; then {fmt(tail, 's')} s after the pipeline (exposed DP "
+        f"communication, TP per-step reductions, optimizer step). Forward and backward are each stage's {m} "
+        "microbatches summed, "
         f"split by FLOPs (forward = MFU / (3 x HFU) = {fmt(W.forward_share(est), 'pct')} of a "
         "microbatch: the backward does twice the forward's FLOPs, plus any recomputed forward); in the "
         "run they interleave, one forward and one backward at a time.</p>" + fig(timeline_figure(tl), "fig-timeline"),

@@ -86,14 +86,16 @@ def timeline_figure(tl: pd.DataFrame) -> dict:
     notes = [
         {
             "x": end,
-            "y": 1,
+            "y": 0,
             "xref": "x",
             "yref": "paper",
             "text": "pipeline ends",
             "showarrow": False,
             "xanchor": "right",
             "yanchor": "bottom",
+            "textangle": -90,
             "font": {"color": "#333"},
+            "bgcolor": "rgba(255,255,255,0.8)",
         }
     ]
     layout = figure_layout(
