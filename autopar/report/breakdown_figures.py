@@ -131,27 +131,7 @@ def memory_figure(
                 "hovertemplate": f"%{{y}}<br>{MEMORY_LABELS[t]}: %{{x:.2f}} GiB<extra></extra>",
             }
         )
-    shapes, notes = [], []
-    if len(cap):
-        c = float(np.max(cap)) / GIB
-        shapes.append(vline(c, 2))
-        notes.append(
-            {
-                "x": c,
-                "y": 0,
-                "xref": "x",
-                "yref": "paper",
-                "text": f"capacity {c:.1f} GiB",
-                "showarrow": False,
-                "xanchor": "right",
-                "yanchor": "bottom",
-                "textangle": -90,
-                "font": {"color": RED},
-                "bgcolor": "rgba(255,255,255,0.8)",
-            }
-        )
-        if headroom_gib > 0:
-            shapes.append(vline(c - headroom_gib, 1, "dot"))
+    shapes, notes = capacity_marks(float(np.max(cap)) / GIB, headroom_gib) if len(cap) else ([], [])
     layout = figure_layout(
         title,
         bar_height(len(labels)),
@@ -162,6 +142,27 @@ def memory_figure(
         yaxis=CANDIDATE_AXIS,
     )
     return {"data": data, "layout": layout}
+
+
+def capacity_marks(capacity_gib: float, headroom_gib: float = 0.0) -> tuple[list, list]:
+    """The GPU's capacity as a red vertical line with its label, and the search's limit (capacity
+    less the headroom) as a dotted one, on a GiB x axis."""
+    c = capacity_gib
+    note = {
+        "x": c,
+        "y": 0,
+        "xref": "x",
+        "yref": "paper",
+        "text": f"capacity {c:.1f} GiB",
+        "showarrow": False,
+        "xanchor": "right",
+        "yanchor": "bottom",
+        "textangle": -90,
+        "font": {"color": RED},
+        "bgcolor": "rgba(255,255,255,0.8)",
+    }
+    shapes = [vline(c, 2)] + ([vline(c - headroom_gib, 1, "dot")] if headroom_gib > 0 else [])
+    return shapes, [note]
 
 
 def comm_figure(cb: pd.DataFrame, title: str = "Communication per GPU per step (GB)") -> dict:

@@ -23,8 +23,10 @@ def compare_html(cmp) -> str:
     parts = [
         f"<h1>{e(title)}</h1>",
         f'<p class="why">{e(q.model.name)} on {q.num_gpus} x {q.cluster.gpu.key} ({q.cluster.gpus_per_node} per '
-        f"node), sequence length {q.seq_len}. Rows that differ are shaded; the best value of a ranked row is "
-        f"green.</p>",
+        f"node), sequence length {q.seq_len}. Rows that differ are shaded. Green: the best value of a row where "
+        f"lower or higher is better whatever the layout (step time, throughput, MFU, peak memory, headroom); "
+        f"the parts of a total (its time, memory and traffic terms, the bubble) and HFU (which counts "
+        f"recomputation) are not ranked, since one layout trades one part for another.</p>",
         '<table class="kv">'
         + "".join(f"<tr><td>{e(it.label)}</td><td>{e(it.source)}</td></tr>" for it in cmp.items)
         + "</table>",
@@ -47,9 +49,11 @@ def compare_html(cmp) -> str:
             )
             for lab in labels
         )
-        better = {"lower": " (lower is better)", "higher": " (higher is better)"}.get(r["better"], "")
+        better = f"{r['better']} is better" if r["better"] else ""
+        hint = f' <span class="muted">({e(better)})</span>' if better else ""
         cls = ' class="diff"' if r["differs"] else ""
-        rows.append(f'<tr{cls}><td class="t m" title="{e(r["key"] + better)}">{e(r["metric"])}</td>{cells}</tr>')
+        title = e(r["key"] + (f" ({better})" if better else ""))
+        rows.append(f'<tr{cls}><td class="t m" title="{title}">{e(r["metric"])}{hint}</td>{cells}</tr>')
     parts.append(
         f'<h2 id="table">Side by side</h2><div class="scroll"><table class="cmp"><thead><tr>{head}'
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"

@@ -13,12 +13,31 @@ from autopar.spec.hardware import GIB
 
 # ---- compare: layouts side by side ---------------------------------------------------------------
 
-#: (section, key, label, better) rows of a comparison; key is a path into Estimate.to_dict()
-#: ("plan.tp", "time_s.compute", ...); better: "lower", "higher" or "" (not ranked)
-COMPARE_ROWS: tuple[tuple[str, str, str, str], ...] = (
-    ("layout", "name", "name", ""),
+#: The rows a comparison ranks, and which way: "lower" or "higher" is better whatever the layouts
+#: (the step time and what follows from it for one question, the peak memory and its headroom, the
+#: pessimistic end of the step time's interval). Every other row is not ranked: the plan's knobs;
+#: the parts of a total (the time, memory and traffic terms, parameters per GPU, the bubble
+#: fraction), which one layout trades for another (ZeRO sheds weight memory for DP traffic, a
+#: pipeline adds a bubble to shed TP traffic), so only their total says which is better; HFU, which
+#: counts the recomputed forward (autopar.cost.flops), so more recompute raises it with no work
+#: done; and the interval's optimistic end.
+BETTER: dict[str, str] = {
+    "step_time_s": "lower",
+    "tokens_per_s": "higher",
+    "tokens_per_s_per_gpu": "higher",
+    "model_tflops_per_gpu": "higher",
+    "mfu": "higher",
+    "peak_memory_bytes": "lower",
+    "headroom_bytes": "higher",
+    "step_time_s_high": "lower",
+}
+
+#: (section, key, label) rows of a comparison; key is a path into Estimate.to_dict()
+#: ("plan.tp", "time_s.compute", ...); which way a row ranks: BETTER
+COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("layout", "name", "name"),
     *(
-        ("layout", f"plan.{k}", k, "")
+        ("layout", f"plan.{k}", k)
         for k in (
             "trainer",
             "tp",
@@ -41,27 +60,27 @@ COMPARE_ROWS: tuple[tuple[str, str, str, str], ...] = (
             "tp_comm_overlap",
         )
     ),
-    ("layout", "layout", "stage layout", ""),
-    ("verdict", "fits", "fits", ""),
-    ("verdict", "reasons", "reasons", ""),
-    ("time (s)", "step_time_s", "step time", "lower"),
-    *(("time (s)", f"time_s.{t}", TIME_LABELS[t], "lower") for t in TIME_TERMS),
-    ("throughput", "tokens_per_s", "tokens/s", "higher"),
-    ("throughput", "tokens_per_s_per_gpu", "tokens/s per GPU", "higher"),
-    ("throughput", "model_tflops_per_gpu", "model TFLOP/s per GPU", "higher"),
-    ("throughput", "mfu", "MFU", "higher"),
-    ("throughput", "hfu", "HFU", "higher"),
-    ("throughput", "bubble_fraction", "bubble fraction", "lower"),
-    ("memory (GiB)", "peak_memory_bytes", "peak memory", "lower"),
-    *(("memory (GiB)", f"memory_bytes.{t}", MEMORY_LABELS[t], "lower") for t in MEMORY_TERMS),
-    ("memory (GiB)", "memory_capacity_bytes", "capacity", ""),
-    ("memory (GiB)", "headroom_bytes", "headroom", "higher"),
-    ("memory (GiB)", "params_per_gpu", "parameters per GPU", "lower"),
-    *(("comm per GPU per step (GB)", f"comm_bytes_per_gpu.{a}", a.upper(), "lower") for a in AXES),
-    # how sure (autopar.cost.uncertainty): the pessimistic end is the one to rank by
-    ("how sure", "support", "support", ""),
-    ("how sure", "step_time_s_low", "step time, 80 % interval low", ""),
-    ("how sure", "step_time_s_high", "step time, 80 % interval high", "lower"),
+    ("layout", "layout", "stage layout"),
+    ("verdict", "fits", "fits"),
+    ("verdict", "reasons", "reasons"),
+    ("time (s)", "step_time_s", "step time"),
+    *(("time (s)", f"time_s.{t}", TIME_LABELS[t]) for t in TIME_TERMS),
+    ("throughput", "tokens_per_s", "tokens/s"),
+    ("throughput", "tokens_per_s_per_gpu", "tokens/s per GPU"),
+    ("throughput", "model_tflops_per_gpu", "model TFLOP/s per GPU"),
+    ("throughput", "mfu", "MFU"),
+    ("throughput", "hfu", "HFU"),
+    ("throughput", "bubble_fraction", "bubble fraction"),
+    ("memory (GiB)", "peak_memory_bytes", "peak memory"),
+    *(("memory (GiB)", f"memory_bytes.{t}", MEMORY_LABELS[t]) for t in MEMORY_TERMS),
+    ("memory (GiB)", "memory_capacity_bytes", "capacity"),
+    ("memory (GiB)", "headroom_bytes", "headroom"),
+    ("memory (GiB)", "params_per_gpu", "parameters per GPU"),
+    *(("comm per GPU per step (GB)", f"comm_bytes_per_gpu.{a}", a.upper()) for a in AXES),
+    # how sure (autopar.cost.uncertainty)
+    ("how sure", "support", "support"),
+    ("how sure", "step_time_s_low", "step time, 80 % interval low"),
+    ("how sure", "step_time_s_high", "step time, 80 % interval high"),
 )
 #: display scale of a row's raw value, by section
 COMPARE_SCALE = {"memory (GiB)": GIB, "comm per GPU per step (GB)": 1e9}
@@ -88,7 +107,8 @@ def compare_table(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
         e["step_time_s_low"], e["step_time_s_high"] = e.get("step_time_s_interval") or (None, None)
         ests.append(e)
     rows = []
-    for section, key, label, better in COMPARE_ROWS:
+    for section, key, label in COMPARE_ROWS:
+        better = BETTER.get(key, "")
         vals = [_path(e, key) for e in ests]
         if key == "plan.recompute_layers" and all(v is None for v in vals):
             continue

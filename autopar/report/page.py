@@ -27,7 +27,9 @@ table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums}
 th,td{padding:4px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}
 th{background:#f4f4f6;font-weight:600;position:sticky;top:0}
 td.t,th.t{text-align:left}
-table.kv td{text-align:left;white-space:normal}
+table.kv td{text-align:left;white-space:normal;overflow-wrap:anywhere}
+pre.cmd{background:#f4f4f6;border:1px solid var(--line);padding:6px 10px;margin:2px 0 10px;overflow-x:auto;
+  white-space:pre}
 table.kv td:first-child{font-weight:600;color:#444;min-width:150px;white-space:nowrap}
 table.sortable th{cursor:pointer;user-select:none}table.sortable th:hover{background:#e8e8ee}
 table.sortable th[data-dir=asc]::after{content:" \\25B2"}table.sortable th[data-dir=desc]::after{content:" \\25BC"}

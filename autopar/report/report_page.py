@@ -18,13 +18,21 @@ from autopar.report import answer_text as A
 from autopar.report import run_data as D
 from autopar.report import run_tables as R
 from autopar.report import scatter_tables as S
+from autopar.report import stage_tables as W
 from autopar.report import top_tables as T
 from autopar.report import trial_tables as X
 from autopar.report.breakdown_figures import memory_figure, run_figure, time_figure
 from autopar.report.format import fmt
 from autopar.report.page import e, fig, kv, page, table
 from autopar.report.scatter_figures import scatter_figure
-from autopar.report.trial_figures import history_figure, trials_figures, whatif_figure, whatif_run_figure
+from autopar.report.stage_figures import stage_memory_figure, timeline_figure
+from autopar.report.trial_figures import (
+    history_figure,
+    trials_figures,
+    whatif_figure,
+    whatif_mfu_figure,
+    whatif_run_figure,
+)
 from autopar.spec.hardware import GIB
 
 #: the file name of a run's report, in its run directory
@@ -112,6 +120,15 @@ WHATIF_COLUMNS = [
     ("plans_fit", "plans that fit", "count"),
     ("link", "report", "html"),
 ]
+STAGE_COLUMNS = [
+    ("stage", "stage", "int"),
+    ("layers", "layers", "int"),
+    ("params", "parameters per GPU", "human"),
+    ("memory_gib", "memory GiB", "gib"),
+    ("share_of_capacity", "of the GPU", "pct"),
+    ("time_per_mb_s", "s per microbatch", "s4"),
+    ("role", "", "t"),
+]
 
 
 def _pp_dash(df: pd.DataFrame) -> pd.DataFrame:
@@ -136,9 +153,12 @@ def report_html(run: D.RunData, scenario_runs: list[D.RunData] | None = None, ou
         parts.append('<ul class="sure">' + "".join(f"<li>{e(line)}</li>" for line in sure) + "</ul>")
     if A.has_intervals(run):
         parts.append(f'<p class="note">{e(A.INTERVAL_NOTE)}</p>')
+    stages = W.winner_stages(run)
     sections = [
         ("question", "question", f'<h2 id="question">The question</h2>{kv(A.question_rows(run))}'),
         *_answer_sections(run, why),
+        _stages_section(run, stages),
+        _export_section(run, stages),
         _run_section(run),
         _plans_section(run),
         _optuna_section(run),
@@ -225,6 +245,71 @@ def _with_sure(columns: list[tuple[str, str, str]], sure: list[tuple[str, str, s
 def _run_columns(df: pd.DataFrame) -> list[tuple[str, str, str]]:
     """The whole-run columns the frame has (none without --tokens; cost only with a price)."""
     return [c for c in RUN_COLUMNS if c[0] in df.columns and df[c[0]].notna().any()]
+
+
+def _stages_section(run: D.RunData, stages: W.WinnerStages | None) -> tuple[str, str, str] | None:
+    """The winner's memory per pipeline stage and its step per stage (the cost model's schedule)."""
+    if stages is None:
+        return None
+    est = stages.estimate
+    sm, tl = W.stage_memory(est), W.timeline(est)
+    pipe, m = float(tl["pipeline_s"].iloc[0]), est.num_microbatches
+    pace = float(sm["time_per_mb_s"].max())
+    bubble = float(tl["bubble"].iloc[0])
+    tail = float(tl[["dp", "tp_step", "optimizer"]].iloc[0].sum())
+    bubble_text = (
+        f"{fmt(bubble, 's')} s is the {e(str(est.plan.pp_schedule))} schedule's bubble"
+        if est.plan.pp > 1
+        else "none is bubble (no pipeline)"
+    )
+    stale = (
+        ""
+        if stages.same_as_run
+        else f'<p class="note">This autopar ({e(__version__)}) prices the winner differently from the run '
+        f"(step {fmt(est.step_time_s, 's')} s against top.json's {fmt(stages.entry.get('step_time_s'), 's')} s): "
+        "the figures below are today's estimate.</p>"
+    )
+    return (
+        "stages",
+        "pipeline stages",
+        f'<h2 id="stages">The winner\'s pipeline stages: {e(est.plan.describe())}</h2>'
+        + stale
+        + f'<p class="note">Peak memory per GPU of each of the {est.plan.pp} pipeline stage(s), from the '
+        "estimate with every rank costed: the first stages hold more microbatches' activations in flight "
+        "(autopar.cost.pipeline), the first and last the embedding and the LM head.</p>"
+        + table(sm, STAGE_COLUMNS, row_class=lambda i, r: "win" if r["role"] else "")
+        + fig(stage_memory_figure(sm, run.headroom_gib), "fig-stage-memory")
+        + f'<p class="note">One step per stage, as the cost model prices it: each stage runs its {m} '
+        f"microbatches at its own time per microbatch; the pipeline runs at the pace of the slowest stage, "
+        f"{m} x {fmt(pace, 's4')} s / (1 - bubble fraction {fmt(est.bubble_fraction, 'pct')}) = "
+        f"{fmt(pipe, 's')} s, of which {bubble_text}; then {fmt(tail, 's')} s after the pipeline (exposed DP "
+        f"communication, TP per-step reductions, optimizer step). Forward and backward are each stage's {m} "
+        "microbatches summed, "
+        f"split by FLOPs (forward = MFU / (3 x HFU) = {fmt(W.forward_share(est), 'pct')} of a "
+        "microbatch: the backward does twice the forward's FLOPs, plus any recomputed forward); in the "
+        "run they interleave, one forward and one backward at a time.</p>" + fig(timeline_figure(tl), "fig-timeline"),
+    )
+
+
+def _export_section(run: D.RunData, stages: W.WinnerStages | None) -> tuple[str, str, str] | None:
+    """The `autopar export` command of the winner, per trainer that runs it."""
+    if stages is None:
+        return None
+    cmds = W.export_commands(run, stages)
+    lines = "".join(
+        f'<p class="note">{e(t)}{" (the trainer it is ranked on)" if i == 0 else ""}:</p>'
+        f'<pre class="cmd"><code>{e(c)}</code></pre>'
+        for i, (t, c) in enumerate(cmds)
+    )
+    return (
+        "export",
+        "export",
+        '<h2 id="export">Export this plan</h2>'
+        '<p class="note">Writes the launch configs of the winner (rank 1 of this run directory) for a '
+        "trainer, into RUN/export-rank1/&lt;format&gt;/ (or --out DIR). Add torchrun or slurm to --to "
+        f"(--to {e(cmds[0][0])},slurm) for the launch scripts; <code>autopar export --help</code> lists "
+        "every format and option.</p>" + lines,
+    )
 
 
 def _run_section(run: D.RunData) -> tuple[str, str, str] | None:
@@ -354,6 +439,7 @@ def _whatif_section(
         else ""
     )
     picks = "".join(f'<p class="answer">{e(line)}</p>' for line in R.whatif_answers(wt, t))
+    mfu = fig(whatif_mfu_figure(wt), "fig-whatif-mfu") if wt.loc[wt["mfu"].notna(), "num_gpus"].nunique() > 1 else ""
     return (
         "whatif",
         "what-if",
@@ -361,5 +447,6 @@ def _whatif_section(
         + picks
         + rows
         + fig(whatif_figure(wt), "fig-whatif")
+        + mfu
         + days,
     )

@@ -171,12 +171,7 @@ def whatif_run_figure(wt: pd.DataFrame, deadline_days: float | None = None) -> d
     priced = bool(wt["cost"].notna().any())
     money, label = ("cost", "cost") if priced else ("gpu_hours", "GPU-hours")
     data = []
-    groups = wt.groupby(["gpu", "seq_len", "global_batch_size"], sort=False)
-    palette = ["#4c78a8", "#54a24b", "#b279a2", "#f58518", "#72b7b2", "#9d755d"]
-    for n, ((gpu, seq, gbs), g) in enumerate(groups):
-        g = g.sort_values("num_gpus")
-        colour = palette[n % len(palette)]
-        name = gpu if groups.ngroups == 1 or wt["gpu"].nunique() == groups.ngroups else f"{gpu}, seq {seq}, gbs {gbs}"
+    for name, colour, g in _gpu_count_lines(wt):
         x = g["num_gpus"].astype(float).tolist()
         data.append(
             {
@@ -203,18 +198,12 @@ def whatif_run_figure(wt: pd.DataFrame, deadline_days: float | None = None) -> d
             }
         )
     shapes, notes = deadline(deadline_days, "y")
-    counts = sorted(wt["num_gpus"].dropna().astype(float).unique())
     layout = figure_layout(
         f"What-if: days to train and {label} against GPUs",
         460,
         shapes=shapes,
         annotations=notes,
-        xaxis={
-            "title": {"text": "GPUs"},
-            "type": "log",
-            "tickvals": counts,
-            "ticktext": [f"{int(c):,}" for c in counts],
-        },
+        xaxis=_gpus_axis(wt),
         yaxis={"title": {"text": "days to train"}, "rangemode": "tozero"},
         yaxis2={
             "title": {"text": label},
@@ -225,3 +214,44 @@ def whatif_run_figure(wt: pd.DataFrame, deadline_days: float | None = None) -> d
         },
     )
     return {"data": data, "layout": layout}
+
+
+def whatif_mfu_figure(wt: pd.DataFrame) -> dict:
+    """MFU of the best plan per scenario against the GPU count, one line per GPU kind, sequence
+    length and batch (how well each GPU count uses its GPUs)."""
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": name,
+            "x": g["num_gpus"].astype(float).tolist(),
+            "y": floats(100 * g["mfu"].astype(float)),
+            "text": g["plan_name"].tolist(),
+            "line": {"color": colour},
+            "hovertemplate": "%{x} GPUs: %{y:.1f}% MFU<br>%{text}<extra></extra>",
+        }
+        for name, colour, g in _gpu_count_lines(wt)
+    ]
+    layout = figure_layout(
+        "What-if: MFU of the best plan against GPUs",
+        420,
+        xaxis=_gpus_axis(wt),
+        yaxis={"title": {"text": "MFU (%)"}, "rangemode": "tozero"},
+    )
+    return {"data": data, "layout": layout}
+
+
+def _gpu_count_lines(wt: pd.DataFrame):
+    """(name, colour, rows by GPU count) of each line of a figure against the GPU count: one per GPU
+    kind, sequence length and batch of the what-if."""
+    groups = wt.groupby(["gpu", "seq_len", "global_batch_size"], sort=False)
+    palette = ["#4c78a8", "#54a24b", "#b279a2", "#f58518", "#72b7b2", "#9d755d"]
+    for n, ((gpu, seq, gbs), g) in enumerate(groups):
+        name = gpu if groups.ngroups == 1 or wt["gpu"].nunique() == groups.ngroups else f"{gpu}, seq {seq}, gbs {gbs}"
+        yield name, palette[n % len(palette)], g.sort_values("num_gpus")
+
+
+def _gpus_axis(wt: pd.DataFrame) -> dict:
+    """The GPU count, log scale, a tick at each count of the what-if."""
+    counts = sorted(wt["num_gpus"].dropna().astype(float).unique())
+    return {"title": {"text": "GPUs"}, "type": "log", "tickvals": counts, "ticktext": [f"{int(c):,}" for c in counts]}

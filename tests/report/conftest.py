@@ -278,12 +278,24 @@ PROBE_JS = r"""
     }
     var resources = performance.getEntriesByType('resource').map(function(e){ return e.name; })
                     .filter(function(n){ return !/^(file|data|blob|about):/.test(n); });
+    // wide content: the page itself never scrolls sideways, every table sits in a wrapper that
+    // scrolls (overflow-x auto), and nothing outside a wrapper reaches past the window
+    var wrappers = Array.prototype.map.call(document.querySelectorAll('main table'), function(t){
+      var w = t.parentElement;
+      return {wrapped: w.classList.contains('scroll'), overflow_x: getComputedStyle(w).overflowX,
+              scroll_width: w.scrollWidth, client_width: w.clientWidth};
+    });
+    var sticking = Array.prototype.filter.call(document.querySelectorAll('main *'), function(el){
+      return !el.closest('div.scroll, pre, div.plotly-fig') && el.getBoundingClientRect().right > window.innerWidth + 1;
+    }).map(function(el){ return el.tagName + '.' + el.className; });
+    var overflow = {page_width: document.documentElement.scrollWidth, window_width: window.innerWidth,
+                    tables: wrappers, sticking_out: sticking.slice(0, 10)};
     var el = document.createElement('script');
     el.type = 'application/json'; el.id = '__probe';
     el.textContent = JSON.stringify({errors: errors, warnings: warnings, figures: figs, resources: resources,
       drawn_ms: document.documentElement.getAttribute('data-drawn-ms'),
       plotly: typeof Plotly !== 'undefined' ? Plotly.version : null, title: document.title,
-      sortable: document.querySelectorAll('table.sortable').length, sort: sort,
+      sortable: document.querySelectorAll('table.sortable').length, sort: sort, overflow: overflow,
       page_height: document.documentElement.scrollHeight});
     document.body.appendChild(el);
   };

@@ -81,17 +81,20 @@ def test_the_harness_sees_errors_and_the_network_is_off(browser, tmp_path):
 def test_report_renders_offline_with_every_figure(browser, full_run, tmp_path):
     """The report with every section: top-k breakdowns, every plan, Optuna, trials, what-if."""
     page = full_run / REPORT_FILE
-    r = browser.render(page, tmp_path, height=9000)
+    r = browser.render(page, tmp_path, height=11000)
     check_page(r, page)
     ids = [f["id"] for f in r.probe["figures"]]
     assert ids == [
         "fig-time",
         "fig-memory",
+        "fig-stage-memory",
+        "fig-timeline",
         "fig-scatter",
         "fig-optuna",
         "fig-trials-time",
         "fig-trials-memory",
         "fig-whatif",
+        "fig-whatif-mfu",
     ]
     scatter = next(f for f in r.probe["figures"] if f["id"] == "fig-scatter")
     assert scatter["points"] > 500  # every evaluated plan is a marker
@@ -107,9 +110,10 @@ def test_report_of_a_run_without_intervals_renders_offline(browser, run70_old, t
     from autopar.report.html import write_report
 
     page = write_report(run70_old, out=tmp_path / "old.html")
-    r = browser.render(page, tmp_path, height=6000)
+    r = browser.render(page, tmp_path, height=7500)
     check_page(r, page)
-    assert [f["id"] for f in r.probe["figures"]] == ["fig-time", "fig-memory", "fig-scatter"]
+    ids = ["fig-time", "fig-memory", "fig-stage-memory", "fig-timeline", "fig-scatter"]
+    assert [f["id"] for f in r.probe["figures"]] == ids
     assert all(f["errorbars"] == 0 for f in r.probe["figures"])
 
 
@@ -131,6 +135,20 @@ def test_comparison_renders_offline(browser, cli, run70, tmp_path):
     r = browser.render(out, tmp_path, height=3200)
     check_page(r, out)
     assert [f["id"] for f in r.probe["figures"]] == ["fig-time", "fig-memory", "fig-comm"]
+
+
+def test_wide_tables_scroll_instead_of_clipping(browser, full_run, tmp_path):
+    """In a 1000-pixel window the top-k, trials and what-if tables are wider than the page: each
+    scrolls sideways in its wrapper, the page itself does not, and nothing else sticks out."""
+    page = full_run / REPORT_FILE
+    r = browser.render(page, tmp_path, width=1000, height=11000, scale=0.5)
+    o = r.probe["overflow"]
+    assert o["page_width"] <= o["window_width"], o
+    assert o["sticking_out"] == [], o["sticking_out"]
+    sortable = [t for t in o["tables"] if t["wrapped"]]
+    assert sortable and all(t["overflow_x"] == "auto" for t in sortable)
+    wide = [t for t in sortable if t["scroll_width"] > t["client_width"]]
+    assert len(wide) >= 2, o["tables"]  # the top-k and the trials tables at least
 
 
 @pytest.mark.parametrize("name", ["chromium"])

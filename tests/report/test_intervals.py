@@ -164,7 +164,8 @@ def test_a_run_without_intervals_still_renders(run70_old):
     assert top["step_time_s_low"].isna().all() and (top["support"] == "").all()
     assert A.sureness(run) == [] and not A.has_intervals(run)
     text = write_report(run70_old).read_text(encoding="utf-8")
-    assert text.startswith("<!DOCTYPE html>") and text.count('class="plotly-fig"') == 3
+    # the breakdowns, the winner's stage memory and timeline, the scatter
+    assert text.startswith("<!DOCTYPE html>") and text.count('class="plotly-fig"') == 5
     assert all("error_x" not in t for t in figure(text, "fig-time")["data"])
     assert all("error_y" not in t for t in figure(text, "fig-scatter")["data"])
     assert "80 % interval" not in text and '<ul class="sure">' not in text
