@@ -126,10 +126,6 @@ def search(
 
     Example: autopar search --model 70b --gpus 256
     """
-    from autopar.report import write_reports
-    from autopar.search.scenarios import check_any_valid
-    from autopar.search.training import check_run
-
     check_flags({"--gpus-per-node": gpus_per_node, "--top-k": top_k, "--max-exhaustive": max_exhaustive})
     check_flags({"--n-trials": n_trials, "--seed": seed})
     assert measure is not None  # filled by @with_trial_flags
@@ -149,6 +145,10 @@ def search(
     results = _run(
         spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, rank_by=rank_by, **options
     )
+    from autopar.report import write_reports  # after the question's checks: a bad input stays quick
+    from autopar.search.scenarios import check_any_valid
+    from autopar.search.training import check_run
+
     check_any_valid(results)  # no valid plan at all: one line, exit 2 (the run directory stays for a look)
     if measure.trials > 0:
         if len(results) != 1:

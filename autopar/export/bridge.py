@@ -24,10 +24,13 @@ from autopar.export.megatron_core import (
     core_moe_fields,
     core_parallel_fields,
     core_recompute_fields,
+    dp_shard_from_instances,
+    optimizer_instances,
     view_from_core_fields,
 )
 from autopar.export.nemo import recipe_name
 from autopar.export.production import checkpoint_interval, megatron_family_env
+from autopar.export.view import normalize
 from autopar.spec.trainers import get_trainer
 
 #: autopar preset -> megatron.bridge.recipes function (the capability table's [bridge.recipes])
@@ -65,6 +68,8 @@ def bridge_overrides(ctx: Context) -> dict:
             "mixed_precision": MIXED[p.dtype],
         }
     )
+    if (instances := optimizer_instances(p)) > 1:  # hybrid sharding (megatron/bridge/training/initialize.py)
+        out["ddp.num_distributed_optimizer_instances"] = instances
     m = ctx.model
     # model facts (GPTModelProvider.rotary_base / make_vocab_size_divisible_by, TransformerConfig
     # layernorm_epsilon), restated so a recipe's own values cannot differ from the spec's
@@ -171,7 +176,7 @@ def view_from_bridge(ov: dict, num_gpus: int) -> dict:
         zero = FSDP_STRATEGY_ZERO[ov["ddp.data_parallel_sharding_strategy"]]
     else:
         zero = 1 if ov["ddp.use_distributed_optimizer"] else 0
-    return view_from_core_fields(
+    view = view_from_core_fields(
         model,
         num_layers=ov["model.num_layers"],
         num_gpus=num_gpus,
@@ -182,3 +187,5 @@ def view_from_bridge(ov: dict, num_gpus: int) -> dict:
         main_grads_fp32=ov["ddp.grad_reduce_in_fp32"],
         tp_comm_overlap=ov["model.tp_comm_overlap"],
     )
+    instances = ov.get("ddp.num_distributed_optimizer_instances")
+    return normalize(view | {"dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"])})

@@ -31,6 +31,7 @@ from autopar.export.megatron_core import (
     ZERO_FSDP_STRATEGY,
     capacity_settings,
     dispatcher_settings,
+    optimizer_instances,
     recompute_settings,
 )
 from autopar.export.megatron_parse import view_from_megatron_argv
@@ -177,6 +178,8 @@ def parallel_args(ctx: Context) -> list[str]:
         a += ["--sequence-parallel"]
     if p.zero_stage >= 1:
         a += ["--use-distributed-optimizer"]
+    if (instances := optimizer_instances(p)) > 1:  # hybrid sharding: the optimizer sharded within dp_shard ranks
+        a += ["--num-distributed-optimizer-instances", str(instances)]
     if p.zero_stage >= 2:
         a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", ZERO_FSDP_STRATEGY[p.zero_stage]]
         # Megatron-FSDP cannot fuse gradient accumulation into the wgrad GEMM (Megatron-Bridge 0.3.1

@@ -216,3 +216,16 @@ def view_from_core_fields(
             "ep_comm_overlap": bool(f.get("overlap_moe_expert_parallel_comm")),
         }
     )
+
+
+def optimizer_instances(plan) -> int:
+    """Megatron-Core's distributed-optimizer instances of a hybrid-sharded plan: dp x cp / dp_shard
+    (DistributedDataParallelConfig.num_distributed_optimizer_instances, megatron-core 0.16); 1 when
+    the optimizer shards over the whole dp x cp group."""
+    return plan.dp * plan.cp // plan.dp_shard if plan.dp_shard else 1
+
+
+def dp_shard_from_instances(instances, dp: int, cp: int) -> int | None:
+    """The plan's dp_shard back from a run's instance count (None: one instance, no hybrid sharding)."""
+    n = int(instances or 1)
+    return dp * cp // n if n > 1 else None

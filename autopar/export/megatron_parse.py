@@ -7,7 +7,13 @@ from __future__ import annotations
 import argparse
 
 from autopar.export.layouts import parse_layout_string, stages_from_megatron
-from autopar.export.megatron_core import FSDP_STRATEGY_ZERO, dispatch_from, dispatcher_from, recompute_from
+from autopar.export.megatron_core import (
+    FSDP_STRATEGY_ZERO,
+    dispatch_from,
+    dispatcher_from,
+    dp_shard_from_instances,
+    recompute_from,
+)
 from autopar.export.view import normalize
 
 #: the subset of Megatron-LM's argparse that autopar emits, by type (names as in arguments.py)
@@ -38,6 +44,7 @@ INT_FLAGS = (
     "--context-parallel-size",
     "--expert-model-parallel-size",
     "--expert-tensor-parallel-size",
+    "--num-distributed-optimizer-instances",
     "--micro-batch-size",
     "--global-batch-size",
     "--recompute-num-layers",
@@ -159,6 +166,7 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
             "etp": ns.expert_tensor_parallel_size or tp,
             "sequence_parallel": ns.sequence_parallel,
             "zero_stage": zero,
+            "dp_shard": dp_shard_from_instances(ns.num_distributed_optimizer_instances, dp, cp),
             "micro_batch_size": mbs,
             "global_batch_size": gbs,
             "num_microbatches": gbs // (mbs * dp),

@@ -25,9 +25,12 @@ from autopar.export.megatron_core import (
     core_moe_fields,
     core_parallel_fields,
     core_recompute_fields,
+    dp_shard_from_instances,
+    optimizer_instances,
     view_from_core_fields,
 )
 from autopar.export.production import megatron_family_env
+from autopar.export.view import normalize
 from autopar.quoting import check_identifier
 from autopar.spec.trainers import get_trainer
 
@@ -72,6 +75,8 @@ def nemo_overrides(ctx: Context) -> dict:
             "trainer.plugins.grad_reduce_in_fp32": p.main_grads_fp32,
         }
     )
+    if (instances := optimizer_instances(p)) > 1:  # hybrid sharding: MegatronStrategy's argument
+        out["trainer.strategy.num_distributed_optimizer_instances"] = instances
     if p.zero_stage >= 2:
         out.update(
             {
@@ -208,7 +213,7 @@ def view_from_nemo(ov: dict, tp_overlap: bool, num_gpus: int) -> dict:
         zero = FSDP_STRATEGY_ZERO[ov["trainer.strategy.ddp.data_parallel_sharding_strategy"]]
     else:
         zero = 1 if ov["optim.config.use_distributed_optimizer"] else 0
-    return view_from_core_fields(
+    view = view_from_core_fields(
         strat,
         num_layers=ov["model.config.num_layers"],
         num_gpus=num_gpus,
@@ -219,3 +224,5 @@ def view_from_nemo(ov: dict, tp_overlap: bool, num_gpus: int) -> dict:
         main_grads_fp32=ov["trainer.strategy.ddp.grad_reduce_in_fp32"],
         tp_comm_overlap=tp_overlap,
     )
+    instances = ov.get("trainer.strategy.num_distributed_optimizer_instances")
+    return normalize(view | {"dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"])})

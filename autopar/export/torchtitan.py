@@ -158,6 +158,13 @@ def torchtitan_values(ctx: Context, toml: bool) -> dict:
     """The torchtitan settings of the plan, section -> {field: value}."""
     p = ctx.plan
     replicate, shard = (p.dp, 1) if p.zero_stage == 0 else (1, p.dp)
+    if p.dp_shard:  # HSDP: FSDP2 over the fsdp mesh (data_parallel_shard_degree x cp), replicated outside it
+        if p.dp_shard % p.cp:
+            raise InputError(
+                f"torchtitan shards over data_parallel_shard_degree x cp ranks: --dp-shard {p.dp_shard} is not a "
+                f"multiple of cp {p.cp}; give a multiple of cp"
+            )
+        replicate, shard = p.dp * p.cp // p.dp_shard, p.dp_shard // p.cp
     par: dict = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
@@ -219,7 +226,8 @@ def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
     if rep * shard * cp * tp * pp != num_gpus:
         raise ValueError("dp_replicate * dp_shard * cp * tp * pp != world size")
     dp = rep * shard
-    zero = 0 if rep > 1 else RESHARD_BACK.get(par.get("fsdp_reshard_after_forward", "default"), 3)
+    hsdp = rep > 1 and shard > 1  # replicate x shard: hybrid sharding over shard x cp ranks
+    zero = 0 if rep > 1 and not hsdp else RESHARD_BACK.get(par.get("fsdp_reshard_after_forward", "default"), 3)
     local, gbs = tr["local_batch_size"], tr["global_batch_size"]
     if gbs < 0:
         gbs = local * dp
@@ -249,6 +257,7 @@ def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
             "etp": etp,
             "sequence_parallel": par.get("enable_sequence_parallel", True) if tp > 1 else False,
             "zero_stage": zero,
+            "dp_shard": shard * cp if hsdp else None,
             "micro_batch_size": mbs,
             "global_batch_size": gbs,
             "num_microbatches": m,

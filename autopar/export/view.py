@@ -43,6 +43,8 @@ def normalize(view: dict) -> dict:
         v["layout"] = tuple(int(x) for x in v["layout"])
     if v["dp"] is not None and v["cp"] is not None and v["dp"] * v["cp"] == 1:
         v["zero_stage"] = None
+    if v["dp_shard"] is not None and v["dp"] is not None and v["cp"] is not None and v["dp_shard"] == v["dp"] * v["cp"]:
+        v["dp_shard"] = None  # shards over the whole group: no hybrid sharding
     if v["tp"] == 1:
         v["sequence_parallel"] = False
         v["tp_comm_overlap"] = False

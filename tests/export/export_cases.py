@@ -79,6 +79,21 @@ CASES = [
         refuse=_titan("ZeRO-1"),
     ),
     Case("tp-pp-1f1b", "llama3-70b", 64, dict(tp=8, pp=4, zero=1, gbs=64), refuse=_titan("ZeRO-1")),
+    # hybrid sharding: Megatron-Core's distributed-optimizer instances (ZeRO-1), torchtitan's HSDP (FSDP)
+    Case(
+        "hsdp-zero1",
+        "llama3-8b",
+        32,
+        dict(tp=2, zero=1, dp_shard=4, gbs=64),
+        refuse=_titan("ZeRO-1") | {"deepspeed": "hybrid sharding"},
+    ),
+    Case(
+        "hsdp-fsdp",
+        "llama3-8b",
+        32,
+        dict(tp=2, cp=2, zero=3, dp_shard=4, gbs=64),
+        refuse=_core("hybrid sharding") | {"deepspeed": "context"},
+    ),
     Case(
         "vpp-interleaved-full",
         "llama3-70b",

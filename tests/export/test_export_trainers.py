@@ -425,10 +425,13 @@ def test_nemo_overrides_build_megatron_core_configs(case) -> None:
         for k, v in ov.items()
         if k.startswith("trainer.strategy.") and k.count(".") == 2 and k != "trainer.strategy.fsdp"
     }
+    # MegatronStrategy hands its optimizer-instance count to Megatron-Core's DDP config, not the model's
+    instances = {k: strategy.pop(k) for k in ("num_distributed_optimizer_instances",) if k in strategy}
     model = {k.removeprefix("model.config."): v for k, v in ov.items() if k.startswith("model.config.")}
     assert model.pop("num_layers") == case.spec.num_layers and model.pop("seq_length") == case.seq
     _check_core_config(case, strategy | model)
-    DDP(**{k.removeprefix("trainer.strategy.ddp."): v for k, v in ov.items() if k.startswith("trainer.strategy.ddp.")})
+    ddp = {k.removeprefix("trainer.strategy.ddp."): v for k, v in ov.items() if k.startswith("trainer.strategy.ddp.")}
+    DDP(**ddp, **instances)
 
 
 def test_nemo_override_paths_exist_in_the_installed_release() -> None:
