@@ -239,14 +239,17 @@ TRAINER_COLUMNS = (
 
 def trainer_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
     """The best plan each searched trainer can run, side by side, fitted to `width`."""
+    from autopar.search.scenarios import trainers_ruled_out
     from autopar.spec.trainers import get_trainer
 
     best = r.winner
     rows = []
+    ruled_out = trainers_ruled_out(r)
     for name, row in r.per_trainer.items():
         title = get_trainer(name).title
         if row is None:
-            rows.append([title, "nothing fits"] + [""] * (len(TRAINER_COLUMNS) - 2))
+            why = "cannot run it (below)" if name in ruled_out else "nothing fits"
+            rows.append([title, why] + [""] * (len(TRAINER_COLUMNS) - 2))
             continue
         slower = row["step_time_s"] / best["step_time_s"] - 1 if best is not None else 0.0
         rows.append(
@@ -293,6 +296,10 @@ def print_result(r: SearchResult) -> None:
             c.print(per)
             if note := dropped_line(dropped):
                 c.print(note)
+            from autopar.search.scenarios import trainers_ruled_out
+
+            for line in trainers_ruled_out(r).values():  # a trainer no plan of which it can run: why
+                c.print(line)
     c.print(f"[bold]{r.why}[/bold]")
     for line in r.sureness:
         c.print(f"[bold]{line}[/bold]")

@@ -178,6 +178,7 @@ def result_json(r: SearchResult) -> dict:
         "global_batch_size": q.global_batch_size,
         "notes": list(r.notes),  # the default batch adapted to the GPUs, or forcing pp / cp
         "trainers": list(q.trainers),
+        "trainers_ruled_out": trainers_ruled_out(r),  # trainer -> why it can run no plan of the space
         "rank_by": q.rank_by,
         "space": r.options.space.name,
         "space_chosen": r.options.space.chosen_because or None,  # None: named by --space
@@ -252,7 +253,7 @@ def check_any_valid(results: list[SearchResult]) -> None:
     q = r.question
     blocked = trainers_ruled_out(r)
     if blocked and len(blocked) == len(q.trainers):  # the trainers, not the GPUs or the batch
-        raise InputError("; ".join(blocked))
+        raise InputError("; ".join(blocked.values()))
     rules = ", ".join(f"{k} ({v:,} plans)" for k, v in list(r.rejections.items())[:3])
     where = f"{q.model.name} on {q.num_gpus:,} x {q.cluster.gpu.key}" + (
         " (and every other scenario)" if len(results) > 1 else ""
@@ -264,7 +265,7 @@ def check_any_valid(results: list[SearchResult]) -> None:
     )
 
 
-def trainers_ruled_out(result: SearchResult) -> list[str]:
+def trainers_ruled_out(result: SearchResult) -> dict[str, str]:
     """Per trainer of the question that one of its capability lines rules out for every plan of
     the space (no recipe for the model, no MoE, an attention variant it lacks): a sentence naming
     the trainer, what it lacks, the source of that line and what to do instead."""
@@ -272,7 +273,7 @@ def trainers_ruled_out(result: SearchResult) -> list[str]:
 
     q = result.question
     per_trainer = result.counts.get("evaluated", 0) / max(len(q.trainers), 1)
-    out = []
+    out: dict[str, str] = {}
     for key in q.trainers:
         t = get_trainer(key)
         for rule, count in result.rejections.items():
@@ -281,6 +282,6 @@ def trainers_ruled_out(result: SearchResult) -> list[str]:
             if owner != key or count < per_trainer or cap is None:
                 continue
             lacks = f"has no recipe for {q.model.name}" if kind == "recipes" else f"cannot run {q.model.name} ({kind})"
-            out.append(f"{t.title} {lacks} ({cap.source})" + (f"; {cap.instead}" if cap.instead else ""))
+            out[key] = f"{t.title} {lacks} ({cap.source})" + (f"; {cap.instead}" if cap.instead else "")
             break
     return out

@@ -53,3 +53,18 @@ def test_a_trainer_without_moe_is_named(cli_run, one_line_error, tmp_path) -> No
         "search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--trainer", "deepspeed", "--run-dir", tmp_path / "r"
     )
     one_line_error(r, ["DeepSpeed cannot run qwen3-30b-a3b (moe)", "sharded_moe.py"], absent=["fewer GPUs"])
+
+
+def test_a_trainer_ruled_out_beside_one_that_runs_is_named_in_the_answer(cli_run, tmp_path) -> None:
+    """DeepSpeed beside Megatron-Bridge on an MoE model: the search answers with Bridge, and the
+    per-trainer table and --json say why DeepSpeed has no plan (its capability line, not memory)."""
+    args = ["search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--trainer", "deepspeed,bridge", "--top-k", "1"]
+    r = cli_run(*args, "--run-dir", tmp_path / "r")
+    assert r.returncode == 0, r.stderr
+    assert "cannot run it (below)" in r.stdout and "DeepSpeed cannot run qwen3-30b-a3b (moe)" in r.stdout
+    r = cli_run(*args, "--run-dir", tmp_path / "j", "--json")
+    out = json.loads(r.stdout)
+    assert (
+        list(out["trainers_ruled_out"]) == ["deepspeed"] and "sharded_moe.py" in out["trainers_ruled_out"]["deepspeed"]
+    )
+    assert out["per_trainer"]["deepspeed"] is None and out["per_trainer"]["bridge"] is not None
