@@ -188,6 +188,7 @@ def _run(
 def _show(results: list, reports: list, answer, as_json: bool) -> None:
     """The results: JSON (one scenario, a list of them, or the whole run's answers with the
     scenarios), or the terminal tables and the reports' paths."""
+    from autopar.cli.render import console
     from autopar.cli.render_search import print_answer, print_result, print_whatif
     from autopar.search.scenarios import result_json, space_bounds
 
@@ -201,14 +202,14 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
             print(f"autopar: {note}" if len(results) == 1 else f"autopar: {r.question.num_gpus:,} GPUs: {note}")
     chosen = dict.fromkeys(f"{r.options.space.name} ({r.options.space.chosen_because})" for r in results)
     if all(r.options.space.chosen_because for r in results):  # one line: which space, and why
-        print(f"Space: {'; '.join(chosen)}; pass --space to choose another")
+        console().print(f"Space: {'; '.join(chosen)}; pass --space to choose another", markup=False)
     if len(results) == 1:
         print_result(results[0])
     else:
         print_whatif(results)
     for i, r in enumerate(results, start=1):  # the winner on a bound of the space: it may decide the answer
         for bound in space_bounds(r):  # one per line: the tables' 120 columns
-            print(f"Space bound{'' if len(results) == 1 else f' (scenario {i})'}: {bound}")
+            console().print(f"Space bound{'' if len(results) == 1 else f' (scenario {i})'}: {bound}", markup=False)
     if answer is not None:
         print_answer(answer)
     for p in reports:

@@ -20,14 +20,19 @@ from autopar.search.run_dir import forget_scenarios, write_scenarios
 
 
 def write_report(
-    run_dir: str | Path, *, out: str | Path | None = None, scenarios: Sequence[str | Path] | None = None
+    run_dir: str | Path,
+    *,
+    out: str | Path | None = None,
+    scenarios: Sequence[str | Path] | None = None,
+    loaded: dict | None = None,
 ) -> Path:
     """(Re)build the report of a run directory; returns the file written (default
     RUN_DIR/report.html). `scenarios`: the run directories of the search this run belongs to (this
     one included); several are a what-if, recorded in RUN_DIR/whatif.json so a later `autopar
     report` keeps the what-if section; one (or none) removes a whatif.json left by an earlier
     what-if. None (the default, a rebuild): keep whatever whatif.json says. Raises InputError for
-    a missing or corrupt run directory."""
+    a missing or corrupt run directory. `loaded`: the other scenarios' runs already read (by resolved
+    path), shared by the reports of one what-if so each run directory is read once."""
     run = D.load_run(run_dir)
     d = Path(run_dir)
     if scenarios is not None:  # a fresh search: record its scenarios, or forget a what-if of the past
@@ -44,8 +49,14 @@ def write_report(
             if Path(s).resolve() == d.resolve():
                 scenario_runs.append(run)
             elif Path(s).is_dir():
+                key = Path(s).resolve()
                 try:
-                    scenario_runs.append(D.load_run(s, with_trials=False, with_scenarios=False))
+                    other = loaded[key] if loaded is not None and key in loaded else None
+                    if other is None:
+                        other = D.load_run(s, with_trials=False, with_scenarios=False)
+                        if loaded is not None:
+                            loaded[key] = other
+                    scenario_runs.append(other)
                 except InputError:  # a scenario removed or broken since: leave it out
                     continue
     path = Path(out) if out is not None else d / REPORT_FILE
@@ -61,7 +72,8 @@ def write_reports(run_dirs: Sequence[str | Path]) -> list[Path]:
     for d in run_dirs:
         seen.setdefault(Path(d).resolve(), Path(d))
     unique = list(seen.values())
-    return [write_report(d, scenarios=unique) for d in unique]
+    loaded: dict = {}  # each scenario's run read once for all the what-if's reports
+    return [write_report(d, scenarios=unique, loaded=loaded) for d in unique]
 
 
 def write_compare(cmp, out: str | Path) -> Path:

@@ -72,6 +72,8 @@ def test_a_space_too_wide_to_walk_is_refused_in_one_line(tmp_path, run_cli):
         f"  tp: {list(range(1, 65))}\n  pp: {list(range(1, 129))}\n  cp: {list(range(1, 65))}\n"
         f"  vpp: {list(range(1, 17))}\n  pp_schedule: [gpipe, 1f1b, zero-bubble]\n"
         "  tp_comm_overlap: [false, true]\n  pp_layout: [auto, balanced, embedding+loss]\n"
+        # its own constraints: the default space's (TP in a node, pp <= 16), inherited, would prune it
+        "constraints:\n  tp_within_node: false\n  max_pp: 128\n"
     )
     r = run_cli("search", "--model", "70b", "--gpus", "1024", "--space", space)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
