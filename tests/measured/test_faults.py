@@ -27,7 +27,10 @@ def test_oom_crash_hang(tmp_path, procs):
         assert doc["status"] == expected, (expected, doc["outcome"], doc["reasons"])
         assert doc["reasons"] and not doc["measured"]
         if expected == "oom":
-            assert "OutOfMemoryError" in " ".join(doc["reasons"])
+            # the worker's own OutOfMemoryError, or, when the limit kills it before it can write one (a
+            # loaded machine), the launcher's out-of-memory outcome (autopar.measured.launcher)
+            reasons = " ".join(doc["reasons"])
+            assert "OutOfMemoryError" in reasons or "out of memory (allocation failure" in reasons, reasons
         assert time.perf_counter() - t0 < timeout + 20
         assert not procs(str(work)), procs(str(work))
     assert "injected fault" in " ".join(
