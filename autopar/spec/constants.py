@@ -88,6 +88,7 @@ class CostConstants:
     attention_fa1: float = _prior("attention_fa1")
     triton_attention_rate: float = _prior("triton_attention_rate")
     cp_ring_overlap: float = _prior("cp_ring_overlap")
+    host_link_efficiency: float = _prior("host_link_efficiency")
     tp_async_backward: float = _prior("tp_async_backward")
     intra_node_bw_efficiency: float = _prior("intra_node_bw_efficiency")
     inter_node_bw_efficiency: float = _prior("inter_node_bw_efficiency")

@@ -52,13 +52,23 @@ class GpuSpec:
     #: the architecture ("ampere", "hopper", "blackwell", "cdna3"; "" = not stated): published runs
     #: on one GPU of a generation calibrate plans on the others (autopar.cost.uncertainty)
     generation: str = ""
+    #: GPU <-> host memory, per GPU per direction (PCIe x16 or NVLink-C2C); None = not stated, and a
+    #: plan that offloads to host memory cannot be priced on this GPU
+    host_link_gbps: float | None = None
+    #: host DRAM bandwidth per GPU (the node's CPU memory channels / GPUs per node), what a CPU
+    #: optimizer step streams through; None = not stated
+    host_memory_gbps: float | None = None
+    #: where the two host figures come from
+    host_source: str = ""
     source: str = ""
 
     def __post_init__(self) -> None:
         what = f"gpu {quoted(self.key)}" if isinstance(self.key, str) else "gpu"
-        for f in ("key", "name", "source", "generation"):
-            check_name(getattr(self, f), f"{what}: {f}", MAX_NAME_CHARS if f != "source" else 1024)
+        for f in ("key", "name", "source", "generation", "host_source"):
+            check_name(getattr(self, f), f"{what}: {f}", MAX_NAME_CHARS if "source" not in f else 1024)
         for f, hi in _GPU_LIMITS.items():
+            if getattr(self, f) is None and f in _OPTIONAL_GPU_FIGURES:
+                continue
             check_number(
                 getattr(self, f), f"{what}: {f}", 0.0, hi, above=f not in ("fp8_tflops",), fix="fix the cluster file"
             )
@@ -86,7 +96,11 @@ _GPU_LIMITS = {
     "hbm_gbps": 1e8,
     "intra_node_gbps": 1e7,
     "nic_gbps": 1e7,
+    "host_link_gbps": 1e6,
+    "host_memory_gbps": 1e6,
 }
+#: the GpuSpec figures a preset or cluster file may leave unstated (None)
+_OPTIONAL_GPU_FIGURES = ("host_link_gbps", "host_memory_gbps")
 #: ClusterSpec's figures -> the largest value
 _CLUSTER_LIMITS = {
     "intra_node_gbps": 1e7,
