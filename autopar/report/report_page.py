@@ -54,6 +54,17 @@ TOP_COLUMNS = [
     ("bubble_fraction", "bubble", "pct"),
     ("dominant_cost", "dominant cost", "t"),
     ("trainers", "runs on", "t"),
+    ("variants", "variants", "int"),
+]
+#: the variants folded under the top plans (autopar.report.top_tables.variant_table)
+VARIANT_COLUMNS = [
+    ("variant_of", "of #", "int"),
+    ("plan_name", "layout", "t"),
+    ("changes", "changes", "t"),
+    ("memory_gib", "memory GiB", "gib"),
+    ("step_time_s", "step s", "s"),
+    ("vs_leader", "vs its #", "pct_signed"),
+    ("trainers", "runs on", "t"),
 ]
 #: how sure: the step time's 80 % interval and the support (after the step time), where the run has them
 SURE_COLUMNS = [("step_time_s", "80 % interval s", "interval"), ("support", "support", "support")]
@@ -201,8 +212,27 @@ def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
             ),
         )
     ]
-    per_trainer = T.trainer_table(run)
-    if len(per_trainer) > 1:
+    variants = T.variant_table(run)
+    if len(variants):
+        out.append(
+            (
+                "variants",
+                "variants",
+                '<h2 id="variants">Variants folded under the top plans</h2>'
+                '<p class="note">Plans of the same process grid, schedule and recompute as a top plan '
+                "that differ only in micro-batch, ZeRO stage, stage layout or a flag: each is listed "
+                "under the top plan it is a variant of, with what it changes.</p>" + table(variants, VARIANT_COLUMNS),
+            )
+        )
+    per_trainer, dropped = T.trainer_table(run), T.dropped_trainers(run)
+    if len(per_trainer) > 1 or len(dropped):
+        dropped_html = (
+            '<p class="note">Trainers with no plan here:</p><ul class="dropped">'
+            + "".join(f"<li><b>{e(r.trainer)}</b>: {e(r.why)}</li>" for r in dropped.itertuples())
+            + "</ul>"
+            if len(dropped)
+            else ""
+        )
         out.append(
             (
                 "trainers",
@@ -210,7 +240,13 @@ def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
                 '<h2 id="trainers">The best plan per trainer</h2>'
                 '<p class="note">Each trainer runs only what its capability table allows '
                 "(autopar/spec/data/trainers.toml) and at the speed of its own performance profile."
-                "</p>" + table(_pp_dash(per_trainer), _with_sure(TRAINER_COLUMNS, _sure_columns(per_trainer))),
+                "</p>"
+                + (
+                    table(_pp_dash(per_trainer), _with_sure(TRAINER_COLUMNS, _sure_columns(per_trainer)))
+                    if len(per_trainer)
+                    else ""
+                )
+                + dropped_html,
             )
         )
     out.append(

@@ -56,6 +56,7 @@ TOP_COLUMNS = (
     "dominant_cost",
     "trainer",
     "trainers",
+    "variants",
     *INTERVAL_COLUMNS,
     "support",
     "support_reason",
@@ -84,11 +85,98 @@ def top_rows(run: RunData) -> pd.DataFrame:
         pos = pd.Index(first["plan_index"]).get_indexer([int(e["plan_index"]) for e in entries])
         if (pos >= 0).all():
             rows = first.iloc[pos]
-            rows = rows.assign(trainers=[", ".join(e.get("trainers") or [str(e.get("trainer", ""))]) for e in entries])
+            rows = rows.assign(
+                trainers=[", ".join(e.get("trainers") or [str(e.get("trainer", ""))]) for e in entries],
+                variants=[_count(e.get("variants")) for e in entries],
+            )
             return with_uncertainty(rows, entries)
     if "trainer" not in run.plans.columns:  # a run directory from before trainers were searched
         return with_uncertainty(ranked(run.plans).head(k).assign(trainer="megatron", trainers="megatron"))
     return with_uncertainty(top_plans(run.plans, k))
+
+
+def _count(value: object) -> int:
+    """A top.json count, 0 where the entry has none (a run directory written before variants)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+#: the plan fields a variant differs from its leader in, as the variants table names them
+_VARIANT_FIELDS = {
+    "micro_batch_size": "mbs",
+    "zero_stage": "ZeRO",
+    "layout": "stages",
+    "sequence_parallel": "SP",
+    "tp_comm_overlap": "TP overlap",
+    "main_grads_fp32": "fp32 grads",
+    "moe_dispatch": "dispatch",
+    "moe_dispatcher": "dispatcher",
+    "ep_comm_overlap": "EP overlap",
+    "dp_shard": "dp shard",
+    "recompute_layers": "recompute layers",
+}
+
+
+def variant_table(run: RunData) -> pd.DataFrame:
+    """The variants top.json folds under the top plans (autopar.search.results.STRUCTURE_KEY: the
+    same process grid, schedule and recompute; another mbs, ZeRO stage, stage layout or flag): of
+    which rank each is a variant, what it changes, and how much slower it is."""
+    entries = run.top.get("variants") if isinstance(run.top.get("variants"), list) else []
+    top = run.top.get("top") if isinstance(run.top.get("top"), list) else []
+    rows = []
+    for v in entries:
+        rank = v.get("variant_of") if isinstance(v, dict) else None
+        if not isinstance(rank, int) or not 1 <= rank <= len(top) or not isinstance(top[rank - 1], dict):
+            continue
+        lead = top[rank - 1]
+        plan, lead_plan = v.get("plan") or {}, lead.get("plan") or {}
+        changes = [
+            f"{name} {_shown(lead_plan.get(f))} -> {_shown(plan.get(f))}"
+            for f, name in _VARIANT_FIELDS.items()
+            if plan.get(f) != lead_plan.get(f)
+        ]
+        step, lead_step = float(v.get("step_time_s", math.nan)), float(lead.get("step_time_s", math.nan))
+        rows.append(
+            {
+                "variant_of": rank,
+                "plan_name": str(v.get("plan_name", "")),
+                "changes": ", ".join(changes) or "the trainer",
+                "memory_gib": float(v.get("peak_memory_bytes", math.nan)) / GIB,
+                "step_time_s": step,
+                "vs_leader": step / lead_step - 1 if lead_step > 0 else math.nan,
+                "trainers": ", ".join(str(t) for t in v.get("trainers") or [v.get("trainer", "")]),
+            }
+        )
+    out = pd.DataFrame(rows, columns=VARIANT_COLUMNS)
+    return out.sort_values(["variant_of", "step_time_s"], kind="stable").reset_index(drop=True)
+
+
+VARIANT_COLUMNS = ("variant_of", "plan_name", "changes", "memory_gib", "step_time_s", "vs_leader", "trainers")
+
+
+def _shown(value: object) -> str:
+    """A plan value as the variants table prints it: on/off, 'auto' for a default left to the trainer."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "auto"
+    if isinstance(value, list):
+        return "/".join(str(x) for x in value)
+    return str(value)
+
+
+def dropped_trainers(run: RunData) -> pd.DataFrame:
+    """Each searched trainer with no plan that fits, and why: the capability line that rules it out
+    for every plan of the space (top.json `trainers_ruled_out`), else memory (its valid plans all
+    exceed the GPU)."""
+    searched = run.question.get("trainers") if isinstance(run.question.get("trainers"), list) else []
+    per = run.top.get("per_trainer") if isinstance(run.top.get("per_trainer"), dict) else {}
+    ruled = run.top.get("trainers_ruled_out") if isinstance(run.top.get("trainers_ruled_out"), dict) else {}
+    rows = [
+        {"trainer": str(t), "why": str(ruled.get(t) or "no plan of the space fits in memory with this trainer")}
+        for t in searched
+        if t in per and per[t] is None
+    ]
+    return pd.DataFrame(rows, columns=["trainer", "why"])
 
 
 def gap_text(gaps: int) -> str:

@@ -290,7 +290,17 @@ def write_run(result: SearchResult) -> None:
     top, variants = top_entries(result)
     pareto = [row_summary(r, result.layouts) for _, r in result.pareto.iterrows()]
     per_trainer = {t: None if r is None else row_summary(r, result.layouts) for t, r in result.per_trainer.items()}
-    write_top(d, {"why": result.why, "top": top, "variants": variants, "pareto": pareto, "per_trainer": per_trainer})
+    write_top(
+        d,
+        {
+            "why": result.why,
+            "top": top,
+            "variants": variants,
+            "pareto": pareto,
+            "per_trainer": per_trainer,
+            "trainers_ruled_out": trainers_ruled_out(result),
+        },
+    )
     scatter = result.scatter.assign(
         in_pareto=result.scatter["plan_index"].isin(result.pareto["plan_index"]) if len(result.scatter) else []
     )
@@ -364,3 +374,25 @@ def _write_search_json(result: SearchResult) -> None:
         },
     }
     write_search_info(result.run_dir, info)
+
+
+def trainers_ruled_out(result: SearchResult) -> dict[str, str]:
+    """Per trainer of the question that one of its capability lines rules out for every plan of
+    the space (no recipe for the model, no MoE, an attention variant it lacks): a sentence naming
+    the trainer, what it lacks, the source of that line and what to do instead."""
+    from autopar.spec.trainers import get_trainer
+
+    q = result.question
+    per_trainer = result.counts.get("evaluated", 0) / max(len(q.trainers), 1)
+    out: dict[str, str] = {}
+    for key in q.trainers:
+        t = get_trainer(key)
+        for rule, count in result.rejections.items():
+            owner, _, kind = rule.partition(":")
+            cap = t.recipes if kind == "recipes" else t.capabilities.get(kind)
+            if owner != key or count < per_trainer or cap is None:
+                continue
+            lacks = f"has no recipe for {q.model.name}" if kind == "recipes" else f"cannot run {q.model.name} ({kind})"
+            out[key] = f"{t.title} {lacks} ({cap.source})" + (f"; {cap.instead}" if cap.instead else "")
+            break
+    return out

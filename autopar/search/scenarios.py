@@ -9,7 +9,7 @@ from pathlib import Path
 
 from autopar.errors import InputError
 from autopar.search.enumerate import knob_choices
-from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search, top_entries
+from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search, top_entries, trainers_ruled_out
 from autopar.search.space import SearchSpace, chosen_space
 from autopar.search.training import check_question_run
 from autopar.spec.model import ModelSpec
@@ -263,25 +263,3 @@ def check_any_valid(results: list[SearchResult]) -> None:
         f"no plan of the space is valid for {where}; the most common broken rules: {rules}; use {trainer}fewer "
         f"GPUs, another --gbs, or a wider --space"
     )
-
-
-def trainers_ruled_out(result: SearchResult) -> dict[str, str]:
-    """Per trainer of the question that one of its capability lines rules out for every plan of
-    the space (no recipe for the model, no MoE, an attention variant it lacks): a sentence naming
-    the trainer, what it lacks, the source of that line and what to do instead."""
-    from autopar.spec.trainers import get_trainer
-
-    q = result.question
-    per_trainer = result.counts.get("evaluated", 0) / max(len(q.trainers), 1)
-    out: dict[str, str] = {}
-    for key in q.trainers:
-        t = get_trainer(key)
-        for rule, count in result.rejections.items():
-            owner, _, kind = rule.partition(":")
-            cap = t.recipes if kind == "recipes" else t.capabilities.get(kind)
-            if owner != key or count < per_trainer or cap is None:
-                continue
-            lacks = f"has no recipe for {q.model.name}" if kind == "recipes" else f"cannot run {q.model.name} ({kind})"
-            out[key] = f"{t.title} {lacks} ({cap.source})" + (f"; {cap.instead}" if cap.instead else "")
-            break
-    return out

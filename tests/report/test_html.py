@@ -73,6 +73,8 @@ def test_report_has_the_question_answer_and_top_table(report70, run70):
         assert f'id="{fig}"' in text and f'id="{fig}-json"' in text
     for absent in ("fig-optuna", "fig-trials-time", "fig-whatif"):
         assert absent not in text  # an exhaustive run with no trials and no what-if
+    variants = re.search(r"<h2 id=\"variants\">.*?</table>", text, re.S).group(0)
+    assert variants.count("<tr") == len(T.variant_table(run)) + 1  # one row per folded variant
 
 
 def test_figure_json_carries_the_numbers(report70, run70):

@@ -397,3 +397,43 @@ def test_trials_table_has_the_intervals_before_and_after_calibration(tmp_path, t
     assert (first["interval_after_low"], first["interval_after_high"]) == (10.1, 10.4)
     assert df[["interval_before_low", "interval_after_high"]].iloc[1].isna().all()  # none recorded
     assert X.trials_table(data, {key: "junk"})["interval_after_low"].isna().all()
+
+
+# ---- variants and the trainers with no plan -------------------------------------------------------
+
+
+def test_variants_table_lists_top_json_variants_under_their_leaders(run, run70):
+    doc = json.loads((run70 / "top.json").read_text())
+    top, variants = doc["top"], doc["variants"]
+    assert variants, "the 70B / 256 search folds variants under its top plans"
+    table = T.variant_table(run)
+    assert len(table) == len(variants)
+    assert list(table["variant_of"]) == sorted(table["variant_of"])  # grouped under rank 1, 2, ...
+    by_step = {(v["variant_of"], v["plan_name"], v["step_time_s"]): v for v in variants}
+    for _, row in table.iterrows():
+        v = by_step[(row["variant_of"], row["plan_name"], row["step_time_s"])]
+        lead = top[row["variant_of"] - 1]
+        assert row["vs_leader"] == pytest.approx(v["step_time_s"] / lead["step_time_s"] - 1, rel=1e-12)
+        assert row["memory_gib"] == pytest.approx(v["peak_memory_bytes"] / GIB, rel=1e-12)
+        differing = {k for k in v["plan"] if v["plan"][k] != lead["plan"][k]} - {"num_microbatches", "trainer"}
+        named = {"mbs": "micro_batch_size", "ZeRO": "zero_stage", "stages": "layout", "SP": "sequence_parallel"}
+        for word, key in named.items():  # each change the table names is a field that differs, and back
+            assert (f"{word} " in row["changes"]) == (key in differing), (word, row["changes"], differing)
+    rows = T.top_rows(run)
+    assert list(rows["variants"]) == [sum(v["variant_of"] == e["rank"] for v in variants) for e in top]
+
+
+def test_dropped_trainers_say_why():
+    ruled = "DeepSpeed cannot run qwen3-30b-a3b (moe) (its MoE source); use --trainer megatron"
+    run = D.RunData(
+        run_dir=Path("."),
+        plans=pd.DataFrame(),
+        top={"per_trainer": {"megatron": {"plan_name": "dp64"}, "deepspeed": None, "torchtitan": None}},
+        search={"question": {"trainers": ["megatron", "deepspeed", "torchtitan"]}},
+    )
+    run.top["trainers_ruled_out"] = {"deepspeed": ruled}
+    table = T.dropped_trainers(run)
+    assert table.to_dict("records") == [
+        {"trainer": "deepspeed", "why": ruled},
+        {"trainer": "torchtitan", "why": "no plan of the space fits in memory with this trainer"},
+    ]
