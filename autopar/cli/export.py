@@ -154,7 +154,7 @@ def export(
         "--cluster": cluster,
         "--seq-len": seq_len,
     }
-    spec, clus, s, the_plan, source, default_out = _the_plan(run, rank, question, plan)
+    spec, clus, s, the_plan, source, default_out, recipes = _the_plan(run, rank, question, plan)
     options = ExportOptions(
         seq_len=s,
         command=shlex.join(_given(ctx)),
@@ -162,6 +162,7 @@ def export(
         torchtitan_version=torchtitan_version,
         torchtitan_base=torchtitan_base,
         recipe=recipe,
+        recipes=recipes,
         master_port=master_port,
         slurm=SlurmOptions(
             job_name=job_name, partition=partition, account=account, time=time_limit, container_image=container_image
@@ -173,16 +174,17 @@ def export(
 
 
 def _the_plan(run: Path | None, rank: int, question: dict, request: PlanRequest):
-    """(model, cluster, seq_len, plan, source, default output folder): rank N of --run, or the plan of
-    the flags; `question` maps --model, --gpus, --gpu, --gpus-per-node, --cluster, --seq-len to their values."""
+    """(model, cluster, seq_len, plan, source, default output folder, the run's recipes): rank N of
+    --run, or the plan of the flags; `question` maps --model, --gpus, --gpu, --gpus-per-node,
+    --cluster, --seq-len to their values."""
     from autopar.errors import InputError
 
     if run is not None:
         fixed = [f for f, v in question.items() if v is not None]
         if fixed:
             raise InputError(f"{', '.join(fixed)} come from the run directory; drop them (or drop --run)")
-        spec, clus, s, the_plan, source = _from_run(run, rank, request)
-        return spec, clus, s, the_plan, source, run / f"export-rank{rank}"
+        spec, clus, s, the_plan, source, recipes = _from_run(run, rank, request)
+        return spec, clus, s, the_plan, source, run / f"export-rank{rank}", recipes
     if question["--model"] is None or question["--gpus"] is None:
         raise InputError(
             "give --run DIR --rank N, or a plan with --model and --gpus (and the plan flags of `autopar estimate`)"
@@ -191,7 +193,7 @@ def _the_plan(run: Path | None, rank: int, question: dict, request: PlanRequest)
     spec, clus, s, the_plan = _from_flags(
         q["--model"], q["--gpus"], q["--gpu"], q["--gpus-per-node"], q["--cluster"], q["--seq-len"], request
     )
-    return spec, clus, s, the_plan, None, Path("autopar-export")
+    return spec, clus, s, the_plan, None, Path("autopar-export"), ()
 
 
 #: SLURM --time forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]
@@ -285,6 +287,7 @@ def _from_run(run: Path, rank: int, request: PlanRequest):
     where = f"rank {rank} of {e.of} in {run}/top.json ({e.entry.get('plan_name')}, {e.plan.trainer})"
     changed = request.flag_names()
     if not changed:
-        return e.model, e.cluster, e.seq_len, e.plan, where
+        return e.model, e.cluster, e.seq_len, e.plan, where, e.recipes
     plan = rebase_plan(e.plan, request, e.model, e.num_gpus, e.seq_len)
-    return e.model, e.cluster, e.seq_len, plan, f"{where}, changed by {', '.join(changed)} and re-estimated"
+    changes = f"{where}, changed by {', '.join(changed)} and re-estimated"
+    return e.model, e.cluster, e.seq_len, plan, changes, e.recipes

@@ -53,6 +53,14 @@ Trainer = Annotated[
         "list (default: every trainer, with the best plan of each).",
     ),
 ]
+Recipe = Annotated[
+    Optional[str],
+    typer.Option(
+        "--recipe",
+        help="The recipe a trainer that starts from one runs a model without a preset on: NAME, or "
+        "nemo=NAME,bridge=NAME (NeMo 2 recipe module, Megatron-Bridge recipe function); the exports use it.",
+    ),
+]
 TopK = Annotated[int, typer.Option("--top-k", help="Plans to show and keep in top.json.")]
 MaxExhaustive = Annotated[
     int,
@@ -107,6 +115,7 @@ def search(
     dtype: Dtype = None,
     space: Space = None,
     trainer: Trainer = None,
+    recipe: Recipe = None,
     top_k: TopK = 10,
     max_exhaustive: MaxExhaustive = DEFAULT_MAX_EXHAUSTIVE,
     sampler: Sampler = "tpe",
@@ -140,10 +149,24 @@ def search(
     spec, sp, scenarios, trainers = _question(
         model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler, dtype
     )
+    from autopar.spec.trainers import parse_recipes
+
+    recipes = parse_recipes(recipe, trainers)
     options = dict(top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials, seed=seed)
     options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
     results = _run(
-        spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, rank_by=rank_by, **options
+        spec,
+        sp,
+        scenarios,
+        gpus_per_node,
+        cluster,
+        trainers,
+        run,
+        csv,
+        quiet=as_json,
+        rank_by=rank_by,
+        recipes=recipes,
+        **options,
     )
     from autopar.report import write_reports  # after the question's checks: a bad input stays quick
     from autopar.search.scenarios import check_any_valid

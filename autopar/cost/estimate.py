@@ -64,6 +64,7 @@ def estimate_table(
     every_rank: bool = False,
     search: bool = False,
     headroom_gib: float = 0.0,
+    recipes: frozenset[str] = frozenset(),
 ) -> dict[str, np.ndarray]:
     """Every estimate column for every plan of the table, each plan priced with its trainer's
     performance profile (autopar.cost.profiles). `every_rank` costs every pipeline rank (for the
@@ -71,7 +72,8 @@ def estimate_table(
     gives the same peak and pace. `search` leaves out what a search of millions of plans does not
     need per plan: the per-rank columns and the text ones (`rejected_by`, `layout`; `rejected_code`
     and `layout_id` say the same). A plan fits with `headroom_gib` of its GPU's memory to spare (a
-    search space's memory_headroom_gib)."""
+    search space's memory_headroom_gib). `recipes`: the trainers whose recipe the question names
+    (autopar.spec.rules.Context)."""
     kw = dict(
         num_gpus=num_gpus,
         seq_len=seq_len,
@@ -79,6 +81,7 @@ def estimate_table(
         every_rank=every_rank,
         search=search,
         headroom_gib=headroom_gib,
+        recipes=recipes,
     )
     groups = _profile_groups(table)
     if len(groups) == 1:
@@ -128,11 +131,19 @@ def _estimate_priced(
     every_rank,
     search,
     headroom_gib,
+    recipes,
 ) -> dict[str, np.ndarray]:
     """The estimate of plans that share one priced cluster (one performance profile)."""
     return price(
         prepare(
-            table, model, cluster, num_gpus=num_gpus, seq_len=seq_len, every_rank=every_rank, trainer_capabilities=True
+            table,
+            model,
+            cluster,
+            num_gpus=num_gpus,
+            seq_len=seq_len,
+            every_rank=every_rank,
+            trainer_capabilities=True,
+            recipes=recipes,
         ),
         cluster,
         routing_imbalance,
@@ -150,6 +161,7 @@ def estimate_per_trainer(
     num_gpus: int | None = None,
     seq_len: int | None = None,
     headroom_gib: float = 0.0,
+    recipes: frozenset[str] = frozenset(),
 ) -> list[dict[str, np.ndarray]]:
     """The search's RANKING_COLUMNS of the table's plans once per trainer (the table's own trainer
     column is ignored). The rules are checked first, each trainer's capability table on top of the
@@ -166,6 +178,7 @@ def estimate_per_trainer(
         seq_len=s,
         stages=stage_profiles(table, model, ranks=False),
         trainer_capabilities=False,
+        recipes=recipes,
     )
     model_codes = rules.codes()
     codes = {t: model_codes | capability_codes(table.with_columns(trainer=TRAINER[t]), rules.context) for t in trainers}

@@ -56,6 +56,7 @@ def prepare(
     every_rank: bool = False,
     trainer_capabilities: bool = True,
     time_ranks: bool = False,
+    recipes: frozenset[str] = frozenset(),
 ) -> Prepared:
     """`time_ranks` prices the time on the first rank of each run of equal ranks only (fewer than
     the memory needs; autopar.spec.stages), which gives the same step time: for a search, whose
@@ -74,6 +75,7 @@ def prepare(
         seq_len=s,
         stages=stages,
         trainer_capabilities=trainer_capabilities,
+        recipes=recipes,
     )
     x, prm, act_bytes = _on_ranks(table, model, s, stages)
     if timed is None:

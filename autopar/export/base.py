@@ -32,6 +32,7 @@ from autopar.quoting import check_identifier, check_text
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
+from autopar.spec.trainers import RECIPE_EXAMPLE
 
 if TYPE_CHECKING:  # imported where the estimate is made (Context.make)
     from autopar.cost.estimate import Estimate
@@ -73,10 +74,17 @@ class ExportOptions:
     #: NeMo 2 recipe module (e.g. llama3_70b) / Megatron-Bridge recipe function (e.g.
     #: llama3_70b_pretrain_config); default from the model preset
     recipe: str | None = None
+    #: (trainer, recipe) pairs, where `recipe` is None: what a search's --recipe named (its run
+    #: directory's question)
+    recipes: tuple[tuple[str, str], ...] = ()
     #: what the torchrun / slurm exporters launch; None = the plan's own trainer
     trainer: str | None = None
     master_port: int = 29500
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
+
+    def recipe_for(self, trainer: str) -> str | None:
+        """--recipe, else the recipe the search named for this trainer, else None (the preset's)."""
+        return self.recipe if self.recipe is not None else dict(self.recipes).get(trainer)
 
 
 @dataclass(frozen=True)
@@ -150,7 +158,7 @@ class Exporter:
         """Capability lines an export option stands in for (default: `--recipe` for `<trainer>:recipes`)."""
         from autopar.export.capabilities import recipe_waiver
 
-        return recipe_waiver(self.name, options.recipe)
+        return recipe_waiver(self.name, options.recipe_for(self.name))
 
     def waived_for(self, trainer: str, options: ExportOptions) -> frozenset[str]:
         """The capability lines waived for `trainer` (runs_on's): this exporter's own; a launcher
@@ -186,10 +194,9 @@ def check_inputs(model: ModelSpec, options: ExportOptions) -> None:
                     f"{flag} {quoted(str(value))} is too long; give at most "
                     f"{1024 if flag == '--container-image' else 256} characters"
                 )
-    if options.recipe is not None:
-        check_identifier(
-            options.recipe, "--recipe", example="llama3_70b (NeMo 2) or llama3_70b_pretrain_config (Megatron-Bridge)"
-        )
+    for recipe in [options.recipe] + [r for _, r in options.recipes]:
+        if recipe is not None:
+            check_identifier(recipe, "--recipe", example=RECIPE_EXAMPLE)
 
 
 # ---- the rendering context shared by every exporter ---------------------------------------------

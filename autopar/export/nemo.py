@@ -45,7 +45,7 @@ def recipe_name(ctx: Context) -> str:
     """--recipe, else the preset's recipe in the capability table (Context.make has refused a model
     without one unless --recipe was given); a Python name, since it is pasted into an import line
     and a command (anything else is refused in one line)."""
-    name = ctx.options.recipe or get_trainer(ctx.plan.trainer).recipe_for(ctx.model.name)
+    name = ctx.options.recipe_for(ctx.plan.trainer) or get_trainer(ctx.plan.trainer).recipe_for(ctx.model.name)
     assert name is not None  # Context.make refused the model
     return check_identifier(name, "--recipe", example="llama3_70b")
 

@@ -23,6 +23,8 @@ class RunEntry:
     rank: int
     of: int  # entries in top.json
     entry: dict  # the top.json entry (plan_name, step_time_s, ...)
+    #: (trainer, recipe) the search's --recipe named (search.json's question)
+    recipes: tuple[tuple[str, str], ...] = ()
 
 
 def load_run_plan(run_dir: str | Path, rank: int) -> RunEntry:
@@ -58,6 +60,7 @@ def load_run_plan(run_dir: str | Path, rank: int) -> RunEntry:
         cluster = cluster_from_dict(cdict, origin=f"{d / 'search.json'} cluster")
         plan = ParallelPlan.from_dict(entry["plan"])
         seq_len, num_gpus = int(q["seq_len"]), int(q["num_gpus"])
+        recipes = tuple((str(t), str(r)) for t, r in (q.get("recipes") or {}).items())
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, InputError):
             raise
@@ -77,4 +80,5 @@ def load_run_plan(run_dir: str | Path, rank: int) -> RunEntry:
         rank=rank,
         of=len(entries),
         entry=entry,
+        recipes=recipes,
     )

@@ -120,8 +120,7 @@ def variant_table(run: RunData) -> pd.DataFrame:
     """The variants top.json folds under the top plans (autopar.search.results.STRUCTURE_KEY: the
     same process grid, schedule and recompute; another mbs, ZeRO stage, stage layout or flag): of
     which rank each is a variant, what it changes, and how much slower it is."""
-    entries = run.top.get("variants") if isinstance(run.top.get("variants"), list) else []
-    top = run.top.get("top") if isinstance(run.top.get("top"), list) else []
+    entries, top = _of_type(run.top, "variants", list), _of_type(run.top, "top", list)
     rows = []
     for v in entries:
         rank = v.get("variant_of") if isinstance(v, dict) else None
@@ -153,6 +152,13 @@ def variant_table(run: RunData) -> pd.DataFrame:
 VARIANT_COLUMNS = ("variant_of", "plan_name", "changes", "memory_gib", "step_time_s", "vs_leader", "trainers")
 
 
+def _of_type(doc: dict, key: str, kind: type):
+    """doc[key] when it is of `kind` (a list or a dict), else an empty one: a run directory written
+    before the key, or a corrupt one, shows nothing rather than failing."""
+    value = doc.get(key)
+    return value if isinstance(value, kind) else kind()
+
+
 def _shown(value: object) -> str:
     """A plan value as the variants table prints it: on/off, 'auto' for a default left to the trainer."""
     if isinstance(value, bool):
@@ -168,9 +174,8 @@ def dropped_trainers(run: RunData) -> pd.DataFrame:
     """Each searched trainer with no plan that fits, and why: the capability line that rules it out
     for every plan of the space (top.json `trainers_ruled_out`), else memory (its valid plans all
     exceed the GPU)."""
-    searched = run.question.get("trainers") if isinstance(run.question.get("trainers"), list) else []
-    per = run.top.get("per_trainer") if isinstance(run.top.get("per_trainer"), dict) else {}
-    ruled = run.top.get("trainers_ruled_out") if isinstance(run.top.get("trainers_ruled_out"), dict) else {}
+    searched = _of_type(run.question, "trainers", list)
+    per, ruled = _of_type(run.top, "per_trainer", dict), _of_type(run.top, "trainers_ruled_out", dict)
     rows = [
         {"trainer": str(t), "why": str(ruled.get(t) or "no plan of the space fits in memory with this trainer")}
         for t in searched

@@ -15,7 +15,15 @@ from autopar.spec.table import PlanTable
 
 def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float) -> dict:
     """Every estimate column of a (small) table, the space's memory headroom applied."""
-    est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len, headroom_gib=headroom_gib)
+    est = estimate_table(
+        table,
+        q.model,
+        q.cluster,
+        num_gpus=q.num_gpus,
+        seq_len=q.seq_len,
+        headroom_gib=headroom_gib,
+        recipes=q.recipe_trainers,
+    )
     set_rank_time(est, q.rank_by)
     return est
 

@@ -345,6 +345,7 @@ def _write_search_json(result: SearchResult) -> None:
             "global_batch_size": q.global_batch_size,
             "trainers": list(q.trainers),
             "rank_by": q.rank_by,
+            "recipes": dict(q.recipes),  # trainer -> the recipe `--recipe` named (the exports start from it)
         },
         "space": {
             "name": o.space.name,

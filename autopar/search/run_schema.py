@@ -106,6 +106,7 @@ class QuestionDoc(Doc):
     seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)]
     global_batch_size: Batch
     trainers: list[str] = []
+    recipes: dict[str, str] = {}
 
 
 class SpaceDoc(Doc):

@@ -63,6 +63,7 @@ def run_scenarios(
     trainers: tuple[str, ...] = TRAINERS,
     rank_by: str = "expected",
     interrupts=None,
+    recipes: tuple[tuple[str, str], ...] = (),
     **opts,
 ) -> list[SearchResult]:
     questions, notes, spaces = [], [], []
@@ -77,6 +78,7 @@ def run_scenarios(
             global_batch_size=global_batch(sp, sc.seq_len, sc.gbs),
             trainers=trainers,
             rank_by=rank_by,
+            recipes=recipes,
         )
         q, note = adapt_default_batch(sp, q) if sc.gbs is None else (q, None)
         check_batch(sp, q, given=sc.gbs is not None)

@@ -290,6 +290,7 @@ def stream(
                 num_gpus=q.num_gpus,
                 seq_len=q.seq_len,
                 headroom_gib=opts.headroom_gib,
+                recipes=q.recipe_trainers,
             )
             t_est += time.perf_counter() - t0
             t1 = time.perf_counter()

@@ -27,6 +27,13 @@ class Question:
     #: what "fastest" means: "expected" (the central prediction) or "p80" (the pessimistic end of
     #: the 80 % interval: the step time 90 % of outcomes beat; autopar.cost.uncertainty)
     rank_by: str = "expected"
+    #: (trainer, recipe) the user names for a model the trainer's recipe table lacks (`--recipe`):
+    #: NeMo 2 recipe modules, Megatron-Bridge recipe functions; the exports start from them
+    recipes: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def recipe_trainers(self) -> frozenset[str]:
+        return frozenset(t for t, _ in self.recipes)
 
     @property
     def batch(self) -> int:

@@ -29,6 +29,9 @@ class Context:
     cluster: ClusterSpec | None
     seq_len: int
     stages: StageProfiles
+    #: the trainers the question names a recipe for (`search --recipe`): their preset -> recipe line
+    #: does not apply (autopar.spec.trainer_rules "recipes")
+    recipes: frozenset[str] = frozenset()
 
     @property
     def moe(self) -> MoESpec:
@@ -300,13 +303,16 @@ def check_rules(
     seq_len: int | None = None,
     stages: StageProfiles | None = None,
     trainer_capabilities: bool = True,
+    recipes: frozenset[str] = frozenset(),
 ) -> RuleResult:
+    """Every rule on every row; `recipes`: the trainers whose recipe the question names (Context)."""
     ctx = Context(
         model=model,
         num_gpus=num_gpus,
         cluster=cluster,
         seq_len=seq_len or model.seq_len,
         stages=stages if stages is not None else stage_profiles(table, model),
+        recipes=recipes,
     )
     masks = {}
     for rule in all_rules(trainer_capabilities):

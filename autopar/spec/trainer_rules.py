@@ -222,7 +222,9 @@ KINDS: dict[str, Kind] = {
         lambda r, c: f"the attention of {c.model.name} (MLA, QK-norm or QKV-only biases)",
     ),
     "recipes": Kind(
-        lambda t, c, v: np.array([r is not None and c.model.name not in r for r in v.values])[t.trainer],
+        lambda t, c, v: np.array(
+            [r is not None and c.model.name not in r and n not in c.recipes for n, r in zip(ALL_TRAINERS, v.values)]
+        )[t.trainer],
         lambda r, c: f"recipe for {c.model.name}",
         verb="has no",
     ),

@@ -143,3 +143,49 @@ def parse_trainers(text: str | None, gpu_key: str = "") -> tuple[str, ...]:
             f"--trainer megatron,nemo"
         )
     return tuple(dict.fromkeys(get_trainer(n).key for n in names))
+
+
+#: what `--recipe` names, per trainer that starts from a recipe
+RECIPE_EXAMPLE = "llama3_70b (NeMo 2) or llama3_70b_pretrain_config (Megatron-Bridge)"
+
+
+def parse_recipes(text: str | None, searched: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """`--recipe NAME` (for the one searched trainer that starts from a recipe) or
+    `--recipe nemo=NAME,bridge=NAME`: (trainer, recipe) pairs, each recipe a Python name (it is
+    pasted into an import line or a command). A recipe stands in for the trainer's preset -> recipe
+    line, so a model without a preset can run on it."""
+    from autopar.quoting import check_identifier
+
+    if text is None:
+        return ()
+    takes = [t for t in searched if trainers()[t].recipes is not None]
+    if not takes:
+        starts = ", ".join(k for k in TRAINERS if trainers()[k].recipes is not None)
+        raise InputError(
+            f"--recipe is for the trainers that start from a recipe ({starts}), and none is searched; "
+            f"add --trainer {starts.split(', ')[0]}, or drop --recipe"
+        )
+    items = [x.strip() for x in str(text).split(",")]
+    if not all(items):
+        raise InputError(f"--recipe {quoted(text)} has an empty item; give NAME or nemo=NAME,bridge=NAME")
+    pairs: dict[str, str] = {}
+    for item in items:
+        trainer, sep, name = item.rpartition("=") if "=" in item else ("", "", item)
+        if not sep:
+            if len(takes) != 1 or len(items) != 1:
+                raise InputError(
+                    f"--recipe {quoted(item)} names no trainer, and the question searches "
+                    f"{len(takes)} trainers that start from one ({', '.join(takes)}); give "
+                    f"--recipe {'=NAME,'.join(takes)}=NAME"
+                )
+            trainer = takes[0]
+        key = trainer.strip().lower()
+        if key not in takes:
+            raise InputError(
+                f"--recipe {quoted(item)}: {key or 'no trainer'} is not a searched trainer that starts from a "
+                f"recipe; name one of {', '.join(takes)}"
+            )
+        if key in pairs:
+            raise InputError(f"--recipe names two recipes for {key}; give one")
+        pairs[key] = check_identifier(name.strip(), "--recipe", example=RECIPE_EXAMPLE)
+    return tuple(pairs.items())
