@@ -24,9 +24,12 @@ from autopar.cost.flops import (
     head_flops_per_token,
     mlp_flops_per_token,
 )
+from autopar.cost.gpu_memory import plan_shape
 from autopar.cost.kernels import attention_seconds, gemm_rate, hbm_rate
-from autopar.cost.memory_facts import MODULE_BITS
+from autopar.cost.memory_facts import MODULE_BITS, MemoryFacts
+from autopar.cost.memory_stacks import STACKS, compiled, stack_name
 from autopar.cost.plan_arrays import PlanArrays
+from autopar.cost.stack_activations import stack_layers
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.table import DISPATCH, DTYPE
@@ -84,7 +87,8 @@ def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_laye
     recompute_core = np.where(x.selective | x.full, np.where(x.full, share, 1.0), 0.0) * fwd_core
     attention = _attention_seconds(x, model, cluster, fwd_core, recompute_core)
     hbm = hbm_rate(cluster)
-    elementwise = (rank_layers_act * (1 + share) + score_matrix_bytes(x, model, cluster)) / hbm
+    fused = compiled_traffic_share(x, model, cluster)
+    elementwise = (rank_layers_act * (1 + share) * fused + score_matrix_bytes(x, model, cluster)) / hbm
     traffic = (moe_traffic_bytes(x, model) + fp8_cast_bytes(x, model) * fp8) / hbm
     passes = 1 + share / 2
     return RawCompute(
@@ -100,6 +104,34 @@ def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_laye
         expert_passes=x.moe_layers * passes * (model.moe.num_experts / x.ep if model.moe else 0.0),
         recompute_flops=tokens * (lin_layer + expert_layer) * share / tf + recompute_core,
     )
+
+
+def compiled_traffic_share(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray | float:
+    """The share of the eager elementwise traffic left under torch.compile, per plan (1 eager).
+
+    Eager PyTorch runs every elementwise op as its own kernel, which reads its inputs from HBM and
+    writes its output there; Inductor fuses a chain of them into one kernel that keeps the
+    intermediates in registers, and its min-cut partitioner saves for the backward only what is
+    cheaper to keep than to recompute (Ansel et al., "PyTorch 2", ASPLOS 2024, TorchInductor and
+    AOTAutograd; torch/_functorch/partitioners.py `min_cut_rematerialization_partition`). So the
+    tensors a layer materialises are those the memory stacks count (autopar.cost.stack_activations:
+    eager RMSNorm's fp32 copy and normalised output, SwiGLU's four hidden tensors and the attention
+    output's copy, against the norm input, the two projections and one output compiled), and the
+    elementwise traffic is taken to scale with them: the bytes of one layer rebuilt in full (every
+    tensor its forward keeps) on the compiled stack over the eager one, for the program that prices
+    the cluster (its profile's `elementwise_traffic_factor` is fitted on eager runs of it and on
+    compiled ones priced with this share). [UNCERTAIN] proportionality of traffic to saved tensors:
+    a fused kernel still reads its inputs and writes what it saves, which this counts, but not the
+    recomputed intermediates Inductor rebuilds in the backward (registers, no HBM traffic)."""
+    stack = STACKS[stack_name(cluster)]
+    on = np.asarray(x.table.compile, dtype=bool)
+    if stack.compiled or not on.any():
+        return 1.0
+    shape = plan_shape(x, model, cluster, MemoryFacts())
+    eager = stack_layers(stack, model, shape).working
+    fused = stack_layers(compiled(stack), model, shape).working
+    share = np.where(eager > 0, fused / np.where(eager > 0, eager, 1.0), 1.0)
+    return np.where(on, share, 1.0)
 
 
 def _attention_seconds(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, fwd_core, recompute_core):

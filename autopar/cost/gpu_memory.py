@@ -200,11 +200,15 @@ def gpu_memory(x, model, cluster, prm, stack: MemoryStack, facts: MemoryFacts, m
     """Every costed rank's peak on a GPU program (module docstring)."""
     shape = plan_shape(x, model, cluster, facts)
     layers = stack_layers(stack, model, shape)
-    if stack.compiles_with_async_tp and np.any(x.table.tp_comm_overlap):
-        fused = stack_layers(compiled(stack), model, shape)
-        layers = StackLayers(*(np.where(x.table.tp_comm_overlap, c, e) for c, e in zip(fused, layers)))
     inflight = in_flight(x, stack)
     stored, loss = stored_per_microbatch(x, model, stack, shape, layers)
+    if not stack.compiled and np.any(x.table.compile):  # the plans that run under torch.compile
+        fused_stack = compiled(stack)
+        fused = stack_layers(fused_stack, model, shape)
+        fused_stored, fused_loss = stored_per_microbatch(x, model, fused_stack, shape, fused)
+        on = x.table.compile
+        layers = StackLayers(*(np.where(on, c, e) for c, e in zip(fused, layers)))
+        stored, loss = np.where(on, fused_stored, stored), np.where(on, fused_loss, loss)
     rebuilds = (x.recompute_share > 0) | (x.selective & (stack.selective == "op_sac"))
     working = np.maximum(np.where(rebuilds, layers.working, 0.0), loss)
     if stack.family == "megatron":

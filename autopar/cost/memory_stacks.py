@@ -93,12 +93,9 @@ class MemoryStack:
     #: "default": False when pp is enabled); autopar's torchtitan export writes "always" for
     #: ZeRO-3 and "never" for ZeRO-2 (autopar/export/torchtitan.py RESHARD)
     pp_keeps_params_gathered: bool = False
-    #: activation memory compiled by torch.compile (fused elementwise ops save less: see
-    #: `gated_mlp_tensors`)
+    #: the program always runs compiled by torch.compile (fms-fsdp); otherwise a plan's `compile`
+    #: compiles it (`compiled`: fused elementwise ops save less, see `gated_mlp_tensors`)
     compiled: bool = False
-    #: compiled where the plan turns on TP-communication overlap: autopar's torchtitan export
-    #: enables torch.compile only for async TP, which needs it (autopar/export/torchtitan.py `compile`)
-    compiles_with_async_tp: bool = False
     #: FSDP all-gathers FP8 weights under FP8 training (torchtitan enable_fsdp_float8_all_gather);
     #: off by default in torchtitan's float8 config and in autopar's export
     fp8_all_gather: bool = False
@@ -161,7 +158,6 @@ TORCHTITAN = MemoryStack(
     loss_saved_bytes=4.0,
     loss_transient_bytes=8.0,
     grads="fsdp",
-    compiles_with_async_tp=True,
     fragmentation=0.05,  # torchtitan's run_train.sh sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 )
 #: a torchtitan run with its own defaults (a published run): reshard_after_forward_policy "default"
@@ -199,7 +195,6 @@ LLM_FOUNDRY = replace(
     copies_attention_output=False,
     loss_saved_bytes=2.0,  # llm-foundry loss_fn fused_crossentropy: the logits, gradient in place
     loss_transient_bytes=0.0,
-    compiles_with_async_tp=False,
     fragmentation=0.3,
 )
 FMS_FSDP = replace(
@@ -214,7 +209,6 @@ FMS_FSDP = replace(
     copies_attention_output=False,  # Inductor recomputes the contiguous copy from SDPA's output
     loss_saved_bytes=4.0,  # nn.CrossEntropyLoss on the bf16 logits: the logits and their log-softmax
     loss_transient_bytes=4.0,
-    compiles_with_async_tp=False,
     fragmentation=0.3,
 )
 META_4D = replace(
@@ -269,5 +263,4 @@ def compiled(stack: MemoryStack) -> MemoryStack:
         gated_mlp_tensors=2.0,
         plain_mlp_tensors=1.0,
         copies_attention_output=False,
-        compiles_with_async_tp=False,
     )

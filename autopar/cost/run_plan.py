@@ -78,6 +78,7 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
         recompute_layers=rl,
         dtype=dtype,
         tp_comm_overlap=overlap and tp > 1,
+        compile=_compiled(r),
         layout=_layout(r, model, pp, vpp),
         trainer=FAMILY_TRAINER[r.family],
         moe_dispatcher=dispatcher,
@@ -232,6 +233,18 @@ def _tp_overlap(r: PublishedRow, tp, sp) -> bool:
     if r.source in ("nemo-24.07", "nemo-long-sequence", "bridge-25.09"):
         r.notes.append("TP comm overlap on (assumed: NeMo/Megatron-Bridge H100 recipes enable it)")
         return sp
+    return False
+
+
+def _compiled(r: PublishedRow) -> bool:
+    """torch.compile as the row states it: fms-fsdp's table ('compile Y', its framework 'FSDP1 +
+    torch.compile'), torchtitan's 405B config of the 2024 table (notes: 'compile=true'); the other
+    rows ran eager (torchtitan's 8B/70B configs 'compile=false', and torch.compile is off by
+    default in every stack autopar prices)."""
+    text = r.text("framework") + " " + r.text("notes")
+    if re.search(r"compile=true|compile Y\b|\+ torch\.compile", text):
+        r.notes.append("torch.compile on (as the row states)")
+        return True
     return False
 
 

@@ -21,7 +21,8 @@ exporter. Mapping:
 - ep / etp: <= 0.2.2 has expert_tensor_parallel_degree in {1, tp}; >= 0.3 dropped it: experts
   are TP-sharded only without EP (etp = tp), and EP borrows the TP ranks (etp = 1).
 - recompute: none / selective (per-op SAC) / full (every block); no partial full recompute.
-- tp-comm-overlap: async TP, which needs torch.compile of the model.
+- compile: [compile] enable with components model and loss (torch.compile of each transformer
+  block and of the loss); tp-comm-overlap: async TP, which needs it (the plan must say --compile).
 - fp8: the float8 model converter (needs torchao).
 """
 
@@ -199,7 +200,10 @@ def torchtitan_values(ctx: Context, toml: bool) -> dict:
         # torchtitan >= 0.3 captures CUDA graphs by default and refuses them with PP or the all-to-all
         # EP dispatcher (Trainer.Config._validate_cuda_graphs); autopar's estimate assumes none
         training["disable_cuda_graphs"] = True
-    compile_ = {"enable": tp_overlap(p), "components": ["model", "loss"]}
+    # torch.compile of the transformer blocks and the loss (torchtitan's default components); async
+    # TP needs it (0.3 CompileConfig.__post_init__ refuses it otherwise; 0.2.2: "only effective
+    # when compile is enabled"), which the capability table's tp_comm_overlap "with-compile" says
+    compile_ = {"enable": bool(p.compile), "components": ["model", "loss"]}
     if not toml:
         compile_["enable_async_tensor_parallel"] = tp_overlap(p)
     return {
@@ -269,6 +273,7 @@ def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
             "tp_comm_overlap": bool(
                 par.get("enable_async_tensor_parallel") or cfg["compile"].get("enable_async_tensor_parallel")
             ),
+            "compile": bool(cfg["compile"].get("enable", False)),
             "moe_dispatcher": "deepep" if cfg["moe_comm_backend"] == "deepep" else "alltoall",
             # no partial recompute, MoE dispatch dropless only, no EP all-to-all overlap across
             # microbatches: those fields read back as the plan's defaults (normalize)

@@ -58,6 +58,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
             "dtype",
             "main_grads_fp32",
             "tp_comm_overlap",
+            "compile",
         )
     ),
     ("layout", "layout", "stage layout"),

@@ -223,6 +223,7 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
         "micro_batch_size",
         "dtype",
         "tp_comm_overlap",
+        "compile",
         "layout_text",
         "trainer",
     )
@@ -233,6 +234,7 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
         "micro_batch_size": "mbs",
         "dtype": "dtype",
         "tp_comm_overlap": "TP overlap",
+        "compile": "torch.compile",
         "layout_text": "stages",
         "trainer": "trainer",
     }

@@ -182,6 +182,18 @@ class ParallelPlan:
             "Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap, torchtitan async TP; default off).",
         ),
     )
+    #: torch.compile of the model (torchtitan [compile] enable, components model and loss): Inductor
+    #: fuses the elementwise ops, so fewer tensors are saved and moved (autopar.cost.memory_stacks
+    #: `compiled`); off by default, as in torchtitan's CompileConfig (enable = False)
+    compile: bool = knob(
+        False,
+        BOOL,
+        space="compile",
+        flag=Flag(
+            "compile",
+            "torch.compile of the model (torchtitan compile.enable; async TP needs it). Default off, as torchtitan.",
+        ),
+    )
     #: None = auto (see layout.auto_layout); the table holds an index into its layouts (-1 = auto)
     layout: PipelineLayout | None = knob(None, LAYOUT, LAYOUT_RULES, column_name="layout_id", space="pp_layout")
     #: which program runs the plan (autopar.spec.trainers)

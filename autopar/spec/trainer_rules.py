@@ -94,6 +94,15 @@ def _overlap_detail(r: dict) -> str:
     return " in fp32" if r["dtype"] == DTYPE["fp32"] else ""
 
 
+def _overlap_needs(r: dict) -> str:
+    """What a refused TP overlap lacks, by its trainer's mode: sequence parallelism (Megatron) or
+    torch.compile (torchtitan async TP)."""
+    mode = trainers()[ALL_TRAINERS[r["trainer"]]].cap("tp_comm_overlap").value
+    if mode == "with-sp" and not r["sequence_parallel"]:
+        return " without sequence parallelism"
+    return " without torch.compile (--compile)" if mode == "with-compile" and not r["compile"] else ""
+
+
 def _partial(t: PlanColumns, v: Values) -> np.ndarray:
     partial = (t.recompute == RECOMP["full"]) & (t.recompute_layers >= 0)
     never = v.mode(t, "no")
@@ -182,10 +191,17 @@ KINDS: dict[str, Kind] = {
     "fp32": Kind(lambda t, c, v: (t.dtype == DTYPE["fp32"]) & ~v.flag(t), lambda r, c: "fp32 training"),
     "tp_comm_overlap": Kind(
         lambda t, c, v: (
-            t.tp_comm_overlap & (t.tp > 1) & (v.mode(t, "no") | (v.mode(t, "with-sp") & ~t.sequence_parallel))
+            t.tp_comm_overlap
+            & (t.tp > 1)
+            & (
+                v.mode(t, "no")
+                | (v.mode(t, "with-sp") & ~t.sequence_parallel)
+                | (v.mode(t, "with-compile") & ~t.compile)
+            )
         ),
-        lambda r, c: "TP communication overlap" + ("" if r["sequence_parallel"] else " without sequence parallelism"),
+        lambda r, c: "TP communication overlap" + _overlap_needs(r),
     ),
+    "compile": Kind(lambda t, c, v: t.compile & ~v.flag(t), lambda r, c: "torch.compile of the model (--compile)"),
     "sp_off": Kind(
         lambda t, c, v: (t.tp > 1) & ~t.sequence_parallel & ~v.flag(t),
         lambda r, c: "tensor parallelism without sequence parallelism",

@@ -44,6 +44,7 @@ KINDS = (
     "fp8",
     "fp32",
     "tp_comm_overlap",
+    "compile",
     "sp_off",
     "recompute",
     "partial_recompute",

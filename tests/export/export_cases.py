@@ -156,7 +156,22 @@ CASES = [
         "llama3-70b",
         64,
         dict(tp=8, pp=2, zero=3, dtype="fp8", tp_comm_overlap=True, gbs=128),
-        refuse={"deepspeed": "ZeRO-3"},
+        # torchtitan's async TP needs torch.compile (0.3 CompileConfig.__post_init__)
+        refuse=_titan("without torch.compile") | {"deepspeed": "ZeRO-3"},
+    ),
+    Case(
+        "compile-async-tp",
+        "llama3-70b",
+        64,
+        dict(tp=8, pp=2, zero=3, dtype="fp8", tp_comm_overlap=True, compile=True, gbs=128),
+        refuse=_core("torch.compile") | {"deepspeed": "ZeRO-3"},
+    ),
+    Case(
+        "compile",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=2, compile=True, gbs=32),
+        refuse=_core("torch.compile") | {"deepspeed": "torch.compile"},
     ),
     Case(
         "zero-bubble",

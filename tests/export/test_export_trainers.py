@@ -540,6 +540,7 @@ def test_torchtitan_python_config_builds_a_trainer_config(case, tmp_path, monkey
         p.recompute
     ]
     assert cfg.compile.enable_async_tensor_parallel == p.tp_comm_overlap
+    assert cfg.compile.enable == p.compile and "model" in cfg.compile.components
     from torchtitan.components.quantization.float8 import Float8Linear
 
     assert bool(list(cfg.model_spec.model.traverse(Float8Linear.Config))) == (p.dtype == "fp8")
