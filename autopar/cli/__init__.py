@@ -191,7 +191,7 @@ def _freeze_heap() -> None:
     stops walking them (gc.freeze, Python's docs: for a program's long-lived start-up state), and
     again at exit, where the interpreter's final collections would walk every object the search
     built (pandas frames, the cost model's arrays) just before the process frees them anyway: about
-    0.2-0.3 s of the main job (docs/benchmarks.md)."""
+    0.45 s of the main job's CPU time on the 2-core reference machine (docs/benchmarks.md)."""
     import atexit
     import gc
 
