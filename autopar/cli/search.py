@@ -13,7 +13,7 @@ from autopar.cli.run_flags import with_run_flags
 from autopar.cli.trial_flags import TrialFlags, with_trial_flags
 from autopar.errors import InputError, quoted
 from autopar.json_out import dumps
-from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE
+from autopar.search.limits import DEFAULT_MAX_EXHAUSTIVE, RANK_BY
 from autopar.spec.schema import check_flags
 from autopar.spec.training_run import TrainingRun
 
@@ -142,12 +142,23 @@ def search(
         from autopar.measured.needs_torch import require_torch
 
         require_torch("autopar search --trials")
-    from autopar.search.results import RANK_BY
-
     if rank_by not in RANK_BY:
         raise InputError(f"--rank-by {quoted(rank_by)} is not one of {', '.join(RANK_BY)}; choose one of them")
     spec, sp, scenarios, trainers = _question(
-        model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler, dtype
+        model,
+        gpus,
+        gpu,
+        cluster,
+        seq_len,
+        gbs,
+        space,
+        trainer,
+        run_dir,
+        storage,
+        study_name,
+        sampler,
+        dtype,
+        gpus_per_node,
     )
     from autopar.spec.trainers import parse_recipes
 
@@ -239,12 +250,15 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
         print(f"Report: {p}")
 
 
-def _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler, dtype):
+def _question(
+    model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler, dtype, gpus_per_node
+):
     """The model, the space, the scenarios (--gpus x --gpu x --seq-len x --gbs x --dtype) and the trainers of
-    the command line, or one line naming the bad option."""
+    the command line, or one line naming the bad option. Checked before pandas, the cost model and
+    the search are imported, so that a bad input fails in a fraction of a second (docs/benchmarks.md);
+    the space's module (and numpy, through the plan's fields) only when --dtype or --space is given."""
     from autopar.search.limits import SAMPLERS
-    from autopar.search.scenarios import MAX_SCENARIOS, Scenario
-    from autopar.search.space import check_choices, load_space
+    from autopar.search.what_if import MAX_SCENARIOS, Scenario
     from autopar.spec.presets import resolve_model
     from autopar.spec.schema import parse_list
     from autopar.spec.trainers import parse_trainers
@@ -255,6 +269,8 @@ def _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, 
     batches = parse_list(gbs, "--gbs") if gbs is not None else [None]
     dtypes: list = [None]  # None: the space's own dtype knob
     if dtype is not None:
+        from autopar.search.space import check_choices
+
         dtypes = list(dict.fromkeys(parse_list(dtype, "--dtype", number=False, example="bf16,fp8")))
         check_choices("dtype", dtypes, "--dtype")
     for flag, value in (("--storage", storage), ("--study-name", study_name)):
@@ -265,7 +281,11 @@ def _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, 
     spec = resolve_model(model)
     if gpu == "local" and space is None:
         space = "local"  # CPU trials: fp32, small batch, the knobs the trial model runs
-    sp = load_space(space) if space is not None else None  # None: chosen per scenario (run_scenarios)
+    sp = None  # None: chosen per scenario (run_scenarios)
+    if space is not None:
+        from autopar.search.space import load_space
+
+        sp = load_space(space)
     trainers = parse_trainers(trainer, "local" if gpu_kinds == ["local"] else "")
     scenarios = [
         Scenario(num_gpus=g, gpu=k, seq_len=s, gbs=b, dtype=d)
@@ -282,6 +302,10 @@ def _question(model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, 
         )
     if len(scenarios) > 1 and (storage or study_name or run_dir):
         raise InputError("--storage, --study-name and --run-dir apply to one scenario; drop them for a what-if")
+    from autopar.spec.resolve import resolve_cluster
+
+    for kind in gpu_kinds:  # a bad --gpu or --cluster file fails here, not after the search is imported
+        resolve_cluster(kind or "h100-sxm", gpus_per_node, cluster)  # as run_scenarios resolves it
     return spec, sp, scenarios, trainers
 
 

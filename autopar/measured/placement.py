@@ -5,9 +5,12 @@ scaled down); imports no torch."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from autopar.errors import InputError
-from autopar.spec.plan import ParallelPlan
+
+if TYPE_CHECKING:  # annotations only: `search --launcher` checks its options without the plan layer
+    from autopar.spec.plan import ParallelPlan
 
 
 @dataclass(frozen=True)

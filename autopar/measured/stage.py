@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autopar.errors import InputError, quoted
-from autopar.measured.proxy import ProxyOptions
+from autopar.measured.placement import ProxyOptions  # not .proxy: that one loads the cost model
 from autopar.measured.resources import LocalLimits
 from autopar.spec.hardware import ClusterSpec
 

@@ -31,10 +31,16 @@ def write_report(
     one included); several are a what-if, recorded in RUN_DIR/whatif.json so a later `autopar
     report` keeps the what-if section; one (or none) removes a whatif.json left by an earlier
     what-if. None (the default, a rebuild): keep whatever whatif.json says. Raises InputError for
-    a missing or corrupt run directory. `loaded`: the other scenarios' runs already read (by resolved
-    path), shared by the reports of one what-if so each run directory is read once."""
-    run = D.load_run(run_dir)
+    a missing or corrupt run directory. `loaded`: the runs already read (by resolved path), shared by
+    the reports of one what-if (with `scenarios`, which replaces what whatif.json said) so each run
+    directory is read once, its trials too (it is the run of its own report), and its tables derived
+    once (RunData.derived)."""
     d = Path(run_dir)
+    run = loaded.get(d.resolve()) if loaded is not None else None
+    if run is None:
+        run = D.load_run(run_dir)
+        if loaded is not None:
+            loaded[d.resolve()] = run
     if scenarios is not None:  # a fresh search: record its scenarios, or forget a what-if of the past
         dirs = [Path(s) for s in scenarios]
         if len(dirs) > 1:
@@ -52,10 +58,10 @@ def write_report(
                 key = Path(s).resolve()
                 try:
                     other = loaded[key] if loaded is not None and key in loaded else None
-                    if other is None:
+                    if other is None and loaded is not None:  # with its trials: its own report's run next
+                        other = loaded[key] = D.load_run(s, with_scenarios=False)
+                    elif other is None:
                         other = D.load_run(s, with_trials=False, with_scenarios=False)
-                        if loaded is not None:
-                            loaded[key] = other
                     scenario_runs.append(other)
                 except InputError:  # a scenario removed or broken since: leave it out
                     continue

@@ -54,6 +54,9 @@ class RunData:
     trials: list[dict] = field(default_factory=list)  # each: the trial JSON plus "_file"
     trial_problems: list[str] = field(default_factory=list)  # trial files skipped, and why
     scenarios: list[Path] = field(default_factory=list)  # what-if run directories (this one included)
+    #: tables derived from the files, built once per load (autopar.report.top_tables.top_rows: a
+    #: report asks for its top rows a dozen times, a what-if's reports for every scenario's winner)
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def question(self) -> dict:

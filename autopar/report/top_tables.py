@@ -71,7 +71,14 @@ def winner(run: RunData) -> pd.Series | None:
 
 def top_rows(run: RunData) -> pd.DataFrame:
     """The top-k rows, in top.json's order: distinct plans, each on its fastest trainer, with every
-    trainer that runs it (`trainers`, which the search priced plan by plan)."""
+    trainer that runs it (`trainers`, which the search priced plan by plan). Built once per loaded
+    run (RunData.derived); each caller gets its own copy to change."""
+    if "top_rows" not in run.derived:
+        run.derived["top_rows"] = _top_rows(run)
+    return run.derived["top_rows"].copy()
+
+
+def _top_rows(run: RunData) -> pd.DataFrame:
     entries = run.top.get("top", []) if isinstance(run.top.get("top"), list) else []
     k = len(entries) if entries else int(run.search.get("options", {}).get("top_k", 10))
     if not k:

@@ -1,6 +1,6 @@
 """The search's measured throughput and the default size of an exhaustive search derived from it,
-and the Optuna samplers. Kept apart from autopar.search.run so that the CLI can show the default
-and check --sampler without importing the cost model or optuna."""
+the Optuna samplers and the rankings. Kept apart from autopar.search.run so that the CLI can show
+the default and check --sampler and --rank-by without importing pandas, the cost model or optuna."""
 
 #: plans a whole exhaustive search gets through per second (walk, pricing on one core, keeping,
 #: writing plans.parquet) on the 2-core reference machine: benchmarks/bench_search_scale.py measured
@@ -12,3 +12,6 @@ DEFAULT_MAX_EXHAUSTIVE = 10 * MEASURED_PLANS_PER_S
 
 #: Optuna samplers of `--sampler` (autopar.search.optuna_driver.make_sampler)
 SAMPLERS = ("tpe", "nsga2", "random")
+
+#: --rank-by -> the step-time column plans are ranked by (autopar.cost.uncertainty's intervals)
+RANK_BY = {"expected": "step_time_s", "p80": "step_time_s_high"}

@@ -8,6 +8,7 @@ import pandas as pd
 
 from autopar.cost.columns import MEMORY_BIT
 from autopar.cost.estimate import TIME_LABELS, TIME_TERMS
+from autopar.search.limits import RANK_BY as RANK_BY  # declared apart: the CLI checks --rank-by early
 from autopar.spec.hardware import GIB
 from autopar.spec.layout import auto_layout
 from autopar.spec.plan import LAYOUT_KEY, PLAN_KEY, RESULT_FIELDS, ParallelPlan
@@ -28,8 +29,6 @@ DOMINANT_SHARE = 0.20
 #: stage layout or a flag (SP, TP overlap, grads precision, MoE dispatch) are variants of one
 #: another: the top-k shows the fastest of each structure and folds the others under it.
 STRUCTURE_KEY = LAYOUT_KEY + ("pp_schedule", "recompute", "recompute_layers", "dtype")
-#: --rank-by -> the step-time column plans are ranked by (autopar.cost.uncertainty's intervals)
-RANK_BY = {"expected": "step_time_s", "p80": "step_time_s_high"}
 #: the one ranking order of plans, the tie-break included: the step time ranked by (rank_time_s),
 #: then less memory, then the plan's place in the walk (the one-shot order); a frame without a
 #: column skips it (stable sorts keep its order)
@@ -123,18 +122,23 @@ def top_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
     trainer, with `trainers`: every trainer that can run that plan (and fits it), in the order of
     autopar.spec.trainers.TRAINERS, and `variants`: how many other plans of its structure fit
     (`variant_plans` lists them)."""
+    return top_and_variants(df, k)[0]
+
+
+def top_and_variants(df: pd.DataFrame, k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(top_plans(df, k), variant_plans(df, k)), the plans grouped by structure once for both."""
     leaders, variants = _distinct(df)
     best = leaders.head(k)
     counts = variants.groupby("variant_of", sort=False).size() if len(variants) else pd.Series(dtype=int)
-    return best.assign(variants=[int(counts.get(r, 0)) for r in range(1, len(best) + 1)])
+    top = best.assign(variants=[int(counts.get(r, 0)) for r in range(1, len(best) + 1)])
+    return top, variants[variants["variant_of"] <= k] if len(variants) else variants
 
 
 def variant_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
     """The variants folded under the top k (top_plans): each distinct fitting plan that shares the
     structure of a top plan and is slower, fastest first, with `variant_of`: the rank (1-based) of
     the top plan it is a variant of, and `trainers` as top_plans has it."""
-    _, variants = _distinct(df)
-    return variants[variants["variant_of"] <= k] if len(variants) else variants
+    return top_and_variants(df, k)[1]
 
 
 def _distinct(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

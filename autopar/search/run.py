@@ -15,14 +15,13 @@ import numpy as np
 import pandas as pd
 
 from autopar import __version__
-from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
+from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate_per_trainer
 from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
 from autopar.cost.uncertainty import interval_fields, support_text
 from autopar.search.enumerate import Enumerator
-from autopar.search.evaluate import evaluate
 from autopar.search.options import SearchOptions
 from autopar.search.optuna_search import optuna_search
-from autopar.search.results import best_per_trainer, row_plan, sureness_lines, top_plans, variant_plans, why_winner
+from autopar.search.results import best_per_trainer, row_plan, sureness_lines, top_and_variants, top_plans, why_winner
 from autopar.search.run_dir import (
     SCHEMA_VERSION,
     PlansWriter,
@@ -213,10 +212,14 @@ def _search(
 
 def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroom) -> SearchResult:
     pool = found.pool
-    top = runs_on(top_plans(pool, opts.top_k), q, found.layouts, headroom) if len(pool) else top_plans(pool, 0)
-    variants = variant_plans(pool, opts.top_k)
-    if len(variants):
-        variants = runs_on(variants, q, found.layouts, headroom)
+    if len(pool):  # the top plans and their variants: grouped by structure once, priced per trainer once
+        top, variants = top_and_variants(pool, opts.top_k)
+        shown = runs_on(pd.concat([top, variants], ignore_index=True), q, found.layouts, headroom)["trainers"]
+        top = top.assign(trainers=shown.to_numpy()[: len(top)])
+        if len(variants):
+            variants = variants.assign(trainers=shown.to_numpy()[len(top) :])
+    else:
+        top, variants = top_plans(pool, 0), top_and_variants(pool, opts.top_k)[1]
     runner = top.iloc[1] if len(top) > 1 else None
     counts = {"evaluated": found.evaluated, "valid": found.valid, "fit": found.fit}
     why = why_winner(top.iloc[0], runner) if len(top) else _no_fit_reason(counts, found.rejections, found.closest)
@@ -261,11 +264,20 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
 
 def runs_on(top: pd.DataFrame, q: Question, layouts: list, headroom: float) -> pd.DataFrame:
     """The top plans with `trainers`: every searched trainer whose capabilities admit the plan and on
-    whose profile it fits (each plan priced once per trainer)."""
-    plans = [row_plan(r, layouts) for _, r in top.iterrows()]
-    table = PlanTable.from_plans([p.with_(trainer=t) for p in plans for t in q.trainers])
-    df = evaluate(table, q, headroom)
-    fits = df["fits"].to_numpy().reshape(len(plans), len(q.trainers))
+    whose profile it fits. Priced as the walk prices (estimate_per_trainer: the rules once, each
+    performance profile once, `fits` per trainer), not through a full estimate per (plan, trainer)."""
+    table = PlanTable.from_plans([row_plan(r, layouts) for _, r in top.iterrows()])
+    ests = estimate_per_trainer(
+        table,
+        q.model,
+        q.cluster,
+        tuple(q.trainers),
+        num_gpus=q.num_gpus,
+        seq_len=q.seq_len,
+        headroom_gib=headroom,
+        recipes=q.recipe_trainers,
+    )
+    fits = np.stack([e["fits"] for e in ests], axis=1) if ests else np.zeros((len(top), 0), dtype=bool)
     names = [", ".join(t for t, ok in zip(q.trainers, row) if ok) for row in fits]
     return top.assign(trainers=names)
 

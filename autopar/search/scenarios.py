@@ -4,7 +4,7 @@ knob: it changes what training converges to, not only how fast a step runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from autopar.errors import InputError
@@ -12,22 +12,12 @@ from autopar.search.enumerate import knob_choices
 from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search, top_entries, trainers_ruled_out
 from autopar.search.space import SearchSpace, chosen_space
 from autopar.search.training import check_question_run
+from autopar.search.what_if import MAX_SCENARIOS as MAX_SCENARIOS
+from autopar.search.what_if import Scenario
 from autopar.spec.model import ModelSpec
 from autopar.spec.question import Question
 from autopar.spec.resolve import DEFAULT_TOKENS_PER_STEP, resolve_cluster
 from autopar.spec.trainers import TRAINERS
-
-#: scenarios of one what-if at most (each is a whole search)
-MAX_SCENARIOS = 64
-
-
-@dataclass(frozen=True)
-class Scenario:
-    num_gpus: int
-    gpu: str | None  # None: from the cluster file
-    seq_len: int
-    gbs: int | None = None  # sequences; None: the space's tokens_per_step
-    dtype: str | None = None  # --dtype: the space's dtype knob pinned to it; None: the space's own
 
 
 def scenario_space(space: SearchSpace | None, sc: Scenario, model: ModelSpec) -> SearchSpace:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from autopar.errors import InputError, quoted
+
+if TYPE_CHECKING:  # numpy is imported where a curve is evaluated: reading the presets (`autopar
+    import numpy as np  # search` checking --gpu) does not pay for it
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class Curve:
             raise ValueError(f"a curve's x must increase, got {self.x}")
 
     def __call__(self, q) -> np.ndarray:
+        import numpy as np
+
         q = np.asarray(q, dtype=float)
         inside = np.exp(np.interp(np.log(np.maximum(q, 1e-30)), np.log(self.x), np.log(self.y)))
         if not self.saturating or len(self.x) < 2 or self.y[-1] <= self.y[-2]:

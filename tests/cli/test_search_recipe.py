@@ -50,7 +50,7 @@ def test_a_recipe_lets_a_model_without_a_preset_recipe_run_and_export(cli_run, o
     r = cli_run(*args, "--recipe", "llama2_13b", "--run-dir", tmp_path / "r", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["plans_fit"] > 0 and out["top"][0]["trainer"] == "nemo"
+    assert out["plans_fit"] > 0 and out["top"][0]["trainer"] == "nemo" and out["top"][0]["trainers"] == ["nemo"]
     assert out["trainers_ruled_out"] == {}
     assert json.loads((tmp_path / "r" / "search.json").read_text())["question"]["recipes"] == {"nemo": "llama2_13b"}
     r = cli_run("export", "--run", tmp_path / "r", "--to", "nemo", "--out", tmp_path / "x")

@@ -23,9 +23,10 @@ import pytest
 from optuna.trial import TrialState
 
 from autopar.search.enumerate import enumerate_plans, knob_choices
+from autopar.search.evaluate import evaluate
 from autopar.search.optuna_driver import OUTER
 from autopar.search.results import ranked
-from autopar.search.run import SearchOptions, evaluate, run_search
+from autopar.search.run import SearchOptions, run_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
