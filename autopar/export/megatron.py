@@ -205,7 +205,7 @@ def recompute_args(ctx: Context) -> list[str]:
     a = []
     if "recompute_granularity" in r:
         a += ["--recompute-granularity", r["recompute_granularity"]]
-    if ctx.plan.recompute_modules is not None:  # Megatron-LM arguments.py --recompute-modules (nargs *)
+    if ctx.plan.recompute_modules is not None:  # Megatron-LM arguments.py: a list, --recompute-modules m1 m2
         a += ["--recompute-modules", *r["recompute_modules"]]
     if "recompute_method" in r:
         a += ["--recompute-method", r["recompute_method"], "--recompute-num-layers", str(r["recompute_num_layers"])]

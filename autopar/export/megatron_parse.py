@@ -104,7 +104,7 @@ def megatron_parser() -> argparse.ArgumentParser:
         ap.add_argument(f, type=float)
     for f in STORE_TRUE_FLAGS:
         ap.add_argument(f, action="store_true")
-    ap.add_argument("--recompute-modules", nargs="*", type=str)  # Megatron-LM arguments.py
+    ap.add_argument("--recompute-modules", nargs="*", type=str)  # Megatron-LM arguments.py: a list of names
     # Megatron-LM's negated flag (store_false into gradient_accumulation_fusion)
     ap.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion", action="store_false")
     return ap
