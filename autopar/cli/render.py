@@ -134,7 +134,9 @@ def plan_line(est: Estimate) -> str:
         f"gbs={p.global_batch_size}",
         f"m={est.num_microbatches}",
         f"schedule={p.pp_schedule}" if p.pp > 1 else "",
-        f"recompute={p.recompute}" + (f"({p.recompute_layers} layers)" if p.recompute_layers is not None else ""),
+        f"recompute={p.recompute}"
+        + (f"({p.recompute_layers} layers)" if p.recompute_layers is not None else "")
+        + (f"({','.join(p.recompute_modules)})" if p.recompute_modules is not None else ""),
         f"dtype={p.dtype}",
         f"layout={est.layout}" if p.pp > 1 else "",
         f"moe-dispatch=capacity x{p.capacity_factor:g}" if p.moe_dispatch == "capacity" else "",

@@ -22,6 +22,7 @@ from autopar.cli.render import (
 )
 from autopar.search.run import SearchResult
 from autopar.spec.hardware import GIB
+from autopar.spec.recompute_modules import recompute_label
 
 
 class SearchProgress:
@@ -97,7 +98,7 @@ def top_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
             "layout": str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else "") + variants_text(row),
             "sched": _schedule(row),
             "stages": stage_balance(row),
-            "recomp": row["recompute"],
+            "recomp": recompute_label(row["recompute"], row.get("recompute_modules")),
             "ZeRO": str(row["zero_stage"]),
             "mbs": str(row["micro_batch_size"]),
             "mem GiB": f"{row['memory_gib']:.1f}/{cap:.0f}",
@@ -257,7 +258,7 @@ def trainer_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
                 title,
                 str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
                 _schedule(row),
-                row["recompute"],
+                recompute_label(row["recompute"], row.get("recompute_modules")),
                 str(row["zero_stage"]),
                 str(row["micro_batch_size"]),
                 f"{row['memory_gib']:.1f}",
@@ -354,7 +355,7 @@ def print_whatif(results: list[SearchResult]) -> None:
             + [
                 str(w["plan_name"]),
                 SCHEDULE_SHORT.get(w["pp_schedule"], w["pp_schedule"]) if w["pp"] > 1 else "-",
-                w["recompute"],
+                recompute_label(w["recompute"], w.get("recompute_modules")),
                 f"{w['memory_gib']:.1f}",
                 f"{w['step_time_s']:.3f}",
                 f"{w['tokens_per_s']:,.0f}",

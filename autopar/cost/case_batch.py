@@ -13,10 +13,9 @@ from typing import Any, cast
 import numpy as np
 
 from autopar.cost.comm_terms import comm_terms
-from autopar.cost.compute import RawCompute, module_recompute, raw_compute
+from autopar.cost.compute import RawCompute, raw_compute
 from autopar.cost.goodput import run_time
-from autopar.cost.memory_facts import MODULE_BITS
-from autopar.cost.price import prepare
+from autopar.cost.price import prepare, with_recompute_modules
 from autopar.cost.profiles import profile_of, profiles
 from autopar.cost.run_cases import RunCase
 from autopar.cost.step import StepInputs, assemble_step, step_inputs
@@ -65,15 +64,7 @@ def prime_inputs(cases: list[RunCase]) -> None:
         x = replace(x, routing_imbalance=imbalance)
         raw = raw_compute(x, model, cluster, act.rank_layers)
         comm = comm_terms(x, model, cluster, prm, with_bytes=False)
-        modules = np.array([c.recompute_modules for c in members], dtype=np.int64)
-        if modules.any():
-            raw = module_recompute(x, model, cluster, raw, modules)
-            # a recomputed MoE layer runs its dispatch, combine and count exchange once more
-            again = comm_terms(
-                replace(x, recompute_share=x.recompute_share + 1.0), model, cluster, prm, with_bytes=False
-            )
-            moe = (modules & MODULE_BITS["moe"]) > 0
-            comm = comm._replace(ep=again.ep._replace(seconds=np.where(moe, again.ep.seconds, comm.ep.seconds)))
+        raw, comm = with_recompute_modules(x, model, cluster, prm, raw, comm)
         inp = step_inputs(x, cluster, prm, raw, comm)
         shape = np.shape(inp.active)
 

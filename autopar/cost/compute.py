@@ -26,12 +26,13 @@ from autopar.cost.flops import (
 )
 from autopar.cost.gpu_memory import plan_shape
 from autopar.cost.kernels import attention_seconds, gemm_rate, hbm_rate
-from autopar.cost.memory_facts import MODULE_BITS, MemoryFacts
+from autopar.cost.memory_facts import MemoryFacts
 from autopar.cost.memory_stacks import STACKS, compiled, stack_name
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.cost.stack_activations import stack_layers
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
+from autopar.spec.recompute_modules import MODULE_BITS
 from autopar.spec.table import DISPATCH, DTYPE
 
 
@@ -190,9 +191,10 @@ def module_recompute(
       (moe/moe_layer.py MoELayer.forward wraps them in one tensor_parallel.checkpoint): its expert
       GEMMs, permutation traffic and fixed per-layer time once more (its all-to-alls:
       autopar.cost.comm.ep_calls with `recompute_share`).
-    "core_attn" is the plan's recompute "selective"; "layernorm" and "moe_act" re-run elementwise
-    kernels only, within the elementwise term. `modules`: (n,) bitmasks of autopar.cost.memory_facts
-    MODULE_BITS; a plan's recompute share already counts its own recomputed forwards."""
+    "core_attn" is priced with the attention (`raw_compute`: x.selective); "layernorm" and "moe_act"
+    re-run elementwise kernels only, within the elementwise term (no GEMM FLOPs). `modules`: (n,)
+    bitmasks of autopar.spec.recompute_modules MODULE_BITS (PlanArrays.recompute_modules); a plan's
+    recompute share already counts its own recomputed forwards."""
 
     def has(name):
         return (np.asarray(modules) & MODULE_BITS[name]) > 0

@@ -98,7 +98,6 @@ class MemoryBreakdown(NamedTuple):
 
 
 def plan_shape(x, model, cluster, facts: MemoryFacts) -> PlanShape:
-    n = len(x.table)
     return PlanShape(
         tokens=x.tokens,
         tp=x.tp_float,
@@ -108,7 +107,7 @@ def plan_shape(x, model, cluster, facts: MemoryFacts) -> PlanShape:
         act_bytes=x.act_bytes,
         fp8=x.table.dtype == DTYPE["fp8"],
         selective=x.selective,
-        modules=facts.module_array(n),
+        modules=x.recompute_modules | np.int64(facts.offloaded),
         flash=float(cluster.constants.attention_flash),
         seq_len=int(x.seq_len),
     )

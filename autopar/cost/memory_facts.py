@@ -1,9 +1,10 @@
 """Memory facts of a run that a ParallelPlan cannot express yet, and the plan of a published run as
 its source ran it where that differs in memory from autopar.cost.run_plan's reading.
 
-- `MemoryFacts`: Megatron's --recompute-modules and fine-grained activation offloading, bf16
-  optimizer states, and the program that ran (a MemoryStack name); the estimate prices its
-  trainer's defaults without them (Megatron selective = core_attn only).
+- `MemoryFacts`: Megatron's fine-grained activation offloading, bf16 optimizer states, and the
+  program that ran (a MemoryStack name); the estimate prices its trainer's defaults without them.
+  The recompute modules a row lists (`row_recompute_modules`) are its plan's (ParallelPlan
+  recompute_modules, autopar.cost.run_plan).
 - `memory_plan` / `row_memory_facts`: what a row's source states or its program fixes. Each
   correction below is one the run-case builder could make itself (autopar.cost.run_plan).
 """
@@ -18,27 +19,19 @@ import numpy as np
 
 from autopar.cost.run_rows import family
 from autopar.spec.layout import parse_layout
+from autopar.spec.recompute_modules import RECOMPUTE_MODULES
 
 if TYPE_CHECKING:
     from autopar.cost.run_cases import RunCase
     from autopar.spec.model import ModelSpec
     from autopar.spec.plan import ParallelPlan
 
-#: Megatron-Core --recompute-modules (transformer_config.py `recompute_modules`) and
-#: --offload-modules of fine-grained activation offloading; bit i = entry i
-MODULES = (
-    "core_attn",
-    "layernorm",
-    "moe_act",
-    "moe",
-    "mlp",
-    "mla_up_proj",
-    "shared_experts",
-    "offload_expert_fc1",
-    "offload_moe_act",
-)
-MODULE_BITS = {m: 1 << i for i, m in enumerate(MODULES)}
-#: the words of the calibration rows' `recompute` cells -> modules
+#: Megatron-Core's fine-grained activation offloading (--offload-modules, transformer_config.py
+#: `offload_modules`) that calibration rows state: a row fact, not a plan field, priced beside the
+#: plan's recompute modules in one bitmask (bits after autopar.spec.recompute_modules MODULE_BITS)
+OFFLOADED = ("offload_expert_fc1", "offload_moe_act")
+OFFLOAD_BITS = {m: 1 << (len(RECOMPUTE_MODULES) + i) for i, m in enumerate(OFFLOADED)}
+#: the words of the calibration rows' `recompute` cells -> Megatron-Core recompute modules
 _WORDS = (
     (r"\bcore_attn", "core_attn"),
     (r"\b(layer|rms)?norm\b", "layernorm"),
@@ -79,7 +72,7 @@ _FAMILY_STACK = {"fsdp": "torchtitan-default", "nanotron": "nanotron", "deepspee
 
 @dataclass(frozen=True)
 class MemoryFacts:
-    modules: int = 0  # MODULE_BITS of what is recomputed or offloaded beyond the plan's recompute
+    offloaded: int = 0  # OFFLOAD_BITS of the activations the run offloads to the host
     bf16_optimizer_states: bool = False  # Adam m and v in bf16 (--use-precision-aware-optimizer)
     #: the optimizer shard (fp32 master, Adam m and v) in host memory (Megatron --optimizer-cpu-offload)
     optimizer_offload: bool = False
@@ -87,28 +80,29 @@ class MemoryFacts:
     era_2022: bool = False  # torch 1.x (eager CUDA module loading) and NCCL before lazy connection
     notes: tuple[str, ...] = ()
 
-    def module_array(self, n: int) -> np.ndarray:
-        return np.full(n, self.modules, dtype=np.int64)
 
-
-def recompute_modules(text: str) -> int:
-    """Bitmask of the modules a `recompute` cell lists ("selective: norm, act", "moe_act, layernorm
-    (B.2)"; offloaded modules after "offloading"); nothing for full, none or Megatron's default
-    selective (the attention core, which the plan's "selective" prices)."""
+def _listed_and_offloaded(text: str) -> tuple[str, str]:
     t = text.lower()
     if t.startswith(("full", "none", "not stated")) or not t.strip():
-        return 0
+        return "", ""
     listed, _, offload = (t.split(":", 1)[1] if t.startswith("selective:") else t).partition("offloading")
-    listed = re.split(r";|\(b\.2|table \d+", listed)[0]  # the row's own list, not a second table's
-    bits = 0
-    for pattern, module in _WORDS:
-        if re.search(pattern, listed):
-            bits |= MODULE_BITS[module]
-    if "expert_fc1" in offload:
-        bits |= MODULE_BITS["offload_expert_fc1"]
-    if "moe_act" in offload:
-        bits |= MODULE_BITS["offload_moe_act"]
-    return bits
+    return re.split(r";|\(b\.2|table \d+", listed)[0], offload  # the row's own list, not a second table's
+
+
+def row_recompute_modules(text: str) -> tuple[str, ...]:
+    """The Megatron-Core recompute modules a `recompute` cell lists ("selective: norm, act",
+    "moe_act, layernorm (B.2)"), in registry order; () for full, none or a bare "selective"
+    (Megatron's default, core_attn)."""
+    listed, _ = _listed_and_offloaded(text)
+    return tuple(m for pattern, m in _WORDS if re.search(pattern, listed))
+
+
+def row_offloaded(text: str) -> int:
+    """OFFLOAD_BITS of the modules a `recompute` cell offloads (after "offloading")."""
+    _, offload = _listed_and_offloaded(text)
+    return (OFFLOAD_BITS["offload_expert_fc1"] if "expert_fc1" in offload else 0) | (
+        OFFLOAD_BITS["offload_moe_act"] if "moe_act" in offload else 0
+    )
 
 
 #: NVIDIA's DeepSeek-V3 pre-training recipe: the precision-aware optimizer with bf16 Adam moments
@@ -177,9 +171,9 @@ def row_memory_facts(row: dict, source: str) -> MemoryFacts:
     text = row.get("recompute", "") or ""
     opt = (row.get("zero_or_dist_opt", "") or "") + " " + (row.get("notes", "") or "")
     notes = []
-    mods = recompute_modules(text)
-    if mods:
-        notes.append(f"recompute modules: {', '.join(m for m in MODULES if mods & MODULE_BITS[m])}")
+    offloaded = row_offloaded(text)
+    if offloaded:
+        notes.append(f"activations offloaded: {', '.join(m for m in OFFLOADED if offloaded & OFFLOAD_BITS[m])}")
     framework = row.get("framework", "") or ""
     precision = row.get("precision", "") or ""
     bf16_states = re.search(r"BF16 optimizer (states|moments)", f"{opt} {framework} {precision}", re.I) is not None
@@ -192,7 +186,7 @@ def row_memory_facts(row: dict, source: str) -> MemoryFacts:
     if offload:
         notes.append("optimizer states offloaded to the host (the row)")
     return MemoryFacts(
-        modules=mods,
+        offloaded=offloaded,
         bf16_optimizer_states=bf16_states,
         optimizer_offload=offload,
         stack=SOURCE_STACK.get(source, _FAMILY_STACK.get(family(row))),

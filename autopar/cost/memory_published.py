@@ -159,7 +159,13 @@ def _priced_memory(case: RunCase, row: dict, plan, model, stack: str | None = No
 def _predict(figure: PublishedMemory, case: RunCase, row: dict) -> tuple[float, tuple[str, ...]]:
     plan, model, notes = memory_plan(case, row)
     if figure.variant:
-        plan = plan.with_(recompute="none", recompute_layers=None, sequence_parallel=False, tp_comm_overlap=False)
+        plan = plan.with_(
+            recompute="none",
+            recompute_layers=None,
+            recompute_modules=None,
+            sequence_parallel=False,
+            tp_comm_overlap=False,
+        )
     p, b, facts = _priced_memory(case, row, plan, model)
     notes = tuple(notes) + facts.notes
     active = p.x.active[:, 0]

@@ -13,6 +13,7 @@ import numpy as np
 from autopar.cost.memory import grad_bytes as grad_precision_bytes
 from autopar.cost.memory import precision_bytes
 from autopar.spec.model import ModelSpec
+from autopar.spec.recompute_modules import DEFAULT_SELECTIVE, MODULE_BITS, modules_mask
 from autopar.spec.stages import StageProfiles
 from autopar.spec.table import DTYPE, RECOMP, PlanTable
 
@@ -41,7 +42,12 @@ class PlanArrays:
     weight_bytes: np.ndarray
     grad_bytes: np.ndarray  # bytes per main-gradient element
     full: np.ndarray  # full recompute (bool)
-    selective: np.ndarray  # selective recompute (bool)
+    #: the attention core recomputed (bool): selective recompute with core_attn among its modules
+    #: (Megatron's default; torchtitan's op-level SAC and the built-in model's selective)
+    selective: np.ndarray
+    #: Megatron-Core's selective recompute modules (autopar.spec.recompute_modules MODULE_BITS), the
+    #: default core_attn filled in; 0 without selective recompute
+    recompute_modules: np.ndarray
     recompute_share: np.ndarray  # (C, n): share of a rank's layers whose forward is recomputed
     dense_layers: np.ndarray  # (C, n) float
     moe_layers: np.ndarray  # (C, n) float
@@ -76,6 +82,14 @@ class PlanArrays:
         return self.dp_group // self.dp_shard
 
 
+def selective_modules(table: PlanTable) -> np.ndarray:
+    """The modules selective recompute checkpoints, as bitmasks: the plan's, or Megatron-Core's
+    default ["core_attn"] where it gives none (transformer_config.py TransformerConfig.__post_init__);
+    none without selective recompute."""
+    listed = np.where(table.recompute_modules > 0, table.recompute_modules, modules_mask(DEFAULT_SELECTIVE))
+    return np.where(table.recompute == RECOMP["selective"], listed, 0).astype(np.int64)
+
+
 def plan_arrays(
     table: PlanTable, model: ModelSpec, seq_len: int, stages: StageProfiles, routing_imbalance: float = 1.0
 ) -> PlanArrays:
@@ -84,6 +98,7 @@ def plan_arrays(
     dense_l, moe_l = stages.dense_layers.astype(float), stages.moe_layers.astype(float)
     layers = dense_l + moe_l
     full = table.recompute == RECOMP["full"]
+    modules = selective_modules(table)
     rl = np.where(table.recompute_layers < 0, np.inf, table.recompute_layers)
     fp32 = table.dtype == DTYPE["fp32"]
     act_bytes = np.where(fp32, 4.0, 2.0)
@@ -111,7 +126,8 @@ def plan_arrays(
         weight_bytes=weight_bytes,
         grad_bytes=grad_precision_bytes(table.main_grads_fp32, fp32),
         full=full,
-        selective=table.recompute == RECOMP["selective"],
+        selective=(modules & MODULE_BITS["core_attn"]) > 0,
+        recompute_modules=modules,
         recompute_share=np.where(full, np.minimum(1.0, rl / np.maximum(layers, 1.0)), 0.0),
         dense_layers=dense_l,
         moe_layers=moe_l,

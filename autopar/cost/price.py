@@ -9,14 +9,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from autopar.cost.columns import comm_columns, plan_columns, ranking_columns, stage_columns
-from autopar.cost.comm_terms import comm_terms
-from autopar.cost.compute import raw_compute
+from autopar.cost.comm_terms import CommTerms, comm_terms
+from autopar.cost.compute import RawCompute, module_recompute, raw_compute
 from autopar.cost.memory_terms import LayerActivations, layer_activations, memory_terms
 from autopar.cost.params import RankParams, rank_params
 from autopar.cost.plan_arrays import PlanArrays, plan_arrays
 from autopar.cost.step import step_terms
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
+from autopar.spec.recompute_modules import MODULE_BITS
 from autopar.spec.rules import RuleResult, check_rules
 from autopar.spec.stages import costed_and_run_starts, stage_profiles
 from autopar.spec.table import PlanTable
@@ -89,6 +90,34 @@ def _on_ranks(table: PlanTable, model: ModelSpec, seq_len: int, stages) -> tuple
     return x, prm, layer_activations(x, model)
 
 
+#: the modules whose recomputed forward `module_recompute` prices (core_attn is the attention's)
+_PRICED_MODULES = MODULE_BITS["mlp"] | MODULE_BITS["mla_up_proj"] | MODULE_BITS["moe"] | MODULE_BITS["shared_experts"]
+
+
+def with_recompute_modules(
+    x: PlanArrays,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    prm: RankParams,
+    raw: RawCompute,
+    comm: CommTerms,
+    with_bytes: bool = False,
+) -> tuple[RawCompute, CommTerms]:
+    """Compute and communication with Megatron-Core's selective recompute modules added
+    (autopar.cost.compute.module_recompute): a recomputed MoE layer ("moe") also runs its
+    dispatch, combine and count exchange once more (moe/moe_layer.py checkpoints them together).
+    Plans that list no such module keep their figures exactly."""
+    modules = np.asarray(x.recompute_modules)
+    if not (modules & _PRICED_MODULES).any():
+        return raw, comm
+    raw = module_recompute(x, model, cluster, raw, modules)
+    moe = (modules & MODULE_BITS["moe"]) > 0
+    if moe.any():
+        again = comm_terms(replace(x, recompute_share=x.recompute_share + 1.0), model, cluster, prm, with_bytes)
+        comm = comm._replace(ep=again.ep._replace(seconds=np.where(moe, again.ep.seconds, comm.ep.seconds)))
+    return raw, comm
+
+
 def price(
     p: Prepared, cluster: ClusterSpec, routing_imbalance: float = 1.0, search: bool = False, headroom_gib: float = 0.0
 ) -> dict[str, np.ndarray]:
@@ -101,6 +130,7 @@ def price(
         memory = memory_terms(x, model, cluster, p.params, p.layer_act)
         raw = raw_compute(xt, model, cluster, act_t.rank_layers)
         comm = comm_terms(xt, model, cluster, prm_t, with_bytes=not search)
+        raw, comm = with_recompute_modules(xt, model, cluster, prm_t, raw, comm, with_bytes=not search)
         step = step_terms(xt, cluster, prm_t, raw, comm)
         if search:
             return ranking_columns(x, model, cluster, p.rules, memory, step, headroom_gib)

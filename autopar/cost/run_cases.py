@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autopar.cost.flop_conventions import CONVENTIONS, flops_per_token
-from autopar.cost.memory_facts import recompute_modules
 from autopar.cost.run_checks import row_problem
 from autopar.cost.run_plan import run_plan
 from autopar.cost.run_rows import FAMILY_PROFILE, PublishedRow, num, row_cluster, row_model, text
@@ -88,9 +87,6 @@ class RunCase:
     profile: str = ""  # the performance profile that prices it (autopar.cost.run_rows.FAMILY_PROFILE)
     #: kernel facts the source documents that differ from today's trainer (its attention kernels)
     kernel_overrides: dict = field(default_factory=dict)
-    #: Megatron --recompute-modules the row lists (autopar.cost.memory_facts MODULE_BITS), which a
-    #: plan cannot express: their recomputed forwards are priced (autopar.cost.compute module_recompute)
-    recompute_modules: int = 0
     inputs: StepInputs | None = field(default=None, repr=False, compare=False)  # cached (case_batch)
 
     @property
@@ -183,7 +179,6 @@ def build_case(row: dict) -> RunCase:
         flops_per_token=fpt,
         assumptions=notes,
         kernel_overrides=dict(overrides),
-        recompute_modules=recompute_modules(text(row, "recompute")),
         profile=FAMILY_PROFILE[fam],
         routing_imbalance=imbalance,
         whole_run=whole_run,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from autopar.cost.memory_facts import row_recompute_modules
 from autopar.cost.run_rows import FAMILY_TRAINER, PublishedRow
 from autopar.spec.layout import balanced_layout, parse_layout
 from autopar.spec.plan import ParallelPlan
@@ -55,7 +56,7 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
             f"microbatches do not divide the local batch (Composer accumulates uneven chunks): "
             f"priced as mbs {mbs}, gbs {gbs}"
         )
-    recompute, rl = _recompute(r, model, pp, vpp)
+    recompute, rl, modules = _recompute(r, model, pp, vpp)
     zero = _zero(r)
     dtype = "fp8" if re.search(r"fp8|float8", r.text("precision"), re.I) else "bf16"
     sp = _sequence_parallel(r, tp, model)
@@ -76,6 +77,7 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
         global_batch_size=gbs,
         recompute=recompute,
         recompute_layers=rl,
+        recompute_modules=modules,
         dtype=dtype,
         tp_comm_overlap=overlap and tp > 1,
         compile=_compiled(r),
@@ -142,41 +144,39 @@ def _divisor_near(n: int, want: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - want), -d))
 
 
-def _recompute(r: PublishedRow, model, pp, vpp) -> tuple[str, int | None]:
-    """The source's words as autopar's recompute: full; selective = the attention core (Megatron,
-    torchtitan 'op' SAC); torchtitan 'selective (layer)' checkpoints every other block; fms-fsdp's
-    selective fraction is not printed (half assumed); Megatron's --recompute-modules without
-    core_attn: the plan's recompute is none, and the run case prices the modules
-    (RunCase.recompute_modules)."""
+def _recompute(r: PublishedRow, model, pp, vpp) -> tuple[str, int | None, tuple[str, ...] | None]:
+    """(recompute, recompute layers, recompute modules) from the source's words: full; selective =
+    the attention core (Megatron's default modules, torchtitan 'op' SAC); torchtitan 'selective
+    (layer)' checkpoints every other block; fms-fsdp's selective fraction is not printed (half
+    assumed); Megatron's --recompute-modules listed: selective with those modules (core_attn only
+    where the row lists it; autopar.cost.memory_facts row_recompute_modules)."""
     t = r.text("recompute").lower()
     per_rank = model.num_layers // pp
     if t.startswith("full"):
-        return "full", None
+        return "full", None, None
     if "selective (layer)" in t:
         r.notes.append("torchtitan selective layer AC: every other block fully recomputed (ac_freq 2)")
-        return "full", _multiple(per_rank // 2, vpp)
+        return "full", _multiple(per_rank // 2, vpp), None
     if t == "selective" and r.source == "fms-fsdp":
         r.notes.append("fms-fsdp selective AC fraction not printed: assumed half the blocks")
-        return "full", _multiple(per_rank // 2, vpp)
+        return "full", _multiple(per_rank // 2, vpp), None
     modules_only = re.match(r"^(core_attn|moe_act|layernorm|mlp|up_proj|mla_up_proj|moe)\b", t)
     if t.startswith("selective:") or modules_only:
-        modules = t.split(":", 1)[1] if t.startswith("selective:") else t
-        if "core_attn" in modules:
-            return "selective", None
-        r.notes.append(
-            f"recompute modules ({modules.strip()[:40]}): the plan recomputes nothing else; the modules' "
-            "recomputed forwards priced per module (autopar.cost.compute module_recompute)"
-        )
-        return "none", None
+        modules = row_recompute_modules(t)
+        if modules:
+            r.notes.append(f"recompute modules: {', '.join(modules)} (Megatron --recompute-modules)")
+            return "selective", None, modules
+        r.notes.append(f"recompute modules ({t[:40]}) name none autopar knows: priced as no recompute")
+        return "none", None, None
     if t.startswith("selective"):
-        return "selective", None
+        return "selective", None, None
     if t.startswith("none"):
-        return "none", None
+        return "none", None, None
     if 10 <= r.row_id <= 19:
         r.notes.append("recompute not stated: assumed full (Narayanan et al. 2021 used activation recomputation)")
-        return "full", None
+        return "full", None, None
     r.notes.append("recompute not stated: assumed none")
-    return "none", None
+    return "none", None, None
 
 
 def _multiple(n: int, vpp: int) -> int:

@@ -12,8 +12,8 @@ mechanism):
 - eager norms (fp32 copy and normalised output) vs fused ones (input only), eager SwiGLU's four
   hidden tensors vs Megatron's three vs Inductor's two, and the key/value repeat before SDPA;
 - attention without flash kernels (Korthikanti's 5as/h: softmax output, dropout mask and output);
-- what recompute keeps: Megatron's selective (core attention) and --recompute-modules
-  (autopar.cost.memory_facts), torchtitan's op-level selective AC.
+- what recompute keeps: Megatron's selective recompute modules (autopar.spec.recompute_modules:
+  core_attn by default), torchtitan's op-level selective AC.
 """
 
 from __future__ import annotations
@@ -23,9 +23,13 @@ from typing import NamedTuple
 import numpy as np
 
 from autopar.cost.flops import padded_vocab
-from autopar.cost.memory_facts import MODULE_BITS
+from autopar.cost.memory_facts import OFFLOAD_BITS
 from autopar.cost.memory_stacks import MemoryStack
 from autopar.spec.model import ModelSpec
+from autopar.spec.recompute_modules import MODULE_BITS
+
+#: a PlanShape's `modules` bits: the plan's recompute modules and the run's offloaded activations
+_BITS = MODULE_BITS | OFFLOAD_BITS
 
 
 class StackLayers(NamedTuple):
@@ -48,13 +52,15 @@ class PlanShape(NamedTuple):
     act_bytes: np.ndarray  # 2, or 4 in fp32
     fp8: np.ndarray  # bool: FP8 GEMMs
     selective: np.ndarray | bool  # bool: recompute = "selective" (False: rebuilt with nothing recomputed)
-    modules: np.ndarray  # int bitmask of Megatron --recompute-modules (autopar.cost.memory_facts)
+    #: int bitmask of Megatron's selective recompute modules (autopar.spec.recompute_modules, the
+    #: default core_attn filled in) and a run's offloaded activations (autopar.cost.memory_facts)
+    modules: np.ndarray
     flash: float  # 1 = flash attention kernels; 0 = the score matrix is materialised
     seq_len: int  # keys per query (the sequence on this CP rank)
 
 
 def _has(shape: PlanShape, module: str) -> np.ndarray:
-    return (np.asarray(shape.modules) & MODULE_BITS[module]) > 0
+    return (np.asarray(shape.modules) & _BITS[module]) > 0
 
 
 def _linear_input_bytes(stack: MemoryStack, shape: PlanShape) -> np.ndarray:
@@ -142,8 +148,9 @@ def moe_layer(stack: MemoryStack, model: ModelSpec, shape: PlanShape, recompute_
     logits, per routed copy of the tp-local tokens its expert input (gathered over etp), hidden
     tensors and, where the stack keeps it, its output (`MemoryStack.moe_keeps_expert_output`), and
     the shared experts. `moe` recompute keeps only the layer's input (its MLP input), `moe_act`
-    drops the expert activation output; offloaded expert inputs and activation inputs
-    (`offload_expert_fc1`, `offload_moe_act`) leave the GPU."""
+    drops the expert activation output, `shared_experts` the shared experts' hidden tensors;
+    offloaded expert inputs and activation inputs (`offload_expert_fc1`, `offload_moe_act`) leave
+    the GPU."""
     m = model.moe
     assert m is not None  # a MoE model
     h, a = model.hidden_size, shape.act_bytes
@@ -163,6 +170,7 @@ def moe_layer(stack: MemoryStack, model: ModelSpec, shape: PlanShape, recompute_
     hidden = hidden - np.where(_has(mods, "offload_moe_act") & (stack.family == "megatron"), fc1_out, 0.0)
     routed = m.top_k * (expert_in + hidden + (h * a if stack.moe_keeps_expert_output else 0.0))
     shared = _mlp_bytes(stack, m.shared_expert_ffn_hidden_size, model.gated_mlp, mods, False)
+    shared = np.where(_has(mods, "shared_experts"), 0.0, shared)  # checkpointed: its input is the MLP input
     router = 4.0 * m.num_experts
     whole = local * (router + routed + shared)
     return attention_side + np.where(_has(mods, "moe"), 0.0, whole)  # its input is the MLP input kept above

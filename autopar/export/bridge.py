@@ -94,6 +94,8 @@ def hydra_value(v) -> str:
         return "null"
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, (list, tuple)):  # a Hydra list override: key=[a,b]
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
     if isinstance(v, str) and any(c in v for c in "|*()[]{},=:' "):
         return "'" + v + "'"
     return str(v)
@@ -106,6 +108,8 @@ def parse_hydra_value(s: str):
         return s == "true"
     if s.startswith("'") and s.endswith("'"):
         return s[1:-1]
+    if s.startswith("[") and s.endswith("]"):
+        return [parse_hydra_value(x) for x in s[1:-1].split(",") if x]
     for number in (int, float):
         try:
             return number(s)

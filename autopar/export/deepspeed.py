@@ -208,7 +208,7 @@ def view_from_deepspeed(cfg: dict, argv: list[str], ds_argv: list[str], num_gpus
     if gbs != mbs * gas * dp:
         raise ValueError(f"train_batch_size {gbs} != {mbs} * {gas} * dp {dp}")
     n = int(_flag(argv, "--num-layers"))
-    recompute, rl = recompute_from(
+    recompute, rl, _ = recompute_from(  # Megatron-DeepSpeed has no --recompute-modules
         _flag(argv, "--recompute-granularity"),
         _flag(argv, "--recompute-method"),
         int(_flag(argv, "--recompute-num-layers", 0)) or None,

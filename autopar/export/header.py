@@ -63,6 +63,8 @@ def plan_flags(ctx: Context) -> str:
     ]
     if p.recompute_layers is not None:
         args += ["--recompute-layers", str(p.recompute_layers)]
+    if p.recompute_modules is not None:
+        args += ["--recompute-modules", ",".join(p.recompute_modules)]
     args += ["--dtype", p.dtype]
     if not p.main_grads_fp32:
         args += ["--grads", "bf16"]
@@ -94,6 +96,7 @@ def header_lines(ctx: Context) -> list[str]:
         f"({c.gpu.hbm_gib:g} GiB HBM each)",
         f"plan:       {p.describe()} | {sched} | recompute {p.recompute}"
         + (f" ({p.recompute_layers} layers/stage)" if p.recompute_layers is not None else "")
+        + (f" ({','.join(p.recompute_modules)})" if p.recompute_modules is not None else "")
         + f" | ZeRO-{p.zero_stage} | mbs {p.micro_batch_size} | gbs {p.global_batch_size} "
         f"({p.num_microbatches} microbatches) | {p.dtype}"
         + (" | tp-comm-overlap" if tp_overlap(p) else "")

@@ -5,7 +5,8 @@ Flag names are Megatron-LM's (Megatron-LM arguments.py; at HEAD they are generat
 TransformerConfig / ModelParallelConfig / DistributedDataParallelConfig field names, `_` -> `-`).
 The Megatron-Core mapping (autopar/export/megatron_core.py, shared with NeMo 2 and Megatron-Bridge):
 - schedules: 1F1B, or interleaved 1F1B when vpp > 1;
-- recompute: selective (core attention), full with `uniform` 1 (every layer), or full with
+- recompute: selective (core attention; with the plan's modules `--recompute-modules m1 m2 ...`,
+  Megatron-Core transformer_config.py recompute_modules), full with `uniform` 1 (every layer), or full with
   `block` N (the first N layers of every model chunk, so N*vpp layers per pipeline rank);
 - ZeRO: 0 = DDP, 1 = distributed optimizer, 2 / 3 = Megatron-FSDP with the `optim_grads` /
   `optim_grads_params` sharding strategy;
@@ -204,6 +205,8 @@ def recompute_args(ctx: Context) -> list[str]:
     a = []
     if "recompute_granularity" in r:
         a += ["--recompute-granularity", r["recompute_granularity"]]
+    if ctx.plan.recompute_modules is not None:  # Megatron-LM arguments.py: a list, --recompute-modules m1 m2
+        a += ["--recompute-modules", *r["recompute_modules"]]
     if "recompute_method" in r:
         a += ["--recompute-method", r["recompute_method"], "--recompute-num-layers", str(r["recompute_num_layers"])]
     return a

@@ -71,8 +71,8 @@ def dispatch_from(capacity_factor, drop_policy, pad: bool) -> tuple[str, float |
 def recompute_settings(ctx: Context) -> dict:
     """TransformerConfig recompute fields for the plan."""
     p = ctx.plan
-    if p.recompute == "selective":
-        return {"recompute_granularity": "selective"}
+    if p.recompute == "selective":  # the modules always explicit, so a recipe's own cannot linger
+        return {"recompute_granularity": "selective", "recompute_modules": list(p.selective_modules)}
     if p.recompute == "full":
         if p.recompute_layers is None:
             return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
@@ -84,16 +84,19 @@ def recompute_settings(ctx: Context) -> dict:
     return {}
 
 
-def recompute_from(granularity: str | None, method: str | None, num_layers: int | None, vpp: int) -> tuple:
-    """(recompute, recompute_layers) from Megatron's recompute settings."""
+def recompute_from(
+    granularity: str | None, method: str | None, num_layers: int | None, vpp: int, modules: list | None = None
+) -> tuple:
+    """(recompute, recompute_layers, recompute_modules) from Megatron's recompute settings
+    (recompute_modules None: Megatron-Core's default, core_attn)."""
     if granularity in (None, "none"):
-        return "none", None
+        return "none", None, None
     if granularity == "selective":
-        return "selective", None
+        return "selective", None, tuple(modules) if modules is not None else None
     if method == "uniform" and num_layers == 1:
-        return "full", None
+        return "full", None, None
     if method == "block" and num_layers is not None:
-        return "full", int(num_layers) * vpp
+        return "full", int(num_layers) * vpp, None
     raise ValueError(f"recompute {granularity}/{method}/{num_layers} is not one autopar emits")
 
 
@@ -130,16 +133,21 @@ def core_recompute_fields(ctx: Context) -> dict:
         "recompute_granularity": r.get("recompute_granularity"),
         "recompute_method": r.get("recompute_method"),
         "recompute_num_layers": r.get("recompute_num_layers"),
+        "recompute_modules": r.get("recompute_modules"),
     }
 
 
 def core_moe_fields(ctx: Context) -> dict:
     """TransformerConfig MoE dispatch fields, every one explicit for MoE models (so a recipe's own
-    capacity, dispatcher or overlap settings cannot linger); none for dense models."""
+    capacity, dispatcher or overlap settings cannot linger); none for dense models. Grouped expert
+    GEMMs as autopar prices them (and as Megatron-LM's --moe-grouped-gemm sets), which moe_act
+    recompute needs (transformer_config.py: "moe_act in recompute_modules is only supported with
+    moe_grouped_gemm")."""
     if ctx.model.moe is None:
         return {}
     cap, disp = capacity_settings(ctx), dispatcher_settings(ctx)
     return {
+        "moe_grouped_gemm": True,
         "moe_expert_capacity_factor": cap.get("moe_expert_capacity_factor"),
         "moe_token_drop_policy": cap.get("moe_token_drop_policy", "probs"),
         "moe_pad_expert_input_to_capacity": cap.get("moe_pad_expert_input_to_capacity", False),
@@ -178,8 +186,12 @@ def view_from_core_fields(
         last=f.get("num_layers_in_last_pipeline_stage"),
         layout=layout,
     )
-    recompute, rl = recompute_from(
-        f.get("recompute_granularity"), f.get("recompute_method"), f.get("recompute_num_layers"), vpp
+    recompute, rl, modules = recompute_from(
+        f.get("recompute_granularity"),
+        f.get("recompute_method"),
+        f.get("recompute_num_layers"),
+        vpp,
+        f.get("recompute_modules"),
     )
     ep = f.get("expert_model_parallel_size", 1)
     dispatch, cf = dispatch_from(
@@ -207,6 +219,7 @@ def view_from_core_fields(
             "layout": stages,
             "recompute": recompute,
             "recompute_layers": rl,
+            "recompute_modules": modules,
             "dtype": dtype,
             "main_grads_fp32": main_grads_fp32,
             "tp_comm_overlap": tp_comm_overlap,

@@ -104,6 +104,7 @@ def megatron_parser() -> argparse.ArgumentParser:
         ap.add_argument(f, type=float)
     for f in STORE_TRUE_FLAGS:
         ap.add_argument(f, action="store_true")
+    ap.add_argument("--recompute-modules", nargs="*", type=str)  # Megatron-LM arguments.py: a list of names
     # Megatron-LM's negated flag (store_false into gradient_accumulation_fusion)
     ap.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion", action="store_false")
     return ap
@@ -147,7 +148,9 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
         zero = FSDP_STRATEGY_ZERO[ns.data_parallel_sharding_strategy]
     else:
         zero = 1 if ns.use_distributed_optimizer else 0
-    recompute, rl = recompute_from(ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers, vpp)
+    recompute, rl, modules = recompute_from(
+        ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers, vpp, ns.recompute_modules
+    )
     mbs, gbs = ns.micro_batch_size, ns.global_batch_size
     ep = ns.expert_model_parallel_size or 1
     dispatch, cf = dispatch_from(
@@ -174,6 +177,7 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
             "layout": stages,
             "recompute": recompute,
             "recompute_layers": rl,
+            "recompute_modules": modules,
             "dtype": "fp8" if ns.fp8_format else ("bf16" if ns.bf16 else "fp32"),
             "main_grads_fp32": not ns.grad_reduce_in_bf16,
             "tp_comm_overlap": ns.tp_comm_overlap,

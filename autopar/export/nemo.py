@@ -93,6 +93,8 @@ def _cli_value(v) -> str:
         return "None"
     if isinstance(v, bool):
         return "True" if v else "False"
+    if isinstance(v, (list, tuple)):  # a Python list literal without spaces: ['a','b']
+        return "[" + ",".join(repr(x) for x in v) + "]"
     if isinstance(v, str):
         return repr(v) if any(c in v for c in "|*()[], ") else v
     return str(v)

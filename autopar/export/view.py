@@ -8,6 +8,7 @@ from __future__ import annotations
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import GRID_FIRST, ParallelPlan
 from autopar.spec.plan_fields import BOOL, LAYOUT
+from autopar.spec.recompute_modules import DEFAULT_SELECTIVE, parse_modules
 
 #: the plan's fields an export must express (autopar.spec.plan: every one but the trainer, whose
 #: files the export is)
@@ -52,6 +53,11 @@ def normalize(view: dict) -> dict:
         v["ep_comm_overlap"] = False
     if v["recompute"] != "full":
         v["recompute_layers"] = None
+    if v["recompute"] != "selective" or v["recompute_modules"] is None:
+        v["recompute_modules"] = None
+    else:  # one spelling: registry order, Megatron's default (core_attn alone) as None
+        names = parse_modules(v["recompute_modules"])
+        v["recompute_modules"] = None if names == DEFAULT_SELECTIVE else names
     if v["moe_dispatch"] != "capacity":
         v["capacity_factor"] = None
     elif v["capacity_factor"] is not None:

@@ -9,6 +9,7 @@ import pandas as pd
 from autopar.report.run_data import RunData
 from autopar.report.top_tables import top_rows, winner
 from autopar.spec.hardware import GIB
+from autopar.spec.recompute_modules import recompute_label
 
 
 def scenario_label(q: dict) -> str:
@@ -121,7 +122,9 @@ def _plan_words(row: pd.Series) -> str:
     if int(row["pp"]) > 1:
         parts.append(str(row["pp_schedule"]))
     parts += [
-        f"{row['recompute']} recompute" if row["recompute"] != "none" else "no recompute",
+        f"{recompute_label(row['recompute'], row.get('recompute_modules'))} recompute"
+        if row["recompute"] != "none"
+        else "no recompute",
         f"ZeRO {int(row['zero_stage'])}",
         f"micro-batch {int(row['micro_batch_size'])}",
     ]

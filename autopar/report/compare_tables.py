@@ -55,6 +55,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
             "pp_schedule",
             "recompute",
             "recompute_layers",
+            "recompute_modules",
             "dtype",
             "main_grads_fp32",
             "tp_comm_overlap",
@@ -111,7 +112,7 @@ def compare_table(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
     for section, key, label in COMPARE_ROWS:
         better = BETTER.get(key, "")
         vals = [_path(e, key) for e in ests]
-        if key == "plan.recompute_layers" and all(v is None for v in vals):
+        if key in ("plan.recompute_layers", "plan.recompute_modules") and all(v is None for v in vals):
             continue
         differs = len({json.dumps(v, sort_keys=True, default=str) for v in vals}) > 1
         best = ""

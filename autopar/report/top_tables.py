@@ -120,6 +120,7 @@ _VARIANT_FIELDS = {
     "ep_comm_overlap": "EP overlap",
     "dp_shard": "dp shard",
     "recompute_layers": "recompute layers",
+    "compile": "compile",
 }
 
 

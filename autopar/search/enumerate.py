@@ -19,6 +19,7 @@ from autopar.spec.model import ModelSpec
 from autopar.spec.plan import FIELDS
 from autopar.spec.plan_fields import PlanField
 from autopar.spec.question import Question
+from autopar.spec.recompute_modules import lacking_modules
 from autopar.spec.table import RECOMP, SCHED, TRAINER, PlanTable
 
 DEFAULT_EP_LIMIT = 64
@@ -88,7 +89,19 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list[Any]]:
         "pp_layout": ["auto"] + [x for x in dict.fromkeys(k.get("pp_layout", ["auto"])) if x != "auto"],
         "trainer": [TRAINER[t] for t in q.trainers if t in k.get("trainer", q.trainers)],
     }
+    shaped["recompute_modules"] = _modules_of_the_model(_listed(RECOMPUTE_MODULES_FIELD, k, model), model)
     return shaped | {f.space: _listed(f, k, model) for f in FIELDS if f.space in AXES and f.space not in shaped}
+
+
+RECOMPUTE_MODULES_FIELD = next(f for f in FIELDS if f.name == "recompute_modules")
+
+
+def _modules_of_the_model(masks: list, model: ModelSpec) -> list:
+    """The space's recompute-module lists this model has every part of (mla_up_proj needs MLA, ...:
+    autopar.spec.recompute_modules.lacking_modules), as the expert knobs only for MoE models; the
+    default (0, core_attn) when none is left."""
+    lacking = lacking_modules(model)
+    return [m for m in masks if not m & lacking] or [0]
 
 
 def _listed(f: PlanField, knobs: dict, model: ModelSpec) -> list:
@@ -138,7 +151,8 @@ class Enumerator:
         if axes == INNER:
             rl = np.asarray(self.choices["recompute_layers"])[values["recompute_layers"]]
             rc = np.asarray(self.choices["recompute"])[values["recompute"]]
-            keep = (rl < 0) | (rc == RECOMP["full"])
+            rm = np.asarray(self.choices["recompute_modules"])[values["recompute_modules"]]
+            keep = ((rl < 0) | (rc == RECOMP["full"])) & ((rm == 0) | (rc == RECOMP["selective"]))
         else:
             probe = {a: np.zeros(len(values["tp"]), dtype=np.int64) for a in INNER} | values
             keep = self._keep(probe)
@@ -236,13 +250,15 @@ def _layout_registry(model: ModelSpec, choices: dict[str, list]) -> tuple[list, 
 
 def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, vpp, et, layout_id) -> np.ndarray:
     """Rows that are plans, each reached once: tp*pp*cp divides the GPUs; pp = 1 has one schedule
-    and no layout variant; recompute layers only with full recompute; TP overlap needs TP; EP knobs
+    and no layout variant; recompute layers only with full recompute, recompute modules only with
+    selective; TP overlap needs TP; EP knobs
     need EP; SP follows tp (when 'auto'); an explicit etp equal to tp is the same plan as etp 'tp';
     layout variants differ from the auto layout and from each other; expert knobs only for MoE."""
     t, p, c = col["tp"], col["pp"], col["cp"]
     keep = q.num_gpus % (t * p * c) == 0
     keep &= ~((p == 1) & ((sched != SCHED["1f1b"]) | (vpp > 1)))
     keep &= (col["recompute_layers"] < 0) | (col["recompute"] == RECOMP["full"])
+    keep &= (col["recompute_modules"] == 0) | (col["recompute"] == RECOMP["selective"])
     keep &= ~((t == 1) & col["tp_comm_overlap"].astype(bool))
     keep &= ~((col["ep"] == 1) & (col["ep_comm_overlap"].astype(bool) | (col["moe_dispatcher"] != 0)))
     if space.knobs.get("sp", "auto") == "auto":

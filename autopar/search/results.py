@@ -14,6 +14,7 @@ from autopar.spec.layout import auto_layout
 from autopar.spec.plan import LAYOUT_KEY, PLAN_KEY, RESULT_FIELDS, ParallelPlan
 from autopar.spec.plan_fields import CATEGORY
 from autopar.spec.plan_fields import plan_names as names_of
+from autopar.spec.recompute_modules import DEFAULT_SELECTIVE, parse_modules
 from autopar.spec.rules import all_rules, reason_text
 from autopar.spec.table import PlanTable, plan_of_row
 from autopar.spec.trainers import ALL_TRAINERS
@@ -28,7 +29,7 @@ DOMINANT_SHARE = 0.20
 #: precision. Plans that agree on these and differ only in the micro-batch, the ZeRO stage, the
 #: stage layout or a flag (SP, TP overlap, grads precision, MoE dispatch) are variants of one
 #: another: the top-k shows the fastest of each structure and folds the others under it.
-STRUCTURE_KEY = LAYOUT_KEY + ("pp_schedule", "recompute", "recompute_layers", "dtype")
+STRUCTURE_KEY = LAYOUT_KEY + ("pp_schedule", "recompute", "recompute_layers", "recompute_modules", "dtype")
 #: the one ranking order of plans, the tie-break included: the step time ranked by (rank_time_s),
 #: then less memory, then the plan's place in the walk (the one-shot order); a frame without a
 #: column skips it (stable sorts keep its order)
@@ -223,6 +224,7 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
     keys = (
         "pp_schedule",
         "recompute",
+        "recompute_modules",
         "zero_stage",
         "micro_batch_size",
         "dtype",
@@ -234,6 +236,7 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
     labels = {
         "pp_schedule": "schedule",
         "recompute": "recompute",
+        "recompute_modules": "recompute modules",
         "zero_stage": "ZeRO",
         "micro_batch_size": "mbs",
         "dtype": "dtype",
@@ -242,7 +245,17 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
         "layout_text": "stages",
         "trainer": "trainer",
     }
-    d = [f"{labels[k]} {runner[k]} (not {winner[k]})" for k in keys if k in runner.index and runner[k] != winner[k]]
+
+    def shown(row, k):
+        if k != "recompute_modules":
+            return row[k]
+        return ",".join(parse_modules(int(row[k])) or DEFAULT_SELECTIVE) if row["recompute"] == "selective" else "none"
+
+    d = [
+        f"{labels[k]} {shown(runner, k)} (not {shown(winner, k)})"
+        for k in keys
+        if k in runner.index and runner[k] != winner[k]
+    ]
     return "the same layout with " + (", ".join(d) if d else "another knob")
 
 

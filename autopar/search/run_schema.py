@@ -46,6 +46,7 @@ _PLAN_BOUNDS: dict[str, Any] = {
     "micro_batch_size": Batch,
     "global_batch_size": Batch,
     "recompute_layers": Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None,
+    "recompute_modules": list[str] | None,  # names, checked by the plan (autopar.spec.recompute_modules)
     "layout": list[Annotated[int, Field(ge=0, le=MAX_LAYERS)]] | None,
 }
 _KIND_TYPES = {INT: int, BOOL: bool, FLOAT: float, CATEGORY: str}

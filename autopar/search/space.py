@@ -10,7 +10,8 @@ from typing import Any
 
 from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.plan import BY_KEY, SCHEDULES
-from autopar.spec.plan_fields import BOOL, CATEGORY, INT, LAYOUT
+from autopar.spec.plan_fields import BOOL, CATEGORY, INT, LAYOUT, MODULES
+from autopar.spec.recompute_modules import ModulesError, parse_modules
 from autopar.spec.schema import MAX_BATCH, MAX_GPUS, MAX_LAYERS, check_name, path_kind
 from autopar.spec.yaml_io import load_yaml
 
@@ -25,7 +26,9 @@ INT_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == INT)
 CHOICE_KNOBS = {f.space: list(f.choices) for f in _KNOB_FIELDS if f.space and f.kind in (CATEGORY, LAYOUT)}
 CHOICE_KNOBS["pp_schedule"] = [s for s in SCHEDULES if s != "interleaved-1f1b"]  # interleaving: vpp > 1
 BOOL_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == BOOL)
-KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + ("tokens_per_step",)
+#: knobs whose choices are sets of names (recompute_modules: comma lists of Megatron-Core modules)
+MODULE_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == MODULES)
+KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + MODULE_KNOBS + ("tokens_per_step",)
 CONSTRAINTS = {
     "tp_within_node": bool,
     "max_pp": int,
@@ -111,6 +114,13 @@ def check_choices(name: str, value, origin: str) -> list:
     elif name in BOOL_KNOBS:
         if any(not isinstance(v, bool) for v in value):
             raise InputError(f"{origin}: knob '{name}' choices must be true/false, got {quoted(value)}")
+    elif name in MODULE_KNOBS:
+        for v in value:
+            try:
+                if not isinstance(v, str) or not parse_modules(v):
+                    raise ModulesError("a choice is a comma list of modules, e.g. core_attn or moe_act,layernorm")
+            except ModulesError as e:
+                raise InputError(f"{origin}: knob '{name}' has a bad choice {quoted(v)}: {e}") from None
     return value
 
 

@@ -33,6 +33,7 @@ from autopar.spec.plan_fields import (
     INT,
     LAYOUT,
     LAYOUT_RULES,
+    MODULES,
     MOE_DISPATCH,
     MOE_DISPATCHERS,
     NAME_FIELDS,
@@ -46,6 +47,7 @@ from autopar.spec.plan_fields import (
     plan_fields,
     plan_names,
 )
+from autopar.spec.recompute_modules import DEFAULT_SELECTIVE, RECOMPUTE_MODULES, ModulesError, parse_modules
 from autopar.spec.rules import plan_problems
 from autopar.spec.trainers import ALL_TRAINERS, TRAINERS
 
@@ -153,6 +155,19 @@ class ParallelPlan:
         space="recompute_layers",
         flag=Flag("recompute_layers", "With --recompute full: layers per stage to recompute (default: all)."),
     )
+    #: with selective recompute: Megatron-Core's recompute_modules (autopar.spec.recompute_modules);
+    #: None = its default, the core attention (what "selective" has always meant here)
+    recompute_modules: tuple[str, ...] | None = knob(
+        None,
+        MODULES,
+        space="recompute_modules",
+        flag=Flag(
+            "recompute_modules",
+            f"With --recompute selective: the modules recomputed, a comma list of {', '.join(RECOMPUTE_MODULES)} "
+            "(Megatron --recompute-modules; default core_attn).",
+            str,
+        ),
+    )
     dtype: str = knob(
         "bf16",
         CATEGORY,
@@ -257,9 +272,31 @@ class ParallelPlan:
     def __post_init__(self) -> None:
         for name, value in fill_followers(self, plan_fields(type(self))).items():
             object.__setattr__(self, name, value)
-        problems = self.intrinsic_problems()
+        problems = self._normalise_modules()
+        problems += self.intrinsic_problems()
         if problems:
             raise PlanError("invalid plan: " + "; ".join(problems))
+
+    def _normalise_modules(self) -> list[str]:
+        """The recompute modules as one spelling: the names in registry order, or None for
+        Megatron's default (core_attn alone), so that one plan has one value."""
+        if self.recompute_modules is None:
+            return []
+        try:
+            names = parse_modules(self.recompute_modules)
+        except ModulesError as e:
+            return [str(e)]
+        if not names:
+            return ["an empty recompute-module list recomputes nothing; use --recompute none"]
+        object.__setattr__(self, "recompute_modules", None if names == DEFAULT_SELECTIVE else names)
+        return []
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """The modules selective recompute checkpoints (none without it)."""
+        if self.recompute != "selective":
+            return ()
+        return self.recompute_modules or DEFAULT_SELECTIVE
 
     def intrinsic_problems(self) -> list[str]:
         """Problems of the plan on its own, before any model or cluster is known."""
@@ -298,6 +335,11 @@ class ParallelPlan:
                 )
             elif self.zero_stage == 0:
                 out.append("hybrid sharding (--dp-shard) needs ZeRO 1, 2 or 3: ZeRO 0 shards nothing")
+        if self.recompute_modules is not None and self.recompute != "selective":
+            out.append(
+                f"recompute modules ({','.join(self.recompute_modules)}) need --recompute selective "
+                f"(Megatron reads --recompute-modules only with --recompute-granularity selective)"
+            )
         if self.recompute_layers is not None:
             if self.recompute != "full":
                 out.append("recompute layers need --recompute full")

@@ -25,10 +25,12 @@ from typing import Self
 import numpy as np
 
 from autopar.spec.layout import PipelineLayout
+from autopar.spec.recompute_modules import DEFAULT_SELECTIVE, modules_mask, parse_modules
 from autopar.spec.trainers import ALL_TRAINERS
 
-#: the kinds of plan fields, by how their values are stored in a table
-INT, BOOL, FLOAT, CATEGORY, LAYOUT = "int", "bool", "float", "category", "layout"
+#: the kinds of plan fields, by how their values are stored in a table; MODULES: a set of
+#: recompute-module names (autopar.spec.recompute_modules), a bitmask in the table, None = 0
+INT, BOOL, FLOAT, CATEGORY, LAYOUT, MODULES = "int", "bool", "float", "category", "layout", "modules"
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 MOE_DISPATCH = ("dropless", "capacity")  # every routed token computed / tokens past capacity dropped
@@ -111,6 +113,9 @@ class PlanField:
             return self.none
         if self.kind == CATEGORY:
             return self.code_names[value]
+        if self.kind == MODULES:  # Megatron's default list (core_attn alone) is None, as the plan holds it
+            names = () if value is None else parse_modules(value)
+            return 0 if names == DEFAULT_SELECTIVE else modules_mask(names)
         return bool(value) if self.kind == BOOL else value
 
     def decode(self, value):
@@ -122,6 +127,8 @@ class PlanField:
             return bool(value)
         if self.kind == FLOAT:
             return float(value)
+        if self.kind == MODULES:
+            return parse_modules(int(value)) or None
         value = int(value)
         return None if self.none is not None and value == self.none else value
 
@@ -171,7 +178,7 @@ class Columns(dict):
 
 def table_columns(specs: tuple[PlanField, ...]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """The integer (codes and the layout id included), boolean and float columns of a table."""
-    ints = tuple(f.column for f in specs if f.kind in (INT, CATEGORY, LAYOUT))
+    ints = tuple(f.column for f in specs if f.kind in (INT, CATEGORY, LAYOUT, MODULES))
     return ints, tuple(f.column for f in specs if f.kind == BOOL), tuple(f.column for f in specs if f.kind == FLOAT)
 
 

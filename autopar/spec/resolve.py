@@ -269,7 +269,7 @@ def rebase_plan(
 ) -> ParallelPlan:
     """`base` (e.g. a search run's ranked plan) with the given flags on top, re-resolved. What
     follows a changed degree follows it unless given: dp (tp, pp, cp), etp (tp), sequence
-    parallelism (tp), the schedule (vpp), recompute layers (recompute), the layout (pp, vpp), the
+    parallelism (tp), the schedule (vpp), recompute layers and modules (recompute), the layout (pp, vpp), the
     capacity factor (dispatch). Without flags, `base` itself."""
     g = request.given()
     if not g:
@@ -301,6 +301,9 @@ def rebase_plan(
             "recompute": recompute,
             "recompute_layers": pick(
                 "recompute_layers", base.recompute_layers if recompute == base.recompute else None
+            ),
+            "recompute_modules": pick(
+                "recompute_modules", base.recompute_modules if recompute == base.recompute else None
             ),
             "grads": pick("grads", "fp32" if base.main_grads_fp32 else "bf16"),
             "moe_dispatch": dispatch,

@@ -18,6 +18,8 @@ import numpy as np
 from autopar.spec.hardware import ClusterSpec, GpuSpec
 from autopar.spec.model import ModelSpec, MoESpec
 from autopar.spec.plan_fields import DTYPE, RECOMP, SCHED, PlanColumns, plan_fields
+from autopar.spec.recompute_modules import MODULES, NEEDS, lacking_modules, parse_modules
+from autopar.spec.recompute_modules import SOURCE as MODULES_SOURCE
 from autopar.spec.stages import StageProfiles, stage_profiles
 from autopar.spec.trainer_rules import trainer_rules
 
@@ -55,6 +57,15 @@ class Rule:
 
 def _moe(c: Context) -> bool:
     return c.model.moe is not None
+
+
+def _module_needs(r: dict, c: Context) -> str:
+    name = parse_modules(int(r["recompute_modules"]) & lacking_modules(c.model))[0]
+    what = NEEDS[next(m.needs for m in MODULES if m.name == name)]
+    return (
+        f"recompute module {name} needs {what}; {c.model.name} has none: drop it from --recompute-modules "
+        f"({MODULES_SOURCE})"
+    )
 
 
 def _interleaved(t: PlanColumns) -> np.ndarray:
@@ -202,6 +213,11 @@ RULES: tuple[Rule, ...] = (
         "fp8",
         lambda t, c: (t.dtype == DTYPE["fp8"]) & (c.cluster is not None and c.cluster.gpu.fp8_tflops <= 0),
         lambda r, c: f"{c.gpu.key} has no FP8 tensor cores; use --dtype bf16",
+    ),
+    Rule(
+        "recompute_modules",
+        lambda t, c: (t.recompute == RECOMP["selective"]) & ((t.recompute_modules & lacking_modules(c.model)) > 0),
+        _module_needs,
     ),
     Rule(
         "recompute_layers",

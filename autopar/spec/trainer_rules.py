@@ -29,6 +29,7 @@ from autopar.spec.plan_fields import (
     SCHEDULES,
     PlanColumns,
 )
+from autopar.spec.recompute_modules import modules_mask, parse_modules
 from autopar.spec.trainers import ALL_TRAINERS, trainers
 from autopar.spec.trainers import KINDS as TABLE_KINDS
 
@@ -109,6 +110,23 @@ def _partial(t: PlanColumns, v: Values) -> np.ndarray:
     without_pp = v.mode(t, "without-pp") & ((t.pp > 1) | (t.recompute_layers == 0))
     per_chunk = v.mode(t, "multiple-of-vpp") & ((t.recompute_layers % t.vpp != 0) | (t.recompute_layers == 0))
     return partial & (never | without_pp | per_chunk)
+
+
+#: the modules Megatron-Core refuses under FP8 with delayed scaling (transformer_config.py: "Delayed
+#: scaling does not support moe_act and layernorm recompute for fp8"), the recipe autopar exports
+_NOT_UNDER_DELAYED_FP8 = modules_mask(("moe_act", "layernorm"))
+
+
+def _modules(t: PlanColumns, v: Values) -> np.ndarray:
+    listed = (t.recompute == RECOMP["selective"]) & (t.recompute_modules > 0)
+    fp8_norm_act = (t.dtype == DTYPE["fp8"]) & ((t.recompute_modules & _NOT_UNDER_DELAYED_FP8) > 0)
+    return listed & (v.mode(t, "no") | (v.mode(t, "megatron-core") & fp8_norm_act))
+
+
+def _modules_needed(r: dict) -> str:
+    names = ",".join(parse_modules(int(r["recompute_modules"])))
+    fp8 = r["dtype"] == DTYPE["fp8"] and int(r["recompute_modules"]) & _NOT_UNDER_DELAYED_FP8
+    return f"selective recompute of {names}" + (" under FP8 delayed scaling" if fp8 else "")
 
 
 def _ep_overlap(t: PlanColumns, v: Values) -> np.ndarray:
@@ -221,6 +239,7 @@ KINDS: dict[str, Kind] = {
         lambda t, c, v: (t.dp_shard > 0) & (t.dp_shard < t.dp * t.cp) & ~v.allows(t, (0, 1, 2, 3), t.zero_stage),
         lambda r, c: f"hybrid sharding (--dp-shard {r['dp_shard']}) with ZeRO-{r['zero_stage']}",
     ),
+    "recompute_modules": Kind(lambda t, c, v: _modules(t, v), lambda r, c: _modules_needed(r)),
     "zero_bubble_rounds": Kind(
         lambda t, c, v: (
             (t.pp_schedule == SCHED["zero-bubble"])

@@ -50,6 +50,7 @@ KINDS = (
     "partial_recompute",
     "bf16_main_grads",
     "hsdp",
+    "recompute_modules",
     "zero_bubble_rounds",
     "attention_variants",
 )

@@ -120,6 +120,7 @@ BAD = {
     "moe_dispatch": "dropful",
     "capacity_factor": "100",
     "moe_dispatcher": "nccl",
+    "recompute_modules": "attn",
 }
 
 
@@ -207,6 +208,10 @@ def test_rebase_without_flags_is_the_plan_itself() -> None:
             dict(pp_schedule="zero-bubble", trainer="torchtitan", tp_comm_overlap=True),
         ),
         (PlanRequest(recompute="selective"), dict(recompute="selective", recompute_layers=None)),
+        (
+            PlanRequest(recompute="selective", recompute_modules="layernorm,mlp"),
+            dict(recompute="selective", recompute_modules=("layernorm", "mlp"), recompute_layers=None),
+        ),
         (PlanRequest(pp=8, vpp=1), dict(pp=8, dp=4, pp_schedule="1f1b", layout=None)),
     ],
 )

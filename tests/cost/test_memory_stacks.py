@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autopar.cost.memory_facts import MODULE_BITS, MemoryFacts, nanotron_layout, recompute_modules
+from autopar.cost.memory_facts import OFFLOAD_BITS, MemoryFacts, nanotron_layout, row_offloaded, row_recompute_modules
 from autopar.cost.memory_stacks import STACKS, stack_name
 from autopar.cost.memory_terms import memory_breakdown
 from autopar.cost.price import prepare
@@ -16,6 +16,7 @@ from autopar.cost.stack_activations import PlanShape, dense_layer, moe_layer
 from autopar.spec.hardware import GIB, LOCAL_DEFAULTS, cluster_from_dict, default_cluster
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
+from autopar.spec.recompute_modules import MODULE_BITS
 from autopar.spec.table import PlanTable
 
 LLAMA3_8B = get_preset("llama3-8b")  # h 4096, ffn 14336, 32 heads, 8 KV heads of 128, SwiGLU
@@ -236,8 +237,9 @@ def test_the_program_follows_the_priced_cluster_not_the_plans_trainer() -> None:
     ],
 )
 def test_recompute_modules_of_a_row(text, modules) -> None:
-    bits = recompute_modules(text)
-    assert {m for m, b in MODULE_BITS.items() if bits & b} == modules
+    offloaded = row_offloaded(text)
+    read = set(row_recompute_modules(text)) | {m for m, b in OFFLOAD_BITS.items() if offloaded & b}
+    assert read == modules
 
 
 def test_nanotron_layout_by_compute_cost() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from autopar.cost.case_batch import prime_inputs
-from autopar.cost.memory_facts import MODULE_BITS, recompute_modules
+from autopar.cost.memory_facts import row_recompute_modules
 from autopar.cost.price import prepare
 from autopar.cost.run_cases import build_cases
 from autopar.cost.run_rows import load_runs
@@ -24,17 +24,20 @@ def cases():
 
 def _with_and_without(case):
     """The case's step inputs priced with its modules and with none."""
-    listed, bare = replace(case, inputs=None), replace(case, inputs=None, recompute_modules=0)
+    listed = replace(case, inputs=None)
+    bare = replace(case, inputs=None, plan=case.plan.with_(recompute="none", recompute_modules=None))
     prime_inputs([listed])
     prime_inputs([bare])
     return listed.inputs, bare.inputs
 
 
 def test_the_rows_modules_are_read_from_their_recompute_cells(cases):
-    assert cases["282"].recompute_modules == MODULE_BITS["layernorm"] | MODULE_BITS["moe"]
-    assert cases["290"].recompute_modules == MODULE_BITS["mlp"] | MODULE_BITS["mla_up_proj"]
-    assert cases["277"].recompute_modules == recompute_modules("selective: norm, act")
-    assert cases["1"].recompute_modules == 0  # recompute not stated
+    # the plan holds them (ParallelPlan.recompute_modules): selective recompute of those modules only
+    assert cases["282"].plan.selective_modules == ("layernorm", "moe")
+    assert cases["290"].plan.selective_modules == ("mlp", "mla_up_proj")
+    assert cases["277"].plan.selective_modules == row_recompute_modules("selective: norm, act")
+    assert cases["277"].plan.recompute == "selective"
+    assert cases["1"].plan.recompute_modules is None  # recompute not stated
 
 
 def test_a_recomputed_moe_layer_runs_its_experts_and_all_to_alls_once_more(cases):

@@ -94,6 +94,28 @@ CASES = [
         dict(tp=2, cp=2, zero=3, dp_shard=4, gbs=64),
         refuse=_core("hybrid sharding") | {"deepspeed": "context"},
     ),
+    # Megatron-Core's selective recompute modules (--recompute-modules; NeMo / Bridge recompute_modules)
+    Case(
+        "selective-modules-dense",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=3, recompute="selective", recompute_modules="core_attn,mlp,layernorm", gbs=64),
+        refuse=_titan("recompute-modules") | {"deepspeed": "recompute-modules"},
+    ),
+    Case(
+        "selective-modules-moe",
+        "qwen3-30b-a3b",
+        32,
+        dict(tp=2, ep=8, etp=1, zero=3, recompute="selective", recompute_modules="moe_act,layernorm", gbs=64),
+        refuse=_titan("recompute-modules") | {"deepspeed": "MoE"},
+    ),
+    Case(
+        "selective-modules-mla",
+        "deepseek-v3",
+        256,
+        dict(pp=4, ep=64, zero=3, recompute="selective", recompute_modules="mla_up_proj,mlp", gbs=256),
+        refuse=_titan("recompute-modules") | {"deepspeed": "uneven pipeline stages"},
+    ),
     Case(
         "vpp-interleaved-full",
         "llama3-70b",

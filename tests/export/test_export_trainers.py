@@ -221,7 +221,18 @@ def _check_core_config(case, fields: dict) -> None:
         kw["pipeline_dtype"] = torch.bfloat16
     if p.dtype != "fp32":  # NeMo's / Bridge's mixed-precision plugin sets it at run time, Megatron-LM's --bf16
         kw.setdefault("bf16", True)
-    cfg = TransformerConfig(**kw)
+    config_class = TransformerConfig
+    if case.spec.mla is not None and "mla_up_proj" in p.selective_modules:  # Megatron-Core asserts MLA for it
+        m = case.spec.mla
+        config_class = _core()[2]
+        kw |= dict(
+            q_lora_rank=m.q_lora_rank,
+            kv_lora_rank=m.kv_lora_rank,
+            qk_head_dim=m.qk_nope_head_dim,
+            qk_pos_emb_head_dim=m.qk_rope_head_dim,
+            v_head_dim=m.v_head_dim,
+        )
+    cfg = config_class(**kw)
     assert cfg.tensor_model_parallel_size == p.tp and cfg.pipeline_model_parallel_size == p.pp
     capacity = case.spec.moe is not None and p.moe_dispatch == "capacity"
     assert cfg.moe_expert_capacity_factor == (p.capacity_factor if capacity else None)
@@ -231,6 +242,8 @@ def _check_core_config(case, fields: dict) -> None:
         assert cfg.moe_flex_dispatcher_backend == "deepep"
         assert cfg.overlap_moe_expert_parallel_comm == (p.ep_comm_overlap and p.ep > 1)
     assert cfg.context_parallel_size == p.cp and cfg.sequence_parallel == p.sequence_parallel
+    if p.recompute == "selective":  # Megatron-Core's own list, its default filled in (["core_attn"])
+        assert sorted(cfg.recompute_modules) == sorted(p.selective_modules)
     if case.spec.moe is not None:
         assert cfg.expert_model_parallel_size == p.ep and cfg.expert_tensor_parallel_size == p.etp
     vpp = cfg.virtual_pipeline_model_parallel_size or 1
@@ -267,6 +280,7 @@ def _megatron_core_fields(ns) -> dict:
         "recompute_granularity": ns.recompute_granularity,
         "recompute_method": ns.recompute_method,
         "recompute_num_layers": ns.recompute_num_layers,
+        "recompute_modules": ns.recompute_modules,
         "tp_comm_overlap": ns.tp_comm_overlap,
         "bf16": ns.bf16,
         "fp8": ns.fp8_format,
