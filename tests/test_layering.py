@@ -37,7 +37,8 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "json_out": (frozenset({"secrets"}), frozenset()),  # dumps: the one JSON writer (strict, masked)
     "atomic": (frozenset(), frozenset()),  # write_atomic: the one atomic file write
     "quoting": (frozenset({"errors"}), frozenset()),  # values in generated scripts
-    "spec": (frozenset({"errors", "spec"}), frozenset({"numpy", "yaml"})),
+    # spec checks the names it takes that exports paste into scripts (a recipe) with quoting's rule
+    "spec": (frozenset({"errors", "quoting", "spec"}), frozenset({"numpy", "yaml"})),
     "cost": (frozenset({"errors", "json_out", "atomic", "spec", "cost"}), frozenset({"numpy", "scipy"})),
     "search": (frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "search"}), ANY),
     # the measured stage: torch-free, between the search and the torch trials it launches

@@ -22,6 +22,7 @@ DEFAULT_KNOBS = {
     "recompute": ["none", "selective", "full"],
     "dtype": ["bf16"],
     "tp_comm_overlap": [False],
+    "compile": [False],
     "moe_dispatcher": ["alltoall", "deepep"],
     "pp_layout": ["auto", "balanced"],
     "tokens_per_step": 4194304,
