@@ -10,7 +10,7 @@ from typing import Any
 
 from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.plan import BY_KEY, SCHEDULES
-from autopar.spec.plan_fields import BOOL, CATEGORY, INT, LAYOUT
+from autopar.spec.plan_fields import BOOL, CATEGORY, FLOAT, INT, LAYOUT
 from autopar.spec.schema import MAX_BATCH, MAX_GPUS, MAX_LAYERS, check_name, path_kind
 from autopar.spec.yaml_io import load_yaml
 
@@ -25,7 +25,9 @@ INT_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == INT)
 CHOICE_KNOBS = {f.space: list(f.choices) for f in _KNOB_FIELDS if f.space and f.kind in (CATEGORY, LAYOUT)}
 CHOICE_KNOBS["pp_schedule"] = [s for s in SCHEDULES if s != "interleaved-1f1b"]  # interleaving: vpp > 1
 BOOL_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == BOOL)
-KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + ("tokens_per_step",)
+#: number knobs -> their (lowest, highest) choice: the share of the optimizer shard offloaded
+FLOAT_KNOBS = {f.space: (0.0, 1.0) for f in _KNOB_FIELDS if f.space and f.kind == FLOAT}
+KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + tuple(FLOAT_KNOBS) + ("tokens_per_step",)
 CONSTRAINTS = {
     "tp_within_node": bool,
     "max_pp": int,
@@ -111,6 +113,13 @@ def check_choices(name: str, value, origin: str) -> list:
     elif name in BOOL_KNOBS:
         if any(not isinstance(v, bool) for v in value):
             raise InputError(f"{origin}: knob '{name}' choices must be true/false, got {quoted(value)}")
+    elif name in FLOAT_KNOBS:
+        low, high = FLOAT_KNOBS[name]
+        for v in value:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not low <= v <= high:
+                raise InputError(
+                    f"{origin}: knob '{name}' has a bad choice {quoted(v)}; use numbers from {low:g} to {high:g}"
+                )
     return value
 
 

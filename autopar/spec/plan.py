@@ -253,6 +253,20 @@ class ParallelPlan:
             "--overlap-moe-expert-parallel-comm; default off).",
         ),
     )
+    #: share of each rank's optimizer shard (fp32 master weights and Adam moments) kept in host
+    #: memory and stepped by a CPU Adam; 0 = none (Megatron-Core OptimizerConfig
+    #: optimizer_offload_fraction with optimizer_cpu_offload; DeepSpeed offload_optimizer.ratio)
+    optimizer_offload: float = knob(
+        0.0,
+        FLOAT,
+        space="optimizer_offload",
+        flag=Flag(
+            "optimizer_offload",
+            "Share of the optimizer shard (fp32 master weights, Adam moments) offloaded to host memory and "
+            "stepped on the CPU, 0 to 1 (Megatron --optimizer-cpu-offload --optimizer-offload-fraction; "
+            "DeepSpeed offload_optimizer). Default 0.",
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name, value in fill_followers(self, plan_fields(type(self))).items():
@@ -298,6 +312,11 @@ class ParallelPlan:
                 )
             elif self.zero_stage == 0:
                 out.append("hybrid sharding (--dp-shard) needs ZeRO 1, 2 or 3: ZeRO 0 shards nothing")
+        f = self.optimizer_offload
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+            out.append(f"optimizer offload must be a share from 0 to 1 of the optimizer shard, got {f!r}")
+        elif f > 0 and self.zero_stage == 0:
+            out.append("optimizer offload needs ZeRO 1, 2 or 3 (the sharded optimizer is what moves to the host)")
         if self.recompute_layers is not None:
             if self.recompute != "full":
                 out.append("recompute layers need --recompute full")

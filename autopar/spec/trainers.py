@@ -50,6 +50,8 @@ KINDS = (
     "partial_recompute",
     "bf16_main_grads",
     "hsdp",
+    "optimizer_offload",
+    "partial_optimizer_offload",
     "zero_bubble_rounds",
     "attention_variants",
 )
