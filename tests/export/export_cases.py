@@ -94,6 +94,23 @@ CASES = [
         dict(tp=2, cp=2, zero=3, dp_shard=4, gbs=64),
         refuse=_core("hybrid sharding") | {"deepspeed": "context"},
     ),
+    # optimizer offload: Megatron-Core's HybridDeviceOptimizer (ZeRO-1, any share), DeepSpeed's
+    # ZeRO-Offload (the whole partition; a share with ZeRO-3), torchtitan has no such mode
+    Case("offload-zero1", "llama3-8b", 16, dict(tp=2, zero=1, optimizer_offload=1.0, gbs=64), refuse=_titan("ZeRO-1")),
+    Case(
+        "offload-share-zero1",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=1, optimizer_offload=0.25, gbs=64),
+        refuse=_titan("ZeRO-1") | {"deepspeed": "Stage 3"},
+    ),
+    Case(
+        "offload-share-zero3",
+        "llama3-8b",
+        16,
+        dict(zero=3, optimizer_offload=0.5, gbs=64),
+        refuse=_core("offload") | _titan("offload"),
+    ),
     Case(
         "vpp-interleaved-full",
         "llama3-70b",
