@@ -315,8 +315,6 @@ class ParallelPlan:
         f = self.optimizer_offload
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
             out.append(f"optimizer offload must be a share from 0 to 1 of the optimizer shard, got {f!r}")
-        elif f > 0 and self.zero_stage == 0:
-            out.append("optimizer offload needs ZeRO 1, 2 or 3 (the sharded optimizer is what moves to the host)")
         if self.recompute_layers is not None:
             if self.recompute != "full":
                 out.append("recompute layers need --recompute full")

@@ -199,6 +199,11 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        "optimizer_offload_zero0",
+        lambda t, c: (t.optimizer_offload > 0) & (t.zero_stage == 0),
+        lambda r, c: "optimizer offload needs ZeRO 1, 2 or 3 (the sharded optimizer is what moves to the host)",
+    ),
+    Rule(
         "optimizer_offload_host",
         lambda t, c: (t.optimizer_offload > 0) & (c.cluster is not None and not _host_figures(c.cluster.gpu)),
         lambda r, c: (

@@ -133,16 +133,17 @@ def test_a_gpu_without_host_figures_refuses_offload(setting) -> None:
 
 
 @pytest.mark.parametrize(
-    "kw, needle",
-    [
-        (dict(optimizer_offload=1.5), "from 0 to 1"),
-        (dict(optimizer_offload=-0.1), "from 0 to 1"),
-        (dict(optimizer_offload=1.0, zero_stage=0), "ZeRO 1, 2 or 3"),
-    ],
+    "kw, needle", [(dict(optimizer_offload=1.5), "from 0 to 1"), (dict(optimizer_offload=-0.1), "from 0 to 1")]
 )
 def test_a_share_that_cannot_be_is_refused(kw, needle) -> None:
     with pytest.raises(PlanError, match=needle):
         _plan(**kw)
+
+
+def test_offload_without_a_sharded_optimizer_is_invalid(setting) -> None:
+    """A rule, not a malformed plan: a searched space may pair ZeRO-0 with an offload share."""
+    est = _estimate(setting, _plan(optimizer_offload=1.0, zero_stage=0))
+    assert not est.valid and any("ZeRO 1, 2 or 3" in r for r in est.reasons)
 
 
 @pytest.mark.parametrize(
