@@ -10,8 +10,9 @@ from autopar.json_out import dumps
 @app.command()
 def hardware(as_json: o.Json = False) -> None:
     """List GPU presets: dense peaks, the achievable GEMM rates the cost model uses (published MAMF),
-    HBM, NVLink and NIC bandwidth (per GPU, per direction), and which published figures stand in
-    for the ones a GPU has none of."""
+    HBM, NVLink, NIC and host-link bandwidth (per GPU, per direction), the host memory bandwidth
+    per GPU (what an offloaded optimizer step streams through), and which published figures stand
+    in for the ones a GPU has none of."""
     from dataclasses import asdict
 
     from autopar.spec.behaviour import behaviour
@@ -35,7 +36,21 @@ def hardware(as_json: o.Json = False) -> None:
     from autopar.cli.render import compact_table, console, note
 
     t = compact_table("GPU presets (each row's source: autopar hardware --json, autopar/spec/data/gpus.toml)")
-    for col in ("key", "BF16", "FP8", "MAMF BF16", "MAMF FP8", "HBM GiB", "HBM GB/s", "NVLink", "NIC", "/node", "name"):
+    for col in (
+        "key",
+        "BF16",
+        "FP8",
+        "MAMF BF16",
+        "MAMF FP8",
+        "HBM GiB",
+        "HBM GB/s",
+        "NVLink",
+        "NIC",
+        "host",
+        "DRAM",
+        "/node",
+        "name",
+    ):
         # the key stays whole in a narrow terminal: it is what `--gpu` takes
         t.add_column(col, justify="left" if col in ("key", "name") else "right", no_wrap=col == "key")
     for g in gpus:
@@ -47,15 +62,20 @@ def hardware(as_json: o.Json = False) -> None:
             f"{beh[g.key].gemm.fp8_flops / 1e12:.0f}" if beh[g.key].gemm.fp8_flops else "-",
             f"{g.hbm_gib:g}",
             f"{g.hbm_gbps:g}",
-            f"{g.intra_node_gbps:g}" + (" per link" if g.intra_node_topology == "full-mesh" else ""),
+            f"{g.intra_node_gbps:g}" + ("/link" if g.intra_node_topology == "full-mesh" else ""),
             f"{g.nic_gbps:g}",
+            f"{g.host_link_gbps:g}" if g.host_link_gbps is not None else "-",
+            f"{g.host_memory_gbps:g}" if g.host_memory_gbps is not None else "-",
             str(g.gpus_per_node),
             g.name,
         )
     console().print(t)
     console().print(
         "BF16, FP8: dense peak TFLOP/s; MAMF: the achievable GEMM rate, TFLOP/s (published; "
-        "autopar/spec/data/hardware_behaviour.toml); NVLink, NIC: GB/s per GPU per direction; /node: GPUs per node."
+        "autopar/spec/data/hardware_behaviour.toml); NVLink (/link: per link of a full mesh), NIC, host (the "
+        "GPU-host link: PCIe x16 or NVLink-C2C): GB/s per GPU per direction; DRAM: the host memory's GB/s per GPU "
+        "(the vendor's reference system; - not stated: set host_link_gbps and host_memory_gbps in a cluster file); "
+        "/node: GPUs per node."
     )
     for g in gpus:
         for stand_in in beh[g.key].stand_ins:

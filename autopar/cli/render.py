@@ -142,6 +142,7 @@ def plan_line(est: Estimate) -> str:
         f"moe-dispatch=capacity x{p.capacity_factor:g}" if p.moe_dispatch == "capacity" else "",
         f"moe-dispatcher={p.moe_dispatcher}" if p.moe_dispatcher != "alltoall" else "",
         "ep-comm-overlap" if p.ep_comm_overlap else "",
+        f"optimizer-offload={p.optimizer_offload:g}" if p.optimizer_offload > 0 else "",
     ]
     return "  ".join(x for x in parts if x)
 
@@ -219,8 +220,20 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     thr.add_row("HFU (incl. recompute)", f"{100 * est.hfu:.1f}%")
     thr.add_row("bubble fraction", f"{100 * est.bubble_fraction:.1f}%")
     thr.add_row("params per GPU", human_count(est.params_per_gpu))
-    out += [mem, tim, com, thr, sureness_table(est), sureness_line(est)]
+    out += [mem]
+    if "host_memory_bytes_per_gpu" in est.extra:
+        out.append(host_memory_line(est, cluster))
+    out += [tim, com, thr, sureness_table(est), sureness_line(est)]
     return out
+
+
+def host_memory_line(est: Estimate, cluster: ClusterSpec) -> Text:
+    """Host memory the offloaded optimizer share takes; no host capacity is known to check it against."""
+    per_gpu, per_node = est.extra["host_memory_bytes_per_gpu"], est.extra["host_memory_bytes_per_node"]
+    return Text(
+        f"Host memory for the offloaded optimizer: {per_gpu / GIB:.1f} GiB per GPU, {per_node / GIB:.1f} GiB per "
+        f"node of {cluster.gpus_per_node} (not checked: no host memory capacity is stated)"
+    )
 
 
 def sureness_table(est: Estimate) -> Table:

@@ -95,7 +95,7 @@ def top_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
     for i, (_, row) in enumerate(r.top.iterrows(), start=1):
         cells = {
             "#": str(i),
-            "layout": str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else "") + variants_text(row),
+            "layout": layout_cell(row) + variants_text(row),
             "sched": _schedule(row),
             "stages": stage_balance(row),
             "recomp": recompute_label(row["recompute"], row.get("recompute_modules")),
@@ -187,6 +187,14 @@ def _runs_on(row) -> str:
     return " ".join(TRAINER_LETTERS.get(n, n) for n in ordered)
 
 
+def layout_cell(row) -> str:
+    """The layout with its flags: +tpo (TP overlap), +offF (a share F of the optimizer in host memory)."""
+    share = float(row["optimizer_offload"]) if "optimizer_offload" in row.index else 0.0
+    return (
+        str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else "") + (f" +off{share:g}" if share > 0 else "")
+    )
+
+
 def variants_text(row) -> str:
     """' +2' after a layout with two variants folded under it, '' without."""
     n = int(row["variants"]) if "variants" in row.index else 0
@@ -205,6 +213,8 @@ def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
             "+N: N more plans of the layout's structure, differing only in mbs, ZeRO, stage layout or flags "
             "(top.json lists them)"
         )
+    if any(float(row.get("optimizer_offload", 0.0)) > 0 for _, row in r.top.iterrows()):
+        notes.append("+offF: a share F of the optimizer states offloaded to host memory")
     if "80% range" in shown:
         notes.append("80% range: the step time's 80 % interval")
     if "support" in shown:
@@ -256,7 +266,7 @@ def trainer_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
         rows.append(
             [
                 title,
-                str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else ""),
+                layout_cell(row),
                 _schedule(row),
                 recompute_label(row["recompute"], row.get("recompute_modules")),
                 str(row["zero_stage"]),

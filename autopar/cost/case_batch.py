@@ -91,7 +91,7 @@ _FIELDS = tuple(f for f in StepInputs._fields if f != "raw")
 
 
 #: the (C, n) fields of StepInputs besides `raw` and `active`
-_PER_RANK = ("tp", "cp", "ep", "pp", "tp_step", "dp_reduce", "dp_gather", "optimizer", "tp_backward_share")
+_PER_RANK = ("tp", "cp", "ep", "pp", "tp_step", "dp_reduce", "dp_gather", "optimizer", "offload", "tp_backward_share")
 
 
 def _stack(parts: list, rows: int):

@@ -30,7 +30,7 @@ from autopar.spec.table import TRAINER, PlanTable
 from autopar.spec.trainers import ALL_TRAINERS, DEFAULT_TRAINER, get_trainer
 
 AXES = ("tp", "cp", "ep", "pp", "dp")
-TIME_TERMS = ("compute", "tp", "cp", "ep", "pp", "dp", "bubble", "optimizer")
+TIME_TERMS = ("compute", "tp", "cp", "ep", "pp", "dp", "bubble", "optimizer", "offload")
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
 #: how the terms read in the terminal, the report and the why line (communication terms are what
 #: overlap leaves exposed)
@@ -43,6 +43,7 @@ TIME_LABELS = {
     "dp": "DP comm (exposed)",
     "bubble": "pipeline bubble",
     "optimizer": "optimizer step",
+    "offload": "optimizer offload (host)",
 }
 MEMORY_LABELS = {
     "weights": "weights",
@@ -290,6 +291,9 @@ def estimate(
         for k, v in row.items()
         if k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step", "time_tp_per_step")
     }
+    if plan.optimizer_offload > 0:  # the offloaded optimizer share's host memory, per GPU and per node
+        extra["host_memory_bytes_per_gpu"] = float(row["host_memory_bytes"])
+        extra["host_memory_bytes_per_node"] = float(row["host_memory_bytes"]) * cluster.gpus_per_node
     _, reason = support_text(int(row["support_gaps"]), plan, model, cluster, seq_len or model.seq_len)
     extra.update(interval_fields(row, reason))
     extra["stages"] = [

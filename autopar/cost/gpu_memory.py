@@ -9,8 +9,8 @@ The peak is the larger of two moments (as on the built-in stack, autopar.cost.to
 States by program (autopar.cost.memory_stacks `grads`):
 - Megatron-Core (Megatron `theoretical_memory_usage.py`, docs dist_optimizer.md): 16-bit weights,
   fp32 (or bf16) main gradients in one buffer, fp32 master + Adam over the data-parallel group
-  (autopar.cost.memory); FP8 adds TE's cached FP8 weight and transpose unless the parameters
-  themselves are FP8 (--fp8-param-gather);
+  (autopar.cost.memory), less the share offloaded to the host (autopar.cost.offload); FP8 adds
+  TE's cached FP8 weight and transpose unless the parameters themselves are FP8 (--fp8-param-gather);
 - Megatron-DeepSpeed: 16-bit gradients with DeepSpeed's fp16 ZeRO optimizer, whose partition adds
   an fp32 gradient copy (4/d) and a reduce bucket of `reduce_bucket_size` = 5e8 elements
   (deepspeed/runtime/zero/config.py default);
@@ -160,14 +160,16 @@ def megatron_states(x, prm, stack: MemoryStack, facts: MemoryFacts, model):
         weights = weights + np.where(fp8 & (t.zero_stage < 3), 2.0 * np.maximum(linear, 0.0), 0.0)
     if facts.bf16_optimizer_states:
         opt = opt * (8.0 / 12.0)  # fp32 master + bf16 m, v
-    if facts.optimizer_offload:
-        opt = 0.0 * opt  # the optimizer shard lives in host memory (Megatron --optimizer-cpu-offload)
     buffers = 0.0 * weights
     if stack.grads == "deepspeed":
         sixteen_bit = ~np.asarray(t.main_grads_fp32)
         sharded = (prm.dense / x.dp_shard + prm.expert / x.expert_dp) * (t.zero_stage >= 1)
         opt = opt + np.where(sixteen_bit, 4.0 * sharded, 0.0)  # fp32 gradient partition
         buffers = buffers + np.where(x.dp_group > 1, 2.0 * DEEPSPEED_REDUCE_BUCKET, 0.0)
+    # the offloaded share of the shard lives in host memory (autopar.cost.offload): Megatron's fp32
+    # master and Adam states, DeepSpeed's with its fp32 gradient partition; the 16-bit weights and the
+    # main-gradient buffer stay
+    opt = opt * (1.0 - t.optimizer_offload)
     return weights, grads, opt, buffers
 
 

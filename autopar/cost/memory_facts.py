@@ -74,8 +74,6 @@ _FAMILY_STACK = {"fsdp": "torchtitan-default", "nanotron": "nanotron", "deepspee
 class MemoryFacts:
     offloaded: int = 0  # OFFLOAD_BITS of the activations the run offloads to the host
     bf16_optimizer_states: bool = False  # Adam m and v in bf16 (--use-precision-aware-optimizer)
-    #: the optimizer shard (fp32 master, Adam m and v) in host memory (Megatron --optimizer-cpu-offload)
-    optimizer_offload: bool = False
     stack: str | None = None  # the program (memory_stacks.STACKS); None = the plan's trainer's
     era_2022: bool = False  # torch 1.x (eager CUDA module loading) and NCCL before lazy connection
     notes: tuple[str, ...] = ()
@@ -182,13 +180,9 @@ def row_memory_facts(row: dict, source: str) -> MemoryFacts:
     elif nvidia_deepseek_v3_recipe(row, source):
         bf16_states = True
         notes.append(f"bf16 Adam moments ({DEEPSEEK_V3_RECIPE})")
-    offload = re.search(r"optimizer-state CPU offload|optimizer CPU offload", framework + " " + opt, re.I) is not None
-    if offload:
-        notes.append("optimizer states offloaded to the host (the row)")
     return MemoryFacts(
         offloaded=offloaded,
         bf16_optimizer_states=bf16_states,
-        optimizer_offload=offload,
         stack=SOURCE_STACK.get(source, _FAMILY_STACK.get(family(row))),
         era_2022=source == "bloom",
         notes=tuple(notes),

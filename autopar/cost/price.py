@@ -12,6 +12,7 @@ from autopar.cost.columns import comm_columns, plan_columns, ranking_columns, st
 from autopar.cost.comm_terms import CommTerms, comm_terms
 from autopar.cost.compute import RawCompute, module_recompute, raw_compute
 from autopar.cost.memory_terms import LayerActivations, layer_activations, memory_terms
+from autopar.cost.offload import host_bytes
 from autopar.cost.params import RankParams, rank_params
 from autopar.cost.plan_arrays import PlanArrays, plan_arrays
 from autopar.cost.step import step_terms
@@ -138,6 +139,9 @@ def price(
             x, xt, model, cluster, p.rules, memory, step, step.recompute_flops, prm_t.total, headroom_gib
         )
         out.update(comm_columns(xt, comm))
+        # host memory of the optimizer share offloaded (checked against nothing: no host capacity is stated)
+        deepspeed = cluster.training_stack == "megatron-deepspeed"
+        out["host_memory_bytes"] = np.max(np.where(x.active, host_bytes(x, p.params, deepspeed), 0.0), axis=0)
         out["rejected_by"] = np.where(out["valid"], np.where(out["fits"], "", "memory"), p.rules.short_reasons())
         out["layout"] = x.stages.layout_text
         out.update(stage_columns(x, memory, step, p.params.total, comm))

@@ -87,7 +87,19 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
         moe_dispatch=dispatch,
         ep_comm_overlap=ep_overlap and ep > 1,
         pp_schedule=schedule,  # None: the default for vpp (ParallelPlan.__post_init__)
+        optimizer_offload=_optimizer_offload(r),
     )
+
+
+def _optimizer_offload(r: PublishedRow) -> float:
+    """The share of the optimizer shard a row states it offloads to the host: the whole of it
+    where the row says "optimizer(-state) CPU offload" without a fraction (Megatron
+    --optimizer-cpu-offload with --optimizer-offload-fraction 1)."""
+    text = f"{r.text('framework')} {r.text('zero_or_dist_opt')}"
+    if re.search(r"optimizer-state CPU offload|optimizer CPU offload", text, re.I):
+        r.notes.append("optimizer states offloaded to the host (the row): priced as the whole shard")
+        return 1.0
+    return 0.0
 
 
 def _moe(r: PublishedRow, model) -> tuple[int | None, str, bool, str]:

@@ -7,8 +7,8 @@ of the constants re-runs the assembly only, on the inputs of every case at once
 Each rank's time per microbatch = compute + the exposed TP, CP, EP and PP communication; the
 pipeline runs at the pace of its slowest stage, so pipeline time = m * pace / (1 - bubble
 fraction) (Narayanan et al. 2021, Megatron-LM at scale, sec. 2.2: the bubble is idle time on top of m
-steady microbatches); then the exposed DP communication, the TP per-step reductions and the optimizer
-step of the slowest rank.
+steady microbatches); then the exposed DP communication, the TP per-step reductions, the optimizer
+step and the optimizer share offloaded to the host (autopar.cost.offload) of the slowest rank.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 from autopar.cost.comm_terms import CommTerms
 from autopar.cost.compute import RawCompute, assemble_compute
 from autopar.cost.kernels import hbm_rate
+from autopar.cost.offload import offload_seconds
 from autopar.cost.params import RankParams
 from autopar.cost.pipeline import bubble_fraction, steady_fraction
 from autopar.cost.plan_arrays import PlanArrays
@@ -44,6 +45,7 @@ class StepInputs(NamedTuple):
     dp_reduce: np.ndarray
     dp_gather: np.ndarray
     optimizer: np.ndarray  # (C, n) seconds per step
+    offload: np.ndarray  # (C, n) seconds per step of the optimizer share offloaded to the host
     active: np.ndarray  # (C, n) the plan has this rank
     tp_overlap_on: np.ndarray  # (n,) --tp-comm-overlap
     tp_backward_share: np.ndarray  # (C, n) share of the TP seconds in the backward pass
@@ -80,6 +82,7 @@ class StepTerms(NamedTuple):
     time_per_microbatch: np.ndarray  # (C, n), -inf on ranks a plan does not have
     dp_exposed: np.ndarray  # (C, n) seconds per step
     optimizer: np.ndarray  # (C, n)
+    offload: np.ndarray  # (C, n)
     tp_step: np.ndarray  # (C, n)
     pace_index: np.ndarray  # (n,) the costed row of the slowest stage
     tail_index: np.ndarray  # (n,) the costed row with the longest after-pipeline tail
@@ -119,6 +122,7 @@ def step_inputs(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCo
         dp_reduce=comm.dp_reduce.seconds,
         dp_gather=comm.dp_gather.seconds,
         optimizer=optimizer_seconds(x, cluster, prm),
+        offload=offload_seconds(x, cluster, prm),
         active=x.active,
         tp_overlap_on=t.tp_comm_overlap.astype(float),
         # TP calls run once per forward, backward and recomputed forward (autopar.cost.comm.tp_calls)
@@ -190,10 +194,11 @@ def dp_exposed(inp: StepInputs, k, compute_mb: np.ndarray) -> np.ndarray:
 
 def optimizer_seconds(x: PlanArrays, cluster: ClusterSpec, prm: RankParams) -> np.ndarray:
     """Adam over the local optimizer shard, memory bound: OPTIMIZER_BYTES_PER_PARAM at the achieved
-    HBM bandwidth (ZeRO-1+ shards it over the data-parallel group)."""
+    HBM bandwidth (ZeRO-1+ shards it over the data-parallel group); the share offloaded to the
+    host (--optimizer-offload) is stepped by the CPU instead (autopar.cost.offload)."""
     sharded = x.table.zero_stage >= 1
     shard = prm.dense / np.where(sharded, x.dp_shard, 1.0) + prm.expert / np.where(sharded, x.expert_dp, 1.0)
-    return shard * OPTIMIZER_BYTES_PER_PARAM / hbm_rate(cluster)
+    return shard * (1.0 - x.table.optimizer_offload) * OPTIMIZER_BYTES_PER_PARAM / hbm_rate(cluster)
 
 
 def assemble_step(inp: StepInputs, k) -> StepTerms:
@@ -205,13 +210,14 @@ def assemble_step(inp: StepInputs, k) -> StepTerms:
     pace = _pick(t_mb, pace_index, t_mb.shape)
     m, f = inp.microbatches, inp.bubble_fraction
     pipeline = m * pace / (1 - f)
-    tail = np.where(inp.active, dp + inp.optimizer + inp.tp_step, -np.inf)
+    tail = np.where(inp.active, dp + inp.optimizer + inp.offload + inp.tp_step, -np.inf)
     tail_index = np.argmax(tail, axis=0)
     return StepTerms(
         per_microbatch=mb,
         time_per_microbatch=t_mb,
         dp_exposed=dp,
         optimizer=inp.optimizer,
+        offload=inp.offload,
         tp_step=inp.tp_step,
         pace_index=pace_index,
         tail_index=tail_index,

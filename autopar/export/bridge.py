@@ -25,6 +25,8 @@ from autopar.export.megatron_core import (
     core_parallel_fields,
     core_recompute_fields,
     dp_shard_from_instances,
+    offload_from,
+    offload_settings,
     optimizer_instances,
     view_from_core_fields,
 )
@@ -70,6 +72,8 @@ def bridge_overrides(ctx: Context) -> dict:
     )
     if (instances := optimizer_instances(p)) > 1:  # hybrid sharding (megatron/bridge/training/initialize.py)
         out["ddp.num_distributed_optimizer_instances"] = instances
+    # the optimizer shard's share in host memory: Megatron-Core OptimizerConfig fields
+    out.update({f"optimizer.{k}": v for k, v in offload_settings(p).items()})
     m = ctx.model
     # model facts (GPTModelProvider.rotary_base / make_vocab_size_divisible_by, TransformerConfig
     # layernorm_epsilon), restated so a recipe's own values cannot differ from the spec's
@@ -192,4 +196,7 @@ def view_from_bridge(ov: dict, num_gpus: int) -> dict:
         tp_comm_overlap=ov["model.tp_comm_overlap"],
     )
     instances = ov.get("ddp.num_distributed_optimizer_instances")
-    return normalize(view | {"dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"])})
+    offload = offload_from(ov.get("optimizer.optimizer_cpu_offload"), ov.get("optimizer.optimizer_offload_fraction"))
+    return normalize(
+        view | {"dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"]), "optimizer_offload": offload}
+    )

@@ -57,6 +57,8 @@ def ds_config(ctx: Context) -> dict:
             stage3_max_live_parameters=1_000_000_000,
             stage3_max_reuse_distance=1_000_000_000,
         )
+    if p.optimizer_offload:  # ZeRO-Offload (deepspeed/runtime/zero/offload_config.py, deepspeed 0.19.8)
+        zero["offload_optimizer"] = offload_optimizer(p.optimizer_offload)
     cfg = {
         "_autopar": header_dict(ctx),
         "train_batch_size": p.global_batch_size,
@@ -70,6 +72,22 @@ def ds_config(ctx: Context) -> dict:
         "wall_clock_breakdown": False,
     }
     return cfg
+
+
+def offload_optimizer(share: float) -> dict:
+    """zero_optimization.offload_optimizer (DeepSpeedZeroOffloadOptimizerConfig): the fp32 partition
+    and Adam states in pinned host memory, stepped by DeepSpeedCPUAdam; `ratio`, the share offloaded,
+    only below 1 ('Only valid with ZeRO Stage 3', which the capability table enforces)."""
+    out: dict = {"device": "cpu", "pin_memory": True}
+    if share < 1:
+        out["ratio"] = float(share)
+    return out
+
+
+def offload_share(zero: dict) -> float:
+    """The plan's optimizer_offload back from zero_optimization (ratio defaults to 1.0)."""
+    off = zero.get("offload_optimizer") or {}
+    return float(off.get("ratio", 1.0)) if off.get("device") == "cpu" else 0.0
 
 
 def mds_args(ctx: Context) -> list[tuple[str, list[str]]]:
@@ -134,6 +152,10 @@ def mds_args(ctx: Context) -> list[tuple[str, list[str]]]:
             ]
         rec += ["--deepspeed-activation-checkpointing"]
     prec = ["--bf16"] if p.dtype == "bf16" else []
+    # ZeRO-Offload steps the partition with DeepSpeedCPUAdam (stage_1_and_2.py `_enforce_cpu_offload`),
+    # which Megatron-DeepSpeed builds with --cpu-optimizer (megatron/optimizer/__init__.py) [UNCERTAIN:
+    # Megatron-DeepSpeed is not installed here]
+    opt = ["--cpu-optimizer"] if p.optimizer_offload else []
     steps = checkpoint_interval(ctx).steps  # the goodput model's Young/Daly interval
     ckpt = ["--save-interval", str(steps)] if steps is not None else []
     return [
@@ -142,6 +164,7 @@ def mds_args(ctx: Context) -> list[tuple[str, list[str]]]:
         ("batch", batch),
         ("recompute", rec),
         ("precision", prec),
+        ("optimizer", opt),
         ("checkpoints", ckpt),
     ]
 
@@ -214,6 +237,9 @@ def view_from_deepspeed(cfg: dict, argv: list[str], ds_argv: list[str], num_gpus
         int(_flag(argv, "--recompute-num-layers", 0)) or None,
         1,
     )
+    offload = offload_share(cfg["zero_optimization"])
+    if bool(_flag(argv, "--cpu-optimizer", False)) != (offload > 0):
+        raise ValueError("--cpu-optimizer and ds_config.json zero_optimization.offload_optimizer disagree")
     bf16 = cfg.get("bf16", {}).get("enabled", False)
     if bool(_flag(argv, "--bf16", False)) != bf16:
         raise ValueError("--bf16 and ds_config.json bf16.enabled disagree")
@@ -238,6 +264,7 @@ def view_from_deepspeed(cfg: dict, argv: list[str], ds_argv: list[str], num_gpus
             "recompute_layers": rl,
             "dtype": "bf16" if bf16 else "fp32",
             "main_grads_fp32": cfg.get("data_types", {}).get("grad_accum_dtype", "fp32") == "fp32",
+            "optimizer_offload": offload,
             # no TP overlap and no MoE: those fields read back as the plan's defaults (normalize)
         }
     )

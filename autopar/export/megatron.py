@@ -32,6 +32,7 @@ from autopar.export.megatron_core import (
     ZERO_FSDP_STRATEGY,
     capacity_settings,
     dispatcher_settings,
+    offload_settings,
     optimizer_instances,
     recompute_settings,
 )
@@ -192,6 +193,9 @@ def parallel_args(ctx: Context) -> list[str]:
         a += ["--overlap-param-gather"]
     if tp_overlap(p):
         a += ["--tp-comm-overlap"]
+    for name, value in offload_settings(p).items():  # the optimizer shard's share in host memory
+        flag = "--" + name.replace("_", "-")
+        a += [flag] if value is True else [flag, str(value)]
     return a
 
 

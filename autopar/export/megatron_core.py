@@ -242,3 +242,27 @@ def dp_shard_from_instances(instances, dp: int, cp: int) -> int | None:
     """The plan's dp_shard back from a run's instance count (None: one instance, no hybrid sharding)."""
     n = int(instances or 1)
     return dp * cp // n if n > 1 else None
+
+
+def offload_settings(plan) -> dict:
+    """Megatron-Core OptimizerConfig fields of an optimizer offloaded to host memory (megatron-core
+    0.16.1 optimizer_config.py): optimizer_cpu_offload with optimizer_offload_fraction (the share of
+    the shard, HybridDeviceOptimizer offload_fraction); use_precision_aware_optimizer, whose code path
+    the hybrid optimizer reuses (use_precision_aware_optimizer_no_fp8_or_ds_fp8), so the distributed
+    optimizer keeps no fp32 copy of the offloaded share on the GPU (Megatron-LM's arguments.py asserts
+    it with --optimizer-cpu-offload [UNCERTAIN: Megatron-LM is not installed here]); and
+    overlap_cpu_optimizer_d2h_h2d, the per-tensor pipelining autopar prices (cpu_optimizer_overlap).
+    None without offload."""
+    if not plan.optimizer_offload:
+        return {}
+    return {
+        "optimizer_cpu_offload": True,
+        "optimizer_offload_fraction": float(plan.optimizer_offload),
+        "use_precision_aware_optimizer": True,
+        "overlap_cpu_optimizer_d2h_h2d": True,
+    }
+
+
+def offload_from(cpu_offload, fraction) -> float:
+    """The plan's optimizer_offload back from Megatron-Core's OptimizerConfig fields."""
+    return float(fraction or 0.0) if cpu_offload else 0.0

@@ -12,6 +12,7 @@ from autopar.export.megatron_core import (
     dispatch_from,
     dispatcher_from,
     dp_shard_from_instances,
+    offload_from,
     recompute_from,
 )
 from autopar.export.view import normalize
@@ -69,7 +70,13 @@ STR_FLAGS = (
     "--fp8-amax-compute-algo",
     "--ckpt-format",
 )
-FLOAT_FLAGS = ("--attention-dropout", "--hidden-dropout", "--moe-expert-capacity-factor", "--norm-epsilon")
+FLOAT_FLAGS = (
+    "--attention-dropout",
+    "--hidden-dropout",
+    "--moe-expert-capacity-factor",
+    "--norm-epsilon",
+    "--optimizer-offload-fraction",
+)
 STORE_TRUE_FLAGS = (
     "--group-query-attention",
     "--swiglu",
@@ -90,6 +97,9 @@ STORE_TRUE_FLAGS = (
     "--grad-reduce-in-bf16",
     "--moe-pad-expert-input-to-capacity",
     "--overlap-moe-expert-parallel-comm",
+    "--optimizer-cpu-offload",
+    "--use-precision-aware-optimizer",
+    "--overlap-cpu-optimizer-d2h-h2d",
 )
 
 
@@ -185,5 +195,6 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
             "capacity_factor": cf,
             "moe_dispatcher": dispatcher,
             "ep_comm_overlap": ns.overlap_moe_expert_parallel_comm,
+            "optimizer_offload": offload_from(ns.optimizer_cpu_offload, ns.optimizer_offload_fraction),
         }
     )

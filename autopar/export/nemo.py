@@ -26,6 +26,8 @@ from autopar.export.megatron_core import (
     core_parallel_fields,
     core_recompute_fields,
     dp_shard_from_instances,
+    offload_from,
+    offload_settings,
     optimizer_instances,
     view_from_core_fields,
 )
@@ -77,6 +79,8 @@ def nemo_overrides(ctx: Context) -> dict:
     )
     if (instances := optimizer_instances(p)) > 1:  # hybrid sharding: MegatronStrategy's argument
         out["trainer.strategy.num_distributed_optimizer_instances"] = instances
+    # the optimizer shard's share in host memory: Megatron-Core OptimizerConfig fields
+    out.update({f"optim.config.{k}": v for k, v in offload_settings(p).items()})
     if p.zero_stage >= 2:
         out.update(
             {
@@ -227,4 +231,9 @@ def view_from_nemo(ov: dict, tp_overlap: bool, num_gpus: int) -> dict:
         tp_comm_overlap=tp_overlap,
     )
     instances = ov.get("trainer.strategy.num_distributed_optimizer_instances")
-    return normalize(view | {"dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"])})
+    offload = offload_from(
+        ov.get("optim.config.optimizer_cpu_offload"), ov.get("optim.config.optimizer_offload_fraction")
+    )
+    return normalize(
+        view | {"dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"]), "optimizer_offload": offload}
+    )

@@ -19,6 +19,7 @@ TIME_COLOURS = {
     "dp": "#eeca3b",
     "bubble": "#b279a2",
     "optimizer": "#9d755d",
+    "offload": "#bab0ac",
 }
 MEMORY_COLOURS = {
     "weights": "#4c78a8",

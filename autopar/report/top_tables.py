@@ -121,6 +121,7 @@ _VARIANT_FIELDS = {
     "dp_shard": "dp shard",
     "recompute_layers": "recompute layers",
     "compile": "compile",
+    "optimizer_offload": "optimizer offload",
 }
 
 

@@ -230,6 +230,7 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
         "dtype",
         "tp_comm_overlap",
         "compile",
+        "optimizer_offload",
         "layout_text",
         "trainer",
     )
@@ -242,6 +243,7 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
         "dtype": "dtype",
         "tp_comm_overlap": "TP overlap",
         "compile": "torch.compile",
+        "optimizer_offload": "optimizer offload",
         "layout_text": "stages",
         "trainer": "trainer",
     }

@@ -19,6 +19,7 @@ from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate_per_t
 from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
 from autopar.cost.uncertainty import interval_fields, support_text
 from autopar.search.enumerate import Enumerator
+from autopar.search.evaluate import evaluate
 from autopar.search.options import SearchOptions
 from autopar.search.optuna_search import optuna_search
 from autopar.search.results import best_per_trainer, row_plan, sureness_lines, top_and_variants, top_plans, why_winner
@@ -222,7 +223,11 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
         top, variants = top_plans(pool, 0), top_and_variants(pool, opts.top_k)[1]
     runner = top.iloc[1] if len(top) > 1 else None
     counts = {"evaluated": found.evaluated, "valid": found.valid, "fit": found.fit}
-    why = why_winner(top.iloc[0], runner) if len(top) else _no_fit_reason(counts, found.rejections, found.closest)
+    if len(top):
+        why = why_winner(top.iloc[0], runner)
+    else:
+        why = _no_fit_reason(counts, found.rejections, found.closest)
+        why += offload_hint(q, found.closest, found.layouts, headroom) if counts.get("valid") else ""
     kept = pd.concat([pool, found.pareto, found.sample, found.closest], ignore_index=True)
     if "plan_index" in kept:
         kept = kept.drop_duplicates("plan_index")
@@ -291,6 +296,31 @@ def _no_fit_reason(counts: dict, rejections: dict, closest: pd.DataFrame) -> str
         f"No plan fits in memory; the closest is {best['plan_name']} ({best['recompute']} recompute, "
         f"zero {best['zero_stage']}), {best['memory_miss_gib']:.1f} GiB over. Add GPUs, or widen the space "
         f"(more pp/tp, full recompute, zero 3)."
+    )
+
+
+def offload_hint(q: Question, closest: pd.DataFrame, layouts: list, headroom: float) -> str:
+    """' Offloading its optimizer states ... would fit it' when the closest plan, re-estimated with its
+    whole optimizer shard in host memory (--optimizer-offload 1, autopar.cost.offload), fits: with its
+    ZeRO stage or ZeRO-1 (what every trainer that offloads accepts), by any searched trainer whose
+    capabilities allow it (its GPU must state the host figures); the fastest such, or '' if none fits."""
+    if not len(closest):
+        return ""
+    plan = row_plan(closest.iloc[0], layouts)
+    if plan.optimizer_offload >= 1:
+        return ""
+    stages = dict.fromkeys((plan.zero_stage, 1))
+    tried = [plan.with_(optimizer_offload=1.0, zero_stage=z, trainer=t) for z in stages for t in q.trainers]
+    est = evaluate(PlanTable.from_plans(tried), q, headroom)
+    fits = est[est["fits"].to_numpy(dtype=bool)]
+    if not len(fits):
+        return ""
+    best = fits.sort_values("step_time_s").iloc[0]
+    zero = f" --zero {best['zero_stage']}" if best["zero_stage"] != plan.zero_stage else ""
+    return (
+        f" Offloading its optimizer states to host memory would fit it (--optimizer-offload 1{zero} "
+        f"--trainer {best['trainer']}: {best['peak_memory_bytes'] / 2**30:.1f} GiB, "
+        f"{best['step_time_s']:.3g} s per step)."
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from autopar.errors import InputError, did_you_mean, quoted
 from autopar.spec.plan import BY_KEY, SCHEDULES
-from autopar.spec.plan_fields import BOOL, CATEGORY, INT, LAYOUT, MODULES
+from autopar.spec.plan_fields import BOOL, CATEGORY, FLOAT, INT, LAYOUT, MODULES
 from autopar.spec.recompute_modules import ModulesError, parse_modules
 from autopar.spec.schema import MAX_BATCH, MAX_GPUS, MAX_LAYERS, check_name, path_kind
 from autopar.spec.yaml_io import load_yaml
@@ -28,7 +28,9 @@ CHOICE_KNOBS["pp_schedule"] = [s for s in SCHEDULES if s != "interleaved-1f1b"] 
 BOOL_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == BOOL)
 #: knobs whose choices are sets of names (recompute_modules: comma lists of Megatron-Core modules)
 MODULE_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == MODULES)
-KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + MODULE_KNOBS + ("tokens_per_step",)
+#: number knobs -> their (lowest, highest) choice: the share of the optimizer shard offloaded
+FLOAT_KNOBS = {f.space: (0.0, 1.0) for f in _KNOB_FIELDS if f.space and f.kind == FLOAT}
+KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + MODULE_KNOBS + tuple(FLOAT_KNOBS) + ("tokens_per_step",)
 CONSTRAINTS = {
     "tp_within_node": bool,
     "max_pp": int,
@@ -121,6 +123,13 @@ def check_choices(name: str, value, origin: str) -> list:
                     raise ModulesError("a choice is a comma list of modules, e.g. core_attn or moe_act,layernorm")
             except ModulesError as e:
                 raise InputError(f"{origin}: knob '{name}' has a bad choice {quoted(v)}: {e}") from None
+    elif name in FLOAT_KNOBS:
+        low, high = FLOAT_KNOBS[name]
+        for v in value:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not low <= v <= high:
+                raise InputError(
+                    f"{origin}: knob '{name}' has a bad choice {quoted(v)}; use numbers from {low:g} to {high:g}"
+                )
     return value
 
 

@@ -89,6 +89,8 @@ class CostConstants:
     triton_attention_rate: float = _prior("triton_attention_rate")
     cp_ring_overlap: float = _prior("cp_ring_overlap")
     host_link_efficiency: float = _prior("host_link_efficiency")
+    cpu_adam_memory_efficiency: float = _prior("cpu_adam_memory_efficiency")
+    cpu_optimizer_overlap: float = _prior("cpu_optimizer_overlap")
     tp_async_backward: float = _prior("tp_async_backward")
     intra_node_bw_efficiency: float = _prior("intra_node_bw_efficiency")
     inter_node_bw_efficiency: float = _prior("inter_node_bw_efficiency")

@@ -268,6 +268,20 @@ class ParallelPlan:
             "--overlap-moe-expert-parallel-comm; default off).",
         ),
     )
+    #: share of each rank's optimizer shard (fp32 master weights and Adam moments) kept in host
+    #: memory and stepped by a CPU Adam; 0 = none (Megatron-Core OptimizerConfig
+    #: optimizer_offload_fraction with optimizer_cpu_offload; DeepSpeed offload_optimizer.ratio)
+    optimizer_offload: float = knob(
+        0.0,
+        FLOAT,
+        space="optimizer_offload",
+        flag=Flag(
+            "optimizer_offload",
+            "Share of the optimizer shard (fp32 master weights, Adam moments) offloaded to host memory and "
+            "stepped on the CPU, 0 to 1 (Megatron --optimizer-cpu-offload --optimizer-offload-fraction; "
+            "DeepSpeed offload_optimizer). Default 0.",
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name, value in fill_followers(self, plan_fields(type(self))).items():
@@ -340,6 +354,9 @@ class ParallelPlan:
                 f"recompute modules ({','.join(self.recompute_modules)}) need --recompute selective "
                 f"(Megatron reads --recompute-modules only with --recompute-granularity selective)"
             )
+        f = self.optimizer_offload
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+            out.append(f"optimizer offload must be a share from 0 to 1 of the optimizer shard, got {f!r}")
         if self.recompute_layers is not None:
             if self.recompute != "full":
                 out.append("recompute layers need --recompute full")

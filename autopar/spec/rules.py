@@ -68,6 +68,11 @@ def _module_needs(r: dict, c: Context) -> str:
     )
 
 
+def _host_figures(gpu: GpuSpec) -> bool:
+    """The GPU states what an offload to host memory travels over and streams through."""
+    return gpu.host_link_gbps is not None and gpu.host_memory_gbps is not None
+
+
 def _interleaved(t: PlanColumns) -> np.ndarray:
     return t.pp_schedule == SCHED["interleaved-1f1b"]
 
@@ -202,6 +207,20 @@ RULES: tuple[Rule, ...] = (
             else "hybrid sharding (--dp-shard) needs ZeRO 1, 2 or 3: ZeRO 0 shards nothing"
             if r["zero_stage"] == 0
             else f"dp shard {r['dp_shard']} does not divide the {r['dp'] * r['cp']} data-parallel ranks (dp x cp)"
+        ),
+    ),
+    Rule(
+        "optimizer_offload_zero0",
+        lambda t, c: (t.optimizer_offload > 0) & (t.zero_stage == 0),
+        lambda r, c: "optimizer offload needs ZeRO 1, 2 or 3 (the sharded optimizer is what moves to the host)",
+    ),
+    Rule(
+        "optimizer_offload_host",
+        lambda t, c: (t.optimizer_offload > 0) & (c.cluster is not None and not _host_figures(c.cluster.gpu)),
+        lambda r, c: (
+            f"optimizer offload needs the host link and host memory bandwidth of the GPU '{c.gpu.key}', which "
+            f"are not stated; set host_link_gbps and host_memory_gbps in the cluster file's gpu mapping, or "
+            f"drop --optimizer-offload"
         ),
     ),
     Rule(

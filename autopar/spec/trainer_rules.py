@@ -240,6 +240,16 @@ KINDS: dict[str, Kind] = {
         lambda r, c: f"hybrid sharding (--dp-shard {r['dp_shard']}) with ZeRO-{r['zero_stage']}",
     ),
     "recompute_modules": Kind(lambda t, c, v: _modules(t, v), lambda r, c: _modules_needed(r)),
+    "optimizer_offload": Kind(
+        lambda t, c, v: (t.optimizer_offload > 0) & ~v.allows(t, (0, 1, 2, 3), t.zero_stage),
+        lambda r, c: f"optimizer offload to host memory with ZeRO-{r['zero_stage']}",
+    ),
+    "partial_optimizer_offload": Kind(
+        lambda t, c, v: (
+            (t.optimizer_offload > 0) & (t.optimizer_offload < 1) & ~v.allows(t, (0, 1, 2, 3), t.zero_stage)
+        ),
+        lambda r, c: f"offloading a share {r['optimizer_offload']:g} of the optimizer with ZeRO-{r['zero_stage']}",
+    ),
     "zero_bubble_rounds": Kind(
         lambda t, c, v: (
             (t.pp_schedule == SCHED["zero-bubble"])

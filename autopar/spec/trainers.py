@@ -51,6 +51,8 @@ KINDS = (
     "bf16_main_grads",
     "hsdp",
     "recompute_modules",
+    "optimizer_offload",
+    "partial_optimizer_offload",
     "zero_bubble_rounds",
     "attention_variants",
 )

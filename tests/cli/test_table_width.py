@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from autopar.cli.render import PIPED_WIDTH, Col, console, fitted_table
+from autopar.cost.estimate import TIME_TERMS
 from autopar.search.results import STRUCTURE_KEY, dominant_costs, top_plans, variant_plans, why_winner
 
 COMPARE = [
@@ -147,7 +148,7 @@ def test_the_top_k_holds_structurally_different_plans_with_their_variants_counte
 
 def test_the_why_line_compares_the_winner_with_the_best_other_structure():
     df = _plans()
-    for t in ("compute", "tp", "cp", "ep", "pp", "dp", "bubble", "optimizer"):
+    for t in TIME_TERMS:
         df[f"time_{t}"] = 0.0
     df["time_compute"] = df["step_time_s"]
     top = top_plans(df, 2)

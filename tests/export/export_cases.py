@@ -116,6 +116,23 @@ CASES = [
         dict(pp=4, ep=64, zero=3, recompute="selective", recompute_modules="mla_up_proj,mlp", gbs=256),
         refuse=_titan("recompute-modules") | {"deepspeed": "uneven pipeline stages"},
     ),
+    # optimizer offload: Megatron-Core's HybridDeviceOptimizer (ZeRO-1, any share), DeepSpeed's
+    # ZeRO-Offload (the whole partition; a share with ZeRO-3), torchtitan has no such mode
+    Case("offload-zero1", "llama3-8b", 16, dict(tp=2, zero=1, optimizer_offload=1.0, gbs=64), refuse=_titan("ZeRO-1")),
+    Case(
+        "offload-share-zero1",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=1, optimizer_offload=0.25, gbs=64),
+        refuse=_titan("ZeRO-1") | {"deepspeed": "Stage 3"},
+    ),
+    Case(
+        "offload-share-zero3",
+        "llama3-8b",
+        16,
+        dict(zero=3, optimizer_offload=0.5, gbs=64),
+        refuse=_core("offload") | _titan("offload"),
+    ),
     Case(
         "vpp-interleaved-full",
         "llama3-70b",

@@ -1,7 +1,8 @@
 """The search and the exporters agree, because both read the trainers' capability table.
 
 For every production trainer T: enumerate a broad space (every schedule, vpp, cp, ZeRO 0-3, every
-recompute mode with partial recompute, bf16/fp8/fp32, TP overlap, SP on and off, uneven layouts;
+recompute mode with partial recompute, bf16/fp8/fp32, TP overlap, SP on and off, uneven layouts,
+no, half or all of the optimizer offloaded;
 dense and MoE models, one with MLA and one with QK-norm, MoE plans with dropless and capacity
 dispatch) for all trainers at once, as `autopar search` does, check its rules, and on a seeded
 sample of a few hundred of T's plans:
@@ -48,6 +49,7 @@ KNOBS = dict(
     dtype=["bf16", "fp8", "fp32"],
     tp_comm_overlap=[False, True],
     pp_layout=["auto", "embedding+loss"],
+    optimizer_offload=[0.0, 0.5, 1.0],
 )
 MOE_KNOBS = dict(ep=[1, 8], etp=["tp", 1])
 #: model -> GPUs. llama3-8b: dense GQA; qwen3-30b-a3b: MoE with QK-norm; deepseek-v3: MoE with MLA and

@@ -164,6 +164,9 @@ MDS_FLAGS = {
 #: --use-flash-attn-v2 (FlashSelfAttention), --save-interval / --save / --load (checkpointing)
 MDS_FLAGS |= {"--rope-theta", "--layernorm-epsilon", "--make-vocab-size-divisible-by", "--use-flash-attn-v2"}
 MDS_FLAGS |= {"--save-interval"}
+#: Megatron-DeepSpeed megatron/arguments.py --cpu-optimizer (the DeepSpeedCPUAdam ZeRO-Offload needs,
+#: megatron/optimizer/__init__.py; not on PyPI, not in reference B.4: from memory)
+MDS_FLAGS |= {"--cpu-optimizer"}
 
 
 @pytest.mark.parametrize("case", DS_CASES, ids=[c.id for c in DS_CASES])
@@ -313,6 +316,34 @@ def test_megatron_flags_build_a_megatron_core_config(case) -> None:
         grad_reduce_in_fp32=not ns.grad_reduce_in_bf16,
     )
     assert ddp.use_distributed_optimizer == (z >= 1) and ddp.use_megatron_fsdp == (z >= 2)
+    _check_optimizer_config(
+        case,
+        use_distributed_optimizer=ns.use_distributed_optimizer,
+        optimizer_cpu_offload=ns.optimizer_cpu_offload,
+        optimizer_offload_fraction=ns.optimizer_offload_fraction or 0.0,
+        use_precision_aware_optimizer=ns.use_precision_aware_optimizer,
+        overlap_cpu_optimizer_d2h_h2d=ns.overlap_cpu_optimizer_d2h_h2d,
+    )
+
+
+def _check_optimizer_config(case, **fields) -> None:
+    """Megatron-Core's OptimizerConfig accepts the optimizer fields (its __post_init__ checks the
+    precision-aware optimizer, which CPU offload reuses, against the distributed optimizer) and holds
+    the plan's offloaded share."""
+    from unittest import mock
+
+    from megatron.core.optimizer import OptimizerConfig
+
+    # the precision-aware check asks Transformer Engine's version (CUDA, not installed): pretend 2.1+,
+    # after which CPU offload returns before any TE import (optimizer_config.py __post_init__)
+    with mock.patch("megatron.core.optimizer.optimizer_config.is_te_min_version", lambda *a, **k: True):
+        cfg = OptimizerConfig(bf16=case.plan.dtype != "fp32", **fields)
+    share = case.plan.optimizer_offload
+    assert cfg.optimizer_cpu_offload == (share > 0)
+    assert (cfg.optimizer_offload_fraction if cfg.optimizer_cpu_offload else 0.0) == share
+    if share:
+        assert cfg.use_distributed_optimizer and cfg.use_precision_aware_optimizer
+        assert cfg.use_precision_aware_optimizer_no_fp8_or_ds_fp8  # the hybrid optimizer's code path
 
 
 #: flags of reference B.1 that are not Megatron-Core dataclass fields (training-loop arguments)
@@ -363,7 +394,10 @@ MEGATRON_OTHER_FLAGS |= {"--ckpt-format", "--no-gradient-accumulation-fusion"}
 
 def test_every_megatron_flag_is_known() -> None:
     _, TransformerConfig, MLATransformerConfig, DDP, _ = _core()
-    fields = {f.name for cls in (TransformerConfig, MLATransformerConfig, DDP) for f in dataclasses.fields(cls)}
+    from megatron.core.optimizer import OptimizerConfig
+
+    classes = (TransformerConfig, MLATransformerConfig, DDP, OptimizerConfig)
+    fields = {f.name for cls in classes for f in dataclasses.fields(cls)}
     known = MEGATRON_B1_FLAGS | MEGATRON_OTHER_FLAGS | {"--" + f.replace("_", "-") for f in fields}
     emitted = set()
     for case in MEGATRON_CASES:
@@ -389,6 +423,9 @@ def test_bridge_overrides_build_megatron_core_configs(case) -> None:
     _check_core_config(case, {k: v for k, v in model.items() if k not in provider_only})
     ddp = {k.removeprefix("ddp."): v for k, v in ov.items() if k.startswith("ddp.")}
     DDP(**ddp)
+    _check_optimizer_config(
+        case, **{k.removeprefix("optimizer."): v for k, v in ov.items() if k.startswith("optimizer.")}
+    )
 
 
 def test_bridge_override_paths_exist_in_the_installed_release() -> None:
@@ -446,6 +483,9 @@ def test_nemo_overrides_build_megatron_core_configs(case) -> None:
     _check_core_config(case, strategy | model)
     ddp = {k.removeprefix("trainer.strategy.ddp."): v for k, v in ov.items() if k.startswith("trainer.strategy.ddp.")}
     DDP(**ddp, **instances)
+    _check_optimizer_config(
+        case, **{k.removeprefix("optim.config."): v for k, v in ov.items() if k.startswith("optim.config.")}
+    )
 
 
 def test_nemo_override_paths_exist_in_the_installed_release() -> None:
