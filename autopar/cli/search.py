@@ -162,23 +162,10 @@ def search(
     )
     from autopar.spec.trainers import parse_recipes
 
-    recipes = parse_recipes(recipe, trainers)
     options = dict(top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials, seed=seed)
     options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
-    results = _run(
-        spec,
-        sp,
-        scenarios,
-        gpus_per_node,
-        cluster,
-        trainers,
-        run,
-        csv,
-        quiet=as_json,
-        rank_by=rank_by,
-        recipes=recipes,
-        **options,
-    )
+    options |= dict(rank_by=rank_by, recipes=parse_recipes(recipe, trainers))
+    results = _run(spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, **options)
     from autopar.report import write_reports  # after the question's checks: a bad input stays quick
     from autopar.search.scenarios import check_any_valid
     from autopar.search.training import check_run
