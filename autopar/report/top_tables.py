@@ -23,8 +23,9 @@ from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS
 from autopar.cost.support import GAP_BIT, SUPPORT_GAPS
 from autopar.cost.uncertainty import INTERVAL_FIGURES, support_word
 from autopar.report.run_data import RunData
-from autopar.search.results import best_per_trainer, ranked, top_plans
+from autopar.search.results import STRUCTURE_KEY, best_per_trainer, ranked, top_plans
 from autopar.spec.hardware import GIB
+from autopar.spec.plan import FIELDS
 
 #: the interval columns of a run's frames (scatter.parquet, plans.parquet); optional: a run
 #: directory written before the intervals has none
@@ -107,8 +108,8 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-#: the plan fields a variant differs from its leader in, as the variants table names them
-_VARIANT_FIELDS = {
+#: short names of the plan fields a variant can change (the others print as their field name)
+_VARIANT_NAMES = {
     "micro_batch_size": "mbs",
     "zero_stage": "ZeRO",
     "layout": "stages",
@@ -118,10 +119,13 @@ _VARIANT_FIELDS = {
     "moe_dispatch": "dispatch",
     "moe_dispatcher": "dispatcher",
     "ep_comm_overlap": "EP overlap",
-    "dp_shard": "dp shard",
-    "recompute_layers": "recompute layers",
-    "compile": "compile",
-    "optimizer_offload": "optimizer offload",
+}
+#: the plan fields a variant differs from its leader in: every field of the plan key outside the
+#: structure (autopar.search.results.STRUCTURE_KEY), so a new knob is named without a list to edit
+_VARIANT_FIELDS = {
+    f.name: _VARIANT_NAMES.get(f.name, f.name.replace("_", " "))
+    for f in FIELDS
+    if f.plan_key and f.name not in STRUCTURE_KEY and f.name != "global_batch_size"
 }
 
 
