@@ -143,6 +143,7 @@ def plan_line(est: Estimate) -> str:
         f"moe-dispatcher={p.moe_dispatcher}" if p.moe_dispatcher != "alltoall" else "",
         "ep-comm-overlap" if p.ep_comm_overlap else "",
         f"optimizer-offload={p.optimizer_offload:g}" if p.optimizer_offload > 0 else "",
+        f"offload-modules={','.join(p.offload_modules)}" if p.offload_modules else "",
     ]
     return "  ".join(x for x in parts if x)
 
@@ -228,10 +229,15 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
 
 
 def host_memory_line(est: Estimate, cluster: ClusterSpec) -> Text:
-    """Host memory the offloaded optimizer share takes; no host capacity is known to check it against."""
+    """Host memory the offloaded optimizer share and activations take; no host capacity is known to check
+    it against."""
     per_gpu, per_node = est.extra["host_memory_bytes_per_gpu"], est.extra["host_memory_bytes_per_node"]
+    p = est.plan
+    what = " and ".join(
+        w for w, on in (("optimizer", p.optimizer_offload > 0), ("activations", p.offload_modules)) if on
+    )
     return Text(
-        f"Host memory for the offloaded optimizer: {per_gpu / GIB:.1f} GiB per GPU, {per_node / GIB:.1f} GiB per "
+        f"Host memory for the offloaded {what}: {per_gpu / GIB:.1f} GiB per GPU, {per_node / GIB:.1f} GiB per "
         f"node of {cluster.gpus_per_node} (not checked: no host memory capacity is stated)"
     )
 

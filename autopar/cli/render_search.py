@@ -188,10 +188,15 @@ def _runs_on(row) -> str:
 
 
 def layout_cell(row) -> str:
-    """The layout with its flags: +tpo (TP overlap), +offF (a share F of the optimizer in host memory)."""
+    """The layout with its flags: +tpo (TP overlap), +offF (a share F of the optimizer in host memory),
+    +act (activations offloaded to host memory)."""
     share = float(row["optimizer_offload"]) if "optimizer_offload" in row.index else 0.0
+    acts = int(row["offload_modules"]) if "offload_modules" in row.index else 0
     return (
-        str(row["plan_name"]) + (" +tpo" if row["tp_comm_overlap"] else "") + (f" +off{share:g}" if share > 0 else "")
+        str(row["plan_name"])
+        + (" +tpo" if row["tp_comm_overlap"] else "")
+        + (f" +off{share:g}" if share > 0 else "")
+        + (" +act" if acts else "")
     )
 
 
@@ -215,6 +220,8 @@ def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
         )
     if any(float(row.get("optimizer_offload", 0.0)) > 0 for _, row in r.top.iterrows()):
         notes.append("+offF: a share F of the optimizer states offloaded to host memory")
+    if any(int(row.get("offload_modules", 0)) for _, row in r.top.iterrows()):
+        notes.append("+act: activations offloaded to host memory (--offload-modules)")
     if "80% range" in shown:
         notes.append("80% range: the step time's 80 % interval")
     if "support" in shown:

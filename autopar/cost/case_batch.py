@@ -65,7 +65,7 @@ def prime_inputs(cases: list[RunCase]) -> None:
         raw = raw_compute(x, model, cluster, act.rank_layers)
         comm = comm_terms(x, model, cluster, prm, with_bytes=False)
         raw, comm = with_recompute_modules(x, model, cluster, prm, raw, comm)
-        inp = step_inputs(x, cluster, prm, raw, comm)
+        inp = step_inputs(x, model, cluster, prm, raw, comm)
         shape = np.shape(inp.active)
 
         def per_rank(a):
@@ -91,7 +91,20 @@ _FIELDS = tuple(f for f in StepInputs._fields if f != "raw")
 
 
 #: the (C, n) fields of StepInputs besides `raw` and `active`
-_PER_RANK = ("tp", "cp", "ep", "pp", "tp_step", "dp_reduce", "dp_gather", "optimizer", "offload", "tp_backward_share")
+_PER_RANK = (
+    "tp",
+    "cp",
+    "ep",
+    "pp",
+    "tp_step",
+    "dp_reduce",
+    "dp_gather",
+    "optimizer",
+    "offload",
+    "act_copies",
+    "forward_share",
+    "tp_backward_share",
+)
 
 
 def _stack(parts: list, rows: int):

@@ -105,6 +105,7 @@ def plan_columns(
         "time_bubble": step.pipeline - m * pace,
         "time_optimizer": step.at_tail(step.optimizer),
         "time_offload": step.at_tail(step.offload),
+        "time_act_offload": m * step.at_pace(mb.act_offload),
         "pace_rank": np.take_along_axis(xt.rank, step.pace_index[None], 0)[0],
         "tokens_per_s": gbs * s / step.step,
         "tokens_per_s_per_gpu": gbs * s / step.step / n_gpus,

@@ -26,7 +26,6 @@ from autopar.cost.flops import (
 )
 from autopar.cost.gpu_memory import plan_shape
 from autopar.cost.kernels import attention_seconds, gemm_rate, hbm_rate
-from autopar.cost.memory_facts import MemoryFacts
 from autopar.cost.memory_stacks import STACKS, compiled, stack_name
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.cost.stack_activations import stack_layers
@@ -128,7 +127,7 @@ def compiled_traffic_share(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec
     on = np.asarray(x.table.compile, dtype=bool)
     if stack.compiled or not on.any():
         return 1.0
-    shape = plan_shape(x, model, cluster, MemoryFacts())
+    shape = plan_shape(x, model, cluster)
     eager = stack_layers(stack, model, shape).working
     fused = stack_layers(compiled(stack), model, shape).working
     share = np.where(eager > 0, fused / np.where(eager > 0, eager, 1.0), 1.0)

@@ -30,7 +30,7 @@ from autopar.spec.table import TRAINER, PlanTable
 from autopar.spec.trainers import ALL_TRAINERS, DEFAULT_TRAINER, get_trainer
 
 AXES = ("tp", "cp", "ep", "pp", "dp")
-TIME_TERMS = ("compute", "tp", "cp", "ep", "pp", "dp", "bubble", "optimizer", "offload")
+TIME_TERMS = ("compute", "tp", "cp", "ep", "pp", "act_offload", "dp", "bubble", "optimizer", "offload")
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
 #: how the terms read in the terminal, the report and the why line (communication terms are what
 #: overlap leaves exposed)
@@ -44,6 +44,7 @@ TIME_LABELS = {
     "bubble": "pipeline bubble",
     "optimizer": "optimizer step",
     "offload": "optimizer offload (host)",
+    "act_offload": "activation offload (host)",
 }
 MEMORY_LABELS = {
     "weights": "weights",
@@ -291,7 +292,7 @@ def estimate(
         for k, v in row.items()
         if k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step", "time_tp_per_step")
     }
-    if plan.optimizer_offload > 0:  # the offloaded optimizer share's host memory, per GPU and per node
+    if plan.optimizer_offload > 0 or plan.offload_modules:  # what is offloaded, per GPU and per node
         extra["host_memory_bytes_per_gpu"] = float(row["host_memory_bytes"])
         extra["host_memory_bytes_per_node"] = float(row["host_memory_bytes"]) * cluster.gpus_per_node
     _, reason = support_text(int(row["support_gaps"]), plan, model, cluster, seq_len or model.seq_len)

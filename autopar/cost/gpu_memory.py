@@ -40,6 +40,7 @@ from autopar.cost.pipeline import microbatches_in_flight
 from autopar.cost.stack_activations import PlanShape, StackLayers, head_bytes, stack_layers
 from autopar.cost.torch_stack import zero_bubble_in_flight
 from autopar.spec.hardware import LOCAL
+from autopar.spec.offload_modules import SHIFT
 from autopar.spec.table import DTYPE, SCHED
 
 #: DeepSpeed ZeRO `reduce_bucket_size` default, elements (deepspeed/runtime/zero/config.py)
@@ -97,7 +98,7 @@ class MemoryBreakdown(NamedTuple):
         return MemoryTerms(self.weights, self.gradients, self.optimizer, self.activations, other)
 
 
-def plan_shape(x, model, cluster, facts: MemoryFacts) -> PlanShape:
+def plan_shape(x, model, cluster) -> PlanShape:
     return PlanShape(
         tokens=x.tokens,
         tp=x.tp_float,
@@ -107,7 +108,7 @@ def plan_shape(x, model, cluster, facts: MemoryFacts) -> PlanShape:
         act_bytes=x.act_bytes,
         fp8=x.table.dtype == DTYPE["fp8"],
         selective=x.selective,
-        modules=x.recompute_modules | np.int64(facts.offloaded),
+        modules=x.recompute_modules | (x.table.offload_modules.astype(np.int64) << SHIFT),
         flash=float(cluster.constants.attention_flash),
         seq_len=int(x.seq_len),
     )
@@ -199,7 +200,7 @@ def torch_states(x, prm, stack: MemoryStack):
 
 def gpu_memory(x, model, cluster, prm, stack: MemoryStack, facts: MemoryFacts, moe_buffers) -> MemoryBreakdown:
     """Every costed rank's peak on a GPU program (module docstring)."""
-    shape = plan_shape(x, model, cluster, facts)
+    shape = plan_shape(x, model, cluster)
     layers = stack_layers(stack, model, shape)
     inflight = in_flight(x, stack)
     stored, loss = stored_per_microbatch(x, model, stack, shape, layers)

@@ -1,10 +1,11 @@
 """Memory facts of a run that a ParallelPlan cannot express yet, and the plan of a published run as
 its source ran it where that differs in memory from autopar.cost.run_plan's reading.
 
-- `MemoryFacts`: Megatron's fine-grained activation offloading, bf16 optimizer states, and the
-  program that ran (a MemoryStack name); the estimate prices its trainer's defaults without them.
-  The recompute modules a row lists (`row_recompute_modules`) are its plan's (ParallelPlan
-  recompute_modules, autopar.cost.run_plan).
+- `MemoryFacts`: bf16 optimizer states, and the program that ran (a MemoryStack name); the
+  estimate prices its trainer's defaults without them. The recompute modules a row lists
+  (`row_recompute_modules`) and the activations it offloads (`row_offloaded`) are its plan's
+  (ParallelPlan recompute_modules and offload_modules, autopar.cost.run_plan; a twin row's
+  offloading through `memory_plan`).
 - `memory_plan` / `row_memory_facts`: what a row's source states or its program fixes. Each
   correction below is one the run-case builder could make itself (autopar.cost.run_plan).
 """
@@ -19,18 +20,13 @@ import numpy as np
 
 from autopar.cost.run_rows import family
 from autopar.spec.layout import parse_layout
-from autopar.spec.recompute_modules import RECOMPUTE_MODULES
+from autopar.spec.offload_modules import OFFLOAD_MODULES
 
 if TYPE_CHECKING:
     from autopar.cost.run_cases import RunCase
     from autopar.spec.model import ModelSpec
     from autopar.spec.plan import ParallelPlan
 
-#: Megatron-Core's fine-grained activation offloading (--offload-modules, transformer_config.py
-#: `offload_modules`) that calibration rows state: a row fact, not a plan field, priced beside the
-#: plan's recompute modules in one bitmask (bits after autopar.spec.recompute_modules MODULE_BITS)
-OFFLOADED = ("offload_expert_fc1", "offload_moe_act")
-OFFLOAD_BITS = {m: 1 << (len(RECOMPUTE_MODULES) + i) for i, m in enumerate(OFFLOADED)}
 #: the words of the calibration rows' `recompute` cells -> Megatron-Core recompute modules
 _WORDS = (
     (r"\bcore_attn", "core_attn"),
@@ -72,7 +68,6 @@ _FAMILY_STACK = {"fsdp": "torchtitan-default", "nanotron": "nanotron", "deepspee
 
 @dataclass(frozen=True)
 class MemoryFacts:
-    offloaded: int = 0  # OFFLOAD_BITS of the activations the run offloads to the host
     bf16_optimizer_states: bool = False  # Adam m and v in bf16 (--use-precision-aware-optimizer)
     stack: str | None = None  # the program (memory_stacks.STACKS); None = the plan's trainer's
     era_2022: bool = False  # torch 1.x (eager CUDA module loading) and NCCL before lazy connection
@@ -95,12 +90,11 @@ def row_recompute_modules(text: str) -> tuple[str, ...]:
     return tuple(m for pattern, m in _WORDS if re.search(pattern, listed))
 
 
-def row_offloaded(text: str) -> int:
-    """OFFLOAD_BITS of the modules a `recompute` cell offloads (after "offloading")."""
+def row_offloaded(text: str) -> tuple[str, ...]:
+    """The Megatron-Core offload modules (autopar.spec.offload_modules) a `recompute` cell offloads
+    (after "offloading"), in registry order."""
     _, offload = _listed_and_offloaded(text)
-    return (OFFLOAD_BITS["offload_expert_fc1"] if "expert_fc1" in offload else 0) | (
-        OFFLOAD_BITS["offload_moe_act"] if "moe_act" in offload else 0
-    )
+    return tuple(m for m in OFFLOAD_MODULES if re.search(rf"\b{m}\b", offload))
 
 
 #: NVIDIA's DeepSeek-V3 pre-training recipe: the precision-aware optimizer with bf16 Adam moments
@@ -165,13 +159,9 @@ def with_twin_offloading(row: dict, rows: list[dict]) -> dict:
 
 
 def row_memory_facts(row: dict, source: str) -> MemoryFacts:
-    """The memory facts a calibration row states (its `recompute`, `zero_or_dist_opt` cells)."""
-    text = row.get("recompute", "") or ""
+    """The memory facts a calibration row states (its `zero_or_dist_opt`, `notes` cells)."""
     opt = (row.get("zero_or_dist_opt", "") or "") + " " + (row.get("notes", "") or "")
     notes = []
-    offloaded = row_offloaded(text)
-    if offloaded:
-        notes.append(f"activations offloaded: {', '.join(m for m in OFFLOADED if offloaded & OFFLOAD_BITS[m])}")
     framework = row.get("framework", "") or ""
     precision = row.get("precision", "") or ""
     bf16_states = re.search(r"BF16 optimizer (states|moments)", f"{opt} {framework} {precision}", re.I) is not None
@@ -181,7 +171,6 @@ def row_memory_facts(row: dict, source: str) -> MemoryFacts:
         bf16_states = True
         notes.append(f"bf16 Adam moments ({DEEPSEEK_V3_RECIPE})")
     return MemoryFacts(
-        offloaded=offloaded,
         bf16_optimizer_states=bf16_states,
         stack=SOURCE_STACK.get(source, _FAMILY_STACK.get(family(row))),
         era_2022=source == "bloom",
@@ -221,7 +210,8 @@ def memory_plan(case: RunCase, row: dict | None = None) -> tuple[ParallelPlan, M
       grad_reduce_in_fp32 = False; the base recipes keep True), and so does NVIDIA's DeepSeek-V3
       recipe, which the Megatron-Core MoE report's DeepSeek-V3 runs use (`nvidia_deepseek_v3_recipe`);
     - fms-fsdp checkpoints a share of its blocks that its README does not print; its HFU / MFU
-      ratio does: recomputing a share p of the forward adds p / 3 of a step's FLOPs."""
+      ratio does: recomputing a share p of the forward adds p / 3 of a step's FLOPs;
+    - the fine-grained activation offloading the same run's other row states (`with_twin_offloading`)."""
     plan, model, notes = case.plan, case.model, []
     if case.source == "bloom":
         plan = plan.with_(sequence_parallel=False, tp_comm_overlap=False)
@@ -248,6 +238,10 @@ def memory_plan(case: RunCase, row: dict | None = None) -> tuple[ParallelPlan, M
     if case.source == "korthikanti-2022" and not model.dropout:
         model = replace(model, dropout=True)
         notes.append("dropout (Korthikanti et al.'s GPT models)")
+    offloaded = row_offloaded((row or {}).get("recompute", "") or "")
+    if offloaded and plan.offload_modules != offloaded:  # a twin row's offloading (with_twin_offloading)
+        plan = plan.with_(offload_modules=offloaded)
+        notes.append(f"activations offloaded: {', '.join(offloaded)} (the same run's other row)")
     return plan, model, notes
 
 

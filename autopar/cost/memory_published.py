@@ -185,7 +185,7 @@ def _predict(figure: PublishedMemory, case: RunCase, row: dict) -> tuple[float, 
         return float(states * (1 - embedding / p.params.total[0, 0])) / GIB, notes
     # layer activations: what rank 0's layers keep for the microbatches in flight
     stack = STACKS[facts.stack]
-    layers = stack_layers(stack, model, plan_shape(x, model, case_cluster(case), facts))
+    layers = stack_layers(stack, model, plan_shape(x, model, case_cluster(case)))
     per_mb = (x.dense_layers * layers.dense + x.moe_layers * layers.moe)[0, 0]
     return float(in_flight(x, stack)[0, 0] * per_mb) / GIB, notes
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from autopar.cost.activation_offload import offloaded_bytes
 from autopar.cost.columns import comm_columns, plan_columns, ranking_columns, stage_columns
 from autopar.cost.comm_terms import CommTerms, comm_terms
 from autopar.cost.compute import RawCompute, module_recompute, raw_compute
-from autopar.cost.memory_terms import LayerActivations, layer_activations, memory_terms
+from autopar.cost.memory_terms import LayerActivations, in_flight, layer_activations, memory_terms
 from autopar.cost.offload import host_bytes
 from autopar.cost.params import RankParams, rank_params
 from autopar.cost.plan_arrays import PlanArrays, plan_arrays
@@ -132,16 +133,18 @@ def price(
         raw = raw_compute(xt, model, cluster, act_t.rank_layers)
         comm = comm_terms(xt, model, cluster, prm_t, with_bytes=not search)
         raw, comm = with_recompute_modules(xt, model, cluster, prm_t, raw, comm, with_bytes=not search)
-        step = step_terms(xt, cluster, prm_t, raw, comm)
+        step = step_terms(xt, model, cluster, prm_t, raw, comm)
         if search:
             return ranking_columns(x, model, cluster, p.rules, memory, step, headroom_gib)
         out = plan_columns(
             x, xt, model, cluster, p.rules, memory, step, step.recompute_flops, prm_t.total, headroom_gib
         )
         out.update(comm_columns(xt, comm))
-        # host memory of the optimizer share offloaded (checked against nothing: no host capacity is stated)
+        # host memory of the optimizer share and the activations offloaded (checked against nothing: no
+        # host capacity is stated); the activations of every microbatch in flight at the rank's peak
         deepspeed = cluster.training_stack == "megatron-deepspeed"
-        out["host_memory_bytes"] = np.max(np.where(x.active, host_bytes(x, p.params, deepspeed), 0.0), axis=0)
+        host = host_bytes(x, p.params, deepspeed) + offloaded_bytes(x, model, cluster) * in_flight(x)
+        out["host_memory_bytes"] = np.max(np.where(x.active, host, 0.0), axis=0)
         out["rejected_by"] = np.where(out["valid"], np.where(out["fits"], "", "memory"), p.rules.short_reasons())
         out["layout"] = x.stages.layout_text
         out.update(stage_columns(x, memory, step, p.params.total, comm))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from autopar.cost.memory_facts import row_recompute_modules
+from autopar.cost.memory_facts import row_offloaded, row_recompute_modules
 from autopar.cost.run_rows import FAMILY_TRAINER, PublishedRow
 from autopar.spec.layout import balanced_layout, parse_layout
 from autopar.spec.plan import ParallelPlan
@@ -88,7 +88,17 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
         ep_comm_overlap=ep_overlap and ep > 1,
         pp_schedule=schedule,  # None: the default for vpp (ParallelPlan.__post_init__)
         optimizer_offload=_optimizer_offload(r),
+        offload_modules=_offload_modules(r),
     )
+
+
+def _offload_modules(r: PublishedRow) -> tuple[str, ...] | None:
+    """The activations a row offloads to the host (Megatron-Core fine-grained activation
+    offloading, named after "offloading" in its recompute cell)."""
+    names = row_offloaded(r.text("recompute"))
+    if names:
+        r.notes.append(f"activations offloaded: {', '.join(names)} (Megatron --offload-modules)")
+    return names or None
 
 
 def _optimizer_offload(r: PublishedRow) -> float:

@@ -13,7 +13,11 @@ mechanism):
   hidden tensors vs Megatron's three vs Inductor's two, and the key/value repeat before SDPA;
 - attention without flash kernels (Korthikanti's 5as/h: softmax output, dropout mask and output);
 - what recompute keeps: Megatron's selective recompute modules (autopar.spec.recompute_modules:
-  core_attn by default), torchtitan's op-level selective AC.
+  core_attn by default), torchtitan's op-level selective AC;
+- what Megatron's fine-grained activation offloading moves to the host (autopar.spec.offload_modules):
+  the saved input of each offloaded module. Megatron-Core keeps the last layer's group of each module
+  on the GPU so that its reload does not stall the backward (fine_grained_activation_offload.py
+  `post_warmup_callback`); that one layer of the layers x microbatches in flight is not priced.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from typing import NamedTuple
 import numpy as np
 
 from autopar.cost.flops import padded_vocab
-from autopar.cost.memory_facts import OFFLOAD_BITS
 from autopar.cost.memory_stacks import MemoryStack
 from autopar.spec.model import ModelSpec
+from autopar.spec.offload_modules import OFFLOAD_BITS, SHIFT
 from autopar.spec.recompute_modules import MODULE_BITS
 
-#: a PlanShape's `modules` bits: the plan's recompute modules and the run's offloaded activations
-_BITS = MODULE_BITS | OFFLOAD_BITS
+#: a PlanShape's `modules` bits: the plan's recompute modules, then its offloaded activations
+#: (autopar.spec.offload_modules, shifted past the recompute bits) as "offload_<module>"
+_BITS = MODULE_BITS | {f"offload_{m}": b << SHIFT for m, b in OFFLOAD_BITS.items()}
 
 
 class StackLayers(NamedTuple):
@@ -53,7 +58,8 @@ class PlanShape(NamedTuple):
     fp8: np.ndarray  # bool: FP8 GEMMs
     selective: np.ndarray | bool  # bool: recompute = "selective" (False: rebuilt with nothing recomputed)
     #: int bitmask of Megatron's selective recompute modules (autopar.spec.recompute_modules, the
-    #: default core_attn filled in) and a run's offloaded activations (autopar.cost.memory_facts)
+    #: default core_attn filled in) and, shifted past them, the plan's offloaded activations
+    #: (autopar.spec.offload_modules)
     modules: np.ndarray
     flash: float  # 1 = flash attention kernels; 0 = the score matrix is materialised
     seq_len: int  # keys per query (the sequence on this CP rank)
@@ -93,7 +99,8 @@ def _attention_bytes(stack: MemoryStack, model: ModelSpec, shape: PlanShape) -> 
     `mla_up_proj` recompute), the output at 16-bit (twice where the stack copies it for the output
     projection; plus its FP8 copy for the projection under TE FP8), fp32 log-sum-exp per head on
     the torch stacks, and without flash kernels the softmax output, its dropout mask and output
-    (5 a s bytes per token, Korthikanti §4.1), which selective recompute drops."""
+    (5 a s bytes per token, Korthikanti §4.1), which selective recompute drops. Offloading
+    `core_attn` moves Q, K and V to the host, `attn_proj` the output (Megatron requires both)."""
     a = shape.act_bytes
     rep = model.num_attention_heads / model.num_kv_heads if stack.repeats_kv else 1.0
     qkv = (model.q_size + rep * (model.k_size + model.v_size)) * a
@@ -101,8 +108,10 @@ def _attention_bytes(stack: MemoryStack, model: ModelSpec, shape: PlanShape) -> 
         m = model.mla
         latents = ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim) * a * shape.tp
         qkv = np.where(_has(shape, "mla_up_proj"), latents, qkv)
+    qkv = np.where(_has(shape, "offload_core_attn"), 0.0, qkv)  # core attention's input on the host
     copies = (2.0 if stack.copies_attention_output else 1.0) * a
     out = model.attn_out_size * (copies + np.where(shape.fp8 & stack.fp8_saves_fp8_inputs, 1.0, 0.0))
+    out = np.where(_has(shape, "offload_attn_proj"), 0.0, out)  # the projection's input (needs core_attn's)
     lse = 0.0 if stack.family == "megatron" else 4.0 * model.num_attention_heads
     per_score = a + ((1.0 + a) if model.dropout else 0.0)
     scores = (1.0 - shape.flash) * model.num_attention_heads * shape.seq_len * per_score
@@ -117,8 +126,10 @@ def dense_layer(stack: MemoryStack, model: ModelSpec, shape: PlanShape, recomput
     seq = np.where(shape.sp, shape.tp, 1.0)
     lin_div = seq if stack.saves_sp_shard else 1.0
     mods = shape if not recompute_off else shape._replace(modules=np.zeros_like(shape.modules), selective=False)
-    norms = 2.0 * _norm_bytes(stack, h, a) / seq
-    lin_in = np.where(_has(mods, "layernorm"), 0.0, 2.0 * h * _linear_input_bytes(stack, mods)) / lin_div
+    kept_norms = 2.0 - _has(mods, "offload_attn_norm") - _has(mods, "offload_mlp_norm")  # their inputs
+    norms = kept_norms * _norm_bytes(stack, h, a) / seq
+    kept_inputs = 2.0 - _has(mods, "offload_qkv_linear")  # the QKV and fc1 inputs
+    lin_in = np.where(_has(mods, "layernorm"), 0.0, kept_inputs * h * _linear_input_bytes(stack, mods)) / lin_div
     masks = (2.0 * h if model.dropout else 0.0) / seq
     attention = _attention_bytes(stack, model, mods) / shape.tp
     mlp = _mlp_bytes(stack, model.ffn_hidden_size, model.gated_mlp, mods, False) / shape.tp

@@ -9,6 +9,8 @@ pipeline runs at the pace of its slowest stage, so pipeline time = m * pace / (1
 fraction) (Narayanan et al. 2021, Megatron-LM at scale, sec. 2.2: the bubble is idle time on top of m
 steady microbatches); then the exposed DP communication, the TP per-step reductions, the optimizer
 step and the optimizer share offloaded to the host (autopar.cost.offload) of the slowest rank.
+Offloaded activations add what their host copies leave exposed to each microbatch
+(autopar.cost.activation_offload).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from autopar.cost.activation_offload import copy_seconds, exposed_copies
 from autopar.cost.comm_terms import CommTerms
 from autopar.cost.compute import RawCompute, assemble_compute
 from autopar.cost.kernels import hbm_rate
@@ -26,6 +29,7 @@ from autopar.cost.pipeline import bubble_fraction, steady_fraction
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.spec.behaviour import behaviour_of, shared_figures
 from autopar.spec.hardware import ClusterSpec
+from autopar.spec.model import ModelSpec
 from autopar.spec.table import DISPATCHER
 
 #: optimizer step traffic per parameter of the local optimizer shard: read grad (4), master,
@@ -46,6 +50,9 @@ class StepInputs(NamedTuple):
     dp_gather: np.ndarray
     optimizer: np.ndarray  # (C, n) seconds per step
     offload: np.ndarray  # (C, n) seconds per step of the optimizer share offloaded to the host
+    #: (C, n) seconds per microbatch of the offloaded activations' copies, each direction
+    act_copies: np.ndarray
+    forward_share: np.ndarray  # (C, n) share of a microbatch's compute in its forward
     active: np.ndarray  # (C, n) the plan has this rank
     tp_overlap_on: np.ndarray  # (n,) --tp-comm-overlap
     tp_backward_share: np.ndarray  # (C, n) share of the TP seconds in the backward pass
@@ -72,9 +79,10 @@ class Exposed(NamedTuple):
     cp: np.ndarray
     ep: np.ndarray
     pp: np.ndarray
+    act_offload: np.ndarray  # the offloaded activations' host copies
 
     def total(self) -> np.ndarray:
-        return self.compute + self.tp + self.ep + self.cp + self.pp
+        return self.compute + self.tp + self.ep + self.cp + self.pp + self.act_offload
 
 
 class StepTerms(NamedTuple):
@@ -104,7 +112,9 @@ def _pick(a, index, shape) -> np.ndarray:
     return np.take_along_axis(np.broadcast_to(a, shape), index[None], 0)[0]
 
 
-def step_inputs(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCompute, comm: CommTerms) -> StepInputs:
+def step_inputs(
+    x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams, raw: RawCompute, comm: CommTerms
+) -> StepInputs:
     t = x.table
     overlap = t.ep_comm_overlap.astype(bool) & (x.ep > 1)
     # overlapped communication runs on SMs the compute beside it then lacks: NCCL's kernels 8-32
@@ -123,6 +133,9 @@ def step_inputs(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCo
         dp_gather=comm.dp_gather.seconds,
         optimizer=optimizer_seconds(x, cluster, prm),
         offload=offload_seconds(x, cluster, prm),
+        act_copies=copy_seconds(x, model, cluster),
+        # a microbatch runs forward 1, backward 2 and the recomputed forward (Megatron's FLOPs, autopar.cost.flops)
+        forward_share=1.0 / (3.0 + x.recompute_share),
         active=x.active,
         tp_overlap_on=t.tp_comm_overlap.astype(float),
         # TP calls run once per forward, backward and recomputed forward (autopar.cost.comm.tp_calls)
@@ -174,6 +187,7 @@ def exposed(inp: StepInputs, k) -> Exposed:
             inp.ep, np.minimum(inp.ep, compute.total()) * k.ep_overlap * inp.ep_overlap_on, inp.dispatch_sm_share
         ),
         pp=_with_contention(inp.pp, inp.pp * k.pp_overlap, s),
+        act_offload=exposed_copies(inp.act_copies, compute.total(), inp.forward_share),
     )
 
 
@@ -228,5 +242,7 @@ def assemble_step(inp: StepInputs, k) -> StepTerms:
     )
 
 
-def step_terms(x: PlanArrays, cluster: ClusterSpec, prm: RankParams, raw: RawCompute, comm: CommTerms) -> StepTerms:
-    return assemble_step(step_inputs(x, cluster, prm, raw, comm), cluster.constants)
+def step_terms(
+    x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams, raw: RawCompute, comm: CommTerms
+) -> StepTerms:
+    return assemble_step(step_inputs(x, model, cluster, prm, raw, comm), cluster.constants)

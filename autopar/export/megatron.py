@@ -30,6 +30,7 @@ from autopar.export.layouts import megatron_layout
 from autopar.export.megatron_core import (
     FP8_RECIPE,
     ZERO_FSDP_STRATEGY,
+    activation_offload_settings,
     capacity_settings,
     dispatcher_settings,
     offload_settings,
@@ -213,6 +214,9 @@ def recompute_args(ctx: Context) -> list[str]:
         a += ["--recompute-modules", *r["recompute_modules"]]
     if "recompute_method" in r:
         a += ["--recompute-method", r["recompute_method"], "--recompute-num-layers", str(r["recompute_num_layers"])]
+    offload = activation_offload_settings(ctx.plan)
+    if offload["fine_grained_activation_offloading"]:  # Megatron-LM arguments.py: a list, --offload-modules m1 m2
+        a += ["--fine-grained-activation-offloading", "--offload-modules", *offload["offload_modules"]]
     return a
 
 

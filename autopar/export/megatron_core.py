@@ -128,13 +128,28 @@ def core_parallel_fields(ctx: Context) -> dict:
 
 
 def core_recompute_fields(ctx: Context) -> dict:
+    """TransformerConfig recompute and activation-offloading fields, every one explicit (so a
+    recipe's own cannot linger)."""
     r = recompute_settings(ctx)
     return {
         "recompute_granularity": r.get("recompute_granularity"),
         "recompute_method": r.get("recompute_method"),
         "recompute_num_layers": r.get("recompute_num_layers"),
         "recompute_modules": r.get("recompute_modules"),
-    }
+    } | activation_offload_settings(ctx.plan)
+
+
+def activation_offload_settings(plan) -> dict:
+    """TransformerConfig fine-grained activation offloading fields (megatron-core 0.16
+    transformer_config.py fine_grained_activation_offloading, offload_modules: a list of names,
+    which must be non-empty when the switch is on)."""
+    names = list(plan.offload_modules or ())
+    return {"fine_grained_activation_offloading": bool(names), "offload_modules": names}
+
+
+def activation_offload_from(on, modules) -> tuple[str, ...] | None:
+    """The plan's offload_modules back from TransformerConfig's fields."""
+    return tuple(modules) if on and modules else None
 
 
 def core_moe_fields(ctx: Context) -> dict:
@@ -193,6 +208,7 @@ def view_from_core_fields(
         vpp,
         f.get("recompute_modules"),
     )
+    offloaded = activation_offload_from(f.get("fine_grained_activation_offloading"), f.get("offload_modules"))
     ep = f.get("expert_model_parallel_size", 1)
     dispatch, cf = dispatch_from(
         f.get("moe_expert_capacity_factor"),
@@ -220,6 +236,7 @@ def view_from_core_fields(
             "recompute": recompute,
             "recompute_layers": rl,
             "recompute_modules": modules,
+            "offload_modules": offloaded,
             "dtype": dtype,
             "main_grads_fp32": main_grads_fp32,
             "tp_comm_overlap": tp_comm_overlap,

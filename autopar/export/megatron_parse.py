@@ -9,6 +9,7 @@ import argparse
 from autopar.export.layouts import parse_layout_string, stages_from_megatron
 from autopar.export.megatron_core import (
     FSDP_STRATEGY_ZERO,
+    activation_offload_from,
     dispatch_from,
     dispatcher_from,
     dp_shard_from_instances,
@@ -98,6 +99,7 @@ STORE_TRUE_FLAGS = (
     "--moe-pad-expert-input-to-capacity",
     "--overlap-moe-expert-parallel-comm",
     "--optimizer-cpu-offload",
+    "--fine-grained-activation-offloading",
     "--use-precision-aware-optimizer",
     "--overlap-cpu-optimizer-d2h-h2d",
 )
@@ -115,6 +117,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     for f in STORE_TRUE_FLAGS:
         ap.add_argument(f, action="store_true")
     ap.add_argument("--recompute-modules", nargs="*", type=str)  # Megatron-LM arguments.py: a list of names
+    ap.add_argument("--offload-modules", nargs="*", type=str)  # the same: a list of names
     # Megatron-LM's negated flag (store_false into gradient_accumulation_fusion)
     ap.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion", action="store_false")
     return ap
@@ -188,6 +191,7 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
             "recompute": recompute,
             "recompute_layers": rl,
             "recompute_modules": modules,
+            "offload_modules": activation_offload_from(ns.fine_grained_activation_offloading, ns.offload_modules),
             "dtype": "fp8" if ns.fp8_format else ("bf16" if ns.bf16 else "fp32"),
             "main_grads_fp32": not ns.grad_reduce_in_bf16,
             "tp_comm_overlap": ns.tp_comm_overlap,

@@ -20,6 +20,7 @@ TIME_COLOURS = {
     "bubble": "#b279a2",
     "optimizer": "#9d755d",
     "offload": "#bab0ac",
+    "act_offload": "#d8b5a5",
 }
 MEMORY_COLOURS = {
     "weights": "#4c78a8",

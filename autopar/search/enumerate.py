@@ -16,6 +16,7 @@ from autopar.errors import InputError
 from autopar.search.space import SearchSpace
 from autopar.spec.layout import auto_layout, balanced_layout
 from autopar.spec.model import ModelSpec
+from autopar.spec.offload_modules import lacking_offload
 from autopar.spec.plan import FIELDS
 from autopar.spec.plan_fields import PlanField
 from autopar.spec.question import Question
@@ -90,10 +91,13 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list[Any]]:
         "trainer": [TRAINER[t] for t in q.trainers if t in k.get("trainer", q.trainers)],
     }
     shaped["recompute_modules"] = _modules_of_the_model(_listed(RECOMPUTE_MODULES_FIELD, k, model), model)
+    lacking = lacking_offload(model)  # the expert inputs of a dense model
+    shaped["offload_modules"] = [m for m in _listed(OFFLOAD_MODULES_FIELD, k, model) if not m & lacking] or [0]
     return shaped | {f.space: _listed(f, k, model) for f in FIELDS if f.space in AXES and f.space not in shaped}
 
 
 RECOMPUTE_MODULES_FIELD = next(f for f in FIELDS if f.name == "recompute_modules")
+OFFLOAD_MODULES_FIELD = next(f for f in FIELDS if f.name == "offload_modules")
 
 
 def _modules_of_the_model(masks: list, model: ModelSpec) -> list:
@@ -251,7 +255,7 @@ def _layout_registry(model: ModelSpec, choices: dict[str, list]) -> tuple[list, 
 def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, vpp, et, layout_id) -> np.ndarray:
     """Rows that are plans, each reached once: tp*pp*cp divides the GPUs; pp = 1 has one schedule
     and no layout variant; recompute layers only with full recompute, recompute modules only with
-    selective; TP overlap needs TP; EP knobs
+    selective; activation offload not with full recompute (nothing left to offload); TP overlap needs TP; EP knobs
     need EP; SP follows tp (when 'auto'); an explicit etp equal to tp is the same plan as etp 'tp';
     layout variants differ from the auto layout and from each other; expert knobs only for MoE."""
     t, p, c = col["tp"], col["pp"], col["cp"]
@@ -259,6 +263,7 @@ def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, 
     keep &= ~((p == 1) & ((sched != SCHED["1f1b"]) | (vpp > 1)))
     keep &= (col["recompute_layers"] < 0) | (col["recompute"] == RECOMP["full"])
     keep &= (col["recompute_modules"] == 0) | (col["recompute"] == RECOMP["selective"])
+    keep &= (col["offload_modules"] == 0) | (col["recompute"] != RECOMP["full"])  # it keeps layer inputs only
     keep &= ~((t == 1) & col["tp_comm_overlap"].astype(bool))
     keep &= ~((col["ep"] == 1) & (col["ep_comm_overlap"].astype(bool) | (col["moe_dispatcher"] != 0)))
     if space.knobs.get("sp", "auto") == "auto":

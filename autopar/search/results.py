@@ -11,6 +11,7 @@ from autopar.cost.estimate import TIME_LABELS, TIME_TERMS
 from autopar.search.limits import RANK_BY as RANK_BY  # declared apart: the CLI checks --rank-by early
 from autopar.spec.hardware import GIB
 from autopar.spec.layout import auto_layout
+from autopar.spec.offload_modules import parse_offload_modules
 from autopar.spec.plan import LAYOUT_KEY, PLAN_KEY, RESULT_FIELDS, ParallelPlan
 from autopar.spec.plan_fields import CATEGORY
 from autopar.spec.plan_fields import plan_names as names_of
@@ -231,6 +232,7 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
         "tp_comm_overlap",
         "compile",
         "optimizer_offload",
+        "offload_modules",
         "layout_text",
         "trainer",
     )
@@ -244,11 +246,14 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
         "tp_comm_overlap": "TP overlap",
         "compile": "torch.compile",
         "optimizer_offload": "optimizer offload",
+        "offload_modules": "activation offload",
         "layout_text": "stages",
         "trainer": "trainer",
     }
 
     def shown(row, k):
+        if k == "offload_modules":
+            return ",".join(parse_offload_modules(int(row[k]))) or "none"
         if k != "recompute_modules":
             return row[k]
         return ",".join(parse_modules(int(row[k])) or DEFAULT_SELECTIVE) if row["recompute"] == "selective" else "none"

@@ -41,7 +41,7 @@ from autopar.json_out import dumps
 from autopar.secrets import mask_values
 from autopar.spec import read_file
 from autopar.spec.plan import RESULT_FIELDS
-from autopar.spec.plan_fields import BOOL, CATEGORY, FLOAT, INT, LAYOUT, MODULES
+from autopar.spec.plan_fields import BOOL, CATEGORY, FLOAT, INT, LAYOUT, MODULES, OFFLOAD
 from autopar.spec.table import PlanTable
 
 SCHEMA_VERSION = 2
@@ -59,7 +59,7 @@ WHATIF_BYTES = 4 << 20
 
 # plans.parquet's plan columns, the search results' (autopar.spec.plan.RESULT_FIELDS) grouped by type:
 #: integers, stored as int32 (the plan's place in the walk first, as int64)
-INTEGERS = ("plan_index",) + tuple(f.column for f in RESULT_FIELDS if f.kind in (INT, LAYOUT, MODULES))
+INTEGERS = ("plan_index",) + tuple(f.column for f in RESULT_FIELDS if f.kind in (INT, LAYOUT, MODULES, OFFLOAD))
 #: categorical columns, as dictionaries of their names (the trainer that runs the plan first):
 #: name in plans.parquet -> (PlanTable column, names of its codes)
 CATEGORIES = {

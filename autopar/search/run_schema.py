@@ -47,6 +47,7 @@ _PLAN_BOUNDS: dict[str, Any] = {
     "global_batch_size": Batch,
     "recompute_layers": Annotated[int, Field(ge=0, le=MAX_LAYERS)] | None,
     "recompute_modules": list[str] | None,  # names, checked by the plan (autopar.spec.recompute_modules)
+    "offload_modules": list[str] | None,  # names, checked by the plan (autopar.spec.offload_modules)
     "layout": list[Annotated[int, Field(ge=0, le=MAX_LAYERS)]] | None,
 }
 _KIND_TYPES = {INT: int, BOOL: bool, FLOAT: float, CATEGORY: str}

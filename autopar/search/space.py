@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import InputError, did_you_mean, quoted
+from autopar.spec.offload_modules import OffloadModulesError, parse_offload_modules
 from autopar.spec.plan import BY_KEY, SCHEDULES
-from autopar.spec.plan_fields import BOOL, CATEGORY, FLOAT, INT, LAYOUT, MODULES
+from autopar.spec.plan_fields import BOOL, CATEGORY, FLOAT, INT, LAYOUT, MODULES, OFFLOAD
 from autopar.spec.recompute_modules import ModulesError, parse_modules
 from autopar.spec.schema import MAX_BATCH, MAX_GPUS, MAX_LAYERS, check_name, path_kind
 from autopar.spec.yaml_io import load_yaml
@@ -28,9 +29,19 @@ CHOICE_KNOBS["pp_schedule"] = [s for s in SCHEDULES if s != "interleaved-1f1b"] 
 BOOL_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == BOOL)
 #: knobs whose choices are sets of names (recompute_modules: comma lists of Megatron-Core modules)
 MODULE_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == MODULES)
+#: knobs whose choices are sets of offloaded modules, or none (offload_modules)
+OFFLOAD_KNOBS = tuple(f.space for f in _KNOB_FIELDS if f.space and f.kind == OFFLOAD)
 #: number knobs -> their (lowest, highest) choice: the share of the optimizer shard offloaded
 FLOAT_KNOBS = {f.space: (0.0, 1.0) for f in _KNOB_FIELDS if f.space and f.kind == FLOAT}
-KNOBS = INT_KNOBS + tuple(CHOICE_KNOBS) + BOOL_KNOBS + MODULE_KNOBS + tuple(FLOAT_KNOBS) + ("tokens_per_step",)
+KNOBS = (
+    INT_KNOBS
+    + tuple(CHOICE_KNOBS)
+    + BOOL_KNOBS
+    + MODULE_KNOBS
+    + OFFLOAD_KNOBS
+    + tuple(FLOAT_KNOBS)
+    + ("tokens_per_step",)
+)
 CONSTRAINTS = {
     "tp_within_node": bool,
     "max_pp": int,
@@ -122,6 +133,14 @@ def check_choices(name: str, value, origin: str) -> list:
                 if not isinstance(v, str) or not parse_modules(v):
                     raise ModulesError("a choice is a comma list of modules, e.g. core_attn or moe_act,layernorm")
             except ModulesError as e:
+                raise InputError(f"{origin}: knob '{name}' has a bad choice {quoted(v)}: {e}") from None
+    elif name in OFFLOAD_KNOBS:
+        for v in value:
+            try:
+                if not isinstance(v, str):
+                    raise OffloadModulesError("a choice is none or a comma list of modules, e.g. expert_fc1,moe_act")
+                parse_offload_modules(v)
+            except OffloadModulesError as e:
                 raise InputError(f"{origin}: knob '{name}' has a bad choice {quoted(v)}: {e}") from None
     elif name in FLOAT_KNOBS:
         low, high = FLOAT_KNOBS[name]

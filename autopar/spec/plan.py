@@ -25,6 +25,7 @@ import numpy as np
 
 from autopar.errors import InputError
 from autopar.spec.layout import PipelineLayout, auto_layout
+from autopar.spec.offload_modules import OFFLOAD_MODULES, OffloadModulesError, parse_offload_modules
 from autopar.spec.plan_fields import (
     BOOL,
     CATEGORY,
@@ -37,6 +38,7 @@ from autopar.spec.plan_fields import (
     MOE_DISPATCH,
     MOE_DISPATCHERS,
     NAME_FIELDS,
+    OFFLOAD,
     RECOMPUTE,
     SCHED,
     SCHEDULES,
@@ -282,11 +284,24 @@ class ParallelPlan:
             "DeepSpeed offload_optimizer). Default 0.",
         ),
     )
+    #: Megatron-Core's fine-grained activation offloading: the modules whose saved inputs go to host
+    #: memory in the forward and come back for the backward (autopar.spec.offload_modules); None = none
+    offload_modules: tuple[str, ...] | None = knob(
+        None,
+        OFFLOAD,
+        space="offload_modules",
+        flag=Flag(
+            "offload_modules",
+            f"Activations offloaded to host memory, a comma list of {', '.join(OFFLOAD_MODULES)} (Megatron "
+            "--fine-grained-activation-offloading --offload-modules). Default none.",
+            str,
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name, value in fill_followers(self, plan_fields(type(self))).items():
             object.__setattr__(self, name, value)
-        problems = self._normalise_modules()
+        problems = self._normalise_modules() + self._normalise_offload()
         problems += self.intrinsic_problems()
         if problems:
             raise PlanError("invalid plan: " + "; ".join(problems))
@@ -303,6 +318,17 @@ class ParallelPlan:
         if not names:
             return ["an empty recompute-module list recomputes nothing; use --recompute none"]
         object.__setattr__(self, "recompute_modules", None if names == DEFAULT_SELECTIVE else names)
+        return []
+
+    def _normalise_offload(self) -> list[str]:
+        """The offloaded modules as one spelling: the names in registry order, or None for none."""
+        if self.offload_modules is None:
+            return []
+        try:
+            names = parse_offload_modules(self.offload_modules)
+        except OffloadModulesError as e:
+            return [str(e)]
+        object.__setattr__(self, "offload_modules", names or None)
         return []
 
     @property

@@ -25,12 +25,15 @@ from typing import Self
 import numpy as np
 
 from autopar.spec.layout import PipelineLayout
+from autopar.spec.offload_modules import offload_mask, parse_offload_modules
 from autopar.spec.recompute_modules import DEFAULT_SELECTIVE, modules_mask, parse_modules
 from autopar.spec.trainers import ALL_TRAINERS
 
 #: the kinds of plan fields, by how their values are stored in a table; MODULES: a set of
-#: recompute-module names (autopar.spec.recompute_modules), a bitmask in the table, None = 0
-INT, BOOL, FLOAT, CATEGORY, LAYOUT, MODULES = "int", "bool", "float", "category", "layout", "modules"
+#: recompute-module names (autopar.spec.recompute_modules), OFFLOAD: of offload-module names
+#: (autopar.spec.offload_modules), each a bitmask in the table, None = 0
+INT, BOOL, FLOAT, CATEGORY, LAYOUT = "int", "bool", "float", "category", "layout"
+MODULES, OFFLOAD = "modules", "offload"
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 MOE_DISPATCH = ("dropless", "capacity")  # every routed token computed / tokens past capacity dropped
@@ -116,6 +119,8 @@ class PlanField:
         if self.kind == MODULES:  # Megatron's default list (core_attn alone) is None, as the plan holds it
             names = () if value is None else parse_modules(value)
             return 0 if names == DEFAULT_SELECTIVE else modules_mask(names)
+        if self.kind == OFFLOAD:
+            return 0 if value is None else offload_mask(parse_offload_modules(value))
         return bool(value) if self.kind == BOOL else value
 
     def decode(self, value):
@@ -129,6 +134,8 @@ class PlanField:
             return float(value)
         if self.kind == MODULES:
             return parse_modules(int(value)) or None
+        if self.kind == OFFLOAD:
+            return parse_offload_modules(int(value)) or None
         value = int(value)
         return None if self.none is not None and value == self.none else value
 
@@ -178,7 +185,7 @@ class Columns(dict):
 
 def table_columns(specs: tuple[PlanField, ...]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """The integer (codes and the layout id included), boolean and float columns of a table."""
-    ints = tuple(f.column for f in specs if f.kind in (INT, CATEGORY, LAYOUT, MODULES))
+    ints = tuple(f.column for f in specs if f.kind in (INT, CATEGORY, LAYOUT, MODULES, OFFLOAD))
     return ints, tuple(f.column for f in specs if f.kind == BOOL), tuple(f.column for f in specs if f.kind == FLOAT)
 
 

@@ -17,6 +17,8 @@ import numpy as np
 
 from autopar.spec.hardware import ClusterSpec, GpuSpec
 from autopar.spec.model import ModelSpec, MoESpec
+from autopar.spec.offload_modules import SOURCE as OFFLOAD_SOURCE
+from autopar.spec.offload_modules import lacking_offload, parse_offload_modules
 from autopar.spec.plan_fields import DTYPE, RECOMP, SCHED, PlanColumns, plan_fields
 from autopar.spec.recompute_modules import MODULES, NEEDS, lacking_modules, parse_modules
 from autopar.spec.recompute_modules import SOURCE as MODULES_SOURCE
@@ -237,6 +239,23 @@ RULES: tuple[Rule, ...] = (
         "recompute_modules",
         lambda t, c: (t.recompute == RECOMP["selective"]) & ((t.recompute_modules & lacking_modules(c.model)) > 0),
         _module_needs,
+    ),
+    Rule(
+        "offload_modules",
+        lambda t, c: (t.offload_modules & lacking_offload(c.model)) > 0,
+        lambda r, c: (
+            f"offloading {parse_offload_modules(int(r['offload_modules']) & lacking_offload(c.model))[0]} needs "
+            f"a mixture-of-experts model; {c.model.name} has no expert layers: drop it from --offload-modules "
+            f"({OFFLOAD_SOURCE})"
+        ),
+    ),
+    Rule(
+        "offload_modules_host",
+        lambda t, c: (t.offload_modules > 0) & (c.cluster is not None and c.cluster.gpu.host_link_gbps is None),
+        lambda r, c: (
+            f"activation offload needs the host link bandwidth of the GPU '{c.gpu.key}', which is not stated; "
+            f"set host_link_gbps in the cluster file's gpu mapping, or drop --offload-modules"
+        ),
     ),
     Rule(
         "recompute_layers",

@@ -250,6 +250,10 @@ KINDS: dict[str, Kind] = {
         ),
         lambda r, c: f"offloading a share {r['optimizer_offload']:g} of the optimizer with ZeRO-{r['zero_stage']}",
     ),
+    "activation_offload": Kind(
+        lambda t, c, v: (t.offload_modules > 0) & ~v.flag(t),
+        lambda r, c: "fine-grained activation offloading to host memory (--offload-modules)",
+    ),
     "zero_bubble_rounds": Kind(
         lambda t, c, v: (
             (t.pp_schedule == SCHED["zero-bubble"])

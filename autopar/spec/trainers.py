@@ -53,6 +53,7 @@ KINDS = (
     "recompute_modules",
     "optimizer_offload",
     "partial_optimizer_offload",
+    "activation_offload",
     "zero_bubble_rounds",
     "attention_variants",
 )
