@@ -133,6 +133,30 @@ CASES = [
         dict(zero=3, optimizer_offload=0.5, gbs=64),
         refuse=_core("offload") | _titan("offload"),
     ),
+    # fine-grained activation offloading: Megatron-Core only (NeMo, Bridge, Megatron-LM)
+    Case(
+        "activation-offload-dense",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=1, offload_modules="core_attn,attn_proj,attn_norm", gbs=64),
+        refuse=_titan("ZeRO-1") | {"deepspeed": "offload"},
+    ),
+    Case(
+        "activation-offload-moe",
+        "qwen3-30b-a3b",
+        32,
+        dict(
+            tp=2,
+            ep=8,
+            etp=1,
+            zero=1,
+            recompute="selective",
+            recompute_modules="layernorm",
+            offload_modules="expert_fc1,moe_act",
+            gbs=64,
+        ),
+        refuse=_titan("ZeRO-1") | {"deepspeed": "MoE"},
+    ),
     Case(
         "vpp-interleaved-full",
         "llama3-70b",

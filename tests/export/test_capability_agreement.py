@@ -51,7 +51,7 @@ KNOBS = dict(
     pp_layout=["auto", "embedding+loss"],
     optimizer_offload=[0.0, 0.5, 1.0],
 )
-MOE_KNOBS = dict(ep=[1, 8], etp=["tp", 1])
+MOE_KNOBS = dict(ep=[1, 8], etp=["tp", 1], offload_modules=["none", "expert_fc1,moe_act"])
 #: model -> GPUs. llama3-8b: dense GQA; qwen3-30b-a3b: MoE with QK-norm; deepseek-v3: MoE with MLA and
 #: 61 layers (uneven stages); llama2-13b: dense without a NeMo 2 / Megatron-Bridge recipe.
 MODELS = {"llama3-8b": 16, "qwen3-30b-a3b": 32, "deepseek-v3": 64, "llama2-13b": 16}

@@ -247,6 +247,9 @@ def _check_core_config(case, fields: dict) -> None:
     assert cfg.context_parallel_size == p.cp and cfg.sequence_parallel == p.sequence_parallel
     if p.recompute == "selective":  # Megatron-Core's own list, its default filled in (["core_attn"])
         assert sorted(cfg.recompute_modules) == sorted(p.selective_modules)
+    # fine-grained activation offloading: Megatron-Core's own check of the module names passed
+    assert cfg.fine_grained_activation_offloading == bool(p.offload_modules)
+    assert sorted(cfg.offload_modules or []) == sorted(p.offload_modules or [])
     if case.spec.moe is not None:
         assert cfg.expert_model_parallel_size == p.ep and cfg.expert_tensor_parallel_size == p.etp
     vpp = cfg.virtual_pipeline_model_parallel_size or 1
@@ -284,6 +287,8 @@ def _megatron_core_fields(ns) -> dict:
         "recompute_method": ns.recompute_method,
         "recompute_num_layers": ns.recompute_num_layers,
         "recompute_modules": ns.recompute_modules,
+        "fine_grained_activation_offloading": ns.fine_grained_activation_offloading,
+        "offload_modules": ns.offload_modules,
         "tp_comm_overlap": ns.tp_comm_overlap,
         "bf16": ns.bf16,
         "fp8": ns.fp8_format,
