@@ -23,6 +23,7 @@ DEFAULT_KNOBS = {
     "dtype": ["bf16"],
     "tp_comm_overlap": [False],
     "compile": [False],
+    "offload_modules": ["none"],
     "moe_dispatcher": ["alltoall", "deepep"],
     "pp_layout": ["auto", "balanced"],
     "tokens_per_step": 4194304,
