@@ -137,7 +137,7 @@ def plan_line(est: Estimate) -> str:
         f"recompute={p.recompute}"
         + (f"({p.recompute_layers} layers)" if p.recompute_layers is not None else "")
         + (f"({','.join(p.recompute_modules)})" if p.recompute_modules is not None else ""),
-        f"dtype={p.dtype}",
+        f"dtype={p.dtype}" + (f"({p.fp8_recipe_used})" if p.fp8_recipe_used else ""),
         f"layout={est.layout}" if p.pp > 1 else "",
         f"moe-dispatch=capacity x{p.capacity_factor:g}" if p.moe_dispatch == "capacity" else "",
         f"moe-dispatcher={p.moe_dispatcher}" if p.moe_dispatcher != "alltoall" else "",

@@ -29,6 +29,7 @@ from autopar.cost.kernels import attention_seconds, gemm_rate, hbm_rate
 from autopar.cost.memory_stacks import STACKS, compiled, stack_name
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.cost.stack_activations import stack_layers
+from autopar.spec.fp8_recipes import cast_bytes, recipe_codes, wgrad_bf16
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.recompute_modules import MODULE_BITS
@@ -77,24 +78,31 @@ def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_laye
     head = tokens * x.has_head * head_flops_per_token(model, x.tp) / tf
     layer_gemm = tokens * lin_layer * (3 + share) / tf
     dim = dense_gemm_dim(x, model)
-    dense_s = layer_gemm / gemm_rate(cluster, x.table.dtype, dim)
-    head_s = 3 * head / gemm_rate(cluster, np.where(fp8, DTYPE["bf16"], x.table.dtype), dim)
-    expert_s = 0.0 * dense_s
+    recipe = recipe_codes(x.table)
+    bf16 = np.where(fp8, DTYPE["bf16"], x.table.dtype)  # the LM head stays in BF16 under FP8
+    # the weight-gradient GEMMs (1 of the 3 + share GEMM passes) a recipe runs in BF16
+    hp = np.where(wgrad_bf16(recipe), 1.0 / (3 + share), 0.0)
+    own_rate, bf16_rate = gemm_rate(cluster, x.table.dtype, dim), gemm_rate(cluster, bf16, dim)
+    dense_s, dense_hp_s = layer_gemm * (1 - hp) / own_rate, layer_gemm * hp / bf16_rate
+    head_s = 3 * head / bf16_rate
+    expert_s = expert_hp_s = 0.0 * dense_s
     if model.moe:
-        expert_s = tokens * expert_layer * (3 + share) / tf * expert_load(x)
-        expert_s = expert_s / gemm_rate(cluster, x.table.dtype, expert_gemm_dim(x, model))
+        expert = tokens * expert_layer * (3 + share) / tf * expert_load(x)
+        edim = expert_gemm_dim(x, model)
+        expert_s = expert * (1 - hp) / gemm_rate(cluster, x.table.dtype, edim)
+        expert_hp_s = expert * hp / gemm_rate(cluster, bf16, edim)
     fwd_core = tokens * (x.layers * attention_core_flops_per_token(model, x.seq_len)) / tf
     recompute_core = np.where(x.selective | x.full, np.where(x.full, share, 1.0), 0.0) * fwd_core
     attention = _attention_seconds(x, model, cluster, fwd_core, recompute_core)
     hbm = hbm_rate(cluster)
     fused = compiled_traffic_share(x, model, cluster)
     elementwise = (rank_layers_act * (1 + share) * fused + score_matrix_bytes(x, model, cluster)) / hbm
-    traffic = (moe_traffic_bytes(x, model) + fp8_cast_bytes(x, model) * fp8) / hbm
+    traffic = (moe_traffic_bytes(x, model) + fp8_cast_elements(x, model) * cast_bytes(recipe)) / hbm
     passes = 1 + share / 2
     return RawCompute(
-        gemm_bf16=np.where(fp8, head_s, dense_s + head_s),
+        gemm_bf16=np.where(fp8, head_s + dense_hp_s, dense_s + head_s),
         gemm_fp8=np.where(fp8, dense_s, 0.0),
-        expert_bf16=np.where(fp8, 0.0, expert_s),
+        expert_bf16=np.where(fp8, expert_hp_s, expert_s),
         expert_fp8=np.where(fp8, expert_s, 0.0),
         attention=attention,
         elementwise=elementwise,
@@ -263,10 +271,10 @@ def moe_traffic_bytes(x: PlanArrays, model: ModelSpec) -> np.ndarray:
     return x.moe_layers * per_pass * (2.0 + x.recompute_share)
 
 
-def fp8_cast_bytes(x: PlanArrays, model: ModelSpec) -> np.ndarray:
-    """HBM bytes of Transformer Engine's FP8 casts per microbatch: every FP8 GEMM's input is read in
-    BF16 and written in FP8 with its transpose (the fused cast-transpose: 2 + 1 + 1 bytes per
-    element), in the forward for the activations and in the backward for the output gradients
+def fp8_cast_elements(x: PlanArrays, model: ModelSpec) -> np.ndarray:
+    """Elements of the FP8 GEMMs' inputs that Transformer Engine / torchao quantize per microbatch,
+    each moving its recipe's bytes (autopar.spec.fp8_recipes `cast_bytes`: 4 for TE's fused
+    cast-transpose): in the forward the activations, in the backward the output gradients
     (TransformerEngine fp8 recipe docs; the weights are cast once per step, not counted). Per token
     on one GPU: the QKV and FC1 inputs are whole under TP, the row-parallel inputs a 1/tp slice;
     routed experts see k copies of the tp-local tokens, gathered over etp."""
@@ -287,7 +295,7 @@ def fp8_cast_bytes(x: PlanArrays, model: ModelSpec) -> np.ndarray:
         moe_in, moe_grad = moe_in + shared_in, moe_grad + shared_grad
     inputs = x.layers * attn_in + x.dense_layers * dense_in + x.moe_layers * moe_in
     grads = x.layers * attn_grad + x.dense_layers * dense_grad + x.moe_layers * moe_grad
-    return 4.0 * x.tokens * (inputs * (1.0 + x.recompute_share) + grads)
+    return x.tokens * (inputs * (1.0 + x.recompute_share) + grads)
 
 
 def dense_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:

@@ -193,7 +193,9 @@ def estimate_per_trainer(
         rows = np.flatnonzero(np.logical_or.reduce([codes[t] == 0 for t in mine]))
         if not len(rows):
             continue
-        sub = table.take(rows)
+        # the rows priced as the profile's first trainer's: trainers that share a profile share its
+        # stack and their default FP8 recipe (tests/spec/test_fp8_recipes.py)
+        sub = table.take(rows).with_columns(trainer=TRAINER[mine[0]])
         p = prepare(sub, model, cluster, num_gpus=num_gpus, seq_len=s, trainer_capabilities=False, time_ranks=True)
         priced = price(p, priced_cluster(cluster, mine[0]), search=True)
         for t in mine:

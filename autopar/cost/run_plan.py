@@ -79,6 +79,7 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
         recompute_layers=rl,
         recompute_modules=modules,
         dtype=dtype,
+        fp8_recipe=_fp8_recipe(r) if dtype == "fp8" else "default",
         tp_comm_overlap=overlap and tp > 1,
         compile=_compiled(r),
         layout=_layout(r, model, pp, vpp),
@@ -90,6 +91,19 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
         optimizer_offload=_optimizer_offload(r),
         offload_modules=_offload_modules(r),
     )
+
+
+def _fp8_recipe(r: PublishedRow) -> str:
+    """The FP8 recipe a row states: MXFP8, or block scaling (1x128 / 128x128, DeepSeek-V3's); torchao
+    Float8 linears of 2024 scaled per tensor (torchao's only float8 recipe before rowwise scaling,
+    torchao 0.7, December 2024); otherwise its trainer's default (Transformer Engine's delayed
+    scaling for Megatron-Core, NeMo and llm-foundry's amp_fp8)."""
+    text = r.text("precision")
+    if re.search(r"mxfp8", text, re.I):
+        return "mxfp8"
+    if re.search(r"blockwise|block scaling|1x128", text, re.I):
+        return "blockwise"
+    return "tensorwise" if re.search(r"torchao", text, re.I) else "default"
 
 
 def _offload_modules(r: PublishedRow) -> tuple[str, ...] | None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from autopar.errors import InputError
 from autopar.spec.layout import PipelineLayout, auto_layout
+from autopar.spec.fp8_recipes import FP8_RECIPES, RECIPE_CHOICES, recipe_name
 from autopar.spec.offload_modules import OFFLOAD_MODULES, OffloadModulesError, parse_offload_modules
 from autopar.spec.plan_fields import (
     BOOL,
@@ -176,6 +177,20 @@ class ParallelPlan:
         DTYPES,
         space="dtype",
         flag=Flag("dtype", "bf16 | fp8 (GEMMs in FP8) | fp32 (full precision). Default: bf16; fp32 on --gpu local."),
+    )
+    #: with FP8: how the GEMMs' tensors are scaled (autopar.spec.fp8_recipes); "default" = the
+    #: trainer's (the first of its `fp8` capability list: delayed on Megatron-Core, rowwise on
+    #: torchtitan), so that one plan is the same plan on every trainer
+    fp8_recipe: str = knob(
+        "default",
+        CATEGORY,
+        RECIPE_CHOICES,
+        space="fp8_recipe",
+        flag=Flag(
+            "fp8_recipe",
+            f"With --dtype fp8: the scaling recipe, default (the trainer's: delayed on Megatron-Core, rowwise on "
+            f"torchtitan) or one of {', '.join(FP8_RECIPES)} (Megatron --fp8-recipe; torchao recipe_name).",
+        ),
     )
     #: Megatron's fp32 main grads (18 B/param); False = bf16 gradients (16 B/param)
     main_grads_fp32: bool = knob(
@@ -332,6 +347,11 @@ class ParallelPlan:
         return []
 
     @property
+    def fp8_recipe_used(self) -> str | None:
+        """The recipe the FP8 GEMMs run: the plan's, or its trainer's default; None without FP8."""
+        return recipe_name(self.dtype, self.fp8_recipe, self.trainer)
+
+    @property
     def selective_modules(self) -> tuple[str, ...]:
         """The modules selective recompute checkpoints (none without it)."""
         if self.recompute != "selective":
@@ -353,6 +373,10 @@ class ParallelPlan:
             out.append(f"recompute must be one of {', '.join(RECOMPUTE)}, got '{self.recompute}'")
         if self.dtype not in DTYPES:
             out.append(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.fp8_recipe not in RECIPE_CHOICES:
+            out.append(f"FP8 recipe must be default or one of {', '.join(FP8_RECIPES)}, got '{self.fp8_recipe}'")
+        elif self.fp8_recipe != "default" and self.dtype != "fp8":
+            out.append(f"an FP8 recipe ({self.fp8_recipe}) needs --dtype fp8; drop --fp8-recipe or add --dtype fp8")
         if self.trainer not in ALL_TRAINERS:
             out.append(f"trainer must be one of {', '.join(ALL_TRAINERS)}, got '{self.trainer}'")
         if self.moe_dispatcher not in MOE_DISPATCHERS:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autopar.spec.fp8_recipes import RECIPE_CHOICES, RECIPES, recipe_of
+from autopar.spec.fp8_recipes import SOURCE as FP8_SOURCE
 from autopar.spec.hardware import ClusterSpec, GpuSpec
 from autopar.spec.model import ModelSpec, MoESpec
 from autopar.spec.offload_modules import SOURCE as OFFLOAD_SOURCE
@@ -48,6 +50,12 @@ class Context:
         """The cluster's GPU (the rules that read it are those checked against a cluster)."""
         assert self.cluster is not None, "a hardware rule without a cluster"
         return self.cluster.gpu
+
+
+def _recipe_off_gpu(gpu: GpuSpec) -> np.ndarray:
+    """Per recipe code (0 = the trainer's default, whose recipe runs on every FP8 GPU): the recipe
+    lacks kernels for this GPU's generation."""
+    return np.array([False] + [bool(r.generations) and gpu.generation not in r.generations for r in RECIPES])
 
 
 @dataclass(frozen=True)
@@ -234,6 +242,15 @@ RULES: tuple[Rule, ...] = (
         "fp8",
         lambda t, c: (t.dtype == DTYPE["fp8"]) & (c.cluster is not None and c.cluster.gpu.fp8_tflops <= 0),
         lambda r, c: f"{c.gpu.key} has no FP8 tensor cores; use --dtype bf16",
+    ),
+    Rule(
+        "fp8_recipe_gpu",
+        lambda t, c: c.cluster is not None and (t.dtype == DTYPE["fp8"]) & _recipe_off_gpu(c.cluster.gpu)[t.fp8_recipe],
+        lambda r, c: (
+            f"the {RECIPE_CHOICES[r['fp8_recipe']]} FP8 recipe needs a "
+            f"{' or '.join(recipe_of(r['fp8_recipe']).generations)} GPU ({FP8_SOURCE}); {c.gpu.key} is "
+            f"{c.gpu.generation or 'of an unstated generation'}: use --fp8-recipe tensorwise or delayed"
+        ),
     ),
     Rule(
         "recompute_modules",

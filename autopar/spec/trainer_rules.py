@@ -29,6 +29,7 @@ from autopar.spec.plan_fields import (
     SCHEDULES,
     PlanColumns,
 )
+from autopar.spec.fp8_recipes import RECIPE_CHOICES, RECIPE_CODE, recipe_codes
 from autopar.spec.recompute_modules import modules_mask, parse_modules
 from autopar.spec.trainers import ALL_TRAINERS, trainers
 from autopar.spec.trainers import KINDS as TABLE_KINDS
@@ -113,20 +114,38 @@ def _partial(t: PlanColumns, v: Values) -> np.ndarray:
 
 
 #: the modules Megatron-Core refuses under FP8 with delayed scaling (transformer_config.py: "Delayed
-#: scaling does not support moe_act and layernorm recompute for fp8"), the recipe autopar exports
+#: scaling does not support moe_act and layernorm recompute for fp8"); the other recipes take them
 _NOT_UNDER_DELAYED_FP8 = modules_mask(("moe_act", "layernorm"))
+
+
+def _delayed_norm_act(t: PlanColumns) -> np.ndarray:
+    """Per row: delayed-scaling FP8 (the plan's recipe or its trainer's default) with moe_act or
+    layernorm recomputed."""
+    delayed = recipe_codes(t) == RECIPE_CODE["delayed"]
+    return delayed & ((t.recompute_modules & _NOT_UNDER_DELAYED_FP8) > 0)
 
 
 def _modules(t: PlanColumns, v: Values) -> np.ndarray:
     listed = (t.recompute == RECOMP["selective"]) & (t.recompute_modules > 0)
-    fp8_norm_act = (t.dtype == DTYPE["fp8"]) & ((t.recompute_modules & _NOT_UNDER_DELAYED_FP8) > 0)
-    return listed & (v.mode(t, "no") | (v.mode(t, "megatron-core") & fp8_norm_act))
+    return listed & (v.mode(t, "no") | (v.mode(t, "megatron-core") & _delayed_norm_act(t)))
 
 
 def _modules_needed(r: dict) -> str:
     names = ",".join(parse_modules(int(r["recompute_modules"])))
-    fp8 = r["dtype"] == DTYPE["fp8"] and int(r["recompute_modules"]) & _NOT_UNDER_DELAYED_FP8
-    return f"selective recompute of {names}" + (" under FP8 delayed scaling" if fp8 else "")
+    delayed = bool(_delayed_norm_act(_one_row(r))[0])
+    return f"selective recompute of {names}" + (" under FP8 delayed scaling" if delayed else "")
+
+
+def _one_row(r: dict):
+    """A violating row (column -> value) as a table of one row, for a rule's own masks."""
+    return type("Row", (), {k: np.asarray([v]) for k, v in r.items() if not k.startswith("_")})
+
+
+def _fp8_needed(r: dict) -> str:
+    """What a refused FP8 plan asks for: FP8 at all, or its recipe."""
+    if not trainers()[ALL_TRAINERS[r["trainer"]]].cap("fp8").value:
+        return "FP8 training"
+    return f"FP8 with the {RECIPE_CHOICES[int(recipe_codes(_one_row(r))[0])]} recipe"
 
 
 def _ep_overlap(t: PlanColumns, v: Values) -> np.ndarray:
@@ -205,7 +224,10 @@ KINDS: dict[str, Kind] = {
         lambda t, c, v: (_moe(c) and c.model.linear_bias) & v.flag(t) & (t.etp > 1),
         lambda r, c: f"etp = {r['etp']} with MoE biases",
     ),
-    "fp8": Kind(lambda t, c, v: (t.dtype == DTYPE["fp8"]) & ~v.flag(t), lambda r, c: "FP8 training"),
+    "fp8": Kind(
+        lambda t, c, v: (t.dtype == DTYPE["fp8"]) & ~v.allows(t, RECIPE_CHOICES, recipe_codes(t)),
+        lambda r, c: _fp8_needed(r),
+    ),
     "fp32": Kind(lambda t, c, v: (t.dtype == DTYPE["fp32"]) & ~v.flag(t), lambda r, c: "fp32 training"),
     "tp_comm_overlap": Kind(
         lambda t, c, v: (
