@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import Annotated, Optional
 
@@ -10,6 +11,14 @@ import typer
 from autopar.cli import app
 from autopar.cli import options as o
 from autopar.json_out import dumps
+
+
+class _UnderscoreWrapper(textwrap.TextWrapper):
+    """Wraps at spaces, hyphens and underscores (recipe names such as rowwise_with_gw_hp), so that a
+    long name breaks between its words rather than inside one."""
+
+    def _split(self, text: str) -> list[str]:
+        return [piece for chunk in super()._split(text) for piece in re.split(r"(?<=_)", chunk) if piece]
 
 
 def _value(v) -> str:
@@ -80,7 +89,7 @@ def trainers(
 
     def shown(v) -> str:
         short = [SCHEDULE_SHORT.get(x, x) for x in v] if isinstance(v, list) else SCHEDULE_SHORT.get(v, v)
-        return textwrap.fill(_value(short), width=cell, break_on_hyphens=True)
+        return _UnderscoreWrapper(width=cell, break_on_hyphens=True).fill(_value(short))
 
     for kind in table[keys[0]].capabilities:
         tab.add_row(kind, *[shown(table[k].cap(kind).value) for k in keys])

@@ -5,7 +5,7 @@ Paths (NVIDIA-NeMo/Megatron-Bridge `docs/megatron-lm-to-megatron-bridge.md` and 
 `model.*` are the GPT model provider's TransformerConfig fields, `train.micro_batch_size` /
 `train.global_batch_size` the batch, `ddp.*` Megatron-Core's DistributedDataParallelConfig,
 `optimizer.use_distributed_optimizer` (kept equal to ddp's), `dataset.seq_length`, and
-`mixed_precision` a registered recipe name (bf16_mixed, bf16_with_fp8_delayed_scaling_mixed).
+`mixed_precision` a registered recipe name (bf16_mixed, or one per FP8 recipe: MIXED).
 Megatron-Bridge runs Megatron-Core: what it cannot run, and which recipe each preset uses, is its
 capability table (autopar/spec/data/trainers.toml [bridge], applied before rendering).
 """
@@ -39,7 +39,15 @@ from autopar.spec.trainers import get_trainer
 BRIDGE_RECIPES = dict(get_trainer("bridge").recipes.value)  # type: ignore[union-attr]  # the table has [bridge.recipes]
 
 FILE = "bridge_overrides.txt"
-MIXED = {"bf16": "bf16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
+#: (dtype, FP8 recipe) -> Megatron-Bridge 0.3.1's registered mixed-precision recipe (training/
+#: mixed_precision.py; each sets fp8_recipe to the autopar recipe it is keyed by)
+MIXED = {
+    ("bf16", None): "bf16_mixed",
+    ("fp8", "delayed"): "bf16_with_fp8_delayed_scaling_mixed",
+    ("fp8", "tensorwise"): "bf16_with_fp8_current_scaling_mixed",
+    ("fp8", "blockwise"): "bf16_with_fp8_subchannel_scaling_mixed",
+    ("fp8", "mxfp8"): "bf16_with_mxfp8_mixed",
+}
 MIXED_BACK = {v: k for k, v in MIXED.items()}
 
 
@@ -67,7 +75,7 @@ def bridge_overrides(ctx: Context) -> dict:
             "ddp.use_megatron_fsdp": p.zero_stage >= 2,
             "ddp.data_parallel_sharding_strategy": ZERO_FSDP_STRATEGY.get(p.zero_stage, "no_shard"),
             "model.tp_comm_overlap": tp_overlap(p),
-            "mixed_precision": MIXED[p.dtype],
+            "mixed_precision": MIXED[(p.dtype, p.fp8_recipe_used)],
         }
     )
     if (instances := optimizer_instances(p)) > 1:  # hybrid sharding (megatron/bridge/training/initialize.py)
@@ -184,6 +192,7 @@ def view_from_bridge(ov: dict, num_gpus: int) -> dict:
         zero = FSDP_STRATEGY_ZERO[ov["ddp.data_parallel_sharding_strategy"]]
     else:
         zero = 1 if ov["ddp.use_distributed_optimizer"] else 0
+    dtype, recipe = MIXED_BACK[ov["mixed_precision"]]
     view = view_from_core_fields(
         model,
         num_layers=ov["model.num_layers"],
@@ -191,12 +200,17 @@ def view_from_bridge(ov: dict, num_gpus: int) -> dict:
         mbs=ov["train.micro_batch_size"],
         gbs=ov["train.global_batch_size"],
         zero=zero,
-        dtype=MIXED_BACK[ov["mixed_precision"]],
+        dtype=dtype,
         main_grads_fp32=ov["ddp.grad_reduce_in_fp32"],
         tp_comm_overlap=ov["model.tp_comm_overlap"],
     )
     instances = ov.get("ddp.num_distributed_optimizer_instances")
     offload = offload_from(ov.get("optimizer.optimizer_cpu_offload"), ov.get("optimizer.optimizer_offload_fraction"))
     return normalize(
-        view | {"dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"]), "optimizer_offload": offload}
+        view
+        | {
+            "dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"]),
+            "optimizer_offload": offload,
+            "fp8_recipe": recipe,
+        }
     )

@@ -28,11 +28,11 @@ from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import megatron_layout
 from autopar.export.megatron_core import (
-    FP8_RECIPE,
     ZERO_FSDP_STRATEGY,
     activation_offload_settings,
     capacity_settings,
     dispatcher_settings,
+    fp8_settings,
     offload_settings,
     optimizer_instances,
     recompute_settings,
@@ -227,14 +227,8 @@ def precision_args(ctx: Context) -> list[str]:
         a += ["--bf16"]
     if p.dtype == "fp8":
         a += ["--fp8-format", "hybrid"]
-        a += [
-            "--fp8-recipe",
-            str(FP8_RECIPE["fp8_recipe"]),
-            "--fp8-amax-history-len",
-            str(FP8_RECIPE["fp8_amax_history_len"]),
-            "--fp8-amax-compute-algo",
-            str(FP8_RECIPE["fp8_amax_compute_algo"]),
-        ]
+        for name, value in fp8_settings(ctx).items():
+            a += ["--" + name.replace("_", "-"), str(value)]
     if not p.main_grads_fp32 and p.dtype != "fp32":
         a += ["--grad-reduce-in-bf16"]
     return a

@@ -15,11 +15,20 @@ from autopar.export.layouts import megatron_layout, stages_from_megatron
 from autopar.export.view import normalize
 
 ZERO_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
-#: FP8 plans: Megatron-Bridge 0.3.1's bf16_with_fp8_delayed_scaling_mixed recipe (training/
-#: mixed_precision.py; the bridge export's mixed_precision), the same TransformerConfig fields for
-#: Megatron-LM's flags
-FP8_RECIPE = {"fp8_recipe": "delayed", "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}
+#: delayed scaling's amax history: Megatron-Bridge 0.3.1's bf16_with_fp8_delayed_scaling_mixed
+#: recipe (training/mixed_precision.py; the bridge export's mixed_precision), the same
+#: TransformerConfig fields for Megatron-LM's flags; the other recipes keep no history
+DELAYED_AMAX = {"fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}
 FSDP_STRATEGY_ZERO = {v: k for k, v in ZERO_FSDP_STRATEGY.items()}
+
+
+def fp8_settings(ctx: Context) -> dict:
+    """TransformerConfig FP8 fields of an FP8 plan: the recipe (megatron/core/transformer/
+    transformer_config.py fp8_recipe), with delayed scaling's amax history; none without FP8."""
+    recipe = ctx.plan.fp8_recipe_used
+    if recipe is None:
+        return {}
+    return {"fp8_recipe": recipe} | (DELAYED_AMAX if recipe == "delayed" else {})
 
 
 def capacity_settings(ctx: Context) -> dict:

@@ -67,7 +67,6 @@ STR_FLAGS = (
     "--fp8-format",
     "--moe-token-drop-policy",
     "--moe-flex-dispatcher-backend",
-    "--fp8-recipe",
     "--fp8-amax-compute-algo",
     "--ckpt-format",
 )
@@ -116,6 +115,10 @@ def megatron_parser() -> argparse.ArgumentParser:
         ap.add_argument(f, type=float)
     for f in STORE_TRUE_FLAGS:
         ap.add_argument(f, action="store_true")
+    # Megatron-LM arguments.py: the scaling recipe, delayed unless given
+    ap.add_argument(
+        "--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"]
+    )
     ap.add_argument("--recompute-modules", nargs="*", type=str)  # Megatron-LM arguments.py: a list of names
     ap.add_argument("--offload-modules", nargs="*", type=str)  # the same: a list of names
     # Megatron-LM's negated flag (store_false into gradient_accumulation_fusion)
@@ -193,6 +196,7 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
             "recompute_modules": modules,
             "offload_modules": activation_offload_from(ns.fine_grained_activation_offloading, ns.offload_modules),
             "dtype": "fp8" if ns.fp8_format else ("bf16" if ns.bf16 else "fp32"),
+            "fp8_recipe": ns.fp8_recipe if ns.fp8_format else None,
             "main_grads_fp32": not ns.grad_reduce_in_bf16,
             "tp_comm_overlap": ns.tp_comm_overlap,
             "moe_dispatch": dispatch,

@@ -26,6 +26,7 @@ from autopar.export.megatron_core import (
     core_parallel_fields,
     core_recompute_fields,
     dp_shard_from_instances,
+    fp8_settings,
     offload_from,
     offload_settings,
     optimizer_instances,
@@ -89,6 +90,9 @@ def nemo_overrides(ctx: Context) -> dict:
             }
         )
     out["trainer.plugins.fp8"] = "hybrid" if p.dtype == "fp8" else None
+    # the scaling recipe: MegatronMixedPrecision's fp8_recipe / amax arguments (nemo/lightning/pytorch/
+    # plugins/mixed_precision.py), the TransformerConfig fields Megatron-LM's flags set
+    out.update({f"trainer.plugins.{k}": v for k, v in fp8_settings(ctx).items()})
     return out
 
 
@@ -235,5 +239,11 @@ def view_from_nemo(ov: dict, tp_overlap: bool, num_gpus: int) -> dict:
         ov.get("optim.config.optimizer_cpu_offload"), ov.get("optim.config.optimizer_offload_fraction")
     )
     return normalize(
-        view | {"dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"]), "optimizer_offload": offload}
+        view
+        | {
+            "dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"]),
+            "optimizer_offload": offload,
+            # MegatronMixedPrecision's default recipe is delayed scaling
+            "fp8_recipe": ov.get("trainer.plugins.fp8_recipe", "delayed"),
+        }
     )

@@ -211,7 +211,7 @@ def torchtitan_values(ctx: Context, toml: bool) -> dict:
         "training": training,
         "activation_checkpoint": p.recompute,
         "compile": compile_,
-        "float8": p.dtype == "fp8",
+        "float8": p.fp8_recipe_used,  # torchao's recipe_name; None without FP8
         "moe_comm_backend": backend,
     }
 
@@ -269,6 +269,7 @@ def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
             "layout": stages,
             "recompute": cfg["activation_checkpoint"],
             "dtype": "fp8" if cfg["float8"] else ("fp32" if tr.get("mixed_precision_param") == "float32" else "bf16"),
+            "fp8_recipe": cfg["float8"],
             "main_grads_fp32": tr.get("mixed_precision_reduce", "float32") == "float32",
             "tp_comm_overlap": bool(
                 par.get("enable_async_tensor_parallel") or cfg["compile"].get("enable_async_tensor_parallel")
@@ -330,7 +331,7 @@ def render_toml(ctx: Context) -> str:
     out += ["", "[compile]"]
     out += [f"{k} = {_toml_value(x)}" for k, x in v["compile"].items()]
     if v["float8"]:
-        out += ["", "[quantize.linear.float8]", 'filter_fqns = ["output"]']
+        out += ["", "[quantize.linear.float8]", f"recipe_name = {_toml_value(v['float8'])}", 'filter_fqns = ["output"]']
     return "\n".join(out) + "\n"
 
 
@@ -342,7 +343,10 @@ def parse_torchtitan_toml(text: str) -> dict:
         "training": tr,
         "activation_checkpoint": ac.get("mode", "selective"),
         "compile": d.get("compile", {}),
-        "float8": "float8" in d.get("model", {}).get("converters", []),
+        # the converter's recipe: torchtitan 0.2.2 Float8Linear.recipe_name, None = torchao's tensorwise
+        "float8": (d.get("quantize", {}).get("linear", {}).get("float8", {}).get("recipe_name") or "tensorwise")
+        if "float8" in d.get("model", {}).get("converters", [])
+        else None,
         "etp": par.get("expert_tensor_parallel_degree", 1),
         "output": "output",
         "moe_comm_backend": par.get("expert_parallel_comm_backend", "standard"),
@@ -393,7 +397,7 @@ def render_py(ctx: Context) -> str:
         "",
         f"COMPILE = {_py_literal(v['compile'])}",
         "",
-        f"FLOAT8 = {v['float8']!r}",
+        f"FLOAT8 = {v['float8']!r}  # torchao Float8LinearConfig recipe_name; None = no FP8",
         "",
         f"MOE_COMM_BACKEND = {v['moe_comm_backend']!r}  # standard (all-to-all) | deepep",
         "",
@@ -412,7 +416,7 @@ def render_py(ctx: Context) -> str:
         if v["float8"]:
             lines += [
                 f"    cfg.model_spec = model_registry({flavor!r}{backend}, converters=[",
-                '        Float8LinearConverter.Config(filter_fqns=["lm_head"],',
+                '        Float8LinearConverter.Config(recipe_name=FLOAT8, filter_fqns=["lm_head"],',
                 "                                     model_compile_enabled=COMPILE['enable'])])",
             ]
         else:

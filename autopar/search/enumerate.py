@@ -14,6 +14,7 @@ import numpy as np
 
 from autopar.errors import InputError
 from autopar.search.space import SearchSpace
+from autopar.spec.fp8_recipes import default_codes
 from autopar.spec.layout import auto_layout, balanced_layout
 from autopar.spec.model import ModelSpec
 from autopar.spec.offload_modules import lacking_offload
@@ -21,7 +22,7 @@ from autopar.spec.plan import FIELDS
 from autopar.spec.plan_fields import PlanField
 from autopar.spec.question import Question
 from autopar.spec.recompute_modules import lacking_modules
-from autopar.spec.table import RECOMP, SCHED, TRAINER, PlanTable
+from autopar.spec.table import DTYPE, RECOMP, SCHED, TRAINER, PlanTable
 
 DEFAULT_EP_LIMIT = 64
 #: most combinations of the outer (or inner) axes held at once: ~150 bytes each while walked, so
@@ -255,7 +256,8 @@ def _layout_registry(model: ModelSpec, choices: dict[str, list]) -> tuple[list, 
 def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, vpp, et, layout_id) -> np.ndarray:
     """Rows that are plans, each reached once: tp*pp*cp divides the GPUs; pp = 1 has one schedule
     and no layout variant; recompute layers only with full recompute, recompute modules only with
-    selective; activation offload not with full recompute (nothing left to offload); TP overlap needs TP; EP knobs
+    selective; activation offload not with full recompute (nothing left to offload); an FP8 recipe only with
+    FP8, and not the trainer's own default named (the "default" plan); TP overlap needs TP; EP knobs
     need EP; SP follows tp (when 'auto'); an explicit etp equal to tp is the same plan as etp 'tp';
     layout variants differ from the auto layout and from each other; expert knobs only for MoE."""
     t, p, c = col["tp"], col["pp"], col["cp"]
@@ -264,6 +266,10 @@ def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, 
     keep &= (col["recompute_layers"] < 0) | (col["recompute"] == RECOMP["full"])
     keep &= (col["recompute_modules"] == 0) | (col["recompute"] == RECOMP["selective"])
     keep &= (col["offload_modules"] == 0) | (col["recompute"] != RECOMP["full"])  # it keeps layer inputs only
+    # an FP8 recipe only with FP8; the trainer's default recipe named is the "default" plan again
+    keep &= (col["fp8_recipe"] == 0) | (col["dtype"] == DTYPE["fp8"])
+    named_default = np.where(default_codes() > 0, default_codes(), -1)  # -1: a trainer without FP8
+    keep &= col["fp8_recipe"] != named_default[col["trainer"]]
     keep &= ~((t == 1) & col["tp_comm_overlap"].astype(bool))
     keep &= ~((col["ep"] == 1) & (col["ep_comm_overlap"].astype(bool) | (col["moe_dispatcher"] != 0)))
     if space.knobs.get("sp", "auto") == "auto":

@@ -41,7 +41,6 @@ from autopar.spec.plan_fields import DTYPE
 from autopar.spec.trainers import ALL_TRAINERS, trainers
 
 
-
 @dataclass(frozen=True)
 class Fp8Recipe:
     name: str

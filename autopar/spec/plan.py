@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from autopar.errors import InputError
-from autopar.spec.layout import PipelineLayout, auto_layout
 from autopar.spec.fp8_recipes import FP8_RECIPES, RECIPE_CHOICES, recipe_name
+from autopar.spec.layout import PipelineLayout, auto_layout
 from autopar.spec.offload_modules import OFFLOAD_MODULES, OffloadModulesError, parse_offload_modules
 from autopar.spec.plan_fields import (
     BOOL,

@@ -52,10 +52,14 @@ class Context:
         return self.cluster.gpu
 
 
-def _recipe_off_gpu(gpu: GpuSpec) -> np.ndarray:
-    """Per recipe code (0 = the trainer's default, whose recipe runs on every FP8 GPU): the recipe
-    lacks kernels for this GPU's generation."""
-    return np.array([False] + [bool(r.generations) and gpu.generation not in r.generations for r in RECIPES])
+def _recipe_off_gpu(t: PlanColumns, c: Context) -> np.ndarray:
+    """Per row: an FP8 plan whose recipe lacks kernels for the cluster's GPU generation (code 0, the
+    trainer's default, runs on every FP8 GPU); none without a cluster."""
+    if c.cluster is None:
+        return np.zeros(len(t.dtype), bool)
+    gpu = c.cluster.gpu
+    off = np.array([False] + [bool(r.generations) and gpu.generation not in r.generations for r in RECIPES])
+    return (t.dtype == DTYPE["fp8"]) & off[t.fp8_recipe]
 
 
 @dataclass(frozen=True)
@@ -245,11 +249,11 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "fp8_recipe_gpu",
-        lambda t, c: c.cluster is not None and (t.dtype == DTYPE["fp8"]) & _recipe_off_gpu(c.cluster.gpu)[t.fp8_recipe],
+        _recipe_off_gpu,
         lambda r, c: (
             f"the {RECIPE_CHOICES[r['fp8_recipe']]} FP8 recipe needs a "
             f"{' or '.join(recipe_of(r['fp8_recipe']).generations)} GPU ({FP8_SOURCE}); {c.gpu.key} is "
-            f"{c.gpu.generation or 'of an unstated generation'}: use --fp8-recipe tensorwise or delayed"
+            f"{c.gpu.generation or 'of an unstated generation'}: use --fp8-recipe default (the trainer's own)"
         ),
     ),
     Rule(

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from autopar.spec.fp8_recipes import RECIPE_CHOICES, RECIPE_CODE, recipe_codes
 from autopar.spec.plan_fields import (
     DISPATCH,
     DISPATCHER,
@@ -29,7 +30,6 @@ from autopar.spec.plan_fields import (
     SCHEDULES,
     PlanColumns,
 )
-from autopar.spec.fp8_recipes import RECIPE_CHOICES, RECIPE_CODE, recipe_codes
 from autopar.spec.recompute_modules import modules_mask, parse_modules
 from autopar.spec.trainers import ALL_TRAINERS, trainers
 from autopar.spec.trainers import KINDS as TABLE_KINDS

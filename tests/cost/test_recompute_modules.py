@@ -183,13 +183,15 @@ def test_trainers_without_the_modules_refuse_them(trainer) -> None:
 
 def test_megatron_refuses_norm_and_act_recompute_under_fp8_delayed_scaling() -> None:
     # transformer_config.py: "Delayed scaling does not support moe_act and layernorm recompute for
-    # fp8"; autopar's FP8 exports use delayed scaling (autopar.export.megatron_core FP8_RECIPE)
+    # fp8"; delayed scaling is their default recipe, and other recipes may recompute them
     m = resolve_model("llama3-8b")
     for trainer in ("megatron", "nemo", "bridge"):
         fp8 = ParallelPlan(dp=8, dtype="fp8", recompute="selective", recompute_modules="layernorm", trainer=trainer)
         assert any("under FP8 delayed scaling" in p for p in fp8.problems(m, num_gpus=8, cluster=H100))
         mlp = fp8.with_(recompute_modules=("mlp",))
         assert not any("recompute" in p for p in mlp.problems(m, num_gpus=8, cluster=H100))
+        current = fp8.with_(fp8_recipe="tensorwise")
+        assert not any("recompute" in p for p in current.problems(m, num_gpus=8, cluster=H100))
 
 
 def test_a_changed_recompute_drops_the_modules_of_the_ranked_plan() -> None:

@@ -223,6 +223,27 @@ CASES = [
         refuse=_titan("without torch.compile") | {"deepspeed": "ZeRO-3"},
     ),
     Case(
+        "fp8-blockwise",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=2, dtype="fp8", fp8_recipe="blockwise", gbs=32),
+        refuse=_titan("blockwise") | {"deepspeed": "FP8"},
+    ),
+    Case(
+        "fp8-tensorwise-fsdp",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=3, dtype="fp8", fp8_recipe="tensorwise", gbs=32),
+        refuse=_titan("tensorwise") | {"deepspeed": "FP8"},
+    ),
+    Case(
+        "fp8-rowwise-gw-hp",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=3, dtype="fp8", fp8_recipe="rowwise_with_gw_hp", gbs=32),
+        refuse=_core("rowwise_with_gw_hp") | {"deepspeed": "FP8"},
+    ),
+    Case(
         "compile-async-tp",
         "llama3-70b",
         64,

@@ -1,7 +1,7 @@
 """The search and the exporters agree, because both read the trainers' capability table.
 
 For every production trainer T: enumerate a broad space (every schedule, vpp, cp, ZeRO 0-3, every
-recompute mode with partial recompute, bf16/fp8/fp32, TP overlap, SP on and off, uneven layouts,
+recompute mode with partial recompute, bf16/fp8/fp32 with every FP8 recipe, TP overlap, SP on and off, uneven layouts,
 no, half or all of the optimizer offloaded;
 dense and MoE models, one with MLA and one with QK-norm, MoE plans with dropless and capacity
 dispatch) for all trainers at once, as `autopar search` does, check its rules, and on a seeded
@@ -24,6 +24,7 @@ from autopar.cost.estimate import estimate_table
 from autopar.export import ExportOptions, ExportRefused, get_exporter, plan_view
 from autopar.search.enumerate import enumerate_plans
 from autopar.search.space import SearchSpace
+from autopar.spec.fp8_recipes import RECIPE_CHOICES
 from autopar.spec.presets import resolve_model
 from autopar.spec.question import Question
 from autopar.spec.resolve import resolve_cluster
@@ -68,9 +69,9 @@ def models_for(trainer: str) -> list[str]:
 @cache
 def space(model_name: str):
     """(model, table, rule result) of the whole space for every trainer; a quarter of the plans keep
-    bf16 main gradients, half the MoE plans use capacity dispatch (factor 1.25), and MoE plans with
-    EP draw the DeepEP dispatcher and the EP all-to-all overlap at random (axes kept out of the
-    product to keep it small)."""
+    bf16 main gradients, FP8 plans draw a recipe, half the MoE plans use capacity dispatch (factor
+    1.25), and MoE plans with EP draw the DeepEP dispatcher and the EP all-to-all overlap at random
+    (axes kept out of the product to keep it small)."""
     model = resolve_model(model_name)
     knobs = KNOBS | (MOE_KNOBS if model.moe is not None else {})
     q = Question(
@@ -81,6 +82,10 @@ def space(model_name: str):
     # bf16 main gradients only with bf16 / fp8 training: fp32 training has fp32 gradients in every
     # trainer (Megatron's main_grad takes the parameter dtype), a plan rule autopar.spec.rules lacks yet
     table.columns["main_grads_fp32"] = (rng.random(len(table)) >= 0.25) | (table.dtype == DTYPE["fp32"])
+    # FP8 plans draw a scaling recipe (the trainer's default or any named one: trainers refuse the
+    # ones they lack, and MXFP8 on an H100 breaks a GPU rule)
+    fp8 = table.dtype == DTYPE["fp8"]
+    table.columns["fp8_recipe"] = np.where(fp8, rng.integers(0, len(RECIPE_CHOICES), len(table)), 0)
     if model.moe is not None:
         capacity = rng.random(len(table)) < 0.5
         table.columns["moe_dispatch"] = np.where(capacity, DISPATCH["capacity"], DISPATCH["dropless"])

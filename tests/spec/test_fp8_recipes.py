@@ -1,0 +1,87 @@
+"""The FP8 recipes as a plan knob (autopar.spec.fp8_recipes): each trainer's default is the trainer's
+own, the recipes a trainer lists are the ones its code accepts, trainers that share a cost profile
+share their default, and a recipe needs FP8 and, for MXFP8, a Blackwell GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from autopar.spec.fp8_recipes import BY_NAME, FP8_RECIPES, recipe_name
+from autopar.spec.plan import ParallelPlan, PlanError
+from autopar.spec.trainers import ALL_TRAINERS, get_trainer
+
+MEGATRON_CORE = ("megatron", "nemo", "bridge")
+
+
+def _listed(trainer: str) -> list[str]:
+    return list(get_trainer(trainer).cap("fp8").value or [])
+
+
+def test_megatron_core_trainers_default_to_transformer_configs_default_recipe() -> None:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    default = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}["fp8_recipe"]
+    for t in MEGATRON_CORE:
+        assert recipe_name("fp8", "default", t) == default == "delayed"
+
+
+def test_megatron_core_trainers_list_only_recipes_megatron_core_accepts() -> None:
+    from megatron.core.enums import Fp8Recipe
+
+    accepted = {r.value for r in Fp8Recipe} - {"custom"}  # custom needs a quantizer factory of one's own
+    for t in MEGATRON_CORE:
+        assert set(_listed(t)) == accepted
+
+
+def test_torchtitan_defaults_to_and_lists_its_float8_converters_recipes() -> None:
+    from torchtitan.components.quantization.float8 import Float8LinearConverter
+
+    default = {f.name: f.default for f in dataclasses.fields(Float8LinearConverter.Config)}["recipe_name"]
+    assert recipe_name("fp8", "default", "torchtitan") == default == "rowwise"
+    literal = typing.get_type_hints(Float8LinearConverter.Config)["recipe_name"]
+    assert set(_listed("torchtitan")) == set(typing.get_args(literal))
+
+
+def test_trainers_sharing_a_cost_profile_share_their_default_recipe() -> None:
+    # the search prices a profile's rows once, as its first trainer's (autopar.cost.estimate
+    # estimate_per_trainer): that is right only while the profile's trainers default alike
+    by_profile: dict[str, set] = {}
+    for t in ALL_TRAINERS:
+        by_profile.setdefault(get_trainer(t).profile, set()).add(recipe_name("fp8", "default", t))
+    assert all(len(defaults) == 1 for defaults in by_profile.values()), by_profile
+
+
+def test_every_listed_recipe_is_declared() -> None:
+    for t in ALL_TRAINERS:
+        assert set(_listed(t)) <= set(FP8_RECIPES)
+
+
+def test_cast_bytes_follow_the_kernels_passes() -> None:
+    # read the BF16 tensor (2 B), write the FP8 copy and its transpose (1 + 1 B); current scaling reads
+    # it once more for the amax (+2); block scales add an fp32 per 128 (blockwise) or an E8M0 byte per
+    # 32 (MXFP8) to each FP8 copy; BF16 weight gradients need no transposed copy (2 + 1)
+    assert BY_NAME["delayed"].cast_bytes == 4.0
+    assert BY_NAME["tensorwise"].cast_bytes == BY_NAME["rowwise"].cast_bytes == 6.0
+    assert BY_NAME["blockwise"].cast_bytes == 4.0 + 2 * 4 / 128
+    assert BY_NAME["mxfp8"].cast_bytes == 4.0 + 2 * 1 / 32
+    assert BY_NAME["rowwise_with_gw_hp"].cast_bytes == 3.0 and BY_NAME["rowwise_with_gw_hp"].wgrad_bf16
+
+
+def test_a_recipe_needs_fp8() -> None:
+    with pytest.raises(PlanError, match="needs --dtype fp8"):
+        ParallelPlan(fp8_recipe="blockwise")
+    assert ParallelPlan(dtype="fp8", fp8_recipe="blockwise").fp8_recipe_used == "blockwise"
+
+
+@pytest.mark.parametrize("name", ["fp4", "Delayed", ""])
+def test_an_unknown_recipe_is_refused(name) -> None:
+    with pytest.raises(PlanError, match="FP8 recipe must be"):
+        ParallelPlan(dtype="fp8", fp8_recipe=name)
+
+
+def test_no_fp8_means_no_recipe() -> None:
+    assert recipe_name("bf16", "default", "megatron") is None
+    assert recipe_name("fp8", "default", "deepspeed") is None  # DeepSpeed has no FP8
