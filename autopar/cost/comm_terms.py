@@ -140,12 +140,20 @@ def comm_volumes(
     # hybrid sharding: a shard group is dp_shard neighbouring ranks of the dp x cp group, its copies
     # are dp_shard such ranks apart
     dp_stride = group_stride(ranks, ("dp", "cp"))
-    dense = _dp_volumes(x, prm.dense, x.dp_shard, place(x.dp_shard, dp_stride, gpn), vol)
+    # FP8 parameter gather: the linear weights all-gathered in 1 byte, the embedding and head rows
+    # in their own precision (Megatron-Core param_and_grad_buffer: FP8 params gather as FP8 bytes)
+    dense_bytes = np.where(x.fp8_gather, 1.0 + prm.vocab / np.maximum(prm.dense, 1.0), x.weight_bytes)
+    dense = _dp_volumes(x, prm.dense, x.dp_shard, place(x.dp_shard, dp_stride, gpn), vol, dense_bytes)
     calls = replica_calls(prm.dense, x.table.zero_stage, x.grad_bytes, x.microbatches, x.pp, x.dp_shard, x.dp_replicas)
     replicas = OnGroup(vol(calls, x.dp_replicas), place(x.dp_replicas, dp_stride * x.dp_shard, gpn))
     expert_dp: tuple[OnGroup | None, OnGroup | None] = (
         _dp_volumes(
-            x, prm.expert, x.expert_dp, place(x.expert_dp, group_stride(expert, ("edp",), EXPERT_MESH_ORDER), gpn), vol
+            x,
+            prm.expert,
+            x.expert_dp,
+            place(x.expert_dp, group_stride(expert, ("edp",), EXPERT_MESH_ORDER), gpn),
+            vol,
+            np.where(x.fp8_gather, 1.0, x.weight_bytes),
         )
         if model.moe
         else (None, None)
@@ -153,11 +161,10 @@ def comm_volumes(
     return CommVolumes(stats, tp, cp, ep, pp, tp_step, *dense, *expert_dp, c > 1, replicas)
 
 
-def _dp_volumes(x: PlanArrays, params, group_size, group, vol) -> tuple[OnGroup, OnGroup]:
-    """(gradient reduction, parameter gathering) of `params` over one data-parallel group."""
-    reduce, gather = dp_calls(
-        params, x.table.zero_stage, x.grad_bytes, x.weight_bytes, x.microbatches, x.pp, group_size
-    )
+def _dp_volumes(x: PlanArrays, params, group_size, group, vol, weight_bytes) -> tuple[OnGroup, OnGroup]:
+    """(gradient reduction, parameter gathering) of `params` over one data-parallel group, the
+    parameters gathered at `weight_bytes` each."""
+    reduce, gather = dp_calls(params, x.table.zero_stage, x.grad_bytes, weight_bytes, x.microbatches, x.pp, group_size)
     return OnGroup(vol(reduce, group_size), group), OnGroup(vol(gather, group_size), group)
 
 

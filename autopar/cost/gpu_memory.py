@@ -31,7 +31,6 @@ from typing import NamedTuple
 import numpy as np
 
 from autopar.cost import activations as act
-from autopar.cost.flops import padded_vocab
 from autopar.cost.memory import state_bytes
 from autopar.cost.memory_facts import MemoryFacts
 from autopar.cost.memory_overheads import fragmentation, runtime
@@ -154,11 +153,11 @@ def megatron_states(x, prm, stack: MemoryStack, facts: MemoryFacts, model):
     weights, grads, opt = states.weights, states.gradients, states.optimizer
     fp8 = t.dtype == DTYPE["fp8"]
     if stack.fp8_weights == "te_cache":
-        vocab_rows = padded_vocab(model, x.tp.astype(np.int64)) * model.hidden_size / x.tp_float
-        head_copy = (not model.tied_embeddings) | (x.pp > 1)
-        linear = prm.total - (x.has_embedding + x.has_head * head_copy) * vocab_rows
-        # ZeRO-3 (Megatron-FSDP) gathers per unit: its FP8 copies are not kept for the whole model
-        weights = weights + np.where(fp8 & (t.zero_stage < 3), 2.0 * np.maximum(linear, 0.0), 0.0)
+        linear = prm.total - prm.vocab
+        # ZeRO-3 (Megatron-FSDP) gathers per unit: its FP8 copies are not kept for the whole model;
+        # FP8 parameters (--fp8-param-gather) are the FP8 copy: no BF16 weight beside it to cache
+        cached = fp8 & (t.zero_stage < 3) & ~x.fp8_gather
+        weights = weights + np.where(cached, 2.0 * np.maximum(linear, 0.0), 0.0)
     if facts.bf16_optimizer_states:
         opt = opt * (8.0 / 12.0)  # fp32 master + bf16 m, v
     buffers = 0.0 * weights

@@ -21,6 +21,8 @@ class RankParams:
     dense: np.ndarray  # parameters reduced over the dp x cp group
     expert: np.ndarray  # routed-expert parameters, reduced over the expert-dp group
     dense_layer_max: np.ndarray  # the largest single layer's dense params (FSDP gather unit)
+    #: the embedding and LM-head rows among `dense` (no FP8 GEMM reads them: they stay in BF16)
+    vocab: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
@@ -51,4 +53,5 @@ def rank_params(model: ModelSpec, dense_layers, moe_layers, has_embedding, has_h
         d.tp_sharded / tp + d.replicated,
         (m.tp_sharded / tp + m.replicated + m.expert / (np.asarray(ep) * np.asarray(etp))) if model.moe else 0.0,
     )
-    return RankParams(dense=tp_sharded / tp + replicated, expert=expert, dense_layer_max=layer_max)
+    vocab = (has_embedding + has_head * head_copy) * vocab_rows / tp
+    return RankParams(dense=tp_sharded / tp + replicated, expert=expert, dense_layer_max=layer_max, vocab=vocab)

@@ -12,6 +12,7 @@ import numpy as np
 
 from autopar.cost.memory import grad_bytes as grad_precision_bytes
 from autopar.cost.memory import precision_bytes
+from autopar.spec.fp8_recipes import param_gather
 from autopar.spec.model import ModelSpec
 from autopar.spec.recompute_modules import DEFAULT_SELECTIVE, MODULE_BITS, modules_mask
 from autopar.spec.stages import StageProfiles
@@ -41,6 +42,7 @@ class PlanArrays:
     act_scale: np.ndarray  # act_bytes / 2: the activation formulas are for 2-byte activations
     weight_bytes: np.ndarray
     grad_bytes: np.ndarray  # bytes per main-gradient element
+    fp8_gather: np.ndarray  # FP8 parameters, all-gathered in FP8 (autopar.spec.fp8_recipes param_gather)
     full: np.ndarray  # full recompute (bool)
     #: the attention core recomputed (bool): selective recompute with core_attn among its modules
     #: (Megatron's default; torchtitan's op-level SAC and the built-in model's selective)
@@ -125,6 +127,7 @@ def plan_arrays(
         act_scale=act_bytes / 2.0,
         weight_bytes=weight_bytes,
         grad_bytes=grad_precision_bytes(table.main_grads_fp32, fp32),
+        fp8_gather=param_gather(table),
         full=full,
         selective=(modules & MODULE_BITS["core_attn"]) > 0,
         recompute_modules=modules,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from autopar.cost.memory_facts import row_offloaded, row_recompute_modules
+from autopar.cost.memory_facts import SOURCE_STACK, row_offloaded, row_recompute_modules
 from autopar.cost.run_rows import FAMILY_TRAINER, PublishedRow
 from autopar.spec.layout import balanced_layout, parse_layout
 from autopar.spec.plan import ParallelPlan
@@ -80,6 +80,7 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
         recompute_modules=modules,
         dtype=dtype,
         fp8_recipe=_fp8_recipe(r) if dtype == "fp8" else "default",
+        fp8_param_gather=_fp8_param_gather(r) if dtype == "fp8" and zero >= 1 else "default",
         tp_comm_overlap=overlap and tp > 1,
         compile=_compiled(r),
         layout=_layout(r, model, pp, vpp),
@@ -96,14 +97,26 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
 def _fp8_recipe(r: PublishedRow) -> str:
     """The FP8 recipe a row states: MXFP8, or block scaling (1x128 / 128x128, DeepSeek-V3's); torchao
     Float8 linears of 2024 scaled per tensor (torchao's only float8 recipe before rowwise scaling,
-    torchao 0.7, December 2024); otherwise its trainer's default (Transformer Engine's delayed
-    scaling for Megatron-Core, NeMo and llm-foundry's amp_fp8)."""
+    torchao 0.7, December 2024); llm-foundry's amp_fp8 runs Transformer Engine's delayed scaling;
+    otherwise its trainer's default (delayed scaling for Megatron-Core and NeMo)."""
     text = r.text("precision")
     if re.search(r"mxfp8", text, re.I):
         return "mxfp8"
     if re.search(r"blockwise|block scaling|1x128", text, re.I):
         return "blockwise"
+    if r.source == "llm-foundry":  # Composer's amp_fp8: Transformer Engine's DelayedScaling
+        return "delayed"
     return "tensorwise" if re.search(r"torchao", text, re.I) else "default"
+
+
+def _fp8_param_gather(r: PublishedRow) -> str:
+    """FP8 parameters where the row's program keeps them: NeMo 2's and Megatron-Bridge's FP8 recipes
+    (nemo/collections/llm/recipes/precision/mixed_precision.py, megatron/bridge/training/
+    mixed_precision.py: fp8_param_gather=True) and a row stating FP8 primary weights; otherwise its
+    trainer's default (off: Megatron-LM's --fp8-param-gather is opt-in)."""
+    stated = " ".join(r.text(k) for k in ("precision", "framework", "notes"))
+    recipe_gathers = SOURCE_STACK.get(r.source) == "nemo-bridge" and _fp8_recipe(r) != "blockwise"
+    return "on" if recipe_gathers or re.search(r"fp8 primary weights", stated, re.I) else "default"
 
 
 def _offload_modules(r: PublishedRow) -> tuple[str, ...] | None:

@@ -33,6 +33,7 @@ from autopar.export.megatron_core import (
 from autopar.export.nemo import recipe_name
 from autopar.export.production import checkpoint_interval, megatron_family_env
 from autopar.export.view import normalize
+from autopar.spec.fp8_recipes import BRIDGE_PARAM_GATHER
 from autopar.spec.trainers import get_trainer
 
 #: autopar preset -> megatron.bridge.recipes function (the capability table's [bridge.recipes])
@@ -212,5 +213,7 @@ def view_from_bridge(ov: dict, num_gpus: int) -> dict:
             "dp_shard": dp_shard_from_instances(instances, view["dp"], view["cp"]),
             "optimizer_offload": offload,
             "fp8_recipe": recipe,
+            # the registered recipe's own setting (autopar.spec.fp8_recipes BRIDGE_PARAM_GATHER)
+            "fp8_param_gather": BRIDGE_PARAM_GATHER[recipe] if recipe else None,
         }
     )

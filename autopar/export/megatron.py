@@ -229,6 +229,8 @@ def precision_args(ctx: Context) -> list[str]:
         a += ["--fp8-format", "hybrid"]
         for name, value in fp8_settings(ctx).items():
             a += ["--" + name.replace("_", "-"), str(value)]
+        if p.fp8_param_gather_used:  # parameters kept and all-gathered in FP8
+            a += ["--fp8-param-gather"]
     if not p.main_grads_fp32 and p.dtype != "fp32":
         a += ["--grad-reduce-in-bf16"]
     return a

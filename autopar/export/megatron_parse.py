@@ -79,6 +79,7 @@ FLOAT_FLAGS = (
 )
 STORE_TRUE_FLAGS = (
     "--group-query-attention",
+    "--fp8-param-gather",
     "--swiglu",
     "--untie-embeddings-and-output-weights",
     "--disable-bias-linear",
@@ -197,6 +198,7 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
             "offload_modules": activation_offload_from(ns.fine_grained_activation_offloading, ns.offload_modules),
             "dtype": "fp8" if ns.fp8_format else ("bf16" if ns.bf16 else "fp32"),
             "fp8_recipe": ns.fp8_recipe if ns.fp8_format else None,
+            "fp8_param_gather": ns.fp8_param_gather if ns.fp8_format else None,
             "main_grads_fp32": not ns.grad_reduce_in_bf16,
             "tp_comm_overlap": ns.tp_comm_overlap,
             "moe_dispatch": dispatch,

@@ -93,6 +93,8 @@ def nemo_overrides(ctx: Context) -> dict:
     # the scaling recipe: MegatronMixedPrecision's fp8_recipe / amax arguments (nemo/lightning/pytorch/
     # plugins/mixed_precision.py), the TransformerConfig fields Megatron-LM's flags set
     out.update({f"trainer.plugins.{k}": v for k, v in fp8_settings(ctx).items()})
+    if p.dtype == "fp8":  # explicit: a recipe's own FP8 plugin may set it either way
+        out["trainer.plugins.fp8_param_gather"] = bool(p.fp8_param_gather_used)
     return out
 
 
@@ -245,5 +247,6 @@ def view_from_nemo(ov: dict, tp_overlap: bool, num_gpus: int) -> dict:
             "optimizer_offload": offload,
             # MegatronMixedPrecision's default recipe is delayed scaling
             "fp8_recipe": ov.get("trainer.plugins.fp8_recipe", "delayed"),
+            "fp8_param_gather": ov.get("trainer.plugins.fp8_param_gather", False),  # the plugin's default
         }
     )

@@ -270,6 +270,7 @@ def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
             "recompute": cfg["activation_checkpoint"],
             "dtype": "fp8" if cfg["float8"] else ("fp32" if tr.get("mixed_precision_param") == "float32" else "bf16"),
             "fp8_recipe": cfg["float8"],
+            "fp8_param_gather": False if cfg["float8"] else None,  # no FP8 all-gather of rowwise weights
             "main_grads_fp32": tr.get("mixed_precision_reduce", "float32") == "float32",
             "tp_comm_overlap": bool(
                 par.get("enable_async_tensor_parallel") or cfg["compile"].get("enable_async_tensor_parallel")

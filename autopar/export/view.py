@@ -27,6 +27,8 @@ def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
             view[f.name] = tuple(plan.resolved_layout(model.num_layers).stages)
         elif f.name == "fp8_recipe":
             view[f.name] = plan.fp8_recipe_used  # "default" named: the recipe the trainer runs
+        elif f.name == "fp8_param_gather":
+            view[f.name] = plan.fp8_param_gather_used
         elif f.moe and model.moe is None:
             view[f.name] = f.default  # a dense model drops no token and dispatches none: the defaults
         else:
@@ -49,7 +51,7 @@ def normalize(view: dict) -> dict:
     if v["dp_shard"] is not None and v["dp"] is not None and v["cp"] is not None and v["dp_shard"] == v["dp"] * v["cp"]:
         v["dp_shard"] = None  # shards over the whole group: no hybrid sharding
     if v["dtype"] != "fp8":
-        v["fp8_recipe"] = None  # no FP8 GEMMs: no scaling recipe
+        v["fp8_recipe"] = v["fp8_param_gather"] = None  # no FP8 GEMMs: no scaling recipe, no FP8 parameters
     if v["tp"] == 1:
         v["sequence_parallel"] = False
         v["tp_comm_overlap"] = False

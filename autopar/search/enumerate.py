@@ -14,7 +14,7 @@ import numpy as np
 
 from autopar.errors import InputError
 from autopar.search.space import SearchSpace
-from autopar.spec.fp8_recipes import default_codes
+from autopar.spec.fp8_recipes import PARAM_GATHER_CODE, default_codes, default_param_gather, param_gather
 from autopar.spec.layout import auto_layout, balanced_layout
 from autopar.spec.model import ModelSpec
 from autopar.spec.offload_modules import lacking_offload
@@ -256,10 +256,11 @@ def _layout_registry(model: ModelSpec, choices: dict[str, list]) -> tuple[list, 
 def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, vpp, et, layout_id) -> np.ndarray:
     """Rows that are plans, each reached once: tp*pp*cp divides the GPUs; pp = 1 has one schedule
     and no layout variant; recompute layers only with full recompute, recompute modules only with
-    selective; activation offload not with full recompute (nothing left to offload); an FP8 recipe only with
-    FP8, and not the trainer's own default named (the "default" plan); TP overlap needs TP; EP knobs
-    need EP; SP follows tp (when 'auto'); an explicit etp equal to tp is the same plan as etp 'tp';
-    layout variants differ from the auto layout and from each other; expert knobs only for MoE."""
+    selective; activation offload not with full recompute (nothing left to offload); an FP8 recipe
+    and an FP8 parameter gather only with FP8, and not the trainer's own choice named (that is the
+    "default" plan); TP overlap needs TP; EP knobs need EP; SP follows tp (when 'auto'); an explicit
+    etp equal to tp is the same plan as etp 'tp'; layout variants differ from the auto layout and
+    from each other; expert knobs only for MoE."""
     t, p, c = col["tp"], col["pp"], col["cp"]
     keep = q.num_gpus % (t * p * c) == 0
     keep &= ~((p == 1) & ((sched != SCHED["1f1b"]) | (vpp > 1)))
@@ -270,6 +271,10 @@ def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, 
     keep &= (col["fp8_recipe"] == 0) | (col["dtype"] == DTYPE["fp8"])
     named_default = np.where(default_codes() > 0, default_codes(), -1)  # -1: a trainer without FP8
     keep &= col["fp8_recipe"] != named_default[col["trainer"]]
+    # FP8 parameter gather likewise: only with FP8, and not the trainer's own choice named
+    gather = _Columns(col)
+    named = col["fp8_param_gather"] != PARAM_GATHER_CODE["default"]
+    keep &= ~named | ((col["dtype"] == DTYPE["fp8"]) & (param_gather(gather) != default_param_gather(gather)))
     keep &= ~((t == 1) & col["tp_comm_overlap"].astype(bool))
     keep &= ~((col["ep"] == 1) & (col["ep_comm_overlap"].astype(bool) | (col["moe_dispatcher"] != 0)))
     if space.knobs.get("sp", "auto") == "auto":
@@ -279,6 +284,13 @@ def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, 
     elif 0 in choices["etp"]:
         keep &= ~((col["etp"] != 0) & (col["etp"] == t))
     return keep & (layout_id >= -1)
+
+
+class _Columns:
+    """A walk's columns read as a table's (`t.dtype`, ...), for the spec's per-row functions."""
+
+    def __init__(self, col: dict):
+        self.__dict__.update(col)
 
 
 def build_table(

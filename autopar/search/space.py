@@ -117,6 +117,8 @@ def check_choices(name: str, value, origin: str) -> list:
                 )
     elif name in CHOICE_KNOBS:
         allowed = CHOICE_KNOBS[name] + (["interleaved-1f1b"] if name == "pp_schedule" else [])
+        if "on" in allowed:  # YAML 1.1 reads a bare on / off as true / false
+            value = ["on" if v is True else "off" if v is False else v for v in value]
         for v in value:
             if not isinstance(v, str) or v not in allowed:
                 raise InputError(

@@ -23,6 +23,15 @@ What the cost model takes from a recipe (autopar.cost.compute):
 - `generations`: the GPU generations with the recipe's kernels (autopar.spec.hardware
   GpuSpec.generation); empty = every FP8 GPU.
 
+FP8 parameter gather (a plan's `fp8_param_gather`: default | on | off): the parameters themselves are
+kept in FP8 and the data-parallel all-gathers move 1 byte per linear weight instead of 2 (Megatron-LM
+`--fp8-param-gather`, DistributedDataParallelConfig.fp8_param_gather), and Transformer Engine keeps no
+cached FP8 copy of a BF16 weight. Each trainer's `fp8_param_gather` capability says how it offers it:
+"with-distributed-optimizer" (an option that Megatron-LM's arguments.py allows only with the
+distributed optimizer or FSDP), "optional", "by-recipe" (Megatron-Bridge: the registered mixed-
+precision recipe of the FP8 recipe sets it, BRIDGE_PARAM_GATHER) or "no"; "default" is off except
+where the recipe decides.
+
 [UNCERTAIN] No published figure gives one GPU's GEMM rate per recipe. Every recipe runs at the GPU's
 FP8 MAMF (per-tensor scaled `torch._scaled_mm`, autopar.spec.behaviour): DeepGEMM's fine-grained
 (1x128 / 128x128 blockwise) FP8 GEMMs at M = 4096 reach 1127-1520 TFLOPS on an H800 (DeepGEMM
@@ -138,6 +147,49 @@ def wgrad_bf16(codes: np.ndarray) -> np.ndarray:
     """Per row: the recipe runs the weight-gradient GEMMs in BF16."""
     per_code = np.array([False] + [r.wgrad_bf16 for r in RECIPES])
     return per_code[codes]
+
+
+#: a plan's fp8_param_gather choices (code order: a table holds the index)
+PARAM_GATHER = ("default", "on", "off")
+PARAM_GATHER_CODE = {name: i for i, name in enumerate(PARAM_GATHER)}
+#: Megatron-Bridge 0.3.1 training/mixed_precision.py: the fp8_param_gather each registered FP8 recipe
+#: sets (bf16_with_fp8_delayed_scaling_mixed, _current_scaling_ (tensorwise), bf16_with_mxfp8_mixed:
+#: True; bf16_with_fp8_subchannel_scaling_mixed (blockwise): False)
+BRIDGE_PARAM_GATHER = {"delayed": True, "tensorwise": True, "blockwise": False, "mxfp8": True}
+
+
+@cache
+def _gather_by_recipe() -> np.ndarray:
+    """[trainer code, recipe code] -> the trainer's default parameter gather for that recipe."""
+    table = trainers()
+    out = np.zeros((len(ALL_TRAINERS), len(RECIPE_CHOICES)), bool)
+    for i, key in enumerate(ALL_TRAINERS):
+        if table[key].cap("fp8_param_gather").value == "by-recipe":
+            out[i] = [BRIDGE_PARAM_GATHER.get(name, False) for name in RECIPE_CHOICES]
+    return out
+
+
+def default_param_gather(t) -> np.ndarray:
+    """Per row of a table: the parameter gather an FP8 plan's trainer runs unless told (its recipe's
+    on a by-recipe trainer, else off); False for a row not in FP8."""
+    return (t.dtype == DTYPE["fp8"]) & _gather_by_recipe()[t.trainer, recipe_codes(t)]
+
+
+def param_gather(t) -> np.ndarray:
+    """Per row: the FP8 parameters are gathered in FP8 (the plan's choice, or its trainer's default)."""
+    on = t.fp8_param_gather == PARAM_GATHER_CODE["on"]
+    chosen = np.where(t.fp8_param_gather == PARAM_GATHER_CODE["default"], default_param_gather(t), on)
+    return (t.dtype == DTYPE["fp8"]) & chosen
+
+
+def param_gather_used(dtype: str, recipe: str, gather: str, trainer: str) -> bool | None:
+    """One plan's parameter gather: True or False with FP8, None without."""
+    name = recipe_name(dtype, recipe, trainer)
+    if name is None:
+        return None
+    if gather != "default":
+        return gather == "on"
+    return bool(_gather_by_recipe()[ALL_TRAINERS.index(trainer), RECIPE_CODE[name]])
 
 
 def recipe_name(dtype: str, recipe: str, trainer: str) -> str | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from autopar.errors import InputError
-from autopar.spec.fp8_recipes import FP8_RECIPES, RECIPE_CHOICES, recipe_name
+from autopar.spec.fp8_recipes import FP8_RECIPES, PARAM_GATHER, RECIPE_CHOICES, param_gather_used, recipe_name
 from autopar.spec.layout import PipelineLayout, auto_layout
 from autopar.spec.offload_modules import OFFLOAD_MODULES, OffloadModulesError, parse_offload_modules
 from autopar.spec.plan_fields import (
@@ -192,6 +192,19 @@ class ParallelPlan:
             f"torchtitan) or one of {', '.join(FP8_RECIPES)} (Megatron --fp8-recipe; torchao recipe_name).",
         ),
     )
+    #: with FP8: parameters kept and all-gathered in FP8 (autopar.spec.fp8_recipes); "default" = the
+    #: trainer's (off, except Megatron-Bridge, whose FP8 recipe decides)
+    fp8_param_gather: str = knob(
+        "default",
+        CATEGORY,
+        PARAM_GATHER,
+        space="fp8_param_gather",
+        flag=Flag(
+            "fp8_param_gather",
+            "With --dtype fp8: keep and all-gather the parameters in FP8, on or off (default: the trainer's; "
+            "Megatron --fp8-param-gather).",
+        ),
+    )
     #: Megatron's fp32 main grads (18 B/param); False = bf16 gradients (16 B/param)
     main_grads_fp32: bool = knob(
         True,
@@ -352,6 +365,12 @@ class ParallelPlan:
         return recipe_name(self.dtype, self.fp8_recipe, self.trainer)
 
     @property
+    def fp8_param_gather_used(self) -> bool | None:
+        """The FP8 parameters are kept and gathered in FP8 (the plan's or its trainer's choice); None
+        without FP8."""
+        return param_gather_used(self.dtype, self.fp8_recipe, self.fp8_param_gather, self.trainer)
+
+    @property
     def selective_modules(self) -> tuple[str, ...]:
         """The modules selective recompute checkpoints (none without it)."""
         if self.recompute != "selective":
@@ -377,6 +396,10 @@ class ParallelPlan:
             out.append(f"FP8 recipe must be default or one of {', '.join(FP8_RECIPES)}, got '{self.fp8_recipe}'")
         elif self.fp8_recipe != "default" and self.dtype != "fp8":
             out.append(f"an FP8 recipe ({self.fp8_recipe}) needs --dtype fp8; drop --fp8-recipe or add --dtype fp8")
+        if self.fp8_param_gather not in PARAM_GATHER:
+            out.append(f"FP8 parameter gather must be default, on or off, got '{self.fp8_param_gather}'")
+        elif self.fp8_param_gather != "default" and self.dtype != "fp8":
+            out.append("FP8 parameter gather needs --dtype fp8; drop --fp8-param-gather or add --dtype fp8")
         if self.trainer not in ALL_TRAINERS:
             out.append(f"trainer must be one of {', '.join(ALL_TRAINERS)}, got '{self.trainer}'")
         if self.moe_dispatcher not in MOE_DISPATCHERS:

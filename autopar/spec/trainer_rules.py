@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from autopar.spec.fp8_recipes import RECIPE_CHOICES, RECIPE_CODE, recipe_codes
+from autopar.spec.fp8_recipes import (
+    PARAM_GATHER_CODE,
+    RECIPE_CHOICES,
+    RECIPE_CODE,
+    default_param_gather,
+    param_gather,
+    recipe_codes,
+)
 from autopar.spec.plan_fields import (
     DISPATCH,
     DISPATCHER,
@@ -148,6 +155,27 @@ def _fp8_needed(r: dict) -> str:
     return f"FP8 with the {RECIPE_CHOICES[int(recipe_codes(_one_row(r))[0])]} recipe"
 
 
+def _param_gather(t: PlanColumns, v: Values) -> np.ndarray:
+    """Per row: an FP8 plan whose parameter gather its trainer cannot run as asked: none at all
+    ("no"), not the FP8 recipe's ("by-recipe"), or without the distributed optimizer."""
+    fp8 = t.dtype == DTYPE["fp8"]
+    chosen = t.fp8_param_gather != PARAM_GATHER_CODE["default"]
+    on = param_gather(t)
+    never = v.mode(t, "no") & on
+    fixed = v.mode(t, "by-recipe") & chosen & (on != default_param_gather(t))
+    no_dist_opt = v.mode(t, "with-distributed-optimizer") & on & (t.zero_stage == 0)
+    return fp8 & (never | fixed | no_dist_opt)
+
+
+def _param_gather_needed(r: dict) -> str:
+    row = _one_row(r)
+    on = bool(param_gather(row)[0])
+    recipe = RECIPE_CHOICES[int(recipe_codes(row)[0])]
+    if trainers()[ALL_TRAINERS[r["trainer"]]].cap("fp8_param_gather").value == "by-recipe":
+        return f"FP8 {'with' if on else 'without'} FP8 parameter gather under the {recipe} recipe"
+    return "FP8 parameter gather" + (" without the distributed optimizer (ZeRO-0)" if r["zero_stage"] == 0 else "")
+
+
 def _ep_overlap(t: PlanColumns, v: Values) -> np.ndarray:
     on = t.ep_comm_overlap & (t.ep > 1)
     conditions = ((t.pp > 1) & (t.vpp == 1)) | (t.recompute == RECOMP["full"]) | (t.dtype == DTYPE["fp32"])
@@ -228,6 +256,7 @@ KINDS: dict[str, Kind] = {
         lambda t, c, v: (t.dtype == DTYPE["fp8"]) & ~v.allows(t, RECIPE_CHOICES, recipe_codes(t)),
         lambda r, c: _fp8_needed(r),
     ),
+    "fp8_param_gather": Kind(lambda t, c, v: _param_gather(t, v), lambda r, c: _param_gather_needed(r)),
     "fp32": Kind(lambda t, c, v: (t.dtype == DTYPE["fp32"]) & ~v.flag(t), lambda r, c: "fp32 training"),
     "tp_comm_overlap": Kind(
         lambda t, c, v: (

@@ -42,6 +42,7 @@ KINDS = (
     "ep_in_fsdp",
     "moe_bias_etp1",
     "fp8",
+    "fp8_param_gather",
     "fp32",
     "tp_comm_overlap",
     "compile",

@@ -59,3 +59,35 @@ def test_bf16_weight_gradients_move_a_third_of_the_gemms_to_the_bf16_rate() -> N
     assert rowwise == pytest.approx(_compute_s(dtype="fp8", fp8_recipe="rowwise", **titan), rel=1e-12)
     assert gw_hp - (2 / 3 * rowwise + 1 / 3 * bf16) == pytest.approx(-ELEMENTS / hbm_rate(H100), rel=1e-9)
     assert rowwise < gw_hp < bf16
+
+
+# ---- FP8 parameter gather (--fp8-param-gather) ------------------------------------------------------
+# Llama 3 8B on 8 GPUs, tp 1, ZeRO-1: every GPU holds all 8,030,261,248 parameters, of which the
+# untied embedding and LM head are 2 x 128,256 x 4,096 = 1,050,673,152 rows (no FP8 GEMM reads them)
+PARAMS, VOCAB_ROWS = 8_030_261_248, 2 * 128_256 * 4096
+
+
+def _fp8_estimate(gather: str):
+    p = ParallelPlan(dp=8, zero_stage=1, micro_batch_size=1, global_batch_size=64, dtype="fp8", fp8_param_gather=gather)
+    return estimate(p, resolve_model("llama3-8b"), H100, num_gpus=8, seq_len=SEQ)
+
+
+def test_fp8_parameters_drop_transformer_engines_cached_fp8_copy() -> None:
+    # without: BF16 weights (2 B) + TE's cached FP8 weight and its transpose (1 + 1 B) per linear
+    # weight; with: the FP8 parameter and its transpose (1 + 1 B), nothing cached beside it
+    off, on = _fp8_estimate("off"), _fp8_estimate("on")
+    assert resolve_model("llama3-8b").params_total == PARAMS
+    assert off.memory_bytes["weights"] - on.memory_bytes["weights"] == pytest.approx(2 * (PARAMS - VOCAB_ROWS))
+
+
+def test_fp8_parameters_are_all_gathered_in_one_byte() -> None:
+    # the distributed optimizer's one all-gather per step: each GPU hands in its 1/8 shard, 2 bytes per
+    # parameter in BF16, 1 byte per linear weight in FP8 (the embedding and head rows stay BF16)
+    off, on = _fp8_estimate("off"), _fp8_estimate("on")
+    saved = off.comm_bytes_per_gpu["dp"] - on.comm_bytes_per_gpu["dp"]
+    assert saved == pytest.approx((PARAMS - VOCAB_ROWS) * (2 - 1) / 8)
+    assert on.time_s["dp"] < off.time_s["dp"]
+
+
+def test_megatron_gathers_bf16_parameters_unless_told() -> None:
+    assert _fp8_estimate("default").memory_bytes == _fp8_estimate("off").memory_bytes

@@ -244,6 +244,21 @@ CASES = [
         refuse=_core("rowwise_with_gw_hp") | {"deepspeed": "FP8"},
     ),
     Case(
+        "fp8-param-gather",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=2, dtype="fp8", fp8_param_gather="on", gbs=32),
+        refuse=_titan("parameter gather") | {"deepspeed": "FP8"},
+    ),
+    Case(
+        "fp8-no-param-gather",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=2, dtype="fp8", fp8_param_gather="off", gbs=32),
+        # Megatron-Bridge's delayed-scaling recipe gathers FP8 parameters, and overrides name a recipe
+        refuse={"bridge": "parameter gather", "deepspeed": "FP8"},
+    ),
+    Case(
         "compile-async-tp",
         "llama3-70b",
         64,

@@ -24,7 +24,7 @@ from autopar.cost.estimate import estimate_table
 from autopar.export import ExportOptions, ExportRefused, get_exporter, plan_view
 from autopar.search.enumerate import enumerate_plans
 from autopar.search.space import SearchSpace
-from autopar.spec.fp8_recipes import RECIPE_CHOICES
+from autopar.spec.fp8_recipes import PARAM_GATHER, RECIPE_CHOICES
 from autopar.spec.presets import resolve_model
 from autopar.spec.question import Question
 from autopar.spec.resolve import resolve_cluster
@@ -83,9 +83,10 @@ def space(model_name: str):
     # trainer (Megatron's main_grad takes the parameter dtype), a plan rule autopar.spec.rules lacks yet
     table.columns["main_grads_fp32"] = (rng.random(len(table)) >= 0.25) | (table.dtype == DTYPE["fp32"])
     # FP8 plans draw a scaling recipe (the trainer's default or any named one: trainers refuse the
-    # ones they lack, and MXFP8 on an H100 breaks a GPU rule)
+    # ones they lack, and MXFP8 on an H100 breaks a GPU rule) and an FP8 parameter gather
     fp8 = table.dtype == DTYPE["fp8"]
     table.columns["fp8_recipe"] = np.where(fp8, rng.integers(0, len(RECIPE_CHOICES), len(table)), 0)
+    table.columns["fp8_param_gather"] = np.where(fp8, rng.integers(0, len(PARAM_GATHER), len(table)), 0)
     if model.moe is not None:
         capacity = rng.random(len(table)) < 0.5
         table.columns["moe_dispatch"] = np.where(capacity, DISPATCH["capacity"], DISPATCH["dropless"])

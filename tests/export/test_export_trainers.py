@@ -305,6 +305,7 @@ def _megatron_core_fields(ns) -> dict:
         "moe_flex_dispatcher_backend": ns.moe_flex_dispatcher_backend,
         "overlap_moe_expert_parallel_comm": ns.overlap_moe_expert_parallel_comm or None,
         "fp8_recipe": ns.fp8_recipe if ns.fp8_format else None,
+        "fp8_param": ns.fp8_param_gather or None,  # arguments.py: config.fp8_param = args.fp8_param_gather
     }
 
 
@@ -323,8 +324,10 @@ def test_megatron_flags_build_a_megatron_core_config(case) -> None:
         use_megatron_fsdp=ns.use_megatron_fsdp,
         data_parallel_sharding_strategy=ns.data_parallel_sharding_strategy or "no_shard",
         grad_reduce_in_fp32=not ns.grad_reduce_in_bf16,
+        fp8_param_gather=ns.fp8_param_gather,
     )
     assert ddp.use_distributed_optimizer == (z >= 1) and ddp.use_megatron_fsdp == (z >= 2)
+    assert ddp.fp8_param_gather == bool(case.plan.with_(trainer="megatron").fp8_param_gather_used)
     _check_optimizer_config(
         case,
         use_distributed_optimizer=ns.use_distributed_optimizer,
@@ -441,6 +444,7 @@ def test_bridge_override_paths_exist_in_the_installed_release() -> None:
     from megatron.core.optimizer import OptimizerConfig
 
     from autopar.export.bridge import BRIDGE_RECIPES, MIXED, MIXED_BACK, parse_bridge_overrides
+    from autopar.spec.fp8_recipes import BRIDGE_PARAM_GATHER
 
     config = refs_file("megatron/bridge/training/config.py")
     provider = refs_file("megatron/bridge/models/gpt_provider.py")
@@ -474,6 +478,14 @@ def test_bridge_override_paths_exist_in_the_installed_release() -> None:
                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "attr", None) == "fp8_recipe"
             ]
             assert sets == ([MIXED_BACK[fn.name][1]] if MIXED_BACK[fn.name][1] else []), fn.name
+            # and the FP8 parameter gather autopar prices for it (autopar.spec.fp8_recipes)
+            gathers = [
+                n.value.value
+                for n in ast.walk(fn)
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "attr", None) == "fp8_param_gather"
+            ]
+            if MIXED_BACK[fn.name][1]:
+                assert gathers == [BRIDGE_PARAM_GATHER[MIXED_BACK[fn.name][1]]], fn.name
     recipes = set()
     for path in (REFS / "megatron/bridge/recipes").rglob("*.py"):
         recipes |= ast_functions(path)

@@ -56,3 +56,15 @@ def test_a_space_file_searches_the_listed_recipes_once_each() -> None:
 
 
 TRAINER_NAME = {code: name for name, code in TRAINER.items()}
+
+
+def test_a_space_file_searches_fp8_parameter_gather_written_as_yaml_on_off(tmp_path) -> None:
+    # YAML 1.1 reads a bare on / off as booleans: the space takes them as the choices' names. Per
+    # trainer the trainer's own choice named is the "default" row again: Megatron-LM's is off,
+    # Megatron-Bridge's (the delayed-scaling recipe's) on
+    path = tmp_path / "gather.yaml"
+    knobs = "".join(f"  {k}: {v}\n" for k, v in ONE_LAYOUT.items())
+    path.write_text(f"knobs:\n{knobs}  dtype: [fp8]\n  fp8_param_gather: [default, on, off]\n")
+    table = enumerate_plans(load_space(str(path)), _q(("megatron", "bridge")))
+    codes = {t: sorted(table.fp8_param_gather[table.trainer == TRAINER[t]].tolist()) for t in ("megatron", "bridge")}
+    assert codes == {"megatron": [0, 1], "bridge": [0, 2]}  # 0 default, 1 on, 2 off

@@ -22,6 +22,7 @@ DEFAULT_KNOBS = {
     "recompute": ["none", "selective", "full"],
     "dtype": ["bf16"],
     "fp8_recipe": ["default"],
+    "fp8_param_gather": ["default"],
     "tp_comm_overlap": [False],
     "compile": [False],
     "offload_modules": ["none"],

@@ -85,3 +85,21 @@ def test_an_unknown_recipe_is_refused(name) -> None:
 def test_no_fp8_means_no_recipe() -> None:
     assert recipe_name("bf16", "default", "megatron") is None
     assert recipe_name("fp8", "default", "deepspeed") is None  # DeepSpeed has no FP8
+
+
+def test_fp8_parameter_gather_is_off_unless_the_trainer_or_the_plan_says() -> None:
+    # Megatron-LM's --fp8-param-gather and NeMo's MegatronMixedPrecision(fp8_param_gather) default to
+    # off; Megatron-Bridge's registered FP8 recipes set it (blockwise's does not); torchtitan has none
+    plan = ParallelPlan(dp=8, zero_stage=1, dtype="fp8")
+    assert plan.with_(trainer="megatron").fp8_param_gather_used is False
+    assert plan.with_(trainer="nemo").fp8_param_gather_used is False
+    assert plan.with_(trainer="bridge").fp8_param_gather_used is True
+    assert plan.with_(trainer="bridge", fp8_recipe="blockwise").fp8_param_gather_used is False
+    assert plan.with_(trainer="torchtitan").fp8_param_gather_used is False
+    assert plan.with_(fp8_param_gather="on").fp8_param_gather_used is True
+    assert ParallelPlan(dp=8).fp8_param_gather_used is None
+
+
+def test_fp8_parameter_gather_needs_fp8() -> None:
+    with pytest.raises(PlanError, match="parameter gather needs --dtype fp8"):
+        ParallelPlan(fp8_param_gather="on")
