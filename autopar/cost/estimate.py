@@ -21,6 +21,7 @@ from autopar.cost.columns import RANKING_COLUMNS, set_validity
 from autopar.cost.price import prepare, price
 from autopar.cost.profiles import priced_cluster
 from autopar.cost.uncertainty import interval_columns, interval_fields, support_text
+from autopar.spec.fp8_recipes import fp8_defaults
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -184,17 +185,19 @@ def estimate_per_trainer(
     )
     model_codes = rules.codes()
     codes = {t: model_codes | capability_codes(table.with_columns(trainer=TRAINER[t]), rules.context) for t in trainers}
-    by_profile: dict[str, list[str]] = {}
+    # the trainers priced alike: one profile, and the same meaning of a plan's "default" FP8 choices
+    # (Megatron-Bridge's FP8 recipes gather FP8 parameters, Megatron-LM's default does not)
+    by_profile: dict[tuple, list[str]] = {}
     for t in trainers:
-        by_profile.setdefault(get_trainer(t).profile, []).append(t)
+        by_profile.setdefault((get_trainer(t).profile, fp8_defaults(t)), []).append(t)
     n = len(table)
     figures = {t: {c: np.full(n, np.nan) for c in RANKING_COLUMNS} for t in trainers}
-    for profile, mine in by_profile.items():
+    for mine in by_profile.values():
         rows = np.flatnonzero(np.logical_or.reduce([codes[t] == 0 for t in mine]))
         if not len(rows):
             continue
-        # the rows priced as the profile's first trainer's: trainers that share a profile share its
-        # stack and their default FP8 recipe (tests/spec/test_fp8_recipes.py)
+        # the rows priced as the group's first trainer's: the group shares a profile, its stack and
+        # its FP8 defaults
         sub = table.take(rows).with_columns(trainer=TRAINER[mine[0]])
         p = prepare(sub, model, cluster, num_gpus=num_gpus, seq_len=s, trainer_capabilities=False, time_ranks=True)
         priced = price(p, priced_cluster(cluster, mine[0]), search=True)

@@ -87,6 +87,8 @@ def knob_choices(space: SearchSpace, q: Question) -> dict[str, list[Any]]:
         "ep": ep_choices(space, model),
         "etp": sorted({0 if e == "tp" else int(e) for e in etp_raw}),
         "recompute_layers": [-1] + sorted(set(k.get("recompute_layers", []))),
+        # hybrid sharding: "all" (-1: shards over the whole dp x cp group) and the listed shard sizes
+        "dp_shard": [-1] + sorted({n for n in k.get("dp_shard", ["all"]) if n != "all"}),
         "sp": [True, False] if sp_knob == "auto" else sorted(set(sp_knob)),
         "pp_layout": ["auto"] + [x for x in dict.fromkeys(k.get("pp_layout", ["auto"])) if x != "auto"],
         "trainer": [TRAINER[t] for t in q.trainers if t in k.get("trainer", q.trainers)],
@@ -256,7 +258,8 @@ def _layout_registry(model: ModelSpec, choices: dict[str, list]) -> tuple[list, 
 def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, vpp, et, layout_id) -> np.ndarray:
     """Rows that are plans, each reached once: tp*pp*cp divides the GPUs; pp = 1 has one schedule
     and no layout variant; recompute layers only with full recompute, recompute modules only with
-    selective; activation offload not with full recompute (nothing left to offload); an FP8 recipe
+    selective; a hybrid-sharding size divides dp x cp, is fewer ranks, and needs ZeRO 1-3;
+    activation offload not with full recompute (nothing left to offload); an FP8 recipe
     and an FP8 parameter gather only with FP8, and not the trainer's own choice named (that is the
     "default" plan); TP overlap needs TP; EP knobs need EP; SP follows tp (when 'auto'); an explicit
     etp equal to tp is the same plan as etp 'tp'; layout variants differ from the auto layout and
@@ -265,6 +268,10 @@ def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, 
     keep = q.num_gpus % (t * p * c) == 0
     keep &= ~((p == 1) & ((sched != SCHED["1f1b"]) | (vpp > 1)))
     keep &= (col["recompute_layers"] < 0) | (col["recompute"] == RECOMP["full"])
+    # a shard size divides the dp x cp ranks and is fewer of them, with ZeRO sharding something
+    shard, ranks = col["dp_shard"], q.num_gpus // (t * p * c) * c
+    hybrid = (col["zero"] >= 1) & (ranks % np.maximum(shard, 1) == 0) & (shard < ranks)
+    keep &= (shard < 0) | hybrid
     keep &= (col["recompute_modules"] == 0) | (col["recompute"] == RECOMP["selective"])
     keep &= (col["offload_modules"] == 0) | (col["recompute"] != RECOMP["full"])  # it keeps layer inputs only
     # an FP8 recipe only with FP8; the trainer's default recipe named is the "default" plan again

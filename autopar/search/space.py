@@ -109,7 +109,7 @@ def check_choices(name: str, value, origin: str) -> list:
     if name in INT_KNOBS:
         lo, hi = (0, 3) if name == "zero" else (0 if name == "recompute_layers" else 1, KNOB_MAX.get(name, MAX_GPUS))
         for v in value:
-            if name == "etp" and v == "tp":
+            if (name, v) in (("etp", "tp"), ("dp_shard", "all")):
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise InputError(

@@ -192,6 +192,13 @@ def param_gather_used(dtype: str, recipe: str, gather: str, trainer: str) -> boo
     return bool(_gather_by_recipe()[ALL_TRAINERS.index(trainer), RECIPE_CODE[name]])
 
 
+def fp8_defaults(trainer: str) -> tuple:
+    """What a plan's "default" FP8 choices mean on `trainer`: its default recipe and its parameter
+    gather per recipe. Trainers that agree on it price a plan alike (autopar.cost.estimate)."""
+    i = ALL_TRAINERS.index(trainer)
+    return int(default_codes()[i]), tuple(_gather_by_recipe()[i].tolist())
+
+
 def recipe_name(dtype: str, recipe: str, trainer: str) -> str | None:
     """The recipe one plan's FP8 GEMMs run: its own, or its trainer's default; None without FP8 (or
     on a trainer without it)."""

@@ -114,7 +114,7 @@ class ParallelPlan:
         None,
         INT,
         none=-1,
-        shown=False,
+        space="dp_shard",
         flag=Flag(
             "dp_shard",
             "Hybrid sharding (HSDP): ranks one ZeRO shard spans, a divisor of dp x cp (torchtitan "
@@ -466,7 +466,7 @@ class ParallelPlan:
 
     def describe(self) -> str:
         """Short layout string, e.g. tp8.pp4.dp8 (axes of size 1 omitted; autopar.spec.plan_fields.plan_names)."""
-        return str(plan_names({a: [getattr(self, a)] for a in NAME_FIELDS})[0])
+        return str(plan_names({a: [getattr(self, a)] for a in NAME_FIELDS + ("dp_shard",)})[0])
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -273,7 +273,8 @@ NAME_FIELDS = ("tp", "cp", "pp", "vpp", "dp", "ep", "etp")
 
 def plan_names(cols: Mapping) -> np.ndarray:
     """Short layout names, e.g. tp8.pp4.v2.dp8 (axes of size 1 omitted but dp; etp where it is not
-    tp), of every row of a mapping of columns (a results frame, a table's columns)."""
+    tp; hsdpN where ZeRO shards span N of the data-parallel ranks), of every row of a mapping of
+    columns (a results frame, a table's columns)."""
     c = {a: np.asarray(cols[a]) for a in NAME_FIELDS}
 
     def part(col, prefix, always=False):
@@ -284,4 +285,9 @@ def plan_names(cols: Mapping) -> np.ndarray:
     name = part("tp", "tp") + part("cp", "cp") + part("pp", "pp") + part("vpp", "v") + part("dp", "dp", True)
     name = name + part("ep", "ep")
     name = np.where(c["etp"] != c["tp"], name + "etp" + c["etp"].astype(str).astype(object) + ".", name)
+    if "dp_shard" in cols:  # hybrid sharding: shard groups of n ranks, replicated across them
+        shard = np.asarray(cols["dp_shard"], dtype=float)  # None (a plan's) and -1 (a table's): none
+        hsdp = np.nan_to_num(shard, nan=-1.0) > 0
+        sizes = np.where(hsdp, shard, 0).astype(np.int64).astype(str).astype(object)
+        name = np.where(hsdp, name + "hsdp" + sizes + ".", name)
     return np.char.rstrip(name.astype(str), ".")

@@ -78,10 +78,10 @@ def test_the_chosen_space_is_said(cli_run, tmp_path):
 def test_winner_on_a_bound_of_the_space(fp8_runs):
     (doc, _), _ = fp8_runs
     plan = doc["top"][0]["plan"]
-    assert (plan["tp"], plan["cp"], plan["pp"], plan["vpp"], plan["micro_batch_size"]) == (4, 2, 4, 4, 1)
+    assert (plan["tp"], plan["cp"], plan["pp"], plan["vpp"], plan["micro_batch_size"]) == (4, 2, 2, 4, 1)
     # the default space's largest vpp is 4 and cp 2 (search_spaces/default.yaml); dense-large reaches
-    # vpp 8, long-context cp 32, and twice each is still a layout (80 layers over pp 4 x vpp 8 =
-    # 32 chunks; cp 4 divides 64 GPUs). tp 4 and pp 4 are below their maxima 8 and 16; mbs 1 is not
+    # vpp 8, long-context cp 32, and twice each is still a layout (80 layers over pp 2 x vpp 8 =
+    # 16 chunks; cp 4 divides 64 GPUs). tp 4 and pp 2 are below their maxima 8 and 16; mbs 1 is not
     # the space's largest (4)
     assert doc["space_bounds"] == [
         "vpp hit the space's maximum 4: try --space dense-large (vpp up to 8)",

@@ -207,7 +207,8 @@ def test_the_program_follows_the_priced_cluster_not_the_plans_trainer() -> None:
     assert stack_name(local) == "autopar-builtin"
     assert stack_name(H100) == "megatron-core"
     assert stack_name(replace(H100, training_stack="torch")) == "autopar-builtin"  # its meaning so far
-    plan = ParallelPlan(tp=2, dp=4, global_batch_size=32, dtype="fp8")
+    # (FP8 parameters named: Megatron-Bridge's FP8 recipe gathers them, Megatron-LM's default does not)
+    plan = ParallelPlan(tp=2, dp=4, global_batch_size=32, dtype="fp8", fp8_param_gather="on")
     _, megatron = breakdown(plan, LLAMA3_8B)
     _, bridge = breakdown(plan.with_(trainer="bridge"), LLAMA3_8B)
     assert megatron.required[0, 0] == bridge.required[0, 0]

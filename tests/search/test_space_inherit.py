@@ -16,6 +16,7 @@ DEFAULT_KNOBS = {
     "ep": "auto",
     "etp": ["tp"],
     "zero": [1, 3],
+    "dp_shard": ["all"],
     "sp": "auto",
     "mbs": [1, 2, 4],
     "pp_schedule": ["1f1b", "zero-bubble"],

@@ -45,13 +45,24 @@ def test_torchtitan_defaults_to_and_lists_its_float8_converters_recipes() -> Non
     assert set(_listed("torchtitan")) == set(typing.get_args(literal))
 
 
-def test_trainers_sharing_a_cost_profile_share_their_default_recipe() -> None:
-    # the search prices a profile's rows once, as its first trainer's (autopar.cost.estimate
-    # estimate_per_trainer): that is right only while the profile's trainers default alike
-    by_profile: dict[str, set] = {}
-    for t in ALL_TRAINERS:
-        by_profile.setdefault(get_trainer(t).profile, set()).add(recipe_name("fp8", "default", t))
-    assert all(len(defaults) == 1 for defaults in by_profile.values()), by_profile
+def test_the_search_prices_each_trainer_with_its_own_fp8_defaults() -> None:
+    # estimate_per_trainer prices the trainers of one profile once, as the first's: Megatron-LM and
+    # Megatron-Bridge share the megatron profile but not the meaning of a default FP8 plan (Bridge's
+    # delayed-scaling recipe gathers FP8 parameters), so each is priced as itself
+    from autopar.cost.estimate import estimate, estimate_per_trainer
+    from autopar.spec.hardware import default_cluster
+    from autopar.spec.presets import resolve_model
+    from autopar.spec.table import PlanTable
+
+    model, h100 = resolve_model("llama3-70b"), default_cluster("h100-sxm")
+    plan = ParallelPlan(tp=4, pp=4, dp=4, zero_stage=1, dtype="fp8", global_batch_size=128)
+    table = PlanTable.from_plans([plan])
+    trainers = ("megatron", "bridge")
+    figures = estimate_per_trainer(table, model, h100, trainers, num_gpus=64, seq_len=8192)
+    for t, got in zip(trainers, figures):
+        alone = estimate(plan.with_(trainer=t), model, h100, num_gpus=64, seq_len=8192)
+        assert got["peak_memory_bytes"][0] == pytest.approx(alone.peak_memory_bytes, rel=1e-12), t
+    assert figures[1]["peak_memory_bytes"][0] < figures[0]["peak_memory_bytes"][0]  # no TE cached copy
 
 
 def test_every_listed_recipe_is_declared() -> None:
