@@ -13,7 +13,8 @@ Contract every exporter keeps (tests/export/test_contract.py checks it for every
   that trainer's capability table forbids (autopar.export.capabilities), with the table's sentence,
   the same one the search applies; exporters keep only checks that depend on their own options.
 - Round trip: `parse(render(plan, ...))` equals `plan_view(plan, model)` after `normalize`
-  (autopar.export.view).
+  (autopar.export.view), for the plan re-targeted to the exporter's trainer (a "default" FP8 recipe
+  is that trainer's).
 - Every text file starts with the header (model, cluster, predicted memory, step time, MFU, the
   autopar command that produced it); JSON files carry it under the "_autopar" key.
 - The launch scripts place ranks the way the cost model assumed (autopar.spec.plan.MESH_ORDER:
