@@ -58,11 +58,14 @@ class ComputeTerms(NamedTuple):
     gemm: np.ndarray
     attention: np.ndarray
     elementwise: np.ndarray  # memory-bound non-GEMM kernels
-    launch: np.ndarray  # fixed per-layer overhead
+    launch: np.ndarray  # fixed per-layer overhead on the GPU
+    host: np.ndarray  # the host's time to issue the microbatch's kernels
     recompute_flops: np.ndarray
 
     def total(self) -> np.ndarray:
-        return self.gemm + self.attention + self.elementwise + self.launch
+        """The GPU's time, or the host's where it issues the kernels slower than the GPU runs them
+        (the host runs ahead of the GPU otherwise: CUDA's launches are asynchronous)."""
+        return np.maximum(self.gemm + self.attention + self.elementwise + self.launch, self.host)
 
 
 def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_layers_act: np.ndarray) -> RawCompute:
@@ -166,6 +169,14 @@ def _attention_seconds(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, fw
     return k.attention_flash * flash + (1 - k.attention_flash) * bmm
 
 
+#: kernels one layer pass (forward + backward) launches: about 80 for a dense layer with fused kernels,
+#: 240 for a DeepSeek-V3 MoE layer (963 kernels over 4 forward + 4 backward layers in
+#: deepseek-ai/profile-data train.json @4496024, communication included), and 9 GEMMs per local
+#: expert where the expert GEMMs are launched one by one (Transformer Engine's GroupedLinear runs one
+#: cuBLAS GEMM per expert: 3 forward, 6 backward)
+KERNELS_PER_PASS = {"layer": 80.0, "moe_layer": 160.0, "expert": 9.0}
+
+
 def assemble_compute(raw: RawCompute, k) -> ComputeTerms:
     """The profile's constants on the raw seconds: efficiencies are fractions of the published rates."""
     expert = (raw.expert_bf16 / k.gemm_efficiency + raw.expert_fp8 / k.fp8_gemm_efficiency) / k.expert_gemm_efficiency
@@ -175,11 +186,17 @@ def assemble_compute(raw: RawCompute, k) -> ComputeTerms:
         + raw.moe_layer_passes * k.moe_layer_overhead_us
         + raw.expert_passes * k.expert_launch_us
     ) * 1e-6
+    kernels = (
+        raw.layer_passes * KERNELS_PER_PASS["layer"]
+        + raw.moe_layer_passes * KERNELS_PER_PASS["moe_layer"]
+        + raw.expert_passes * KERNELS_PER_PASS["expert"]
+    )
     return ComputeTerms(
         gemm=gemm,
         attention=raw.attention / k.attention_efficiency,
         elementwise=raw.elementwise * k.elementwise_traffic_factor + raw.traffic,
         launch=launch,
+        host=kernels * k.host_launch_us * 1e-6,
         recompute_flops=raw.recompute_flops,
     )
 

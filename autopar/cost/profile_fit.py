@@ -38,6 +38,7 @@ OWN: dict[str, tuple[str, ...]] = {
         "fp8_gemm_efficiency",
         "elementwise_traffic_factor",
         "layer_overhead_us",
+        "host_launch_us",
         "dp_overlap",
     ),
     "deepspeed": ("elementwise_traffic_factor", "layer_overhead_us", "dp_overlap", "pp_overlap"),

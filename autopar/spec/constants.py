@@ -78,6 +78,7 @@ class CostConstants:
     layer_overhead_us: float = _prior("layer_overhead_us")
     moe_layer_overhead_us: float = _prior("moe_layer_overhead_us")
     expert_launch_us: float = _prior("expert_launch_us")
+    host_launch_us: float = _prior("host_launch_us")
     tp_overlap: float = _prior("tp_overlap")
     tp_backward_overlap: float = _prior("tp_backward_overlap")
     ep_overlap: float = _prior("ep_overlap")
