@@ -23,7 +23,9 @@ exporter. Mapping:
 - recompute: none / selective (per-op SAC) / full (every block); no partial full recompute.
 - compile: [compile] enable with components model and loss (torch.compile of each transformer
   block and of the loss); tp-comm-overlap: async TP, which needs it (the plan must say --compile).
-- fp8: the float8 model converter (needs torchao).
+- fp8: torchao's converters (torchao needed): the float8 one for the linear layers (its recipe_name),
+  the MX one for mxfp8 (SM100 and later), the LM head left in BF16; a MoE model's grouped experts
+  through the matching grouped converter (the cost model prices its expert GEMMs in FP8 too).
 """
 
 from __future__ import annotations
@@ -86,8 +88,19 @@ def check_toml(ctx: Context) -> None:
         raise ctx.refuse(
             "torchtitan <= 0.2.2 always uses sequence parallelism with TP; use --sp or --torchtitan-version 0.3"
         )
+    if p.dtype == "fp8" and p.fp8_recipe_used == "mxfp8" and p.compile and p.tp > 1:
+        raise ctx.refuse(
+            "torchtitan <= 0.2.2 refuses MXFP8 with torch.compile and TP ('TP not yet supported with "
+            "torch.compile for mxfp8', components/quantization/mx.py); drop --compile, use tp 1 or "
+            "--torchtitan-version 0.3"
+        )
     if m.moe is None:
         return
+    if p.dtype == "fp8" and p.fp8_recipe_used != "mxfp8" and (p.pp > 1 or p.cp > 1):
+        raise ctx.refuse(
+            "torchtitan <= 0.2.2's float8 MoE converter refuses pipeline and context parallelism "
+            "(components/quantization/float8.py Float8GroupedMMConverter); use --torchtitan-version 0.3"
+        )
     if p.ep > 1 and p.etp not in (1, p.tp):
         raise ctx.refuse(f"torchtitan <= 0.2.2 supports only etp = tp or etp = 1 (parallel_dims.py), got etp={p.etp}")
     if p.ep == 1 and p.etp != p.tp:
@@ -211,8 +224,9 @@ def torchtitan_values(ctx: Context, toml: bool) -> dict:
         "training": training,
         "activation_checkpoint": p.recompute,
         "compile": compile_,
-        "float8": p.fp8_recipe_used,  # torchao's recipe_name; None without FP8
+        "float8": p.fp8_recipe_used,  # the FP8 recipe (torchao's recipe_name, or mxfp8); None without FP8
         "moe_comm_backend": backend,
+        "moe": ctx.model.moe is not None,  # FP8 converts the grouped experts too
     }
 
 
@@ -321,7 +335,7 @@ def render_toml(ctx: Context) -> str:
         '# hf_assets_path = "./assets/hf/<model>"  # set to your tokenizer/assets',
     ]
     if v["float8"]:
-        out.append('converters = ["float8"]')
+        out.append(f"converters = {_toml_value(toml_converters(v))}")
     out += ["", "[training]"]
     out += [f"{k} = {_toml_value(x)}" for k, x in v["training"].items()]
     out += ["steps = 1000", 'dataset = "c4"', "", "[parallelism]"]
@@ -331,9 +345,32 @@ def render_toml(ctx: Context) -> str:
         out.append('selective_ac_option = "op"')
     out += ["", "[compile]"]
     out += [f"{k} = {_toml_value(x)}" for k, x in v["compile"].items()]
-    if v["float8"]:
+    if v["float8"] == MXFP8:
+        out += ["", "[quantize.linear.mx]", f"recipe_name = {_toml_value(TOML_MX_RECIPE)}", 'filter_fqns = ["output"]']
+        if v["moe"]:
+            out += ["", "[quantize.grouped_mm.mx]", 'recipe_name = "mxfp8"', 'fqns = ["experts"]']
+    elif v["float8"]:
         out += ["", "[quantize.linear.float8]", f"recipe_name = {_toml_value(v['float8'])}", 'filter_fqns = ["output"]']
+        if v["moe"]:
+            out += ["", "[quantize.grouped_mm.float8]", 'fqns = ["experts"]']
     return "\n".join(out) + "\n"
+
+
+#: the FP8 recipe autopar calls mxfp8 (autopar.spec.fp8_recipes)
+MXFP8 = "mxfp8"
+#: torchtitan 0.2.2's MX recipe (config/job_config.py MXLinear.recipe_name default): MXFP8 on cuBLAS
+TOML_MX_RECIPE = "mxfp8_cublas"
+#: torchtitan 0.2.2's registered converter names (components/quantization/float8.py and mx.py
+#: `register_model_converter`), which model.converters lists: (linear layers, grouped experts)
+TOML_CONVERTERS = {
+    "float8": ("quantize.linear.float8", "quantize.grouped_mm.float8"),
+    MXFP8: ("quantize.linear.mx", "quantize.grouped_mm.mx"),
+}
+
+
+def toml_converters(v: dict) -> list[str]:
+    linear, experts = TOML_CONVERTERS[MXFP8 if v["float8"] == MXFP8 else "float8"]
+    return [linear, experts] if v["moe"] else [linear]
 
 
 def parse_torchtitan_toml(text: str) -> dict:
@@ -344,14 +381,22 @@ def parse_torchtitan_toml(text: str) -> dict:
         "training": tr,
         "activation_checkpoint": ac.get("mode", "selective"),
         "compile": d.get("compile", {}),
-        # the converter's recipe: torchtitan 0.2.2 Float8Linear.recipe_name, None = torchao's tensorwise
-        "float8": (d.get("quantize", {}).get("linear", {}).get("float8", {}).get("recipe_name") or "tensorwise")
-        if "float8" in d.get("model", {}).get("converters", [])
-        else None,
+        "float8": _toml_recipe(d),
         "etp": par.get("expert_tensor_parallel_degree", 1),
         "output": "output",
         "moe_comm_backend": par.get("expert_parallel_comm_backend", "standard"),
     }
+
+
+def _toml_recipe(d: dict) -> str | None:
+    """The FP8 recipe of a 0.2.2 job file: mxfp8 with the MX converter, else the float8 converter's
+    recipe_name (None = torchao's tensorwise), else None."""
+    converters = d.get("model", {}).get("converters", [])
+    if TOML_CONVERTERS[MXFP8][0] in converters:
+        return MXFP8
+    if TOML_CONVERTERS["float8"][0] in converters:
+        return d.get("quantize", {}).get("linear", {}).get("float8", {}).get("recipe_name") or "tensorwise"
+    return None
 
 
 # ---- Python config (>= 0.3) ---------------------------------------------------------------------
@@ -387,7 +432,9 @@ def render_py(ctx: Context) -> str:
                 "FP8 and the DeepEP dispatcher need the model's torchtitan flavor to rebuild its model "
                 "spec; autopar knows it only for its presets"
             )
-        lines += ["from torchtitan.components.quantization import Float8LinearConverter"] if v["float8"] else []
+        lines += (
+            [f"from torchtitan.components.quantization import {', '.join(_py_converters(v))}"] if v["float8"] else []
+        )
         lines += [f"from {model_pkg} import model_registry", ""]
     lines += [
         f"PARALLELISM = {_py_literal(v['parallelism'])}",
@@ -398,7 +445,8 @@ def render_py(ctx: Context) -> str:
         "",
         f"COMPILE = {_py_literal(v['compile'])}",
         "",
-        f"FLOAT8 = {v['float8']!r}  # torchao Float8LinearConfig recipe_name; None = no FP8",
+        f"FLOAT8 = {v['float8']!r}  # the FP8 recipe: torchao Float8LinearConfig recipe_name, or mxfp8 (the MX "
+        "converters); None = no FP8",
         "",
         f"MOE_COMM_BACKEND = {v['moe_comm_backend']!r}  # standard (all-to-all) | deepep",
         "",
@@ -415,15 +463,32 @@ def render_py(ctx: Context) -> str:
     if rebuild:
         backend = ", moe_comm_backend=MOE_COMM_BACKEND" if v["moe_comm_backend"] != "standard" else ""
         if v["float8"]:
+            linear, *experts = _py_converters(v)
+            # the LM head stays BF16: float8 filters it out, the MX converter takes the layers' only
+            head = (
+                'recipe_name=FLOAT8, filter_fqns=["lm_head"]'
+                if linear == "Float8LinearConverter"
+                else 'fqns=["layers"]'
+            )
             lines += [
                 f"    cfg.model_spec = model_registry({flavor!r}{backend}, converters=[",
-                '        Float8LinearConverter.Config(recipe_name=FLOAT8, filter_fqns=["lm_head"],',
-                "                                     model_compile_enabled=COMPILE['enable'])])",
+                f"        {linear}.Config({head}, model_compile_enabled=COMPILE['enable']),",
+                *(f"        {c}.Config(model_compile_enabled=COMPILE['enable'])," for c in experts),
+                "    ])",
             ]
         else:
             lines += [f"    cfg.model_spec = model_registry({flavor!r}{backend})"]
     lines += ["    return dataclasses.replace(cfg)  # re-runs Trainer.Config's checks", ""]
     return "\n".join(lines)
+
+
+def _py_converters(v: dict) -> list[str]:
+    """torchtitan 0.3's converters of the plan's FP8 recipe (components/quantization): the linear
+    layers', then a MoE model's grouped experts'."""
+    mx = v["float8"] == MXFP8
+    linear = "MXFP8LinearConverter" if mx else "Float8LinearConverter"
+    experts = "MXFP8GroupedExpertsConverter" if mx else "Float8GroupedExpertsConverter"
+    return [linear, experts] if v["moe"] else [linear]
 
 
 def _py_literal(d: dict) -> str:

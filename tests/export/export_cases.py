@@ -37,6 +37,11 @@ class Case:
     seq_len: int | None = None
     #: variant id -> a word the refusal must contain; variants not listed must accept
     refuse: dict = field(default_factory=dict)
+    gpu: str = "h100-sxm"
+
+    @property
+    def cluster(self):
+        return _cluster(self.gpu)
 
     @property
     def spec(self):
@@ -57,6 +62,11 @@ class Case:
 @cache
 def _model(name: str):
     return resolve_model(name)
+
+
+@cache
+def _cluster(gpu: str):
+    return resolve_cluster(gpu)
 
 
 CLUSTER = resolve_cluster("h100-sxm")
@@ -242,6 +252,46 @@ CASES = [
         16,
         dict(tp=2, zero=3, dtype="fp8", fp8_recipe="rowwise_with_gw_hp", gbs=32),
         refuse=_core("rowwise_with_gw_hp") | {"deepspeed": "FP8"},
+    ),
+    Case(
+        "fp8-mxfp8",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=3, dtype="fp8", fp8_recipe="mxfp8", gbs=32),
+        refuse={"deepspeed": "FP8"},
+        gpu="b200",
+    ),
+    Case(
+        "fp8-mxfp8-compile-tp",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=3, dtype="fp8", fp8_recipe="mxfp8", compile=True, gbs=32),
+        # torchtitan 0.2.2's MX converter asserts against torch.compile with TP
+        refuse=_core("torch.compile") | {"torchtitan-toml": "MXFP8 with torch.compile", "deepspeed": "FP8"},
+        gpu="b200",
+    ),
+    Case(
+        "moe-fp8",
+        "qwen3-30b-a3b",
+        32,
+        dict(tp=2, ep=16, etp=1, zero=2, dtype="fp8", gbs=64),
+        refuse={"deepspeed": "MoE"},
+    ),
+    Case(
+        "moe-fp8-pp",
+        "qwen3-30b-a3b",
+        32,
+        dict(tp=2, pp=2, ep=8, etp=1, zero=2, dtype="fp8", gbs=64),
+        # torchtitan 0.2.2's float8 MoE converter asserts pp == 1 and cp == 1
+        refuse={"torchtitan-toml": "pipeline and context", "deepspeed": "ZeRO-2"},
+    ),
+    Case(
+        "moe-mxfp8",
+        "qwen3-30b-a3b",
+        32,
+        dict(tp=2, ep=16, etp=1, zero=2, dtype="fp8", fp8_recipe="mxfp8", gbs=64),
+        refuse={"deepspeed": "MoE"},
+        gpu="b200",
     ),
     Case(
         "fp8-param-gather",

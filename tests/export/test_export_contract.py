@@ -23,7 +23,7 @@ PAIRS = [(c, v) for c in CASES for v in VARIANTS]
 
 def _render(case, variant):
     _, name, opts = variant
-    return get_exporter(name).render(case.plan, case.spec, CLUSTER, case.options(opts))
+    return get_exporter(name).render(case.plan, case.spec, case.cluster, case.options(opts))
 
 
 def test_every_registered_exporter_has_a_variant() -> None:
@@ -125,7 +125,7 @@ def test_scripts_are_valid_bash(case, variant, tmp_path) -> None:
 
 def test_launch_scripts_keep_ranks_consecutive_per_node() -> None:
     case = next(c for c in CASES if c.id == "tp-pp-1f1b")
-    b = get_exporter("megatron").render(case.plan, case.spec, CLUSTER, case.options({}))
+    b = get_exporter("megatron").render(case.plan, case.spec, case.cluster, case.options({}))
     torchrun, sbatch = b.text("launch_torchrun.sh"), b.text("launch_slurm.sbatch")
     assert "--nnodes 8 --nproc_per_node 8 --node_rank" in torchrun
     assert "#SBATCH --ntasks-per-node=8" in sbatch and "--distribution=block:block" in sbatch

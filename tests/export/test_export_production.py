@@ -27,7 +27,7 @@ REFS = Path(sys.prefix) / "trainer-refs"
 
 
 def render(case, name: str):
-    return get_exporter(name).render(case.plan, case.spec, CLUSTER, case.options({}))
+    return get_exporter(name).render(case.plan, case.spec, case.cluster, case.options({}))
 
 
 def megatron_ns(bundle):

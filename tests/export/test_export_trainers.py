@@ -28,10 +28,12 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
+from unittest import mock
 
 import pytest
-from export_cases import CASES, CLUSTER
+from export_cases import CASES
 
 from autopar.export import get_exporter
 from autopar.export.bash import read_bash_array
@@ -53,7 +55,7 @@ def accepted(variant: str) -> list:
 
 
 def render(case, name: str, **opts):
-    return get_exporter(name).render(case.plan, case.spec, CLUSTER, case.options(opts))
+    return get_exporter(name).render(case.plan, case.spec, case.cluster, case.options(opts))
 
 
 def stages_of(case) -> tuple[int, ...]:
@@ -235,7 +237,10 @@ def _check_core_config(case, fields: dict) -> None:
             qk_pos_emb_head_dim=m.qk_rope_head_dim,
             v_head_dim=m.v_head_dim,
         )
-    cfg = config_class(**kw)
+    # MoE in FP8 needs Transformer Engine >= 1.7 (not installed here): pretend the cluster's
+    te_check = "megatron.core.transformer.transformer_config.is_te_min_version"
+    with mock.patch(te_check, lambda *a, **k: True) if case.spec.moe and p.dtype == "fp8" else nullcontext():
+        cfg = config_class(**kw)
     assert cfg.tensor_model_parallel_size == p.tp and cfg.pipeline_model_parallel_size == p.pp
     if "fp8_recipe" in fields:  # the recipe Megatron-Core scales the plan's FP8 GEMMs by
         assert cfg.fp8_recipe == (p.with_(trainer="megatron").fp8_recipe_used or "delayed")
@@ -342,8 +347,6 @@ def _check_optimizer_config(case, **fields) -> None:
     """Megatron-Core's OptimizerConfig accepts the optimizer fields (its __post_init__ checks the
     precision-aware optimizer, which CPU offload reuses, against the distributed optimizer) and holds
     the plan's offloaded share."""
-    from unittest import mock
-
     from megatron.core.optimizer import OptimizerConfig
 
     # the precision-aware check asks Transformer Engine's version (CUDA, not installed): pretend 2.1+,
@@ -594,8 +597,9 @@ def test_torchtitan_python_config_builds_a_trainer_config(case, tmp_path, monkey
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     p = case.plan
-    if p.dtype == "fp8":  # the float8 converter checks the GPU when configured: pretend an H100 (SM90)
+    if p.dtype == "fp8":  # the converters check the GPU when configured: pretend an H100 (SM90) or a B200 (SM100)
         monkeypatch.setattr("torchtitan.components.quantization.float8.has_cuda_capability", lambda *a: True)
+        monkeypatch.setattr("torchtitan.components.quantization.mx.has_cuda_capability", lambda *a: True)
     bundle = render(case, "torchtitan")
     bundle.write(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -626,14 +630,30 @@ def test_torchtitan_python_config_builds_a_trainer_config(case, tmp_path, monkey
     assert cfg.compile.enable_async_tensor_parallel == p.tp_comm_overlap
     assert cfg.compile.enable == p.compile and "model" in cfg.compile.components
     from torchtitan.components.quantization.float8 import Float8Linear
+    from torchtitan.components.quantization.mx import MXFP8Linear
+    from torchtitan.models.common.moe import GroupedExperts
 
-    float8 = [c for _, c, _, _ in cfg.model_spec.model.traverse(Float8Linear.Config)]
-    assert bool(float8) == (p.dtype == "fp8")
+    recipe = p.with_(trainer="torchtitan").fp8_recipe_used if p.dtype == "fp8" else None
+    model_cfg = cfg.model_spec.model
+    float8 = list(model_cfg.traverse(Float8Linear.Config))
+    mx = list(model_cfg.traverse(MXFP8Linear.Config))
+    assert bool(float8) == (recipe not in (None, "mxfp8")) and bool(mx) == (recipe == "mxfp8")
     if float8:  # torchao's config of the plan's recipe (rowwise_with_gw_hp: the weight gradient in BF16)
         from torchao.float8 import Float8LinearConfig
 
-        want = Float8LinearConfig.from_recipe_name(p.with_(trainer="torchtitan").fp8_recipe_used)
-        assert all(c._torchao_config == want for c in float8)
+        want = Float8LinearConfig.from_recipe_name(recipe)
+        assert all(c._torchao_config == want for _, c, _, _ in float8)
+    # the LM head stays BF16 (the cost model prices it so); the layers' linears are all converted
+    assert all(fqn.split(".")[-1] != "lm_head" for fqn, _, _, _ in float8 + mx)
+    if recipe:
+        from torchtitan.models.common.linear import Linear
+
+        plain = [fqn for fqn, c, _, _ in model_cfg.traverse(Linear.Config) if type(c) is Linear.Config]
+        assert all("layers" not in fqn for fqn in plain), plain
+    experts = [type(c).__qualname__ for _, c, _, _ in model_cfg.traverse(GroupedExperts.Config)]
+    if case.spec.moe is not None:  # a MoE model's expert GEMMs in the plan's precision too
+        quantized = {None: "GroupedExperts", "mxfp8": "MXFP8GroupedExperts"}.get(recipe, "Float8GroupedExperts")
+        assert experts and all(q.split(".")[-2] == quantized for q in experts), experts
     from torchtitan.models.common.token_dispatcher import DeepEPTokenDispatcher
 
     deepep = case.spec.moe is not None and p.moe_dispatcher == "deepep"
@@ -661,6 +681,8 @@ import json, sys, torch
 from torchtitan.config import ConfigManager
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.protocols.train_spec import get_train_spec
+import torchtitan.components.quantization.float8, torchtitan.components.quantization.mx  # register the converters
+from torchtitan.protocols.model_converter import _registry_model_converter_cls as registry
 out = {}
 models = {}
 for path, world in json.loads(sys.argv[1]):
@@ -691,7 +713,9 @@ for path, world in json.loads(sys.argv[1]):
                                  "fsdp_reshard_after_forward", "enable_async_tensor_parallel")},
                  "training": {k: getattr(c.training, k) for k in ("local_batch_size", "global_batch_size", "seq_len")},
                  "ac": c.activation_checkpoint.mode, "converters": list(c.model.converters),
-                 "float8_recipe": c.quantize.linear.float8.recipe_name}
+                 "registered": all(n in registry for n in c.model.converters),
+                 "float8_recipe": c.quantize.linear.float8.recipe_name, "mx_recipe": c.quantize.linear.mx.recipe_name,
+                 "float8_moe": c.quantize.grouped_mm.float8.fqns, "mx_moe": c.quantize.grouped_mm.mx.fqns}
 print("RESULT " + json.dumps(out))
 """
 
@@ -735,6 +759,16 @@ def test_torchtitan_toml_loads_with_torchtitan_0_2_2(tmp_path) -> None:
         assert r["training"]["global_batch_size"] == p.global_batch_size and r["training"]["seq_len"] == case.seq
         assert r["ac"] == p.recompute
         assert par["enable_async_tensor_parallel"] == p.tp_comm_overlap
-        assert ("float8" in r["converters"]) == (p.dtype == "fp8")
-        if p.dtype == "fp8":  # the recipe torchao builds its Float8LinearConfig from
-            assert r["float8_recipe"] == p.with_(trainer="torchtitan").fp8_recipe_used
+        # every converter named is one torchtitan 0.2.2 registered (model.converters is looked up by name)
+        assert r["registered"], r["converters"]
+        recipe = p.with_(trainer="torchtitan").fp8_recipe_used if p.dtype == "fp8" else None
+        kind = {None: None, "mxfp8": "mx"}.get(recipe, "float8")
+        linear = [c for c in r["converters"] if c.startswith("quantize.linear.")]
+        assert linear == ([f"quantize.linear.{kind}"] if kind else [])
+        if kind == "float8":  # the recipe torchao builds its Float8LinearConfig from
+            assert r["float8_recipe"] == recipe
+        grouped = [c for c in r["converters"] if c.startswith("quantize.grouped_mm.")]
+        moe = kind is not None and case.spec.moe is not None
+        assert grouped == ([f"quantize.grouped_mm.{kind}"] if moe else [])
+        if moe:  # the MoE layers' experts, by name
+            assert r[f"{kind}_moe"] == ["experts"]

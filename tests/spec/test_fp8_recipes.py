@@ -37,12 +37,16 @@ def test_megatron_core_trainers_list_only_recipes_megatron_core_accepts() -> Non
 
 
 def test_torchtitan_defaults_to_and_lists_its_float8_converters_recipes() -> None:
+    # the float8 converter's recipe names, plus mxfp8 for the MX converter that torchtitan ships
+    # beside it (components/quantization/mx.py)
+    from torchtitan.components.quantization import mx
     from torchtitan.components.quantization.float8 import Float8LinearConverter
 
     default = {f.name: f.default for f in dataclasses.fields(Float8LinearConverter.Config)}["recipe_name"]
     assert recipe_name("fp8", "default", "torchtitan") == default == "rowwise"
     literal = typing.get_type_hints(Float8LinearConverter.Config)["recipe_name"]
-    assert set(_listed("torchtitan")) == set(typing.get_args(literal))
+    assert hasattr(mx, "MXFP8LinearConverter") and hasattr(mx, "MXFP8GroupedExpertsConverter")
+    assert set(_listed("torchtitan")) == set(typing.get_args(literal)) | {"mxfp8"}
 
 
 def test_the_search_prices_each_trainer_with_its_own_fp8_defaults() -> None:
