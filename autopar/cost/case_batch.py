@@ -99,6 +99,8 @@ _PER_RANK = (
     "tp_step",
     "dp_reduce",
     "dp_gather",
+    "dp_reduce_tail",
+    "dp_gather_tail",
     "optimizer",
     "offload",
     "act_copies",

@@ -15,6 +15,7 @@ import numpy as np
 
 from autopar.cost.collectives import Group, Links, deduplicated_seconds, place
 from autopar.cost.comm import (
+    Call,
     Volume,
     cp_calls,
     dp_calls,
@@ -44,7 +45,9 @@ class Traffic(NamedTuple):
 
 class CommTerms(NamedTuple):
     """Per microbatch: tp, cp, ep, pp. Per step: tp_step (SP norm gradients), dp_reduce (gradient
-    reduction), dp_gather (parameter gathering), dense and expert parameters together."""
+    reduction), dp_gather (parameter gathering), dense and expert parameters together, each issued
+    bucket by bucket; dp_reduce_tail / dp_gather_tail: the seconds of one bucket of each (the last
+    reduced and the first gathered, which nothing hides)."""
 
     tp: Traffic
     cp: Traffic
@@ -53,6 +56,8 @@ class CommTerms(NamedTuple):
     tp_step: Traffic
     dp_reduce: Traffic
     dp_gather: Traffic
+    dp_reduce_tail: np.ndarray
+    dp_gather_tail: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -188,15 +193,25 @@ def comm_terms(
         if deepep.any():
             fused = v.ep.traffic(links, partial(deduplicated_seconds, top_k=model.moe.top_k)).seconds
             ep = Traffic(ep.bytes, np.where(deepep, fused, ep.seconds))
-    reduce, gather = v.dense_reduce.traffic(links), v.dense_gather.traffic(links)
+    k = cluster.constants
+    dense_n = dp_buckets(x, prm.dense, x.dp_shard, x.layers + x.has_embedding + x.has_head, k)
+    reduce, gather = (
+        _bucketed(v.dense_reduce, dense_n).traffic(links),
+        _bucketed(v.dense_gather, dense_n).traffic(links),
+    )
     if v.dense_replicas is not None:
-        rep = v.dense_replicas.traffic(links)
+        rep = _bucketed(v.dense_replicas, dense_n).traffic(links)
         reduce = Traffic(reduce.bytes + rep.bytes, reduce.seconds + rep.seconds)
+    reduce_tail, gather_tail = reduce.seconds / dense_n, gather.seconds / dense_n
     if v.expert_reduce is not None:
         assert v.expert_gather is not None  # both, or neither (a dense model)
-        er, eg = v.expert_reduce.traffic(links), v.expert_gather.traffic(links)
+        expert_n = dp_buckets(x, prm.expert, x.expert_dp, x.moe_layers, k)
+        er = _bucketed(v.expert_reduce, expert_n).traffic(links)
+        eg = _bucketed(v.expert_gather, expert_n).traffic(links)
         reduce = Traffic(reduce.bytes + er.bytes, reduce.seconds + er.seconds)
         gather = Traffic(gather.bytes + eg.bytes, gather.seconds + eg.seconds)
+        # the expert buffer's buckets run on their own group beside the dense ones, on the same NICs
+        reduce_tail, gather_tail = reduce_tail + er.seconds / expert_n, gather_tail + eg.seconds / expert_n
     on_cp = v.on_cp
     return CommTerms(
         tp=Traffic(tp.bytes + np.where(on_cp, 0.0, stats.bytes), tp.seconds + np.where(on_cp, 0.0, stats.seconds)),
@@ -206,4 +221,23 @@ def comm_terms(
         tp_step=v.tp_step.traffic(links),
         dp_reduce=reduce,
         dp_gather=gather,
+        dp_reduce_tail=reduce_tail,
+        dp_gather_tail=gather_tail,
     )
+
+
+def dp_buckets(x: PlanArrays, params, group_size, units, k) -> np.ndarray:
+    """How many calls a data-parallel reduction (and gathering) of `params` is issued as: ZeRO-3 /
+    FSDP one per wrapped unit (`units`: the rank's layers, embedding and head), else one per
+    gradient bucket of the trainer's size (`dp_bucket_params`, Megatron's growing with the group:
+    max(40 M, 1 M x dp) parameters)."""
+    size = np.maximum(k.dp_bucket_params, k.dp_bucket_params_per_rank * np.asarray(group_size, dtype=float))
+    by_size = np.maximum(1.0, np.ceil(np.asarray(params, dtype=float) / size))
+    return np.where(x.table.zero_stage == 3, np.maximum(units, 1.0), by_size)
+
+
+def _bucketed(on: OnGroup, n) -> OnGroup:
+    """The same calls issued as `n` equal calls each (the payload is unchanged; each call is priced
+    at its own message size and latency)."""
+    calls = tuple(Call(c.kind, c.full_bytes / n, c.count * n) for c in on.volume.calls)
+    return OnGroup(Volume(on.volume.handed, calls), on.group, on.crosses_node)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from autopar.cost.case_batch import CaseBatch, case_profile
-from autopar.cost.profiles import lineage, profiles, resolve
+from autopar.cost.profiles import lineage, pinned, profiles, resolve
 from autopar.cost.run_cases import RunCase
 from autopar.spec.constants import constant_table
 from autopar.spec.hardware import CostConstants
@@ -94,7 +94,7 @@ def _parameters(present: set[str]) -> list[tuple[str, str]]:
     for prof, names in OWN.items():
         if present & _descendants(prof):
             params += [(prof, n) for n in names]
-    return params
+    return [(p, n) for p, n in params if not pinned(p, n)]
 
 
 def _descendants(prof: str) -> set[str]:

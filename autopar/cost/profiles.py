@@ -114,6 +114,14 @@ def lineage(name: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def pinned(name: str, constant: str) -> bool:
+    """A fitted-kind constant the profile's trainer fixes by its mechanism (its range for the
+    profile is one value, e.g. Megatron's bucketed DP overlap): the prior, never fitted or listed."""
+    spec = constant_table()[constant]
+    own = spec.for_profile(name, lineage(name))
+    return spec.kind == "fitted" and own.low == own.high
+
+
 def profile_of(trainer: str) -> Profile:
     return profiles()[get_trainer(trainer).profile]
 
@@ -146,7 +154,8 @@ def profiles_toml(fitted: dict[str, dict[str, float]], provenance_: Provenance) 
     lines += [f"{k} = {q(getattr(provenance_, k))}" for k in ("command", "runs", "date", "cross_validation", "digest")]
     raw = {k: v for k, v in _data().items() if k != "provenance"}
     for name, p in profiles().items():
-        own = {k: float(v) for k, v in raw[name].get("constants", {}).items()} | fitted.get(name, {})
+        own = {k: float(v) for k, v in raw[name].get("constants", {}).items() if not pinned(name, k)}
+        own |= fitted.get(name, {})
         lines += ["", f"[{name}]", f"memory_stack = {q(p.memory_stack)}", f"description = {q(p.description)}"]
         if p.parent:
             lines.append(f"parent = {q(p.parent)}")

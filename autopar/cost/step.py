@@ -48,6 +48,8 @@ class StepInputs(NamedTuple):
     tp_step: np.ndarray  # (C, n) seconds per step
     dp_reduce: np.ndarray
     dp_gather: np.ndarray
+    dp_reduce_tail: np.ndarray  # (C, n) seconds of the last gradient bucket's reduction
+    dp_gather_tail: np.ndarray  # (C, n) seconds of the first parameter bucket's gathering
     optimizer: np.ndarray  # (C, n) seconds per step
     offload: np.ndarray  # (C, n) seconds per step of the optimizer share offloaded to the host
     #: (C, n) seconds per microbatch of the offloaded activations' copies, each direction
@@ -131,6 +133,8 @@ def step_inputs(
         tp_step=comm.tp_step.seconds,
         dp_reduce=comm.dp_reduce.seconds,
         dp_gather=comm.dp_gather.seconds,
+        dp_reduce_tail=comm.dp_reduce_tail,
+        dp_gather_tail=comm.dp_gather_tail,
         optimizer=optimizer_seconds(x, cluster, prm),
         offload=offload_seconds(x, cluster, prm),
         act_copies=copy_seconds(x, model, cluster),
@@ -192,18 +196,25 @@ def exposed(inp: StepInputs, k) -> Exposed:
 
 
 def dp_exposed(inp: StepInputs, k, compute_mb: np.ndarray) -> np.ndarray:
-    """DP communication left exposed per step: the gradient reduction overlaps the last
-    microbatch's backward, the parameter gathering the first forward (Megatron
-    --overlap-grad-reduce / --overlap-param-gather); ZeRO-3 (FSDP) gathers and reduces every
-    microbatch under its compute. Backward = 2/3 of a microbatch's compute, forward 1/3: the
-    backward does twice the forward's FLOPs (Megatron's FLOPs convention, autopar.cost.flops).
-    Hidden communication still costs the compute beside it the SMs it runs on."""
+    """DP communication left exposed per step. It is issued bucket by bucket as the backward
+    produces the gradients (Megatron --overlap-grad-reduce, PyTorch DDP's bucket hooks, FSDP's
+    per-unit reduce-scatter): every bucket but the last overlaps the last microbatch's backward,
+    and the parameter gathering every bucket but the first the first forward (Megatron
+    --overlap-param-gather; FSDP prefetches one unit ahead); ZeRO-3 (FSDP) gathers and reduces
+    every microbatch under its compute. `dp_overlap` is the share of that window the trainer's
+    overlap reaches. Backward = 2/3 of a microbatch's compute, forward 1/3: the backward does
+    twice the forward's FLOPs (Megatron's FLOPs convention, autopar.cost.flops). Hidden
+    communication still costs the compute beside it the SMs it runs on."""
     reduce_t, gather_t = inp.dp_reduce, inp.dp_gather
+    reduce_tail, gather_tail = np.minimum(inp.dp_reduce_tail, reduce_t), np.minimum(inp.dp_gather_tail, gather_t)
     bwd_mb, fwd_mb = compute_mb * 2 / 3, compute_mb / 3
     s = inp.comm_sm_share
-    zero3 = _with_contention(reduce_t + gather_t, k.dp_overlap * inp.microbatches * compute_mb, s)
-    other = _with_contention(reduce_t, k.dp_overlap * bwd_mb, s) + _with_contention(gather_t, k.dp_overlap * fwd_mb, s)
-    return np.where(inp.zero3, zero3, other)
+    tails = reduce_tail + gather_tail
+    zero3 = _with_contention(reduce_t + gather_t - tails, k.dp_overlap * inp.microbatches * compute_mb, s)
+    other = _with_contention(reduce_t - reduce_tail, k.dp_overlap * bwd_mb, s) + _with_contention(
+        gather_t - gather_tail, k.dp_overlap * fwd_mb, s
+    )
+    return tails + np.where(inp.zero3, zero3, other)
 
 
 def optimizer_seconds(x: PlanArrays, cluster: ClusterSpec, prm: RankParams) -> np.ndarray:

@@ -12,7 +12,7 @@ from importlib import resources
 
 from autopar.errors import InputError
 
-KINDS = ("fitted", "fact", "link", "memory")
+KINDS = ("fitted", "fact", "link", "memory", "setting")  # setting: a trainer's documented default, any size
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,8 @@ class CostConstants:
     cpu_adam_memory_efficiency: float = _prior("cpu_adam_memory_efficiency")
     cpu_optimizer_overlap: float = _prior("cpu_optimizer_overlap")
     tp_async_backward: float = _prior("tp_async_backward")
+    dp_bucket_params: float = _prior("dp_bucket_params")
+    dp_bucket_params_per_rank: float = _prior("dp_bucket_params_per_rank")
     intra_node_bw_efficiency: float = _prior("intra_node_bw_efficiency")
     inter_node_bw_efficiency: float = _prior("inter_node_bw_efficiency")
     runtime_reserved_gib: float = _prior("runtime_reserved_gib")

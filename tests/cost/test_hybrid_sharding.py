@@ -74,7 +74,8 @@ def test_the_shards_all_reduce_adds_its_payload(setting) -> None:
 def test_the_reduction_runs_inside_the_node_then_across(setting) -> None:
     """With shards of 8 on nodes of 8 the reduce-scatter stays on NVLink (8 ranks in one node) and
     the all-reduce of the shard crosses 8 nodes with one rank each: the reduction's seconds are the
-    two collectives priced on those groups."""
+    two collectives priced on those groups, bucket by bucket (n equal buckets of the trainer's
+    bucket size, each call at its own message size)."""
     from autopar.cost.comm_terms import comm_terms
     from autopar.cost.price import prepare
     from autopar.spec.table import PlanTable
@@ -89,10 +90,17 @@ def test_the_reduction_runs_inside_the_node_then_across(setting) -> None:
     def group(size, per_node):
         return Group(np.array([size]), np.array([per_node]), np.array([size // per_node]))
 
-    by_hand = collective_seconds("reduce_scatter", grads, group(8, 8), links) + collective_seconds(
-        "all_reduce", grads / 8, group(8, 1), links
+    k = cluster.constants
+    n = np.ceil(float(np.ravel(prepared.params.dense)[0]) / max(k.dp_bucket_params, 8 * k.dp_bucket_params_per_rank))
+    assert n > 1
+    bucket = grads / n
+    by_hand = n * (
+        collective_seconds("reduce_scatter", bucket, group(8, 8), links)
+        + collective_seconds("all_reduce", bucket / 8, group(8, 1), links)
     )
     assert float(np.ravel(terms.dp_reduce.seconds)[0]) == pytest.approx(float(by_hand[0]), rel=1e-9)
+    # the last bucket is what the backward cannot hide
+    assert float(np.ravel(terms.dp_reduce_tail)[0]) == pytest.approx(float(by_hand[0]) / n, rel=1e-9)
 
 
 @pytest.mark.parametrize(
