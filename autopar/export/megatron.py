@@ -33,6 +33,7 @@ from autopar.export.megatron_core import (
     capacity_settings,
     dispatcher_settings,
     fp8_settings,
+    mxfp8_param_settings,
     offload_settings,
     optimizer_instances,
     recompute_settings,
@@ -231,6 +232,7 @@ def precision_args(ctx: Context) -> list[str]:
             a += ["--" + name.replace("_", "-"), str(value)]
         if p.fp8_param_gather_used:  # parameters kept and all-gathered in FP8
             a += ["--fp8-param-gather"]
+        a += ["--" + name.replace("_", "-") for name in mxfp8_param_settings(ctx)]
     if not p.main_grads_fp32 and p.dtype != "fp32":
         a += ["--grad-reduce-in-bf16"]
     return a

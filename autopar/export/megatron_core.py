@@ -31,6 +31,18 @@ def fp8_settings(ctx: Context) -> dict:
     return {"fp8_recipe": recipe} | (DELAYED_AMAX if recipe == "delayed" else {})
 
 
+def mxfp8_param_settings(ctx: Context) -> dict:
+    """DDP / optimizer fields of a plan that keeps MXFP8 parameters: the parameter all-gather
+    reuses the gradient buffer (Megatron-Core's OptimizerConfig warns that MXFP8 without it "will
+    use significant amount additional GPU memory" and recommends it with --fp8-param-gather;
+    Megatron-Bridge asserts it; NeMo 2's bf16_with_mxfp8_mixed sets it), which the cost model's
+    memory assumes; none otherwise."""
+    p = ctx.plan
+    if p.fp8_recipe_used == "mxfp8" and p.fp8_param_gather_used:
+        return {"reuse_grad_buf_for_mxfp8_param_ag": True}
+    return {}
+
+
 def capacity_settings(ctx: Context) -> dict:
     """TransformerConfig MoE dispatch fields: capacity dispatch drops the lowest-probability tokens
     past the capacity factor and pads every expert to its capacity (megatron/core/transformer/moe/

@@ -80,6 +80,7 @@ FLOAT_FLAGS = (
 STORE_TRUE_FLAGS = (
     "--group-query-attention",
     "--fp8-param-gather",
+    "--reuse-grad-buf-for-mxfp8-param-ag",
     "--swiglu",
     "--untie-embeddings-and-output-weights",
     "--disable-bias-linear",

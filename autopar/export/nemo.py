@@ -27,6 +27,7 @@ from autopar.export.megatron_core import (
     core_recompute_fields,
     dp_shard_from_instances,
     fp8_settings,
+    mxfp8_param_settings,
     offload_from,
     offload_settings,
     optimizer_instances,
@@ -95,6 +96,7 @@ def nemo_overrides(ctx: Context) -> dict:
     out.update({f"trainer.plugins.{k}": v for k, v in fp8_settings(ctx).items()})
     if p.dtype == "fp8":  # explicit: a recipe's own FP8 plugin may set it either way
         out["trainer.plugins.fp8_param_gather"] = bool(p.fp8_param_gather_used)
+        out.update({f"trainer.plugins.{k}": v for k, v in mxfp8_param_settings(ctx).items()})
     return out
 
 

@@ -301,6 +301,14 @@ CASES = [
         refuse=_titan("parameter gather") | {"deepspeed": "FP8"},
     ),
     Case(
+        "fp8-mxfp8-param-gather",
+        "llama3-8b",
+        16,
+        dict(tp=2, zero=1, dtype="fp8", fp8_recipe="mxfp8", fp8_param_gather="on", gbs=32),
+        refuse=_titan("ZeRO-1") | {"deepspeed": "FP8"},
+        gpu="b200",
+    ),
+    Case(
         "fp8-no-param-gather",
         "llama3-8b",
         16,

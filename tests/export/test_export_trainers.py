@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from unittest import mock
@@ -330,11 +331,18 @@ def test_megatron_flags_build_a_megatron_core_config(case) -> None:
         data_parallel_sharding_strategy=ns.data_parallel_sharding_strategy or "no_shard",
         grad_reduce_in_fp32=not ns.grad_reduce_in_bf16,
         fp8_param_gather=ns.fp8_param_gather,
+        reuse_grad_buf_for_mxfp8_param_ag=ns.reuse_grad_buf_for_mxfp8_param_ag,
     )
     assert ddp.use_distributed_optimizer == (z >= 1) and ddp.use_megatron_fsdp == (z >= 2)
-    assert ddp.fp8_param_gather == bool(case.plan.with_(trainer="megatron").fp8_param_gather_used)
+    plan = case.plan.with_(trainer="megatron")
+    assert ddp.fp8_param_gather == bool(plan.fp8_param_gather_used)
+    # MXFP8 parameters gather into the gradient buffer, as Megatron-Core recommends (no warning below)
+    mxfp8_params = plan.fp8_recipe_used == "mxfp8" and bool(plan.fp8_param_gather_used)
+    assert ddp.reuse_grad_buf_for_mxfp8_param_ag == mxfp8_params
     _check_optimizer_config(
         case,
+        fp8_recipe=ns.fp8_recipe if ns.fp8_format else None,
+        reuse_grad_buf_for_mxfp8_param_ag=ns.reuse_grad_buf_for_mxfp8_param_ag,
         use_distributed_optimizer=ns.use_distributed_optimizer,
         optimizer_cpu_offload=ns.optimizer_cpu_offload,
         optimizer_offload_fraction=ns.optimizer_offload_fraction or 0.0,
@@ -351,7 +359,14 @@ def _check_optimizer_config(case, **fields) -> None:
 
     # the precision-aware check asks Transformer Engine's version (CUDA, not installed): pretend 2.1+,
     # after which CPU offload returns before any TE import (optimizer_config.py __post_init__)
-    with mock.patch("megatron.core.optimizer.optimizer_config.is_te_min_version", lambda *a, **k: True):
+    with (
+        mock.patch("megatron.core.optimizer.optimizer_config.is_te_min_version", lambda *a, **k: True),
+        warnings.catch_warnings(),
+    ):
+        # MXFP8 parameters gathered without the gradient-buffer reuse are warned about ("significant
+        # amount additional GPU memory"): the exports set it with them, so the warning is an error
+        if fields.get("reuse_grad_buf_for_mxfp8_param_ag"):
+            warnings.filterwarnings("error", message="mxfp8 without")
         cfg = OptimizerConfig(bf16=case.plan.dtype != "fp32", **fields)
     share = case.plan.optimizer_offload
     assert cfg.optimizer_cpu_offload == (share > 0)
@@ -516,6 +531,10 @@ def test_nemo_overrides_build_megatron_core_configs(case) -> None:
     _check_core_config(case, strategy | model)
     ddp = {k.removeprefix("trainer.strategy.ddp."): v for k, v in ov.items() if k.startswith("trainer.strategy.ddp.")}
     DDP(**ddp, **instances)
+    # MXFP8 parameters gather into the gradient buffer (MegatronMixedPrecision hands it to the DDP config)
+    plan = case.plan.with_(trainer="nemo")
+    mxfp8_params = plan.fp8_recipe_used == "mxfp8" and bool(plan.fp8_param_gather_used)
+    assert ov.get("trainer.plugins.reuse_grad_buf_for_mxfp8_param_ag", False) == mxfp8_params
     _check_optimizer_config(
         case, **{k.removeprefix("optim.config."): v for k, v in ov.items() if k.startswith("optim.config.")}
     )
