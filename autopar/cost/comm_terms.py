@@ -227,13 +227,15 @@ def comm_terms(
 
 
 def dp_buckets(x: PlanArrays, params, group_size, units, k) -> np.ndarray:
-    """How many calls a data-parallel reduction (and gathering) of `params` is issued as: ZeRO-3 /
-    FSDP one per wrapped unit (`units`: the rank's layers, embedding and head), else one per
-    gradient bucket of the trainer's size (`dp_bucket_params`, Megatron's growing with the group:
-    max(40 M, 1 M x dp) parameters)."""
+    """How many calls a data-parallel reduction (and gathering) of `params` is issued as: from
+    ZeRO-2 up on a trainer that shards by wrapped unit (FSDP, Megatron-FSDP: `dp_unit_sharding`) one
+    per unit (`units`: the rank's layers, embedding and head), else one per gradient bucket of the
+    trainer's size (`dp_bucket_params`, Megatron's growing with the group: max(40 M, 1 M x dp)
+    parameters)."""
     size = np.maximum(k.dp_bucket_params, k.dp_bucket_params_per_rank * np.asarray(group_size, dtype=float))
     by_size = np.maximum(1.0, np.ceil(np.asarray(params, dtype=float) / size))
-    return np.where(x.table.zero_stage == 3, np.maximum(units, 1.0), by_size)
+    per_unit = (x.table.zero_stage >= 2) & (np.asarray(k.dp_unit_sharding) > 0)
+    return np.where(per_unit, np.maximum(units, 1.0), by_size)
 
 
 def _bucketed(on: OnGroup, n) -> OnGroup:

@@ -95,6 +95,7 @@ class CostConstants:
     tp_async_backward: float = _prior("tp_async_backward")
     dp_bucket_params: float = _prior("dp_bucket_params")
     dp_bucket_params_per_rank: float = _prior("dp_bucket_params_per_rank")
+    dp_unit_sharding: float = _prior("dp_unit_sharding")
     intra_node_bw_efficiency: float = _prior("intra_node_bw_efficiency")
     inter_node_bw_efficiency: float = _prior("inter_node_bw_efficiency")
     runtime_reserved_gib: float = _prior("runtime_reserved_gib")
@@ -110,7 +111,7 @@ class CostConstants:
                 raise InputError(
                     f"cost constant '{f.name}' must be a number in [0, {hi:g}], got {v!r}; fix the cluster profile"
                 )
-            if f.name.endswith("_efficiency") and v <= 0:
+            if (f.name.endswith("_efficiency") or f.name == "dp_bucket_params") and v <= 0:
                 raise InputError(f"cost constant '{f.name}' must be positive; fix the cluster profile")
 
 

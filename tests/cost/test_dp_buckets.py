@@ -58,3 +58,22 @@ def test_megatrons_overlap_is_its_mechanism_not_a_fit() -> None:
     # Bridge and NeMo share the megatron profile; the trainers whose overlap differs fit their own
     assert ("megatron", "dp_overlap") not in _parameters(set(profiles()))
     assert ("torchtitan", "dp_overlap") in _parameters(set(profiles()))
+
+
+def test_buckets_are_the_trainers() -> None:
+    # 8 B parameters on a rank of 32 layers (+ embedding and head) reduced over 256 ranks:
+    # Megatron buckets max(40 M, 1 M x 256) = 256 M parameters (32 calls); PyTorch DDP 25 MiB of
+    # bf16 gradients (611 calls); DeepSpeed 5e8 elements (16 calls) at every ZeRO stage; FSDP and
+    # Megatron-FSDP one call per unit (34) from ZeRO-2 up
+    from autopar.cost.comm_terms import dp_buckets
+
+    consts = {name: profiles()[name].constants for name in ("megatron", "torchtitan", "deepspeed")}
+    units = np.array([34.0])
+
+    def calls(profile, zero):
+        x = SimpleNamespace(table=SimpleNamespace(zero_stage=np.array([zero])))
+        return float(dp_buckets(x, np.array([8e9]), np.array([256]), units, consts[profile])[0])
+
+    assert calls("megatron", 1) == 32 and calls("torchtitan", 0) == np.ceil(8e9 / (25 * 2**20 / 2)) == 611
+    assert calls("deepspeed", 1) == calls("deepspeed", 3) == 16
+    assert calls("megatron", 2) == calls("torchtitan", 3) == 34
