@@ -120,10 +120,12 @@ def step_inputs(
     t = x.table
     overlap = t.ep_comm_overlap.astype(bool) & (x.ep > 1)
     # overlapped communication runs on SMs the compute beside it then lacks: NCCL's kernels 8-32
-    # (arXiv 2603.07685 sec. 4.1.7), DeepEP's 20 (sec. 4.2.3) of the GPU's SMs
+    # (arXiv 2603.07685 sec. 4.1.7) of the GPU's SMs; DeepEP's 20 cost the GEMMs "roughly 20%" on an
+    # H100 (sec. 4.2.3), more than their share, and as much per SM taken on another GPU
     sms = behaviour_of(cluster.gpu).sms
     nccl_share = shared_figures().nccl_sms / sms
-    deepep_share = shared_figures().dispatch.sms / sms
+    dispatch = shared_figures().dispatch
+    deepep_share = np.minimum(dispatch.overhead_per_sm_share * dispatch.sms / sms, 1.0)
     return StepInputs(
         raw=raw,
         tp=comm.tp.seconds,

@@ -76,6 +76,7 @@ def shared_figures() -> SharedFigures:
         rdma_fraction=float(np.mean(x["rdma_gbps"])) / n["nic_line_gbps"],
         nvlink_fraction=_nvlink_fraction(x["nvlink_gbps"], x["nvlink_gpu"]),
         sms=int(x["sms"]),
+        overhead_per_sm_share=x["gemm_overhead"] / (x["sms"] / int(d[x["gemm_overhead_gpu"]]["sms"])),
         kernels_per_layer=x["kernels"] / x["layer_passes"],
         source="; ".join(x[k] for k in ("source_rdma", "source_nvlink", "source_sms", "source_kernels")),
     )

@@ -102,6 +102,9 @@ class DispatchFigures:
     rdma_fraction: float  # DeepEP RDMA bottleneck bandwidth / NIC line rate
     nvlink_fraction: float  # DeepEP intranode bandwidth / NVLink line rate
     sms: int  # SMs a dispatcher takes from concurrent GEMMs
+    #: GEMM-efficiency loss beside the dispatcher per SM share it takes (measured loss / SM share on
+    #: the measured GPU: the SMs plus the memory traffic they bring)
+    overhead_per_sm_share: float
     kernels_per_layer: float  # kernels of one MoE layer, forward + backward (DeepSeek's stack)
     source: str
 

@@ -170,3 +170,16 @@ def test_every_memory_program_is_a_training_stack_a_cluster_may_name():
     from autopar.spec.hardware import TRAINING_STACKS
 
     assert set(TRAINING_STACKS) == set(STACKS) | set(LEGACY)
+
+
+def test_deepep_beside_the_gemms_costs_its_measured_overhead():
+    """DeepEP's 20 SMs cost the GEMMs beside it "roughly 20%" on an H100 (132 SMs; arXiv 2603.07685
+    sec. 4.2.3), more than their 15 % share; a B200 (148 SMs) loses as much per SM taken:
+    0.20 x 132 / 148. The overlapped rows of the published runs (row 278: H100, row 287: GB200)
+    carry that share."""
+    from autopar.cost.case_batch import prime_inputs
+
+    cases = {c.row_id: c for c in build_cases(load_runs(None))[0] if c.row_id in ("278", "287") and not c.dropless}
+    prime_inputs(list(cases.values()))
+    assert float(cases["278"].inputs.dispatch_sm_share[0]) == pytest.approx(0.20)
+    assert float(cases["287"].inputs.dispatch_sm_share[0]) == pytest.approx(0.20 * 132 / 148)
