@@ -206,7 +206,25 @@ def fit_table(report: ValidationReport) -> Table:
             "ON A BOUND" if p.on_bound else "",
             style="red" if p.on_bound else None,
         )
+    for profile, name, value in pinned_constants(report):
+        t.add_row(profile, name, f"{value:.4g}", f"{value:.4g}", "+0", f"[{value:g}, {value:g}]", "fixed by mechanism")
     return t
+
+
+def pinned_constants(report: ValidationReport) -> list[tuple[str, str, float]]:
+    """(profile, constant, value) of the constants the fit would fit but a trainer's mechanism fixes
+    (a range of one value: Megatron's dp_overlap, every DP bucket but the last overlapped)."""
+    from autopar.cost.profile_fit import BASE, FITTED, OWN
+    from autopar.cost.profiles import pinned, profiles
+
+    assert report.fit is not None
+    fitting = {p.profile for p in report.fit.parameters}
+    return [
+        (prof, name, getattr(profiles()[prof].constants, name))
+        for prof in sorted(fitting, key=lambda q: q != BASE)
+        for name in (FITTED if prof == BASE else OWN.get(prof, ()))
+        if pinned(prof, name)
+    ]
 
 
 def write_outputs(

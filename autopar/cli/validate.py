@@ -92,7 +92,7 @@ def validate(
     from autopar.cost.validate_runs import validate_runs
 
     report = validate_runs(runs, trainer, fit=fit, no_row=no_row_to_fit, cross_validate=cross_validate)
-    from autopar.cli.render_validate import print_report, write_outputs
+    from autopar.cli.render_validate import pinned_constants, print_report, write_outputs
 
     written = write_outputs(report, trainer, write_profile, write_profiles)
     if as_json:
@@ -114,6 +114,11 @@ def validate(
                     "on_bound": p.on_bound,
                 }
                 for p in report.fit.parameters
+            ]
+            if report.fit
+            else None,
+            "fixed_by_mechanism": [
+                {"profile": prof, "constant": name, "value": value} for prof, name, value in pinned_constants(report)
             ]
             if report.fit
             else None,
