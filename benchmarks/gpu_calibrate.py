@@ -17,11 +17,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpu_check import GPU_KEYS  # noqa: E402
-
 from autopar.cost.calibrate import calibrate, fit_gemm, predict  # noqa: E402
 from autopar.measured.measure import measure_plan  # noqa: E402
-from autopar.spec.hardware import default_cluster  # noqa: E402
+from autopar.spec.hardware import default_cluster, preset_for_device  # noqa: E402
 from autopar.spec.plan import ParallelPlan  # noqa: E402
 from autopar.spec.presets import get_preset  # noqa: E402
 
@@ -55,7 +53,7 @@ def main() -> int:
     g = json.loads((work / "gemm.json").read_text())
     peak, half = fit_gemm(g["gemm"])
     name = g.get("device", "cpu")
-    key = next((k for frag, k in GPU_KEYS if frag in name), "h100-sxm") if args.device == "cuda" else "local"
+    key = (preset_for_device(name) or "h100-sxm") if args.device == "cuda" else "local"
     cluster = default_cluster(key, gpus_per_node=1)
     print(
         f"probe: {name}: bf16 GEMM peak {peak / 1e12:.0f} TFLOP/s fitted (preset {cluster.gpu.bf16_tflops:.0f}), "

@@ -20,17 +20,7 @@ sys.path.insert(0, str(REPO))
 
 from autopar.measured.config import TrialConfig  # noqa: E402
 from autopar.measured.launcher import launch  # noqa: E402
-from autopar.spec.hardware import get_gpu  # noqa: E402
-
-#: GPU name fragments (torch.cuda.get_device_name) -> autopar GPU presets, for the peak FLOP/s
-GPU_KEYS = (
-    ("H200", "h200"),
-    ("H100", "h100-sxm"),
-    ("H800", "h800"),
-    ("B200", "b200"),
-    ("A100", "a100-80gb"),
-    ("MI300X", "mi300x"),
-)
+from autopar.spec.hardware import get_gpu, preset_for_device  # noqa: E402
 
 
 def main() -> int:
@@ -80,7 +70,7 @@ def main() -> int:
         return 1
     t = run.trials[0]
     env = run.result["env"]
-    key = next((k for frag, k in GPU_KEYS if frag in env.get("gpu", "")), None)
+    key = preset_for_device(env.get("gpu", ""))
     peak_tflops = get_gpu(key).bf16_tflops if key else None
     mfu = t["model_flops_per_step"] / t["mean_step_time_s"] / (peak_tflops * 1e12) if peak_tflops else None
     rank = t["ranks"][0]

@@ -19,13 +19,23 @@ Out = Annotated[
     ),
 ]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds per benchmark launch.")]
+Device = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="cpu: this machine's cores as ranks (the `local` profile); cuda: GPU 0 as the published "
+        "hardware tables measure it, written as a cluster file for --cluster (default "
+        "~/.autopar/<gpu>-probed.yaml).",
+    ),
+]
 
 
 @app.command()
-def probe(ranks: Ranks = None, out: Out = None, timeout: Timeout = 120.0) -> None:
+def probe(ranks: Ranks = None, out: Out = None, timeout: Timeout = 120.0, device: Device = "cpu") -> None:
     """GEMM throughput by shape, memory bandwidth, collective bandwidth/latency per group size -> a profile.
 
     Example: autopar probe && autopar search --model tiny --gpus 2 --gpu local --trials 8
+    On a GPU: autopar probe --device cuda && autopar search --model 8b --gpus 64 --cluster ~/.autopar/h200-probed.yaml
     """
     import os
 
@@ -37,7 +47,12 @@ def probe(ranks: Ranks = None, out: Out = None, timeout: Timeout = 120.0) -> Non
     from autopar.spec.schema import check_flags
 
     check_flags({"--ranks": ranks, "--timeout": timeout})
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"--device must be cpu or cuda, got {device!r}")
     require_torch("autopar probe")  # its benchmarks run torch in subprocesses
+    if device == "cuda":
+        _probe_gpu(out, timeout)
+        return
     most = 4 * (os.cpu_count() or 1)  # each rank is a process of this machine
     if ranks is not None and ranks > most:
         raise InputError(
@@ -53,3 +68,28 @@ def probe(ranks: Ranks = None, out: Out = None, timeout: Timeout = 120.0) -> Non
         f"Profile: {dest} (fp32 peak {body['gpu']['bf16_tflops'] * body['constants']['gemm_efficiency'] / 2 * 1e3:.1f}"
         f" GFLOP/s/rank, {n} ranks)"
     )
+
+
+def _probe_gpu(out: Optional[Path], timeout: float) -> None:
+    """GPU 0 measured and written as a cluster file; the raw result beside it (.json)."""
+    from autopar.cli.checks import output_file
+    from autopar.measured.local_profile import probe_gpu, write_gpu_cluster
+    from autopar.spec.hardware import local_profile_path
+
+    if out is not None:
+        output_file(out, "--out")
+    scratch = local_profile_path().parent / "gpu-probe.json"
+    doc = probe_gpu(timeout, scratch)
+    from autopar.spec.hardware import preset_for_device
+
+    dest = out or local_profile_path().parent / f"{preset_for_device(doc['device']) or 'gpu'}-probed.yaml"
+    body = write_gpu_cluster(dest, doc)
+    raw = dest.with_suffix(".json")
+    scratch.replace(raw)
+    b = body["behaviour"]
+    fp8 = f", FP8 {b['fp8_tflops']:.0f}" if "fp8_tflops" in b else ""
+    print(
+        f"{doc['device']}: GEMM BF16 {b['bf16_tflops']:.0f}{fp8} TFLOP/s achievable (half rate at dimension "
+        f"{b['gemm_half_dim']:.0f}), copy {b['hbm_gbps']:.0f} GB/s, launch {doc['launch_us']:.1f} us per kernel"
+    )
+    print(f"Cluster file: {dest} (raw: {raw}); use it with --cluster {dest}")

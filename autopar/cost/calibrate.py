@@ -132,7 +132,7 @@ def profile_dict(cluster: ClusterSpec, **extra) -> dict:
         "inter_node_latency_us": cluster.inter_node_latency_us,
         "constants": asdict(cluster.constants),
     }
-    measured = {k: v for k, v in asdict(cluster.measured).items() if v is not None}
+    measured = cluster.to_dict()["behaviour"]
     if measured:
         out["behaviour"] = measured
     return out | extra
@@ -192,4 +192,56 @@ def profile_from_probe(gemm: dict, colls: list[dict], ranks: int, ram_bytes: flo
             "intra_node_bw_efficiency": 1.0,
             "inter_node_bw_efficiency": 1.0,
         },
+    }
+
+
+def cluster_from_gpu_probe(doc: dict, preset: str) -> dict:
+    """The cluster file of a GPU probe (autopar.trial.probe.gpu_probe): the preset's datasheet figures,
+    as many GPUs per node as the probe saw, and what it measured as the `behaviour:` mapping, which
+    replaces the published figures of the same name (autopar.spec.behaviour.measured_behaviour):
+    the achievable rate = the best of the large GEMMs (as ml-engineering's MAMF finder reports), the
+    shape fall-off fitted to the small-M GEMMs, the copy's bandwidth, the attention curves of the
+    backends that ran (cuDNN: Hopper-native forward and backward; FlashAttention-2: forward + backward)."""
+    from autopar.errors import InputError
+
+    half = fit_gemm(doc["bf16_gemm_small_m"])[1]
+    if not 1.0 <= half <= 65536.0:  # the GEMM shapes of any model; outside, the timings were not rates
+        raise InputError(
+            f"the probe's small-M GEMM rates do not follow rate = peak x / (x + x_half) (fitted x_half {half:.3g}); "
+            "rerun autopar probe --device cuda on an idle GPU"
+        )
+    behaviour: dict = {
+        "bf16_tflops": max(r["flops_per_s"] for r in doc["bf16_gemm"]) / 1e12,
+        "gemm_half_dim": half,
+        "hbm_gbps": doc["copy_bytes_per_s"] / 1e9,
+    }
+    if doc.get("fp8_gemm"):
+        behaviour["fp8_tflops"] = max(r["flops_per_s"] for r in doc["fp8_gemm"]) / 1e12
+    ran = {a["backend"]: a["rows"] for a in doc.get("attention", []) if a.get("rows")}
+    seqs = {tuple(r["seq"] for r in rows) for rows in ran.values()}
+    if len(seqs) == 1:
+        behaviour["attention_seq"] = list(next(iter(seqs)))
+
+        def tflops(rows: list[dict], key: str) -> list[float]:
+            return [r[key] / 1e12 for r in rows]
+
+        if "cudnn" in ran:
+            for name, key in (
+                ("fwd", "causal_fwd"),
+                ("bwd", "causal_bwd"),
+                ("fwd_full", "full_fwd"),
+                ("bwd_full", "full_bwd"),
+            ):
+                behaviour[f"attention_{name}_tflops"] = tflops(ran["cudnn"], f"{key}_flops_per_s")
+        if "flash" in ran:
+            behaviour["attention_mma_sync_tflops"] = tflops(ran["flash"], "causal_fwd_bwd_flops_per_s")
+            behaviour["attention_mma_sync_full_tflops"] = tflops(ran["flash"], "full_fwd_bwd_flops_per_s")
+    behaviour["source"] = (
+        f"autopar probe on {doc['device']} (torch {doc['torch']}, CUDA {doc.get('cuda')}), {doc['date']}"
+    )
+    return {
+        "name": f"{preset} as probed",
+        "gpu": preset,
+        "gpus_per_node": int(doc.get("device_count") or 1),
+        "behaviour": behaviour,
     }

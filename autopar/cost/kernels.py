@@ -20,7 +20,7 @@ from functools import cache
 
 import numpy as np
 
-from autopar.spec.behaviour import behaviour_of, shared_figures
+from autopar.spec.behaviour import measured_behaviour, shared_figures
 from autopar.spec.curves import GpuBehaviour
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.table import DTYPE
@@ -39,7 +39,8 @@ def reference_half_dim() -> float:
 
 
 def gpu_behaviour(cluster: ClusterSpec) -> GpuBehaviour:
-    return behaviour_of(cluster.gpu)
+    """The GPU's published behaviour, with what `autopar probe` measured on this cluster in its place."""
+    return measured_behaviour(cluster.gpu, cluster.measured)
 
 
 def half_dims(cluster: ClusterSpec, dtype) -> np.ndarray:

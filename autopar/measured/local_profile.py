@@ -1,5 +1,7 @@
 """`autopar probe`'s work: microbenchmark this machine (GEMM, memory bandwidth, collectives per group
-size, each a subprocess of autopar.trial.probe) and write the `local` hardware profile; imports no torch."""
+size, each a subprocess of autopar.trial.probe) and write the `local` hardware profile; or, on a GPU,
+measure what the published hardware tables hold and write a cluster file whose `behaviour:` replaces
+them. Imports no torch."""
 
 from __future__ import annotations
 
@@ -71,5 +73,60 @@ def write_local_profile(dest: Path, gemm: dict, colls: list[dict], ranks: int) -
         + yaml.safe_dump(body)
         + "# raw measurements\n"
         + "".join(f"# {ln}\n" for ln in dumps(prof["probe"]).splitlines())
+    )
+    return body
+
+
+def probe_gpu(timeout_s: float, raw: Path) -> dict:
+    """GPU 0 measured by `python -m autopar.trial.probe gpu` (a subprocess: this process imports no
+    torch); its raw result is written to `raw` as soon as it exists, so nothing measured is lost."""
+    from autopar.errors import InputError
+    from autopar.measured.launcher import run_command
+
+    work = Path(tempfile.mkdtemp(prefix="autopar-probe-"))
+    out = work / "gpu.json"
+    r = run_command(
+        [sys.executable, "-m", "autopar.trial.probe", "gpu", "--device", "cuda", "--out", str(out)],
+        out,
+        timeout_s=timeout_s,
+        workdir=work,
+        env=dict(os.environ),
+    )
+    if not r.result:
+        last = next((ln for ln in reversed(r.stderr_tail.splitlines()) if ln.strip()), "no output")
+        raise InputError(f"the GPU probe failed ({r.outcome}): {last.strip()[-300:]}")
+    from autopar.atomic import write_atomic
+
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(raw, dumps(r.result, indent=1))
+    return r.result
+
+
+def write_gpu_cluster(dest: Path, doc: dict) -> dict:
+    """The cluster file of a GPU probe written to `dest` (the raw measurements as comments below it);
+    returns the file's mapping. A card no preset describes is refused, naming the fix."""
+    import yaml
+
+    from autopar.cost.calibrate import cluster_from_gpu_probe
+    from autopar.errors import InputError
+    from autopar.spec.hardware import cluster_from_dict, preset_for_device
+
+    preset = preset_for_device(doc["device"])
+    if preset is None:
+        raise InputError(
+            f"no GPU preset describes '{doc['device']}' (autopar hardware lists them); write its datasheet "
+            f"figures under gpu: in a cluster file and copy the measurements from the probe's raw result"
+        )
+    body = cluster_from_gpu_probe(doc, preset)
+    cluster_from_dict(body, origin="the probed cluster")  # what --cluster will read back
+    from autopar.atomic import write_atomic
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(
+        dest,
+        f"# autopar probe: {doc['device']} measured on {doc['date']} (--cluster {dest})\n"
+        + yaml.safe_dump(body, sort_keys=False)
+        + "# raw measurements\n"
+        + "".join(f"# {ln}\n" for ln in dumps(doc).splitlines()),
     )
     return body

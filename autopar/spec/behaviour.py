@@ -16,6 +16,7 @@ runs at is the cost model's (autopar.cost.kernels, autopar.cost.collectives).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import tomllib
 from functools import cache
 from importlib import resources
@@ -28,6 +29,7 @@ from autopar.spec.curves import (
     DispatchFigures,
     GemmFigures,
     GpuBehaviour,
+    MeasuredBehaviour,
     NetworkFigures,
     NvlinkFigures,
     SharedFigures,
@@ -298,3 +300,52 @@ def behaviour_of(gpu) -> GpuBehaviour:
         return behaviour(gpu.key)
     except KeyError:
         return derived_behaviour(gpu)
+
+
+@cache
+def measured_behaviour(gpu, measured: MeasuredBehaviour) -> GpuBehaviour:
+    """The GPU's behaviour with what `autopar probe` measured on the cluster in place of the published
+    (or derived) figures of the same name; the ones it did not measure stay, and `stand_ins` says
+    which figures the probe replaced."""
+    beh = behaviour_of(gpu)
+    if not measured.overrides():
+        return beh
+    m, src = measured, measured.source or "autopar probe"
+    gemm = beh.gemm
+    if m.bf16_tflops is not None or m.fp8_tflops is not None:
+        gemm = GemmFigures(
+            m.bf16_tflops * 1e12 if m.bf16_tflops is not None else gemm.bf16_flops,
+            m.fp8_tflops * 1e12 if m.fp8_tflops is not None else gemm.fp8_flops,
+            src,
+        )
+    att = beh.attention
+    if m.attention_seq is not None:
+
+        def curve(tflops: tuple[float, ...] | None) -> Curve | None:
+            return None if tflops is None else Curve(m.attention_seq or (), tuple(v * 1e12 for v in tflops))
+
+        native = {}
+        if m.attention_fwd_tflops is not None:
+            native = {
+                "native_fwd": curve(m.attention_fwd_tflops),
+                "native_bwd": curve(m.attention_bwd_tflops),
+                "native_fwd_full": curve(m.attention_fwd_full_tflops),
+                "native_bwd_full": curve(m.attention_bwd_full_tflops),
+            }
+        mma = {}
+        if m.attention_mma_sync_tflops is not None:
+            mma = {
+                "mma_sync_fwd_bwd": curve(m.attention_mma_sync_tflops),
+                "mma_sync_fwd_bwd_full": curve(m.attention_mma_sync_full_tflops),
+                # head dim 64 against 128 is not probed: the published ratio, else none
+                "mma_sync_hd64_ratio": att.mma_sync_hd64_ratio or Curve((1.0,), (1.0,)),
+            }
+        att = dataclasses.replace(att, **native, **mma, source=f"{src}; {att.source}")
+    measured_names = [k for k, v in vars(m).items() if v is not None and k != "source"]
+    return dataclasses.replace(
+        beh,
+        gemm=gemm,
+        hbm_fraction=m.hbm_gbps / gpu.hbm_gbps if m.hbm_gbps is not None else beh.hbm_fraction,
+        attention=att,
+        stand_ins=(*beh.stand_ins, f"measured on this cluster ({src}): {', '.join(measured_names)}"),
+    )

@@ -151,20 +151,95 @@ def scaled_attention(a: AttentionFigures, factor: float, source: str) -> Attenti
 @dataclass(frozen=True)
 class MeasuredBehaviour:
     """What `autopar probe` measured on the user's cluster (a cluster file's `behaviour:` mapping),
-    replacing the published or derived figure of the same name; None = not measured."""
+    replacing the published or derived figure of the same name; None = not measured.
+
+    The figures have the published tables' conventions (data/hardware_behaviour.toml): achievable
+    GEMM rates (the best of large shapes, as ml-engineering's MAMF finder reports), attention at head
+    dim 128 by sequence length with forward FLOPs 4 B S^2 H D (/2 causal) and backward 2.5 x the
+    forward's, and the bytes a device-to-device copy reads and writes per second."""
 
     #: x_half of the GEMM shape fall-off x / (x + x_half), fitted to the probe's GEMMs by shape
     gemm_half_dim: float | None = None
+    #: achievable dense GEMM TFLOP/s (MAMF) in BF16 and in FP8
+    bf16_tflops: float | None = None
+    fp8_tflops: float | None = None
+    #: achieved HBM GB/s of a large device-to-device copy (read + write)
+    hbm_gbps: float | None = None
+    #: sequence lengths of the attention curves below, increasing
+    attention_seq: tuple[float, ...] | None = None
+    #: Hopper-native attention (cuDNN fused attention through PyTorch SDPA), TFLOP/s per length:
+    #: causal forward and backward, and unmasked (context-parallel off-diagonal blocks)
+    attention_fwd_tflops: tuple[float, ...] | None = None
+    attention_bwd_tflops: tuple[float, ...] | None = None
+    attention_fwd_full_tflops: tuple[float, ...] | None = None
+    attention_bwd_full_tflops: tuple[float, ...] | None = None
+    #: FlashAttention-2-class (mma.sync) attention, forward + backward at one rate, causal and unmasked
+    attention_mma_sync_tflops: tuple[float, ...] | None = None
+    attention_mma_sync_full_tflops: tuple[float, ...] | None = None
+    #: what measured them (the device, the software, the date)
+    source: str | None = None
 
     @classmethod
     def from_dict(cls, data: object, origin: str) -> "MeasuredBehaviour":
         if not isinstance(data, dict):
             raise InputError(f"{origin}: 'behaviour' must be a mapping, e.g. behaviour: {{gemm_half_dim: 8}}")
-        known = {"gemm_half_dim": (1e-3, 1e6)}
+        numbers = {"gemm_half_dim": (1e-3, 1e6), "bf16_tflops": (1e-6, 1e5), "fp8_tflops": (1e-6, 1e5)}
+        numbers["hbm_gbps"] = (1e-3, 1e6)
+        known = [*numbers, "attention_seq", *_MEASURED_CURVES, "source"]
+        out: dict = {}
         for k, v in data.items():
             if k not in known:
                 raise InputError(f"{origin}: unknown behaviour field {quoted(str(k), 40)}; known: {', '.join(known)}")
-            lo, hi = known[k]
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
-                raise InputError(f"{origin}: behaviour.{k} must be a number in [{lo:g}, {hi:g}], got {quoted(v)}")
-        return cls(**{k: float(v) for k, v in data.items()})
+            if k == "source":
+                if not isinstance(v, str) or len(v) > 1024:
+                    raise InputError(f"{origin}: behaviour.source must be text (at most 1024 characters)")
+                out[k] = v
+            elif k in numbers:
+                lo, hi = numbers[k]
+                if not _finite_number(v) or not lo <= v <= hi:
+                    raise InputError(f"{origin}: behaviour.{k} must be a number in [{lo:g}, {hi:g}], got {quoted(v)}")
+                out[k] = float(v)
+            else:
+                if not isinstance(v, list) or not v or not all(_finite_number(x) and 0 < x <= 1e9 for x in v):
+                    raise InputError(f"{origin}: behaviour.{k} must be a list of positive numbers, got {quoted(v)}")
+                out[k] = tuple(float(x) for x in v)
+        return cls._checked(out, origin)
+
+    @classmethod
+    def _checked(cls, out: dict, origin: str) -> "MeasuredBehaviour":
+        given = [k for k in _MEASURED_CURVES if k in out]
+        seq = out.get("attention_seq")
+        if given and seq is None:
+            raise InputError(f"{origin}: behaviour.{given[0]} needs behaviour.attention_seq (its sequence lengths)")
+        if seq is not None and list(seq) != sorted(set(seq)):
+            raise InputError(f"{origin}: behaviour.attention_seq must increase, got {list(seq)}")
+        for k in given:
+            if len(out[k]) != len(seq or ()):
+                raise InputError(
+                    f"{origin}: behaviour.{k} has {len(out[k])} values for {len(seq or ())} lengths in attention_seq"
+                )
+        for group in (_MEASURED_CURVES[:4], _MEASURED_CURVES[4:]):
+            have = [k for k in group if k in out]
+            if have and len(have) != len(group):
+                missing = [k for k in group if k not in out]
+                raise InputError(f"{origin}: behaviour.{have[0]} comes with {', '.join(missing)} (measured together)")
+        return cls(**out)
+
+    def overrides(self) -> bool:
+        """Whether any figure was measured."""
+        return any(v is not None for k, v in vars(self).items() if k != "source")
+
+
+#: the attention curves of MeasuredBehaviour: the four native ones, then the two FlashAttention-2 ones
+_MEASURED_CURVES = (
+    "attention_fwd_tflops",
+    "attention_bwd_tflops",
+    "attention_fwd_full_tflops",
+    "attention_bwd_full_tflops",
+    "attention_mma_sync_tflops",
+    "attention_mma_sync_full_tflops",
+)
+
+
+def _finite_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -162,7 +162,8 @@ class ClusterSpec:
         out = asdict(self)
         out["gpu"] = self.gpu.key
         out["pinned"] = sorted(self.pinned)
-        out["behaviour"] = {k: v for k, v in out.pop("measured").items() if v is not None}
+        measured = out.pop("measured").items()  # curves as lists: a YAML or JSON file holds them
+        out["behaviour"] = {k: list(v) if isinstance(v, tuple) else v for k, v in measured if v is not None}
         return out
 
 
@@ -300,6 +301,29 @@ def _gpu_of(gpu: object, origin: str) -> GpuSpec:
         return replace(base, **fields_) if base else GpuSpec(key=fields_.pop("key", "custom"), **fields_)
     except InputError as e:
         raise InputError(f"{origin}: {e}") from None
+
+
+#: the preset a probed GPU takes its datasheet figures from, by a fragment of its CUDA device name
+#: (torch.cuda.get_device_name: 'NVIDIA H200', 'NVIDIA H100 80GB HBM3', 'NVIDIA A100-SXM4-80GB');
+#: most specific first. PCIe and NVL cards have other peaks than the SXM presets: none of these.
+DEVICE_PRESETS = (
+    ("GB300", "gb300"),
+    ("GB200", "gb200"),
+    ("B200", "b200"),
+    ("H200", "h200"),
+    ("H800", "h800"),
+    ("H100", "h100-sxm"),
+    ("A100-SXM4-40GB", "a100-40gb"),
+    ("A100-SXM4-80GB", "a100-80gb"),
+    ("MI300X", "mi300x"),
+)
+
+
+def preset_for_device(device_name: str) -> str | None:
+    """The GPU preset of a CUDA device name, or None where no preset describes that card."""
+    if "PCIe" in device_name or device_name.rstrip().endswith(" NVL"):
+        return None
+    return next((key for fragment, key in DEVICE_PRESETS if fragment in device_name), None)
 
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On a GPU machine (the `device` tool's, or any): `autopar probe --device cuda` on GPU 0, then the
+# single-GPU check of the built-in model (benchmarks/gpu_check.py). Everything lands in $OUT
+# (default reports/gpu-probe/): the probed cluster file, its raw measurements, the check's summary.
+# Under 9 minutes; the test suite never runs it. Uses the machine's own python3 and torch.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-reports/gpu-probe}"
+PY="${PY:-python3}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # autopar from this checkout, in every subprocess
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+export AUTOPAR_LOCAL_PROFILE="$OUT/local.yaml"  # the probe's scratch file goes beside it
+t0=$(date +%s)
+if ! timeout 300 "$PY" -m autopar probe --device cuda --out "$OUT/probed-cluster.yaml" --timeout 280; then
+  echo "autopar probe failed: the raw probe alone" >&2
+  timeout 240 "$PY" -m autopar.trial.probe gpu --device cuda --out "$OUT/gpu-probe-raw.json"
+fi
+echo "probe: $(( $(date +%s) - t0 )) s"
+[ -f "$OUT/probed-cluster.yaml" ] && sed -n '1,60p' "$OUT/probed-cluster.yaml"
+timeout 230 "$PY" benchmarks/gpu_check.py --timeout 200 --out "$OUT/gpu_check.json"
+echo "total: $(( $(date +%s) - t0 )) s"
