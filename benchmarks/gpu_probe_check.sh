@@ -18,6 +18,10 @@ if ! timeout 300 "$PY" -m autopar probe --device cuda --out "$OUT/probed-cluster
   timeout 240 "$PY" -m autopar.trial.probe gpu --device cuda --out "$OUT/gpu-probe-raw.json"
 fi
 echo "probe: $(( $(date +%s) - t0 )) s"
+# the node's NCCL collectives worker, a rank per GPU (autopar probe runs it on nodes of 2+ GPUs)
+n=$(nvidia-smi -L | wc -l)
+timeout 120 "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" -m autopar.trial.probe \
+  node-collectives --device cuda --out "$OUT/node-collectives.json" && cat "$OUT/node-collectives.json"
 [ -f "$OUT/probed-cluster.yaml" ] && sed -n '1,60p' "$OUT/probed-cluster.yaml"
 timeout 230 "$PY" benchmarks/gpu_check.py --timeout 200 --out "$OUT/gpu_check.json"
 echo "total: $(( $(date +%s) - t0 )) s"

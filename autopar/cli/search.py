@@ -219,8 +219,9 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
         print(dumps(doc, indent=2))
         return
     for r in results:
-        for note in r.notes:
-            print(f"autopar: {note}" if len(results) == 1 else f"autopar: {r.question.num_gpus:,} GPUs: {note}")
+        for note in r.notes:  # wrapped at the terminal's width, as every table is
+            line = f"autopar: {note}" if len(results) == 1 else f"autopar: {r.question.num_gpus:,} GPUs: {note}"
+            console().print(line, markup=False, highlight=False)
     chosen = dict.fromkeys(f"{r.options.space.name} ({r.options.space.chosen_because})" for r in results)
     if all(r.options.space.chosen_because for r in results):  # one line: which space, and why
         console().print(f"Space: {'; '.join(chosen)}; pass --space to choose another", markup=False)

@@ -201,7 +201,9 @@ def cluster_from_gpu_probe(doc: dict, preset: str) -> dict:
     replaces the published figures of the same name (autopar.spec.behaviour.measured_behaviour):
     the achievable rate = the best of the large GEMMs (as ml-engineering's MAMF finder reports), the
     shape fall-off fitted to the small-M GEMMs, the copy's bandwidth, the attention curves of the
-    backends that ran (cuDNN: Hopper-native forward and backward; FlashAttention-2: forward + backward)."""
+    backends that ran (cuDNN: Hopper-native forward and backward; FlashAttention-2: forward + backward),
+    and, on a node of several GPUs, its NCCL all-reduce busbw by size and the large-message
+    all-gather, all-to-all and send/recv rates."""
     from autopar.errors import InputError
 
     half = fit_gemm(doc["bf16_gemm_small_m"])[1]
@@ -236,6 +238,17 @@ def cluster_from_gpu_probe(doc: dict, preset: str) -> dict:
         if "flash" in ran:
             behaviour["attention_mma_sync_tflops"] = tflops(ran["flash"], "causal_fwd_bwd_flops_per_s")
             behaviour["attention_mma_sync_full_tflops"] = tflops(ran["flash"], "full_fwd_bwd_flops_per_s")
+    node = doc.get("node_collectives") or {}
+    if node.get("rows") and int(node.get("world_size", 1)) > 1:
+        rows = node["rows"]
+        behaviour |= {
+            "nvlink_gpus": int(node["world_size"]),
+            "nvlink_bytes": [r["bytes"] for r in rows],
+            "nvlink_all_reduce_busbw": [r["all_reduce_busbw_gbps"] for r in rows],
+            "nvlink_all_gather_busbw": rows[-1]["all_gather_busbw_gbps"],
+            "nvlink_all_to_all_busbw": rows[-1]["all_to_all_busbw_gbps"],
+            "nvlink_p2p_gbps": node["p2p_gbps"],
+        }
     behaviour["source"] = (
         f"autopar probe on {doc['device']} (torch {doc['torch']}, CUDA {doc.get('cuda')}), {doc['date']}"
     )

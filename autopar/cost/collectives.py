@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.spec.behaviour import behaviour_of, shared_figures
+from autopar.spec.behaviour import measured_behaviour, shared_figures
 from autopar.spec.curves import NetworkFigures, NvlinkFigures
 from autopar.spec.hardware import ClusterSpec
 
@@ -66,7 +66,7 @@ class Links:
     @classmethod
     def of(cls, cluster: ClusterSpec) -> "Links":
         k = cluster.constants
-        beh = behaviour_of(cluster.gpu)
+        beh = measured_behaviour(cluster.gpu, cluster.measured)  # what `autopar probe` measured, else published
         shared = shared_figures()
         return cls(
             gpus_per_node=cluster.gpus_per_node,

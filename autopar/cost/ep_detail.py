@@ -12,7 +12,7 @@ import numpy as np
 from autopar.cost.collectives import Links, place
 from autopar.cost.comm_terms import comm_terms
 from autopar.cost.price import prepare
-from autopar.spec.behaviour import behaviour_of, shared_figures
+from autopar.spec.behaviour import measured_behaviour, shared_figures
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
@@ -76,7 +76,7 @@ def ep_details(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
 
 
 def _detail(d, seconds, nbytes, links: Links, cluster: ClusterSpec, g, n, nodes, top_k) -> DispatchDetail:
-    beh = behaviour_of(cluster.gpu)
+    beh = measured_behaviour(cluster.gpu, cluster.measured)
     shared = shared_figures()
     crosses = nodes > 1
     if d == "alltoall":

@@ -95,11 +95,35 @@ def probe_gpu(timeout_s: float, raw: Path) -> dict:
     if not r.result:
         last = next((ln for ln in reversed(r.stderr_tail.splitlines()) if ln.strip()), "no output")
         raise InputError(f"the GPU probe failed ({r.outcome}): {last.strip()[-300:]}")
+    doc = r.result
+    if int(doc.get("device_count") or 1) > 1:  # the node's NVLink collectives, a rank per GPU
+        doc["node_collectives"] = node_collectives(int(doc["device_count"]), "cuda", timeout_s, work)
     from autopar.atomic import write_atomic
 
     raw.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(raw, dumps(r.result, indent=1))
-    return r.result
+    write_atomic(raw, dumps(doc, indent=1))
+    return doc
+
+
+def node_collectives(ranks: int, device: str, timeout_s: float, work: Path, quick: bool = False) -> dict:
+    """The node's collectives (autopar.trial.probe node_collectives), a torchrun rank per GPU; an
+    error line in place of the figures when they could not be measured (the GEMM and attention
+    figures stand without them)."""
+    from autopar.measured.launcher import rendezvous_command, run_command
+
+    out = work / "node-collectives.json"
+    cmd = rendezvous_command(ranks) + ["-m", "autopar.trial.probe", "node-collectives", "--device", device]
+    r = run_command(
+        cmd + ["--out", str(out)] + (["--quick"] if quick else []),
+        out,
+        timeout_s=timeout_s,
+        workdir=work,
+        env=dict(os.environ),
+    )
+    if r.result:
+        return r.result
+    last = next((ln for ln in reversed(r.stderr_tail.splitlines()) if ln.strip()), "no output")
+    return {"error": f"{r.outcome}: {last.strip()[-300:]}"}
 
 
 def write_gpu_cluster(dest: Path, doc: dict) -> dict:

@@ -341,9 +341,25 @@ def measured_behaviour(gpu, measured: MeasuredBehaviour) -> GpuBehaviour:
                 "mma_sync_hd64_ratio": att.mma_sync_hd64_ratio or Curve((1.0,), (1.0,)),
             }
         att = dataclasses.replace(att, **native, **mma, source=f"{src}; {att.source}")
+    nvlink = beh.nvlink
+    if m.nvlink_bytes is not None and m.nvlink_all_reduce_busbw is not None:
+        assert m.nvlink_all_gather_busbw and m.nvlink_all_to_all_busbw and m.nvlink_p2p_gbps  # together
+        # the cost model reads an 8-GPU all-reduce's time by size: busbw = 2(n-1)/n x size / time, n = 8
+        size, busbw = m.nvlink_bytes, [b * 1e9 for b in m.nvlink_all_reduce_busbw]
+        nvlink = NvlinkFigures(
+            all_reduce_s=Curve(size, tuple(1.75 * s / b for s, b in zip(size, busbw))),
+            ring_busbw=m.nvlink_all_gather_busbw * 1e9,
+            sharp_busbw=busbw[-1],
+            by_gpus=None,
+            all_to_all_busbw=m.nvlink_all_to_all_busbw * 1e9,
+            p2p=m.nvlink_p2p_gbps * 1e9,
+            source=f"{src} ({m.nvlink_gpus:g} GPUs)",
+            all_to_all_source=f"{src} ({m.nvlink_gpus:g} GPUs)",
+        )
     measured_names = [k for k, v in vars(m).items() if v is not None and k != "source"]
     return dataclasses.replace(
         beh,
+        nvlink=nvlink,
         gemm=gemm,
         hbm_fraction=m.hbm_gbps / gpu.hbm_gbps if m.hbm_gbps is not None else beh.hbm_fraction,
         attention=att,

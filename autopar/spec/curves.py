@@ -176,6 +176,14 @@ class MeasuredBehaviour:
     #: FlashAttention-2-class (mma.sync) attention, forward + backward at one rate, causal and unmasked
     attention_mma_sync_tflops: tuple[float, ...] | None = None
     attention_mma_sync_full_tflops: tuple[float, ...] | None = None
+    #: NCCL inside one node, measured on `nvlink_gpus` GPUs: all-reduce busbw (GB/s) by buffer bytes,
+    #: and the large-message all-gather (ring), all-to-all busbw and one-direction send/recv rate
+    nvlink_gpus: float | None = None
+    nvlink_bytes: tuple[float, ...] | None = None
+    nvlink_all_reduce_busbw: tuple[float, ...] | None = None
+    nvlink_all_gather_busbw: float | None = None
+    nvlink_all_to_all_busbw: float | None = None
+    nvlink_p2p_gbps: float | None = None
     #: what measured them (the device, the software, the date)
     source: str | None = None
 
@@ -185,7 +193,9 @@ class MeasuredBehaviour:
             raise InputError(f"{origin}: 'behaviour' must be a mapping, e.g. behaviour: {{gemm_half_dim: 8}}")
         numbers = {"gemm_half_dim": (1e-3, 1e6), "bf16_tflops": (1e-6, 1e5), "fp8_tflops": (1e-6, 1e5)}
         numbers["hbm_gbps"] = (1e-3, 1e6)
-        known = [*numbers, "attention_seq", *_MEASURED_CURVES, "source"]
+        numbers |= {f"nvlink_{k}": (1e-6, 1e5) for k in ("all_gather_busbw", "all_to_all_busbw", "p2p_gbps")}
+        numbers["nvlink_gpus"] = (2, 72)
+        known = [*numbers, "attention_seq", *_MEASURED_CURVES, *_NVLINK_CURVES, "source"]
         out: dict = {}
         for k, v in data.items():
             if k not in known:
@@ -200,13 +210,24 @@ class MeasuredBehaviour:
                     raise InputError(f"{origin}: behaviour.{k} must be a number in [{lo:g}, {hi:g}], got {quoted(v)}")
                 out[k] = float(v)
             else:
-                if not isinstance(v, list) or not v or not all(_finite_number(x) and 0 < x <= 1e9 for x in v):
+                top = 1e15 if k == "nvlink_bytes" else 1e9  # buffer bytes; rates and lengths
+                if not isinstance(v, list) or not v or not all(_finite_number(x) and 0 < x <= top for x in v):
                     raise InputError(f"{origin}: behaviour.{k} must be a list of positive numbers, got {quoted(v)}")
                 out[k] = tuple(float(x) for x in v)
         return cls._checked(out, origin)
 
     @classmethod
     def _checked(cls, out: dict, origin: str) -> "MeasuredBehaviour":
+        nvlink = [k for k in _NVLINK_FIELDS if k in out]
+        if nvlink and len(nvlink) != len(_NVLINK_FIELDS):
+            missing = [k for k in _NVLINK_FIELDS if k not in out]
+            raise InputError(f"{origin}: behaviour.{nvlink[0]} comes with {', '.join(missing)} (measured together)")
+        if nvlink:
+            sizes, busbw = out["nvlink_bytes"], out["nvlink_all_reduce_busbw"]
+            if list(sizes) != sorted(set(sizes)) or len(busbw) != len(sizes):
+                raise InputError(
+                    f"{origin}: behaviour.nvlink_bytes must increase and nvlink_all_reduce_busbw give one value each"
+                )
         given = [k for k in _MEASURED_CURVES if k in out]
         seq = out.get("attention_seq")
         if given and seq is None:
@@ -238,6 +259,17 @@ _MEASURED_CURVES = (
     "attention_bwd_full_tflops",
     "attention_mma_sync_tflops",
     "attention_mma_sync_full_tflops",
+)
+
+
+#: the node's collectives of MeasuredBehaviour, measured together; the first two are curves
+_NVLINK_CURVES = ("nvlink_bytes", "nvlink_all_reduce_busbw")
+_NVLINK_FIELDS = (
+    *_NVLINK_CURVES,
+    "nvlink_gpus",
+    "nvlink_all_gather_busbw",
+    "nvlink_all_to_all_busbw",
+    "nvlink_p2p_gbps",
 )
 
 

@@ -9,7 +9,9 @@ rank gets); `python -m torch.distributed.run --nproc_per_node N -m autopar.trial
 --out g.json` measures GPU 0 as the published tables do (autopar/spec/data/hardware_behaviour.toml):
 the achievable BF16 and FP8 GEMM rates and the fall-off with a small dimension, a copy's HBM
 bandwidth, SDPA attention forward and backward by sequence length (cuDNN and FlashAttention-2
-backends), the host's launch floor; CUDA events time the kernels.
+backends), the host's launch floor; CUDA events time the kernels. `python -m torch.distributed.run
+--nproc_per_node G -m autopar.trial.probe node-collectives --device cuda --out c.json` measures the
+node's NCCL all-reduce, all-gather, all-to-all and send/recv bandwidth.
 """
 
 from __future__ import annotations
@@ -264,15 +266,85 @@ def gpu_probe(device: str = "cuda", quick: bool = False) -> dict:
     return doc
 
 
+#: message sizes of the node's collectives (the nccl-tests "size": the whole buffer), 1 MiB .. 1 GiB
+NODE_COLL_SIZES = tuple(1 << e for e in range(20, 31, 2))
+
+
+def node_collectives(sizes=NODE_COLL_SIZES, device: str = "cuda", reps: int = 10) -> dict:
+    """On every GPU of this node (a torchrun rank each; NCCL on CUDA, gloo on the CPU): all-reduce,
+    all-gather and all-to-all bus bandwidth by buffer size, and rank 0 -> 1 send/recv bandwidth at
+    the largest size, the slowest rank's time of each (nccl-tests PERFORMANCE.md conventions:
+    busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and all-to-all)."""
+    import torch.distributed as dist
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    # torch 2.13 renamed all_gather_into_tensor (same arguments); older releases have only that name
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    elem = torch.finfo(dtype).bits // 8
+
+    def timed(fn) -> float:
+        dist.barrier()
+        t = _cuda_time(fn, 0.05) if device == "cuda" else _time(fn, reps)
+        worst = torch.tensor([t], device=device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        return float(worst)
+
+    rows = []
+    for size in sizes:
+        count = max(n, size // elem // n * n)  # divisible by n: the all-to-all and all-gather shards
+        buf = torch.ones(count, dtype=dtype, device=device)
+        out = torch.empty_like(buf)
+        shard = buf[: count // n]
+        ar = timed(lambda buf=buf: dist.all_reduce(buf))
+        ag = timed(lambda out=out, shard=shard: all_gather(out, shard))
+        a2a = timed(lambda out=out, buf=buf: dist.all_to_all_single(out, buf))
+        nbytes = count * elem
+        rows.append(
+            {
+                "bytes": nbytes,
+                "all_reduce_busbw_gbps": nbytes / ar * 2 * (n - 1) / n / 1e9,
+                "all_gather_busbw_gbps": nbytes / ag * (n - 1) / n / 1e9,
+                "all_to_all_busbw_gbps": nbytes / a2a * (n - 1) / n / 1e9,
+            }
+        )
+    buf = torch.ones(max(1, sizes[-1] // elem), dtype=dtype, device=device)
+
+    def p2p(buf=buf):
+        if rank == 0:
+            dist.send(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+
+    sec = timed(p2p)
+    return {"world_size": n, "backend": dist.get_backend(), "rows": rows, "p2p_gbps": buf.numel() * elem / sec / 1e9}
+
+
+def _node_collectives_main(out: Path, device: str, quick: bool) -> None:
+    import torch.distributed as dist
+
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    res = node_collectives((1 << 12, 1 << 16) if quick else NODE_COLL_SIZES, device)
+    if dist.get_rank() == 0:
+        out.write_text(dumps(res, indent=1))
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)  # skip the process group's teardown, which may abort at interpreter exit
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m autopar.trial.probe", description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("gemm", "collectives", "gpu"))
+    ap.add_argument("what", choices=("gemm", "collectives", "gpu", "node-collectives"))
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: on GPU 0")
     ap.add_argument("--quick", action="store_true", help="gpu: tiny sizes (a smoke test of the probe itself)")
     args = ap.parse_args(argv)
     if args.what == "collectives":
         _collectives_main(args.out)
+    if args.what == "node-collectives":
+        _node_collectives_main(args.out, args.device, args.quick)
     if args.what == "gpu":
         args.out.write_text(dumps(gpu_probe(args.device, args.quick), indent=1))
         return

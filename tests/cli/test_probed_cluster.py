@@ -158,3 +158,53 @@ def test_small_m_rates_that_are_not_a_fall_off_are_refused(probe_doc, tmp_path):
     noise = [{"m": m, "n": 8192, "k": 8192, "flops_per_s": r} for m, r in ((64, 9e14), (256, 1e9), (1024, 5e14))]
     with pytest.raises(InputError, match="do not follow"):
         write_gpu_cluster(tmp_path / "x.yaml", probe_doc | {"bf16_gemm_small_m": noise})
+
+
+NVLINK = {
+    "nvlink_gpus": 8,
+    "nvlink_bytes": [1 << 20, 1 << 30],
+    "nvlink_all_reduce_busbw": [40.0, 400.0],
+    "nvlink_all_gather_busbw": 300.0,
+    "nvlink_all_to_all_busbw": 250.0,
+    "nvlink_p2p_gbps": 350.0,
+}
+
+
+def test_measured_node_collectives_price_the_calls_inside_a_node():
+    """Inside one node of 8 GPUs: an all-reduce of s bytes takes 2 x 7/8 x s / busbw(s) at the
+    measured busbw of that size; an all-gather 7/8 x s over the measured all-gather busbw (below the
+    all-reduce's at 1 GiB); an all-to-all's in-node share 7/8 of its buffer at the measured rate."""
+    from autopar.cost.collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, Group, Links, collective_seconds
+
+    c = _probed(**NVLINK)
+    links = Links.of(c)
+    one_node = Group(size=np.array([8]), per_node=np.array([8]), nodes=np.array([1]))
+    gib, mib = float(1 << 30), float(1 << 20)
+    assert collective_seconds(ALL_REDUCE, gib, one_node, links)[0] == pytest.approx(1.75 * gib / 400e9)
+    assert collective_seconds(ALL_REDUCE, mib, one_node, links)[0] == pytest.approx(1.75 * mib / 40e9)
+    assert collective_seconds(ALL_GATHER, gib, one_node, links)[0] == pytest.approx(7 / 8 * gib / 300e9)
+    assert collective_seconds(ALL_TO_ALL, gib, one_node, links)[0] == pytest.approx(7 / 8 * gib / 250e9)
+    assert links.nvlink is not None and links.nvlink.p2p == pytest.approx(350e9)
+
+
+def test_node_collectives_come_together(cli_run, one_line_error, tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"gpu": "h200", "behaviour": {"nvlink_p2p_gbps": 300.0}}))
+    one_line_error(cli_run("estimate", "--model", "8b", "--gpus", "8", "--cluster", path), ["measured together"])
+
+
+def test_the_node_collectives_probe_becomes_the_nvlink_figures(probe_doc, tmp_path):
+    """The collectives worker on 2 CPU ranks (gloo, tiny buffers), its figures as the probe's
+    document carries them on a node of 2 GPUs, read back from the cluster file."""
+    from autopar.measured.local_profile import node_collectives
+
+    node = node_collectives(2, "cpu", 300, tmp_path, quick=True)
+    assert node.get("world_size") == 2, node
+    dest = tmp_path / "probed.yaml"
+    write_gpu_cluster(dest, probe_doc | {"node_collectives": node})
+    m = load_cluster_file(dest).measured
+    rows = node["rows"]
+    assert m.nvlink_gpus == 2 and m.nvlink_bytes == tuple(float(r["bytes"]) for r in rows)
+    assert m.nvlink_all_reduce_busbw == pytest.approx([r["all_reduce_busbw_gbps"] for r in rows])
+    assert m.nvlink_all_to_all_busbw == pytest.approx(rows[-1]["all_to_all_busbw_gbps"])
+    assert m.nvlink_p2p_gbps == pytest.approx(node["p2p_gbps"])
