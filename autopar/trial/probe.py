@@ -308,6 +308,9 @@ def node_collectives(sizes=NODE_COLL_SIZES, device: str = "cuda", reps: int = 10
                 "all_to_all_busbw_gbps": nbytes / a2a * (n - 1) / n / 1e9,
             }
         )
+    res = {"world_size": n, "backend": dist.get_backend(), "rows": rows, "p2p_gbps": None}
+    if n < 2:  # no peer to send to: a send to rank 1 would wait forever
+        return res
     buf = torch.ones(max(1, sizes[-1] // elem), dtype=dtype, device=device)
 
     def p2p(buf=buf):
@@ -316,16 +319,18 @@ def node_collectives(sizes=NODE_COLL_SIZES, device: str = "cuda", reps: int = 10
         elif rank == 1:
             dist.recv(buf, 0)
 
-    sec = timed(p2p)
-    return {"world_size": n, "backend": dist.get_backend(), "rows": rows, "p2p_gbps": buf.numel() * elem / sec / 1e9}
+    return res | {"p2p_gbps": buf.numel() * elem / timed(p2p) / 1e9}
 
 
 def _node_collectives_main(out: Path, device: str, quick: bool) -> None:
     import torch.distributed as dist
 
     if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=local)  # the rank's GPU, not NCCL's guess
+    else:
+        dist.init_process_group("gloo")
     res = node_collectives((1 << 12, 1 << 16) if quick else NODE_COLL_SIZES, device)
     if dist.get_rank() == 0:
         out.write_text(dumps(res, indent=1))

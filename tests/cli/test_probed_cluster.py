@@ -208,3 +208,15 @@ def test_the_node_collectives_probe_becomes_the_nvlink_figures(probe_doc, tmp_pa
     assert m.nvlink_all_reduce_busbw == pytest.approx([r["all_reduce_busbw_gbps"] for r in rows])
     assert m.nvlink_all_to_all_busbw == pytest.approx(rows[-1]["all_to_all_busbw_gbps"])
     assert m.nvlink_p2p_gbps == pytest.approx(node["p2p_gbps"])
+
+
+def test_a_node_of_one_gpu_measures_no_collective_figures(probe_doc, tmp_path):
+    """One rank: the worker returns (no send to a missing peer, which would wait forever) and the
+    cluster file keeps the published NVLink figures."""
+    from autopar.measured.local_profile import node_collectives
+
+    node = node_collectives(1, "cpu", 120, tmp_path, quick=True)
+    assert node.get("world_size") == 1 and node["p2p_gbps"] is None, node
+    dest = tmp_path / "probed.yaml"
+    write_gpu_cluster(dest, probe_doc | {"node_collectives": node})
+    assert load_cluster_file(dest).measured.nvlink_bytes is None
