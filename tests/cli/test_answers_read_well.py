@@ -101,5 +101,8 @@ def test_the_batch_forcing_pp_cp_is_said(cli_run, tmp_path) -> None:
     r = cli_run("search", "--model", "405b", "--gpus", "16384", "--top-k", "1", "--run-dir", tmp_path)
     assert r.returncode == 0, r.stderr
     # 16,384 / 512 = 32 GPUs per replica at the most dp, beyond tp's 8: pp or cp must take the rest
-    line = next(x for x in r.stdout.splitlines() if "is what forces" in x)
+    # wrapped at the terminal's width (120 when piped): the notice is the paragraph that says it
+    paragraphs = " ".join(r.stdout.split()).split("autopar: ")
+    line = "autopar: " + next(x for x in paragraphs if "is what forces" in x)
     assert line.startswith("autopar: warning: the global batch (512 sequences)") and "at least 32 GPUs" in line
+    assert max(len(x) for x in r.stdout.splitlines()) <= 120
