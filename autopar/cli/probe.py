@@ -51,6 +51,8 @@ def probe(ranks: Ranks = None, out: Out = None, timeout: Timeout = 120.0, device
         raise InputError(f"--device must be cpu or cuda, got {device!r}")
     require_torch("autopar probe")  # its benchmarks run torch in subprocesses
     if device == "cuda":
+        if ranks is not None:
+            raise InputError("--ranks is for --device cpu; on a GPU node the probe runs a rank per GPU")
         _probe_gpu(out, timeout)
         return
     most = 4 * (os.cpu_count() or 1)  # each rank is a process of this machine
@@ -71,18 +73,24 @@ def probe(ranks: Ranks = None, out: Out = None, timeout: Timeout = 120.0, device
 
 
 def _probe_gpu(out: Optional[Path], timeout: float) -> None:
-    """GPU 0 measured and written as a cluster file; the raw result beside it (.json)."""
+    """GPU 0 (and the node's collectives) measured and written as a cluster file; the raw result
+    beside it (.json)."""
     from autopar.cli.checks import output_file
+    from autopar.errors import InputError
     from autopar.measured.local_profile import probe_gpu, write_gpu_cluster
-    from autopar.spec.hardware import local_profile_path
+    from autopar.spec.hardware import local_profile_path, preset_for_device
 
     if out is not None:
         output_file(out, "--out")
     scratch = local_profile_path().parent / "gpu-probe.json"
     doc = probe_gpu(timeout, scratch)
-    from autopar.spec.hardware import preset_for_device
-
-    dest = out or local_profile_path().parent / f"{preset_for_device(doc['device']) or 'gpu'}-probed.yaml"
+    preset = preset_for_device(doc["device"])
+    if preset is None:
+        raise InputError(
+            f"no GPU preset describes '{doc['device']}' (autopar hardware lists them); its measurements are in "
+            f"{scratch}: write its datasheet figures under gpu: in a cluster file and copy them under behaviour:"
+        )
+    dest = out or local_profile_path().parent / f"{preset}-probed.yaml"
     body = write_gpu_cluster(dest, doc)
     raw = dest.with_suffix(".json")
     scratch.replace(raw)
@@ -92,4 +100,12 @@ def _probe_gpu(out: Optional[Path], timeout: float) -> None:
         f"{doc['device']}: GEMM BF16 {b['bf16_tflops']:.0f}{fp8} TFLOP/s achievable (half rate at dimension "
         f"{b['gemm_half_dim']:.0f}), copy {b['hbm_gbps']:.0f} GB/s, launch {doc['launch_us']:.1f} us per kernel"
     )
+    node = doc.get("node_collectives") or {}
+    if "nvlink_all_reduce_busbw" in b:
+        print(
+            f"NVLink, {b['nvlink_gpus']} GPUs: all-reduce {b['nvlink_all_reduce_busbw'][-1]:.0f}, all-gather "
+            f"{b['nvlink_all_gather_busbw']:.0f}, all-to-all {b['nvlink_all_to_all_busbw']:.0f} GB/s busbw"
+        )
+    elif "error" in node:
+        print(f"NVLink collectives not measured ({node['error']}): the published figures stay")
     print(f"Cluster file: {dest} (raw: {raw}); use it with --cluster {dest}")

@@ -80,6 +80,7 @@ def write_local_profile(dest: Path, gemm: dict, colls: list[dict], ranks: int) -
 def probe_gpu(timeout_s: float, raw: Path) -> dict:
     """GPU 0 measured by `python -m autopar.trial.probe gpu` (a subprocess: this process imports no
     torch); its raw result is written to `raw` as soon as it exists, so nothing measured is lost."""
+    from autopar.atomic import write_atomic
     from autopar.errors import InputError
     from autopar.measured.launcher import run_command
 
@@ -98,8 +99,6 @@ def probe_gpu(timeout_s: float, raw: Path) -> dict:
     doc = r.result
     if int(doc.get("device_count") or 1) > 1:  # the node's NVLink collectives, a rank per GPU
         doc["node_collectives"] = node_collectives(int(doc["device_count"]), "cuda", timeout_s, work)
-    from autopar.atomic import write_atomic
-
     raw.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(raw, dumps(doc, indent=1))
     return doc
@@ -131,6 +130,7 @@ def write_gpu_cluster(dest: Path, doc: dict) -> dict:
     returns the file's mapping. A card no preset describes is refused, naming the fix."""
     import yaml
 
+    from autopar.atomic import write_atomic
     from autopar.cost.calibrate import cluster_from_gpu_probe
     from autopar.errors import InputError
     from autopar.spec.hardware import cluster_from_dict, preset_for_device
@@ -143,8 +143,6 @@ def write_gpu_cluster(dest: Path, doc: dict) -> dict:
         )
     body = cluster_from_gpu_probe(doc, preset)
     cluster_from_dict(body, origin="the probed cluster")  # what --cluster will read back
-    from autopar.atomic import write_atomic
-
     dest.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(
         dest,

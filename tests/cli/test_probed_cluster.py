@@ -150,6 +150,7 @@ def test_a_card_without_a_preset_is_refused(probe_doc, tmp_path):
 
 def test_probe_device_must_be_cpu_or_cuda(cli_run, one_line_error):
     one_line_error(cli_run("probe", "--device", "tpu"), needles=["--device"])
+    one_line_error(cli_run("probe", "--device", "cuda", "--ranks", "4"), needles=["--ranks", "--device cpu"])
 
 
 def test_small_m_rates_that_are_not_a_fall_off_are_refused(probe_doc, tmp_path):
