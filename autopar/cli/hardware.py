@@ -8,11 +8,18 @@ from autopar.json_out import dumps
 
 
 @app.command()
-def hardware(as_json: o.Json = False) -> None:
+def hardware(as_json: o.Json = False, cluster: o.ClusterFile = None) -> None:
     """List GPU presets: dense peaks, the achievable GEMM rates the cost model uses (published MAMF),
     HBM, NVLink, NIC and host-link bandwidth (per GPU, per direction), the host memory bandwidth
     per GPU (what an offloaded optimizer step streams through), and which published figures stand
-    in for the ones a GPU has none of."""
+    in for the ones a GPU has none of. With --cluster: what `autopar probe` measured on that
+    cluster beside the published figures it replaces.
+
+    Example: autopar hardware --cluster ~/.autopar/h200-probed.yaml
+    """
+    if cluster is not None:
+        _probed(cluster, as_json)
+        return
     from dataclasses import asdict
 
     from autopar.spec.behaviour import behaviour
@@ -80,3 +87,34 @@ def hardware(as_json: o.Json = False) -> None:
     for g in gpus:
         for stand_in in beh[g.key].stand_ins:
             console().print(note(f"{g.key}: {stand_in}"))
+
+
+def _probed(path: str, as_json: bool) -> None:
+    from autopar.cost.kernels import probed_figures
+    from autopar.spec.resolve import resolve_cluster
+
+    c = resolve_cluster(cluster_file=path)
+    rows = probed_figures(c)
+    if as_json:
+        print(dumps({"cluster": c.name, "gpu": c.gpu.key, "source": c.measured.source, "figures": rows}, indent=2))
+        return
+    from autopar.cli.render import compact_table, console
+
+    if not rows:
+        console().print(
+            f"{path}: nothing measured (no behaviour:, which autopar probe --device cuda writes); "
+            f"the published figures of {c.gpu.key} price it"
+        )
+        return
+    t = compact_table(f"{c.name or path}: measured by {c.measured.source or 'autopar probe'}")
+    for col in ("figure", "unit", f"published ({c.gpu.key})", "this cluster", "ratio"):
+        t.add_column(col, justify="left" if col == "figure" else "right")
+
+    def show(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}" if v >= 10 else f"{v:.3g}"
+
+    for r in rows:
+        pub, here = r["published"], r["this_cluster"]
+        ratio = f"{here / pub:.2f}" if pub and here is not None else "-"
+        t.add_row(r["figure"], r["unit"], show(pub), show(here), ratio)
+    console().print(t)

@@ -135,3 +135,57 @@ def attention_seconds(
 def hbm_rate(cluster: ClusterSpec) -> float:
     """Achieved B/s of memory-bound kernels."""
     return cluster.gpu.hbm_gbps * 1e9 * gpu_behaviour(cluster).hbm_fraction
+
+
+def probed_figures(cluster: ClusterSpec) -> list[dict]:
+    """The rates the cost model prices this cluster with beside the published (or stand-in) ones of
+    its GPU, for the figures `autopar probe` measured on it (`behaviour:`): GEMMs, the small-dimension
+    fall-off, memory-bound kernels, attention at 4K and 16K, NCCL inside the node at 1 GiB."""
+    from dataclasses import replace
+
+    from autopar.spec.curves import MeasuredBehaviour
+
+    m = cluster.measured
+    plain = replace(cluster, measured=MeasuredBehaviour())
+    rows: list[tuple[str, str, object]] = [
+        ("achievable BF16 GEMM", "TFLOP/s", m.bf16_tflops),
+        ("achievable FP8 GEMM", "TFLOP/s", m.fp8_tflops),
+        ("GEMM fall-off x_half (BF16)", "dim", m.gemm_half_dim),
+        ("memory-bound kernels", "GB/s", m.hbm_gbps),
+        ("attention causal fwd @4K (native)", "TFLOP/s", m.attention_fwd_tflops),
+        ("attention causal bwd @4K (native)", "TFLOP/s", m.attention_bwd_tflops),
+        ("attention causal fwd @16K (native)", "TFLOP/s", m.attention_fwd_tflops),
+        ("attention causal fwd+bwd @4K (FA2)", "TFLOP/s", m.attention_mma_sync_tflops),
+        ("NVLink all-reduce busbw @1 GiB", "GB/s", m.nvlink_all_reduce_busbw),
+        ("NVLink all-gather busbw", "GB/s", m.nvlink_all_gather_busbw),
+        ("NVLink all-to-all busbw", "GB/s", m.nvlink_all_to_all_busbw),
+    ]
+
+    def value(c: ClusterSpec, name: str) -> float | None:
+        beh = gpu_behaviour(c)
+        a, nv = beh.attention, beh.nvlink
+        bf16 = DTYPE["bf16"]
+        figures = {
+            "achievable BF16 GEMM": lambda: float(large_gemm_rate(c, bf16)) / 1e12,
+            "achievable FP8 GEMM": lambda: beh.gemm.fp8_flops / 1e12,
+            "GEMM fall-off x_half (BF16)": lambda: float(half_dims(c, bf16)),
+            "memory-bound kernels": lambda: hbm_rate(c) / 1e9,
+            "attention causal fwd @4K (native)": lambda: float(a.native_fwd(4096)) / 1e12 if a.native_fwd else None,
+            "attention causal bwd @4K (native)": lambda: float(a.native_bwd(4096)) / 1e12 if a.native_bwd else None,
+            "attention causal fwd @16K (native)": lambda: float(a.native_fwd(16384)) / 1e12 if a.native_fwd else None,
+            "attention causal fwd+bwd @4K (FA2)": lambda: (
+                float(a.mma_sync_fwd_bwd(4096)) / 1e12 if a.mma_sync_fwd_bwd else None
+            ),
+            "NVLink all-reduce busbw @1 GiB": lambda: (
+                1.75 * 2**30 / float(nv.all_reduce_s(2**30)) / 1e9 if nv else None
+            ),
+            "NVLink all-gather busbw": lambda: nv.ring_busbw / 1e9 if nv else None,
+            "NVLink all-to-all busbw": lambda: nv.all_to_all_busbw / 1e9 if nv else None,
+        }
+        return figures[name]()
+
+    return [
+        {"figure": name, "unit": unit, "published": value(plain, name), "this_cluster": value(cluster, name)}
+        for name, unit, measured in rows
+        if measured is not None
+    ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -221,3 +222,29 @@ def test_a_node_of_one_gpu_measures_no_collective_figures(probe_doc, tmp_path):
     dest = tmp_path / "probed.yaml"
     write_gpu_cluster(dest, probe_doc | {"node_collectives": node})
     assert load_cluster_file(dest).measured.nvlink_bytes is None
+
+
+def test_hardware_shows_the_probed_figures_beside_the_published(cli_run, one_line_error, tmp_path):
+    """`autopar hardware --cluster FILE`: each measured figure beside the published one it replaces
+    (the H200's: MAMF 794.5 BF16, the probe's 751.3), nothing for figures the probe did not measure."""
+    import json
+
+    from autopar.spec.behaviour import behaviour_of
+
+    path = Path(__file__).resolve().parents[1] / "cost" / "data" / "h200-probed.yaml"
+    r = cli_run("hardware", "--cluster", path, "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {x["figure"]: x for x in json.loads(r.stdout)["figures"]}
+    m = load_cluster_file(path).measured
+    bf16 = rows["achievable BF16 GEMM"]
+    assert bf16["published"] == pytest.approx(behaviour_of(get_gpu("h200")).gemm.bf16_flops / 1e12)
+    assert bf16["this_cluster"] == pytest.approx(m.bf16_tflops)
+    assert rows["memory-bound kernels"]["this_cluster"] == pytest.approx(m.hbm_gbps)
+    assert rows["attention causal fwd @4K (native)"]["this_cluster"] == pytest.approx(519.5315559376138)
+    assert not any(name.startswith("NVLink") for name in rows)  # one GPU: no collectives measured
+    table = cli_run("hardware", "--cluster", path)
+    assert "this cluster" in table.stdout and max(len(x) for x in table.stdout.splitlines()) <= 120
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("gpu: h200\n")
+    assert "nothing measured" in cli_run("hardware", "--cluster", plain).stdout
+    one_line_error(cli_run("hardware", "--cluster", tmp_path / "missing.yaml"), ["missing.yaml"])
