@@ -2,7 +2,7 @@
 # On a GPU machine (the `device` tool's, or any): `autopar probe --device cuda` on GPU 0, then the
 # single-GPU check of the built-in model (benchmarks/gpu_check.py). Everything lands in $OUT
 # (default reports/gpu-probe/): the probed cluster file, its raw measurements, the check's summary.
-# Under 9 minutes; the test suite never runs it. Uses the machine's own python3 and torch.
+# About 4 minutes; the test suite never runs it. Uses the machine's own python3 and torch.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-reports/gpu-probe}"
@@ -23,5 +23,12 @@ n=$(nvidia-smi -L | wc -l)
 timeout 120 "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" -m autopar.trial.probe \
   node-collectives --device cuda --out "$OUT/node-collectives.json" && cat "$OUT/node-collectives.json"
 [ -f "$OUT/probed-cluster.yaml" ] && sed -n '1,60p' "$OUT/probed-cluster.yaml"
-timeout 230 "$PY" benchmarks/gpu_check.py --timeout 200 --out "$OUT/gpu_check.json"
+# the built-in model's single-GPU runs of tests/cost/data/h200-gpu-runs.json (about 30 s each)
+for cfg in "mbs2:--mbs 2 --gbs 8" "mbs1:--mbs 1 --gbs 8" "mbs4:--mbs 4 --gbs 8" \
+  "seq8k:--mbs 1 --gbs 4 --seq-len 8192" "l8:--layers 8 --mbs 2 --gbs 8"; do
+  name=${cfg%%:*}
+  # shellcheck disable=SC2086  # the run's flags, split on purpose
+  timeout 120 "$PY" benchmarks/gpu_check.py ${cfg#*:} --timeout 110 --out "$OUT/gpu_check_$name.json" > /dev/null &&
+    "$PY" -c "import json; d = json.load(open('$OUT/gpu_check_$name.json')); print('$name', d['mean_step_time_s'], d['peak_memory_gib'], d['mfu'])"
+done
 echo "total: $(( $(date +%s) - t0 )) s"
