@@ -133,9 +133,9 @@ SMALL_M = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 ATTENTION_SEQ = (1024, 2048, 4096, 8192, 16384)
 
 
-def _cuda_time(fn, budget_s: float = 0.15) -> float:
+def _cuda_time(fn, budget_s: float = 0.15, reps: int | None = None) -> float:
     """Median seconds of fn on the current CUDA stream (CUDA events), after a warm-up; repeats fill
-    about budget_s."""
+    about budget_s, or exactly `reps` (a collective: every rank must make the same calls)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -146,7 +146,7 @@ def _cuda_time(fn, budget_s: float = 0.15) -> float:
     end.synchronize()
     one = max(start.elapsed_time(end) / 1e3, 1e-6)
     times = []
-    for _ in range(max(5, min(200, int(budget_s / one)))):
+    for _ in range(reps if reps is not None else max(5, min(200, int(budget_s / one)))):
         start.record()
         fn()
         end.record()
@@ -187,7 +187,7 @@ def attention_rates(backend: str, seqs=ATTENTION_SEQ, tokens: int = 32768, heads
     """FLOP/s of PyTorch SDPA on one backend ("cudnn": cuDNN fused attention, Hopper-native; "flash":
     FlashAttention-2) at head dim 128, causal and unmasked: forward FLOPs 4 B S^2 H D (/2 causal),
     backward 2.5 x that (the convention of the published tables); backward time = forward+backward
-    time - forward time. None where the backend does not run here."""
+    time - forward time. An `error` in place of the rows where the backend does not run here."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -285,7 +285,7 @@ def node_collectives(sizes=NODE_COLL_SIZES, device: str = "cuda", reps: int = 10
 
     def timed(fn) -> float:
         dist.barrier()
-        t = _cuda_time(fn, 0.05) if device == "cuda" else _time(fn, reps)
+        t = _cuda_time(fn, reps=reps) if device == "cuda" else _time(fn, reps)
         worst = torch.tensor([t], device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         return float(worst)
