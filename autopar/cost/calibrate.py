@@ -252,9 +252,9 @@ def cluster_from_gpu_probe(doc: dict, preset: str) -> dict:
     behaviour["source"] = (
         f"autopar probe on {doc['device']} (torch {doc['torch']}, CUDA {doc.get('cuda')}), {doc['date']}"
     )
-    return {
-        "name": f"{preset} as probed",
-        "gpu": preset,
-        "gpus_per_node": int(doc.get("device_count") or 1),
-        "behaviour": behaviour,
-    }
+    body: dict = {"name": f"{preset} as probed", "gpu": preset}
+    if int(doc.get("device_count") or 1) > 1:
+        # the node's GPUs as the probe saw them; one visible GPU says nothing about the node (a
+        # scheduler may show one of eight), so the preset's node size stays
+        body["gpus_per_node"] = int(doc["device_count"])
+    return body | {"behaviour": behaviour}

@@ -133,6 +133,9 @@ def test_the_probe_document_becomes_a_cluster_file_that_reads_back(probe_doc, tm
     assert "NVIDIA H200" in (m.source or "")
     # the raw measurements are kept below the mapping
     assert "# raw measurements" in dest.read_text()
+    # one visible GPU says nothing about the node: the preset's 8 GPUs per node stay
+    write_gpu_cluster(dest, probe_doc | {"device_count": 1})
+    assert load_cluster_file(dest).gpus_per_node == get_gpu("h200").gpus_per_node == 8
 
 
 def test_estimate_runs_on_the_probed_cluster(cli_run, probe_doc, tmp_path):
