@@ -94,8 +94,7 @@ def probe_gpu(timeout_s: float, raw: Path) -> dict:
         env=dict(os.environ),
     )
     if not r.result:
-        last = next((ln for ln in reversed(r.stderr_tail.splitlines()) if ln.strip()), "no output")
-        raise InputError(f"the GPU probe failed ({r.outcome}): {last.strip()[-300:]}")
+        raise InputError(f"the GPU probe failed ({r.outcome}): {_last_line(r.stderr_tail)}")
     doc = r.result
     if int(doc.get("device_count") or 1) > 1:  # the node's NVLink collectives, a rank per GPU
         doc["node_collectives"] = node_collectives(int(doc["device_count"]), "cuda", timeout_s, work)
@@ -119,10 +118,12 @@ def node_collectives(ranks: int, device: str, timeout_s: float, work: Path, quic
         workdir=work,
         env=dict(os.environ),
     )
-    if r.result:
-        return r.result
-    last = next((ln for ln in reversed(r.stderr_tail.splitlines()) if ln.strip()), "no output")
-    return {"error": f"{r.outcome}: {last.strip()[-300:]}"}
+    return r.result or {"error": f"{r.outcome}: {_last_line(r.stderr_tail)}"}
+
+
+def _last_line(stderr: str) -> str:
+    """What a failed worker said last (its exception, usually), at most 300 characters."""
+    return next((ln.strip()[-300:] for ln in reversed(stderr.splitlines()) if ln.strip()), "no output")
 
 
 def write_gpu_cluster(dest: Path, doc: dict) -> dict:
