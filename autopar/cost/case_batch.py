@@ -102,6 +102,8 @@ _PER_RANK = (
     "dp_reduce_tail",
     "dp_gather_tail",
     "optimizer",
+    "zero1_gather_launches",
+    "zero1_reduce_launches",
     "offload",
     "act_copies",
     "forward_share",

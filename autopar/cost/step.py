@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autopar.cost.activation_offload import copy_seconds, exposed_copies
-from autopar.cost.comm_terms import CommTerms
+from autopar.cost.comm_terms import CommTerms, dp_buckets
 from autopar.cost.compute import RawCompute, assemble_compute
 from autopar.cost.kernels import hbm_rate
 from autopar.cost.offload import offload_seconds
@@ -31,6 +31,12 @@ from autopar.spec.behaviour import behaviour_of, shared_figures
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.table import DISPATCHER
+
+#: parameter tensors of one transformer layer in the Llama-style models of the trainers that slice
+#: them rank by rank: fused qkv and gate-up projections, output and down projections, two norms
+#: (nanotron/models/llama.py: qkv_proj, o_proj, gate_up_proj, down_proj, input_layernorm,
+#: post_attention_layernorm)
+TENSORS_PER_LAYER = 6.0
 
 #: optimizer step traffic per parameter of the local optimizer shard: read grad (4), master,
 #: m, v (12); write master, m, v (12) and the bf16 weight (2); plus grad zeroing (4)
@@ -51,6 +57,10 @@ class StepInputs(NamedTuple):
     dp_reduce_tail: np.ndarray  # (C, n) seconds of the last gradient bucket's reduction
     dp_gather_tail: np.ndarray  # (C, n) seconds of the first parameter bucket's gathering
     optimizer: np.ndarray  # (C, n) seconds per step
+    #: (C, n) host-launched copies of a trainer that moves ZeRO-1 shards rank by rank
+    #: (`zero1_rank_copies`): after the optimizer step, and in the last backward's gradient hooks
+    zero1_gather_launches: np.ndarray
+    zero1_reduce_launches: np.ndarray
     offload: np.ndarray  # (C, n) seconds per step of the optimizer share offloaded to the host
     #: (C, n) seconds per microbatch of the offloaded activations' copies, each direction
     act_copies: np.ndarray
@@ -138,6 +148,7 @@ def step_inputs(
         dp_reduce_tail=comm.dp_reduce_tail,
         dp_gather_tail=comm.dp_gather_tail,
         optimizer=optimizer_seconds(x, cluster, prm),
+        **dict(zip(("zero1_gather_launches", "zero1_reduce_launches"), zero1_copy_launches(x, model, cluster, prm))),
         offload=offload_seconds(x, cluster, prm),
         act_copies=copy_seconds(x, model, cluster),
         # a microbatch runs forward 1, backward 2 and the recomputed forward (Megatron's FLOPs, autopar.cost.flops)
@@ -219,6 +230,27 @@ def dp_exposed(inp: StepInputs, k, compute_mb: np.ndarray) -> np.ndarray:
     return tails + np.where(inp.zero3, zero3, other)
 
 
+def zero1_copy_launches(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, prm: RankParams):
+    """(after the optimizer step, in the last backward) host launches of a ZeRO-1 that slices every
+    parameter over the dp ranks and copies slice by slice (nanotron, `zero1_rank_copies`; other
+    trainers move flat buckets and launch none of these):
+    - the parameter all-gather flattens one output per rank, PyTorch copies each rank's part out of
+      its flat buffer, and nanotron copies every rank's slice of every parameter tensor back:
+      dp x (tensors + 2);
+    - each gradient bucket's reduce-scatter flattens one input per rank, which PyTorch copies into
+      its flat buffer again: 2 x dp per bucket.
+    Zero where the trainer does not, or without ZeRO-1 over more than one rank."""
+    dp = np.asarray(x.dp_shard, dtype=float)
+    on = (x.table.zero_stage == 1) & (dp > 1)
+    head_tensors = 1.0 + (0.0 if model.tied_embeddings else 1.0)  # final norm, untied LM head
+    tensors = TENSORS_PER_LAYER * x.layers + x.has_embedding + head_tensors * x.has_head
+    units = x.layers + x.has_embedding + x.has_head
+    buckets = dp_buckets(x, prm.dense, dp, units, cluster.constants)
+    gather = np.where(on, dp * (tensors + 2.0), 0.0)
+    reduce = np.where(on, 2.0 * dp * buckets, 0.0)
+    return gather, reduce
+
+
 def optimizer_seconds(x: PlanArrays, cluster: ClusterSpec, prm: RankParams) -> np.ndarray:
     """Adam over the local optimizer shard, memory bound: OPTIMIZER_BYTES_PER_PARAM at the achieved
     HBM bandwidth (ZeRO-1+ shards it over the data-parallel group); the share offloaded to the
@@ -228,22 +260,39 @@ def optimizer_seconds(x: PlanArrays, cluster: ClusterSpec, prm: RankParams) -> n
     return shard * (1.0 - x.table.optimizer_offload) * OPTIMIZER_BYTES_PER_PARAM / hbm_rate(cluster)
 
 
+def zero1_copy_seconds(inp: StepInputs, k) -> tuple[np.ndarray, np.ndarray]:
+    """(after the optimizer step, after the last backward) seconds of a trainer's rank-by-rank
+    ZeRO-1 copies (`zero1_copy_launches`) at the host's launch cost. The gathering runs inside the
+    optimizer step with the GPU idle: all of it is exposed. The gradient hooks launch theirs during
+    the last microbatch's backward, whose own host launches leave the GPU work ahead of the host
+    as slack: only what exceeds that slack is exposed."""
+    launch_s = k.zero1_rank_copies * k.host_launch_us * 1e-6
+    c = assemble_compute(inp.raw, k)
+    backward_share = 1.0 - inp.forward_share
+    slack = np.maximum(c.gemm + c.attention + c.elementwise + c.launch - c.host, 0.0) * backward_share
+    gather = inp.zero1_gather_launches * launch_s
+    reduce = np.maximum(inp.zero1_reduce_launches * launch_s - slack, 0.0)
+    return gather, reduce
+
+
 def assemble_step(inp: StepInputs, k) -> StepTerms:
     """The step with the profile's constants `k` (floats, or per-plan arrays)."""
     mb = exposed(inp, k)
     t_mb = np.where(inp.active, mb.total(), -np.inf)
-    dp = dp_exposed(inp, k, mb.compute)
+    gather_host, reduce_host = zero1_copy_seconds(inp, k)
+    dp = dp_exposed(inp, k, mb.compute) + reduce_host
+    optimizer = inp.optimizer + gather_host
     pace_index = np.argmax(t_mb, axis=0)
     pace = _pick(t_mb, pace_index, t_mb.shape)
     m, f = inp.microbatches, inp.bubble_fraction
     pipeline = m * pace / (1 - f)
-    tail = np.where(inp.active, dp + inp.optimizer + inp.offload + inp.tp_step, -np.inf)
+    tail = np.where(inp.active, dp + optimizer + inp.offload + inp.tp_step, -np.inf)
     tail_index = np.argmax(tail, axis=0)
     return StepTerms(
         per_microbatch=mb,
         time_per_microbatch=t_mb,
         dp_exposed=dp,
-        optimizer=inp.optimizer,
+        optimizer=optimizer,
         offload=inp.offload,
         tp_step=inp.tp_step,
         pace_index=pace_index,
