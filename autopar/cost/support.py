@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -15,7 +16,6 @@ from autopar.cost.collectives import place
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import DTYPES
-from autopar.spec.table import PlanTable
 
 #: gaps counted in the widening: beyond three the plan is far from anything measured anyway
 MAX_GAPS = 3
@@ -147,31 +147,44 @@ class Reach:
         )
 
 
+@lru_cache(maxsize=256)  # a search asks for each trainer's reach once per chunk of plans
+def reach_of(profile: str, support) -> Reach:
+    """Reach.of the points of a (hashable) autopar.cost.uncertainty.Support."""
+    return Reach.of(profile, support.points)
+
+
 def support_gaps(
-    table: PlanTable, model: ModelSpec, cluster: ClusterSpec, seq_len: int, reach: Reach, dtype: np.ndarray
+    columns: dict, model: ModelSpec, cluster: ClusterSpec, seq_len: int, reach: Reach, dtype: np.ndarray, rows
 ) -> np.ndarray:
-    """Per plan, the bitmask of SUPPORT_GAPS it has against `reach` (0: calibrated)."""
-    c = table.columns
-    crosses = place(c["ep"], c["etp"], cluster.gpus_per_node).nodes > 1
+    """Per plan of a table's `columns` picked by `rows` (indices, or slice(None) for all), the
+    bitmask of SUPPORT_GAPS it has against `reach` (0: calibrated); `dtype`: the plans' DTYPES codes."""
+
+    def col(name):
+        return np.asarray(columns[name])[rows]
+
+    tp, pp, cp, dp = col("tp"), col("pp"), col("cp"), col("dp")
+    ep = col("ep") if model.moe else None  # only MoE plans have expert-parallel gaps
+    crosses = place(ep, col("etp"), cluster.gpus_per_node).nodes > 1 if ep is not None else None
     return layout_gaps(
         reach,
         "moe" if model.moe else "dense",
         seq_len >= LONG_CONTEXT,
         cluster.gpu.generation,
-        np.asarray(DTYPES, dtype=object)[dtype],
-        c["tp"],
-        c["pp"],
-        c["cp"],
-        c["ep"],
+        np.asarray(dtype)[rows],
+        tp,
+        pp,
+        cp,
+        ep,
         crosses,
-        c["zero_stage"],
-        c["dp"],
-        table.num_gpus,
+        col("zero_stage"),
+        dp,
+        tp * pp * cp * dp,  # PlanTable.num_gpus
     )
 
 
 def layout_gaps(reach: Reach, workload, long_context, generation, dtype, tp, pp, cp, ep, ep_cross, zero, dp, gpus):
-    """The gap bitmask of layouts (arrays) of one workload, context and GPU generation."""
+    """The gap bitmask of layouts (arrays) of one workload, context and GPU generation; `dtype`:
+    DTYPES codes."""
     n = len(tp)
     gaps = np.zeros(n, dtype=np.int64)
     if reach.runs == 0:
@@ -179,7 +192,8 @@ def layout_gaps(reach: Reach, workload, long_context, generation, dtype, tp, pp,
     if (workload, long_context) not in reach.workloads:
         kind = "long_context" if long_context and any(w == workload for w, _ in reach.workloads) else "workload"
         gaps |= GAP_BIT[kind]
-    gaps |= np.where(np.isin(dtype, list(reach.dtypes)), 0, GAP_BIT["dtype"])
+    measured = np.array([d in reach.dtypes for d in DTYPES])
+    gaps |= np.where(measured[np.asarray(dtype, dtype=np.int64)], 0, GAP_BIT["dtype"])
     if not generation or generation not in reach.generations:
         gaps |= GAP_BIT["generation"]
     for name, size in (("tp", tp), ("pp", pp), ("cp", cp)):
@@ -252,6 +266,9 @@ def nearest_point(plan, model, cluster, points: Sequence[CalibrationPoint], prof
 
 def point_gaps(p: CalibrationPoint, points: Sequence[CalibrationPoint]) -> int:
     """Support gaps of a published run against other points (as counted in the widening)."""
-    one = (np.array([v]) for v in (p.dtype, p.tp, p.pp, p.cp, p.ep, p.ep_cross_node, p.zero_stage, p.dp, p.num_gpus))
+    one = (
+        np.array([v])
+        for v in (DTYPES.index(p.dtype), p.tp, p.pp, p.cp, p.ep, p.ep_cross_node, p.zero_stage, p.dp, p.num_gpus)
+    )
     reach = Reach.of(p.profile, points)
     return int(gap_count(layout_gaps(reach, p.workload, p.long_context, p.generation, *one))[0])

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 
@@ -43,13 +43,14 @@ from autopar.cost.stored_figures import stored_figures
 from autopar.cost.support import (
     GAP_BIT,
     LONG_CONTEXT,
+    MAX_GAPS,
     SUPPORT_GAPS,
     CalibrationPoint,
-    Reach,
     gap_count,
     gap_words,
     nearest_point,
     point_gaps,
+    reach_of,
     support_gaps,
 )
 from autopar.spec.hardware import ClusterSpec
@@ -80,6 +81,14 @@ class Support:
     widening: float  # log-space widening on each side per support gap
     memory_residuals: tuple[float, ...] = ()  # ln(measured / predicted) of published peak memory
 
+    def __hash__(self) -> int:
+        """Hashed once (a search looks its bands up for every chunk of plans; the points are many)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.points, self.widening, self.memory_residuals))
+            object.__setattr__(self, "_hash", h)
+        return h
+
 
 @dataclass(frozen=True)
 class RegimeBand:
@@ -109,6 +118,7 @@ def _quantiles(values: Iterable[float]) -> tuple[float, float]:
     return min(float(lo), 0.0), max(float(hi), 0.0)
 
 
+@lru_cache(maxsize=1024)  # a search asks it for every chunk of plans, with few distinct questions
 def regime_band(support: Support, profile: str, workload: str, long_context: bool, dtype: str, generation: str):
     """The finest regime (REGIME_LEVELS) holding at least MIN_RUNS points, and its quantiles."""
     want = {
@@ -155,37 +165,47 @@ def interval_columns(
     `trainer`: the trainer that runs every plan (else the table's trainer column)."""
     support = support or support_points()
     n = len(table)
-    trainer_codes = (
-        np.full(n, ALL_TRAINERS.index(trainer), dtype=np.int64) if trainer else table.columns["trainer"].astype(int)
-    )
-    dtype = table.columns["dtype"].astype(np.int64)
+    dtype = np.asarray(table.columns["dtype"], dtype=np.int64)
     low = np.zeros(n)
     high = np.zeros(n)
     gaps = np.zeros(n, dtype=np.int64)
     workload = "moe" if model.moe else "dense"
     long_context = seq_len >= LONG_CONTEXT
-    for t in np.unique(trainer_codes) if n else ():
-        rows_t = trainer_codes == t
+    # (trainer code, its rows): the streamed chunks hold one trainer each, taken whole
+    groups: list[tuple[int, slice | np.ndarray]] = []
+    if n and trainer:
+        groups = [(ALL_TRAINERS.index(trainer), slice(None))]
+    elif n:
+        codes = np.asarray(table.columns["trainer"], dtype=np.int64)
+        present = np.flatnonzero(np.bincount(codes))
+        groups = [(int(present[0]), slice(None))] if len(present) == 1 else [(int(t), codes == t) for t in present]
+    for t, rows in groups:
         profile = get_trainer(ALL_TRAINERS[t]).profile
-        reach = Reach.of(profile, support.points)
-        gaps[rows_t] = support_gaps(table.take(np.flatnonzero(rows_t)), model, cluster, seq_len, reach, dtype[rows_t])
-        for d in np.unique(dtype[rows_t]):
-            rows = rows_t & (dtype == d)
+        gaps[rows] = support_gaps(table.columns, model, cluster, seq_len, reach_of(profile, support), dtype, rows)
+        mine = dtype[rows]
+        kinds = np.flatnonzero(np.bincount(mine, minlength=len(DTYPES)))
+        for d in kinds:
             band = regime_band(support, profile, workload, long_context, DTYPES[d], cluster.gpu.generation)
-            low[rows], high[rows] = band.low, band.high
-    widen = support.widening * gap_count(gaps)
-    low, high = low - widen, high + widen  # ln(true / predicted) of throughput
+            if len(kinds) == 1:
+                at = rows
+            else:  # the rows of this dtype among the trainer's (all of the table's, or a mask)
+                at = np.flatnonzero(rows)[mine == d] if isinstance(rows, np.ndarray) else mine == d
+            low[at], high[at] = band.low, band.high
+    # ln(true / predicted) of throughput lies in [low - widen, high + widen]: the factors
+    # exp(low), exp(high) of the band and exp(widen) per gap count (a few values, not one per plan)
+    up = np.exp(support.widening * np.arange(MAX_GAPS + 1))[gap_count(gaps)]
+    lo_f, hi_f = np.exp(low) / up, np.exp(high) * up
     out = {"support_gaps": gaps}
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
             if name in est:
-                out[f"{name}_low"] = est[name] * np.exp(low)
-                out[f"{name}_high"] = est[name] * np.exp(high)
-        out["step_time_s_low"] = est["step_time_s"] * np.exp(-high)
-        out["step_time_s_high"] = est["step_time_s"] * np.exp(-low)
+                out[f"{name}_low"] = est[name] * lo_f
+                out[f"{name}_high"] = est[name] * hi_f
+        out["step_time_s_low"] = est["step_time_s"] / hi_f
+        out["step_time_s_high"] = est["step_time_s"] / lo_f
         m_lo, m_hi = _memory_band(support)
-        out["peak_memory_bytes_low"] = est["peak_memory_bytes"] * np.exp(m_lo - widen)
-        out["peak_memory_bytes_high"] = est["peak_memory_bytes"] * np.exp(m_hi + widen)
+        out["peak_memory_bytes_low"] = est["peak_memory_bytes"] * (math.exp(m_lo) / up)
+        out["peak_memory_bytes_high"] = est["peak_memory_bytes"] * (math.exp(m_hi) * up)
     return out
 
 
@@ -208,7 +228,7 @@ def support_text(
     nearest run: 12 (Llama-2-70B tp4.pp4.dp16 on 256 x h100-sxm)")."""
     support = support or support_points()
     trainer = get_trainer(plan.trainer)
-    reach = Reach.of(trainer.profile, support.points)
+    reach = reach_of(trainer.profile, support)
     band = regime_band(
         support,
         trainer.profile,

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import io
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -83,7 +85,11 @@ FIGURES = (
 
 
 class PlansWriter:
-    """plans.parquet, one row group per priced chunk (atomic: renamed into place when closed)."""
+    """plans.parquet, one row group per priced chunk (atomic: renamed into place when closed).
+    Each row group is encoded and compressed on a background thread (Arrow releases the GIL) while
+    the search prices the next chunk; one is in flight at a time, and a failed write raises at the
+    next call. The chunk's arrays are not changed after they are handed over (each chunk is priced
+    into new ones)."""
 
     def __init__(self, run_dir: Path, extra=None):
         self.path = run_dir / "plans.parquet"
@@ -92,22 +98,31 @@ class PlansWriter:
         self.tmp = temp_path(self.path)
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plans-parquet")
+        self._in_flight: Future | None = None
 
     def write(self, parts: list[tuple[PlanTable, dict]]) -> None:
         """One row group of the (table, estimate) parts of a priced chunk."""
         batch = pa.concat_tables([pa.table(self._columns(table, est)) for table, est in parts])
+        self._finish_in_flight()
         if self.writer is None:
-            # plain (not dictionary) pages compress smaller and write ~3x faster here; statistics
-            # only where a reader filters (plan, speed, memory, fit)
+            # plain (not dictionary) pages compress smaller and write ~3x faster here, but the
+            # categorical columns keep their dictionaries (decoding them to plain strings costs a
+            # quarter of the write); statistics only where a reader filters (plan, speed, memory, fit)
             self.writer = pq.ParquetWriter(
                 self.tmp,
                 batch.schema,
                 compression="zstd",
-                use_dictionary=False,
+                use_dictionary=list(CATEGORIES),
                 write_statistics=["plan_index", "step_time_s", "peak_memory_bytes", "fits", "valid"],
             )
-        self.writer.write_table(batch)
+        self._in_flight = self._thread.submit(self.writer.write_table, batch)
         self.rows += batch.num_rows
+
+    def _finish_in_flight(self) -> None:
+        pending, self._in_flight = self._in_flight, None
+        if pending is not None:
+            pending.result()  # the writer's error, if any, raised here
 
     def _columns(self, table: PlanTable, est: dict) -> dict:
         c = table.columns
@@ -128,6 +143,10 @@ class PlansWriter:
         return out
 
     def close(self) -> None:
+        try:
+            self._finish_in_flight()
+        finally:
+            self._thread.shutdown()
         if self.writer is not None:
             self.writer.close()
             publish(self.path)
@@ -135,6 +154,9 @@ class PlansWriter:
             self.path.unlink()
 
     def abort(self) -> None:
+        with suppress(Exception):  # aborting anyway: the partial file is removed below
+            self._finish_in_flight()
+        self._thread.shutdown()
         if self.writer is not None:
             self.writer.close()
         self.tmp.unlink(missing_ok=True)

@@ -88,7 +88,7 @@ def test_support_gaps_and_their_words():
     ]
     table = PlanTable.from_plans(plans)
     reach = S.Reach.of("megatron", points)
-    gaps = S.support_gaps(table, model, cluster, 8192, reach, table.columns["dtype"])
+    gaps = S.support_gaps(table.columns, model, cluster, 8192, reach, table.columns["dtype"], slice(None))
     assert gaps[0] == 0
     assert gaps[1] == S.GAP_BIT["sharded_dp"]
     assert gaps[2] == S.GAP_BIT["pp"] | S.GAP_BIT["cp"]
@@ -97,7 +97,9 @@ def test_support_gaps_and_their_words():
     assert U.support_text(0, plans[0], model, cluster, 8192, support)[0] == "calibrated"
     # a trainer whose profile has no published run at all
     t = PlanTable.from_plans([plans[0].with_(trainer="deepspeed")])
-    none = S.support_gaps(t, model, cluster, 8192, S.Reach.of("deepspeed", points), t.columns["dtype"])
+    none = S.support_gaps(
+        t.columns, model, cluster, 8192, S.Reach.of("deepspeed", points), t.columns["dtype"], slice(None)
+    )
     assert none[0] == S.GAP_BIT["profile"]
 
 

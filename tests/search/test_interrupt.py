@@ -194,3 +194,24 @@ def test_a_marker_of_a_running_worker_does_not_block_readers(tiny_question, tmp_
         worker.wait()
     with pytest.raises(InputError, match="did not finish"):
         load(run)
+
+
+def test_a_failed_background_write_stops_the_search_and_leaves_no_partial_file(tiny_question, tmp_path, monkeypatch):
+    # plans.parquet's row groups are written on a background thread while the next chunk is priced:
+    # a disk error there must still stop the search with that error, and leave no partial file
+    import pyarrow.parquet as pq
+
+    q, space = tiny_question
+    run = tmp_path / "run"
+
+    def disk_full(self, table, row_group_size=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        _search(q, space, run)
+    assert not (run / "plans.parquet").exists()
+    assert not list(run.glob(".plans.parquet.*.tmp"))  # the writer's temporary file (autopar.atomic)
+    monkeypatch.undo()
+    _search(q, space, run)  # the same question again, with room on the disk: a complete run
+    assert load(run).search["plans_evaluated"] > 0 and (run / "plans.parquet").exists()
