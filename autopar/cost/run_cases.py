@@ -188,7 +188,9 @@ def build_case(row: dict) -> RunCase:
 def _routing(r: PublishedRow, model) -> float:
     """The busiest expert rank's tokens over the mean (autopar.spec.routing): forced-balanced where
     the row says so or states nothing (NVIDIA's benchmark tables), a real router's where it says the
-    routing was learned (aux-loss or aux-loss-free balancing)."""
+    routing was learned (aux-loss or aux-loss-free balancing). Megatron-Core had no way to force it
+    before 0.13.0 (`moe_router_force_load_balancing` first appears in that release's
+    transformer_config.py), so an aux-loss run of MCore v0.8 (row 411) ran its real router."""
     if model.moe is None:
         return FORCED_BALANCED
     words = r.text("notes")
