@@ -218,10 +218,22 @@ class Enumerator:
         return self
 
     def layout_id(self, pp: np.ndarray, vpp: np.ndarray, choice: np.ndarray) -> np.ndarray:
-        """-1 auto, an index into `layouts`, or -2 for a variant equal to auto or to an earlier one."""
+        """-1 auto, an index into `layouts`, or -2 for a variant equal to auto or to an earlier one
+        (looked up in a dense (pp, vpp, choice) table: one gather per row, not a pass per variant)."""
         out = np.full(len(pp), -1, dtype=np.int64)
-        for (p, v, c), lid in self._layout_index.items():
-            out[(pp == p) & (vpp == v) & (choice == c)] = lid
+        if not self._layout_index:
+            return out
+        keys = np.array(list(self._layout_index), dtype=np.int64)
+        pps, vps = np.unique(keys[:, 0]), np.unique(keys[:, 1])
+        ids = np.full((len(pps), len(vps), int(keys[:, 2].max()) + 1), -1, dtype=np.int64)
+        ids[np.searchsorted(pps, keys[:, 0]), np.searchsorted(vps, keys[:, 1]), keys[:, 2]] = list(
+            self._layout_index.values()
+        )
+        pp, vpp, choice = (np.asarray(a, dtype=np.int64) for a in (pp, vpp, choice))
+        ip = np.minimum(np.searchsorted(pps, pp), len(pps) - 1)
+        iv = np.minimum(np.searchsorted(vps, vpp), len(vps) - 1)
+        known = (pps[ip] == pp) & (vps[iv] == vpp) & (choice >= 0) & (choice < ids.shape[2])
+        out[known] = ids[ip[known], iv[known], choice[known]]
         return out
 
 

@@ -5,6 +5,7 @@ estimate_per_trainer) and its kept plans, Optuna's trials and a measured stage's
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from autopar.cost.estimate import estimate_table
@@ -31,3 +32,29 @@ def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float) -> dict
 def evaluate(table: PlanTable, q: Question, headroom_gib: float) -> pd.DataFrame:
     """Every plan of a (small) table as a frame: Optuna's structures, a measured stage's re-rank."""
     return frame(table, estimate_fitting(table, q, headroom_gib))
+
+
+def best_completion(table: PlanTable, q: Question, headroom_gib: float) -> tuple[pd.DataFrame, int]:
+    """(one row in full, its position) of a table of completions, priced on the search's light
+    columns as the streamed walk prices its chunks (`estimate_table(..., search=True)`, the same
+    figures): the fastest that fits (the first of equals), else the valid one closest to fitting,
+    else the first (its rejection). Only that row is priced in full (Optuna's trials)."""
+    est = estimate_table(
+        table,
+        q.model,
+        q.cluster,
+        num_gpus=q.num_gpus,
+        seq_len=q.seq_len,
+        headroom_gib=headroom_gib,
+        recipes=q.recipe_trainers,
+        search=True,
+    )
+    set_rank_time(est, q.rank_by)
+    fits, valid = np.asarray(est["fits"], bool), np.asarray(est["valid"], bool)
+    if fits.any():
+        i = int(np.flatnonzero(fits)[np.argmin(est["rank_time_s"][fits])])
+    elif valid.any():
+        i = int(np.flatnonzero(valid)[np.argmin(est["memory_miss_gib"][valid])])
+    else:
+        i = 0
+    return evaluate(table.take(np.array([i])), q, headroom_gib), i

@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 
 from autopar.errors import InputError, quoted
 from autopar.search.enumerate import INNER as WALK_INNER
-from autopar.search.enumerate import build_table, knob_choices
+from autopar.search.enumerate import Enumerator, build_table
 from autopar.search.limits import SAMPLERS
 from autopar.search.results import row_plan
 from autopar.search.space import SearchSpace
@@ -294,10 +294,11 @@ def completion_values(outer: dict[str, int], choices: dict) -> dict[str, np.ndar
 
 def structures_table(space: SearchSpace, q: Question, outers: list[dict[str, int]]):
     """One PlanTable holding every completion of the given structures."""
-    choices = knob_choices(space, q)
+    enumerator = Enumerator(space, q)
+    choices = enumerator.choices
     parts = [completion_values(o, choices) for o in outers]
     values = {a: np.concatenate([p[a] for p in parts]) for a in parts[0]}
-    return build_table(space, q, values, choices)
+    return build_table(space, q, values, choices, enumerator)
 
 
 @quiet_optuna()
@@ -315,7 +316,8 @@ def run_study(
     the trial's value. Trial numbers are handed out by the storage, so concurrent workers never
     run the same trial; a worker that draws a trial beyond the budget marks it pruned ('surplus')
     and stops."""
-    choices = knob_choices(space, q)
+    enumerator = Enumerator(space, q)  # its layout registry, built once for every trial's table
+    choices = enumerator.choices
     moe = q.model.moe is not None
     while len(finished(study)) < n_trials:
         trial = study.ask()
@@ -326,7 +328,7 @@ def run_study(
             break
         outer = suggest_outer(trial, choices, moe)
         trial.set_user_attr("outer", outer)
-        table = build_table(space, q, completion_values(outer, choices), choices)
+        table = build_table(space, q, completion_values(outer, choices), choices, enumerator)
         values = _score(trial, table, evaluate, multi_objective)
         study.tell(trial, values)
         if on_trial is not None:
@@ -335,8 +337,10 @@ def run_study(
 
 def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[float]:
     """The structure's value: its fastest completion that fits (or, if none fits, the valid one
-    closest to fitting, marked infeasible through the constraint). The trial keeps that plan and
-    its estimate as user attributes (few writes: each is a storage round trip)."""
+    closest to fitting, marked infeasible through the constraint). `evaluate(table)` gives the
+    completions that can be it, in full (autopar.search.evaluate.best_completion: that one row).
+    The trial keeps that plan and its estimate as user attributes (few writes: each is a storage
+    round trip)."""
     infeasible = [INFEASIBLE_STEP_TIME] + ([0.0] if multi_objective else [])
     if len(table) == 0:
         set_constraint(trial, 1.0)
@@ -352,7 +356,7 @@ def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[floa
     else:
         set_constraint(trial, 1.0)
         trial.set_user_attr(
-            "estimate", {"rejected_by": str(df["rejected_by"].iloc[0]), "constraint": 1.0, "completions": int(len(df))}
+            "estimate", {"rejected_by": str(df["rejected_by"].iloc[0]), "constraint": 1.0, "completions": len(table)}
         )
         return infeasible
     set_constraint(trial, constraint)
@@ -364,7 +368,7 @@ def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[floa
             "fits": bool(best["fits"]),
             "plan_name": str(best["plan_name"]),
             "rejected_by": str(best["rejected_by"]),
-            "completions": int(len(df)),
+            "completions": len(table),
             "constraint": constraint,
         },
     )

@@ -1,25 +1,23 @@
 """The search when the space is too large to walk: Optuna samples it (a study that resumes from its
-storage, shared by workers), then every structure any worker tried is priced in one pass and
-written as plans.parquet, in the streamed results' shape."""
+storage, shared by workers), then every completion of every structure any worker tried is priced
+and kept as the exhaustive walk prices and keeps its plans, and written as plans.parquet, in the
+streamed results' shape."""
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from autopar.errors import InputError
-from autopar.search.evaluate import estimate_fitting, evaluate
+from autopar.search.evaluate import best_completion
 from autopar.search.options import SearchOptions
-from autopar.search.results import frame
 from autopar.search.run_dir import PlansWriter
 from autopar.search.run_state import question_summary, recorded_summary, summary_text
 from autopar.search.space import SearchSpace
-from autopar.search.streaming import Streamed
+from autopar.search.streaming import StreamOptions, stream_table
 from autopar.search.training import plan_file_columns
 from autopar.spec.question import Question
 
@@ -33,7 +31,8 @@ def optuna_search(
     before_write: Callable[[], None] = lambda: None,
 ):
     """Optuna samples the space (the study resumes from its storage); every structure any worker
-    tried is re-evaluated in one pass and written as plans.parquet (after `before_write`)."""
+    tried is priced again, chunk by chunk, and written as plans.parquet (published after
+    `before_write`)."""
     from autopar.search import optuna_driver as od
 
     url = od.storage_url(opts.storage, run_dir)
@@ -49,23 +48,26 @@ def optuna_search(
         q,
         study,
         opts.n_trials,
-        lambda table: evaluate(table, q, headroom),
+        lambda table: best_completion(table, q, headroom)[0],
         opts.multi_objective,
         on_trial=(lambda n: progress("optuna trials", n, opts.n_trials)) if progress else None,
     )
-    # every completion of every structure any worker tried, re-evaluated in one vectorised pass
+    # every completion of every structure any worker tried, priced again as the walk prices its chunks
     trials = [t for t in study.get_trials(deepcopy=False) if "outer" in t.user_attrs]
     first_seen: dict[tuple, int] = {}
     for t in trials:
         first_seen.setdefault(tuple(sorted(t.user_attrs["outer"].items())), t.number)
     table = od.structures_table(opts.space, q, [dict(k) for k in first_seen])
     table.columns["plan_index"] = np.arange(len(table), dtype=np.int64)
-    est = estimate_fitting(table, q, headroom)
-    before_write()
     writer = PlansWriter(run_dir, extra=plan_file_columns(q, opts.training))
-    writer.write([(table, est)])
+    try:  # priced and kept as the exhaustive walk does: light columns, the kept rows in full
+        found = stream_table(q, table, StreamOptions(top_k=opts.top_k, headroom_gib=headroom), write=writer.write)
+    except BaseException:
+        writer.abort()
+        raise
+    before_write()
     writer.close()
-    return _frame_results(frame(table, est), table.layouts), od.study_history(study)
+    return found, od.study_history(study)
 
 
 def _claim_study(study, q: Question, space: SearchSpace, run_dir: Path) -> None:
@@ -91,25 +93,4 @@ def _claim_study(study, q: Question, space: SearchSpace, run_dir: Path) -> None:
     raise InputError(
         f"study '{study.study_name}' holds the trials of another question ({other}); give another "
         f"--run-dir or --study-name, or delete the study"
-    )
-
-
-def _frame_results(df: pd.DataFrame, layouts: list) -> Streamed:
-    """A small evaluated frame (Optuna's) in the streamed results' shape."""
-    from autopar.search.results import pareto_front, ranked
-
-    fit = ranked(df)
-    pool = fit.groupby("trainer", sort=False).head(200) if len(fit) else fit
-    near = df[df["valid"] & ~df["fits"]].sort_values("memory_miss_gib").head(1)
-    labels = Counter(x for text in df.loc[~df["fits"], "rejected_by"] for x in str(text).split(", ") if x)
-    return Streamed(
-        pool.reset_index(drop=True),
-        pareto_front(df).reset_index(drop=True),
-        df,
-        near,
-        len(df),
-        int(df["valid"].sum()),
-        int(df["fits"].sum()),
-        dict(labels.most_common()),
-        layouts,
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import estimate_per_trainer
+from autopar.cost.estimate import estimate_per_trainer, estimate_table
 from autopar.search.enumerate import Enumerator
 from autopar.search.evaluate import estimate_fitting
 from autopar.search.results import MEMORY_BIT, frame, pareto_positions, rank_order, set_rank_time
@@ -239,6 +239,38 @@ class _Keeper:
                 if code >> i & 1:
                     out[rule_label(r, trainer)] += n
         return dict(out.most_common())
+
+
+def stream_table(q: Question, table: PlanTable, opts: StreamOptions, write: Callable | None = None) -> Streamed:
+    """`stream` over the rows of a table that holds its trainers as rows (Optuna's structures, every
+    completion of each): chunk by chunk, each plan priced on the light columns with its own trainer,
+    kept as the walk keeps them, and `write([(chunk, est)])` persisting each chunk; the rows kept
+    are priced in full at the end."""
+    if not len(table):  # no structure had a plan: an empty plans file, and empty frames with every column
+        est = estimate_fitting(table, q, opts.headroom_gib)
+        if write is not None:
+            write([(table, est)])
+        df = frame(table, est, q.model.num_layers)
+        return Streamed(df, df, df, df, layouts=table.layouts)
+    keeper = _Keeper(opts, q)
+    index = np.asarray(table.columns["plan_index"])
+    for start in range(0, len(table), opts.chunk):
+        chunk = table.take(np.arange(start, min(start + opts.chunk, len(table))))
+        est = estimate_table(
+            chunk,
+            q.model,
+            q.cluster,
+            num_gpus=q.num_gpus,
+            seq_len=q.seq_len,
+            headroom_gib=opts.headroom_gib,
+            recipes=q.recipe_trainers,
+            search=True,
+        )
+        set_rank_time(est, q.rank_by)
+        keeper.add(chunk, est, index[start : start + len(chunk)])
+        if write is not None:
+            write([(chunk, est)])
+    return keeper.result(table.layouts)
 
 
 def _ranked(df: pd.DataFrame) -> pd.DataFrame:

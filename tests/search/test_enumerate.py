@@ -5,6 +5,7 @@ the GPUs."""
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -282,3 +283,18 @@ def test_repeated_choices_do_not_duplicate_plans():
 def test_space_size_bounds_explicit_sp():
     space = space_from_dict({"knobs": {"tp": [2, 4], "sp": [True, False]}}, "x")
     assert space_size(space, q8b()) >= len(enumerate_plans(space, q8b()))
+
+
+def test_layout_ids_match_the_registry_row_by_row():
+    # every (pp, vpp, variant) of a wide space, plus ones the registry does not hold (auto: -1),
+    # looked up against the registry itself, one key at a time
+    from autopar.search.enumerate import Enumerator
+
+    q = Question(model=get_preset("llama3-70b"), num_gpus=4096, cluster=default_cluster("h100-sxm"), seq_len=8192)
+    e = Enumerator(load_space(str(Path(__file__).parents[2] / "benchmarks" / "spaces" / "scale-l.yaml")), q)
+    keys = list(e._layout_index) + [(5, 1, 1), (2, 9, 1), (4, 2, 0)]
+    pp, vpp, choice = (np.array([k[i] for k in keys]) for i in range(3))
+    got = e.layout_id(pp, vpp, choice)
+    want = [e._layout_index.get(k, -1) for k in keys]
+    assert got.tolist() == want
+    assert {-2, -1} <= set(want) and max(want) == len(e.layouts) - 1
