@@ -136,6 +136,7 @@ def step_inputs(
     nccl_share = shared_figures().nccl_sms / sms
     dispatch = shared_figures().dispatch
     deepep_share = np.minimum(dispatch.overhead_per_sm_share * dispatch.sms / sms, 1.0)
+    gather_launches, reduce_launches = zero1_copy_launches(x, model, cluster, prm)
     return StepInputs(
         raw=raw,
         tp=comm.tp.seconds,
@@ -148,7 +149,8 @@ def step_inputs(
         dp_reduce_tail=comm.dp_reduce_tail,
         dp_gather_tail=comm.dp_gather_tail,
         optimizer=optimizer_seconds(x, cluster, prm),
-        **dict(zip(("zero1_gather_launches", "zero1_reduce_launches"), zero1_copy_launches(x, model, cluster, prm))),
+        zero1_gather_launches=gather_launches,
+        zero1_reduce_launches=reduce_launches,
         offload=offload_seconds(x, cluster, prm),
         act_copies=copy_seconds(x, model, cluster),
         # a microbatch runs forward 1, backward 2 and the recomputed forward (Megatron's FLOPs, autopar.cost.flops)
