@@ -14,8 +14,10 @@ from autopar.spec.question import Question
 from autopar.spec.table import PlanTable
 
 
-def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float) -> dict:
-    """Every estimate column of a (small) table, the space's memory headroom applied."""
+def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float, search: bool = False) -> dict:
+    """Every estimate column of a (small) table, the space's memory headroom applied and the rank
+    time set; `search`: only the light columns a search ranks and keeps plans by
+    (autopar.cost.estimate.estimate_table)."""
     est = estimate_table(
         table,
         q.model,
@@ -24,6 +26,7 @@ def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float) -> dict
         seq_len=q.seq_len,
         headroom_gib=headroom_gib,
         recipes=q.recipe_trainers,
+        search=search,
     )
     set_rank_time(est, q.rank_by)
     return est
@@ -39,17 +42,7 @@ def best_completion(table: PlanTable, q: Question, headroom_gib: float) -> tuple
     columns as the streamed walk prices its chunks (`estimate_table(..., search=True)`, the same
     figures): the fastest that fits (the first of equals), else the valid one closest to fitting,
     else the first (its rejection). Only that row is priced in full (Optuna's trials)."""
-    est = estimate_table(
-        table,
-        q.model,
-        q.cluster,
-        num_gpus=q.num_gpus,
-        seq_len=q.seq_len,
-        headroom_gib=headroom_gib,
-        recipes=q.recipe_trainers,
-        search=True,
-    )
-    set_rank_time(est, q.rank_by)
+    est = estimate_fitting(table, q, headroom_gib, search=True)
     fits, valid = np.asarray(est["fits"], bool), np.asarray(est["valid"], bool)
     if fits.any():
         i = int(np.flatnonzero(fits)[np.argmin(est["rank_time_s"][fits])])

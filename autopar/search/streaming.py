@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import estimate_per_trainer, estimate_table
+from autopar.cost.estimate import estimate_per_trainer
 from autopar.search.enumerate import Enumerator
 from autopar.search.evaluate import estimate_fitting
 from autopar.search.results import MEMORY_BIT, frame, pareto_positions, rank_order, set_rank_time
@@ -256,17 +256,7 @@ def stream_table(q: Question, table: PlanTable, opts: StreamOptions, write: Call
     index = np.asarray(table.columns["plan_index"])
     for start in range(0, len(table), opts.chunk):
         chunk = table.take(np.arange(start, min(start + opts.chunk, len(table))))
-        est = estimate_table(
-            chunk,
-            q.model,
-            q.cluster,
-            num_gpus=q.num_gpus,
-            seq_len=q.seq_len,
-            headroom_gib=opts.headroom_gib,
-            recipes=q.recipe_trainers,
-            search=True,
-        )
-        set_rank_time(est, q.rank_by)
+        est = estimate_fitting(chunk, q, opts.headroom_gib, search=True)
         keeper.add(chunk, est, index[start : start + len(chunk)])
         if write is not None:
             write([(chunk, est)])
