@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 
 from autopar.search.results import pareto_positions
+from autopar.search.streaming import SCATTER_POINTS
 from autopar.spec.hardware import GIB
 
-#: most points drawn in the all-plans scatter (SVG: each is a DOM node, ~0.2 ms to draw); beyond
-#: it a deterministic sample plus every Pareto and top-k plan
-MAX_SCATTER_POINTS = 5_000
+#: most points drawn in the all-plans scatter (declared with the sample the search keeps for it)
+MAX_SCATTER_POINTS = SCATTER_POINTS
 #: most distinct colours in the scatter: further rejection reasons share "other rules"
 MAX_CATEGORIES = 8
 
