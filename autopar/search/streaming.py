@@ -195,7 +195,7 @@ class _Keeper:
         if df.empty:
             return Streamed(df, df, df, df, self.evaluated, self.valid, self.fit, self._labels(), layouts)
         fits, valid = df["fits"].to_numpy(bool), df["valid"].to_numpy(bool)
-        fit = df[fits]  # the wide frame is filtered once per part: positions are found on its columns
+        fit = df[fits]  # the wide frame is filtered once; the sample and the nearest miss by position
         ranked = _ranked(fit)
         pool = pd.concat(
             [
