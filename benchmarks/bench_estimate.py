@@ -43,7 +43,7 @@ def cli_wall(repeats: int = 5) -> list[float]:
 
 
 def table_throughput(n: int = 20000) -> tuple[int, float]:
-    from autopar.cost.estimate import estimate_table
+    from autopar.calibration.estimate import estimate_table
     from autopar.spec.hardware import default_cluster
     from autopar.spec.presets import get_preset
     from autopar.spec.table import PlanTable

@@ -9,7 +9,7 @@ the peak rank's prediction and measurement, the error, every rank's pair, and th
     .venv/bin/python benchmarks/bench_memory_accuracy.py [--plans JSON] [--json]
 
 With --published it launches nothing and prints instead the published memory figures of the bundled
-calibration runs against the estimate of the same quantity (autopar.cost.memory_published: what
+calibration runs against the estimate of the same quantity (autopar.calibration.memory_published: what
 each source's figure measures, the prediction, the error, MAPE per source) and every published run
 the estimate predicts not to fit (tests/cost/test_memory_published.py asserts the same):
 
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.measured.launcher import launch
 from autopar.measured.measure import trial_configs
 from autopar.spec.hardware import LOCAL_DEFAULTS, cluster_from_dict, load_cluster_file
@@ -99,9 +99,9 @@ def run(plans: list[dict], model: str = "tiny", gbs: int = 8, cluster=None) -> l
 
 def published(as_json: bool) -> None:
     """The published-memory comparison (no trials)."""
-    from autopar.cost.memory_published import compare_published_memory
-    from autopar.cost.run_cases import build_cases
-    from autopar.cost.run_rows import load_runs
+    from autopar.calibration.memory_published import compare_published_memory
+    from autopar.calibration.run_cases import build_cases
+    from autopar.calibration.run_rows import load_runs
 
     runs = load_runs(None)
     result = compare_published_memory(build_cases(runs)[0], runs)

@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from autopar.cost.run_cases import build_cases
-from autopar.cost.run_checks import row_problem
-from autopar.cost.run_rows import bundled_runs, load_runs
-from autopar.cost.validation import evaluate_cases
+from autopar.calibration.run_cases import build_cases
+from autopar.calibration.run_checks import row_problem
+from autopar.calibration.run_rows import bundled_runs, load_runs
+from autopar.calibration.validation import evaluate_cases
 
 
 def big_csv(path: Path, n: int) -> Path:

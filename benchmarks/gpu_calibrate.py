@@ -1,6 +1,6 @@
 """GPU calibration check (issue 6): `autopar.trial.probe` bf16 GEMMs on GPU 0, then 3 single-GPU
 trials of a llama2-7b slice (micro-batch 1, 2, 4), then the bounded least-squares fit of the cost
-model's constants to them (autopar.cost.calibrate), printed with residuals. Budget: under 5 minutes
+model's constants to them (autopar.calibration.calibrate), printed with residuals. Budget: under 5 minutes
 on one GPU. Run by benchmarks/gpu_check.sh; not part of the suite. Imports no torch itself.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from autopar.cost.calibrate import calibrate, fit_gemm, predict  # noqa: E402
+from autopar.calibration.calibrate import calibrate, fit_gemm, predict  # noqa: E402
 from autopar.measured.measure import measure_plan  # noqa: E402
 from autopar.spec.hardware import default_cluster, preset_for_device  # noqa: E402
 from autopar.spec.plan import ParallelPlan  # noqa: E402

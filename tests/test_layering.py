@@ -39,11 +39,18 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "quoting": (frozenset({"errors"}), frozenset()),  # values in generated scripts
     # spec checks the names it takes that exports paste into scripts (a recipe) with quoting's rule
     "spec": (frozenset({"errors", "quoting", "spec"}), frozenset({"numpy", "yaml"})),
-    "cost": (frozenset({"errors", "json_out", "atomic", "spec", "cost"}), frozenset({"numpy", "scipy"})),
-    "search": (frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "search"}), ANY),
+    "cost": (frozenset({"errors", "spec", "cost"}), frozenset({"numpy", "scipy"})),
+    # the published runs, the fit, the validation and the intervals: above the physics
+    "calibration": (
+        frozenset({"errors", "json_out", "atomic", "spec", "cost", "calibration"}),
+        frozenset({"numpy", "scipy"}),
+    ),
+    "search": (frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "calibration", "search"}), ANY),
     # the measured stage: torch-free, between the search and the torch trials it launches
     "measured": (
-        frozenset({"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "search", "measured"}),
+        frozenset(
+            {"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "calibration", "search", "measured"}
+        ),
         ANY,
     ),
     "trial": (
@@ -51,10 +58,15 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
         ANY,
     ),
     "export": (
-        frozenset({"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "search", "export"}),
+        frozenset(
+            {"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "calibration", "search", "export"}
+        ),
         ANY,
     ),
-    "report": (frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "search", "report"}), ANY),
+    "report": (
+        frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "calibration", "search", "report"}),
+        ANY,
+    ),
     "cli": (ANY, ANY),
 }
 

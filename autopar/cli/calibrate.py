@@ -89,8 +89,8 @@ def calibrate(
     """
     import yaml
 
+    from autopar.calibration.calibrate import profile_dict
     from autopar.cli.checks import output_file
-    from autopar.cost.calibrate import profile_dict
     from autopar.errors import InputError
     from autopar.measured.calibration import calibrate_docs, calibrates, evaluate_with
     from autopar.measured.trials import NOT_RUNNABLE, candidates, load_docs

@@ -39,8 +39,8 @@ def estimate(
 
     Example: autopar estimate --model 70b --gpus 256 --tp 8 --pp 4 --seq-len 8192 --gbs 512
     """
+    from autopar.calibration.estimate import estimate as run_estimate
     from autopar.cli.render import estimate_tables, trainer_line
-    from autopar.cost.estimate import estimate as run_estimate
     from autopar.errors import InputError
     from autopar.spec.presets import resolve_model
     from autopar.spec.resolve import default_dtype, resolve_cluster, resolve_plan

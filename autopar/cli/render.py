@@ -13,7 +13,8 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from autopar.cost.estimate import MEMORY_TERMS, TIME_LABELS, TIME_TERMS, Estimate
+from autopar.calibration.estimate import Estimate
+from autopar.cost.figures import MEMORY_TERMS, TIME_LABELS, TIME_TERMS
 from autopar.report.format import human_count
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -243,7 +244,7 @@ def host_memory_line(est: Estimate, cluster: ClusterSpec) -> Text:
 
 
 def sureness_table(est: Estimate) -> Table:
-    """The 80 % intervals and the support of the estimate (autopar.cost.uncertainty)."""
+    """The 80 % intervals and the support of the estimate (autopar.calibration.uncertainty)."""
     x = est.extra
     level = round(100 * x["interval_level"])
     t = Table(title=f"How sure: {level} % intervals, {x['support']}", title_justify="left")

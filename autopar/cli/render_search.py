@@ -134,7 +134,7 @@ def _schedule(row) -> str:
 
 
 def step_range(row) -> str:
-    """The step time's 80 % interval, '13.3-15.8' (autopar.cost.uncertainty)."""
+    """The step time's 80 % interval, '13.3-15.8' (autopar.calibration.uncertainty)."""
     if "step_time_s_low" not in row.index:
         return "-"
     lo, hi = float(row["step_time_s_low"]), float(row["step_time_s_high"])

@@ -10,9 +10,9 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from autopar.calibration.validate_runs import ValidationReport
+from autopar.calibration.validation import CATEGORIES
 from autopar.cli.render import TRAINER_LETTERS, Col, console, dropped_line, fitted_table, legend_line
-from autopar.cost.validate_runs import ValidationReport
-from autopar.cost.validation import CATEGORIES
 
 
 def _pct(v: float | None) -> str:
@@ -214,7 +214,7 @@ def fit_table(report: ValidationReport) -> Table:
 def pinned_constants(report: ValidationReport) -> list[tuple[str, str, float]]:
     """(profile, constant, value) of the constants the fit would fit but a trainer's mechanism fixes
     (a range of one value: Megatron's dp_overlap, every DP bucket but the last overlapped)."""
-    from autopar.cost.profile_fit import BASE, FITTED, OWN
+    from autopar.calibration.profile_fit import BASE, FITTED, OWN
     from autopar.cost.profiles import pinned, profiles
 
     assert report.fit is not None
@@ -231,7 +231,7 @@ def write_outputs(
     report: ValidationReport, trainer: str | None, profile_yaml: str | None, profiles_toml: str | None
 ) -> list[Path]:
     """--write-profile (one trainer's constants as a cluster YAML) and --write-profiles (profiles.toml)."""
-    from autopar.cost.validate_runs import write_profiles
+    from autopar.calibration.validate_runs import write_profiles
 
     out: list[Path] = []
     command = shlex.join(["autopar", *sys.argv[1:]]) if sys.argv else "autopar validate --fit"

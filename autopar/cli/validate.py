@@ -89,7 +89,7 @@ def validate(
         )
     output_file(write_profile, "--write-profile")
     output_file(write_profiles, "--write-profiles")
-    from autopar.cost.validate_runs import validate_runs
+    from autopar.calibration.validate_runs import validate_runs
 
     report = validate_runs(runs, trainer, fit=fit, no_row=no_row_to_fit, cross_validate=cross_validate)
     from autopar.cli.render_validate import pinned_constants, print_report, write_outputs

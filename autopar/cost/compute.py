@@ -7,7 +7,7 @@
    rate in step 1, the elementwise traffic factor, the fixed time per layer pass.
 
 Step 1 runs once per plan; step 2 is a few array operations, so a fit of the constants re-runs it
-alone (autopar.cost.profile_fit). FLOPs follow Megatron's convention (autopar.cost.flops): backward
+alone (autopar.calibration.profile_fit). FLOPs follow Megatron's convention (autopar.cost.flops): backward
 = 2 x forward for GEMMs; attention backward = 2.5 x forward (it recomputes QK^T:
 Dao-AILab/flash-attention#1525).
 """

@@ -32,9 +32,8 @@ import numpy as np
 
 from autopar.cost import activations as act
 from autopar.cost.memory import state_bytes
-from autopar.cost.memory_facts import MemoryFacts
 from autopar.cost.memory_overheads import fragmentation, runtime
-from autopar.cost.memory_stacks import MemoryStack, compiled
+from autopar.cost.memory_stacks import MemoryFacts, MemoryStack, compiled
 from autopar.cost.pipeline import microbatches_in_flight
 from autopar.cost.stack_activations import PlanShape, StackLayers, head_bytes, stack_layers
 from autopar.cost.torch_stack import zero_bubble_in_flight

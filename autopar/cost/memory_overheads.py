@@ -2,7 +2,7 @@
 allocator's reserve, the CUDA context and NCCL's buffers. Sizes per MemoryStack
 (autopar.cost.memory_stacks), each with its source there.
 
-Three quantities, and what each published figure measures (autopar.cost.memory_published):
+Three quantities, and what each published figure measures (autopar.calibration.memory_published):
 - allocated: the live tensors at the peak (torch.cuda.max_memory_allocated);
 - reserved: what the caching allocator holds (torch.cuda.max_memory_reserved), the allocated peak
   plus fragmentation of the memory that churns within a step;

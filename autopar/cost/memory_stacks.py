@@ -5,9 +5,9 @@ The estimate picks the stack from the priced cluster (`stack_name`): its `traini
 the trainer's performance profile sets ("megatron": Megatron-Core; "torch": the built-in model's
 accounting, as before; or any name of STACKS, e.g. "torchtitan"), and autopar's built-in model on
 the `local` profile (autopar.cost.torch_stack,
-checked against live tensor bytes). Published runs name their program by source
-(autopar.cost.memory_facts SOURCE_STACK): NeMo/Bridge, Megatron-DeepSpeed, nanotron,
-llm-foundry, fms-fsdp, Meta's Llama 3 stack.
+checked against live tensor bytes). A run that names its own program (`MemoryFacts.stack`) is
+priced with that program's stack: NeMo/Bridge, Megatron-DeepSpeed, nanotron, llm-foundry,
+fms-fsdp, Meta's Llama 3 stack.
 """
 
 from __future__ import annotations
@@ -15,6 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autopar.spec.hardware import LOCAL, ClusterSpec
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    bf16_optimizer_states: bool = False  # Adam m and v in bf16 (--use-precision-aware-optimizer)
+    stack: str | None = None  # the program (memory_stacks.STACKS); None = the plan's trainer's
+    era_2022: bool = False  # torch 1.x (eager CUDA module loading) and NCCL before lazy connection
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -236,7 +244,7 @@ STACKS = {
 }
 #: the cluster's `training_stack` -> the program priced on a GPU cluster. A performance profile names
 #: it (autopar/cost/data/profiles.toml `memory_stack`), and the search prices the trainers that share
-#: a profile once (autopar.cost.estimate `estimate_per_trainer`), so the program follows the priced
+#: a profile once (autopar.calibration.estimate `estimate_per_trainer`), so the program follows the priced
 #: cluster, never a plan's trainer column. "megatron" and "torch" are the names profiles use today
 #: ("torch" keeps its meaning, the built-in model's accounting: autopar.spec.hardware ClusterSpec);
 #: any name of STACKS selects that program directly (e.g. "torchtitan" for torchtitan on GPUs).

@@ -16,8 +16,7 @@ import numpy as np
 from autopar.cost import activations as act
 from autopar.cost.gpu_memory import MemoryBreakdown, MemoryTerms, gpu_memory
 from autopar.cost.memory import StateBytes, state_bytes
-from autopar.cost.memory_facts import MemoryFacts
-from autopar.cost.memory_stacks import BUILTIN, STACKS, stack_name
+from autopar.cost.memory_stacks import BUILTIN, STACKS, MemoryFacts, stack_name
 from autopar.cost.params import RankParams
 from autopar.cost.pipeline import microbatches_in_flight
 from autopar.cost.plan_arrays import PlanArrays
@@ -79,7 +78,7 @@ def memory_terms(
 ) -> MemoryTerms:
     """Peak memory of every costed rank, by term, as the plans' training programs allocate it
     (autopar.cost.memory_stacks): "other" holds the buffers, the allocator's reserve, the CUDA
-    context and NCCL. `facts`: what a run states beyond its plan (autopar.cost.memory_facts)."""
+    context and NCCL. `facts`: what a run states beyond its plan (MemoryFacts)."""
     return memory_breakdown(x, model, cluster, prm, facts).terms()
 
 

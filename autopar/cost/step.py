@@ -2,7 +2,7 @@
 `step_inputs` gathers what no trainer constant changes (raw compute seconds, communication seconds
 at the measured link rates, the schedule), `assemble_step` applies the profile's constants. A fit
 of the constants re-runs the assembly only, on the inputs of every case at once
-(autopar.cost.profile_fit).
+(autopar.calibration.profile_fit).
 
 Each rank's time per microbatch = compute + the exposed TP, CP, EP and PP communication; the
 pipeline runs at the pace of its slowest stage, so pipeline time = m * pace / (1 - bubble

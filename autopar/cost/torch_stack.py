@@ -3,7 +3,7 @@
 The "torch" training stack (`ClusterSpec.training_stack`; the `local` profile's default) is PyTorch
 eager autograd with DTensor TP, FSDP2/DDP and torch.distributed.pipelining: autopar's built-in
 trial model (autopar/trial), torchtitan without compile. Its memory differs from Megatron-Core's
-fused kernels (the "megatron" stack, autopar.cost.estimate's default accounting) in what the ops
+fused kernels (the "megatron" stack, autopar.calibration.estimate's default accounting) in what the ops
 save (autopar.cost.activations `eager_*`), in torch's buffers, and in when the peak happens:
 gradients are created in the backward and freed by `zero_grad(set_to_none=True)`, not held in a
 preallocated buffer. Every term was checked against the live tensor bytes of the built-in model

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autopar.errors import InputError, quoted
-from autopar.export.header import header_lines
 from autopar.quoting import check_identifier, check_text
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -36,7 +35,7 @@ from autopar.spec.plan import ParallelPlan
 from autopar.spec.trainers import RECIPE_EXAMPLE
 
 if TYPE_CHECKING:  # imported where the estimate is made (Context.make)
-    from autopar.cost.estimate import Estimate
+    from autopar.calibration.estimate import Estimate
 
 
 class ExportRefused(InputError):
@@ -229,7 +228,7 @@ class Context:
     ) -> "Context":
         """`trainer` is the export format; `plan.trainer` the trainer that runs it, whose capability
         lines (less `waived`) refuse the plan with their sentence. Other broken rules: InputError."""
-        from autopar.cost.estimate import estimate
+        from autopar.calibration.estimate import estimate
         from autopar.export.capabilities import broken_rules
 
         s = options.seq_len or model.seq_len
@@ -269,6 +268,3 @@ class Context:
 
     def refuse(self, reason: str) -> ExportRefused:
         return ExportRefused(self.trainer, reason)
-
-    def header_lines(self) -> list[str]:
-        return header_lines(self)

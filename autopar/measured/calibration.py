@@ -4,7 +4,7 @@ autopar.measured.results and `autopar calibrate` after the stage)."""
 
 from __future__ import annotations
 
-from autopar.cost.calibrate import Calibration, calibrate
+from autopar.calibration.calibrate import Calibration, calibrate
 from autopar.search.run import SearchResult
 from autopar.spec.plan import ParallelPlan
 

@@ -60,7 +60,7 @@ def write_local_profile(dest: Path, gemm: dict, colls: list[dict], ranks: int) -
     the profile as YAML, the raw measurements as comments below it. Returns the profile (without them)."""
     import yaml
 
-    from autopar.cost.calibrate import profile_from_probe
+    from autopar.calibration.calibrate import profile_from_probe
 
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     prof = profile_from_probe(gemm, colls, ranks, ram) | {
@@ -132,7 +132,7 @@ def write_gpu_cluster(dest: Path, doc: dict) -> dict:
     import yaml
 
     from autopar.atomic import write_atomic
-    from autopar.cost.calibrate import cluster_from_gpu_probe
+    from autopar.calibration.calibrate import cluster_from_gpu_probe
     from autopar.errors import InputError
     from autopar.spec.hardware import cluster_from_dict, preset_for_device
 

@@ -1,6 +1,6 @@
 """The order the measured stage runs its candidates in: spread over layouts (`diverse`), and the
 plans the model cannot separate from the leader first (`unresolved_first`, from the 80 % intervals
-of autopar.cost.uncertainty)."""
+of autopar.calibration.uncertainty)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.errors import InputError
 from autopar.json_out import dumps
 from autopar.measured.config import TrialConfig

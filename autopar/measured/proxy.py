@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.measured.features import model_problems, plan_problems
 from autopar.measured.placement import Placement, Proxy, ProxyOptions, as_builtin, builtin_trainer
 from autopar.measured.proxy_model import _halvings, _ladder, model_dict, proxy_spec, standin_model

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import warnings
 
-from autopar.cost.calibrate import predict, spearman
-from autopar.cost.uncertainty import LEVEL, conformal_half_width
+from autopar.calibration.calibrate import predict, spearman
+from autopar.calibration.uncertainty import LEVEL, conformal_half_width
 from autopar.measured.calibration import calibrates
 from autopar.measured.trials import NOT_RUNNABLE, MeasuredStage
 from autopar.search.run import SearchResult
@@ -80,7 +80,7 @@ def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
 def intervals_before_after(ok: list[dict], after_t, measured) -> dict:
     """Each measured plan's 80 % step-time interval before calibration (the published runs' band)
     and after it: the calibrated prediction x exp(+-h), h the conformal half-width of the calibrated
-    trials' residuals ln(measured / calibrated) (autopar.cost.uncertainty); None with too few trials."""
+    trials' residuals ln(measured / calibrated) (autopar.calibration.uncertainty); None with too few trials."""
     residuals = [math.log(m / p) for p, m in zip(after_t, measured)]
     h = conformal_half_width(residuals)
     plans = {}

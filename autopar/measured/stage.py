@@ -300,7 +300,7 @@ def _save(result, stage, figs: dict) -> None:
     if stage.calibration is not None:
         import yaml
 
-        from autopar.cost.calibrate import profile_dict
+        from autopar.calibration.calibrate import profile_dict
 
         calibrated = yaml.safe_dump(profile_dict(stage.calibration.cluster))
     write_measured(Path(result.run_dir), figs, calibrated)

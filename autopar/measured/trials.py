@@ -20,7 +20,7 @@ otherwise fit the GPU profile to CPU timings.
 
 Resume: a rerun finds the study; trials left RUNNING by a dead process are failed (fail_stale) and
 their plans rerun; finished plans are kept. Between rounds (`rounds`), the cost model is refitted
-to the measurements (autopar.cost.calibrate) and the untried plans re-ranked and enqueued. Several
+to the measurements (autopar.calibration.calibrate) and the untried plans re-ranked and enqueued. Several
 workers can share the study (autopar.measured.claims): no plan is measured twice, the budget is
 shared, and each worker's final ranking covers all workers' measurements.
 """
@@ -35,8 +35,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autopar.cost.calibrate import Calibration
-from autopar.cost.uncertainty import interval_fields
+from autopar.calibration.calibrate import Calibration
+from autopar.calibration.uncertainty import interval_fields
 from autopar.errors import InputError
 from autopar.measured import claims
 from autopar.measured.calibration import calibrate_docs, evaluate_with
@@ -91,7 +91,7 @@ def candidates(result: SearchResult, df=None) -> dict[str, dict]:
 
 
 def _interval(row) -> dict:
-    """The step time's 80 % interval and the support of a candidate (autopar.cost.uncertainty)."""
+    """The step time's 80 % interval and the support of a candidate (autopar.calibration.uncertainty)."""
     if "step_time_s_low" not in row.index:
         return {}
     f = interval_fields(row)

@@ -146,7 +146,7 @@ def answer(run: RunData) -> str:
     )
 
 
-#: how to read an 80 % interval (autopar.cost.uncertainty), shown with the intervals
+#: how to read an 80 % interval (autopar.calibration.uncertainty), shown with the intervals
 INTERVAL_NOTE = (
     "How to read the 80 % interval: 80 % of outcomes like this fall inside; built from the "
     "leave-one-source-out errors on published runs of the plan's regime; widened for each thing the plan "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import AXES, MEMORY_LABELS, MEMORY_TERMS, TIME_LABELS, TIME_TERMS
+from autopar.cost.figures import AXES, MEMORY_LABELS, MEMORY_TERMS, TIME_LABELS, TIME_TERMS
 from autopar.report.figure_base import RED, bar_height, deadline, figure_layout, floats, vline
 from autopar.spec.hardware import GIB
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from autopar.cost.estimate import Estimate, estimate
+from autopar.calibration.estimate import Estimate, estimate
 from autopar.errors import InputError
 from autopar.report import compare_tables as C
 from autopar.report import run_data as D

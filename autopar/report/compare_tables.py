@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from autopar.cost.estimate import AXES, MEMORY_LABELS, MEMORY_TERMS, TIME_LABELS, TIME_TERMS
+from autopar.cost.figures import AXES, MEMORY_LABELS, MEMORY_TERMS, TIME_LABELS, TIME_TERMS
 from autopar.report.trial_tables import trial_name
 from autopar.spec.hardware import GIB
 
@@ -79,7 +79,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("memory (GiB)", "headroom_bytes", "headroom"),
     ("memory (GiB)", "params_per_gpu", "parameters per GPU"),
     *(("comm per GPU per step (GB)", f"comm_bytes_per_gpu.{a}", a.upper()) for a in AXES),
-    # how sure (autopar.cost.uncertainty)
+    # how sure (autopar.calibration.uncertainty)
     ("how sure", "support", "support"),
     ("how sure", "step_time_s_low", "step time, 80 % interval low"),
     ("how sure", "step_time_s_high", "step time, 80 % interval high"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS
+from autopar.cost.figures import MEMORY_TERMS, TIME_TERMS
 from autopar.search.run_dir import load, read_json, read_scenarios, read_trial  # noqa: F401  (read_json: compare reads plan files)
 
 #: scatter.parquet columns the report reads

@@ -1,5 +1,5 @@
 """The winner's pipeline, stage by stage, as plain pandas frames: its estimate re-priced from the
-run's question with every pipeline rank costed (autopar.cost.estimate.estimate, the per-stage
+run's question with every pipeline rank costed (autopar.calibration.estimate.estimate, the per-stage
 figures a search does not keep), each stage's memory, where each stage's step goes (the timeline)
 and the `autopar export` commands that write the winner's launch files.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from autopar.cost.estimate import Estimate, estimate
+from autopar.calibration.estimate import Estimate, estimate
 from autopar.errors import InputError
 from autopar.report.compare import question_from_search
 from autopar.report.run_data import RunData

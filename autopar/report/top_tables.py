@@ -5,7 +5,7 @@ go. Also the columns of the plans frame the report reads (checked when a run is 
 Every frame keeps the raw numbers of the run (seconds, bytes, tokens/s, fractions) next to derived
 display units (GiB), so tests can compare them with the estimates exactly.
 
-How sure (autopar.cost.uncertainty): the top-k rows carry each figure's 80 % interval as
+How sure (autopar.calibration.uncertainty): the top-k rows carry each figure's 80 % interval as
 `<figure>_low` / `<figure>_high` and `support` ("calibrated" | "extrapolated") with
 `support_reason`, from top.json's entries where they have them, else from scatter.parquet's
 columns (the support then from `support_gaps`); NaN and "" in a run directory written before the
@@ -19,9 +19,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import MEMORY_TERMS, TIME_TERMS
-from autopar.cost.support import GAP_BIT, SUPPORT_GAPS
-from autopar.cost.uncertainty import INTERVAL_FIGURES, support_word
+from autopar.calibration.support import GAP_BIT, SUPPORT_GAPS
+from autopar.calibration.uncertainty import INTERVAL_FIGURES, support_word
+from autopar.cost.figures import MEMORY_TERMS, TIME_TERMS
 from autopar.report.run_data import RunData
 from autopar.search.results import STRUCTURE_KEY, best_per_trainer, ranked, top_plans
 from autopar.spec.hardware import GIB
@@ -198,7 +198,7 @@ def dropped_trainers(run: RunData) -> pd.DataFrame:
 
 
 def gap_text(gaps: int) -> str:
-    """The support gaps of a bitmask (autopar.cost.uncertainty.SUPPORT_GAPS) in a few words, for
+    """The support gaps of a bitmask (autopar.calibration.uncertainty.SUPPORT_GAPS) in a few words, for
     rows the run's JSON does not describe."""
     names = [n for n in SUPPORT_GAPS if gaps & GAP_BIT[n]]
     if not names:

@@ -192,7 +192,7 @@ class Enumerator:
         """(start, stop, table) over the walk with the trainer axis folded: each row of a table
         stands for one plan per trainer of `trainer_codes` (its trainer column is the first's), the
         j-th at `plan_index + j` of the full walk; start and stop count full-walk rows. The search
-        prices such a row once per performance profile (autopar.cost.estimate.estimate_per_trainer)."""
+        prices such a row once per performance profile (autopar.calibration.estimate.estimate_per_trainer)."""
         n_trainers = len(self.trainer_codes)
         folded = self.total // n_trainers
         for start in range(0, folded, size):

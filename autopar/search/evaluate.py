@@ -1,6 +1,6 @@
 """The search's one entry into the cost model: a table of plans priced for a search question, the
 space's memory headroom part of "fits" (autopar.cost.columns.set_validity) and the step time it
-ranks by set. The streaming walk prices its chunks per trainer (autopar.cost.estimate
+ranks by set. The streaming walk prices its chunks per trainer (autopar.calibration.estimate
 estimate_per_trainer) and its kept plans, Optuna's trials and a measured stage's re-rank here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import estimate_table
+from autopar.calibration.estimate import estimate_table
 from autopar.search.results import frame, set_rank_time
 from autopar.spec.question import Question
 from autopar.spec.table import PlanTable
@@ -17,7 +17,7 @@ from autopar.spec.table import PlanTable
 def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float, search: bool = False) -> dict:
     """Every estimate column of a (small) table, the space's memory headroom applied and the rank
     time set; `search`: only the light columns a search ranks and keeps plans by
-    (autopar.cost.estimate.estimate_table)."""
+    (autopar.calibration.estimate.estimate_table)."""
     est = estimate_table(
         table,
         q.model,

@@ -13,5 +13,5 @@ DEFAULT_MAX_EXHAUSTIVE = 10 * MEASURED_PLANS_PER_S
 #: Optuna samplers of `--sampler` (autopar.search.optuna_driver.make_sampler)
 SAMPLERS = ("tpe", "nsga2", "random")
 
-#: --rank-by -> the step-time column plans are ranked by (autopar.cost.uncertainty's intervals)
+#: --rank-by -> the step-time column plans are ranked by (autopar.calibration.uncertainty's intervals)
 RANK_BY = {"expected": "step_time_s", "p80": "step_time_s_high"}

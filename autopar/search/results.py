@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from autopar.cost.columns import MEMORY_BIT
-from autopar.cost.estimate import TIME_LABELS, TIME_TERMS
+from autopar.cost.figures import TIME_LABELS, TIME_TERMS
 from autopar.search.limits import RANK_BY as RANK_BY  # declared apart: the CLI checks --rank-by early
 from autopar.spec.hardware import GIB
 from autopar.spec.layout import auto_layout
@@ -267,7 +267,7 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
 
 
 def sureness_lines(top: pd.DataFrame, pool: pd.DataFrame) -> list[str]:
-    """How sure the answer is (autopar.cost.uncertainty): whether the winner stands on calibrated
+    """How sure the answer is (autopar.calibration.uncertainty): whether the winner stands on calibrated
     ground, whether the runner-up is inside the winner's 80 % interval of step time, and, when the
     winner is extrapolated, the fastest calibrated plan that is inside that interval too."""
     if top.empty or "step_time_s_low" not in top.columns:

@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 
 from autopar import __version__
-from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate_per_trainer
+from autopar.calibration.estimate import estimate_per_trainer
+from autopar.calibration.uncertainty import interval_fields, support_text
+from autopar.cost.figures import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
-from autopar.cost.uncertainty import interval_fields, support_text
 from autopar.search.enumerate import Enumerator
 from autopar.search.evaluate import evaluate
 from autopar.search.options import SearchOptions
@@ -130,7 +131,7 @@ def row_summary(row: pd.Series, layouts) -> dict:
 
 
 def _interval_summary(row: pd.Series) -> dict:
-    """The plan's 80 % intervals and support (autopar.cost.uncertainty), as `estimate --json` has them."""
+    """The plan's 80 % intervals and support (autopar.calibration.uncertainty), as `estimate --json` has them."""
     if "step_time_s_low" not in row.index:
         return {}
     return interval_fields(row, str(row["support_reason"]) if "support_reason" in row.index else None)
@@ -138,7 +139,7 @@ def _interval_summary(row: pd.Series) -> dict:
 
 def with_support(df: pd.DataFrame, q: Question, layouts: list) -> pd.DataFrame:
     """The plans shown with `support` and `support_reason`: the gaps in words and the nearest
-    published run (autopar.cost.uncertainty.support_text)."""
+    published run (autopar.calibration.uncertainty.support_text)."""
     if df.empty or "support_gaps" not in df.columns:
         return df
     texts = [

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from autopar.atomic import publish, temp_path, write_atomic, write_with
-from autopar.cost.uncertainty import INTERVAL_COLUMNS
+from autopar.calibration.uncertainty import INTERVAL_COLUMNS
 from autopar.errors import InputError, quoted
 from autopar.json_out import dumps
 from autopar.secrets import mask_values

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import estimate_per_trainer
+from autopar.calibration.estimate import estimate_per_trainer
 from autopar.search.enumerate import Enumerator
 from autopar.search.evaluate import estimate_fitting
 from autopar.search.results import MEMORY_BIT, frame, pareto_positions, rank_order, set_rank_time

@@ -194,7 +194,7 @@ def param_gather_used(dtype: str, recipe: str, gather: str, trainer: str) -> boo
 
 def fp8_defaults(trainer: str) -> tuple:
     """What a plan's "default" FP8 choices mean on `trainer`: its default recipe and its parameter
-    gather per recipe. Trainers that agree on it price a plan alike (autopar.cost.estimate)."""
+    gather per recipe. Trainers that agree on it price a plan alike (autopar.calibration.estimate)."""
     i = ALL_TRAINERS.index(trainer)
     return int(default_codes()[i]), tuple(_gather_by_recipe()[i].tolist())
 

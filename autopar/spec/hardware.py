@@ -50,7 +50,7 @@ class GpuSpec:
     gpus_per_node: int = 8
     intra_node_topology: str = "switch"  # "switch" (NVSwitch) | "full-mesh" (MI300X xGMI)
     #: the architecture ("ampere", "hopper", "blackwell", "cdna3"; "" = not stated): published runs
-    #: on one GPU of a generation calibrate plans on the others (autopar.cost.uncertainty)
+    #: on one GPU of a generation calibrate plans on the others (autopar.calibration.uncertainty)
     generation: str = ""
     #: GPU <-> host memory, per GPU per direction (PCIe x16 or NVLink-C2C); None = not stated, and a
     #: plan that offloads to host memory cannot be priced on this GPU

@@ -25,7 +25,7 @@ class Question:
     #: the trainers the plans must run on (all of them unless `--trainer` says)
     trainers: tuple[str, ...] = TRAINERS
     #: what "fastest" means: "expected" (the central prediction) or "p80" (the pessimistic end of
-    #: the 80 % interval: the step time 90 % of outcomes beat; autopar.cost.uncertainty)
+    #: the 80 % interval: the step time 90 % of outcomes beat; autopar.calibration.uncertainty)
     rank_by: str = "expected"
     #: (trainer, recipe) the user names for a model the trainer's recipe table lacks (`--recipe`):
     #: NeMo 2 recipe modules, Megatron-Bridge recipe functions; the exports start from them

@@ -8,7 +8,7 @@ busiest expert rank receives over the mean.
   Megatron-MoE-ModelZoo's long-context table prints, for the same Qwen3-235B-A22B layouts on 256
   H100, the throughput with forced balance and with the real router (dropless): 295 / 237, 335 /
   277, 368 / 320, 389 / 357 TFLOP/s at 16K-128K. The imbalance that turns each forced-balanced
-  prediction into its dropless measurement (autopar.cost.routing_derivation re-derives it, and a
+  prediction into its dropless measurement (autopar.calibration.routing_derivation re-derives it, and a
   test checks this value against the derivation) is 1.61-1.68 under the shipped profiles; this is
   their median, rounded. It is measured on one model and router (Qwen3-235B-A22B in
   Megatron-Core); other routers may differ, and no published pair measures them yet.

@@ -360,7 +360,7 @@ def reason_text(codes: np.ndarray, trainer: np.ndarray, rules: tuple) -> np.ndar
 def capability_codes(table: PlanColumns, context: Context) -> np.ndarray:
     """Per row, the bits of the trainer capability lines it breaks, at their places in
     `all_rules()` (after the model rules): with the model rules' `codes()`, a row's full bitmask.
-    The search checks each trainer this way on plans it prices once (autopar.cost.estimate)."""
+    The search checks each trainer this way on plans it prices once (autopar.calibration.estimate)."""
     out = np.zeros(len(table), dtype=np.uint64)
     for i, rule in enumerate(trainer_rules(), start=len(RULES)):
         m = np.asarray(rule.violated(table, context), dtype=bool)

@@ -243,7 +243,7 @@ def _share_moe_statistics(
 ) -> None:
     """The aux loss's routing statistics are the whole sequence's: summed over the ranks holding
     its tokens (cp, and tp under SP), on a group of their own named after the axis the cost model
-    books them on (cp when cp > 1, else tp: autopar.cost.estimate). Balanced routing needs each
+    books them on (cp when cp > 1, else tp: autopar.calibration.estimate). Balanced routing needs each
     token's real position: this cp rank's positions, split over tp by SP."""
     axes = tuple(a for a in ("cp", "tp") if getattr(plan, a) > 1 and (a == "cp" or plan.sequence_parallel))
     stats = new_axes_group(mesh, axes) if axes else None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.cost.run_rows import MAX_RUN_ROWS, RUNS_BYTES, bundled_runs
+from autopar.calibration.run_rows import MAX_RUN_ROWS, RUNS_BYTES, bundled_runs
 
 #: rows 1-5 of the bundled table: dense Megatron-LM README runs on H100, all evaluable
 ROWS = [r for r in bundled_runs() if r["row_id"] in ("1", "2", "3", "4", "5")]

@@ -27,7 +27,7 @@ with contextlib.redirect_stderr(err):
         main(sys.argv[1:])
     except SystemExit as e:
         code = e.code
-heavy = ("numpy", "pandas", "pyarrow", "plotly", "optuna", "autopar.cost.estimate", "autopar.search.run")
+heavy = ("numpy", "pandas", "pyarrow", "plotly", "optuna", "autopar.calibration.estimate", "autopar.search.run")
 loaded = [m for m in heavy if m in sys.modules]
 print(json.dumps({"code": code, "stderr": err.getvalue().splitlines(), "heavy": loaded}))
 """
@@ -77,4 +77,4 @@ def test_bad_flag_fails_before_numpy(args, message, tmp_path):
 def test_bad_cluster_or_space_fails_before_the_search(args, message, tmp_path):
     got = _probe(args, tmp_path)
     assert got["code"] == 2 and len(got["stderr"]) == 1 and message in got["stderr"][0], got
-    assert not {"pandas", "pyarrow", "autopar.cost.estimate", "autopar.search.run"} & set(got["heavy"]), got
+    assert not {"pandas", "pyarrow", "autopar.calibration.estimate", "autopar.search.run"} & set(got["heavy"]), got

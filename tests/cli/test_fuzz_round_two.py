@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autopar.cost.run_rows import bundled_runs
+from autopar.calibration.run_rows import bundled_runs
 
 #: a numpy overflow or division warning is a failure too (the user would see it on stderr)
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")

@@ -141,10 +141,10 @@ def test_validate_runs_of_ones_own_reports_their_coverage_by_the_shipped_interva
     each inside or outside the interval the shipped support gives it."""
     from importlib import resources
 
-    from autopar.cost.run_rows import BUNDLED
+    from autopar.calibration.run_rows import BUNDLED
 
     path = tmp_path / "mine.csv"
-    path.write_text(resources.files("autopar.cost").joinpath(f"data/{BUNDLED[0]}").read_text())
+    path.write_text(resources.files("autopar.calibration").joinpath(f"data/{BUNDLED[0]}").read_text())
     r = cli_run("validate", "--runs", path, "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

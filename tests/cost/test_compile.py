@@ -13,13 +13,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from autopar.calibration.estimate import estimate
+from autopar.calibration.run_cases import build_cases
+from autopar.calibration.run_rows import bundled_runs
 from autopar.cost.compute import raw_compute
-from autopar.cost.estimate import estimate
 from autopar.cost.kernels import hbm_rate
 from autopar.cost.price import prepare
 from autopar.cost.profiles import profiles
-from autopar.cost.run_cases import build_cases
-from autopar.cost.run_rows import bundled_runs
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset

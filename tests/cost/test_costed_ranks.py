@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autopar.cost.estimate import estimate_table
+from autopar.calibration.estimate import estimate_table
 from autopar.search.enumerate import enumerate_plans
 from autopar.search.space import space_from_dict
 from autopar.spec.hardware import default_cluster

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from autopar.cost.profile_fit import _parameters
+from autopar.calibration.profile_fit import _parameters
 from autopar.cost.profiles import pinned, profiles
 from autopar.cost.step import dp_exposed
 

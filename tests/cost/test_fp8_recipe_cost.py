@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.cost.kernels import hbm_rate
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan

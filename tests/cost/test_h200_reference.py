@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.spec.behaviour import behaviour_of
 from autopar.spec.hardware import GIB, get_gpu, load_cluster_file
 from autopar.spec.plan import ParallelPlan

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import resolve_model

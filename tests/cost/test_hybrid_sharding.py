@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from autopar.calibration.estimate import estimate
 from autopar.cost.collectives import Group, Links, collective_seconds
-from autopar.cost.estimate import estimate
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan, PlanError
 from autopar.spec.presets import resolve_model

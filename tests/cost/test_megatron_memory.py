@@ -33,7 +33,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.spec.hardware import GIB, default_cluster
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan

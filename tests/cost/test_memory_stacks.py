@@ -8,8 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autopar.cost.memory_facts import MemoryFacts, nanotron_layout, row_offloaded, row_recompute_modules
-from autopar.cost.memory_stacks import STACKS, stack_name
+from autopar.calibration.memory_facts import nanotron_layout
+from autopar.calibration.row_cells import row_offloaded, row_recompute_modules
+from autopar.cost.memory_stacks import STACKS, MemoryFacts, stack_name
 from autopar.cost.memory_terms import memory_breakdown
 from autopar.cost.price import prepare
 from autopar.cost.stack_activations import PlanShape, dense_layer, moe_layer

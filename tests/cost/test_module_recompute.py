@@ -9,11 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autopar.cost.case_batch import prime_inputs
-from autopar.cost.memory_facts import row_recompute_modules
+from autopar.calibration.case_batch import prime_inputs
+from autopar.calibration.row_cells import row_recompute_modules
+from autopar.calibration.run_cases import build_cases
+from autopar.calibration.run_rows import load_runs
 from autopar.cost.price import prepare
-from autopar.cost.run_cases import build_cases
-from autopar.cost.run_rows import load_runs
 from autopar.spec.table import PlanTable
 
 

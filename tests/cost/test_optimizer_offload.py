@@ -23,9 +23,10 @@ from dataclasses import replace
 
 import pytest
 
-from autopar.cost.estimate import TIME_TERMS, estimate
-from autopar.cost.run_cases import build_cases
-from autopar.cost.run_rows import load_runs
+from autopar.calibration.estimate import estimate
+from autopar.calibration.run_cases import build_cases
+from autopar.calibration.run_rows import load_runs
+from autopar.cost.figures import TIME_TERMS
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan, PlanError
 from autopar.spec.presets import resolve_model

@@ -9,12 +9,12 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
+from autopar.calibration.routing_derivation import implied_imbalances
+from autopar.calibration.run_cases import build_cases
+from autopar.calibration.run_rows import load_runs
 from autopar.cost.collectives import Links, collective_seconds, deduplicated_seconds, place
 from autopar.cost.kernels import attention_seconds, causal_share, gemm_rate, half_dims, reference_half_dim
 from autopar.cost.profiles import lineage, profiles
-from autopar.cost.routing_derivation import implied_imbalances
-from autopar.cost.run_cases import build_cases
-from autopar.cost.run_rows import load_runs
 from autopar.spec.constants import CostConstants, check_table_matches_fields, constant_table
 from autopar.spec.hardware import default_cluster
 from autopar.spec.routing import REAL_ROUTER_IMBALANCE
@@ -83,7 +83,7 @@ def test_all_gather_context_parallelism_hides_nothing():
     from autopar.cost.step import exposed
 
     case = next(c for c in build_cases(load_runs(None))[0] if c.row_id == "276")
-    from autopar.cost.case_batch import case_cluster, prime_inputs
+    from autopar.calibration.case_batch import case_cluster, prime_inputs
 
     prime_inputs([case])
     inp = case.inputs
@@ -177,7 +177,7 @@ def test_deepep_beside_the_gemms_costs_its_measured_overhead():
     sec. 4.2.3), more than their 15 % share; a B200 (148 SMs) loses as much per SM taken:
     0.20 x 132 / 148. The overlapped rows of the published runs (row 278: H100, row 287: GB200)
     carry that share."""
-    from autopar.cost.case_batch import prime_inputs
+    from autopar.calibration.case_batch import prime_inputs
 
     cases = {c.row_id: c for c in build_cases(load_runs(None))[0] if c.row_id in ("278", "287") and not c.dropless}
     prime_inputs(list(cases.values()))

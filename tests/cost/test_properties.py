@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.cost.pipeline import bubble_fraction
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan

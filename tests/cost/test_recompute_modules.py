@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan, PlanError
 from autopar.spec.presets import resolve_model

@@ -17,9 +17,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from autopar.calibration.estimate import estimate
 from autopar.cost.collectives import Links, allreduce_bytes_moved, collective_seconds, place
 from autopar.cost.comm import payload, pp_calls, tp_calls
-from autopar.cost.estimate import estimate
 from autopar.cost.memory import state_bytes
 from autopar.cost.pipeline import bubble_fraction
 from autopar.spec.hardware import default_cluster

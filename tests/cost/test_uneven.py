@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.spec.hardware import GIB, default_cluster
 from autopar.spec.layout import PipelineLayout, auto_layout
 from autopar.spec.plan import ParallelPlan

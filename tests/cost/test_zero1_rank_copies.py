@@ -13,15 +13,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from autopar.cost.case_batch import case_cluster, prime_inputs
+from autopar.calibration.case_batch import case_cluster, prime_inputs
+from autopar.calibration.run_cases import build_cases
 from autopar.cost.compute import RawCompute
 from autopar.cost.profiles import profiles
-from autopar.cost.run_cases import build_cases
 from autopar.cost.step import zero1_copy_seconds
 
 
 def _rows(*ids: str) -> list[dict]:
-    data = resources.files("autopar.cost").joinpath("data/calibration_runs_2.csv").read_text()
+    data = resources.files("autopar.calibration").joinpath("data/calibration_runs_2.csv").read_text()
     return [r for r in csv.DictReader(data.splitlines()) if r["row_id"] in ids]
 
 

@@ -20,7 +20,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from autopar.cost.estimate import estimate_table
+from autopar.calibration.estimate import estimate_table
 from autopar.export import ExportOptions, ExportRefused, get_exporter, plan_view
 from autopar.search.enumerate import enumerate_plans
 from autopar.search.space import SearchSpace

@@ -77,7 +77,7 @@ def test_search_then_export_rank_1_to_megatron(run_dir, tmp_path, capsys) -> Non
     assert f"produced by: autopar export --to megatron --run {run_dir} --rank 1" in header
     assert f"rank 1 of {entry.of} in {run_dir}/top.json" in header
     top = json.loads((run_dir / "top.json").read_text())["top"][0]
-    from autopar.cost.estimate import estimate
+    from autopar.calibration.estimate import estimate
 
     est = estimate(
         entry.plan.with_(trainer="megatron"), entry.model, entry.cluster, num_gpus=entry.num_gpus, seq_len=entry.seq_len

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from autopar.cost.calibrate import calibrate, predict, profile_dict, profile_from_probe
+from autopar.calibration.calibrate import calibrate, predict, profile_dict, profile_from_probe
 from autopar.spec.hardware import default_cluster, load_cluster_file
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset

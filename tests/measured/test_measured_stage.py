@@ -112,7 +112,7 @@ def test_calibrate_cli(local_env, tmp_path, cli):
     constants: fitted values and residuals printed, a loadable profile, the untried re-ranked."""
     from dataclasses import replace
 
-    from autopar.cost.calibrate import predict
+    from autopar.calibration.calibrate import predict
     from autopar.spec.hardware import load_cluster_file
     from autopar.spec.plan import ParallelPlan
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.errors import InputError
 from autopar.measured.config import TrialConfig
 from autopar.measured.features import model_problems, plan_problems

@@ -92,7 +92,7 @@ def write_trials(run_dir: Path, rows: list[tuple[dict, dict, dict]]) -> list[Pat
     return out
 
 
-#: what a run directory written before the intervals (autopar.cost.uncertainty) lacks
+#: what a run directory written before the intervals (autopar.calibration.uncertainty) lacks
 INTERVAL_COLUMNS = [
     f"{f}_{end}"
     for f in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "peak_memory_bytes")

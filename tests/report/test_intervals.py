@@ -1,4 +1,4 @@
-"""How sure, in the report (autopar/report/, from autopar.cost.uncertainty's columns): the error
+"""How sure, in the report (autopar/report/, from autopar.calibration.uncertainty's columns): the error
 bars of the step-time breakdown and of the scatter are the run directory's 80 % intervals exactly
 (top.json and scatter.parquet read here on their own), the top-plans table shows each plan's
 interval and support as top.json has them, the answer shows the search's sureness lines, and a run

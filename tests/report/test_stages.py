@@ -37,7 +37,7 @@ def page70(run70, tmp_path_factory) -> str:
 
 def _independent_estimate(entry: dict):
     """The winner estimated from scratch with the conftest's question (70B, 256 x H100, seq 8192)."""
-    from autopar.cost.estimate import estimate
+    from autopar.calibration.estimate import estimate
     from autopar.spec.hardware import default_cluster
     from autopar.spec.plan import ParallelPlan
     from autopar.spec.presets import get_preset
@@ -95,7 +95,7 @@ def test_timeline_is_the_priced_schedule(run70, page70):
 def test_forward_share_counts_the_recomputed_forward():
     """Full recomputation re-runs the layers' forward in the backward (not the LM head's), so the
     forward's share of a microbatch falls from 1/3 towards 1/4."""
-    from autopar.cost.estimate import estimate
+    from autopar.calibration.estimate import estimate
     from autopar.spec.hardware import default_cluster
     from autopar.spec.presets import get_preset
     from autopar.spec.resolve import resolve_plan
@@ -149,7 +149,7 @@ def test_compare_ranks_only_where_lower_or_higher_is_better():
     """Of two layouts (TP 8 PP 4; TP 4 PP 8 with full recompute), the step time, throughput, MFU and
     peak memory are ranked; HFU (higher with recomputation, which does no work), the weights and
     every other part of a total are not, though they differ."""
-    from autopar.cost.estimate import estimate
+    from autopar.calibration.estimate import estimate
     from autopar.report import compare_tables as C
     from autopar.spec.hardware import default_cluster
     from autopar.spec.presets import get_preset

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS
+from autopar.cost.figures import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.report import answer_text as A
 from autopar.report import compare_tables as C
 from autopar.report import run_data as D
@@ -340,7 +340,7 @@ def test_question_and_answer(run, run70):
 
 
 def _estimates():
-    from autopar.cost.estimate import estimate
+    from autopar.calibration.estimate import estimate
     from autopar.spec.hardware import default_cluster
     from autopar.spec.presets import get_preset
     from autopar.spec.resolve import resolve_plan

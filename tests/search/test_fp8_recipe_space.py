@@ -4,7 +4,7 @@ lists recipes to search; a recipe row exists only with FP8, naming a trainer's o
 
 from __future__ import annotations
 
-from autopar.cost.estimate import estimate_table
+from autopar.calibration.estimate import estimate_table
 from autopar.search.enumerate import enumerate_plans, knob_choices
 from autopar.search.space import load_space, space_from_dict
 from autopar.spec.fp8_recipes import RECIPE_CHOICES, RECIPE_CODE

@@ -6,7 +6,7 @@ distributed-optimizer instances with ZeRO-1)."""
 
 from __future__ import annotations
 
-from autopar.cost.estimate import estimate_table
+from autopar.calibration.estimate import estimate_table
 from autopar.search.enumerate import enumerate_plans, knob_choices
 from autopar.search.results import frame
 from autopar.search.space import load_space, space_from_dict

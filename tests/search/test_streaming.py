@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autopar.cost.estimate import estimate_table
+from autopar.calibration.estimate import estimate_table
 from autopar.report.scatter_tables import pareto_mask
 from autopar.search.enumerate import Enumerator
 from autopar.search.results import frame

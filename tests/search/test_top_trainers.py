@@ -1,6 +1,6 @@
 """The `trainers` of the top plans and their variants (autopar.search.run.runs_on: one pricing per
 performance profile for every trainer, estimate_per_trainer) name exactly the trainers for which the
-full estimate of that plan on that trainer fits (autopar.cost.estimate.estimate_table, one plan and
+full estimate of that plan on that trainer fits (autopar.calibration.estimate.estimate_table, one plan and
 one trainer at a time, the space's memory headroom applied): the answer the search gave before it
 priced the plans shown in one pass."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autopar.cost.estimate import estimate_table
+from autopar.calibration.estimate import estimate_table
 from autopar.search.options import SearchOptions
 from autopar.search.results import row_plan
 from autopar.search.run import run_search

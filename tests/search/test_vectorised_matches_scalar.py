@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from autopar.cost.estimate import AXES, MEMORY_TERMS, TIME_TERMS, estimate, estimate_table
+from autopar.calibration.estimate import estimate, estimate_table
+from autopar.cost.figures import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.search.enumerate import enumerate_plans
 
 RTOL = 1e-9

@@ -53,7 +53,7 @@ def test_the_search_prices_each_trainer_with_its_own_fp8_defaults() -> None:
     # estimate_per_trainer prices the trainers of one profile once, as the first's: Megatron-LM and
     # Megatron-Bridge share the megatron profile but not the meaning of a default FP8 plan (Bridge's
     # delayed-scaling recipe gathers FP8 parameters), so each is priced as itself
-    from autopar.cost.estimate import estimate, estimate_per_trainer
+    from autopar.calibration.estimate import estimate, estimate_per_trainer
     from autopar.spec.hardware import default_cluster
     from autopar.spec.presets import resolve_model
     from autopar.spec.table import PlanTable

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.measured.config import TrialConfig
 from autopar.measured.launcher import LaunchResult, launch
 from autopar.spec.hardware import default_cluster

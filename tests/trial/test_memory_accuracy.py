@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cost.estimate import estimate
+from autopar.calibration.estimate import estimate
 from autopar.spec.hardware import LOCAL_DEFAULTS, cluster_from_dict
 from autopar.spec.presets import get_preset
 from autopar.spec.trainers import BUILTIN

@@ -1,6 +1,6 @@
 """Issue 22's memory acceptance, recomputed (nothing stored is read back): the published memory
 figures of the bundled calibration runs against the estimate of the same quantity
-(autopar.cost.memory_published: nanotron's peak reserved memory of rank 0, BLOOM's nvidia-smi
+(autopar.calibration.memory_published: nanotron's peak reserved memory of rank 0, BLOOM's nvidia-smi
 figure of the first and last stages, Korthikanti et al.'s Figure 1 terms) at most 10 % MAPE, and
 every published run predicted to fit its GPUs."""
 
@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cost.memory_facts import (
-    memory_plan,
-    row_memory_facts,
-    row_offloaded,
-    row_recompute_modules,
-    with_twin_offloading,
-)
-from autopar.cost.memory_published import _priced_memory, compare_published_memory, published_memory
-from autopar.cost.run_cases import build_cases
-from autopar.cost.run_rows import load_runs
+from autopar.calibration.memory_facts import memory_plan, row_memory_facts, with_twin_offloading
+from autopar.calibration.memory_published import _priced_memory, compare_published_memory, published_memory
+from autopar.calibration.row_cells import row_offloaded, row_recompute_modules
+from autopar.calibration.run_cases import build_cases
+from autopar.calibration.run_rows import load_runs
 
 #: published runs the model still predicts not to fit, each with the reason (the test fails if any
 #: other row does not fit, and if one of these starts to fit: then drop it here)

@@ -1,7 +1,7 @@
 """Published runs priced together: each case's step inputs (autopar.cost.step.StepInputs: raw
 compute and communication seconds at the published hardware rates, with its trainer's kernel facts)
 are computed once, stacked into one batch, and the step assembled for all of them at once with
-per-case constants. A fit of the constants (autopar.cost.profile_fit) re-runs only the assembly:
+per-case constants. A fit of the constants (autopar.calibration.profile_fit) re-runs only the assembly:
 a few array operations over every case, so leave-one-source-out refits take seconds."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any, cast
 
 import numpy as np
 
+from autopar.calibration.run_cases import RunCase
 from autopar.cost.comm_terms import comm_terms
 from autopar.cost.compute import RawCompute, raw_compute
 from autopar.cost.goodput import run_time
 from autopar.cost.price import prepare, with_recompute_modules
 from autopar.cost.profiles import profile_of, profiles
-from autopar.cost.run_cases import RunCase
 from autopar.cost.step import StepInputs, assemble_step, step_inputs
 from autopar.spec.hardware import ClusterSpec, CostConstants
 from autopar.spec.table import PlanTable

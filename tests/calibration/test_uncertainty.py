@@ -1,4 +1,4 @@
-"""The 80 % intervals and the support of a prediction (autopar.cost.uncertainty), derived by hand on
+"""The 80 % intervals and the support of a prediction (autopar.calibration.uncertainty), derived by hand on
 small sets of calibration points: the regime's quantiles, the back-off to a coarser regime, the
 support gaps and their words, the widening, and the leave-one-source-out coverage."""
 
@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from autopar.cost import support as S
-from autopar.cost import uncertainty as U
-from autopar.cost.estimate import estimate_table
+from autopar.calibration import support as S
+from autopar.calibration import uncertainty as U
+from autopar.calibration.estimate import estimate_table
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset

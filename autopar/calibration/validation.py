@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.cost.case_batch import CaseBatch, constants_table
-from autopar.cost.run_cases import RunCase
+from autopar.calibration.case_batch import CaseBatch, constants_table
+from autopar.calibration.run_cases import RunCase
 from autopar.spec.hardware import CostConstants
 
 CATEGORIES = ("dense Megatron-family", "FSDP-family", "MoE", "long context")
@@ -105,7 +105,7 @@ def evaluate_cases(
     cases: list[RunCase], skipped, constants: dict[str, CostConstants] | None = None, method: str = "in-sample"
 ) -> ValidationResult:
     """Every case predicted with the shipped profiles, or with the given constants (profile name ->
-    constants: a fit's), all at once (autopar.cost.case_batch)."""
+    constants: a fit's), all at once (autopar.calibration.case_batch)."""
     if not cases:
         return ValidationResult([], skipped, method)
     pred, err = CaseBatch.of(cases).predicted(constants_table(constants or {}))

@@ -18,7 +18,7 @@ What each source's figure measures (parsed from the row's `notes`, or its `peak_
 
 The predictions run the estimate's memory path (autopar.cost.price.prepare on every rank, then
 autopar.cost.memory_terms.memory_breakdown) on the plan and program the source ran
-(autopar.cost.memory_facts); nothing is stored.
+(autopar.calibration.memory_facts); nothing is stored.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from autopar.cost.case_batch import case_cluster
+from autopar.calibration.case_batch import case_cluster
+from autopar.calibration.memory_facts import memory_plan, row_memory_facts, with_twin_offloading
+from autopar.calibration.run_cases import RunCase
+from autopar.calibration.run_rows import load_runs
 from autopar.cost.gpu_memory import in_flight, plan_shape
-from autopar.cost.memory_facts import memory_plan, row_memory_facts, with_twin_offloading
 from autopar.cost.memory_stacks import STACKS
 from autopar.cost.memory_terms import memory_breakdown
 from autopar.cost.params import rank_params
 from autopar.cost.price import prepare
-from autopar.cost.run_cases import RunCase
-from autopar.cost.run_rows import load_runs
 from autopar.cost.stack_activations import stack_layers
 from autopar.spec.hardware import GIB
 from autopar.spec.table import PlanTable

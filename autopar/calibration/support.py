@@ -1,7 +1,7 @@
 """Where the cost model has been checked: the published runs as calibration points (their regime,
 their layout, their held-out residual), how far the runs of one profile go (Reach), and the support
 gaps of a plan against them, in bits and in words, with the nearest published run. The intervals
-built on them are autopar.cost.uncertainty's."""
+built on them are autopar.calibration.uncertainty's."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class CalibrationPoint:
 
 
 def calibration_point(case, error: float) -> CalibrationPoint:
-    """A published run (autopar.cost.run_cases.RunCase) and its held-out relative error on
+    """A published run (autopar.calibration.run_cases.RunCase) and its held-out relative error on
     throughput, as a calibration point."""
     p, g = case.plan, case.cluster
     ep_nodes = int(place(p.ep, p.etp, g.gpus_per_node).nodes) if case.model.moe else 1
@@ -149,7 +149,7 @@ class Reach:
 
 @lru_cache(maxsize=256)  # a search asks for each trainer's reach once per chunk of plans
 def reach_of(profile: str, support) -> Reach:
-    """Reach.of the points of a (hashable) autopar.cost.uncertainty.Support."""
+    """Reach.of the points of a (hashable) autopar.calibration.uncertainty.Support."""
     return Reach.of(profile, support.points)
 
 

@@ -4,7 +4,7 @@ peak memory) and whether the plan stands on calibrated ground.
 The method (docs/cost-model.md, "How sure: intervals and support"), chosen to be simple and
 checkable rather than clever:
 
-1. Residuals. Every published run's leave-one-source-out error (autopar.cost.validate_runs: its
+1. Residuals. Every published run's leave-one-source-out error (autopar.calibration.validate_runs: its
    throughput predicted by the profiles fitted to every other source), as r = ln(published /
    predicted). Held-out errors, not in-sample ones: an in-sample residual is too small.
 2. Regime. A plan's residuals are those of the published runs of its regime: performance profile
@@ -23,7 +23,7 @@ checkable rather than clever:
    regenerated (`make profiles`): the 80th percentile of the per-gap widening that the published
    runs extrapolated under leave-one-source-out needed to be covered.
 5. Memory. The same quantiles over the measured peak-memory figures of the published runs
-   (autopar.cost.memory_published): the memory model has no fitted constant, so its residuals are
+   (autopar.calibration.memory_published): the memory model has no fitted constant, so its residuals are
    out of sample as they are.
 
 The calibration points (one per published run: its regime, its layout and its residual) are
@@ -39,8 +39,8 @@ from functools import cache, lru_cache
 
 import numpy as np
 
-from autopar.cost.stored_figures import stored_figures
-from autopar.cost.support import (
+from autopar.calibration.stored_figures import stored_figures
+from autopar.calibration.support import (
     GAP_BIT,
     LONG_CONTEXT,
     MAX_GAPS,

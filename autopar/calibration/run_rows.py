@@ -95,7 +95,7 @@ def bundled_runs() -> list[dict]:
     """The bundled calibration tables, rows 1-54, 201-291 then 401-411."""
     out = []
     for name in BUNDLED:
-        text = resources.files("autopar.cost").joinpath(f"data/{name}").read_text()
+        text = resources.files("autopar.calibration").joinpath(f"data/{name}").read_text()
         out += list(csv.DictReader(text.splitlines()))
     return out
 
@@ -104,7 +104,7 @@ def load_runs(path: str | Path | None) -> list[dict]:
     """A calibration CSV (None = the bundled tables): user data, read through the one reader
     (autopar.spec.read_file) as UTF-8 with or without the byte-order mark spreadsheets write, at most
     RUNS_BYTES and MAX_RUN_ROWS rows; the header needs the REQUIRED columns (names stripped of
-    blanks). The rows' values are checked one by one later (autopar.cost.run_checks)."""
+    blanks). The rows' values are checked one by one later (autopar.calibration.run_checks)."""
     if path is None:
         return bundled_runs()
     fix = "pass --runs with a calibration CSV (the columns of calibration_runs.csv)"
@@ -168,7 +168,7 @@ def family(row: dict) -> str:
 @dataclass
 class PublishedRow:
     """One published run as the parser reads it (its model and cluster here, its plan in
-    autopar.cost.run_plan, its case in autopar.cost.run_cases): the CSV row, its id, the source's
+    autopar.calibration.run_plan, its case in autopar.calibration.run_cases): the CSV row, its id, the source's
     key, the trainer family, and the notes of what the parser had to assume."""
 
     row: dict

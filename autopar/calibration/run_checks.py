@@ -1,5 +1,5 @@
 """A calibration row (`validate --runs FILE`, the bundled tables) against physical ranges before it is
-turned into a case (autopar.cost.run_cases): a row a user typed may hold anything, and a row that
+turned into a case (autopar.calibration.run_cases): a row a user typed may hold anything, and a row that
 cannot describe a real run is skipped with the reason, never priced and never a crash.
 
 The ranges: counts (layers, widths, heads, GPUs, parallel sizes, batches) are whole numbers of at
@@ -7,14 +7,14 @@ least 1 (shared experts and the like are not read here) and at most the bounds o
 inputs (autopar.spec.schema); measures are finite and above 0 (tokens/s, step time, TFLOP/s), an MFU
 or HFU at most 100 %; the parallel sizes multiply to the GPU count (tp*pp*cp divides num_gpus,
 times dp, when the row states it, equals it). The numbers are read as the builder reads them
-(autopar.cost.run_rows.num), so what is checked is what would be priced.
+(autopar.calibration.run_rows.num), so what is checked is what would be priced.
 """
 
 from __future__ import annotations
 
 import math
 
-from autopar.cost.run_rows import num
+from autopar.calibration.run_rows import num
 from autopar.spec.schema import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_LAYERS, MODEL_LIMITS, MOE_LIMITS
 
 #: a calibration row's global batch, sequences at most: published runs use thousands; the bound

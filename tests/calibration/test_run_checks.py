@@ -1,4 +1,4 @@
-"""A calibration row against physical ranges (autopar.cost.run_checks): every bundled row passes; a
+"""A calibration row against physical ranges (autopar.calibration.run_checks): every bundled row passes; a
 row no real run can have is refused with a reason naming the field and the value, which
 build_cases lists as the reason to skip the row while the others are evaluated."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cost.run_cases import build_cases
-from autopar.cost.run_checks import row_problem
-from autopar.cost.run_rows import bundled_runs
+from autopar.calibration.run_cases import build_cases
+from autopar.calibration.run_checks import row_problem
+from autopar.calibration.run_rows import bundled_runs
 
 #: a dense Megatron row of the bundled table, the way a user would copy it: 1.7B GPT on 48 H100
 #: (tp1 pp1 dp48, gbs 192, 408.8 TFLOP/s)

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from autopar.cost.case_batch import CaseBatch, constants_table
-from autopar.cost.run_cases import RunCase
+from autopar.calibration.case_batch import CaseBatch, constants_table
+from autopar.calibration.run_cases import RunCase
 
 
 def _throughput(case: RunCase, imbalance: float) -> float:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autopar.cost.flop_conventions import flops_per_token
-from autopar.cost.profile_fit import fit_profiles
-from autopar.cost.run_cases import build_cases
-from autopar.cost.run_rows import load_runs, num
-from autopar.cost.stored_figures import stored_figures
-from autopar.cost.validate_runs import current_digest, leave_one_source_out
-from autopar.cost.validation import evaluate_cases
+from autopar.calibration.flop_conventions import flops_per_token
+from autopar.calibration.profile_fit import fit_profiles
+from autopar.calibration.run_cases import build_cases
+from autopar.calibration.run_rows import load_runs, num
+from autopar.calibration.stored_figures import stored_figures
+from autopar.calibration.validate_runs import current_digest, leave_one_source_out
+from autopar.calibration.validation import evaluate_cases
 from autopar.spec.model import ModelSpec
 
 
@@ -171,8 +171,8 @@ def test_the_80_percent_interval_covers_70_to_90_percent_of_held_out_rows(loso, 
     """Issue 23: the interval of every published run, built from the other sources' held-out
     residuals (recomputed above, not read back), holds its published value for 70-90 % of the rows
     of each category; the stored coverage (what `autopar validate --json` prints) is this one."""
-    from autopar.cost.support import calibration_point
-    from autopar.cost.uncertainty import coverage, fit_widening
+    from autopar.calibration.support import calibration_point
+    from autopar.calibration.uncertainty import coverage, fit_widening
 
     points = [calibration_point(r.case, r.error) for r in loso.rows if not r.case.dropless]
     widening = fit_widening(points)

@@ -1,4 +1,5 @@
-"""The estimate: memory, time and throughput of every plan in a PlanTable, in one vectorised pass.
+"""The estimate: memory, time and throughput of every plan in a PlanTable, in one vectorised pass,
+with each figure's 80 % interval and support from the published runs (autopar.calibration.uncertainty).
 
 `estimate_table` is the single source of truth; `estimate` (one plan) runs it on a one-row table.
 Contract: pure and deterministic; never raises on an infeasible or invalid plan: it returns
@@ -17,10 +18,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autopar.calibration.uncertainty import interval_columns, interval_fields, support_text
 from autopar.cost.columns import RANKING_COLUMNS, set_validity
+from autopar.cost.figures import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.cost.price import prepare, price
 from autopar.cost.profiles import priced_cluster
-from autopar.cost.uncertainty import interval_columns, interval_fields, support_text
 from autopar.spec.fp8_recipes import fp8_defaults
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -29,31 +31,6 @@ from autopar.spec.rules import capability_codes, check_rules
 from autopar.spec.stages import stage_profiles
 from autopar.spec.table import TRAINER, PlanTable
 from autopar.spec.trainers import ALL_TRAINERS, DEFAULT_TRAINER, get_trainer
-
-AXES = ("tp", "cp", "ep", "pp", "dp")
-TIME_TERMS = ("compute", "tp", "cp", "ep", "pp", "act_offload", "dp", "bubble", "optimizer", "offload")
-MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
-#: how the terms read in the terminal, the report and the why line (communication terms are what
-#: overlap leaves exposed)
-TIME_LABELS = {
-    "compute": "compute",
-    "tp": "TP comm (exposed)",
-    "cp": "CP comm (exposed)",
-    "ep": "EP all-to-all (exposed)",
-    "pp": "PP send/recv (exposed)",
-    "dp": "DP comm (exposed)",
-    "bubble": "pipeline bubble",
-    "optimizer": "optimizer step",
-    "offload": "optimizer offload (host)",
-    "act_offload": "activation offload (host)",
-}
-MEMORY_LABELS = {
-    "weights": "weights",
-    "gradients": "gradients",
-    "optimizer": "optimizer states",
-    "activations": "activations",
-    "other": "other (runtime, buffers)",
-}
 
 
 def estimate_table(

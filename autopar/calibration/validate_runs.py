@@ -1,16 +1,17 @@
 """`autopar validate` as a library call: published runs predicted in sample and leave-one-source-out
 cross-validated (fit on every source but one, predict that one: the headline figure), optionally
 after refitting the profiles. The cases are priced once and a fit only re-assembles the step
-(autopar.cost.case_batch), so the cross-validation of the bundled runs takes seconds.
+(autopar.calibration.case_batch), so the cross-validation of the bundled runs takes seconds.
 
 `autopar validate --fit --write-profiles autopar/cost/data/profiles.toml` regenerates the shipped
-profiles and their stored figures (data/profiles.cv.json) with a digest over the code, the data and
-the profiles' constants they were computed with (`current_digest`): the docs quote that command's
+profiles and their stored figures (data/profiles.cv.json) with a digest over the data, the
+predictions and the fit they were computed with (`current_digest`): the docs quote that command's
 output, and a test checks the stored digest is the current one.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import math
 from collections.abc import Callable
@@ -20,21 +21,31 @@ from importlib import resources
 from pathlib import Path
 
 from autopar.atomic import write_atomic
-from autopar.cost.memory_published import PublishedMemoryResult, compare_published_memory
-from autopar.cost.profile_fit import ProfileFit, fit_profiles
+from autopar.calibration.memory_published import PublishedMemoryResult, compare_published_memory
+from autopar.calibration.profile_fit import ProfileFit, fit_profiles
+from autopar.calibration.run_cases import RunCase, build_cases
+from autopar.calibration.run_rows import BUNDLED, BUNDLED_ROWS, load_runs
+from autopar.calibration.stored_figures import CV_FILE, shipped_path, stored_figures
+from autopar.calibration.support import calibration_point
+from autopar.calibration.uncertainty import (
+    LEVEL,
+    coverage,
+    coverage_against,
+    fit_widening,
+    memory_coverage,
+    support_points,
+)
+from autopar.calibration.validation import RowResult, ValidationResult, evaluate_cases
 from autopar.cost.profiles import Provenance, profile_of, profiles_toml
-from autopar.cost.run_cases import RunCase, build_cases
-from autopar.cost.run_rows import BUNDLED, BUNDLED_ROWS, load_runs
-from autopar.cost.stored_figures import CV_FILE, stored_figures
-from autopar.cost.support import calibration_point
-from autopar.cost.uncertainty import LEVEL, coverage, coverage_against, fit_widening, memory_coverage, support_points
-from autopar.cost.validation import RowResult, ValidationResult, evaluate_cases
 from autopar.errors import InputError
 from autopar.json_out import dumps
 from autopar.spec.trainers import get_trainer
 
-#: what the stored figures depend on: the cost model's code and the data it reads
-_DIGESTED_PACKAGES = ("autopar.cost", "autopar.spec")
+#: the packages whose data files the stored figures depend on
+_DATA_PACKAGES = ("autopar.spec", "autopar.cost", "autopar.calibration")
+#: significant digits of the predictions the digest covers: far finer than any change of the cost
+#: model, far coarser than the last bits numpy may round differently on another CPU
+DIGEST_DIGITS = 7
 
 
 @dataclass
@@ -52,7 +63,7 @@ class ValidationReport:
     @cached_property
     def memory(self) -> PublishedMemoryResult:
         """The rows' published memory figures against their predictions, and every run's fit check
-        (autopar.cost.memory_published; recomputed, nothing stored)."""
+        (autopar.calibration.memory_published; recomputed, nothing stored)."""
         return compare_published_memory([r.case for r in self.in_sample.rows], load_runs(self.runs_path))
 
     def _memory_peaks(self) -> list[tuple[str, str, float]]:
@@ -66,7 +77,7 @@ class ValidationReport:
 
     def uncertainty(self) -> dict | None:
         """The calibration points of the held-out errors, the fitted widening per support gap and
-        the coverage of the 80 % interval per category (autopar.cost.uncertainty), or None without
+        the coverage of the 80 % interval per category (autopar.calibration.uncertainty), or None without
         cross-validated figures."""
         if self.stored_uncertainty is not None:
             return self.stored_uncertainty
@@ -92,20 +103,51 @@ class ValidationReport:
         }
 
 
-def current_digest() -> str:
-    """sha256 over the cost model's code (autopar/cost, autopar/spec: .py files), its data files (the
-    calibration tables, the hardware behaviour, the constants table, models, GPUs, trainers) and the
-    profiles' constants (profiles.toml without its [provenance] table, which holds the digest)."""
+def current_digest(in_sample: ValidationResult | None = None) -> str:
+    """sha256 over what the stored figures depend on, and nothing else:
+    - the data: the calibration tables, the spec data files (hardware behaviour, the constants
+      table, models, GPUs, trainers) and the profiles' constants (profiles.toml without its
+      [provenance] table, which holds the digest);
+    - the cost model as the figures see it: every bundled run's prediction (its metric and its
+      published-memory figures) with the shipped profiles, to `DIGEST_DIGITS` significant digits;
+    - the fit and the intervals: this package's code as its syntax tree, without docstrings.
+    So a comment, a docstring or a refactor that moves no prediction needs no refit. `in_sample`:
+    the bundled runs already predicted with the shipped profiles."""
     h = hashlib.sha256()
-    for package in _DIGESTED_PACKAGES:
-        root = resources.files(package)
-        files = sorted(p for p in _walk(root) if p.name.endswith((".py", ".toml", ".csv")))
-        for p in files:
-            data = p.read_bytes()
-            if p.name == "profiles.toml":
-                data = _without_provenance(data.decode()).encode()
-            h.update(p.name.encode() + b"\0" + data)
+    for package in _DATA_PACKAGES:
+        for p in sorted(_walk(resources.files(package)), key=lambda p: p.name):
+            if p.name.endswith((".toml", ".csv")):
+                data = p.read_bytes()
+                if p.name == "profiles.toml":
+                    data = _without_provenance(data.decode()).encode()
+                h.update(p.name.encode() + b"\0" + data)
+    for p in sorted(_walk(resources.files("autopar.calibration")), key=lambda p: p.name):
+        if p.name.endswith(".py"):
+            h.update(p.name.encode() + b"\0" + _code_without_docs(p.read_text()).encode())
+    if in_sample is None:
+        in_sample = evaluate_cases(*build_cases(load_runs(None)))
+    cases = [r.case for r in in_sample.rows]
+    for r in in_sample.rows:
+        h.update(f"{r.case.row_id}\0{r.predicted:.{DIGEST_DIGITS}g}\0".encode())
+    for m in compare_published_memory(cases, load_runs(None)).comparisons:
+        h.update(f"{m.row_id}\0{m.figure.quantity}\0{m.predicted_gib:.{DIGEST_DIGITS}g}\0".encode())
     return h.hexdigest()
+
+
+def _code_without_docs(source: str) -> str:
+    """A module's syntax tree without its docstrings (comments are not in the tree)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            body[0] = ast.Pass()
+    return ast.dump(tree)
 
 
 def _walk(root):
@@ -152,7 +194,7 @@ def validate_runs(
     fitted = fit_profiles(cases) if fit else None
     in_sample = evaluate_cases(cases, skipped, fitted.constants if fitted else None)
     what = runs or f"the bundled calibration runs ({BUNDLED_ROWS})"
-    stored = _stored_result(cases, skipped) if runs is None and not fit and trainer is None else None
+    stored = _stored_result(in_sample) if runs is None and not fit and trainer is None else None
     if stored is not None:
         return ValidationReport(
             in_sample,
@@ -170,17 +212,19 @@ def validate_runs(
     return ValidationReport(in_sample, cv, origin, fitted, what, runs_path=runs)
 
 
-def _stored_result(cases: list[RunCase], skipped) -> ValidationResult | None:
-    """The stored leave-one-source-out rows, if they were computed with this code and data."""
+def _stored_result(in_sample: ValidationResult) -> ValidationResult | None:
+    """The stored leave-one-source-out rows, if they were computed with this data, these
+    predictions and this fit (the digest of the bundled runs `in_sample`)."""
     stored = stored_figures()
-    if stored is None or stored.get("digest") != current_digest():
+    if stored is None or stored.get("digest") != current_digest(in_sample):
         return None
     rows = stored["rows"]
+    cases = [r.case for r in in_sample.rows]
     if {c.row_id for c in cases} != set(rows):
         return None
     return ValidationResult(
         [RowResult(c, rows[c.row_id]["predicted"], rows[c.row_id]["error"]) for c in cases],
-        skipped,
+        in_sample.skipped,
         "leave-one-source-out",
     )
 
@@ -215,7 +259,8 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
     # the digest covers the profiles' constants: write them first, then the digest over them
     draft = Provenance(command=command, runs=report.runs, date=date, cross_validation="", digest="")
     _write(out, profiles_toml(report.fit.own(), draft))
-    if out.resolve() == Path(str(resources.files("autopar.cost").joinpath("data/profiles.toml"))).resolve():
+    shipped = out.resolve() == Path(str(resources.files("autopar.cost").joinpath("data/profiles.toml"))).resolve()
+    if shipped:
         from autopar.cost.profiles import profiles, provenance
 
         profiles.cache_clear()
@@ -229,7 +274,11 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
         digest=digest,
     )
     _write(out, profiles_toml(report.fit.own(), prov))
-    cv_path = out.with_name(CV_FILE) if out.name == "profiles.toml" else out.with_suffix(".cv.json")
+    # the shipped profiles' figures are this package's data; a user's lie beside their profiles
+    if shipped:
+        cv_path = shipped_path()
+    else:
+        cv_path = out.with_name(CV_FILE) if out.name == "profiles.toml" else out.with_suffix(".cv.json")
     rows = (
         {r.case.row_id: {"source": r.case.source, "predicted": r.predicted, "error": r.error} for r in cv.rows}
         if cv

@@ -1,13 +1,13 @@
 """A published run's parallel plan: the layout, batch, recompute, ZeRO stage, sequence parallelism,
 TP overlap and MoE dispatch its row states, each field it leaves empty filled with a recorded
-assumption (the words a source uses read as autopar's plan; autopar.cost.run_cases builds the case)."""
+assumption (the words a source uses read as autopar's plan; autopar.calibration.run_cases builds the case)."""
 
 from __future__ import annotations
 
 import re
 
-from autopar.cost.memory_facts import SOURCE_STACK, row_offloaded, row_recompute_modules
-from autopar.cost.run_rows import FAMILY_TRAINER, PublishedRow
+from autopar.calibration.row_cells import SOURCE_STACK, row_offloaded, row_recompute_modules
+from autopar.calibration.run_rows import FAMILY_TRAINER, PublishedRow
 from autopar.spec.layout import balanced_layout, parse_layout
 from autopar.spec.plan import ParallelPlan
 
@@ -27,7 +27,7 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
     cp = r.integer("cp") or 1
     vpp = r.integer("vpp") or 1
     ep = r.integer("ep") or 1
-    assert G is not None  # row_problem (autopar.cost.run_checks) rejects a row without num_gpus
+    assert G is not None  # row_problem (autopar.calibration.run_checks) rejects a row without num_gpus
     dp = G // (tp * pp * cp)
     if dp * tp * pp * cp != G:
         raise ValueError(f"tp*pp*cp = {tp * pp * cp} does not divide {G} GPUs")
@@ -198,7 +198,7 @@ def _recompute(r: PublishedRow, model, pp, vpp) -> tuple[str, int | None, tuple[
     the attention core (Megatron's default modules, torchtitan 'op' SAC); torchtitan 'selective
     (layer)' checkpoints every other block; fms-fsdp's selective fraction is not printed (half
     assumed); Megatron's --recompute-modules listed: selective with those modules (core_attn only
-    where the row lists it; autopar.cost.memory_facts row_recompute_modules)."""
+    where the row lists it; autopar.calibration.memory_facts row_recompute_modules)."""
     t = r.text("recompute").lower()
     per_rank = model.num_layers // pp
     if t.startswith("full"):

@@ -12,7 +12,7 @@ throughput) / SIGMA_OBS under a robust (pseudo-Huber) loss, each parameter's is 
 sigma with sigma a quarter of its range (the range spans +-2 sigma around a central prior), every
 parameter bounded to its range
 (scipy.optimize.least_squares, trust-region reflective). The cases are priced once
-(autopar.cost.case_batch); the fit re-assembles the step only, so it takes well under a second.
+(autopar.calibration.case_batch); the fit re-assembles the step only, so it takes well under a second.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from autopar.cost.case_batch import CaseBatch, case_profile
+from autopar.calibration.case_batch import CaseBatch, case_profile
+from autopar.calibration.run_cases import RunCase
 from autopar.cost.profiles import lineage, pinned, profiles, resolve
-from autopar.cost.run_cases import RunCase
 from autopar.spec.constants import constant_table
 from autopar.spec.hardware import CostConstants
 

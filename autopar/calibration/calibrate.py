@@ -1,6 +1,6 @@
 """Fit the cost model to this machine: a hardware profile from `autopar probe` microbenchmarks, and
 the efficiency/overlap/memory constants from trial measurements (bounded least squares on log
-predicted/measured, autopar/cost/fit.py); Spearman rank correlation by scipy.stats.spearmanr."""
+predicted/measured, autopar/calibration/fit.py); Spearman rank correlation by scipy.stats.spearmanr."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from autopar.cost.estimate import estimate_table
-from autopar.cost.fit import FitResult, fit_constants
+from autopar.calibration.estimate import estimate_table
+from autopar.calibration.fit import FitResult, fit_constants
 from autopar.spec.constants import constant_table
 from autopar.spec.hardware import GIB, LOCAL, ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -78,7 +78,7 @@ def calibrate(
     names: list[str] | None = None,
 ) -> Calibration:
     """Fit the step-time constants to measured step times, then the memory constants to measured
-    peaks (bounded least squares, autopar.cost.fit); returns the calibrated cluster and residuals."""
+    peaks (bounded least squares, autopar.calibration.fit); returns the calibrated cluster and residuals."""
     measured_s = np.asarray(measured_s, float)
     measured_mem = np.asarray(measured_mem, float)
 

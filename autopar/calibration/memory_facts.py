@@ -1,101 +1,30 @@
-"""Memory facts of a run that a ParallelPlan cannot express yet, and the plan of a published run as
-its source ran it where that differs in memory from autopar.cost.run_plan's reading.
+"""Memory facts of a published run that a ParallelPlan cannot express yet, and the plan of a
+published run as its source ran it where that differs in memory from autopar.calibration.run_plan's
+reading.
 
-- `MemoryFacts`: bf16 optimizer states, and the program that ran (a MemoryStack name); the
-  estimate prices its trainer's defaults without them. The recompute modules a row lists
-  (`row_recompute_modules`) and the activations it offloads (`row_offloaded`) are its plan's
-  (ParallelPlan recompute_modules and offload_modules, autopar.cost.run_plan; a twin row's
-  offloading through `memory_plan`).
+- `row_memory_facts`: a row's MemoryFacts (autopar.cost.memory_stacks): bf16 optimizer states, and
+  the program that ran (a MemoryStack name); the estimate prices its trainer's defaults without
+  them. The recompute modules a row lists and the activations it offloads
+  (autopar.calibration.row_cells) are its plan's (ParallelPlan recompute_modules and
+  offload_modules, autopar.calibration.run_plan; a twin row's offloading through `memory_plan`).
 - `memory_plan` / `row_memory_facts`: what a row's source states or its program fixes. Each
-  correction below is one the run-case builder could make itself (autopar.cost.run_plan).
+  correction below is one the run-case builder could make itself (autopar.calibration.run_plan).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 import numpy as np
 
-from autopar.cost.run_rows import family
+from autopar.calibration.row_cells import FAMILY_STACK, SOURCE_STACK, row_offloaded
+from autopar.calibration.run_cases import RunCase
+from autopar.calibration.run_rows import family
+from autopar.cost.memory_stacks import MemoryFacts
 from autopar.spec.layout import parse_layout
-from autopar.spec.offload_modules import OFFLOAD_MODULES
-
-if TYPE_CHECKING:
-    from autopar.cost.run_cases import RunCase
-    from autopar.spec.model import ModelSpec
-    from autopar.spec.plan import ParallelPlan
-
-#: the words of the calibration rows' `recompute` cells -> Megatron-Core recompute modules
-_WORDS = (
-    (r"\bcore_attn", "core_attn"),
-    (r"\b(layer|rms)?norm\b", "layernorm"),
-    (r"\bmoe_act\b|(?<![\w_])act\b", "moe_act"),
-    (r"(?<![\w_])moe(?![\w_])", "moe"),
-    (r"(?<![\w_])mlp\b", "mlp"),
-    (r"mla[ _]up_proj|mla up-projection|(?<![\w_])up_proj\b", "mla_up_proj"),
-    (r"shared_experts", "shared_experts"),
-)
-
-#: calibration source -> the program that ran it (autopar.cost.memory_stacks.STACKS)
-SOURCE_STACK = {
-    "megatron-readme-h100": "megatron-core",
-    "megatron-readme-2021": "megatron-core",
-    "korthikanti-2022": "megatron-core",
-    "nemo-24.07": "nemo-bridge",
-    "nemo-long-sequence": "nemo-bridge",
-    "bridge-25.09": "nemo-bridge",
-    "moe-modelzoo": "megatron-core",
-    "deepseek-v3-gb200": "megatron-core",
-    "llm-foundry": "llm-foundry",
-    "torchtitan-2024": "torchtitan-default",
-    "fms-fsdp": "fms-fsdp",
-    "nanotron": "nanotron",
-    "bloom": "megatron-deepspeed",
-    "llama3-paper": "meta-4d",
-    "megatron-moe-report": "megatron-core",
-    "deepseek-v3-report": "megatron-core",
-    "megatron-moe-readme": "megatron-core",
-}
-
-
-#: a source autopar does not know, by the trainer family its `framework` names (autopar.cost.run_rows
-#: `family`): a published run ran with its program's own defaults (torchtitan's reshard policy
-#: "default", not autopar's export)
-_FAMILY_STACK = {"fsdp": "torchtitan-default", "nanotron": "nanotron", "deepspeed": "megatron-deepspeed"}
-
-
-@dataclass(frozen=True)
-class MemoryFacts:
-    bf16_optimizer_states: bool = False  # Adam m and v in bf16 (--use-precision-aware-optimizer)
-    stack: str | None = None  # the program (memory_stacks.STACKS); None = the plan's trainer's
-    era_2022: bool = False  # torch 1.x (eager CUDA module loading) and NCCL before lazy connection
-    notes: tuple[str, ...] = ()
-
-
-def _listed_and_offloaded(text: str) -> tuple[str, str]:
-    t = text.lower()
-    if t.startswith(("full", "none", "not stated")) or not t.strip():
-        return "", ""
-    listed, _, offload = (t.split(":", 1)[1] if t.startswith("selective:") else t).partition("offloading")
-    return re.split(r";|\(b\.2|table \d+", listed)[0], offload  # the row's own list, not a second table's
-
-
-def row_recompute_modules(text: str) -> tuple[str, ...]:
-    """The Megatron-Core recompute modules a `recompute` cell lists ("selective: norm, act",
-    "moe_act, layernorm (B.2)"), in registry order; () for full, none or a bare "selective"
-    (Megatron's default, core_attn)."""
-    listed, _ = _listed_and_offloaded(text)
-    return tuple(m for pattern, m in _WORDS if re.search(pattern, listed))
-
-
-def row_offloaded(text: str) -> tuple[str, ...]:
-    """The Megatron-Core offload modules (autopar.spec.offload_modules) a `recompute` cell offloads
-    (after "offloading"), in registry order."""
-    _, offload = _listed_and_offloaded(text)
-    return tuple(m for m in OFFLOAD_MODULES if re.search(rf"\b{m}\b", offload))
-
+from autopar.spec.model import ModelSpec
+from autopar.spec.plan import ParallelPlan
 
 #: NVIDIA's DeepSeek-V3 pre-training recipe: the precision-aware optimizer with bf16 Adam moments
 #: (fp32 master weights) and bf16 main gradients (grad_reduce_in_fp32 = False)
@@ -172,7 +101,7 @@ def row_memory_facts(row: dict, source: str) -> MemoryFacts:
         notes.append(f"bf16 Adam moments ({DEEPSEEK_V3_RECIPE})")
     return MemoryFacts(
         bf16_optimizer_states=bf16_states,
-        stack=SOURCE_STACK.get(source, _FAMILY_STACK.get(family(row))),
+        stack=SOURCE_STACK.get(source, FAMILY_STACK.get(family(row))),
         era_2022=source == "bloom",
         notes=tuple(notes),
     )
@@ -197,7 +126,7 @@ def nanotron_layout(model, pp: int):
 
 def memory_plan(case: RunCase, row: dict | None = None) -> tuple[ParallelPlan, ModelSpec, list[str]]:
     """(plan, model, notes): the run case's plan and model as its source ran them, where that
-    differs in memory from the case's reading (autopar.cost.run_plan / run_rows):
+    differs in memory from the case's reading (autopar.calibration.run_plan / run_rows):
     - BLOOM (Megatron-DeepSpeed, 2022) had no sequence parallelism (Megatron-LM added it with
       Korthikanti et al. 2022, after these runs) and its pre-launch benchmarks ran fp16 with
       DeepSpeed's fp16 ZeRO optimizer (16-bit gradients) where the row states no bf16 (the tr11

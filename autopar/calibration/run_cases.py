@@ -9,10 +9,10 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from autopar.cost.flop_conventions import CONVENTIONS, flops_per_token
-from autopar.cost.run_checks import row_problem
-from autopar.cost.run_plan import run_plan
-from autopar.cost.run_rows import FAMILY_PROFILE, PublishedRow, num, row_cluster, row_model, text
+from autopar.calibration.flop_conventions import CONVENTIONS, flops_per_token
+from autopar.calibration.run_checks import row_problem
+from autopar.calibration.run_plan import run_plan
+from autopar.calibration.run_rows import FAMILY_PROFILE, PublishedRow, num, row_cluster, row_model, text
 from autopar.errors import InputError
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # (autopar.cost.step imports the pricing modules; the cases o
 
 LONG_CONTEXT = 32768  # sequence length from which a run counts as long-context
 
-#: source -> the FLOP convention of its TFLOP/s and MFU figures (the `source` column of cost/data/calibration_runs*.csv)
+#: source -> the FLOP convention of its TFLOP/s and MFU figures (the `source` column of
+#: calibration/data/calibration_runs*.csv)
 SOURCE_CONVENTION = {
     "megatron-readme-h100": "megatron-full",
     "megatron-readme-2021": "narayanan",
@@ -73,7 +74,7 @@ class RunCase:
     name: str
     model: ModelSpec
     cluster: ClusterSpec
-    plan: ParallelPlan  # its trainer is the family's (autopar.cost.run_rows.FAMILY_TRAINER)
+    plan: ParallelPlan  # its trainer is the family's (autopar.calibration.run_rows.FAMILY_TRAINER)
     seq_len: int
     metric: str  # "tokens/s/GPU" | "step time s" | "TFLOP/s/GPU" | "MFU"
     published: float
@@ -84,7 +85,7 @@ class RunCase:
     #: the throughput is a whole run's average (interruptions, checkpoints): priced x the goodput
     whole_run: bool = False
     assumptions: list[str] = field(default_factory=list)
-    profile: str = ""  # the performance profile that prices it (autopar.cost.run_rows.FAMILY_PROFILE)
+    profile: str = ""  # the performance profile that prices it (autopar.calibration.run_rows.FAMILY_PROFILE)
     #: kernel facts the source documents that differ from today's trainer (its attention kernels)
     kernel_overrides: dict = field(default_factory=dict)
     inputs: StepInputs | None = field(default=None, repr=False, compare=False)  # cached (case_batch)
@@ -99,7 +100,7 @@ class RunCase:
 
     def categories(self) -> list[str]:
         """The acceptance categories the row counts in. A dropless figure a row prints in its notes is
-        a second measurement, reported on its own (autopar.cost.validation)."""
+        a second measurement, reported on its own (autopar.calibration.validation)."""
         if self.dropless:
             return []
         out = []
@@ -121,7 +122,7 @@ def build_cases(rows: list[dict]) -> tuple[list[RunCase], list[tuple[str, str, s
     skipped: list[tuple[str, str, str]] = []
     built: dict[tuple, RunCase | str] = {}  # a row's content without its id -> its case, or why not
     for row in rows:
-        if why := row_problem(row):  # a value no real run has (autopar.cost.run_checks)
+        if why := row_problem(row):  # a value no real run has (autopar.calibration.run_checks)
             skipped.append((row.get("row_id", "?"), row.get("model", "?"), why))
             continue
         key = tuple((k, v) for k, v in row.items() if k != "row_id")

@@ -1,6 +1,6 @@
 """Fit the cost model's constants to this machine's trial measurements (`autopar calibrate`):
 bounded least squares on log ratios (scipy.optimize.least_squares). The published runs are fitted
-by autopar.cost.profile_fit, towards each constant's prior."""
+by autopar.calibration.profile_fit, towards each constant's prior."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def fit_constants(
     names: Sequence[str],
     bounds: dict[str, tuple[float, float]],
 ) -> FitResult:
-    """Move the named constants (within their ranges, autopar.cost.calibrate.bounds) to minimise
+    """Move the named constants (within their ranges, autopar.calibration.calibrate.bounds) to minimise
     sum(log(1 + error)^2), where `errors_for(constants)` returns each case's relative error."""
     from scipy.optimize import least_squares
 
