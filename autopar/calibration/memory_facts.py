@@ -18,9 +18,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from autopar.calibration.row_cells import FAMILY_STACK, SOURCE_STACK, row_offloaded
+from autopar.calibration.row_cells import row_offloaded
 from autopar.calibration.run_cases import RunCase
 from autopar.calibration.run_rows import family
+from autopar.calibration.sources import FAMILY_STACK, declared, nvidia_recipes
 from autopar.cost.memory_stacks import MemoryFacts
 from autopar.spec.layout import parse_layout
 from autopar.spec.model import ModelSpec
@@ -101,7 +102,7 @@ def row_memory_facts(row: dict, source: str) -> MemoryFacts:
         notes.append(f"bf16 Adam moments ({DEEPSEEK_V3_RECIPE})")
     return MemoryFacts(
         bf16_optimizer_states=bf16_states,
-        stack=SOURCE_STACK.get(source, FAMILY_STACK.get(family(row))),
+        stack=declared(source).stack or FAMILY_STACK.get(family(row)),
         era_2022=source == "bloom",
         notes=tuple(notes),
     )
@@ -152,7 +153,7 @@ def memory_plan(case: RunCase, row: dict | None = None) -> tuple[ParallelPlan, M
         layout = nanotron_layout(model, plan.pp)
         plan = plan.with_(layout=layout)
         notes.append(f"nanotron's compute-cost layer split {layout.describe()}")
-    if case.source in ("nemo-24.07", "nemo-long-sequence", "bridge-25.09") and plan.main_grads_fp32:
+    if nvidia_recipes(case.source) and plan.main_grads_fp32:
         plan = plan.with_(main_grads_fp32=False)
         notes.append("bf16 gradient reduction (NeMo/Bridge performance recipes: grad_reduce_in_fp32 = False)")
     if row is not None and nvidia_deepseek_v3_recipe(row, case.source) and plan.main_grads_fp32:

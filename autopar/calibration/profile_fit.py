@@ -140,6 +140,14 @@ def _robust(r: np.ndarray) -> np.ndarray:
     return np.sign(r) * np.sqrt(2.0 * (np.sqrt(1.0 + r * r) - 1.0))
 
 
+def prior_constants() -> dict[str, CostConstants]:
+    """Every profile's constants with each fitted one at its prior (for that profile, where the
+    table gives the profile its own), the kernel facts as shipped: the physics-only model."""
+    params = _parameters(set(profiles()))
+    specs = [constant_table()[n].for_profile(prof, lineage(prof)) for prof, n in params]
+    return _table({p: s.prior for p, s in zip(params, specs)})[1]
+
+
 def fit_profiles(cases: list[RunCase], batch: CaseBatch | None = None) -> ProfileFit:
     """Fit the base constants and each present profile's own ones to the cases. A dropless second
     measurement of a row is not fitted: it is what the real router's imbalance is read from

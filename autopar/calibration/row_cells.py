@@ -1,7 +1,6 @@
 """What a published run's cells say in the words of a ParallelPlan: the recompute modules a
-`recompute` cell lists and the activations it offloads, and the program that ran a source's rows
-(autopar.cost.memory_stacks). Read by the run-case builder (autopar.calibration.run_plan) and the
-memory facts of a row (autopar.calibration.memory_facts)."""
+`recompute` cell lists and the activations it offloads. Read by the run-case builder
+(autopar.calibration.run_plan) and the memory facts of a row (autopar.calibration.memory_facts)."""
 
 from __future__ import annotations
 
@@ -19,33 +18,6 @@ _WORDS = (
     (r"mla[ _]up_proj|mla up-projection|(?<![\w_])up_proj\b", "mla_up_proj"),
     (r"shared_experts", "shared_experts"),
 )
-
-#: calibration source -> the program that ran it (autopar.cost.memory_stacks.STACKS)
-SOURCE_STACK = {
-    "megatron-readme-h100": "megatron-core",
-    "megatron-readme-2021": "megatron-core",
-    "korthikanti-2022": "megatron-core",
-    "nemo-24.07": "nemo-bridge",
-    "nemo-long-sequence": "nemo-bridge",
-    "bridge-25.09": "nemo-bridge",
-    "moe-modelzoo": "megatron-core",
-    "deepseek-v3-gb200": "megatron-core",
-    "llm-foundry": "llm-foundry",
-    "torchtitan-2024": "torchtitan-default",
-    "fms-fsdp": "fms-fsdp",
-    "nanotron": "nanotron",
-    "bloom": "megatron-deepspeed",
-    "llama3-paper": "meta-4d",
-    "megatron-moe-report": "megatron-core",
-    "deepseek-v3-report": "megatron-core",
-    "megatron-moe-readme": "megatron-core",
-}
-
-
-#: a source autopar does not know, by the trainer family its `framework` names (autopar.calibration.run_rows
-#: `family`): a published run ran with its program's own defaults (torchtitan's reshard policy
-#: "default", not autopar's export)
-FAMILY_STACK = {"fsdp": "torchtitan-default", "nanotron": "nanotron", "deepspeed": "megatron-deepspeed"}
 
 
 def _listed_and_offloaded(text: str) -> tuple[str, str]:

@@ -6,64 +6,28 @@ turned into a plan is skipped with the reason."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from autopar.calibration.flop_conventions import CONVENTIONS, flops_per_token
 from autopar.calibration.run_checks import row_problem
 from autopar.calibration.run_plan import run_plan
 from autopar.calibration.run_rows import FAMILY_PROFILE, PublishedRow, num, row_cluster, row_model, text
+from autopar.calibration.sources import declared, nvidia_recipes
+from autopar.cost.price import prepare, price
+from autopar.cost.profiles import priced_cluster
 from autopar.errors import InputError
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan, PlanError
 from autopar.spec.routing import FORCED_BALANCED, REAL_ROUTER_IMBALANCE
 from autopar.spec.rules import plan_problems
+from autopar.spec.table import PlanTable
 
 if TYPE_CHECKING:  # (autopar.cost.step imports the pricing modules; the cases only hold its result)
     from autopar.cost.step import StepInputs
 
 LONG_CONTEXT = 32768  # sequence length from which a run counts as long-context
-
-#: source -> the FLOP convention of its TFLOP/s and MFU figures (the `source` column of
-#: calibration/data/calibration_runs*.csv)
-SOURCE_CONVENTION = {
-    "megatron-readme-h100": "megatron-full",
-    "megatron-readme-2021": "narayanan",
-    "nemo-24.07": "megatron-full",
-    "nemo-long-sequence": "megatron-causal",
-    "bridge-25.09": "megatron-causal",
-    "llm-foundry": "6n-full-attention",
-    "torchtitan-2024": "palm",
-    "fms-fsdp": "palm",
-    "nanotron": "palm",
-    "llama3-paper": "palm",
-    "moe-modelzoo": "megatron-causal",
-    "deepseek-v3-gb200": "megatron-causal",
-}
-
-
-#: attention kernels a source ran that differ from its trainer's today (the profiles price current
-#: kernels): FlashAttention-2 / PyTorch SDPA run on mma.sync; Megatron before FlashAttention
-#: (2021-22) and BLOOM's Megatron-DeepSpeed materialise the score matrix (no causal block skipping)
-_FA2 = ({"attention_mma_sync": 1.0}, "attention: FlashAttention-2 era kernels (mma.sync)")
-_NO_FLASH = (
-    {"attention_mma_sync": 1.0, "attention_flash": 0.0},
-    "attention: no FlashAttention (fused softmax over the whole score matrix, 2021-22)",
-)
-SOURCE_KERNELS = {
-    "llm-foundry": (
-        {"attention_mma_sync": 1.0, "attention_fa1": 1.0},
-        "attention: llm-foundry's attn_impl triton (flash_attn_triton.py): FlashAttention in Triton, at "
-        "1 / 1.8 of FlashAttention-2's rate (FA2 paper: 1.3-2.5x)",
-    ),
-    "torchtitan-2024": _FA2,
-    "fms-fsdp": _FA2,
-    "nanotron": _FA2,
-    "bloom": _NO_FLASH,
-    "korthikanti-2022": _NO_FLASH,
-    "megatron-readme-2021": _NO_FLASH,
-}
 
 
 @dataclass
@@ -158,12 +122,13 @@ def build_case(row: dict) -> RunCase:
     )  # the run ran on its own framework
     if problems:
         raise ValueError("; ".join(problems))
+    plan = _recompute_that_fits(r, plan, model, cluster, s)
     metric, published, fpt = _metric(r, model, s, plan.tp)
     imbalance = _routing(r, model)
     whole_run = re.search(r"average over the whole", text(row, "notes"), re.I) is not None
     if whole_run:
         notes.append("a whole run's average throughput: the step's times the goodput of its interruptions")
-    overrides, why = SOURCE_KERNELS.get(src, ({}, ""))
+    overrides, why = declared(src).kernels
     if why:
         notes.append(why)
     return RunCase(
@@ -184,6 +149,35 @@ def build_case(row: dict) -> RunCase:
         routing_imbalance=imbalance,
         whole_run=whole_run,
     )
+
+
+def _recompute_that_fits(r: PublishedRow, plan: ParallelPlan, model, cluster, seq_len: int) -> ParallelPlan:
+    """A published run fit in its GPUs' memory: where its row leaves recompute unstated and the plan
+    without it does not fit, the lightest recompute that does (selective, then full), noted. The
+    program's own memory stack prices it (autopar.calibration.sources)."""
+    if "recompute not stated: assumed none" not in r.notes or _fits(r, plan, model, cluster, seq_len):
+        return plan
+    for choice in ("selective", "full"):
+        lighter = plan.with_(recompute=choice, recompute_layers=None, recompute_modules=None)
+        if _fits(r, lighter, model, cluster, seq_len):
+            r.notes.remove("recompute not stated: assumed none")
+            r.notes.append(f"recompute not stated: {choice}, the lightest that fits (the run fit in memory)")
+            return lighter
+    return plan
+
+
+def _fits(r: PublishedRow, plan: ParallelPlan, model, cluster, seq_len: int) -> bool:
+    """Whether the plan fits as its program ran it: its memory stack, and NVIDIA's performance
+    recipes' bf16 gradient buffer (autopar.calibration.memory_facts memory_plan)."""
+    priced = priced_cluster(cluster, plan.trainer)
+    stack = declared(r.source).stack
+    if stack is not None:
+        priced = replace(priced, training_stack=stack)
+    if nvidia_recipes(r.source):
+        plan = plan.with_(main_grads_fp32=False)
+    table = PlanTable.from_plans([plan])
+    prepared = prepare(table, model, priced, num_gpus=plan.num_gpus, seq_len=seq_len, trainer_capabilities=False)
+    return bool(price(prepared, priced)["fits"][0])
 
 
 def _routing(r: PublishedRow, model) -> float:
@@ -227,8 +221,8 @@ def _dropless_case(case: RunCase, row: dict) -> RunCase | None:
 
 def _metric(r: PublishedRow, model, s, tp) -> tuple[str, float, float]:
     """The measure to compare, best first: tokens/s/GPU, step time, TFLOP/s/GPU, MFU (the last two
-    need the source's FLOP convention: SOURCE_CONVENTION, else current Megatron's)."""
-    convention = SOURCE_CONVENTION.get(r.source, "megatron-causal")
+    need the source's FLOP convention: autopar.calibration.sources, else current Megatron's)."""
+    convention = declared(r.source).convention
     fpt = flops_per_token(convention, model, s, tp)
     tok, step, tfl, mfu = (r.num(k) for k in ("tokens_per_sec_per_gpu", "step_time_s", "tflops_per_gpu", "mfu"))
     if tok:

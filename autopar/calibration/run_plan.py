@@ -6,42 +6,24 @@ from __future__ import annotations
 
 import re
 
-from autopar.calibration.row_cells import SOURCE_STACK, row_offloaded, row_recompute_modules
+from autopar.calibration.row_cells import row_offloaded, row_recompute_modules
 from autopar.calibration.run_rows import FAMILY_TRAINER, PublishedRow
+from autopar.calibration.sources import declared, nvidia_recipes
 from autopar.spec.layout import balanced_layout, parse_layout
 from autopar.spec.plan import ParallelPlan
 
 
 def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
     """The row's plan on its own GPUs, with the trainer of its family; what it assumes goes to `notes`."""
-    G = r.integer("num_gpus")
-    tp, pp = r.integer("tp"), r.integer("pp")
-    if tp is None or pp is None:
-        dpd = r.num("dp_derived")
-        if dpd is None or not G:
-            raise ValueError("tp/pp not stated and model-parallel size unknown")
-        mp = round(G / dpd)
-        tp = min(mp, cluster.gpus_per_node)
-        pp = mp // tp
-        r.notes.append(f"only model-parallel size {mp} stated: assumed tp={tp}, pp={pp}")
-    cp = r.integer("cp") or 1
-    vpp = r.integer("vpp") or 1
-    ep = r.integer("ep") or 1
-    assert G is not None  # row_problem (autopar.calibration.run_checks) rejects a row without num_gpus
-    dp = G // (tp * pp * cp)
-    if dp * tp * pp * cp != G:
-        raise ValueError(f"tp*pp*cp = {tp * pp * cp} does not divide {G} GPUs")
-    if r.source == "llama3-paper" and pp > 1 and vpp == 1:
-        vpp = 8  # 126 layers + embedding + loss = 128 units: one per virtual stage of pp16 x vpp8
-        r.notes.append(
-            "interleaving factor not stated: assumed vpp 8 (one layer per virtual stage; first and last "
-            "stage one layer less, as the paper says)"
-        )
-    mbs = r.integer("micro_batch_size")
+    tp, pp, cp, ep, vpp, dp = _degrees(r, model, cluster)
+    vpp = _interleaving(r, pp, vpp)
+    if declared(r.source).group == "torchtitan":
+        mbs, gbs = _torchtitan_batches(r, dp, pp, vpp)
+    else:
+        mbs, gbs = r.integer("micro_batch_size"), r.integer("global_batch_size")
     if mbs is None:
         mbs = 1
         r.notes.append("micro-batch not stated: assumed 1")
-    gbs = r.integer("global_batch_size")
     if not gbs:
         if r.source == "fms-fsdp":
             gbs = mbs * dp
@@ -94,6 +76,71 @@ def run_plan(r: PublishedRow, model, cluster) -> ParallelPlan:
     )
 
 
+def _degrees(r: PublishedRow, model, cluster) -> tuple[int, int, int, int, int, int]:
+    """(tp, pp, cp, ep, vpp, dp) as the row states them, with what it leaves out assumed and noted."""
+    G = r.integer("num_gpus")
+    tp, pp = r.integer("tp"), r.integer("pp")
+    if tp is None or pp is None:
+        dpd = r.num("dp_derived")
+        if dpd is None or not G:
+            raise ValueError("tp/pp not stated and model-parallel size unknown")
+        mp = round(G / dpd)
+        tp = min(mp, cluster.gpus_per_node)
+        pp = mp // tp
+        r.notes.append(f"only model-parallel size {mp} stated: assumed tp={tp}, pp={pp}")
+    cp = r.integer("cp") or 1
+    vpp = r.integer("vpp") or 1
+    ep = r.integer("ep") or 1
+    assert G is not None  # row_problem (autopar.calibration.run_checks) rejects a row without num_gpus
+    dp = G // (tp * pp * cp)
+    if dp * tp * pp * cp != G:
+        raise ValueError(f"tp*pp*cp = {tp * pp * cp} does not divide {G} GPUs")
+    if model.moe is not None and r.integer("ep") is None and r.source == "automodel" and "DeepEP" in r.text("notes"):
+        ep = dp
+        r.notes.append(f"EP not stated, DeepEP named: experts over the FSDP group (ep {ep}, AutoModel's expert mesh)")
+    if r.source == "llama3-paper" and pp > 1 and vpp == 1:
+        vpp = 8  # 126 layers + embedding + loss = 128 units: one per virtual stage of pp16 x vpp8
+        r.notes.append(
+            "interleaving factor not stated: assumed vpp 8 (one layer per virtual stage; first and last "
+            "stage one layer less, as the paper says)"
+        )
+    return tp, pp, cp, ep, vpp, dp
+
+
+def _interleaving(r: PublishedRow, pp: int, vpp: int) -> int:
+    """A torchtitan row naming the interleaved 1F1B schedule without its stages per rank: two
+    (the fewest that interleave), noted."""
+    if pp > 1 and vpp == 1 and re.search(r"Interleaved 1F1B", r.text("notes")):
+        r.notes.append("interleaved 1F1B with its stages per rank not stated: assumed 2")
+        return 2
+    return vpp
+
+
+def _torchtitan_batches(r: PublishedRow, dp: int, pp: int, vpp: int) -> tuple[int | None, int | None]:
+    """(micro-batch, global batch) of a torchtitan benchmark row, from its local batch (per data-
+    parallel rank: the micro_batch_size cell, else 'local batch N' in its notes) where it leaves them
+    out. torchtitan then had no gradient accumulation: the global batch is the local batch x the
+    data-parallel degree. With pipeline parallelism the local batch is split into as many microbatches
+    as the pipeline has stages, unless set (torchtitan 2024, parallelisms/pipelining_utils.py
+    `build_pipeline_schedule`: n_microbatches defaults to pipeline_parallel_degree x the stages per
+    rank; its per-microbatch size became a setting, default 1, in 2025: config `pipeline_parallel_
+    microbatch_size`)."""
+    mbs, gbs = r.integer("micro_batch_size"), r.integer("global_batch_size")
+    m = re.search(r"local batch (\d+)", r.text("notes"))
+    local = int(m.group(1)) if m else (mbs if pp == 1 else None)
+    if local is None and gbs:
+        local = gbs // dp
+    if not gbs and local:
+        gbs = local * dp
+        r.notes.append(f"global batch not stated: local batch {local} x {dp} data-parallel ranks (no accumulation)")
+    if pp > 1 and mbs is None and local:
+        stages = pp * vpp
+        if local % stages == 0:
+            mbs = local // stages
+            r.notes.append(f"pipeline microbatches not stated: torchtitan's default, one per stage ({stages} of {mbs})")
+    return mbs, gbs
+
+
 def _fp8_recipe(r: PublishedRow) -> str:
     """The FP8 recipe a row states: MXFP8, or block scaling (1x128 / 128x128, DeepSeek-V3's); torchao
     Float8 linears of 2024 scaled per tensor (torchao's only float8 recipe before rowwise scaling,
@@ -115,8 +162,9 @@ def _fp8_param_gather(r: PublishedRow) -> str:
     mixed_precision.py: fp8_param_gather=True) and a row stating FP8 primary weights; otherwise its
     trainer's default (off: Megatron-LM's --fp8-param-gather is opt-in)."""
     stated = " ".join(r.text(k) for k in ("precision", "framework", "notes"))
-    recipe_gathers = SOURCE_STACK.get(r.source) == "nemo-bridge" and _fp8_recipe(r) != "blockwise"
-    return "on" if recipe_gathers or re.search(r"fp8 primary weights", stated, re.I) else "default"
+    recipe_gathers = declared(r.source).stack == "nemo-bridge" and _fp8_recipe(r) != "blockwise"
+    stated_on = re.search(r"fp8 primary weights|float8 all-gather", stated, re.I)
+    return "on" if recipe_gathers or stated_on else "default"
 
 
 def _offload_modules(r: PublishedRow) -> tuple[str, ...] | None:
@@ -178,7 +226,7 @@ def _moe_comm(r: PublishedRow) -> tuple[str, bool]:
             "dispatcher: DeepSeek's own deduplicating cross-node all-to-all kernels (report sec. 3.2.2, "
             "released as DeepEP)"
         )
-    elif r.source != "bridge-25.09" or re.search(
+    elif not r.source.startswith("bridge-") or re.search(
         r"Dispatcher A2A|AlltoAll dispatcher|all-to-all dispatcher", words, re.I
     ):
         dispatcher = "alltoall"
@@ -279,7 +327,7 @@ def _tp_overlap(r: PublishedRow, tp, sp) -> bool:
         return True
     if "--tp-comm-overlap" in r.text("notes") or r.source == "megatron-readme-h100":
         return sp
-    if r.source in ("nemo-24.07", "nemo-long-sequence", "bridge-25.09"):
+    if nvidia_recipes(r.source):
         r.notes.append("TP comm overlap on (assumed: NeMo/Megatron-Bridge H100 recipes enable it)")
         return sp
     return False
@@ -287,11 +335,12 @@ def _tp_overlap(r: PublishedRow, tp, sp) -> bool:
 
 def _compiled(r: PublishedRow) -> bool:
     """torch.compile as the row states it: fms-fsdp's table ('compile Y', its framework 'FSDP1 +
-    torch.compile'), torchtitan's 405B config of the 2024 table (notes: 'compile=true'); the other
+    torch.compile'), torchtitan's 405B config of the 2024 table (notes: 'compile=true'), its
+    benchmark tables ('+ compile', '--training.compile'); the other
     rows ran eager (torchtitan's 8B/70B configs 'compile=false', and torch.compile is off by
     default in every stack autopar prices)."""
     text = r.text("framework") + " " + r.text("notes")
-    if re.search(r"compile=true|compile Y\b|\+ torch\.compile", text):
+    if re.search(r"compile=true|compile Y\b|\+ (torch\.)?compile\b|--training\.compile", text):
         r.notes.append("torch.compile on (as the row states)")
         return True
     return False

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+from autopar.calibration.sources import source_of
 from autopar.errors import InputError
 from autopar.spec.hardware import ClusterSpec, default_cluster
 from autopar.spec.model import ModelSpec
@@ -29,29 +30,10 @@ REQUIRED = {"row_id", "model", "num_layers", "hidden_size", "num_gpus", "gpu_typ
 RUNS_BYTES = 32 << 20
 MAX_RUN_ROWS = 20_000
 
-#: source text -> short key (leave-one-source-out folds). Unknown sources key on their text.
-SOURCES = (
-    (r"Megatron-LM README\.md 'Training Speed", "megatron-readme-h100"),
-    (r"Megatron-LM README\.md \(2021-04\)", "megatron-readme-2021"),
-    (r"Korthikanti", "korthikanti-2022"),
-    (r"NeMo Framework performance summary", "nemo-24.07"),
-    (r"performance_long_sequence", "nemo-long-sequence"),
-    (r"Megatron-Bridge", "bridge-25.09"),
-    (r"llm-foundry", "llm-foundry"),
-    (r"pytorch/torchtitan", "torchtitan-2024"),
-    (r"fms-fsdp", "fms-fsdp"),
-    (r"nanotron", "nanotron"),
-    (r"bigscience", "bloom"),
-    (r"Llama 3 Herd", "llama3-paper"),
-    (r"Megatron-MoE-ModelZoo", "moe-modelzoo"),
-    (r"deepseek-v3-gb200", "deepseek-v3-gb200"),
-    (r"Scalable Training of Mixture-of-Experts", "megatron-moe-report"),
-    (r"DeepSeek-V3 Technical Report", "deepseek-v3-report"),
-    (r"transformer/moe/README", "megatron-moe-readme"),
-)
 #: framework text -> trainer family (the performance profile that prices it: FAMILY_TRAINER)
 FAMILIES = (
     (r"DeepSpeed", "deepspeed"),
+    (r"AutoModel|Automodel", "fsdp"),  # NeMo AutoModel: PyTorch FSDP2 with TE kernels, not Megatron-Core
     (r"Megatron|NeMo", "megatron"),
     (r"nanotron", "nanotron"),
     (r"Meta internal", "meta"),
@@ -75,13 +57,16 @@ FAMILY_PROFILE = {
     "meta": "meta",
     "deepspeed": "deepspeed",
 }
+#: a model name without blanks, dots, dashes and underscores -> the preset whose architecture
+#: (MoE, MLA) a table cannot spell out
 PRESET_BY_NAME = (
     ("deepseek", "deepseek-v3"),
-    ("qwen3_30b", "qwen3-30b-a3b"),
-    ("qwen3-30b", "qwen3-30b-a3b"),
-    ("qwen3_235b", "qwen3-235b-a22b"),
-    ("qwen3-235b", "qwen3-235b-a22b"),
+    ("qwen330b", "qwen3-30b-a3b"),
+    ("qwen3moe30b", "qwen3-30b-a3b"),
+    ("qwen3235b", "qwen3-235b-a22b"),
     ("mixtral8x7b", "mixtral-8x7b"),
+    ("gptoss120b", "gpt-oss-120b"),
+    ("gptoss20b", "gpt-oss-20b"),
 )
 VOCAB_BY_FAMILY = (
     ("llama2", 32000, "Llama 2 tokenizer"),
@@ -150,11 +135,8 @@ def text(row: dict, key: str) -> str:
 
 
 def source_key(row: dict) -> str:
-    src = text(row, "source")
-    for pattern, key in SOURCES:
-        if re.search(pattern, src):
-            return key
-    return src[:40] or "unknown"
+    """The short key of the row's publication (autopar.calibration.sources)."""
+    return source_of(text(row, "source")).key
 
 
 def family(row: dict) -> str:
@@ -199,12 +181,13 @@ def row_model(r: PublishedRow, seq_len: int) -> ModelSpec:
     shape with the conventions of its family (MPT, BLOOM, GPT, Llama)."""
     name = r.text("model")
     key = name.lower().replace(".", "").replace(" ", "")
+    bare = re.sub(r"[-_]", "", key)
     for pattern, preset in PRESET_BY_NAME:
-        if pattern in key:
+        if pattern in bare:
             r.notes.append(f"architecture from preset {preset}")
             vocab = r.integer("vocab_size")
             spec = replace(get_preset(preset), seq_len=seq_len)
-            if re.search(r"incl\. MTP", name):
+            if re.search(r"incl\. MTP|w/ MTP", name):
                 # DeepSeek-V3's multi-token-prediction module: one more MoE block (and its head) on the
                 # last stage (num_nextn_predict_layers 1; Megatron layout 'tmL')
                 spec = replace(spec, num_layers=spec.num_layers + 1)
@@ -268,6 +251,8 @@ def _style(key: str, fam: str, ffn: int) -> dict:
 GPU_PATTERNS = (
     (r"gb300", "gb300"),
     (r"gb200", "gb200"),
+    (r"b200", "b200"),
+    (r"h200", "h200"),
     (r"hbm2e", "h100-96gb-hbm2e"),
     (r"a100.*40", "a100-40gb"),
     (r"a100", "a100-80gb"),

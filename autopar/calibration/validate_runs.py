@@ -22,6 +22,7 @@ from pathlib import Path
 
 from autopar.atomic import write_atomic
 from autopar.calibration.memory_published import PublishedMemoryResult, compare_published_memory
+from autopar.calibration.new_ground import chronological, leave_one_group_out, physics_only
 from autopar.calibration.profile_fit import ProfileFit, fit_profiles
 from autopar.calibration.run_cases import RunCase, build_cases
 from autopar.calibration.run_rows import BUNDLED, BUNDLED_ROWS, load_runs
@@ -59,6 +60,10 @@ class ValidationReport:
     #: a user's runs priced with the shipped profiles: their coverage is by the shipped intervals
     judged_by_shipped: bool = False
     runs_path: str | None = None  # --runs (None: the bundled tables)
+    #: the checks that imitate new ground (autopar.calibration.new_ground); None where not computed
+    chronological: ValidationResult | None = None
+    families: ValidationResult | None = None
+    physics_only: ValidationResult | None = None
 
     @cached_property
     def memory(self) -> PublishedMemoryResult:
@@ -194,6 +199,7 @@ def validate_runs(
     fitted = fit_profiles(cases) if fit else None
     in_sample = evaluate_cases(cases, skipped, fitted.constants if fitted else None)
     what = runs or f"the bundled calibration runs ({BUNDLED_ROWS})"
+    physics = physics_only(cases, skipped)
     stored = _stored_result(in_sample) if runs is None and not fit and trainer is None else None
     if stored is not None:
         return ValidationReport(
@@ -203,13 +209,28 @@ def validate_runs(
             None,
             what,
             (stored_figures() or {}).get("uncertainty"),
+            chronological=_stored_check(in_sample, "chronological"),
+            families=_stored_check(in_sample, "families"),
+            physics_only=physics,
         )
     if runs is not None and not cross_validate:
         origin = "not computed for your runs: add --cross-validate (one fit per source)"
-        return ValidationReport(in_sample, None, origin, fitted, what, judged_by_shipped=not fit, runs_path=runs)
+        return ValidationReport(
+            in_sample, None, origin, fitted, what, judged_by_shipped=not fit, runs_path=runs, physics_only=physics
+        )
     cv = leave_one_source_out(cases, skipped, progress)
     origin = "recomputed: every source predicted by the profiles fitted to all the others"
-    return ValidationReport(in_sample, cv, origin, fitted, what, runs_path=runs)
+    return ValidationReport(
+        in_sample,
+        cv,
+        origin,
+        fitted,
+        what,
+        runs_path=runs,
+        chronological=chronological(cases, skipped),
+        families=leave_one_group_out(cases, skipped, progress),
+        physics_only=physics,
+    )
 
 
 def _stored_result(in_sample: ValidationResult) -> ValidationResult | None:
@@ -226,6 +247,21 @@ def _stored_result(in_sample: ValidationResult) -> ValidationResult | None:
         [RowResult(c, rows[c.row_id]["predicted"], rows[c.row_id]["error"]) for c in cases],
         in_sample.skipped,
         "leave-one-source-out",
+    )
+
+
+def _stored_check(in_sample: ValidationResult, name: str) -> ValidationResult | None:
+    """A new-ground check's stored rows (`write_profiles`), read with the stored leave-one-source-out
+    ones (whose digest `_stored_result` checked)."""
+    check = ((stored_figures() or {}).get("new_ground") or {}).get(name)
+    if not check:
+        return None
+    rows = check["rows"]
+    cases = [r.case for r in in_sample.rows if r.case.row_id in rows]
+    return ValidationResult(
+        [RowResult(c, rows[c.row_id]["predicted"], rows[c.row_id]["error"]) for c in cases],
+        in_sample.skipped,
+        check["method"],
     )
 
 
@@ -279,15 +315,16 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
         cv_path = shipped_path()
     else:
         cv_path = out.with_name(CV_FILE) if out.name == "profiles.toml" else out.with_suffix(".cv.json")
-    rows = (
-        {r.case.row_id: {"source": r.case.source, "predicted": r.predicted, "error": r.error} for r in cv.rows}
-        if cv
-        else {}
-    )
+    rows = _row_figures(cv) if cv else {}
     fitted = [
         {"profile": p.profile, "constant": p.name, "prior": p.prior, "low": p.low, "high": p.high, "value": p.value}
         for p in report.fit.parameters
     ]
+    new_ground = {
+        name: {"method": result.method, "rows": _row_figures(result)}
+        for name, result in (("chronological", report.chronological), ("families", report.families))
+        if result is not None
+    }
     body = {
         "digest": digest,
         "runs": BUNDLED,
@@ -296,11 +333,16 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
         "fitted": fitted,
         "rows": rows,
         "uncertainty": report.uncertainty(),
+        "new_ground": new_ground,
     }
     _write(cv_path, dumps(body, indent=1) + "\n")
     stored_figures.cache_clear()
     support_points.cache_clear()
     return [out, cv_path]
+
+
+def _row_figures(result: ValidationResult) -> dict[str, dict]:
+    return {r.case.row_id: {"source": r.case.source, "predicted": r.predicted, "error": r.error} for r in result.rows}
 
 
 def _write(path: Path, text: str) -> None:

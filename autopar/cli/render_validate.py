@@ -123,6 +123,33 @@ def summary_table(report: ValidationReport) -> Table:
     return t
 
 
+def new_ground_table(report: ValidationReport) -> Table | None:
+    """MAPE per category of the checks that imitate new ground: leave-one-source-out, leaving out
+    whole groups of sources, the chronological split and the physics alone (no fit)."""
+    checks = [
+        ("leave one source out", report.cross_validated),
+        ("leave one group out", report.families),
+        ("chronological", report.chronological),
+        ("physics only", report.physics_only),
+    ]
+    shown = [(name, r.summary()) for name, r in checks if r is not None]
+    if len(shown) < 2:
+        return None
+    split = f"; {report.chronological.method}" if report.chronological is not None else ""
+    t = Table(title=f"MAPE on ground the fit has not seen (rows in brackets{split})", title_justify="left")
+    t.add_column("category", justify="left")
+    for name, _ in shown:
+        t.add_column(name, justify="right")
+    for g in ("all rows", *CATEGORIES):
+        cells = []
+        for _, summ in shown:
+            a = summ if g == "all rows" else summ["by_category"].get(g)
+            n = a["evaluated"] if g == "all rows" else (a or {}).get("rows")
+            cells.append(f"{_pct(a['mape'])} ({n})" if a else "-")
+        t.add_row(g, *cells, style="bold" if g == "all rows" else None)
+    return t
+
+
 def memory_line(report: ValidationReport) -> str:
     """The published memory figures' MAPE per source, and which runs are predicted not to fit (or
     fit only with an option the row does not state)."""
@@ -150,6 +177,8 @@ def print_report(report: ValidationReport, written: list[Path]) -> None:
     for line in legend + ([note] if (note := dropped_line(dropped)) else []):
         out.print(line)
     out.print(summary_table(report))
+    if (ground := new_ground_table(report)) is not None:
+        out.print(ground)
     n, skipped = len({r.case.row_id.rstrip("d") for r in report.in_sample.rows}), len(report.in_sample.skipped)
     out.print(
         Text(

@@ -101,6 +101,11 @@ def validate(
         out = report.in_sample.to_dict() | {
             "cross_validated": (report.cross_validated.summary() if report.cross_validated else None),
             "cross_validation_origin": report.cv_origin,
+            # the checks that imitate new ground (autopar.calibration.new_ground): null where not
+            # computed (your runs without --cross-validate; chronological: sources without a date)
+            "chronological": report.chronological.summary() if report.chronological else None,
+            "families": report.families.summary() if report.families else None,
+            "physics_only": report.physics_only.summary() if report.physics_only else None,
             "coverage": (report.uncertainty() or {}).get("coverage"),
             "interval_level": (report.uncertainty() or {}).get("level"),
             "fitted": [

@@ -162,5 +162,15 @@ def profiles_toml(fitted: dict[str, dict[str, float]], provenance_: Provenance) 
         if p.validation_only:
             lines.append("validation_only = true")
         lines.append(f"[{name}.constants]")
-        lines += [f"{n} = {own[n]!r}" for n in CONSTANT_NAMES if n in own]
+        lines += [f"{n} = {_rounded(own[n])!r}" for n in CONSTANT_NAMES if n in own]
     return "\n".join(lines) + "\n"
+
+
+#: significant digits a fitted constant is stored to: a fit to published runs that scatter by
+#: several percent determines none better than to a part in a thousand, and fewer digits keep a
+#: refit's diff to the constants that moved
+STORED_DIGITS = 4
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.{STORED_DIGITS}g}")

@@ -295,11 +295,26 @@ def derived_behaviour(gpu) -> GpuBehaviour:
 
 
 def behaviour_of(gpu) -> GpuBehaviour:
-    """The behaviour the cost model prices a GpuSpec with: its published one, else derived."""
+    """The behaviour the cost model prices a GpuSpec with: its published one, else derived; under a
+    power limit below its TDP, the compute figures (GEMM, attention) at the clock the cap leaves
+    (autopar.spec.hardware.compute_clock_factor). Memory-bound kernels and the links keep theirs: no
+    source shows HBM or NVLink clocks falling under a cap."""
+    from autopar.spec.hardware import compute_clock_factor
+
     try:
-        return behaviour(gpu.key)
+        beh = behaviour(gpu.key)
     except KeyError:
-        return derived_behaviour(gpu)
+        beh = derived_behaviour(gpu)
+    factor = compute_clock_factor(gpu)
+    if factor == 1.0:
+        return beh
+    why = f"x {factor:.3f} at the {gpu.power_limit_w:g} W power limit of a {gpu.tdp_w:g} W GPU"
+    return dataclasses.replace(
+        beh,
+        gemm=GemmFigures(beh.gemm.bf16_flops * factor, beh.gemm.fp8_flops * factor, f"{beh.gemm.source}; {why}"),
+        attention=scaled_attention(beh.attention, factor, f"{beh.attention.source}; {why}"),
+        stand_ins=beh.stand_ins + (f"GEMM and attention {why}",),
+    )
 
 
 @cache

@@ -61,6 +61,11 @@ class GpuSpec:
     #: where the two host figures come from
     host_source: str = ""
     source: str = ""
+    #: the board power its published figures were measured at (W; None = not stated)
+    tdp_w: float | None = None
+    #: the power limit it runs under (W; None = its TDP): compute-bound kernels slow down with the
+    #: clock under a cap (`compute_clock_factor`), memory-bound ones barely move
+    power_limit_w: float | None = None
 
     def __post_init__(self) -> None:
         what = f"gpu {quoted(self.key)}" if isinstance(self.key, str) else "gpu"
@@ -83,6 +88,12 @@ class GpuSpec:
     def hbm_bytes(self) -> float:
         return self.hbm_gib * GIB
 
+    @property
+    def power_w(self) -> float | None:
+        """The board power it draws training: its limit (dense training holds a GPU at its power
+        limit: an H100's GEMMs are power-limited even at 700 W, DeepGEMM issue #120), else its TDP."""
+        return self.power_limit_w if self.power_limit_w is not None else self.tdp_w
+
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for the GEMM dtype."""
         return (self.fp8_tflops if dtype == "fp8" else self.bf16_tflops) * 1e12
@@ -98,9 +109,34 @@ _GPU_LIMITS = {
     "nic_gbps": 1e7,
     "host_link_gbps": 1e6,
     "host_memory_gbps": 1e6,
+    "tdp_w": 1e5,
+    "power_limit_w": 1e5,
 }
 #: the GpuSpec figures a preset or cluster file may leave unstated (None)
-_OPTIONAL_GPU_FIGURES = ("host_link_gbps", "host_memory_gbps")
+_OPTIONAL_GPU_FIGURES = ("host_link_gbps", "host_memory_gbps", "tdp_w", "power_limit_w")
+
+#: throughput of compute-bound kernels under a power cap against the TDP's, (cap / TDP) ** exponent:
+#: power is convex in the clock, so the first watts removed cost little. Fitted to the published
+#: pairs down to half the TDP (H100 MLPerf MaxQ 0.47-0.49, A100 Perseus clock sweeps 0.34-0.58,
+#: Blackwell B100/B200/GB200 specifications 0.58-0.70, H100 500 W DGEMM clock 0.63): about 0.5,
+#: with that spread (a pair is within 8 % of it). Deeper caps cost more: at 36 % of the TDP the
+#: GB300's GEMM rate falls about linearly with the power (exponent near 1), below POWER_KNEE.
+POWER_EXPONENT = 0.5
+POWER_EXPONENT_DEEP = 1.0
+POWER_KNEE = 0.4
+
+
+def compute_clock_factor(gpu: GpuSpec) -> float:
+    """The share of its published compute rates a GPU keeps under its power limit (1 at or above
+    its TDP, or where either is not stated)."""
+    if gpu.power_limit_w is None or gpu.tdp_w is None or gpu.power_limit_w >= gpu.tdp_w:
+        return 1.0
+    r = gpu.power_limit_w / gpu.tdp_w
+    if r >= POWER_KNEE:
+        return r**POWER_EXPONENT
+    return POWER_KNEE**POWER_EXPONENT * (r / POWER_KNEE) ** POWER_EXPONENT_DEEP
+
+
 #: ClusterSpec's figures -> the largest value
 _CLUSTER_LIMITS = {
     "intra_node_gbps": 1e7,

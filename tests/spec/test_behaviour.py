@@ -9,14 +9,15 @@ import csv
 import math
 import re
 import tomllib
+from dataclasses import replace
 from importlib import resources
 
 import numpy as np
 import pytest
 
-from autopar.spec.behaviour import behaviour, published_gpus, shared_figures
+from autopar.spec.behaviour import behaviour, behaviour_of, published_gpus, shared_figures
 from autopar.spec.curves import Curve
-from autopar.spec.hardware import gpu_names
+from autopar.spec.hardware import compute_clock_factor, get_gpu, gpu_names
 
 #: keys of hardware_behaviour.toml whose numbers are measurements (the rest are the settings a
 #: measurement was taken at: sizes, sequence lengths, batch, heads, GPU counts)
@@ -114,11 +115,18 @@ def test_nvlink_all_reduce_is_the_dgxc_table():
 
 
 def test_stand_ins_scale_as_stated():
-    """H800: the H100's NVLink curve x 200/450 (the presets' rates); H100 96GB: compute x 912/989.4."""
+    """H800: the H100's NVLink curve x 200/450 (the presets' rates); H100 96GB at 500 W: the H100's
+    figures, its compute ones at the clock a 500 W cap of a 700 W board leaves, sqrt(5/7)."""
     h100, h800 = behaviour("h100-sxm"), behaviour("h800")
     assert h800.nvlink.ring_busbw == pytest.approx(h100.nvlink.ring_busbw * 0.444)
     assert h800.gemm.bf16_flops == h100.gemm.bf16_flops
-    assert behaviour("h100-96gb-hbm2e").gemm.bf16_flops == pytest.approx(794.5e12 * 0.922)
+    assert behaviour("h100-96gb-hbm2e").gemm.bf16_flops == 794.5e12  # the table's: the silicon's
+    capped = behaviour_of(get_gpu("h100-96gb-hbm2e"))
+    assert capped.gemm.bf16_flops == pytest.approx(794.5e12 * math.sqrt(5 / 7))
+    assert float(capped.attention.native_fwd(8192)) == pytest.approx(
+        float(h100.attention.native_fwd(8192)) * math.sqrt(5 / 7)
+    )
+    assert capped.hbm_fraction == h100.hbm_fraction and capped.nvlink == h100.nvlink  # no clock falls there
     # GB300 has no figure of its own: the GB200's, and the GB200's attention is the B200's scaled
     assert behaviour("gb300").gemm == behaviour("gb200").gemm
     b200, gb200 = behaviour("b200").attention, behaviour("gb200").attention
@@ -132,3 +140,32 @@ def test_shape_points_are_the_deepgemm_ratios():
     assert pts[64.0] == pytest.approx(by_hand)
     assert pts[256.0] == pytest.approx(np.mean([932 / 1346, 815 / 1214]))
     assert pts[4096.0] == 1.0
+
+
+@pytest.mark.parametrize(
+    "tdp,cap,published,source",
+    [
+        # MLPerf Inference v4.0, 8x H100 SXM, MaxQ vs MaxP (power-caps reference): ResNet-50 at 300 W,
+        # RetinaNet at 350 W, BERT-99 at 400 W
+        (700, 300, 0.673, "MLPerf v4.0 ResNet-50"),
+        (700, 350, 0.712, "MLPerf v4.0 RetinaNet"),
+        (700, 400, 0.766, "MLPerf v4.0 BERT-99"),
+        # HGX B200 (1000 W) against GB200 (1200 W): dense BF16 2250 against 2500 TFLOPS
+        (1200, 1000, 0.900, "NVIDIA B200 / GB200 specifications"),
+        # B100 (700 W) against B200 (1000 W): 1.75 against 2.25 PFLOPS dense FP16
+        (1000, 700, 0.778, "NVIDIA B100 / B200 specifications"),
+    ],
+)
+def test_power_cap_throughput_matches_published_pairs(tdp, cap, published, source):
+    """Compute throughput under a power cap against the published pairs the exponent was fitted to,
+    within 8 % (the pairs' own exponents spread over 0.35-0.7 around its 0.5)."""
+    gpu = replace(get_gpu("h100-sxm"), tdp_w=float(tdp), power_limit_w=float(cap))
+    assert compute_clock_factor(gpu) == pytest.approx(published, rel=0.08), source
+
+
+def test_power_cap_leaves_an_uncapped_gpu_alone():
+    h100 = get_gpu("h100-sxm")
+    assert h100.tdp_w == 700.0 and h100.power_limit_w is None and h100.power_w == 700.0
+    assert compute_clock_factor(h100) == 1.0
+    assert compute_clock_factor(replace(h100, power_limit_w=800.0)) == 1.0  # above the TDP: no boost
+    assert behaviour_of(h100) == behaviour("h100-sxm")
