@@ -52,6 +52,7 @@ bench: setup
 	$(PY) benchmarks/bench_search_scale.py
 	$(PY) benchmarks/bench_report.py
 	$(PY) benchmarks/bench_everyday.py
+	$(PY) benchmarks/bench_validate_runs.py
 
 # Refit the shipped trainer profiles to the bundled public runs and store their figures with the
 # digest of the code and data (docs/cost-model.md quotes them; a test checks the digest)

@@ -7,6 +7,7 @@ a few array operations over every case, so leave-one-source-out refits take seco
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -30,10 +31,24 @@ def case_profile(case: RunCase) -> str:
 def case_cluster(case: RunCase, constants: CostConstants | None = None) -> ClusterSpec:
     """The case's cluster priced with its profile's constants (or the given ones), its memory
     stack, and the kernel facts its source documents."""
-    prof = profiles()[case_profile(case)]
-    cluster = replace(case.cluster, constants=constants or prof.constants, training_stack=prof.memory_stack)
-    if case.kernel_overrides:
-        cluster = replace(cluster, constants=replace(cluster.constants, **case.kernel_overrides))
+    return _priced_case_cluster(
+        case.cluster, case_profile(case), constants, tuple(sorted(case.kernel_overrides.items()))
+    )
+
+
+def forget_profiles() -> None:
+    """Drop the clusters priced with the profiles as they were read (after they are rewritten)."""
+    _priced_case_cluster.cache_clear()
+
+
+@lru_cache(maxsize=4096)
+def _priced_case_cluster(
+    cluster: ClusterSpec, profile: str, constants: CostConstants | None, overrides: tuple
+) -> ClusterSpec:
+    prof = profiles()[profile]
+    cluster = replace(cluster, constants=constants or prof.constants, training_stack=prof.memory_stack)
+    if overrides:
+        cluster = replace(cluster, constants=replace(cluster.constants, **dict(overrides)))
     return cluster
 
 
@@ -51,8 +66,9 @@ def prime_inputs(cases: list[RunCase]) -> None:
         if c.inputs is None:
             groups.setdefault(_group_key(c), []).append(c)
     for (model, cluster, seq_len, num_gpus, imbalance), members in groups.items():
+        plans = list(dict.fromkeys(c.plan for c in members))  # a plan repeated by several rows: priced once
         p = prepare(
-            PlanTable.from_plans([c.plan for c in members]),
+            PlanTable.from_plans(plans),
             model,
             members[0].cluster,
             num_gpus=num_gpus,
@@ -73,12 +89,20 @@ def prime_inputs(cases: list[RunCase]) -> None:
 
         raw_all = RawCompute(*(per_rank(a) for a in inp.raw))
         ranked = {f: per_rank(getattr(inp, f)) for f in _PER_RANK}
-        for j, c in enumerate(members):
+        per_plan = []
+        for j in range(len(plans)):
             col = slice(j, j + 1)
-            c.inputs = StepInputs(
-                raw=RawCompute(*(a[:, col].copy() for a in raw_all)),
-                **{f: (ranked[f][:, col].copy() if f in ranked else _column(getattr(inp, f), col)) for f in _FIELDS},
+            per_plan.append(
+                StepInputs(
+                    raw=RawCompute(*(a[:, col].copy() for a in raw_all)),
+                    **{
+                        f: (ranked[f][:, col].copy() if f in ranked else _column(getattr(inp, f), col)) for f in _FIELDS
+                    },
+                )
             )
+        index = {plan: j for j, plan in enumerate(plans)}
+        for c in members:
+            c.inputs = per_plan[index[c.plan]]
 
 
 def _column(a, col: slice):

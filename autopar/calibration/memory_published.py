@@ -26,11 +26,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 
 from autopar.calibration.case_batch import case_cluster
-from autopar.calibration.memory_facts import memory_plan, row_memory_facts, with_twin_offloading
+from autopar.calibration.memory_facts import memory_plan, offloading_twins, row_memory_facts, with_twin_offloading
 from autopar.calibration.run_cases import RunCase
 from autopar.calibration.run_rows import load_runs
 from autopar.cost.gpu_memory import in_flight, plan_shape
@@ -143,17 +144,29 @@ def _priced_memory(case: RunCase, row: dict, plan, model, stack: str | None = No
     facts = row_memory_facts(row, case.source)
     if stack is not None:
         facts = replace(facts, stack=stack)
-    cluster = case_cluster(case)
+    return *_breakdown(plan, model, case.cluster, case_cluster(case), case.seq_len, facts), facts
+
+
+@lru_cache(maxsize=4096)
+def _breakdown(plan, model, cluster, priced, seq_len: int, facts):
+    """(prepared plan, memory breakdown) of every pipeline rank: one pricing per distinct run, however
+    many rows of a table repeat it."""
     p = prepare(
         PlanTable.from_plans([plan]),
         model,
-        case.cluster,
+        cluster,
         num_gpus=plan.num_gpus,
-        seq_len=case.seq_len,
+        seq_len=seq_len,
         every_rank=True,
         trainer_capabilities=False,
     )
-    return p, memory_breakdown(p.x, model, cluster, p.params, facts), facts
+    return p, memory_breakdown(p.x, model, priced, p.params, facts)
+
+
+def _required_gib(plan, model, cluster, priced, seq_len: int, facts) -> float:
+    """The most loaded rank's required memory (GiB)."""
+    p, b = _breakdown(plan, model, cluster, priced, seq_len, facts)
+    return float(np.max(np.where(p.x.active, b.required, -np.inf))) / GIB
 
 
 def _predict(figure: PublishedMemory, case: RunCase, row: dict) -> tuple[float, tuple[str, ...]]:
@@ -205,11 +218,12 @@ def compare_published_memory(cases: list[RunCase], rows: list[dict] | None = Non
     rows = load_runs(None) if rows is None else rows
     by_id = {str(r.get("row_id")): r for r in rows}
     comparisons, fits = [], []
+    twins = offloading_twins(rows)
     for case in cases:
         row = by_id.get(case.row_id)
         if row is None or case.dropless:
             continue
-        row = with_twin_offloading(row, rows)
+        row = with_twin_offloading(row, twins)
         for figure in published_memory(row, case.source):
             predicted, notes = _predict(figure, case, row)
             comparisons.append(MemoryComparison(case.row_id, case.source, figure, predicted, notes))
@@ -224,8 +238,9 @@ def _fit_check(case: RunCase, row: dict) -> FitCheck:
     capacity = case.cluster.gpu.hbm_bytes / GIB
 
     def required(stack: str | None) -> float:
-        p, b, _ = _priced_memory(case, row, plan, model, stack)
-        return float(np.max(np.where(p.x.active, b.required, -np.inf))) / GIB
+        facts = row_memory_facts(row, case.source)
+        facts = replace(facts, stack=stack or facts.stack)
+        return _required_gib(plan, model, case.cluster, case_cluster(case), case.seq_len, facts)
 
     need = required(None)
     option = UNSTATED_OPTIONS.get(case.source)

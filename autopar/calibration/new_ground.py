@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from autopar.calibration.case_batch import CaseBatch
 from autopar.calibration.profile_fit import fit_profiles, prior_constants
 from autopar.calibration.run_cases import RunCase
 from autopar.calibration.sources import declared
@@ -55,6 +56,8 @@ def leave_one_group_out(
     return ValidationResult([RowResult(c, *by_row[c.row_id]) for c in kept], skipped, "leave-one-group-out")
 
 
-def physics_only(cases: list[RunCase], skipped) -> ValidationResult:
-    """Every case predicted with each fitted constant at its prior (the trainers' kernel facts kept)."""
-    return evaluate_cases(cases, skipped, prior_constants(), method="physics only (every constant at its prior)")
+def physics_only(cases: list[RunCase], skipped, batch: CaseBatch | None = None) -> ValidationResult:
+    """Every case predicted with each fitted constant at its prior (the trainers' kernel facts kept;
+    `batch`: the cases already priced)."""
+    method = "physics only (every constant at its prior)"
+    return evaluate_cases(cases, skipped, prior_constants(), method=method, batch=batch)

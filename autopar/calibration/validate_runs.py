@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from autopar.atomic import write_atomic
+from autopar.calibration.case_batch import CaseBatch, forget_profiles
 from autopar.calibration.memory_published import PublishedMemoryResult, compare_published_memory
 from autopar.calibration.new_ground import chronological, leave_one_group_out, physics_only
 from autopar.calibration.profile_fit import ProfileFit, fit_profiles
@@ -80,7 +81,17 @@ class ValidationReport:
             if c.figure.quantity in ("reserved", "device") and c.error > -1
         ]
 
+    @cached_property
+    def _uncertainty(self) -> dict | None:
+        return self._compute_uncertainty()
+
     def uncertainty(self) -> dict | None:
+        """The calibration points of the held-out errors, the fitted widening per support gap and
+        the coverage of the 80 % interval per category (autopar.calibration.uncertainty), or None
+        without cross-validated figures; computed once."""
+        return self._uncertainty
+
+    def _compute_uncertainty(self) -> dict | None:
         """The calibration points of the held-out errors, the fitted widening per support gap and
         the coverage of the 80 % interval per category (autopar.calibration.uncertainty), or None without
         cross-validated figures."""
@@ -196,10 +207,11 @@ def validate_runs(
                 f"no run of {runs or 'the bundled tables'} is priced with {trainer}'s profile; "
                 f"drop --trainer or pass --runs with runs of that trainer"
             )
+    batch = CaseBatch.of(cases) if cases else None  # every case priced once, for each evaluation below
     fitted = fit_profiles(cases) if fit else None
-    in_sample = evaluate_cases(cases, skipped, fitted.constants if fitted else None)
+    in_sample = evaluate_cases(cases, skipped, fitted.constants if fitted else None, batch=batch)
     what = runs or f"the bundled calibration runs ({BUNDLED_ROWS})"
-    physics = physics_only(cases, skipped)
+    physics = physics_only(cases, skipped, batch)
     stored = _stored_result(in_sample) if runs is None and not fit and trainer is None else None
     if stored is not None:
         return ValidationReport(
@@ -301,6 +313,7 @@ def write_profiles(report: ValidationReport, path: str | Path, command: str, dat
 
         profiles.cache_clear()
         provenance.cache_clear()
+        forget_profiles()
     digest = current_digest()
     prov = Provenance(
         command=command,

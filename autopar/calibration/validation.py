@@ -102,12 +102,17 @@ class ValidationResult:
 
 
 def evaluate_cases(
-    cases: list[RunCase], skipped, constants: dict[str, CostConstants] | None = None, method: str = "in-sample"
+    cases: list[RunCase],
+    skipped,
+    constants: dict[str, CostConstants] | None = None,
+    method: str = "in-sample",
+    batch: CaseBatch | None = None,
 ) -> ValidationResult:
     """Every case predicted with the shipped profiles, or with the given constants (profile name ->
-    constants: a fit's), all at once (autopar.calibration.case_batch)."""
+    constants: a fit's), all at once (autopar.calibration.case_batch; `batch`: the cases already
+    priced)."""
     if not cases:
         return ValidationResult([], skipped, method)
-    pred, err = CaseBatch.of(cases).predicted(constants_table(constants or {}))
+    pred, err = (batch or CaseBatch.of(cases)).predicted(constants_table(constants or {}))
     rows = [RowResult(case=c, predicted=float(p), error=float(e)) for c, p, e in zip(cases, pred, err)]
     return ValidationResult(rows=rows, skipped=skipped, method=method)

@@ -37,13 +37,33 @@ ROW_COLUMNS = (
 )
 
 
-def rows_table(report: ValidationReport, width: int) -> tuple[Table, list[str], list[str]]:
+#: rows of a per-row table printed by default: a longer one shows its worst rows (`--all-rows` prints
+#: every one, `--json` lists them all)
+SHOWN_ROWS = 60
+
+
+def _worst(items: list, error, all_rows: bool) -> tuple[list, int]:
+    """(the items to print, how many are left out): every one up to SHOWN_ROWS or with `all_rows`,
+    else the SHOWN_ROWS with the largest |error(item)|, in their own order."""
+    if all_rows or len(items) <= SHOWN_ROWS:
+        return items, 0
+    keep = set(sorted(range(len(items)), key=lambda i: -abs(error(items[i])))[:SHOWN_ROWS])
+    return [x for i, x in enumerate(items) if i in keep], len(items) - SHOWN_ROWS
+
+
+def left_out_line(what: str, n: int) -> str:
+    return f"{n:,} more {what} not shown: --all-rows prints every one, --json lists them all."
+
+
+def rows_table(report: ValidationReport, width: int, all_rows: bool = False) -> tuple[Table, list[str], list[str]]:
     """Predicted vs published per row, fitted to `width`: (the table, the headers dropped, the
     legend of what the shown columns abbreviate). Rows over 20 % off (cross-validated, else in
-    sample) in red."""
+    sample) in red; a long table shows its worst rows (`_worst`), and the legend says how many it
+    leaves out."""
     cv = {r.case.row_id: r.error for r in report.cross_validated.rows} if report.cross_validated else {}
     rows, styles = [], []
-    for r in report.in_sample.rows:
+    shown, left_out = _worst(report.in_sample.rows, lambda r: cv.get(r.case.row_id, r.error), all_rows)
+    for r in shown:
         c = r.case
         e_cv = cv.get(c.row_id)
         styles.append("red" if abs(e_cv if e_cv is not None else r.error) > 0.2 else None)
@@ -67,6 +87,8 @@ def rows_table(report: ValidationReport, width: int) -> tuple[Table, list[str], 
     for row, style in zip(t.rows, styles):
         row.style = style
     legend = ["error: in sample; cv error: leave-one-source-out cross-validated (fit without the row's source)"]
+    if left_out:
+        legend.append(f"the {SHOWN_ROWS} rows furthest off; " + left_out_line("rows", left_out))
     if "tr" not in dropped:
         legend.insert(
             0,
@@ -170,9 +192,9 @@ def memory_line(report: ValidationReport) -> str:
     return " ".join(p for p in (figures, fits + assumed) if p)
 
 
-def print_report(report: ValidationReport, written: list[Path]) -> None:
+def print_report(report: ValidationReport, written: list[Path], all_rows: bool = False) -> None:
     out = console()
-    rows, dropped, legend = rows_table(report, out.width)
+    rows, dropped, legend = rows_table(report, out.width, all_rows)
     out.print(rows)
     for line in legend + ([note] if (note := dropped_line(dropped)) else []):
         out.print(line)
@@ -200,16 +222,21 @@ def print_report(report: ValidationReport, written: list[Path]) -> None:
         s = Table(title="Rows not evaluated", title_justify="left")
         for col in ("row", "model", "reason"):
             s.add_column(col)
-        for rid, model, reason in report.in_sample.skipped:
+        not_evaluated = report.in_sample.skipped
+        for rid, model, reason in not_evaluated if all_rows else not_evaluated[:SHOWN_ROWS]:
             s.add_row(rid, model, reason)
         out.print(s)
+        if len(not_evaluated) > SHOWN_ROWS and not all_rows:
+            out.print(left_out_line("rows not evaluated", len(not_evaluated) - SHOWN_ROWS))
     a = Table(title="Assumptions made for fields a row leaves empty", title_justify="left")
     a.add_column("row")
     a.add_column("assumptions")
-    for r in report.in_sample.rows:
-        if r.case.assumptions:
-            a.add_row(r.case.row_id, "; ".join(r.case.assumptions))
+    assumed = [r for r in report.in_sample.rows if r.case.assumptions]
+    for r in assumed if all_rows else assumed[:SHOWN_ROWS]:
+        a.add_row(r.case.row_id, "; ".join(r.case.assumptions))
     out.print(a)
+    if len(assumed) > SHOWN_ROWS and not all_rows:
+        out.print(left_out_line("rows with assumptions", len(assumed) - SHOWN_ROWS))
     for p in written:
         out.print(f"wrote {p}")
 
@@ -287,3 +314,49 @@ def _write_cluster_profile(report: ValidationReport, trainer: str, path: str) ->
     except OSError as e:
         raise InputError(f"cannot write '{path}' ({e.strerror}); choose a writable path") from None
     return p
+
+
+def report_json(report: ValidationReport, written: list[Path]) -> dict:
+    """The `--json` document of `autopar validate`: the in-sample rows and summaries, the checks on
+    new ground, the coverage of the intervals, the fitted constants and the published memory."""
+    return report.in_sample.to_dict() | {
+        "cross_validated": (report.cross_validated.summary() if report.cross_validated else None),
+        "cross_validation_origin": report.cv_origin,
+        # the checks that imitate new ground (autopar.calibration.new_ground): null where not
+        # computed (your runs without --cross-validate; chronological: sources without a date)
+        "chronological": report.chronological.summary() if report.chronological else None,
+        "families": report.families.summary() if report.families else None,
+        "physics_only": report.physics_only.summary() if report.physics_only else None,
+        "coverage": (report.uncertainty() or {}).get("coverage"),
+        "interval_level": (report.uncertainty() or {}).get("level"),
+        "fitted": [
+            {
+                "profile": p.profile,
+                "constant": p.name,
+                "prior": p.prior,
+                "value": p.value,
+                "low": p.low,
+                "high": p.high,
+                "on_bound": p.on_bound,
+            }
+            for p in report.fit.parameters
+        ]
+        if report.fit
+        else None,
+        "fixed_by_mechanism": [
+            {"profile": prof, "constant": name, "value": value} for prof, name, value in pinned_constants(report)
+        ]
+        if report.fit
+        else None,
+        "published_memory": {
+            "mape": report.memory.mape(),
+            "by_source": report.memory.by_source(),
+            "runs_checked": len(report.memory.fit_checks),
+            "not_fitting": [
+                {"row_id": f.row_id, "required_gib": f.required_gib, "capacity_gib": f.capacity_gib}
+                for f in report.memory.not_fitting
+            ],
+            "fits_with_unstated_option": {f.row_id: f.assumed for f in report.memory.fit_checks if f.assumed},
+        },
+        "written": [str(p) for p in written],
+    }

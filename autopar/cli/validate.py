@@ -41,6 +41,14 @@ CrossValidate = Annotated[
         "but one, predict that one; one fit per source). The bundled runs always have them.",
     ),
 ]
+AllRows = Annotated[
+    bool,
+    typer.Option(
+        "--all-rows",
+        help="Print every row of the per-row tables (by default a table of more than 60 rows shows "
+        "the 60 furthest off; --json always lists every row).",
+    ),
+]
 WriteProfile = Annotated[
     Optional[str],
     typer.Option(
@@ -69,6 +77,7 @@ def validate(
     cross_validate: CrossValidate = False,
     write_profile: WriteProfile = None,
     write_profiles: WriteProfiles = None,
+    all_rows: AllRows = False,
     as_json: o.Json = False,
 ) -> None:
     """Predict every published run whose layout is complete enough and compare with its measured
@@ -92,56 +101,16 @@ def validate(
     from autopar.calibration.validate_runs import validate_runs
 
     report = validate_runs(runs, trainer, fit=fit, no_row=no_row_to_fit, cross_validate=cross_validate)
-    from autopar.cli.render_validate import pinned_constants, print_report, write_outputs
+    from autopar.cli.render_validate import print_report, write_outputs
 
     written = write_outputs(report, trainer, write_profile, write_profiles)
     if as_json:
+        from autopar.cli.render_validate import report_json
         from autopar.json_out import dumps
 
-        out = report.in_sample.to_dict() | {
-            "cross_validated": (report.cross_validated.summary() if report.cross_validated else None),
-            "cross_validation_origin": report.cv_origin,
-            # the checks that imitate new ground (autopar.calibration.new_ground): null where not
-            # computed (your runs without --cross-validate; chronological: sources without a date)
-            "chronological": report.chronological.summary() if report.chronological else None,
-            "families": report.families.summary() if report.families else None,
-            "physics_only": report.physics_only.summary() if report.physics_only else None,
-            "coverage": (report.uncertainty() or {}).get("coverage"),
-            "interval_level": (report.uncertainty() or {}).get("level"),
-            "fitted": [
-                {
-                    "profile": p.profile,
-                    "constant": p.name,
-                    "prior": p.prior,
-                    "value": p.value,
-                    "low": p.low,
-                    "high": p.high,
-                    "on_bound": p.on_bound,
-                }
-                for p in report.fit.parameters
-            ]
-            if report.fit
-            else None,
-            "fixed_by_mechanism": [
-                {"profile": prof, "constant": name, "value": value} for prof, name, value in pinned_constants(report)
-            ]
-            if report.fit
-            else None,
-            "published_memory": {
-                "mape": report.memory.mape(),
-                "by_source": report.memory.by_source(),
-                "runs_checked": len(report.memory.fit_checks),
-                "not_fitting": [
-                    {"row_id": f.row_id, "required_gib": f.required_gib, "capacity_gib": f.capacity_gib}
-                    for f in report.memory.not_fitting
-                ],
-                "fits_with_unstated_option": {f.row_id: f.assumed for f in report.memory.fit_checks if f.assumed},
-            },
-            "written": [str(p) for p in written],
-        }
-        print(dumps(out, indent=2))
+        print(dumps(report_json(report, written), indent=2))
         return
-    print_report(report, written)
+    print_report(report, written, all_rows)
 
 
 def no_row_to_fit(runs: str | None, skipped: list[tuple[str, str, str]]) -> str:

@@ -21,9 +21,8 @@ from autopar.spec.table import PlanTable, plan_of_row
 from autopar.spec.trainers import ALL_TRAINERS
 
 COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
-#: a communication or bubble term is the plan's dominant cost only from this share of the step on
-#: (issue 26's threshold): below a fifth of the step no single overhead dominates, and naming the
-#: largest one misleads
+#: a communication or bubble term is the plan's dominant cost only from this share of the step on:
+#: below a fifth of the step no single overhead dominates, and naming the largest one misleads
 DOMINANT_SHARE = 0.20
 #: what makes two plans structurally different layouts: the process grid and the pipeline's shape
 #: (LAYOUT_KEY: tp, pp, vpp, cp, dp, ep, etp), the pipeline schedule, what is recomputed and the

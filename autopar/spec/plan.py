@@ -20,6 +20,7 @@ part of the layout key and the plan key, whether the search results show it). Ad
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -466,7 +467,7 @@ class ParallelPlan:
 
     def describe(self) -> str:
         """Short layout string, e.g. tp8.pp4.dp8 (axes of size 1 omitted; autopar.spec.plan_fields.plan_names)."""
-        return str(plan_names({a: [getattr(self, a)] for a in NAME_FIELDS + ("dp_shard",)})[0])
+        return _described(tuple(getattr(self, a) for a in NAME_FIELDS + ("dp_shard",)))
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -480,6 +481,13 @@ class ParallelPlan:
         if data.get("layout") is not None and not isinstance(data["layout"], PipelineLayout):
             data["layout"] = PipelineLayout(tuple(data["layout"]), "explicit")
         return cls(**data)
+
+
+@lru_cache(maxsize=65536)
+def _described(values: tuple) -> str:
+    """A plan's layout string from its name fields (computed once per distinct layout: a table of
+    thousands of runs repeats few)."""
+    return str(plan_names({a: [v] for a, v in zip(NAME_FIELDS + ("dp_shard",), values)})[0])
 
 
 # ---- what the declaration gives the rest of autopar ------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.calibration.memory_facts import memory_plan, row_memory_facts, with_twin_offloading
+from autopar.calibration.memory_facts import memory_plan, offloading_twins, row_memory_facts, with_twin_offloading
 from autopar.calibration.memory_published import _priced_memory, compare_published_memory, published_memory
 from autopar.calibration.row_cells import row_offloaded, row_recompute_modules
 from autopar.calibration.run_cases import build_cases
@@ -77,13 +77,14 @@ def test_the_same_run_published_twice_shares_its_offloading() -> None:
     # and row 287 (ModelZoo's command line of that run) are one run: 287 states the fine-grained
     # activation offloading that 406's recompute cell leaves out
     rows = {r["row_id"]: r for r in load_runs(None)}
-    merged = with_twin_offloading(rows["406"], list(rows.values()))
+    twins = offloading_twins(list(rows.values()))
+    merged = with_twin_offloading(rows["406"], twins)
     assert {"moe_act", "layernorm"} <= set(row_recompute_modules(merged["recompute"]))
     assert row_offloaded(merged["recompute"]) == ("expert_fc1", "moe_act"), merged["recompute"]
     assert "row 287" in merged["recompute"]
     # a row without a twin, and the twin that already states it, are left as they are
-    assert with_twin_offloading(rows["405"], list(rows.values())) is rows["405"]
-    assert with_twin_offloading(rows["287"], list(rows.values())) is rows["287"]
+    assert with_twin_offloading(rows["405"], twins) is rows["405"]
+    assert with_twin_offloading(rows["287"], twins) is rows["287"]
 
 
 def test_nvidia_deepseek_v3_recipe_bf16_moments_and_gradients() -> None:

@@ -116,3 +116,21 @@ def test_an_unusable_file_is_one_line(cli_run, one_line_error, tmp_path, content
     path = tmp_path / "runs.csv"
     path.write_bytes(content)
     one_line_error(cli_run("validate", "--runs", path), ["runs.csv", *words])
+
+
+def test_a_long_table_shows_its_worst_rows_and_says_how_to_see_all(cli_run, tmp_path):
+    """70 rows (rows 1-5 repeated with new ids): the per-row table keeps the 60 furthest off and
+    says how many it leaves out and how to get them; --all-rows prints every row; --json lists all."""
+    rows = [dict(ROWS[i % len(ROWS)], row_id=str(1000 + i)) for i in range(70)]
+    path = write_rows(tmp_path / "long.csv", rows)
+    table = cli_run("validate", "--runs", path)
+    assert table.returncode == 0, table.stderr
+    assert "10 more rows not shown: --all-rows prints every one, --json lists them all." in table.stdout
+    shown = {str(1000 + i) for i in range(70) if f"\n│ {1000 + i} " in table.stdout}
+    assert len(shown) == 60
+    every = cli_run("validate", "--runs", path, "--all-rows")
+    assert "more rows not shown" not in every.stdout
+    assert {str(1000 + i) for i in range(70) if f"\n│ {1000 + i} " in every.stdout} == {
+        str(1000 + i) for i in range(70)
+    }
+    assert len(strict_json(cli_run("validate", "--runs", path, "--json").stdout)["rows"]) == 70
