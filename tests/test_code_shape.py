@@ -58,3 +58,21 @@ def test_one_atomic_write() -> None:
             if renames.search(line) or temp_names.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not found, "use autopar.atomic (write_atomic, write_with, temp_path):\n" + "\n".join(found)
+
+
+def test_the_readme_stays_short() -> None:
+    """The README is the front page: at most 12 KB, depth goes to docs/."""
+    assert len((ROOT / "README.md").read_bytes()) <= 12 * 1024
+
+
+def test_the_product_cites_no_issue_of_its_own_tracker() -> None:
+    """Code and data speak of the product itself, not of the tracker it was built from ("issue 26");
+    an upstream project's issue is cited with its repository and '#' (DeepGEMM issue #120)."""
+    own = re.compile(r"\b[Ii]ssues? \d+\b")
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in [*SOURCES, *(ROOT / "autopar").rglob("*.toml")]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if own.search(line)
+    ]
+    assert not hits, "issue numbers in the product:\n" + "\n".join(hits)
