@@ -11,8 +11,8 @@ Run: .venv/bin/python benchmarks/bench_validate_runs.py [--rows N]
 from __future__ import annotations
 
 import argparse
-import os
 import csv
+import os
 import subprocess
 import sys
 import tempfile
