@@ -6,7 +6,9 @@ userinfo or in the query (`?password=`, `?sslpassword=`, `?api_key=`). The rule,
 text (URL-like or not, parsed or not, a mistyped scheme such as `postgresql:/u:PASS@host` too):
   - userinfo: in a word holding an '@', whatever follows the user name's ':' up to the last '@'
     is the password (the user name is the part after the scheme and its slashes; an unescaped '@'
-    in a password would otherwise leave its tail visible): `user:***@host`;
+    in a password would otherwise leave its tail visible): `user:***@host`; a user name holding a
+    percent-encoding (`u%3Asecret@host`, a colon and a password in disguise) is masked whole with
+    its password: `postgresql://***@host`;
   - query: the value of every parameter whose name contains pass, secret, token or key
     (case-insensitive) after '?', '&' or ';': `?sslpassword=***`.
 """
@@ -33,7 +35,13 @@ def _mask_userinfo(word: str) -> str:
     head = word[:at]
     lead = len(head) - len(head.lstrip("'\"(<[`"))  # a quoted or bracketed URL
     m = _SCHEME_SLASHES.match(head, lead) or _SCHEME_BARE.match(head, lead)
-    colon = head.find(":", m.end() if m else lead)
+    start = m.end() if m else lead
+    colon = head.find(":", start)
+    user = head[start:] if colon < 0 else head[start:colon]
+    if "%" in user:
+        # a percent-encoded user name may hide the colon and the password after it (u%3Asecret):
+        # the whole userinfo goes
+        return head[:start] + MASK + word[at:]
     return word if colon < 0 else head[: colon + 1] + MASK + word[at:]
 
 

@@ -37,6 +37,7 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "json_out": (frozenset({"secrets"}), frozenset()),  # dumps: the one JSON writer (strict, masked)
     "atomic": (frozenset(), frozenset()),  # write_atomic: the one atomic file write
     "quoting": (frozenset({"errors"}), frozenset()),  # values in generated scripts
+    "terminal": (frozenset(), frozenset()),  # printable: the one rule of text on the terminal
     # spec checks the names it takes that exports paste into scripts (a recipe) with quoting's rule
     "spec": (frozenset({"errors", "quoting", "spec"}), frozenset({"numpy", "yaml"})),
     "cost": (frozenset({"errors", "spec", "cost"}), frozenset({"numpy", "scipy"})),

@@ -277,6 +277,10 @@ def estimate(
     if plan.optimizer_offload > 0 or plan.offload_modules:  # what is offloaded, per GPU and per node
         extra["host_memory_bytes_per_gpu"] = float(row["host_memory_bytes"])
         extra["host_memory_bytes_per_node"] = float(row["host_memory_bytes"]) * cluster.gpus_per_node
+    power = cluster.operating_gpu.power_w
+    if power is not None:  # the GPUs at their power limit (dense training holds them there), GPUs only
+        extra["power_w_per_gpu"] = float(power)
+        extra["energy_kwh_per_step"] = float(row["step_time_s"]) * plan.num_gpus * power / 3.6e6
     _, reason = support_text(int(row["support_gaps"]), plan, model, cluster, seq_len or model.seq_len)
     extra.update(interval_fields(row, reason))
     extra["stages"] = [

@@ -17,6 +17,7 @@ import typer
 
 from autopar.errors import InputError, UnmetGoal, one_line, quoted
 from autopar.secrets import mask_secrets
+from autopar.terminal import safe
 
 app = typer.Typer(
     name="autopar",
@@ -171,18 +172,21 @@ def _check_empty(argv: list[str]) -> None:
 
 
 def _safe_streams() -> None:
-    """Output that cannot fail: characters the terminal's encoding lacks are escaped (a model name
-    in Cyrillic under LANG=C or PYTHONIOENCODING=ascii), and a closed stdout or stderr (`>&-`)
-    writes nowhere instead of crashing."""
+    """Output that cannot fail and cannot drive the terminal: characters the terminal's encoding
+    lacks are escaped (a model name in Cyrillic under LANG=C or PYTHONIOENCODING=ascii), control
+    characters and escape sequences are shown escaped (autopar.terminal), and a closed stdout or
+    stderr (`>&-`) writes nowhere instead of crashing."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is None:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - for the life of the process
-        elif hasattr(stream, "reconfigure"):
-            try:
-                stream.reconfigure(errors="backslashreplace")
-            except (ValueError, OSError, TypeError):
-                pass
+        else:
+            if hasattr(stream, "reconfigure"):
+                try:
+                    stream.reconfigure(errors="backslashreplace")
+                except (ValueError, OSError, TypeError):
+                    pass
+            setattr(sys, name, safe(stream))  # no escape sequence of a name reaches the terminal
 
 
 def _freeze_heap() -> None:

@@ -24,6 +24,7 @@ def estimate(
     gpu: o.Gpu = "h100-sxm",
     gpus_per_node: o.GpusPerNode = None,
     cluster: o.ClusterFile = None,
+    power_limit: o.PowerLimit = None,
     seq_len: o.SeqLen = None,
     routing_imbalance: o.RoutingImbalance = 1.0,
     as_json: o.Json = False,
@@ -47,7 +48,7 @@ def estimate(
     from autopar.spec.trainers import default_trainer
 
     spec = resolve_model(model)
-    clus = resolve_cluster(gpu, gpus_per_node, cluster)
+    clus = resolve_cluster(gpu, gpus_per_node, cluster, power_limit)
     s = spec.seq_len if seq_len is None else seq_len
     the_plan = resolve_plan(
         spec, gpus, s, plan.with_defaults(dtype=default_dtype(clus), trainer=default_trainer(clus.gpu.key))
@@ -114,6 +115,7 @@ def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):
         fp32=est.plan.dtype == "fp32",
         rel=cluster.reliability,
         price_per_gpu_hour=run.price_for(cluster.gpu),
+        power_w=cluster.operating_gpu.power_w,
     )
     what = f"this plan needs {float(r.days):.1f} days for {tokens_text(run.tokens)} tokens"
     what_if = f"--gpus {gpus},{2 * gpus},{4 * gpus} --tokens {tokens_text(run.tokens)}"

@@ -22,6 +22,14 @@ GpusPerNode = Annotated[
         "--gpus-per-node", help="GPUs per node = NVLink domain (default: the GPU preset's, 8; 72 for an NVL72 rack)."
     ),
 ]
+PowerLimit = Annotated[
+    Optional[float],
+    typer.Option(
+        "--power-limit",
+        help="Power limit per GPU in watts (default: the GPU's own, its TDP): compute-bound kernels slow "
+        "with the clock under a cap, memory-bound ones barely move; energy is priced at it.",
+    ),
+]
 ClusterFile = Annotated[
     Optional[str], typer.Option("--cluster", help="Cluster / hardware-profile YAML (overrides --gpu).")
 ]

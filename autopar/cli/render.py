@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
 from rich.padding import Padding
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -18,18 +19,30 @@ from autopar.cost.figures import MEMORY_TERMS, TIME_LABELS, TIME_TERMS
 from autopar.report.format import human_count
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
+from autopar.terminal import printable
 
 #: the width of piped output when COLUMNS does not say: the common wide terminal, which every table
 #: is laid out for (tables wider than this drop their least important columns, `fitted_table`)
 PIPED_WIDTH = 120
 
 
+class SafeConsole(Console):
+    """A rich console that lays out only printable text (autopar.terminal.printable): every piece
+    of text is cleaned before the console adds its own styles, so a name that holds an escape
+    sequence prints escaped, in a table cell as anywhere else."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(printable(segment.text), segment.style) for segment in buffer
+        )
+
+
 def console() -> Console:
     """The terminal's width; when piped, COLUMNS if set, else PIPED_WIDTH."""
     if sys.stdout.isatty():
-        return Console()
+        return SafeConsole()
     columns = os.environ.get("COLUMNS", "")
-    return Console(width=int(columns) if columns.isdigit() and 20 <= int(columns) <= 1000 else PIPED_WIDTH)
+    return SafeConsole(width=int(columns) if columns.isdigit() and 20 <= int(columns) <= 1000 else PIPED_WIDTH)
 
 
 #: schedule names as the tables print them (a 120-column terminal has no room for the long ones;
@@ -222,6 +235,9 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     thr.add_row("HFU (incl. recompute)", f"{100 * est.hfu:.1f}%")
     thr.add_row("bubble fraction", f"{100 * est.bubble_fraction:.1f}%")
     thr.add_row("params per GPU", human_count(est.params_per_gpu))
+    if "energy_kwh_per_step" in est.extra:
+        watts = est.extra["power_w_per_gpu"]
+        thr.add_row(f"GPU energy per step (at {watts:g} W)", f"{est.extra['energy_kwh_per_step']:,.2f} kWh")
     out += [mem]
     if "host_memory_bytes_per_gpu" in est.extra:
         out.append(host_memory_line(est, cluster))
@@ -330,6 +346,8 @@ def run_table(r, run) -> Table:
     if r.cost is not None:
         cost = float(r.cost)
         rows.append(("cost", money_text(cost) if math.isfinite(cost) else "never (the run never finishes)"))
+    if r.energy_mwh is not None:
+        rows.append(("GPU energy (at their power limit)", never_text(float(r.energy_mwh), "{:,.0f} MWh")))
     for row in rows:
         t.add_row(*row)
     return t

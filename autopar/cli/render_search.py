@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import time
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -13,6 +12,7 @@ from autopar.cli.render import (
     SCHEDULE_SHORT,
     TRAINER_LETTERS,
     Col,
+    SafeConsole,
     compact_table,
     console,
     dropped_line,
@@ -51,7 +51,7 @@ class SearchProgress:
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 transient=True,
-                console=Console(stderr=True),
+                console=SafeConsole(stderr=True),
             )
             self.progress.start()
         if label not in self.tasks:
@@ -155,7 +155,7 @@ def run_headers(run) -> list[str]:
     """The whole-run columns of a table (none without --tokens)."""
     if run is None:
         return []
-    return ["days", "goodput", "GPU-hours"] + (["cost"] if run.priced else [])
+    return ["days", "goodput", "GPU-hours"] + (["cost"] if run.priced else []) + ["GPU MWh"]
 
 
 def run_cells(row, run) -> list[str]:
@@ -172,10 +172,15 @@ def run_cells(row, run) -> list[str]:
         gpu_hours_text(float(row["gpu_hours"])),
     ]
     cost = float(row["cost"])
-    return cells + (
-        [never_text(cost, "{}") if not math.isfinite(cost) else money_text(cost) + (" over" if over else "")]
-        if run.priced
-        else []
+    energy = float(row.get("energy_mwh", math.nan))
+    return (
+        cells
+        + (
+            [never_text(cost, "{}") if not math.isfinite(cost) else money_text(cost) + (" over" if over else "")]
+            if run.priced
+            else []
+        )
+        + [f"{energy:,.0f}" if math.isfinite(energy) else "-"]
     )
 
 

@@ -110,6 +110,7 @@ def search(
     gpu: Gpu = "h100-sxm",
     gpus_per_node: o.GpusPerNode = None,
     cluster: o.ClusterFile = None,
+    power_limit: o.PowerLimit = None,
     seq_len: SeqLen = None,
     gbs: Gbs = None,
     dtype: Dtype = None,
@@ -159,12 +160,13 @@ def search(
         sampler,
         dtype,
         gpus_per_node,
+        power_limit,
     )
     from autopar.spec.trainers import parse_recipes
 
     options = dict(top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials, seed=seed)
     options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
-    options |= dict(rank_by=rank_by, recipes=parse_recipes(recipe, trainers))
+    options |= dict(rank_by=rank_by, recipes=parse_recipes(recipe, trainers), power_limit_w=power_limit)
     results = _run(spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, **options)
     from autopar.report import write_reports  # after the question's checks: a bad input stays quick
     from autopar.search.scenarios import check_any_valid
@@ -239,7 +241,21 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
 
 
 def _question(
-    model, gpus, gpu, cluster, seq_len, gbs, space, trainer, run_dir, storage, study_name, sampler, dtype, gpus_per_node
+    model,
+    gpus,
+    gpu,
+    cluster,
+    seq_len,
+    gbs,
+    space,
+    trainer,
+    run_dir,
+    storage,
+    study_name,
+    sampler,
+    dtype,
+    gpus_per_node,
+    power_limit=None,
 ):
     """The model, the space, the scenarios (--gpus x --gpu x --seq-len x --gbs x --dtype) and the trainers of
     the command line, or one line naming the bad option. Checked before pandas, the cost model and
@@ -293,7 +309,7 @@ def _question(
     from autopar.spec.resolve import resolve_cluster
 
     for kind in gpu_kinds:  # a bad --gpu or --cluster file fails here, not after the search is imported
-        resolve_cluster(kind or "h100-sxm", gpus_per_node, cluster)  # as run_scenarios resolves it
+        resolve_cluster(kind or "h100-sxm", gpus_per_node, cluster, power_limit)  # as run_scenarios does
     return spec, sp, scenarios, trainers
 
 

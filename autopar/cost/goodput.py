@@ -43,6 +43,9 @@ class RunTime:
     wall_s: np.ndarray  # train_s / goodput
     gpu_hours: np.ndarray
     cost: np.ndarray | None  # gpu_hours x the price per GPU-hour, when one is given
+    #: the GPUs' energy (MWh): gpu_hours x their power draw, when it is known (GPUs only: not the
+    #: hosts, the network or the cooling)
+    energy_mwh: np.ndarray | None = None
 
     @property
     def days(self) -> np.ndarray:
@@ -139,9 +142,11 @@ def run_time(
     fp32=False,
     rel: Reliability = Reliability(),
     price_per_gpu_hour: float | None = None,
+    power_w: float | None = None,
 ) -> RunTime:
     """Time to train `tokens` tokens at `tokens_per_s` on `num_gpus` GPUs, with checkpoints every
-    Young/Daly interval and the cluster's interruptions (module docstring), its GPU-hours and cost."""
+    Young/Daly interval and the cluster's interruptions (module docstring), its GPU-hours, cost and,
+    where the GPUs' power draw `power_w` is known, energy."""
     tps = np.asarray(tokens_per_s, dtype=float)
     gpus = np.asarray(num_gpus, dtype=float)
     train = tokens / tps
@@ -176,6 +181,7 @@ def run_time(
         wall_s=wall,
         gpu_hours=hours,
         cost=None if price_per_gpu_hour is None else hours * price_per_gpu_hour,
+        energy_mwh=None if power_w is None else hours * power_w / 1e6,
     )
 
 
@@ -191,6 +197,7 @@ RUN_COLUMNS = (
     "lost_to_checkpoints",
     "lost_to_rework",
     "lost_to_restarts",
+    "energy_mwh",
 )
 
 
@@ -204,12 +211,20 @@ def run_time_columns(
     price_per_gpu_hour: float | None,
     deadline_s: float | None = None,
     budget: float | None = None,
+    power_w: float | None = None,
 ) -> dict[str, np.ndarray]:
     """run_time over plans as named columns (days, GPU-hours, cost, goodput and its terms), with
     `meets_deadline` and `within_budget` when a deadline or budget is given."""
     fp32 = np.asarray(dtype, dtype=object) == "fp32"
     r = run_time(
-        tokens, tokens_per_s, num_gpus, params_total, fp32=fp32, rel=rel, price_per_gpu_hour=price_per_gpu_hour
+        tokens,
+        tokens_per_s,
+        num_gpus,
+        params_total,
+        fp32=fp32,
+        rel=rel,
+        price_per_gpu_hour=price_per_gpu_hour,
+        power_w=power_w,
     )
     n = len(fp32)
     cols = {
@@ -223,6 +238,7 @@ def run_time_columns(
         "lost_to_checkpoints": r.lost_to_checkpoints,
         "lost_to_rework": r.lost_to_rework,
         "lost_to_restarts": r.lost_to_restarts,
+        "energy_mwh": r.energy_mwh if r.energy_mwh is not None else np.full(n, np.nan),
     }
     cols = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)).copy() for k, v in cols.items()}
     if deadline_s is not None:

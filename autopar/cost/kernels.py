@@ -39,8 +39,9 @@ def reference_half_dim() -> float:
 
 
 def gpu_behaviour(cluster: ClusterSpec) -> GpuBehaviour:
-    """The GPU's published behaviour, with what `autopar probe` measured on this cluster in its place."""
-    return measured_behaviour(cluster.gpu, cluster.measured)
+    """The GPU's published behaviour at the cluster's power limit, with what `autopar probe`
+    measured on this cluster in its place."""
+    return measured_behaviour(cluster.operating_gpu, cluster.measured)
 
 
 def half_dims(cluster: ClusterSpec, dtype) -> np.ndarray:

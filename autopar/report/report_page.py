@@ -117,6 +117,7 @@ RUN_COLUMNS = [
     ("goodput", "goodput", "pct"),
     ("gpu_hours", "GPU-hours", "count"),
     ("cost", "cost", "money"),
+    ("energy_mwh", "GPU MWh", "count"),
 ]
 WHATIF_COLUMNS = [
     ("scenario", "scenario", "t"),

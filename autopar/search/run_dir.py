@@ -374,7 +374,39 @@ def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFile
             f"{' ...' if len(lacking) > 5 else ''}; it was not written by this autopar version; "
             f"rerun `autopar search`"
         )
+    _check_scatter_types(scatter, required_columns, d / "scatter.parquet", fix)
     return RunFiles(d, search, top, scatter)
+
+
+#: scatter.parquet columns that hold text (the plan's names and categories, the rejection, the why)
+_TEXT_COLUMNS = frozenset(
+    {"plan_name", "rejected_by", "dominant_cost", "pp_schedule", "recompute", "layout_text", "trainer", "dtype"}
+)
+
+
+def _check_scatter_types(scatter: pd.DataFrame, columns: tuple[str, ...], path: Path, fix: str) -> None:
+    """The columns a reader needs have the type this version writes: text, true/false (`valid`,
+    `fits`, the plan's switches) or numbers; the figures are not all missing. One line naming the
+    file, the column and the fix otherwise."""
+    from pandas.api import types as t
+
+    from autopar.spec.plan import FIELDS
+    from autopar.spec.plan_fields import BOOL
+
+    flags = {"valid", "fits"} | {f.column for f in FIELDS if f.kind == BOOL}
+    for c in columns:
+        col = scatter[c]
+        if c in _TEXT_COLUMNS:
+            ok = t.is_string_dtype(col) or t.is_object_dtype(col) or isinstance(col.dtype, pd.CategoricalDtype)
+            want = "text"
+        elif c in flags:
+            ok, want = t.is_bool_dtype(col), "true/false"
+        else:
+            ok, want = t.is_numeric_dtype(col) and not t.is_bool_dtype(col), "numbers"
+        if not ok:
+            raise InputError(f"'{path}' column '{c}' holds {col.dtype} where this autopar writes {want}; {fix}")
+    if "step_time_s" in columns and len(scatter) and scatter["step_time_s"].isna().all():
+        raise InputError(f"'{path}' has no step time for any plan (every figure is missing); {fix}")
 
 
 def rejection_bits() -> list[str]:

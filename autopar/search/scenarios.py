@@ -54,12 +54,13 @@ def run_scenarios(
     rank_by: str = "expected",
     interrupts=None,
     recipes: tuple[tuple[str, str], ...] = (),
+    power_limit_w: float | None = None,
     **opts,
 ) -> list[SearchResult]:
     questions, notes, spaces = [], [], []
     for sc in scenarios:  # every scenario checked before any is searched
         sp = scenario_space(space, sc, model)
-        cluster = resolve_cluster(sc.gpu or "h100-sxm", gpus_per_node, cluster_file)
+        cluster = resolve_cluster(sc.gpu or "h100-sxm", gpus_per_node, cluster_file, power_limit_w)
         q = Question(
             model=model,
             num_gpus=sc.num_gpus,

@@ -5,6 +5,7 @@ answer (UnmetGoal: one line and exit 1), saying what the best plan needs."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +31,7 @@ def run_columns(question, run: TrainingRun, tokens_per_s, dtype, verdicts: bool 
         run.price_for(cluster.gpu),
         run.deadline_s if verdicts else None,
         run.budget if verdicts else None,
+        cluster.operating_gpu.power_w,
     )
 
 
@@ -108,6 +110,8 @@ def summary_line(r, run: TrainingRun) -> str:
     goodput: ...): 3.29M GPU-hours, cost 8.23M.'"""
     w = r.winner
     cost = f", cost {money_text(w['cost'])}" if run.priced else ""
+    energy = w.get("energy_mwh", math.nan)
+    cost += f", {energy:,.0f} MWh of GPU energy" if energy is not None and math.isfinite(energy) else ""
     return (
         f"Training {tokens_text(run.tokens)} tokens {_with(r)} takes {w['days']:.1f} days ({w['train_days']:.1f} "
         f"days of steps at {100 * w['goodput']:.1f} % goodput: checkpoints {100 * w['lost_to_checkpoints']:.1f} %, "

@@ -172,8 +172,13 @@ class ClusterSpec:
     #: what `autopar probe` measured on this cluster, replacing the published (or derived) behaviour
     #: of its GPU (autopar.spec.behaviour); a cluster file's `behaviour:` mapping
     measured: MeasuredBehaviour = field(default_factory=MeasuredBehaviour)
+    #: the power limit its GPUs run under (W; `--power-limit`, a cluster file's `power_limit_w`); None
+    #: = the GPU's own (its preset's limit, else its TDP)
+    power_limit_w: float | None = None
 
     def __post_init__(self) -> None:
+        if self.power_limit_w is not None:
+            check_number(self.power_limit_w, "cluster: power_limit_w", 0.0, 1e5, above=True, fix="give watts per GPU")
         if self.training_stack is None and self.gpu.key == LOCAL:
             object.__setattr__(self, "training_stack", "torch")
         if self.training_stack is not None and self.training_stack not in TRAINING_STACKS:
@@ -189,6 +194,13 @@ class ClusterSpec:
             raise InputError(
                 f"cluster: intra_node_topology must be 'switch' or 'full-mesh', got {quoted(self.intra_node_topology)}"
             )
+
+    @property
+    def operating_gpu(self) -> GpuSpec:
+        """Its GPU as it runs here: under the cluster's power limit where it sets one."""
+        if self.power_limit_w is None or self.power_limit_w == self.gpu.power_limit_w:
+            return self.gpu
+        return replace(self.gpu, power_limit_w=self.power_limit_w)
 
     def with_constants(self, constants: CostConstants, **changes) -> "ClusterSpec":
         """This cluster with every constant set and pinned (a calibration: no profile overrides it)."""
@@ -244,6 +256,8 @@ def default_cluster(gpu: str | GpuSpec = "h100-sxm", gpus_per_node: int | None =
 
 
 _CLUSTER_KEYS = {f.name for f in fields(ClusterSpec)} - {"constants", "reliability", "measured"}
+#: the ClusterSpec figures a cluster file (or a saved cluster) may leave null
+_OPTIONAL_CLUSTER_FIGURES = ("power_limit_w",)
 _CONSTANT_KEYS = {f.name for f in fields(CostConstants)}
 
 
@@ -280,6 +294,7 @@ def cluster_from_dict(data: dict, origin: str = "cluster") -> ClusterSpec:
         k: v
         for k, v in data.items()
         if k not in ("gpu", "constants", "gpus_per_node", "pinned", "reliability", "behaviour")
+        and not (k in _OPTIONAL_CLUSTER_FIGURES and v is None)
     }
     for k, v in list(overrides.items()) + list(consts.items()):
         if k in ("name", "intra_node_topology", "training_stack"):

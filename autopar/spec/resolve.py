@@ -18,7 +18,7 @@ from autopar.spec.model import ModelSpec
 from autopar.spec.plan import GRADS as GRADS  # the --grads values (re-exported)
 from autopar.spec.plan import GRID_FIRST, ParallelPlan, PlanError
 from autopar.spec.plan_fields import BOOL, CATEGORY, FLOAT, INT, PlanField
-from autopar.spec.schema import check_flag
+from autopar.spec.schema import check_flag, check_number
 
 #: tokens per step when no global batch is given (a common pre-training setting)
 DEFAULT_TOKENS_PER_STEP = 4 * 1024 * 1024
@@ -160,15 +160,23 @@ def request_from_keywords(**flags) -> PlanRequest:
 
 
 def resolve_cluster(
-    gpu: str = "h100-sxm", gpus_per_node: int | None = None, cluster_file: str | None = None
+    gpu: str = "h100-sxm",
+    gpus_per_node: int | None = None,
+    cluster_file: str | None = None,
+    power_limit_w: float | None = None,
 ) -> ClusterSpec:
+    """The cluster of --gpu (or --cluster FILE), with --gpus-per-node and --power-limit on top."""
     check_flag("--gpus-per-node", gpus_per_node)
     if cluster_file:
         cluster = load_cluster_file(cluster_file)
         if gpus_per_node:
             cluster = replace(cluster, gpus_per_node=gpus_per_node)
-        return cluster
-    return default_cluster(gpu, gpus_per_node)
+    else:
+        cluster = default_cluster(gpu, gpus_per_node)
+    if power_limit_w is not None:
+        check_number(power_limit_w, "--power-limit", 0.0, 1e5, above=True, fix="give watts per GPU, e.g. 500")
+        cluster = replace(cluster, power_limit_w=float(power_limit_w))
+    return cluster
 
 
 def default_dtype(cluster: ClusterSpec) -> str:

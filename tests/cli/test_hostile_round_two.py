@@ -351,3 +351,53 @@ def test_a_missing_local_profile_is_one_line(cli_run, one_line_error, tmp_path, 
         cli_run("estimate", "--model", "tiny", "--gpus", "2", "--gpu", "local"),
         ["AUTOPAR_LOCAL_PROFILE", "typo.yaml", "does not exist", "autopar probe"],
     )
+
+
+@pytest.mark.parametrize(
+    "text, key, line, first",
+    [
+        ("knobs:\n  tp: [1, 2]\n  pp: [1]\n  tp: [4]\n", "tp", 4, 2),  # a knob repeated in its section
+        ("knobs:\n  tp: [1, 2]\nknobs:\n  pp: [2]\n", "knobs", 3, 1),  # a whole section repeated
+        ("name: a\nname: b\nknobs:\n  tp: [1]\n", "name", 2, 1),
+    ],
+)
+def test_a_repeated_key_in_a_space_file_is_refused_with_its_line(
+    cli_run, one_line_error, tmp_path, text, key, line, first
+):
+    """PyYAML keeps the last of a repeated key silently: a space file's second entry would win
+    unnoticed. Refused in one line that names the key and both lines."""
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    r = cli_run("search", "--model", "8b", "--gpus", "8", "--space", path)
+    one_line_error(r, (f"repeats the key '{key}'", f"line {line}", f"first on line {first}"))
+
+
+def test_merge_keys_may_repeat_what_they_merge(tmp_path):
+    """`<<: *base` then a key of the base: a merge, not a repeat."""
+    from autopar.spec.yaml_io import parse_yaml
+
+    data = parse_yaml("base: &b\n  tp: [1]\n  pp: [1]\nknobs:\n  <<: *b\n  tp: [2]\n", "space")
+    assert data["knobs"] == {"tp": [2], "pp": [1]}
+
+
+@pytest.mark.parametrize(
+    "column, corrupt, needle",
+    [
+        ("fits", lambda s: s.astype(str), "column 'fits'"),  # the expected columns with the wrong types
+        ("step_time_s", lambda s: s.astype(str), "column 'step_time_s'"),
+        ("tp", lambda s: s.astype(float).astype(str), "column 'tp'"),
+        ("plan_name", lambda s: s.str.len(), "column 'plan_name'"),
+        ("step_time_s", lambda s: s * float("nan"), "no step time"),  # every figure missing
+    ],
+)
+def test_a_scatter_of_the_wrong_types_is_one_line(cli_run, one_line_error, tiny_run, tmp_path, column, corrupt, needle):
+    import shutil
+
+    import pandas as pd
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    df = pd.read_parquet(run / "scatter.parquet")
+    df[column] = corrupt(df[column])
+    df.to_parquet(run / "scatter.parquet", index=False)
+    one_line_error(cli_run("report", run), ("scatter.parquet", needle))

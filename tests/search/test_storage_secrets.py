@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from autopar.cli import main
 from autopar.secrets import mask_secrets, mask_values
@@ -175,3 +177,38 @@ def test_working_storage_never_leaks(tmp_path, capsys, monkeypatch) -> None:
         == "postgresql://u:***@db.example:5432/autopar"
     )
     assert not _leaks(run, out, err), _leaks(run, out, err)
+
+
+#: what a password or a user name may hold, percent-encoded in a URL (the reserved and the rest)
+SECRET_CHARS = st.characters(blacklist_categories=("Cs",), min_codepoint=0x21, max_codepoint=0x2FF)
+
+
+@settings(max_examples=200, deadline=None)
+@given(user=st.text(SECRET_CHARS, min_size=1, max_size=12), password=st.text(SECRET_CHARS, min_size=4, max_size=16))
+def test_percent_encoded_userinfo_never_shows_the_password(user, password):
+    """Whatever the user name and the password hold, percent-encoded as a URL carries them
+    (urllib.parse.quote, safe=''), neither the password nor its decoded form is left in the masked
+    text, and the host still shows; a user name's encoded colon does not hide the password."""
+    from urllib.parse import quote
+
+    assume(
+        password not in user
+        and quote(password, safe="") not in quote(user, safe="")
+        and password not in "postgresql://db.example:5432/autopar cannot open storage refused"
+    )
+    assume_secret = quote(password, safe="")
+    for userinfo in (f"{quote(user, safe='')}:{assume_secret}", f"{quote(user + ':' + password, safe='')}"):
+        url = f"postgresql://{userinfo}@db.example:5432/autopar"
+        shown = mask_secrets(f"cannot open storage '{url}': refused")
+        assert assume_secret not in shown and (len(password) < 4 or password not in shown), shown
+        assert "@db.example:5432/autopar" in shown
+
+
+def test_an_encoded_colon_in_the_user_name_is_masked_whole(tmp_path, capsys) -> None:
+    """postgresql://u%3Asecret@host: the user name decodes to 'u:secret', so the whole userinfo is
+    masked, in the error line and in the run directory."""
+    url = f"postgresql://u%3A{PW}@127.0.0.1:1/db"
+    run = tmp_path / "run"
+    code, out, err = _run([*SEARCH, "--storage", url, "--run-dir", str(run), "--max-exhaustive", "0"], capsys)
+    assert code == 2 and "postgresql://***@127.0.0.1:1/db" in err, err
+    assert not _leaks(run, out, err)

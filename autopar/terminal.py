@@ -1,0 +1,74 @@
+"""Untrusted text never drives the terminal: `printable` is the one rule, applied to everything
+autopar writes to stdout and stderr (the CLI wraps both in `SafeStream`; its rich consoles clean
+every piece of text they lay out, autopar.cli.render).
+
+A model or source name from a user's CSV, a run directory's name or a field of its JSON can hold an
+escape sequence that retitles the window, clears the screen, hides text (a "concealed" or
+same-colour style) or forges a hyperlink (OSC 8). So every control character but the newline and
+the tab is shown escaped, as Python writes it (`\\x1b`, `\\x07`, `\\x9b`): the C0 controls, DEL,
+the C1 controls (U+0080-U+009F, whose CSI U+009B starts a sequence on some terminals), and the
+Unicode format characters that reorder or hide text (bidirectional overrides U+202A-U+202E and
+U+2066-U+2069, zero-width characters). What autopar styles itself is added after the text is
+cleaned, and only as SGR colour and weight sequences on a terminal.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import TextIO
+
+#: the characters that pass: newline and tab lay text out, everything else printable
+_KEEP = frozenset("\n\t")
+#: SGR (colour, weight) sequences: what a styled console writes itself, kept on a terminal only
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+
+
+def _escape(c: str) -> str:
+    return c.encode("unicode_escape").decode("ascii")
+
+
+def printable(text: str) -> str:
+    """`text` with every character that could drive a terminal shown escaped (module docstring)."""
+    if not _UNSAFE.search(text) and text.isprintable():
+        return text
+    return "".join(c if c in _KEEP or not _unsafe(c) else _escape(c) for c in text)
+
+
+def _unsafe(c: str) -> bool:
+    return bool(_UNSAFE.match(c)) or unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
+
+
+class SafeStream:
+    """A text stream that writes `printable` text: stdout and stderr of the command line. On a
+    terminal the SGR sequences a styled writer adds (rich, click) pass; nothing else does."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.raw = stream
+        self._styles = _isatty(stream)
+
+    def write(self, text: str) -> int:
+        if self._styles and "\x1b" in text:
+            parts = _SGR.split(text)
+            styles = _SGR.findall(text)
+            cleaned = printable(parts[0]) + "".join(s + printable(p) for s, p in zip(styles, parts[1:]))
+        else:
+            cleaned = printable(text)
+        self.raw.write(cleaned)
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.raw, name)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def safe(stream: TextIO) -> TextIO:
+    """`stream` wrapped in SafeStream (once)."""
+    return stream if isinstance(stream, SafeStream) else SafeStream(stream)  # type: ignore[return-value]
