@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from autopar.errors import InputError, quoted
 from autopar.spec.plan import FIELDS
@@ -72,12 +72,31 @@ else:
     )
 
 
+#: a figure of a plan the search priced: a finite number, at least 0 (null where it has none)
+PlanFigure = Annotated[float, Field(ge=0)] | None
+#: an interval of a figure: its low and high ends
+Interval = Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=2, max_length=2)] | None
+#: the level of the intervals: a probability, not a percentage
+Level = Annotated[float, Field(gt=0, lt=1)]
+
+
 class TopEntry(Doc):
     plan: PlanDoc
     plan_name: str
     trainer: str = "megatron"
     trainers: list[str] = []
     plan_index: Count | None = None
+    # the figures every reader shows (finite: a NaN or infinite step time is a corrupt file)
+    step_time_s: PlanFigure = None
+    tokens_per_s: PlanFigure = None
+    peak_memory_bytes: PlanFigure = None
+    mfu: PlanFigure = None
+    step_time_s_interval: Interval = None
+    tokens_per_s_interval: Interval = None
+    peak_memory_bytes_interval: Interval = None
+    interval_level: Level | None = None
+    support: Literal["calibrated", "extrapolated"] | None = None
+    support_reason: str = ""
 
 
 class TopFile(Doc):
@@ -101,6 +120,15 @@ class ClusterDoc(Doc):
     constants: dict[str, float] = {}
 
 
+def _ranked_by(value: str) -> str:
+    """A rank_by the search knows (autopar.search.limits RANK_BY)."""
+    from autopar.search.limits import RANK_BY
+
+    if value not in RANK_BY:
+        raise ValueError(f"one of {', '.join(RANK_BY)}")
+    return value
+
+
 class QuestionDoc(Doc):
     model: ModelDoc
     cluster: ClusterDoc
@@ -109,6 +137,7 @@ class QuestionDoc(Doc):
     global_batch_size: Batch
     trainers: list[str] = []
     recipes: dict[str, str] = {}
+    rank_by: Annotated[str, AfterValidator(_ranked_by)] = "expected"
 
 
 class SpaceDoc(Doc):
@@ -155,6 +184,7 @@ class SearchFile(Doc):
     why: str = ""
     timings_s: dict[str, float] = {}
     history: list[HistoryDoc] = []
+    sureness: list[str] = []  # the answer's lines on how sure it is
 
 
 #: a measured or predicted figure: a finite number, 0 where nothing was measured
@@ -234,6 +264,9 @@ _EXPECTED = {
     "list_type": "a list",
     "finite_number": "a finite number",
     "none_required": "null",
+    "literal_error": "one of the values autopar writes",
+    "too_short": "a list of two numbers",
+    "too_long": "a list of two numbers",
 }
 
 
@@ -263,6 +296,8 @@ def _expected(err: Mapping[str, Any]) -> str:
     if err["type"] in bounds:
         word, key = bounds[err["type"]]
         return f"{word} {ctx.get(key)}"
+    if err["type"] == "value_error":  # a validator's own words: what the value must be
+        return str(err.get("msg", "another value")).removeprefix("Value error, ")
     return _EXPECTED.get(err["type"], err.get("msg", "another value").removeprefix("Input should be "))
 
 

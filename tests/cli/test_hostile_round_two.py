@@ -401,3 +401,33 @@ def test_a_scatter_of_the_wrong_types_is_one_line(cli_run, one_line_error, tiny_
     df[column] = corrupt(df[column])
     df.to_parquet(run / "scatter.parquet", index=False)
     one_line_error(cli_run("report", run), ("scatter.parquet", needle))
+
+
+def _first_top(data, **changes):
+    data["top"][0].update(changes)
+    return data
+
+
+@pytest.mark.parametrize(
+    "name, change, needle",
+    [
+        ("top.json", lambda d: _first_top(d, step_time_s=float("nan")), "top[0].step_time_s"),
+        ("top.json", lambda d: _first_top(d, step_time_s=-1.0), "top[0].step_time_s"),
+        ("top.json", lambda d: _first_top(d, step_time_s_interval="1-2"), "top[0].step_time_s_interval"),
+        ("top.json", lambda d: _first_top(d, step_time_s_interval=[1.0]), "top[0].step_time_s_interval"),
+        ("top.json", lambda d: _first_top(d, interval_level=80), "top[0].interval_level"),
+        ("top.json", lambda d: _first_top(d, support={"kind": "calibrated"}), "top[0].support"),
+        ("top.json", lambda d: _first_top(d, support="trust me"), "top[0].support"),
+        ("search.json", lambda d: {**d, "sureness": {"a": 1}}, "sureness"),
+        ("search.json", lambda d: {**d, "question": {**d["question"], "rank_by": "p95"}}, "question.rank_by"),
+    ],
+)
+def test_a_run_file_with_values_its_schema_forbids_is_one_line(
+    cli_run, one_line_error, tiny_run, tmp_path, name, change, needle
+):
+    """NaN or negative figures, an interval that is not two numbers, a level of 80 (not 0.8), a
+    support or sureness of the wrong kind, an unknown rank_by: every reader refuses the file in one
+    line naming it, the field and the fix."""
+    run = _copy(tiny_run, tmp_path, name, change)
+    for args in (("report", run), ("export", "--run", run, "--rank", "1", "--to", "megatron", "--out", tmp_path / "x")):
+        one_line_error(cli_run(*args), (name, needle))
