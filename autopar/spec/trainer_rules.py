@@ -107,6 +107,8 @@ def _overlap_needs(r: dict) -> str:
     """What a refused TP overlap lacks, by its trainer's mode: sequence parallelism (Megatron) or
     torch.compile (torchtitan async TP)."""
     mode = trainers()[ALL_TRAINERS[r["trainer"]]].cap("tp_comm_overlap").value
+    if mode == "with-sp" and r["tp"] == 1:
+        return " without tensor parallelism (at TP 1 there is no sequence parallelism to overlap)"
     if mode == "with-sp" and not r["sequence_parallel"]:
         return " without sequence parallelism"
     return " without torch.compile (--compile)" if mode == "with-compile" and not r["compile"] else ""
@@ -258,14 +260,16 @@ KINDS: dict[str, Kind] = {
     ),
     "fp8_param_gather": Kind(lambda t, c, v: _param_gather(t, v), lambda r, c: _param_gather_needed(r)),
     "fp32": Kind(lambda t, c, v: (t.dtype == DTYPE["fp32"]) & ~v.flag(t), lambda r, c: "fp32 training"),
+    # at TP 1 Megatron turns sequence parallelism off (megatron/training/arguments.py; megatron-core
+    # model_parallel_config.py __post_init__ refuses SP without TP) and then refuses the overlap:
+    # "with-sp" holds at every TP; a trainer without the overlap refuses it at every TP too
     "tp_comm_overlap": Kind(
         lambda t, c, v: (
             t.tp_comm_overlap
-            & (t.tp > 1)
             & (
                 v.mode(t, "no")
-                | (v.mode(t, "with-sp") & ~t.sequence_parallel)
-                | (v.mode(t, "with-compile") & ~t.compile)
+                | (v.mode(t, "with-sp") & ~(t.sequence_parallel & (t.tp > 1)))
+                | (v.mode(t, "with-compile") & (t.tp > 1) & ~t.compile)
             )
         ),
         lambda r, c: "TP communication overlap" + _overlap_needs(r),

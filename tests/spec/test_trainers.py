@@ -57,3 +57,26 @@ def test_autopar_trainers_json_lists_the_table():
     assert list(data) == list(ALL_TRAINERS)
     assert data["deepspeed"]["capabilities"]["cp"]["value"] is False
     assert data["megatron"]["profile"] == "megatron" and data["torchtitan"]["profile"] == "torchtitan"
+
+
+@pytest.mark.parametrize("trainer", ["megatron", "nemo", "bridge"])
+def test_tp_overlap_needs_tensor_and_sequence_parallelism_on_megatron_core(trainer):
+    """megatron/training/arguments.py turns sequence parallelism off at TP 1 and refuses the TP
+    overlap without it; megatron-core's model_parallel_config.py refuses SP without TP."""
+    model = get_preset("llama3-8b")
+    at_tp1 = ParallelPlan(tp=1, dp=8, global_batch_size=64, tp_comm_overlap=True, trainer=trainer)
+    assert any("without tensor parallelism" in p for p in at_tp1.problems(model, num_gpus=8))
+    without_sp = ParallelPlan(tp=2, dp=4, global_batch_size=64, tp_comm_overlap=True, sequence_parallel=False)
+    assert any(
+        "without sequence parallelism" in p for p in without_sp.with_(trainer=trainer).problems(model, num_gpus=8)
+    )
+    ok = ParallelPlan(tp=2, dp=4, global_batch_size=64, tp_comm_overlap=True, sequence_parallel=True, trainer=trainer)
+    assert ok.problems(model, num_gpus=8) == []
+
+
+def test_async_tp_at_tp_1_is_a_no_op_for_torchtitan():
+    """torchtitan applies async TP inside its TP plan only: at TP 1 the flag changes nothing, and is
+    not refused (only without --compile at TP > 1)."""
+    model = get_preset("llama3-8b")
+    plan = ParallelPlan(tp=1, dp=8, global_batch_size=64, tp_comm_overlap=True, trainer="torchtitan")
+    assert not any("TP communication overlap" in p for p in plan.problems(model, num_gpus=8))
