@@ -4,9 +4,12 @@ peak memory) and whether the plan stands on calibrated ground.
 The method (docs/cost-model.md, "How sure: intervals and support"), chosen to be simple and
 checkable rather than clever:
 
-1. Residuals. Every published run's leave-one-source-out error (autopar.calibration.validate_runs: its
-   throughput predicted by the profiles fitted to every other source), as r = ln(published /
-   predicted). Held-out errors, not in-sample ones: an in-sample residual is too small.
+1. Residuals. Every published run's leave-one-group-out error (autopar.calibration.new_ground: its
+   throughput predicted by the profiles fitted without its whole group of sources, every release
+   of a vendor's summary or every benchmark file of a trainer team), as r = ln(published /
+   predicted). Held-out errors, not in-sample ones: an in-sample residual is too small, and a
+   leave-one-source-out one too small for a new source (the mechanisms were chosen while looking
+   at it; a vendor's next release shares its last one's software).
 2. Regime. A plan's residuals are those of the published runs of its regime: performance profile
    x workload (dense / MoE) x context (long or not) x precision x GPU generation. When that holds
    fewer than MIN_RUNS runs the regime is coarsened: profile x workload x context, then workload x
@@ -33,12 +36,13 @@ stored with the profiles in data/profiles.cv.json; `support_points` reads them b
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
 import numpy as np
 
+from autopar.calibration.sources import declared
 from autopar.calibration.stored_figures import stored_figures
 from autopar.calibration.support import (
     GAP_BIT,
@@ -250,12 +254,23 @@ def support_text(
     return "extrapolated", "; ".join(words) + near + f"; {on}"
 
 
-def fit_widening(points: Sequence[CalibrationPoint]) -> float:
-    """The per-gap log widening that covers 80 % of the points extrapolated under
-    leave-one-source-out: each point's gaps and band are those of the other sources' points."""
+def by_source(p: CalibrationPoint) -> str:
+    """The fold of leave-one-source-out: a run's publication."""
+    return p.source
+
+
+def by_group(p: CalibrationPoint) -> str:
+    """The fold of leave-one-group-out: every release of a vendor's summary, every benchmark file
+    of a trainer team, together (autopar.calibration.sources)."""
+    return declared(p.source).group
+
+
+def fit_widening(points: Sequence[CalibrationPoint], fold: Callable[[CalibrationPoint], str] = by_source) -> float:
+    """The per-gap log widening that covers 80 % of the points extrapolated when their fold is left
+    out: each point's gaps and band are those of the other folds' points."""
     needed = []
     for p in points:
-        rest = Support(tuple(q for q in points if q.source != p.source), 0.0)
+        rest = Support(tuple(q for q in points if fold(q) != fold(p)), 0.0)
         count = point_gaps(p, rest.points)
         if not count:
             continue
@@ -265,10 +280,12 @@ def fit_widening(points: Sequence[CalibrationPoint]) -> float:
     return float(np.quantile(needed, LEVEL)) if needed else 0.0
 
 
-def coverage(points: Sequence[CalibrationPoint], widening: float) -> dict[str, dict]:
+def coverage(
+    points: Sequence[CalibrationPoint], widening: float, fold: Callable[[CalibrationPoint], str] = by_source
+) -> dict[str, dict]:
     """Per category, the share of published runs whose published value falls inside the 80 %
-    interval built from the other sources' points (leave-one-source-out)."""
-    return _shares((p, inside(p, Support(tuple(q for q in points if q.source != p.source), widening))) for p in points)
+    interval built from the other folds' points (leave-one-source-out by default)."""
+    return _shares((p, inside(p, Support(tuple(q for q in points if fold(q) != fold(p)), widening))) for p in points)
 
 
 def coverage_against(points: Sequence[CalibrationPoint], support: Support) -> dict[str, dict]:

@@ -31,6 +31,8 @@ from autopar.calibration.stored_figures import CV_FILE, shipped_path, stored_fig
 from autopar.calibration.support import calibration_point
 from autopar.calibration.uncertainty import (
     LEVEL,
+    Support,
+    by_group,
     coverage,
     coverage_against,
     fit_widening,
@@ -114,9 +116,31 @@ class ValidationReport:
             "widening": widening,
             "method": "leave-one-source-out: each run inside the interval the other sources give it",
             "coverage": coverage(points, widening) | {"peak memory": memory_coverage([(s, r) for _, s, r in peaks])},
+            "coverage_on_new_ground": self._new_ground_coverage(),
             "points": [p.to_dict() for p in points],
             "memory_residuals": [{"row_id": i, "source": s, "residual": r} for i, s, r in peaks],
         }
+
+    def _new_ground_coverage(self) -> dict:
+        """Per check that imitates new ground, the share of runs inside the interval the model would
+        give them there: leave one group out (each run judged by the intervals the other groups'
+        held-out residuals give), chronological (the later runs, predicted by the earlier fit, judged
+        by the intervals the earlier sources' leave-one-source-out residuals give)."""
+        out: dict = {}
+        if self.families is not None:
+            pts = [calibration_point(r.case, r.error) for r in self.families.rows if not r.case.dropless]
+            out["leave one group out"] = coverage(pts, fit_widening(pts, by_group), by_group)
+        if self.chronological is not None and self.cross_validated is not None:
+            later = {r.case.row_id for r in self.chronological.rows}
+            earlier = [
+                calibration_point(r.case, r.error)
+                for r in self.cross_validated.rows
+                if not r.case.dropless and r.case.row_id not in later
+            ]
+            support = Support(tuple(earlier), fit_widening(earlier))
+            pts = [calibration_point(r.case, r.error) for r in self.chronological.rows if not r.case.dropless]
+            out["chronological"] = coverage_against(pts, support)
+        return out
 
 
 def current_digest(in_sample: ValidationResult | None = None) -> str:

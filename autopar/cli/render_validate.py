@@ -172,6 +172,18 @@ def new_ground_table(report: ValidationReport) -> Table | None:
     return t
 
 
+def coverage_line(report: ValidationReport) -> str:
+    """How often the 80 % interval holds, by how far from the fit a run is: left out by source, by
+    group, chronologically (all rows; per category in --json)."""
+    u = report.uncertainty() or {}
+    shares = [("leave one source out", (u.get("coverage") or {}).get("all rows"))]
+    shares += [(name, c.get("all rows")) for name, c in (u.get("coverage_on_new_ground") or {}).items()]
+    parts = [f"{name} {_pct(s['covered'])} of {s['rows']}" for name, s in shares if s]
+    if len(parts) < 2:
+        return ""
+    return f"Runs inside their 80 % interval: {'; '.join(parts)}."
+
+
 def memory_line(report: ValidationReport) -> str:
     """The published memory figures' MAPE per source, and which runs are predicted not to fit (or
     fit only with an option the row does not state)."""
@@ -201,6 +213,8 @@ def print_report(report: ValidationReport, written: list[Path], all_rows: bool =
     out.print(summary_table(report))
     if (ground := new_ground_table(report)) is not None:
         out.print(ground)
+    if line := coverage_line(report):
+        out.print(line)
     n, skipped = len({r.case.row_id.rstrip("d") for r in report.in_sample.rows}), len(report.in_sample.skipped)
     out.print(
         Text(
@@ -328,6 +342,7 @@ def report_json(report: ValidationReport, written: list[Path]) -> dict:
         "families": report.families.summary() if report.families else None,
         "physics_only": report.physics_only.summary() if report.physics_only else None,
         "coverage": (report.uncertainty() or {}).get("coverage"),
+        "coverage_on_new_ground": (report.uncertainty() or {}).get("coverage_on_new_ground"),
         "interval_level": (report.uncertainty() or {}).get("level"),
         "fitted": [
             {

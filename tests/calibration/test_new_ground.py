@@ -90,3 +90,19 @@ def test_validate_json_has_the_new_ground_sections(capsys):
     for name in ("chronological", "physics_only", "families"):
         assert out[name] is not None and "by_category" in out[name], name
         assert out[name]["evaluated"] > 0
+
+
+def test_coverage_on_new_ground_is_recomputed_as_stored(cases):
+    """The intervals' coverage when a whole group is left out, and chronologically, as `validate`
+    reports it (stored with the profiles): recomputed here from the held-out residuals."""
+    from autopar.calibration.stored_figures import stored_figures
+    from autopar.calibration.support import calibration_point
+    from autopar.calibration.uncertainty import by_group, coverage, fit_widening
+
+    evaluated, skipped = cases
+    groups = leave_one_group_out(evaluated, skipped)
+    pts = [calibration_point(r.case, r.error) for r in groups.rows if not r.case.dropless]
+    got = coverage(pts, fit_widening(pts, by_group), by_group)
+    stored = stored_figures()["uncertainty"]["coverage_on_new_ground"]
+    assert got["all rows"] == pytest.approx(stored["leave one group out"]["all rows"])
+    assert 0 < stored["chronological"]["all rows"]["rows"] < len(evaluated)
