@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -26,15 +27,21 @@ from autopar.terminal import printable
 PIPED_WIDTH = 120
 
 
+#: blanks at the end of a line, before the style resets a terminal line may end with
+_TRAILING = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$", re.M)
+
+
 class SafeConsole(Console):
     """A rich console that lays out only printable text (autopar.terminal.printable): every piece
     of text is cleaned before the console adds its own styles, so a name that holds an escape
     sequence prints escaped, in a table cell as anywhere else."""
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
-        return super()._render_buffer(
+        text = super()._render_buffer(
             segment if segment.control else Segment(printable(segment.text), segment.style) for segment in buffer
         )
+        # no line padded with trailing blanks (a table's cells are padded to the console's width)
+        return _TRAILING.sub(r"\1", text)
 
 
 def console() -> Console:

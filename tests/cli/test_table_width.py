@@ -57,6 +57,8 @@ def test_every_line_fits_120_columns_and_no_cell_is_cut(name, cli_run, tmp_path,
     long = [line for line in out.splitlines() if len(line) > 120]
     assert not long, long
     assert "…" not in out  # rich's ellipsis: a cell cut short
+    padded = [line for line in out.splitlines() if line.endswith(" ")]
+    assert not padded, padded[:3]  # no line padded with trailing blanks
 
 
 def test_piped_output_without_columns_is_120_wide(monkeypatch):
