@@ -20,7 +20,7 @@ from autopar.cost.figures import MEMORY_TERMS, TIME_LABELS, TIME_TERMS
 from autopar.report.format import human_count
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
-from autopar.terminal import printable
+from autopar.terminal import SafeStream, printable
 
 #: the width of piped output when COLUMNS does not say: the common wide terminal, which every table
 #: is laid out for (tables wider than this drop their least important columns, `fitted_table`)
@@ -35,6 +35,17 @@ class SafeConsole(Console):
     """A rich console that lays out only printable text (autopar.terminal.printable): every piece
     of text is cleaned before the console adds its own styles, so a name that holds an escape
     sequence prints escaped, in a table cell as anywhere else."""
+
+    @property
+    def file(self):
+        """The stream beneath autopar's SafeStream (autopar.terminal): this console cleans its own
+        text, and its cursor controls (a progress bar's) must reach the terminal as they are."""
+        file = Console.file.fget(self)
+        return file.raw if isinstance(file, SafeStream) else file
+
+    @file.setter
+    def file(self, new_file) -> None:
+        Console.file.fset(self, new_file)  # type: ignore[attr-defined]
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         text = super()._render_buffer(

@@ -94,3 +94,32 @@ def test_search_report_and_export_with_a_hostile_run_directory(cli_run, tmp_path
         ("export", "--run", run_dir, "--rank", "1", "--to", "torchtitan", "--out", run_dir / "export"),
     ):
         assert_clean(cli_run(*args))
+
+
+def test_the_progress_bar_reaches_a_terminal_as_rich_draws_it():
+    """On a terminal the rich consoles write beneath the SafeStream: they clean their own text, and a
+    progress bar's cursor controls (erase line, cursor up) must pass as they are; a name's escape
+    sequence inside a cell is still shown escaped."""
+    import io
+
+    from rich.control import Control
+
+    from autopar.cli.render import SafeConsole
+    from autopar.terminal import SafeStream
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    raw = Tty()
+    wrapped = SafeStream(raw)
+    con = SafeConsole(file=wrapped, force_terminal=True, width=80)
+    assert con.file is raw
+    con.control(Control.move_to_column(0), Control.show_cursor(False))
+    con.print("name\x1b]0;PWNED\x07")
+    out = raw.getvalue()
+    assert "\x1b[?25l" in out  # the cursor control, as rich wrote it
+    assert "\\x1b" in out and "\x1b]" not in out and "\x07" not in out  # the name's sequence, escaped
+    # text written to the wrapped stream itself keeps only colour and weight on a terminal
+    wrapped.write("\x1b[1mbold\x1b[0m \x1b[2J\x1b]8;;x\x07")
+    assert raw.getvalue().endswith("\x1b[1mbold\x1b[0m \\x1b[2J\\x1b]8;;x\\x07")
