@@ -147,7 +147,7 @@ def _priced_memory(case: RunCase, row: dict, plan, model, stack: str | None = No
     return *_breakdown(plan, model, case.cluster, case_cluster(case), case.seq_len, facts), facts
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)  # a prepared plan and its breakdown per entry: tens of KiB each
 def _breakdown(plan, model, cluster, priced, seq_len: int, facts):
     """(prepared plan, memory breakdown) of every pipeline rank: one pricing per distinct run, however
     many rows of a table repeat it."""
