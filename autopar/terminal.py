@@ -15,29 +15,25 @@ cleaned, and only as SGR colour and weight sequences on a terminal.
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import TextIO
 
-#: the characters that pass: newline and tab lay text out, everything else printable
-_KEEP = frozenset("\n\t")
 #: SGR (colour, weight) sequences: what a styled console writes itself, kept on a terminal only
 _SGR = re.compile(r"\x1b\[[0-9;]*m")
-_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
-
-
-def _escape(c: str) -> str:
-    return c.encode("unicode_escape").decode("ascii")
+#: every character of the Unicode categories Cc (controls), Cf (format), Zl and Zp (line and
+#: paragraph separators) but the newline and the tab: what `printable` escapes (a test checks the
+#: ranges against unicodedata over every code point)
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e"
+    "\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+)
 
 
 def printable(text: str) -> str:
     """`text` with every character that could drive a terminal shown escaped (module docstring)."""
-    if not _UNSAFE.search(text) and text.isprintable():
+    if not _UNSAFE.search(text):
         return text
-    return "".join(c if c in _KEEP or not _unsafe(c) else _escape(c) for c in text)
-
-
-def _unsafe(c: str) -> bool:
-    return bool(_UNSAFE.match(c)) or unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 class SafeStream:

@@ -123,3 +123,15 @@ def test_the_progress_bar_reaches_a_terminal_as_rich_draws_it():
     # text written to the wrapped stream itself keeps only colour and weight on a terminal
     wrapped.write("\x1b[1mbold\x1b[0m \x1b[2J\x1b]8;;x\x07")
     assert raw.getvalue().endswith("\x1b[1mbold\x1b[0m \\x1b[2J\\x1b]8;;x\\x07")
+
+
+def test_printable_escapes_exactly_the_control_format_and_separator_characters():
+    """Over every code point: escaped iff its Unicode category is Cc, Cf, Zl or Zp (newline and tab
+    kept), so the escaping set cannot drift from the Unicode database."""
+    import unicodedata
+
+    for c in map(chr, range(0x110000)):
+        if 0xD800 <= ord(c) <= 0xDFFF:
+            continue  # surrogates are not characters of a str written out
+        unsafe = unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") and c not in "\n\t"
+        assert (printable(c) != c) == unsafe, hex(ord(c))
