@@ -233,7 +233,11 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     tim = breakdown_table(
         "Step time",
         ("term", "seconds", "%"),
-        [(TIME_LABELS[n], f"{est.time_s[n]:.4f}", f"{100 * est.time_s[n] / est.step_time_s:.1f}") for n in TIME_TERMS],
+        [
+            (TIME_LABELS[n], f"{est.time_s[n]:.4f}", f"{100 * est.time_s[n] / est.step_time_s:.1f}")
+            for n in TIME_TERMS
+            if est.time_s[n] != 0 or n == "compute"  # a term the plan does not have (no CP, no offload): no row
+        ],
         ("step", f"{est.step_time_s:.4f}", "100.0"),
     )
 
@@ -241,7 +245,8 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     com.add_column("axis")
     com.add_column("GB", justify="right")
     for axis, v in est.comm_bytes_per_gpu.items():
-        com.add_row(axis, f"{v / 1e9:.3f}")
+        if v:  # an axis of size 1 moves nothing: no row
+            com.add_row(axis, f"{v / 1e9:.3f}")
 
     thr = Table(title="Throughput", title_justify="left")
     thr.add_column("metric")

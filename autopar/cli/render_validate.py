@@ -15,6 +15,11 @@ from autopar.calibration.validation import CATEGORIES
 from autopar.cli.render import TRAINER_LETTERS, Col, console, dropped_line, fitted_table, legend_line
 
 
+def _figure(v: float) -> str:
+    """A published or predicted figure as a table shows it: 14,080 (not 1.408e+04), 412.3, 0.4123."""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None or v != v else f"{100 * v:.1f}%"
 
@@ -77,8 +82,8 @@ def rows_table(report: ValidationReport, width: int, all_rows: bool = False) -> 
                 f"{c.plan.describe()} {c.plan.dtype}",
                 TRAINER_LETTERS.get(c.plan.trainer, c.plan.trainer),
                 c.metric,
-                f"{c.published:,.4g}",
-                f"{r.predicted:,.4g}",
+                _figure(c.published),
+                _figure(r.predicted),
                 f"{100 * r.error:+.1f}%",
                 "-" if e_cv is None else f"{100 * e_cv:+.1f}%",
             ]
