@@ -262,16 +262,19 @@ TRAINER_COLUMNS = (
 
 def trainer_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
     """The best plan each searched trainer can run, side by side, fitted to `width`."""
+    from autopar.search.run import searched_trainers
     from autopar.search.scenarios import trainers_ruled_out
     from autopar.spec.trainers import get_trainer
 
     best = r.winner
     rows = []
     ruled_out = trainers_ruled_out(r)
+    searched = searched_trainers(r)
     for name, row in r.per_trainer.items():
         title = get_trainer(name).title
         if row is None:
             why = "cannot run it (below)" if name in ruled_out else "nothing fits"
+            why = why if name in searched else "not searched"  # the space's trainer knob leaves it out
             rows.append([title, why] + [""] * (len(TRAINER_COLUMNS) - 2))
             continue
         slower = row["step_time_s"] / best["step_time_s"] - 1 if best is not None else 0.0

@@ -420,16 +420,27 @@ def _write_search_json(result: SearchResult) -> None:
     write_search_info(result.run_dir, info)
 
 
+def searched_trainers(result: SearchResult) -> tuple[str, ...]:
+    """The trainers of the question the space searched (a space's `trainer` knob may name fewer)."""
+    q = result.question
+    named = result.options.space.knobs.get("trainer") if result.options.space is not None else None
+    return tuple(t for t in q.trainers if not isinstance(named, list) or t in named)
+
+
 def trainers_ruled_out(result: SearchResult) -> dict[str, str]:
-    """Per trainer of the question that one of its capability lines rules out for every plan of
-    the space (no recipe for the model, no MoE, an attention variant it lacks): a sentence naming
-    the trainer, what it lacks, the source of that line and what to do instead."""
+    """Per searched trainer that one of its capability lines rules out for every plan of the space
+    (no recipe for the model, no MoE, an attention variant it lacks), and that therefore has no plan
+    that fits: a sentence naming the trainer, what it lacks, the source of that line and what to do
+    instead."""
     from autopar.spec.trainers import get_trainer
 
     q = result.question
-    per_trainer = result.counts.get("evaluated", 0) / max(len(q.trainers), 1)
+    searched = searched_trainers(result)
+    per_trainer = result.counts.get("evaluated", 0) / max(len(searched), 1)
     out: dict[str, str] = {}
-    for key in q.trainers:
+    for key in searched:
+        if result.per_trainer.get(key) is not None:
+            continue  # it has a plan that fits: nothing rules it out
         t = get_trainer(key)
         for rule, count in result.rejections.items():
             owner, _, kind = rule.partition(":")

@@ -17,3 +17,17 @@ def test_validate_prints_throughputs_with_separators(cli_run):
     out = cli_run("validate").stdout
     assert not re.search(r"\d\.\d+e\+\d\d", out)
     assert re.search(r"\d{1,3},\d{3}", out)
+
+
+def test_a_space_of_one_trainer_says_the_others_were_not_searched(cli_run, tmp_path):
+    """A space whose trainer knob names torchtitan only: the other trainers were not searched (not
+    "nothing fits"), and torchtitan, which has a plan that fits, is not said to be unable to run."""
+    from pathlib import Path
+
+    default = (Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml").read_text()
+    space = tmp_path / "tt.yaml"
+    space.write_text(default.replace("  dtype: [bf16]", "  dtype: [bf16]\n  trainer: [torchtitan]", 1))
+    out = cli_run("search", "--model", "8b", "--gpus", "8", "--space", space, "--run-dir", tmp_path / "run").stdout
+    assert re.search(r"Megatron-LM +not searched", out) and re.search(r"DeepSpeed +not searched", out)
+    assert "nothing fits" not in out
+    assert "torchtitan cannot run" not in out
