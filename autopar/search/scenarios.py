@@ -226,8 +226,8 @@ def space_bounds(r: SearchResult) -> list[str]:
     out = []
     for knob, column in BOUNDED_KNOBS.items():
         value, largest = int(w[column]), _largest(space, q, knob)
-        if value != largest or not _next_possible(knob, value, w, q):
-            continue
+        if value != largest or largest <= 1 or not _next_possible(knob, value, w, q):
+            continue  # a knob the space leaves off (its one choice is 1) is a choice, not a bound
         wider = {n: _largest(load_space(n), q, knob) for n in space_names() if n not in ("local", space.name)}
         name, reach = max(wider.items(), key=lambda kv: kv[1], default=("", 0))
         fix = f"try --space {name} ({knob} up to {reach})" if reach > value else f"widen '{knob}' in a space file"

@@ -31,3 +31,10 @@ def test_a_space_of_one_trainer_says_the_others_were_not_searched(cli_run, tmp_p
     assert re.search(r"Megatron-LM +not searched", out) and re.search(r"DeepSpeed +not searched", out)
     assert "nothing fits" not in out
     assert "torchtitan cannot run" not in out
+
+
+def test_a_knob_the_space_leaves_off_is_not_a_bound(cli_run, tmp_path):
+    """Qwen3-30B-A3B at 4K: the space searches no context parallelism (its one choice is 1), so the
+    winner's cp 1 is the space's choice, not a bound to widen."""
+    out = cli_run("search", "--model", "qwen3-30b-a3b", "--gpus", "64", "--run-dir", tmp_path / "run").stdout
+    assert "cp hit the space's maximum 1" not in out
