@@ -142,7 +142,8 @@ def _torchtitan_batches(r: PublishedRow, dp: int, pp: int, vpp: int) -> tuple[in
 
 
 def _fp8_recipe(r: PublishedRow) -> str:
-    """The FP8 recipe a row states: MXFP8, or block scaling (1x128 / 128x128, DeepSeek-V3's); torchao
+    """The FP8 recipe a row states: MXFP8, block scaling (1x128 / 128x128, DeepSeek-V3's), current
+    scaling ("FP8-CS" in Megatron-Bridge's tables: Megatron's tensorwise recipe); torchao
     Float8 linears of 2024 scaled per tensor (torchao's only float8 recipe before rowwise scaling,
     torchao 0.7, December 2024); llm-foundry's amp_fp8 runs Transformer Engine's delayed scaling;
     otherwise its trainer's default (delayed scaling for Megatron-Core and NeMo)."""
@@ -151,6 +152,8 @@ def _fp8_recipe(r: PublishedRow) -> str:
         return "mxfp8"
     if re.search(r"blockwise|block scaling|1x128", text, re.I):
         return "blockwise"
+    if re.search(r"FP8-CS|current scaling", text, re.I):  # Megatron-Bridge's tables: FP8 current scaling
+        return "tensorwise"
     if r.source == "llm-foundry":  # Composer's amp_fp8: Transformer Engine's DelayedScaling
         return "delayed"
     return "tensorwise" if re.search(r"torchao", text, re.I) else "default"
