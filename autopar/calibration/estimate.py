@@ -142,6 +142,7 @@ def estimate_per_trainer(
     seq_len: int | None = None,
     headroom_gib: float = 0.0,
     recipes: frozenset[str] = frozenset(),
+    routing_imbalance: float = 1.0,
 ) -> list[dict[str, np.ndarray]]:
     """The search's RANKING_COLUMNS of the table's plans once per trainer (the table's own trainer
     column is ignored). The rules are checked first, each trainer's capability table on top of the
@@ -177,7 +178,7 @@ def estimate_per_trainer(
         # its FP8 defaults
         sub = table.take(rows).with_columns(trainer=TRAINER[mine[0]])
         p = prepare(sub, model, cluster, num_gpus=num_gpus, seq_len=s, trainer_capabilities=False, time_ranks=True)
-        priced = price(p, priced_cluster(cluster, mine[0]), search=True)
+        priced = price(p, priced_cluster(cluster, mine[0]), routing_imbalance, search=True)
         for t in mine:
             for c in RANKING_COLUMNS:
                 figures[t][c][rows] = priced[c]

@@ -26,7 +26,7 @@ def estimate(
     cluster: o.ClusterFile = None,
     power_limit: o.PowerLimit = None,
     seq_len: o.SeqLen = None,
-    routing_imbalance: o.RoutingImbalance = 1.0,
+    routing_imbalance: o.RoutingImbalance = None,
     as_json: o.Json = False,
     plan: PlanRequest = PlanRequest(),
     run: Optional[TrainingRun] = None,
@@ -45,6 +45,7 @@ def estimate(
     from autopar.errors import InputError
     from autopar.spec.presets import resolve_model
     from autopar.spec.resolve import default_dtype, resolve_cluster, resolve_plan
+    from autopar.spec.routing import REAL_ROUTER_IMBALANCE
     from autopar.spec.trainers import default_trainer
 
     spec = resolve_model(model)
@@ -53,6 +54,8 @@ def estimate(
     the_plan = resolve_plan(
         spec, gpus, s, plan.with_defaults(dtype=default_dtype(clus), trainer=default_trainer(clus.gpu.key))
     )
+    if routing_imbalance is None:  # a real router's (autopar.spec.routing), capped at ep by the model
+        routing_imbalance = min(REAL_ROUTER_IMBALANCE, float(the_plan.ep)) if spec.moe else 1.0
     check_routing_imbalance(routing_imbalance, the_plan.ep)
     est = run_estimate(the_plan, spec, clus, num_gpus=gpus, seq_len=s, routing_imbalance=routing_imbalance)
     if not est.valid:

@@ -38,5 +38,10 @@ Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instea
 Gbs = Annotated[Optional[int], typer.Option("--gbs", help="Global batch size in sequences (default: ~4M tokens).")]
 
 RoutingImbalance = Annotated[
-    float, typer.Option("--routing-imbalance", help="MoE: busiest expert rank's tokens / the mean (1 = balanced).")
+    Optional[float],
+    typer.Option(
+        "--routing-imbalance",
+        help="MoE: the busiest expert rank's tokens / the mean. Default: a real router's, 1.67 (the "
+        "published forced-balanced / dropless pairs), capped at ep; 1 = forced balance (benchmark runs).",
+    ),
 ]

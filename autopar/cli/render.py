@@ -337,7 +337,11 @@ def ep_table(details: list, plan, routing_imbalance: float) -> list:
             f"{d.network_gbps:.0f}" if d.network_gbps else "-",
             f"{100 * d.network_share:.0f}%",
         )
-    routing = "forced-balanced" if routing_imbalance == 1 else f"busiest expert rank x{routing_imbalance:g}"
+    routing = (
+        "forced-balanced"
+        if routing_imbalance == 1
+        else f"a real router, the busiest expert rank x{routing_imbalance:g} the mean"
+    )
     notes = [note(f"routing: {routing} (--routing-imbalance)", style="dim")]
     for d in details:
         for src in d.sources:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -111,6 +112,7 @@ def search(
     gpus_per_node: o.GpusPerNode = None,
     cluster: o.ClusterFile = None,
     power_limit: o.PowerLimit = None,
+    routing_imbalance: o.RoutingImbalance = None,
     seq_len: SeqLen = None,
     gbs: Gbs = None,
     dtype: Dtype = None,
@@ -167,6 +169,7 @@ def search(
     options = dict(top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials, seed=seed)
     options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
     options |= dict(rank_by=rank_by, recipes=parse_recipes(recipe, trainers), power_limit_w=power_limit)
+    options |= dict(routing_imbalance=_routing(routing_imbalance))
     results = _run(spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, **options)
     from autopar.report import write_reports  # after the question's checks: a bad input stays quick
     from autopar.search.scenarios import check_any_valid
@@ -238,6 +241,16 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
         print_answer(answer)
     for p in reports:
         print(f"Report: {p}")
+
+
+def _routing(imbalance: float | None) -> float | None:
+    """--routing-imbalance: at least 1 (balanced); the model caps it at each plan's ep."""
+    if imbalance is not None and not (math.isfinite(imbalance) and imbalance >= 1):
+        raise InputError(
+            f"--routing-imbalance {quoted(imbalance)} is below 1 (balanced routing): the busiest expert rank "
+            f"holds at least the mean; give 1 (forced balance) or more"
+        )
+    return imbalance
 
 
 def _question(

@@ -269,9 +269,10 @@ def score_matrix_bytes(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) ->
 
 def expert_load(x: PlanArrays) -> np.ndarray:
     """The busiest expert rank's tokens over the mean: dropless dispatch computes whatever the router
-    sends (the routing imbalance, an input: 1 when forced-balanced), capacity dispatch pads every
+    sends (the routing imbalance, an input: 1 when forced-balanced; the busiest of ep ranks holds
+    at most ep times the mean, so 1 without expert parallelism), capacity dispatch pads every
     expert to its capacity (x capacity factor: Megatron --moe-pad-expert-input-to-capacity)."""
-    dropless = np.full(len(x.table), x.routing_imbalance)
+    dropless = np.minimum(np.full(len(x.table), x.routing_imbalance), x.ep)
     return np.where(x.table.moe_dispatch == DISPATCH["capacity"], x.table.capacity_factor, dropless)
 
 

@@ -32,6 +32,7 @@ from autopar.quoting import check_identifier, check_text
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
+from autopar.spec.routing import REAL_ROUTER_IMBALANCE
 from autopar.spec.trainers import RECIPE_EXAMPLE
 
 if TYPE_CHECKING:  # imported where the estimate is made (Context.make)
@@ -238,7 +239,8 @@ class Context:
             raise InputError("invalid plan: " + "; ".join(text for _, text in broken.other))
         if broken.capability:
             raise ExportRefused(plan.trainer, broken.capability[0][1])
-        est = estimate(plan, model, cluster, num_gpus=n, seq_len=s)
+        # the header's figures price a real router, as the search does (autopar.spec.routing)
+        est = estimate(plan, model, cluster, num_gpus=n, seq_len=s, routing_imbalance=REAL_ROUTER_IMBALANCE)
         g = cluster.gpus_per_node
         if n % g and n > g:
             raise InputError(

@@ -21,6 +21,7 @@ from autopar.report import run_data as D
 from autopar.spec.hardware import cluster_from_dict
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.question import Question
+from autopar.spec.routing import FORCED_BALANCED
 
 
 @dataclass
@@ -71,6 +72,8 @@ def question_from_search(search: dict, origin: str) -> Question:
             num_gpus=int(q["num_gpus"]),
             seq_len=int(q["seq_len"]),
             global_batch_size=int(q["global_batch_size"]),
+            # a run directory of before the routing was recorded priced forced balance
+            routing_imbalance=float(q.get("routing_imbalance", FORCED_BALANCED)),
         )
     except InputError:
         raise
@@ -207,7 +210,9 @@ def compare(items: list[CompareItem], reference: tuple[str, Question] | None = N
     ests = []
     for i, it in enumerate(items, start=1):
         q = it.question
-        e = estimate(it.plan, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
+        e = estimate(
+            it.plan, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len, routing_imbalance=q.routing_imbalance
+        )
         if not e.valid:
             raise InputError(f"layout #{i} ({it.source}) is invalid: {'; '.join(e.reasons)}")
         ests.append(e)

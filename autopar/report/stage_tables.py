@@ -68,7 +68,9 @@ def winner_stages(run: RunData) -> WinnerStages | None:
         plan = ParallelPlan.from_dict(entry["plan"])
     except (InputError, KeyError, TypeError, ValueError):
         return None
-    est = estimate(plan, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len)
+    est = estimate(
+        plan, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len, routing_imbalance=q.routing_imbalance
+    )
     if not est.valid:  # top.json edited since the search: no schedule to draw
         return None
     same = all(

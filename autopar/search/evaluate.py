@@ -27,6 +27,7 @@ def estimate_fitting(table: PlanTable, q: Question, headroom_gib: float, search:
         headroom_gib=headroom_gib,
         recipes=q.recipe_trainers,
         search=search,
+        routing_imbalance=q.routing_imbalance,
     )
     set_rank_time(est, q.rank_by)
     return est

@@ -282,6 +282,7 @@ def runs_on(top: pd.DataFrame, q: Question, layouts: list, headroom: float) -> p
         seq_len=q.seq_len,
         headroom_gib=headroom,
         recipes=q.recipe_trainers,
+        routing_imbalance=q.routing_imbalance,
     )
     fits = np.stack([e["fits"] for e in ests], axis=1) if ests else np.zeros((len(top), 0), dtype=bool)
     names = [", ".join(t for t, ok in zip(q.trainers, row) if ok) for row in fits]
@@ -389,6 +390,7 @@ def _write_search_json(result: SearchResult) -> None:
             "trainers": list(q.trainers),
             "rank_by": q.rank_by,
             "recipes": dict(q.recipes),  # trainer -> the recipe `--recipe` named (the exports start from it)
+            "routing_imbalance": q.routing_imbalance,  # MoE: the busiest expert rank / the mean
         },
         "space": {
             "name": o.space.name,

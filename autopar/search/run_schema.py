@@ -138,6 +138,7 @@ class QuestionDoc(Doc):
     trainers: list[str] = []
     recipes: dict[str, str] = {}
     rank_by: Annotated[str, AfterValidator(_ranked_by)] = "expected"
+    routing_imbalance: Annotated[float, Field(ge=1)] = 1.0
 
 
 class SpaceDoc(Doc):

@@ -17,6 +17,7 @@ from autopar.search.what_if import Scenario
 from autopar.spec.model import ModelSpec
 from autopar.spec.question import Question
 from autopar.spec.resolve import DEFAULT_TOKENS_PER_STEP, resolve_cluster
+from autopar.spec.routing import FORCED_BALANCED, REAL_ROUTER_IMBALANCE
 from autopar.spec.trainers import TRAINERS
 
 
@@ -41,6 +42,23 @@ def global_batch(space: SearchSpace, seq_len: int, gbs: int | None) -> int:
     return max(1, round(tokens / seq_len))
 
 
+def _routing_note(q: Question) -> list[str]:
+    """For a MoE model: the routing the plans are priced with (autopar.spec.routing)."""
+    if q.model.moe is None:
+        return []
+    if q.routing_imbalance == FORCED_BALANCED:
+        return ["MoE routing: forced balance (--routing-imbalance 1), as benchmark runs force it"]
+    caveat = (
+        " (measured on an aux-loss router; this model's bias-balanced router may stay closer to the mean)"
+        if q.model.moe.router_bias and q.routing_imbalance == REAL_ROUTER_IMBALANCE
+        else ""
+    )
+    return [
+        f"MoE routing: a real router, the busiest expert rank {q.routing_imbalance:g}x the mean (at most ep)"
+        f"{caveat}; --routing-imbalance 1 prices forced balance"
+    ]
+
+
 def run_scenarios(
     model: ModelSpec,
     space: SearchSpace | None,
@@ -55,6 +73,7 @@ def run_scenarios(
     interrupts=None,
     recipes: tuple[tuple[str, str], ...] = (),
     power_limit_w: float | None = None,
+    routing_imbalance: float | None = None,
     **opts,
 ) -> list[SearchResult]:
     questions, notes, spaces = [], [], []
@@ -70,11 +89,12 @@ def run_scenarios(
             trainers=trainers,
             rank_by=rank_by,
             recipes=recipes,
+            routing_imbalance=REAL_ROUTER_IMBALANCE if routing_imbalance is None else routing_imbalance,
         )
         q, note = adapt_default_batch(sp, q) if sc.gbs is None else (q, None)
         check_batch(sp, q, given=sc.gbs is not None)
         questions.append(q)
-        notes.append([] if note is None else [note])
+        notes.append(([] if note is None else [note]) + _routing_note(q))
         spaces.append(sp)
     dtypes = list(dict.fromkeys(d for sp in spaces for d in sp.knobs.get("dtype") or ["bf16"]))
     check_question_run(questions, opts.get("training"), dtypes)

@@ -327,6 +327,7 @@ def stream(
                 seq_len=q.seq_len,
                 headroom_gib=opts.headroom_gib,
                 recipes=q.recipe_trainers,
+                routing_imbalance=q.routing_imbalance,
             )
             t_est += time.perf_counter() - t0
             t1 = time.perf_counter()

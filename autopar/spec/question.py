@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
+from autopar.spec.routing import REAL_ROUTER_IMBALANCE
 from autopar.spec.trainers import TRAINERS
 
 
@@ -30,6 +31,9 @@ class Question:
     #: (trainer, recipe) the user names for a model the trainer's recipe table lacks (`--recipe`):
     #: NeMo 2 recipe modules, Megatron-Bridge recipe functions; the exports start from them
     recipes: tuple[tuple[str, str], ...] = ()
+    #: MoE: the busiest expert rank's tokens over the mean (autopar.spec.routing): a real router's by
+    #: default, 1 for forced balance (`--routing-imbalance 1`); capped at ep per plan
+    routing_imbalance: float = REAL_ROUTER_IMBALANCE
 
     @property
     def recipe_trainers(self) -> frozenset[str]:

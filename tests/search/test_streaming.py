@@ -36,7 +36,15 @@ def _reference(space, q: Question, headroom: float) -> pd.DataFrame:
     """Every plan priced in one table by the non-search path (reasons as text, per-rank columns)."""
     e = Enumerator(space, q)
     table = e.chunk(0, e.total)
-    est = estimate_table(table, q.model, q.cluster, num_gpus=q.num_gpus, seq_len=q.seq_len, headroom_gib=headroom)
+    est = estimate_table(
+        table,
+        q.model,
+        q.cluster,
+        num_gpus=q.num_gpus,
+        seq_len=q.seq_len,
+        headroom_gib=headroom,
+        routing_imbalance=q.routing_imbalance,
+    )
     return frame(table, est)
 
 
