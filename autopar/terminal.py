@@ -18,7 +18,7 @@ import re
 from typing import TextIO
 
 #: SGR (colour, weight) sequences: what a styled console writes itself, kept on a terminal only
-_SGR = re.compile(r"\x1b\[[0-9;]*m")
+SGR = re.compile(r"\x1b\[[0-9;]*m")
 #: every character of the Unicode categories Cc (controls), Cf (format), Zl and Zp (line and
 #: paragraph separators) but the newline and the tab: what `printable` escapes (a test checks the
 #: ranges against unicodedata over every code point)
@@ -46,8 +46,8 @@ class SafeStream:
 
     def write(self, text: str) -> int:
         if self._styles and "\x1b" in text:
-            parts = _SGR.split(text)
-            styles = _SGR.findall(text)
+            parts = SGR.split(text)
+            styles = SGR.findall(text)
             cleaned = printable(parts[0]) + "".join(s + printable(p) for s, p in zip(styles, parts[1:]))
         else:
             cleaned = printable(text)

@@ -37,23 +37,33 @@ def chronological(cases: list[RunCase], skipped, cutoff: str = CUTOFF) -> Valida
     return result
 
 
-def leave_one_group_out(
-    cases: list[RunCase], skipped, progress: Callable[[str], None] | None = None
+def leave_out(
+    cases: list[RunCase],
+    skipped,
+    fold: Callable[[RunCase], str],
+    method: str,
+    progress: Callable[[str], None] | None = None,
 ) -> ValidationResult:
-    """Fit on every group of sources but one, predict that one, for every group."""
+    """Fit on every fold but one, predict that one, for every fold (`fold(case)` names a case's)."""
     by_row: dict[str, tuple[float, float]] = {}
-    groups = dict.fromkeys(declared(c.source).group for c in cases)
-    for group in groups:
-        train = [c for c in cases if declared(c.source).group != group]
-        held = [c for c in cases if declared(c.source).group == group]
+    for name in dict.fromkeys(fold(c) for c in cases):
+        train = [c for c in cases if fold(c) != name]
+        held = [c for c in cases if fold(c) == name]
         if not train:
             continue
         result = evaluate_cases(held, [], fit_profiles(train).constants)
         by_row.update({r.case.row_id: (r.predicted, r.error) for r in result.rows})
         if progress:
-            progress(group)
+            progress(name)
     kept = [c for c in cases if c.row_id in by_row]
-    return ValidationResult([RowResult(c, *by_row[c.row_id]) for c in kept], skipped, "leave-one-group-out")
+    return ValidationResult([RowResult(c, *by_row[c.row_id]) for c in kept], skipped, method)
+
+
+def leave_one_group_out(
+    cases: list[RunCase], skipped, progress: Callable[[str], None] | None = None
+) -> ValidationResult:
+    """Fit on every group of sources but one, predict that one, for every group."""
+    return leave_out(cases, skipped, lambda c: declared(c.source).group, "leave-one-group-out", progress)
 
 
 def physics_only(cases: list[RunCase], skipped, batch: CaseBatch | None = None) -> ValidationResult:

@@ -306,7 +306,7 @@ def coverage_against(points: Sequence[CalibrationPoint], support: Support) -> di
 
 def _layout_key(p: CalibrationPoint) -> tuple:
     """What a point's band and support gaps depend on: its regime and its layout."""
-    return (p.profile, p.workload, p.long_context, p.dtype, p.generation, p.tp, p.pp, p.cp, p.ep)[:9] + (
+    return (p.profile, p.workload, p.long_context, p.dtype, p.generation, p.tp, p.pp, p.cp, p.ep) + (
         p.ep_cross_node,
         p.zero_stage,
         p.dp,

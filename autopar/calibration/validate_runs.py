@@ -23,7 +23,7 @@ from pathlib import Path
 from autopar.atomic import write_atomic
 from autopar.calibration.case_batch import CaseBatch, forget_profiles
 from autopar.calibration.memory_published import PublishedMemoryResult, compare_published_memory
-from autopar.calibration.new_ground import chronological, leave_one_group_out, physics_only
+from autopar.calibration.new_ground import chronological, leave_one_group_out, leave_out, physics_only
 from autopar.calibration.profile_fit import ProfileFit, fit_profiles
 from autopar.calibration.run_cases import RunCase, build_cases
 from autopar.calibration.run_rows import BUNDLED, BUNDLED_ROWS, load_runs
@@ -303,18 +303,7 @@ def _stored_check(in_sample: ValidationResult, name: str) -> ValidationResult | 
 
 def leave_one_source_out(cases: list[RunCase], skipped, progress=None) -> ValidationResult:
     """Fit on every source but one, predict that one, for every source."""
-    by_row: dict[str, tuple[float, float]] = {}
-    for source in dict.fromkeys(c.source for c in cases):
-        train = [c for c in cases if c.source != source]
-        held = [c for c in cases if c.source == source]
-        if not train:
-            continue
-        result = evaluate_cases(held, [], fit_profiles(train).constants)
-        by_row.update({r.case.row_id: (r.predicted, r.error) for r in result.rows})
-        if progress:
-            progress(source)
-    kept = [c for c in cases if c.row_id in by_row]
-    return ValidationResult([RowResult(c, *by_row[c.row_id]) for c in kept], skipped, "leave-one-source-out")
+    return leave_out(cases, skipped, lambda c: c.source, "leave-one-source-out", progress)
 
 
 def write_profiles(report: ValidationReport, path: str | Path, command: str, date: str) -> list[Path]:

@@ -4,6 +4,7 @@ of sizes and files live in autopar.spec.schema."""
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -70,3 +71,26 @@ def output_dir(path: Path | str | None, flag: str) -> Path | None:
     if why:
         raise InputError(f"{flag} {quoted(str(p))} cannot be written ({why}); give a writable directory")
     return p
+
+
+def check_routing_imbalance(imbalance: float | None, ep: int | None = None) -> float | None:
+    """--routing-imbalance (the busiest expert rank's tokens / the mean over the ep ranks): at least
+    1 (balanced), and for one plan (`ep` given) at most ep (every token on one rank), else one line.
+    A search's plans have many ep sizes: the model caps it at each one's."""
+    if imbalance is None:
+        return None
+    if ep is None:
+        if not (math.isfinite(imbalance) and imbalance >= 1):
+            raise InputError(
+                f"--routing-imbalance {quoted(imbalance)} is below 1 (balanced routing): the busiest expert rank "
+                f"holds at least the mean; give 1 (forced balance) or more"
+            )
+        return imbalance
+    if not (math.isfinite(imbalance) and 1 <= imbalance <= ep):
+        why = "below 1 (balanced routing)" if math.isfinite(imbalance) and imbalance < 1 else f"above ep={ep}"
+        raise InputError(
+            f"--routing-imbalance {quoted(imbalance)} is {why}: the busiest of ep expert ranks holds from 1 to ep "
+            f"times the mean; give a value from 1 to {ep}"
+            + (" (a plan without expert parallelism is balanced: 1)" if ep == 1 else "")
+        )
+    return imbalance

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import shlex
 from typing import Optional
 
@@ -41,6 +40,7 @@ def estimate(
     Example: autopar estimate --model 70b --gpus 256 --tp 8 --pp 4 --seq-len 8192 --gbs 512
     """
     from autopar.calibration.estimate import estimate as run_estimate
+    from autopar.cli.checks import check_routing_imbalance
     from autopar.cli.render import estimate_tables, trainer_line
     from autopar.errors import InputError
     from autopar.spec.presets import resolve_model
@@ -83,20 +83,6 @@ def estimate(
     tables = estimate_tables(est, spec, clus, gpus, s) + ep_table(dispatch, the_plan, routing_imbalance)
     for renderable in tables + ([] if whole is None else [run_table(whole, run)]):
         term.print(renderable)
-
-
-def check_routing_imbalance(imbalance: float, ep: int) -> None:
-    """--routing-imbalance (the busiest expert rank's tokens / the mean over the ep ranks) from 1
-    (balanced) to ep (every token on one rank: ep x the mean), else one line."""
-    from autopar.errors import InputError, quoted
-
-    if not (math.isfinite(imbalance) and 1 <= imbalance <= ep):
-        why = "below 1 (balanced routing)" if math.isfinite(imbalance) and imbalance < 1 else f"above ep={ep}"
-        raise InputError(
-            f"--routing-imbalance {quoted(imbalance)} is {why}: the busiest of ep expert ranks holds from 1 to ep "
-            f"times the mean; give a value from 1 to {ep}"
-            + (" (a plan without expert parallelism is balanced: 1)" if ep == 1 else "")
-        )
 
 
 def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):

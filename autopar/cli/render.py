@@ -20,7 +20,7 @@ from autopar.cost.figures import MEMORY_TERMS, TIME_LABELS, TIME_TERMS
 from autopar.report.format import human_count
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
-from autopar.terminal import SafeStream, printable
+from autopar.terminal import SGR, SafeStream, printable
 
 #: the width of piped output when COLUMNS does not say: the common wide terminal, which every table
 #: is laid out for (tables wider than this drop their least important columns, `fitted_table`)
@@ -28,7 +28,7 @@ PIPED_WIDTH = 120
 
 
 #: blanks at the end of a line, before the style resets a terminal line may end with
-_TRAILING = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$", re.M)
+_TRAILING = re.compile(rf" +((?:{SGR.pattern})*)$", re.M)
 
 
 class SafeConsole(Console):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,6 +9,7 @@ import typer
 
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.cli.checks import check_routing_imbalance
 from autopar.cli.run_flags import with_run_flags
 from autopar.cli.trial_flags import TrialFlags, with_trial_flags
 from autopar.errors import InputError, quoted
@@ -169,7 +169,7 @@ def search(
     options = dict(top_k=top_k, max_exhaustive=max_exhaustive, sampler=sampler, n_trials=n_trials, seed=seed)
     options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
     options |= dict(rank_by=rank_by, recipes=parse_recipes(recipe, trainers), power_limit_w=power_limit)
-    options |= dict(routing_imbalance=_routing(routing_imbalance))
+    options |= dict(routing_imbalance=check_routing_imbalance(routing_imbalance))
     results = _run(spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, **options)
     from autopar.report import write_reports  # after the question's checks: a bad input stays quick
     from autopar.search.scenarios import check_any_valid
@@ -241,16 +241,6 @@ def _show(results: list, reports: list, answer, as_json: bool) -> None:
         print_answer(answer)
     for p in reports:
         print(f"Report: {p}")
-
-
-def _routing(imbalance: float | None) -> float | None:
-    """--routing-imbalance: at least 1 (balanced); the model caps it at each plan's ep."""
-    if imbalance is not None and not (math.isfinite(imbalance) and imbalance >= 1):
-        raise InputError(
-            f"--routing-imbalance {quoted(imbalance)} is below 1 (balanced routing): the busiest expert rank "
-            f"holds at least the mean; give 1 (forced balance) or more"
-        )
-    return imbalance
 
 
 def _question(
