@@ -88,7 +88,17 @@ def traffic(calls: list[Call], group_size, group, links: Links, crosses_node=Non
 
 
 def tp_calls(
-    model, tokens, sp, dense_layers, moe_layers, has_embedding, has_head, recompute_share, etp, act_bytes
+    model,
+    tokens,
+    sp,
+    dense_layers,
+    moe_layers,
+    has_embedding,
+    has_head,
+    recompute_share,
+    etp,
+    act_bytes,
+    backward_regather=0.0,
 ) -> list[Call]:
     """TP collectives of one GPU for one microbatch. The sync points per block come from the
     sharding tables (autopar.spec.sharding) the built-in model applies: each row-parallel module
@@ -100,7 +110,12 @@ def tp_calls(
     Embedding output, LM-head input and the three fp32 reductions of the vocab-parallel
     cross-entropy come on top. Under SP the embedding's output reduce-scatter has an all-gather of
     its gradient in the backward (Megatron `reduce_scatter_to_sequence_parallel_region`, whose
-    backward is `_gather_along_first_dim`; measured on the built-in model)."""
+    backward is `_gather_along_first_dim`; measured on the built-in model).
+    `backward_regather` 1: the trainer keeps only its sequence shard of each column-parallel input
+    and all-gathers it again in the backward for the weight gradient, one more all-gather per sync
+    point per backward (Megatron-Core LinearWithGradAccumulationAndAsyncCommunication.backward,
+    megatron/core/tensor_parallel/layers.py; Transformer Engine's LayerNormLinear likewise); the
+    built-in model's DTensor keeps the gathered input (0)."""
     s = tokens * model.hidden_size * act_bytes
     moe = model.moe
     shared = moe is not None and moe.num_shared_experts > 0
@@ -112,7 +127,7 @@ def tp_calls(
     sync_k = moe_layers * (etp > 1) * passes
     on_sp, off_sp = np.where(sp, 1.0, 0.0), np.where(sp, 0.0, 1.0)
     return [
-        Call("all_gather", s, sync * on_sp),
+        Call("all_gather", s, (sync + sync / passes * backward_regather) * on_sp),
         Call("reduce_scatter", s, sync * on_sp),
         Call("all_reduce", s, sync * off_sp),
         Call("all_gather", s * k, sync_k * on_sp),

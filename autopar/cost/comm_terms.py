@@ -91,10 +91,16 @@ class CommVolumes(NamedTuple):
 
 
 def comm_volumes(
-    x: PlanArrays, model: ModelSpec, gpus_per_node: int, prm: RankParams, with_bytes: bool = True
+    x: PlanArrays,
+    model: ModelSpec,
+    gpus_per_node: int,
+    prm: RankParams,
+    with_bytes: bool = True,
+    sp_regather: float = 0.0,
 ) -> CommVolumes:
     """Every axis's calls (autopar.cost.comm), summed, on its group; `with_bytes=False` leaves the
-    payload bytes at 0 (a search ranks by time only)."""
+    payload bytes at 0 (a search ranks by time only); `sp_regather`: the trainer's fact
+    (`sp_backward_regather`, autopar.cost.comm.tp_calls)."""
     gpn = gpus_per_node
     vol = partial(volume, with_bytes=with_bytes)
     t, c, share, sp = x.tp, x.cp, x.recompute_share, x.sequence_parallel
@@ -108,24 +114,9 @@ def comm_volumes(
         vol(moe_stat_calls(model, x.micro_batch, stat_n, x.moe_layers, share), stat_n),
         place(stat_n, group_stride(ranks, ("cp", "tp")), gpn),
     )
-    tp = OnGroup(
-        vol(
-            tp_calls(
-                model,
-                x.tokens,
-                sp,
-                x.dense_layers,
-                x.moe_layers,
-                x.has_embedding,
-                x.has_head,
-                share,
-                x.etp,
-                x.act_bytes,
-            ),
-            t,
-        ),
-        tp_group,
-    )
+    layers = (x.dense_layers, x.moe_layers, x.has_embedding, x.has_head)
+    calls = tp_calls(model, x.tokens, sp, *layers, share, x.etp, x.act_bytes, sp_regather)
+    tp = OnGroup(vol(calls, t), tp_group)
     cp_group = place(c, group_stride(ranks, ("cp",)), gpn)
     cp = OnGroup(vol(cp_calls(model, x.tokens, t, c, x.layers, share, x.act_bytes), c), cp_group, cp_group.nodes > 1)
     load = expert_load(x) if model.moe else 1.0
@@ -184,7 +175,8 @@ def comm_terms(
     """Every axis's calls priced on its group with the cluster's measured links (NCCL, or DeepEP's
     deduplicated kernels for the EP all-to-alls of plans with that dispatcher); `volumes`:
     `comm_volumes` of the same plans, when already summed."""
-    v = volumes if volumes is not None else comm_volumes(x, model, cluster.gpus_per_node, prm, with_bytes)
+    regather = cluster.constants.sp_backward_regather
+    v = volumes if volumes is not None else comm_volumes(x, model, cluster.gpus_per_node, prm, with_bytes, regather)
     links = Links.of(cluster)
     stats, tp, cp = v.stats.traffic(links), v.tp.traffic(links), v.cp.traffic(links)
     ep = v.ep.traffic(links)

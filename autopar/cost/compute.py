@@ -79,15 +79,15 @@ def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_laye
     ) + x.moe_layers * attention_linear_flops_per_token(model)
     expert_layer = x.moe_layers * mlp_flops_per_token(model, True) if model.moe else 0.0 * x.moe_layers
     head = tokens * x.has_head * head_flops_per_token(model, x.tp) / tf
-    layer_gemm = tokens * lin_layer * (3 + share) / tf
-    dim = dense_gemm_dim(x, model)
+    passes = tokens * (3 + share) / tf
     recipe = recipe_codes(x.table)
     bf16 = np.where(fp8, DTYPE["bf16"], x.table.dtype)  # the LM head stays in BF16 under FP8
     # the weight-gradient GEMMs (1 of the 3 + share GEMM passes) a recipe runs in BF16
     hp = np.where(wgrad_bf16(recipe), 1.0 / (3 + share), 0.0)
-    own_rate, bf16_rate = gemm_rate(cluster, x.table.dtype, dim), gemm_rate(cluster, bf16, dim)
-    dense_s, dense_hp_s = layer_gemm * (1 - hp) / own_rate, layer_gemm * hp / bf16_rate
-    head_s = 3 * head / bf16_rate
+    own_s = layer_gemm_seconds_per_flop(x, model, cluster, x.table.dtype)
+    hp_s = layer_gemm_seconds_per_flop(x, model, cluster, bf16)
+    dense_s, dense_hp_s = passes * (1 - hp) * own_s, passes * hp * hp_s
+    head_s = 3 * head / gemm_rate(cluster, bf16, np.minimum(x.tokens, float(model.hidden_size)))
     expert_s = expert_hp_s = 0.0 * dense_s
     if model.moe:
         expert = tokens * expert_layer * (3 + share) / tf * expert_load(x)
@@ -225,10 +225,12 @@ def module_recompute(
 
     tf, tokens, share = x.tp_float, x.tokens, x.recompute_share
     fp8 = x.table.dtype == DTYPE["fp8"]
-    rate = gemm_rate(cluster, x.table.dtype, dense_gemm_dim(x, model))
-    dense_mlp = np.where(has("mlp"), x.dense_layers * mlp_flops_per_token(model, False), 0.0)
+    *_, (mlp_flops, mlp_dim) = dense_gemm_shapes(x, model)
+    dense_mlp = np.where(has("mlp"), mlp_flops, 0.0)
     up = np.where(has("mla_up_proj"), x.layers * 2.0 * model.mla_up_projection_params, 0.0)
-    gemm = tokens * (dense_mlp + up) / tf / rate
+    q_dim = np.minimum(np.minimum(tokens, float(model.hidden_size)), model.q_size / tf)
+    dtype = x.table.dtype
+    gemm = tokens * (dense_mlp / gemm_rate(cluster, dtype, mlp_dim) + up / gemm_rate(cluster, dtype, q_dim)) / tf
     expert_fwd_bf16 = raw.expert_bf16 / (3 + share)
     expert_fwd_fp8 = raw.expert_fp8 / (3 + share)
     shared_share, moe_on = 0.0, has("moe")
@@ -316,16 +318,39 @@ def fp8_cast_elements(x: PlanArrays, model: ModelSpec) -> np.ndarray:
     return x.tokens * (inputs * (1.0 + x.recompute_share) + grads)
 
 
-def dense_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:
-    """The smallest dimension of the per-GPU dense GEMMs: tokens, hidden, ffn/tp, q/tp."""
-    return np.minimum.reduce(
-        [
-            x.tokens,
-            np.full_like(x.tokens, model.hidden_size),
-            model.ffn_hidden_size / x.tp_float,
-            model.q_size / x.tp_float,
-        ]
-    )
+def dense_gemm_shapes(x: PlanArrays, model: ModelSpec) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """(forward FLOPs per token of the plan's layers, smallest per-GPU dimension) of each class of a
+    layer's dense GEMMs; each GEMM runs at its own shape's rate (its forward, data-gradient and
+    weight-gradient GEMMs share its three dimensions, permuted). Per GPU under TP (Megatron's
+    column- and row-parallel linears, Shoeybi et al. 2019 sec. 3):
+    - QKV: tokens x h -> (q + k + v) / tp; the output projection: tokens x attn_out / tp -> h, so
+      only it pays the fall-off of the heads' slice (the MLA projections, whose low-rank down
+      projections are not TP-split, count as one class at q / tp);
+    - MLP: tokens x h -> g ffn / tp and tokens x ffn / tp -> h, smallest ffn / tp."""
+    t, h, tf = x.tokens, float(model.hidden_size), x.tp_float
+    attn = attention_linear_flops_per_token(model)
+    per_layer = x.dense_layers + x.moe_layers
+
+    def smallest(width):
+        return np.minimum(np.minimum(t, h), width / tf)
+
+    attention: tuple[tuple[np.ndarray, np.ndarray], ...] = ((per_layer * attn, smallest(model.q_size)),)
+    if model.mla is None:
+        qkv = 2.0 * h * (model.q_size + model.k_size + model.v_size)
+        attention = (
+            (per_layer * qkv, smallest(model.q_size + model.k_size + model.v_size)),
+            (per_layer * (attn - qkv), smallest(model.attn_out_size)),
+        )
+    return (*attention, (x.dense_layers * mlp_flops_per_token(model, False), smallest(model.ffn_hidden_size)))
+
+
+def layer_gemm_seconds_per_flop(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, dtype) -> np.ndarray:
+    """Seconds of the plan's layers' dense GEMMs per token per forward FLOP-pass at `dtype`: the sum
+    over the GEMM classes of FLOPs / rate at that class's shape (`dense_gemm_shapes`)."""
+    total = 0.0 * x.tokens
+    for flops, dim in dense_gemm_shapes(x, model):
+        total = total + flops / gemm_rate(cluster, dtype, dim)
+    return total
 
 
 def expert_gemm_dim(x: PlanArrays, model: ModelSpec) -> np.ndarray:

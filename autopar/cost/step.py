@@ -137,6 +137,7 @@ def step_inputs(
     dispatch = shared_figures().dispatch
     deepep_share = np.minimum(dispatch.overhead_per_sm_share * dispatch.sms / sms, 1.0)
     gather_launches, reduce_launches = zero1_copy_launches(x, model, cluster, prm)
+    regather = np.where(x.sequence_parallel, cluster.constants.sp_backward_regather / 2.0, 0.0)
     return StepInputs(
         raw=raw,
         tp=comm.tp.seconds,
@@ -157,8 +158,9 @@ def step_inputs(
         forward_share=1.0 / (3.0 + x.recompute_share),
         active=x.active,
         tp_overlap_on=t.tp_comm_overlap.astype(float),
-        # TP calls run once per forward, backward and recomputed forward (autopar.cost.comm.tp_calls)
-        tp_backward_share=1.0 / (2.0 + x.recompute_share),
+        # TP calls run once per forward, backward and recomputed forward, and the backward re-gathers
+        # the sequence-parallel inputs where the trainer does: half a pass more (autopar.cost.comm.tp_calls)
+        tp_backward_share=(1.0 + regather) / (2.0 + x.recompute_share + regather),
         tp_async_backward=np.full(len(t), cluster.constants.tp_async_backward),
         ep_overlap_on=overlap * steady_fraction(t.schedule, x.pp, x.microbatches, x.vpp),
         comm_sm_share=np.full(len(t), nccl_share),

@@ -93,6 +93,7 @@ class CostConstants:
     cpu_adam_memory_efficiency: float = _prior("cpu_adam_memory_efficiency")
     cpu_optimizer_overlap: float = _prior("cpu_optimizer_overlap")
     tp_async_backward: float = _prior("tp_async_backward")
+    sp_backward_regather: float = _prior("sp_backward_regather")
     zero1_rank_copies: float = _prior("zero1_rank_copies")
     dp_bucket_params: float = _prior("dp_bucket_params")
     dp_bucket_params_per_rank: float = _prior("dp_bucket_params_per_rank")
