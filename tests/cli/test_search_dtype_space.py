@@ -75,21 +75,17 @@ def test_the_chosen_space_is_said(cli_run, tmp_path):
     assert json.loads(named.stdout)["space_chosen"] is None
 
 
-def test_winner_on_a_bound_of_the_space(fp8_runs):
+def test_winner_on_a_bound_of_the_space(cli_run, tmp_path):
     """The knobs where the winner sits on the default space's largest choice (search_spaces/
-    default.yaml: tp 8, pp 16, vpp 4, cp 2, mbs 4) are each named with the shipped space that reaches
-    further (dense-large: vpp up to 8; long-context: cp up to 32), in that order, and no other."""
-    (doc, _), _ = fp8_runs
+    default.yaml: tp 8, pp 16, vpp 10, cp 2, mbs 4) are each named with the shipped space that
+    reaches further (long-context: cp up to 32), and no other."""
+    doc, _ = _search(cli_run, tmp_path, "bound", "--dtype", "fp8", "--seq-len", "16384")
     plan = doc["top"][0]["plan"]
-    maxima = {"tp": 8, "pp": 16, "vpp": 4, "cp": 2, "micro_batch_size": 4}
+    maxima = {"tp": 8, "pp": 16, "vpp": 10, "cp": 2, "micro_batch_size": 4}
     on_bound = [k for k, top in maxima.items() if plan[k] == top]
-    further = {
-        "vpp": "vpp hit the space's maximum 4: try --space dense-large (vpp up to 8)",
-        "cp": "cp hit the space's maximum 2: try --space long-context (cp up to 32)",
-    }
-    # 70B FP8 on 64 H100 at gbs 128 wants deep interleaving and cp (the model's winner, tp4.cp2.pp*.v4)
-    assert on_bound == ["vpp", "cp"], plan
-    assert doc["space_bounds"] == [further[k] for k in on_bound]
+    # 70B FP8 on 64 H100 at 16K tokens wants context parallelism (the model's winner, tp4.cp2.pp4.v8)
+    assert on_bound == ["cp"], plan
+    assert doc["space_bounds"] == ["cp hit the space's maximum 2: try --space long-context (cp up to 32)"]
 
 
 def test_mfu_legend_names_the_peak(cli_run, tmp_path):

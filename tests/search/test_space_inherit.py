@@ -11,7 +11,7 @@ from autopar.search.space import LONG_CONTEXT_SEQ, chosen_space, load_space
 DEFAULT_KNOBS = {
     "tp": [1, 2, 4, 8],
     "pp": [1, 2, 4, 8, 16],
-    "vpp": [1, 2, 4],
+    "vpp": [1, 2, 4, 5, 8, 10],
     "cp": [1, 2],
     "ep": "auto",
     "etp": ["tp"],
