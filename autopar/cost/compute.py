@@ -79,14 +79,14 @@ def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_laye
     ) + x.moe_layers * attention_linear_flops_per_token(model)
     expert_layer = x.moe_layers * mlp_flops_per_token(model, True) if model.moe else 0.0 * x.moe_layers
     head = tokens * x.has_head * head_flops_per_token(model, x.tp) / tf
-    passes = tokens * (3 + share) / tf
+    token_passes = tokens * (3 + share) / tf  # tokens x GEMM passes (forward, 2 backward, recomputed)
     recipe = recipe_codes(x.table)
     bf16 = np.where(fp8, DTYPE["bf16"], x.table.dtype)  # the LM head stays in BF16 under FP8
     # the weight-gradient GEMMs (1 of the 3 + share GEMM passes) a recipe runs in BF16
     hp = np.where(wgrad_bf16(recipe), 1.0 / (3 + share), 0.0)
     own_s = layer_gemm_seconds_per_flop(x, model, cluster, x.table.dtype)
     hp_s = layer_gemm_seconds_per_flop(x, model, cluster, bf16)
-    dense_s, dense_hp_s = passes * (1 - hp) * own_s, passes * hp * hp_s
+    dense_s, dense_hp_s = token_passes * (1 - hp) * own_s, token_passes * hp * hp_s
     head_s = 3 * head / gemm_rate(cluster, bf16, np.minimum(x.tokens, float(model.hidden_size)))
     expert_s = expert_hp_s = 0.0 * dense_s
     if model.moe:
