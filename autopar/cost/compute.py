@@ -228,7 +228,7 @@ def module_recompute(
     *_, (mlp_flops, mlp_dim) = dense_gemm_shapes(x, model)
     dense_mlp = np.where(has("mlp"), mlp_flops, 0.0)
     up = np.where(has("mla_up_proj"), x.layers * 2.0 * model.mla_up_projection_params, 0.0)
-    q_dim = np.minimum(np.minimum(tokens, float(model.hidden_size)), model.q_size / tf)
+    q_dim = tp_gemm_dim(x, model, model.q_size)
     dtype = x.table.dtype
     gemm = tokens * (dense_mlp / gemm_rate(cluster, dtype, mlp_dim) + up / gemm_rate(cluster, dtype, q_dim)) / tf
     expert_fwd_bf16 = raw.expert_bf16 / (3 + share)
@@ -327,21 +327,26 @@ def dense_gemm_shapes(x: PlanArrays, model: ModelSpec) -> tuple[tuple[np.ndarray
       only it pays the fall-off of the heads' slice (the MLA projections, whose low-rank down
       projections are not TP-split, count as one class at q / tp);
     - MLP: tokens x h -> g ffn / tp and tokens x ffn / tp -> h, smallest ffn / tp."""
-    t, h, tf = x.tokens, float(model.hidden_size), x.tp_float
+    h = float(model.hidden_size)
     attn = attention_linear_flops_per_token(model)
     per_layer = x.dense_layers + x.moe_layers
-
-    def smallest(width):
-        return np.minimum(np.minimum(t, h), width / tf)
-
-    attention: tuple[tuple[np.ndarray, np.ndarray], ...] = ((per_layer * attn, smallest(model.q_size)),)
+    attention: tuple[tuple[np.ndarray, np.ndarray], ...] = ((per_layer * attn, tp_gemm_dim(x, model, model.q_size)),)
     if model.mla is None:
         qkv = 2.0 * h * (model.q_size + model.k_size + model.v_size)
         attention = (
-            (per_layer * qkv, smallest(model.q_size + model.k_size + model.v_size)),
-            (per_layer * (attn - qkv), smallest(model.attn_out_size)),
+            (per_layer * qkv, tp_gemm_dim(x, model, model.q_size + model.k_size + model.v_size)),
+            (per_layer * (attn - qkv), tp_gemm_dim(x, model, model.attn_out_size)),
         )
-    return (*attention, (x.dense_layers * mlp_flops_per_token(model, False), smallest(model.ffn_hidden_size)))
+    return (
+        *attention,
+        (x.dense_layers * mlp_flops_per_token(model, False), tp_gemm_dim(x, model, model.ffn_hidden_size)),
+    )
+
+
+def tp_gemm_dim(x: PlanArrays, model: ModelSpec, width: float) -> np.ndarray:
+    """The smallest dimension of a layer GEMM between the hidden size and a TP-split `width`:
+    tokens, h or width / tp."""
+    return np.minimum(np.minimum(x.tokens, float(model.hidden_size)), width / x.tp_float)
 
 
 def layer_gemm_seconds_per_flop(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, dtype) -> np.ndarray:
