@@ -4,6 +4,7 @@ back to the ranked plan; plan flags without a run; bad input is one line and exi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,9 @@ def run_dir(tmp_path_factory) -> Path:
     space = space.replace("pp_schedule: [1f1b, zero-bubble]", "pp_schedule: [1f1b]").replace(
         "name: default", "name: export-test"
     )
-    assert "pp_schedule: [1f1b]" in space
+    # TP overlap off: rank 1 is re-targeted to torchtitan below, which runs it only under torch.compile
+    space = re.sub(r"tp_comm_overlap: \[false, true\]", "tp_comm_overlap: [false]", space)
+    assert "pp_schedule: [1f1b]" in space and "tp_comm_overlap: [false]" in space
     (d / "space.yaml").write_text(space)
     run = d / "run"
     main(

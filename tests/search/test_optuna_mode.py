@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import optuna
+import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
@@ -150,7 +151,8 @@ def test_trial_values_are_their_structures_best_completion(forced, question):
     res, study = forced
     q, space = question
     choices = knob_choices(space, q)
-    df = res.plans
+    # every completion as written (res.plans keeps only the ranked pool, the sample and the Pareto set)
+    df = pd.read_parquet(res.run_dir / "plans.parquet")
     feasible = {h["number"]: h["feasible"] for h in res.history}
     covered = np.zeros(len(df), dtype=bool)
     for t in study.get_trials(deepcopy=False):

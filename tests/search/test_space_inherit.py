@@ -24,7 +24,7 @@ DEFAULT_KNOBS = {
     "dtype": ["bf16"],
     "fp8_recipe": ["default"],
     "fp8_param_gather": ["default"],
-    "tp_comm_overlap": [False],
+    "tp_comm_overlap": [False, True],
     "compile": [False],
     "offload_modules": ["none"],
     "moe_dispatcher": ["alltoall", "deepep"],
