@@ -58,6 +58,9 @@ class CommTerms(NamedTuple):
     dp_gather: Traffic
     dp_reduce_tail: np.ndarray
     dp_gather_tail: np.ndarray
+    #: (C, n) HBM bytes per step of the trainer's ZeRO-3 copies into and out of the collectives'
+    #: buffers (`fsdp_copy_bytes`; 0 where the trainer gathers in place)
+    zero3_copy_bytes: np.ndarray | float = 0.0
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,8 @@ def comm_terms(
         # the expert buffer's buckets run on their own group beside the dense ones, on the same NICs
         reduce_tail, gather_tail = reduce_tail + er.seconds / expert_n, gather_tail + eg.seconds / expert_n
     on_cp = v.on_cp
+    groups = (v.dense_reduce, v.dense_gather, v.expert_reduce, v.expert_gather)
+    copies = np.where(x.table.zero_stage == 3, fsdp_copy_bytes(groups), 0.0) * k.fsdp_copy_traffic
     return CommTerms(
         tp=Traffic(tp.bytes + np.where(on_cp, 0.0, stats.bytes), tp.seconds + np.where(on_cp, 0.0, stats.seconds)),
         cp=Traffic(cp.bytes + np.where(on_cp, stats.bytes, 0.0), cp.seconds + np.where(on_cp, stats.seconds, 0.0)),
@@ -215,7 +220,22 @@ def comm_terms(
         dp_gather=gather,
         dp_reduce_tail=reduce_tail,
         dp_gather_tail=gather_tail,
+        zero3_copy_bytes=copies,
     )
+
+
+def fsdp_copy_bytes(groups: tuple[OnGroup | None, ...]) -> np.ndarray | float:
+    """HBM bytes per step that FSDP2 moves copying each unsharded buffer of its collectives: every
+    all-gather's output is copied out into the unit's parameters (`foreach_all_gather_copy_out`,
+    torch.ops.fsdp.split_with_sizes_copy) and every reduction's unsharded gradients are copied into
+    the reduce-scatter input (`foreach_reduce_scatter_copy_in`, torch.ops.fsdp.chunk_cat): a read
+    and a write of the whole unsharded buffer per call (torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py, torch 2.13)."""
+    total: np.ndarray | float = 0.0
+    for on in groups:
+        for c in on.volume.calls if on is not None else ():
+            total = total + 2.0 * c.full_bytes * np.asarray(c.count, dtype=float)
+    return total
 
 
 def dp_buckets(x: PlanArrays, params, group_size, units, k) -> np.ndarray:

@@ -138,8 +138,11 @@ def step_inputs(
     deepep_share = np.minimum(dispatch.overhead_per_sm_share * dispatch.sms / sms, 1.0)
     gather_launches, reduce_launches = zero1_copy_launches(x, model, cluster, prm)
     regather = np.where(x.sequence_parallel, cluster.constants.sp_backward_regather / 2.0, 0.0)
+    # FSDP2's copies into and out of its collectives' buffers run as memory-bound kernels beside the
+    # microbatches' own (autopar.cost.comm_terms.fsdp_copy_bytes)
+    copies = np.asarray(comm.zero3_copy_bytes) / x.microbatches / hbm_rate(cluster)
     return StepInputs(
-        raw=raw,
+        raw=raw._replace(traffic=raw.traffic + copies),
         tp=comm.tp.seconds,
         cp=comm.cp.seconds,
         ep=comm.ep.seconds,
