@@ -110,11 +110,15 @@ def fitted_table(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]],
             return natural(i)
         return max([len(w) for w in cols[i].header.split()] + [len(w) for r in rows for w in str(r[i]).split()])
 
+    def constant(i: int) -> bool:
+        return len(rows) > 1 and len({str(r[i]) for r in rows}) == 1
+
     shown = list(range(len(cols)))
     # compact_table: two spaces between columns (one of padding, the box's blank rule), one blank
-    # edge on either side
+    # edge on either side. A droppable column that reads the same on every row goes first (the
+    # line under the table keeps its value), then by `drop`
     while sum(narrowest(i) for i in shown) + 2 * len(shown) > width and any(cols[i].drop for i in shown):
-        shown.remove(min((i for i in shown if cols[i].drop), key=lambda i: cols[i].drop))
+        shown.remove(min((i for i in shown if cols[i].drop), key=lambda i: (not constant(i), cols[i].drop)))
     fixed = sum(natural(i) for i in shown if not cols[i].wraps) + 2 * len(shown)
     wrapping = [i for i in shown if cols[i].wraps]
     room = max(width - fixed - sum(narrowest(i) for i in wrapping), 0)  # spread over the wrapping columns
@@ -128,7 +132,11 @@ def fitted_table(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]],
         t.add_column(c.header, justify="left" if c.left else "right", no_wrap=not c.wraps, width=w)
     for r in rows:
         t.add_row(*(Text(str(r[i])) for i in shown))
-    return t, [cols[i].header for i in range(len(cols)) if i not in shown]
+    return t, [
+        f"{cols[i].header} ({rows[0][i]} on every row)" if constant(i) else cols[i].header
+        for i in range(len(cols))
+        if i not in shown
+    ]
 
 
 def note(text: str, style: str = "", indent: int = 2) -> Padding:

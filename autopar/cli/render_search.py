@@ -71,10 +71,10 @@ TOP_COLUMNS = (
     Col("mbs", drop=5),
     Col("mem GiB", drop=11),
     Col("step s"),
-    Col("80% range", drop=2),
+    Col("80% range"),  # the interval and the support stay at any width: how sure the figure is
     Col("tokens/s", drop=1),
     Col("MFU"),
-    Col("support", left=True, drop=3),
+    Col("support", left=True),
     Col("runs on", left=True, drop=6),
 )
 
@@ -253,10 +253,10 @@ TRAINER_COLUMNS = (
     Col("mbs", drop=4),
     Col("mem GiB", drop=8),
     Col("step s"),
-    Col("80% range", drop=1),
+    Col("80% range"),
     Col("MFU"),
     Col("vs best", drop=5),
-    Col("support", left=True, drop=2),
+    Col("support", left=True),
 )
 
 

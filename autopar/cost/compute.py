@@ -216,7 +216,7 @@ def module_recompute(
       GEMMs, permutation traffic and fixed per-layer time once more (its all-to-alls:
       autopar.cost.comm.ep_calls with `recompute_share`).
     "core_attn" is priced with the attention (`raw_compute`: x.selective); "layernorm" and "moe_act"
-    re-run elementwise kernels only, within the elementwise term (no GEMM FLOPs). `modules`: (n,)
+    re-run memory-bound kernels only (`elementwise_recompute_bytes`, no GEMM FLOPs). `modules`: (n,)
     bitmasks of autopar.spec.recompute_modules MODULE_BITS (PlanArrays.recompute_modules); a plan's
     recompute share already counts its own recomputed forwards."""
 
@@ -240,7 +240,10 @@ def module_recompute(
             m.expert_ffn_hidden_size * m.top_k + m.shared_expert_ffn_hidden_size
         )
     experts = np.where(moe_on, 1.0, np.where(has("shared_experts"), shared_share, 0.0))
-    traffic = np.where(moe_on, moe_traffic_bytes(x, model) / (2.0 + share), 0.0) / hbm_rate(cluster)
+    traffic = (
+        np.where(moe_on, moe_traffic_bytes(x, model) / (2.0 + share), 0.0)
+        + elementwise_recompute_bytes(x, model, has("layernorm"), has("moe_act") & ~moe_on)
+    ) / hbm_rate(cluster)
     moe_passes = np.where(moe_on, x.moe_layers * 0.5, 0.0)  # a recomputed forward counts half a pass
     recomputed = tokens * (dense_mlp + up) / tf
     if model.moe:
@@ -256,6 +259,24 @@ def module_recompute(
         expert_passes=raw.expert_passes + moe_passes * (model.moe.num_experts / x.ep if model.moe else 0.0),
         recompute_flops=raw.recompute_flops + recomputed,
     )
+
+
+def elementwise_recompute_bytes(x: PlanArrays, model: ModelSpec, norms, act) -> np.ndarray:
+    """HBM bytes per microbatch of the output-discarding recomputes (Megatron-Core
+    `recompute_modules` "layernorm", "moe_act": transformer_layer.py / experts.py rebuild the
+    discarded output in the backward from the kept input): each rebuilt output is written once and
+    its input read once. Per layer the two norms read and write h per token (on the 1/tp sequence
+    shard under SP); per MoE layer each of the k routed copies' activation reads the fc1 output (2F
+    gated, F else) and writes F, on the busiest expert rank's share (`expert_load`)."""
+    local = x.tokens / np.where(x.sequence_parallel, x.tp_float, 1.0)
+    norm_bytes = np.where(norms, x.layers * local * 2 * 2 * model.hidden_size * x.act_bytes, 0.0)
+    if model.moe is None:
+        return norm_bytes
+    m = model.moe
+    f = m.expert_ffn_hidden_size / x.etp.astype(float)
+    per_copy = ((3 if model.gated_mlp else 2) * f) * x.act_bytes
+    act_bytes = x.moe_layers * x.tokens * m.top_k * x.etp / x.tp_float * per_copy * expert_load(x)
+    return norm_bytes + np.where(act, act_bytes, 0.0)
 
 
 def score_matrix_bytes(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray:

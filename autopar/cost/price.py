@@ -93,7 +93,14 @@ def _on_ranks(table: PlanTable, model: ModelSpec, seq_len: int, stages) -> tuple
 
 
 #: the modules whose recomputed forward `module_recompute` prices (core_attn is the attention's)
-_PRICED_MODULES = MODULE_BITS["mlp"] | MODULE_BITS["mla_up_proj"] | MODULE_BITS["moe"] | MODULE_BITS["shared_experts"]
+_PRICED_MODULES = (
+    MODULE_BITS["mlp"]
+    | MODULE_BITS["mla_up_proj"]
+    | MODULE_BITS["moe"]
+    | MODULE_BITS["shared_experts"]
+    | MODULE_BITS["layernorm"]
+    | MODULE_BITS["moe_act"]
+)
 
 
 def with_recompute_modules(

@@ -95,7 +95,16 @@ def test_a_narrow_terminal_keeps_the_layout_step_time_and_mfu_whole(width, cli_r
         row = next(line for line in out.splitlines() if line.startswith(f" {i}  "))
         assert row.split()[1] == d["plan_name"]  # whole, not "tp4.p…"
         assert f"{d['step_time_s']:.3f}" in row and f"{100 * d['mfu']:.1f}%" in row
-    assert "not shown at this width: " in out and "tokens/s" in out.split("not shown at this width: ")[1]
+    # the interval and the support stay; what goes is named with the value a constant column held
+    assert "80% range" in head and "support" in head
+    dropped = out.split("not shown at this width: ")[1].split("(a wider terminal")[0]
+    monkeypatch.setenv("COLUMNS", "400")
+    (tmp_path / "wide").mkdir()
+    wide = _run(cli_run, COMMANDS["search"], tmp_path / "wide", monkeypatch)
+    every = next(line for line in wide.splitlines() if line.startswith(" #  layout"))
+    for header in ("sched", "stages", "recomp", "ZeRO", "mbs", "mem GiB", "tokens/s", "runs on"):
+        if header in every:
+            assert header in head or header in " ".join(dropped.split()), header
 
 
 def test_a_fitted_table_drops_the_lowest_drop_first_and_wraps_at_words():
