@@ -220,7 +220,7 @@ def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
     notes = []
     if any(variants_text(row) for _, row in r.top.iterrows()):
         notes.append(
-            "+N: N more plans of the layout's structure, differing only in mbs, ZeRO, stage layout or flags "
+            "+N: N more plans of the layout's structure, differing only in mbs, ZeRO, stage layout, recompute or flags "
             "(top.json lists them)"
         )
     if any(float(row.get("optimizer_offload", 0.0)) > 0 for _, row in r.top.iterrows()):

@@ -25,11 +25,12 @@ COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
 #: below a fifth of the step no single overhead dominates, and naming the largest one misleads
 DOMINANT_SHARE = 0.20
 #: what makes two plans structurally different layouts: the process grid and the pipeline's shape
-#: (LAYOUT_KEY: tp, pp, vpp, cp, dp, ep, etp), the pipeline schedule, what is recomputed and the
-#: precision. Plans that agree on these and differ only in the micro-batch, the ZeRO stage, the
-#: stage layout or a flag (SP, TP overlap, grads precision, MoE dispatch) are variants of one
-#: another: the top-k shows the fastest of each structure and folds the others under it.
-STRUCTURE_KEY = LAYOUT_KEY + ("pp_schedule", "recompute", "recompute_layers", "recompute_modules", "dtype")
+#: (LAYOUT_KEY: tp, pp, vpp, cp, dp, ep, etp), the pipeline schedule and the precision. Plans that
+#: agree on these and differ only in the micro-batch, the ZeRO stage, the stage layout, what is
+#: recomputed or a flag (SP, TP overlap, grads precision, MoE dispatch) are variants of one another:
+#: the top-k shows the fastest of each structure and folds the others under it, so the runner-up is
+#: the next different layout, not the winner with another recompute.
+STRUCTURE_KEY = LAYOUT_KEY + ("pp_schedule", "dtype")
 #: the one ranking order of plans, the tie-break included: the step time ranked by (rank_time_s),
 #: then less memory, then the plan's place in the walk (the one-shot order); a frame without a
 #: column skips it (stable sorts keep its order)

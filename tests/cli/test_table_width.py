@@ -127,9 +127,8 @@ def test_a_fitted_table_drops_the_lowest_drop_first_and_wraps_at_words():
 
 
 def _plans() -> pd.DataFrame:
-    """Five priced plans by hand: B and D are A with another ZeRO stage and micro-batch (variants),
-    E is A on another trainer (the same plan), C another grid, F A's grid recomputing (another
-    structure)."""
+    """Six priced plans by hand: B and D are A with another ZeRO stage and micro-batch, F A
+    recomputing (variants), E is A on another trainer (the same plan), C another grid."""
     rows = [
         # name, tp, pp, recompute, zero, mbs, trainer, step s
         ("A", 4, 2, "none", 1, 1, "megatron", 10.0),
@@ -147,14 +146,15 @@ def _plans() -> pd.DataFrame:
 
 def test_the_top_k_holds_structurally_different_plans_with_their_variants_counted():
     top = top_plans(_plans(), 2)
-    assert top["plan_name"].tolist() == ["A", "C"]  # B and D fold under A; E is A on torchtitan
-    assert top["variants"].tolist() == [2, 0]
+    assert top["plan_name"].tolist() == ["A", "C"]  # B, D and F fold under A; E is A on torchtitan
+    assert top["variants"].tolist() == [3, 0]
     assert top["trainers"].tolist()[0] == "megatron, torchtitan"
-    assert top_plans(_plans(), 3)["plan_name"].tolist() == ["A", "C", "F"]  # recompute is structural
+    # recompute is a variant: the runner-up is the next different layout, never A recomputing
+    assert top_plans(_plans(), 3)["plan_name"].tolist() == ["A", "C"]
     v = variant_plans(_plans(), 2)
-    assert v["plan_name"].tolist() == ["B", "D"] and v["variant_of"].tolist() == [1, 1]
-    assert {"tp", "pp", "cp", "vpp", "dp", "ep", "etp", "pp_schedule", "recompute", "dtype"} <= set(STRUCTURE_KEY)
-    assert not {"micro_batch_size", "zero_stage", "layout_id"} & set(STRUCTURE_KEY)
+    assert v["plan_name"].tolist() == ["B", "D", "F"] and v["variant_of"].tolist() == [1, 1, 1]
+    assert {"tp", "pp", "cp", "vpp", "dp", "ep", "etp", "pp_schedule", "dtype"} <= set(STRUCTURE_KEY)
+    assert not {"micro_batch_size", "zero_stage", "layout_id", "recompute", "recompute_modules"} & set(STRUCTURE_KEY)
 
 
 def test_the_why_line_compares_the_winner_with_the_best_other_structure():

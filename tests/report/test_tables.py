@@ -44,8 +44,8 @@ def top_json(run_dir: Path) -> list[dict]:
 def test_top_table_rows_are_the_ranked_rows_of_plans_parquet(run, run70):
     every = pd.read_parquet(run70 / "plans.parquet")  # every plan, key figures
     fit = every[every["fits"]].sort_values(["step_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
-    # the fastest of each structure: the grid, the schedule, the recompute, the precision
-    structure = ["tp", "pp", "vpp", "cp", "dp", "ep", "etp", "pp_schedule", "recompute", "recompute_layers", "dtype"]
+    # the fastest of each structure: the grid, the schedule, the precision
+    structure = ["tp", "pp", "vpp", "cp", "dp", "ep", "etp", "pp_schedule", "dtype"]
     best = fit.drop_duplicates(structure).head(len(top_json(run70)))
     top = T.top_table(run)
     assert T.top_rows(run)["plan_index"].tolist() == best["plan_index"].tolist()

@@ -87,8 +87,8 @@ def test_top_is_sorted_and_fits(result, every_plan):
     st = top["step_time_s"].to_numpy()
     assert np.all(np.diff(st) >= 0)
     # the top-k are the fastest fitting plan of each of the k fastest structures: the grid, the
-    # schedule, the recompute and the precision (mbs, ZeRO and the stage layout are variants)
-    structure = ["tp", "pp", "vpp", "cp", "dp", "ep", "etp", "pp_schedule", "recompute", "recompute_layers", "dtype"]
+    # schedule and the precision (mbs, ZeRO, the stage layout, the recompute and flags are variants)
+    structure = ["tp", "pp", "vpp", "cp", "dp", "ep", "etp", "pp_schedule", "dtype"]
     fit = every_plan[every_plan["fits"]].sort_values(["step_time_s", "peak_memory_bytes", "plan_index"], kind="stable")
     distinct = fit.drop_duplicates(structure)["step_time_s"].to_numpy()
     assert np.allclose(st, distinct[: len(st)], rtol=0, atol=0)
@@ -163,7 +163,7 @@ def test_top_json(result):
     assert int(w["plan_index"]) in [p["plan_index"] for p in data["pareto"]]  # the fastest is on the front
     assert set(data["per_trainer"]) == set(result.question.trainers)
     # every variant folded under a top plan: its structure, slower, and counted in the entry
-    shape = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "pp_schedule", "recompute", "recompute_layers", "dtype")
+    shape = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "pp_schedule", "dtype")
     for v in data["variants"]:
         lead = data["top"][v["variant_of"] - 1]
         assert all(v["plan"][k] == lead["plan"][k] for k in shape), (v["plan"], lead["plan"])
