@@ -31,7 +31,7 @@ def test_the_readme_example_is_the_runs_answer(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     top = out["top"]
-    rows = re.findall(r"^ (\d)  (\S+)(?: \+[a-z]+)*(?: \+\d+)?\s.*?\s[\d.]+/\d+\s+([\d.]+)", example, re.M)
+    rows = re.findall(r"^ (\d)  (\S+)(?: \+[a-z]+)*(?: \+\d+)?\s.*?\s[\d.]+/[\d.]+\s+([\d.]+)", example, re.M)
     assert [int(n) for n, _, _ in rows] == [1, 2, 3]
     for (_, layout, step), plan in zip(rows, top):
         assert plan["plan_name"] == layout

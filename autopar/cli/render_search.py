@@ -101,7 +101,7 @@ def top_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
             "recomp": recompute_label(row["recompute"], row.get("recompute_modules")),
             "ZeRO": str(row["zero_stage"]),
             "mbs": str(row["micro_batch_size"]),
-            "mem GiB": f"{row['memory_gib']:.1f}/{cap:.0f}",
+            "mem GiB": f"{row['memory_gib']:.1f}/{cap:.1f}",  # the capacity as estimate and compare print it
             "step s": f"{row['step_time_s']:.3f}",
             "80% range": step_range(row),
             "tokens/s": f"{row['tokens_per_s']:,.0f}",
