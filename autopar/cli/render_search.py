@@ -23,6 +23,7 @@ from autopar.cli.render import (
 from autopar.search.run import SearchResult
 from autopar.spec.hardware import GIB
 from autopar.spec.recompute_modules import recompute_label
+from autopar.spec.rules import rule_words
 
 
 class SearchProgress:
@@ -336,7 +337,7 @@ def print_result(r: SearchResult) -> None:
     )
     c.print(f"{n:,} plans evaluated ({valid:,} valid, {fit:,} fit) in {r.timings.get('total_s', 0):.2f} s; {how}.")
     if r.rejections:
-        c.print("Rejected by: " + ", ".join(f"{k} ({v:,})" for k, v in list(r.rejections.items())[:6]))
+        c.print("Rejected by: " + ", ".join(f"{rule_words(k)} ({v:,})" for k, v in list(r.rejections.items())[:6]))
     files = (
         "plans.parquet, "
         + ("plans.csv, " if r.options.csv else "")

@@ -10,6 +10,7 @@ from autopar.report.run_data import RunData
 from autopar.report.top_tables import top_rows, winner
 from autopar.spec.hardware import GIB
 from autopar.spec.recompute_modules import recompute_label
+from autopar.spec.rules import rule_words
 
 
 def scenario_label(q: dict) -> str:
@@ -104,7 +105,7 @@ def rejection_text(counts: dict) -> str:
     """'memory (1,406), microbatches%pp (66)': how many plans each rule rejected (a plan can break
     several), from search.json's counts over every evaluated plan."""
     items = sorted(((str(k), int(v)) for k, v in counts.items()), key=lambda kv: -kv[1])
-    return ", ".join(f"{k} ({v:,})" for k, v in items) or "nothing"
+    return ", ".join(f"{rule_words(k)} ({v:,})" for k, v in items) or "nothing"
 
 
 def rejection_text_of(plans: pd.DataFrame) -> str:

@@ -67,6 +67,9 @@ class Rule:
     name: str
     violated: Callable[[PlanColumns, Context], np.ndarray]
     explain: Callable[[dict, Context], str]
+    #: the rule in words, where its name is a formula ("microbatches%pp"): what a count of the plans
+    #: it rejects reads as (`rule_words`)
+    words: str = ""
 
 
 def _moe(c: Context) -> bool:
@@ -99,11 +102,13 @@ RULES: tuple[Rule, ...] = (
             f"tp*pp*cp*dp = {r['tp']}*{r['pp']}*{r['cp']}*{r['dp']} = "
             f"{r['tp'] * r['pp'] * r['cp'] * r['dp']} is not the {c.num_gpus} GPUs; change dp"
         ),
+        words="tp x pp x cp x dp is not the GPU count",
     ),
     Rule(
         "heads%tp",
         lambda t, c: c.model.num_attention_heads % t.tp != 0,
         lambda r, c: f"{c.model.num_attention_heads} attention heads do not divide by tp={r['tp']}",
+        words="attention heads do not divide by tp",
     ),
     Rule(
         "kv_heads%tp",
@@ -112,11 +117,13 @@ RULES: tuple[Rule, ...] = (
             f"{c.model.kv_heads_effective} KV heads do not divide by tp={r['tp']} "
             f"(Megatron-Core shards query groups over tp); use tp <= {c.model.kv_heads_effective}"
         ),
+        words="KV heads do not divide by tp",
     ),
     Rule(
         "ffn%tp",
         lambda t, c: c.model.ffn_hidden_size % t.tp != 0,
         lambda r, c: f"FFN hidden size {c.model.ffn_hidden_size} does not divide by tp={r['tp']}",
+        words="FFN size does not divide by tp",
     ),
     Rule("layout", lambda t, c: c.stages.layout_problem != "", lambda r, c: str(c.stages.layout_problem[r["_i"]])),
     Rule(
@@ -129,6 +136,7 @@ RULES: tuple[Rule, ...] = (
             if r["vpp"] > 1
             else "the interleaved-1f1b schedule needs vpp > 1"
         ),
+        words="vpp and the schedule disagree",
     ),
     Rule(
         "microbatches%pp",
@@ -137,6 +145,7 @@ RULES: tuple[Rule, ...] = (
             f"interleaved 1F1B needs microbatches ({r['_m']}) to be a multiple of pp={r['pp']} "
             f"(Megatron schedules.py); change the global batch"
         ),
+        words="microbatches not a multiple of pp (interleaved 1F1B)",
     ),
     Rule(
         "seq%cp",
@@ -145,6 +154,7 @@ RULES: tuple[Rule, ...] = (
             f"sequence {c.seq_len} does not split into 2*cp = {2 * r['cp']} chunks "
             f"(load-balanced causal context parallelism)"
         ),
+        words="sequence does not split into 2 x cp chunks",
     ),
     Rule(
         "seq%sp",
@@ -153,11 +163,13 @@ RULES: tuple[Rule, ...] = (
             f"sequence parallelism splits the {c.seq_len // r['cp']} local tokens over tp={r['tp']}, "
             f"which does not divide"
         ),
+        words="local tokens do not divide by tp (sequence parallelism)",
     ),
     Rule(
         "sp_needs_tp",
         lambda t, c: t.sequence_parallel.astype(bool) & (t.tp == 1),
         lambda r, c: "sequence parallelism needs tp > 1 (Megatron turns it off at tp = 1)",
+        words="sequence parallelism without tp",
     ),
     Rule(
         "ep_needs_moe",
@@ -170,11 +182,13 @@ RULES: tuple[Rule, ...] = (
                 else f"has none (moe.first_k_dense {c.moe.first_k_dense} covers its {c.model.num_layers} layers)"
             )
         ),
+        words="expert parallelism on a dense model",
     ),
     Rule(
         "experts%ep",
         lambda t, c: (c.moe.num_experts % t.ep != 0) if _moe(c) else np.zeros(len(t), bool),
         lambda r, c: f"{c.moe.num_experts} experts do not divide by ep={r['ep']}",
+        words="experts do not divide by ep",
     ),
     Rule(
         "ep*etp|tp*cp*dp",
@@ -187,16 +201,19 @@ RULES: tuple[Rule, ...] = (
             if _moe(c)
             else "etp only applies to mixture-of-experts models"
         ),
+        words="ep x etp does not divide tp x cp x dp",
     ),
     Rule(
         "expert_ffn%etp",
         lambda t, c: (c.moe.expert_ffn_hidden_size % t.etp != 0) if _moe(c) else np.zeros(len(t), bool),
         lambda r, c: f"expert FFN size {c.moe.expert_ffn_hidden_size} does not divide by etp={r['etp']}",
+        words="expert FFN size does not divide by etp",
     ),
     Rule(
         "moe_needs_sp",
         lambda t, c: ((t.tp > 1) & ~t.sequence_parallel.astype(bool)) if _moe(c) else np.zeros(len(t), bool),
         lambda r, c: "MoE with tp > 1 needs sequence parallelism (Megatron-Core asserts it)",
+        words="MoE at tp > 1 without sequence parallelism",
     ),
     Rule(
         "gbs%(mbs*dp)",
@@ -207,6 +224,7 @@ RULES: tuple[Rule, ...] = (
             f"global batch {r['global_batch_size']} is not a multiple of micro-batch*dp = "
             f"{r['micro_batch_size']}*{r['dp']} = {r['micro_batch_size'] * r['dp']}"
         ),
+        words="global batch not a multiple of micro-batch x dp",
     ),
     Rule(
         "dp_shard",
@@ -222,6 +240,7 @@ RULES: tuple[Rule, ...] = (
             if r["zero_stage"] == 0
             else f"dp shard {r['dp_shard']} does not divide the {r['dp'] * r['cp']} data-parallel ranks (dp x cp)"
         ),
+        words="hybrid-sharding group does not fit",
     ),
     Rule(
         "optimizer_offload_zero0",
@@ -287,6 +306,21 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
 )
+
+
+def rule_words(label: str) -> str:
+    """A rejection label as a reader takes it: a model rule's words ("microbatches%pp" ->
+    "microbatches not a multiple of pp (interleaved 1F1B)"), a trainer's capability line with the
+    trainer's name ("deepspeed:pp_schedules" -> "DeepSpeed: pp schedules"), else the label ("memory")."""
+    from autopar.spec.trainers import ALL_TRAINERS, get_trainer
+
+    words = {r.name: r.words for r in RULES if r.words}
+    if label in words:
+        return words[label]
+    trainer, _, kind = label.partition(":")
+    if kind and trainer in ALL_TRAINERS:
+        return f"{get_trainer(trainer).title}: {kind.replace('_', ' ')}"
+    return label
 
 
 def all_rules(trainer_capabilities: bool = True) -> tuple:
