@@ -102,8 +102,9 @@ def method_text(s: dict) -> str:
 
 
 def rejection_text(counts: dict) -> str:
-    """'memory (1,406), microbatches%pp (66)': how many plans each rule rejected (a plan can break
-    several), from search.json's counts over every evaluated plan."""
+    """'memory (1,406), microbatches not a multiple of pp (interleaved 1F1B) (66)': how many plans
+    each rule rejected, in words (a plan can break several), from search.json's counts over every
+    evaluated plan."""
     items = sorted(((str(k), int(v)) for k, v in counts.items()), key=lambda kv: -kv[1])
     return ", ".join(f"{rule_words(k)} ({v:,})" for k, v in items) or "nothing"
 
