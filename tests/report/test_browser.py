@@ -180,7 +180,7 @@ def test_whole_run_whatif_renders_offline(browser, cli, tmp_path, monkeypatch):
     )
     assert r.returncode == 0, r.stderr
     page = next(tmp_path.glob("reports/llama3-8b_16x*/" + REPORT_FILE))
-    r = browser.render(page, tmp_path, height=9000)
+    r = browser.render(page, tmp_path, height=11000)
     check_page(r, page)
     ids = [f["id"] for f in r.probe["figures"]]
     assert {"fig-run", "fig-whatif", "fig-whatif-run"} <= set(ids), ids
