@@ -25,9 +25,16 @@ checkable rather than clever:
    `widening` on each side in log space. `widening` is fitted once, when the profiles are
    regenerated (`make profiles`): the 80th percentile of the per-gap widening that the published
    runs extrapolated under leave-one-source-out needed to be covered.
-5. Memory. The same quantiles over the measured peak-memory figures of the published runs
+5. New ground. A user's cluster and trainer version are a source the model has not seen, and a
+   source errs as a whole (residual = source effect + row noise): the runs of a left-out source
+   fall outside the band the other sources give them more often than 1 in 5. Per class of run
+   (workload x context) the interval is widened on each side by what a left-out source needs: the
+   80th percentile of each run's distance outside its held-out interval, every source weighted
+   equally (one draw of the source effect each, however many rows it published):
+   `fit_new_source`, stored with the widening.
+6. Memory. The same quantiles over the measured peak-memory figures of the published runs
    (autopar.calibration.memory_published): the memory model has no fitted constant, so its residuals are
-   out of sample as they are.
+   out of sample as they are; widened for a new source as in 5 (`fit_memory_new_source`).
 
 The calibration points (one per published run: its regime, its layout and its residual) are
 stored with the profiles in data/profiles.cv.json; `support_points` reads them back.
@@ -84,14 +91,29 @@ class Support:
     points: tuple[CalibrationPoint, ...]
     widening: float  # log-space widening on each side per support gap
     memory_residuals: tuple[float, ...] = ()  # ln(measured / predicted) of published peak memory
+    #: (class of run, log-space widening on each side) for a source the model has not seen
+    #: (`fit_new_source`); a class without one takes the largest
+    new_source: tuple[tuple[str, float], ...] = ()
+    memory_new_source: float = 0.0  # the same for peak memory (`fit_memory_new_source`)
 
     def __hash__(self) -> int:
         """Hashed once (a search looks its bands up for every chunk of plans; the points are many)."""
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.points, self.widening, self.memory_residuals))
+            h = hash((self.points, self.widening, self.memory_residuals, self.new_source, self.memory_new_source))
             object.__setattr__(self, "_hash", h)
         return h
+
+    def new_source_widening(self, workload: str, long_context: bool) -> float:
+        """The log widening on each side a new source of this class of run needs."""
+        if not self.new_source:
+            return 0.0
+        return dict(self.new_source).get(run_class(workload, long_context), max(w for _, w in self.new_source))
+
+
+def run_class(workload: str, long_context: bool) -> str:
+    """The class of run the new-source widening is fitted per: "dense", "moe long" ..."""
+    return workload + (" long" if long_context else "")
 
 
 @dataclass(frozen=True)
@@ -113,7 +135,10 @@ def support_points() -> Support:
         CalibrationPoint(**(p | {"categories": tuple(p.get("categories", ()))})) for p in u.get("points", [])
     )
     memory = tuple(float(m["residual"]) for m in u.get("memory_residuals", []))
-    return Support(points, float(u.get("widening", 0.0)), memory)
+    new_source = tuple(sorted((str(c), float(w)) for c, w in (u.get("new_source_widening") or {}).items()))
+    return Support(
+        points, float(u.get("widening", 0.0)), memory, new_source, float(u.get("memory_new_source_widening", 0.0))
+    )
 
 
 def _quantiles(values: Iterable[float]) -> tuple[float, float]:
@@ -194,7 +219,8 @@ def interval_columns(
                 at = rows
             else:  # the rows of this dtype among the trainer's (all of the table's, or a mask)
                 at = np.flatnonzero(rows)[mine == d] if isinstance(rows, np.ndarray) else mine == d
-            low[at], high[at] = band.low, band.high
+            new = support.new_source_widening(workload, long_context)
+            low[at], high[at] = band.low - new, band.high + new
     # ln(true / predicted) of throughput lies in [low - widen, high + widen]: the factors
     # exp(low), exp(high) of the band and exp(widen) per gap count (a few values, not one per plan)
     up = np.exp(support.widening * np.arange(MAX_GAPS + 1))[gap_count(gaps)]
@@ -216,7 +242,8 @@ def interval_columns(
 def _memory_band(support: Support) -> tuple[float, float]:
     if len(support.memory_residuals) < MIN_RUNS:
         return -math.inf, math.inf
-    return _quantiles(support.memory_residuals)
+    lo, hi = _quantiles(support.memory_residuals)
+    return lo - support.memory_new_source, hi + support.memory_new_source
 
 
 INTERVAL_FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "peak_memory_bytes")
@@ -242,6 +269,10 @@ def support_text(
         cluster.gpu.generation,
     )
     on = f"its interval from {band.runs} published runs ({band.name})"
+    new = support.new_source_widening("moe" if model.moe else "dense", seq_len >= LONG_CONTEXT)
+    pct = 100 * (math.exp(new) - 1)
+    if pct >= 0.05:  # a stack the published runs do not include: a user's own, always
+        on += f", {pct:.1f} % wider each side for a stack they do not include".replace(".0 %", " %")
     if not gaps:
         return support_word(gaps), f"within the published {trainer.profile} runs; {on}"
     words = [gap_words(name, plan, model, cluster, seq_len, reach) for name in SUPPORT_GAPS if gaps & GAP_BIT[name]]
@@ -280,12 +311,50 @@ def fit_widening(points: Sequence[CalibrationPoint], fold: Callable[[Calibration
     return float(np.quantile(needed, LEVEL)) if needed else 0.0
 
 
-def coverage(
+def fit_new_source(
     points: Sequence[CalibrationPoint], widening: float, fold: Callable[[CalibrationPoint], str] = by_source
+) -> tuple[tuple[str, float], ...]:
+    """Per class of run (`run_class`), the log widening on each side a left-out fold needs beyond
+    the band and the gap widening the other folds give it: the 80th percentile of each run's
+    distance outside that interval (0 inside), every fold weighted equally (a source is one draw
+    of the source effect, however many rows it published)."""
+    misses: dict[str, list[tuple[str, float]]] = {}
+    for p in points:
+        rest = Support(tuple(q for q in points if fold(q) != fold(p)), widening)
+        band = regime_band(rest, p.profile, p.workload, p.long_context, p.dtype, p.generation)
+        w = widening * point_gaps(p, rest.points)
+        miss = max(band.low - w - p.residual, p.residual - band.high - w, 0.0)
+        misses.setdefault(run_class(p.workload, p.long_context), []).append(
+            (fold(p), miss if math.isfinite(miss) else 0.0)
+        )
+    return tuple(sorted((c, _fold_weighted_quantile(m, LEVEL)) for c, m in misses.items()))
+
+
+def _fold_weighted_quantile(values: Sequence[tuple[str, float]], q: float) -> float:
+    """The q quantile (the smallest value whose cumulative weight reaches q) of (fold, value) pairs,
+    each fold's values sharing one unit of weight."""
+    per_fold: dict[str, int] = {}
+    for f, _ in values:
+        per_fold[f] = per_fold.get(f, 0) + 1
+    pairs = sorted((v, 1.0 / per_fold[f]) for f, v in values)
+    v = np.array([x for x, _ in pairs])
+    cum = np.cumsum([w for _, w in pairs]) / len(per_fold)
+    return float(v[min(int(np.searchsorted(cum, q - 1e-12)), len(v) - 1)])
+
+
+def coverage(
+    points: Sequence[CalibrationPoint],
+    widening: float,
+    fold: Callable[[CalibrationPoint], str] = by_source,
+    new_source: tuple[tuple[str, float], ...] = (),
 ) -> dict[str, dict]:
     """Per category, the share of published runs whose published value falls inside the 80 %
-    interval built from the other folds' points (leave-one-source-out by default)."""
-    return _shares((p, inside(p, Support(tuple(q for q in points if fold(q) != fold(p)), widening))) for p in points)
+    interval built from the other folds' points (leave-one-source-out by default), widened for a
+    new source by `new_source` (`fit_new_source`)."""
+    return _shares(
+        (p, inside(p, Support(tuple(q for q in points if fold(q) != fold(p)), widening, new_source=new_source)))
+        for p in points
+    )
 
 
 def coverage_against(points: Sequence[CalibrationPoint], support: Support) -> dict[str, dict]:
@@ -319,6 +388,7 @@ def inside(p: CalibrationPoint, support: Support, gaps: int | None = None) -> bo
     (`gaps`: its support gaps, when already counted)."""
     band = regime_band(support, p.profile, p.workload, p.long_context, p.dtype, p.generation)
     w = support.widening * (point_gaps(p, support.points) if gaps is None else gaps)
+    w += support.new_source_widening(p.workload, p.long_context)
     return band.low - w <= p.residual <= band.high + w
 
 
@@ -331,14 +401,28 @@ def _shares(hits: Iterable[tuple[CalibrationPoint, bool]]) -> dict[str, dict]:
     return {c: {"rows": len(h), "covered": float(np.mean(h))} for c, h in by.items()}
 
 
-def memory_coverage(residuals: Sequence[tuple[str, float]]) -> dict:
-    """The share of measured peak-memory figures inside the memory interval built from the other
-    sources' figures ((source, ln(measured / predicted)) pairs)."""
-    hits = []
+def _memory_misses(residuals: Sequence[tuple[str, float]]) -> list[tuple[str, float]]:
+    """(source, how far its figure falls outside the memory band of the other sources' figures)."""
+    out = []
     for source, r in residuals:
         rest = [x for s, x in residuals if s != source]
         lo, hi = _quantiles(rest) if len(rest) >= MIN_RUNS else (-math.inf, math.inf)
-        hits.append(lo <= r <= hi)
+        miss = max(lo - r, r - hi, 0.0)
+        out.append((source, miss if math.isfinite(miss) else 0.0))
+    return out
+
+
+def fit_memory_new_source(residuals: Sequence[tuple[str, float]]) -> float:
+    """The log widening on each side of the memory band that a left-out source needs (as
+    `fit_new_source` for throughput, over the measured peaks: (source, ln(measured / predicted)))."""
+    misses = _memory_misses(residuals)
+    return _fold_weighted_quantile(misses, LEVEL) if misses else 0.0
+
+
+def memory_coverage(residuals: Sequence[tuple[str, float]], new_source: float = 0.0) -> dict:
+    """The share of measured peak-memory figures inside the memory interval built from the other
+    sources' figures ((source, ln(measured / predicted)) pairs), widened by `new_source`."""
+    hits = [miss <= new_source for _, miss in _memory_misses(residuals)]
     return {"rows": len(hits), "covered": float(np.mean(hits)) if hits else math.nan}
 
 

@@ -35,6 +35,8 @@ from autopar.calibration.uncertainty import (
     by_group,
     coverage,
     coverage_against,
+    fit_memory_new_source,
+    fit_new_source,
     fit_widening,
     memory_coverage,
     support_points,
@@ -110,12 +112,18 @@ class ValidationReport:
             return None
         points = [calibration_point(r.case, r.error) for r in self.cross_validated.rows if not r.case.dropless]
         widening = fit_widening(points)
+        new_source = fit_new_source(points, widening)
         peaks = self._memory_peaks()
+        memory = [(s, r) for _, s, r in peaks]
+        memory_new_source = fit_memory_new_source(memory)
         return {
             "level": LEVEL,
             "widening": widening,
+            "new_source_widening": dict(new_source),
+            "memory_new_source_widening": memory_new_source,
             "method": "leave-one-source-out: each run inside the interval the other sources give it",
-            "coverage": coverage(points, widening) | {"peak memory": memory_coverage([(s, r) for _, s, r in peaks])},
+            "coverage": coverage(points, widening, new_source=new_source)
+            | {"peak memory": memory_coverage(memory, memory_new_source)},
             "coverage_on_new_ground": self._new_ground_coverage(),
             "points": [p.to_dict() for p in points],
             "memory_residuals": [{"row_id": i, "source": s, "residual": r} for i, s, r in peaks],
@@ -129,7 +137,9 @@ class ValidationReport:
         out: dict = {}
         if self.families is not None:
             pts = [calibration_point(r.case, r.error) for r in self.families.rows if not r.case.dropless]
-            out["leave one group out"] = coverage(pts, fit_widening(pts, by_group), by_group)
+            widening = fit_widening(pts, by_group)
+            new_source = fit_new_source(pts, widening, by_group)
+            out["leave one group out"] = coverage(pts, widening, by_group, new_source)
         if self.chronological is not None and self.cross_validated is not None:
             later = {r.case.row_id for r in self.chronological.rows}
             earlier = [
@@ -137,7 +147,8 @@ class ValidationReport:
                 for r in self.cross_validated.rows
                 if not r.case.dropless and r.case.row_id not in later
             ]
-            support = Support(tuple(earlier), fit_widening(earlier))
+            widening = fit_widening(earlier)
+            support = Support(tuple(earlier), widening, new_source=fit_new_source(earlier, widening))
             pts = [calibration_point(r.case, r.error) for r in self.chronological.rows if not r.case.dropless]
             out["chronological"] = coverage_against(pts, support)
         return out

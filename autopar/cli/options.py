@@ -41,7 +41,7 @@ RoutingImbalance = Annotated[
     Optional[float],
     typer.Option(
         "--routing-imbalance",
-        help="MoE: the busiest expert rank's tokens / the mean. Default: a real router's, 1.67 (the "
+        help="MoE: the busiest expert rank's tokens / the mean. Default: a real router's, 1.79 (the "
         "published forced-balanced / dropless pairs), capped at ep; 1 = forced balance (benchmark runs).",
     ),
 ]

@@ -14,7 +14,7 @@ Runs = Annotated[
     typer.Option(
         "--runs",
         help="A calibration CSV with the columns of the bundled "
-        "tables (default: the bundled public runs, rows 1-54, 201-291 and 401-411).",
+        "tables (default: the bundled public runs, rows 1-106, 201-291 and 401-411).",
     ),
 ]
 Trainer = Annotated[

@@ -171,3 +171,54 @@ def test_support_text_without_any_published_run():
     plan = ParallelPlan(tp=8, pp=4, dp=8, global_batch_size=512, trainer="megatron")
     kind, why = U.support_text(S.GAP_BIT["profile"], plan, model, cluster, 8192, U.Support((), 0.0))
     assert kind == "extrapolated" and "no published run on megatron's profile" in why and "nearest" not in why
+
+
+def test_a_new_sources_widening_weights_every_source_once():
+    """Sources s0-s2 publish four runs each at residual 0; source "new" two runs at 0.5. Left out,
+    each of s0-s2 finds its runs inside the band of the other ten (type 7: 90 % quantile 0.5), and
+    "new" finds its runs 0.5 above the band of the twelve zeros. With every source weighted once, 3
+    of 4 sources need nothing and the fourth 0.5: the 80th percentile is 0.5 (weighted by rows it
+    would be 0: 12 of 14 runs need nothing)."""
+    zeros = [point(i, 0.0, source=f"s{i % 3}") for i in range(12)]
+    new = [point(100 + i, 0.5, source="new") for i in range(2)]
+    fitted = U.fit_new_source(zeros + new, widening=0.0)
+    assert fitted == (("dense", pytest.approx(0.5)),)
+    assert U.coverage(zeros + new, 0.0)["dense Megatron-family"]["covered"] == pytest.approx(12 / 14)
+    assert U.coverage(zeros + new, 0.0, new_source=fitted)["dense Megatron-family"]["covered"] == 1.0
+    # a class without its own figure takes the largest one
+    support = U.Support((), 0.0, new_source=(("dense", 0.1), ("moe", 0.3)))
+    assert support.new_source_widening("dense", False) == 0.1
+    assert support.new_source_widening("dense", True) == 0.3
+
+
+def test_the_new_source_widening_reaches_every_interval():
+    """Each side of the throughput band moves out by the class's new-source widening (0.1 here, the
+    70B plan a dense short-context one); the memory band by the memory one (0.2)."""
+    model, cluster = get_preset("70b"), default_cluster("h100-sxm")
+    points = tuple(point(i, r) for i, r in enumerate(np.linspace(-0.1, 0.1, 10)))
+    memory = tuple(np.linspace(-0.05, 0.10, 12))
+    table = PlanTable.from_plans([ParallelPlan(tp=8, pp=4, dp=8, global_batch_size=512, trainer="megatron")])
+    est = estimate_table(table, model, cluster, num_gpus=256)
+    plain = U.interval_columns(table, est, model, cluster, 8192, support=U.Support(points, 0.0, memory))
+    wide = U.interval_columns(
+        table,
+        est,
+        model,
+        cluster,
+        8192,
+        support=U.Support(points, 0.0, memory, new_source=(("dense", 0.1),), memory_new_source=0.2),
+    )
+    assert wide["tokens_per_s_low"][0] == pytest.approx(plain["tokens_per_s_low"][0] * math.exp(-0.1))
+    assert wide["step_time_s_high"][0] == pytest.approx(plain["step_time_s_high"][0] * math.exp(0.1))
+    assert wide["peak_memory_bytes_high"][0] == pytest.approx(plain["peak_memory_bytes_high"][0] * math.exp(0.2))
+
+
+def test_memory_new_source_widening_covers_a_left_out_source():
+    """Peak-memory residuals: sources a-c six figures each at 0, source d six at -0.2. Left out, a-c
+    sit inside the others' band (its 10 % quantile of 12 zeros and 6 x -0.2 is -0.2) and d 0.2 below
+    the band of 18 zeros: one source of four needs 0.2, so the weighted 80th percentile is 0.2."""
+    figures = [(s, 0.0) for s in "abc" for _ in range(6)] + [("d", -0.2)] * 6
+    w = U.fit_memory_new_source(figures)
+    assert w == pytest.approx(0.2)
+    assert U.memory_coverage(figures)["covered"] == pytest.approx(18 / 24)
+    assert U.memory_coverage(figures, w)["covered"] == 1.0
