@@ -109,13 +109,19 @@ def calibrate(
     )
 
 
+#: the step-time fit's tolerance (scipy's ftol and xtol): a part in a million of the cost, where
+#: measured step times scatter by a percent; scipy's default 1e-8 spent most of a measured stage's
+#: time polishing digits no measurement supports, three starts over
+TIME_FIT_TOL = 1e-6
+
+
 def _multistart(errors_for, start, names: list[str], bounds: dict, fractions=(0.1, 0.5)) -> FitResult:
     """fit_constants from the given constants and from points a fraction of the way up every bound
     (the fit is non-convex: overlaps and per-layer overheads trade off), the lowest cost kept."""
-    fits = [fit_constants(errors_for, start, names, bounds)]
+    fits = [fit_constants(errors_for, start, names, bounds, TIME_FIT_TOL)]
     for f in fractions:
         s = replace(start, **{n: bounds[n][0] + f * (bounds[n][1] - bounds[n][0]) for n in names})
-        fits.append(fit_constants(errors_for, s, names, bounds))
+        fits.append(fit_constants(errors_for, s, names, bounds, TIME_FIT_TOL))
     return min(fits, key=lambda r: float(np.sum(np.log1p(r.residuals) ** 2)))
 
 

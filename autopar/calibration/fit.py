@@ -27,9 +27,11 @@ def fit_constants(
     start: CostConstants,
     names: Sequence[str],
     bounds: dict[str, tuple[float, float]],
+    tol: float = 1e-8,
 ) -> FitResult:
     """Move the named constants (within their ranges, autopar.calibration.calibrate.bounds) to minimise
-    sum(log(1 + error)^2), where `errors_for(constants)` returns each case's relative error."""
+    sum(log(1 + error)^2), where `errors_for(constants)` returns each case's relative error; `tol`:
+    scipy's ftol and xtol (its default, 1e-8, unless the caller settles for less)."""
     from scipy.optimize import least_squares
 
     names = list(names)
@@ -44,7 +46,9 @@ def fit_constants(
     def residual(z):
         return np.log1p(np.asarray(errors_for(constants_at(z)), dtype=float))
 
-    sol = least_squares(residual, (x0 - lo) / scale, bounds=(0.0, 1.0), method="trf", diff_step=1e-3)
+    sol = least_squares(
+        residual, (x0 - lo) / scale, bounds=(0.0, 1.0), method="trf", diff_step=1e-3, ftol=tol, xtol=tol
+    )
     best = constants_at(sol.x)
     return FitResult(
         constants=best,

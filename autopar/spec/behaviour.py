@@ -41,7 +41,10 @@ _COMPUTE_TABLES = ("gemm", "attention")
 _CURVE_KEYS = ("bytes", "all_reduce_us", "all_reduce_busbw")
 
 
+@cache
 def _data() -> dict:
+    """The published behaviour table, parsed once (package data; its readers copy what they change:
+    a GPU without published figures asks for it on every pricing, `behaviour` caching no KeyError)."""
     return tomllib.loads(resources.files("autopar.spec").joinpath("data/hardware_behaviour.toml").read_text())
 
 
