@@ -181,15 +181,18 @@ def assemble_compute(raw: RawCompute, k) -> ComputeTerms:
     """The profile's constants on the raw seconds: efficiencies are fractions of the published rates."""
     expert = (raw.expert_bf16 / k.gemm_efficiency + raw.expert_fp8 / k.fp8_gemm_efficiency) / k.expert_gemm_efficiency
     gemm = raw.gemm_bf16 / k.gemm_efficiency + raw.gemm_fp8 / k.fp8_gemm_efficiency + expert
+    # the sets of expert GEMMs launched: one per local expert per MoE layer pass where the trainer
+    # launches per expert, one per MoE layer pass where one grouped kernel covers them (per_expert_gemms)
+    expert_sets = k.per_expert_gemms * raw.expert_passes + (1.0 - k.per_expert_gemms) * raw.moe_layer_passes
     launch = (
         raw.layer_passes * k.layer_overhead_us
         + raw.moe_layer_passes * k.moe_layer_overhead_us
-        + raw.expert_passes * k.expert_launch_us
+        + expert_sets * k.expert_launch_us
     ) * 1e-6
     kernels = (
         raw.layer_passes * KERNELS_PER_PASS["layer"]
         + raw.moe_layer_passes * KERNELS_PER_PASS["moe_layer"]
-        + raw.expert_passes * KERNELS_PER_PASS["expert"]
+        + expert_sets * KERNELS_PER_PASS["expert"]
     )
     return ComputeTerms(
         gemm=gemm,

@@ -95,6 +95,7 @@ class CostConstants:
     tp_async_backward: float = _prior("tp_async_backward")
     sp_backward_regather: float = _prior("sp_backward_regather")
     fsdp_copy_traffic: float = _prior("fsdp_copy_traffic")
+    per_expert_gemms: float = _prior("per_expert_gemms")
     zero1_rank_copies: float = _prior("zero1_rank_copies")
     dp_bucket_params: float = _prior("dp_bucket_params")
     dp_bucket_params_per_rank: float = _prior("dp_bucket_params_per_rank")

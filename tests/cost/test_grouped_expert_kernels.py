@@ -1,0 +1,44 @@
+"""Expert GEMMs launched per expert or as one grouped kernel (the `per_expert_gemms` fact): Megatron's
+Transformer Engine GroupedLinear runs one cuBLAS GEMM per local expert, torchtitan's torch._grouped_mm
+(and NeMo AutoModel's grouped_gemm) one kernel per GEMM for every expert. The fixed time and the host
+launches of the expert GEMMs follow: per local expert, or per MoE layer pass."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from autopar.cost.compute import KERNELS_PER_PASS, RawCompute, assemble_compute
+from autopar.cost.profiles import profiles
+from autopar.spec.constants import CostConstants
+
+
+def _raw(moe_layer_passes: float, experts_local: float) -> RawCompute:
+    zero = np.zeros(1)
+    return RawCompute(**{f: zero.copy() for f in RawCompute._fields})._replace(
+        moe_layer_passes=np.array([moe_layer_passes]), expert_passes=np.array([moe_layer_passes * experts_local])
+    )
+
+
+@pytest.mark.parametrize("per_expert", [1.0, 0.0])
+def test_expert_launches_follow_the_trainers_kernels(per_expert):
+    # 24 MoE layer passes of 16 local experts, no dense layer: by hand, per expert 24 x 16 sets of
+    # the 9 expert GEMMs, grouped 24 sets; each set costs expert_launch_us on the GPU and 9 launches
+    # on the host, the MoE layer pass its own fixed time and 160 launches either way
+    k = replace(CostConstants(), per_expert_gemms=per_expert, expert_launch_us=50.0, moe_layer_overhead_us=300.0)
+    k = replace(k, host_launch_us=8.0)
+    terms = assemble_compute(_raw(24, 16), k)
+    sets = 24 * 16 if per_expert else 24
+    assert terms.launch[0] == pytest.approx((24 * 300.0 + sets * 50.0) * 1e-6)
+    assert terms.host[0] == pytest.approx((24 * KERNELS_PER_PASS["moe_layer"] + sets * 9) * 8.0 * 1e-6)
+
+
+def test_each_trainer_states_its_expert_kernels():
+    # Megatron (TE GroupedLinear) and the built-in model (a loop over its local experts) launch per
+    # expert; torchtitan (torch._grouped_mm) one grouped kernel
+    shipped = profiles()
+    assert shipped["megatron"].constants.per_expert_gemms == 1.0
+    assert shipped["autopar"].constants.per_expert_gemms == 1.0
+    assert shipped["torchtitan"].constants.per_expert_gemms == 0.0
