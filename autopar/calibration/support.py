@@ -243,13 +243,17 @@ def gap_words(name: str, plan, model, cluster, seq_len: int, reach: Reach) -> st
     raise KeyError(name)
 
 
-def nearest_point(plan, model, cluster, points: Sequence[CalibrationPoint], profile: str) -> CalibrationPoint | None:
-    """The published run of the profile (else of any) closest to the plan: the same workload,
-    context, precision and generation first, then the nearest sizes in log2."""
+def nearest_point(
+    plan, model, cluster, points: Sequence[CalibrationPoint], profile: str, seq_len: int | None = None
+) -> CalibrationPoint | None:
+    """The published run of the profile (else of any) closest to the plan at `seq_len` (default the
+    model's): the same workload, context, precision and generation first, then the nearest sizes in
+    log2."""
     pool = [p for p in points if p.profile == profile] or list(points)
     if not pool:
         return None
-    workload, long_context = ("moe" if model.moe else "dense"), model.seq_len >= LONG_CONTEXT
+    workload = "moe" if model.moe else "dense"
+    long_context = (model.seq_len if seq_len is None else seq_len) >= LONG_CONTEXT
 
     def distance(p: CalibrationPoint) -> float:
         d = 4.0 * (p.workload != workload) + 2.0 * (p.long_context != long_context)
@@ -262,6 +266,29 @@ def nearest_point(plan, model, cluster, points: Sequence[CalibrationPoint], prof
         return d
 
     return min(pool, key=lambda p: (distance(p), p.row_id))
+
+
+def point_differences(p: CalibrationPoint, plan, cluster) -> list[str]:
+    """What a plan does differently from a published run, in words ("tp 4 (the run: 8)", "on
+    b200 (the run: h100-sxm)"): its parallel sizes, GPU count, GPU and precision."""
+    out = [
+        f"{name} {mine} (the run: {theirs})"
+        for name, mine, theirs in (
+            ("tp", plan.tp, p.tp),
+            ("pp", plan.pp, p.pp),
+            ("cp", plan.cp, p.cp),
+            ("ep", plan.ep, p.ep),
+            ("dp", plan.dp, p.dp),
+        )
+        if mine != theirs
+    ]
+    if plan.num_gpus != p.num_gpus:
+        out.append(f"{plan.num_gpus} GPUs (the run: {p.num_gpus})")
+    if cluster.gpu.key != p.gpu:
+        out.append(f"on {cluster.gpu.key} (the run: {p.gpu})")
+    if plan.dtype != p.dtype:
+        out.append(f"{plan.dtype} (the run: {p.dtype})")
+    return out
 
 
 def point_gaps(p: CalibrationPoint, points: Sequence[CalibrationPoint]) -> int:

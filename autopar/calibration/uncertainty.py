@@ -34,7 +34,9 @@ checkable rather than clever:
    `fit_new_source`, stored with the widening.
 6. Memory. The same quantiles over the measured peak-memory figures of the published runs
    (autopar.calibration.memory_published): the memory model has no fitted constant, so its residuals are
-   out of sample as they are; widened for a new source as in 5 (`fit_memory_new_source`).
+   out of sample as they are; widened for a new source as in 5, per class of memory stack (the
+   PyTorch stacks' caching allocator and eager buffers against the fused stacks: `memory_class`,
+   `fit_memory_new_source`).
 
 The calibration points (one per published run: its regime, its layout and its residual) are
 stored with the profiles in data/profiles.cv.json; `support_points` reads them back.
@@ -60,10 +62,12 @@ from autopar.calibration.support import (
     gap_count,
     gap_words,
     nearest_point,
+    point_differences,
     point_gaps,
     reach_of,
     support_gaps,
 )
+from autopar.cost.profiles import profiles
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import DTYPES
@@ -94,7 +98,8 @@ class Support:
     #: (class of run, log-space widening on each side) for a source the model has not seen
     #: (`fit_new_source`); a class without one takes the largest
     new_source: tuple[tuple[str, float], ...] = ()
-    memory_new_source: float = 0.0  # the same for peak memory (`fit_memory_new_source`)
+    #: the same for peak memory, per class of memory stack (`memory_class`, `fit_memory_new_source`)
+    memory_new_source: tuple[tuple[str, float], ...] = ()
 
     def __hash__(self) -> int:
         """Hashed once (a search looks its bands up for every chunk of plans; the points are many)."""
@@ -106,9 +111,31 @@ class Support:
 
     def new_source_widening(self, workload: str, long_context: bool) -> float:
         """The log widening on each side a new source of this class of run needs."""
-        if not self.new_source:
-            return 0.0
-        return dict(self.new_source).get(run_class(workload, long_context), max(w for _, w in self.new_source))
+        return _class_widening(self.new_source, run_class(workload, long_context))
+
+    def memory_new_source_widening(self, stack_class: str) -> float:
+        """The log widening on each side of the memory band a new source of this stack class needs."""
+        return _class_widening(self.memory_new_source, stack_class)
+
+
+def _class_widening(fitted: tuple[tuple[str, float], ...], klass: str) -> float:
+    """A class's fitted widening; a class without one takes the largest (0 with none fitted)."""
+    return dict(fitted).get(klass, max((w for _, w in fitted), default=0.0))
+
+
+def memory_class(stack: str | None) -> str:
+    """The class of memory stack a peak-memory widening is fitted per: "torch" for the PyTorch
+    stacks (torchtitan, FSDP, the built-in model: caching-allocator reserves, eager buffers),
+    "fused" for the rest (Megatron-Core, NeMo, DeepSpeed, nanotron, Meta's 4D)."""
+    return "torch" if (stack or "").startswith("torch") else "fused"
+
+
+def source_memory_class(source: str) -> str:
+    """The memory-stack class of a published run's source (autopar.calibration.sources)."""
+    from autopar.calibration.sources import FAMILY_STACK
+
+    d = declared(source)
+    return memory_class(d.stack or FAMILY_STACK.get(source, ""))
 
 
 def run_class(workload: str, long_context: bool) -> str:
@@ -135,10 +162,13 @@ def support_points() -> Support:
         CalibrationPoint(**(p | {"categories": tuple(p.get("categories", ()))})) for p in u.get("points", [])
     )
     memory = tuple(float(m["residual"]) for m in u.get("memory_residuals", []))
-    new_source = tuple(sorted((str(c), float(w)) for c, w in (u.get("new_source_widening") or {}).items()))
-    return Support(
-        points, float(u.get("widening", 0.0)), memory, new_source, float(u.get("memory_new_source_widening", 0.0))
-    )
+    new_source = _class_pairs(u.get("new_source_widening"))
+    memory_new = _class_pairs(u.get("memory_new_source_widening"))
+    return Support(points, float(u.get("widening", 0.0)), memory, new_source, memory_new)
+
+
+def _class_pairs(stored) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted((str(c), float(w)) for c, w in (stored or {}).items()))
 
 
 def _quantiles(values: Iterable[float]) -> tuple[float, float]:
@@ -201,6 +231,7 @@ def interval_columns(
     workload = "moe" if model.moe else "dense"
     long_context = seq_len >= LONG_CONTEXT
     # (trainer code, its rows): the streamed chunks hold one trainer each, taken whole
+    memory_widen = np.zeros(n)
     groups: list[tuple[int, slice | np.ndarray]] = []
     if n and trainer:
         groups = [(ALL_TRAINERS.index(trainer), slice(None))]
@@ -210,6 +241,7 @@ def interval_columns(
         groups = [(int(present[0]), slice(None))] if len(present) == 1 else [(int(t), codes == t) for t in present]
     for t, rows in groups:
         profile = get_trainer(ALL_TRAINERS[t]).profile
+        memory_widen[rows] = support.memory_new_source_widening(memory_class(profiles()[profile].memory_stack))
         gaps[rows] = support_gaps(table.columns, model, cluster, seq_len, reach_of(profile, support), dtype, rows)
         mine = dtype[rows]
         kinds = np.flatnonzero(np.bincount(mine, minlength=len(DTYPES)))
@@ -234,16 +266,16 @@ def interval_columns(
         out["step_time_s_low"] = est["step_time_s"] / hi_f
         out["step_time_s_high"] = est["step_time_s"] / lo_f
         m_lo, m_hi = _memory_band(support)
-        out["peak_memory_bytes_low"] = est["peak_memory_bytes"] * (math.exp(m_lo) / up)
-        out["peak_memory_bytes_high"] = est["peak_memory_bytes"] * (math.exp(m_hi) * up)
+        out["peak_memory_bytes_low"] = est["peak_memory_bytes"] * (np.exp(m_lo - memory_widen) / up)
+        out["peak_memory_bytes_high"] = est["peak_memory_bytes"] * (np.exp(m_hi + memory_widen) * up)
     return out
 
 
 def _memory_band(support: Support) -> tuple[float, float]:
+    """The measured peaks' 10 % and 90 % quantiles (before a stack's new-source widening)."""
     if len(support.memory_residuals) < MIN_RUNS:
         return -math.inf, math.inf
-    lo, hi = _quantiles(support.memory_residuals)
-    return lo - support.memory_new_source, hi + support.memory_new_source
+    return _quantiles(support.memory_residuals)
 
 
 INTERVAL_FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "peak_memory_bytes")
@@ -273,16 +305,19 @@ def support_text(
     pct = 100 * (math.exp(new) - 1)
     if pct >= 0.05:  # a stack the published runs do not include: a user's own, always
         on += f", {pct:.1f} % wider each side for a stack they do not include".replace(".0 %", " %")
-    if not gaps:
-        return support_word(gaps), f"within the published {trainer.profile} runs; {on}"
-    words = [gap_words(name, plan, model, cluster, seq_len, reach) for name in SUPPORT_GAPS if gaps & GAP_BIT[name]]
-    nearest = nearest_point(plan, model, cluster, support.points, trainer.profile)
+    nearest = nearest_point(plan, model, cluster, support.points, trainer.profile, seq_len)
     near = (
-        f"; nearest run: {nearest.row_id} ({nearest.model} {nearest.layout} on {nearest.num_gpus} x {nearest.gpu})"
+        f"nearest run: {nearest.row_id} ({nearest.model} {nearest.layout} on {nearest.num_gpus} x {nearest.gpu})"
         if nearest is not None
         else ""  # no published run at all (no stored figures)
     )
-    return "extrapolated", "; ".join(words) + near + f"; {on}"
+    if not gaps:
+        differs = point_differences(nearest, plan, cluster) if nearest is not None else []
+        if near:
+            near = f"; {near}" + (f", this plan: {', '.join(differs)}" if differs else ", the same layout")
+        return support_word(gaps), f"within the published {trainer.profile} runs{near}; {on}"
+    words = [gap_words(name, plan, model, cluster, seq_len, reach) for name in SUPPORT_GAPS if gaps & GAP_BIT[name]]
+    return "extrapolated", "; ".join(words) + (f"; {near}" if near else "") + f"; {on}"
 
 
 def by_source(p: CalibrationPoint) -> str:
@@ -412,17 +447,27 @@ def _memory_misses(residuals: Sequence[tuple[str, float]]) -> list[tuple[str, fl
     return out
 
 
-def fit_memory_new_source(residuals: Sequence[tuple[str, float]]) -> float:
-    """The log widening on each side of the memory band that a left-out source needs (as
-    `fit_new_source` for throughput, over the measured peaks: (source, ln(measured / predicted)))."""
-    misses = _memory_misses(residuals)
-    return _fold_weighted_quantile(misses, LEVEL) if misses else 0.0
+def fit_memory_new_source(
+    residuals: Sequence[tuple[str, float]], class_of: Callable[[str], str] = source_memory_class
+) -> tuple[tuple[str, float], ...]:
+    """Per class of memory stack (`class_of` a source), the log widening on each side of the memory
+    band that a left-out source needs (as `fit_new_source` for throughput, over the measured peaks:
+    (source, ln(measured / predicted)) pairs)."""
+    by: dict[str, list[tuple[str, float]]] = {}
+    for source, miss in _memory_misses(residuals):
+        by.setdefault(class_of(source), []).append((source, miss))
+    return tuple(sorted((c, _fold_weighted_quantile(m, LEVEL)) for c, m in by.items()))
 
 
-def memory_coverage(residuals: Sequence[tuple[str, float]], new_source: float = 0.0) -> dict:
+def memory_coverage(
+    residuals: Sequence[tuple[str, float]],
+    new_source: tuple[tuple[str, float], ...] = (),
+    class_of: Callable[[str], str] = source_memory_class,
+) -> dict:
     """The share of measured peak-memory figures inside the memory interval built from the other
-    sources' figures ((source, ln(measured / predicted)) pairs), widened by `new_source`."""
-    hits = [miss <= new_source for _, miss in _memory_misses(residuals)]
+    sources' figures ((source, ln(measured / predicted)) pairs), widened by their stack class's
+    `new_source` widening."""
+    hits = [miss <= _class_widening(new_source, class_of(s)) for s, miss in _memory_misses(residuals)]
     return {"rows": len(hits), "covered": float(np.mean(hits)) if hits else math.nan}
 
 

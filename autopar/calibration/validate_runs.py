@@ -120,7 +120,7 @@ class ValidationReport:
             "level": LEVEL,
             "widening": widening,
             "new_source_widening": dict(new_source),
-            "memory_new_source_widening": memory_new_source,
+            "memory_new_source_widening": dict(memory_new_source),
             "method": "leave-one-source-out: each run inside the interval the other sources give it",
             "coverage": coverage(points, widening, new_source=new_source)
             | {"peak memory": memory_coverage(memory, memory_new_source)},

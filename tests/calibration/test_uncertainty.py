@@ -94,7 +94,12 @@ def test_support_gaps_and_their_words():
     assert gaps[2] == S.GAP_BIT["pp"] | S.GAP_BIT["cp"]
     kind, why = U.support_text(int(gaps[1]), plans[1], model, cluster, 8192, support)
     assert kind == "extrapolated" and "no megatron run with ZeRO-3 beyond dp 64" in why and "nearest run" in why
-    assert U.support_text(0, plans[0], model, cluster, 8192, support)[0] == "calibrated"
+    kind, why = U.support_text(0, plans[0], model, cluster, 8192, support)
+    # calibrated, and checkable: the nearest published run (the points hold tp8.pp4 on 512 GPUs; the
+    # nine of dp 16 are nearest to dp 8, the first of them by row id as a string "10") and what this
+    # plan does differently
+    assert kind == "calibrated" and "nearest run: 10 " in why
+    assert "this plan: dp 8 (the run: 16), 256 GPUs (the run: 512)" in why
     # a trainer whose profile has no published run at all
     t = PlanTable.from_plans([plans[0].with_(trainer="deepspeed")])
     none = S.support_gaps(
@@ -193,7 +198,7 @@ def test_a_new_sources_widening_weights_every_source_once():
 
 def test_the_new_source_widening_reaches_every_interval():
     """Each side of the throughput band moves out by the class's new-source widening (0.1 here, the
-    70B plan a dense short-context one); the memory band by the memory one (0.2)."""
+    70B plan a dense short-context one); the memory band by its stack class's (Megatron: fused, 0.2)."""
     model, cluster = get_preset("70b"), default_cluster("h100-sxm")
     points = tuple(point(i, r) for i, r in enumerate(np.linspace(-0.1, 0.1, 10)))
     memory = tuple(np.linspace(-0.05, 0.10, 12))
@@ -206,7 +211,7 @@ def test_the_new_source_widening_reaches_every_interval():
         model,
         cluster,
         8192,
-        support=U.Support(points, 0.0, memory, new_source=(("dense", 0.1),), memory_new_source=0.2),
+        support=U.Support(points, 0.0, memory, new_source=(("dense", 0.1),), memory_new_source=(("fused", 0.2),)),
     )
     assert wide["tokens_per_s_low"][0] == pytest.approx(plain["tokens_per_s_low"][0] * math.exp(-0.1))
     assert wide["step_time_s_high"][0] == pytest.approx(plain["step_time_s_high"][0] * math.exp(0.1))
@@ -216,9 +221,22 @@ def test_the_new_source_widening_reaches_every_interval():
 def test_memory_new_source_widening_covers_a_left_out_source():
     """Peak-memory residuals: sources a-c six figures each at 0, source d six at -0.2. Left out, a-c
     sit inside the others' band (its 10 % quantile of 12 zeros and 6 x -0.2 is -0.2) and d 0.2 below
-    the band of 18 zeros: one source of four needs 0.2, so the weighted 80th percentile is 0.2."""
+    the band of 18 zeros. One class of stack: one source of four needs 0.2, so the weighted 80th
+    percentile is 0.2. With d a PyTorch stack of its own: the fused stacks need nothing and the
+    PyTorch ones 0.2."""
     figures = [(s, 0.0) for s in "abc" for _ in range(6)] + [("d", -0.2)] * 6
-    w = U.fit_memory_new_source(figures)
-    assert w == pytest.approx(0.2)
-    assert U.memory_coverage(figures)["covered"] == pytest.approx(18 / 24)
-    assert U.memory_coverage(figures, w)["covered"] == 1.0
+    one = U.fit_memory_new_source(figures, class_of=lambda s: "fused")
+    assert one == (("fused", pytest.approx(0.2)),)
+    assert U.memory_coverage(figures, class_of=lambda s: "fused")["covered"] == pytest.approx(18 / 24)
+    assert U.memory_coverage(figures, one, class_of=lambda s: "fused")["covered"] == 1.0
+    two = U.fit_memory_new_source(figures, class_of=lambda s: "torch" if s == "d" else "fused")
+    assert two == (("fused", 0.0), ("torch", pytest.approx(0.2)))
+    support = U.Support((), 0.0, memory_new_source=two)
+    assert support.memory_new_source_widening("fused") == 0.0
+    assert support.memory_new_source_widening("torch") == pytest.approx(0.2)
+    # the classes of the bundled sources: torchtitan's stacks are PyTorch ones, BLOOM's and nanotron's fused
+    assert [U.source_memory_class(s) for s in ("torchtitan-2024-12", "bloom", "nanotron")] == [
+        "torch",
+        "fused",
+        "fused",
+    ]
