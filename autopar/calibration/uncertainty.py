@@ -33,7 +33,8 @@ checkable rather than clever:
    equally (one draw of the source effect each, however many rows it published):
    `fit_new_source`, stored with the widening.
 6. Memory. The same quantiles over the measured peak-memory figures of the published runs
-   (autopar.calibration.memory_published): the memory model has no fitted constant, so its residuals are
+   (autopar.calibration.memory_published) of the plan's class of memory stack (every run's when the
+   class holds fewer than MIN_RUNS): the memory model has no fitted constant, so its residuals are
    out of sample as they are; widened for a new source as in 5, per class of memory stack (the
    PyTorch stacks' caching allocator and eager buffers against the fused stacks: `memory_class`,
    `fit_memory_new_source`).
@@ -100,12 +101,23 @@ class Support:
     new_source: tuple[tuple[str, float], ...] = ()
     #: the same for peak memory, per class of memory stack (`memory_class`, `fit_memory_new_source`)
     memory_new_source: tuple[tuple[str, float], ...] = ()
+    #: the memory-stack class of each memory residual (`memory_class`; empty: one class)
+    memory_classes: tuple[str, ...] = ()
 
     def __hash__(self) -> int:
         """Hashed once (a search looks its bands up for every chunk of plans; the points are many)."""
         h = self.__dict__.get("_hash")
         if h is None:
-            h = hash((self.points, self.widening, self.memory_residuals, self.new_source, self.memory_new_source))
+            h = hash(
+                (
+                    self.points,
+                    self.widening,
+                    self.memory_residuals,
+                    self.new_source,
+                    self.memory_new_source,
+                    self.memory_classes,
+                )
+            )
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -162,9 +174,10 @@ def support_points() -> Support:
         CalibrationPoint(**(p | {"categories": tuple(p.get("categories", ()))})) for p in u.get("points", [])
     )
     memory = tuple(float(m["residual"]) for m in u.get("memory_residuals", []))
+    classes = tuple(source_memory_class(str(m.get("source", ""))) for m in u.get("memory_residuals", []))
     new_source = _class_pairs(u.get("new_source_widening"))
     memory_new = _class_pairs(u.get("memory_new_source_widening"))
-    return Support(points, float(u.get("widening", 0.0)), memory, new_source, memory_new)
+    return Support(points, float(u.get("widening", 0.0)), memory, new_source, memory_new, classes)
 
 
 def _class_pairs(stored) -> tuple[tuple[str, float], ...]:
@@ -231,7 +244,7 @@ def interval_columns(
     workload = "moe" if model.moe else "dense"
     long_context = seq_len >= LONG_CONTEXT
     # (trainer code, its rows): the streamed chunks hold one trainer each, taken whole
-    memory_widen = np.zeros(n)
+    memory_widen, m_lo, m_hi = np.zeros(n), np.zeros(n), np.zeros(n)
     groups: list[tuple[int, slice | np.ndarray]] = []
     if n and trainer:
         groups = [(ALL_TRAINERS.index(trainer), slice(None))]
@@ -241,7 +254,9 @@ def interval_columns(
         groups = [(int(present[0]), slice(None))] if len(present) == 1 else [(int(t), codes == t) for t in present]
     for t, rows in groups:
         profile = get_trainer(ALL_TRAINERS[t]).profile
-        memory_widen[rows] = support.memory_new_source_widening(memory_class(profiles()[profile].memory_stack))
+        stack_class = memory_class(profiles()[profile].memory_stack)
+        memory_widen[rows] = support.memory_new_source_widening(stack_class)
+        m_lo[rows], m_hi[rows] = _memory_band(support, stack_class)
         gaps[rows] = support_gaps(table.columns, model, cluster, seq_len, reach_of(profile, support), dtype, rows)
         mine = dtype[rows]
         kinds = np.flatnonzero(np.bincount(mine, minlength=len(DTYPES)))
@@ -265,17 +280,19 @@ def interval_columns(
                 out[f"{name}_high"] = est[name] * hi_f
         out["step_time_s_low"] = est["step_time_s"] / hi_f
         out["step_time_s_high"] = est["step_time_s"] / lo_f
-        m_lo, m_hi = _memory_band(support)
         out["peak_memory_bytes_low"] = est["peak_memory_bytes"] * (np.exp(m_lo - memory_widen) / up)
         out["peak_memory_bytes_high"] = est["peak_memory_bytes"] * (np.exp(m_hi + memory_widen) * up)
     return out
 
 
-def _memory_band(support: Support) -> tuple[float, float]:
-    """The measured peaks' 10 % and 90 % quantiles (before a stack's new-source widening)."""
-    if len(support.memory_residuals) < MIN_RUNS:
+def _memory_band(support: Support, stack_class: str) -> tuple[float, float]:
+    """The measured peaks' 10 % and 90 % quantiles (before a stack's new-source widening): those of
+    the stack's class when it has MIN_RUNS of them, else of every class."""
+    mine = [r for r, c in zip(support.memory_residuals, support.memory_classes) if c == stack_class]
+    pool = mine if len(mine) >= MIN_RUNS else list(support.memory_residuals)
+    if len(pool) < MIN_RUNS:
         return -math.inf, math.inf
-    return _quantiles(support.memory_residuals)
+    return _quantiles(pool)
 
 
 INTERVAL_FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "peak_memory_bytes")
@@ -436,12 +453,17 @@ def _shares(hits: Iterable[tuple[CalibrationPoint, bool]]) -> dict[str, dict]:
     return {c: {"rows": len(h), "covered": float(np.mean(h))} for c, h in by.items()}
 
 
-def _memory_misses(residuals: Sequence[tuple[str, float]]) -> list[tuple[str, float]]:
-    """(source, how far its figure falls outside the memory band of the other sources' figures)."""
+def _memory_misses(
+    residuals: Sequence[tuple[str, float]], class_of: Callable[[str], str] = source_memory_class
+) -> list[tuple[str, float]]:
+    """(source, how far its figure falls outside the memory band of the other sources' figures: of
+    its stack class when they hold MIN_RUNS, else of every class)."""
     out = []
     for source, r in residuals:
-        rest = [x for s, x in residuals if s != source]
-        lo, hi = _quantiles(rest) if len(rest) >= MIN_RUNS else (-math.inf, math.inf)
+        rest = [(class_of(s), x) for s, x in residuals if s != source]
+        mine = [x for c, x in rest if c == class_of(source)]
+        pool = mine if len(mine) >= MIN_RUNS else [x for _, x in rest]
+        lo, hi = _quantiles(pool) if len(pool) >= MIN_RUNS else (-math.inf, math.inf)
         miss = max(lo - r, r - hi, 0.0)
         out.append((source, miss if math.isfinite(miss) else 0.0))
     return out
@@ -454,7 +476,7 @@ def fit_memory_new_source(
     band that a left-out source needs (as `fit_new_source` for throughput, over the measured peaks:
     (source, ln(measured / predicted)) pairs)."""
     by: dict[str, list[tuple[str, float]]] = {}
-    for source, miss in _memory_misses(residuals):
+    for source, miss in _memory_misses(residuals, class_of):
         by.setdefault(class_of(source), []).append((source, miss))
     return tuple(sorted((c, _fold_weighted_quantile(m, LEVEL)) for c, m in by.items()))
 
@@ -467,7 +489,7 @@ def memory_coverage(
     """The share of measured peak-memory figures inside the memory interval built from the other
     sources' figures ((source, ln(measured / predicted)) pairs), widened by their stack class's
     `new_source` widening."""
-    hits = [miss <= _class_widening(new_source, class_of(s)) for s, miss in _memory_misses(residuals)]
+    hits = [miss <= _class_widening(new_source, class_of(s)) for s, miss in _memory_misses(residuals, class_of)]
     return {"rows": len(hits), "covered": float(np.mean(hits)) if hits else math.nan}
 
 

@@ -22,7 +22,7 @@ from autopar.cli.render import (
 )
 from autopar.search.run import SearchResult
 from autopar.spec.hardware import GIB
-from autopar.spec.recompute_modules import recompute_label
+from autopar.spec.recompute_modules import recompute_label, recompute_legend
 from autopar.spec.rules import rule_words
 
 
@@ -218,6 +218,11 @@ def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
     lines = [trainer_legend(named)] if "runs on" in shown else []
     if "sched" in shown and (schedules := schedule_legend(set(r.top.loc[r.top["pp"] > 1, "pp_schedule"]))):
         lines.append(schedules)
+    rows = [row for _, row in r.top.iterrows()] + [w for w in r.per_trainer.values() if w is not None]
+    if "recomp" in shown and (
+        sel := recompute_legend(recompute_label(w["recompute"], w.get("recompute_modules")) for w in rows)
+    ):
+        lines.append(sel)
     notes = []
     if any(variants_text(row) for _, row in r.top.iterrows()):
         notes.append(

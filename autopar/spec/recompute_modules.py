@@ -104,6 +104,16 @@ def modules_text(names: Iterable[str]) -> str:
     return ",".join(names)
 
 
+def recompute_legend(labels) -> str | None:
+    """'sel:A+B: selective recompute of the modules A (name), B (name)' for the short names the
+    `labels` (recompute_label's) use, or None when none is abbreviated."""
+    short = {m.short: m.name for m in MODULES}
+    used = dict.fromkeys(x for label in labels if str(label).startswith("sel:") for x in str(label)[4:].split("+"))
+    if not used:
+        return None
+    return "sel:A+B: selective recompute of the modules " + ", ".join(f"{x} {short.get(x, x)}" for x in used)
+
+
 def recompute_label(recompute: str, modules) -> str:
     """A plan's recompute for a narrow table: none, full, selective (the default modules), or
     sel:act+norm (its modules' short names)."""

@@ -240,3 +240,21 @@ def test_memory_new_source_widening_covers_a_left_out_source():
         "fused",
         "fused",
     ]
+
+
+def test_the_memory_band_is_the_stacks_own_when_it_has_enough_runs():
+    """Twelve fused-stack peaks spread over [-0.05, 0.05] and twelve PyTorch-stack ones over
+    [0.1, 0.3]: a Megatron plan's memory band is the fused peaks' 10/90 % quantiles alone; with only
+    five fused peaks it falls back to all of them."""
+    model, cluster = get_preset("70b"), default_cluster("h100-sxm")
+    fused, torch_ = list(np.linspace(-0.05, 0.05, 12)), list(np.linspace(0.1, 0.3, 12))
+    table = PlanTable.from_plans([ParallelPlan(tp=8, pp=4, dp=8, global_batch_size=512, trainer="megatron")])
+    est = estimate_table(table, model, cluster, num_gpus=256)
+    peak = est["peak_memory_bytes"][0]
+    support = U.Support((), 0.0, tuple(fused + torch_), memory_classes=("fused",) * 12 + ("torch",) * 12)
+    cols = U.interval_columns(table, est, model, cluster, 8192, support=support)
+    assert cols["peak_memory_bytes_high"][0] == pytest.approx(peak * math.exp(type7(fused, 0.9)))
+    assert cols["peak_memory_bytes_low"][0] == pytest.approx(peak * math.exp(type7(fused, 0.1)))
+    few = U.Support((), 0.0, tuple(fused[:5] + torch_), memory_classes=("fused",) * 5 + ("torch",) * 12)
+    cols = U.interval_columns(table, est, model, cluster, 8192, support=few)
+    assert cols["peak_memory_bytes_high"][0] == pytest.approx(peak * math.exp(type7(fused[:5] + torch_, 0.9)))
