@@ -316,11 +316,17 @@ def sureness_line(est: Estimate) -> Text:
     """What the support is, and whether the memory interval reaches past the GPU's memory."""
     x = est.extra
     line = f"support: {x['support']}: {x['support_reason']}."
-    high = x["peak_memory_bytes_interval"][1]
+    low, high = x["peak_memory_bytes_interval"]
     if est.fits and high > est.memory_capacity_bytes:
         line += (
             f" Memory: the interval's high end ({high / GIB:.1f} GiB) is above the GPU's "
             f"{est.memory_capacity_bytes / GIB:.1f} GiB, so it may not fit."
+        )
+    elif not est.fits and low <= est.memory_capacity_bytes:
+        # at the edge the estimate alone cannot rule a layout out: published runs ran near it
+        line += (
+            f" Memory: tight, not ruled out: the interval's low end ({low / GIB:.1f} GiB) is within the GPU's "
+            f"{est.memory_capacity_bytes / GIB:.1f} GiB, so it may fit; measure it (autopar trial) before dropping it."
         )
     return Text(line)
 

@@ -40,6 +40,19 @@ def test_estimate_json_has_intervals_and_support(cli_run):
     assert d["support"] == "extrapolated" and "ZeRO-3 beyond dp" in d["support_reason"]
 
 
+def test_a_plan_at_the_edge_of_memory_is_tight_not_ruled_out(cli_run):
+    """NVIDIA's Llama 3.1 405B recipe (tp8 pp8 vpp8 cp2 on 512 H100, published running) is priced a
+    little above the GPU's memory; the memory interval's low end is below it, so the answer says
+    tight and asks for a measurement, reading both figures from the estimate's own JSON."""
+    args = ("estimate", "--model", "405b", "--gpus", "512", "--tp", "8", "--pp", "8", "--vpp", "8", "--cp", "2")
+    args += ("--gbs", "512", "--seq-len", "8192", "--tp-comm-overlap")
+    d = json.loads(cli_run(*args, "--json").stdout)
+    low, high = d["peak_memory_bytes_interval"]
+    assert not d["fits"] and low <= d["memory_capacity_bytes"] < d["peak_memory_bytes"]
+    text = " ".join(cli_run(*args).stdout.split())
+    assert f"tight, not ruled out: the interval's low end ({low / 2**30:.1f} GiB)" in text
+
+
 @pytest.fixture(scope="module")
 def search70(tmp_path_factory):
     from tests.cli.conftest import _run_in_process
