@@ -105,8 +105,8 @@ def modules_text(names: Iterable[str]) -> str:
 
 
 def recompute_legend(labels) -> str | None:
-    """'sel:A+B: selective recompute of the modules A (name), B (name)' for the short names the
-    `labels` (recompute_label's) use, or None when none is abbreviated."""
+    """'sel:A+B: selective recompute of the modules norm layernorm, up mla_up_proj': each short
+    name the `labels` (recompute_label's) use, once, with its module; None when none is abbreviated."""
     short = {m.short: m.name for m in MODULES}
     used = dict.fromkeys(x for label in labels if str(label).startswith("sel:") for x in str(label)[4:].split("+"))
     if not used:
