@@ -348,6 +348,13 @@ def by_group(p: CalibrationPoint) -> str:
     return declared(p.source).group
 
 
+def _distance_outside(low: float, high: float, r: float) -> float:
+    """How far `r` lies outside [low, high]: 0 inside, and 0 for a band with no published runs
+    behind it (unbounded)."""
+    miss = max(low - r, r - high, 0.0)
+    return miss if math.isfinite(miss) else 0.0
+
+
 def fit_widening(points: Sequence[CalibrationPoint], fold: Callable[[CalibrationPoint], str] = by_source) -> float:
     """The per-gap log widening that covers 80 % of the points extrapolated when their fold is left
     out: each point's gaps and band are those of the other folds' points."""
@@ -358,8 +365,7 @@ def fit_widening(points: Sequence[CalibrationPoint], fold: Callable[[Calibration
         if not count:
             continue
         band = regime_band(rest, p.profile, p.workload, p.long_context, p.dtype, p.generation)
-        miss = max(band.low - p.residual, p.residual - band.high, 0.0)
-        needed.append(miss / count if math.isfinite(miss) else 0.0)
+        needed.append(_distance_outside(band.low, band.high, p.residual) / count)
     return float(np.quantile(needed, LEVEL)) if needed else 0.0
 
 
@@ -375,10 +381,8 @@ def fit_new_source(
         rest = Support(tuple(q for q in points if fold(q) != fold(p)), widening)
         band = regime_band(rest, p.profile, p.workload, p.long_context, p.dtype, p.generation)
         w = widening * point_gaps(p, rest.points)
-        miss = max(band.low - w - p.residual, p.residual - band.high - w, 0.0)
-        misses.setdefault(run_class(p.workload, p.long_context), []).append(
-            (fold(p), miss if math.isfinite(miss) else 0.0)
-        )
+        miss = _distance_outside(band.low - w, band.high + w, p.residual)
+        misses.setdefault(run_class(p.workload, p.long_context), []).append((fold(p), miss))
     return tuple(sorted((c, _fold_weighted_quantile(m, LEVEL)) for c, m in misses.items()))
 
 
@@ -464,8 +468,7 @@ def _memory_misses(
         mine = [x for c, x in rest if c == class_of(source)]
         pool = mine if len(mine) >= MIN_RUNS else [x for _, x in rest]
         lo, hi = _quantiles(pool) if len(pool) >= MIN_RUNS else (-math.inf, math.inf)
-        miss = max(lo - r, r - hi, 0.0)
-        out.append((source, miss if math.isfinite(miss) else 0.0))
+        out.append((source, _distance_outside(lo, hi, r)))
     return out
 
 
