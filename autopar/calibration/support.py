@@ -71,6 +71,12 @@ class CalibrationPoint:
     categories: tuple[str, ...] = ()  # the validation's categories it counts in
     layout: str = ""
     model: str = ""
+    #: the knobs a pair of runs of one source can differ in beyond the sizes above
+    #: (autopar.calibration.margin.PAIR_KNOBS)
+    vpp: int = 1
+    micro_batch_size: int = 1
+    recompute: str = ""
+    seq_len: int = 0
 
     def regime(self, level: Sequence[str]) -> tuple:
         return tuple(getattr(self, f) for f in level)
@@ -106,7 +112,21 @@ def calibration_point(case, error: float) -> CalibrationPoint:
         categories=tuple(case.categories()),
         layout=p.describe(),
         model=case.name,
+        vpp=p.vpp,
+        micro_batch_size=p.micro_batch_size,
+        recompute=_recompute_text(p),
+        seq_len=case.seq_len,
     )
+
+
+def _recompute_text(plan) -> str:
+    """What a plan recomputes, as one comparable string ("none", "selective:core_attn",
+    "full:8")."""
+    if plan.recompute == "full":
+        return f"full:{plan.recompute_layers or 0}"
+    if plan.recompute == "selective":
+        return "selective:" + "+".join(plan.recompute_modules or ())
+    return str(plan.recompute)
 
 
 @dataclass(frozen=True)

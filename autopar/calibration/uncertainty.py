@@ -39,6 +39,10 @@ checkable rather than clever:
    PyTorch stacks' caching allocator and eager buffers against the fused stacks: `memory_class`,
    `fit_memory_new_source`).
 
+7. Ranking. Two plans of one profile share part of their error: the interval of their step-time
+   ratio comes from pairs of published runs of one source (autopar.calibration.margin), wider the
+   more layout knobs the two plans differ in.
+
 The calibration points (one per published run: its regime, its layout and its residual) are
 stored with the profiles in data/profiles.cv.json; `support_points` reads them back.
 """
@@ -52,6 +56,7 @@ from functools import cache, lru_cache
 
 import numpy as np
 
+from autopar.calibration.margin import PairedMargin
 from autopar.calibration.sources import declared
 from autopar.calibration.stored_figures import stored_figures
 from autopar.calibration.support import (
@@ -103,6 +108,8 @@ class Support:
     memory_new_source: tuple[tuple[str, float], ...] = ()
     #: the memory-stack class of each memory residual (`memory_class`; empty: one class)
     memory_classes: tuple[str, ...] = ()
+    #: the error model of two plans' step-time ratio (autopar.calibration.margin); None: not fitted
+    margin: PairedMargin | None = None
 
     def __hash__(self) -> int:
         """Hashed once (a search looks its bands up for every chunk of plans; the points are many)."""
@@ -116,6 +123,7 @@ class Support:
                     self.new_source,
                     self.memory_new_source,
                     self.memory_classes,
+                    self.margin,
                 )
             )
             object.__setattr__(self, "_hash", h)
@@ -177,7 +185,8 @@ def support_points() -> Support:
     classes = tuple(source_memory_class(str(m.get("source", ""))) for m in u.get("memory_residuals", []))
     new_source = _class_pairs(u.get("new_source_widening"))
     memory_new = _class_pairs(u.get("memory_new_source_widening"))
-    return Support(points, float(u.get("widening", 0.0)), memory, new_source, memory_new, classes)
+    margin = PairedMargin(**u["paired_margin"]) if u.get("paired_margin") else None
+    return Support(points, float(u.get("widening", 0.0)), memory, new_source, memory_new, classes, margin)
 
 
 def _class_pairs(stored) -> tuple[tuple[str, float], ...]:

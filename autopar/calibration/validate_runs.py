@@ -22,6 +22,7 @@ from pathlib import Path
 
 from autopar.atomic import write_atomic
 from autopar.calibration.case_batch import CaseBatch, forget_profiles
+from autopar.calibration.margin import fit_paired_margin, margin_coverage
 from autopar.calibration.memory_published import PublishedMemoryResult, compare_published_memory
 from autopar.calibration.new_ground import chronological, leave_one_group_out, leave_out, physics_only
 from autopar.calibration.profile_fit import ProfileFit, fit_profiles
@@ -116,6 +117,7 @@ class ValidationReport:
         peaks = self._memory_peaks()
         memory = [(s, r) for _, s, r in peaks]
         memory_new_source = fit_memory_new_source(memory)
+        margin = fit_paired_margin(points)
         return {
             "level": LEVEL,
             "widening": widening,
@@ -125,6 +127,8 @@ class ValidationReport:
             "coverage": coverage(points, widening, new_source=new_source)
             | {"peak memory": memory_coverage(memory, memory_new_source)},
             "coverage_on_new_ground": self._new_ground_coverage(),
+            "paired_margin": None if margin is None else margin.to_dict(),
+            "paired_margin_coverage": margin_coverage(points),
             "points": [p.to_dict() for p in points],
             "memory_residuals": [{"row_id": i, "source": s, "residual": r} for i, s, r in peaks],
         }

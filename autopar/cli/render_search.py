@@ -336,7 +336,7 @@ def print_result(r: SearchResult) -> None:
     for line in r.sureness:
         c.print(f"[bold]{line}[/bold]")
     how = (
-        "exhaustive: every plan of the space evaluated, so this is the exact optimum of the cost model"
+        "exhaustive: every plan of the space evaluated, so the fastest plan is the exact optimum of the cost model"
         if r.method == "exhaustive"
         else f"{r.method}: Optuna sampled the space ({len(r.history)} trials)"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from autopar.calibration.margin import PairedMargin
 from autopar.calibration.validate_runs import ValidationReport
 from autopar.calibration.validation import CATEGORIES
 from autopar.cli.render import TRAINER_LETTERS, Col, console, dropped_line, fitted_table, legend_line
@@ -186,7 +188,28 @@ def coverage_line(report: ValidationReport) -> str:
     parts = [f"{name} {_pct(s['covered'])} of {s['rows']}" for name, s in shares if s]
     if len(parts) < 2:
         return ""
-    return f"Runs inside their 80 % interval: {'; '.join(parts)}."
+    return f"Runs inside their 80 % interval: {'; '.join(parts)}." + margin_text(u)
+
+
+def margin_text(u: dict) -> str:
+    """' Two plans' step-time ratio: ...' (autopar.calibration.margin), or '' where not fitted."""
+    m, cov = u.get("paired_margin"), u.get("paired_margin_coverage") or {}
+    if not m:
+        return ""
+    model = PairedMargin(**m)
+    widths = ", ".join(
+        f"+-{100 * math.expm1(model.half_width(k)):.0f} % {words}"
+        for k, words in ((0, "no knob apart"), (1, "one"), (3, "three"))
+    )
+    held = (
+        f"; {_pct(cov['covered'])} of the pairs of a source left out fall inside"
+        if cov.get("pairs") and math.isfinite(cov.get("covered", math.nan))
+        else ""
+    )
+    return (
+        f" Two plans of one profile: their step-time ratio within {widths} (80 %, by the layout knobs "
+        f"they differ in, from {model.pairs} pairs of published runs of one source){held}."
+    )
 
 
 def memory_line(report: ValidationReport) -> str:
@@ -348,6 +371,9 @@ def report_json(report: ValidationReport, written: list[Path]) -> dict:
         "physics_only": report.physics_only.summary() if report.physics_only else None,
         "coverage": (report.uncertainty() or {}).get("coverage"),
         "coverage_on_new_ground": (report.uncertainty() or {}).get("coverage_on_new_ground"),
+        # the error model of two plans' step-time ratio (autopar.calibration.margin)
+        "paired_margin": (report.uncertainty() or {}).get("paired_margin"),
+        "paired_margin_coverage": (report.uncertainty() or {}).get("paired_margin_coverage"),
         "interval_level": (report.uncertainty() or {}).get("level"),
         "fitted": [
             {

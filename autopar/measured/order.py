@@ -1,8 +1,13 @@
 """The order the measured stage runs its candidates in: spread over layouts (`diverse`), and the
-plans the model cannot separate from the leader first (`unresolved_first`, from the 80 % intervals
-of autopar.calibration.uncertainty)."""
+plans the model cannot separate from the leader first (`unresolved_first`, by the margin of
+autopar.search.margins)."""
 
 from __future__ import annotations
+
+import pandas as pd
+
+from autopar.calibration.margin import PairedMargin
+from autopar.search.margins import plan_margin, stored_margin
 
 
 def diverse(keys: list[str], cands: dict[str, dict]) -> list[str]:
@@ -24,23 +29,38 @@ def diverse(keys: list[str], cands: dict[str, dict]) -> list[str]:
     return out
 
 
-def unresolved_first(ranking: list[str], cands: dict[str, dict]) -> list[str]:
+def unresolved_first(ranking: list[str], cands: dict[str, dict], margin: PairedMargin | None = None) -> list[str]:
     """The order the measured stage runs plans in: the leader (the ranking's first) first; then the
-    plans the model cannot tell from it, those whose step-time interval overlaps the leader's, the
-    extrapolated before the calibrated (a measurement settles most where the model knows least);
-    then the rest. Each group keeps the ranking's order. Candidates without intervals count as
-    overlapping and calibrated."""
+    plans the model cannot tell from it, the extrapolated before the calibrated (a measurement
+    settles most where the model knows least); then the rest. Each group keeps the ranking's order.
+    "Cannot tell from it": the margin's 80 % interval holds a tie (autopar.search.margins, `margin`
+    default the shipped model) for candidates with their plan; by overlapping step-time intervals
+    for those without. Candidates without intervals count as unresolved and calibrated."""
     if not ranking:
         return []
-    lead = cands[ranking[0]]["predicted"]
-    lead_high = lead.get("step_time_s_interval", [0.0, float("inf")])[1]
+    lead = cands[ranking[0]]
+    lead_high = lead["predicted"].get("step_time_s_interval", [0.0, float("inf")])[1]
+    model = stored_margin() if margin is None else margin
+
+    def separated(c: dict) -> bool:
+        p = c["predicted"]
+        if "plan" in c and "plan" in lead and "step_time_s_interval" in p:
+            return plan_margin(_row(lead), _row(c), model).separated
+        return p.get("step_time_s_interval", [p["step_time_s"]])[0] > lead_high
 
     def group(k: str) -> int:
-        p = cands[k]["predicted"]
-        low = p.get("step_time_s_interval", [p["step_time_s"]])[0]
-        if low > lead_high:
+        if separated(cands[k]):
             return 3
-        return 1 if p.get("support") == "extrapolated" else 2
+        return 1 if cands[k]["predicted"].get("support") == "extrapolated" else 2
 
     rest = sorted(ranking[1:], key=lambda k: group(k))  # stable: the ranking's order within a group
     return ranking[:1] + rest
+
+
+def _row(c: dict) -> pd.Series:
+    """A candidate as a results row for the margin: its plan's knobs, its trainer, its step time and
+    interval."""
+    p = c["predicted"]
+    lo, hi = p.get("step_time_s_interval", [p["step_time_s"], p["step_time_s"]])
+    plan = {k: (tuple(v) if isinstance(v, list) else v) for k, v in c["plan"].items()}
+    return pd.Series(plan | {"step_time_s": p["step_time_s"], "step_time_s_low": lo, "step_time_s_high": hi})

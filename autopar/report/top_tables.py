@@ -246,10 +246,12 @@ def with_uncertainty(rows: pd.DataFrame, entries: list | None = None) -> pd.Data
 
 
 def trainer_table(run: RunData) -> pd.DataFrame:
-    """The fastest plan that fits per searched trainer, and how much slower than the overall best."""
+    """Each searched trainer's plan as top.json's `per_trainer` names it (the search's choice: the
+    fastest that fits, or the one the headroom rule ranks first), else the fastest that fits; and how
+    much slower than the overall best."""
     if "trainer" not in run.plans.columns:
         return pd.DataFrame()
-    best = {t: r for t, r in best_per_trainer(run.plans).items()}
+    best = {t: _chosen(run, t, r) for t, r in best_per_trainer(run.plans).items()}
     rows = [r.to_frame().T.assign(trainer=t) for t, r in best.items() if r is not None]
     if not rows:
         return pd.DataFrame()
@@ -258,6 +260,16 @@ def trainer_table(run: RunData) -> pd.DataFrame:
     out["memory_gib"] = out["peak_memory_bytes"].astype(float) / GIB
     out["vs_best"] = out["step_time_s"].astype(float) / out["step_time_s"].astype(float).min() - 1
     return out
+
+
+def _chosen(run: RunData, trainer: str, fastest: pd.Series | None) -> pd.Series | None:
+    """The trainer's plan top.json's `per_trainer` names, when the run kept it; else `fastest`."""
+    per = run.top.get("per_trainer")
+    e = per.get(trainer) if isinstance(per, dict) else None
+    if fastest is None or not isinstance(e, dict) or "plan_index" not in run.plans.columns:
+        return fastest
+    rows = run.plans[(run.plans["plan_index"] == e.get("plan_index")) & (run.plans["trainer"] == trainer)]
+    return rows.iloc[0] if len(rows) else fastest
 
 
 def _trainer_entry(run: RunData, row: pd.Series) -> dict | None:

@@ -3,12 +3,16 @@ column and, when rejected, the reason. Ranking, the Pareto front and 'why the wi
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
+from autopar.calibration.margin import PairedMargin
 from autopar.cost.columns import MEMORY_BIT
 from autopar.cost.figures import TIME_LABELS, TIME_TERMS
 from autopar.search.limits import RANK_BY as RANK_BY  # declared apart: the CLI checks --rank-by early
+from autopar.search.margins import HEADROOM_TRADE, headroom_pick, plan_margin, stored_margin
 from autopar.spec.hardware import GIB
 from autopar.spec.layout import auto_layout
 from autopar.spec.offload_modules import parse_offload_modules
@@ -18,7 +22,7 @@ from autopar.spec.plan_fields import plan_names as names_of
 from autopar.spec.recompute_modules import DEFAULT_SELECTIVE, parse_modules
 from autopar.spec.rules import all_rules, reason_text
 from autopar.spec.table import PlanTable, plan_of_row
-from autopar.spec.trainers import ALL_TRAINERS
+from autopar.spec.trainers import ALL_TRAINERS, get_trainer
 
 COMM_TERMS = ("tp", "cp", "ep", "pp", "dp", "bubble")
 #: a communication or bubble term is the plan's dominant cost only from this share of the step on:
@@ -31,10 +35,11 @@ DOMINANT_SHARE = 0.20
 #: the top-k shows the fastest of each structure and folds the others under it, so the runner-up is
 #: the next different layout, not the winner with another recompute.
 STRUCTURE_KEY = LAYOUT_KEY + ("pp_schedule", "dtype")
-#: the one ranking order of plans, the tie-break included: the step time ranked by (rank_time_s),
+#: the one ranking order of plans, the tie-break included: the plan ranked first for headroom
+#: (rank_group 0: autopar.search.margins.headroom_pick), then the step time ranked by (rank_time_s),
 #: then less memory, then the plan's place in the walk (the one-shot order); a frame without a
 #: column skips it (stable sorts keep its order)
-RANK_KEYS = ("rank_time_s", "peak_memory_bytes", "plan_index")
+RANK_KEYS = ("rank_group", "rank_time_s", "peak_memory_bytes", "plan_index")
 
 
 def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None = None) -> pd.DataFrame:
@@ -105,7 +110,7 @@ def rank_order(df: pd.DataFrame) -> pd.DataFrame:
     """The rows in RANK_KEYS order (rank_time_s, else the central prediction)."""
     keys = [k for k in RANK_KEYS if k in df.columns]
     if "rank_time_s" not in df.columns:
-        keys.insert(0, "step_time_s")
+        keys.insert(int("rank_group" in keys), "step_time_s")
     return df.sort_values(keys, kind="stable")
 
 
@@ -166,15 +171,40 @@ def _distinct(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return plans[first], variants.assign(variant_of=[rank_of_group[g] for g in group[~first]])
 
 
-def best_per_trainer(df: pd.DataFrame) -> dict[str, pd.Series]:
-    """The fastest plan that fits for each trainer that was searched (None where nothing fits)."""
+def best_per_trainer(
+    df: pd.DataFrame, margin: PairedMargin | None = None, headroom_gib: float = 0.0, trade: float = 0.0
+) -> dict[str, pd.Series]:
+    """The fastest plan that fits for each trainer that was searched (None where nothing fits), or
+    with `trade` > 0 the plan the headroom rule ranks first among its plans
+    (autopar.search.margins.headroom_pick)."""
     out: dict[str, pd.Series | None] = {}
     for t in ALL_TRAINERS:
         mine = df[df["trainer"] == t]
         if len(mine):
-            best = ranked(mine)
-            out[t] = None if best.empty else best.iloc[0]
+            best = ranked(mine.drop(columns="rank_group", errors="ignore"))
+            pick = headroom_pick(best, margin, headroom_gib, trade) if trade > 0 else None
+            out[t] = None if best.empty else best.iloc[pick.position if pick else 0]
     return out
+
+
+def rank_first_for_headroom(
+    pool: pd.DataFrame, margin: PairedMargin | None, headroom_gib: float, trade: float = HEADROOM_TRADE
+) -> tuple[pd.DataFrame, str | None]:
+    """(the pool with `rank_group`: 0 for the plan the headroom rule ranks first, on every trainer of
+    its profile, 1 for the others; the rule's line), or (the pool, None) when the rule picks nothing."""
+    order = ranked(pool)
+    pick = headroom_pick(order, margin, headroom_gib, trade) if len(order) else None
+    if pick is None:
+        return pool, None
+    chosen = order.iloc[pick.position]
+    line = pick.line(order, _runner_text(chosen, order.iloc[0]), headroom_gib)
+    keys = [c for c in PLAN_KEY if c in pool.columns]
+    same = np.ones(len(pool), dtype=bool)
+    for k in keys:
+        same &= (pool[k] == chosen[k]).to_numpy()
+    profile = get_trainer(str(chosen["trainer"])).profile
+    same &= np.array([get_trainer(str(t)).profile == profile for t in pool["trainer"]])
+    return pool.assign(rank_group=np.where(same, 0, 1)), line
 
 
 def pareto_positions(cost, memory, tiebreak=None) -> np.ndarray:
@@ -266,10 +296,11 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
     return "the same layout with " + (", ".join(d) if d else "another knob")
 
 
-def sureness_lines(top: pd.DataFrame, pool: pd.DataFrame) -> list[str]:
+def sureness_lines(top: pd.DataFrame, pool: pd.DataFrame, margin: PairedMargin | None = None) -> list[str]:
     """How sure the answer is (autopar.calibration.uncertainty): whether the winner stands on calibrated
-    ground, whether the runner-up is inside the winner's 80 % interval of step time, and, when the
-    winner is extrapolated, the fastest calibrated plan that is inside that interval too."""
+    ground, whether the margin over the runner-up holds under the model's error (autopar.search.margins:
+    `margin`, default the shipped model), and, when the winner is extrapolated, the fastest calibrated
+    plan inside the winner's interval."""
     if top.empty or "step_time_s_low" not in top.columns:
         return []
     w = top.iloc[0]
@@ -283,17 +314,17 @@ def sureness_lines(top: pd.DataFrame, pool: pd.DataFrame) -> list[str]:
     ]
     if len(top) > 1:
         r = top.iloc[1]
-        t = float(r["step_time_s"])
-        if t <= hi:
-            lines.append(
-                f"The runner-up {_runner_text(w, r)} ({t:.3f} s) is inside the winner's interval: the model "
-                f"cannot tell them apart; measure both (--trials) before committing."
-            )
+        m = plan_margin(w, r, stored_margin() if margin is None else margin)
+        lo, up = m.percent_range()
+        head = (
+            f"The runner-up {_runner_text(w, r)} ({float(r['step_time_s']):.3f} s, "
+            f"{100 * math.expm1(m.log_ratio):+.1f} %), {m.basis}: the 80 % interval of the difference "
+            f"is {lo:+.1f} % to {up:+.1f} %"
+        )
+        if m.separated:
+            lines.append(head + ", so the ranking holds under the model's own error.")
         else:
-            lines.append(
-                f"The runner-up {_runner_text(w, r)} ({t:.3f} s) is outside the winner's interval: the ranking "
-                f"holds under the model's own error."
-            )
+            lines.append(head + ": the model cannot tell them apart; measure both (--trials) before committing.")
     if not calibrated and len(pool) and "support_gaps" in pool.columns:
         solid = ranked(pool[(pool["support_gaps"] == 0) & (pool["step_time_s"] <= hi)])
         if len(solid):

@@ -21,9 +21,18 @@ from autopar.cost.figures import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
 from autopar.search.enumerate import Enumerator
 from autopar.search.evaluate import evaluate
+from autopar.search.margins import HEADROOM_TRADE, stored_margin
 from autopar.search.options import SearchOptions
 from autopar.search.optuna_search import optuna_search
-from autopar.search.results import best_per_trainer, row_plan, sureness_lines, top_and_variants, top_plans, why_winner
+from autopar.search.results import (
+    best_per_trainer,
+    rank_first_for_headroom,
+    row_plan,
+    sureness_lines,
+    top_and_variants,
+    top_plans,
+    why_winner,
+)
 from autopar.search.run_dir import (
     SCHEMA_VERSION,
     PlansWriter,
@@ -213,7 +222,10 @@ def _search(
 
 
 def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroom) -> SearchResult:
-    pool = found.pool
+    margin = stored_margin()
+    trade = float(opts.space.constraints.get("headroom_trade", HEADROOM_TRADE))
+    # the plan the headroom rule ranks first, if any, leads every ranking below (rank_group)
+    pool, headroom_line = rank_first_for_headroom(found.pool, margin, headroom, trade)
     if len(pool):  # the top plans and their variants: grouped by structure once, priced per trainer once
         top, variants = top_and_variants(pool, opts.top_k)
         shown = runs_on(pd.concat([top, variants], ignore_index=True), q, found.layouts, headroom)["trainers"]
@@ -225,14 +237,16 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
     runner = top.iloc[1] if len(top) > 1 else None
     counts = {"evaluated": found.evaluated, "valid": found.valid, "fit": found.fit}
     if len(top):
-        why = why_winner(top.iloc[0], runner)
+        why = headroom_line or why_winner(top.iloc[0], runner)
     else:
         why = _no_fit_reason(counts, found.rejections, found.closest)
         why += offload_hint(q, found.closest, found.layouts, headroom) if counts.get("valid") else ""
     kept = pd.concat([pool, found.pareto, found.sample, found.closest], ignore_index=True)
     if "plan_index" in kept:
         kept = kept.drop_duplicates("plan_index")
-    per_trainer = {t: None for t in q.trainers} | (best_per_trainer(pool) if len(pool) else {})
+    if "rank_group" in kept:  # the Pareto front's and the sample's rows are not the headroom pick
+        kept = kept.assign(rank_group=kept["rank_group"].fillna(1).astype(int))
+    per_trainer = {t: None for t in q.trainers} | (best_per_trainer(pool, margin, headroom, trade) if len(pool) else {})
     top = with_support(top, q, found.layouts)
     per_trainer = {
         t: None if row is None else with_support(row.to_frame().T, q, found.layouts).iloc[0]
@@ -263,7 +277,7 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
         rejections=found.rejections,
         pareto=pareto,
         scatter=kept,
-        sureness=sureness_lines(top, pool),
+        sureness=sureness_lines(top, pool, margin),
         variants=variants,
     )
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from autopar.errors import InputError
 from autopar.search.enumerate import knob_choices
 from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search, top_entries, trainers_ruled_out
@@ -235,19 +237,24 @@ def _next_possible(knob: str, value: int, row, q: Question) -> bool:
 
 
 def space_bounds(r: SearchResult) -> list[str]:
-    """Where the winner sits on the space's largest choice of a knob that could go further, with
-    the shipped space that goes furthest on it: 'cp hit the space's maximum 2: try --space
+    """Where the winner (or the fastest plan, when the headroom rule ranked another first) sits on
+    the space's largest choice of a knob that could go further, with the shipped space that goes
+    furthest on it: 'cp hit the space's maximum 2: try --space
     long-context (cp up to 32)'. Results depend on the space; this says when they may."""
     from autopar.search.space import load_space, space_names
 
-    w, q, space = r.winner, r.question, r.options.space
-    if w is None:
+    q, space = r.question, r.options.space
+    if r.winner is None:
         return []
+    # the winner, and the fastest plan where the headroom rule ranked a slower one first
+    shown = [r.winner, r.top.iloc[int(np.argmin(r.top["step_time_s"].to_numpy(dtype=float)))]]
     out = []
     for knob, column in BOUNDED_KNOBS.items():
-        value, largest = int(w[column]), _largest(space, q, knob)
-        if value != largest or largest <= 1 or not _next_possible(knob, value, w, q):
+        largest = _largest(space, q, knob)
+        on = [w for w in shown if int(w[column]) == largest and _next_possible(knob, largest, w, q)]
+        if not on or largest <= 1:
             continue  # a knob the space leaves off (its one choice is 1) is a choice, not a bound
+        value = largest
         wider = {n: _largest(load_space(n), q, knob) for n in space_names() if n not in ("local", space.name)}
         name, reach = max(wider.items(), key=lambda kv: kv[1], default=("", 0))
         fix = f"try --space {name} ({knob} up to {reach})" if reach > value else f"widen '{knob}' in a space file"

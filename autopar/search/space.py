@@ -49,6 +49,8 @@ CONSTRAINTS = {
     "min_dp": int,
     "ep_within": int,
     "memory_headroom_gib": float,
+    # the largest share of step time the headroom rule gives up (autopar.search.margins); 0: off
+    "headroom_trade": float,
     "max_tp": int,
 }
 #: the largest choice of an integer knob (the schema's limits), and choices per knob
@@ -214,6 +216,11 @@ def space_from_dict(data, origin: str) -> SearchSpace:
                 float: "a number from 0 to 1,000,000",
             }[typ]
             raise InputError(f"{origin}: constraint '{k}' must be {kind}, got {quoted(v)}")
+        if k == "headroom_trade" and v > 1:
+            raise InputError(
+                f"{origin}: constraint 'headroom_trade' is a share of step time from 0 to 1 "
+                f"(0.05 = 5 %), got {quoted(v)}"
+            )
     return SearchSpace(
         name=str(data.get("name", origin)),
         description=str(data.get("description", "")),

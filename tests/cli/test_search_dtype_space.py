@@ -80,11 +80,13 @@ def test_winner_on_a_bound_of_the_space(cli_run, tmp_path):
     default.yaml: tp 8, pp 16, vpp 10, cp 2, mbs 4) are each named with the shipped space that
     reaches further (long-context: cp up to 32), and no other."""
     doc, _ = _search(cli_run, tmp_path, "bound", "--dtype", "fp8", "--seq-len", "16384")
-    plan = doc["top"][0]["plan"]
+    # the winner, and the fastest plan where the headroom rule ranked another first
+    plans = [doc["top"][0]["plan"], min(doc["top"], key=lambda t: t["step_time_s"])["plan"]]
     maxima = {"tp": 8, "pp": 16, "vpp": 10, "cp": 2, "micro_batch_size": 4}
-    on_bound = [k for k, top in maxima.items() if plan[k] == top]
-    # 70B FP8 on 64 H100 at 16K tokens wants context parallelism (the model's winner, tp4.cp2.pp4.v8)
-    assert on_bound == ["cp"], plan
+    # tp 8 fills the node (tp within a node): a bound of the GPUs, not of the space
+    on_bound = [k for k, top in maxima.items() if k != "tp" and any(p[k] == top for p in plans)]
+    # 70B FP8 on 64 H100 at 16K tokens wants context parallelism (the model's fastest, tp4.cp2.pp4.v8)
+    assert on_bound == ["cp"], plans
     assert doc["space_bounds"] == ["cp hit the space's maximum 2: try --space long-context (cp up to 32)"]
 
 

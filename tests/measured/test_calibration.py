@@ -3,6 +3,7 @@ recovering known constants, plan keys and the diverse seeding order."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -129,3 +130,24 @@ def test_the_measured_stage_runs_first_what_the_model_cannot_separate():
         "far-extrapolated",
         "far",
     ]
+
+
+def test_with_their_plans_the_margin_decides_what_is_unresolved():
+    """Candidates with their plans: the paired margin (autopar.search.margins) decides, not the
+    intervals. A margin model of +-ln(1.05) at 0 knobs apart and +-ln(1.05) * sqrt(2) at one knob
+    (base = per_knob = ln(1.05), scale 1): 4 % slower at 0 knobs is unresolved, 6 % is separated,
+    6 % one knob apart (7.1 %) is unresolved again; the overlapping intervals would call all three
+    unresolved."""
+    from autopar.calibration.margin import PairedMargin
+    from autopar.measured.order import unresolved_first
+
+    model = PairedMargin(base=math.log(1.05), per_knob=math.log(1.05), scale=1.0, pairs=100)
+    plan = {"trainer": "megatron", "tp": 4, "pp": 4, "vpp": 1, "cp": 1, "ep": 1, "dp": 16, "micro_batch_size": 1}
+    plan |= {"recompute": "none", "recompute_modules": None, "recompute_layers": None, "zero_stage": 1}
+
+    def cand(t, **knobs):
+        p = {"step_time_s": t, "step_time_s_interval": [0.8 * t, 1.2 * t], "support": "calibrated"}
+        return {"plan": plan | knobs, "predicted": p}
+
+    cands = {"lead": cand(10.0), "six-0": cand(10.6), "four-0": cand(10.4), "six-1": cand(10.6, tp=8)}
+    assert unresolved_first(list(cands), cands, model) == ["lead", "four-0", "six-1", "six-0"]

@@ -128,6 +128,8 @@ def run70_old(run70: Path, tmp_path_factory) -> Path:
     top["top"] = [strip(e) for e in top["top"]]
     top["pareto"] = [strip(e) for e in top.get("pareto", [])]
     top["per_trainer"] = {k: strip(v) for k, v in (top.get("per_trainer") or {}).items()}
+    # the answer line as the search wrote it then: no margin's interval (autopar.search.results.why_winner)
+    top["why"] = f"{top['top'][0]['plan_name']} beats the runner-up, {top['top'][1]['plan_name']}."
     (d / "top.json").write_text(json.dumps(top))
     search = json.loads((run70 / "search.json").read_text())
     search.pop("sureness", None)

@@ -100,7 +100,7 @@ def test_trial_budget_is_exact(forced):
 def test_best_is_close_to_exhaustive_optimum(forced, exhaustive_best):
     res, _ = forced
     assert res.winner is not None
-    found = float(res.winner["step_time_s"])
+    found = float(res.top["step_time_s"].min())  # what Optuna found (the headroom rule may rank another first)
     assert found >= exhaustive_best * (1 - 1e-12)  # Optuna cannot beat the exhaustive optimum
     assert found <= exhaustive_best * (1 + GAP_BOUND), f"{100 * (found / exhaustive_best - 1):.2f}% above"
 
@@ -114,7 +114,7 @@ def test_history_is_a_running_minimum(forced):
     assert all(b2 <= b1 for b1, b2 in zip(best, best[1:])), "best_so_far increased"
     running = np.minimum.accumulate([e["step_time_s"] if e["feasible"] else np.inf for e in h])
     assert np.array_equal(np.asarray(best), running)
-    assert best[-1] == float(res.winner["step_time_s"])
+    assert best[-1] == float(res.top["step_time_s"].min())  # the fastest (the headroom rule may rank another first)
 
 
 def test_every_trial_records_its_structure(forced, question):
@@ -166,7 +166,7 @@ def test_trial_values_are_their_structures_best_completion(forced, question):
             assert fit.empty, f"trial {t.number} is infeasible but its structure has plans that fit"
     assert covered.all(), f"{(~covered).sum()} rows of .plans belong to no trial's structure"
     best_feasible = min(t.values[0] for t in study.get_trials(deepcopy=False) if feasible[t.number])
-    assert float(res.winner["step_time_s"]) == best_feasible
+    assert float(res.top["step_time_s"].min()) == best_feasible
 
 
 def test_seeded_runs_repeat(forced, question, tmp_path):

@@ -31,7 +31,7 @@ DEFAULT_KNOBS = {
     "pp_layout": ["auto", "balanced"],
     "tokens_per_step": 4194304,
 }
-DEFAULT_CONSTRAINTS = {"tp_within_node": True, "max_pp": 16, "memory_headroom_gib": 2.0}
+DEFAULT_CONSTRAINTS = {"tp_within_node": True, "max_pp": 16, "memory_headroom_gib": 2.0, "headroom_trade": 0.05}
 
 
 def test_a_file_setting_only_dtype_is_the_default_with_that_dtype(tmp_path):
