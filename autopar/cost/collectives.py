@@ -25,6 +25,7 @@ Placement: ranks are laid out in MESH_ORDER with tp innermost (autopar.spec.plan
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -223,20 +224,60 @@ def p2p_seconds(nbytes, crosses_node, links: Links) -> np.ndarray:
     return np.where(crosses_node, inter, intra)
 
 
-def deduplicated_seconds(nbytes, group: Group, links: Links, top_k: int) -> np.ndarray:
+def remote_nodes_per_token(nodes, top_k: int, groups: int = 1, group_topk: int = 1, experts: int = 1) -> np.ndarray:
+    """Expected distinct remote nodes one token's k routed copies reach when the EP group spans
+    `nodes` nodes (each holding an equal run of consecutive experts) and the model routes each token
+    inside `group_topk` of its `groups` groups of consecutive experts (autopar.spec.model.MoESpec;
+    no limit: 1 / 1). The routing is taken as uniform over the experts it may choose, and a token's
+    node as independent of its route, so each of the other N - 1 nodes is hit with one probability P:
+    - no group limit: P = 1 - (1 - 1/N)^k (each copy on a node with probability 1/N);
+    - q = G / N whole groups per node: P = 1 - C(G - q, M) / C(G, M), the node hit when one of its
+      groups is chosen (Megatron scores a group by its top k / M experts, so a chosen group gets
+      its share of the k copies: moe_utils.group_limited_topk);
+    - a group spread over r = N / G nodes: P = (M / G)(1 - (1 - 1/r)^(k/M)), its k / M copies
+      uniform over the group's nodes.
+    DeepSeek-V3 at EP64 on 8 nodes (G 8, M 4): P = 1/2, 3.5 remote nodes, against 4.59 without the
+    limit (the report's "each token is sent to at most 4 nodes", sec. 2.1.2)."""
+    n = np.maximum(np.asarray(nodes, dtype=float), 1.0)
+    k, g, m = float(top_k), int(groups), int(group_topk)
+    if g <= 1 or m >= g or experts % g:
+        return (n - 1.0) * (1.0 - (1.0 - 1.0 / n) ** k)
+    values, where = np.unique(n, return_inverse=True)  # a few node counts among many plans
+    return np.array([_limited_remote_nodes(int(v), k, g, m) for v in values])[where].reshape(n.shape)
+
+
+def _limited_remote_nodes(nodes: int, k: float, g: int, m: int) -> float:
+    """`remote_nodes_per_token` for one node count under a group limit."""
+    if nodes <= 1:
+        return 0.0
+    if g % nodes == 0:  # q whole groups per node
+        q = g // nodes
+        return (nodes - 1) * (1.0 - math.comb(g - q, m) / math.comb(g, m))
+    if nodes % g == 0:  # a group over r nodes
+        r = nodes // g
+        return (nodes - 1) * (m / g) * (1.0 - (1.0 - 1.0 / r) ** (k / m))
+    return (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** k)  # groups not aligned with nodes: no limit priced
+
+
+def deduplicated_seconds(
+    nbytes, group: Group, links: Links, top_k: int, groups: int = 1, group_topk: int = 1, experts: int = 1
+) -> np.ndarray:
     """A DeepEP / HybridEP dispatch or combine of a rank's k routed copies (`nbytes` = k x tokens x
     hidden x element bytes): each token crosses the network once per distinct remote node it goes to
-    ((N - 1)(1 - (1 - 1/N)^k) of the N nodes the group spans under uniform routing, against k (N - 1)/N
-    copies without deduplication), then fans out over NVLink there; the NVLink and RDMA transfers run
-    at once (DeepEP README, normal kernels). RDMA at the NIC's line rate (DeepEP V1: 43-58 GB/s on a
-    50 GB/s CX-7), NVLink at DeepEP's measured fraction of the line rate."""
+    (`remote_nodes_per_token`: (N - 1)(1 - (1 - 1/N)^k) of the N nodes the group spans under uniform
+    routing, fewer under group-limited routing, against k (N - 1)/N copies without deduplication),
+    then fans out over NVLink there; the NVLink and RDMA transfers run at once (DeepEP README, normal
+    kernels). RDMA at the NIC's line rate (DeepEP V1: 43-58 GB/s on a 50 GB/s CX-7), NVLink at
+    DeepEP's measured fraction of the line rate."""
     s = np.asarray(nbytes, dtype=float)
     n = group.size.astype(float)
     g = group.per_node.astype(float)
     nodes = group.nodes.astype(float)
     k = float(top_k)
     copy = s / k  # one token's payload, per token of the rank
-    remote_nodes = np.where(nodes > 1, (nodes - 1) * (1 - (1 - 1 / np.maximum(nodes, 1)) ** k), 0.0)
+    remote_nodes = remote_nodes_per_token(
+        np.broadcast_to(nodes, np.broadcast(nodes, s).shape), top_k, groups, group_topk, experts
+    )
     measured = links.nvlink is not None
     rdma = copy * remote_nodes / (links.inter_line * (1.0 if measured else links.inter_eff))
     # in-node copies sent directly, plus the remote copies forwarded to their GPU inside the far node

@@ -9,12 +9,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autopar.cost.collectives import Links, place
+from autopar.cost.collectives import Links, place, remote_nodes_per_token
 from autopar.cost.comm_terms import comm_terms
 from autopar.cost.price import prepare
 from autopar.spec.behaviour import measured_behaviour, shared_figures
 from autopar.spec.hardware import ClusterSpec
-from autopar.spec.model import ModelSpec
+from autopar.spec.model import ModelSpec, MoESpec
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.table import PlanTable
 
@@ -71,11 +71,11 @@ def ep_details(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, num_g
         m = float(x.microbatches[0])
         seconds = float(np.max(np.where(x.active, comm.ep.seconds, 0.0))) * m
         nbytes = float(np.max(np.where(x.active, comm.ep.bytes, 0.0))) * m
-        out.append(_detail(d, seconds, nbytes, links, cluster, g, n, nodes, model.moe.top_k))
+        out.append(_detail(d, seconds, nbytes, links, cluster, g, n, nodes, model.moe))
     return out
 
 
-def _detail(d, seconds, nbytes, links: Links, cluster: ClusterSpec, g, n, nodes, top_k) -> DispatchDetail:
+def _detail(d, seconds, nbytes, links: Links, cluster: ClusterSpec, g, n, nodes, moe: MoESpec) -> DispatchDetail:
     beh = measured_behaviour(cluster.gpu, cluster.measured)
     shared = shared_figures()
     crosses = nodes > 1
@@ -92,11 +92,18 @@ def _detail(d, seconds, nbytes, links: Links, cluster: ClusterSpec, g, n, nodes,
         frac = beh.dispatch_nvlink_fraction or shared.dispatch.nvlink_fraction
         nvlink = links.intra_line * frac
         network = links.inter_line
-        distinct = (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k) if crosses else 0.0
+        top_k = moe.top_k
+        limits = (moe.router_groups, moe.router_group_topk, moe.num_experts)
+        distinct = float(remote_nodes_per_token(np.array([nodes]), top_k, *limits)[0]) if crosses else 0.0
         share = distinct / top_k
+        limit = (
+            f"routing limited to {moe.router_group_topk} of {moe.router_groups} expert groups"
+            if 1 < moe.router_group_topk < moe.router_groups
+            else "uniform routing"
+        )
         sources = (
             f"each token crosses the network once per remote node it goes to ({distinct:.2f} of {nodes - 1} under "
-            f"uniform routing, against {top_k * (n - g) / n:.2f} copies without deduplication), then NVLink",
+            f"{limit}, against {top_k * (n - g) / n:.2f} copies without deduplication), then NVLink",
             f"RDMA at the NIC's line rate: {shared.sources['dispatch_rdma']}",
             f"NVLink at {frac:.0%} of the line rate: "
             + (beh.dispatch_source if beh.dispatch_nvlink_fraction else shared.sources["dispatch_nvlink"]),

@@ -121,6 +121,13 @@ def model_args(ctx: Context) -> list[str]:
             a += ["--moe-layer-freq", _moe_layer_freq(m.moe_layer_mask)]
         if mo.router_bias:
             a += ["--moe-router-enable-expert-bias"]
+        if 1 < mo.router_group_topk < mo.router_groups:  # group-limited (DeepSeek-V3: node-limited) routing
+            a += [
+                "--moe-router-num-groups",
+                str(mo.router_groups),
+                "--moe-router-group-topk",
+                str(mo.router_group_topk),
+            ]
         disp = dispatcher_settings(ctx)
         a += ["--moe-token-dispatcher-type", disp["moe_token_dispatcher_type"]]
         if "moe_flex_dispatcher_backend" in disp:

@@ -35,6 +35,8 @@ INT_FLAGS = (
     "--v-head-dim",
     "--num-experts",
     "--moe-router-topk",
+    "--moe-router-num-groups",
+    "--moe-router-group-topk",
     "--moe-ffn-hidden-size",
     "--moe-shared-expert-intermediate-size",
     "--tensor-model-parallel-size",

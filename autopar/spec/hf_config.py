@@ -155,6 +155,9 @@ def _moe(r: _Reader, num_layers: int) -> MoESpec | None:
             first_k_dense=min(first, num_layers),
             layer_freq=freq,
             router_bias=r.cfg.get("topk_method") == "noaux_tc",
+            # node-limited routing: n_group groups of experts, topk_group of them per token
+            router_groups=r.int("n_group", default=1),
+            router_group_topk=r.int("topk_group", default=1),
         )
     return None
 

@@ -60,6 +60,13 @@ class MoESpec:
     layer_freq: int = 1
     #: DeepSeek-V3's aux-loss-free balancing bias: one extra parameter per expert
     router_bias: bool = False
+    #: group-limited routing (Megatron `--moe-router-num-groups` / `--moe-router-group-topk`, HF
+    #: `n_group` / `topk_group`): the experts in `router_groups` equal groups of consecutive experts,
+    #: each token routed inside the `router_group_topk` groups its top experts score highest; 1 / 1:
+    #: no limit. DeepSeek-V3: 8 / 4, one group per node at EP64, so a token reaches at most 4 nodes
+    #: (DeepSeek-V3 report sec. 2.1.2, "node-limited routing")
+    router_groups: int = 1
+    router_group_topk: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +158,17 @@ class ModelSpec:
                 out.append(f"moe.router_bias must be true or false, got {quoted(m.router_bias)}")
             if m.top_k > m.num_experts:
                 out.append(f"moe.top_k ({m.top_k}) exceeds moe.num_experts ({m.num_experts})")
+            if m.num_experts % m.router_groups:
+                out.append(
+                    f"moe.router_groups ({m.router_groups}) must divide moe.num_experts ({m.num_experts}): "
+                    f"the groups are equal runs of consecutive experts"
+                )
+            elif m.router_group_topk > m.router_groups or m.top_k % m.router_group_topk:
+                out.append(
+                    f"moe.router_group_topk ({m.router_group_topk}) must be at most moe.router_groups "
+                    f"({m.router_groups}) and divide moe.top_k ({m.top_k}) (Megatron scores a group by its "
+                    f"top top_k / router_group_topk experts)"
+                )
             if not 0 <= m.first_k_dense <= self.num_layers:
                 out.append(f"moe.first_k_dense ({m.first_k_dense}) must be within 0..num_layers")
             if m.num_shared_experts and not m.shared_expert_ffn_hidden_size:

@@ -51,6 +51,8 @@ MOE_LIMITS = {
     "shared_expert_ffn_hidden_size": (0, 1 << 26),
     "first_k_dense": (0, MAX_LAYERS),
     "layer_freq": (1, MAX_LAYERS),
+    "router_groups": (1, 1 << 14),
+    "router_group_topk": (1, 1 << 14),
 }
 MLA_LIMITS = {
     "q_lora_rank": (1, 1 << 16),

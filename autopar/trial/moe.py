@@ -137,6 +137,7 @@ class MoE(nn.Module):
             raise ValueError(f"routing must be one of {ROUTING_MODES}, got {routing!r}")
         self.top_k = m.top_k
         self.num_experts = m.num_experts
+        self.groups, self.group_topk = m.router_groups, m.router_group_topk
         self.routing, self.capacity_factor, self.aux_loss_coeff = routing, capacity_factor, aux_loss_coeff
         self.router = nn.Linear(spec.hidden_size, m.num_experts, bias=False)
         # DeepSeek-V3 aux-loss-free bias: steers the choice only, updated outside autograd
@@ -162,9 +163,23 @@ class MoE(nn.Module):
             choice = logits.detach() + self.expert_bias if self.expert_bias is not None else logits.detach()
             if self.routing == "skewed":
                 choice = choice + torch.linspace(4.0, 0.0, e, device=flat.device)
+            if 1 < self.group_topk < self.groups:
+                choice = self.limit_to_groups(choice)
             top = choice.topk(k, dim=-1).indices
         weights = torch.softmax(logits.gather(-1, top), dim=-1)
         return top, weights, probs
+
+    def limit_to_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """Group-limited routing (megatron/core/transformer/moe/moe_utils.py group_limited_topk): the
+        experts in `groups` runs of consecutive experts, each scored by the sum of its top
+        top_k / group_topk probabilities; the experts outside a token's best `group_topk` groups are
+        masked out of its choice [T, E]."""
+        t, g, per = choice.shape[0], self.groups, self.num_experts // self.groups
+        scores = torch.softmax(choice, dim=-1).view(t, g, per)
+        group_scores = scores.topk(self.top_k // self.group_topk, dim=-1).values.sum(-1)  # [T, G]
+        chosen = torch.zeros_like(group_scores, dtype=torch.bool)
+        chosen.scatter_(1, group_scores.topk(self.group_topk, dim=-1).indices, True)
+        return choice.masked_fill(~chosen.repeat_interleave(per, dim=1), float("-inf"))
 
     def keep_mask(self, top: torch.Tensor) -> torch.Tensor | None:
         """Capacity factor: True for the copies kept (the first `capacity` per expert in token order)."""

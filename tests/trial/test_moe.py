@@ -71,3 +71,27 @@ def test_cp_positions_cover_the_sequence_once_and_balance_causal_work(cp: int) -
     assert len(set(work)) == 1
     with pytest.raises(ValueError):
         cp_positions(30, 4, 0)
+
+
+def test_group_limited_routing_keeps_each_token_inside_its_best_groups() -> None:
+    """8 experts in 4 groups of 2, top-4 inside the best 2 groups (Megatron group_limited_topk): a
+    group's score is the sum of its top 4 / 2 = 2 probabilities, here both of its experts, so a token
+    takes both experts of each of its two best groups; recomputed by hand from the router's logits."""
+    from dataclasses import replace
+
+    spec = get_preset("tiny-moe")
+    spec = replace(spec, moe=replace(spec.moe, num_experts=8, top_k=4, router_groups=4, router_group_topk=2))
+    torch.manual_seed(0)
+    m = MoE(spec)
+    torch.nn.init.normal_(m.router.weight, std=1.0)
+    flat = torch.randn(64, spec.hidden_size)
+    top, _, _ = m.route(flat, 64)
+    pair_sums = torch.softmax(m.router(flat).float(), dim=-1).view(64, 4, 2).sum(-1)
+    best = pair_sums.topk(2, dim=-1).indices
+    for t in range(64):
+        expected = sorted(2 * g + i for g in best[t].tolist() for i in (0, 1))
+        assert sorted(int(e) for e in top[t]) == expected
+    # without the limit some token picks an expert outside its two best groups
+    free = MoE(replace(spec, moe=replace(spec.moe, router_groups=1, router_group_topk=1)))
+    free.load_state_dict(m.state_dict())
+    assert not torch.equal(free.route(flat, 64)[0].sort(-1).values, top.sort(-1).values)
