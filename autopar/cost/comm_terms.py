@@ -187,10 +187,14 @@ def comm_terms(
         deepep = x.table.moe_dispatcher == DISPATCHER["deepep"]
         if deepep.any():
             mo = model.moe
-            routed = dict(
-                top_k=mo.top_k, groups=mo.router_groups, group_topk=mo.router_group_topk, experts=mo.num_experts
+            dedup = partial(
+                deduplicated_seconds,
+                top_k=mo.top_k,
+                groups=mo.router_groups,
+                group_topk=mo.router_group_topk,
+                experts=mo.num_experts,
             )
-            fused = v.ep.traffic(links, partial(deduplicated_seconds, **routed)).seconds
+            fused = v.ep.traffic(links, dedup).seconds
             ep = Traffic(ep.bytes, np.where(deepep, fused, ep.seconds))
     k = cluster.constants
     dense_n = dp_buckets(x, prm.dense, x.dp_shard, x.layers + x.has_embedding + x.has_head, k)
