@@ -232,10 +232,7 @@ def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
     if runner is None:
         return f"{winner['plan_name']} is the only plan that fits."
     gain = runner["step_time_s"] / winner["step_time_s"] - 1
-    diffs = sorted(((runner[f"time_{t}"] - winner[f"time_{t}"], t) for t in TIME_TERMS), reverse=True)
-    tiny = 1e-4 * float(winner["step_time_s"])  # differences below 0.01 % of the step are noise to a reader
-    saved = [f"{d:.3g} s less {TIME_LABELS[t]}" for d, t in diffs if d > tiny][:2]
-    paid = [f"{-d:.3g} s more {TIME_LABELS[t]}" for d, t in diffs[::-1] if d < -tiny][:1]
+    saved, paid = _term_differences(winner, runner)
     runner_desc = _runner_text(winner, runner)
     if not saved and not paid:  # same predicted time: the tie is broken by memory, then by order
         mem = (runner["peak_memory_bytes"] - winner["peak_memory_bytes"]) / GIB
@@ -245,6 +242,37 @@ def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
         f"{winner['plan_name']} beats the runner-up, {runner_desc}, by {100 * gain:.1f}% per step: "
         + ", ".join(saved + paid)
         + "."
+    )
+
+
+def _term_differences(winner: pd.Series, other: pd.Series) -> tuple[list[str], list[str]]:
+    """(the two step-time terms the winner saves most against `other`, the one it pays most), in
+    words; differences below 0.01 % of the step are noise to a reader."""
+    diffs = sorted(((other[f"time_{t}"] - winner[f"time_{t}"], t) for t in TIME_TERMS), reverse=True)
+    tiny = 1e-4 * float(winner["step_time_s"])
+    saved = [f"{d:.3g} s less {TIME_LABELS[t]}" for d, t in diffs if d > tiny][:2]
+    paid = [f"{-d:.3g} s more {TIME_LABELS[t]}" for d, t in diffs[::-1] if d < -tiny][:1]
+    return saved, paid
+
+
+def ep_choice_line(winner: pd.Series, pool: pd.DataFrame) -> str:
+    """For a MoE winner: what decides its expert-parallel size, against the fastest fitting plan at
+    any other EP size in the pool (every layout's fastest is there): the step-time terms that
+    differ most and the memory; '' without another EP size."""
+    if "ep" not in pool.columns or not len(pool):
+        return ""
+    fit = pool[pool["fits"].astype(bool) & (pool["ep"] != winner["ep"])]
+    if fit.empty:
+        return ""
+    other = rank_order(fit.drop(columns="rank_group", errors="ignore")).iloc[0]
+    saved, paid = _term_differences(winner, other)
+    gain = float(other["step_time_s"]) / float(winner["step_time_s"]) - 1
+    mem = (float(other["peak_memory_bytes"]) - float(winner["peak_memory_bytes"])) / GIB
+    terms = ", ".join(saved + paid) or "the same step-time terms"
+    ep, other_ep = int(winner["ep"]), int(other["ep"])
+    return (
+        f"Why EP {ep}: the fastest plan at another EP size, {other['plan_name']} (EP {other_ep}), is "
+        f"{100 * gain:+.1f}% per step against it: {terms}; {mem:+.1f} GiB of memory."
     )
 
 

@@ -26,6 +26,7 @@ from autopar.search.options import SearchOptions
 from autopar.search.optuna_search import optuna_search
 from autopar.search.results import (
     best_per_trainer,
+    ep_choice_line,
     rank_first_for_headroom,
     row_plan,
     sureness_lines,
@@ -238,6 +239,8 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
     counts = {"evaluated": found.evaluated, "valid": found.valid, "fit": found.fit}
     if len(top):
         why = headroom_line or why_winner(top.iloc[0], runner)
+        if q.model.moe is not None:  # what decides the expert-parallel size
+            why = " ".join(x for x in (why, ep_choice_line(top.iloc[0], pool)) if x)
     else:
         why = _no_fit_reason(counts, found.rejections, found.closest)
         why += offload_hint(q, found.closest, found.layouts, headroom) if counts.get("valid") else ""

@@ -46,3 +46,23 @@ def test_a_tie_on_time_says_so_and_names_the_memory_saved() -> None:
 def test_negligible_differences_are_not_listed() -> None:
     line = why_winner(_row("a", 10, compute=1.0, dp=0.0, tp=1e-7), _row("b", 10, compute=1.0, dp=0.02))
     assert line.endswith("per step: 0.02 s less DP comm (exposed).")
+
+
+def test_a_moe_winner_says_what_decides_its_ep_size() -> None:
+    """Against the fastest fitting plan at another EP size (not the runner-up at the same size): the
+    step-time terms that differ and the memory, by hand from the rows below."""
+    from autopar.search.results import ep_choice_line
+
+    def plan(name, size, mem, **times):
+        return _row(name, mem, **times).to_dict() | {"ep": size, "fits": True, "trainer": "megatron"}
+
+    winner = plan("dp8.ep8", 8, 60, compute=9.5, ep=0.5)
+    rows = [winner, plan("dp8.ep8-b", 8, 50, compute=9.9, ep=0.5), plan("dp8.ep4", 4, 70, compute=10.3)]
+    pool = pd.DataFrame(rows + [plan("dp8.ep2", 2, 75, compute=11.0)])
+    line = ep_choice_line(pd.Series(winner), pool)
+    # 10.3 / 10.0 - 1 = 3.0 %; compute 10.3 - 9.5 = 0.8 s saved; 0.5 s of all-to-all paid; 70 - 60 GiB
+    assert line == (
+        "Why EP 8: the fastest plan at another EP size, dp8.ep4 (EP 4), is +3.0% per step against it: "
+        "0.8 s less compute, 0.5 s more EP all-to-all (exposed); +10.0 GiB of memory."
+    )
+    assert ep_choice_line(pd.Series(winner), pool[pool["ep"] == 8]) == ""  # no other EP size
