@@ -106,44 +106,47 @@ def model_args(ctx: Context) -> list[str]:
             str(ml.v_head_dim),
         ]
     if m.moe is not None:
-        mo = m.moe
+        a += moe_args(ctx)
+    return a
+
+
+def moe_args(ctx: Context) -> list[str]:
+    """The MoE model's Megatron-LM flags: experts, routing, dispatcher and capacity."""
+    m = ctx.model
+    mo = m.moe
+    assert mo is not None  # a MoE model
+    a = [
+        "--num-experts",
+        str(mo.num_experts),
+        "--moe-router-topk",
+        str(mo.top_k),
+        "--moe-ffn-hidden-size",
+        str(mo.expert_ffn_hidden_size),
+    ]
+    if mo.shared_expert_ffn_hidden_size:
+        a += ["--moe-shared-expert-intermediate-size", str(mo.shared_expert_ffn_hidden_size)]
+    if mo.first_k_dense or mo.layer_freq != 1:
+        a += ["--moe-layer-freq", _moe_layer_freq(m.moe_layer_mask)]
+    if mo.router_bias:
+        a += ["--moe-router-enable-expert-bias"]
+    if 1 < mo.router_group_topk < mo.router_groups:  # group-limited (DeepSeek-V3: node-limited) routing
+        a += ["--moe-router-num-groups", str(mo.router_groups), "--moe-router-group-topk", str(mo.router_group_topk)]
+    disp = dispatcher_settings(ctx)
+    a += ["--moe-token-dispatcher-type", disp["moe_token_dispatcher_type"]]
+    if "moe_flex_dispatcher_backend" in disp:
+        a += ["--moe-flex-dispatcher-backend", disp["moe_flex_dispatcher_backend"]]
+    if disp.get("overlap_moe_expert_parallel_comm"):
+        a += ["--overlap-moe-expert-parallel-comm"]
+    a += ["--moe-grouped-gemm"]
+    cap = capacity_settings(ctx)
+    if cap:
         a += [
-            "--num-experts",
-            str(mo.num_experts),
-            "--moe-router-topk",
-            str(mo.top_k),
-            "--moe-ffn-hidden-size",
-            str(mo.expert_ffn_hidden_size),
+            "--moe-expert-capacity-factor",
+            f"{cap['moe_expert_capacity_factor']:g}",
+            "--moe-token-drop-policy",
+            cap["moe_token_drop_policy"],
+            "--moe-pad-expert-input-to-capacity",
         ]
-        if mo.shared_expert_ffn_hidden_size:
-            a += ["--moe-shared-expert-intermediate-size", str(mo.shared_expert_ffn_hidden_size)]
-        if mo.first_k_dense or mo.layer_freq != 1:
-            a += ["--moe-layer-freq", _moe_layer_freq(m.moe_layer_mask)]
-        if mo.router_bias:
-            a += ["--moe-router-enable-expert-bias"]
-        if 1 < mo.router_group_topk < mo.router_groups:  # group-limited (DeepSeek-V3: node-limited) routing
-            a += [
-                "--moe-router-num-groups",
-                str(mo.router_groups),
-                "--moe-router-group-topk",
-                str(mo.router_group_topk),
-            ]
-        disp = dispatcher_settings(ctx)
-        a += ["--moe-token-dispatcher-type", disp["moe_token_dispatcher_type"]]
-        if "moe_flex_dispatcher_backend" in disp:
-            a += ["--moe-flex-dispatcher-backend", disp["moe_flex_dispatcher_backend"]]
-        if disp.get("overlap_moe_expert_parallel_comm"):
-            a += ["--overlap-moe-expert-parallel-comm"]
-        a += ["--moe-grouped-gemm"]
-        cap = capacity_settings(ctx)
-        if cap:
-            a += [
-                "--moe-expert-capacity-factor",
-                f"{cap['moe_expert_capacity_factor']:g}",
-                "--moe-token-drop-policy",
-                cap["moe_token_drop_policy"],
-                "--moe-pad-expert-input-to-capacity",
-            ]
     return a
 
 
