@@ -6,6 +6,7 @@ built on them are autopar.calibration.uncertainty's."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -275,9 +276,12 @@ def nearest_point(
     workload = "moe" if model.moe else "dense"
     long_context = (model.seq_len if seq_len is None else seq_len) >= LONG_CONTEXT
 
+    family = model_family(model.name)
+
     def distance(p: CalibrationPoint) -> float:
         d = 4.0 * (p.workload != workload) + 2.0 * (p.long_context != long_context)
         d += 2.0 * (p.dtype != plan.dtype) + 1.0 * (p.generation != cluster.gpu.generation)
+        d += 1.0 * (model_family(p.model) != family)
         d += 1.0 * ((p.zero_stage >= 3) != (plan.zero_stage >= 3))
         for a, b in ((p.tp, plan.tp), (p.pp, plan.pp), (p.cp, plan.cp), (p.ep, plan.ep), (p.dp, plan.dp)):
             d += 0.25 * abs(math.log2(a) - math.log2(b))
@@ -286,6 +290,19 @@ def nearest_point(
         return d
 
     return min(pool, key=lambda p: (distance(p), p.row_id))
+
+
+#: model families by the start of a name (letters only), longest first where one prefixes another:
+#: the nearest published run is of the plan's family where one is as close (its conventions: GQA,
+#: SwiGLU and RoPE in Llama against GPT-3's MHA and GELU; Qwen's and DeepSeek's routers)
+MODEL_FAMILIES = ("gptoss", "llama", "qwen", "deepseek", "mixtral", "mistral", "nemotron", "gpt", "mpt", "bloom")
+
+
+def model_family(name: str) -> str:
+    """The family of a model or published run's name ("llama3-70b", "LLAMA3_70B" and "Llama 3.1
+    405B" are llama; "GPT-style 70B" gpt; "GPT OSS 120B" gptoss); else its letters."""
+    key = re.sub(r"[^a-z]", "", name.lower())
+    return next((f for f in MODEL_FAMILIES if key.startswith(f)), key)
 
 
 def point_differences(p: CalibrationPoint, plan, cluster) -> list[str]:
