@@ -22,6 +22,11 @@ def _figure(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
+def _signed_figure(v: float) -> str:
+    """A shift as a table shows it: +1,392 (not +1.39e+03), -0.0512."""
+    return f"{v:+,.0f}" if abs(v) >= 1000 else f"{v:+.3g}"
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None or v != v else f"{100 * v:.1f}%"
 
@@ -297,15 +302,16 @@ def fit_table(report: ValidationReport) -> Table:
         t.add_row(
             p.profile,
             p.name,
-            f"{p.prior:.4g}",
-            f"{p.value:.4g}",
-            f"{p.shift:+.3g}",
-            f"[{p.low:g}, {p.high:g}]",
+            _figure(p.prior),
+            _figure(p.value),
+            _signed_figure(p.shift),
+            f"[{_figure(p.low)}, {_figure(p.high)}]",
             "ON A BOUND" if p.on_bound else "",
             style="red" if p.on_bound else None,
         )
     for profile, name, value in pinned_constants(report):
-        t.add_row(profile, name, f"{value:.4g}", f"{value:.4g}", "+0", f"[{value:g}, {value:g}]", "fixed by mechanism")
+        shown = _figure(value)
+        t.add_row(profile, name, shown, shown, "+0", f"[{shown}, {shown}]", "fixed by mechanism")
     return t
 
 

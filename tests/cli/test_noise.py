@@ -19,6 +19,15 @@ def test_validate_prints_throughputs_with_separators(cli_run):
     assert re.search(r"\d{1,3},\d{3}", out)
 
 
+def test_the_fitted_constants_table_prints_no_exponents():
+    """`validate --fit`'s constants (a layer overhead of 1,792 us, its shift of +1,392 over a
+    400 us prior, a bucket of 40,000,000 parameters) as plain figures with separators."""
+    from autopar.cli.render_validate import _figure, _signed_figure
+
+    assert (_figure(1792.0), _signed_figure(1392.4), _figure(4e7)) == ("1,792", "+1,392", "40,000,000")
+    assert (_figure(9.967), _signed_figure(-2.033), _signed_figure(0.0)) == ("9.967", "-2.03", "+0")
+
+
 def test_a_space_of_one_trainer_says_the_others_were_not_searched(cli_run, tmp_path):
     """A space whose trainer knob names torchtitan only: the other trainers were not searched (not
     "nothing fits"), and torchtitan, which has a plan that fits, is not said to be unable to run."""
