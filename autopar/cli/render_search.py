@@ -23,7 +23,7 @@ from autopar.cli.render import (
 from autopar.search.run import SearchResult
 from autopar.spec.hardware import GIB
 from autopar.spec.recompute_modules import recompute_label, recompute_legend
-from autopar.spec.rules import rule_words
+from autopar.spec.rules import rejection_summary
 
 
 class SearchProgress:
@@ -342,7 +342,7 @@ def print_result(r: SearchResult) -> None:
     )
     c.print(f"{n:,} plans evaluated ({valid:,} valid, {fit:,} fit) in {r.timings.get('total_s', 0):.2f} s; {how}.")
     if r.rejections:
-        c.print("Rejected by: " + ", ".join(f"{rule_words(k)} ({v:,})" for k, v in list(r.rejections.items())[:6]))
+        c.print("Rejected by: " + rejection_summary(r.rejections))
     files = (
         "plans.parquet, "
         + ("plans.csv, " if r.options.csv else "")

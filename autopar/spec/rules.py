@@ -323,6 +323,23 @@ def rule_words(label: str) -> str:
     return label
 
 
+def rejection_summary(rejections: dict[str, int], limit: int = 6) -> str:
+    """The most common rejection reasons in words with their plan counts, most first; one trainer's
+    capability lines that reject the same number of plans shown as one entry ("DeepSpeed: moe, moe
+    dispatch, moe dispatcher (74,750)"): they are the same plans, which one per line would count
+    again and again."""
+    entries: list[list] = []  # [trainer or None, [kinds or words], count]
+    for label, count in rejections.items():
+        trainer, _, kind = label.partition(":")
+        words = rule_words(label)
+        same = next((e for e in entries if kind and e[0] == trainer and e[2] == count), None)
+        if same is not None:
+            same[1].append(kind.replace("_", " "))
+        else:
+            entries.append([trainer if kind else None, [words], count])
+    return ", ".join(f"{', '.join(names)} ({n:,})" for _, names, n in entries[:limit])
+
+
 def all_rules(trainer_capabilities: bool = True) -> tuple:
     """The model rules, then every trainer's capability lines (autopar.spec.trainer_rules)."""
     return RULES + trainer_rules() if trainer_capabilities else RULES

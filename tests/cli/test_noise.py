@@ -47,3 +47,27 @@ def test_a_knob_the_space_leaves_off_is_not_a_bound(cli_run, tmp_path):
     winner's cp 1 is the space's choice, not a bound to widen."""
     out = cli_run("search", "--model", "qwen3-30b-a3b", "--gpus", "64", "--run-dir", tmp_path / "run").stdout
     assert "cp hit the space's maximum 1" not in out
+
+
+def test_one_trainers_lines_rejecting_the_same_plans_are_one_entry():
+    """DeepSpeed's moe, moe-dispatch and moe-dispatcher lines reject the same 74,750 MoE plans: one
+    entry, not the same plans three times; other trainers' lines and other counts stay apart."""
+    from autopar.spec.rules import rejection_summary
+
+    counts = {
+        "memory": 122577,
+        "deepspeed:moe": 74750,
+        "deepspeed:moe_dispatch": 74750,
+        "deepspeed:moe_dispatcher": 74750,
+        "torchtitan:zero_stages_with_pp": 71500,
+        "deepspeed:uneven_stages": 71500,
+        "torchtitan:ep_in_fsdp": 49680,
+    }
+    assert rejection_summary(counts) == (
+        "memory (122,577), DeepSpeed: moe, moe dispatch, moe dispatcher (74,750), "
+        "torchtitan: zero stages with pp (71,500), DeepSpeed: uneven stages (71,500), "
+        "torchtitan: ep in fsdp (49,680)"
+    )
+    assert (
+        rejection_summary(counts, limit=2) == "memory (122,577), DeepSpeed: moe, moe dispatch, moe dispatcher (74,750)"
+    )
