@@ -147,7 +147,10 @@ def batch_forces_model_parallel(space: SearchSpace, r: SearchResult) -> str | No
     """A warning when the global batch is what forces the best plan's pipeline / context
     parallelism: dp is at most the batch (one sequence per replica), so a replica spans at least
     GPUs / batch GPUs; when that is more than the space's largest tp, every layout needs pp x cp > 1,
-    and a larger --gbs lets dp take those GPUs instead."""
+    and a larger --gbs lets dp take those GPUs instead. It says what the batch costs: the MFU the
+    same search reaches at a larger batch (`larger_batch`: the one a published run of the model
+    trained with, cited, else the smallest that lets one replica fit in tp), and the what-if to run.
+    The batch is never changed: it is a training choice."""
     from autopar.search.run import row_plan
 
     q = r.question
@@ -156,11 +159,52 @@ def batch_forces_model_parallel(space: SearchSpace, r: SearchResult) -> str | No
     if r.winner is None or replica <= widest_tp:
         return None
     plan = row_plan(r.winner, r.layouts)
-    return (
+    line = (
         f"warning: the global batch ({q.batch:,} sequences) is what forces cp{plan.cp}·pp{plan.pp} here: it "
         f"allows at most dp={q.batch:,} on {q.num_gpus:,} GPUs, so each replica spans at least {replica:,} "
         f"GPUs, more than tp (at most {widest_tp}) takes; a larger --gbs lets dp grow and pp, cp shrink"
     )
+    bigger = larger_batch(space, q, widest_tp)
+    if bigger is None:
+        return line
+    gbs, why = bigger
+    there = _winner_at(space, r, gbs)
+    if there is None:
+        return line
+    return (
+        f"{line}. What it costs: {100 * float(r.winner['mfu']):.1f} % MFU here against "
+        f"{100 * float(there['mfu']):.1f} % for {there['plan_name']} at --gbs {gbs:,} ({why}); the what-if: "
+        f"--gbs {q.batch},{gbs}. autopar keeps the batch you train with: it is a training choice"
+    )
+
+
+def larger_batch(space: SearchSpace, q: Question, widest_tp: int) -> tuple[int, str] | None:
+    """(a larger global batch, why that one): the batch a published run of the model trained with
+    at scale (autopar.spec.presets.published_batch, with its source), else the smallest batch that
+    lets a replica fit in the widest tp; each rounded up to a batch some layout of the space splits;
+    None when neither is larger than q's."""
+    from autopar.spec.presets import published_batch
+
+    published = published_batch(q.model.name)
+    wants = []
+    if published is not None:
+        tokens, source = published
+        wants.append((tokens // q.seq_len, f"{tokens:,} tokens per step: {source}"))
+    wants.append((-(-q.num_gpus // widest_tp), f"the smallest batch whose replicas fit in tp {widest_tp}"))
+    for want, why in wants:
+        gbs = smallest_splitting_batch(space, replace(q, global_batch_size=max(want, 1)))
+        if gbs is not None and gbs > q.batch:
+            return gbs, why
+    return None
+
+
+def _winner_at(space: SearchSpace, r: SearchResult, gbs: int):
+    """The winner of the same search at another global batch (its run directory thrown away)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="autopar-batch-") as tmp:
+        other = run_search(replace(r.question, global_batch_size=gbs), replace(r.options, run_dir=Path(tmp)))
+    return other.winner
 
 
 def check_batch(space: SearchSpace, q: Question, given: bool) -> None:

@@ -18,7 +18,14 @@ from autopar.spec.yaml_io import USUAL, parse_yaml
 
 _HF_MARKERS = ("model_type", "architectures", "num_hidden_layers")
 #: keys of a preset row that describe it and are not ModelSpec fields
-_META_KEYS = {"source", "aliases", "published_params", "published_active"}
+_META_KEYS = {
+    "source",
+    "aliases",
+    "published_params",
+    "published_active",
+    "published_batch_tokens",
+    "published_batch_source",
+}
 
 
 def model_from_dict(name: str, row: dict, source: str = "") -> ModelSpec:

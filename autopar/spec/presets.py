@@ -46,6 +46,15 @@ def published_counts(name: str) -> tuple[float | None, float | None]:
     return row.get("published_params"), row.get("published_active")
 
 
+def published_batch(name: str) -> tuple[int, str] | None:
+    """(tokens per step, its source) of the batch a published run of this preset trained with at
+    scale (models.toml's published_batch_tokens / _source), or None (not a preset, or none stated)."""
+    key = _aliases().get(name.lower())
+    row = _preset_table().get(key, {}) if key else {}
+    tokens, source = row.get("published_batch_tokens"), row.get("published_batch_source")
+    return (int(tokens), str(source)) if tokens and source else None
+
+
 def get_preset(name: str) -> ModelSpec:
     key = _aliases().get(name.lower())
     if key is None:

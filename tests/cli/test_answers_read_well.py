@@ -106,3 +106,23 @@ def test_the_batch_forcing_pp_cp_is_said(cli_run, tmp_path) -> None:
     line = "autopar: " + next(x for x in paragraphs if "is what forces" in x)
     assert line.startswith("autopar: warning: the global batch (512 sequences)") and "at least 32 GPUs" in line
     assert max(len(x) for x in r.stdout.splitlines()) <= 120
+
+
+def test_at_32768_gpus_the_batch_warning_says_what_it_costs(cli_run, tmp_path) -> None:
+    """DeepSeek-V3 on 32,768 GB200 at the default 1,024 sequences: the warning gives the MFU here and
+    at the batch DeepSeek-V3 trained with (15,360 sequences of 4,096 tokens, its report cited), read
+    back from that batch's own search, and the what-if to run; the batch itself stays 1,024."""
+    args = ["search", "--model", "deepseek-v3", "--gpus", "32768", "--gpu", "gb200", "--top-k", "1"]
+    r = cli_run(*args, "--run-dir", tmp_path / "a", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["global_batch_size"] == 1024
+    note = next(n for n in doc["notes"] if "is what forces" in n)
+    here = 100 * doc["top"][0]["mfu"]
+    assert f"What it costs: {here:.1f} % MFU here" in note
+    assert "--gbs 15,360 (62,914,560 tokens per step: DeepSeek-V3 report (arXiv 2412.19437) sec. 4.2" in note
+    assert "the what-if: --gbs 1024,15360" in note
+    big = json.loads(cli_run(*args, "--gbs", "15360", "--run-dir", tmp_path / "b", "--json").stdout)
+    w = big["top"][0]
+    assert f"against {100 * w['mfu']:.1f} % for {w['plan_name']} at --gbs 15,360" in note
+    assert w["mfu"] > doc["top"][0]["mfu"]
