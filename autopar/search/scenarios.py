@@ -199,11 +199,13 @@ def larger_batch(space: SearchSpace, q: Question, widest_tp: int) -> tuple[int, 
 
 
 def _winner_at(space: SearchSpace, r: SearchResult, gbs: int):
-    """The winner of the same search at another global batch (its run directory thrown away)."""
+    """The winner of the same search at another global batch (its run directory thrown away, and
+    nothing written to the user's Optuna storage)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="autopar-batch-") as tmp:
-        other = run_search(replace(r.question, global_batch_size=gbs), replace(r.options, run_dir=Path(tmp)))
+        opts = replace(r.options, run_dir=Path(tmp), storage=None, study_name=None, csv=False)
+        other = run_search(replace(r.question, global_batch_size=gbs), opts)
     return other.winner
 
 
