@@ -275,9 +275,7 @@ def deduplicated_seconds(
     nodes = group.nodes.astype(float)
     k = float(top_k)
     copy = s / k  # one token's payload, per token of the rank
-    remote_nodes = remote_nodes_per_token(
-        np.broadcast_to(nodes, np.broadcast(nodes, s).shape), top_k, groups, group_topk, experts
-    )
+    remote_nodes = remote_nodes_per_token(nodes, top_k, groups, group_topk, experts)
     measured = links.nvlink is not None
     rdma = copy * remote_nodes / (links.inter_line * (1.0 if measured else links.inter_eff))
     # in-node copies sent directly, plus the remote copies forwarded to their GPU inside the far node
