@@ -326,8 +326,9 @@ def rule_words(label: str) -> str:
 def rejection_summary(rejections: dict[str, int], limit: int = 6) -> str:
     """The most common rejection reasons in words with their plan counts, most first; one trainer's
     capability lines that reject the same number of plans shown as one entry ("DeepSpeed: moe, moe
-    dispatch, moe dispatcher (74,750)"): they are the same plans, which one per line would count
-    again and again."""
+    dispatch, moe dispatcher (74,750)"): equal counts of one trainer's lines are the plans of one
+    feature it lacks (every MoE plan breaks each MoE line of a trainer without MoE), which one entry
+    per line would count again and again."""
     entries: list[list] = []  # [trainer or None, [kinds or words], count]
     for label, count in rejections.items():
         trainer, _, kind = label.partition(":")
