@@ -266,10 +266,18 @@ class Launches:
     def of(self, world: int) -> LaunchResult:
         if world not in self._done:
             trials = (memory_trials() if world == 2 else []) + [c.trial() for c in CASES if c.world == world]
-            self._done[world] = launch(
-                trials, world, timeout_s=LAUNCH_TIMEOUT_S, workdir=self._tmp.mktemp(f"world{world}")
-            )
+            run = launch(trials, world, timeout_s=LAUNCH_TIMEOUT_S, workdir=self._tmp.mktemp(f"world{world}"))
+            if _native_crash(run):  # once: a crash that repeats fails the tests
+                run = launch(trials, world, timeout_s=LAUNCH_TIMEOUT_S, workdir=self._tmp.mktemp(f"world{world}-again"))
+            self._done[world] = run
         return self._done[world]
+
+
+def _native_crash(run: LaunchResult) -> bool:
+    """A worker killed by SIGSEGV inside torch's CPU collectives: seen once (CI of 2026-12-07, rank 1
+    of the world-2 launch at memory:tp=2-recompute=full, the runs before and after passing), so
+    relaunched once; anything else, or the same crash twice, is a failure."""
+    return run.outcome == "crash" and "SIGSEGV" in run.stderr_tail
 
 
 @pytest.fixture(scope="session")
