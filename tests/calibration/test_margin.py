@@ -10,30 +10,12 @@ import pytest
 
 from autopar.calibration import margin as M
 from autopar.calibration.support import CalibrationPoint
+from tests.calibration.test_uncertainty import point
 
 
 def _point(source: str, residual: float, **kw) -> CalibrationPoint:
-    base = dict(
-        row_id=f"{source}-{kw.get('tp', 1)}-{kw.get('pp', 1)}-{residual:.6f}",
-        source=source,
-        profile="megatron",
-        workload="dense",
-        long_context=False,
-        dtype="bf16",
-        generation="hopper",
-        gpu="h100-sxm",
-        tp=1,
-        pp=1,
-        cp=1,
-        ep=1,
-        dp=8,
-        zero_stage=1,
-        num_gpus=64,
-        ep_cross_node=False,
-        residual=residual,
-        model="m",
-    )
-    return CalibrationPoint(**(base | kw))
+    """A published run of `source` (test_uncertainty's point: megatron, dense, bf16, H100)."""
+    return point(0, residual, source=source, **({"model": "m"} | kw))
 
 
 def test_knobs_apart_counts_each_differing_knob_once() -> None:
