@@ -308,12 +308,21 @@ def _zero(r: PublishedRow) -> int:
     return 1
 
 
+#: the first publication of Megatron's sequence parallelism (Korthikanti et al., arXiv 2205.05198):
+#: a run published before it could not use it
+SEQUENCE_PARALLEL_SINCE = "2022-05-10"
+
+
 def _sequence_parallel(r: PublishedRow, tp, model) -> bool:
     t = r.text("sequence_parallel").lower()
     if t in ("on", "off"):
         return t == "on"
     if t.startswith("yes"):
         return True
+    published = declared(r.source).published
+    if tp > 1 and published and published < SEQUENCE_PARALLEL_SINCE:
+        r.notes.append("SP off (published before sequence parallelism: Korthikanti et al. 2022)")
+        return model.moe is not None
     if tp > 1:
         r.notes.append(
             "SP not stated: assumed on"

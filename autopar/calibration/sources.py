@@ -27,6 +27,11 @@ NO_FLASH = (
     {"attention_mma_sync": 1.0, "attention_flash": 0.0},
     "attention: no FlashAttention (fused softmax over the whole score matrix, 2021-22)",
 )
+#: Megatron-LM 2021-22 also scattered its pipeline sends over the TP ranks (autopar.cost.comm.pp_calls)
+MEGATRON_2021 = (
+    NO_FLASH[0] | {"pp_scatter_gather": 1.0},
+    NO_FLASH[1] + "; pipeline sends scattered over TP and all-gathered (--scatter-gather-tensors-in-pipeline)",
+)
 TRITON_FLASH = (
     {"attention_mma_sync": 1.0, "attention_fa1": 1.0},
     "attention: llm-foundry's attn_impl triton (flash_attn_triton.py): FlashAttention in Triton, at "
@@ -63,9 +68,9 @@ SOURCES = (
         "megatron-readme",
         "megatron-core",
         "narayanan",
-        NO_FLASH,
+        MEGATRON_2021,
     ),
-    Source("korthikanti-2022", r"Korthikanti", "2022-05-10", "korthikanti", "megatron-core", kernels=NO_FLASH),
+    Source("korthikanti-2022", r"Korthikanti", "2022-05-10", "korthikanti", "megatron-core", kernels=MEGATRON_2021),
     Source(
         "nemo-24.07",
         r"NeMo Framework performance summary",

@@ -184,16 +184,32 @@ def new_ground_table(report: ValidationReport) -> Table | None:
     return t
 
 
-def coverage_line(report: ValidationReport) -> str:
-    """How often the 80 % interval holds, by how far from the fit a run is: left out by source, by
-    group, chronologically (all rows; per category in --json)."""
+def coverage_table(report: ValidationReport) -> Table | None:
+    """How often the 80 % interval holds per category, by how far from the fit a run is (left out by
+    source, by group, chronologically; a user's runs never seen: inside the shipped intervals), and
+    how wide it is (the median span over the estimate of the first split's intervals); None
+    without either."""
     u = report.uncertainty() or {}
-    shares = [("leave one source out", (u.get("coverage") or {}).get("all rows"))]
-    shares += [(name, c.get("all rows")) for name, c in (u.get("coverage_on_new_ground") or {}).items()]
-    parts = [f"{name} {_pct(s['covered'])} of {s['rows']}" for name, s in shares if s]
-    if len(parts) < 2:
-        return ""
-    return f"Runs inside their 80 % interval: {'; '.join(parts)}." + margin_text(u)
+    first = "the shipped intervals" if report.judged_by_shipped else "leave one source out"
+    splits = [(first, u.get("coverage") or {})]
+    splits += [(name, c) for name, c in (u.get("coverage_on_new_ground") or {}).items() if c]
+    if not splits[0][1]:
+        return None
+    t = Table(title="Runs inside their 80 % interval (rows in brackets) and its median width", title_justify="left")
+    t.add_column("category", justify="left")
+    for name, _ in splits:
+        t.add_column(name, justify="right")
+    t.add_column("median width", justify="right")
+    for g in ("all rows", *CATEGORIES):
+        cells = [f"{_pct(c[g]['covered'])} ({c[g]['rows']})" if g in c else "-" for _, c in splits]
+        width = splits[0][1].get(g, {}).get("median_width")
+        t.add_row(g, *cells, _pct(width), style="bold" if g == "all rows" else None)
+    return t
+
+
+def coverage_line(report: ValidationReport) -> str:
+    """How often the interval of two plans' step-time ratio holds (autopar.calibration.margin)."""
+    return margin_text(report.uncertainty() or {}).strip()
 
 
 def margin_text(u: dict) -> str:
@@ -246,6 +262,8 @@ def print_report(report: ValidationReport, written: list[Path], all_rows: bool =
     out.print(summary_table(report))
     if (ground := new_ground_table(report)) is not None:
         out.print(ground)
+    if (covered := coverage_table(report)) is not None:
+        out.print(covered)
     if line := coverage_line(report):
         out.print(line)
     n, skipped = len({r.case.row_id.rstrip("d") for r in report.in_sample.rows}), len(report.in_sample.skipped)

@@ -250,14 +250,32 @@ def ep_calls(model, tokens, tp, sp, moe_layers, imbalance, act_bytes, recompute_
     ]
 
 
-def pp_calls(model, tokens, tp, sp, pp, vpp, rank, act_bytes) -> list[Call]:
+def pp_calls(model, tokens, tp, sp, pp, vpp, rank, act_bytes, scatter_gather=0.0) -> list[Call]:
     """Activations forward and gradients backward at each (virtual) stage boundary, per microbatch:
-    rank r sends v forward (less the last virtual stage's) and v backward (less the first's)."""
-    s = tokens * model.hidden_size * act_bytes / np.where(sp, np.asarray(tp, dtype=float), 1.0)
+    rank r sends v forward (less the last virtual stage's) and v backward (less the first's).
+    `scatter_gather` 1 (Megatron-LM 2021-22, `--scatter-gather-tensors-in-pipeline` on by default):
+    without SP each of the tp ranks sends 1/tp of the tensor it would send whole, and the receiving
+    stage all-gathers it over its TP group (`pp_gather_calls`); Megatron-Core sends the whole tensor."""
+    t = np.asarray(tp, dtype=float)
+    split = np.where(sp, t, np.where(np.asarray(scatter_gather) > 0, t, 1.0))
+    s = tokens * model.hidden_size * act_bytes / split
+    return [Call("send", s, _stage_sends(pp, vpp, rank))]
+
+
+def pp_gather_calls(model, tokens, tp, sp, pp, vpp, rank, act_bytes, scatter_gather=0.0) -> list[Call]:
+    """The TP all-gathers of the received pieces that `pp_calls`'s scatter/gather adds: one per
+    stage-boundary send (Narayanan et al. SC21 sec. 4.1, "Scatter/gather communication
+    optimization"; Megatron-LM megatron/p2p_communication.py `gather_split_1d_tensor`, v2.x-3.0)."""
+    on = np.where(sp, 0.0, np.where((np.asarray(scatter_gather) > 0) & (np.asarray(tp) > 1), 1.0, 0.0))
+    s = tokens * model.hidden_size * act_bytes
+    return [Call("all_gather", s, _stage_sends(pp, vpp, rank) * on)]
+
+
+def _stage_sends(pp, vpp, rank) -> np.ndarray:
     v = np.asarray(vpp, dtype=float)
     fwd = v - (rank == np.asarray(pp) - 1)
     bwd = v - (rank == 0)
-    return [Call("send", s, np.where(np.asarray(pp) > 1, fwd + bwd, 0.0))]
+    return np.where(np.asarray(pp) > 1, fwd + bwd, 0.0)
 
 
 def dp_calls(params, zero_stage, grad_bytes, weight_bytes, m, pp, group_size) -> tuple[list[Call], list[Call]]:

@@ -23,6 +23,7 @@ from autopar.cost.comm import (
     grad_reductions_per_step,
     moe_stat_calls,
     pp_calls,
+    pp_gather_calls,
     replica_calls,
     seconds,
     tp_calls,
@@ -100,10 +101,11 @@ def comm_volumes(
     prm: RankParams,
     with_bytes: bool = True,
     sp_regather: float = 0.0,
+    pp_scatter: float = 0.0,
 ) -> CommVolumes:
     """Every axis's calls (autopar.cost.comm), summed, on its group; `with_bytes=False` leaves the
-    payload bytes at 0 (a search ranks by time only); `sp_regather`: the trainer's fact
-    (`sp_backward_regather`, autopar.cost.comm.tp_calls)."""
+    payload bytes at 0 (a search ranks by time only); `sp_regather` and `pp_scatter`: the trainer's
+    facts (`sp_backward_regather`, autopar.cost.comm.tp_calls; `pp_scatter_gather`, pp_calls)."""
     gpn = gpus_per_node
     vol = partial(volume, with_bytes=with_bytes)
     t, c, share, sp = x.tp, x.cp, x.recompute_share, x.sequence_parallel
@@ -118,7 +120,8 @@ def comm_volumes(
         place(stat_n, group_stride(ranks, ("cp", "tp")), gpn),
     )
     layers = (x.dense_layers, x.moe_layers, x.has_embedding, x.has_head)
-    calls = tp_calls(model, x.tokens, sp, *layers, share, x.etp, x.act_bytes, sp_regather)
+    stage = (model, x.tokens, t, sp, x.pp, x.vpp, x.rank, x.act_bytes, pp_scatter)
+    calls = tp_calls(model, x.tokens, sp, *layers, share, x.etp, x.act_bytes, sp_regather) + pp_gather_calls(*stage)
     tp = OnGroup(vol(calls, t), tp_group)
     cp_group = place(c, group_stride(ranks, ("cp",)), gpn)
     cp = OnGroup(vol(cp_calls(model, x.tokens, t, c, x.layers, share, x.act_bytes), c), cp_group, cp_group.nodes > 1)
@@ -129,9 +132,7 @@ def comm_volumes(
     )
     # neighbouring stages are tp*cp*dp ranks apart: do two of them share a node?
     neighbours = place(2, group_stride(ranks, ("pp",)), gpn)
-    pp = OnGroup(
-        vol(pp_calls(model, x.tokens, t, sp, x.pp, x.vpp, x.rank, x.act_bytes), x.pp), None, neighbours.nodes > 1
-    )
+    pp = OnGroup(vol(pp_calls(*stage), x.pp), None, neighbours.nodes > 1)
     reductions = grad_reductions_per_step(x.table.zero_stage, x.microbatches, x.pp, x.dp_group)
     tp_step = OnGroup(
         vol(tp_step_calls(model, sp, x.dense_layers, x.moe_layers, x.has_head, x.grad_bytes, reductions), t), tp_group
@@ -178,8 +179,9 @@ def comm_terms(
     """Every axis's calls priced on its group with the cluster's measured links (NCCL, or DeepEP's
     deduplicated kernels for the EP all-to-alls of plans with that dispatcher); `volumes`:
     `comm_volumes` of the same plans, when already summed."""
-    regather = cluster.constants.sp_backward_regather
-    v = volumes if volumes is not None else comm_volumes(x, model, cluster.gpus_per_node, prm, with_bytes, regather)
+    k = cluster.constants
+    facts = (k.sp_backward_regather, k.pp_scatter_gather)
+    v = volumes if volumes is not None else comm_volumes(x, model, cluster.gpus_per_node, prm, with_bytes, *facts)
     links = Links.of(cluster)
     stats, tp, cp = v.stats.traffic(links), v.tp.traffic(links), v.cp.traffic(links)
     ep = v.ep.traffic(links)
@@ -196,7 +198,6 @@ def comm_terms(
             )
             fused = v.ep.traffic(links, dedup).seconds
             ep = Traffic(ep.bytes, np.where(deepep, fused, ep.seconds))
-    k = cluster.constants
     dense_n = dp_buckets(x, prm.dense, x.dp_shard, x.layers + x.has_embedding + x.has_head, k)
     reduce, gather = (
         _bucketed(v.dense_reduce, dense_n).traffic(links),

@@ -94,6 +94,7 @@ class CostConstants:
     cpu_optimizer_overlap: float = _prior("cpu_optimizer_overlap")
     tp_async_backward: float = _prior("tp_async_backward")
     sp_backward_regather: float = _prior("sp_backward_regather")
+    pp_scatter_gather: float = _prior("pp_scatter_gather")
     fsdp_copy_traffic: float = _prior("fsdp_copy_traffic")
     per_expert_gemms: float = _prior("per_expert_gemms")
     zero1_rank_copies: float = _prior("zero1_rank_copies")

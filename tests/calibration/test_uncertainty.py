@@ -51,13 +51,14 @@ def type7(values, q):
     return v[lo] + (h - lo) * (v[min(lo + 1, len(v) - 1)] - v[lo])
 
 
-def test_band_is_the_regimes_10_and_90_percent_quantiles():
+def test_band_is_plus_minus_the_80_percent_quantile_of_the_residuals_sizes():
     residuals = [-0.20, -0.12, -0.05, -0.02, 0.0, 0.01, 0.03, 0.06, 0.09, 0.15, 0.30]
     support = U.Support(tuple(point(i, r) for i, r in enumerate(residuals)), widening=0.0)
     band = U.regime_band(support, "megatron", "dense", False, "bf16", "hopper")
     assert band.runs == 11 and band.name == "megatron dense short context bf16 hopper"
-    assert band.low == pytest.approx(type7(residuals, 0.1))  # -0.12
-    assert band.high == pytest.approx(type7(residuals, 0.9))  # 0.15
+    # sizes sorted: 0, .01, .02, .03, .05, .06, .09, .12, .15, .20, .30; type 7 at 0.8: h = 8, the 9th: 0.15
+    assert type7([abs(r) for r in residuals], 0.8) == pytest.approx(0.15)
+    assert (band.low, band.high) == pytest.approx((-0.15, 0.15))
 
 
 def test_a_regime_of_fewer_than_ten_runs_backs_off_to_a_coarser_one():
@@ -65,16 +66,17 @@ def test_a_regime_of_fewer_than_ten_runs_backs_off_to_a_coarser_one():
     ampere = [point(10 + i, -0.10 + 0.02 * i, generation="ampere", gpu="a100-80gb") for i in range(6)]
     support = U.Support(tuple(hopper + ampere), 0.0)
     band = U.regime_band(support, "megatron", "dense", False, "bf16", "hopper")
-    every = [p.residual for p in hopper + ampere]
+    sizes = [abs(p.residual) for p in hopper + ampere]
     assert band.runs == 12 and band.name == "megatron dense short context"
-    assert band.low == pytest.approx(min(type7(every, 0.1), 0.0))
-    assert band.high == pytest.approx(max(type7(every, 0.9), 0.0))
+    assert (band.low, band.high) == pytest.approx((-type7(sizes, 0.8), type7(sizes, 0.8)))
 
 
-def test_the_band_always_holds_the_central_prediction():
+def test_the_band_reaches_both_ways_though_every_run_erred_one_way():
+    # every run faster than predicted: a new source may err the other way (the MoE runs after
+    # 2025-07 did), so the band reaches as far down as up: 0.1 + 0.01 x h, h = 11 x 0.8 = 8.8
     support = U.Support(tuple(point(i, 0.1 + 0.01 * i) for i in range(12)), 0.0)
     band = U.regime_band(support, "megatron", "dense", False, "bf16", "hopper")
-    assert band.low == 0.0 and band.high > 0.1  # every run faster than predicted: the interval reaches up only
+    assert (band.low, band.high) == pytest.approx((-0.188, 0.188))
 
 
 def test_support_gaps_and_their_words():
@@ -122,8 +124,10 @@ def test_interval_columns_widen_per_gap():
     table = PlanTable.from_plans(plans)
     est = estimate_table(table, model, cluster, num_gpus=256)
     cols = U.interval_columns(table, est, model, cluster, 8192, support=support)
-    lo, hi = type7(residuals, 0.1), type7(residuals, 0.9)
-    m_lo, m_hi = type7(memory, 0.1), type7(memory, 0.9)
+    hi = type7([abs(r) for r in residuals], 0.8)  # sizes' 80 %: h = 7.2 -> 0.08 + 0.2 x 0.02 = 0.084
+    assert hi == pytest.approx(0.084)
+    lo = -hi
+    m_lo, m_hi = type7(memory, 0.1), type7(memory, 0.9)  # peak memory keeps its 10/90 % quantiles
     for i, g in enumerate((0, 2)):
         step = est["step_time_s"][i]
         assert cols["step_time_s_low"][i] == pytest.approx(step * math.exp(-(hi + 0.05 * g)))
@@ -136,11 +140,16 @@ def test_interval_columns_widen_per_gap():
 
 
 def test_coverage_leaves_each_source_out():
-    """Four sources; each point's band comes from the other three sources' points. Ten points of
-    residual 0 and two outliers: the outliers fall outside, the rest inside."""
+    """Four sources (row i of source s(i mod 4)); each point's band comes from the other three
+    sources' points. Ten points of residual 0, and the two outliers 0.5 (s2) and -0.5 (s3): the
+    outliers fall outside, the rest inside. Left out, s0 and s1 see seven zeros and both outliers:
+    their sizes' 80 % quantile (type 7, h = 6.4) is 0.4 x 0.5 = 0.2, a band of +-0.2 whose
+    throughput interval spans exp(0.2) - exp(-0.2) of the estimate; s2 and s3 see eight zeros and
+    one outlier: 0, no span. Six spans of each: the median is their mean."""
     points = [point(i, 0.0) for i in range(10)] + [point(10, 0.5), point(11, -0.5)]
     got = U.coverage(points, widening=0.0)["dense Megatron-family"]
-    assert got == {"rows": 12, "covered": pytest.approx(10 / 12)}
+    span = math.exp(0.2) - math.exp(-0.2)
+    assert got == {"rows": 12, "covered": pytest.approx(10 / 12), "median_width": pytest.approx(span / 2)}
 
 
 def test_widening_is_the_80th_percentile_of_what_extrapolated_runs_needed():
@@ -153,12 +162,12 @@ def test_widening_is_the_80th_percentile_of_what_extrapolated_runs_needed():
 
 
 def test_runs_the_model_never_saw_are_judged_by_the_shipped_intervals():
-    """Twelve shipped points spread over [-0.1, 0.1]: band = their 10/90 % quantiles. Three new runs:
-    one inside, one beyond the band, one beyond the band but with one support gap (tp 16 > 8) and the
-    widening 0.05 that brings it inside."""
+    """Twelve shipped points spread over [-0.1, 0.1]: band = +- their sizes' 80 % quantile. Three new
+    runs: one inside, one beyond the band, one beyond the band but with one support gap (tp 16 > 8)
+    and the widening 0.05 that brings it inside."""
     shipped = [point(i, -0.1 + 0.2 * i / 11) for i in range(12)]
     support = U.Support(tuple(shipped), widening=0.05)
-    hi = type7([p.residual for p in shipped], 0.9)
+    hi = type7([abs(p.residual) for p in shipped], 0.8)
     new = [
         point(100, 0.0, source="new"),
         point(101, hi + 0.02, source="new"),
@@ -166,7 +175,13 @@ def test_runs_the_model_never_saw_are_judged_by_the_shipped_intervals():
     ]
     assert [U.inside(p, support) for p in new] == [True, False, True]
     got = U.coverage_against(new, support)
-    assert got["dense Megatron-family"] == {"rows": 3, "covered": pytest.approx(2 / 3)}
+    # two of the three runs' intervals are the bare band +-hi, the third's one gap wider: the median is the band's
+    span = math.exp(hi) - math.exp(-hi)
+    assert got["dense Megatron-family"] == {
+        "rows": 3,
+        "covered": pytest.approx(2 / 3),
+        "median_width": pytest.approx(span),
+    }
     assert got["all rows"]["rows"] == 3
 
 
@@ -180,7 +195,8 @@ def test_support_text_without_any_published_run():
 
 def test_a_new_sources_widening_weights_every_source_once():
     """Sources s0-s2 publish four runs each at residual 0; source "new" two runs at 0.5. Left out,
-    each of s0-s2 finds its runs inside the band of the other ten (type 7: 90 % quantile 0.5), and
+    each of s0-s2 finds its runs inside the band of the other ten (type 7: the sizes' 80 % quantile
+    of eight zeros and two 0.5s is 0.5 x (7.2 - 7) = 0.1, and its runs are at 0), and
     "new" finds its runs 0.5 above the band of the twelve zeros. With every source weighted once, 3
     of 4 sources need nothing and the fourth 0.5: the 80th percentile is 0.5 (weighted by rows it
     would be 0: 12 of 14 runs need nothing)."""

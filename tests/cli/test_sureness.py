@@ -178,6 +178,30 @@ def test_validate_json_reports_coverage_per_category(cli_run):
     assert not math.isnan(cov["peak memory"]["covered"])
 
 
+def test_validate_prints_coverage_per_category_for_each_split_and_the_median_width(cli_run, monkeypatch):
+    """The terminal table holds, per category, the --json coverage of leave one source out, leave
+    one group out and the chronological split, and the median width of the first; the new-ground
+    splits stay within 70-90 % where they hold 10 runs or more (issue 43's acceptance)."""
+    import re
+
+    out = json.loads(cli_run("validate", "--json").stdout)
+    monkeypatch.setenv("COLUMNS", "200")
+    text = cli_run("validate").stdout
+    splits = [out["coverage"], *(out["coverage_on_new_ground"][k] for k in ("leave one group out", "chronological"))]
+    for category in ("all rows", "dense Megatron-family", "FSDP-family", "MoE", "long context"):
+        want = [
+            f"{100 * c[category]['covered']:.1f}% ({c[category]['rows']})" if category in c else "-" for c in splits
+        ]
+        want.append(f"{100 * out['coverage'][category]['median_width']:.1f}%")
+        table = text[text.index("Runs inside their 80 % interval") :].splitlines()
+        line = next(ln for ln in table if re.match(rf"│ {re.escape(category)} +│ +\d", ln))
+        assert [cell.strip() for cell in line.strip("│ ").split("│")][1:] == want, line
+        for c in splits[1:]:
+            if c.get(category, {}).get("rows", 0) >= 10:
+                assert 0.70 <= c[category]["covered"] <= 0.90, (category, c[category])
+    assert 0 < out["coverage"]["MoE"]["median_width"] < 1.5  # MoE: the widest, yet not unbounded
+
+
 def test_compare_shows_each_layouts_support_and_interval(cli_run):
     r = cli_run("compare", "--model", "70b", "--gpus", "256", "--tp 8 --pp 4", "--zero 3 --recompute full", "--json")
     assert r.returncode == 0, r.stderr
