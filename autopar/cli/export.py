@@ -41,7 +41,7 @@ def _help() -> str:
         "  autopar export --run runs/70b --rank 1 --to megatron --out launch/\n"
         "  (without --trainer the search ranks every trainer's plans; --to T re-targets rank N to T,\n"
         "  or refuses it with T's capability line; plan flags such as --zero 1 change it first)\n"
-        "  cd launch/megatron && sbatch launch_slurm.sbatch"
+        "  cd launch/megatron && bash submit_slurm.sh   (checks DATA_PATH, TOKENIZER, MEGATRON_LM, then sbatch)"
     )
     return "\n\n".join(lines)
 

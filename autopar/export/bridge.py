@@ -31,6 +31,7 @@ from autopar.export.megatron_core import (
     view_from_core_fields,
 )
 from autopar.export.nemo import recipe_name
+from autopar.export.presubmit import Required
 from autopar.export.production import checkpoint_interval, megatron_family_env
 from autopar.export.view import normalize
 from autopar.spec.fp8_recipes import BRIDGE_PARAM_GATHER
@@ -171,6 +172,15 @@ class BridgeExporter(Exporter):
             ),
             env=env.set,
             unset=env.unset,
+            requires=(
+                Required(
+                    "MEGATRON_BRIDGE",
+                    "checkout",
+                    "your Megatron-Bridge checkout",
+                    "scripts/training/run_recipe.py",
+                    "/opt/Megatron-Bridge",
+                ),
+            ),
         )
         return ExportBundle(
             format=self.name,

@@ -21,8 +21,9 @@ from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
 from autopar.export.bash import bash_array, number_word, read_bash_array
 from autopar.export.header import comment_header, header_dict
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
-from autopar.export.megatron import USER_ARGS
+from autopar.export.megatron import USER_ARGS, USER_REQUIRES
 from autopar.export.megatron_core import recompute_from
+from autopar.export.presubmit import Required
 from autopar.export.production import checkpoint_interval
 from autopar.export.view import normalize
 from autopar.json_out import dumps
@@ -193,6 +194,16 @@ class DeepSpeedExporter(Exporter):
             args='"${AUTOPAR_ARGS[@]}" "${DS_ARGS[@]}" "${USER_ARGS[@]}"',
             setup=("MEGATRON_DEEPSPEED=${MEGATRON_DEEPSPEED:-/opt/Megatron-DeepSpeed}", f'source "$HERE/{ARGS}"'),
             env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
+            requires=USER_REQUIRES
+            + (
+                Required(
+                    "MEGATRON_DEEPSPEED",
+                    "checkout",
+                    "your Megatron-DeepSpeed checkout",
+                    "pretrain_gpt.py",
+                    "/opt/Megatron-DeepSpeed",
+                ),
+            ),
         )
         return ExportBundle(
             format=self.name,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from autopar.export.base import Context, ExportBundle, Exporter, ExportFile, ExportRefused
 from autopar.export.header import comment_header
+from autopar.export.presubmit import Required, submit_script
 from autopar.quoting import check_text, sbatch_directives
 
 
@@ -34,6 +35,7 @@ class Entry:
     env: tuple[tuple[str, str], ...] = ()  # trainer-specific environment
     unset: tuple[str, ...] = ()  # variables the trainer needs unset (e.g. Megatron-FSDP's CUDA_DEVICE_MAX_CONNECTIONS)
     one_task_per_gpu: bool = False  # SLURM: srun one task per GPU (Megatron) instead of torchrun
+    requires: tuple[Required, ...] = ()  # what the job reads from the environment (submit_slurm.sh checks it)
 
 
 COMMON_ENV = (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"), ("OMP_NUM_THREADS", "${OMP_NUM_THREADS:-8}"))
@@ -124,7 +126,7 @@ def slurm_script(ctx: Context, entry: Entry) -> str:
     setup = "\n".join(entry.setup)
     head = f"""#!/bin/bash
 {_sbatch_lines(ctx, g if entry.one_task_per_gpu else 1)}{comment_header(ctx)}#
-# Submit from this directory: sbatch launch_slurm.sbatch
+# Submit with: bash submit_slurm.sh (it checks what the job reads from the environment first)
 {rank_lines}
 set -euo pipefail
 HERE="${{SLURM_SUBMIT_DIR:-$(pwd)}}"
@@ -164,14 +166,16 @@ def run_hint(ctx: Context, which: str = "both") -> str:
     if which == "torchrun":
         return torchrun
     if which == "slurm":
-        return "sbatch launch_slurm.sbatch"
-    return f"sbatch launch_slurm.sbatch   # or: {torchrun}"
+        return "bash submit_slurm.sh"
+    return f"bash submit_slurm.sh   # or: {torchrun}"
 
 
-def launch_files(ctx: Context, entry: Entry) -> tuple[ExportFile, ExportFile]:
+def launch_files(ctx: Context, entry: Entry) -> tuple[ExportFile, ExportFile, ExportFile]:
+    container = bool(ctx.options.slurm.container_image)
     return (
         ExportFile("launch_torchrun.sh", torchrun_script(ctx, entry), executable=True),
         ExportFile("launch_slurm.sbatch", slurm_script(ctx, entry), executable=True),
+        ExportFile("submit_slurm.sh", submit_script(entry.requires, container, comment_header(ctx)), executable=True),
     )
 
 
@@ -232,7 +236,7 @@ def trainer_of(bundle: ExportBundle) -> str:
 
 
 class _LauncherExporter(Exporter):
-    keep: str = ""
+    keep: tuple[str, ...] = ()  # the launch files this launcher keeps
 
     def runs_on(self, plan, options) -> str:
         """The trainer launched: --trainer, else the plan's own."""
@@ -258,9 +262,9 @@ class _LauncherExporter(Exporter):
 
         trainer = ctx.plan.trainer  # Context.make re-targeted the plan to runs_on()
         bundle = get_exporter(trainer).render(ctx.plan, ctx.model, ctx.cluster, ctx.options)
-        drop = {"launch_torchrun.sh", "launch_slurm.sbatch"} - {self.keep}
+        drop = {"launch_torchrun.sh", "launch_slurm.sbatch", "submit_slurm.sh"} - set(self.keep)
         files = tuple(f for f in bundle.files if f.name not in drop)
-        run = run_hint(ctx, "torchrun" if self.keep == "launch_torchrun.sh" else "slurm")
+        run = run_hint(ctx, "torchrun" if "launch_torchrun.sh" in self.keep else "slurm")
         return ExportBundle(
             format=self.name, files=files, run=run, notes=bundle.notes, meta=dict(bundle.meta, trainer=trainer)
         )
@@ -279,7 +283,7 @@ class TorchrunExporter(_LauncherExporter):
         "launch_torchrun.sh + the trainer's config: run it on every node with NODE_RANK and MASTER_ADDR "
         "set; each node gets consecutive global ranks, so TP groups stay inside a node."
     )
-    keep = "launch_torchrun.sh"
+    keep = ("launch_torchrun.sh",)
 
 
 class SlurmExporter(_LauncherExporter):
@@ -287,8 +291,9 @@ class SlurmExporter(_LauncherExporter):
     title = "SLURM sbatch script for --trainer (srun one task per GPU for Megatron-family, else srun+torchrun c10d)"
     example = "autopar export --run reports/run --rank 1 --to slurm --partition gpu --time 04:00:00 --out launch/"
     description = (
-        "launch_slurm.sbatch + the trainer's config: `sbatch launch_slurm.sbatch`. Megatron-LM and "
+        "launch_slurm.sbatch + the trainer's config: `bash submit_slurm.sh` checks what the job reads from "
+        "the environment (DATA_PATH, TOKENIZER, the checkout) on the login node, then submits it. Megatron-LM and "
         "Megatron-DeepSpeed run one srun task per GPU (block distribution); torchtitan, NeMo and "
         "Megatron-Bridge run srun + torchrun with a c10d rendezvous."
     )
-    keep = "launch_slurm.sbatch"
+    keep = ("launch_slurm.sbatch", "submit_slurm.sh")

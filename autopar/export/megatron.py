@@ -39,6 +39,7 @@ from autopar.export.megatron_core import (
     recompute_settings,
 )
 from autopar.export.megatron_parse import view_from_megatron_argv
+from autopar.export.presubmit import Required
 from autopar.export.production import checkpoint_interval, megatron_family_env, uses_megatron_fsdp
 
 __all__ = ["ZERO_FSDP_STRATEGY", "MegatronExporter", "recompute_settings", "view_from_megatron_argv"]
@@ -248,6 +249,12 @@ def precision_args(ctx: Context) -> list[str]:
     return a
 
 
+#: what USER_ARGS reads from the environment (checked before sbatch: autopar.export.presubmit)
+USER_REQUIRES = (
+    Required("DATA_PATH", "dataset", "a Megatron indexed dataset prefix (PREFIX.bin and PREFIX.idx)"),
+    Required("TOKENIZER", "name_or_path", "a HuggingFace tokenizer name or path"),
+)
+
 USER_ARGS = """# Fill in: data, tokenizer, schedule and checkpoints (not part of the plan).
 USER_ARGS=(
   --data-path "${DATA_PATH:?set DATA_PATH to a Megatron indexed dataset prefix}"
@@ -311,6 +318,10 @@ class MegatronExporter(Exporter):
             env=env.set,
             unset=env.unset,
             one_task_per_gpu=True,
+            requires=USER_REQUIRES
+            + (
+                Required("MEGATRON_LM", "checkout", "your Megatron-LM checkout", "pretrain_gpt.py", "/opt/Megatron-LM"),
+            ),
         )
         notes = ["set MEGATRON_LM, DATA_PATH and TOKENIZER (and review USER_ARGS) before launching"]
         if ctx.plan.zero_stage >= 2:
