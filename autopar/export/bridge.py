@@ -12,7 +12,10 @@ capability table (autopar/spec/data/trainers.toml [bridge], applied before rende
 
 from __future__ import annotations
 
+import json
 import shlex
+from functools import cache
+from importlib import resources
 
 from autopar.cost.flops import VOCAB_DIVISOR
 from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
@@ -103,6 +106,28 @@ def bridge_overrides(ctx: Context) -> dict:
     return out
 
 
+@cache
+def recipe_values(recipe: str) -> dict:
+    """The fields a Megatron-Bridge recipe sets explicitly, and the layout, recompute and offload
+    fields it leaves at their class defaults, read from its source by scripts/bridge_recipe_values.py
+    (data/bridge_recipes.json: megatron-bridge 0.3.1, megatron-core 0.16.1); {} for a recipe it
+    does not list."""
+    data = json.loads(resources.files("autopar.export").joinpath("data/bridge_recipes.json").read_text())
+    listed = data["recipes"].get(recipe)
+    return (data["defaults"]["values"] | listed["values"]) if listed else {}
+
+
+def minimal_overrides(ov: dict, recipe: str) -> dict:
+    """The overrides that change the recipe: a field the recipe sets to the same value is left to
+    it, so an older image that lacks a field autopar would only have restated still runs, and no
+    line undoes a tuned value; a field the recipe does not set explicitly is written."""
+    known = recipe_values(recipe)
+    out = {k: v for k, v in ov.items() if k not in known or hydra_value(known[k]) != hydra_value(v)}
+    if not ov.get("model.fine_grained_activation_offloading"):
+        out.pop("model.offload_modules", None)  # read only with offloading on (TransformerConfig.__post_init__)
+    return out
+
+
 def hydra_value(v) -> str:
     if v is None:
         return "null"
@@ -154,7 +179,8 @@ class BridgeExporter(Exporter):
 
     def _render(self, ctx: Context) -> ExportBundle:
         recipe = recipe_name(ctx)
-        ov = bridge_overrides(ctx)
+        meant = bridge_overrides(ctx)
+        ov = minimal_overrides(meant, recipe)
         lines = [
             comment_header(ctx).rstrip("\n"),
             "# Megatron-Bridge overrides, one per line (Hydra syntax):",
@@ -187,12 +213,13 @@ class BridgeExporter(Exporter):
             files=(ExportFile(FILE, "\n".join(lines) + "\n"), *launch_files(ctx, entry)),
             run=run_hint(ctx),
             notes=("set MEGATRON_BRIDGE and the recipe's dataset/tokenizer before launching",),
-            meta={"recipe": recipe},
+            meta={"recipe": recipe, "overrides": meant},  # every field the plan sets, the recipe's included
         )
 
     def parse(self, bundle: ExportBundle) -> dict:
-        ov = parse_bridge_overrides(bundle.text(FILE))
-        return view_from_bridge(ov, parse_world(bundle))
+        text = bundle.text(FILE)
+        recipe = next(ln.removeprefix("# recipe: ") for ln in text.splitlines() if ln.startswith("# recipe: "))
+        return view_from_bridge(recipe_values(recipe) | parse_bridge_overrides(text), parse_world(bundle))
 
 
 def view_from_bridge(ov: dict, num_gpus: int) -> dict:

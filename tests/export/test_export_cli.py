@@ -71,7 +71,12 @@ def test_search_then_export_rank_1_to_megatron(run_dir, tmp_path, capsys) -> Non
     )
     assert code == 0, err
     d = tmp_path / "megatron"
-    assert {p.name for p in d.iterdir()} == {"megatron_args.sh", "launch_torchrun.sh", "launch_slurm.sbatch", "submit_slurm.sh"}
+    assert {p.name for p in d.iterdir()} == {
+        "megatron_args.sh",
+        "launch_torchrun.sh",
+        "launch_slurm.sbatch",
+        "submit_slurm.sh",
+    }
     assert str(d / "megatron_args.sh") in out and "run: cd " in out
     entry = load_run_plan(run_dir, 1)
     got = get_exporter("megatron").parse(read_bundle(d, "megatron"))

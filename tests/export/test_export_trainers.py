@@ -441,10 +441,21 @@ BRIDGE_CASES = accepted("bridge")
 
 @pytest.mark.parametrize("case", BRIDGE_CASES, ids=[c.id for c in BRIDGE_CASES])
 def test_bridge_overrides_build_megatron_core_configs(case) -> None:
-    from autopar.export.bridge import parse_bridge_overrides
+    from autopar.export.bridge import hydra_value, parse_bridge_overrides, recipe_values
 
     _, TransformerConfig, _, DDP, _ = _core()
-    ov = parse_bridge_overrides(render(case, "bridge").text("bridge_overrides.txt"))
+    bundle = render(case, "bridge")
+    ov = bundle.meta["overrides"]  # every field the plan sets
+    written = parse_bridge_overrides(bundle.text("bridge_overrides.txt"))
+    recipe = recipe_values(bundle.meta["recipe"])
+    # the file writes what the recipe does not already hold: the rest are the recipe's own values
+    # (offload_modules is read only with offloading on)
+    for k, v in ov.items():
+        if k in written:
+            assert hydra_value(written[k]) == hydra_value(v), k
+        elif k != "model.offload_modules" or ov.get("model.fine_grained_activation_offloading"):
+            assert hydra_value(recipe[k]) == hydra_value(v), k
+    assert set(written) <= set(ov)
     model = {k.removeprefix("model."): v for k, v in ov.items() if k.startswith("model.")}
     provider_only = {"seq_length", "rotary_base", "make_vocab_size_divisible_by"}  # GPTModelProvider fields
     tc_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
