@@ -275,7 +275,7 @@ def print_report(report: ValidationReport, written: list[Path], all_rows: bool =
         )
     )
     memory = ((report.uncertainty() or {}).get("coverage") or {}).get("peak memory")
-    if memory:
+    if memory and memory.get("rows"):
         out.print(
             f"Peak memory: {_pct(memory['covered'])} of {memory['rows']} measured peaks inside the 80 % "
             f"interval built from the other sources' peaks."
