@@ -7,7 +7,7 @@ import json
 
 
 def test_exhaustive_search_with_no_valid_plan_is_one_line(cli_run, one_line_error, tmp_path) -> None:
-    r = cli_run("search", "--model", "tiny", "--gpus", "1048576", "--run-dir", tmp_path / "run")
+    r = cli_run("search", "--model", "tiny", "--gpus", "1048576", "--seq-len", "512", "--run-dir", tmp_path / "run")
     one_line_error(r, ["no plan of the space is valid", "tiny on 1,048,576", "fewer GPUs"])
     assert (tmp_path / "run" / "search.json").is_file()  # the run directory stays, complete, for a look
 

@@ -77,17 +77,20 @@ def test_the_chosen_space_is_said(cli_run, tmp_path):
 
 def test_winner_on_a_bound_of_the_space(cli_run, tmp_path):
     """The knobs where the winner sits on the default space's largest choice (search_spaces/
-    default.yaml: tp 8, pp 16, vpp 10, cp 2, mbs 4) are each named with the shipped space that
-    reaches further (long-context: cp up to 32), and no other."""
-    doc, _ = _search(cli_run, tmp_path, "bound", "--dtype", "fp8", "--seq-len", "16384")
+    default.yaml: tp 8, pp 16, vpp 10, cp 4, mbs 4) are each named with the shipped space that
+    reaches further (dense-large: vpp up to 16), and no other."""
+    args = [a if a != "64" else "256" for a in QUESTION]
+    r = cli_run("search", *args, "--run-dir", tmp_path / "bound", "--json", "--dtype", "fp8", "--seq-len", "16384")
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
     # the winner, and the fastest plan where the headroom rule ranked another first
     plans = [doc["top"][0]["plan"], min(doc["top"], key=lambda t: t["step_time_s"])["plan"]]
-    maxima = {"tp": 8, "pp": 16, "vpp": 10, "cp": 2, "micro_batch_size": 4}
+    maxima = {"tp": 8, "pp": 16, "vpp": 10, "cp": 4, "micro_batch_size": 4}
     # tp 8 fills the node (tp within a node): a bound of the GPUs, not of the space
     on_bound = [k for k, top in maxima.items() if k != "tp" and any(p[k] == top for p in plans)]
-    # 70B FP8 on 64 H100 at 16K tokens wants context parallelism (the model's fastest, tp4.cp2.pp4.v8)
-    assert on_bound == ["cp"], plans
-    assert doc["space_bounds"] == ["cp hit the space's maximum 2: try --space long-context (cp up to 32)"]
+    # 70B FP8 on 256 H100 at 16K tokens, batch 128: the model's fastest interleaves 10 stages a rank
+    assert on_bound == ["vpp"], plans
+    assert doc["space_bounds"] == ["vpp hit the space's maximum 10: try --space dense-large (vpp up to 16)"]
 
 
 def test_mfu_legend_names_the_peak(cli_run, tmp_path):

@@ -416,9 +416,15 @@ def test_variants_table_lists_top_json_variants_under_their_leaders(run, run70):
     table = T.variant_table(run)
     assert len(table) == len(variants)
     assert list(table["variant_of"]) == sorted(table["variant_of"])  # grouped under rank 1, 2, ...
-    by_step = {(v["variant_of"], v["plan_name"], v["step_time_s"]): v for v in variants}
-    for _, row in table.iterrows():
-        v = by_step[(row["variant_of"], row["plan_name"], row["step_time_s"])]
+    # the table's order: by leader, then step time, ties in top.json's order (two stage layouts with
+    # the same slowest stage run at the same pace)
+    ordered = sorted(variants, key=lambda v: (v["variant_of"], v["step_time_s"]))
+    for (_, row), v in zip(table.iterrows(), ordered, strict=True):
+        assert (row["variant_of"], row["plan_name"], row["step_time_s"]) == (
+            v["variant_of"],
+            v["plan_name"],
+            v["step_time_s"],
+        )
         lead = top[row["variant_of"] - 1]
         assert row["vs_leader"] == pytest.approx(v["step_time_s"] / lead["step_time_s"] - 1, rel=1e-12)
         assert row["memory_gib"] == pytest.approx(v["peak_memory_bytes"] / GIB, rel=1e-12)

@@ -11,8 +11,8 @@ from autopar.search.space import LONG_CONTEXT_SEQ, chosen_space, load_space
 DEFAULT_KNOBS = {
     "tp": [1, 2, 4, 8],
     "pp": [1, 2, 4, 8, 16],
-    "vpp": [1, 2, 4, 5, 8, 10],
-    "cp": [1, 2],
+    "vpp": [1, 2, 4, 5, 6, 8, 10],
+    "cp": [1, 2, 4],
     "ep": "auto",
     "etp": ["tp"],
     "zero": [1, 3],
@@ -51,7 +51,7 @@ def test_a_file_keeps_what_it_sets(tmp_path):
     path.write_text("knobs:\n  tp: [8]\nconstraints:\n  max_pp: 4\n")
     sp = load_space(str(path))
     assert sp.knobs["tp"] == [8] and sp.constraints["max_pp"] == 4
-    assert sp.knobs["cp"] == [1, 2] and sp.constraints["tp_within_node"] is True  # inherited
+    assert sp.knobs["cp"] == [1, 2, 4] and sp.constraints["tp_within_node"] is True  # inherited
 
 
 def test_shipped_spaces_inherit_only_what_they_leave_out():
