@@ -12,10 +12,7 @@ capability table (autopar/spec/data/trainers.toml [bridge], applied before rende
 
 from __future__ import annotations
 
-import json
 import shlex
-from functools import cache
-from importlib import resources
 
 from autopar.cost.flops import VOCAB_DIVISOR
 from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
@@ -36,6 +33,7 @@ from autopar.export.megatron_core import (
 from autopar.export.nemo import recipe_name
 from autopar.export.presubmit import Required
 from autopar.export.production import checkpoint_interval, megatron_family_env
+from autopar.export.recipe_values import changes, recipe_values
 from autopar.export.view import normalize
 from autopar.spec.fp8_recipes import BRIDGE_PARAM_GATHER
 from autopar.spec.trainers import get_trainer
@@ -106,25 +104,13 @@ def bridge_overrides(ctx: Context) -> dict:
     return out
 
 
-@cache
-def recipe_values(recipe: str) -> dict:
-    """The fields a Megatron-Bridge recipe sets explicitly, and the layout, recompute and offload
-    fields it leaves at their class defaults, read from its source by scripts/bridge_recipe_values.py
-    (data/bridge_recipes.json: megatron-bridge 0.3.1, megatron-core 0.16.1); {} for a recipe it
-    does not list."""
-    data = json.loads(resources.files("autopar.export").joinpath("data/bridge_recipes.json").read_text())
-    listed = data["recipes"].get(recipe)
-    return (data["defaults"]["values"] | listed["values"]) if listed else {}
-
-
 def minimal_overrides(ov: dict, recipe: str) -> dict:
-    """The overrides that change the recipe: a field the recipe sets to the same value is left to
-    it, so an older image that lacks a field autopar would only have restated still runs, and no
-    line undoes a tuned value; a field the recipe does not set explicitly is written."""
-    known = recipe_values(recipe)
-    out = {k: v for k, v in ov.items() if k not in known or hydra_value(known[k]) != hydra_value(v)}
+    """The overrides that change the recipe (autopar.export.recipe_values): a field the recipe sets to
+    the same value is left to it; offload_modules goes with offloading off (TransformerConfig reads it
+    only with fine_grained_activation_offloading on)."""
+    out = changes(ov, recipe_values("bridge", recipe))
     if not ov.get("model.fine_grained_activation_offloading"):
-        out.pop("model.offload_modules", None)  # read only with offloading on (TransformerConfig.__post_init__)
+        out.pop("model.offload_modules", None)
     return out
 
 
@@ -219,7 +205,7 @@ class BridgeExporter(Exporter):
     def parse(self, bundle: ExportBundle) -> dict:
         text = bundle.text(FILE)
         recipe = next(ln.removeprefix("# recipe: ") for ln in text.splitlines() if ln.startswith("# recipe: "))
-        return view_from_bridge(recipe_values(recipe) | parse_bridge_overrides(text), parse_world(bundle))
+        return view_from_bridge(recipe_values("bridge", recipe) | parse_bridge_overrides(text), parse_world(bundle))
 
 
 def view_from_bridge(ov: dict, num_gpus: int) -> dict:

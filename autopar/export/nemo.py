@@ -34,6 +34,7 @@ from autopar.export.megatron_core import (
     view_from_core_fields,
 )
 from autopar.export.production import megatron_family_env
+from autopar.export.recipe_values import changes, recipe_values
 from autopar.export.view import normalize
 from autopar.quoting import check_identifier
 from autopar.spec.trainers import get_trainer
@@ -124,7 +125,8 @@ class NemoExporter(Exporter):
 
     def _render(self, ctx: Context) -> ExportBundle:
         recipe = recipe_name(ctx)
-        ov = nemo_overrides(ctx)
+        meant = nemo_overrides(ctx)
+        ov = minimal_nemo_overrides(meant, recipe)
         overlap = tp_overlap(ctx.plan)
         items = "".join(f"    {k!r}: {v!r},\n" for k, v in ov.items())
         summary = f"NeMo 2 pretraining with the autopar plan: the {recipe} recipe plus the overrides below."
@@ -187,22 +189,32 @@ if __name__ == "__main__":
                 "needs nemo-toolkit 2.x (NeMo 2 LLM recipes) and nemo_run; set the recipe's data "
                 "(the default is MockDataModule)",
             ),
+            meta={"recipe": recipe, "overrides": meant},  # every field the plan sets, the recipe's included
         )
 
     def parse(self, bundle: ExportBundle) -> dict:
-        ov, tp_overlap = parse_nemo_script(bundle.text(SCRIPT))
+        ov, tp_overlap, recipe = parse_nemo_script(bundle.text(SCRIPT))
         txt = parse_nemo_overrides(bundle.text(OVERRIDES))
         if txt != ov:
             raise ValueError("nemo_overrides.txt and nemo_pretrain.py disagree")
-        return view_from_nemo(ov, tp_overlap, parse_world(bundle))
+        return view_from_nemo(recipe_values("nemo", recipe) | ov, tp_overlap, parse_world(bundle))
 
 
-def parse_nemo_script(text: str) -> tuple[dict, bool]:
+def minimal_nemo_overrides(ov: dict, recipe: str) -> dict:
+    """The overrides that change the recipe (autopar.export.recipe_values); the node and GPU counts
+    always (nemo_pretrain.py hands them to pretrain_recipe); offload_modules goes with offloading off."""
+    out = changes(ov, recipe_values("nemo", recipe), always=("trainer.num_nodes", "trainer.devices"))
+    if not ov.get("model.config.fine_grained_activation_offloading"):
+        out.pop("model.config.offload_modules", None)
+    return out
+
+
+def parse_nemo_script(text: str) -> tuple[dict, bool, str]:
     found = {}
     for node in ast.parse(text).body:
         if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper():
             found[node.targets[0].id] = ast.literal_eval(node.value)
-    return found["OVERRIDES"], found["TP_COMM_OVERLAP"]
+    return found["OVERRIDES"], found["TP_COMM_OVERLAP"], found["RECIPE"]
 
 
 def parse_nemo_overrides(text: str) -> dict:

@@ -441,13 +441,14 @@ BRIDGE_CASES = accepted("bridge")
 
 @pytest.mark.parametrize("case", BRIDGE_CASES, ids=[c.id for c in BRIDGE_CASES])
 def test_bridge_overrides_build_megatron_core_configs(case) -> None:
-    from autopar.export.bridge import hydra_value, parse_bridge_overrides, recipe_values
+    from autopar.export.bridge import hydra_value, parse_bridge_overrides
+    from autopar.export.recipe_values import recipe_values
 
     _, TransformerConfig, _, DDP, _ = _core()
     bundle = render(case, "bridge")
     ov = bundle.meta["overrides"]  # every field the plan sets
     written = parse_bridge_overrides(bundle.text("bridge_overrides.txt"))
-    recipe = recipe_values(bundle.meta["recipe"])
+    recipe = recipe_values("bridge", bundle.meta["recipe"])
     # the file writes what the recipe does not already hold: the rest are the recipe's own values
     # (offload_modules is read only with offloading on)
     for k, v in ov.items():
@@ -527,9 +528,21 @@ NEMO_CASES = accepted("nemo")
 @pytest.mark.parametrize("case", NEMO_CASES, ids=[c.id for c in NEMO_CASES])
 def test_nemo_overrides_build_megatron_core_configs(case) -> None:
     from autopar.export.nemo import parse_nemo_script
+    from autopar.export.recipe_values import recipe_values
 
     _, _, _, DDP, _ = _core()
-    ov, _ = parse_nemo_script(render(case, "nemo").text("nemo_pretrain.py"))
+    bundle = render(case, "nemo")
+    ov = bundle.meta["overrides"]  # every field the plan sets
+    written, _, recipe_name = parse_nemo_script(bundle.text("nemo_pretrain.py"))
+    recipe = recipe_values("nemo", recipe_name)
+    # the script writes what the recipe does not already hold: the rest are the recipe's own values
+    # (offload_modules is read only with offloading on)
+    for k, v in ov.items():
+        if k in written:
+            assert written[k] == v, k
+        elif k != "model.config.offload_modules" or ov.get("model.config.fine_grained_activation_offloading"):
+            assert recipe[k] == v or list(recipe[k]) == list(v), k
+    assert set(written) <= set(ov)
     strategy = {
         k.removeprefix("trainer.strategy."): v
         for k, v in ov.items()
@@ -566,7 +579,10 @@ def test_nemo_override_paths_exist_in_the_installed_release() -> None:
     ddp = {f.name for f in dataclasses.fields(DDP)}
     opt = {f.name for f in dataclasses.fields(OptimizerConfig)}
     for case in NEMO_CASES:
-        ov, _ = parse_nemo_script(render(case, "nemo").text("nemo_pretrain.py"))
+        bundle = render(case, "nemo")
+        written, _, _ = parse_nemo_script(bundle.text("nemo_pretrain.py"))
+        ov = bundle.meta["overrides"]
+        assert set(written) <= set(ov)
         for k in ov:
             parts = k.split(".")
             if parts[:2] == ["trainer", "strategy"]:

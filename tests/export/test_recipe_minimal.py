@@ -1,8 +1,9 @@
-"""The Megatron-Bridge export writes only what changes the recipe (autopar.export.bridge
-minimal_overrides): a field the recipe already sets to the plan's value is left to it, so no line
+"""The Megatron-Bridge and NeMo 2 exports write only what changes the recipe (autopar.export.
+recipe_values): a field the recipe already sets to the plan's value is left to it, so no line
 restates a default over a tuned value or names a field an older image lacks. What each recipe sets
-comes from its source (data/bridge_recipes.json, written by scripts/bridge_recipe_values.py); a
-test re-reads it from the installed reference release (the Makefile's trainer-refs)."""
+comes from its source (data/bridge_recipes.json and data/nemo_recipes.json, written by
+scripts/bridge_recipe_values.py and scripts/nemo_recipe_values.py); a test re-reads them from the
+installed reference releases (the Makefile's trainer-refs)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from autopar.export import ExportOptions, get_exporter
-from autopar.export.bridge import parse_bridge_overrides, recipe_values
+from autopar.export.bridge import parse_bridge_overrides
+from autopar.export.recipe_values import recipe_values
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan
 from autopar.spec.presets import get_preset
@@ -47,7 +49,7 @@ def test_the_recipes_own_layout_writes_only_the_models_facts():
     written, meant = _written(RECIPE_70B)
     assert set(written) == FACTS, sorted(written)
     # what it leaves out is the recipe's, by the recipe's own source lines
-    recipe = recipe_values("llama3_70b_pretrain_config")
+    recipe = recipe_values("bridge", "llama3_70b_pretrain_config")
     assert recipe["model.tensor_model_parallel_size"] == 4 and recipe["model.virtual_pipeline_model_parallel_size"] == 5
     assert recipe["model.tp_comm_overlap"] is True  # cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=True)
     assert meant["model.tp_comm_overlap"] is True and "model.tp_comm_overlap" not in written
@@ -66,15 +68,53 @@ def test_a_plan_that_departs_from_the_recipe_writes_each_departure():
     assert "model.fine_grained_activation_offloading" not in written  # newer Megatron-Core field, default False
 
 
-def test_the_shipped_recipe_values_are_the_reference_releases():
-    if not (REFS / "megatron/bridge/recipes").is_dir():
-        pytest.fail(f"{REFS} lacks megatron-bridge: the Makefile's setup step installs the reference packages")
-    spec = importlib.util.spec_from_file_location("bridge_recipe_values", REPO / "scripts/bridge_recipe_values.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / f"scripts/{name}.py")
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    shipped = json.loads((REPO / "autopar/export/data/bridge_recipes.json").read_text())
-    assert script.recipe_values(str(REFS)) == shipped
+    return script
+
+
+@pytest.mark.parametrize(
+    "trainer,tree", [("bridge", "megatron/bridge/recipes"), ("nemo", "nemo/collections/llm/recipes")]
+)
+def test_the_shipped_recipe_values_are_the_reference_releases(trainer, tree):
+    if not (REFS / tree).is_dir():
+        pytest.fail(f"{REFS} lacks {tree}: the Makefile's setup step installs the reference packages")
+    shipped = json.loads((REPO / f"autopar/export/data/{trainer}_recipes.json").read_text())
+    assert _script(f"{trainer}_recipe_values").recipe_values(str(REFS)) == shipped
+
+
+def test_nemo_writes_only_what_changes_its_recipe():
+    """NeMo 2's llama3_70b recipe (nemo/collections/llm/recipes/llama3_70b.py: trainer() defaults tp 4,
+    pp 4, vpp 5, cp 2, SP; MockDataModule mbs 1, gbs 512, seq 8192): the same layout writes the node
+    and GPU counts (nemo_pretrain.py hands them to pretrain_recipe), the model config's sequence and
+    layer count (from the model class, not the recipe's source) and the precision plugin's two fields."""
+    from autopar.export.nemo import parse_nemo_script
+
+    plan = RECIPE_70B.with_(trainer="nemo")
+    bundle = get_exporter("nemo").render(plan, get_preset("llama3-70b"), H100, ExportOptions(seq_len=8192))
+    written, overlap, recipe = parse_nemo_script(bundle.text("nemo_pretrain.py"))
+    assert recipe == "llama3_70b" and overlap is True
+    assert set(written) == {
+        "trainer.num_nodes",
+        "trainer.devices",
+        "model.config.seq_length",
+        "model.config.num_layers",
+        "trainer.plugins.grad_reduce_in_fp32",
+        "trainer.plugins.fp8",
+    }
+    assert recipe_values("nemo", "llama3_70b")["trainer.strategy.virtual_pipeline_model_parallel_size"] == 5
+    departs = ParallelPlan(tp=8, pp=2, cp=2, dp=8, micro_batch_size=1, global_batch_size=512, trainer="nemo")
+    written, _, _ = parse_nemo_script(
+        get_exporter("nemo")
+        .render(departs, get_preset("llama3-70b"), H100, ExportOptions(seq_len=8192))
+        .text("nemo_pretrain.py")
+    )
+    assert written["trainer.strategy.tensor_model_parallel_size"] == 8
+    assert written["trainer.strategy.virtual_pipeline_model_parallel_size"] is None
+    assert "trainer.strategy.context_parallel_size" not in written
 
 
 def test_the_extraction_reads_top_level_literals_and_forgets_conditional_ones(tmp_path):
@@ -108,10 +148,7 @@ def test_the_extraction_reads_top_level_literals_and_forgets_conditional_ones(tm
         "    cfg.mixed_precision = get_mixed_precision_config('bf16_with_fp8_current_scaling_mixed')\n"
         "    return cfg\n"
     )
-    spec = importlib.util.spec_from_file_location("bridge_recipe_values", REPO / "scripts/bridge_recipe_values.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _script("bridge_recipe_values")
     funcs = script._functions(tmp_path)
     base = script._common_values(funcs["_pretrain_common"][1]) | script._optimizer_values(funcs)
     got = script._assigned(funcs["llama3_8b_pretrain_config"][1], dict(base))
