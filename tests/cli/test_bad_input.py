@@ -70,10 +70,11 @@ CASES = [
     ("missing-model-file", ["estimate", "--model", "{tmp}/nope.yaml", "--gpus", "8"], ["nope.yaml", "exist"]),
     # ---- sizes --------------------------------------------------------------------------------
     ("gpus-zero", ["estimate", "--model", "llama3-70b", "--gpus", "0"], ["--gpus"]),
-    # no plan of the space is valid at all (a 4-layer model on a million GPUs): no answer, not a result
+    # no plan of the space is valid at all (a 4-layer model on a million GPUs, at a sequence too short
+    # for cp 4): no answer, not a result
     (
         "search-nothing-valid",
-        ["search", "--model", "tiny", "--gpus", "1048576", "--run-dir", "{tmp}/run"],
+        ["search", "--model", "tiny", "--gpus", "1048576", "--seq-len", "512", "--run-dir", "{tmp}/run"],
         ["no plan of the space is valid", "fewer GPUs"],
     ),
     ("tp-zero", E70 + ["--tp", "0"], ["--tp"]),
