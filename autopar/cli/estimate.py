@@ -68,8 +68,9 @@ def estimate(
     from autopar.cost.profiles import priced_cluster
 
     dispatch = ep_details(the_plan, spec, priced_cluster(clus, trainer), gpus, s, routing_imbalance)
+    fits_with = fit_flags(est, spec, clus, gpus, s, routing_imbalance)
     if as_json:
-        out = est.to_dict()
+        out = est.to_dict() | ({"fits_with": fits_with} if fits_with else {})
         out.update(model=spec.name, gpu=clus.gpu.key, num_gpus=gpus, seq_len=s, trainer=trainer, profile=profile)
         out.update(routing_imbalance=routing_imbalance, ep_dispatch=[d.to_dict() for d in dispatch])
         if whole is not None:
@@ -80,9 +81,26 @@ def estimate(
     from autopar.cli.render import console, ep_table, run_table
 
     term = console()
-    tables = estimate_tables(est, spec, clus, gpus, s) + ep_table(dispatch, the_plan, routing_imbalance)
+    tables = estimate_tables(est, spec, clus, gpus, s, fits_with) + ep_table(dispatch, the_plan, routing_imbalance)
     for renderable in tables + ([] if whole is None else [run_table(whole, run)]):
         term.print(renderable)
+
+
+def fit_flags(est, spec, cluster, gpus: int, seq_len: int, routing_imbalance: float) -> dict | None:
+    """The FP8 flag that fits a plan that does not fit: keeping the FP8 parameters and all-gathering
+    them in one byte (--fp8-param-gather on) where the trainer leaves it off by default (Megatron-LM's
+    delayed scaling; Megatron-Bridge's registered recipes turn it on: one Megatron-Core trainer's plan
+    is another's with this flag). {"flags", "peak_memory_bytes"}, or None where it is not the fix."""
+    from autopar.calibration.estimate import estimate as run_estimate
+
+    plan = est.plan
+    if est.fits or plan.dtype != "fp8" or plan.fp8_param_gather_used or plan.fp8_param_gather == "off":
+        return None
+    on = plan.with_(fp8_param_gather="on")
+    other = run_estimate(on, spec, cluster, num_gpus=gpus, seq_len=seq_len, routing_imbalance=routing_imbalance)
+    if not (other.valid and other.fits):
+        return None
+    return {"flags": "--fp8-param-gather on", "peak_memory_bytes": other.peak_memory_bytes}
 
 
 def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):

@@ -211,7 +211,9 @@ def trainer_line(est: Estimate, cluster: ClusterSpec) -> tuple[str, str]:
     return est.plan.trainer, profile
 
 
-def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_gpus: int, seq_len: int) -> list:
+def estimate_tables(
+    est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_gpus: int, seq_len: int, fits_with: dict | None = None
+) -> list:
     from autopar.spec.trainers import get_trainer
 
     cap = est.memory_capacity_bytes
@@ -231,6 +233,9 @@ def estimate_tables(est: Estimate, model: ModelSpec, cluster: ClusterSpec, num_g
     out: list = [head]
     for r in est.reasons:
         out.append(note(f"- {r}", style="red"))
+    if fits_with:  # the flag that fits it (autopar.cli.estimate.fit_flags)
+        gib = fits_with["peak_memory_bytes"] / GIB
+        out.append(note(f"Fits with {fits_with['flags']}: peak {gib:.1f} / {cap / GIB:.1f} GiB.", style="green"))
 
     mem = breakdown_table(
         "Memory per GPU (most loaded rank)",
