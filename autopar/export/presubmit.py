@@ -21,8 +21,8 @@ KINDS = ("dataset", "name_or_path", "checkout")
 class Required:
     """A variable the job reads from the environment.
 
-    - "dataset": Megatron indexed datasets, `--data-path` words: each prefix (a word that is not a
-      blend weight) has PREFIX.bin and PREFIX.idx (megatron/core/datasets/indexed_dataset.py);
+    - "dataset": a Megatron indexed dataset prefix, PREFIX.bin and PREFIX.idx beside each other
+      (megatron/core/datasets/indexed_dataset.py); one path, as the launch scripts pass it;
     - "name_or_path": set; a path (starting with /, ./ or ../) exists (a HuggingFace tokenizer is a
       hub name such as meta-llama/Llama-3.1-8B, or a local directory);
     - "checkout": a directory holding `file` (the trainer's entry point), `default` where unset;
@@ -50,16 +50,10 @@ def _check_lines(r: Required, container: bool) -> list[str]:
             f'[ -f "${v}/{r.file}" ] || fail "{v}=${v} has no {r.file}: set {v} to {r.what}"',
         ]
     lines = [f'[ -n "${{{v}:-}}" ] || fail "{v} is not set: set it to {r.what}"']
-    if r.kind == "dataset":
-        lines += [
-            f"for word in ${v}; do",
-            '  case "$word" in',
-            "    *[!0-9.]*)",
-            '      [ -f "$word.bin" ] && [ -f "$word.idx" ] ||',
-            f'        fail "{v}: $word.bin or $word.idx not found: set {v} to {r.what}";;',
-            "  esac",
-            "done",
-        ]
+    if r.kind == "dataset":  # one prefix: the launch scripts pass "${DATA_PATH}" as one word
+        lines.append(
+            f'[ -f "${v}.bin" ] && [ -f "${v}.idx" ] || fail "{v}: ${v}.bin or ${v}.idx not found: set {v} to {r.what}"'
+        )
     else:
         lines.append(
             f'case "${v}" in /*|./*|../*) [ -e "${v}" ] || fail "{v}=${v} does not exist: set it to {r.what}";; esac'

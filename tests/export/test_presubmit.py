@@ -110,3 +110,17 @@ def test_without_sbatch_on_the_path_it_says_where_to_submit(tmp_path, world) -> 
     r = subprocess.run(["bash", str(d / "submit_slurm.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "sbatch not found" in r.stderr
     assert os.access(d / "submit_slurm.sh", os.X_OK)
+
+
+def test_a_prefix_with_spaces_and_glob_characters_is_one_path(tmp_path, world) -> None:
+    stubs, checkout, _ = world
+    d = _export(tmp_path, "megatron")
+    odd = tmp_path / "my data" / "corp*us [v2]"
+    odd.parent.mkdir()
+    env = {"MEGATRON_LM": str(checkout), "TOKENIZER": "gpt2", "DATA_PATH": str(odd)}
+    _refused(_submit(d, stubs, **env), stubs, "corp*us [v2].bin", "not found")
+    for ext in (".bin", ".idx"):
+        (odd.parent / f"corp*us [v2]{ext}").write_text("")
+    r = _submit(d, stubs, **env)
+    assert r.returncode == 0, r.stderr
+    assert stubs.calls("sbatch") == [["launch_slurm.sbatch"]]
