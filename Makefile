@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup setup-test test-deps run lint test bench profiles clean
+.PHONY: setup setup-test test-deps run lint test bench profiles recipes clean
 
 setup: $(STAMP)
 setup-test: $(TEST_STAMP)
@@ -58,6 +58,12 @@ bench: setup
 # digest of the code and data (docs/cost-model.md quotes them; a test checks the digest)
 profiles: setup
 	$(VENV)/bin/autopar validate --fit --write-profiles autopar/cost/data/profiles.toml
+
+# Re-read what the NeMo 2 and Megatron-Bridge recipes set from the reference releases (the exports
+# write only what changes a recipe; a test checks the files against these releases)
+recipes: setup-test
+	$(PY) scripts/bridge_recipe_values.py $(VENV)/trainer-refs
+	$(PY) scripts/nemo_recipe_values.py $(VENV)/trainer-refs
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -18,7 +18,7 @@ megatron-core) with Bridge's GPTModelProvider on top: no HF provider sets those.
 recipe does not set explicitly (the HF provider's architecture, MoE settings) is left out: the
 exporter then always writes it. Usage:
 
-    python scripts/bridge_recipe_values.py .venv/trainer-refs   # the Makefile's reference packages
+    make recipes   # or: python scripts/bridge_recipe_values.py .venv/trainer-refs
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Beside them, `defaults`: the recompute and offload fields of model.config at meg
 TransformerConfig defaults (no NeMo model config of autopar's presets sets them otherwise) and the
 pipeline-split arguments of MegatronStrategy at theirs. Usage:
 
-    python scripts/nemo_recipe_values.py .venv/trainer-refs   # the Makefile's reference packages
+    make recipes   # or: python scripts/nemo_recipe_values.py .venv/trainer-refs
 """
 
 from __future__ import annotations
