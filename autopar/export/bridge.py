@@ -204,8 +204,10 @@ class BridgeExporter(Exporter):
 
     def parse(self, bundle: ExportBundle) -> dict:
         text = bundle.text(FILE)
-        recipe = next(ln.removeprefix("# recipe: ") for ln in text.splitlines() if ln.startswith("# recipe: "))
-        return view_from_bridge(recipe_values("bridge", recipe) | parse_bridge_overrides(text), parse_world(bundle))
+        # the recipe the overrides apply to (the file's "# recipe:" line; without it, the lines alone)
+        recipe = next((ln.removeprefix("# recipe: ") for ln in text.splitlines() if ln.startswith("# recipe: ")), "")
+        base = recipe_values("bridge", recipe) if recipe else {}
+        return view_from_bridge(base | parse_bridge_overrides(text), parse_world(bundle))
 
 
 def view_from_bridge(ov: dict, num_gpus: int) -> dict:
