@@ -242,6 +242,17 @@ def fail_stale(study: optuna.Study, older_than_s: float) -> int:
     return n
 
 
+def wait_for_running(study: optuna.Study, timeout_s: float = 120.0, poll_s: float = 0.1) -> None:
+    """Wait until no trial is RUNNING: another worker's trial still being evaluated belongs to the
+    shared study every worker reports (a worker that stopped first would otherwise answer without it,
+    and two workers give two winners). A trial whose process died is failed meanwhile (fail_stale);
+    after `timeout_s` the answer goes on with what has finished."""
+    deadline = time.monotonic() + timeout_s
+    while study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) and time.monotonic() < deadline:
+        fail_stale(study, older_than_s=timeout_s)
+        time.sleep(poll_s)
+
+
 def _budget_taken_before(study: optuna.Study, number: int) -> int:
     """Budget used by trials numbered before `number`: finished ones and those still running."""
     return sum(

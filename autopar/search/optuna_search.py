@@ -52,6 +52,7 @@ def optuna_search(
         opts.multi_objective,
         on_trial=(lambda n: progress("optuna trials", n, opts.n_trials)) if progress else None,
     )
+    od.wait_for_running(study)  # the other workers' last trials: every worker reports the whole study
     # every completion of every structure any worker tried, priced again as the walk prices its chunks
     trials = [t for t in study.get_trials(deepcopy=False) if "outer" in t.user_attrs]
     first_seen: dict[tuple, int] = {}

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.export.bridge import BRIDGE_RECIPES, recipe_values
+from autopar.export.bridge import BRIDGE_RECIPES
+from autopar.export.recipe_values import recipe_values
 from autopar.search.enumerate import knob_choices
 from autopar.search.space import chosen_space
 from autopar.spec.hardware import default_cluster
@@ -24,7 +25,7 @@ DP = {"deepseek-v3": 32, "qwen3-235b-a22b": 1, "qwen3-30b-a3b": 1}
 
 
 def _recipe_plan(preset: str) -> tuple[ParallelPlan, int, dict]:
-    v = recipe_values(BRIDGE_RECIPES[preset])
+    v = recipe_values("bridge", BRIDGE_RECIPES[preset])
     tp, pp, cp = (
         v["model.tensor_model_parallel_size"],
         v["model.pipeline_model_parallel_size"],
