@@ -188,14 +188,11 @@ def recipe_values(root: str) -> dict:
     funcs = _functions(Path(root))
     common_path, common = funcs["_pretrain_common"]
     base = _common_values(common) | _optimizer_values(funcs)
-    from importlib.metadata import version
-
-    core_version = version("megatron-core")
 
     out: dict = {
         "defaults": {
             "source": f"megatron/core/transformer/transformer_config.py TransformerConfig (megatron-core "
-            f"{core_version}), megatron/bridge/models/gpt_provider.py GPTModelProvider (megatron-bridge {VERSION})",
+            f"{core_version()}), megatron/bridge/models/gpt_provider.py GPTModelProvider (megatron-bridge {VERSION})",
             "values": _defaults(Path(root)),
         },
         "recipes": {},
@@ -212,10 +209,21 @@ def recipe_values(root: str) -> dict:
     return out
 
 
+def core_version() -> str:
+    """The installed megatron-core's version (its defaults are what the files record)."""
+    from importlib.metadata import version
+
+    return version("megatron-core")
+
+
+def write(out: dict, path: Path) -> None:
+    """One recipes file, as both scripts write it."""
+    path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path} ({len(out['recipes'])} recipes)")
+
+
 def main(root: str) -> None:
-    out = recipe_values(root)
-    OUT.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {OUT} ({len(out['recipes'])} recipes)")
+    write(recipe_values(root), OUT)
 
 
 if __name__ == "__main__":

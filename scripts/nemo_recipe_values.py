@@ -24,7 +24,6 @@ pipeline-split arguments of MegatronStrategy at theirs. Usage:
 from __future__ import annotations
 
 import ast
-import json
 import sys
 from pathlib import Path
 
@@ -169,7 +168,7 @@ def _init_defaults(path: Path, cls: str) -> dict:
 def recipe_values(root: str) -> dict:
     """The JSON's content from a tree holding nemo/ (a wheel unpacked, or trainer-refs)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bridge_recipe_values import _class_defaults, _core_source
+    from bridge_recipe_values import _class_defaults, _core_source, core_version
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from autopar.spec.trainers import get_trainer
@@ -190,7 +189,7 @@ def recipe_values(root: str) -> dict:
     out: dict = {
         "defaults": {
             "source": "megatron/core/transformer/transformer_config.py TransformerConfig (megatron-core "
-            f"{_core_version()}), nemo/lightning/pytorch/strategies/megatron_strategy.py MegatronStrategy "
+            f"{core_version()}), nemo/lightning/pytorch/strategies/megatron_strategy.py MegatronStrategy "
             f"(nemo-toolkit {VERSION})",
             "values": defaults,
         },
@@ -217,16 +216,11 @@ def recipe_values(root: str) -> dict:
     return out
 
 
-def _core_version() -> str:
-    from importlib.metadata import version
-
-    return version("megatron-core")
-
-
 def main(root: str) -> None:
-    out = recipe_values(root)
-    OUT.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {OUT} ({len(out['recipes'])} recipes)")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bridge_recipe_values import write
+
+    write(recipe_values(root), OUT)
 
 
 if __name__ == "__main__":
