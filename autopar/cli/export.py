@@ -101,6 +101,14 @@ TimeLimit = Annotated[Optional[str], typer.Option("--time", help="SLURM time lim
 JobName = Annotated[str, typer.Option("--job-name", help="SLURM job name.")]
 ContainerImage = Annotated[Optional[str], typer.Option("--container-image", help="SLURM (pyxis) container image.")]
 MasterPort = Annotated[int, typer.Option("--master-port", help="Rendezvous port.")]
+ShortRun = Annotated[
+    Optional[int],
+    typer.Option(
+        "--short-run",
+        help="A smoke run instead of training: K steps on the trainer's mock data, no checkpoints, every step "
+        "logged (what `search --measure-with` launches).",
+    ),
+]
 # the question of a plan given by flags (with --run, it comes from the run directory)
 Model = Annotated[
     Optional[str], typer.Option("--model", "-m", help="Without --run: preset, HF config.json or model file.")
@@ -126,6 +134,7 @@ def export(
     job_name: JobName = "autopar",
     container_image: ContainerImage = None,
     master_port: MasterPort = 29500,
+    short_run: ShortRun = None,
     model: Model = None,
     gpus: Gpus = None,
     gpu: Gpu = None,
@@ -138,7 +147,7 @@ def export(
     from autopar.errors import InputError
     from autopar.export import ExportOptions, SlurmOptions
 
-    _check_options(master_port, time_limit, rank)
+    _check_options(master_port, time_limit, rank, short_run)
     formats = _formats(to)
     if torchtitan_base is not None:  # checked even when no torchtitan file is written
         from autopar.export.torchtitan import check_base, toml_era
@@ -164,6 +173,7 @@ def export(
         recipe=recipe,
         recipes=recipes,
         master_port=master_port,
+        short_run_steps=short_run,
         slurm=SlurmOptions(
             job_name=job_name, partition=partition, account=account, time=time_limit, container_image=container_image
         ),
@@ -200,12 +210,13 @@ def _the_plan(run: Path | None, rank: int, question: dict, request: PlanRequest)
 _SLURM_TIME = re.compile(r"(\d{1,7}(:\d{1,2}){0,2}|\d{1,5}-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite)", re.IGNORECASE)
 
 
-def _check_options(master_port: int, time_limit: str | None, rank: int) -> None:
-    """The launch options' values: a port, a SLURM time limit, a rank (one line naming the option)."""
+def _check_options(master_port: int, time_limit: str | None, rank: int, short_run: int | None = None) -> None:
+    """The launch options' values: a port, a SLURM time limit, a rank, the short run's steps (one
+    line naming the option)."""
     from autopar.errors import InputError, quoted
     from autopar.spec.schema import check_flags
 
-    check_flags({"--master-port": master_port, "--rank": rank})
+    check_flags({"--master-port": master_port, "--rank": rank, "--short-run": short_run})
     if time_limit is not None and not _SLURM_TIME.fullmatch(time_limit):
         raise InputError(
             f"--time {quoted(time_limit)} is not a SLURM time limit; give minutes, HH:MM:SS or "

@@ -82,6 +82,9 @@ class ExportOptions:
     trainer: str | None = None
     master_port: int = 29500
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    #: a short run instead of training: this many steps on the trainer's mock data, no checkpoints,
+    #: every step logged (autopar.export.short_run); None = the training run
+    short_run_steps: int | None = None
 
     def recipe_for(self, trainer: str) -> str | None:
         """--recipe, else the recipe the search named for this trainer, else None (the preset's)."""

@@ -34,6 +34,7 @@ from autopar.export.nemo import recipe_name
 from autopar.export.presubmit import Required
 from autopar.export.production import checkpoint_interval, megatron_family_env
 from autopar.export.recipe_values import changes, recipe_values
+from autopar.export.short_run import NOTE, short_run
 from autopar.export.view import normalize
 from autopar.spec.fp8_recipes import BRIDGE_PARAM_GATHER
 from autopar.spec.trainers import get_trainer
@@ -174,6 +175,10 @@ class BridgeExporter(Exporter):
             f"# recipe: {recipe}",
         ]
         lines += [f"{k}={hydra_value(v)}" for k, v in ov.items()]
+        short = short_run(ctx.options.short_run_steps)
+        if short:
+            lines.append(f"# {NOTE.format(steps=short.steps)}:")
+            lines += [f"{k}={hydra_value(v)}" for k, v in short.bridge_overrides().items()]
         env = megatron_family_env(ctx)
         entry = Entry(
             program='"$MEGATRON_BRIDGE/scripts/training/run_recipe.py"',

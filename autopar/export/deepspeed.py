@@ -25,6 +25,7 @@ from autopar.export.megatron import USER_ARGS, USER_REQUIRES
 from autopar.export.megatron_core import recompute_from
 from autopar.export.presubmit import Required
 from autopar.export.production import checkpoint_interval
+from autopar.export.short_run import short_run
 from autopar.export.view import normalize
 from autopar.json_out import dumps
 
@@ -72,7 +73,8 @@ def ds_config(ctx: Context) -> dict:
         "data_types": {"grad_accum_dtype": "fp32" if p.main_grads_fp32 else "bf16"},
         "wall_clock_breakdown": False,
     }
-    return cfg
+    short = short_run(ctx.options.short_run_steps)
+    return cfg | (short.deepspeed_config() if short else {})
 
 
 def offload_optimizer(share: float) -> dict:
@@ -181,35 +183,42 @@ class DeepSpeedExporter(Exporter):
     )
 
     def _render(self, ctx: Context) -> ExportBundle:
+        short = short_run(ctx.options.short_run_steps)
         cfg = dumps(ds_config(ctx), indent=2) + "\n"
         args = (
             comment_header(ctx)
             + "# Megatron-DeepSpeed flags for pretrain_gpt.py; sourced by the launch scripts.\n"
             + bash_array("AUTOPAR_ARGS", mds_args(ctx))
             + f'DS_ARGS=(\n  --deepspeed\n  --deepspeed_config "$HERE/{CONFIG}"\n'
-            f"  --zero-stage {zero_stage(ctx)}\n)\n" + USER_ARGS
+            f"  --zero-stage {zero_stage(ctx)}\n)\n"
+            + (short.megatron_user_args(ctx.model.vocab_size) if short else USER_ARGS)
+        )
+        checkout = Required(
+            "MEGATRON_DEEPSPEED",
+            "checkout",
+            "your Megatron-DeepSpeed checkout",
+            "pretrain_gpt.py",
+            "/opt/Megatron-DeepSpeed",
         )
         entry = Entry(
-            program='"$MEGATRON_DEEPSPEED/pretrain_gpt.py"',
+            # a short run takes any script that reads these flags and --deepspeed_config (DEEPSPEED_SCRIPT)
+            program='"$DEEPSPEED_SCRIPT"' if short else '"$MEGATRON_DEEPSPEED/pretrain_gpt.py"',
             args='"${AUTOPAR_ARGS[@]}" "${DS_ARGS[@]}" "${USER_ARGS[@]}"',
-            setup=("MEGATRON_DEEPSPEED=${MEGATRON_DEEPSPEED:-/opt/Megatron-DeepSpeed}", f'source "$HERE/{ARGS}"'),
-            env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
-            requires=USER_REQUIRES
-            + (
-                Required(
-                    "MEGATRON_DEEPSPEED",
-                    "checkout",
-                    "your Megatron-DeepSpeed checkout",
-                    "pretrain_gpt.py",
-                    "/opt/Megatron-DeepSpeed",
-                ),
+            setup=(
+                "MEGATRON_DEEPSPEED=${MEGATRON_DEEPSPEED:-/opt/Megatron-DeepSpeed}",
+                *(["DEEPSPEED_SCRIPT=${DEEPSPEED_SCRIPT:-$MEGATRON_DEEPSPEED/pretrain_gpt.py}"] if short else []),
+                f'source "$HERE/{ARGS}"',
             ),
+            env=(("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
+            requires=() if short else USER_REQUIRES + (checkout,),
         )
         return ExportBundle(
             format=self.name,
             files=(ExportFile(CONFIG, cfg), ExportFile(ARGS, args), *launch_files(ctx, entry)),
             run=run_hint(ctx),
-            notes=("set MEGATRON_DEEPSPEED, DATA_PATH and TOKENIZER before launching",),
+            notes=("set MEGATRON_DEEPSPEED, DATA_PATH and TOKENIZER before launching",)
+            if not short
+            else ("set DEEPSPEED_SCRIPT (or MEGATRON_DEEPSPEED) before launching",),
         )
 
     def parse(self, bundle: ExportBundle) -> dict:

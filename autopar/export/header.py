@@ -105,6 +105,10 @@ def header_lines(ctx: Context) -> list[str]:
         + (" | ep-comm-overlap" if m.moe is not None and ep_overlap(p) else ""),
         _trainer_line(ctx),
     ]
+    if ctx.options.short_run_steps is not None:
+        from autopar.export.short_run import NOTE
+
+        lines.append("run:        " + NOTE.format(steps=ctx.options.short_run_steps))
     if p.pp > 1:
         lines.append(f"layout:     {p.resolved_layout(m.num_layers).describe()} layers per virtual stage")
     lines += [

@@ -41,6 +41,7 @@ from autopar.export.megatron_core import (
 from autopar.export.megatron_parse import view_from_megatron_argv
 from autopar.export.presubmit import Required
 from autopar.export.production import checkpoint_interval, megatron_family_env, uses_megatron_fsdp
+from autopar.export.short_run import short_run
 
 __all__ = ["ZERO_FSDP_STRATEGY", "MegatronExporter", "recompute_settings", "view_from_megatron_argv"]
 
@@ -304,11 +305,12 @@ class MegatronExporter(Exporter):
     )
 
     def _render(self, ctx: Context) -> ExportBundle:
+        short = short_run(ctx.options.short_run_steps)
         args = (
             comment_header(ctx)
             + "# Megatron-LM flags for pretrain_gpt.py; sourced by the launch scripts.\n"
             + bash_array("AUTOPAR_ARGS", megatron_argv(ctx))
-            + USER_ARGS
+            + (short.megatron_user_args(ctx.model.vocab_size) if short else USER_ARGS)
         )
         env = megatron_family_env(ctx)
         entry = Entry(
@@ -318,7 +320,7 @@ class MegatronExporter(Exporter):
             env=env.set,
             unset=env.unset,
             one_task_per_gpu=True,
-            requires=USER_REQUIRES
+            requires=(() if short else USER_REQUIRES)
             + (
                 Required("MEGATRON_LM", "checkout", "your Megatron-LM checkout", "pretrain_gpt.py", "/opt/Megatron-LM"),
             ),

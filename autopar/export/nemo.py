@@ -35,6 +35,7 @@ from autopar.export.megatron_core import (
 )
 from autopar.export.production import megatron_family_env
 from autopar.export.recipe_values import changes, recipe_values
+from autopar.export.short_run import short_run
 from autopar.export.view import normalize
 from autopar.quoting import check_identifier
 from autopar.spec.trainers import get_trainer
@@ -127,6 +128,9 @@ class NemoExporter(Exporter):
         recipe = recipe_name(ctx)
         meant = nemo_overrides(ctx)
         ov = minimal_nemo_overrides(meant, recipe)
+        short = short_run(ctx.options.short_run_steps)
+        if short:
+            ov |= short.nemo_overrides()
         overlap = tp_overlap(ctx.plan)
         items = "".join(f"    {k!r}: {v!r},\n" for k, v in ov.items())
         summary = f"NeMo 2 pretraining with the autopar plan: the {recipe} recipe plus the overrides below."
@@ -176,7 +180,13 @@ if __name__ == "__main__":
             )
         lines += [f"{k}={_cli_value(v)}" for k, v in ov.items()]
         env = megatron_family_env(ctx)
-        entry = Entry(program='"$HERE/nemo_pretrain.py"', args="", one_task_per_gpu=False, env=env.set, unset=env.unset)
+        entry = Entry(
+            program='"$HERE/nemo_pretrain.py"',
+            args="",
+            one_task_per_gpu=False,
+            env=env.set + (short.NEMO_ENV if short else ()),
+            unset=env.unset,
+        )
         return ExportBundle(
             format=self.name,
             files=(

@@ -38,6 +38,7 @@ from autopar.export.base import Context, ExportBundle, Exporter, ExportFile
 from autopar.export.header import comment_header, tp_overlap
 from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import stages_from_fqns, torchtitan_fqns
+from autopar.export.short_run import short_run
 from autopar.export.view import normalize
 from autopar.quoting import check_identifier, toml_string
 
@@ -556,14 +557,16 @@ class TorchtitanExporter(Exporter):
                 "torchtitan's selective AC is per-op (it saves matmul outputs); autopar priced Megatron's "
                 "selective (core-attention) recompute"
             )
+        short = short_run(ctx.options.short_run_steps)
+        short_args = " " + short.torchtitan_args(toml) if short else ""  # tyro flags, both config eras
         if toml:
             cfg = ExportFile(TOML_FILE, render_toml(ctx))
-            entry = Entry(program="-m torchtitan.train", args='--job.config_file "$HERE/torchtitan.toml"')
+            entry = Entry(program="-m torchtitan.train", args='--job.config_file "$HERE/torchtitan.toml"' + short_args)
         else:
             cfg = ExportFile(PY_FILE, render_py(ctx))
             entry = Entry(
                 program="-m torchtitan.train",
-                args="--module autopar_torchtitan --config autopar_plan",
+                args="--module autopar_torchtitan --config autopar_plan" + short_args,
                 setup=('export PYTHONPATH="$HERE:${PYTHONPATH:-}"',),
             )
         return ExportBundle(

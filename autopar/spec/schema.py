@@ -88,6 +88,8 @@ FLAGS: dict[str, Limit] = {
     "--rounds": Limit(1, 1_000),
     "--trial-steps": Limit(1, 100_000),
     "--trial-timeout": Limit(0, WEEK_S, True, True),
+    "--trial-gpu-hours": Limit(0, 1e9, True, True),
+    "--short-run": Limit(1, 100_000),
     "--max-local-ranks": Limit(1, 4096),
     "--proxy-layers": Limit(1, MAX_LAYERS),
     "--proxy-width": Limit(1, 1 << 14),
