@@ -47,10 +47,24 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
         frozenset({"numpy", "scipy"}),
     ),
     "search": (frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "calibration", "search"}), ANY),
-    # the measured stage: torch-free, between the search and the torch trials it launches
+    # the measured stage: torch-free, between the search and the torch trials it launches; it runs
+    # the user's own trainer through that trainer's export (autopar.measured.own_run)
     "measured": (
         frozenset(
-            {"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "calibration", "search", "measured"}
+            {
+                "errors",
+                "secrets",
+                "json_out",
+                "atomic",
+                "quoting",
+                "terminal",
+                "spec",
+                "cost",
+                "calibration",
+                "search",
+                "export",
+                "measured",
+            }
         ),
         ANY,
     ),

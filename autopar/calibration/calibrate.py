@@ -60,9 +60,11 @@ class Calibration:
 
 
 def spearman(a, b) -> float:
+    """Spearman's rank correlation; NaN for fewer than 2 values or a constant side (tied
+    measurements: no ranking to correlate, not a warning on the user's terminal)."""
     from scipy.stats import spearmanr
 
-    if len(a) < 2:
+    if len(a) < 2 or len(set(np.asarray(a, float))) < 2 or len(set(np.asarray(b, float))) < 2:
         return float("nan")
     return float(spearmanr(a, b).statistic)
 

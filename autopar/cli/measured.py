@@ -44,8 +44,10 @@ def print_measured(f: dict, file=None) -> None:
     measured, the proxy's own figures, or why it did not run), winner, Spearman, memory."""
     w = f.get("winner")
     proxies = f.get("proxies") or 0
+    by = f.get("measured_with")
     lines = [
         f"Measured stage: {f['trialled']} plans trialled"
+        + (f" with {by if isinstance(by, str) else ', '.join(by)} (its own code)" if by else "")
         + (f" ({proxies} as proxies)" if proxies else "")
         + f", {f['succeeded']} ran, {f['failed']} failed"
         + (f" ({'; '.join(f'{k}: {v}' for k, v in f['failures'].items())[:300]})" if f["failed"] else "")
@@ -63,7 +65,7 @@ def print_measured(f: dict, file=None) -> None:
         if r["status"] == "not-runnable":
             lines.append(head + f"not run here, predicted {_s(r['predicted_step_time_s'])} s/step: {r['reason']}")
             continue
-        how = "proxy" if r["kind"] == "proxy" else "full size"
+        how = "proxy" if r["kind"] == "proxy" else (r.get("measured_with") or "full size")
         text = head + f"{how}, {r['status']}, predicted {_s(r['predicted_step_time_s'])} s/step"
         if r.get("measured_step_time_s") is not None:
             text += f", measured {_s(r['measured_step_time_s'])}" + (" (scaled back)" if r["kind"] == "proxy" else "")
@@ -90,15 +92,16 @@ def print_measured(f: dict, file=None) -> None:
                 else ""
             )
         )
-        lines.append(
-            f"Peak memory (tensor) error, max |predicted/measured - 1|: analytic "
-            f"{100 * f['memory_error_max_abs']:.1f}%"
-            + (
-                f", calibrated {100 * f['memory_error_calibrated_max_abs']:.1f}%"
-                if "memory_error_calibrated_max_abs" in f
-                else ""
+        if "memory_error_max_abs" in f:  # a trainer's log may carry no memory figure
+            lines.append(
+                f"Peak memory ({'as the trainer logs it' if by else 'tensor'}) error, max |predicted/measured - 1|: "
+                f"analytic {100 * f['memory_error_max_abs']:.1f}%"
+                + (
+                    f", calibrated {100 * f['memory_error_calibrated_max_abs']:.1f}%"
+                    if "memory_error_calibrated_max_abs" in f
+                    else ""
+                )
             )
-        )
     iv = f.get("intervals") or {}
     if iv.get("half_width_log") is not None:
         lines.append(

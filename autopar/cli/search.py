@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,7 +21,14 @@ from autopar.spec.training_run import TrainingRun
 
 # the options of `search` alone (those shared with other commands are in autopar.cli.options)
 Gpus = Annotated[str, typer.Option("--gpus", "-g", help="GPU count, or a comma list for a what-if (128,256,512).")]
-Gpu = Annotated[str, typer.Option("--gpu", help="GPU preset, or a comma list (h100-sxm,b200).")]
+Gpu = Annotated[
+    Optional[str],
+    typer.Option(
+        "--gpu",
+        help="GPU preset, or a comma list (h100-sxm,b200); default h100-sxm (local, this machine's CPU "
+        "profile, when --measure-with runs on a machine without GPUs).",
+    ),
+]
 SeqLen = Annotated[Optional[str], typer.Option("--seq-len", "-s", help="Sequence length, or a comma list.")]
 Gbs = Annotated[
     Optional[str],
@@ -108,7 +116,7 @@ Csv = Annotated[bool, typer.Option("--csv", help="Also write plans.csv (every pl
 def search(
     model: o.Model,
     gpus: Gpus,
-    gpu: Gpu = "h100-sxm",
+    gpu: Gpu = None,
     gpus_per_node: o.GpusPerNode = None,
     cluster: o.ClusterFile = None,
     power_limit: o.PowerLimit = None,
@@ -147,6 +155,7 @@ def search(
         require_torch("autopar search --trials")
     if rank_by not in RANK_BY:
         raise InputError(f"--rank-by {quoted(rank_by)} is not one of {', '.join(RANK_BY)}; choose one of them")
+    gpu, trainer = _own_trainer_question(measure, gpu, trainer, cluster, quiet=as_json)
     spec, sp, scenarios, trainers = _question(
         model,
         gpus,
@@ -183,6 +192,32 @@ def search(
     reports = write_reports([r.run_dir for r in results])  # RUN_DIR/report.html; a what-if links them
     answer = check_run(results, run)  # a deadline or budget no plan meets: one line, exit 1
     _show(results, reports, answer, as_json)
+
+
+def _own_trainer_question(measure: TrialFlags, gpu: str | None, trainer: str | None, cluster, quiet: bool):
+    """--gpu and --trainer under --measure-with TRAINER: the search ranks that trainer's plans, and on a
+    machine without GPUs prices them on this machine's profile (local), which its runs calibrate."""
+    home = measure.options.trainer if measure.trials > 0 else None
+    if home is None:
+        return gpu or "h100-sxm", trainer
+    if trainer is None:
+        trainer = home.trainer
+    elif [t.strip() for t in trainer.split(",")] != [home.trainer]:
+        raise InputError(
+            f"--measure-with {home.trainer} measures {home.trainer}'s plans; drop --trainer {quoted(trainer)} "
+            f"or make it --trainer {home.trainer}"
+        )
+    if gpu is None and cluster is None:
+        from autopar.measured.resources import detect
+
+        gpu = "h100-sxm" if detect().gpus else "local"
+        if gpu == "local":
+            print(
+                "no GPU on this machine: the plans are priced on its CPU profile (--gpu local), which "
+                f"{home.trainer}'s runs here calibrate; give --gpu to price another",
+                file=sys.stderr if quiet else sys.stdout,
+            )
+    return gpu or "h100-sxm", trainer
 
 
 def _run(

@@ -12,6 +12,7 @@ import typer
 from autopar.cli import app
 from autopar.cli import options as o
 from autopar.cli.plan_flags import with_plan_flags
+from autopar.cli.trial_flags import OwnTrainer, with_own_trainer_flags
 from autopar.errors import InputError
 from autopar.json_out import dumps
 from autopar.spec.resolve import PlanRequest
@@ -50,6 +51,7 @@ RunDir = Annotated[Path, typer.Option("--run-dir", help="Results go to RUN_DIR/t
 
 
 @app.command()
+@with_own_trainer_flags
 @with_plan_flags
 def trial(
     model: o.Model,
@@ -72,12 +74,12 @@ def trial(
     as_json: o.Json = False,
     *,
     plan: PlanRequest,
+    own: OwnTrainer,
 ) -> None:
     """Run one plan of MODEL on GPUS ranks for real; record times, memory, bytes; compare with the estimate.
 
-    The plan flags are `autopar estimate`'s (dp = gpus / (tp*pp*cp); the global batch defaults to one
-    microbatch per pipeline stage, the dtype to fp32, the trainer to autopar's built-in model); plans
-    the built-in model cannot run yet are refused before anything starts.
+    The plan flags are `autopar estimate`'s (dp = gpus / (tp*pp*cp); gbs defaults to one microbatch per
+    stage, dtype to fp32, the trainer to autopar's built-in model, else --measure-with's).
 
     Example: autopar trial --model tiny --gpus 2 --tp 2 --mbs 2 --gbs 8
     """
@@ -102,9 +104,9 @@ def trial(
         emit_slurm=emit_slurm,
     )
     spec = resolve_model(model)
+    if own.measure_with is not None:
+        return _own_trainer(spec, gpus, seq_len, gpu, cluster, plan, own, (steps, warmup, timeout), run_dir, as_json)
     plan_trial.check_proxy_width(spec, proxy_width)
-    if gpus % nnodes:
-        raise InputError(f"--gpus {gpus} must be a multiple of --nnodes {nnodes}; change one of them")
     output_file(emit_slurm, "--emit-slurm")
     output_dir(run_dir, "--run-dir")
     t = plan_trial.prepare(
@@ -177,6 +179,8 @@ def _check_trial_flags(
         )
     if node_rank >= nnodes:
         raise InputError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (ranks count from 0)")
+    if gpus % nnodes:
+        raise InputError(f"--gpus {gpus} must be a multiple of --nnodes {nnodes}; change one of them")
     if emit_slurm is None:
         require_torch("autopar trial")
 
@@ -250,3 +254,44 @@ def _print_result(doc: dict, key: str, predicted: dict, path: Path, as_json: boo
             f"{doc['environment'].get('device')} {doc['environment'].get('backend')}"
         )
     print(f"Result: {path}")
+
+
+def _own_trainer(
+    spec, gpus: int, seq_len, gpu: str, cluster, req: PlanRequest, own: OwnTrainer, run: tuple, run_dir, as_json: bool
+) -> None:
+    """`trial --measure-with TRAINER`: the plan exported for a short run of the trainer, run here, its
+    log parsed (autopar.measured.own_run.trial_with); the trial document, or one line."""
+    from autopar.cli.checks import output_dir
+    from autopar.measured import plan_trial
+    from autopar.measured.hygiene import install_signal_handlers
+    from autopar.measured.own_run import trial_with
+    from autopar.measured.own_trainer import locate
+
+    steps, warmup, timeout = run
+    trainer = str(own.measure_with)
+    where = locate(trainer, own.home, own.python)
+    output_dir(run_dir, "--run-dir")
+    if req.trainer is not None and req.trainer != trainer:
+        raise InputError(f"--measure-with {trainer} runs {trainer}'s plan; drop --trainer {req.trainer}")
+    req = plan_trial.trial_request(req.with_defaults(trainer=trainer), gpus)
+    install_signal_handlers()  # SIGINT/SIGTERM: kill the trainer's processes, exit 130/143
+    doc, path = trial_with(where, spec, gpus, seq_len or spec.seq_len, req, gpu, cluster, run, run_dir)
+    if as_json:
+        print(dumps(doc, indent=1))
+    elif doc["status"] == "ok":
+        m, p = doc["measured"], doc["predicted"]
+        print(
+            f"{doc['key']} with {where.text}: {m['step_time_s']:.4f} s/step, the median of {len(m['step_times_s'])} "
+            f"after {warmup} warm-up; predicted {p['step_time_s']:.4f} s on {p['cluster']}"
+            + (
+                f"; peak {m['peak_memory_bytes'] / 2**30:.2f} GiB ({m['memory_method']})"
+                if "peak_memory_bytes" in m
+                else ""
+            )
+        )
+    else:
+        print(f"{doc['key']} with {trainer}: {doc['status']}: {'; '.join(doc['reasons'])[:400]}")
+    if not as_json:
+        print(f"Result: {path} (log: {doc.get('log')})")
+    if doc["status"] != "ok":
+        sys.exit(1)

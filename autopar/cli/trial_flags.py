@@ -22,7 +22,37 @@ def _opt(name: str, help: str):
     return typer.Option(name, help=help, rich_help_panel=PANEL)
 
 
-TRIAL_OPTIONS = {
+#: where --measure-with's trainer lives (`search` and `trial`)
+OWN_TRAINER_OPTIONS = {
+    "measure_with": Opt(
+        Optional[str],
+        _opt(
+            "--measure-with",
+            help="Measure with your own trainer instead of autopar's built-in model: megatron, bridge, nemo, "
+            "torchtitan or deepspeed (each plan exported for a short run on mock data, launched here, its "
+            "log parsed; docs/trials.md).",
+        ),
+    ),
+    "trainer_home": Opt(
+        Optional[str],
+        _opt(
+            "--trainer-home",
+            help="Where --measure-with's trainer lives: the Megatron-LM / Megatron-Bridge / torchtitan "
+            "checkout, or DeepSpeed's training script (default: MEGATRON_LM, MEGATRON_BRIDGE, TORCHTITAN, "
+            "DEEPSPEED_SCRIPT).",
+        ),
+    ),
+    "trainer_python": Opt(
+        Optional[str],
+        _opt(
+            "--trainer-python",
+            help="The Python of the environment that has --measure-with's trainer (default: "
+            "AUTOPAR_TRAINER_PYTHON, else this one).",
+        ),
+    ),
+}
+
+TRIAL_OPTIONS = OWN_TRAINER_OPTIONS | {
     "trials": Opt(
         int,
         _opt(
@@ -88,6 +118,14 @@ TRIAL_OPTIONS = {
         Optional[str],
         _opt("--sbatch-args", help="Extra sbatch options for --launcher slurm, e.g. '--partition=gpu --account=ml'."),
     ),
+    "trial_gpu_hours": Opt(
+        Optional[float],
+        _opt(
+            "--trial-gpu-hours",
+            help="The most GPU-hours the measured stage may spend (each trial priced at its GPUs x "
+            "--trial-timeout); fewer trials run when they would not fit.",
+        ),
+    ),
 }
 
 
@@ -116,6 +154,7 @@ def _build(v: dict) -> TrialFlags:
             "--proxy-layers": v["proxy_layers"],
             "--proxy-width": v["proxy_width"],
             "--proxy-seq": v["proxy_seq"],
+            "--trial-gpu-hours": v["trial_gpu_hours"],
         }
     )
     _check_used(v)
@@ -129,6 +168,10 @@ def _build(v: dict) -> TrialFlags:
         v["proxy_width"],
         v["proxy_seq"],
         v["sbatch_args"],
+        v["measure_with"],
+        v["trainer_home"],
+        v["trainer_python"],
+        v["trial_gpu_hours"],
     )
     return TrialFlags(v["trials"], v["trial_budget"], v["rounds"], v["trial_steps"], v["trial_timeout"], options)
 
@@ -160,6 +203,28 @@ def _check_used(v: dict) -> None:
             f"--sbatch-args applies to --launcher slurm only (got --launcher {quoted(v['launcher'])}); "
             f"add --launcher slurm, or leave --sbatch-args out"
         )
+
+
+@dataclass(frozen=True)
+class OwnTrainer:
+    """--measure-with TRAINER and where it lives (autopar.measured.own_trainer.locate reads them)."""
+
+    measure_with: str | None
+    home: str | None
+    python: str | None
+
+
+def _build_own(v: dict) -> OwnTrainer:
+    from autopar.measured.own_trainer import NEEDS_MEASURE_WITH
+
+    if v["measure_with"] is None and (v["trainer_home"] or v["trainer_python"]):
+        raise InputError(NEEDS_MEASURE_WITH)
+    return OwnTrainer(v["measure_with"], v["trainer_home"], v["trainer_python"])
+
+
+def with_own_trainer_flags(command):
+    """Give `command(..., own: OwnTrainer)` the --measure-with flags (`autopar trial`)."""
+    return with_options(OWN_TRAINER_OPTIONS, "own", _build_own)(command)
 
 
 def with_trial_flags(command):

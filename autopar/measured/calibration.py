@@ -11,9 +11,12 @@ from autopar.spec.plan import ParallelPlan
 
 def calibrates(doc: dict) -> bool:
     """Whether a trial may take part in the calibration fit: it ran, and on the plan's hardware
-    (a proxy measured elsewhere, e.g. a CPU proxy of a GPU plan, is left out)."""
+    (a proxy or a trainer's run measured elsewhere, e.g. on the CPU for a GPU plan, is left out)."""
     return (
-        doc.get("status") == "ok" and bool(doc.get("measured")) and not (doc.get("proxy") or {}).get("cross_hardware")
+        doc.get("status") == "ok"
+        and bool(doc.get("measured"))
+        and not (doc.get("proxy") or {}).get("cross_hardware")
+        and not doc.get("cross_hardware")  # a trainer run on other hardware (autopar.measured.own_run)
     )
 
 
@@ -28,7 +31,7 @@ def calibrate_docs(result: SearchResult, docs: list[dict]) -> Calibration | None
     return calibrate(
         plans,
         [d["measured"]["step_time_s"] for d in ok],
-        [d["measured"]["peak_memory_bytes"] for d in ok],
+        [d["measured"].get("peak_memory_bytes", 0.0) for d in ok],  # 0: none logged, no memory fit
         q.model,
         q.cluster,
         q.num_gpus,

@@ -178,9 +178,10 @@ def run_command(
     env: dict[str, str] | None = None,
     progress: Path | None = None,
     on_progress: ProgressCallback | None = None,
+    cwd: Path | None = None,
 ) -> LaunchResult:
-    """Run a worker command in its own process group, kill the group on timeout or when
-    `on_progress` asks to stop, classify."""
+    """Run a worker command in its own process group (in `cwd`, default `workdir`, where its logs
+    go), kill the group on timeout or when `on_progress` asks to stop, classify."""
     result_path.unlink(missing_ok=True)
     reader = None
     if progress is not None and on_progress is not None:
@@ -196,7 +197,13 @@ def run_command(
     t0 = time.perf_counter()
     with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
         proc = subprocess.Popen(
-            command, stdout=so, stderr=se, cwd=workdir, env=run_env, start_new_session=True, preexec_fn=_die_with_parent
+            command,
+            stdout=so,
+            stderr=se,
+            cwd=cwd or workdir,
+            env=run_env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         (workdir / PGID_FILE).write_text(f"{proc.pid} {token}")
         handle = hygiene.register(

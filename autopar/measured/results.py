@@ -42,9 +42,12 @@ def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
     if cross:
         out["not_calibrated"] = {
             "keys": cross,
-            "why": "proxies measured on other hardware than the plans' (scaled "
-            "back for the ranking, left out of the calibration fit)",
+            "why": "measured on other hardware than the plans are priced on (ranked, left out of the "
+            "calibration fit" + (")" if any(d.get("measured_with") for d in ok) else "; proxies scaled back)"),
         }
+    trainers = sorted({d["measured_with"] for d in stage.docs.values() if d.get("measured_with")})
+    if trainers:
+        out["measured_with"] = trainers[0] if len(trainers) == 1 else trainers
     if not ok:
         return out
     meas = [d["measured"]["step_time_s"] for d in ok]
@@ -56,12 +59,14 @@ def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
     }
     plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
     before_t, before_m = predict(plans, q.model, q.cluster, q.num_gpus, q.seq_len)
-    mem = [d["measured"]["peak_memory_bytes"] for d in ok]
+    # a trainer's log may carry no memory figure (autopar.measured.trainer_logs): 0, left out here
+    mem = [float(d["measured"].get("peak_memory_bytes") or 0.0) for d in ok]
     with warnings.catch_warnings():  # tied predictions (or one trial): no rank correlation, NaN
         warnings.simplefilter("ignore")
         out["spearman_analytic"] = spearman(before_t, meas)
-    out["memory_error_analytic"] = {d["key"]: float(p / m - 1) for d, p, m in zip(ok, before_m, mem)}
-    out["memory_error_max_abs"] = max(abs(v) for v in out["memory_error_analytic"].values())
+    out["memory_error_analytic"] = {d["key"]: float(p / m - 1) for d, p, m in zip(ok, before_m, mem) if m > 0}
+    if out["memory_error_analytic"]:
+        out["memory_error_max_abs"] = max(abs(v) for v in out["memory_error_analytic"].values())
     if stage.calibration is not None:
         c = stage.calibration
         after_t, after_m = predict(plans, q.model, c.cluster, q.num_gpus, q.seq_len)
@@ -72,7 +77,8 @@ def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
         out["fastest_in_calibrated_top2"] = fastest["key"] in [ok[i]["key"] for i in top2]
         out["calibrated_constants"] = {n: float(getattr(c.cluster.constants, n)) for n in c.time_fit.names}
         out["time_residuals_calibrated"] = {d["key"]: float(p / m - 1) for d, p, m in zip(ok, after_t, meas)}
-        out["memory_error_calibrated_max_abs"] = float(max(abs(p / m - 1) for p, m in zip(after_m, mem)))
+        if any(m > 0 for m in mem):
+            out["memory_error_calibrated_max_abs"] = float(max(abs(p / m - 1) for p, m in zip(after_m, mem) if m > 0))
         out["intervals"] = intervals_before_after(ok, after_t, meas)
     return out
 
@@ -108,6 +114,7 @@ def candidate_rows(stage: MeasuredStage) -> list[dict]:
             {
                 "key": k,
                 "kind": d.get("kind") or ("proxy" if d.get("proxy") else "full"),
+                "measured_with": d.get("measured_with"),
                 "status": d.get("status"),
                 "predicted_step_time_s": p.get("step_time_s"),
                 "measured_step_time_s": m.get("step_time_s"),

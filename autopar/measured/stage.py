@@ -12,8 +12,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autopar.errors import InputError, quoted
+from autopar.measured.own_trainer import NEEDS_MEASURE_WITH, TrainerHome
 from autopar.measured.placement import ProxyOptions  # not .proxy: that one loads the cost model
 from autopar.measured.resources import LocalLimits
+from autopar.spec.hardware import LOCAL as LOCAL_KEY
 from autopar.spec.hardware import ClusterSpec
 
 LAUNCHERS = ("local", "slurm")
@@ -36,6 +38,9 @@ class TrialOptions:
     slurm_python: str | None = None  # None: this interpreter (a file system the cluster shares)
     queue_timeout_s: float = 3600.0
     poll_s: float = 2.0
+    #: the user's own trainer, located (autopar.measured.own_trainer); None: autopar's built-in model
+    trainer: TrainerHome | None = None
+    gpu_hours: float | None = None  # the most GPU-hours (rank-hours on CPUs) the stage may spend
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -49,6 +54,11 @@ class TrialOptions:
             )
         if self.launcher == "slurm" and self.max_local_ranks is not None:
             raise InputError("--max-local-ranks applies to --launcher local; drop it (SLURM jobs get the plan's GPUs)")
+        if self.launcher == "slurm" and self.trainer is not None:
+            raise InputError(
+                f"--measure-with {self.trainer.trainer} runs the trainer on this machine (--launcher local); on "
+                f"the cluster, run the stage on a node, or submit the export's launch_slurm.sbatch"
+            )
 
 
 def trial_options(
@@ -59,9 +69,22 @@ def trial_options(
     proxy_width: int | None = None,
     proxy_seq: int | None = None,
     sbatch_args: str | None = None,
+    measure_with: str | None = None,
+    trainer_home: str | None = None,
+    trainer_python: str | None = None,
+    gpu_hours: float | None = None,
 ) -> TrialOptions:
-    """TrialOptions from the command line (bad values: InputError)."""
+    """TrialOptions from the command line (bad values: InputError; a trainer that cannot be found:
+    InputError, before anything runs)."""
     import shlex
+
+    if measure_with is None and (trainer_home or trainer_python):
+        raise InputError(NEEDS_MEASURE_WITH)
+    home = None
+    if measure_with is not None:
+        from autopar.measured.own_trainer import locate
+
+        home = locate(measure_with, trainer_home, trainer_python)
 
     try:
         extra = tuple(shlex.split(sbatch_args or ""))
@@ -76,6 +99,8 @@ def trial_options(
             enabled=proxy, layers_per_stage=proxy_layers, width_divisor=proxy_width, seq_divisor=proxy_seq
         ),
         sbatch_args=extra,
+        trainer=home,
+        gpu_hours=gpu_hours,
     )
 
 
@@ -178,9 +203,13 @@ def run_stage(
     log = _StageLog(out)
     warmup = 1
     w = _where(result.question, options, log)
-    planner, header = _planner(result.question, spec, options, w, steps=steps, warmup=warmup, timeout=timeout)
+    if options.trainer is not None:
+        measure, runnable, header = _own_trainer(result, options.trainer, w, steps=steps, timeout=timeout)
+    else:
+        planner, header = _planner(result.question, spec, options, w, steps=steps, warmup=warmup, timeout=timeout)
+        measure, runnable = _trial_callables(result, planner, w, steps=steps, warmup=warmup, timeout=timeout)
     log.header.append(header)
-    measure, runnable = _trial_callables(result, planner, w, steps=steps, warmup=warmup, timeout=timeout)
+    k, budget = _within_gpu_hours(result, k, budget, options.gpu_hours, timeout, log)
     install_signal_handlers()  # SIGINT/SIGTERM: kill the running trial (or scancel it), exit 130/143
     t0 = time.perf_counter()
     # another worker's trial ends within its timeout; one of another host silent far longer is dead
@@ -244,6 +273,61 @@ def _planner(q, spec, options: TrialOptions, w: _Where, *, steps: int, warmup: i
         else "plans that do not fit are not run (--no-proxy)"
     )
     return planner, header
+
+
+def _own_trainer(result, home: TrainerHome, w: _Where, *, steps: int, timeout: float):
+    """run_measured's callables for the user's own trainer (autopar.measured.own_run) and the
+    stage's header line: what runs, where, for how many steps."""
+    from autopar.measured.own_run import own_callables
+    from autopar.measured.own_trainer import WARMUP
+
+    assert w.limits is not None  # --measure-with runs here (TrialOptions refuses slurm)
+    on_gpu = w.limits.device == "cuda"
+    measure, runnable = own_callables(
+        result, home, w.limits.max_ranks, w.limits.why, steps=steps, timeout=timeout, on_gpu=on_gpu
+    )
+    header = (
+        f"Measured stage with {home.text}, on {w.text}: each plan exported for {WARMUP} warm-up + {steps} "
+        f"timed steps on mock data, run by the export's launch_torchrun.sh, its log parsed"
+    )
+    if on_gpu == (result.question.cluster.gpu.key == LOCAL_KEY):
+        header += (
+            f"; the plans are priced on {result.question.cluster.gpu.key}, so the runs rank them but do "
+            f"not calibrate it ("
+            + ("--gpu naming this machine's GPU prices them here)" if on_gpu else "--gpu local prices this machine)")
+        )
+    return measure, runnable, header
+
+
+def _within_gpu_hours(result, k: int, budget, gpu_hours: float | None, timeout: float, log) -> tuple[int, object]:
+    """The stage's cost before it starts, and with --trial-gpu-hours the most trials that fit in it:
+    each trial is priced at its ranks x the trial timeout, the most it can take."""
+    n = result.question.num_gpus
+    trials = max(budget or k, k)
+    worst = trials * n * timeout / 3600.0
+    if gpu_hours is None:
+        log.header.append(
+            f"Cost: {trials} trial(s) x {n} GPUs x at most {timeout:g} s = at most {worst:.2f} GPU-hours "
+            f"(--trial-gpu-hours caps it)"
+        )
+        return k, budget
+    most = int(gpu_hours * 3600.0 // (n * timeout))
+    if most < 1:
+        raise InputError(
+            f"--trial-gpu-hours {gpu_hours:g} does not pay for one trial ({n} GPUs x {timeout:g} s timeout = "
+            f"{n * timeout / 3600:.2f} GPU-hours); raise it or lower --trial-timeout"
+        )
+    if most < trials:
+        log.header.append(
+            f"Cost: --trial-gpu-hours {gpu_hours:g} pays for {most} of the {trials} trials asked for "
+            f"({n} GPUs x at most {timeout:g} s each); measuring {most}"
+        )
+        return min(k, most), most
+    log.header.append(
+        f"Cost: {trials} trial(s) x {n} GPUs x at most {timeout:g} s = at most {worst:.2f} GPU-hours, within "
+        f"--trial-gpu-hours {gpu_hours:g}"
+    )
+    return k, budget
 
 
 def _trial_callables(result, planner, w: _Where, *, steps: int, warmup: int, timeout: float):

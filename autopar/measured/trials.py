@@ -308,7 +308,8 @@ def _measure_one(
     elif doc["status"] == "ok" and m:
         own = m.get("proxy") or {}
         log(
-            f"  -> ok {m['step_time_s']:.3f} s/step, peak {_mib(m['peak_memory_bytes'])}/rank{tag}"
+            f"  -> ok {m['step_time_s']:.3f} s/step"
+            + (f", peak {_mib(m['peak_memory_bytes'])}/rank{tag}" if "peak_memory_bytes" in m else tag)
             + (
                 f"; the proxy itself: {own['step_time_s']:.3f} s/step measured vs {own['predicted_step_time_s']:.3f} "
                 f"predicted here, {_mib(own['peak_memory_bytes'])} vs {_mib(own['predicted_peak_memory_bytes'])}/rank"

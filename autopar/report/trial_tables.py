@@ -60,10 +60,13 @@ def relative_error(predicted, measured):
 
 
 def _trial_kind(t: dict) -> str:
-    """How the trial ran: full size, as a proxy (scaled back), or not at all here."""
+    """How the trial ran: full size, as a proxy (scaled back), with the user's own trainer, or not at
+    all here."""
     kind = str(t.get("kind") or ("proxy" if t.get("proxy") else ""))
     if t.get("status") == "not-runnable" or kind == "not-runnable":
         return "not run"
+    if t.get("measured_with"):  # autopar.measured.own_run: the trainer's own code ran the plan
+        return f"{t['measured_with']}" + (" (other hardware)" if t.get("cross_hardware") else "")
     return kind or "full"
 
 

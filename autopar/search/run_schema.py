@@ -229,6 +229,9 @@ class TrialDoc(Doc):
     kind: str | None = None
     reasons: list[str] = []
     proxy: ProxyDoc | None = None
+    #: the trainer that ran the plan (autopar.measured.own_run; None: autopar's built-in model)
+    measured_with: Literal["megatron", "bridge", "nemo", "torchtitan", "deepspeed"] | None = None
+    cross_hardware: bool = False  # measured on other hardware than the plan is priced on
 
 
 class Scenarios(Doc):
@@ -363,8 +366,8 @@ def trial_problem(data: object) -> str | None:
         return "nested too deeply"
     measured = data.get("measured") if isinstance(data, dict) else None
     if doc.status == "ok" and measured:
-        try:
-            OkMeasuredDoc.model_validate(measured)
+        try:  # a trainer's log may lack a memory figure (autopar.measured.trainer_logs)
+            (FiguresDoc if doc.measured_with else OkMeasuredDoc).model_validate(measured)
         except ValidationError as e:
             return problem(data, e, ("measured",)) + " (a trial that ran measures both its step time and memory)"
     return None

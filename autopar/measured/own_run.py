@@ -1,0 +1,249 @@
+"""One short run of a plan with the user's own trainer (autopar.measured.own_trainer says where it
+lives and why), its trial document, and the measured stage's two callables for it (`measure`,
+`runnable`, as autopar.measured.trials takes them). Imports no torch."""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autopar.errors import InputError
+from autopar.measured.launcher import run_command
+from autopar.measured.own_trainer import WARMUP, TrainerHome, launch_env, read_log
+from autopar.measured.trainer_logs import LogContext, TrainerLog, parse_log, step_summary
+from autopar.spec.hardware import LOCAL, ClusterSpec
+from autopar.spec.model import ModelSpec
+from autopar.spec.plan import ParallelPlan
+
+LAUNCH = "launch_torchrun.sh"
+#: what the bundled DeepSpeed script runs (autopar/trial/deepspeed_train.py: data parallel + ZeRO)
+BUNDLED_SCRIPT_AXES = ("tp", "pp", "cp", "ep")
+
+
+def export_short_run(
+    home: TrainerHome,
+    plan: ParallelPlan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    seq_len: int,
+    steps: int,
+    recipes: tuple[tuple[str, str], ...] = (),
+):
+    """The trainer's export of `plan`, set for a `steps`-step run (ExportRefused: it cannot run it)."""
+    from autopar.export import ExportOptions, get_exporter
+
+    options = ExportOptions(seq_len=seq_len, short_run_steps=steps, recipes=recipes)
+    return get_exporter(home.trainer).render(plan.with_(trainer=home.trainer), model, cluster, options)
+
+
+def cannot_run(
+    home: TrainerHome,
+    plan: ParallelPlan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    seq_len: int,
+    max_ranks: int,
+    ranks_why: str,
+    recipes: tuple[tuple[str, str], ...] = (),
+) -> str | None:
+    """Why the trainer cannot run `plan` on this machine (None: it can): its capability table, the
+    ranks here, and the bundled DeepSpeed script's axes."""
+    try:
+        export_short_run(home, plan, model, cluster, seq_len, 1, recipes)
+    except InputError as e:  # ExportRefused included: the trainer's capability sentence
+        return str(e)
+    if plan.num_gpus > max_ranks:
+        return (
+            f"needs {plan.num_gpus} ranks and this machine runs at most {max_ranks} ({ranks_why}); run the "
+            f"stage on a machine with {plan.num_gpus} GPUs"
+        )
+    if home.bundled_script and any(getattr(plan, a) > 1 for a in BUNDLED_SCRIPT_AXES):
+        return (
+            "autopar's DeepSpeed script runs data parallel with ZeRO only (tp = pp = cp = ep = 1); set "
+            "DEEPSPEED_SCRIPT to your Megatron-DeepSpeed pretrain_gpt.py for this plan"
+        )
+    return None
+
+
+def measure_own(
+    home: TrainerHome,
+    plan_dict: dict,
+    predicted: dict,
+    *,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    seq_len: int,
+    steps: int,
+    timeout_s: float,
+    workdir: Path,
+    on_gpu: bool,
+    recipes: tuple[tuple[str, str], ...] = (),
+    warmup: int = WARMUP,
+) -> dict:
+    """Export the plan for `warmup + steps` steps, run the export's launch script here, parse the
+    trainer's log: the trial document (never raises on a failed run: failures are data)."""
+    plan = ParallelPlan.from_dict(plan_dict)
+    t0 = time.time()
+    head: dict[str, Any] = {
+        "name": plan.describe(),
+        "plan": plan_dict,
+        "model": model.name,
+        "nproc": plan.num_gpus,
+        "predicted": predicted,
+        "kind": "full",
+        "measured_with": home.trainer,
+        "trainer": {"name": home.trainer, "version": home.version, "python": home.python} | home.env,
+        "started_at": t0,
+        "environment": {"trainer": home.text},
+        "measured": {},
+    }
+    out = Path(workdir) / "export"
+    bundle = export_short_run(home, plan, model, cluster, seq_len, warmup + steps, recipes)
+    bundle.write(out)
+    env = launch_env(home, on_gpu)
+    # how to rerun it by hand: the trainer's variables, then the export's launch script
+    head["command"] = f"cd {shlex.quote(str(out))} && " + shlex.join(
+        [f"{k}={v}" for k, v in home.env.items()] + ["NODE_RANK=0", "bash", LAUNCH]
+    )
+    res = run_command(
+        ["bash", str(out / LAUNCH)],
+        out / "no-result.json",  # the trainer writes no autopar result: its log is the result
+        timeout_s=timeout_s,
+        workdir=Path(workdir),
+        env=env,
+        cwd=Path(home.cwd) if home.cwd else out,
+    )
+    log_path = Path(workdir) / "stdout.log"
+    head |= {"wall_s": res.wall_s, "log": str(log_path), "returncode": res.returncode}
+    context = LogContext(global_batch_size=plan.global_batch_size, seq_len=seq_len, num_gpus=plan.num_gpus)
+    log = parse_log(home.trainer, read_log(Path(workdir)), context)
+    status, reasons = _status(res.outcome == "timeout", res.returncode, log, warmup, log_path)
+    doc = head | {"status": status, "outcome": status, "reasons": reasons, "steps_logged": len(log.steps)}
+    summary = step_summary(log, warmup) if status == "ok" else None  # a failed run's steps time nothing
+    if summary:
+        doc["measured"] = _measured(summary, log, plan, seq_len, predicted)
+    m = doc["measured"]
+    if home.trainer == "deepspeed" and not on_gpu and "peak_memory_bytes" in m:
+        # DeepSpeed's CPU accelerator reports the process RSS as memory_allocated (deepspeed 0.19.8
+        # accelerator/cpu_accelerator.py L153-156: get_rss), not tensor bytes: kept, not fitted to
+        m["process_peak_bytes"] = m.pop("peak_memory_bytes")
+        m["memory_method"] = "process RSS (DeepSpeed's CPU accelerator)"
+    if status == "ok" and predicted and m.get("peak_memory_bytes"):
+        doc["errors"] = {
+            "step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
+            "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1,
+        }
+    doc["cross_hardware"] = (cluster.gpu.key == LOCAL) == on_gpu  # measured on other hardware than priced
+    return doc
+
+
+def _status(timed_out: bool, returncode: int | None, log: TrainerLog, warmup: int, log_path: Path):
+    """The trial's status and reasons from the launch and the trainer's own lines."""
+    if log.failure == "oom":
+        return "oom", [f"does not fit: {log.error_line}"]
+    if timed_out:
+        return "timeout", ["killed after the trial timeout (--trial-timeout)"] + (
+            [f"last error: {log.error_line}"] if log.error_line else []
+        )
+    if log.failure == "crash" or returncode != 0:
+        return "crash", [f"fails: {log.error_line or f'exit code {returncode}'} (log: {log_path})"]
+    if len(log.steps) <= warmup:
+        return "crash", [
+            f"fails: the trainer exited 0 but printed {len(log.steps)} step line(s) autopar reads, "
+            f"{warmup} of them warm-up (log: {log_path})"
+        ]
+    return "ok", []
+
+
+def _measured(summary: dict, log: TrainerLog, plan: ParallelPlan, seq_len: int, predicted: dict) -> dict:
+    """The measured figures in the built-in trials' keys, plus the trainer's own throughput."""
+    m = dict(summary)
+    step = m["step_time_s"]
+    m["tokens_per_s"] = plan.global_batch_size * seq_len / step
+    if predicted.get("mfu") and predicted.get("step_time_s"):  # the same model FLOPs per step
+        m["mfu"] = predicted["mfu"] * predicted["step_time_s"] / step
+    if log.peak_memory_bytes:
+        m["peak_memory_bytes"] = float(log.peak_memory_bytes)
+        m["memory_method"] = log.memory_method
+    if log.tflops_per_gpu:
+        m["trainer_tflops_per_gpu"] = statistics.median(log.tflops_per_gpu[-len(m["step_times_s"]) :])
+    if log.tokens_per_s_per_gpu:
+        m["trainer_tokens_per_s_per_gpu"] = statistics.median(log.tokens_per_s_per_gpu[-len(m["step_times_s"]) :])
+    return m
+
+
+def own_callables(
+    result, home: TrainerHome, max_ranks: int, ranks_why: str, *, steps: int, timeout: float, on_gpu: bool
+) -> tuple[Callable, Callable]:
+    """The stage's `measure(plan, predicted, on_step)` and `runnable(plan, predicted)` for the trainer
+    (the steps are reported after the run: a trainer's log is read once it ends)."""
+    from autopar.measured.trials import plan_key
+
+    q = result.question
+    recipes = tuple(sorted((q.recipes or {}).items())) if isinstance(q.recipes, dict) else tuple(q.recipes or ())
+    workroot = Path(result.run_dir) / "trials" / "work"
+
+    def measure(plan: dict, predicted: dict, on_step) -> dict:
+        return measure_own(
+            home,
+            plan,
+            predicted,
+            model=q.model,
+            cluster=q.cluster,
+            seq_len=q.seq_len,
+            steps=steps,
+            timeout_s=timeout,
+            workdir=workroot / plan_key(plan),
+            on_gpu=on_gpu,
+            recipes=recipes,
+        )
+
+    def runnable(plan: dict, predicted: dict) -> str | None:
+        p = ParallelPlan.from_dict(plan)
+        return cannot_run(home, p, q.model, q.cluster, q.seq_len, max_ranks, ranks_why, recipes)
+
+    return measure, runnable
+
+
+def trial_with(home: TrainerHome, spec: ModelSpec, gpus: int, seq: int, req, gpu: str, cluster_file, run, run_dir):
+    """`autopar trial --measure-with`: one plan of the flags (`req`, a PlanRequest), checked, priced on
+    `gpu` / `cluster_file`, run with the trainer here: (trial document, its file)."""
+    from autopar.calibration.estimate import estimate
+    from autopar.measured.resources import detect, local_limits
+    from autopar.measured.trials import plan_key
+    from autopar.search.run_dir import write_trial_doc
+    from autopar.spec.resolve import resolve_cluster, resolve_plan
+
+    steps, warmup, timeout = run
+    plan = resolve_plan(spec, gpus, seq, req)
+    problems = plan.problems(spec, num_gpus=gpus, seq_len=seq)
+    if problems:
+        raise InputError("invalid plan: " + "; ".join(problems))
+    cluster = resolve_cluster(gpu, None, cluster_file)
+    machine = detect()
+    limits = local_limits(machine, machine.kind)
+    why = cannot_run(home, plan, spec, cluster, seq, limits.max_ranks, limits.why)
+    if why:
+        raise InputError(why)
+    est = estimate(plan, spec, cluster, num_gpus=gpus, seq_len=seq)
+    predicted: dict[str, Any] = {"step_time_s": float(est.step_time_s), "mfu": float(est.mfu)}
+    predicted |= {"peak_memory_bytes": float(est.peak_memory_bytes), "cluster": cluster.name or cluster.gpu.key}
+    key = plan_key(plan.to_dict())
+    doc = measure_own(
+        home,
+        plan.to_dict(),
+        predicted,
+        model=spec,
+        cluster=cluster,
+        seq_len=seq,
+        steps=steps,
+        timeout_s=timeout,
+        workdir=Path(run_dir) / "trials" / "work" / key,
+        on_gpu=machine.kind == "cuda",
+        warmup=warmup,
+    ) | {"key": key}
+    return doc, write_trial_doc(doc, Path(run_dir) / "trials")

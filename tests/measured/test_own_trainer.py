@@ -1,0 +1,281 @@
+"""`autopar search --trials K --measure-with TRAINER` end to end with stand-in trainers
+(tests/measured/standin_trainer.py prints each trainer's own step lines and raises real errors):
+the export set for a short run, its launch_torchrun.sh under torchrun, the log parsed, out of
+memory recorded as "does not fit" and a crash as "fails" with the trainer's error line, and the
+calibration. Also the up-front checks of where a trainer lives (one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+AUTOPAR = [sys.executable, "-m", "autopar"]
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _wrapper(trainer: str) -> str:
+    return f"import sys\nsys.path.insert(0, {str(HERE)!r})\nimport standin_trainer\nstandin_trainer.main({trainer!r})\n"
+
+
+NEMO_RUN = f"""import sys
+sys.path.insert(0, {str(HERE)!r})
+import standin_trainer
+
+
+class Config:
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+
+def run(recipe, direct=False):
+    standin_trainer.main("nemo", recipe)
+"""
+
+NEMO_RECIPE = """class Node:
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        child = Node()
+        setattr(self, name, child)
+        return child
+
+
+def pretrain_recipe(name, num_nodes, num_gpus_per_node):
+    recipe = Node()
+    recipe.trainer.max_steps = 1000
+    recipe.trainer.strategy.tensor_model_parallel_size = 1
+    recipe.trainer.strategy.context_parallel_size = 1
+    recipe.model.config.recompute_granularity = None
+    recipe.data.micro_batch_size = 1
+    recipe.trainer.callbacks = []
+    return recipe
+"""
+
+
+def _home(tmp_path: Path, trainer: str) -> dict[str, str]:
+    """Where the stand-in lives for `trainer`, as the environment that names it."""
+    env = {"STANDIN_STATE": str(tmp_path / "state")}
+    if trainer == "megatron":
+        (tmp_path / "Megatron-LM").mkdir()
+        (tmp_path / "Megatron-LM" / "pretrain_gpt.py").write_text(_wrapper("megatron"))
+        return env | {"MEGATRON_LM": str(tmp_path / "Megatron-LM")}
+    if trainer == "bridge":
+        d = tmp_path / "Megatron-Bridge" / "scripts" / "training"
+        d.mkdir(parents=True)
+        (d / "run_recipe.py").write_text(_wrapper("bridge"))
+        return env | {"MEGATRON_BRIDGE": str(tmp_path / "Megatron-Bridge")}
+    py = tmp_path / "py"
+    if trainer == "torchtitan":
+        (py / "torchtitan").mkdir(parents=True)
+        (py / "torchtitan" / "__init__.py").write_text("")
+        (py / "torchtitan" / "train.py").write_text(_wrapper("torchtitan"))
+    else:  # nemo
+        (py / "nemo_run").mkdir(parents=True)
+        (py / "nemo_run" / "__init__.py").write_text(NEMO_RUN)
+        recipes = py / "nemo" / "collections" / "llm" / "recipes"
+        recipes.mkdir(parents=True)
+        for d in (py / "nemo", py / "nemo" / "collections", py / "nemo" / "collections" / "llm", recipes):
+            (d / "__init__.py").write_text("")
+        (recipes / "llama32_1b.py").write_text(NEMO_RECIPE)
+    return env | {"PYTHONPATH": str(py) + os.pathsep + str(REPO)}
+
+
+def _search(tmp_path: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    full = dict(os.environ) | env
+    full["PYTHONPATH"] = env.get("PYTHONPATH", str(REPO))
+    return subprocess.run(
+        [*AUTOPAR, "search", *args, "--run-dir", str(tmp_path / "run"), "--trial-steps", "3"],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=tmp_path,
+        timeout=500,
+    )
+
+
+def _docs(tmp_path: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((tmp_path / "run" / "trials").glob("*.json"))]
+
+
+def _expected_step(plan: dict) -> float:
+    """The stand-in's step time (standin_trainer._step_seconds): the median after the warm-up."""
+    recompute = 0.02 if plan["recompute"] != "none" else 0.0
+    return 0.2 + 0.05 / plan["micro_batch_size"] + 0.03 * plan["tp"] + 0.01 * plan["cp"] + recompute
+
+
+@pytest.mark.parametrize(
+    "trainer,extra",
+    [
+        ("megatron", ["--model", "tiny", "--gpu", "local"]),
+        ("bridge", ["--model", "tiny", "--gpu", "local", "--dtype", "bf16", "--recipe", "llama32_1b_pretrain_config"]),
+        ("nemo", ["--model", "tiny", "--gpu", "local", "--dtype", "bf16", "--recipe", "llama32_1b"]),
+    ],
+)
+def test_stand_in_trainer_end_to_end(tmp_path, trainer, extra):
+    """4 plans measured with the trainer: ok, out of memory, ok, crash; the two that ran calibrate."""
+    env = _home(tmp_path, trainer) | {"STANDIN_PLAN": "ok,oom,ok,crash"}
+    r = _search(tmp_path, [*extra, "--gpus", "2", "--trials", "4", "--measure-with", trainer], env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"Measured stage with {trainer}" in r.stdout
+    docs = {d["key"]: d for d in _docs(tmp_path)}
+    by_status: dict[str, list[dict]] = {}
+    for d in docs.values():
+        assert d["measured_with"] == trainer
+        by_status.setdefault(d["status"], []).append(d)
+    assert len(by_status["ok"]) == 2 and len(by_status["oom"]) == 1 and len(by_status["crash"]) == 1, by_status.keys()
+    oom, crash = by_status["oom"][0], by_status["crash"][0]
+    assert oom["reasons"][0].startswith("does not fit: ") and "CUDA out of memory" in oom["reasons"][0]
+    assert crash["reasons"][0].startswith("fails: ") and "RuntimeError: stand-in trainer" in crash["reasons"][0]
+    for d in by_status["ok"]:
+        m = d["measured"]
+        # warm-up dropped: the stand-in's first step is 3x slower; the median of the rest is the plan's
+        assert m["step_time_s"] == pytest.approx(_expected_step(d["plan"]), rel=2e-3)
+        assert len(m["step_times_s"]) == 3
+        assert Path(d["log"]).is_file()
+        assert (Path(d["log"]).parent / "export" / "launch_torchrun.sh").is_file()
+    if trainer == "megatron":  # report_memory's "max allocated" in MiB (divisor 1024 * 1024)
+        assert by_status["ok"][0]["measured"]["peak_memory_bytes"] == pytest.approx(1177.34 * 2**20)
+    if trainer == "bridge":  # mem-max-allocated-gigabytes in decimal GB
+        assert by_status["ok"][0]["measured"]["peak_memory_bytes"] == pytest.approx(1.2345e9)
+    if trainer == "nemo":  # NEMO_LOG_MEMORY_USAGE=1 (the export sets it): bytes
+        assert by_status["ok"][0]["measured"]["peak_memory_bytes"] == pytest.approx(1234500000.0)
+    measured = json.loads((tmp_path / "run" / "measured.json").read_text())
+    assert measured["measured_with"] == trainer and measured["succeeded"] == 2 and measured["failed"] == 2
+    fastest = min(by_status["ok"], key=lambda d: d["measured"]["step_time_s"])
+    assert measured["winner"]["key"] == fastest["key"]
+    assert (tmp_path / "run" / "calibrated.yaml").is_file()  # two runs on the priced hardware calibrate
+
+
+def test_torchtitan_stand_in_on_other_hardware_ranks_without_calibrating(tmp_path):
+    """GPU plans measured on this CPU machine: ranked by what ran, left out of the calibration."""
+    env = _home(tmp_path, "torchtitan")
+    r = _search(
+        tmp_path,
+        ["--model", "llama3-8b", "--gpus", "2", "--gpu", "h100-sxm", "--trials", "2", "--measure-with", "torchtitan"],
+        env,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    docs = _docs(tmp_path)
+    ok = [d for d in docs if d["status"] == "ok"]
+    assert len(ok) == 2 and all(d["cross_hardware"] for d in ok)
+    for d in ok:  # step time = gbs * seq / (tps * GPUs), tps printed rounded to a token
+        assert d["measured"]["step_time_s"] == pytest.approx(_expected_step(d["plan"]), rel=1e-3)
+        assert d["measured"]["peak_memory_bytes"] == pytest.approx(1.25 * 2**30)
+    measured = json.loads((tmp_path / "run" / "measured.json").read_text())
+    assert set(measured["not_calibrated"]["keys"]) == {d["key"] for d in ok}
+    assert not (tmp_path / "run" / "calibrated.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    "args,env,expect",
+    [
+        (["--measure-with", "megatronn"], {}, "--measure-with 'megatronn' is not a trainer autopar can launch"),
+        (["--measure-with", "megatron"], {"MEGATRON_LM": ""}, "needs your Megatron-LM checkout: set MEGATRON_LM="),
+        (["--measure-with", "megatron"], {"MEGATRON_LM": "/nonexistent"}, "MEGATRON_LM='/nonexistent' is not a dir"),
+        (["--measure-with", "bridge"], {"MEGATRON_BRIDGE": "/tmp"}, "has no scripts/training/run_recipe.py"),
+        (["--measure-with", "nemo"], {}, "cannot import nemo, nemo_run; install nemo there"),
+        (["--measure-with", "deepspeed", "--trainer-python", "/bin/nope"], {}, "--trainer-python '/bin/nope' is not"),
+        (["--trainer-home", "/tmp"], {}, "--trainer-home applies to the measured stage only"),
+        (["--measure-with", "megatron", "--trainer", "torchtitan"], {"MEGATRON_LM": "@home"}, "drop --trainer"),
+    ],
+)
+def test_where_the_trainer_lives_is_checked_up_front(tmp_path, args, env, expect):
+    if env.get("MEGATRON_LM") == "@home":
+        env = _home(tmp_path, "megatron")
+    trials = [] if "--trainer-home" in args and "--measure-with" not in args else ["--trials", "2"]
+    r = _search(tmp_path, ["--model", "tiny", "--gpus", "2", "--gpu", "local", *trials, *args], env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert expect in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "trials").exists()  # nothing ran
+
+
+def test_gpu_hour_cap_prints_the_cost_and_measures_fewer(tmp_path):
+    """2 GPUs x 30 s timeout = 1/60 GPU-hour per trial: 0.04 GPU-hours pay for 2 of the 4 asked for."""
+    env = _home(tmp_path, "megatron")
+    r = _search(
+        tmp_path,
+        ["--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", "4", "--measure-with", "megatron"]
+        + ["--trial-timeout", "30", "--trial-gpu-hours", "0.04"],
+        env,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "--trial-gpu-hours 0.04 pays for 2 of the 4 trials asked for" in r.stdout
+    assert len(_docs(tmp_path)) == 2
+
+
+def test_nemo_stand_in_recipe_defaults(tmp_path):
+    """The NeMo stand-in's recipe object takes the export's dotted overrides (nemo_pretrain.py's loop)."""
+    code = (
+        textwrap.dedent(NEMO_RECIPE) + "\nr = pretrain_recipe('x', 1, 2)\nr.log.ckpt = None\nprint(r.trainer.max_steps)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "1000"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_deepspeed_for_real_measures_and_calibrates(tmp_path):
+    """The acceptance line: DeepSpeed's own engine (autopar's DeepSpeed script, ZeRO over gloo on this
+    CPU) runs the top plans, its log lines are parsed, and the two runs calibrate this machine."""
+    pytest.importorskip("deepspeed")
+    r = _search(tmp_path, ["--model", "tiny", "--gpus", "2", "--trials", "2", "--measure-with", "deepspeed"], {})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    docs = _docs(tmp_path)
+    assert len(docs) == 2 and all(d["measured_with"] == "deepspeed" and d["status"] == "ok" for d in docs)
+    for d in docs:
+        m = d["measured"]
+        assert len(m["step_times_s"]) == 3 and all(t > 0 for t in m["step_times_s"])  # --trial-steps 3
+        assert m["memory_method"].startswith("process RSS") and m["process_peak_bytes"] > 0
+        log = Path(d["log"]).read_text()
+        assert log.count("| fwd: ") == 5 and "CurrSamplesPerSec=" in log  # 2 warm-up + 3 timed steps
+        assert d["trainer"]["version"] == "0.19.8" and not d["cross_hardware"]
+    measured = json.loads((tmp_path / "run" / "measured.json").read_text())
+    assert measured["measured_with"] == "deepspeed" and measured["calibrated_constants"]
+    assert (tmp_path / "run" / "calibrated.yaml").is_file()
+
+
+def test_a_rerun_adopts_the_finished_trials(tmp_path):
+    """The same command again: the study's finished plans are kept, no trainer is launched twice."""
+    env = _home(tmp_path, "megatron")
+    args = ["--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", "2", "--measure-with", "megatron"]
+    first = _search(tmp_path, args, env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    launches = sorted(p.read_text() for p in (tmp_path / "state").iterdir())
+    assert len(launches) == 2  # the stand-in counts its launches by working directory
+    again = _search(tmp_path, args, env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert sorted(p.read_text() for p in (tmp_path / "state").iterdir()) == launches
+    assert "trial 0:" not in again.stdout and "2 plans trialled with megatron" in again.stdout
+
+
+def test_trial_measures_one_plan_with_the_trainer(tmp_path):
+    """`autopar trial --measure-with`: the plan of the flags, the trainer's figures, the trial file;
+    an out-of-memory exits 1 with the trainer's line."""
+    env = _home(tmp_path, "megatron")
+    full = dict(os.environ) | env | {"PYTHONPATH": str(REPO)}
+    cmd = [*AUTOPAR, "trial", "--model", "tiny", "--gpus", "2", "--tp", "2", "--mbs", "2", "--steps", "3"]
+    cmd += ["--measure-with", "megatron", "--run-dir", str(tmp_path / "t")]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=full, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (doc_path,) = (tmp_path / "t" / "trials").glob("*.json")
+    doc = json.loads(doc_path.read_text())
+    assert doc["measured_with"] == "megatron" and doc["plan"]["tp"] == 2 and doc["plan"]["trainer"] == "megatron"
+    assert doc["measured"]["step_time_s"] == pytest.approx(_expected_step(doc["plan"]), rel=2e-3)
+    assert f"{doc['measured']['step_time_s']:.4f} s/step" in r.stdout
+    oom = subprocess.run(
+        cmd + ["--tp", "1"],
+        capture_output=True,
+        text=True,
+        env=full | {"STANDIN_PLAN": "oom", "STANDIN_STATE": str(tmp_path / "s2")},
+        cwd=tmp_path,
+    )
+    assert oom.returncode == 1 and "oom: does not fit: " in oom.stdout and "CUDA out of memory" in oom.stdout
