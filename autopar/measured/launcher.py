@@ -179,12 +179,16 @@ def run_command(
     progress: Path | None = None,
     on_progress: ProgressCallback | None = None,
     cwd: Path | None = None,
+    reader=None,
 ) -> LaunchResult:
     """Run a worker command in its own process group (in `cwd`, default `workdir`, where its logs
-    go), kill the group on timeout or when `on_progress` asks to stop, classify."""
+    go), kill the group on timeout or when `on_progress` asks to stop, classify. The step records
+    come from the `progress` file, or from `reader` (any object whose `read()` returns the new
+    records: a trainer's own log, autopar.measured.own_run)."""
     result_path.unlink(missing_ok=True)
-    reader = None
-    if progress is not None and on_progress is not None:
+    if reader is not None and on_progress is None:
+        reader = None
+    if progress is not None and on_progress is not None and reader is None:
         progress.unlink(missing_ok=True)
         reader = ProgressReader(progress)
     records: list[dict] = []

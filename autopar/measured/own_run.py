@@ -13,6 +13,7 @@ from typing import Any
 
 from autopar.errors import InputError
 from autopar.measured.launcher import run_command
+from autopar.measured.measure import partial_summary
 from autopar.measured.own_trainer import WARMUP, TrainerHome, launch_env, read_log
 from autopar.measured.trainer_logs import LogContext, TrainerLog, parse_log, step_summary
 from autopar.spec.hardware import LOCAL, ClusterSpec
@@ -69,6 +70,30 @@ def cannot_run(
     return None
 
 
+class LogSteps:
+    """The trainer's step lines as they appear in its log (run_command's `reader`): each new step
+    as a record {"index", "time_s", "timed"}; the log is re-read at most once a second, and only
+    when it grew."""
+
+    def __init__(self, workdir: Path, trainer: str, context: LogContext, warmup: int) -> None:
+        self.path, self.trainer, self.context, self.warmup = Path(workdir) / "stdout.log", trainer, context, warmup
+        self.seen, self.size, self.last = 0, -1, 0.0
+
+    def read(self) -> list[dict]:
+        now = time.monotonic()
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return []
+        if size == self.size or now - self.last < 1.0:
+            return []
+        self.size, self.last = size, now
+        steps = parse_log(self.trainer, read_log(self.path.parent), self.context).steps
+        new = [{"index": i, "time_s": t, "timed": i >= self.warmup} for i, (_, t) in enumerate(steps) if i >= self.seen]
+        self.seen = max(self.seen, len(steps))
+        return new
+
+
 def measure_own(
     home: TrainerHome,
     plan_dict: dict,
@@ -83,9 +108,12 @@ def measure_own(
     on_gpu: bool,
     recipes: tuple[tuple[str, str], ...] = (),
     warmup: int = WARMUP,
+    on_step: Callable[[int, float], bool] | None = None,
 ) -> dict:
     """Export the plan for `warmup + steps` steps, run the export's launch script here, parse the
-    trainer's log: the trial document (never raises on a failed run: failures are data)."""
+    trainer's log: the trial document (never raises on a failed run: failures are data).
+    `on_step(index, time_s)` sees each timed step as the trainer logs it and returns True to stop
+    the run (the pruner): the document then says "pruned", with the steps that ran."""
     plan = ParallelPlan.from_dict(plan_dict)
     t0 = time.time()
     head: dict[str, Any] = {
@@ -109,6 +137,15 @@ def measure_own(
     head["command"] = f"cd {shlex.quote(str(out))} && " + shlex.join(
         [f"{k}={v}" for k, v in home.env.items()] + ["NODE_RANK=0", "bash", LAUNCH]
     )
+    context = LogContext(global_batch_size=plan.global_batch_size, seq_len=seq_len, num_gpus=plan.num_gpus)
+    timed: list[float] = []
+
+    def progress(rec: dict) -> bool:
+        if not rec["timed"] or on_step is None:
+            return False
+        timed.append(float(rec["time_s"]))
+        return bool(on_step(len(timed) - 1, timed[-1]))
+
     res = run_command(
         ["bash", str(out / LAUNCH)],
         out / "no-result.json",  # the trainer writes no autopar result: its log is the result
@@ -116,10 +153,19 @@ def measure_own(
         workdir=Path(workdir),
         env=env,
         cwd=Path(home.cwd) if home.cwd else out,
+        on_progress=progress if on_step is not None else None,
+        reader=LogSteps(Path(workdir), home.trainer, context, warmup),
     )
     log_path = Path(workdir) / "stdout.log"
     head |= {"wall_s": res.wall_s, "log": str(log_path), "returncode": res.returncode}
-    context = LogContext(global_batch_size=plan.global_batch_size, seq_len=seq_len, num_gpus=plan.num_gpus)
+    if res.outcome == "pruned":
+        return head | {
+            "status": "pruned",
+            "outcome": "pruned",
+            "reasons": [f"pruned after {len(timed)} of {steps} timed steps"],
+            "measured": partial_summary(timed, steps) if timed else {},
+            "cross_hardware": (cluster.gpu.key == LOCAL) == on_gpu,
+        }
     log = parse_log(home.trainer, read_log(Path(workdir)), context)
     status, reasons = _status(res.outcome == "timeout", res.returncode, log, warmup, log_path)
     doc = head | {"status": status, "outcome": status, "reasons": reasons, "steps_logged": len(log.steps)}
@@ -180,7 +226,7 @@ def own_callables(
     result, home: TrainerHome, max_ranks: int, ranks_why: str, *, steps: int, timeout: float, on_gpu: bool
 ) -> tuple[Callable, Callable]:
     """The stage's `measure(plan, predicted, on_step)` and `runnable(plan, predicted)` for the trainer
-    (the steps are reported after the run: a trainer's log is read once it ends)."""
+    (its steps reach the pruner as the trainer logs them)."""
     from autopar.measured.trials import plan_key
 
     q = result.question
@@ -200,6 +246,7 @@ def own_callables(
             workdir=workroot / plan_key(plan),
             on_gpu=on_gpu,
             recipes=recipes,
+            on_step=on_step,
         )
 
     def runnable(plan: dict, predicted: dict) -> str | None:

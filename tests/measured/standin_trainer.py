@@ -8,7 +8,7 @@ live ($MEGATRON_LM/pretrain_gpt.py, $MEGATRON_BRIDGE/scripts/training/run_recipe
 package whose `train` module this is, NeMo's `nemo_run.run`). What each run does: STANDIN_PLAN, a
 comma list of ok | oom | crash for the 1st, 2nd, ... distinct launch (a launch is its working
 directory), counted in STANDIN_STATE. Step times come from the plan's words (micro-batch size,
-TP size), so plans differ; nothing sleeps.
+TP size), so plans differ; a step sleeps STANDIN_SLEEP seconds (default none).
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ def megatron(text: str, behaviour: str, bridge: bool = False) -> None:
     k, gbs, step = _steps(text), _gbs(text), _step_seconds(text)
     for it in range(1, k + 1):
         _fail(behaviour, it)
+        time.sleep(float(os.environ.get("STANDIN_SLEEP", "0")))  # a step that takes wall time, when asked
         ms = (step * (3 if it == 1 else 1)) * 1000.0
         if bridge and rank == 0:  # print_rank_0
             print(f"Step Time : {ms / 1000:.2f}s GPU utilization: {123.4:.1f}MODEL_TFLOP/s/GPU", flush=True)

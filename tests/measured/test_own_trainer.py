@@ -279,3 +279,40 @@ def test_trial_measures_one_plan_with_the_trainer(tmp_path):
         cwd=tmp_path,
     )
     assert oom.returncode == 1 and "oom: does not fit: " in oom.stdout and "CUDA out of memory" in oom.stdout
+
+
+def test_the_pruner_stops_a_trainer_mid_run(tmp_path, monkeypatch):
+    """Each timed step reaches the pruner as the trainer logs it; asked to stop, the run is killed
+    and recorded as pruned with the steps it ran."""
+    from autopar.measured.own_run import measure_own
+    from autopar.measured.own_trainer import locate
+    from autopar.spec.presets import get_preset
+    from autopar.spec.resolve import resolve_cluster
+
+    env = _home(tmp_path, "megatron") | {"STANDIN_SLEEP": "0.6"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    home = locate("megatron")
+    seen: list[tuple[int, float]] = []
+
+    def on_step(index: int, t: float) -> bool:
+        seen.append((index, t))
+        return True  # the pruner: stop at the first timed step
+
+    plan = {"tp": 1, "pp": 1, "dp": 2, "micro_batch_size": 2, "global_batch_size": 8, "trainer": "megatron"}
+    doc = measure_own(
+        home,
+        plan,
+        {"step_time_s": 0.1, "peak_memory_bytes": 1e9},
+        model=get_preset("tiny"),
+        cluster=resolve_cluster("local", None, None, None),
+        seq_len=128,
+        steps=20,
+        timeout_s=120,
+        workdir=tmp_path / "w",
+        on_gpu=False,
+        on_step=on_step,
+    )
+    assert doc["status"] == "pruned" and seen[0][0] == 0
+    assert doc["measured"]["step_times_s"][0] == pytest.approx(0.2 + 0.05 / 2 + 0.03 + 0.01)
+    assert doc["measured"]["steps_run"] < 20 and doc["wall_s"] < 0.6 * 22  # stopped, not run to the end
