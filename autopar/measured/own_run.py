@@ -14,13 +14,13 @@ from typing import Any
 from autopar.errors import InputError
 from autopar.measured.launcher import run_command
 from autopar.measured.measure import partial_summary
-from autopar.measured.own_trainer import WARMUP, TrainerHome, launch_env, read_log
+from autopar.measured.own_trainer import WARMUP, TrainerHome, free_port, launch_env, log_files, read_log
 from autopar.measured.trainer_logs import LogContext, TrainerLog, parse_log, step_summary
 from autopar.spec.hardware import LOCAL, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan
 
-LAUNCH = "launch_torchrun.sh"
+LAUNCH, SBATCH = "launch_torchrun.sh", "launch_slurm.sbatch"
 #: what the bundled DeepSpeed script runs (autopar/trial/deepspeed_train.py: data parallel + ZeRO)
 BUNDLED_SCRIPT_AXES = ("tp", "pp", "cp", "ep")
 
@@ -37,7 +37,8 @@ def export_short_run(
     """The trainer's export of `plan`, set for a `steps`-step run (ExportRefused: it cannot run it)."""
     from autopar.export import ExportOptions, get_exporter
 
-    options = ExportOptions(seq_len=seq_len, short_run_steps=steps, recipes=recipes)
+    # a port free here for the rendezvous: two trials (or another job) never share one
+    options = ExportOptions(seq_len=seq_len, short_run_steps=steps, recipes=recipes, master_port=free_port())
     return get_exporter(home.trainer).render(plan.with_(trainer=home.trainer), model, cluster, options)
 
 
@@ -76,19 +77,16 @@ class LogSteps:
     when it grew."""
 
     def __init__(self, workdir: Path, trainer: str, context: LogContext, warmup: int) -> None:
-        self.path, self.trainer, self.context, self.warmup = Path(workdir) / "stdout.log", trainer, context, warmup
+        self.workdir, self.trainer, self.context, self.warmup = Path(workdir), trainer, context, warmup
         self.seen, self.size, self.last = 0, -1, 0.0
 
     def read(self) -> list[dict]:
         now = time.monotonic()
-        try:
-            size = self.path.stat().st_size
-        except OSError:
-            return []
+        size = sum(p.stat().st_size for p in log_files(self.workdir) if p.is_file())
         if size == self.size or now - self.last < 1.0:
             return []
         self.size, self.last = size, now
-        steps = parse_log(self.trainer, read_log(self.path.parent), self.context).steps
+        steps = parse_log(self.trainer, read_log(self.workdir), self.context).steps
         new = [{"index": i, "time_s": t, "timed": i >= self.warmup} for i, (_, t) in enumerate(steps) if i >= self.seen]
         self.seen = max(self.seen, len(steps))
         return new
@@ -109,11 +107,13 @@ def measure_own(
     recipes: tuple[tuple[str, str], ...] = (),
     warmup: int = WARMUP,
     on_step: Callable[[int, float], bool] | None = None,
+    slurm=None,
 ) -> dict:
     """Export the plan for `warmup + steps` steps, run the export's launch script here, parse the
     trainer's log: the trial document (never raises on a failed run: failures are data).
     `on_step(index, time_s)` sees each timed step as the trainer logs it and returns True to stop
-    the run (the pruner): the document then says "pruned", with the steps that ran."""
+    the run (the pruner): the document then says "pruned", with the steps that ran. With `slurm`
+    (autopar.measured.slurm.SlurmOptions) the export's launch_slurm.sbatch runs on the cluster."""
     plan = ParallelPlan.from_dict(plan_dict)
     t0 = time.time()
     head: dict[str, Any] = {
@@ -146,17 +146,34 @@ def measure_own(
         timed.append(float(rec["time_s"]))
         return bool(on_step(len(timed) - 1, timed[-1]))
 
-    res = run_command(
-        ["bash", str(out / LAUNCH)],
-        out / "no-result.json",  # the trainer writes no autopar result: its log is the result
-        timeout_s=timeout_s,
-        workdir=Path(workdir),
-        env=env,
-        cwd=Path(home.cwd) if home.cwd else out,
-        on_progress=progress if on_step is not None else None,
-        reader=LogSteps(Path(workdir), home.trainer, context, warmup),
-    )
-    log_path = Path(workdir) / "stdout.log"
+    reader = LogSteps(Path(workdir), home.trainer, context, warmup)
+    if slurm is not None:
+        from autopar.measured.slurm import run_export_job
+
+        res = run_export_job(
+            out / SBATCH,
+            slurm,
+            workdir=Path(workdir),
+            timeout_s=timeout_s,
+            env=env,
+            on_progress=progress if on_step is not None else None,
+            reader=reader,
+            job_name=f"autopar-{home.trainer}",
+        )
+        head["command"] = f"cd {shlex.quote(str(out))} && sbatch {SBATCH}  # with {' '.join(home.env)} set"
+    else:
+        res = run_command(
+            ["bash", str(out / LAUNCH)],
+            out / "no-result.json",  # the trainer writes no autopar result: its log is the result
+            timeout_s=timeout_s,
+            workdir=Path(workdir),
+            env=env,
+            cwd=Path(home.cwd) if home.cwd else out,
+            on_progress=progress if on_step is not None else None,
+            reader=reader,
+        )
+    job_logs = sorted(Path(workdir).glob("slurm-*.out"))  # a SLURM job's output, else the local stdout
+    log_path = job_logs[-1] if job_logs else Path(workdir) / "stdout.log"
     head |= {"wall_s": res.wall_s, "log": str(log_path), "returncode": res.returncode}
     if res.outcome == "pruned":
         return head | {
@@ -167,7 +184,9 @@ def measure_own(
             "cross_hardware": (cluster.gpu.key == LOCAL) == on_gpu,
         }
     log = parse_log(home.trainer, read_log(Path(workdir)), context)
-    status, reasons = _status(res.outcome == "timeout", res.returncode, log, warmup, log_path)
+    status, reasons = _status(res.outcome, res.returncode, log, warmup, log_path)
+    if slurm is not None and status != "ok":  # what SLURM said of the job
+        reasons += [r for r in res.reasons if r not in reasons]
     doc = head | {"status": status, "outcome": status, "reasons": reasons, "steps_logged": len(log.steps)}
     summary = step_summary(log, warmup) if status == "ok" else None  # a failed run's steps time nothing
     if summary:
@@ -187,11 +206,13 @@ def measure_own(
     return doc
 
 
-def _status(timed_out: bool, returncode: int | None, log: TrainerLog, warmup: int, log_path: Path):
-    """The trial's status and reasons from the launch and the trainer's own lines."""
+def _status(outcome: str, returncode: int | None, log: TrainerLog, warmup: int, log_path: Path):
+    """The trial's status and reasons from the launch's outcome and the trainer's own lines."""
     if log.failure == "oom":
         return "oom", [f"does not fit: {log.error_line}"]
-    if timed_out:
+    if outcome == "oom":  # the host's memory (SLURM's OUT_OF_MEMORY, the kernel's OOM kill)
+        return "oom", [f"does not fit: the job ran out of host memory (log: {log_path})"]
+    if outcome == "timeout":
         return "timeout", ["killed after the trial timeout (--trial-timeout)"] + (
             [f"last error: {log.error_line}"] if log.error_line else []
         )
@@ -223,7 +244,7 @@ def _measured(summary: dict, log: TrainerLog, plan: ParallelPlan, seq_len: int, 
 
 
 def own_callables(
-    result, home: TrainerHome, max_ranks: int, ranks_why: str, *, steps: int, timeout: float, on_gpu: bool
+    result, home: TrainerHome, max_ranks: int, ranks_why: str, *, steps: int, timeout: float, on_gpu: bool, slurm=None
 ) -> tuple[Callable, Callable]:
     """The stage's `measure(plan, predicted, on_step)` and `runnable(plan, predicted)` for the trainer
     (its steps reach the pruner as the trainer logs them)."""
@@ -247,6 +268,7 @@ def own_callables(
             on_gpu=on_gpu,
             recipes=recipes,
             on_step=on_step,
+            slurm=slurm,
         )
 
     def runnable(plan: dict, predicted: dict) -> str | None:

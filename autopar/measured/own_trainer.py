@@ -212,12 +212,18 @@ def launch_env(home: TrainerHome, on_gpu: bool) -> dict[str, str]:
     return env
 
 
+def log_files(workdir: Path) -> list[Path]:
+    """Where a launch's output is: stdout and stderr of a local one (autopar.measured.launcher), the
+    job's output file of a SLURM one (autopar.measured.slurm.run_export_job)."""
+    return [workdir / "stdout.log", workdir / "stderr.log", *sorted(workdir.glob("slurm-*.out"))]
+
+
 def read_log(workdir: Path) -> str:
-    """stdout then stderr of a launch (autopar.measured.launcher writes both into its workdir)."""
+    """The text of a launch's output files (`log_files`), the last LOG_BYTES of each."""
     parts = []
-    for name in ("stdout.log", "stderr.log"):
+    for path in log_files(Path(workdir)):
         try:
-            with open(workdir / name, "rb") as f:
+            with open(path, "rb") as f:
                 f.seek(0, os.SEEK_END)
                 f.seek(max(0, f.tell() - LOG_BYTES))
                 parts.append(f.read().decode("utf-8", "replace"))

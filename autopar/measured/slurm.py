@@ -40,7 +40,7 @@ from autopar.measured.config import TrialConfig
 from autopar.measured.launcher import PROGRESS_FILE, LaunchResult, ProgressReader, classify, read_result
 from autopar.measured.sbatch import sbatch_script
 
-__all__ = ["SlurmOptions", "cancel", "job_state", "run_job", "sbatch_script"]
+__all__ = ["SlurmOptions", "cancel", "job_state", "run_export_job", "run_job", "sbatch_script"]
 
 JOB_FILE = "slurm.job"
 SCRIPT = "job.sbatch"
@@ -94,8 +94,13 @@ class SlurmOptions:
         return nnodes, nproc // nnodes
 
 
-def _run(cmd: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in (hygiene.WATCH_ENV, hygiene.LAUNCH_ENV)}
+def _run(cmd: list[str], timeout: float = 60.0, env_in: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """A SLURM client command; `env_in` is the environment sbatch hands to the job (default this one)."""
+    env = {
+        k: v
+        for k, v in (os.environ if env_in is None else env_in).items()
+        if k not in (hygiene.WATCH_ENV, hygiene.LAUNCH_ENV)
+    }
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except FileNotFoundError:
@@ -229,10 +234,12 @@ def _resume(workdir: Path, digest: str, out: Path, say: Callable[[str], None]) -
     return "", state, None
 
 
-def _submit(cmd: list[str], workdir: Path, digest: str) -> tuple[str, LaunchResult | None]:
-    """Submit the job script (`cmd`: the sbatch command) and record its id with `digest` in
-    `slurm.job`: (job id, None), or ("", the crash result) when sbatch fails."""
-    sub = _run(cmd)
+def _submit(
+    cmd: list[str], workdir: Path, digest: str, env: dict[str, str] | None = None
+) -> tuple[str, LaunchResult | None]:
+    """Submit the job script (`cmd`: the sbatch command, `env`: the job's environment) and record
+    its id with `digest` in `slurm.job`: (job id, None), or ("", the crash result) when sbatch fails."""
+    sub = _run(cmd, env_in=env)
     job = sub.stdout.strip().split(";")[0].strip()
     if sub.returncode != 0 or not job.isdigit():
         return "", LaunchResult(
@@ -255,12 +262,14 @@ def _watch(
     timeout_s: float,
     progress: Path,
     on_progress: Callable[[dict], bool] | None,
+    reader=None,
 ) -> tuple:
     """Follow a submitted job until it ends, its progress asks to stop (the pruner), or it runs past
     `timeout_s` (or queues past the queue timeout): (progress records, state, exit code, wall
-    seconds, timed out, stopped, never ran). SIGINT/SIGTERM scancel it (autopar.measured.hygiene)."""
+    seconds, timed out, stopped, never ran). The records come from the `progress` file, or from
+    `reader` (a trainer's log). SIGINT/SIGTERM scancel it (autopar.measured.hygiene)."""
     handle = hygiene.register(f"SLURM job {job}", lambda: cancel(job))
-    reader = ProgressReader(progress) if on_progress else None
+    reader = (reader or ProgressReader(progress)) if on_progress else None
     records: list[dict] = []
     t_submit = time.monotonic()
     t_run = time.monotonic() if state in RUNNING else None
@@ -356,4 +365,80 @@ def _finish(
         stdout_tail=logs,
         reasons=reasons,
         progress=records,
+    )
+
+
+def run_export_job(
+    script: Path,
+    options: SlurmOptions,
+    *,
+    workdir: Path,
+    timeout_s: float,
+    env: dict[str, str],
+    on_progress: Callable[[dict], bool] | None = None,
+    reader=None,
+    job_name: str = "autopar-trial",
+    log: Callable[[str], None] | None = None,
+) -> LaunchResult:
+    """Submit an export's own `launch_slurm.sbatch` (the user's trainer, autopar.measured.own_run)
+    with `env` as the job's environment, follow it as `run_job` does (the pruner through `reader`,
+    the timeout, scancel on SIGINT/SIGTERM) and return how it ended; its output goes to
+    `workdir/slurm-<job>.out`. A rerun adopts the job it finds still queued or running for the same
+    script, and collects one that completed."""
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    digest = _digest(Path(script).read_text(), *sorted(f"{k}={v}" for k, v in env.items() if k.isupper()))
+    say = log or (lambda s: None)
+    cmd = ["sbatch", "--parsable", f"--job-name={job_name}", f"--output={workdir / 'slurm-%j.out'}"]
+    cmd += [f"--chdir={Path(script).parent}", *options.sbatch_args, str(script)]
+    job, old = _read_job(workdir)
+    state = ""
+    if job:
+        state, code = job_state(job)
+        if old == digest and state in ACTIVE:
+            say(f"  adopting SLURM job {job} ({state.lower()}), submitted by an earlier run")
+        elif old == digest and state == "COMPLETED":
+            say(f"  collecting SLURM job {job}: it completed while autopar was away")
+            return _export_result(job, state, code, 0.0, cmd, timed_out=False, stopped=False)
+        else:
+            if state in ACTIVE:
+                cancel(job)  # ours, but for another script
+            job = ""
+    if not job:
+        for old_log in workdir.glob("slurm-*.out"):
+            old_log.unlink()
+        job, failed = _submit(cmd, workdir, digest, env)
+        if failed is not None:
+            return failed
+        say(f"  submitted SLURM job {job} (the export's launch_slurm.sbatch)")
+        state = "PENDING"
+    records, state, code, wall, timed_out, stopped, queued = _watch(
+        job, state, options, timeout_s, workdir / PROGRESS_FILE, on_progress, reader
+    )
+    return _export_result(job, state, code, wall, cmd, timed_out=timed_out, stopped=stopped, records=records)
+
+
+def _export_result(
+    job: str, state: str, code: str, wall: float, cmd: list[str], *, timed_out: bool, stopped: bool, records=()
+) -> LaunchResult:
+    """How an export's job ended, in the launcher's outcomes (its log says the rest)."""
+    rc = _exit_code(code)
+    if stopped:
+        outcome, reasons = "pruned", [f"stopped by the caller; scancel {job}"]
+    elif timed_out or state == "TIMEOUT":
+        outcome, reasons = "timeout", [f"SLURM job {job} ran past the trial timeout or its time limit"]
+    elif state == "OUT_OF_MEMORY":
+        outcome, reasons = "oom", [f"SLURM job {job}: out of memory"]
+    elif state == "COMPLETED" and (rc or 0) == 0:
+        outcome, reasons = "ok", []
+    else:
+        outcome, reasons = "crash", [f"SLURM job {job} ended {state.lower() or 'unknown'}"]
+    return LaunchResult(
+        outcome=outcome,
+        returncode=rc if rc is not None else (0 if outcome == "ok" else 1),
+        wall_s=wall,
+        result=None,
+        command=cmd + [f"# job {job}"],
+        reasons=reasons,
+        progress=list(records),
     )

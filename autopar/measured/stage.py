@@ -54,11 +54,6 @@ class TrialOptions:
             )
         if self.launcher == "slurm" and self.max_local_ranks is not None:
             raise InputError("--max-local-ranks applies to --launcher local; drop it (SLURM jobs get the plan's GPUs)")
-        if self.launcher == "slurm" and self.trainer is not None:
-            raise InputError(
-                f"--measure-with {self.trainer.trainer} runs the trainer on this machine (--launcher local); on "
-                f"the cluster, run the stage on a node, or submit the export's launch_slurm.sbatch"
-            )
 
 
 def trial_options(
@@ -122,6 +117,7 @@ class _Where:
     fix: str
     text: str
     launch_fn: Callable | None = None
+    slurm: object = None  # autopar.measured.slurm.SlurmOptions on the cluster
 
 
 def _where(q, options: TrialOptions, log: Callable[[str], None]) -> _Where:
@@ -177,6 +173,7 @@ def _where(q, options: TrialOptions, log: Callable[[str], None]) -> _Where:
         "",
         f"the cluster through SLURM (sbatch, {q.cluster.gpus_per_node} GPUs per node)",
         launch_fn,
+        slurm,
     )
 
 
@@ -281,14 +278,16 @@ def _own_trainer(result, home: TrainerHome, w: _Where, *, steps: int, timeout: f
     from autopar.measured.own_run import own_callables
     from autopar.measured.own_trainer import WARMUP
 
-    assert w.limits is not None  # --measure-with runs here (TrialOptions refuses slurm)
-    on_gpu = w.limits.device == "cuda"
+    if w.limits is not None:  # this machine
+        on_gpu, ranks, why, script = w.limits.device == "cuda", w.limits.max_ranks, w.limits.why, "launch_torchrun.sh"
+    else:  # the cluster: its nodes are the plans' hardware
+        on_gpu, ranks, why, script = result.question.cluster.gpu.key != LOCAL_KEY, 1 << 30, "", "launch_slurm.sbatch"
     measure, runnable = own_callables(
-        result, home, w.limits.max_ranks, w.limits.why, steps=steps, timeout=timeout, on_gpu=on_gpu
+        result, home, ranks, why, steps=steps, timeout=timeout, on_gpu=on_gpu, slurm=w.slurm
     )
     header = (
         f"Measured stage with {home.text}, on {w.text}: each plan exported for {WARMUP} warm-up + {steps} "
-        f"timed steps on mock data, run by the export's launch_torchrun.sh, its log parsed"
+        f"timed steps on mock data, run by the export's {script}, its log parsed"
     )
     if on_gpu == (result.question.cluster.gpu.key == LOCAL_KEY):
         header += (

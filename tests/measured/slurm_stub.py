@@ -1,7 +1,7 @@
-"""Stand-ins for the SLURM client commands, for tests: `sbatch`, `squeue`, `sacct` and `scancel`
-scripts written into a directory that goes first on PATH. `sbatch` runs the job script here, in the
-background and in a session of its own (as a cluster would: the job does not die with the
-submitting process), and every command keeps the job's state in files under STATE:
+"""Stand-ins for the SLURM client commands, for tests: `sbatch`, `squeue`, `sacct`, `scancel`, and
+inside a job `srun` and `scontrol`, scripts written into a directory that goes first on PATH.
+`sbatch` runs the job script here, in the background and in a session of its own (as a cluster
+would: the job does not die with the submitting process), and every command keeps the job's state in files under STATE:
 
     STATE/next-id          the next job id
     STATE/calls.log        one line per command: "<command> <args>"
@@ -115,10 +115,48 @@ for job in sys.argv[1:]:
 )
 
 
+#: srun inside a job on this one node: `hostname` answers 127.0.0.1; any other command runs as
+#: --ntasks copies (one with --ntasks-per-node=1) with SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS
+SRUN = (
+    COMMON
+    + """
+args, opts, i = sys.argv[1:], {{}}, 0
+while i < len(args) and args[i].startswith("-"):
+    if "=" in args[i]:
+        k, v = args[i].lstrip("-").split("=", 1)
+        opts[k] = v
+        i += 1
+    elif args[i] in ("-w", "-n", "-N"):
+        opts[args[i].lstrip("-")] = args[i + 1]
+        i += 2
+    else:
+        opts[args[i].lstrip("-")] = ""
+        i += 1
+cmd = args[i:]
+if cmd[:1] == ["hostname"]:
+    print("127.0.0.1")
+    sys.exit(0)
+n = 1 if "ntasks-per-node" in opts else int(opts.get("ntasks", 1))
+env = lambda r: dict(os.environ, SLURM_PROCID=str(r), SLURM_LOCALID=str(r), SLURM_NTASKS=str(n))
+procs = [subprocess.Popen(cmd, env=env(r)) for r in range(n)]
+sys.exit(max(p.wait() for p in procs))
+"""
+)
+
+#: `scontrol show hostnames LIST`: this one node
+SCONTROL = (
+    COMMON
+    + """
+print("localhost")
+"""
+)
+
+
 def install(bin_dir: Path, state: Path) -> None:
-    """Write the four commands into `bin_dir` (put it first on PATH), keeping state in `state`."""
+    """Write the commands into `bin_dir` (put it first on PATH), keeping state in `state`."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name, body in (("sbatch", SBATCH), ("squeue", SQUEUE), ("sacct", SACCT), ("scancel", SCANCEL)):
+    commands = (("sbatch", SBATCH), ("squeue", SQUEUE), ("sacct", SACCT), ("scancel", SCANCEL))
+    for name, body in commands + (("srun", SRUN), ("scontrol", SCONTROL)):
         path = bin_dir / name
         path.write_text(body.format(python=sys.executable, state=str(state)))
         path.chmod(0o755)

@@ -316,3 +316,32 @@ def test_the_pruner_stops_a_trainer_mid_run(tmp_path, monkeypatch):
     assert doc["status"] == "pruned" and seen[0][0] == 0
     assert doc["measured"]["step_times_s"][0] == pytest.approx(0.2 + 0.05 / 2 + 0.03 + 0.01)
     assert doc["measured"]["steps_run"] < 20 and doc["wall_s"] < 0.6 * 22  # stopped, not run to the end
+
+
+def test_own_trainer_on_the_cluster_through_slurm(tmp_path):
+    """--launcher slurm: each plan's export's own launch_slurm.sbatch is submitted (stand-in SLURM
+    commands, tests/measured/slurm_stub.py: the job runs here), followed, its output parsed."""
+    import slurm_stub
+
+    bin_dir, state = tmp_path / "bin", tmp_path / "slurm-state"
+    slurm_stub.install(bin_dir, state)
+    env = _home(tmp_path, "megatron") | {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env |= {"STANDIN_PLAN": "ok,crash"}
+    try:
+        r = _search(
+            tmp_path,
+            ["--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", "2", "--measure-with", "megatron"]
+            + ["--launcher", "slurm", "--gpus-per-node", "2"],
+            env,
+        )
+    finally:
+        slurm_stub.cancel_all(state)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "run by the export's launch_slurm.sbatch" in r.stdout
+    docs = {d["status"]: d for d in _docs(tmp_path)}
+    assert set(docs) == {"ok", "crash"}
+    ok = docs["ok"]
+    assert ok["measured"]["step_time_s"] == pytest.approx(_expected_step(ok["plan"]), rel=2e-3)
+    assert Path(ok["log"]).name.startswith("slurm-") and "sbatch launch_slurm.sbatch" in ok["command"]
+    assert "RuntimeError: stand-in trainer" in docs["crash"]["reasons"][0]
+    assert len(slurm_stub.calls(state, "sbatch")) == 2 and slurm_stub.calls(state, "srun")
