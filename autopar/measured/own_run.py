@@ -8,6 +8,7 @@ import shlex
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,15 @@ def export_short_run(
     seq_len: int,
     steps: int,
     recipes: tuple[tuple[str, str], ...] = (),
+    port: int | None = None,
 ):
-    """The trainer's export of `plan`, set for a `steps`-step run (ExportRefused: it cannot run it)."""
+    """The trainer's export of `plan`, set for a `steps`-step run (ExportRefused: it cannot run it);
+    `port`: the rendezvous port (None: the exporter's default)."""
     from autopar.export import ExportOptions, get_exporter
 
-    # a port free here for the rendezvous: two trials (or another job) never share one
-    options = ExportOptions(seq_len=seq_len, short_run_steps=steps, recipes=recipes, master_port=free_port())
+    options = ExportOptions(seq_len=seq_len, short_run_steps=steps, recipes=recipes)
+    if port is not None:
+        options = replace(options, master_port=port)
     return get_exporter(home.trainer).render(plan.with_(trainer=home.trainer), model, cluster, options)
 
 
@@ -108,6 +112,7 @@ def measure_own(
     warmup: int = WARMUP,
     on_step: Callable[[int, float], bool] | None = None,
     slurm=None,
+    log: Callable[[str], None] | None = None,
 ) -> dict:
     """Export the plan for `warmup + steps` steps, run the export's launch script here, parse the
     trainer's log: the trial document (never raises on a failed run: failures are data).
@@ -130,7 +135,10 @@ def measure_own(
         "measured": {},
     }
     out = Path(workdir) / "export"
-    bundle = export_short_run(home, plan, model, cluster, seq_len, warmup + steps, recipes)
+    # here, a port free now (two trials never share one); on the cluster the exporter's, whose nodes
+    # the job has to itself (sbatch --exclusive), so that a rerun finds the same script
+    port = None if slurm is not None else free_port()
+    bundle = export_short_run(home, plan, model, cluster, seq_len, warmup + steps, recipes, port)
     bundle.write(out)
     env = launch_env(home, on_gpu)
     # how to rerun it by hand: the trainer's variables, then the export's launch script
@@ -159,6 +167,8 @@ def measure_own(
             on_progress=progress if on_step is not None else None,
             reader=reader,
             job_name=f"autopar-{home.trainer}",
+            identity=repr(sorted(home.env.items())),
+            log=log,
         )
         head["command"] = f"cd {shlex.quote(str(out))} && sbatch {SBATCH}  # with {' '.join(home.env)} set"
     else:
@@ -244,7 +254,16 @@ def _measured(summary: dict, log: TrainerLog, plan: ParallelPlan, seq_len: int, 
 
 
 def own_callables(
-    result, home: TrainerHome, max_ranks: int, ranks_why: str, *, steps: int, timeout: float, on_gpu: bool, slurm=None
+    result,
+    home: TrainerHome,
+    max_ranks: int,
+    ranks_why: str,
+    *,
+    steps: int,
+    timeout: float,
+    on_gpu: bool,
+    slurm=None,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[Callable, Callable]:
     """The stage's `measure(plan, predicted, on_step)` and `runnable(plan, predicted)` for the trainer
     (its steps reach the pruner as the trainer logs them)."""
@@ -269,6 +288,7 @@ def own_callables(
             recipes=recipes,
             on_step=on_step,
             slurm=slurm,
+            log=log,
         )
 
     def runnable(plan: dict, predicted: dict) -> str | None:

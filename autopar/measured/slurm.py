@@ -379,15 +379,17 @@ def run_export_job(
     reader=None,
     job_name: str = "autopar-trial",
     log: Callable[[str], None] | None = None,
+    identity: str = "",
 ) -> LaunchResult:
     """Submit an export's own `launch_slurm.sbatch` (the user's trainer, autopar.measured.own_run)
     with `env` as the job's environment, follow it as `run_job` does (the pruner through `reader`,
     the timeout, scancel on SIGINT/SIGTERM) and return how it ended; its output goes to
     `workdir/slurm-<job>.out`. A rerun adopts the job it finds still queued or running for the same
-    script, and collects one that completed."""
+    script and `identity` (what else decides the run: the trainer's location), and collects one
+    that completed."""
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    digest = _digest(Path(script).read_text(), *sorted(f"{k}={v}" for k, v in env.items() if k.isupper()))
+    digest = _digest(Path(script).read_text(), identity)
     say = log or (lambda s: None)
     cmd = ["sbatch", "--parsable", f"--job-name={job_name}", f"--output={workdir / 'slurm-%j.out'}"]
     cmd += [f"--chdir={Path(script).parent}", *options.sbatch_args, str(script)]

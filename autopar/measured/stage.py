@@ -201,7 +201,7 @@ def run_stage(
     warmup = 1
     w = _where(result.question, options, log)
     if options.trainer is not None:
-        measure, runnable, header = _own_trainer(result, options.trainer, w, steps=steps, timeout=timeout)
+        measure, runnable, header = _own_trainer(result, options.trainer, w, steps=steps, timeout=timeout, log=log)
     else:
         planner, header = _planner(result.question, spec, options, w, steps=steps, warmup=warmup, timeout=timeout)
         measure, runnable = _trial_callables(result, planner, w, steps=steps, warmup=warmup, timeout=timeout)
@@ -272,7 +272,7 @@ def _planner(q, spec, options: TrialOptions, w: _Where, *, steps: int, warmup: i
     return planner, header
 
 
-def _own_trainer(result, home: TrainerHome, w: _Where, *, steps: int, timeout: float):
+def _own_trainer(result, home: TrainerHome, w: _Where, *, steps: int, timeout: float, log=None):
     """run_measured's callables for the user's own trainer (autopar.measured.own_run) and the
     stage's header line: what runs, where, for how many steps."""
     from autopar.measured.own_run import own_callables
@@ -283,7 +283,7 @@ def _own_trainer(result, home: TrainerHome, w: _Where, *, steps: int, timeout: f
     else:  # the cluster: its nodes are the plans' hardware
         on_gpu, ranks, why, script = result.question.cluster.gpu.key != LOCAL_KEY, 1 << 30, "", "launch_slurm.sbatch"
     measure, runnable = own_callables(
-        result, home, ranks, why, steps=steps, timeout=timeout, on_gpu=on_gpu, slurm=w.slurm
+        result, home, ranks, why, steps=steps, timeout=timeout, on_gpu=on_gpu, slurm=w.slurm, log=log
     )
     header = (
         f"Measured stage with {home.text}, on {w.text}: each plan exported for {WARMUP} warm-up + {steps} "

@@ -345,3 +345,38 @@ def test_own_trainer_on_the_cluster_through_slurm(tmp_path):
     assert Path(ok["log"]).name.startswith("slurm-") and "sbatch launch_slurm.sbatch" in ok["command"]
     assert "RuntimeError: stand-in trainer" in docs["crash"]["reasons"][0]
     assert len(slurm_stub.calls(state, "sbatch")) == 2 and slurm_stub.calls(state, "srun")
+
+
+def test_a_killed_search_adopts_its_running_slurm_job(tmp_path):
+    """The search dies while the trainer's job runs on the "cluster"; the rerun adopts that job (no
+    second sbatch for the plan) and parses its output."""
+    import signal
+    import time
+
+    import slurm_stub
+
+    bin_dir, state = tmp_path / "bin", tmp_path / "slurm-state"
+    slurm_stub.install(bin_dir, state)
+    env = dict(os.environ) | _home(tmp_path, "megatron") | {"STANDIN_SLEEP": "1.0", "PYTHONPATH": str(REPO)}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    args = [*AUTOPAR, "search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", "1"]
+    args += ["--measure-with", "megatron", "--launcher", "slurm", "--gpus-per-node", "2"]
+    args += ["--run-dir", str(tmp_path / "run"), "--trial-steps", "3"]
+    try:
+        p = subprocess.Popen(args, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        logs: list[Path] = []
+        while time.monotonic() < deadline and not any("iteration" in q.read_text() for q in logs):
+            time.sleep(0.25)
+            logs = list((tmp_path / "run" / "trials" / "work").glob("*/slurm-*.out"))
+        assert logs, "the job never logged a step"
+        os.kill(p.pid, signal.SIGKILL)  # the search dies; the job runs on
+        p.wait()
+        again = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    finally:
+        slurm_stub.cancel_all(state)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "adopting SLURM job" in again.stdout or "collecting SLURM job" in again.stdout, again.stdout[:3000]
+    assert len(slurm_stub.calls(state, "sbatch")) == 1  # adopted, not submitted again
+    (doc,) = _docs(tmp_path)
+    assert doc["status"] == "ok" and len(doc["measured"]["step_times_s"]) == 3
