@@ -134,6 +134,11 @@ def locate(trainer: str, home: str | None = None, python: str | None = None, env
             f"--trainer-python {quoted(py)} is not an executable file; give the Python of the environment "
             f"that has {trainer} (or set AUTOPAR_TRAINER_PYTHON)"
         )
+    if home and not w.var:
+        raise InputError(
+            f"--trainer-home does not apply to {trainer}: it lives in {w.what}; give --trainer-python naming "
+            f"that environment's Python"
+        )
     path = home or (environ.get(w.var) if w.var else None)
     if trainer == "deepspeed" and not path:
         path = str(BUNDLED_DEEPSPEED_SCRIPT)
@@ -143,7 +148,7 @@ def locate(trainer: str, home: str | None = None, python: str | None = None, env
             raise InputError(
                 f"--measure-with {trainer} needs {w.what}: set {w.var}=/path (e.g. {w.example}) or pass --trainer-home"
             )
-        _check_path(trainer, w, Path(path))
+        _check_path(w, Path(path))
         env[w.var] = str(Path(path).resolve())
     version = _check_modules(trainer, w, py, environ)
     cwd = env.get("TORCHTITAN")
@@ -153,7 +158,7 @@ def locate(trainer: str, home: str | None = None, python: str | None = None, env
     return TrainerHome(trainer, py, env, cwd, version, text)
 
 
-def _check_path(trainer: str, w: Where, path: Path) -> None:
+def _check_path(w: Where, path: Path) -> None:
     shown = quoted(printable(str(path)))
     if w.needs == "":  # the path is the script itself
         if not path.is_file():

@@ -185,6 +185,7 @@ def test_torchtitan_stand_in_on_other_hardware_ranks_without_calibrating(tmp_pat
         (["--measure-with", "nemo"], {}, "cannot import nemo, nemo_run; install nemo there"),
         (["--measure-with", "deepspeed", "--trainer-python", "/bin/nope"], {}, "--trainer-python '/bin/nope' is not"),
         (["--trainer-home", "/tmp"], {}, "--trainer-home applies to the measured stage only"),
+        (["--measure-with", "nemo", "--trainer-home", "/tmp"], {}, "--trainer-home does not apply to nemo"),
         (["--measure-with", "megatron", "--trainer", "torchtitan"], {"MEGATRON_LM": "@home"}, "drop --trainer"),
     ],
 )
