@@ -80,7 +80,6 @@ def trial(
 
     The plan flags are `autopar estimate`'s (dp = gpus / (tp*pp*cp); gbs defaults to one microbatch per
     stage, dtype to fp32, the trainer to autopar's built-in model, else --measure-with's).
-
     Example: autopar trial --model tiny --gpus 2 --tp 2 --mbs 2 --gbs 8
     """
     from autopar.cli.checks import output_dir, output_file
@@ -102,6 +101,7 @@ def trial(
         memory_limit_mib=memory_limit_mib,
         rdzv_endpoint=rdzv_endpoint,
         emit_slurm=emit_slurm,
+        own=own.measure_with,
     )
     spec = resolve_model(model)
     if own.measure_with is not None:
@@ -150,10 +150,11 @@ def _check_trial_flags(
     memory_limit_mib: float | None,
     rdzv_endpoint: str | None,
     emit_slurm: Path | None,
+    own: str | None = None,
 ) -> None:
-    """One line for the first bad launch flag (ranges, --rdzv-endpoint's HOST:PORT, --node-rank),
-    or for a missing torch when the trial runs here (not for --emit-slurm: the cluster's python runs
-    the script)."""
+    """One line for the first bad launch flag (ranges, --rdzv-endpoint's HOST:PORT, --node-rank, a
+    flag of the built-in model's trials with --measure-with), or for a missing torch when the trial
+    runs here (not for --emit-slurm: the cluster's python runs the script)."""
     from autopar.errors import quoted
     from autopar.measured.needs_torch import require_torch
     from autopar.spec.schema import check_flags
@@ -181,7 +182,21 @@ def _check_trial_flags(
         raise InputError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (ranks count from 0)")
     if gpus % nnodes:
         raise InputError(f"--gpus {gpus} must be a multiple of --nnodes {nnodes}; change one of them")
-    if emit_slurm is None:
+    builtin_only = {
+        "--proxy-layers": proxy_layers,
+        "--proxy-width": proxy_width,
+        "--nnodes": nnodes if nnodes > 1 else None,
+        "--max-local-ranks": max_local_ranks,
+        "--memory-limit-mib": memory_limit_mib,
+        "--emit-slurm": emit_slurm,
+    }
+    given = [flag for flag, v in builtin_only.items() if v is not None]
+    if own is not None and given:
+        raise InputError(
+            f"{given[0]} applies to the built-in model's trials; drop it with --measure-with {own} (the trainer "
+            f"runs the plan as it is, on this node)"
+        )
+    if emit_slurm is None and own is None:
         require_torch("autopar trial")
 
 

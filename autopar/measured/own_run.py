@@ -120,7 +120,7 @@ def measure_own(
     the run (the pruner): the document then says "pruned", with the steps that ran. With `slurm`
     (autopar.measured.slurm.SlurmOptions) the export's launch_slurm.sbatch runs on the cluster."""
     plan = ParallelPlan.from_dict(plan_dict)
-    t0 = time.time()
+    workdir = Path(workdir)
     head: dict[str, Any] = {
         "name": plan.describe(),
         "plan": plan_dict,
@@ -130,21 +130,16 @@ def measure_own(
         "kind": "full",
         "measured_with": home.trainer,
         "trainer": {"name": home.trainer, "version": home.version, "python": home.python} | home.env,
-        "started_at": t0,
+        "started_at": time.time(),
         "environment": {"trainer": home.text},
         "measured": {},
+        "cross_hardware": (cluster.gpu.key == LOCAL) == on_gpu,  # measured on other hardware than priced
     }
-    out = Path(workdir) / "export"
+    out = workdir / "export"
     # here, a port free now (two trials never share one); on the cluster the exporter's, whose nodes
     # the job has to itself (sbatch --exclusive), so that a rerun finds the same script
     port = None if slurm is not None else free_port()
-    bundle = export_short_run(home, plan, model, cluster, seq_len, warmup + steps, recipes, port)
-    bundle.write(out)
-    env = launch_env(home, on_gpu)
-    # how to rerun it by hand: the trainer's variables, then the export's launch script
-    head["command"] = f"cd {shlex.quote(str(out))} && " + shlex.join(
-        [f"{k}={v}" for k, v in home.env.items()] + ["NODE_RANK=0", "bash", LAUNCH]
-    )
+    export_short_run(home, plan, model, cluster, seq_len, warmup + steps, recipes, port).write(out)
     context = LogContext(global_batch_size=plan.global_batch_size, seq_len=seq_len, num_gpus=plan.num_gpus)
     timed: list[float] = []
 
@@ -154,36 +149,10 @@ def measure_own(
         timed.append(float(rec["time_s"]))
         return bool(on_step(len(timed) - 1, timed[-1]))
 
-    reader = LogSteps(Path(workdir), home.trainer, context, warmup)
-    if slurm is not None:
-        from autopar.measured.slurm import run_export_job
-
-        res = run_export_job(
-            out / SBATCH,
-            slurm,
-            workdir=Path(workdir),
-            timeout_s=timeout_s,
-            env=env,
-            on_progress=progress if on_step is not None else None,
-            reader=reader,
-            job_name=f"autopar-{home.trainer}",
-            identity=repr(sorted(home.env.items())),
-            log=log,
-        )
-        head["command"] = f"cd {shlex.quote(str(out))} && sbatch {SBATCH}  # with {' '.join(home.env)} set"
-    else:
-        res = run_command(
-            ["bash", str(out / LAUNCH)],
-            out / "no-result.json",  # the trainer writes no autopar result: its log is the result
-            timeout_s=timeout_s,
-            workdir=Path(workdir),
-            env=env,
-            cwd=Path(home.cwd) if home.cwd else out,
-            on_progress=progress if on_step is not None else None,
-            reader=reader,
-        )
-    job_logs = sorted(Path(workdir).glob("slurm-*.out"))  # a SLURM job's output, else the local stdout
-    log_path = job_logs[-1] if job_logs else Path(workdir) / "stdout.log"
+    run = _Run(home, out, workdir, timeout_s, LogSteps(workdir, home.trainer, context, warmup), on_gpu)
+    res, head["command"] = run.launch(progress if on_step is not None else None, slurm, log)
+    job_logs = sorted(workdir.glob("slurm-*.out"))  # a SLURM job's output, else the local stdout
+    log_path = job_logs[-1] if job_logs else workdir / "stdout.log"
     head |= {"wall_s": res.wall_s, "log": str(log_path), "returncode": res.returncode}
     if res.outcome == "pruned":
         return head | {
@@ -191,29 +160,64 @@ def measure_own(
             "outcome": "pruned",
             "reasons": [f"pruned after {len(timed)} of {steps} timed steps"],
             "measured": partial_summary(timed, steps) if timed else {},
-            "cross_hardware": (cluster.gpu.key == LOCAL) == on_gpu,
         }
-    log = parse_log(home.trainer, read_log(Path(workdir)), context)
-    status, reasons = _status(res.outcome, res.returncode, log, warmup, log_path)
+    trainer_log = parse_log(home.trainer, read_log(workdir), context)
+    status, reasons = _status(res.outcome, res.returncode, trainer_log, warmup, log_path)
     if slurm is not None and status != "ok":  # what SLURM said of the job
         reasons += [r for r in res.reasons if r not in reasons]
-    doc = head | {"status": status, "outcome": status, "reasons": reasons, "steps_logged": len(log.steps)}
-    summary = step_summary(log, warmup) if status == "ok" else None  # a failed run's steps time nothing
+    doc = head | {"status": status, "outcome": status, "reasons": reasons, "steps_logged": len(trainer_log.steps)}
+    summary = step_summary(trainer_log, warmup) if status == "ok" else None  # a failed run's steps time nothing
     if summary:
-        doc["measured"] = _measured(summary, log, plan, seq_len, predicted)
-    m = doc["measured"]
-    if home.trainer == "deepspeed" and not on_gpu and "peak_memory_bytes" in m:
-        # DeepSpeed's CPU accelerator reports the process RSS as memory_allocated (deepspeed 0.19.8
-        # accelerator/cpu_accelerator.py L153-156: get_rss), not tensor bytes: kept, not fitted to
-        m["process_peak_bytes"] = m.pop("peak_memory_bytes")
-        m["memory_method"] = "process RSS (DeepSpeed's CPU accelerator)"
-    if status == "ok" and predicted and m.get("peak_memory_bytes"):
-        doc["errors"] = {
-            "step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
-            "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1,
-        }
-    doc["cross_hardware"] = (cluster.gpu.key == LOCAL) == on_gpu  # measured on other hardware than priced
+        doc["measured"] = _measured(summary, trainer_log, plan, seq_len, predicted, home.trainer, on_gpu)
+        m = doc["measured"]
+        if predicted and m.get("peak_memory_bytes"):
+            doc["errors"] = {
+                "step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
+                "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1,
+            }
     return doc
+
+
+class _Run:
+    """One launch of an export: here through its launch_torchrun.sh, or on the cluster through its
+    launch_slurm.sbatch; the trainer's log read by `reader` as it grows."""
+
+    def __init__(self, home: TrainerHome, out: Path, workdir: Path, timeout_s: float, reader, on_gpu: bool):
+        self.home, self.out, self.workdir, self.timeout_s, self.reader = home, out, workdir, timeout_s, reader
+        self.env = launch_env(home, on_gpu)
+
+    def launch(self, on_progress, slurm, log):
+        """(the launcher's result, the command that reruns it by hand)."""
+        home, out = self.home, self.out
+        if slurm is not None:
+            from autopar.measured.slurm import run_export_job
+
+            res = run_export_job(
+                out / SBATCH,
+                slurm,
+                workdir=self.workdir,
+                timeout_s=self.timeout_s,
+                env=self.env,
+                on_progress=on_progress,
+                reader=self.reader,
+                job_name=f"autopar-{home.trainer}",
+                identity=repr(sorted(home.env.items())),
+                log=log,
+            )
+            return res, f"cd {shlex.quote(str(out))} && sbatch {SBATCH}  # with {' '.join(home.env)} set"
+        res = run_command(
+            ["bash", str(out / LAUNCH)],
+            out / "no-result.json",  # the trainer writes no autopar result: its log is the result
+            timeout_s=self.timeout_s,
+            workdir=self.workdir,
+            env=self.env,
+            cwd=Path(home.cwd) if home.cwd else out,
+            on_progress=on_progress,
+            reader=self.reader,
+        )
+        # how to rerun it by hand: the trainer's variables, then the export's launch script
+        words = [f"{k}={v}" for k, v in home.env.items()] + ["NODE_RANK=0", "bash", LAUNCH]
+        return res, f"cd {shlex.quote(str(out))} && " + shlex.join(words)
 
 
 def _status(outcome: str, returncode: int | None, log: TrainerLog, warmup: int, log_path: Path):
@@ -236,7 +240,9 @@ def _status(outcome: str, returncode: int | None, log: TrainerLog, warmup: int, 
     return "ok", []
 
 
-def _measured(summary: dict, log: TrainerLog, plan: ParallelPlan, seq_len: int, predicted: dict) -> dict:
+def _measured(
+    summary: dict, log: TrainerLog, plan: ParallelPlan, seq_len: int, predicted: dict, trainer: str, on_gpu: bool
+) -> dict:
     """The measured figures in the built-in trials' keys, plus the trainer's own throughput."""
     m = dict(summary)
     step = m["step_time_s"]
@@ -250,6 +256,11 @@ def _measured(summary: dict, log: TrainerLog, plan: ParallelPlan, seq_len: int, 
         m["trainer_tflops_per_gpu"] = statistics.median(log.tflops_per_gpu[-len(m["step_times_s"]) :])
     if log.tokens_per_s_per_gpu:
         m["trainer_tokens_per_s_per_gpu"] = statistics.median(log.tokens_per_s_per_gpu[-len(m["step_times_s"]) :])
+    if trainer == "deepspeed" and not on_gpu and "peak_memory_bytes" in m:
+        # DeepSpeed's CPU accelerator reports the process RSS as memory_allocated (deepspeed 0.19.8
+        # accelerator/cpu_accelerator.py L153-156: get_rss), not tensor bytes: kept, not fitted to
+        m["process_peak_bytes"] = m.pop("peak_memory_bytes")
+        m["memory_method"] = "process RSS (DeepSpeed's CPU accelerator)"
     return m
 
 

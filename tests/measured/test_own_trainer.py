@@ -381,3 +381,18 @@ def test_a_killed_search_adopts_its_running_slurm_job(tmp_path):
     assert len(slurm_stub.calls(state, "sbatch")) == 1  # adopted, not submitted again
     (doc,) = _docs(tmp_path)
     assert doc["status"] == "ok" and len(doc["measured"]["step_times_s"]) == 3
+
+
+def test_trial_refuses_the_built_in_model_flags_with_measure_with(tmp_path):
+    """`trial --measure-with` runs the plan as it is here: the proxy, multi-node and memory-cap flags
+    of the built-in trials are one line each, exit 2."""
+    full = dict(os.environ) | _home(tmp_path, "megatron") | {"PYTHONPATH": str(REPO)}
+    for flag in (["--proxy-layers", "2"], ["--emit-slurm", "x.sbatch"], ["--memory-limit-mib", "100"]):
+        r = subprocess.run(
+            [*AUTOPAR, "trial", "--model", "tiny", "--gpus", "2", "--measure-with", "megatron", *flag],
+            capture_output=True,
+            text=True,
+            env=full,
+            cwd=tmp_path,
+        )
+        assert r.returncode == 2 and f"{flag[0]} applies to the built-in model's trials" in r.stderr, r.stderr
