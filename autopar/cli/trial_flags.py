@@ -29,8 +29,8 @@ OWN_TRAINER_OPTIONS = {
         _opt(
             "--measure-with",
             help="Measure with your own trainer instead of autopar's built-in model: megatron, bridge, nemo, "
-            "torchtitan or deepspeed (each plan exported for a short run on mock data, launched here, its "
-            "log parsed; docs/trials.md).",
+            "torchtitan or deepspeed (each plan exported for a short run on mock data, launched here or "
+            "through SLURM, its log parsed; docs/trials.md).",
         ),
     ),
     "trainer_home": Opt(
@@ -52,7 +52,7 @@ OWN_TRAINER_OPTIONS = {
     ),
 }
 
-TRIAL_OPTIONS = OWN_TRAINER_OPTIONS | {
+TRIAL_OPTIONS = {
     "trials": Opt(
         int,
         _opt(
@@ -126,7 +126,7 @@ TRIAL_OPTIONS = OWN_TRAINER_OPTIONS | {
             "--trial-timeout); fewer trials run when they would not fit.",
         ),
     ),
-}
+} | OWN_TRAINER_OPTIONS
 
 
 @dataclass(frozen=True)

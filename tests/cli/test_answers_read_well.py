@@ -70,7 +70,8 @@ def test_export_to_a_comma_list_skips_the_refused(cli_run, one_line_error, tmp_p
 
 
 def test_a_missing_local_profile_is_one_line(cli_run, one_line_error, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(tmp_path / "typo.yaml"))
+    monkeypatch.chdir(tmp_path)  # a short path: the error line quotes it whole
+    monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", "typo.yaml")
     one_line_error(
         cli_run("estimate", "--model", "tiny", "--gpus", "1", "--gpu", "local"),
         ["AUTOPAR_LOCAL_PROFILE", "typo.yaml", "does not exist"],

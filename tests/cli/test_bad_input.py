@@ -221,8 +221,9 @@ def test_enough_cases() -> None:
 @pytest.mark.parametrize("args,expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_exit_2(args: list[str], expected: list[str], tmp_path: Path) -> None:
     _write_files(tmp_path)
-    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    # cwd = tmp_path: relative paths such as `missing.csv` are resolved there
+    # cwd = tmp_path: {tmp}/NAME and relative paths such as `missing.csv` are resolved there (short
+    # paths: an error line quotes a path up to a length, and pytest-xdist's folders are deep)
+    argv = [a.replace("{tmp}", ".") for a in args]
     proc = subprocess.run(
         [sys.executable, "-m", "autopar", *argv], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120
     )

@@ -62,7 +62,7 @@ CASES = [
     (
         "search-run-dir-under-a-file",
         ["search", "--model", "tiny", "--gpus", "8", "--run-dir", "{tmp}/afile/sub"],
-        ["afile/sub"],
+        ["afile"],  # the path is quoted up to a length: a long temporary folder cuts its end
         [],
     ),
     (

@@ -346,7 +346,8 @@ def test_fewer_than_one_token_is_one_line(cli_run, one_line_error):
 
 
 def test_a_missing_local_profile_is_one_line(cli_run, one_line_error, tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", str(tmp_path / "typo.yaml"))
+    monkeypatch.chdir(tmp_path)  # a short path: the error line quotes it whole
+    monkeypatch.setenv("AUTOPAR_LOCAL_PROFILE", "typo.yaml")
     one_line_error(
         cli_run("estimate", "--model", "tiny", "--gpus", "2", "--gpu", "local"),
         ["AUTOPAR_LOCAL_PROFILE", "typo.yaml", "does not exist", "autopar probe"],
