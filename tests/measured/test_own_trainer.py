@@ -102,6 +102,15 @@ def _search(tmp_path: Path, args: list[str], env: dict[str, str]) -> subprocess.
     )
 
 
+#: a `--gpu local` profile (AUTOPAR_LOCAL_PROFILE) with room for an 8B model on 2 ranks
+ROOMY_LOCAL_PROFILE = """name: a roomy local profile (tests)
+gpu: {key: local, name: this machine, bf16_tflops: 0.1, fp8_tflops: 0.0, hbm_gib: 4096.0, hbm_gbps: 10.0,
+      intra_node_gbps: 2.0, nic_gbps: 2.0, gpus_per_node: 2, source: a test's assumption}
+intra_node_latency_us: 50.0
+inter_node_latency_us: 50.0
+"""
+
+
 def _docs(tmp_path: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((tmp_path / "run" / "trials").glob("*.json"))]
 
@@ -118,11 +127,17 @@ def _expected_step(plan: dict) -> float:
         ("megatron", ["--model", "tiny", "--gpu", "local"]),
         ("bridge", ["--model", "tiny", "--gpu", "local", "--dtype", "bf16", "--recipe", "llama32_1b_pretrain_config"]),
         ("nemo", ["--model", "tiny", "--gpu", "local", "--dtype", "bf16", "--recipe", "llama32_1b"]),
+        # torchtitan has configs for presets only: llama3-8b, on a local profile with room for it
+        ("torchtitan", ["--model", "llama3-8b", "--gpu", "local", "--seq-len", "512"]),
     ],
+    ids=["megatron", "bridge", "nemo", "torchtitan"],
 )
 def test_stand_in_trainer_end_to_end(tmp_path, trainer, extra):
     """4 plans measured with the trainer: ok, out of memory, ok, crash; the two that ran calibrate."""
     env = _home(tmp_path, trainer) | {"STANDIN_PLAN": "ok,oom,ok,crash"}
+    if trainer == "torchtitan":
+        (tmp_path / "roomy.yaml").write_text(ROOMY_LOCAL_PROFILE)
+        env["AUTOPAR_LOCAL_PROFILE"] = str(tmp_path / "roomy.yaml")
     r = _search(tmp_path, [*extra, "--gpus", "2", "--trials", "4", "--measure-with", trainer], env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"Measured stage with {trainer}" in r.stdout
@@ -148,6 +163,8 @@ def test_stand_in_trainer_end_to_end(tmp_path, trainer, extra):
         assert by_status["ok"][0]["measured"]["peak_memory_bytes"] == pytest.approx(1.2345e9)
     if trainer == "nemo":  # NEMO_LOG_MEMORY_USAGE=1 (the export sets it): bytes
         assert by_status["ok"][0]["measured"]["peak_memory_bytes"] == pytest.approx(1234500000.0)
+    if trainer == "torchtitan":  # `memory: 1.25GiB`: peak reserved, GiB
+        assert by_status["ok"][0]["measured"]["peak_memory_bytes"] == pytest.approx(1.25 * 2**30)
     measured = json.loads((tmp_path / "run" / "measured.json").read_text())
     assert measured["measured_with"] == trainer and measured["succeeded"] == 2 and measured["failed"] == 2
     fastest = min(by_status["ok"], key=lambda d: d["measured"]["step_time_s"])
