@@ -92,8 +92,9 @@ def _home(tmp_path: Path, trainer: str) -> dict[str, str]:
 def _search(tmp_path: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     full = dict(os.environ) | env
     full["PYTHONPATH"] = env.get("PYTHONPATH", str(REPO))
+    steps = ["--trial-steps", "3"] if "--trials" in args else []  # a stage flag alone is refused
     return subprocess.run(
-        [*AUTOPAR, "search", *args, "--run-dir", str(tmp_path / "run"), "--trial-steps", "3"],
+        [*AUTOPAR, "search", *args, "--run-dir", str(tmp_path / "run"), *steps],
         capture_output=True,
         text=True,
         env=full,
