@@ -206,7 +206,7 @@ def run_stage(
         planner, header = _planner(result.question, spec, options, w, steps=steps, warmup=warmup, timeout=timeout)
         measure, runnable = _trial_callables(result, planner, w, steps=steps, warmup=warmup, timeout=timeout)
     log.header.append(header)
-    k, budget = _within_gpu_hours(result, k, budget, options.gpu_hours, timeout, log)
+    k, budget = _within_gpu_hours(result, w, k, budget, options.gpu_hours, timeout, log)
     install_signal_handlers()  # SIGINT/SIGTERM: kill the running trial (or scancel it), exit 130/143
     t0 = time.perf_counter()
     # another worker's trial ends within its timeout; one of another host silent far longer is dead
@@ -298,33 +298,36 @@ def _own_trainer(result, home: TrainerHome, w: _Where, *, steps: int, timeout: f
     return measure, runnable, header
 
 
-def _within_gpu_hours(result, k: int, budget, gpu_hours: float | None, timeout: float, log) -> tuple[int, object]:
+def _within_gpu_hours(
+    result, w: _Where, k: int, budget, gpu_hours: float | None, timeout: float, log
+) -> tuple[int, object]:
     """The stage's cost before it starts, and with --trial-gpu-hours the most trials that fit in it:
-    each trial is priced at its ranks x the trial timeout, the most it can take."""
-    n = result.question.num_gpus
+    each trial is priced at its ranks (here at most the machine's: a proxy runs on fewer) x the
+    trial timeout, the most it can take; GPUs, or ranks on CPUs."""
+    n = result.question.num_gpus if w.limits is None else min(result.question.num_gpus, w.limits.max_ranks)
+    unit = "rank" if w.device == "cpu" else "GPU"
     trials = max(budget or k, k)
     worst = trials * n * timeout / 3600.0
+    each = f"{n} {unit}s x at most {timeout:g} s"
     if gpu_hours is None:
         log.header.append(
-            f"Cost: {trials} trial(s) x {n} GPUs x at most {timeout:g} s = at most {worst:.2f} GPU-hours "
-            f"(--trial-gpu-hours caps it)"
+            f"Cost: {trials} trial(s) x {each} = at most {worst:.2f} {unit}-hours (--trial-gpu-hours caps it)"
         )
         return k, budget
     most = int(gpu_hours * 3600.0 // (n * timeout))
     if most < 1:
         raise InputError(
-            f"--trial-gpu-hours {gpu_hours:g} does not pay for one trial ({n} GPUs x {timeout:g} s timeout = "
-            f"{n * timeout / 3600:.2f} GPU-hours); raise it or lower --trial-timeout"
+            f"--trial-gpu-hours {gpu_hours:g} does not pay for one trial ({each} = {n * timeout / 3600:.2f} "
+            f"{unit}-hours); raise it or lower --trial-timeout"
         )
     if most < trials:
         log.header.append(
             f"Cost: --trial-gpu-hours {gpu_hours:g} pays for {most} of the {trials} trials asked for "
-            f"({n} GPUs x at most {timeout:g} s each); measuring {most}"
+            f"({each} each); measuring {most}"
         )
         return min(k, most), most
     log.header.append(
-        f"Cost: {trials} trial(s) x {n} GPUs x at most {timeout:g} s = at most {worst:.2f} GPU-hours, within "
-        f"--trial-gpu-hours {gpu_hours:g}"
+        f"Cost: {trials} trial(s) x {each} = at most {worst:.2f} {unit}-hours, within --trial-gpu-hours {gpu_hours:g}"
     )
     return k, budget
 

@@ -227,7 +227,7 @@ def test_gpu_hour_cap_prints_the_cost_and_measures_fewer(tmp_path):
         env,
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "--trial-gpu-hours 0.04 pays for 2 of the 4 trials asked for" in r.stdout
+    assert "--trial-gpu-hours 0.04 pays for 2 of the 4 trials asked for (2 ranks x at most 30 s each)" in r.stdout
     assert len(_docs(tmp_path)) == 2
 
 
