@@ -246,13 +246,10 @@ def test_deepspeed_for_real_measures_and_calibrates(tmp_path):
     """The acceptance line: DeepSpeed's own engine (autopar's DeepSpeed script, ZeRO over gloo on this
     CPU) runs the top plans, its log lines are parsed, and the two runs calibrate this machine."""
     pytest.importorskip("deepspeed")
-    # a long trial timeout: the suite's other workers share the cores, and a first run builds DeepSpeed's op
-    args = ["--model", "tiny", "--gpus", "2", "--trials", "2", "--measure-with", "deepspeed", "--trial-timeout", "900"]
-    r = _search(tmp_path, args, {})
+    r = _search(tmp_path, ["--model", "tiny", "--gpus", "2", "--trials", "2", "--measure-with", "deepspeed"], {})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     docs = _docs(tmp_path)
-    assert len(docs) == 2, docs
-    assert all(d["measured_with"] == "deepspeed" and d["status"] == "ok" for d in docs), [d["reasons"] for d in docs]
+    assert len(docs) == 2 and all(d["measured_with"] == "deepspeed" and d["status"] == "ok" for d in docs)
     for d in docs:
         m = d["measured"]
         assert len(m["step_times_s"]) == 3 and all(t > 0 for t in m["step_times_s"])  # --trial-steps 3
