@@ -183,7 +183,9 @@ class _Run:
     launch_slurm.sbatch; the trainer's log read by `reader` as it grows."""
 
     def __init__(self, home: TrainerHome, out: Path, workdir: Path, timeout_s: float, reader, on_gpu: bool):
-        self.home, self.out, self.workdir, self.timeout_s, self.reader = home, out, workdir, timeout_s, reader
+        # absolute: the launch runs in the export's (or the trainer's) directory, not the caller's
+        self.out, self.workdir = out.resolve(), workdir.resolve()
+        self.home, self.timeout_s, self.reader = home, timeout_s, reader
         self.env = launch_env(home, on_gpu)
 
     def launch(self, on_progress, slurm, log):

@@ -205,12 +205,26 @@ def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if _counts(t)]
 
 
-WORKER = f"{socket.gethostname()}:{os.getpid()}"
+def _started(pid: int | str) -> str:
+    """The process's start time in clock ticks since boot (proc(5), /proc/<pid>/stat field 22), ''
+    where there is no /proc: with the pid it names one process, though pids are reused (pid_max is
+    often 32768, and a busy host cycles through them in minutes)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[19]  # fields from the 3rd on follow the ')'
+    except (OSError, IndexError):
+        return ""
+
+
+#: this process, as trials record it: host:pid, and +start time where /proc has it
+WORKER = f"{socket.gethostname()}:{os.getpid()}" + (f"+{_started(os.getpid())}" if _started(os.getpid()) else "")
 
 
 def _alive(worker: str) -> bool:
-    """Whether the worker (host:pid) that ran a trial still runs; other hosts are assumed alive."""
-    host, _, pid = worker.rpartition(":")
+    """Whether the worker (host:pid[+start]) that ran a trial still runs; other hosts are assumed
+    alive. A pid now held by a process that started at another time is a dead worker's."""
+    host, _, tail = worker.rpartition(":")
+    pid, _, started = tail.partition("+")
     if host != socket.gethostname() or not pid.isdigit():
         return True
     try:
@@ -219,7 +233,7 @@ def _alive(worker: str) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not started or _started(pid) in ("", started)
 
 
 def fail_stale(study: optuna.Study, older_than_s: float) -> int:

@@ -26,6 +26,7 @@ warm-up and linear / cosine decay) and `get_param_groups` (no weight decay on 1-
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -222,6 +223,19 @@ def recompute(model: Transformer, args: argparse.Namespace) -> None:
         apply_ac(model, "full", range(args.recompute_num_layers) if block else None)
 
 
+def skip_shared_memory_op() -> None:
+    """On the CPU accelerator DeepSpeed's TorchBackend JIT-builds its shared-memory op
+    (deepspeed/comm/torch.py `build_shm_op`, csrc/cpu/comm/shm.cpp) before init_process_group. The op
+    serves only `inference_all_reduce`; training's collectives are torch.distributed's (gloo here).
+    The build takes 30 s or more, and a build that is killed leaves torch's FileBaton `lock` in the
+    extensions directory, on which every later run waits for ever. On a GPU the CUDA accelerator has
+    no such op, so skipping it here keeps the CPU run like the GPU one."""
+    # by module name: the attribute `deepspeed.comm.torch` is torch itself (comm/__init__.py's star import)
+    ds_torch = importlib.import_module("deepspeed.comm.torch")
+    if hasattr(ds_torch, "build_shm_op"):
+        ds_torch.build_shm_op = lambda: None
+
+
 def train(args: argparse.Namespace, config: ModelConfig, cfg: dict) -> tuple[float, int]:
     """K optimizer steps under DeepSpeed on every rank: (the last step's loss, averaged over the
     ranks; DeepSpeed's train_batch_size)."""
@@ -236,6 +250,8 @@ def train(args: argparse.Namespace, config: ModelConfig, cfg: dict) -> tuple[flo
     device = torch.device(accel.device_name(local_rank))  # "cpu" or "cuda:<local rank>"
     if device.type != "cpu":
         accel.set_device(local_rank)
+    else:
+        skip_shared_memory_op()
     deepspeed.init_distributed(dist_backend=accel.communication_backend_name())
     # fp32 here; with bf16 on, initialize casts the parameters and keeps the buffers (the RoPE
     # tables) in fp32 (engine.py `_cast_module_mixed_precision`)

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -349,3 +352,22 @@ def test_resume_right_after_sigkill(sh, tmp_path):
         if age >= STALE_AFTER_S:
             pytest.skip(f"the rerun started {age:.1f} s after the killed trial: not an immediate resume")
     _check_resumed(before, after)
+
+
+def test_a_reused_pid_is_not_the_dead_worker():
+    """A trial's worker is host:pid+start: a pid the kernel gave to a later process (pid_max 32768
+    wraps in minutes on a busy host) must not keep a dead worker's trial RUNNING, where a rerun
+    would wait for it (wait_for_running) instead of redoing it."""
+    from autopar.search import optuna_driver as od
+
+    host = socket.gethostname()
+    me = os.getpid()
+    started = Path(f"/proc/{me}/stat").read_text().rpartition(")")[2].split()[19]  # proc(5) field 22
+    assert od.WORKER == f"{host}:{me}+{started}"
+    assert od._alive(od.WORKER)
+    assert not od._alive(f"{host}:{me}+{int(started) + 1}")  # this pid, another process's start
+    assert od._alive(f"{host}:{me}")  # a record without a start time: the pid alone decides
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert not od._alive(f"{host}:{dead.pid}")
+    assert od._alive(f"another-{host}:{dead.pid}")  # other hosts' processes are not visible here
