@@ -38,6 +38,7 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "atomic": (frozenset(), frozenset()),  # write_atomic: the one atomic file write
     "quoting": (frozenset({"errors"}), frozenset()),  # values in generated scripts
     "terminal": (frozenset(), frozenset()),  # printable: the one rule of text on the terminal
+    "processes": (frozenset(), frozenset()),  # start_time: a process named across pid reuse
     # spec checks the names it takes that exports paste into scripts (a recipe) with quoting's rule
     "spec": (frozenset({"errors", "quoting", "spec"}), frozenset({"numpy", "yaml"})),
     "cost": (frozenset({"errors", "spec", "cost"}), frozenset({"numpy", "scipy"})),
@@ -46,7 +47,10 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
         frozenset({"errors", "json_out", "atomic", "spec", "cost", "calibration"}),
         frozenset({"numpy", "scipy"}),
     ),
-    "search": (frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "calibration", "search"}), ANY),
+    "search": (
+        frozenset({"errors", "secrets", "json_out", "atomic", "processes", "spec", "cost", "calibration", "search"}),
+        ANY,
+    ),
     # the measured stage: torch-free, between the search and the torch trials it launches; it runs
     # the user's own trainer through that trainer's export (autopar.measured.own_run)
     "measured": (
@@ -58,6 +62,7 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
                 "atomic",
                 "quoting",
                 "terminal",
+                "processes",
                 "spec",
                 "cost",
                 "calibration",

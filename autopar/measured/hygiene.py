@@ -1,6 +1,7 @@
 """No trial process outlives autopar; imports no torch.
 
-Three mechanisms, because each alone misses a case:
+Three mechanisms, because each alone misses a case (a fourth, autopar.measured.guard, stands in for
+the watchdog where the workers are the user's own trainer):
 
 1. **Launch tokens.** Every launch's environment carries `AUTOPAR_LAUNCH=<token>`; every process
    started under it inherits the variable, including torchrun's workers, which torchrun puts in
@@ -29,6 +30,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from autopar.processes import start_time
+
 LAUNCH_ENV = "AUTOPAR_LAUNCH"
 WATCH_ENV = "AUTOPAR_WATCH"
 #: seconds between the watchdog's looks at its parent and launcher
@@ -43,16 +46,6 @@ _owner: int | None = None  # the process that installed the handlers (forked chi
 
 def new_token() -> str:
     return uuid.uuid4().hex[:16]
-
-
-def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None
 
 
 def watch_value(pid: int | None = None) -> str:
@@ -181,7 +174,8 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def _launcher_gone(watch: str) -> bool:
+def launcher_gone(watch: str) -> bool:
+    """Whether the launcher `watch` names (`watch_value`) has ended, on this host."""
     host, _, rest = watch.partition(":")
     pid, _, started = rest.partition(":")
     if host != socket.gethostname() or not pid.isdigit():
@@ -202,7 +196,7 @@ def start_watchdog(poll_s: float = WATCH_POLL_S, on_exit: Callable[[str], None] 
             why = ""
             if os.getppid() != ppid:
                 why = f"parent {ppid} is gone"
-            elif watch and _launcher_gone(watch):
+            elif watch and launcher_gone(watch):
                 why = f"the launching process ({watch}) is gone"
             if why:
                 try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -208,7 +209,8 @@ class _Run:
             )
             return res, f"cd {shlex.quote(str(out))} && sbatch {SBATCH}  # with {' '.join(home.env)} set"
         res = run_command(
-            ["bash", str(out / LAUNCH)],
+            # under autopar's guard: the trainer's ranks cannot watch for a search that died
+            [sys.executable, "-m", "autopar.measured.guard", "bash", str(out / LAUNCH)],
             out / "no-result.json",  # the trainer writes no autopar result: its log is the result
             timeout_s=self.timeout_s,
             workdir=self.workdir,

@@ -23,6 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autopar.errors import InputError, quoted
+from autopar.processes import start_time
 from autopar.search.enumerate import INNER as WALK_INNER
 from autopar.search.enumerate import Enumerator, build_table
 from autopar.search.limits import SAMPLERS
@@ -205,19 +206,9 @@ def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if _counts(t)]
 
 
-def _started(pid: int | str) -> str:
-    """The process's start time in clock ticks since boot (proc(5), /proc/<pid>/stat field 22), ''
-    where there is no /proc: with the pid it names one process, though pids are reused (pid_max is
-    often 32768, and a busy host cycles through them in minutes)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[19]  # fields from the 3rd on follow the ')'
-    except (OSError, IndexError):
-        return ""
-
-
 #: this process, as trials record it: host:pid, and +start time where /proc has it
-WORKER = f"{socket.gethostname()}:{os.getpid()}" + (f"+{_started(os.getpid())}" if _started(os.getpid()) else "")
+_STARTED = start_time(os.getpid())
+WORKER = f"{socket.gethostname()}:{os.getpid()}" + (f"+{_STARTED}" if _STARTED else "")
 
 
 def _alive(worker: str) -> bool:
@@ -233,7 +224,7 @@ def _alive(worker: str) -> bool:
         return False
     except PermissionError:
         return True
-    return not started or _started(pid) in ("", started)
+    return not started or start_time(pid) in (None, started)
 
 
 def fail_stale(study: optuna.Study, older_than_s: float) -> int:

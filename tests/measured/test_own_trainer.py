@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from autopar.measured.hygiene import kill_token, processes_with_token
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 AUTOPAR = [sys.executable, "-m", "autopar"]
@@ -415,3 +417,38 @@ def test_trial_refuses_the_built_in_model_flags_with_measure_with(tmp_path):
             cwd=tmp_path,
         )
         assert r.returncode == 2 and f"{flag[0]} applies to the built-in model's trials" in r.stderr, r.stderr
+
+
+def test_a_search_killed_mid_run_leaves_no_trainer_running(tmp_path):
+    """SIGKILL of the search while the trainer trains here: its guard (autopar.measured.guard) ends
+    the launch, torchrun and the ranks torchrun put in sessions of their own, which no
+    parent-death signal reaches; before the guard they trained on. And a rerun can start at once."""
+    import signal
+    import time
+
+    env = dict(os.environ) | _home(tmp_path, "megatron") | {"STANDIN_SLEEP": "1.0", "PYTHONPATH": str(REPO)}
+    args = [*AUTOPAR, "search", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--trials", "1"]
+    args += ["--measure-with", "megatron", "--run-dir", "run", "--trial-steps", "20"]
+    p = subprocess.Popen(args, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    token = ""
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not token:
+            time.sleep(0.25)
+            for work in (tmp_path / "run" / "trials" / "work").glob("*"):
+                log, pgid = work / "stdout.log", work / "launch.pgid"
+                if log.is_file() and "iteration" in log.read_text() and pgid.is_file():
+                    token = pgid.read_text().split()[1]
+        assert token, "the trainer never logged a step"
+        assert len(processes_with_token(token)) >= 4  # guard, bash, torchrun, 2 ranks (+ torchrun's helpers)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = time.monotonic() + 15
+        while processes_with_token(token) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_with_token(token) == [], "the trainer outlived the search"
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if token:
+            kill_token(token)
