@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autopar.errors import InputError, quoted
-from autopar.terminal import printable
 
 OWN_TRAINERS = ("megatron", "bridge", "nemo", "torchtitan", "deepspeed")
 #: --trainer-home or --trainer-python without --measure-with
@@ -148,7 +147,7 @@ def locate(trainer: str, home: str | None = None, python: str | None = None, env
             raise InputError(
                 f"--measure-with {trainer} needs {w.what}: set {w.var}=/path (e.g. {w.example}) or pass --trainer-home"
             )
-        _check_path(w, Path(path))
+        _check_path(w, Path(path), "--trainer-home" if home else w.var)
         env[w.var] = str(Path(path).resolve())
     version = _check_modules(trainer, w, py, environ)
     cwd = env.get("TORCHTITAN")
@@ -158,18 +157,18 @@ def locate(trainer: str, home: str | None = None, python: str | None = None, env
     return TrainerHome(trainer, py, env, cwd, version, text)
 
 
-def _check_path(w: Where, path: Path) -> None:
-    shown = quoted(printable(str(path)))
+def _check_path(w: Where, path: Path, given_as: str) -> None:
+    """`given_as`: where the path came from, the flag or the environment variable, as the line names it."""
+    shown = f"{given_as} {quoted(str(path))}" if given_as.startswith("--") else f"{given_as}={quoted(str(path))}"
     if w.needs == "":  # the path is the script itself
         if not path.is_file():
-            raise InputError(f"{w.var}={shown} is not a file; point it at {w.what}, e.g. {w.example}")
+            raise InputError(f"{shown} is not a file; point it at {w.what}, e.g. {w.example}")
         return
     if not path.is_dir():
-        raise InputError(f"{w.var}={shown} is not a directory; point it at {w.what}, e.g. {w.example}")
+        raise InputError(f"{shown} is not a directory; point it at {w.what}, e.g. {w.example}")
     if w.needs != "-" and not (path / w.needs).is_file():
         raise InputError(
-            f"{w.var}={shown} has no {w.needs}; point it at {w.what} (the folder that holds "
-            f"{w.needs}), e.g. {w.example}"
+            f"{shown} has no {w.needs}; point it at {w.what} (the folder that holds {w.needs}), e.g. {w.example}"
         )
 
 

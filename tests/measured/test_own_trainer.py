@@ -203,6 +203,9 @@ def test_torchtitan_stand_in_on_other_hardware_ranks_without_calibrating(tmp_pat
         (["--measure-with", "megatron"], {"MEGATRON_LM": ""}, "needs your Megatron-LM checkout: set MEGATRON_LM="),
         (["--measure-with", "megatron"], {"MEGATRON_LM": "/nonexistent"}, "MEGATRON_LM='/nonexistent' is not a dir"),
         (["--measure-with", "bridge"], {"MEGATRON_BRIDGE": "/tmp"}, "has no scripts/training/run_recipe.py"),
+        # the line names where the path came from, escaped once (no raw ESC, no doubled backslash)
+        (["--measure-with", "megatron", "--trainer-home", "/tmp"], {}, "--trainer-home '/tmp' has no pretrain_gpt.py"),
+        (["--measure-with", "megatron", "--trainer-home", "x\x1b[2Jy"], {}, "--trainer-home 'x\\x1b[2Jy' is not a dir"),
         (["--measure-with", "nemo"], {}, "cannot import nemo, nemo_run; install nemo there"),
         (["--measure-with", "deepspeed", "--trainer-python", "/bin/nope"], {}, "--trainer-python '/bin/nope' is not"),
         (["--trainer-home", "/tmp"], {}, "--trainer-home applies to the measured stage only"),
