@@ -8,7 +8,9 @@ match the cost model byte for byte (parameters and collective payload per axis p
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 from dataclasses import dataclass, field
 
 import pytest
@@ -257,7 +259,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 class Launches:
-    """Launches each world's cases once, on first use."""
+    """Launches each world's cases once, on first use, for the whole session: under pytest-xdist
+    (`make test`) the workers share each launch through a file beside their temporary directories,
+    the first to need it launching while the others wait on its lock (each worker launching its own
+    copy ran every launch twice on 2 cores)."""
 
     def __init__(self, tmp_factory: pytest.TempPathFactory) -> None:
         self._tmp = tmp_factory
@@ -265,12 +270,29 @@ class Launches:
 
     def of(self, world: int) -> LaunchResult:
         if world not in self._done:
-            trials = (memory_trials() if world == 2 else []) + [c.trial() for c in CASES if c.world == world]
-            run = launch(trials, world, timeout_s=LAUNCH_TIMEOUT_S, workdir=self._tmp.mktemp(f"world{world}"))
-            if _native_crash(run):  # once: a crash that repeats fails the tests
-                run = launch(trials, world, timeout_s=LAUNCH_TIMEOUT_S, workdir=self._tmp.mktemp(f"world{world}-again"))
-            self._done[world] = run
+            self._done[world] = self._shared(world)
         return self._done[world]
+
+    def _shared(self, world: int) -> LaunchResult:
+        base = self._tmp.getbasetemp()
+        root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, shared
+        saved = root / f"torchrun-world{world}.pickle"
+        with open(root / f"torchrun-world{world}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            if saved.exists():
+                return pickle.loads(saved.read_bytes())
+            run = self._launch(world)
+            tmp = saved.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(run))
+            tmp.replace(saved)
+            return run
+
+    def _launch(self, world: int) -> LaunchResult:
+        trials = (memory_trials() if world == 2 else []) + [c.trial() for c in CASES if c.world == world]
+        run = launch(trials, world, timeout_s=LAUNCH_TIMEOUT_S, workdir=self._tmp.mktemp(f"world{world}"))
+        if _native_crash(run):  # once: a crash that repeats fails the tests
+            run = launch(trials, world, timeout_s=LAUNCH_TIMEOUT_S, workdir=self._tmp.mktemp(f"world{world}-again"))
+        return run
 
 
 def _native_crash(run: LaunchResult) -> bool:
