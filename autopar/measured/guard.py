@@ -20,11 +20,11 @@ import sys
 from autopar.measured import hygiene
 
 
-def _stop_launch(child: subprocess.Popen) -> None:
+def _stop_launch(child: subprocess.Popen | None) -> None:
     token = os.environ.get(hygiene.LAUNCH_ENV, "")
     if token:
         hygiene.kill_token(token)  # this process is left out: it exits next
-    if child.poll() is None:
+    if child is not None and child.poll() is None:
         child.kill()
 
 
@@ -32,16 +32,18 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m autopar.measured.guard COMMAND [ARG...]", file=sys.stderr)
         return 2
-    # SIGTERM (handled below), not the launcher's SIGKILL, when the search process dies
-    hygiene.set_parent_death_signal(signal.SIGTERM)
-    child = subprocess.Popen(argv)
+    started: list[subprocess.Popen] = []
 
     def on_signal(signum: int, frame) -> None:  # noqa: ARG001 - the signal module's signature
-        _stop_launch(child)
+        _stop_launch(started[0] if started else None)
         os._exit(128 + signum)
 
+    # the handlers first, then SIGTERM (not the launcher's SIGKILL) when the search process dies
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    hygiene.set_parent_death_signal(signal.SIGTERM)
+    child = subprocess.Popen(argv)
+    started.append(child)
     watch = os.environ.get(hygiene.WATCH_ENV, "")
     while True:
         try:
