@@ -425,7 +425,7 @@ def test_trial_refuses_the_built_in_model_flags_with_measure_with(tmp_path):
 def test_a_search_killed_mid_run_leaves_no_trainer_running(tmp_path):
     """SIGKILL of the search while the trainer trains here: its guard (autopar.measured.guard) ends
     the launch, torchrun and the ranks torchrun put in sessions of their own, which no
-    parent-death signal reaches; before the guard they trained on. And a rerun can start at once."""
+    parent-death signal reaches; before the guard they trained on."""
     import signal
     import time
 
