@@ -434,6 +434,22 @@ def coverage(
     )
 
 
+def nested_coverage(
+    points: Sequence[CalibrationPoint], fold: Callable[[CalibrationPoint], str] = by_source
+) -> dict[str, dict]:
+    """`coverage` with nothing of a run's own fold in its interval: each fold's runs judged by the
+    band, gap widening and new-source widening fitted on the other folds' points alone. The fitted
+    widenings of `coverage` have seen the fold they judge (a fold whose miss sets the new-source
+    quantile lands inside by construction); this is how a source the model has not seen fares."""
+    intervals = []
+    for name in dict.fromkeys(fold(p) for p in points):
+        rest = [q for q in points if fold(q) != name]
+        widening = fit_widening(rest, fold)
+        support = Support(tuple(rest), widening, new_source=fit_new_source(rest, widening, fold))
+        intervals += [(p, interval_of(p, support)) for p in points if fold(p) == name]
+    return _shares(intervals)
+
+
 def coverage_against(points: Sequence[CalibrationPoint], support: Support) -> dict[str, dict]:
     """Per category, the share of runs (their errors under the shipped profiles) inside the
     intervals the shipped support gives them: how a set of runs the model never saw judges it.

@@ -34,12 +34,12 @@ from autopar.calibration.uncertainty import (
     LEVEL,
     Support,
     by_group,
-    coverage,
     coverage_against,
     fit_memory_new_source,
     fit_new_source,
     fit_widening,
     memory_coverage,
+    nested_coverage,
     support_points,
 )
 from autopar.calibration.validation import RowResult, ValidationResult, evaluate_cases
@@ -123,9 +123,9 @@ class ValidationReport:
             "widening": widening,
             "new_source_widening": dict(new_source),
             "memory_new_source_widening": dict(memory_new_source),
-            "method": "leave-one-source-out: each run inside the interval the other sources give it",
-            "coverage": coverage(points, widening, new_source=new_source)
-            | {"peak memory": memory_coverage(memory, memory_new_source)},
+            "method": "leave-one-source-out: each run inside the interval the other sources give it, "
+            "its band and widenings fitted without its source",
+            "coverage": nested_coverage(points) | {"peak memory": memory_coverage(memory, memory_new_source)},
             "coverage_on_new_ground": self._new_ground_coverage(),
             "paired_margin": None if margin is None else margin.to_dict(),
             "paired_margin_coverage": margin_coverage(points),
@@ -141,9 +141,7 @@ class ValidationReport:
         out: dict = {}
         if self.families is not None:
             pts = [calibration_point(r.case, r.error) for r in self.families.rows if not r.case.dropless]
-            widening = fit_widening(pts, by_group)
-            new_source = fit_new_source(pts, widening, by_group)
-            out["leave one group out"] = coverage(pts, widening, by_group, new_source)
+            out["leave one group out"] = nested_coverage(pts, by_group)
         if self.chronological is not None and self.cross_validated is not None:
             later = {r.case.row_id for r in self.chronological.rows}
             earlier = [

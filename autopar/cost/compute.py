@@ -29,7 +29,7 @@ from autopar.cost.kernels import attention_seconds, gemm_rate, hbm_rate
 from autopar.cost.memory_stacks import STACKS, compiled, stack_name
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.cost.stack_activations import stack_layers
-from autopar.spec.fp8_recipes import cast_bytes, recipe_codes, wgrad_bf16
+from autopar.spec.fp8_recipes import cast_bytes, expert_quantize_kernels, recipe_codes, wgrad_bf16
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.recompute_modules import MODULE_BITS
@@ -49,6 +49,9 @@ class RawCompute(NamedTuple):
     layer_passes: np.ndarray  # layer forwards + backwards, a recomputed forward counting half
     moe_layer_passes: np.ndarray
     expert_passes: np.ndarray  # MoE layer passes x local experts
+    #: kernels per local expert per MoE layer pass that quantize its FP8 GEMM inputs where the trainer
+    #: quantizes expert by expert (autopar.spec.fp8_recipes.expert_quantize_kernels); 0 in BF16
+    expert_quantize: np.ndarray
     recompute_flops: np.ndarray  # recomputed forward FLOPs (hardware FLOPs, not model FLOPs)
 
 
@@ -113,6 +116,7 @@ def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_laye
         layer_passes=x.layers * passes,
         moe_layer_passes=x.moe_layers * passes,
         expert_passes=x.moe_layers * passes * (model.moe.num_experts / x.ep if model.moe else 0.0),
+        expert_quantize=expert_quantize_kernels(recipe) + 0.0 * x.moe_layers,
         recompute_flops=tokens * (lin_layer + expert_layer) * share / tf + recompute_core,
     )
 
@@ -182,8 +186,13 @@ def assemble_compute(raw: RawCompute, k) -> ComputeTerms:
     expert = (raw.expert_bf16 / k.gemm_efficiency + raw.expert_fp8 / k.fp8_gemm_efficiency) / k.expert_gemm_efficiency
     gemm = raw.gemm_bf16 / k.gemm_efficiency + raw.gemm_fp8 / k.fp8_gemm_efficiency + expert
     # the sets of expert GEMMs launched: one per local expert per MoE layer pass where the trainer
-    # launches per expert, one per MoE layer pass where one grouped kernel covers them (per_expert_gemms)
-    expert_sets = k.per_expert_gemms * raw.expert_passes + (1.0 - k.per_expert_gemms) * raw.moe_layer_passes
+    # launches per expert, one per MoE layer pass where one grouped kernel covers them (per_expert_gemms);
+    # a trainer that launches per expert also quantizes each expert's FP8 inputs on its own, kernels
+    # counted as part of its set at the same cost per kernel
+    per_expert = 1.0 + raw.expert_quantize / KERNELS_PER_PASS["expert"]
+    expert_sets = (
+        k.per_expert_gemms * raw.expert_passes * per_expert + (1.0 - k.per_expert_gemms) * raw.moe_layer_passes
+    )
     launch = (
         raw.layer_passes * k.layer_overhead_us
         + raw.moe_layer_passes * k.moe_layer_overhead_us

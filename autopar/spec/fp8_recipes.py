@@ -22,6 +22,14 @@ What the cost model takes from a recipe (autopar.cost.compute):
   Megatron's backward = 2 x forward, half of it the weight gradient).
 - `generations`: the GPU generations with the recipe's kernels (autopar.spec.hardware
   GpuSpec.generation); empty = every FP8 GPU.
+- `expert_quantize_kernels`: the kernels one quantization of one local expert's GEMM input launches
+  where the trainer runs its expert GEMMs expert by expert (Transformer Engine's GroupedLinear:
+  `tex.split_quantize` over the experts' splits). TE 2.9 csrc/extensions/cast.cpp
+  `multi_tensor_quantize_impl` has one fused multi-tensor cast-transpose for delayed scaling only
+  ("Currently only have fused kernel for FP8 delayed scaling") and quantizes every other recipe's
+  splits one by one (csrc/quantizer.cpp): current scaling in three kernels (`nvte_compute_amax`,
+  `nvte_compute_scale_from_amax`, `nvte_quantize_v2`), block and MX scaling in one
+  (`nvte_quantize_v2`). An MoE layer pass quantizes four inputs per expert (`EXPERT_QUANTIZES`).
 
 FP8 parameter gather (a plan's `fp8_param_gather`: default | on | off): the parameters themselves are
 kept in FP8 and the data-parallel all-gathers move 1 byte per linear weight instead of 2 (Megatron-LM
@@ -58,6 +66,18 @@ class Fp8Recipe:
     wgrad_bf16: bool = False
     generations: tuple[str, ...] = ()
     why: str = ""  # how `cast_bytes` follows from the recipe's kernels
+    #: kernels per quantization of one local expert's GEMM input where the trainer quantizes the
+    #: experts' inputs one by one (module docstring: TE split_quantize); 0 = one fused kernel for all
+    expert_quantize_kernels: float = 0.0
+
+
+#: per-expert input quantizations one MoE layer pass (forward + backward) runs in Transformer
+#: Engine's GroupedLinear (TE 2.9 pytorch/module/grouped_linear.py): the forward quantizes each
+#: expert's fc1 and fc2 inputs (`tex.split_quantize(inp_view, m_splits, input_quantizers)`, row- and
+#: column-wise in one pass), the backward each expert's fc2 and fc1 output gradients
+#: (`tex.split_quantize(grad_output_view, ctx.m_splits, ctx.grad_output_quantizers)`); the FP8
+#: weights are cast once per step (`is_first_microbatch` caches them), not per microbatch
+EXPERT_QUANTIZES = 4.0
 
 
 #: where the recipes' names and kernels are stated (rule sentences cite it)
@@ -76,12 +96,14 @@ RECIPES: tuple[Fp8Recipe, ...] = (
         "per-tensor current scaling (TE Float8CurrentScaling; torchao tensorwise)",
         6.0,
         why="the scale needs this tensor's amax first: a reduction pass (read 2), then the cast-transpose",
+        expert_quantize_kernels=3.0,
     ),
     Fp8Recipe(
         "blockwise",
         "1x128 / 128x128 block scaling (TE Float8BlockScaling, DeepSeek-V3's recipe)",
         4.0 + 2 * 4.0 / 128,
         why="each block's amax is local to the quantizing kernel: read 2, write 1 + 1, an fp32 scale per 128",
+        expert_quantize_kernels=1.0,
     ),
     Fp8Recipe(
         "mxfp8",
@@ -89,6 +111,7 @@ RECIPES: tuple[Fp8Recipe, ...] = (
         4.0 + 2 * 1.0 / 32,
         generations=("blackwell",),
         why="row- and column-wise blocks in one pass: read 2, write 1 + 1, a 1-byte scale per 32",
+        expert_quantize_kernels=1.0,
     ),
     Fp8Recipe(
         "rowwise",
@@ -140,6 +163,13 @@ def cast_bytes(codes: np.ndarray) -> np.ndarray:
     """HBM bytes per element of an FP8 GEMM input that its recipe's quantization moves, per row (0 for
     a row not in FP8)."""
     per_code = np.array([0.0] + [r.cast_bytes for r in RECIPES])
+    return per_code[codes]
+
+
+def expert_quantize_kernels(codes: np.ndarray) -> np.ndarray:
+    """Per row: the kernels an MoE layer pass launches per local expert to quantize its GEMM inputs
+    where the trainer quantizes them expert by expert (0 for a row not in FP8)."""
+    per_code = np.array([0.0] + [EXPERT_QUANTIZES * r.expert_quantize_kernels for r in RECIPES])
     return per_code[codes]
 
 

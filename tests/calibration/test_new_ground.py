@@ -97,13 +97,12 @@ def test_coverage_on_new_ground_is_recomputed_as_stored(cases):
     reports it (stored with the profiles): recomputed here from the held-out residuals."""
     from autopar.calibration.stored_figures import stored_figures
     from autopar.calibration.support import calibration_point
-    from autopar.calibration.uncertainty import by_group, coverage, fit_new_source, fit_widening
+    from autopar.calibration.uncertainty import by_group, nested_coverage
 
     evaluated, skipped = cases
     groups = leave_one_group_out(evaluated, skipped)
     pts = [calibration_point(r.case, r.error) for r in groups.rows if not r.case.dropless]
-    widening = fit_widening(pts, by_group)
-    got = coverage(pts, widening, by_group, fit_new_source(pts, widening, by_group))
+    got = nested_coverage(pts, by_group)
     stored = stored_figures()["uncertainty"]["coverage_on_new_ground"]
     assert got["all rows"] == pytest.approx(stored["leave one group out"]["all rows"])
     assert 0 < stored["chronological"]["all rows"]["rows"] < len(evaluated)

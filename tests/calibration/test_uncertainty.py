@@ -212,6 +212,19 @@ def test_a_new_sources_widening_weights_every_source_once():
     assert support.new_source_widening("dense", True) == 0.3
 
 
+def test_nested_coverage_fits_nothing_on_the_fold_it_judges():
+    """The sources of the test above, judged nested. "new" is judged by what s0-s2 alone give: every
+    residual 0, so a band, gap widening and new-source widening of 0, and both its runs (0.5) fall
+    outside. s0 is judged by what s1, s2 and "new" give: left out in turn, s1 and s2 find their
+    zeros inside the band of the other eight points (type 7 over four zeros and two 0.5s: h = 4,
+    0.5) and "new" finds its runs 0.5 above the band of eight zeros, so the new-source widening is
+    again the 80th percentile of three folds' misses, 0.5; s0's own zeros are inside. Likewise s1
+    and s2: 12 of 14, where the widening fitted with "new" in it covered all 14."""
+    zeros = [point(i, 0.0, source=f"s{i % 3}") for i in range(12)]
+    new = [point(100 + i, 0.5, source="new") for i in range(2)]
+    assert U.nested_coverage(zeros + new)["dense Megatron-family"]["covered"] == pytest.approx(12 / 14)
+
+
 def test_the_new_source_widening_reaches_every_interval():
     """Each side of the throughput band moves out by the class's new-source widening (0.1 here, the
     70B plan a dense short-context one); the memory band by its stack class's (Megatron: fused, 0.2)."""

@@ -122,13 +122,14 @@ def test_wide_ep_rows_carry_their_dispatcher_and_overlap(cases):
 #: target of 10 % in each, which only the dense Megatron-family meets (the 52 runs of
 #: calibration_runs_4.csv brought torchtitan's context parallelism at CP >= 4, the Megatron-Bridge
 #: small-expert MoE recipes and NeMo AutoModel, which no mechanism explains yet)
-BARS = {"dense Megatron-family": 0.10, "FSDP-family": 0.13, "MoE": 0.195, "long context": 0.165}
+BARS = {"dense Megatron-family": 0.10, "FSDP-family": 0.13, "MoE": 0.17, "long context": 0.165}
 #: fitted constants on a bound of their documented range, each a mechanism the model lacks (the test
 #: fails when one leaves its bound: then drop it here)
 KNOWN_ON_BOUND = {
     ("megatron", "expert_gemm_efficiency"): "Megatron-Bridge 25.11 / 26.02 small-expert MoE runs predicted "
     "too fast while NVIDIA's MoE report runs are not: the software a release ships, not the GEMMs",
-    ("megatron", "expert_launch_us"): "the same runs: per-expert host work of the FP8 grouped GEMMs",
+    ("megatron", "expert_launch_us"): "the same runs, with their FP8 inputs' per-expert quantization priced: "
+    "what else a release's small-expert MoE layers spend per local expert",
 }
 
 
@@ -179,15 +180,15 @@ def test_stored_figures_are_for_this_code_and_data():
 
 @pytest.mark.parametrize("category", list(BARS))
 def test_the_80_percent_interval_covers_70_to_90_percent_of_held_out_rows(loso, category):
-    """Issue 23: the interval of every published run, built from the other sources' held-out
-    residuals (recomputed above, not read back), holds its published value for 70-90 % of the rows
-    of each category; the stored coverage (what `autopar validate --json` prints) is this one."""
+    """The interval of every published run, built from the other sources' held-out residuals alone
+    (its band and both widenings: recomputed above, not read back), holds its published value for
+    70-90 % of the rows of each category; the stored coverage (what `autopar validate --json`
+    prints) is this one."""
     from autopar.calibration.support import calibration_point
-    from autopar.calibration.uncertainty import coverage, fit_new_source, fit_widening
+    from autopar.calibration.uncertainty import nested_coverage
 
     points = [calibration_point(r.case, r.error) for r in loso.rows if not r.case.dropless]
-    widening = fit_widening(points)
-    got = coverage(points, widening, new_source=fit_new_source(points, widening))[category]
+    got = nested_coverage(points)[category]
     assert got["rows"] >= 10
     assert 0.70 <= got["covered"] <= 0.90, f"{category}: {100 * got['covered']:.1f}% of {got['rows']} rows"
     assert stored_figures()["uncertainty"]["coverage"][category]["covered"] == pytest.approx(got["covered"])

@@ -42,3 +42,28 @@ def test_each_trainer_states_its_expert_kernels():
     assert shipped["megatron"].constants.per_expert_gemms == 1.0
     assert shipped["autopar"].constants.per_expert_gemms == 1.0
     assert shipped["torchtitan"].constants.per_expert_gemms == 0.0
+
+
+@pytest.mark.parametrize(("quantize", "per_expert"), [(12.0, 1.0), (4.0, 1.0), (12.0, 0.0)])
+def test_per_expert_fp8_quantizations_join_the_expert_launches(quantize, per_expert):
+    # 24 MoE layer passes of 16 local experts whose FP8 inputs are quantized expert by expert:
+    # current scaling 4 inputs x 3 kernels = 12 more kernels per expert beside its 9 GEMMs, MX or
+    # block scaling 4 x 1. By hand, launched per expert: 24 x 16 x (9 + q) kernels, the GPU paying
+    # expert_launch_us per 9 of them; a grouped kernel quantizes every expert at once (nothing added)
+    k = replace(CostConstants(), per_expert_gemms=per_expert, expert_launch_us=45.0, moe_layer_overhead_us=0.0)
+    k = replace(k, host_launch_us=5.0)
+    raw = _raw(24, 16)._replace(expert_quantize=np.array([quantize]))
+    terms = assemble_compute(raw, k)
+    kernels = 24 * 16 * (9 + quantize) if per_expert else 24 * 9
+    assert terms.launch[0] == pytest.approx(kernels / 9 * 45.0 * 1e-6)
+    assert terms.host[0] == pytest.approx((24 * KERNELS_PER_PASS["moe_layer"] + kernels) * 5.0 * 1e-6)
+
+
+def test_the_recipes_quantize_experts_as_transformer_engine_does():
+    # TE 2.9 csrc/extensions/cast.cpp multi_tensor_quantize_impl: one fused kernel over every split
+    # for delayed scaling only; current scaling amax + scale + cast per split, MX and block scaling
+    # one cast per split; four inputs per expert per MoE layer pass (fc1, fc2 inputs; their gradients)
+    from autopar.spec.fp8_recipes import RECIPE_CODE, expert_quantize_kernels
+
+    codes = np.array([0] + [RECIPE_CODE[n] for n in ("delayed", "tensorwise", "mxfp8", "blockwise")])
+    assert expert_quantize_kernels(codes).tolist() == [0.0, 0.0, 12.0, 4.0, 4.0]
