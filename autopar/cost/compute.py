@@ -98,11 +98,17 @@ def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_laye
         expert_s = expert * (1 - hp) / gemm_rate(cluster, x.table.dtype, edim)
         expert_hp_s = expert * hp / gemm_rate(cluster, bf16, edim)
     fwd_core = tokens * (x.layers * attention_core_flops_per_token(model, x.seq_len)) / tf
-    recompute_core = np.where(x.selective | x.full, np.where(x.full, share, 1.0), 0.0) * fwd_core
+    op_sac = STACKS[stack_name(cluster)].selective == "op_sac"
+    op_sac_s, op_sac_flops = op_sac_recompute(x, model, cluster) if op_sac else (0.0, 0.0)
+    # op-level SAC saves the attention's output: the core is recomputed only under full recompute
+    recompute_core = np.where(x.selective & ~op_sac | x.full, np.where(x.full, share, 1.0), 0.0) * fwd_core
+    dense_s = dense_s + op_sac_s
     attention = _attention_seconds(x, model, cluster, fwd_core, recompute_core)
     hbm = hbm_rate(cluster)
     fused = compiled_traffic_share(x, model, cluster)
-    elementwise = (rank_layers_act * (1 + share) * fused + score_matrix_bytes(x, model, cluster)) / hbm
+    # op-level SAC saves no elementwise op's output: they all run again, as under full recompute
+    ew_forwards = 1 + share + np.where(op_sac & x.selective & ~x.full, 1.0, 0.0)
+    elementwise = (rank_layers_act * ew_forwards * fused + score_matrix_bytes(x, model, cluster)) / hbm
     traffic = (moe_traffic_bytes(x, model) + fp8_cast_elements(x, model) * cast_bytes(recipe)) / hbm
     passes = 1 + share / 2
     return RawCompute(
@@ -117,8 +123,33 @@ def raw_compute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec, rank_laye
         moe_layer_passes=x.moe_layers * passes,
         expert_passes=x.moe_layers * passes * (model.moe.num_experts / x.ep if model.moe else 0.0),
         expert_quantize=expert_quantize_kernels(recipe) + 0.0 * x.moe_layers,
-        recompute_flops=tokens * (lin_layer + expert_layer) * share / tf + recompute_core,
+        recompute_flops=tokens * (lin_layer + expert_layer) * share / tf + recompute_core + op_sac_flops,
     )
+
+
+def op_sac_recompute(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, FLOPs) per microbatch of the matmuls torchtitan's op-level selective AC runs again
+    in the backward, on the plans with selective (not full) recompute. Its policy saves the outputs
+    of the ops in its save list (mm, the SDPA kernels, reduce-scatter, max) "except every second mm"
+    (torchtitan distributed/activation_checkpoint.py `_custom_policy`, counting a block's mms in
+    forward order; models/llama3/infra/parallelize.py `_op_sac_save_list`): of wq wk wv wo, wk and wo
+    are recomputed, and of the MLP's w1 w3 w2 the second, w3 (a plain MLP's w1 w2: w2). An MoE
+    block's experts are priced as kept, as its memory is (autopar.cost.stack_activations)."""
+    h = float(model.hidden_size)
+    per_layer = x.dense_layers + x.moe_layers
+    second_mlp = 2.0 * h * model.ffn_hidden_size  # w3 of a gated MLP, w2 of a plain one: h x ffn
+    classes = (
+        (per_layer * 2.0 * h * model.k_size, tp_gemm_dim(x, model, model.k_size)),
+        (per_layer * 2.0 * h * model.attn_out_size, tp_gemm_dim(x, model, model.attn_out_size)),
+        (x.dense_layers * second_mlp, tp_gemm_dim(x, model, model.ffn_hidden_size)),
+    )
+    on = x.selective & ~x.full
+    tokens = np.where(on, x.tokens / x.tp_float, 0.0)
+    seconds = flops = 0.0 * tokens
+    for f, d in classes:
+        seconds = seconds + tokens * f / gemm_rate(cluster, x.table.dtype, d)
+        flops = flops + tokens * f
+    return seconds, flops
 
 
 def compiled_traffic_share(x: PlanArrays, model: ModelSpec, cluster: ClusterSpec) -> np.ndarray | float:

@@ -179,7 +179,14 @@ TORCHTITAN_FUSED_NORM = replace(
     title="torchtitan (2024) with norm_type fused_rmsnorm",
     fused_norm=True,
 )
-BUILTIN = replace(TORCHTITAN, name="autopar-builtin", title="autopar's built-in model (autopar.cost.torch_stack)")
+#: its selective recompute re-runs the attention core alone (autopar/trial/parallel/recompute.py
+#: apply_ac), not torchtitan's op-level policy
+BUILTIN = replace(
+    TORCHTITAN,
+    name="autopar-builtin",
+    title="autopar's built-in model (autopar.cost.torch_stack)",
+    selective="core_attn",
+)
 NANOTRON = MemoryStack(
     name="nanotron",
     title="nanotron: eager PyTorch with its own TP/PP, flash-attn, Triton RMSNorm, FP32 gradient accumulation",
