@@ -34,7 +34,13 @@ _TRAILING = re.compile(rf" +((?:{SGR.pattern})*)$", re.M)
 class SafeConsole(Console):
     """A rich console that lays out only printable text (autopar.terminal.printable): every piece
     of text is cleaned before the console adds its own styles, so a name that holds an escape
-    sequence prints escaped, in a table cell as anywhere else."""
+    sequence prints escaped, in a table cell as anywhere else. Rich markup is off: a name holding
+    "[link=URL]" or "[conceal]" would otherwise have the console itself write the hyperlink or hide
+    the text on a terminal; autopar styles its own lines with Text and style= only."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("markup", False)
+        super().__init__(*args, **kwargs)
 
     @property
     def file(self):
@@ -46,6 +52,12 @@ class SafeConsole(Console):
     @file.setter
     def file(self, new_file) -> None:
         Console.file.fset(self, new_file)  # type: ignore[attr-defined]
+
+    def render_str(self, text: str, **kwargs) -> Text:
+        """A string cleaned before rich reads it: rich drops some controls itself (BEL, backspace,
+        carriage return: rich.control.strip_control_codes), which would show a name that holds one
+        without it, a path that does not exist."""
+        return super().render_str(printable(text), **kwargs)
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         text = super()._render_buffer(

@@ -7,6 +7,7 @@ import time
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from autopar.cli.render import (
     SCHEDULE_SHORT,
@@ -24,6 +25,7 @@ from autopar.search.run import SearchResult
 from autopar.spec.hardware import GIB
 from autopar.spec.recompute_modules import recompute_label, recompute_legend
 from autopar.spec.rules import rejection_summary
+from autopar.terminal import printable
 
 
 class SearchProgress:
@@ -332,9 +334,9 @@ def print_result(r: SearchResult) -> None:
 
             for line in trainers_ruled_out(r).values():  # a trainer no plan of which it can run: why
                 c.print(line)
-    c.print(f"[bold]{r.why}[/bold]")
+    c.print(Text(printable(r.why), style="bold"))
     for line in r.sureness:
-        c.print(f"[bold]{line}[/bold]")
+        c.print(Text(printable(line), style="bold"))
     how = (
         "exhaustive: every plan of the space evaluated, so the fastest plan is the exact optimum of the cost model"
         if r.method == "exhaustive"
@@ -409,4 +411,4 @@ def print_answer(answer) -> None:
     """The whole run's answers (autopar.search.training.check_run), one line each."""
     c = console()
     for line in answer.lines:
-        c.print(f"[bold]{line}[/bold]")
+        c.print(Text(printable(line), style="bold"))

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autopar.calibration.run_rows import bundled_runs
-from autopar.terminal import printable
+from autopar.terminal import SGR, printable
 
 CONTROLS = [chr(c) for c in range(0x20) if chr(c) not in "\n\t"] + [chr(0x7F)] + [chr(c) for c in range(0x80, 0xA0)]
 REORDERING = ["\u202e", "\u202a", "\u2066", "\u2069", "\u200b", "\u200f", "\ufeff"]
@@ -135,3 +135,33 @@ def test_printable_escapes_exactly_the_control_format_and_separator_characters()
             continue  # surrogates are not characters of a str written out
         unsafe = unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") and c not in "\n\t"
         assert (printable(c) != c) == unsafe, hex(ord(c))
+
+
+@pytest.mark.parametrize(
+    "name", ["m[link=https://evil.example]click[/link]", "m[conceal]hidden[/conceal]", "m[blink]x[/blink]"]
+)
+def test_rich_markup_in_a_name_is_text_on_a_terminal(name):
+    """A name's rich markup is shown as typed: on a terminal the console would otherwise write the
+    hyperlink (OSC 8) or the concealed / blinking style itself, after the text was cleaned."""
+    import io
+
+    from autopar.cli.render import SafeConsole
+
+    out = io.StringIO()
+    c = SafeConsole(file=out, force_terminal=True, color_system="truecolor", width=200)
+    c.print(f"model {name} end")
+    written = out.getvalue()
+    assert "\x1b]8" not in written and "\x1b[8m" not in written and "\x1b[5m" not in written
+    assert name in SGR.sub("", written)
+
+
+def test_a_control_rich_would_drop_is_shown_escaped():
+    # rich drops BEL, backspace and carriage return from the text it is given: a run directory
+    # holding one would be shown without it, a path that does not exist
+    import io
+
+    from autopar.cli.render import SafeConsole
+
+    out = io.StringIO()
+    SafeConsole(file=out, width=200).print("Results: run\x1b]0;x\x07/ (plans.parquet)")
+    assert out.getvalue() == "Results: run\\x1b]0;x\\x07/ (plans.parquet)\n"
