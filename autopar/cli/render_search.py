@@ -49,7 +49,7 @@ class SearchProgress:
             return
         if self.progress is None:
             self.progress = Progress(
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
