@@ -169,6 +169,20 @@ def _inter_latency(links: Links, nodes) -> np.ndarray:
     return np.where(n > 1, net.base_latency_s + np.log2(n) * net.hop_latency_s, 0.0)
 
 
+def _ring_latency(links: Links, ranks, nodes) -> np.ndarray:
+    """NCCL's latency of a reduce-scatter or all-gather across nodes: they run as a ring (NCCL has no
+    tree for them), whose latency grows with its steps, not their logarithm: base + (ranks - nodes)
+    NVLink hops + (nodes - 1) network hops (src/graph/tuning.cc: ranks - 1 steps, nodes - 1 of them
+    between nodes; Simple protocol, which the large messages of a training step use). Within one node
+    the measured NVLink curves hold the latency already."""
+    n = np.maximum(np.asarray(nodes, dtype=float), 1.0)
+    if links.nvlink is None:
+        return (n - 1) * links.inter_lat
+    net = links.network
+    steps = (np.asarray(ranks, dtype=float) - n) * net.nvlink_hop_latency_s + (n - 1) * net.hop_latency_s
+    return np.where(n > 1, net.base_latency_s + steps, 0.0)
+
+
 # ---- one call ----------------------------------------------------------------------------------------
 
 
@@ -192,7 +206,11 @@ def collective_seconds(kind: str, nbytes, group: Group, links: Links) -> np.ndar
     intra = np.where(g > 1, factor * (g - 1) / g * s / _intra_rate(links, kind, s, g), 0.0)
     per_nic = s / g
     inter = np.where(nodes > 1, factor * (nodes - 1) / nodes * per_nic / _nic_rate(links, per_nic, n), 0.0)
-    lat = factor * _inter_latency(links, nodes)
+    lat = (
+        _ring_latency(links, n, nodes)
+        if kind in (ALL_GATHER, REDUCE_SCATTER)
+        else factor * _inter_latency(links, nodes)
+    )
     if links.nvlink is None:
         lat = factor * ((g - 1) * links.intra_lat + (nodes - 1) * links.inter_lat)
     return np.where(on, intra + inter + lat, 0.0)

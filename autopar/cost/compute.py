@@ -229,17 +229,21 @@ def assemble_compute(raw: RawCompute, k) -> ComputeTerms:
         + raw.moe_layer_passes * k.moe_layer_overhead_us
         + expert_sets * k.expert_launch_us
     ) * 1e-6
+    # kernels the host issues through the framework's Python dispatch, and those a trainer that
+    # launches expert by expert issues from a C++ loop (expert_host_launch_us: the bare launch)
+    looped = k.per_expert_gemms * expert_sets * KERNELS_PER_PASS["expert"]
     kernels = (
         raw.layer_passes * KERNELS_PER_PASS["layer"]
         + raw.moe_layer_passes * KERNELS_PER_PASS["moe_layer"]
         + expert_sets * KERNELS_PER_PASS["expert"]
+        - looped
     )
     return ComputeTerms(
         gemm=gemm,
         attention=raw.attention / k.attention_efficiency,
         elementwise=raw.elementwise * k.elementwise_traffic_factor + raw.traffic,
         launch=launch,
-        host=kernels * k.host_launch_us * 1e-6,
+        host=(kernels * k.host_launch_us + looped * k.expert_host_launch_us) * 1e-6,
         recompute_flops=raw.recompute_flops,
     )
 

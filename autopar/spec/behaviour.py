@@ -74,6 +74,7 @@ def shared_figures() -> SharedFigures:
         all_to_all_fraction=n["all_to_all_busbw_gbps"] / n["nic_line_gbps"],
         base_latency_s=n["base_latency_us"] * 1e-6,
         hop_latency_s=n["hop_latency_us"] * 1e-6,
+        nvlink_hop_latency_s=n["nvlink_hop_latency_us"] * 1e-6,
         source="; ".join(n[k] for k in ("source_nic", "source_scan", "source_all_to_all", "source_latency")),
     )
     x = d["dispatch"]

@@ -97,6 +97,7 @@ class CostConstants:
     pp_scatter_gather: float = _prior("pp_scatter_gather")
     fsdp_copy_traffic: float = _prior("fsdp_copy_traffic")
     per_expert_gemms: float = _prior("per_expert_gemms")
+    expert_host_launch_us: float = _prior("expert_host_launch_us")
     zero1_rank_copies: float = _prior("zero1_rank_copies")
     dp_bucket_params: float = _prior("dp_bucket_params")
     dp_bucket_params_per_rank: float = _prior("dp_bucket_params_per_rank")

@@ -94,6 +94,8 @@ class NetworkFigures:
     all_to_all_fraction: float  # NCCL all-to-all per NIC, of its line rate
     base_latency_s: float
     hop_latency_s: float
+    #: a ring step between two GPUs of one node over NVLink (NCCL's Ring Simple hop)
+    nvlink_hop_latency_s: float
     source: str
 
 

@@ -116,6 +116,22 @@ def test_all_reduce_across_nodes_runs_at_the_nic_rate():
     assert t == pytest.approx(intra + inter + 2 * (8.4e-6 + np.log2(8) * 14e-6), rel=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
+def test_a_ring_collective_across_nodes_pays_a_latency_per_step(kind):
+    """NCCL runs all-gather and reduce-scatter as a ring: ranks - 1 steps, nodes - 1 of them over the
+    network (src/graph/tuning.cc, Simple protocol: base 8.4 us, NVLink hop 3.4 us, network hop 14
+    us). On 512 GPUs of 64 nodes that is 8.4 + 448 x 3.4 + 63 x 14 = 2,413.6 us beside the in-node
+    part of a tiny message (the measured NVLink curve, its own latency in it); against a tree's
+    logarithm it grows with the group."""
+    links = Links.of(H100)
+    in_node = float(collective_seconds(kind, 8.0, place(np.array(8), np.array(1), 8), links))
+    t = float(collective_seconds(kind, 8.0, place(np.array(512), np.array(1), 8), links))
+    assert t == pytest.approx(in_node + (8.4 + 448 * 3.4 + 63 * 14) * 1e-6, rel=1e-4)
+    # two nodes: 8.4 + 14 x 3.4 + 14 us
+    t2 = float(collective_seconds(kind, 8.0, place(np.array(16), np.array(1), 8), links))
+    assert t2 == pytest.approx(in_node + (8.4 + 14 * 3.4 + 14) * 1e-6, rel=1e-4)
+
+
 def test_deepep_crosses_the_network_once_per_remote_node():
     """EP16 on two H100 nodes, top-8: a token reaches the other node with probability 1 - 0.5^8 and
     crosses once; NCCL's all-to-all sends 8 of its 16 destinations' copies over the NIC."""

@@ -82,6 +82,7 @@ def test_gathering_is_exposed_and_the_hooks_only_beyond_the_backwards_slack() ->
         moe_layer_overhead_us=0.0,
         expert_launch_us=0.0,
         per_expert_gemms=1.0,
+        expert_host_launch_us=3.0,
     )
     inp = SimpleNamespace(
         raw=_raw(0.6, 0.12),
