@@ -286,6 +286,18 @@ def _start_and_kill(sh, run_dir: Path, storage: str | None, url: str, db: Path, 
     return _trials(url), killed_at
 
 
+def _rerun(sh, run_dir: Path, storage: str | None, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The same search command again, to its end (bounded by SEARCH_TIMEOUT_S)."""
+    return subprocess.run(
+        _search_cmd(sh, run_dir, storage),
+        capture_output=True,
+        text=True,
+        timeout=SEARCH_TIMEOUT_S,
+        cwd=tmp_path,
+        env=sh.env(),
+    )
+
+
 def _check_resumed(before, after):
     done_before = {t.number: t for t in before if t.state == TrialState.COMPLETE}
     assert len(done_before) >= KILL_AFTER
@@ -322,14 +334,7 @@ def test_resume_after_sigkill(sh, tmp_path):
     url = f"sqlite:///{db}"
     before, killed_at = _start_and_kill(sh, run_dir, url, url, db, tmp_path)
     time.sleep(max(0.0, STALE_AFTER_S + 1.0 - (time.monotonic() - killed_at)))
-    r = subprocess.run(
-        _search_cmd(sh, run_dir, url),
-        capture_output=True,
-        text=True,
-        timeout=SEARCH_TIMEOUT_S,
-        cwd=tmp_path,
-        env=sh.env(),
-    )
+    r = _rerun(sh, run_dir, url, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert out["method"] == "optuna-tpe" and out["top"]
@@ -346,14 +351,7 @@ def test_resume_right_after_sigkill(sh, tmp_path):
     running = [t for t in before if t.state == TrialState.RUNNING]
     if not running:
         pytest.skip("the kill landed between two trials: nothing was interrupted")
-    r = subprocess.run(
-        _search_cmd(sh, run_dir, None),
-        capture_output=True,
-        text=True,
-        timeout=SEARCH_TIMEOUT_S,
-        cwd=tmp_path,
-        env=sh.env(),
-    )
+    r = _rerun(sh, run_dir, None, tmp_path)
     if r.returncode != 0:  # not the known bug: fail outright (pytest.fail is not an AssertionError)
         pytest.fail(f"the rerun exited {r.returncode}: {r.stderr[-3000:]}")
     after = _trials(url)
