@@ -551,6 +551,20 @@ def memory_coverage(
     return {"rows": len(hits), "covered": float(np.mean(hits)) if hits else math.nan}
 
 
+def nested_memory_coverage(
+    residuals: Sequence[tuple[str, float]], class_of: Callable[[str], str] = source_memory_class
+) -> dict:
+    """`memory_coverage` with nothing of a source in its own interval: each source's figures judged
+    by the band of the other sources' figures widened by the new-source widening fitted on those
+    other sources alone (as `nested_coverage` for throughput)."""
+    misses = _memory_misses(residuals, class_of)
+    hits = []
+    for name in dict.fromkeys(s for s, _ in residuals):
+        fitted = fit_memory_new_source([(s, r) for s, r in residuals if s != name], class_of)
+        hits += [m <= _class_widening(fitted, class_of(name)) for s, m in misses if s == name]
+    return {"rows": len(hits), "covered": float(np.mean(hits)) if hits else math.nan}
+
+
 def conformal_half_width(residuals: Sequence[float]) -> float | None:
     """The half-width of the 80 % band of a new residual exchangeable with these n (split conformal
     on |r|, Lei et al. 2018: the ceil((n + 1) x 0.8)-th smallest |r|), or None when n is too small

@@ -38,8 +38,8 @@ from autopar.calibration.uncertainty import (
     fit_memory_new_source,
     fit_new_source,
     fit_widening,
-    memory_coverage,
     nested_coverage,
+    nested_memory_coverage,
     support_points,
 )
 from autopar.calibration.validation import RowResult, ValidationResult, evaluate_cases
@@ -125,7 +125,7 @@ class ValidationReport:
             "memory_new_source_widening": dict(memory_new_source),
             "method": "leave-one-source-out: each run inside the interval the other sources give it, "
             "its band and widenings fitted without its source",
-            "coverage": nested_coverage(points) | {"peak memory": memory_coverage(memory, memory_new_source)},
+            "coverage": nested_coverage(points) | {"peak memory": nested_memory_coverage(memory)},
             "coverage_on_new_ground": self._new_ground_coverage(),
             "paired_margin": None if margin is None else margin.to_dict(),
             "paired_margin_coverage": margin_coverage(points),

@@ -258,6 +258,9 @@ def test_memory_new_source_widening_covers_a_left_out_source():
     assert one == (("fused", pytest.approx(0.2)),)
     assert U.memory_coverage(figures, class_of=lambda s: "fused")["covered"] == pytest.approx(18 / 24)
     assert U.memory_coverage(figures, one, class_of=lambda s: "fused")["covered"] == 1.0
+    # nested: d judged by the widening a-c alone give (0: their figures are all 0) falls outside;
+    # a judged by b, c and d's (0.2, as above) and the band of their figures is inside
+    assert U.nested_memory_coverage(figures, class_of=lambda s: "fused")["covered"] == pytest.approx(18 / 24)
     two = U.fit_memory_new_source(figures, class_of=lambda s: "torch" if s == "d" else "fused")
     assert two == (("fused", 0.0), ("torch", pytest.approx(0.2)))
     support = U.Support((), 0.0, memory_new_source=two)
