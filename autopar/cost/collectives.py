@@ -174,10 +174,8 @@ def _ring_latency(links: Links, ranks, nodes) -> np.ndarray:
     tree for them), whose latency grows with its steps, not their logarithm: base + (ranks - nodes)
     NVLink hops + (nodes - 1) network hops (src/graph/tuning.cc: ranks - 1 steps, nodes - 1 of them
     between nodes; Simple protocol, which the large messages of a training step use). Within one node
-    the measured NVLink curves hold the latency already."""
+    the measured NVLink curves hold the latency already. Links with measured NVLink figures only."""
     n = np.maximum(np.asarray(nodes, dtype=float), 1.0)
-    if links.nvlink is None:
-        return (n - 1) * links.inter_lat
     net = links.network
     steps = (np.asarray(ranks, dtype=float) - n) * net.nvlink_hop_latency_s + (n - 1) * net.hop_latency_s
     return np.where(n > 1, net.base_latency_s + steps, 0.0)
@@ -206,13 +204,12 @@ def collective_seconds(kind: str, nbytes, group: Group, links: Links) -> np.ndar
     intra = np.where(g > 1, factor * (g - 1) / g * s / _intra_rate(links, kind, s, g), 0.0)
     per_nic = s / g
     inter = np.where(nodes > 1, factor * (nodes - 1) / nodes * per_nic / _nic_rate(links, per_nic, n), 0.0)
-    lat = (
-        _ring_latency(links, n, nodes)
-        if kind in (ALL_GATHER, REDUCE_SCATTER)
-        else factor * _inter_latency(links, nodes)
-    )
-    if links.nvlink is None:
+    if links.nvlink is None:  # alpha-beta links: a latency per hop
         lat = factor * ((g - 1) * links.intra_lat + (nodes - 1) * links.inter_lat)
+    elif kind in (ALL_GATHER, REDUCE_SCATTER):
+        lat = _ring_latency(links, n, nodes)
+    else:
+        lat = factor * _inter_latency(links, nodes)
     return np.where(on, intra + inter + lat, 0.0)
 
 
