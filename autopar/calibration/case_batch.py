@@ -118,6 +118,7 @@ _FIELDS = tuple(f for f in StepInputs._fields if f != "raw")
 _PER_RANK = (
     "tp",
     "cp",
+    "cp_grad",
     "ep",
     "pp",
     "tp_step",

@@ -37,6 +37,12 @@ TRITON_FLASH = (
     "attention: llm-foundry's attn_impl triton (flash_attn_triton.py): FlashAttention in Triton, at "
     "1 / 1.8 of FlashAttention-2's rate (FA2 paper: 1.3-2.5x)",
 )
+#: torchtitan before 0.2 expanded K/V to the query heads before SDPA (models/llama3/model/model.py
+#: `repeat_kv`, torchtitan 0.1.0; 0.2 passes enable_gqa): its CP exchanged query-head-sized blocks
+TORCHTITAN_REPEAT_KV = (
+    FA2[0] | {"attention_repeat_kv": 1.0},
+    FA2[1] + "; K/V repeated to the query heads before SDPA (repeat_kv, torchtitan before 0.2)",
+)
 CURRENT: tuple[dict, str] = ({}, "")
 
 
@@ -111,7 +117,7 @@ SOURCES = (
         "torchtitan",
         "torchtitan-default",
         "palm",
-        FA2,
+        TORCHTITAN_REPEAT_KV,
     ),
     Source(
         "torchtitan-asynctp-2025-06",
@@ -120,7 +126,7 @@ SOURCES = (
         "torchtitan",
         "torchtitan-default",
         "palm",
-        FA2,
+        TORCHTITAN_REPEAT_KV,
     ),
     Source(
         "torchtitan-h200-2025-06",
@@ -129,7 +135,7 @@ SOURCES = (
         "torchtitan",
         "torchtitan-default",
         "palm",
-        FA2,
+        TORCHTITAN_REPEAT_KV,
     ),
     Source(
         "torchtitan-2024",
@@ -138,7 +144,7 @@ SOURCES = (
         "torchtitan",
         "torchtitan-default",
         "palm",
-        FA2,
+        TORCHTITAN_REPEAT_KV,
     ),
     Source(
         "llm-foundry",

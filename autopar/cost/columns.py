@@ -145,7 +145,7 @@ def _per_rank_bytes(x: PlanArrays, comm: CommTerms) -> dict[str, np.ndarray | fl
     m = x.microbatches
     return {
         "tp": comm.tp.bytes * m + comm.tp_step.bytes,
-        "cp": comm.cp.bytes * m,
+        "cp": (comm.cp.bytes + comm.cp_grad.bytes) * m,
         "ep": comm.ep.bytes * m,
         "pp": comm.pp.bytes * m,
         "dp": comm.dp_reduce.bytes + comm.dp_gather.bytes,

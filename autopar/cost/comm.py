@@ -198,12 +198,28 @@ def _sequence_params(plan, model) -> int:
     return total
 
 
-def cp_calls(model, tokens, tp, cp, layers, recompute_share, act_bytes) -> list[Call]:
-    """Ring attention: forward passes the local K/V block cp-1 times; backward passes K/V and
-    dK/dV cp-1 times each (TE/Megatron p2p CP); recomputed forwards repeat the forward ring."""
-    kv = tokens * (model.k_size + model.v_size) / np.asarray(tp, dtype=float) * act_bytes
-    steps = np.asarray(cp, dtype=float) - 1
-    return [Call("send", kv, layers * steps * (3.0 + recompute_share))]
+def cp_calls(
+    model, tokens, tp, cp, layers, recompute_share, act_bytes, all_gather=0.0, grad_fp32=0.0, repeat_kv=0.0
+) -> tuple[list[Call], list[Call]]:
+    """(K/V exchange, dK/dV exchange) of context parallelism per microbatch. Ring attention (Liu et
+    al. 2023; TE/Megatron p2p CP): every attention pass (the forward, the backward and the
+    recomputed forward) passes the local K/V block cp - 1 times, and the backward passes dK/dV
+    cp - 1 times. `all_gather` 1 (PyTorch's context_parallel, `cp_kv_all_gather`): each pass
+    all-gathers the cp blocks once instead (the same bytes received). `grad_fp32` 1: dK/dV travel
+    in fp32 (`cp_grad_fp32`); `repeat_kv` 1: K/V expanded to the query heads first
+    (`attention_repeat_kv`)."""
+    repeat = np.where(np.asarray(repeat_kv) > 0, model.num_attention_heads / model.kv_heads_effective, 1.0)
+    kv = tokens * (model.k_size + model.v_size) * repeat / np.asarray(tp, dtype=float) * act_bytes
+    c = np.asarray(cp, dtype=float)
+    steps = c - 1
+    passes = layers * (2.0 + recompute_share)
+    gather = np.asarray(all_gather) > 0
+    exchange = [
+        Call("send", kv, np.where(gather, 0.0, passes * steps)),
+        Call("all_gather", kv * c, np.where(gather & (c > 1), passes, 0.0)),
+    ]
+    grads = kv * np.where(np.asarray(grad_fp32) > 0, 4.0 / act_bytes, 1.0)
+    return exchange, [Call("send", grads, layers * steps)]
 
 
 def moe_stat_calls(model, micro_batch, stat_group, moe_layers, recompute_share=0.0) -> list[Call]:

@@ -51,7 +51,8 @@ class CommTerms(NamedTuple):
     reduced and the first gathered, which nothing hides)."""
 
     tp: Traffic
-    cp: Traffic
+    cp: Traffic  # the K/V exchange (and the MoE statistics when cp > 1)
+    cp_grad: Traffic  # the backward's dK/dV exchange
     ep: Traffic
     pp: Traffic
     tp_step: Traffic
@@ -82,7 +83,8 @@ class CommVolumes(NamedTuple):
 
     stats: OnGroup  # MoE aux-loss statistics, booked on cp when cp > 1, else on tp
     tp: OnGroup
-    cp: OnGroup
+    cp: OnGroup  # the K/V exchange of context parallelism
+    cp_grad: OnGroup  # the backward's dK/dV exchange
     ep: OnGroup
     pp: OnGroup
     tp_step: OnGroup
@@ -102,10 +104,12 @@ def comm_volumes(
     with_bytes: bool = True,
     sp_regather: float = 0.0,
     pp_scatter: float = 0.0,
+    cp_facts: tuple[float, float, float] = (0.0, 0.0, 0.0),
 ) -> CommVolumes:
     """Every axis's calls (autopar.cost.comm), summed, on its group; `with_bytes=False` leaves the
-    payload bytes at 0 (a search ranks by time only); `sp_regather` and `pp_scatter`: the trainer's
-    facts (`sp_backward_regather`, autopar.cost.comm.tp_calls; `pp_scatter_gather`, pp_calls)."""
+    payload bytes at 0 (a search ranks by time only); `sp_regather`, `pp_scatter` and `cp_facts`:
+    the trainer's facts (`sp_backward_regather`, autopar.cost.comm.tp_calls; `pp_scatter_gather`,
+    pp_calls; `cp_kv_all_gather`, `cp_grad_fp32`, `attention_repeat_kv`, cp_calls)."""
     gpn = gpus_per_node
     vol = partial(volume, with_bytes=with_bytes)
     t, c, share, sp = x.tp, x.cp, x.recompute_share, x.sequence_parallel
@@ -124,7 +128,9 @@ def comm_volumes(
     calls = tp_calls(model, x.tokens, sp, *layers, share, x.etp, x.act_bytes, sp_regather) + pp_gather_calls(*stage)
     tp = OnGroup(vol(calls, t), tp_group)
     cp_group = place(c, group_stride(ranks, ("cp",)), gpn)
-    cp = OnGroup(vol(cp_calls(model, x.tokens, t, c, x.layers, share, x.act_bytes), c), cp_group, cp_group.nodes > 1)
+    kv_calls, grad_calls = cp_calls(model, x.tokens, t, c, x.layers, share, x.act_bytes, *cp_facts)
+    cp = OnGroup(vol(kv_calls, c), cp_group, cp_group.nodes > 1)
+    cp_grad = OnGroup(vol(grad_calls, c), cp_group, cp_group.nodes > 1)
     load = expert_load(x) if model.moe else 1.0
     ep = OnGroup(
         vol(ep_calls(model, x.tokens, t, sp, x.moe_layers, load, x.act_bytes, share), x.ep),
@@ -158,7 +164,7 @@ def comm_volumes(
         if model.moe
         else (None, None)
     )
-    return CommVolumes(stats, tp, cp, ep, pp, tp_step, *dense, *expert_dp, c > 1, replicas)
+    return CommVolumes(stats, tp, cp, cp_grad, ep, pp, tp_step, *dense, *expert_dp, c > 1, replicas)
 
 
 def _dp_volumes(x: PlanArrays, params, group_size, group, vol, weight_bytes) -> tuple[OnGroup, OnGroup]:
@@ -180,7 +186,7 @@ def comm_terms(
     deduplicated kernels for the EP all-to-alls of plans with that dispatcher); `volumes`:
     `comm_volumes` of the same plans, when already summed."""
     k = cluster.constants
-    facts = (k.sp_backward_regather, k.pp_scatter_gather)
+    facts = (k.sp_backward_regather, k.pp_scatter_gather, (k.cp_kv_all_gather, k.cp_grad_fp32, k.attention_repeat_kv))
     v = volumes if volumes is not None else comm_volumes(x, model, cluster.gpus_per_node, prm, with_bytes, *facts)
     links = Links.of(cluster)
     stats, tp, cp = v.stats.traffic(links), v.tp.traffic(links), v.cp.traffic(links)
@@ -222,6 +228,7 @@ def comm_terms(
     return CommTerms(
         tp=Traffic(tp.bytes + np.where(on_cp, 0.0, stats.bytes), tp.seconds + np.where(on_cp, 0.0, stats.seconds)),
         cp=Traffic(cp.bytes + np.where(on_cp, stats.bytes, 0.0), cp.seconds + np.where(on_cp, stats.seconds, 0.0)),
+        cp_grad=v.cp_grad.traffic(links),
         ep=ep,
         pp=v.pp.traffic(links),
         tp_step=v.tp_step.traffic(links),

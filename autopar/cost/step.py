@@ -48,7 +48,8 @@ class StepInputs(NamedTuple):
 
     raw: RawCompute  # (C, n) seconds per microbatch at the published kernel rates
     tp: np.ndarray  # (C, n) seconds per microbatch of each axis at the measured link rates
-    cp: np.ndarray
+    cp: np.ndarray  # the K/V exchange of context parallelism
+    cp_grad: np.ndarray  # its backward's dK/dV exchange
     ep: np.ndarray
     pp: np.ndarray
     tp_step: np.ndarray  # (C, n) seconds per step
@@ -145,6 +146,7 @@ def step_inputs(
         raw=raw._replace(traffic=raw.traffic + copies),
         tp=comm.tp.seconds,
         cp=comm.cp.seconds,
+        cp_grad=comm.cp_grad.seconds,
         ep=comm.ep.seconds,
         pp=comm.pp.seconds,
         tp_step=comm.tp_step.seconds,
@@ -195,24 +197,36 @@ def exposed(inp: StepInputs, k) -> Exposed:
     """What overlap leaves exposed: TP under GEMMs with --tp-comm-overlap (Megatron's userbuffers
     overlap), EP (under another microbatch's compute) and PP by their overlap fractions, each
     hiding at most the compute it runs beside (the GEMMs for TP, a microbatch's compute for EP), and
-    the CP ring under the attention of the chunk in hand: each of the cp - 1 ring steps sends a K/V block
-    while the attention of the previous one runs, and the local step's attention hides nothing, so
-    the ring is hidden under (cp - 1) / cp of the attention only (Liu et al. 2023, Ring Attention
-    sec. 3); an all-gather-based CP (cp_ring_overlap 0: Meta's Llama 3 stack) hides none of it.
-    Hidden communication still costs the compute beside it the SMs it runs on."""
+    and CP under the attention of the block in hand (`_cp_exposed`). Hidden communication still
+    costs the compute beside it the SMs it runs on."""
     compute = assemble_compute(inp.raw, k)
-    cp = inp.cp_size
     s = inp.comm_sm_share
     return Exposed(
         compute=compute.total(),
         tp=_with_contention(inp.tp, np.minimum(inp.tp, compute.gemm) * _tp_hidden_share(inp, k), inp.tp_sm_share),
-        cp=_with_contention(inp.cp, compute.attention * (cp - 1) / cp * k.cp_ring_overlap, s),
+        cp=_cp_exposed(inp, k, compute.attention),
         ep=_with_contention(
             inp.ep, np.minimum(inp.ep, compute.total()) * k.ep_overlap * inp.ep_overlap_on, inp.dispatch_sm_share
         ),
         pp=_with_contention(inp.pp, inp.pp * k.pp_overlap, s),
         act_offload=exposed_copies(inp.act_copies, compute.total(), inp.forward_share),
     )
+
+
+def _cp_exposed(inp: StepInputs, k, attention: np.ndarray) -> np.ndarray:
+    """CP's exchanges left exposed. A ring sends each of the cp - 1 K/V (and dK/dV) blocks while the
+    attention of the previous one runs, and the local block's attention hides nothing: hidden under
+    (cp - 1) / cp of the attention (Liu et al. 2023, Ring Attention sec. 3). PyTorch's all-gather
+    (`cp_kv_all_gather`) is issued with the local block and waited before the next, so each pass's
+    K/V hides under 1 / cp of its attention only, and the backward's dK/dV ring under (cp - 1) / cp
+    of the backward's (twice the forward's: autopar.cost.flops). Meta's all-gather CP
+    (cp_ring_overlap 0) hides none of it."""
+    cp, s, g = inp.cp_size, inp.comm_sm_share, k.cp_kv_all_gather
+    window = attention * k.cp_ring_overlap
+    ring = _with_contention(inp.cp + inp.cp_grad, window * (cp - 1) / cp, s)
+    backward = window * 2.0 * inp.forward_share
+    gathered = _with_contention(inp.cp, window / cp, s) + _with_contention(inp.cp_grad, backward * (cp - 1) / cp, s)
+    return g * gathered + (1.0 - g) * ring
 
 
 def dp_exposed(inp: StepInputs, k, compute_mb: np.ndarray) -> np.ndarray:

@@ -74,9 +74,11 @@ def test_flash_attention_in_triton_runs_at_its_published_share_of_fa2():
 
 
 def test_all_gather_context_parallelism_hides_nothing():
-    """cp_ring_overlap 1 (the ring) hides the CP traffic under (cp - 1) / cp of the attention; 0
-    (Meta's all-gather CP) leaves all of it exposed: the exposed CP seconds are then the traffic's
-    own plus nothing hidden, so with no contention they equal the CP traffic."""
+    """cp_ring_overlap 1 (the ring) hides the CP traffic (K/V and dK/dV) under (cp - 1) / cp of the
+    attention; 0 (Meta's all-gather CP) leaves all of it exposed: the exposed CP seconds are then
+    the traffic's own plus nothing hidden, so with no contention they equal the CP traffic. PyTorch's
+    all-gather (cp_kv_all_gather 1) hides each pass's K/V under 1 / cp of the attention and the
+    dK/dV ring under (cp - 1) / cp of the backward's, twice the forward's."""
     from dataclasses import replace
 
     from autopar.cost.compute import assemble_compute
@@ -87,16 +89,46 @@ def test_all_gather_context_parallelism_hides_nothing():
 
     prime_inputs([case])
     inp = case.inputs
-    ring = case_cluster(case).constants
-    gather = replace(ring, cp_ring_overlap=0.0)
+    meta = case_cluster(case).constants
+    ring = replace(meta, cp_ring_overlap=1.0, cp_kv_all_gather=0.0)
+    torch_gather = replace(ring, cp_kv_all_gather=1.0)
     quiet = inp._replace(comm_sm_share=np.zeros_like(inp.comm_sm_share))
     cp = float(inp.cp_size[0])
     attention = float(assemble_compute(inp.raw, ring).attention[0, 0])
-    traffic = float(inp.cp[0, 0])
-    assert float(exposed(quiet, gather).cp[0, 0]) == pytest.approx(traffic)
-    assert float(exposed(quiet, replace(ring, cp_ring_overlap=1.0)).cp[0, 0]) == pytest.approx(
-        max(traffic - attention * (cp - 1) / cp, 0.0)
+    kv, grads = float(inp.cp[0, 0]), float(inp.cp_grad[0, 0])
+    assert kv > 0 and grads > 0
+    assert float(exposed(quiet, meta).cp[0, 0]) == pytest.approx(kv + grads)
+    assert float(exposed(quiet, ring).cp[0, 0]) == pytest.approx(max(kv + grads - attention * (cp - 1) / cp, 0.0))
+    backward = attention * 2.0 / 3.0  # no full recompute: the forward once, the backward twice it
+    assert float(inp.forward_share[0, 0]) == pytest.approx(1 / 3)
+    assert float(exposed(quiet, torch_gather).cp[0, 0]) == pytest.approx(
+        max(kv - attention / cp, 0.0) + max(grads - backward * (cp - 1) / cp, 0.0)
     )
+
+
+def test_context_parallel_exchanges_by_the_trainers_facts():
+    """Per layer per microbatch, Llama 3 8B (8 K/V heads of 128 of 32 query heads), 8192 local tokens,
+    tp 1, cp 4, bf16, no recompute: the ring passes the 4 MiB K/V block (8192 x 2 x 1024 x 2 bytes) 3
+    times in the forward and 3 in the backward, and dK/dV 3 times; PyTorch's all-gather receives the
+    same 3 blocks once per pass (a 16 MiB gathered buffer); fp32 gradients double dK/dV's bytes, and
+    K/V repeated to the 32 query heads quadruples every block."""
+    from autopar.cost.comm import cp_calls, volume
+    from autopar.spec.presets import resolve_model
+
+    model = resolve_model("llama3-8b")
+    block = 8192 * 2 * 1024 * 2
+    args = (model, 8192.0, 1, 4, 1.0, 0.0, 2.0)
+    kv, grads = cp_calls(*args)
+    assert float(volume(kv, 4).handed) == pytest.approx(6 * block)
+    assert float(volume(grads, 4).handed) == pytest.approx(3 * block)
+    kv, grads = cp_calls(*args, all_gather=1.0, grad_fp32=1.0)
+    gathered = [c for c in kv if np.any(c.count > 0)]
+    assert [c.kind for c in gathered] == ["all_gather"] and float(gathered[0].full_bytes) == pytest.approx(4 * block)
+    assert float(gathered[0].count) == 2.0  # the forward's and the backward's
+    assert float(volume(grads, 4).handed) == pytest.approx(3 * 2 * block)
+    kv, grads = cp_calls(*args, repeat_kv=1.0)
+    assert float(volume(kv, 4).handed) == pytest.approx(6 * 4 * block)
+    assert float(volume(grads, 4).handed) == pytest.approx(3 * 4 * block)
 
 
 def test_context_parallel_ranks_run_mostly_unmasked_blocks():
