@@ -270,9 +270,12 @@ def ep_choice_line(winner: pd.Series, pool: pd.DataFrame) -> str:
     mem = (float(other["peak_memory_bytes"]) - float(winner["peak_memory_bytes"])) / GIB
     terms = ", ".join(saved + paid) or "the same step-time terms"
     ep, other_ep = int(winner["ep"]), int(other["ep"])
+    pace = f"{abs(100 * gain):.1f}% {'slower' if gain >= 0 else 'faster'}"
+    memory = f"{abs(mem):.1f} GiB {'less' if mem >= 0 else 'more'} memory"
+    # the terms are the winner's against the other plan: the winner is the sentence's subject
     return (
-        f"Why EP {ep}: the fastest plan at another EP size, {other['plan_name']} (EP {other_ep}), is "
-        f"{100 * gain:+.1f}% per step against it: {terms}; {mem:+.1f} GiB of memory."
+        f"Why EP {ep}: the fastest plan at another EP size, {other['plan_name']} (EP {other_ep}), is {pace} "
+        f"per step; against it EP {ep} has {terms}, and {memory}."
     )
 
 

@@ -62,7 +62,7 @@ def test_a_moe_winner_says_what_decides_its_ep_size() -> None:
     line = ep_choice_line(pd.Series(winner), pool)
     # 10.3 / 10.0 - 1 = 3.0 %; compute 10.3 - 9.5 = 0.8 s saved; 0.5 s of all-to-all paid; 70 - 60 GiB
     assert line == (
-        "Why EP 8: the fastest plan at another EP size, dp8.ep4 (EP 4), is +3.0% per step against it: "
-        "0.8 s less compute, 0.5 s more EP all-to-all (exposed); +10.0 GiB of memory."
+        "Why EP 8: the fastest plan at another EP size, dp8.ep4 (EP 4), is 3.0% slower per step; against it "
+        "EP 8 has 0.8 s less compute, 0.5 s more EP all-to-all (exposed), and 10.0 GiB less memory."
     )
     assert ep_choice_line(pd.Series(winner), pool[pool["ep"] == 8]) == ""  # no other EP size
