@@ -120,6 +120,19 @@ def _listed(f: PlanField, knobs: dict, model: ModelSpec) -> list:
 
 
 assert set(OUTER) | set(INNER) == set(AXES) and not set(OUTER) & set(INNER)
+#: the inner axes `canonical` reads together with outer axes or the trainer (the rules on the others
+#: alone already filter the inner combinations: `Enumerator._combinations`)
+MIXED_INNER = (
+    "zero",
+    "dp_shard",
+    "dtype",
+    "fp8_recipe",
+    "fp8_param_gather",
+    "moe_dispatcher",
+    "ep_comm_overlap",
+    "trainer",
+)
+assert set(MIXED_INNER) <= set(INNER)
 
 
 class Enumerator:
@@ -135,8 +148,8 @@ class Enumerator:
         if not all(self.choices.values()):
             raise InputError("the search space is empty after its constraints; widen the knob choices")
         self.layouts, self._layout_index = _layout_registry(q.model, self.choices)
-        self.outer = self._combinations(OUTER)
         self.inner = self._combinations(INNER)
+        self.outer = self._combinations(OUTER)
         self.total = len(self.outer["tp"]) * len(self.inner["zero"])
         # the trainer is the innermost axis and no rule of the walk reads it, so the inner
         # combinations come in blocks of one per trainer: the folded walk keeps each block's first
@@ -159,15 +172,32 @@ class Enumerator:
             rl = np.asarray(self.choices["recompute_layers"])[values["recompute_layers"]]
             rc = np.asarray(self.choices["recompute"])[values["recompute"]]
             rm = np.asarray(self.choices["recompute_modules"])[values["recompute_modules"]]
+            om = np.asarray(self.choices["offload_modules"])[values["offload_modules"]]
             keep = ((rl < 0) | (rc == RECOMP["full"])) & ((rm == 0) | (rc == RECOMP["selective"]))
-        else:
-            probe = {a: np.zeros(len(values["tp"]), dtype=np.int64) for a in INNER} | values
-            keep = self._keep(probe)
+            keep &= (om == 0) | (rc != RECOMP["full"])
+        else:  # an outer combination some inner one completes into a plan
+            keep = np.zeros(len(values["tp"]), bool)
+            # outer-only rules first (every inner axis at its first choice is as good as any for them)
+            todo = self._keep(values | {a: np.zeros(len(values["tp"]), np.int64) for a in INNER}, outer_only=True)
+            for row in self._inner_probes():
+                rows = np.flatnonzero(todo & ~keep)
+                if not len(rows):
+                    break
+                probe = {a: v[rows] for a, v in values.items()} | {a: np.full(len(rows), row[a]) for a in INNER}
+                keep[rows] = self._keep(probe)
         return {a: v[keep] for a, v in values.items()}
 
-    def _keep(self, values: dict[str, np.ndarray]) -> np.ndarray:
+    def _inner_probes(self) -> list[dict[str, int]]:
+        """One inner combination per distinct value of the inner axes the rules read together with
+        the outer ones or the trainer (`MIXED_INNER`): an outer combination is walked when one of
+        them completes it, whichever choice each knob lists first."""
+        mixed = np.stack([self.inner[a] for a in MIXED_INNER], axis=1)
+        _, first = np.unique(mixed, axis=0, return_index=True)
+        return [{a: int(self.inner[a][i]) for a in INNER} for i in np.sort(first)]
+
+    def _keep(self, values: dict[str, np.ndarray], outer_only: bool = False) -> np.ndarray:
         col, sched, vpp, et, layout_id = _columns(self.choices, values, self)
-        return canonical(self.space, self.q, self.choices, col, sched, vpp, et, layout_id)
+        return canonical(self.space, self.q, self.choices, col, sched, vpp, et, layout_id, outer_only)
 
     def values(self, start: int, stop: int, inner: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Per-axis choice indices of the walk's rows [start, stop) (of the folded walk with
@@ -267,7 +297,9 @@ def _layout_registry(model: ModelSpec, choices: dict[str, list]) -> tuple[list, 
     return layouts, index
 
 
-def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, vpp, et, layout_id) -> np.ndarray:
+def canonical(
+    space: SearchSpace, q: Question, choices: dict, col: dict, sched, vpp, et, layout_id, outer_only: bool = False
+) -> np.ndarray:
     """Rows that are plans, each reached once: tp*pp*cp divides the GPUs; pp = 1 has one schedule
     and no layout variant; recompute layers only with full recompute, recompute modules only with
     selective; a hybrid-sharding size divides dp x cp, is fewer ranks, and needs ZeRO 1-3;
@@ -275,10 +307,20 @@ def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, 
     and an FP8 parameter gather only with FP8, and not the trainer's own choice named (that is the
     "default" plan); TP overlap needs TP; EP knobs need EP; SP follows tp (when 'auto'); an explicit
     etp equal to tp is the same plan as etp 'tp'; layout variants differ from the auto layout and
-    from each other; expert knobs only for MoE."""
+    from each other; expert knobs only for MoE. `outer_only`: the rules that read no inner axis."""
     t, p, c = col["tp"], col["pp"], col["cp"]
     keep = q.num_gpus % (t * p * c) == 0
     keep &= ~((p == 1) & ((sched != SCHED["1f1b"]) | (vpp > 1)))
+    keep &= ~((t == 1) & col["tp_comm_overlap"].astype(bool))
+    if space.knobs.get("sp", "auto") == "auto":
+        keep &= col["sp"].astype(bool) == (t > 1)
+    if not q.model.moe:
+        keep &= et == t
+    elif 0 in choices["etp"]:
+        keep &= ~((col["etp"] != 0) & (col["etp"] == t))
+    keep &= layout_id >= -1
+    if outer_only:
+        return keep
     keep &= (col["recompute_layers"] < 0) | (col["recompute"] == RECOMP["full"])
     # a shard size divides the dp x cp ranks and is fewer of them, with ZeRO sharding something
     shard, ranks = col["dp_shard"], q.num_gpus // (t * p * c) * c
@@ -286,23 +328,20 @@ def canonical(space: SearchSpace, q: Question, choices: dict, col: dict, sched, 
     keep &= (shard < 0) | hybrid
     keep &= (col["recompute_modules"] == 0) | (col["recompute"] == RECOMP["selective"])
     keep &= (col["offload_modules"] == 0) | (col["recompute"] != RECOMP["full"])  # it keeps layer inputs only
-    # an FP8 recipe only with FP8; the trainer's default recipe named is the "default" plan again
+    # an FP8 recipe only with FP8; where the space lists "default" too, the trainer's default recipe
+    # named is the "default" plan again (a space that lists only named recipes searches them all)
     keep &= (col["fp8_recipe"] == 0) | (col["dtype"] == DTYPE["fp8"])
-    named_default = np.where(default_codes() > 0, default_codes(), -1)  # -1: a trainer without FP8
-    keep &= col["fp8_recipe"] != named_default[col["trainer"]]
+    if 0 in choices["fp8_recipe"]:
+        named_default = np.where(default_codes() > 0, default_codes(), -1)  # -1: a trainer without FP8
+        keep &= col["fp8_recipe"] != named_default[col["trainer"]]
     # FP8 parameter gather likewise: only with FP8, and not the trainer's own choice named
     gather = _Columns(col)
     named = col["fp8_param_gather"] != PARAM_GATHER_CODE["default"]
-    keep &= ~named | ((col["dtype"] == DTYPE["fp8"]) & (param_gather(gather) != default_param_gather(gather)))
-    keep &= ~((t == 1) & col["tp_comm_overlap"].astype(bool))
+    keep &= ~named | (col["dtype"] == DTYPE["fp8"])
+    if PARAM_GATHER_CODE["default"] in choices["fp8_param_gather"]:
+        keep &= ~named | (param_gather(gather) != default_param_gather(gather))
     keep &= ~((col["ep"] == 1) & (col["ep_comm_overlap"].astype(bool) | (col["moe_dispatcher"] != 0)))
-    if space.knobs.get("sp", "auto") == "auto":
-        keep &= col["sp"].astype(bool) == (t > 1)
-    if not q.model.moe:
-        keep &= et == t
-    elif 0 in choices["etp"]:
-        keep &= ~((col["etp"] != 0) & (col["etp"] == t))
-    return keep & (layout_id >= -1)
+    return keep
 
 
 class _Columns:

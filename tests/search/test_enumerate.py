@@ -298,3 +298,15 @@ def test_layout_ids_match_the_registry_row_by_row():
     want = [e._layout_index.get(k, -1) for k in keys]
     assert got.tolist() == want
     assert {-2, -1} <= set(want) and max(want) == len(e.layouts) - 1
+
+
+def test_a_space_listing_only_named_fp8_recipes_searches_them():
+    """With no "default" recipe in the space, the trainer's default recipe named is not a duplicate
+    of another plan, and the walk keeps the layouts whose inner choices include it. By hand, 16
+    GPUs, tp 1-2 x pp 1-2 (all divide 16), megatron, fp8 with [delayed, tensorwise]: 4 layouts x 2
+    recipes = 8 plans (the walk found none: it tried each layout with the first recipe only, and
+    dropped delayed as Megatron's default)."""
+    knobs = {"tp": [1, 2], "pp": [1, 2], "mbs": [1], "recompute": ["none"], "dtype": ["fp8"]}
+    table = enumerate_plans(space_from_dict({"knobs": knobs | {"fp8_recipe": ["delayed", "tensorwise"]}}, "r"), q8b())
+    assert len(table) == 8
+    assert sorted(table.plan(i).fp8_recipe for i in range(len(table))) == ["delayed"] * 4 + ["tensorwise"] * 4
