@@ -1,5 +1,5 @@
 """One test per line of the capability table that can refuse a plan (a line with what to use
-instead: docs/trainer-rules.md lists them). Each line is broken, alone where the table allows it,
+instead: the last section of docs/trainers.md lists them). Each line is broken, alone where the table allows it,
 by a plan of one of a few small spaces of every trainer: the agreement test's broad spaces and
 spaces that vary what those leave fixed (torch.compile, hybrid sharding, selective-recompute and
 offload modules, a model with MoE biases). The plan's trainer's exporter refuses it with that line's
