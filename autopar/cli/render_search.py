@@ -189,10 +189,16 @@ def run_cells(row, run) -> list[str]:
 
 def _runs_on(row) -> str:
     """The trainers that can run the plan, abbreviated (TRAINER_LETTERS); the one it is timed on
-    (the fastest) first if they differ."""
+    (the fastest) first if they differ; then, marked *, those that run an FP8 plan once its FP8
+    settings are named as its own trainer runs them (top.json: fp8_flags)."""
     names = str(row["trainers"]).split(", ")
     ordered = [row["trainer"]] + [n for n in names if n != row["trainer"]] if len(names) > 1 else names
-    return " ".join(TRAINER_LETTERS.get(n, n) for n in ordered)
+    flagged = [n for n in _flagged_trainers(row) if n not in names]
+    return " ".join([TRAINER_LETTERS.get(n, n) for n in ordered] + [f"{TRAINER_LETTERS.get(n, n)}*" for n in flagged])
+
+
+def _flagged_trainers(row) -> list[str]:
+    return [n for n in str(row.get("trainers_with_flags", "") or "").split(", ") if n]
 
 
 def layout_cell(row) -> str:
@@ -216,8 +222,12 @@ def variants_text(row) -> str:
 
 def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
     """The lines under the top table that spell out what its shown columns abbreviate."""
-    named = {n for _, row in r.top.iterrows() for n in str(row["trainers"]).split(", ")}
+    named = {n for _, row in r.top.iterrows() for n in [*str(row["trainers"]).split(", "), *_flagged_trainers(row)]}
     lines = [trainer_legend(named)] if "runs on" in shown else []
+    flags = sorted({str(row["fp8_flags"]) for _, row in r.top.iterrows() if _flagged_trainers(row)})
+    if "runs on" in shown and flags:
+        named_as = flags[0] if len(flags) == 1 else "the flags top.json gives as fp8_flags"
+        lines.append(f"*: runs the plan with its FP8 settings named as its own trainer runs them ({named_as})")
     if "sched" in shown and (schedules := schedule_legend(set(r.top.loc[r.top["pp"] > 1, "pp_schedule"]))):
         lines.append(schedules)
     rows = [row for _, row in r.top.iterrows()] + [w for w in r.per_trainer.values() if w is not None]

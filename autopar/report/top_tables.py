@@ -94,7 +94,9 @@ def _top_rows(run: RunData) -> pd.DataFrame:
         if (pos >= 0).all():
             rows = first.iloc[pos]
             rows = rows.assign(
-                trainers=[", ".join(e.get("trainers") or [str(e.get("trainer", ""))]) for e in entries],
+                trainers=[
+                    ", ".join(e.get("trainers") or [str(e.get("trainer", ""))]) + _with_flags(e) for e in entries
+                ],
                 variants=[_count(e.get("variants")) for e in entries],
             )
             return with_uncertainty(rows, entries)
@@ -279,6 +281,15 @@ def _trainer_entry(run: RunData, row: pd.Series) -> dict | None:
     if isinstance(e, dict) and "plan_index" in row.index and e.get("plan_index") == row["plan_index"]:
         return e
     return None
+
+
+def _with_flags(entry: dict) -> str:
+    """', megatron (with --fp8-recipe delayed --fp8-param-gather on)' for the trainers that run an FP8
+    plan once its FP8 settings are named (top.json `trainers_with_flags`, `fp8_flags`); '' without."""
+    more, flags = entry.get("trainers_with_flags"), entry.get("fp8_flags")
+    if not isinstance(more, list) or not isinstance(flags, str) or not more:
+        return ""
+    return "".join(f", {t} (with {flags})" for t in more if isinstance(t, str))
 
 
 def candidate_labels(top: pd.DataFrame) -> list[str]:

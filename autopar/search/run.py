@@ -229,10 +229,11 @@ def _result(q, opts, found: Streamed, method, run_dir, timings, history, headroo
     pool, headroom_line = rank_first_for_headroom(found.pool, margin, headroom, trade)
     if len(pool):  # the top plans and their variants: grouped by structure once, priced per trainer once
         top, variants = top_and_variants(pool, opts.top_k)
-        shown = runs_on(pd.concat([top, variants], ignore_index=True), q, found.layouts, headroom)["trainers"]
-        top = top.assign(trainers=shown.to_numpy()[: len(top)])
+        shown = runs_on(pd.concat([top, variants], ignore_index=True), q, found.layouts, headroom)
+        columns = ("trainers", "trainers_with_flags", "fp8_flags")
+        top = top.assign(**{c: shown[c].to_numpy()[: len(top)] for c in columns})
         if len(variants):
-            variants = variants.assign(trainers=shown.to_numpy()[len(top) :])
+            variants = variants.assign(**{c: shown[c].to_numpy()[len(top) :] for c in columns})
     else:
         top, variants = top_plans(pool, 0), top_and_variants(pool, opts.top_k)[1]
     runner = top.iloc[1] if len(top) > 1 else None
@@ -303,7 +304,49 @@ def runs_on(top: pd.DataFrame, q: Question, layouts: list, headroom: float) -> p
     )
     fits = np.stack([e["fits"] for e in ests], axis=1) if ests else np.zeros((len(top), 0), dtype=bool)
     names = [", ".join(t for t, ok in zip(q.trainers, row) if ok) for row in fits]
-    return top.assign(trainers=names)
+    flagged, flags = _runs_with_fp8_flags(table, fits, q, headroom)
+    return top.assign(trainers=names, trainers_with_flags=flagged, fp8_flags=flags)
+
+
+def _runs_with_fp8_flags(table: PlanTable, fits: np.ndarray, q: Question, headroom: float) -> tuple[list, list]:
+    """Per FP8 plan that leaves its recipe or parameter gather to its trainer's default: the other
+    trainers that run it, and fit it, when those settings are named as its own trainer runs them
+    (Megatron-Core's trainers differ only in those defaults: Bridge's recipes gather FP8 parameters,
+    Megatron-LM does not unless told), and the flags that name them; '' where none."""
+    from autopar.spec.fp8_recipes import param_gather_used, recipe_name
+
+    flagged, flags = [""] * len(table), [""] * len(table)
+    rows, plans = [], []
+    for i in range(len(table)):
+        plan = table.plan(i)
+        if plan.dtype != "fp8" or "default" not in (plan.fp8_recipe, plan.fp8_param_gather):
+            continue
+        recipe = recipe_name(plan.dtype, plan.fp8_recipe, plan.trainer)
+        gather = param_gather_used(plan.dtype, plan.fp8_recipe, plan.fp8_param_gather, plan.trainer)
+        if recipe is None or gather is None:
+            continue
+        rows.append(i)
+        plans.append(plan.with_(fp8_recipe=recipe, fp8_param_gather="on" if gather else "off"))
+    if not rows:
+        return flagged, flags
+    named = estimate_per_trainer(
+        PlanTable.from_plans(plans),
+        q.model,
+        q.cluster,
+        tuple(q.trainers),
+        num_gpus=q.num_gpus,
+        seq_len=q.seq_len,
+        headroom_gib=headroom,
+        recipes=q.recipe_trainers,
+        routing_imbalance=q.routing_imbalance,
+    )
+    named_fits = np.stack([e["fits"] for e in named], axis=1)
+    for j, (i, plan) in enumerate(zip(rows, plans)):
+        more = [t for t, was, now in zip(q.trainers, fits[i], named_fits[j]) if now and not was]
+        if more:
+            flagged[i] = ", ".join(more)
+            flags[i] = f"--fp8-recipe {plan.fp8_recipe} --fp8-param-gather {plan.fp8_param_gather}"
+    return flagged, flags
 
 
 def _no_fit_reason(counts: dict, rejections: dict, closest: pd.DataFrame) -> str:
@@ -376,6 +419,7 @@ def top_entries(result: SearchResult) -> tuple[list[dict], list[dict]]:
     top = [
         row_summary(r, result.layouts)
         | {"rank": i + 1, "trainers": _trainer_list(r), "variants": int(r.get("variants", 0))}
+        | _flagged(r)
         for i, (_, r) in enumerate(result.top.iterrows())
     ]
     variants = [
@@ -385,8 +429,14 @@ def top_entries(result: SearchResult) -> tuple[list[dict], list[dict]]:
     return top, variants
 
 
-def _trainer_list(row: pd.Series) -> list[str]:
-    return [x for x in str(row["trainers"]).split(", ") if x]
+def _trainer_list(row: pd.Series, column: str = "trainers") -> list[str]:
+    return [x for x in str(row.get(column, "") or "").split(", ") if x]
+
+
+def _flagged(row: pd.Series) -> dict:
+    """The trainers that run an FP8 plan with its FP8 settings named, and those flags (none: {})."""
+    more = _trainer_list(row, "trainers_with_flags")
+    return {"trainers_with_flags": more, "fp8_flags": str(row.get("fp8_flags", ""))} if more else {}
 
 
 def _write_search_json(result: SearchResult) -> None:
