@@ -25,6 +25,7 @@ from autopar.search.run import SearchResult
 from autopar.spec.hardware import GIB
 from autopar.spec.recompute_modules import recompute_label, recompute_legend
 from autopar.spec.rules import rejection_summary
+from autopar.spec.trainers import get_trainer
 from autopar.terminal import printable
 
 
@@ -315,6 +316,24 @@ def trainer_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
     return fitted_table("The best plan per trainer", TRAINER_COLUMNS, rows, width)
 
 
+def faster_with_flags(r: SearchResult) -> list[str]:
+    """A line per trainer whose best plan of the table above is slower than a top plan it runs once
+    that plan's FP8 settings are named ('runs on' M*): the table ranks the plans the space searched
+    as they are, these are the same plans with the flags."""
+    lines = []
+    for trainer, best in r.per_trainer.items():
+        if best is None:
+            continue
+        for i, (_, row) in enumerate(r.top.iterrows(), start=1):
+            if trainer in _flagged_trainers(row) and float(row["step_time_s"]) < float(best["step_time_s"]):
+                title = get_trainer(trainer).title
+                lines.append(
+                    f"{title} runs #{i} {row['plan_name']} ({float(row['step_time_s']):.3f} s) with {row['fp8_flags']}"
+                )
+                break
+    return lines
+
+
 def stage_balance(row) -> str:
     """'-' without a pipeline, 'even', or the uneven layout's busiest-rank imbalance."""
     if row["pp"] == 1:
@@ -344,6 +363,8 @@ def print_result(r: SearchResult) -> None:
 
             for line in trainers_ruled_out(r).values():  # a trainer no plan of which it can run: why
                 c.print(line)
+            for line in faster_with_flags(r):
+                c.print(line, markup=False)
     c.print(Text(printable(r.why), style="bold"))
     for line in r.sureness:
         c.print(Text(printable(line), style="bold"))

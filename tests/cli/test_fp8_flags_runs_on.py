@@ -17,18 +17,7 @@ from autopar.spec.table import PlanTable
 
 def test_a_bridge_only_fp8_plan_runs_on_megatron_with_its_flags_named(cli_run, tmp_path):
     r = cli_run(
-        "search",
-        "--model",
-        "70b",
-        "--gpus",
-        "256",
-        "--dtype",
-        "fp8",
-        "--top-k",
-        "3",
-        "--run-dir",
-        tmp_path / "run",
-        "--json",
+        "search", "--model", "70b", "--gpus", "256", "--dtype", "fp8", "--top-k", "3", "--run-dir", tmp_path / "run"
     )
     assert r.returncode == 0, r.stderr
     top = json.loads((tmp_path / "run" / "top.json").read_text())["top"]
@@ -51,3 +40,10 @@ def test_a_bridge_only_fp8_plan_runs_on_megatron_with_its_flags_named(cli_run, t
     # named as Bridge runs it, Megatron-LM's plan is Bridge's plan: the same memory and step time
     assert float(est["peak_memory_bytes"][1]) == float(est["peak_memory_bytes"][2])
     assert float(est["step_time_s"][1]) == float(est["step_time_s"][2])
+    # the terminal says it where the best plan per trainer is slower than the flagged one
+    rank = top.index(entry) + 1
+    assert (
+        f"Megatron-LM runs #{rank} {entry['plan_name']} ({entry['step_time_s']:.3f} s) with {entry['fp8_flags']}"
+        in r.stdout
+    )
+    assert "M*" in r.stdout and f"({entry['fp8_flags']})" in r.stdout
