@@ -146,10 +146,11 @@ def _scan_efficiency(net: NetworkFigures, per_nic_bytes, gpus) -> np.ndarray:
     GPUs between the two published scans; the size is what the scans' 8-GPU nodes put on one NIC."""
     s = np.asarray(per_nic_bytes, dtype=float) * _SCAN_GPUS_PER_NODE
     (n_small, small), (n_large, large) = net.scan_small, net.scan_large
-    e_small = small(s) / small.y[-1]
-    e_large = large(s) / large.y[-1]
+    log_s = np.log(np.maximum(s, 1e-30))
+    log_small = small.log_at(log_s) - np.log(small.y[-1])  # the efficiencies, in logs
+    log_large = large.log_at(log_s) - np.log(large.y[-1])
     w = np.clip(np.log(np.maximum(np.asarray(gpus, dtype=float), 1.0) / n_small) / np.log(n_large / n_small), 0, 1)
-    return np.exp((1 - w) * np.log(e_small) + w * np.log(e_large))
+    return np.exp((1 - w) * log_small + w * log_large)
 
 
 def _nic_rate(links: Links, per_nic_bytes, gpus) -> np.ndarray:

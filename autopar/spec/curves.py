@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from autopar.errors import InputError, quoted
@@ -30,11 +31,26 @@ class Curve:
         if list(self.x) != sorted(self.x):
             raise ValueError(f"a curve's x must increase, got {self.x}")
 
+    @cached_property
+    def _log_points(self) -> tuple[np.ndarray, np.ndarray]:
+        import numpy as np
+
+        return np.log(self.x), np.log(self.y)
+
+    def log_at(self, log_q) -> np.ndarray:
+        """log y at log q: one interpolation, where y(q) would take a log and an exp more (a
+        saturating curve goes through y)."""
+        import numpy as np
+
+        if self.saturating:
+            return np.log(self(np.exp(log_q)))
+        return np.interp(log_q, *self._log_points)
+
     def __call__(self, q) -> np.ndarray:
         import numpy as np
 
         q = np.asarray(q, dtype=float)
-        inside = np.exp(np.interp(np.log(np.maximum(q, 1e-30)), np.log(self.x), np.log(self.y)))
+        inside = np.exp(np.interp(np.log(np.maximum(q, 1e-30)), *self._log_points))
         if not self.saturating or len(self.x) < 2 or self.y[-1] <= self.y[-2]:
             return inside
         (x1, x2), (y1, y2) = self.x[-2:], self.y[-2:]
