@@ -291,6 +291,14 @@ def runs_on(top: pd.DataFrame, q: Question, layouts: list, headroom: float) -> p
     whose profile it fits. Priced as the walk prices (estimate_per_trainer: the rules once, each
     performance profile once, `fits` per trainer), not through a full estimate per (plan, trainer)."""
     table = PlanTable.from_plans([row_plan(r, layouts) for _, r in top.iterrows()])
+    fits = _fits_per_trainer(table, q, headroom)
+    names = [", ".join(t for t, ok in zip(q.trainers, row) if ok) for row in fits]
+    flagged, flags = _runs_with_fp8_flags(table, fits, q, headroom)
+    return top.assign(trainers=names, trainers_with_flags=flagged, fp8_flags=flags)
+
+
+def _fits_per_trainer(table: PlanTable, q: Question, headroom: float) -> np.ndarray:
+    """(plans, trainers): the plan is valid for the trainer and fits on its profile."""
     ests = estimate_per_trainer(
         table,
         q.model,
@@ -302,10 +310,7 @@ def runs_on(top: pd.DataFrame, q: Question, layouts: list, headroom: float) -> p
         recipes=q.recipe_trainers,
         routing_imbalance=q.routing_imbalance,
     )
-    fits = np.stack([e["fits"] for e in ests], axis=1) if ests else np.zeros((len(top), 0), dtype=bool)
-    names = [", ".join(t for t, ok in zip(q.trainers, row) if ok) for row in fits]
-    flagged, flags = _runs_with_fp8_flags(table, fits, q, headroom)
-    return top.assign(trainers=names, trainers_with_flags=flagged, fp8_flags=flags)
+    return np.stack([e["fits"] for e in ests], axis=1) if ests else np.zeros((len(table), 0), dtype=bool)
 
 
 def _runs_with_fp8_flags(table: PlanTable, fits: np.ndarray, q: Question, headroom: float) -> tuple[list, list]:
@@ -329,18 +334,7 @@ def _runs_with_fp8_flags(table: PlanTable, fits: np.ndarray, q: Question, headro
         plans.append(plan.with_(fp8_recipe=recipe, fp8_param_gather="on" if gather else "off"))
     if not rows:
         return flagged, flags
-    named = estimate_per_trainer(
-        PlanTable.from_plans(plans),
-        q.model,
-        q.cluster,
-        tuple(q.trainers),
-        num_gpus=q.num_gpus,
-        seq_len=q.seq_len,
-        headroom_gib=headroom,
-        recipes=q.recipe_trainers,
-        routing_imbalance=q.routing_imbalance,
-    )
-    named_fits = np.stack([e["fits"] for e in named], axis=1)
+    named_fits = _fits_per_trainer(PlanTable.from_plans(plans), q, headroom)
     for j, (i, plan) in enumerate(zip(rows, plans)):
         more = [t for t, was, now in zip(q.trainers, fits[i], named_fits[j]) if now and not was]
         if more:
