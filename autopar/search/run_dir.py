@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -374,9 +375,22 @@ def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFile
             f"{' ...' if len(lacking) > 5 else ''}; it was not written by this autopar version; "
             f"rerun `autopar search`"
         )
-    _check_scatter_types(scatter, required_columns, d / "scatter.parquet", fix)
+    present = tuple(c for c in _FIGURE_COLUMNS if c in scatter.columns and c not in required_columns)
+    _check_scatter_types(scatter, (*required_columns, *present), d / "scatter.parquet", fix)
     return RunFiles(d, search, top, scatter)
 
+
+#: scatter.parquet columns a reader uses where this version writes them (an older run has none):
+#: the 80 % intervals and the support gaps
+_FIGURE_COLUMNS = (
+    "step_time_s_low",
+    "step_time_s_high",
+    "tokens_per_s_low",
+    "tokens_per_s_high",
+    "peak_memory_bytes_low",
+    "peak_memory_bytes_high",
+    "support_gaps",
+)
 
 #: scatter.parquet columns that hold text (the plan's names and categories, the rejection, the why)
 _TEXT_COLUMNS = frozenset(
@@ -391,9 +405,10 @@ def _check_scatter_types(scatter: pd.DataFrame, columns: tuple[str, ...], path: 
     from pandas.api import types as t
 
     from autopar.spec.plan import FIELDS
-    from autopar.spec.plan_fields import BOOL
+    from autopar.spec.plan_fields import BOOL, INT
 
     flags = {"valid", "fits"} | {f.column for f in FIELDS if f.kind == BOOL}
+    whole = {f.column for f in FIELDS if f.kind == INT}  # a plan's knob: every row holds one
     for c in columns:
         col = scatter[c]
         if c in _TEXT_COLUMNS:
@@ -405,6 +420,8 @@ def _check_scatter_types(scatter: pd.DataFrame, columns: tuple[str, ...], path: 
             ok, want = t.is_numeric_dtype(col) and not t.is_bool_dtype(col), "numbers"
         if not ok:
             raise InputError(f"'{path}' column '{c}' holds {col.dtype} where this autopar writes {want}; {fix}")
+        if c in whole and not np.isfinite(col.to_numpy(dtype=float)).all():
+            raise InputError(f"'{path}' column '{c}' is missing for some plans (a knob every plan has); {fix}")
     if "step_time_s" in columns and len(scatter) and scatter["step_time_s"].isna().all():
         raise InputError(f"'{path}' has no step time for any plan (every figure is missing); {fix}")
 

@@ -119,3 +119,31 @@ def test_every_field_corrupted_is_refused_in_one_line_or_not_read(cli_run, run_d
     # the typed schema refuses corrupted fields up front (finite numbers, ranges, enums); the rest
     # are fields this reader does not read (the figures a re-estimate recomputes)
     assert refused > 0, f"none of {len(paths)} corrupted fields refused by {reader}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ("scatter.parquet", "plans.parquet"))
+def test_every_column_corrupted_is_refused_in_one_line_or_not_read(cli_run, run_dir, tmp_path, name):
+    """The parquet files likewise, a column at a time: made text, all missing (NaN) or negative. A
+    knob every plan has (pp, ZeRO, micro-batch) missing for some plans and an interval column of
+    text were tracebacks in `report` (int(NaN), float('x')) before the scatter's check read them."""
+    import pandas as pd
+
+    sound = pd.read_parquet(run_dir / name)
+    assert len(sound.columns) > 30
+    for i, column in enumerate(sound.columns):
+        case = tmp_path / f"case{i}"
+        run = case / "run"
+        shutil.copytree(run_dir, run)
+        frame = sound.copy()
+        frame[column] = [["x"] * len(frame), float("nan"), -1][i % 3]
+        frame.to_parquet(run / name)
+        for reader in sorted(READERS):
+            r = cli_run(*READERS[reader](run, case))
+            shown = f"{name} {column} (kind {i % 3}): {reader} exit {r.returncode}\n{r.stderr[-600:]}"
+            assert r.returncode in (0, 2), shown
+            assert "Traceback" not in r.stderr + r.stdout, shown
+            if r.returncode == 2:
+                lines = r.stderr.splitlines()
+                assert len(lines) == 1 and lines[0].startswith("autopar: error: "), shown
+        shutil.rmtree(case)
