@@ -1,9 +1,10 @@
 """One test per line of the capability table that can refuse a plan (a line with what to use
-instead: the last section of docs/trainers.md lists them). Each line is broken, alone where the table allows it,
-by a plan of one of a few small spaces of every trainer: the agreement test's broad spaces and
-spaces that vary what those leave fixed (torch.compile, hybrid sharding, selective-recompute and
-offload modules, a model with MoE biases). The plan's trainer's exporter refuses it with that line's
-sentence, one line, as the search rejects it.
+instead: the last section of docs/trainers.md lists them). Each line is broken, alone where the
+table allows it, by a plan of one of 14 small spaces searched for every trainer (`SPACES`: a few
+knobs each, over few choices, with torch.compile, hybrid sharding, selective-recompute and offload
+modules, FP8 recipes, capacity dispatch, bf16 main gradients and a model with MoE biases among
+them). The plan's trainer's exporter refuses it with that line's sentence, one line, as the search
+rejects it.
 
 A line that never breaks alone (another line of the same trainer always refuses such a plan
 first: torchtitan's DeepEP-with-capacity line behind its dropless-only line) is checked where it
