@@ -116,6 +116,18 @@ def test_every_field_of_the_measured_stage_corrupted_is_refused_or_not_read(cli_
             _corrupt_each_field(cli_run, measured_run_dir, where, str(found[0].relative_to(measured_run_dir)), reader)
 
 
+def _refused_or_not_read(r, what: str) -> bool:
+    """The reader refused the corrupted file in one line (exit 2: True) or ran (exit 0: False);
+    never a traceback or another exit."""
+    shown = f"{what} exit {r.returncode}\n{r.stderr[-600:]}"
+    assert r.returncode in (0, 2), shown
+    assert "Traceback" not in r.stderr + r.stdout, shown
+    if r.returncode == 2:
+        lines = r.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("autopar: error: "), shown
+    return r.returncode == 2
+
+
 def _corrupt_each_field(cli_run, run_dir: Path, tmp_path: Path, name: str, reader: str) -> None:
     """Every field of the run's JSON file `name` corrupted in turn: `reader` refuses it in one line
     (exit 2) or does not read it (exit 0)."""
@@ -136,13 +148,7 @@ def _corrupt_each_field(cli_run, run_dir: Path, tmp_path: Path, name: str, reade
             holder[path[-1]] = bad
         (run / name).write_text(json.dumps(data))
         r = cli_run(*READERS[reader](run, case))
-        shown = f"{name} {'.'.join(map(str, path))} = {bad!r}: {reader} exit {r.returncode}\n{r.stderr[-600:]}"
-        assert r.returncode in (0, 2), shown
-        assert "Traceback" not in r.stderr + r.stdout, shown
-        if r.returncode == 2:
-            lines = r.stderr.splitlines()
-            assert len(lines) == 1 and lines[0].startswith("autopar: error: "), shown
-            refused += 1
+        refused += _refused_or_not_read(r, f"{name} {'.'.join(map(str, path))} = {bad!r}: {reader}")
         shutil.rmtree(case)
     # the typed schema refuses corrupted fields up front (finite numbers, ranges, enums); the rest
     # are fields this reader does not read (the figures a re-estimate recomputes)
@@ -169,10 +175,5 @@ def test_every_column_corrupted_is_refused_in_one_line_or_not_read(cli_run, run_
         frame.to_parquet(run / name)
         for reader in sorted(READERS):
             r = cli_run(*READERS[reader](run, case))
-            shown = f"{name} {column} (kind {i % 3}): {reader} exit {r.returncode}\n{r.stderr[-600:]}"
-            assert r.returncode in (0, 2), shown
-            assert "Traceback" not in r.stderr + r.stdout, shown
-            if r.returncode == 2:
-                lines = r.stderr.splitlines()
-                assert len(lines) == 1 and lines[0].startswith("autopar: error: "), shown
+            _refused_or_not_read(r, f"{name} {column} (kind {i % 3}): {reader}")
         shutil.rmtree(case)
