@@ -176,12 +176,13 @@ def estimate_per_trainer(
             continue
         # the rows priced as the group's first trainer's: the group shares a profile, its stack and
         # its FP8 defaults
-        sub = table.take(rows).with_columns(trainer=TRAINER[mine[0]])
-        p = prepare(sub, model, cluster, num_gpus=num_gpus, seq_len=s, trainer_capabilities=False, time_ranks=True)
-        priced = price(p, priced_cluster(cluster, mine[0]), routing_imbalance, search=True)
-        for t in mine:
-            for c in RANKING_COLUMNS:
-                figures[t][c][rows] = priced[c]
+        for part in _by_pipeline_depth(np.asarray(table.pp)[rows]):
+            sub = table.take(rows[part]).with_columns(trainer=TRAINER[mine[0]])
+            p = prepare(sub, model, cluster, num_gpus=num_gpus, seq_len=s, trainer_capabilities=False, time_ranks=True)
+            priced = price(p, priced_cluster(cluster, mine[0]), routing_imbalance, search=True)
+            for t in mine:
+                for c in RANKING_COLUMNS:
+                    figures[t][c][rows[part]] = priced[c]
     out = []
     for t in trainers:
         est = figures[t]
@@ -190,6 +191,33 @@ def estimate_per_trainer(
         est.update(interval_columns(table, est, model, cluster, s, trainer=t))
         out.append(est)
     return out
+
+
+#: pipeline depths priced apart: a plan's ranks are costed on a (ranks, plans) grid as deep as the
+#: deepest plan's costed ranks (autopar.spec.stages), so shallow plans priced beside deep ones fill
+#: most of it with copies of their few ranks; a band of fewer plans than `_MIN_BAND` is priced with
+#: the next, where one more pricing pass would cost more than the grid saves
+_DEPTH_EDGES = (1, 2, 4, 8)
+_MIN_BAND = 4096
+
+
+def _by_pipeline_depth(pp: np.ndarray) -> list[np.ndarray]:
+    """Positions of the plans in each band of pipeline depth (1, 2, 3-4, 5-8, deeper), small bands
+    joined to the next deeper one (the last to the one before), the empty left out."""
+    band = np.searchsorted(np.asarray(_DEPTH_EDGES), pp, side="left")
+    parts: list[np.ndarray] = []
+    pending = np.zeros(0, dtype=np.int64)
+    for b in range(len(_DEPTH_EDGES) + 1):
+        pending = np.concatenate([pending, np.flatnonzero(band == b)])
+        if len(pending) >= _MIN_BAND:
+            parts.append(pending)
+            pending = np.zeros(0, dtype=np.int64)
+    if len(pending):
+        if parts:
+            parts[-1] = np.concatenate([parts[-1], pending])
+        else:
+            parts.append(pending)
+    return parts
 
 
 @dataclass

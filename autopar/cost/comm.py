@@ -18,11 +18,13 @@ DP all-reduce / reduce-scatter + all-gather / FSDP per-microbatch gathers: ZeRO 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
 
-from autopar.cost.collectives import Links, collective_seconds, p2p_seconds
+from autopar.cost.collectives import Group, Links, collective_seconds, p2p_seconds
+from autopar.cost.runs import on_runs
 from autopar.spec.sharding import MODEL_PLAN, SEQUENCE_STYLES, block_plan, sync_points
 
 
@@ -68,17 +70,34 @@ def volume(calls: list[Call], group_size, with_bytes: bool = True) -> Volume:
 def seconds(v: Volume, group, links: Links, crosses_node=None, dispatch=None) -> np.ndarray:
     """The time of a volume's calls on their group: each call kind at the measured rate of its
     message size; `dispatch` prices the all-to-alls instead of NCCL's (DeepEP's deduplicated
-    kernels: autopar.cost.collectives.deduplicated_seconds)."""
+    kernels: autopar.cost.collectives.deduplicated_seconds). Each call is priced once per run of
+    plans with the same buffer and group (autopar.cost.runs)."""
     out = np.zeros(())
     for c in v.calls:
         if c.kind == "send":
-            t = p2p_seconds(c.full_bytes, crosses_node, links)
-        elif c.kind == "all_to_all" and dispatch is not None:
-            t = dispatch(c.full_bytes, group, links)
+            t = on_runs(partial(_p2p, links), c.count, c.full_bytes, crosses_node)
         else:
-            t = collective_seconds(c.kind, c.full_bytes, group, links)
-        out = out + np.where(np.asarray(c.count) > 0, t * c.count, 0.0)
+            price = dispatch if c.kind == "all_to_all" and dispatch is not None else partial(collective_seconds, c.kind)
+            t = on_runs(
+                partial(_on_group, price, links), c.count, c.full_bytes, group.size, group.per_node, group.nodes
+            )
+        out = out + t
     return out
+
+
+def _times(count, seconds: np.ndarray) -> np.ndarray:
+    """`count` calls of `seconds` each (none where the count is 0)."""
+    return np.where(np.asarray(count) > 0, seconds * count, 0.0)
+
+
+def _p2p(links: Links, count, nbytes, crosses_node) -> np.ndarray:
+    return _times(count, p2p_seconds(nbytes, crosses_node, links))
+
+
+def _on_group(price, links: Links, count, nbytes, size, per_node, nodes) -> np.ndarray:
+    """`count` calls of `price(nbytes, group, links)`, the group given as its arrays (`on_runs`
+    slices them)."""
+    return _times(count, price(nbytes, Group(size, per_node, nodes), links))
 
 
 def traffic(calls: list[Call], group_size, group, links: Links, crosses_node=None, dispatch=None):

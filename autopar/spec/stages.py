@@ -240,7 +240,20 @@ def _costed_ranks(table: PlanColumns, groups: _Groups) -> np.ndarray:
     static = groups.ends[groups.of_row].T if len(table) else np.zeros((1, 0), dtype=np.int64)
     kinks = np.floor(_in_flight_kink(table))[None, :].astype(np.int64) + KINK_OFFSETS[:, None]
     ranks = np.concatenate([static, np.clip(kinks, 0, np.maximum(table.pp - 1, 0)[None, :])])
-    return np.sort(ranks, axis=0)
+    return _distinct(np.sort(ranks, axis=0))
+
+
+def _distinct(ranks: np.ndarray) -> np.ndarray:
+    """Sorted (C, n) ranks with each plan's repeats dropped, padded with its last rank as `_padded`
+    pads, and cut to the most distinct ranks of one plan (a rank costed twice costs the same)."""
+    if not ranks.size:
+        return ranks
+    first = np.ones(ranks.shape, dtype=bool)
+    first[1:] = ranks[1:] != ranks[:-1]
+    place = np.cumsum(first, axis=0) - 1  # where each plan's distinct rank goes, in order
+    out = np.broadcast_to(ranks[-1], ranks.shape).copy()
+    out[place[first], np.broadcast_to(np.arange(ranks.shape[1]), ranks.shape)[first]] = ranks[first]
+    return out[: int(place[-1].max()) + 1]
 
 
 def _in_flight_kink(table: PlanColumns) -> np.ndarray:
