@@ -47,6 +47,8 @@ def _mask_userinfo(word: str) -> str:
 
 def mask_secrets(text: str) -> str:
     """`text` with every password in it replaced by ***: `user:***@host`, `?sslpassword=***`."""
+    if "@" not in text and "?" not in text and "&" not in text and ";" not in text:
+        return text  # neither a userinfo nor a query: most texts, a report's many JSON keys
     if "@" in text:  # the userinfo first: a query value may hold an '@', a password '?key='
         text = "".join(_mask_userinfo(w) for w in re.split(r"(\s+)", text))
     if any(k in text.lower() for k in _KEYWORDS):
