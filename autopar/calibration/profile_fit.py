@@ -43,6 +43,7 @@ OWN: dict[str, tuple[str, ...]] = {
     ),
     "deepspeed": ("elementwise_traffic_factor", "layer_overhead_us", "dp_overlap", "pp_overlap"),
     "nanotron": ("layer_overhead_us", "dp_overlap"),
+    "automodel": ("elementwise_traffic_factor", "layer_overhead_us"),
     "meta": ("layer_overhead_us", "dp_overlap"),
 }
 #: the model's typical relative error on one published run, against which a constant's distance

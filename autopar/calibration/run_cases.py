@@ -13,7 +13,7 @@ from autopar.calibration.flop_conventions import CONVENTIONS, flops_per_token
 from autopar.calibration.run_checks import row_problem
 from autopar.calibration.run_plan import run_plan
 from autopar.calibration.run_rows import FAMILY_PROFILE, PublishedRow, num, row_cluster, row_model, text
-from autopar.calibration.sources import declared, nvidia_recipes
+from autopar.calibration.sources import declared, nvidia_recipes, row_kernels
 from autopar.cost.price import prepare, price
 from autopar.cost.profiles import priced_cluster
 from autopar.errors import InputError
@@ -128,7 +128,7 @@ def build_case(row: dict) -> RunCase:
     whole_run = re.search(r"average over the whole", text(row, "notes"), re.I) is not None
     if whole_run:
         notes.append("a whole run's average throughput: the step's times the goodput of its interruptions")
-    overrides, why = declared(src).kernels
+    overrides, why = row_kernels(src, text(row, "notes"))
     if why:
         notes.append(why)
     return RunCase(
@@ -145,7 +145,7 @@ def build_case(row: dict) -> RunCase:
         flops_per_token=fpt,
         assumptions=notes,
         kernel_overrides=dict(overrides),
-        profile=FAMILY_PROFILE[fam],
+        profile=declared(src).profile or FAMILY_PROFILE[fam],
         routing_imbalance=imbalance,
         whole_run=whole_run,
     )

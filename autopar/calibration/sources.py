@@ -10,7 +10,9 @@ trainer's today.
   performance summary, or every benchmark file of one trainer team;
 - `stack` is the program's memory stack (autopar.cost.memory_stacks.STACKS);
 - `convention` is the FLOP count of its TFLOP/s (autopar.calibration.flop_conventions);
-- `kernels` are the kernel facts it ran that differ from the profile's (constant -> value, and why).
+- `kernels` are the kernel facts it ran that differ from the profile's (constant -> value, and why);
+- `profile` is the validation-only profile of a program autopar exports to no trainer of (NeMo
+  AutoModel: Transformer Engine attention and norms over FSDP2), else its family's.
 A source the table does not know keys on its own text, with no date and its family's defaults.
 """
 
@@ -55,6 +57,9 @@ class Source:
     stack: str | None = None  # None: its trainer family's (FAMILY_STACK)
     convention: str = "megatron-causal"
     kernels: tuple[dict, str] = field(default=CURRENT)
+    #: the validation-only performance profile that prices its runs (autopar/cost/data/profiles.toml);
+    #: None: its trainer family's
+    profile: str | None = None
 
 
 #: most specific pattern first: the first that matches names the source
@@ -108,7 +113,7 @@ SOURCES = (
     ),
     Source("bridge-25.09", r"Megatron-Bridge", "2025-10-01", "nvidia-performance-summary", "nemo-bridge"),
     Source(
-        "automodel", r"Automodel|AutoModel", "2025-10-02", "automodel", "torchtitan-default"
+        "automodel", r"Automodel|AutoModel", "2025-10-02", "automodel", "automodel", profile="automodel"
     ),  # docs/performance-summary.md 'Last Updated 2025-10-02' and its later docs.nvidia.com revision
     Source(
         "torchtitan-2024-12",
@@ -200,6 +205,19 @@ def source_of(cell: str) -> Source:
 def declared(key: str) -> Source:
     """The source of a case's key (an undated one for a source the table does not know)."""
     return BY_KEY.get(key) or Source(key, "", "", key)
+
+
+#: a row whose notes name FlexAttention ran it, whatever its source's attention: Triton kernels,
+#: priced at the FlashAttention-2 class's rates (AutoModel's GPT-OSS rows: "TE + DeepEP + FlexAttn")
+FLEX_ATTENTION = ({"attention_mma_sync": 1.0}, "attention: FlexAttention (Triton), priced as FlashAttention-2")
+
+
+def row_kernels(key: str, notes: str) -> tuple[dict, str]:
+    """The kernel facts of a row of source `key`: its source's, or FlexAttention where its notes
+    name it."""
+    if re.search(r"FlexAttn|FlexAttention", notes):
+        return ({**declared(key).kernels[0], **FLEX_ATTENTION[0]}, FLEX_ATTENTION[1])
+    return declared(key).kernels
 
 
 def nvidia_recipes(key: str) -> bool:

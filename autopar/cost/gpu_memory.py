@@ -19,6 +19,7 @@ States by program (autopar.cost.memory_stacks `grads`):
   the one computed and the one prefetched), every parameter gathered through the step under
   ZeRO-2 (reshard_after_forward=False, SHARD_GRAD_OP) and under pipelining where the program keeps
   stages unsharded, and unsharded fp32 gradients accumulated over a pipelined step's microbatches;
+  a model cast to bf16 before sharding (NeMo AutoModel's MoE models) holds all of these in bf16;
 - nanotron (FP32GradientAccumulator): bf16 weights, an fp32 gradient buffer of every parameter,
   fp32 master weights and Adam sharded with ZeRO-1, a torch DDP reducer's bf16 buckets under
   ZeRO-0 with dp > 1.
@@ -189,10 +190,11 @@ def torch_states(x, prm, stack: MemoryStack):
     gathered_all = (z == 2) | (z == 1) | (pp & stack.pp_keeps_params_gathered & (z == 3))
     gathered_bytes = np.where((t.dtype == DTYPE["fp8"]) & stack.fp8_all_gather, 1.0, half)
     units = np.where((z == 3) & (d > 1) & ~gathered_all, 2.0 * gathered_bytes * prm.dense_layer_max, 0.0)
-    weights = np.where(z >= 1, 4.0 * sharded + np.where(gathered_all, half * total, 0.0), 4.0 * total)
-    grads = np.where(z >= 1, 4.0 * sharded + np.where(pp, 4.0 * total, 0.0), 4.0 * total)
-    ddp_buckets = np.where((z == 0) & (d > 1), 4.0 * total, 0.0)
-    opt = 8.0 * sharded
+    full = np.where(x.fp32, 4.0, stack.param_bytes)  # a parameter, its gradient, each Adam moment
+    weights = np.where(z >= 1, full * sharded + np.where(gathered_all, half * total, 0.0), full * total)
+    grads = np.where(z >= 1, full * sharded + np.where(pp, full * total, 0.0), full * total)
+    ddp_buckets = np.where((z == 0) & (d > 1), full * total, 0.0)
+    opt = 2.0 * full * sharded
     return weights, grads + ddp_buckets, opt, units, 0.0 * total
 
 

@@ -101,6 +101,11 @@ class MemoryStack:
     #: "default": False when pp is enabled); autopar's torchtitan export writes "always" for
     #: ZeRO-3 and "never" for ZeRO-2 (autopar/export/torchtitan.py RESHARD)
     pp_keeps_params_gathered: bool = False
+    #: bytes per element of the torch family's sharded parameters, their gradients and each Adam
+    #: moment: 4 = FSDP mixed precision over fp32 parameters (torchtitan: fp32 shards, bf16
+    #: gathered for compute); 2 = a model cast to bf16 before it is sharded, whose gradients and
+    #: Adam moments (torch.optim.AdamW: zeros_like(param)) are then bf16 too, with no fp32 copy
+    param_bytes: float = 4.0
     #: the program always runs compiled by torch.compile (fms-fsdp); otherwise a plan's `compile`
     #: compiles it (`compiled`: fused elementwise ops save less, see `gated_mlp_tensors`)
     compiled: bool = False
@@ -170,6 +175,17 @@ TORCHTITAN = MemoryStack(
 )
 #: a torchtitan run with its own defaults (a published run): reshard_after_forward_policy "default"
 TORCHTITAN_DEFAULT = replace(TORCHTITAN, name="torchtitan-default", pp_keeps_params_gathered=True)
+#: NVIDIA NeMo AutoModel's MoE models: FSDP2 over TE kernels and DeepEP, the model cast to bf16
+#: before sharding (nemo_automodel 0.1.0-0.3.0 components/models/deepseek_v3/model.py and
+#: qwen3_moe/model.py `initialize_weights(dtype=torch.bfloat16)`: `self.to(dtype)`, called without
+#: a dtype by components/checkpoint/checkpointing.py), so parameters, gradients and Adam moments are
+#: bf16 (8 bytes per parameter, against torchtitan's 16)
+AUTOMODEL = replace(
+    TORCHTITAN_DEFAULT,
+    name="automodel",
+    title="NeMo AutoModel: FSDP2 with TE kernels and DeepEP, bf16 parameters and optimizer states",
+    param_bytes=2.0,
+)
 #: torchtitan's 2024 Llama configs with norm_type "fused_rmsnorm": the Triton RMSNorm of
 #: torchtitan/models/norms.py, which keeps its input and 1/rms (torchtitan README 2024, features:
 #: "optional fused RMSNorm"); the other choice, "rmsnorm", is the eager norm of TORCHTITAN
@@ -241,6 +257,7 @@ STACKS = {
         MEGATRON_DEEPSPEED,
         TORCHTITAN,
         TORCHTITAN_DEFAULT,
+        AUTOMODEL,
         TORCHTITAN_FUSED_NORM,
         BUILTIN,
         NANOTRON,

@@ -28,6 +28,7 @@ TRAINING_STACKS = (
     "megatron-deepspeed",
     "torchtitan",
     "torchtitan-default",
+    "automodel",
     "torchtitan-fused-norm",
     "autopar-builtin",
     "nanotron",

@@ -145,6 +145,22 @@ def test_fsdp2_keeps_pipeline_stages_unsharded_under_torchtitans_default_policy(
     assert export.gradients[0, 0] == pytest.approx(4 * params / 4 + 4 * params)  # + fp32 accumulation under PP
 
 
+def test_automodel_holds_parameters_gradients_and_adam_in_bf16() -> None:
+    # NeMo AutoModel casts its MoE models to bf16 before sharding: 2-byte shards, gradients and
+    # Adam moments (8 bytes per parameter against torchtitan's 16), the same bf16 stage gathered
+    # under pipelining
+    plan = ParallelPlan(pp=2, dp=4, zero_stage=3, trainer="torchtitan", global_batch_size=32)
+    p, titan = breakdown(plan, LLAMA3_8B, facts=MemoryFacts(stack="torchtitan-default"))
+    _, auto = breakdown(plan, LLAMA3_8B, facts=MemoryFacts(stack="automodel"))
+    params = p.params.total[0, 0]
+    assert auto.weights[0, 0] == pytest.approx(2 * params / 4 + 2 * params)  # bf16 shards + the gathered stage
+    assert titan.weights[0, 0] == pytest.approx(4 * params / 4 + 2 * params)
+    assert auto.gradients[0, 0] == pytest.approx(2 * params / 4 + 2 * params)  # + bf16 accumulation under PP
+    assert auto.optimizer[0, 0] == pytest.approx(2 * 2 * params / 4)  # Adam m and v in bf16
+    assert titan.optimizer[0, 0] == pytest.approx(2 * 4 * params / 4)
+    assert auto.activations[0, 0] == titan.activations[0, 0]
+
+
 def test_nanotron_states() -> None:
     # FP32GradientAccumulator: bf16 weights 2, fp32 gradient buffer 4, fp32 master + Adam 12 sharded
     # with ZeRO-1; under ZeRO-0 with dp > 1 torch DDP's bf16 buckets add 2 to the gradients
