@@ -1,36 +1,61 @@
 """What every figure of the report shares: the layout (title, legend, margins, font), JSON-safe
 numbers, the red vertical lines of capacities and deadlines, and serialisation. The only module of
-autopar that imports plotly: the figure modules (`breakdown_figures`, `scatter_figures`,
+autopar that reads plotly (its plotly.js bundle): the figure modules (`breakdown_figures`, `scatter_figures`,
 `trial_figures`) build plain figure dicts from the report's frames and decide nothing about the
 numbers.
 
-Figures are plain plotly figure dicts serialised with `plotly.io` without re-validation: the
-figure-object validators cost a few hundred milliseconds per report, which `autopar search` would
-pay on every run.
+Figures are plain plotly figure dicts, serialised as plotly.io's json engine writes them
+(`plotly.io.to_json(validate=False)`: compact, NaN and infinities as null, <, > and / escaped) with
+the json module, and the page inlines the plotly.js bundle of the plotly package: importing
+plotly.io and its encoder costs `autopar search` about 0.1 s a run, the figure-object validators a
+few hundred milliseconds more. tests/report/test_figure_json.py holds both to plotly's own.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from importlib.util import find_spec
+from pathlib import Path
 
-import plotly.io as pio
-from plotly.offline import get_plotlyjs
+import numpy as np
 
 CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
 FONT = {"family": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", "size": 12}
 RED = "#d62728"
 
 
+#: what plotly.io's json engine escapes (plotly/io/_json.py `_swap_json`): no "</script>" or "<!--"
+#: can appear in the JSON a <script type="application/json"> element holds
+_SCRIPT_SAFE = (("<", "\\u003c"), (">", "\\u003e"), ("/", "\\u002f"))
+
+
 def plotly_js() -> str:
-    """The plotly.js bundle shipped with the plotly package (inlined once per page)."""
-    return get_plotlyjs()
+    """The plotly.js bundle shipped with the plotly package (plotly/package_data/plotly.min.js, what
+    `plotly.offline.get_plotlyjs` reads), inlined once per page; found without importing plotly."""
+    spec = find_spec("plotly")
+    assert spec is not None and spec.submodule_search_locations, "plotly is a dependency of autopar"
+    bundle = Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
+    return bundle.read_text(encoding="utf-8")
 
 
 def to_json(fig: dict) -> str:
     """A figure as the JSON of Plotly.newPlot's arguments ({data, layout, config}), safe to embed in
     a <script type="application/json"> element."""
-    # plotly's encoder writes <, > and / as \\u escapes, so no "</script>" can appear
-    return pio.to_json({"data": fig["data"], "layout": fig["layout"], "config": CONFIG}, validate=False)
+    obj = {"data": fig["data"], "layout": fig["layout"], "config": CONFIG}
+    text = json.dumps(obj, separators=(",", ":"), default=_plain)
+    if "NaN" in text or "Infinity" in text:  # as plotly's encoder: non-finite numbers become null
+        text = json.dumps(json.loads(text, parse_constant=lambda _: None), separators=(",", ":"))
+    for unsafe, escaped in _SCRIPT_SAFE:  # str.replace: str.translate is ten times slower on megabytes
+        text = text.replace(unsafe, escaped)
+    return text
+
+
+def _plain(value):
+    """numpy arrays and scalars as the lists and numbers plotly's encoder writes for them."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    raise TypeError(f"a report figure holds a {type(value).__name__}, which JSON cannot hold")
 
 
 def height(fig: dict) -> int:
