@@ -227,35 +227,42 @@ def _alive(worker: str) -> bool:
     return not started or start_time(pid) in (None, started)
 
 
-def fail_stale(study: optuna.Study, older_than_s: float) -> int:
+#: a worker records itself on a trial right after asking for it (run_study): a RUNNING trial with
+#: no worker this long after its start was asked by a process that died in between
+UNCLAIMED_S = 5.0
+
+
+def fail_stale(study: optuna.Study, older_than_s: float, unclaimed_s: float = UNCLAIMED_S) -> int:
     """Mark RUNNING trials failed whose process died: at once when it ran on this host (its pid is
-    gone), after `older_than_s` for other hosts. A rerun then redoes them."""
+    gone), after `older_than_s` for other hosts, after `unclaimed_s` for a trial no worker recorded
+    itself on. A rerun then redoes them."""
     import datetime as dt
 
     now = dt.datetime.now()
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker", "")
-        old = t.datetime_start is not None and (now - t.datetime_start).total_seconds() > older_than_s
+        age = (now - t.datetime_start).total_seconds() if t.datetime_start is not None else 0.0
         if (
             (worker and not _alive(worker))
-            or (not worker and old)
-            or (worker and old and not worker.startswith(socket.gethostname() + ":"))
+            or (not worker and age > min(older_than_s, unclaimed_s))
+            or (worker and age > older_than_s and not worker.startswith(socket.gethostname() + ":"))
         ):
             study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
             n += 1
     return n
 
 
-def wait_for_running(study: optuna.Study, timeout_s: float = 120.0, poll_s: float = 0.1) -> None:
+def wait_for_running(study: optuna.Study, timeout_s: float = 120.0, poll_s: float = 0.1) -> bool:
     """Wait until no trial is RUNNING: another worker's trial still being evaluated belongs to the
     shared study every worker reports (a worker that stopped first would otherwise answer without it,
     and two workers give two winners). A trial whose process died is failed meanwhile (fail_stale);
-    after `timeout_s` the answer goes on with what has finished."""
+    after `timeout_s` the answer goes on with what has finished. True when none is left running."""
     deadline = time.monotonic() + timeout_s
     while study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) and time.monotonic() < deadline:
         fail_stale(study, older_than_s=timeout_s)
         time.sleep(poll_s)
+    return not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
 
 
 def _budget_taken_before(study: optuna.Study, number: int) -> int:
@@ -330,8 +337,9 @@ def run_study(
     """Run trials until the study holds `n_trials` finished ones. Each trial: Optuna proposes a
     structure, `evaluate(table)` scores all its completions (a DataFrame), the best that fits is
     the trial's value. Trial numbers are handed out by the storage, so concurrent workers never
-    run the same trial; a worker that draws a trial beyond the budget marks it pruned ('surplus')
-    and stops."""
+    run the same trial; a worker that draws a trial beyond the budget marks it pruned ('surplus'),
+    waits for the running trials that hold the budget and stops, or draws again where some of them
+    failed."""
     enumerator = Enumerator(space, q)  # its layout registry, built once for every trial's table
     choices = enumerator.choices
     moe = q.model.moe is not None
@@ -341,6 +349,10 @@ def run_study(
         if _budget_taken_before(study, trial.number) >= n_trials:
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.PRUNED)
+            # the budget may be held by running trials that fail (a killed worker's, failed once
+            # stale): wait for them, then draw again if they left it short
+            if wait_for_running(study):
+                continue
             break
         outer = suggest_outer(trial, choices, moe)
         trial.set_user_attr("outer", outer)
