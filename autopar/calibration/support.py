@@ -249,8 +249,9 @@ def gap_words(name: str, plan, model, cluster, seq_len: int, reach: Reach) -> st
     if name == "dtype":
         return f"no {plan.dtype} run on {who}"
     if name == "generation":
-        gen = cluster.gpu.generation or "this GPU's (not stated)"
-        return f"no {who} run on a {gen} GPU"
+        if not cluster.gpu.generation:  # a GPU file that does not state its architecture
+            return f"no {who} run on this GPU (its generation is not stated)"
+        return f"no {who} run on a {cluster.gpu.generation} GPU"
     if name in ("tp", "pp", "cp", "ep"):
         return f"no {who} run with {name} beyond {getattr(reach, name)}"
     if name == "ep_cross_node":

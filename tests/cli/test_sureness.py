@@ -226,3 +226,13 @@ def test_validate_runs_of_ones_own_reports_their_coverage_by_the_shipped_interva
     assert out["coverage"]["all rows"]["rows"] == out["evaluated"]
     assert 0.0 < out["coverage"]["all rows"]["covered"] <= 1.0
     assert set(out["by_category"]) <= set(out["coverage"])
+
+
+def test_a_gpu_without_a_stated_generation_reads_as_words(cli_run):
+    """The machine's own profile (`--gpu local`) states no architecture: the support line says so
+    in words ("on this GPU (its generation is not stated)"), not "on a this GPU's (not stated) GPU"."""
+    r = cli_run("estimate", "--model", "tiny", "--gpus", "2", "--gpu", "local", "--trainer", "deepspeed", "--json")
+    assert r.returncode == 0, r.stderr
+    why = json.loads(r.stdout)["support_reason"]
+    assert "run on this GPU (its generation is not stated)" in why
+    assert "a this GPU" not in why
