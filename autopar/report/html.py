@@ -9,10 +9,12 @@ lines of inline JavaScript to sort tables. Opens from disk in any browser.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from autopar.atomic import write_with
 from autopar.errors import InputError
+from autopar.forked import forked_map
 from autopar.report import run_data as D
 from autopar.report.compare_page import compare_html
 from autopar.report.report_page import REPORT_FILE, report_html
@@ -79,7 +81,10 @@ def write_reports(run_dirs: Sequence[str | Path]) -> list[Path]:
         seen.setdefault(Path(d).resolve(), Path(d))
     unique = list(seen.values())
     loaded: dict = {}  # each scenario's run read once for all the what-if's reports
-    return [write_report(d, scenarios=unique, loaded=loaded) for d in unique]
+    if len(unique) > 1:  # read here, so that the workers the reports are written on start with them
+        for d in unique:
+            loaded[d.resolve()] = D.load_run(d)
+    return forked_map([partial(write_report, d, scenarios=unique, loaded=loaded) for d in unique])
 
 
 def write_compare(cmp, out: str | Path) -> Path:

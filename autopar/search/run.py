@@ -96,10 +96,11 @@ def run_slug(q: Question, space: SearchSpace) -> str:
     return slug
 
 
-def row_summary(row: pd.Series, layouts) -> dict:
+def row_summary(row: pd.Series | dict, layouts) -> dict:
     """A plan and its estimate as plain data (top.json entries, Optuna user attributes)."""
+    row = row.to_dict() if isinstance(row, pd.Series) else row  # one dict: a Series lookup per field is slow
     plan = row_plan(row, layouts)
-    out = {"plan_index": int(row["plan_index"])} if "plan_index" in row.index else {}
+    out = {"plan_index": int(row["plan_index"])} if "plan_index" in row else {}
     return (
         out
         | {
@@ -130,21 +131,21 @@ def row_summary(row: pd.Series, layouts) -> dict:
                     {
                         c: float(row[c]) if c not in ("meets_deadline", "within_budget") else bool(row[c])
                         for c in RUN_COLUMNS + ("meets_deadline", "within_budget")
-                        if c in row.index
+                        if c in row
                     }
                 )
             }
-            if "days" in row.index
+            if "days" in row
             else {}
         )
     )
 
 
-def _interval_summary(row: pd.Series) -> dict:
+def _interval_summary(row: dict) -> dict:
     """The plan's 80 % intervals and support (autopar.calibration.uncertainty), as `estimate --json` has them."""
-    if "step_time_s_low" not in row.index:
+    if "step_time_s_low" not in row:
         return {}
-    return interval_fields(row, str(row["support_reason"]) if "support_reason" in row.index else None)
+    return interval_fields(row, str(row["support_reason"]) if "support_reason" in row else None)
 
 
 def with_support(df: pd.DataFrame, q: Question, layouts: list) -> pd.DataFrame:

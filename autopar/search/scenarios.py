@@ -5,10 +5,12 @@ knob: it changes what training converges to, not only how fast a step runs."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from autopar import forked
 from autopar.errors import InputError
 from autopar.search.enumerate import knob_choices
 from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search, top_entries, trainers_ruled_out
@@ -100,10 +102,25 @@ def run_scenarios(
         spaces.append(sp)
     dtypes = list(dict.fromkeys(d for sp in spaces for d in sp.knobs.get("dtype") or ["bf16"]))
     check_question_run(questions, opts.get("training"), dtypes)
-    results = [
-        run_search(q, SearchOptions(space=sp, run_dir=run_dir, **opts), progress=progress, interrupts=interrupts)
+    searches = [
+        partial(run_search, q, SearchOptions(space=sp, run_dir=run_dir, **opts), interrupts=interrupts)
         for q, sp in zip(questions, spaces)
     ]
+    if len(searches) > 1 and forked.usable_cores() > 1:  # a what-if on the machine's cores (autopar.forked)
+        n = len(searches)
+        # an interrupt stops the workers where they are: the runs they leave marked incomplete are what
+        # a rerun finishes, as the interrupt's line says
+        what = f"the what-if's {n} searches (rerun the same command to finish them)"
+        handle = interrupts.register(what, lambda: None) if interrupts is not None else None
+        try:
+            results = forked.forked_map(
+                searches, done=(lambda k: progress("scenarios searched", k, n)) if progress else None
+            )
+        finally:
+            if handle is not None:
+                interrupts.unregister(handle)
+    else:  # here, with the walk's own progress
+        results = [search(progress=progress) for search in searches]
     for r, scenario_notes, sc, sp in zip(results, notes, scenarios, spaces):
         forced = batch_forces_model_parallel(sp, r) if sc.gbs is None else None
         r.notes = scenario_notes + ([forced] if forced else [])

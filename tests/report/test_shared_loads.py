@@ -1,7 +1,9 @@
 """The reports of a what-if share their reading: each scenario's run directory is read once for all
 of them (autopar.report.html.write_reports), and a run's top rows are built once per load
 (RunData.derived), each caller getting its own copy. The pages are those each run directory gives
-on its own rebuild (`autopar report`, which reads every directory afresh)."""
+on its own rebuild (`autopar report`, which reads every directory afresh). Counted on one core: on
+several, the reports are written on forked workers that start with every run read
+(tests/cli/test_whatif_workers.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
+from autopar import forked
 from autopar.report import html as H
 from autopar.report import run_data as D
 from autopar.report import top_tables as T
@@ -24,6 +27,7 @@ def _page(path: Path) -> str:
 
 
 def test_a_whatif_reads_each_run_once(run70, run70_128, tmp_path, monkeypatch):
+    monkeypatch.setattr(forked, "usable_cores", lambda: 1)
     dirs = _copies(tmp_path, run70, run70_128)
     reads: list[Path] = []
     real = D.load_run

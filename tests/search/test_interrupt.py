@@ -28,10 +28,11 @@ LARGE_SPACE = [
 OPTUNA = ["search", "--model", "tiny", "--gpus", "8", "--max-exhaustive", "0"]
 
 
-def _interrupt(sh, argv: list, ready, sig: int, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Start `autopar ARGV`, wait until `ready()` holds, send `sig`, return the finished process."""
+def _interrupt(sh, argv: list, ready, sig: int, timeout: float = 60, cwd=None) -> subprocess.CompletedProcess:
+    """Start `autopar ARGV` (in the repository, or `cwd`), wait until `ready()` holds, send `sig`,
+    return the finished process."""
     proc = subprocess.Popen(
-        sh.cmd(*argv), cwd=sh.repo, env=sh.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        sh.cmd(*argv), cwd=cwd or sh.repo, env=sh.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + timeout
     while not ready() and proc.poll() is None and time.monotonic() < deadline:
@@ -60,6 +61,35 @@ def test_sigterm_while_streaming_leaves_no_half_run(sh, tmp_path):
     assert r.returncode == 143, r.stderr
     assert str(run) in _one_line(r, "SIGTERM")
     assert not run.exists(), sorted(p.name for p in run.iterdir())  # made by the search, nothing replaced yet
+
+
+def _processes_in(folder: Path) -> list[int]:
+    """The processes whose working directory is `folder`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and Path(d / "cwd").resolve() == folder.resolve():
+                out.append(int(d.name))
+        except OSError:
+            pass
+    return out
+
+
+def test_sigterm_during_a_whatif_stops_its_workers(sh, tmp_path):
+    """A what-if's scenarios are searched on forked workers (autopar.forked): SIGTERM ends them and the
+    search with one line that says a rerun finishes them; no worker is left, and each scenario's run
+    directory is complete or marked incomplete."""
+    argv = LARGE_SPACE[:4] + ["4096,8192", *LARGE_SPACE[5:]]
+    argv[argv.index("benchmarks/spaces/scale-l.yaml")] = str(sh.repo / "benchmarks/spaces/scale-l.yaml")
+    reports = tmp_path / "reports"
+    r = _interrupt(sh, argv, lambda: bool(list(reports.glob("*/.plans.parquet.*.tmp"))), signal.SIGTERM, cwd=tmp_path)
+    assert r.returncode == 143, r.stderr
+    line = _one_line(r, "SIGTERM")
+    assert "rerun the same command to finish them" in line, line
+    time.sleep(0.2)
+    assert _processes_in(tmp_path) == []
+    for run in reports.iterdir():
+        assert (run / INCOMPLETE).exists() or (run / "search.json").exists(), sorted(p.name for p in run.iterdir())
 
 
 def test_sigint_during_optuna_then_the_rerun_finishes(sh, tmp_path):

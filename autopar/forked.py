@@ -1,0 +1,58 @@
+"""Independent jobs of one command on the machine's cores: the scenarios of a what-if, their
+reports. Workers are forked (Linux), so they start with everything the parent has imported and
+loaded and receive nothing by pickling; only each job's result travels back. On one core, or for
+one job, the jobs run here in order, as before.
+
+An interrupt (SIGINT, SIGTERM) ends the workers quietly and the parent as usual
+(autopar.measured.hygiene: a forked child exits at once; the parent runs its cleanups and kills its
+children). A run directory a killed worker was writing stays marked incomplete for a rerun to
+finish (autopar.search.run_state), as after any crash."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: the jobs of the map the workers serve: set before the pool forks, read by index in the workers
+_jobs: list = []
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's or taskset's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return 1
+
+
+def _run_job(i: int):
+    return _jobs[i]()
+
+
+def forked_map(jobs: Sequence[Callable[[], T]], done: Callable[[int], None] | None = None) -> list[T]:
+    """Each job's result, in order, the jobs spread over min(jobs, cores) forked workers; `done(k)`
+    after the k-th result arrives. A job's exception is raised here (the first in order)."""
+    workers = min(len(jobs), usable_cores())
+    if workers < 2 or not hasattr(os, "fork"):
+        results = []
+        for job in jobs:
+            results.append(job())
+            if done is not None:
+                done(len(results))
+        return results
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    _jobs[:] = jobs
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_run_job, i) for i in range(len(jobs))]
+            for k, _ in enumerate(as_completed(futures), start=1):
+                if done is not None:
+                    done(k)
+            return [f.result() for f in futures]
+    finally:
+        _jobs.clear()

@@ -1,0 +1,45 @@
+"""The jobs of one command on the machine's cores (autopar.forked): each job's result in order, from
+forked workers when there are cores for them and here otherwise, a job's error raised here; and a
+what-if searched and reported on two workers gives the files one core gives."""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+
+import pytest
+
+from autopar import forked
+from autopar.errors import InputError
+
+
+def _pid_and(i: int) -> tuple[int, int]:
+    return os.getpid(), i
+
+
+def _fails(i: int) -> int:
+    if i == 1:
+        raise InputError("job 1 cannot run: fix it")
+    return i
+
+
+def test_jobs_run_on_forked_workers_in_order(monkeypatch):
+    monkeypatch.setattr(forked, "usable_cores", lambda: 2)
+    seen: list[int] = []
+    out = forked.forked_map([partial(_pid_and, i) for i in range(5)], done=seen.append)
+    assert [i for _, i in out] == list(range(5))
+    assert os.getpid() not in {pid for pid, _ in out}  # none ran here
+    assert seen == [1, 2, 3, 4, 5]
+
+
+def test_on_one_core_the_jobs_run_here(monkeypatch):
+    monkeypatch.setattr(forked, "usable_cores", lambda: 1)
+    out = forked.forked_map([partial(_pid_and, i) for i in range(3)])
+    assert out == [(os.getpid(), 0), (os.getpid(), 1), (os.getpid(), 2)]
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_a_jobs_error_is_raised_here_as_it_was(monkeypatch, cores):
+    monkeypatch.setattr(forked, "usable_cores", lambda: cores)
+    with pytest.raises(InputError, match="^job 1 cannot run: fix it$"):
+        forked.forked_map([partial(_fails, i) for i in range(3)])
