@@ -39,6 +39,7 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "quoting": (frozenset({"errors"}), frozenset()),  # values in generated scripts
     "terminal": (frozenset(), frozenset()),  # printable: the one rule of text on the terminal
     "processes": (frozenset(), frozenset()),  # start_time: a process named across pid reuse
+    "forked": (frozenset(), frozenset()),  # forked_map: one command's independent jobs on the cores
     # spec checks the names it takes that exports paste into scripts (a recipe) with quoting's rule
     "spec": (frozenset({"errors", "quoting", "spec"}), frozenset({"numpy", "yaml"})),
     "cost": (frozenset({"errors", "spec", "cost"}), frozenset({"numpy", "scipy"})),
@@ -48,7 +49,9 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
         frozenset({"numpy", "scipy"}),
     ),
     "search": (
-        frozenset({"errors", "secrets", "json_out", "atomic", "processes", "spec", "cost", "calibration", "search"}),
+        frozenset(
+            {"errors", "secrets", "json_out", "atomic", "processes", "forked", "spec", "cost", "calibration", "search"}
+        ),
         ANY,
     ),
     # the measured stage: torch-free, between the search and the torch trials it launches; it runs
@@ -84,7 +87,9 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
         ANY,
     ),
     "report": (
-        frozenset({"errors", "secrets", "json_out", "atomic", "spec", "cost", "calibration", "search", "report"}),
+        frozenset(
+            {"errors", "secrets", "json_out", "atomic", "forked", "spec", "cost", "calibration", "search", "report"}
+        ),
         ANY,
     ),
     "cli": (ANY, ANY),
