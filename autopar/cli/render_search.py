@@ -202,14 +202,38 @@ def _flagged_trainers(row) -> list[str]:
     return [n for n in str(row.get("trainers_with_flags", "") or "").split(", ") if n]
 
 
+#: the flags a layout cell may carry after the plan's name, each with its legend words
+FLAG_LEGEND = {
+    "+tpo": "TP communication overlap (--tp-comm-overlap)",
+    "+deepep": "DeepEP / HybridEP token dispatcher (--moe-dispatcher deepep)",
+    "+epo": "EP all-to-all overlap (--ep-comm-overlap)",
+}
+
+
+def layout_flags(row) -> list[str]:
+    """The plan's settings that its name does not show and that decide its time: TP overlap, and for a
+    plan with expert parallelism its dispatcher and EP overlap (FLAG_LEGEND)."""
+    ep = int(row["ep"]) if "ep" in row.index else 1
+    return (
+        (["+tpo"] if row["tp_comm_overlap"] else [])
+        + (["+deepep"] if ep > 1 and row.get("moe_dispatcher") == "deepep" else [])
+        + (["+epo"] if ep > 1 and bool(row.get("ep_comm_overlap", False)) else [])
+    )
+
+
+def flags_legend(rows) -> str:
+    """'+tpo: TP communication overlap (...), ...' for the flags the rows' layout cells carry; '' for none."""
+    used = {f for row in rows for f in layout_flags(row)}
+    return ", ".join(f"{f}: {words}" for f, words in FLAG_LEGEND.items() if f in used)
+
+
 def layout_cell(row) -> str:
-    """The layout with its flags: +tpo (TP overlap), +offF (a share F of the optimizer in host memory),
+    """The layout with its flags (`layout_flags`), +offF (a share F of the optimizer in host memory),
     +act (activations offloaded to host memory)."""
     share = float(row["optimizer_offload"]) if "optimizer_offload" in row.index else 0.0
     acts = int(row["offload_modules"]) if "offload_modules" in row.index else 0
     return (
-        str(row["plan_name"])
-        + (" +tpo" if row["tp_comm_overlap"] else "")
+        " ".join([str(row["plan_name"]), *layout_flags(row)])
         + (f" +off{share:g}" if share > 0 else "")
         + (" +act" if acts else "")
     )
@@ -237,6 +261,8 @@ def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
     ):
         lines.append(sel)
     notes = []
+    if legend := flags_legend(rows):
+        notes.append(legend)
     if any(variants_text(row) for _, row in r.top.iterrows()):
         notes.append(
             "+N: N more plans of the layout's structure, differing only in mbs, ZeRO, stage layout, recompute or flags "
@@ -417,7 +443,7 @@ def print_whatif(results: list[SearchResult]) -> None:
         rows.append(
             head
             + [
-                str(w["plan_name"]),
+                layout_cell(w),
                 SCHEDULE_SHORT.get(w["pp_schedule"], w["pp_schedule"]) if w["pp"] > 1 else "-",
                 recompute_label(w["recompute"], w.get("recompute_modules")),
                 f"{w['memory_gib']:.1f}",
@@ -434,6 +460,8 @@ def print_whatif(results: list[SearchResult]) -> None:
     if note := dropped_line(dropped):
         c.print(note)
     c.print(mfu_legend(results))
+    if legend := flags_legend(r.winner for r in results if r.winner is not None):
+        c.print(legend)
     for r in results:
         c.print(f"  {r.run_dir}: {r.why}")
 
