@@ -241,3 +241,51 @@ def test_cli_single_scenario_matches_library(run_cli, result, tmp_path):
     assert out["top"][0]["plan_name"] == result.winner["plan_name"]
     assert out["top"][0]["step_time_s"] == float(result.winner["step_time_s"])
     assert (tmp_path / "one" / "plans.parquet").is_file()
+
+
+def test_the_search_prices_nvidias_70b_recipe_as_estimate_does(result, every_plan):
+    """Megatron-Bridge's Llama 3 70B recipe (tp4 pp4 vpp5 cp2, micro-batch 1, TP overlap; the
+    recipe's values in autopar/export/data/bridge_recipes.json) is a plan the main job evaluates, at
+    the step time and peak memory `estimate` gives the same plan."""
+    from autopar.calibration.estimate import estimate_table
+    from autopar.export.bridge import BRIDGE_RECIPES
+    from autopar.export.recipe_values import recipe_values
+    from autopar.spec.plan import ParallelPlan
+    from autopar.spec.table import PlanTable
+
+    v = recipe_values("bridge", BRIDGE_RECIPES["llama3-70b"])
+    knobs = dict(
+        tp=v["model.tensor_model_parallel_size"],
+        pp=v["model.pipeline_model_parallel_size"],
+        vpp=v["model.virtual_pipeline_model_parallel_size"],
+        cp=v["model.context_parallel_size"],
+        micro_batch_size=v["train.micro_batch_size"],
+    )
+    assert knobs == dict(tp=4, pp=4, vpp=5, cp=2, micro_batch_size=1) and v["model.tp_comm_overlap"]
+    p = every_plan
+    row = p[
+        (p.tp == 4)
+        & (p.pp == 4)
+        & (p.vpp == 5)
+        & (p.cp == 2)
+        & (p.micro_batch_size == 1)
+        & p.tp_comm_overlap
+        & (p.trainer == "bridge")
+        & (p.zero_stage == 1)
+        & (p.recompute == "none")
+        & (p.layout_id < 0)  # the even stage layout, as the recipe splits its 80 layers
+    ]
+    assert len(row) == 1, row
+    q = result.question
+    plan = ParallelPlan(
+        **knobs,
+        dp=256 // 32,
+        global_batch_size=q.global_batch_size,
+        tp_comm_overlap=True,
+        pp_schedule="interleaved-1f1b",
+        trainer="bridge",
+    )
+    est = estimate_table(PlanTable.from_plans([plan]), q.model, q.cluster, num_gpus=256, seq_len=q.seq_len)
+    assert float(row["step_time_s"].iloc[0]) == pytest.approx(float(est["step_time_s"][0]), rel=1e-9)
+    assert float(row["peak_memory_bytes"].iloc[0]) == pytest.approx(float(est["peak_memory_bytes"][0]), rel=1e-9)
+    assert bool(row["fits"].iloc[0])
