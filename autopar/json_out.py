@@ -27,9 +27,9 @@ def plain(obj):
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {(mask_secrets(k) if isinstance(k, str) else str(k)): plain(v) for k, v in obj.items()}
+        return {(mask_secrets(k) if isinstance(k, str) else str(k)): _plain_item(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
-        return [plain(v) for v in obj]
+        return [_plain_item(v) for v in obj]
     if isinstance(obj, PurePath):
         return mask_secrets(str(obj))
     item = getattr(obj, "tolist", None)  # numpy scalars (-> Python numbers) and arrays (-> lists)
@@ -38,6 +38,16 @@ def plain(obj):
     if hasattr(obj, "__float__") and not hasattr(obj, "__len__"):
         return plain(float(obj))
     return mask_secrets(str(obj))
+
+
+#: the values `plain` leaves as they are: taken without a call each in a document's many numbers
+_AS_IS = frozenset({int, bool, type(None)})
+
+
+def _plain_item(v):
+    if type(v) in _AS_IS or (type(v) is float and math.isfinite(v)):
+        return v
+    return plain(v)
 
 
 def dumps(obj, *, indent: int | None = None, sort_keys: bool = False) -> str:

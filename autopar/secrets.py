@@ -56,13 +56,18 @@ def mask_secrets(text: str) -> str:
     return text
 
 
+#: values that hold no text: copied as they are, without a call per number (a run's top.json holds
+#: some 100,000 of them)
+_NO_TEXT = frozenset({int, float, bool, type(None)})
+
+
 def mask_values(obj):
     """A copy of a JSON-like value (dicts, lists, strings) with `mask_secrets` applied to every string
     (keys too)."""
     if isinstance(obj, str):
         return mask_secrets(obj)
     if isinstance(obj, dict):
-        return {mask_values(k): mask_values(v) for k, v in obj.items()}
+        return {mask_values(k): v if type(v) in _NO_TEXT else mask_values(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [mask_values(v) for v in obj]
+        return [v if type(v) in _NO_TEXT else mask_values(v) for v in obj]
     return obj

@@ -45,10 +45,10 @@ from autopar.search.run_dir import (
 )
 from autopar.search.run_state import RunState
 from autopar.search.space import SearchSpace
-from autopar.search.streaming import Streamed, StreamOptions, stream
+from autopar.search.streaming import FIT_MASK, Streamed, StreamOptions, stream
 from autopar.search.training import plan_file_columns, with_run_columns
 from autopar.spec.question import Question
-from autopar.spec.table import PlanTable
+from autopar.spec.table import TRAINER, PlanTable
 from autopar.spec.trainers import TRAINERS
 
 
@@ -292,7 +292,11 @@ def runs_on(top: pd.DataFrame, q: Question, layouts: list, headroom: float) -> p
     whose profile it fits. Priced as the walk prices (estimate_per_trainer: the rules once, each
     performance profile once, `fits` per trainer), not through a full estimate per (plan, trainer)."""
     table = PlanTable.from_plans([row_plan(r, layouts) for _, r in top.iterrows()])
-    fits = _fits_per_trainer(table, q, headroom)
+    if FIT_MASK in top and top[FIT_MASK].notna().all():  # the walk priced every trainer already
+        mask = top[FIT_MASK].to_numpy(dtype=np.int64)
+        fits = np.stack([(mask >> TRAINER[t]) & 1 for t in q.trainers], axis=1).astype(bool)
+    else:
+        fits = _fits_per_trainer(table, q, headroom)
     names = [", ".join(t for t, ok in zip(q.trainers, row) if ok) for row in fits]
     flagged, flags = _runs_with_fp8_flags(table, fits, q, headroom)
     return top.assign(trainers=names, trainers_with_flags=flagged, fp8_flags=flags)

@@ -32,6 +32,9 @@ from autopar.spec.trainers import ALL_TRAINERS
 DEFAULT_CHUNK = 1 << 16
 #: the figures a kept row carries until the end of the walk (then it is priced in full)
 LIGHT_FIGURES = ("valid", "fits", "step_time_s", "rank_time_s", "peak_memory_bytes", "memory_miss_gib")
+#: a kept row's bitmask of the trainers (bit = autopar.spec.table TRAINER code) that can run its plan
+#: and fit it, from the walk's per-trainer pricing (the walk's rows only, not Optuna's)
+FIT_MASK = "fit_mask"
 #: the PlanTable columns of a kept row
 PLAN_COLUMNS = TABLE_COLUMNS + ("plan_index",)
 #: most points the report's all-plans scatter draws (SVG: each is a DOM node, ~0.2 ms to draw);
@@ -107,7 +110,8 @@ class _Keeper:
         )
         if not len(rows):
             return
-        df = pd.DataFrame({c: v[rows] for c, v in table.columns.items()} | {c: est[c][rows] for c in LIGHT_FIGURES})
+        kept = LIGHT_FIGURES + (FIT_MASK,) if FIT_MASK in est else LIGHT_FIGURES
+        df = pd.DataFrame({c: v[rows] for c, v in table.columns.items()} | {c: est[c][rows] for c in kept})
         df["plan_index"] = index[rows]
         df["sample_key"] = _hash(index[rows], self.opts.seed)
         self.pool.append(df)
@@ -240,6 +244,8 @@ class _Keeper:
         table = PlanTable({c: light[c].to_numpy() for c in PLAN_COLUMNS if c in light.columns}, layouts)
         df = frame(table, estimate_fitting(table, self.q, self.opts.headroom_gib), self.q.model.num_layers)
         df["sample_key"] = light["sample_key"].to_numpy()
+        if FIT_MASK in light:
+            df[FIT_MASK] = light[FIT_MASK].to_numpy()
         return df
 
     def _labels(self) -> dict:
@@ -331,9 +337,15 @@ def stream(
             )
             t_est += time.perf_counter() - t0
             t1 = time.perf_counter()
+            # which trainers fit each plan, kept with the rows so the answer's "runs on" needs no
+            # pricing again (autopar.search.run.runs_on)
+            mask = np.zeros(len(table), dtype=np.int64)
+            for code, est in zip(enumerator.trainer_codes, ests):
+                mask |= est["fits"].astype(np.int64) << int(code)
             parts = []
             for j, (code, est) in enumerate(zip(enumerator.trainer_codes, ests)):
                 set_rank_time(est, q.rank_by)
+                est[FIT_MASK] = mask
                 index = table.columns["plan_index"] + j
                 mine = table.with_columns(trainer=code, plan_index=index)
                 keeper.add(mine, est, index)

@@ -289,3 +289,19 @@ def test_the_search_prices_nvidias_70b_recipe_as_estimate_does(result, every_pla
     assert float(row["step_time_s"].iloc[0]) == pytest.approx(float(est["step_time_s"][0]), rel=1e-9)
     assert float(row["peak_memory_bytes"].iloc[0]) == pytest.approx(float(est["peak_memory_bytes"][0]), rel=1e-9)
     assert bool(row["fits"].iloc[0])
+
+
+def test_runs_on_from_the_walks_fits_equals_pricing_every_trainer_again(result):
+    """The walk keeps with each row which trainers fit its plan (streaming FIT_MASK); "runs on" read
+    from it equals "runs on" priced again per trainer (estimate_per_trainer), row by row."""
+    from autopar.search.run import runs_on
+    from autopar.search.streaming import FIT_MASK
+
+    fit = result.plans[result.plans["fits"]]
+    kept = fit.groupby("trainer", observed=True).head(15)  # plans of every trainer's own
+    assert FIT_MASK in kept and kept[FIT_MASK].notna().all()
+    q, layouts = result.question, result.layouts
+    from_walk = runs_on(kept, q, layouts, 0.0)
+    priced = runs_on(kept.drop(columns=[FIT_MASK]), q, layouts, 0.0)
+    assert from_walk["trainers"].tolist() == priced["trainers"].tolist()
+    assert len(set(priced["trainers"])) > 1  # trainers differ on these plans: the check can fail
