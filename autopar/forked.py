@@ -6,7 +6,9 @@ one job, the jobs run here in order, as before.
 An interrupt (SIGINT, SIGTERM) ends the workers quietly and the parent as usual
 (autopar.measured.hygiene: a forked child exits at once; the parent runs its cleanups and kills its
 children). A run directory a killed worker was writing stays marked incomplete for a rerun to
-finish (autopar.search.run_state), as after any crash."""
+finish (autopar.search.run_state), as after any crash. A worker that dies on its own (the kernel's
+out-of-memory killer, a crash) loses nothing either: the jobs left without a result run here, one
+at a time (a rerun of a search resumes the run directory its worker left marked incomplete)."""
 
 from __future__ import annotations
 
@@ -45,14 +47,22 @@ def forked_map(jobs: Sequence[Callable[[], T]], done: Callable[[int], None] | No
         return results
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     _jobs[:] = jobs
     try:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
             futures = [pool.submit(_run_job, i) for i in range(len(jobs))]
-            for k, _ in enumerate(as_completed(futures), start=1):
-                if done is not None:
-                    done(k)
-            return [f.result() for f in futures]
+            try:
+                for k, _ in enumerate(as_completed(futures), start=1):
+                    if done is not None:
+                        done(k)
+            except BrokenProcessPool:  # a worker died: what it and the others had not finished runs here
+                pass
+        results = []
+        for job, f in zip(jobs, futures):
+            lost = f.cancelled() or isinstance(f.exception(), BrokenProcessPool)
+            results.append(job() if lost else f.result())  # a job's own error is raised as it was
+        return results
     finally:
         _jobs.clear()

@@ -5,6 +5,7 @@ what-if searched and reported on two workers gives the files one core gives."""
 from __future__ import annotations
 
 import os
+import signal
 from functools import partial
 
 import pytest
@@ -43,3 +44,20 @@ def test_a_jobs_error_is_raised_here_as_it_was(monkeypatch, cores):
     monkeypatch.setattr(forked, "usable_cores", lambda: cores)
     with pytest.raises(InputError, match="^job 1 cannot run: fix it$"):
         forked.forked_map([partial(_fails, i) for i in range(3)])
+
+
+_PARENT = os.getpid()
+
+
+def _dies_in_a_worker(i: int) -> tuple[int, int]:
+    """Killed (as the out-of-memory killer would) when run in a worker; its result when run here."""
+    if i == 2 and os.getpid() != _PARENT:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return os.getpid(), i
+
+
+def test_a_worker_that_dies_loses_no_job(monkeypatch):
+    monkeypatch.setattr(forked, "usable_cores", lambda: 2)
+    out = forked.forked_map([partial(_dies_in_a_worker, i) for i in range(5)])
+    assert [i for _, i in out] == list(range(5))
+    assert out[2][0] == os.getpid()  # the killed worker's job ran here
