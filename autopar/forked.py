@@ -34,16 +34,17 @@ def _run_job(i: int):
     return _jobs[i]()
 
 
-def forked_map(jobs: Sequence[Callable[[], T]], done: Callable[[int], None] | None = None) -> list[T]:
-    """Each job's result, in order, the jobs spread over min(jobs, cores) forked workers; `done(k)`
-    after the k-th result arrives. A job's exception is raised here (the first in order)."""
+def forked_map(jobs: Sequence[Callable[[], T]], done: Callable[[int, T], None] | None = None) -> list[T]:
+    """Each job's result, in order, the jobs spread over min(jobs, cores) forked workers; `done(i,
+    result)` here as job i's result arrives (while the others still run). A job's exception is raised
+    here (the first in order)."""
     workers = min(len(jobs), usable_cores())
     if workers < 2 or not hasattr(os, "fork"):
         results = []
-        for job in jobs:
+        for i, job in enumerate(jobs):
             results.append(job())
             if done is not None:
-                done(len(results))
+                done(i, results[-1])
         return results
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -53,10 +54,11 @@ def forked_map(jobs: Sequence[Callable[[], T]], done: Callable[[int], None] | No
     try:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
             futures = [pool.submit(_run_job, i) for i in range(len(jobs))]
+            index = {f: i for i, f in enumerate(futures)}
             try:
-                for k, _ in enumerate(as_completed(futures), start=1):
-                    if done is not None:
-                        done(k)
+                for f in as_completed(futures):
+                    if done is not None and f.exception() is None:
+                        done(index[f], f.result())
             except BrokenProcessPool:  # a worker died: what it and the others had not finished runs here
                 pass
         results = []

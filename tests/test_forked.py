@@ -26,11 +26,11 @@ def _fails(i: int) -> int:
 
 def test_jobs_run_on_forked_workers_in_order(monkeypatch):
     monkeypatch.setattr(forked, "usable_cores", lambda: 2)
-    seen: list[int] = []
-    out = forked.forked_map([partial(_pid_and, i) for i in range(5)], done=seen.append)
+    seen: dict[int, tuple[int, int]] = {}
+    out = forked.forked_map([partial(_pid_and, i) for i in range(5)], done=seen.__setitem__)
     assert [i for _, i in out] == list(range(5))
     assert os.getpid() not in {pid for pid, _ in out}  # none ran here
-    assert seen == [1, 2, 3, 4, 5]
+    assert seen == dict(enumerate(out))  # each result handed over here as it arrived
 
 
 def test_on_one_core_the_jobs_run_here(monkeypatch):

@@ -179,6 +179,11 @@ def search(
     options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
     options |= dict(rank_by=rank_by, recipes=parse_recipes(recipe, trainers), power_limit_w=power_limit)
     options |= dict(routing_imbalance=check_routing_imbalance(routing_imbalance))
+    loaded: dict = {}  # a what-if's runs, read back for the reports as each search ends
+    if len(scenarios) > 1:  # (no measured stage then: --trials takes one scenario)
+        from autopar.report import read_run
+
+        options["on_result"] = lambda r: read_run(r.run_dir, loaded)
     results = _run(spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, **options)
     from autopar.report import write_reports  # after the question's checks: a bad input stays quick
     from autopar.search.scenarios import check_any_valid
@@ -189,7 +194,7 @@ def search(
         if len(results) != 1:
             raise InputError("--trials applies to one scenario")
         _measured_stage(results[0], spec, measure, storage, quiet=as_json, study_name=study_name)
-    reports = write_reports([r.run_dir for r in results])  # RUN_DIR/report.html; a what-if links them
+    reports = write_reports([r.run_dir for r in results], loaded)  # RUN_DIR/report.html; a what-if links them
     answer = check_run(results, run)  # a deadline or budget no plan meets: one line, exit 1
     _show(results, reports, answer, as_json)
 

@@ -24,9 +24,16 @@ def write_report(run_dir, **kwargs):
     return _write(run_dir, **kwargs)
 
 
-def write_reports(run_dirs):
+def write_reports(run_dirs, loaded=None):
     """One report per run directory; several are the scenarios of one what-if
     (see autopar.report.html.write_reports)."""
     from autopar.report.html import write_reports as _write
 
-    return _write(run_dirs)
+    return _write(run_dirs, loaded)
+
+
+def read_run(run_dir, loaded):
+    """Read a run directory for `write_reports` (see autopar.report.html.read_run)."""
+    from autopar.report.html import read_run as _read
+
+    _read(run_dir, loaded)

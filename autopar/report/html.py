@@ -72,19 +72,26 @@ def write_report(
     return path
 
 
-def write_reports(run_dirs: Sequence[str | Path]) -> list[Path]:
+def write_reports(run_dirs: Sequence[str | Path], loaded: dict | None = None) -> list[Path]:
     """The reports of one search (what `autopar search` calls): one report per run directory;
-    several directories are the scenarios of a what-if, and each report shows them side by side."""
+    several directories are the scenarios of a what-if, and each report shows them side by side.
+    `loaded`: runs already read (`read_run`), by resolved path."""
     # one directory twice (e.g. two scenarios into one --run-dir) is one scenario
     seen: dict[Path, Path] = {}
     for d in run_dirs:
         seen.setdefault(Path(d).resolve(), Path(d))
     unique = list(seen.values())
-    loaded: dict = {}  # each scenario's run read once for all the what-if's reports
+    loaded = {} if loaded is None else loaded  # each scenario's run read once for all the what-if's reports
     if len(unique) > 1:  # read here, so that the workers the reports are written on start with them
         for d in unique:
-            loaded[d.resolve()] = D.load_run(d)
+            if d.resolve() not in loaded:
+                read_run(d, loaded)
     return forked_map([partial(write_report, d, scenarios=unique, loaded=loaded) for d in unique])
+
+
+def read_run(run_dir: str | Path, loaded: dict) -> None:
+    """Read a run directory into `loaded` (by resolved path), for `write_reports`."""
+    loaded[Path(run_dir).resolve()] = D.load_run(run_dir)
 
 
 def write_compare(cmp, out: str | Path) -> Path:

@@ -4,6 +4,7 @@ knob: it changes what training converges to, not only how fast a step runs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -78,8 +79,11 @@ def run_scenarios(
     recipes: tuple[tuple[str, str], ...] = (),
     power_limit_w: float | None = None,
     routing_imbalance: float | None = None,
+    on_result: Callable[[SearchResult], None] | None = None,
     **opts,
 ) -> list[SearchResult]:
+    """Each scenario's search; `on_result(result)` here as each search ends (the CLI reads the run back
+    for the reports while a what-if's other scenarios are still searched)."""
     questions, notes, spaces = [], [], []
     for sc in scenarios:  # every scenario checked before any is searched
         sp = scenario_space(space, sc, model)
@@ -112,15 +116,26 @@ def run_scenarios(
         # a rerun finishes, as the interrupt's line says
         what = f"the what-if's {n} searches (rerun the same command to finish them)"
         handle = interrupts.register(what, lambda: None) if interrupts is not None else None
+        finished: list[int] = []
+
+        def done(i: int, r: SearchResult) -> None:
+            finished.append(i)
+            if progress is not None:
+                progress("scenarios searched", len(finished), n)
+            if on_result is not None:
+                on_result(r)
+
         try:
-            results = forked.forked_map(
-                searches, done=(lambda k: progress("scenarios searched", k, n)) if progress else None
-            )
+            results = forked.forked_map(searches, done=done)
         finally:
             if handle is not None:
                 interrupts.unregister(handle)
     else:  # here, with the walk's own progress
-        results = [search(progress=progress) for search in searches]
+        results = []
+        for search in searches:
+            results.append(search(progress=progress))
+            if on_result is not None:
+                on_result(results[-1])
     for r, scenario_notes, sc, sp in zip(results, notes, scenarios, spaces):
         forced = batch_forces_model_parallel(sp, r) if sc.gbs is None else None
         r.notes = scenario_notes + ([forced] if forced else [])
