@@ -179,11 +179,7 @@ def search(
     options |= dict(storage=storage, study_name=study_name, multi_objective=multi_objective, run_dir=run_dir)
     options |= dict(rank_by=rank_by, recipes=parse_recipes(recipe, trainers), power_limit_w=power_limit)
     options |= dict(routing_imbalance=check_routing_imbalance(routing_imbalance))
-    loaded: dict = {}  # a what-if's runs, read back for the reports as each search ends
-    if len(scenarios) > 1:  # (no measured stage then: --trials takes one scenario)
-        from autopar.report import read_run
-
-        options["on_result"] = lambda r: read_run(r.run_dir, loaded)
+    loaded = _read_back(scenarios, options)
     results = _run(spec, sp, scenarios, gpus_per_node, cluster, trainers, run, csv, quiet=as_json, **options)
     from autopar.report import write_reports  # after the question's checks: a bad input stays quick
     from autopar.search.scenarios import check_any_valid
@@ -197,6 +193,18 @@ def search(
     reports = write_reports([r.run_dir for r in results], loaded)  # RUN_DIR/report.html; a what-if links them
     answer = check_run(results, run)  # a deadline or budget no plan meets: one line, exit 1
     _show(results, reports, answer, as_json)
+
+
+def _read_back(scenarios: list, options: dict) -> dict:
+    """The runs a what-if's reports read, filled as each scenario's search ends (while the others are
+    still searched: `run_scenarios`' on_result); one scenario reads its run when its report is written,
+    after the measured stage (--trials takes one scenario)."""
+    loaded: dict = {}
+    if len(scenarios) > 1:
+        from autopar.report import read_run
+
+        options["on_result"] = lambda r: read_run(r.run_dir, loaded)
+    return loaded
 
 
 def _own_trainer_question(measure: TrialFlags, gpu: str | None, trainer: str | None, cluster, quiet: bool):
