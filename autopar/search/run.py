@@ -391,7 +391,7 @@ def write_run(result: SearchResult) -> None:
     search streams)."""
     d = result.run_dir
     top, variants = top_entries(result)
-    pareto = [row_summary(r, result.layouts) for _, r in result.pareto.iterrows()]
+    pareto = [row_summary(r, result.layouts) for r in result.pareto.to_dict("records")]
     per_trainer = {t: None if r is None else row_summary(r, result.layouts) for t, r in result.per_trainer.items()}
     write_top(
         d,
@@ -415,24 +415,25 @@ def write_run(result: SearchResult) -> None:
 def top_entries(result: SearchResult) -> tuple[list[dict], list[dict]]:
     """(the top-k, each with its rank, trainers and count of variants; the variants, each with
     `variant_of`: the rank it folds under) as top.json and `search --json` write them."""
+    # rows as dicts, read once each (a Series per row costs more than the summary)
     top = [
         row_summary(r, result.layouts)
         | {"rank": i + 1, "trainers": _trainer_list(r), "variants": int(r.get("variants", 0))}
         | _flagged(r)
-        for i, (_, r) in enumerate(result.top.iterrows())
+        for i, r in enumerate(result.top.to_dict("records"))
     ]
     variants = [
         row_summary(r, result.layouts) | {"variant_of": int(r["variant_of"]), "trainers": _trainer_list(r)}
-        for _, r in result.variants.iterrows()
+        for r in result.variants.to_dict("records")
     ]
     return top, variants
 
 
-def _trainer_list(row: pd.Series, column: str = "trainers") -> list[str]:
+def _trainer_list(row: pd.Series | dict, column: str = "trainers") -> list[str]:
     return [x for x in str(row.get(column, "") or "").split(", ") if x]
 
 
-def _flagged(row: pd.Series) -> dict:
+def _flagged(row: pd.Series | dict) -> dict:
     """The trainers that run an FP8 plan with its FP8 settings named, and those flags (none: {})."""
     more = _trainer_list(row, "trainers_with_flags")
     return {"trainers_with_flags": more, "fp8_flags": str(row.get("fp8_flags", ""))} if more else {}
