@@ -85,7 +85,7 @@ def test_sigterm_during_a_whatif_stops_its_workers(sh, tmp_path):
     r = _interrupt(sh, argv, lambda: bool(list(reports.glob("*/.plans.parquet.*.tmp"))), signal.SIGTERM, cwd=tmp_path)
     assert r.returncode == 143, r.stderr
     line = _one_line(r, "SIGTERM")
-    assert "rerun the same command to finish them" in line, line
+    assert "rerun the same command to finish" in line, line  # "them" on several cores, "it" on one
     time.sleep(0.2)
     assert _processes_in(tmp_path) == []
     for run in reports.iterdir():
