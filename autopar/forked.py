@@ -1,7 +1,7 @@
 """Independent jobs of one command on the machine's cores: the scenarios of a what-if, their
 reports. Workers are forked (Linux), so they start with everything the parent has imported and
-loaded and receive nothing by pickling; only each job's result travels back. On one core, or for
-one job, the jobs run here in order, as before.
+loaded and receive nothing by pickling; only each job's result travels back. On one core (or with
+RAM free for one worker only), or for one job, the jobs run here in order, as before.
 
 An interrupt (SIGINT, SIGTERM) ends the workers quietly and the parent as usual
 (autopar.measured.hygiene: a forked child exits at once; the parent runs its cleanups and kills its
@@ -16,18 +16,23 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from autopar.processes import ram_bytes, usable_cores
+
 T = TypeVar("T")
 
 #: the jobs of the map the workers serve: set before the pool forks, read by index in the workers
 _jobs: list = []
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, e.g. a container's or taskset's share)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return 1
+#: RAM set aside per worker: a search holds about 0.3 GiB at its peak, up to 14 M plans
+#: (docs/benchmarks.md), and a report less; a GiB each leaves the rest of the machine its room
+WORKER_BYTES = 2**30
+
+
+def workers_for(jobs: int) -> int:
+    """Workers for `jobs` jobs: at most one per usable core (affinity, CPU quota) and one per
+    WORKER_BYTES of available RAM (cgroup limit included), at least one."""
+    return max(1, min(jobs, usable_cores(), int(ram_bytes()[1] // WORKER_BYTES)))
 
 
 def _run_job(i: int):
@@ -35,10 +40,10 @@ def _run_job(i: int):
 
 
 def forked_map(jobs: Sequence[Callable[[], T]], done: Callable[[int, T], None] | None = None) -> list[T]:
-    """Each job's result, in order, the jobs spread over min(jobs, cores) forked workers; `done(i,
+    """Each job's result, in order, the jobs spread over `workers_for(jobs)` forked workers; `done(i,
     result)` here as job i's result arrives (while the others still run). A job's exception is raised
     here (the first in order)."""
-    workers = min(len(jobs), usable_cores())
+    workers = workers_for(len(jobs))
     if workers < 2 or not hasattr(os, "fork"):
         results = []
         for i, job in enumerate(jobs):

@@ -61,3 +61,19 @@ def test_a_worker_that_dies_loses_no_job(monkeypatch):
     out = forked.forked_map([partial(_dies_in_a_worker, i) for i in range(5)])
     assert [i for _, i in out] == list(range(5))
     assert out[2][0] == os.getpid()  # the killed worker's job ran here
+
+
+def test_workers_are_bounded_by_cores_and_free_ram(monkeypatch):
+    """One worker per usable core and per WORKER_BYTES of free RAM: 8 cores with 2.5 GiB free run 2
+    workers, with 0.5 GiB free none but this process; never more workers than jobs."""
+    monkeypatch.setattr(forked, "usable_cores", lambda: 8)
+    gib = 2**30
+    monkeypatch.setattr(forked, "ram_bytes", lambda: (64.0 * gib, 2.5 * gib))
+    assert forked.WORKER_BYTES == gib
+    assert forked.workers_for(6) == 2
+    monkeypatch.setattr(forked, "ram_bytes", lambda: (64.0 * gib, 0.5 * gib))
+    assert forked.workers_for(6) == 1
+    out = forked.forked_map([partial(_pid_and, i) for i in range(3)])
+    assert {pid for pid, _ in out} == {os.getpid()}  # too little RAM for a worker: here, in order
+    monkeypatch.setattr(forked, "ram_bytes", lambda: (64.0 * gib, 60.0 * gib))
+    assert forked.workers_for(3) == 3 and forked.workers_for(20) == 8

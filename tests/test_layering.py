@@ -39,7 +39,7 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "quoting": (frozenset({"errors"}), frozenset()),  # values in generated scripts
     "terminal": (frozenset(), frozenset()),  # printable: the one rule of text on the terminal
     "processes": (frozenset(), frozenset()),  # start_time: a process named across pid reuse
-    "forked": (frozenset(), frozenset()),  # forked_map: one command's independent jobs on the cores
+    "forked": (frozenset({"processes"}), frozenset()),  # forked_map: one command's independent jobs on the cores
     # spec checks the names it takes that exports paste into scripts (a recipe) with quoting's rule
     "spec": (frozenset({"errors", "quoting", "spec"}), frozenset({"numpy", "yaml"})),
     "cost": (frozenset({"errors", "spec", "cost"}), frozenset({"numpy", "scipy"})),

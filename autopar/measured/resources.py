@@ -13,14 +13,13 @@ limits a local trial must respect:
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 from autopar.errors import InputError
+from autopar.processes import ram_bytes, usable_cores
 from autopar.spec.hardware import GIB
 
 #: fraction of a GPU's memory left to the CUDA context and the allocator's fragmentation
@@ -85,10 +84,10 @@ class LocalLimits:
 
 def detect(use_gpus: bool = True) -> Machine:
     """This machine's cores, RAM and (when `use_gpus` and nvidia-smi answers) GPUs."""
-    total, avail = _ram()
+    total, avail = ram_bytes()
     gpus, mem, name = _gpus() if use_gpus else (0, 0.0, "")
     return Machine(
-        cpu_cores=_cores(),
+        cpu_cores=usable_cores(),
         ram_total_bytes=total,
         ram_available_bytes=avail,
         gpus=gpus,
@@ -135,42 +134,6 @@ def local_limits(machine: Machine, device: str, max_local_ranks: int | None = No
     )
     budget = min(CPU_MEMORY_SHARE * machine.ram_available_bytes, CPU_MEMORY_CAP_BYTES)
     return LocalLimits(device="cpu", max_ranks=ranks, memory_bytes_per_device=budget, machine=machine, why=why)
-
-
-def _cores() -> int:
-    """Cores this process may use: the affinity mask, lowered by a cgroup v2 CPU quota."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            n = min(n, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, n)
-
-
-def _ram() -> tuple[float, float]:
-    """(total, available) RAM in bytes: /proc/meminfo, lowered by a cgroup v2 memory limit."""
-    info: dict[str, float] = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            info[key] = float(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    total = info.get("MemTotal", 8 * GIB)
-    avail = info.get("MemAvailable", total / 2)
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = float(Path("/sys/fs/cgroup/memory.current").read_text())
-            total, avail = min(total, float(limit)), min(avail, max(0.0, float(limit) - used))
-    except (OSError, ValueError):
-        pass
-    return total, avail
 
 
 def _gpus() -> tuple[int, float, str]:

@@ -110,7 +110,7 @@ def run_scenarios(
         partial(run_search, q, SearchOptions(space=sp, run_dir=run_dir, **opts), interrupts=interrupts)
         for q, sp in zip(questions, spaces)
     ]
-    if len(searches) > 1 and forked.usable_cores() > 1:  # a what-if on the machine's cores (autopar.forked)
+    if forked.workers_for(len(searches)) > 1:  # a what-if on the machine's cores (autopar.forked)
         n = len(searches)
         # an interrupt stops the workers where they are: the runs they leave marked incomplete are what
         # a rerun finishes, as the interrupt's line says
