@@ -37,20 +37,33 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
     "json_out": (frozenset({"secrets"}), frozenset()),  # dumps: the one JSON writer (strict, masked)
     "atomic": (frozenset(), frozenset()),  # write_atomic: the one atomic file write
     "quoting": (frozenset({"errors"}), frozenset()),  # values in generated scripts
+    "figures": (frozenset(), frozenset()),  # Figure: every output figure's name, unit and header, declared once
     "terminal": (frozenset(), frozenset()),  # printable: the one rule of text on the terminal
     "processes": (frozenset(), frozenset()),  # start_time: a process named across pid reuse
     "forked": (frozenset({"processes"}), frozenset()),  # forked_map: one command's independent jobs on the cores
     # spec checks the names it takes that exports paste into scripts (a recipe) with quoting's rule
-    "spec": (frozenset({"errors", "quoting", "spec"}), frozenset({"numpy", "yaml"})),
-    "cost": (frozenset({"errors", "spec", "cost"}), frozenset({"numpy", "scipy"})),
+    "spec": (frozenset({"errors", "figures", "quoting", "spec"}), frozenset({"numpy", "yaml"})),
+    "cost": (frozenset({"errors", "figures", "spec", "cost"}), frozenset({"numpy", "scipy"})),
     # the published runs, the fit, the validation and the intervals: above the physics
     "calibration": (
-        frozenset({"errors", "json_out", "atomic", "spec", "cost", "calibration"}),
+        frozenset({"errors", "figures", "json_out", "atomic", "spec", "cost", "calibration"}),
         frozenset({"numpy", "scipy"}),
     ),
     "search": (
         frozenset(
-            {"errors", "secrets", "json_out", "atomic", "processes", "forked", "spec", "cost", "calibration", "search"}
+            {
+                "errors",
+                "figures",
+                "secrets",
+                "json_out",
+                "atomic",
+                "processes",
+                "forked",
+                "spec",
+                "cost",
+                "calibration",
+                "search",
+            }
         ),
         ANY,
     ),
@@ -60,6 +73,7 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
         frozenset(
             {
                 "errors",
+                "figures",
                 "secrets",
                 "json_out",
                 "atomic",
@@ -77,18 +91,44 @@ LAYERS: dict[str, tuple[frozenset[str] | None, frozenset[str] | None]] = {
         ANY,
     ),
     "trial": (
-        frozenset({"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "measured", "trial"}),
+        frozenset(
+            {"errors", "figures", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "measured", "trial"}
+        ),
         ANY,
     ),
     "export": (
         frozenset(
-            {"errors", "secrets", "json_out", "atomic", "quoting", "spec", "cost", "calibration", "search", "export"}
+            {
+                "errors",
+                "figures",
+                "secrets",
+                "json_out",
+                "atomic",
+                "quoting",
+                "spec",
+                "cost",
+                "calibration",
+                "search",
+                "export",
+            }
         ),
         ANY,
     ),
     "report": (
         frozenset(
-            {"errors", "secrets", "json_out", "atomic", "forked", "spec", "cost", "calibration", "search", "report"}
+            {
+                "errors",
+                "figures",
+                "secrets",
+                "json_out",
+                "atomic",
+                "forked",
+                "spec",
+                "cost",
+                "calibration",
+                "search",
+                "report",
+            }
         ),
         ANY,
     ),

@@ -10,6 +10,7 @@ import numpy as np
 
 from autopar.calibration.estimate import estimate_table
 from autopar.calibration.fit import FitResult, fit_constants
+from autopar.figures import PEAK_MEMORY_BYTES, STEP_TIME_S
 from autopar.spec.constants import constant_table
 from autopar.spec.hardware import GIB, LOCAL, ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -45,7 +46,7 @@ def predict(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Predicted step time (s) and peak memory (bytes) of each plan."""
     est = estimate_table(PlanTable.from_plans(plans), model, cluster, num_gpus=num_gpus, seq_len=seq_len)
-    return np.asarray(est["step_time_s"], float), np.asarray(est["peak_memory_bytes"], float)
+    return np.asarray(est[STEP_TIME_S], float), np.asarray(est[PEAK_MEMORY_BYTES], float)
 
 
 @dataclass

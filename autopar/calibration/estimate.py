@@ -20,9 +20,51 @@ import numpy as np
 
 from autopar.calibration.uncertainty import interval_columns, interval_fields, support_text
 from autopar.cost.columns import RANKING_COLUMNS, set_validity
-from autopar.cost.figures import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.cost.price import prepare, price
 from autopar.cost.profiles import priced_cluster
+from autopar.figures import (
+    AXES,
+    BUBBLE_FRACTION,
+    COMM_BYTES,
+    COMM_BYTES_PER_GPU,
+    ENERGY_KWH_PER_STEP,
+    FITS,
+    HFU,
+    HOST_MEMORY_BYTES,
+    HOST_MEMORY_BYTES_PER_GPU,
+    HOST_MEMORY_BYTES_PER_NODE,
+    LAYOUT_TEXT,
+    MEM,
+    MEMORY_BYTES,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_MISS_GIB,
+    MEMORY_RANK,
+    MEMORY_TERMS,
+    MFU,
+    MODEL_FLOPS_PER_STEP,
+    MODEL_TFLOPS_PER_GPU,
+    NUM_MICROBATCHES,
+    PACE_RANK,
+    PARAMS_PER_GPU,
+    PARAMS_TOTAL,
+    PEAK_MEMORY_BYTES,
+    POWER_W_PER_GPU,
+    STAGE_COMM_BYTES,
+    STAGE_IMBALANCE,
+    STAGE_LAYERS,
+    STAGE_MEMORY_BYTES,
+    STAGE_PARAMS,
+    STAGE_TIME_PER_MB,
+    STEP_TIME_S,
+    SUPPORT_GAPS,
+    TIME,
+    TIME_S,
+    TIME_TERMS,
+    TIME_TP_PER_STEP,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    VALID,
+)
 from autopar.spec.fp8_recipes import fp8_defaults
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -50,7 +92,7 @@ def estimate_table(
     performance profile (autopar.cost.profiles). `every_rank` costs every pipeline rank (for the
     per-stage breakdown); otherwise only the ranks that can differ (autopar.spec.stages), which
     gives the same peak and pace. `search` leaves out what a search of millions of plans does not
-    need per plan: the per-rank columns and the text ones (`rejected_by`, `layout`; `rejected_code`
+    need per plan: the per-rank columns and the text ones (`rejected_by`, `layout_text`; `rejected_code`
     and `layout_id` say the same). A plan fits with `headroom_gib` of its GPU's memory to spare (a
     search space's memory_headroom_gib). `recipes`: the trainers whose recipe the question names
     (autopar.spec.rules.Context)."""
@@ -169,7 +211,7 @@ def estimate_per_trainer(
     for t in trainers:
         by_profile.setdefault((get_trainer(t).profile, fp8_defaults(t)), []).append(t)
     n = len(table)
-    figures = {t: {c: np.full(n, np.nan) for c in RANKING_COLUMNS} for t in trainers}
+    figures: dict[str, dict[str, np.ndarray]] = {t: {c: np.full(n, np.nan) for c in RANKING_COLUMNS} for t in trainers}
     for mine in by_profile.values():
         rows = np.flatnonzero(np.logical_or.reduce([codes[t] == 0 for t in mine]))
         if not len(rows):
@@ -186,7 +228,7 @@ def estimate_per_trainer(
     out = []
     for t in trainers:
         est = figures[t]
-        est["memory_capacity_bytes"] = np.full(n, cluster.gpu.hbm_bytes)
+        est[MEMORY_CAPACITY_BYTES] = np.full(n, cluster.gpu.hbm_bytes)
         set_validity(est, codes[t], headroom_gib)
         est.update(interval_columns(table, est, model, cluster, s, trainer=t))
         out.append(est)
@@ -250,25 +292,25 @@ class Estimate:
         out = {
             k: getattr(self, k)
             for k in (
-                "fits",
-                "valid",
+                FITS,
+                VALID,
                 "reasons",
-                "peak_memory_bytes",
-                "memory_bytes",
-                "step_time_s",
-                "time_s",
-                "comm_bytes_per_gpu",
-                "tokens_per_s",
-                "tokens_per_s_per_gpu",
-                "model_tflops_per_gpu",
-                "mfu",
-                "hfu",
-                "bubble_fraction",
-                "params_total",
-                "params_per_gpu",
-                "memory_capacity_bytes",
+                PEAK_MEMORY_BYTES,
+                MEMORY_BYTES,
+                STEP_TIME_S,
+                TIME_S,
+                COMM_BYTES_PER_GPU,
+                TOKENS_PER_S,
+                TOKENS_PER_S_PER_GPU,
+                MODEL_TFLOPS_PER_GPU,
+                MFU,
+                HFU,
+                BUBBLE_FRACTION,
+                PARAMS_TOTAL,
+                PARAMS_PER_GPU,
+                MEMORY_CAPACITY_BYTES,
                 "layout",
-                "num_microbatches",
+                NUM_MICROBATCHES,
             )
         }
         out["plan"] = self.plan.to_dict()
@@ -290,59 +332,59 @@ def estimate(
     cols = estimate_table(
         table, model, cluster, num_gpus=num_gpus, seq_len=seq_len, routing_imbalance=routing_imbalance, every_rank=True
     )
-    row = {k: v[0] for k, v in cols.items() if not k.startswith("stage_") or k == "stage_imbalance"}
+    row = {k: v[0] for k, v in cols.items() if not k.startswith("stage_") or k == STAGE_IMBALANCE}
     reasons = plan.problems(model, num_gpus=num_gpus, cluster=cluster, seq_len=seq_len)
-    if row["valid"] and not row["fits"]:
+    if row[VALID] and not row[FITS]:
         reasons.append(
-            f"needs {row['peak_memory_bytes'] / GIB:.1f} GiB on pipeline rank {int(row['memory_rank'])} "
-            f"but the {cluster.gpu.key} has {row['memory_capacity_bytes'] / GIB:.1f} GiB "
-            f"({row['memory_miss_gib']:.1f} GiB short)"
+            f"needs {row[PEAK_MEMORY_BYTES] / GIB:.1f} GiB on pipeline rank {int(row[MEMORY_RANK])} "
+            f"but the {cluster.gpu.key} has {row[MEMORY_CAPACITY_BYTES] / GIB:.1f} GiB "
+            f"({row[MEMORY_MISS_GIB]:.1f} GiB short)"
         )
     extra = {
         k: (v.item() if hasattr(v, "item") else v)
         for k, v in row.items()
-        if k in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step", "time_tp_per_step")
+        if k in (MEMORY_RANK, PACE_RANK, STAGE_IMBALANCE, MODEL_FLOPS_PER_STEP, TIME_TP_PER_STEP)
     }
     if plan.optimizer_offload > 0 or plan.offload_modules:  # what is offloaded, per GPU and per node
-        extra["host_memory_bytes_per_gpu"] = float(row["host_memory_bytes"])
-        extra["host_memory_bytes_per_node"] = float(row["host_memory_bytes"]) * cluster.gpus_per_node
+        extra[HOST_MEMORY_BYTES_PER_GPU] = float(row[HOST_MEMORY_BYTES])
+        extra[HOST_MEMORY_BYTES_PER_NODE] = float(row[HOST_MEMORY_BYTES]) * cluster.gpus_per_node
     power = cluster.operating_gpu.power_w
     if power is not None:  # the GPUs at their power limit (dense training holds them there), GPUs only
-        extra["power_w_per_gpu"] = float(power)
-        extra["energy_kwh_per_step"] = float(row["step_time_s"]) * plan.num_gpus * power / 3.6e6
-    _, reason = support_text(int(row["support_gaps"]), plan, model, cluster, seq_len or model.seq_len)
+        extra[POWER_W_PER_GPU] = float(power)
+        extra[ENERGY_KWH_PER_STEP] = float(row[STEP_TIME_S]) * plan.num_gpus * power / 3.6e6
+    _, reason = support_text(int(row[SUPPORT_GAPS]), plan, model, cluster, seq_len or model.seq_len)
     extra.update(interval_fields(row, reason))
     extra["stages"] = [
         {
             "rank": r,
-            "layers": int(cols["stage_layers"][r, 0]),
-            "memory_bytes": float(cols["stage_memory_bytes"][r, 0]),
-            "time_per_mb_s": float(cols["stage_time_per_mb"][r, 0]),
-            "params": float(cols["stage_params"][r, 0]),
-            "comm_bytes": {a: float(cols[f"stage_comm_bytes_{a}"][r, 0]) for a in AXES},
+            "layers": int(cols[STAGE_LAYERS][r, 0]),
+            MEMORY_BYTES: float(cols[STAGE_MEMORY_BYTES][r, 0]),
+            "time_per_mb_s": float(cols[STAGE_TIME_PER_MB][r, 0]),
+            "params": float(cols[STAGE_PARAMS][r, 0]),
+            "comm_bytes": {a: float(cols[STAGE_COMM_BYTES[a]][r, 0]) for a in AXES},
         }
         for r in range(plan.pp)
     ]
     return Estimate(
         plan=plan,
-        fits=bool(row["fits"]),
-        valid=bool(row["valid"]),
+        fits=bool(row[FITS]),
+        valid=bool(row[VALID]),
         reasons=reasons,
-        peak_memory_bytes=float(row["peak_memory_bytes"]),
-        memory_bytes={n: float(row[f"mem_{n}"]) for n in MEMORY_TERMS},
-        step_time_s=float(row["step_time_s"]),
-        time_s={n: float(row[f"time_{n}"]) for n in TIME_TERMS},
-        comm_bytes_per_gpu={a: float(row[f"comm_bytes_{a}"]) for a in AXES},
-        tokens_per_s=float(row["tokens_per_s"]),
-        tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
-        model_tflops_per_gpu=float(row["model_tflops_per_gpu"]),
-        mfu=float(row["mfu"]),
-        hfu=float(row["hfu"]),
-        bubble_fraction=float(row["bubble_fraction"]),
-        params_total=float(row["params_total"]),
-        params_per_gpu=float(row["params_per_gpu"]),
-        memory_capacity_bytes=float(row["memory_capacity_bytes"]),
-        layout=str(row["layout"]),
-        num_microbatches=int(row["num_microbatches"]),
+        peak_memory_bytes=float(row[PEAK_MEMORY_BYTES]),
+        memory_bytes={n: float(row[MEM[n]]) for n in MEMORY_TERMS},
+        step_time_s=float(row[STEP_TIME_S]),
+        time_s={n: float(row[TIME[n]]) for n in TIME_TERMS},
+        comm_bytes_per_gpu={a: float(row[COMM_BYTES[a]]) for a in AXES},
+        tokens_per_s=float(row[TOKENS_PER_S]),
+        tokens_per_s_per_gpu=float(row[TOKENS_PER_S_PER_GPU]),
+        model_tflops_per_gpu=float(row[MODEL_TFLOPS_PER_GPU]),
+        mfu=float(row[MFU]),
+        hfu=float(row[HFU]),
+        bubble_fraction=float(row[BUBBLE_FRACTION]),
+        params_total=float(row[PARAMS_TOTAL]),
+        params_per_gpu=float(row[PARAMS_PER_GPU]),
+        memory_capacity_bytes=float(row[MEMORY_CAPACITY_BYTES]),
+        layout=str(row[LAYOUT_TEXT]),
+        num_microbatches=int(row[NUM_MICROBATCHES]),
         extra=extra,
     )

@@ -17,6 +17,7 @@ from autopar.calibration.sources import declared, nvidia_recipes, row_kernels
 from autopar.cost.price import prepare, price
 from autopar.cost.profiles import priced_cluster
 from autopar.errors import InputError
+from autopar.figures import FITS
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import ParallelPlan, PlanError
@@ -177,7 +178,7 @@ def _fits(r: PublishedRow, plan: ParallelPlan, model, cluster, seq_len: int) -> 
         plan = plan.with_(main_grads_fp32=False)
     table = PlanTable.from_plans([plan])
     prepared = prepare(table, model, priced, num_gpus=plan.num_gpus, seq_len=seq_len, trainer_capabilities=False)
-    return bool(price(prepared, priced)["fits"][0])
+    return bool(price(prepared, priced)[FITS][0])
 
 
 def _routing(r: PublishedRow, model) -> float:

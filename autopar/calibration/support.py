@@ -27,7 +27,7 @@ LONG_CONTEXT = 32768
 
 
 #: what a plan may do beyond every published run of its profile, one bit each
-SUPPORT_GAPS = (
+GAP_NAMES = (
     "profile",
     "workload",
     "long_context",
@@ -43,7 +43,7 @@ SUPPORT_GAPS = (
 )
 
 
-GAP_BIT = {name: 1 << i for i, name in enumerate(SUPPORT_GAPS)}
+GAP_BIT = {name: 1 << i for i, name in enumerate(GAP_NAMES)}
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def support_gaps(
     columns: dict, model: ModelSpec, cluster: ClusterSpec, seq_len: int, reach: Reach, dtype: np.ndarray, rows
 ) -> np.ndarray:
     """Per plan of a table's `columns` picked by `rows` (indices, or slice(None) for all), the
-    bitmask of SUPPORT_GAPS it has against `reach` (0: calibrated); `dtype`: the plans' DTYPES codes."""
+    bitmask of GAP_NAMES it has against `reach` (0: calibrated); `dtype`: the plans' DTYPES codes."""
 
     def col(name):
         return np.asarray(columns[name])[rows]

@@ -23,12 +23,12 @@ checkable rather than clever:
    quantile band of the earlier ones held 59 % of the later MoE runs where this holds 86 %, at a
    narrower median width (autopar validate's chronological coverage).
 4. Support. A plan is "calibrated" when some published run of its profile has everything it does
-   at least as far (SUPPORT_GAPS: the workload, long context, precision, GPU generation, TP, PP,
-   CP and EP sizes, EP across nodes, sharded data parallelism at its size, the GPU count).
-   Otherwise it is "extrapolated", and each gap (at most MAX_GAPS counted) widens the interval by
-   `widening` on each side in log space. `widening` is fitted once, when the profiles are
-   regenerated (`make profiles`): the 80th percentile of the per-gap widening that the published
-   runs extrapolated under leave-one-source-out needed to be covered.
+   at least as far (GAP_NAMES: the workload, long context, precision, GPU generation, TP, PP, CP
+   and EP sizes, EP across nodes, sharded data parallelism at its size, the GPU count). Otherwise it
+   is "extrapolated", and each gap (at most MAX_GAPS counted) widens the interval by `widening` on
+   each side in log space. `widening` is fitted once, when the profiles are regenerated (`make
+   profiles`): the 80th percentile of the per-gap widening that the published runs extrapolated
+   under leave-one-source-out needed to be covered.
 5. New ground. A user's cluster and trainer version are a source the model has not seen, and a
    source errs as a whole (residual = source effect + row noise): the runs of a left-out source
    fall outside the band the other sources give them more often than 1 in 5. Per class of run
@@ -67,9 +67,9 @@ from autopar.calibration.sources import declared
 from autopar.calibration.stored_figures import stored_figures
 from autopar.calibration.support import (
     GAP_BIT,
+    GAP_NAMES,
     LONG_CONTEXT,
     MAX_GAPS,
-    SUPPORT_GAPS,
     CalibrationPoint,
     gap_count,
     gap_words,
@@ -80,6 +80,20 @@ from autopar.calibration.support import (
     support_gaps,
 )
 from autopar.cost.profiles import profiles
+from autopar.figures import (
+    HIGH,
+    INTERVAL,
+    INTERVAL_FIGURES,
+    INTERVAL_LEVEL,
+    LOW,
+    PEAK_MEMORY_BYTES,
+    STEP_TIME_S,
+    SUPPORT,
+    SUPPORT_GAPS,
+    SUPPORT_REASON,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+)
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import DTYPES
@@ -293,16 +307,15 @@ def interval_columns(
     # exp(low), exp(high) of the band and exp(widen) per gap count (a few values, not one per plan)
     up = np.exp(support.widening * np.arange(MAX_GAPS + 1))[gap_count(gaps)]
     lo_f, hi_f = np.exp(low) / up, np.exp(high) * up
-    out = {"support_gaps": gaps}
+    out: dict[str, np.ndarray] = {SUPPORT_GAPS: gaps}
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for name in ("tokens_per_s", "tokens_per_s_per_gpu"):
+        for name in (TOKENS_PER_S, TOKENS_PER_S_PER_GPU):
             if name in est:
-                out[f"{name}_low"] = est[name] * lo_f
-                out[f"{name}_high"] = est[name] * hi_f
-        out["step_time_s_low"] = est["step_time_s"] / hi_f
-        out["step_time_s_high"] = est["step_time_s"] / lo_f
-        out["peak_memory_bytes_low"] = est["peak_memory_bytes"] * (np.exp(m_lo - memory_widen) / up)
-        out["peak_memory_bytes_high"] = est["peak_memory_bytes"] * (np.exp(m_hi + memory_widen) * up)
+                out[LOW[name]] = est[name] * lo_f
+                out[HIGH[name]] = est[name] * hi_f
+        out[LOW[STEP_TIME_S]], out[HIGH[STEP_TIME_S]] = est[STEP_TIME_S] / hi_f, est[STEP_TIME_S] / lo_f
+        out[LOW[PEAK_MEMORY_BYTES]] = est[PEAK_MEMORY_BYTES] * (np.exp(m_lo - memory_widen) / up)
+        out[HIGH[PEAK_MEMORY_BYTES]] = est[PEAK_MEMORY_BYTES] * (np.exp(m_hi + memory_widen) * up)
     return out
 
 
@@ -316,9 +329,8 @@ def _memory_band(support: Support, stack_class: str) -> tuple[float, float]:
     return _quantiles(pool)
 
 
-INTERVAL_FIGURES = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "peak_memory_bytes")
 #: the interval and support columns interval_columns adds (plans.parquet, the search's frames)
-INTERVAL_COLUMNS = tuple(f"{f}_{end}" for f in INTERVAL_FIGURES for end in ("low", "high")) + ("support_gaps",)
+INTERVAL_COLUMNS = tuple(b[f] for f in INTERVAL_FIGURES for b in (LOW, HIGH)) + (SUPPORT_GAPS,)
 
 
 def support_text(
@@ -354,7 +366,7 @@ def support_text(
         if near:
             near = f"; {near}" + (f", this plan: {', '.join(differs)}" if differs else ", the same layout")
         return support_word(gaps), f"within the published {trainer.profile} runs{near}; {on}"
-    words = [gap_words(name, plan, model, cluster, seq_len, reach) for name in SUPPORT_GAPS if gaps & GAP_BIT[name]]
+    words = [gap_words(name, plan, model, cluster, seq_len, reach) for name in GAP_NAMES if gaps & GAP_BIT[name]]
     return "extrapolated", "; ".join(words) + (f"; {near}" if near else "") + f"; {on}"
 
 
@@ -583,6 +595,6 @@ def interval_fields(row, reason: str | None = None) -> dict:
     """A plan's intervals and support as the `--json` fields of `estimate`, of the search's plans and
     of the measured stage's candidates: <figure>_interval ([low, high]), interval_level, support, and
     support_reason when given; `row` maps interval_columns' names to one plan's values."""
-    out: dict = {f"{f}_interval": [float(row[f"{f}_low"]), float(row[f"{f}_high"])] for f in INTERVAL_FIGURES}
-    out |= {"interval_level": LEVEL, "support": support_word(row["support_gaps"])}
-    return out | ({"support_reason": reason} if reason is not None else {})
+    out: dict = {INTERVAL[f]: [float(row[LOW[f]]), float(row[HIGH[f]])] for f in INTERVAL_FIGURES}
+    out |= {INTERVAL_LEVEL: LEVEL, SUPPORT: support_word(row[SUPPORT_GAPS])}
+    return out | ({SUPPORT_REASON: reason} if reason is not None else {})

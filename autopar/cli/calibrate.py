@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from autopar.cli import app
+from autopar.figures import STEP_TIME_S
 from autopar.measured.needs_torch import require_torch
 
 
@@ -140,7 +141,7 @@ def calibrate(
     untried = [(k, c) for k, c in ranking.items() if k not in docs][:top]
     print("Untried plans, re-ranked by the calibrated model:")
     for i, (k, c) in enumerate(untried, 1):
-        print(f"  {i}. {k}  {c['predicted']['step_time_s']:.4f} s/step")
+        print(f"  {i}. {k}  {c['predicted'][STEP_TIME_S]:.4f} s/step")
     if rounds > 0:
         from autopar.cli.measured import run_stage
 

@@ -9,6 +9,7 @@ from autopar.cli import app
 from autopar.cli import options as o
 from autopar.cli.plan_flags import with_plan_flags
 from autopar.cli.run_flags import with_run_flags
+from autopar.figures import PEAK_MEMORY_BYTES
 from autopar.json_out import dumps
 from autopar.spec.resolve import PlanRequest
 from autopar.spec.training_run import TrainingRun
@@ -100,7 +101,7 @@ def fit_flags(est, spec, cluster, gpus: int, seq_len: int, routing_imbalance: fl
     other = run_estimate(on, spec, cluster, num_gpus=gpus, seq_len=seq_len, routing_imbalance=routing_imbalance)
     if not (other.valid and other.fits):
         return None
-    return {"flags": "--fp8-param-gather on", "peak_memory_bytes": other.peak_memory_bytes}
+    return {"flags": "--fp8-param-gather on", PEAK_MEMORY_BYTES: other.peak_memory_bytes}
 
 
 def whole_run(est, spec, cluster, gpus: int, run: TrainingRun, model: str):

@@ -14,6 +14,7 @@ from autopar.cli import app
 from autopar.cli import options as o
 from autopar.cli.plan_flags import with_plan_flags
 from autopar.export.registry import EXPORTERS
+from autopar.figures import PLAN_NAME
 from autopar.spec.resolve import PlanRequest
 
 
@@ -295,7 +296,7 @@ def _from_run(run: Path, rank: int, request: PlanRequest):
     from autopar.spec.resolve import rebase_plan
 
     e = load_run_plan(run, rank)
-    where = f"rank {rank} of {e.of} in {run}/top.json ({e.entry.get('plan_name')}, {e.plan.trainer})"
+    where = f"rank {rank} of {e.of} in {run}/top.json ({e.entry.get(PLAN_NAME)}, {e.plan.trainer})"
     changed = request.flag_names()
     if not changed:
         return e.model, e.cluster, e.seq_len, e.plan, where, e.recipes

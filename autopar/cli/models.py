@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autopar.cli import app
 from autopar.cli import options as o
+from autopar.figures import PARAMS_TOTAL
 from autopar.json_out import dumps
 
 
@@ -21,7 +22,7 @@ def models(as_json: o.Json = False) -> None:
                 [
                     s.to_dict()
                     | {
-                        "params_total": s.params_total,
+                        PARAMS_TOTAL: s.params_total,
                         "params_active": s.params_active,
                         "aliases": [a for a, name in aliases.items() if name == s.name],
                     }

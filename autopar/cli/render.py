@@ -16,7 +16,25 @@ from rich.table import Table
 from rich.text import Text
 
 from autopar.calibration.estimate import Estimate
-from autopar.cost.figures import MEMORY_TERMS, TIME_LABELS, TIME_TERMS
+from autopar.figures import (
+    COST,
+    ENERGY_KWH_PER_STEP,
+    GOODPUT,
+    HOST_MEMORY_BYTES_PER_GPU,
+    HOST_MEMORY_BYTES_PER_NODE,
+    INTERVAL,
+    INTERVAL_LEVEL,
+    MEMORY_RANK,
+    MEMORY_TERMS,
+    PEAK_MEMORY_BYTES,
+    POWER_W_PER_GPU,
+    STEP_TIME_S,
+    SUPPORT,
+    SUPPORT_REASON,
+    TIME_LABELS,
+    TIME_TERMS,
+    TOKENS_PER_S_PER_GPU,
+)
 from autopar.report.format import human_count
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
@@ -240,13 +258,13 @@ def estimate_tables(
         "\n",
         verdict,
         f"  peak {est.peak_memory_bytes / GIB:.1f} / {cap / GIB:.1f} GiB on pipeline rank "
-        f"{est.extra.get('memory_rank', 0)}",
+        f"{est.extra.get(MEMORY_RANK, 0)}",
     )
     out: list = [head]
     for r in est.reasons:
         out.append(note(f"- {r}", style="red"))
     if fits_with:  # the flag that fits it (autopar.cli.estimate.fit_flags)
-        gib = fits_with["peak_memory_bytes"] / GIB
+        gib = fits_with[PEAK_MEMORY_BYTES] / GIB
         out.append(note(f"Fits with {fits_with['flags']}: peak {gib:.1f} / {cap / GIB:.1f} GiB.", style="green"))
 
     mem = breakdown_table(
@@ -283,11 +301,11 @@ def estimate_tables(
     thr.add_row("HFU (incl. recompute)", f"{100 * est.hfu:.1f}%")
     thr.add_row("bubble fraction", f"{100 * est.bubble_fraction:.1f}%")
     thr.add_row("params per GPU", human_count(est.params_per_gpu))
-    if "energy_kwh_per_step" in est.extra:
-        watts = est.extra["power_w_per_gpu"]
-        thr.add_row(f"GPU energy per step (at {watts:g} W)", f"{est.extra['energy_kwh_per_step']:,.2f} kWh")
+    if ENERGY_KWH_PER_STEP in est.extra:
+        watts = est.extra[POWER_W_PER_GPU]
+        thr.add_row(f"GPU energy per step (at {watts:g} W)", f"{est.extra[ENERGY_KWH_PER_STEP]:,.2f} kWh")
     out += [mem]
-    if "host_memory_bytes_per_gpu" in est.extra:
+    if HOST_MEMORY_BYTES_PER_GPU in est.extra:
         out.append(host_memory_line(est, cluster))
     out += [tim, com, thr, sureness_table(est), sureness_line(est)]
     return out
@@ -296,7 +314,7 @@ def estimate_tables(
 def host_memory_line(est: Estimate, cluster: ClusterSpec) -> Text:
     """Host memory the offloaded optimizer share and activations take; no host capacity is known to check
     it against."""
-    per_gpu, per_node = est.extra["host_memory_bytes_per_gpu"], est.extra["host_memory_bytes_per_node"]
+    per_gpu, per_node = est.extra[HOST_MEMORY_BYTES_PER_GPU], est.extra[HOST_MEMORY_BYTES_PER_NODE]
     p = est.plan
     what = " and ".join(
         w for w, on in (("optimizer", p.optimizer_offload > 0), ("activations", p.offload_modules)) if on
@@ -310,19 +328,19 @@ def host_memory_line(est: Estimate, cluster: ClusterSpec) -> Text:
 def sureness_table(est: Estimate) -> Table:
     """The 80 % intervals and the support of the estimate (autopar.calibration.uncertainty)."""
     x = est.extra
-    level = round(100 * x["interval_level"])
-    t = Table(title=f"How sure: {level} % intervals, {x['support']}", title_justify="left")
+    level = round(100 * x[INTERVAL_LEVEL])
+    t = Table(title=f"How sure: {level} % intervals, {x[SUPPORT]}", title_justify="left")
     t.add_column("figure")
     t.add_column("estimate", justify="right")
     t.add_column(f"{level} % interval", justify="right")
     rows = (
-        ("step time s", est.step_time_s, "step_time_s_interval", "{:.3f}"),
-        ("tokens/s/GPU", est.tokens_per_s_per_gpu, "tokens_per_s_per_gpu_interval", "{:,.0f}"),
-        ("peak memory GiB", est.peak_memory_bytes / GIB, "peak_memory_bytes_interval", "{:.1f}"),
+        ("step time s", est.step_time_s, INTERVAL[STEP_TIME_S], "{:.3f}"),
+        ("tokens/s/GPU", est.tokens_per_s_per_gpu, INTERVAL[TOKENS_PER_S_PER_GPU], "{:,.0f}"),
+        ("peak memory GiB", est.peak_memory_bytes / GIB, INTERVAL[PEAK_MEMORY_BYTES], "{:.1f}"),
     )
     for name, value, key, fmt in rows:
         lo, hi = x[key]
-        if key == "peak_memory_bytes_interval":
+        if key == INTERVAL[PEAK_MEMORY_BYTES]:
             lo, hi = lo / GIB, hi / GIB
         band = f"{fmt.format(lo)} - {fmt.format(hi)}" if math.isfinite(lo) and math.isfinite(hi) else "unknown"
         t.add_row(name, fmt.format(value), band)
@@ -332,8 +350,8 @@ def sureness_table(est: Estimate) -> Table:
 def sureness_line(est: Estimate) -> Text:
     """What the support is, and whether the memory interval reaches past the GPU's memory."""
     x = est.extra
-    line = f"support: {x['support']}: {x['support_reason']}."
-    low, high = x["peak_memory_bytes_interval"]
+    line = f"support: {x[SUPPORT]}: {x[SUPPORT_REASON]}."
+    low, high = x[INTERVAL[PEAK_MEMORY_BYTES]]
     if est.fits and high > est.memory_capacity_bytes:
         line += (
             f" Memory: the interval's high end ({high / GIB:.1f} GiB) is above the GPU's "
@@ -391,7 +409,7 @@ def run_table(r, run) -> Table:
     rows = [
         ("days to train", never_text(float(r.days), "{:,.1f}")),
         ("  days of steps (no failures)", f"{float(r.train_s) / 86_400:,.1f}"),
-        ("goodput", f"{100 * float(r.goodput):.2f}%"),
+        (GOODPUT.header, f"{100 * float(r.goodput):.2f}%"),
         ("  lost to checkpoint writes", f"{100 * float(r.lost_to_checkpoints):.2f}%"),
         ("  lost to rework after failures", f"{100 * float(r.lost_to_rework):.2f}%"),
         ("  lost to restarts and reads", f"{100 * float(r.lost_to_restarts):.2f}%"),
@@ -403,7 +421,7 @@ def run_table(r, run) -> Table:
     ]
     if r.cost is not None:
         cost = float(r.cost)
-        rows.append(("cost", money_text(cost) if math.isfinite(cost) else "never (the run never finishes)"))
+        rows.append((COST.header, money_text(cost) if math.isfinite(cost) else "never (the run never finishes)"))
     if r.energy_mwh is not None:
         rows.append(("GPU energy (at their power limit)", never_text(float(r.energy_mwh), "{:,.0f} MWh")))
     for row in rows:

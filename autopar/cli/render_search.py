@@ -21,6 +21,26 @@ from autopar.cli.render import (
     schedule_legend,
     trainer_legend,
 )
+from autopar.figures import (
+    COST,
+    DAYS,
+    ENERGY_MWH,
+    GOODPUT,
+    GPU_HOURS,
+    HIGH,
+    LOW,
+    MEETS_DEADLINE,
+    MEMORY_GIB,
+    MFU,
+    PLAN_NAME,
+    STAGE_IMBALANCE,
+    STEP_TIME_S,
+    SUPPORT,
+    SUPPORT_GAPS,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    WITHIN_BUDGET,
+)
 from autopar.search.run import SearchResult
 from autopar.spec.hardware import GIB
 from autopar.spec.recompute_modules import recompute_label, recompute_legend
@@ -78,7 +98,7 @@ TOP_COLUMNS = (
     Col("80% range"),  # the interval and the support stay at any width: how sure the figure is
     Col("tokens/s", drop=1),
     Col("MFU"),
-    Col("support", left=True),
+    Col(SUPPORT.header, left=True),
     Col("runs on", left=True, drop=6),
 )
 
@@ -105,12 +125,12 @@ def top_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
             "recomp": recompute_label(row["recompute"], row.get("recompute_modules")),
             "ZeRO": str(row["zero_stage"]),
             "mbs": str(row["micro_batch_size"]),
-            "mem GiB": f"{row['memory_gib']:.1f}/{cap:.1f}",  # the capacity as estimate and compare print it
-            "step s": f"{row['step_time_s']:.3f}",
+            "mem GiB": f"{row[MEMORY_GIB]:.1f}/{cap:.1f}",  # the capacity as estimate and compare print it
+            "step s": f"{row[STEP_TIME_S]:.3f}",
             "80% range": step_range(row),
-            "tokens/s": f"{row['tokens_per_s']:,.0f}",
-            "MFU": f"{100 * row['mfu']:.1f}%",
-            "support": support_cell(row),
+            "tokens/s": f"{row[TOKENS_PER_S]:,.0f}",
+            "MFU": f"{100 * row[MFU]:.1f}%",
+            SUPPORT.header: support_cell(row),
             "runs on": _runs_on(row),
         }
         rows.append([cells[c.header] for c in cols])
@@ -129,7 +149,7 @@ def run_table(r: SearchResult) -> Table | None:
     for col in ["#", "layout"] + run_headers(run):
         t.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
     for i, (_, row) in enumerate(r.top.iterrows(), start=1):
-        t.add_row(str(i), str(row["plan_name"]), *run_cells(row, run))
+        t.add_row(str(i), str(row[PLAN_NAME]), *run_cells(row, run))
     return t
 
 
@@ -139,9 +159,9 @@ def _schedule(row) -> str:
 
 def step_range(row) -> str:
     """The step time's 80 % interval, '13.3-15.8' (autopar.calibration.uncertainty)."""
-    if "step_time_s_low" not in row.index:
+    if LOW[STEP_TIME_S] not in row.index:
         return "-"
-    lo, hi = float(row["step_time_s_low"]), float(row["step_time_s_high"])
+    lo, hi = float(row[LOW[STEP_TIME_S]]), float(row[HIGH[STEP_TIME_S]])
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "unknown"
     digits = 1 if hi >= 10 else 2 if hi >= 1 else 3
@@ -150,16 +170,16 @@ def step_range(row) -> str:
 
 def support_cell(row) -> str:
     """'calib' (every knob within published runs of its trainer) or 'extrap' (a reason is in --json)."""
-    if "support_gaps" not in row.index:
+    if SUPPORT_GAPS not in row.index:
         return "-"
-    return "calib" if int(row["support_gaps"]) == 0 else "extrap"
+    return "calib" if int(row[SUPPORT_GAPS]) == 0 else "extrap"
 
 
 def run_headers(run) -> list[str]:
     """The whole-run columns of a table (none without --tokens)."""
     if run is None:
         return []
-    return ["days", "goodput", "GPU-hours"] + (["cost"] if run.priced else []) + ["GPU MWh"]
+    return [DAYS.header, GOODPUT.header, GPU_HOURS.header] + ([COST.header] if run.priced else []) + [ENERGY_MWH.header]
 
 
 def run_cells(row, run) -> list[str]:
@@ -168,15 +188,15 @@ def run_cells(row, run) -> list[str]:
 
     if run is None:
         return []
-    late = run.deadline_s is not None and not bool(row.get("meets_deadline", True))
-    over = run.budget is not None and not bool(row.get("within_budget", True))
+    late = run.deadline_s is not None and not bool(row.get(MEETS_DEADLINE, True))
+    over = run.budget is not None and not bool(row.get(WITHIN_BUDGET, True))
     cells = [
-        never_text(float(row["days"]), "{:.1f}") + (" late" if late else ""),
-        f"{100 * row['goodput']:.1f}%",
-        gpu_hours_text(float(row["gpu_hours"])),
+        never_text(float(row[DAYS]), "{:.1f}") + (" late" if late else ""),
+        f"{100 * row[GOODPUT]:.1f}%",
+        gpu_hours_text(float(row[GPU_HOURS])),
     ]
-    cost = float(row["cost"])
-    energy = float(row.get("energy_mwh", math.nan))
+    cost = float(row[COST])
+    energy = float(row.get(ENERGY_MWH, math.nan))
     return (
         cells
         + (
@@ -233,7 +253,7 @@ def layout_cell(row) -> str:
     share = float(row["optimizer_offload"]) if "optimizer_offload" in row.index else 0.0
     acts = int(row["offload_modules"]) if "offload_modules" in row.index else 0
     return (
-        " ".join([str(row["plan_name"]), *layout_flags(row)])
+        " ".join([str(row[PLAN_NAME]), *layout_flags(row)])
         + (f" +off{share:g}" if share > 0 else "")
         + (" +act" if acts else "")
     )
@@ -274,7 +294,7 @@ def top_legend(r: SearchResult, shown: list[str]) -> list[str]:
         notes.append("+act: activations offloaded to host memory (--offload-modules)")
     if "80% range" in shown:
         notes.append("80% range: the step time's 80 % interval")
-    if "support" in shown:
+    if SUPPORT.header in shown:
         notes.append("support: calib(rated) or extrap(olated)")
     return lines + (["; ".join(notes)] if notes else [])
 
@@ -301,7 +321,7 @@ TRAINER_COLUMNS = (
     Col("80% range"),
     Col("MFU"),
     Col("vs best", drop=5),
-    Col("support", left=True),
+    Col(SUPPORT.header, left=True),
 )
 
 
@@ -322,7 +342,7 @@ def trainer_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
             why = why if name in searched else "not searched"  # the space's trainer knob leaves it out
             rows.append([title, why] + [""] * (len(TRAINER_COLUMNS) - 2))
             continue
-        slower = row["step_time_s"] / best["step_time_s"] - 1 if best is not None else 0.0
+        slower = row[STEP_TIME_S] / best[STEP_TIME_S] - 1 if best is not None else 0.0
         rows.append(
             [
                 title,
@@ -331,10 +351,10 @@ def trainer_table(r: SearchResult, width: int) -> tuple[Table, list[str]]:
                 recompute_label(row["recompute"], row.get("recompute_modules")),
                 str(row["zero_stage"]),
                 str(row["micro_batch_size"]),
-                f"{row['memory_gib']:.1f}",
-                f"{row['step_time_s']:.3f}",
+                f"{row[MEMORY_GIB]:.1f}",
+                f"{row[STEP_TIME_S]:.3f}",
                 step_range(row),
-                f"{100 * row['mfu']:.1f}%",
+                f"{100 * row[MFU]:.1f}%",
                 "best" if slower <= 1e-12 else f"+{100 * slower:.1f}%",
                 support_cell(row),
             ]
@@ -351,10 +371,10 @@ def faster_with_flags(r: SearchResult) -> list[str]:
         if best is None:
             continue
         for i, (_, row) in enumerate(r.top.iterrows(), start=1):
-            if trainer in _flagged_trainers(row) and float(row["step_time_s"]) < float(best["step_time_s"]):
+            if trainer in _flagged_trainers(row) and float(row[STEP_TIME_S]) < float(best[STEP_TIME_S]):
                 title = get_trainer(trainer).title
                 lines.append(
-                    f"{title} runs #{i} {row['plan_name']} ({float(row['step_time_s']):.3f} s) with {row['fp8_flags']}"
+                    f"{title} runs #{i} {row[PLAN_NAME]} ({float(row[STEP_TIME_S]):.3f} s) with {row['fp8_flags']}"
                 )
                 break
     return lines
@@ -364,7 +384,7 @@ def stage_balance(row) -> str:
     """'-' without a pipeline, 'even', or the uneven layout's busiest-rank imbalance."""
     if row["pp"] == 1:
         return "-"
-    imb = float(row["stage_imbalance"])
+    imb = float(row[STAGE_IMBALANCE])
     return "even" if imb <= 1.0 + 1e-9 else f"uneven {imb:.2f}x"
 
 
@@ -446,11 +466,11 @@ def print_whatif(results: list[SearchResult]) -> None:
                 layout_cell(w),
                 SCHEDULE_SHORT.get(w["pp_schedule"], w["pp_schedule"]) if w["pp"] > 1 else "-",
                 recompute_label(w["recompute"], w.get("recompute_modules")),
-                f"{w['memory_gib']:.1f}",
-                f"{w['step_time_s']:.3f}",
-                f"{w['tokens_per_s']:,.0f}",
-                f"{w['tokens_per_s_per_gpu']:,.0f}",
-                f"{100 * w['mfu']:.1f}%",
+                f"{w[MEMORY_GIB]:.1f}",
+                f"{w[STEP_TIME_S]:.3f}",
+                f"{w[TOKENS_PER_S]:,.0f}",
+                f"{w[TOKENS_PER_S_PER_GPU]:,.0f}",
+                f"{100 * w[MFU]:.1f}%",
                 *run_cells(w, run),
             ]
         )

@@ -15,6 +15,7 @@ from autopar.calibration.margin import PairedMargin
 from autopar.calibration.validate_runs import ValidationReport
 from autopar.calibration.validation import CATEGORIES
 from autopar.cli.render import TRAINER_LETTERS, Col, console, dropped_line, fitted_table, legend_line
+from autopar.figures import INTERVAL_LEVEL
 
 
 def _figure(v: float) -> str:
@@ -398,7 +399,7 @@ def report_json(report: ValidationReport, written: list[Path]) -> dict:
         # the error model of two plans' step-time ratio (autopar.calibration.margin)
         "paired_margin": (report.uncertainty() or {}).get("paired_margin"),
         "paired_margin_coverage": (report.uncertainty() or {}).get("paired_margin_coverage"),
-        "interval_level": (report.uncertainty() or {}).get("level"),
+        INTERVAL_LEVEL: (report.uncertainty() or {}).get("level"),
         "fitted": [
             {
                 "profile": p.profile,

@@ -14,6 +14,7 @@ from autopar.cli import options as o
 from autopar.cli.plan_flags import with_plan_flags
 from autopar.cli.trial_flags import OwnTrainer, with_own_trainer_flags
 from autopar.errors import InputError
+from autopar.figures import MFU, PEAK_MEMORY_BYTES, STEP_TIME_S, TOKENS_PER_S
 from autopar.json_out import dumps
 from autopar.spec.resolve import PlanRequest
 
@@ -257,10 +258,10 @@ def _print_result(doc: dict, key: str, predicted: dict, path: Path, as_json: boo
         print(f"{key}: {doc['status']} ({doc['outcome']}): {'; '.join(doc['reasons'])[:400]}")
     else:
         print(
-            f"{key}: {m['step_time_s']:.4f} s/step median (spread {100 * m['step_time_spread']:.0f}%), "
-            f"{m['tokens_per_s']:.0f} tokens/s, MFU {100 * m.get('mfu', 0):.1f}%, peak "
-            f"{m['peak_memory_bytes'] / 2**20:.1f} MiB/rank ({m['memory_method']}); predicted "
-            f"{predicted['step_time_s']:.4f} s, {predicted['peak_memory_bytes'] / 2**20:.1f} MiB"
+            f"{key}: {m[STEP_TIME_S]:.4f} s/step median (spread {100 * m['step_time_spread']:.0f}%), "
+            f"{m[TOKENS_PER_S]:.0f} tokens/s, MFU {100 * m.get(MFU, 0):.1f}%, peak "
+            f"{m[PEAK_MEMORY_BYTES] / 2**20:.1f} MiB/rank ({m['memory_method']}); predicted "
+            f"{predicted[STEP_TIME_S]:.4f} s, {predicted[PEAK_MEMORY_BYTES] / 2**20:.1f} MiB"
             + (f"; proxy {m['proxy']['kind']} x{m['proxy']['ratio']:.2f}" if "proxy" in m else "")
         )
         comm = " ".join(f"{a}={b / 2**20:.2f}MiB" for a, b in m["comm_bytes_per_rank_by_axis"].items())
@@ -296,11 +297,11 @@ def _own_trainer(
     elif doc["status"] == "ok":
         m, p = doc["measured"], doc["predicted"]
         print(
-            f"{doc['key']} with {where.text}: {m['step_time_s']:.4f} s/step, the median of {len(m['step_times_s'])} "
-            f"after {warmup} warm-up; predicted {p['step_time_s']:.4f} s on {p['cluster']}"
+            f"{doc['key']} with {where.text}: {m[STEP_TIME_S]:.4f} s/step, the median of {len(m['step_times_s'])} "
+            f"after {warmup} warm-up; predicted {p[STEP_TIME_S]:.4f} s on {p['cluster']}"
             + (
-                f"; peak {m['peak_memory_bytes'] / 2**30:.2f} GiB ({m['memory_method']})"
-                if "peak_memory_bytes" in m
+                f"; peak {m[PEAK_MEMORY_BYTES] / 2**30:.2f} GiB ({m['memory_method']})"
+                if PEAK_MEMORY_BYTES in m
                 else ""
             )
         )

@@ -11,6 +11,39 @@ from autopar.cost.flops import model_flops_per_step
 from autopar.cost.memory_terms import MemoryTerms
 from autopar.cost.plan_arrays import PlanArrays
 from autopar.cost.step import StepTerms
+from autopar.figures import (
+    BUBBLE_FRACTION,
+    COMM_BYTES,
+    FITS,
+    HFU,
+    MEM,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_MISS_GIB,
+    MEMORY_RANK,
+    MFU,
+    MODEL_FLOPS_PER_STEP,
+    MODEL_TFLOPS_PER_GPU,
+    NUM_MICROBATCHES,
+    PACE_RANK,
+    PARAMS_PER_GPU,
+    PARAMS_TOTAL,
+    PEAK_MEMORY_BYTES,
+    REJECTED_CODE,
+    STAGE_ACTIVE,
+    STAGE_COMM_BYTES,
+    STAGE_IMBALANCE,
+    STAGE_LAYERS,
+    STAGE_MEMORY_BYTES,
+    STAGE_PARAMS,
+    STAGE_RANK,
+    STAGE_TIME_PER_MB,
+    STEP_TIME_S,
+    TIME,
+    TIME_TP_PER_STEP,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    VALID,
+)
 from autopar.spec.hardware import GIB, ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.rules import RuleResult
@@ -20,17 +53,17 @@ MEMORY_BIT = 63
 
 #: what a search ranks and filters every plan by (autopar.search.streaming; plans.parquet)
 RANKING_COLUMNS = (
-    "valid",
-    "fits",
-    "rejected_code",
-    "step_time_s",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "mfu",
-    "peak_memory_bytes",
-    "memory_capacity_bytes",
-    "memory_miss_gib",
-    "bubble_fraction",
+    VALID,
+    FITS,
+    REJECTED_CODE,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_MISS_GIB,
+    BUBBLE_FRACTION,
 )
 
 
@@ -47,14 +80,14 @@ def ranking_columns(
     gbs = x.table.global_batch_size.astype(float)
     n_gpus = x.table.num_gpus.astype(float)
     flops = model_flops_per_step(model, gbs, x.seq_len, x.tp)
-    out = {
-        "peak_memory_bytes": np.max(np.where(x.active, memory.total(), -np.inf), axis=0),
-        "memory_capacity_bytes": np.full(len(x.table), cluster.gpu.hbm_bytes),
-        "step_time_s": step.step,
-        "tokens_per_s": gbs * x.seq_len / step.step,
-        "tokens_per_s_per_gpu": gbs * x.seq_len / step.step / n_gpus,
-        "mfu": flops / step.step / n_gpus / (cluster.gpu.bf16_tflops * 1e12),
-        "bubble_fraction": step.bubble_fraction,
+    out: dict[str, np.ndarray] = {
+        PEAK_MEMORY_BYTES: np.max(np.where(x.active, memory.total(), -np.inf), axis=0),
+        MEMORY_CAPACITY_BYTES: np.full(len(x.table), cluster.gpu.hbm_bytes),
+        STEP_TIME_S: step.step,
+        TOKENS_PER_S: gbs * x.seq_len / step.step,
+        TOKENS_PER_S_PER_GPU: gbs * x.seq_len / step.step / n_gpus,
+        MFU: flops / step.step / n_gpus / (cluster.gpu.bf16_tflops * 1e12),
+        BUBBLE_FRACTION: step.bubble_fraction,
     }
     set_validity(out, rules.codes(), headroom_gib)
     return out
@@ -91,36 +124,36 @@ def plan_columns(
     n_gpus = x.table.num_gpus.astype(float)
     peak_bf16 = cluster.gpu.bf16_tflops * 1e12
     out: dict[str, np.ndarray] = {
-        "peak_memory_bytes": peak,
-        "memory_capacity_bytes": np.full(len(x.table), cap),
-        "memory_rank": np.take_along_axis(x.rank, mem_index[None], 0)[0],
-        "step_time_s": step.step,
-        "time_compute": m * step.at_pace(mb.compute),
-        "time_tp": m * step.at_pace(mb.tp) + step.at_tail(step.tp_step),
-        "time_tp_per_step": step.at_tail(step.tp_step),
-        "time_cp": m * step.at_pace(mb.cp),
-        "time_ep": m * step.at_pace(mb.ep),
-        "time_pp": m * step.at_pace(mb.pp),
-        "time_dp": step.at_tail(step.dp_exposed),
-        "time_bubble": step.pipeline - m * pace,
-        "time_optimizer": step.at_tail(step.optimizer),
-        "time_offload": step.at_tail(step.offload),
-        "time_act_offload": m * step.at_pace(mb.act_offload),
-        "pace_rank": np.take_along_axis(xt.rank, step.pace_index[None], 0)[0],
-        "tokens_per_s": gbs * s / step.step,
-        "tokens_per_s_per_gpu": gbs * s / step.step / n_gpus,
-        "model_tflops_per_gpu": flops / step.step / n_gpus / 1e12,
-        "mfu": flops / step.step / n_gpus / peak_bf16,
-        "hfu": (flops + hw_extra) / step.step / n_gpus / peak_bf16,
-        "bubble_fraction": step.bubble_fraction,
-        "num_microbatches": x.table.num_microbatches,
-        "params_per_gpu": np.max(np.where(xt.active, params, 0.0), axis=0),
-        "params_total": np.full(len(x.table), float(model.params_total)),
-        "model_flops_per_step": flops,
-        "stage_imbalance": x.stages.imbalance,
+        PEAK_MEMORY_BYTES: peak,
+        MEMORY_CAPACITY_BYTES: np.full(len(x.table), cap),
+        MEMORY_RANK: np.take_along_axis(x.rank, mem_index[None], 0)[0],
+        STEP_TIME_S: step.step,
+        TIME["compute"]: m * step.at_pace(mb.compute),
+        TIME["tp"]: m * step.at_pace(mb.tp) + step.at_tail(step.tp_step),
+        TIME_TP_PER_STEP: step.at_tail(step.tp_step),
+        TIME["cp"]: m * step.at_pace(mb.cp),
+        TIME["ep"]: m * step.at_pace(mb.ep),
+        TIME["pp"]: m * step.at_pace(mb.pp),
+        TIME["dp"]: step.at_tail(step.dp_exposed),
+        TIME["bubble"]: step.pipeline - m * pace,
+        TIME["optimizer"]: step.at_tail(step.optimizer),
+        TIME["offload"]: step.at_tail(step.offload),
+        TIME["act_offload"]: m * step.at_pace(mb.act_offload),
+        PACE_RANK: np.take_along_axis(xt.rank, step.pace_index[None], 0)[0],
+        TOKENS_PER_S: gbs * s / step.step,
+        TOKENS_PER_S_PER_GPU: gbs * s / step.step / n_gpus,
+        MODEL_TFLOPS_PER_GPU: flops / step.step / n_gpus / 1e12,
+        MFU: flops / step.step / n_gpus / peak_bf16,
+        HFU: (flops + hw_extra) / step.step / n_gpus / peak_bf16,
+        BUBBLE_FRACTION: step.bubble_fraction,
+        NUM_MICROBATCHES: x.table.num_microbatches,
+        PARAMS_PER_GPU: np.max(np.where(xt.active, params, 0.0), axis=0),
+        PARAMS_TOTAL: np.full(len(x.table), float(model.params_total)),
+        MODEL_FLOPS_PER_STEP: flops,
+        STAGE_IMBALANCE: x.stages.imbalance,
     }
     for name, arr in memory._asdict().items():
-        out[f"mem_{name}"] = on_peak(arr)
+        out[MEM[name]] = on_peak(arr)
     set_validity(out, rules.codes(), headroom_gib)
     return out
 
@@ -130,14 +163,14 @@ def set_validity(est: dict, codes: np.ndarray, headroom_gib: float = 0.0) -> Non
     memory_miss_gib of estimate columns from the rows' rule bitmasks (autopar.spec.rules). A valid
     plan whose peak exceeds the GPU's memory less `headroom_gib` (a search space's
     memory_headroom_gib) gets the memory bit."""
-    peak = est["peak_memory_bytes"]
-    limit = est["memory_capacity_bytes"] - max(headroom_gib, 0.0) * GIB
+    peak = est[PEAK_MEMORY_BYTES]
+    limit = est[MEMORY_CAPACITY_BYTES] - max(headroom_gib, 0.0) * GIB
     valid = codes == 0
     over = valid & (peak > limit)
-    est["valid"] = valid
-    est["fits"] = valid & ~over
-    est["rejected_code"] = np.where(over, np.uint64(1 << MEMORY_BIT), codes)
-    est["memory_miss_gib"] = np.where(over, (peak - limit) / GIB, 0.0)
+    est[VALID] = valid
+    est[FITS] = valid & ~over
+    est[REJECTED_CODE] = np.where(over, np.uint64(1 << MEMORY_BIT), codes)
+    est[MEMORY_MISS_GIB] = np.where(over, (peak - limit) / GIB, 0.0)
 
 
 def _per_rank_bytes(x: PlanArrays, comm: CommTerms) -> dict[str, np.ndarray | float]:
@@ -156,7 +189,7 @@ def comm_columns(x: PlanArrays, comm: CommTerms) -> dict[str, np.ndarray]:
     """comm_bytes_<axis>: the payload bytes per step of the plan's busiest costed rank, per axis."""
     shape = x.active.shape
     return {
-        f"comm_bytes_{axis}": np.max(np.where(x.active, np.broadcast_to(arr, shape), 0.0), axis=0)
+        COMM_BYTES[axis]: np.max(np.where(x.active, np.broadcast_to(arr, shape), 0.0), axis=0)
         for axis, arr in _per_rank_bytes(x, comm).items()
     }
 
@@ -166,13 +199,13 @@ def stage_columns(x: PlanArrays, memory: MemoryTerms, step: StepTerms, params, c
     breakdown and the tests."""
     a = x.active
     out = {
-        "stage_rank": x.rank,
-        "stage_active": a,
-        "stage_memory_bytes": np.where(a, memory.total(), 0.0),
-        "stage_time_per_mb": np.where(a, step.time_per_microbatch, 0.0),
-        "stage_params": np.where(a, params, 0.0),
-        "stage_layers": np.where(a, x.layers, 0.0),
+        STAGE_RANK: x.rank,
+        STAGE_ACTIVE: a,
+        STAGE_MEMORY_BYTES: np.where(a, memory.total(), 0.0),
+        STAGE_TIME_PER_MB: np.where(a, step.time_per_microbatch, 0.0),
+        STAGE_PARAMS: np.where(a, params, 0.0),
+        STAGE_LAYERS: np.where(a, x.layers, 0.0),
     }
     for axis, arr in _per_rank_bytes(x, comm).items():
-        out[f"stage_comm_bytes_{axis}"] = np.where(a, np.broadcast_to(arr, a.shape), 0.0)
+        out[STAGE_COMM_BYTES[axis]] = np.where(a, np.broadcast_to(arr, a.shape), 0.0)
     return out

@@ -22,6 +22,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.cost.memory import precision_bytes
+from autopar.figures import (
+    CHECKPOINT_GIB,
+    CHECKPOINT_INTERVAL_MIN,
+    COST,
+    DAYS,
+    ENERGY_MWH,
+    GOODPUT,
+    GPU_HOURS,
+    LOST_TO_CHECKPOINTS,
+    LOST_TO_RESTARTS,
+    LOST_TO_REWORK,
+    MEETS_DEADLINE,
+    TRAIN_DAYS,
+    WITHIN_BUDGET,
+)
 from autopar.spec.hardware import GIB
 from autopar.spec.training_run import Reliability
 
@@ -55,7 +70,7 @@ class RunTime:
         """One plan's figures as plain floats (estimate --json, the report); a figure that is
         infinite by the cluster's inputs is null, and `why_null` says why."""
         out: dict = {k: float(v) for k, v in vars(self).items() if v is not None}
-        out |= {"days": out["wall_s"] / 86_400.0, "train_days": out["train_s"] / 86_400.0}
+        out |= {DAYS: out["wall_s"] / 86_400.0, TRAIN_DAYS: out["train_s"] / 86_400.0}
         return with_null_reasons(out)
 
 
@@ -67,7 +82,7 @@ NEVER_INTERRUPTED = (
 NEVER_FINISHES = "the run never finishes: its goodput is 0 (checkpoints, rework and restarts take all the time)"
 NOT_PRICED = "not priced: give --price-per-gpu-hour"
 #: the figures that are infinite when the job is never interrupted
-_INTERRUPTION_FIGURES = ("mtbf_s", "interval_s", "checkpoint_interval_min")
+_INTERRUPTION_FIGURES = ("mtbf_s", "interval_s", CHECKPOINT_INTERVAL_MIN)
 
 
 def with_null_reasons(figures: dict) -> dict:
@@ -77,7 +92,7 @@ def with_null_reasons(figures: dict) -> dict:
     never = any(k in _INTERRUPTION_FIGURES for k in bad)
     why = {
         k: NOT_PRICED
-        if k == "cost" and math.isnan(figures[k])
+        if k == COST and math.isnan(figures[k])
         else NEVER_INTERRUPTED
         if never and k in _INTERRUPTION_FIGURES
         else NEVER_FINISHES
@@ -88,7 +103,7 @@ def with_null_reasons(figures: dict) -> dict:
 
 def _duration(s: float) -> str:
     """31.6 s, 14.1 min, 2.5 h, 7.0 days."""
-    for unit, div in (("days", 86_400.0), ("h", 3600.0), ("min", 60.0)):
+    for unit, div in ((DAYS.unit, 86_400.0), ("h", 3600.0), ("min", 60.0)):
         if s >= 3 * div:
             return f"{s / div:,.1f} {unit}"
     return f"{s:,.3g} s"
@@ -187,17 +202,17 @@ def run_time(
 
 #: the run figures of a plan (run_time_columns), in the order tables show them
 RUN_COLUMNS = (
-    "days",
-    "train_days",
-    "goodput",
-    "gpu_hours",
-    "cost",
-    "checkpoint_gib",
-    "checkpoint_interval_min",
-    "lost_to_checkpoints",
-    "lost_to_rework",
-    "lost_to_restarts",
-    "energy_mwh",
+    DAYS,
+    TRAIN_DAYS,
+    GOODPUT,
+    GPU_HOURS,
+    COST,
+    CHECKPOINT_GIB,
+    CHECKPOINT_INTERVAL_MIN,
+    LOST_TO_CHECKPOINTS,
+    LOST_TO_REWORK,
+    LOST_TO_RESTARTS,
+    ENERGY_MWH,
 )
 
 
@@ -227,22 +242,22 @@ def run_time_columns(
         power_w=power_w,
     )
     n = len(fp32)
-    cols = {
-        "days": r.days,
-        "train_days": r.train_s / 86_400.0,
-        "goodput": r.goodput,
-        "gpu_hours": r.gpu_hours,
-        "cost": r.cost if r.cost is not None else np.full(n, np.nan),
-        "checkpoint_gib": r.checkpoint_bytes / GIB,
-        "checkpoint_interval_min": r.interval_s / 60.0,
-        "lost_to_checkpoints": r.lost_to_checkpoints,
-        "lost_to_rework": r.lost_to_rework,
-        "lost_to_restarts": r.lost_to_restarts,
-        "energy_mwh": r.energy_mwh if r.energy_mwh is not None else np.full(n, np.nan),
+    cols: dict[str, np.ndarray] = {
+        DAYS: r.days,
+        TRAIN_DAYS: r.train_s / 86_400.0,
+        GOODPUT: r.goodput,
+        GPU_HOURS: r.gpu_hours,
+        COST: r.cost if r.cost is not None else np.full(n, np.nan),
+        CHECKPOINT_GIB: r.checkpoint_bytes / GIB,
+        CHECKPOINT_INTERVAL_MIN: r.interval_s / 60.0,
+        LOST_TO_CHECKPOINTS: r.lost_to_checkpoints,
+        LOST_TO_REWORK: r.lost_to_rework,
+        LOST_TO_RESTARTS: r.lost_to_restarts,
+        ENERGY_MWH: r.energy_mwh if r.energy_mwh is not None else np.full(n, np.nan),
     }
     cols = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)).copy() for k, v in cols.items()}
     if deadline_s is not None:
-        cols["meets_deadline"] = cols["days"] * 86_400.0 <= deadline_s
+        cols[MEETS_DEADLINE] = cols[DAYS] * 86_400.0 <= deadline_s
     if budget is not None and r.cost is not None:
-        cols["within_budget"] = cols["cost"] <= budget
+        cols[WITHIN_BUDGET] = cols[COST] <= budget
     return cols

@@ -17,6 +17,7 @@ from autopar.cost.offload import host_bytes
 from autopar.cost.params import RankParams, rank_params
 from autopar.cost.plan_arrays import PlanArrays, plan_arrays
 from autopar.cost.step import step_terms
+from autopar.figures import FITS, HOST_MEMORY_BYTES, LAYOUT_TEXT, REJECTED_BY, VALID
 from autopar.spec.hardware import ClusterSpec
 from autopar.spec.model import ModelSpec
 from autopar.spec.recompute_modules import MODULE_BITS
@@ -151,8 +152,8 @@ def price(
         # host capacity is stated); the activations of every microbatch in flight at the rank's peak
         deepspeed = cluster.training_stack == "megatron-deepspeed"
         host = host_bytes(x, p.params, deepspeed) + offloaded_bytes(x, model, cluster) * in_flight(x)
-        out["host_memory_bytes"] = np.max(np.where(x.active, host, 0.0), axis=0)
-        out["rejected_by"] = np.where(out["valid"], np.where(out["fits"], "", "memory"), p.rules.short_reasons())
-        out["layout"] = x.stages.layout_text
+        out[HOST_MEMORY_BYTES] = np.max(np.where(x.active, host, 0.0), axis=0)
+        out[REJECTED_BY] = np.where(out[VALID], np.where(out[FITS], "", "memory"), p.rules.short_reasons())
+        out[LAYOUT_TEXT] = x.stages.layout_text
         out.update(stage_columns(x, memory, step, p.params.total, comm))
         return out

@@ -27,6 +27,7 @@ from autopar.export.presubmit import Required
 from autopar.export.production import checkpoint_interval
 from autopar.export.short_run import short_run
 from autopar.export.view import normalize
+from autopar.figures import NUM_MICROBATCHES
 from autopar.json_out import dumps
 
 CONFIG = "ds_config.json"
@@ -277,7 +278,7 @@ def view_from_deepspeed(cfg: dict, argv: list[str], ds_argv: list[str], num_gpus
             "zero_stage": stage,
             "micro_batch_size": mbs,
             "global_batch_size": gbs,
-            "num_microbatches": gas,
+            NUM_MICROBATCHES: gas,
             "pp_schedule": "1f1b",
             "layout": (n // pp,) * pp,
             "recompute": recompute,

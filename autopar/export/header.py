@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from autopar.figures import FITS
 from autopar.quoting import comment_text
 from autopar.spec.hardware import GIB
 from autopar.spec.plan import ParallelPlan
@@ -154,6 +155,6 @@ def header_dict(ctx: Context) -> dict:
         "predicted_peak_memory_gib": round(e.peak_memory_bytes / GIB, 2),
         "predicted_step_time_s": round(e.step_time_s, 4),
         "predicted_mfu": round(e.mfu, 4),
-        "fits": bool(e.fits),
+        FITS: bool(e.fits),
         "command": ctx.options.command or plan_flags(ctx),
     }

@@ -13,6 +13,7 @@ from autopar.export.base import Context
 from autopar.export.header import ep_overlap
 from autopar.export.layouts import megatron_layout, stages_from_megatron
 from autopar.export.view import normalize
+from autopar.figures import NUM_MICROBATCHES
 
 ZERO_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 #: delayed scaling's amax history: Megatron-Bridge 0.3.1's bf16_with_fp8_delayed_scaling_mixed
@@ -251,7 +252,7 @@ def view_from_core_fields(
             "zero_stage": zero,
             "micro_batch_size": mbs,
             "global_batch_size": gbs,
-            "num_microbatches": gbs // (mbs * dp),
+            NUM_MICROBATCHES: gbs // (mbs * dp),
             "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
             "layout": stages,
             "recompute": recompute,

@@ -17,6 +17,7 @@ from autopar.export.megatron_core import (
     recompute_from,
 )
 from autopar.export.view import normalize
+from autopar.figures import NUM_MICROBATCHES
 
 #: the subset of Megatron-LM's argparse that autopar emits, by type (names as in arguments.py)
 INT_FLAGS = (
@@ -192,7 +193,7 @@ def view_from_megatron_argv(argv: list[str], num_gpus: int) -> dict:
             "dp_shard": dp_shard_from_instances(ns.num_distributed_optimizer_instances, dp, cp),
             "micro_batch_size": mbs,
             "global_batch_size": gbs,
-            "num_microbatches": gbs // (mbs * dp),
+            NUM_MICROBATCHES: gbs // (mbs * dp),
             "pp_schedule": "interleaved-1f1b" if vpp > 1 else "1f1b",
             "layout": stages,
             "recompute": recompute,

@@ -40,6 +40,7 @@ from autopar.export.launch import Entry, launch_files, parse_world, run_hint
 from autopar.export.layouts import stages_from_fqns, torchtitan_fqns
 from autopar.export.short_run import short_run
 from autopar.export.view import normalize
+from autopar.figures import NUM_MICROBATCHES
 from autopar.quoting import check_identifier, toml_string
 
 # ---- checks that depend on the export options ----------------------------------------------------
@@ -279,7 +280,7 @@ def view_from_torchtitan(cfg: dict, num_gpus: int) -> dict:
             "dp_shard": shard * cp if hsdp else None,
             "micro_batch_size": mbs,
             "global_batch_size": gbs,
-            "num_microbatches": m,
+            NUM_MICROBATCHES: m,
             "pp_schedule": schedule,
             "layout": stages,
             "recompute": cfg["activation_checkpoint"],

@@ -5,6 +5,7 @@ Every exporter's `parse` returns a normalized view, so the round trip is
 
 from __future__ import annotations
 
+from autopar.figures import NUM_MICROBATCHES
 from autopar.spec.model import ModelSpec
 from autopar.spec.plan import GRID_FIRST, ParallelPlan
 from autopar.spec.plan_fields import BOOL, LAYOUT
@@ -13,7 +14,7 @@ from autopar.spec.recompute_modules import DEFAULT_SELECTIVE, parse_modules
 #: the plan's fields an export must express (autopar.spec.plan: every one but the trainer, whose
 #: files the export is)
 VIEWED = tuple(f for f in GRID_FIRST if f.view)
-VIEW_KEYS = ("num_gpus", "num_microbatches") + tuple(f.name for f in VIEWED)
+VIEW_KEYS = ("num_gpus", NUM_MICROBATCHES) + tuple(f.name for f in VIEWED)
 #: what a field reads back as where a trainer's files do not say it (the trainer has no such
 #: setting): the plan's default
 DEFAULTS = {f.name: f.default for f in VIEWED}
@@ -21,7 +22,7 @@ DEFAULTS = {f.name: f.default for f in VIEWED}
 
 def plan_view(plan: ParallelPlan, model: ModelSpec) -> dict:
     """What a trainer must reproduce of a plan, as plain values (normalized)."""
-    view: dict[str, object] = {"num_gpus": plan.num_gpus, "num_microbatches": plan.num_microbatches}
+    view: dict[str, object] = {"num_gpus": plan.num_gpus, NUM_MICROBATCHES: plan.num_microbatches}
     for f in VIEWED:
         if f.kind == LAYOUT:
             view[f.name] = tuple(plan.resolved_layout(model.num_layers).stages)

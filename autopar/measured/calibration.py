@@ -5,6 +5,7 @@ autopar.measured.results and `autopar calibrate` after the stage)."""
 from __future__ import annotations
 
 from autopar.calibration.calibrate import Calibration, calibrate
+from autopar.figures import PEAK_MEMORY_BYTES, STEP_TIME_S
 from autopar.search.run import SearchResult
 from autopar.spec.plan import ParallelPlan
 
@@ -30,8 +31,8 @@ def calibrate_docs(result: SearchResult, docs: list[dict]) -> Calibration | None
     plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
     return calibrate(
         plans,
-        [d["measured"]["step_time_s"] for d in ok],
-        [d["measured"].get("peak_memory_bytes", 0.0) for d in ok],  # 0: none logged, no memory fit
+        [d["measured"][STEP_TIME_S] for d in ok],
+        [d["measured"].get(PEAK_MEMORY_BYTES, 0.0) for d in ok],  # 0: none logged, no memory fit
         q.model,
         q.cluster,
         q.num_gpus,

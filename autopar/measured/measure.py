@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autopar.figures import MFU, MODEL_FLOPS_PER_STEP, PEAK_MEMORY_BYTES, STEP_TIME_S, TOKENS_PER_S
 from autopar.measured.config import TrialConfig
 from autopar.measured.launcher import LaunchResult, launch
 from autopar.measured.proxy import Placement
@@ -51,7 +52,7 @@ NOT_RUNNABLE = "not-runnable"
 #: launch(trials, nproc, *, timeout_s, workdir, worker_args, rdzv, on_progress) -> LaunchResult
 LaunchFn = Callable[..., LaunchResult]
 #: the measured figures a proxy's document scales back to the plan
-SCALED = ("step_time_s", "step_times_s", "mean_step_time_s", "peak_memory_bytes", "tokens_per_s", "mfu")
+SCALED = (STEP_TIME_S, "step_times_s", "mean_step_time_s", PEAK_MEMORY_BYTES, TOKENS_PER_S, MFU)
 
 
 def trial_configs(
@@ -86,33 +87,33 @@ def trial_configs(
 def summarise(timed: dict, memory: dict | None) -> dict:
     """The measured figures of a result: per-step times (median and spread), tokens/s, MFU-ready
     FLOPs, peak memory per rank (tensor and process), collective bytes per axis."""
-    times = [timed["step_time_s"][i] for i in timed["timed_steps"]]
+    times = [timed[STEP_TIME_S][i] for i in timed["timed_steps"]]
     med = statistics.median(times)
     comm: dict[str, float] = {}
     for r in timed["ranks"]:
         for axis, n in ((r.get("comm") or {}).get("bytes_by_axis") or {}).items():
             comm[axis] = max(comm.get(axis, 0), n)
     out = {
-        "step_time_s": med,
+        STEP_TIME_S: med,
         "step_times_s": times,
         "step_time_spread": (max(times) - min(times)) / med,
         "mean_step_time_s": statistics.fmean(times),
-        "tokens_per_s": timed["tokens_per_step"] / med,
-        "model_flops_per_step": timed["model_flops_per_step"],
+        TOKENS_PER_S: timed["tokens_per_step"] / med,
+        MODEL_FLOPS_PER_STEP: timed[MODEL_FLOPS_PER_STEP],
         "final_loss": timed["final_loss"],
-        "process_peak_bytes_per_rank": [r["peak_memory_bytes"] for r in timed["ranks"]],
+        "process_peak_bytes_per_rank": [r[PEAK_MEMORY_BYTES] for r in timed["ranks"]],
         "comm_bytes_per_rank_by_axis": comm,
         "param_count_per_rank": [r["param_count"] for r in timed["ranks"]],
     }
     if memory:
-        per_rank = [r["peak_memory_bytes"] for r in memory["ranks"]]
+        per_rank = [r[PEAK_MEMORY_BYTES] for r in memory["ranks"]]
         out |= {
-            "peak_memory_bytes": max(per_rank),
+            PEAK_MEMORY_BYTES: max(per_rank),
             "peak_memory_bytes_per_rank": per_rank,
             "memory_method": memory["ranks"][0]["memory_method"],
         }
     else:
-        out |= {"peak_memory_bytes": max(out["process_peak_bytes_per_rank"]), "memory_method": "VmHWM"}
+        out |= {PEAK_MEMORY_BYTES: max(out["process_peak_bytes_per_rank"]), "memory_method": "VmHWM"}
     return out
 
 
@@ -120,7 +121,7 @@ def partial_summary(times: list[float], steps: int) -> dict:
     """The measured figures of a trial stopped after `len(times)` of its `steps` timed steps."""
     med = statistics.median(times)
     return {
-        "step_time_s": med,
+        STEP_TIME_S: med,
         "step_times_s": times,
         "mean_step_time_s": statistics.fmean(times),
         "step_time_spread": (max(times) - min(times)) / med,
@@ -228,19 +229,19 @@ def _measured(
             **proxy,
             "scale_back": "step time x (estimate full / estimate proxy)",
             "ratio": ratio,
-            "proxy_step_time_s": measured["step_time_s"],
+            "proxy_step_time_s": measured[STEP_TIME_S],
         }
-        measured["step_time_s"] *= ratio
+        measured[STEP_TIME_S] *= ratio
     if peak_flops:
-        measured["mfu"] = measured["model_flops_per_step"] / (measured["step_time_s"] * peak_flops * nproc)
+        measured[MFU] = measured[MODEL_FLOPS_PER_STEP] / (measured[STEP_TIME_S] * peak_flops * nproc)
     return measured
 
 
 def _prediction_errors(predicted: dict, measured: dict) -> dict:
     """How far the prediction is from the measurement (predicted / measured - 1)."""
     return {
-        "step_time": predicted["step_time_s"] / measured["step_time_s"] - 1,
-        "peak_memory": predicted["peak_memory_bytes"] / measured["peak_memory_bytes"] - 1,
+        "step_time": predicted[STEP_TIME_S] / measured[STEP_TIME_S] - 1,
+        "peak_memory": predicted[PEAK_MEMORY_BYTES] / measured[PEAK_MEMORY_BYTES] - 1,
     }
 
 
@@ -316,26 +317,26 @@ def measure_placement(
             "time_ratio": proxy.time_ratio,
             "memory_ratio": proxy.memory_ratio,
         }
-        if m.get("step_time_s"):
-            own["step_time_error"] = proxy.predicted_step_time_s / m["step_time_s"] - 1
-        if m.get("peak_memory_bytes"):
-            own["memory_error"] = proxy.predicted_peak_memory_bytes / m["peak_memory_bytes"] - 1
-        for k in ("step_time_s", "mean_step_time_s"):
+        if m.get(STEP_TIME_S):
+            own["step_time_error"] = proxy.predicted_step_time_s / m[STEP_TIME_S] - 1
+        if m.get(PEAK_MEMORY_BYTES):
+            own["memory_error"] = proxy.predicted_peak_memory_bytes / m[PEAK_MEMORY_BYTES] - 1
+        for k in (STEP_TIME_S, "mean_step_time_s"):
             if k in m:
                 m[k] *= ratio
         if "step_times_s" in m:
             m["step_times_s"] = [t * ratio for t in m["step_times_s"]]
-        if "peak_memory_bytes" in m:
-            m["peak_memory_bytes"] *= proxy.memory_ratio
-        for k in ("tokens_per_s", "mfu"):  # the plan's, at the scaled step time
+        if PEAK_MEMORY_BYTES in m:
+            m[PEAK_MEMORY_BYTES] *= proxy.memory_ratio
+        for k in (TOKENS_PER_S, MFU):  # the plan's, at the scaled step time
             m.pop(k, None)
-            if predicted.get(k) and m.get("step_time_s"):
-                m[k] = predicted[k] * predicted["step_time_s"] / m["step_time_s"]
+            if predicted.get(k) and m.get(STEP_TIME_S):
+                m[k] = predicted[k] * predicted[STEP_TIME_S] / m[STEP_TIME_S]
         m["proxy"] = own
         m["scaled"] = (
             f"{', '.join(SCALED)} scaled back to the plan (x{ratio:.3g} time, x{proxy.memory_ratio:.3g} "
             f"memory); the other figures are the proxy's"
         )
-    if predicted and m.get("step_time_s") and m.get("peak_memory_bytes"):
+    if predicted and m.get(STEP_TIME_S) and m.get(PEAK_MEMORY_BYTES):
         doc["errors"] = _prediction_errors(predicted, m)
     return doc

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from autopar.calibration.margin import PairedMargin
+from autopar.figures import HIGH, INTERVAL, LOW, STEP_TIME_S, SUPPORT
 from autopar.search.margins import plan_margin, stored_margin
 
 
@@ -39,19 +40,19 @@ def unresolved_first(ranking: list[str], cands: dict[str, dict], margin: PairedM
     if not ranking:
         return []
     lead = cands[ranking[0]]
-    lead_high = lead["predicted"].get("step_time_s_interval", [0.0, float("inf")])[1]
+    lead_high = lead["predicted"].get(INTERVAL[STEP_TIME_S], [0.0, float("inf")])[1]
     model = stored_margin() if margin is None else margin
 
     def separated(c: dict) -> bool:
         p = c["predicted"]
-        if "plan" in c and "plan" in lead and "step_time_s_interval" in p:
+        if "plan" in c and "plan" in lead and INTERVAL[STEP_TIME_S] in p:
             return plan_margin(_row(lead), _row(c), model).separated
-        return p.get("step_time_s_interval", [p["step_time_s"]])[0] > lead_high
+        return p.get(INTERVAL[STEP_TIME_S], [p[STEP_TIME_S]])[0] > lead_high
 
     def group(k: str) -> int:
         if separated(cands[k]):
             return 3
-        return 1 if cands[k]["predicted"].get("support") == "extrapolated" else 2
+        return 1 if cands[k]["predicted"].get(SUPPORT) == "extrapolated" else 2
 
     rest = sorted(ranking[1:], key=lambda k: group(k))  # stable: the ranking's order within a group
     return ranking[:1] + rest
@@ -61,6 +62,6 @@ def _row(c: dict) -> pd.Series:
     """A candidate as a results row for the margin: its plan's knobs, its trainer, its step time and
     interval."""
     p = c["predicted"]
-    lo, hi = p.get("step_time_s_interval", [p["step_time_s"], p["step_time_s"]])
+    lo, hi = p.get(INTERVAL[STEP_TIME_S], [p[STEP_TIME_S], p[STEP_TIME_S]])
     plan = {k: (tuple(v) if isinstance(v, list) else v) for k, v in c["plan"].items()}
-    return pd.Series(plan | {"step_time_s": p["step_time_s"], "step_time_s_low": lo, "step_time_s_high": hi})
+    return pd.Series(plan | {STEP_TIME_S: p[STEP_TIME_S], LOW[STEP_TIME_S]: lo, HIGH[STEP_TIME_S]: hi})

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import InputError
+from autopar.figures import MFU, PEAK_MEMORY_BYTES, STEP_TIME_S, TOKENS_PER_S
 from autopar.measured.launcher import run_command
 from autopar.measured.measure import partial_summary
 from autopar.measured.own_trainer import WARMUP, TrainerHome, free_port, launch_env, log_files, read_log
@@ -171,10 +172,10 @@ def measure_own(
     if summary:
         doc["measured"] = _measured(summary, trainer_log, plan, seq_len, predicted, home.trainer, on_gpu)
         m = doc["measured"]
-        if predicted and m.get("peak_memory_bytes"):
+        if predicted and m.get(PEAK_MEMORY_BYTES):
             doc["errors"] = {
-                "step_time": predicted["step_time_s"] / m["step_time_s"] - 1,
-                "peak_memory": predicted["peak_memory_bytes"] / m["peak_memory_bytes"] - 1,
+                "step_time": predicted[STEP_TIME_S] / m[STEP_TIME_S] - 1,
+                "peak_memory": predicted[PEAK_MEMORY_BYTES] / m[PEAK_MEMORY_BYTES] - 1,
             }
     return doc
 
@@ -249,21 +250,21 @@ def _measured(
 ) -> dict:
     """The measured figures in the built-in trials' keys, plus the trainer's own throughput."""
     m = dict(summary)
-    step = m["step_time_s"]
-    m["tokens_per_s"] = plan.global_batch_size * seq_len / step
-    if predicted.get("mfu") and predicted.get("step_time_s"):  # the same model FLOPs per step
-        m["mfu"] = predicted["mfu"] * predicted["step_time_s"] / step
+    step = m[STEP_TIME_S]
+    m[TOKENS_PER_S] = plan.global_batch_size * seq_len / step
+    if predicted.get(MFU) and predicted.get(STEP_TIME_S):  # the same model FLOPs per step
+        m[MFU] = predicted[MFU] * predicted[STEP_TIME_S] / step
     if log.peak_memory_bytes:
-        m["peak_memory_bytes"] = float(log.peak_memory_bytes)
+        m[PEAK_MEMORY_BYTES] = float(log.peak_memory_bytes)
         m["memory_method"] = log.memory_method
     if log.tflops_per_gpu:
         m["trainer_tflops_per_gpu"] = statistics.median(log.tflops_per_gpu[-len(m["step_times_s"]) :])
     if log.tokens_per_s_per_gpu:
         m["trainer_tokens_per_s_per_gpu"] = statistics.median(log.tokens_per_s_per_gpu[-len(m["step_times_s"]) :])
-    if trainer == "deepspeed" and not on_gpu and "peak_memory_bytes" in m:
+    if trainer == "deepspeed" and not on_gpu and PEAK_MEMORY_BYTES in m:
         # DeepSpeed's CPU accelerator reports the process RSS as memory_allocated (deepspeed 0.19.8
         # accelerator/cpu_accelerator.py L153-156: get_rss), not tensor bytes: kept, not fitted to
-        m["process_peak_bytes"] = m.pop("peak_memory_bytes")
+        m["process_peak_bytes"] = m.pop(PEAK_MEMORY_BYTES)
         m["memory_method"] = "process RSS (DeepSpeed's CPU accelerator)"
     return m
 
@@ -334,8 +335,8 @@ def trial_with(home: TrainerHome, spec: ModelSpec, gpus: int, seq: int, req, gpu
     if why:
         raise InputError(why)
     est = estimate(plan, spec, cluster, num_gpus=gpus, seq_len=seq)
-    predicted: dict[str, Any] = {"step_time_s": float(est.step_time_s), "mfu": float(est.mfu)}
-    predicted |= {"peak_memory_bytes": float(est.peak_memory_bytes), "cluster": cluster.name or cluster.gpu.key}
+    predicted: dict[str, Any] = {STEP_TIME_S: float(est.step_time_s), MFU: float(est.mfu)}
+    predicted |= {PEAK_MEMORY_BYTES: float(est.peak_memory_bytes), "cluster": cluster.name or cluster.gpu.key}
     key = plan_key(plan.to_dict())
     doc = measure_own(
         home,

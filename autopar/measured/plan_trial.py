@@ -14,6 +14,7 @@ from pathlib import Path
 
 from autopar.calibration.estimate import estimate
 from autopar.errors import InputError
+from autopar.figures import PEAK_MEMORY_BYTES, STEP_TIME_S
 from autopar.json_out import dumps
 from autopar.measured.config import TrialConfig
 from autopar.measured.features import plan_problems
@@ -106,8 +107,8 @@ def prepare(
     cl = resolve_cluster(gpu, None, cluster_file)
     est = estimate(plan, spec, cl, num_gpus=gpus, seq_len=seq)
     predicted = {
-        "step_time_s": float(est.step_time_s),
-        "peak_memory_bytes": float(est.peak_memory_bytes),
+        STEP_TIME_S: float(est.step_time_s),
+        PEAK_MEMORY_BYTES: float(est.peak_memory_bytes),
         "cluster": cl.name or cl.gpu.key,
     }
     proxy, ratio = None, None

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 
 from autopar.calibration.estimate import estimate
+from autopar.figures import PEAK_MEMORY_BYTES, STEP_TIME_S
 from autopar.measured.features import model_problems, plan_problems
 from autopar.measured.placement import Placement, Proxy, ProxyOptions, as_builtin, builtin_trainer
 from autopar.measured.proxy_model import _halvings, _ladder, model_dict, proxy_spec, standin_model
@@ -119,9 +120,9 @@ class Planner:
         left = model_problems(self.base_model)
         if left:
             return self._not(plan_d, f"the built-in model cannot build {t.model.name}: " + "; ".join(left), "")
-        if predicted is None or "step_time_s" not in predicted:
+        if predicted is None or STEP_TIME_S not in predicted:
             est = estimate(plan, t.model, t.cluster, num_gpus=t.num_gpus, seq_len=t.seq_len)
-            predicted = {"step_time_s": est.step_time_s, "peak_memory_bytes": est.peak_memory_bytes}
+            predicted = {STEP_TIME_S: est.step_time_s, PEAK_MEMORY_BYTES: est.peak_memory_bytes}
         full = self._full(plan, predicted)
         if full is not None:
             return full
@@ -159,7 +160,7 @@ class Planner:
         if self.limits is not None:
             if t.num_gpus > self.limits.max_ranks:
                 return None
-            if not self.limits.memory_fits(t.num_gpus, float(predicted["peak_memory_bytes"])):
+            if not self.limits.memory_fits(t.num_gpus, float(predicted[PEAK_MEMORY_BYTES])):
                 return None
         return Placement(
             plan=plan.to_dict(),
@@ -176,9 +177,9 @@ class Planner:
         why = []
         if lim is not None and t.num_gpus > lim.max_ranks:
             why.append(f"{t.num_gpus} ranks, this machine runs at most {lim.max_ranks} ({lim.why})")
-        elif lim is not None and not lim.memory_fits(t.num_gpus, float(predicted["peak_memory_bytes"])):
+        elif lim is not None and not lim.memory_fits(t.num_gpus, float(predicted[PEAK_MEMORY_BYTES])):
             why.append(
-                f"{float(predicted['peak_memory_bytes']) / GIB:.1f} GiB per rank, this machine allows "
+                f"{float(predicted[PEAK_MEMORY_BYTES]) / GIB:.1f} GiB per rank, this machine allows "
                 f"{lim.memory_text(t.num_gpus)}"
             )
         why += self._changes_needed(plan)
@@ -302,8 +303,8 @@ class Planner:
             cross_hardware=self.cross_hardware,
             predicted_step_time_s=step,
             predicted_peak_memory_bytes=peak,
-            time_ratio=float(predicted["step_time_s"]) / step if step > 0 else math.nan,
-            memory_ratio=float(predicted["peak_memory_bytes"]) / peak if peak > 0 else math.nan,
+            time_ratio=float(predicted[STEP_TIME_S]) / step if step > 0 else math.nan,
+            memory_ratio=float(predicted[PEAK_MEMORY_BYTES]) / peak if peak > 0 else math.nan,
         )
         return Placement(
             plan=plan.to_dict(),

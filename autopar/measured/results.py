@@ -9,6 +9,7 @@ import warnings
 
 from autopar.calibration.calibrate import predict, spearman
 from autopar.calibration.uncertainty import LEVEL, conformal_half_width
+from autopar.figures import INTERVAL, PEAK_MEMORY_BYTES, STEP_TIME_S
 from autopar.measured.calibration import calibrates
 from autopar.measured.trials import NOT_RUNNABLE, MeasuredStage
 from autopar.search.run import SearchResult
@@ -50,17 +51,17 @@ def acceptance(result: SearchResult, stage: MeasuredStage) -> dict:
         out["measured_with"] = trainers[0] if len(trainers) == 1 else trainers
     if not ok:
         return out
-    meas = [d["measured"]["step_time_s"] for d in ok]
+    meas = [d["measured"][STEP_TIME_S] for d in ok]
     fastest = ok[min(range(len(ok)), key=lambda i: meas[i])]
     out["winner"] = {
         "key": fastest["key"],
-        "measured_step_time_s": fastest["measured"]["step_time_s"],
-        "predicted_step_time_s": fastest["predicted"].get("step_time_s"),
+        "measured_step_time_s": fastest["measured"][STEP_TIME_S],
+        "predicted_step_time_s": fastest["predicted"].get(STEP_TIME_S),
     }
     plans = [ParallelPlan.from_dict(d["plan"]) for d in ok]
     before_t, before_m = predict(plans, q.model, q.cluster, q.num_gpus, q.seq_len)
     # a trainer's log may carry no memory figure (autopar.measured.trainer_logs): 0, left out here
-    mem = [float(d["measured"].get("peak_memory_bytes") or 0.0) for d in ok]
+    mem = [float(d["measured"].get(PEAK_MEMORY_BYTES) or 0.0) for d in ok]
     with warnings.catch_warnings():  # tied predictions (or one trial): no rank correlation, NaN
         warnings.simplefilter("ignore")
         out["spearman_analytic"] = spearman(before_t, meas)
@@ -91,7 +92,7 @@ def intervals_before_after(ok: list[dict], after_t, measured) -> dict:
     h = conformal_half_width(residuals)
     plans = {}
     for d, p in zip(ok, after_t):
-        before = (d.get("predicted") or {}).get("step_time_s_interval")
+        before = (d.get("predicted") or {}).get(INTERVAL[STEP_TIME_S])
         after = None if h is None else [float(p * math.exp(-h)), float(p * math.exp(h))]
         plans[d["key"]] = {"before": before, "after": after, "calibrated_step_time_s": float(p)}
     return {"level": LEVEL, "trials": len(residuals), "half_width_log": h, "plans": plans}
@@ -116,12 +117,12 @@ def candidate_rows(stage: MeasuredStage) -> list[dict]:
                 "kind": d.get("kind") or ("proxy" if d.get("proxy") else "full"),
                 "measured_with": d.get("measured_with"),
                 "status": d.get("status"),
-                "predicted_step_time_s": p.get("step_time_s"),
-                "measured_step_time_s": m.get("step_time_s"),
-                "proxy_step_time_s": own.get("step_time_s"),
+                "predicted_step_time_s": p.get(STEP_TIME_S),
+                "measured_step_time_s": m.get(STEP_TIME_S),
+                "proxy_step_time_s": own.get(STEP_TIME_S),
                 "proxy_predicted_step_time_s": own.get("predicted_step_time_s"),
-                "predicted_peak_memory_bytes": p.get("peak_memory_bytes"),
-                "measured_peak_memory_bytes": m.get("peak_memory_bytes"),
+                "predicted_peak_memory_bytes": p.get(PEAK_MEMORY_BYTES),
+                "measured_peak_memory_bytes": m.get(PEAK_MEMORY_BYTES),
                 "proxy": (d.get("proxy") or {}).get("summary"),
                 "reason": "; ".join(d.get("reasons") or []) if d.get("status") != "ok" else "",
             }

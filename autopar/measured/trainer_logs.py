@@ -26,6 +26,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from autopar.figures import STEP_TIME_S
+
 TRAINERS = ("megatron", "bridge", "nemo", "torchtitan", "deepspeed")
 
 
@@ -494,7 +496,7 @@ def step_summary(log: TrainerLog, warmup: int) -> dict | None:
         return None
     median = statistics.median(times)
     return {
-        "step_time_s": median,
+        STEP_TIME_S: median,
         "step_times_s": times,
         "mean_step_time_s": statistics.fmean(times),
         "step_time_spread": (max(times) - min(times)) / median if median > 0 else 0.0,

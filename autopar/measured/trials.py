@@ -38,6 +38,7 @@ from optuna.trial import TrialState
 from autopar.calibration.calibrate import Calibration
 from autopar.calibration.uncertainty import interval_fields
 from autopar.errors import InputError
+from autopar.figures import INTERVAL, LOW, MFU, PEAK_MEMORY_BYTES, STEP_TIME_S, SUPPORT, TOKENS_PER_S
 from autopar.measured import claims
 from autopar.measured.calibration import calibrate_docs, evaluate_with
 from autopar.measured.order import diverse, unresolved_first
@@ -79,10 +80,10 @@ def candidates(result: SearchResult, df=None) -> dict[str, dict]:
             {
                 "plan": plan,
                 "predicted": {
-                    "step_time_s": float(row["step_time_s"]),
-                    "peak_memory_bytes": float(row["peak_memory_bytes"]),
-                    "tokens_per_s": float(row["tokens_per_s"]),
-                    "mfu": float(row["mfu"]),
+                    STEP_TIME_S: float(row[STEP_TIME_S]),
+                    PEAK_MEMORY_BYTES: float(row[PEAK_MEMORY_BYTES]),
+                    TOKENS_PER_S: float(row[TOKENS_PER_S]),
+                    MFU: float(row[MFU]),
                 }
                 | _interval(row),
             },
@@ -92,10 +93,10 @@ def candidates(result: SearchResult, df=None) -> dict[str, dict]:
 
 def _interval(row) -> dict:
     """The step time's 80 % interval and the support of a candidate (autopar.calibration.uncertainty)."""
-    if "step_time_s_low" not in row.index:
+    if LOW[STEP_TIME_S] not in row.index:
         return {}
     f = interval_fields(row)
-    return {"step_time_s_interval": f["step_time_s_interval"], "support": f["support"]}
+    return {INTERVAL[STEP_TIME_S]: f[INTERVAL[STEP_TIME_S]], SUPPORT: f[SUPPORT]}
 
 
 @dataclass
@@ -257,7 +258,7 @@ def _seeds(
         }
         write_trial_doc(doc, trials_dir)
         log(
-            f"not runnable here: {kk} (#{ranking.index(kk) + 1} predicted, {cands[kk]['predicted']['step_time_s']:.3f} "
+            f"not runnable here: {kk} (#{ranking.index(kk) + 1} predicted, {cands[kk]['predicted'][STEP_TIME_S]:.3f} "
             f"s/step): {cannot(kk)}"
         )
     if skipped:
@@ -287,7 +288,7 @@ def _measure_one(
         reported.add(index)
         return trial.should_prune()
 
-    log(f"trial {trial.number}: {key} (predicted {cand['predicted']['step_time_s']:.3f} s/step)")
+    log(f"trial {trial.number}: {key} (predicted {cand['predicted'][STEP_TIME_S]:.3f} s/step)")
     doc = measure(cand["plan"], cand["predicted"], on_step) | {
         "key": key,
         "optuna_trial": trial.number,
@@ -303,17 +304,17 @@ def _measure_one(
     if doc["status"] == "pruned":
         log(
             f"  -> pruned after {m.get('steps_run', 0)} timed step(s)"
-            + (f", {m['step_time_s']:.3f} s/step so far{tag}" if m else "")
+            + (f", {m[STEP_TIME_S]:.3f} s/step so far{tag}" if m else "")
         )
     elif doc["status"] == "ok" and m:
         own = m.get("proxy") or {}
         log(
-            f"  -> ok {m['step_time_s']:.3f} s/step"
-            + (f", peak {_mib(m['peak_memory_bytes'])}/rank{tag}" if "peak_memory_bytes" in m else tag)
+            f"  -> ok {m[STEP_TIME_S]:.3f} s/step"
+            + (f", peak {_mib(m[PEAK_MEMORY_BYTES])}/rank{tag}" if PEAK_MEMORY_BYTES in m else tag)
             + (
-                f"; the proxy itself: {own['step_time_s']:.3f} s/step measured vs {own['predicted_step_time_s']:.3f} "
-                f"predicted here, {_mib(own['peak_memory_bytes'])} vs {_mib(own['predicted_peak_memory_bytes'])}/rank"
-                if own.get("step_time_s")
+                f"; the proxy itself: {own[STEP_TIME_S]:.3f} s/step measured vs {own['predicted_step_time_s']:.3f} "
+                f"predicted here, {_mib(own[PEAK_MEMORY_BYTES])} vs {_mib(own['predicted_peak_memory_bytes'])}/rank"
+                if own.get(STEP_TIME_S)
                 else ""
             )
         )
@@ -348,7 +349,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, doc: dict, trials_dir: Path,
     if doc["pruned"]:
         study.tell(trial, state=TrialState.PRUNED)
     else:
-        study.tell(trial, m["step_time_s"])
+        study.tell(trial, m[STEP_TIME_S])
 
 
 def sync_docs(study: optuna.Study, trials_dir: Path) -> dict[str, dict]:

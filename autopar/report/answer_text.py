@@ -6,6 +6,17 @@ from __future__ import annotations
 
 import pandas as pd
 
+from autopar.figures import (
+    FITS,
+    LOW,
+    MEMORY_CAPACITY_BYTES,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    REJECTED_BY,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+)
 from autopar.report.run_data import RunData
 from autopar.report.top_tables import top_rows, winner
 from autopar.spec.hardware import GIB
@@ -67,7 +78,7 @@ def question_rows(run: RunData) -> pd.DataFrame:
         (
             "rejected by",
             rejection_text(by)
-            if isinstance(by := s.get("rejected_by"), dict)
+            if isinstance(by := s.get(REJECTED_BY), dict)
             else rejection_text_of(run.plans) or "nothing",
         ),
         ("autopar", f"{s.get('autopar_version', '?')}; search took {s.get('timings_s', {}).get('total_s', 0):.2f} s"),
@@ -112,7 +123,7 @@ def rejection_text(counts: dict) -> str:
 def rejection_text_of(plans: pd.DataFrame) -> str:
     """rejection_text counted over the rows of a frame (distinct reason strings split once)."""
     counts: dict[str, int] = {}
-    for reasons, n in plans.loc[~plans["fits"].astype(bool), "rejected_by"].astype(str).value_counts().items():
+    for reasons, n in plans.loc[~plans[FITS].astype(bool), REJECTED_BY].astype(str).value_counts().items():
         for r in reasons.split(", "):
             if r:
                 counts[r] = counts.get(r, 0) + int(n)
@@ -142,9 +153,9 @@ def answer(run: RunData) -> str:
     if w is None:
         return f"Nothing fits {model} on {where}: {run.top.get('why', run.search.get('why', ''))}"
     return (
-        f"On {where}, {model} trains fastest with {w['plan_name']} ({_plan_words(w)}): "
-        f"{w['step_time_s']:.3f} s per step, {w['tokens_per_s']:,.0f} tokens/s, {100 * w['mfu']:.1f}% MFU, "
-        f"peak memory {w['peak_memory_bytes'] / GIB:.1f} of {w['memory_capacity_bytes'] / GIB:.1f} GiB."
+        f"On {where}, {model} trains fastest with {w[PLAN_NAME]} ({_plan_words(w)}): "
+        f"{w[STEP_TIME_S]:.3f} s per step, {w[TOKENS_PER_S]:,.0f} tokens/s, {100 * w[MFU]:.1f}% MFU, "
+        f"peak memory {w[PEAK_MEMORY_BYTES] / GIB:.1f} of {w[MEMORY_CAPACITY_BYTES] / GIB:.1f} GiB."
     )
 
 
@@ -160,7 +171,7 @@ INTERVAL_NOTE = (
 def has_intervals(run: RunData) -> bool:
     """Whether the run's top plans carry intervals (a run directory from before them does not)."""
     top = top_rows(run)
-    return bool(len(top)) and bool(top["step_time_s_low"].notna().any())
+    return bool(len(top)) and bool(top[LOW[STEP_TIME_S]].notna().any())
 
 
 def sureness(run: RunData) -> list[str]:

@@ -6,7 +6,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from autopar.cost.figures import AXES, MEMORY_LABELS, MEMORY_TERMS, TIME_LABELS, TIME_TERMS
+from autopar.figures import (
+    AXES,
+    DAYS,
+    HIGH,
+    LOST_TO_CHECKPOINTS,
+    LOST_TO_RESTARTS,
+    LOST_TO_REWORK,
+    LOW,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_LABELS,
+    MEMORY_TERMS,
+    STEP_TIME_S,
+    TIME_LABELS,
+    TIME_TERMS,
+)
 from autopar.report.figure_base import RED, bar_height, deadline, figure_layout, floats, vline
 from autopar.spec.hardware import GIB
 
@@ -32,9 +46,9 @@ MEMORY_COLOURS = {
 AXIS_COLOURS = {"tp": "#f58518", "cp": "#e45756", "ep": "#72b7b2", "pp": "#54a24b", "dp": "#eeca3b"}
 RUN_COLOURS = {
     "steps": "#4c78a8",
-    "lost_to_checkpoints": "#f58518",
-    "lost_to_rework": "#e45756",
-    "lost_to_restarts": "#b279a2",
+    LOST_TO_CHECKPOINTS: "#f58518",
+    LOST_TO_REWORK: "#e45756",
+    LOST_TO_RESTARTS: "#b279a2",
 }
 #: the candidates' axis: one bar each, top to bottom in the frame's order
 CANDIDATE_AXIS = {"autorange": "reversed", "automargin": True, "type": "category"}
@@ -49,7 +63,7 @@ def time_figure(tb: pd.DataFrame, title: str = "Step time breakdown (s)") -> dic
         x = tb[t].to_numpy(float)
         if not np.any(x > 0):
             continue
-        share = np.where(tb["step_time_s"] > 0, 100 * x / tb["step_time_s"].to_numpy(float), 0)
+        share = np.where(tb[STEP_TIME_S] > 0, 100 * x / tb[STEP_TIME_S].to_numpy(float), 0)
         data.append(
             {
                 "type": "bar",
@@ -81,10 +95,10 @@ def _interval_traces(tb: pd.DataFrame, labels: list) -> list[dict]:
     """The step time's 80 % interval (step_time_s_low, _high) as asymmetric error bars at the end of
     each stacked bar (a marker at the predicted step time); none where the frame has no interval
     (a run directory written before them, a comparison)."""
-    if not {"step_time_s_low", "step_time_s_high"} <= set(tb.columns):
+    if not {LOW[STEP_TIME_S], HIGH[STEP_TIME_S]} <= set(tb.columns):
         return []
-    x = tb["step_time_s"].to_numpy(float)
-    lo, hi = tb["step_time_s_low"].to_numpy(float), tb["step_time_s_high"].to_numpy(float)
+    x = tb[STEP_TIME_S].to_numpy(float)
+    lo, hi = tb[LOW[STEP_TIME_S]].to_numpy(float), tb[HIGH[STEP_TIME_S]].to_numpy(float)
     if not (np.isfinite(lo) | np.isfinite(hi)).any():
         return []
     return [
@@ -117,7 +131,7 @@ def memory_figure(
     """Stacked horizontal bars of the memory terms per candidate, against the GPU's capacity."""
     labels = list(mb.index)
     data = []
-    cap = mb["memory_capacity_bytes"].to_numpy(float)
+    cap = mb[MEMORY_CAPACITY_BYTES].to_numpy(float)
     for t in MEMORY_TERMS:
         x = mb[t].to_numpy(float) / GIB
         if not np.any(x > 0):
@@ -222,7 +236,7 @@ def run_figure(
         barmode="stack",
         shapes=shapes,
         annotations=notes,
-        xaxis={"title": {"text": "days"}, "rangemode": "tozero"},
+        xaxis={"title": {"text": DAYS.unit}, "rangemode": "tozero"},
         yaxis=CANDIDATE_AXIS,
     )
     return {"data": data, "layout": layout}

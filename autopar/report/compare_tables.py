@@ -7,7 +7,36 @@ import math
 
 import pandas as pd
 
-from autopar.cost.figures import AXES, MEMORY_LABELS, MEMORY_TERMS, TIME_LABELS, TIME_TERMS
+from autopar.figures import (
+    AXES,
+    BUBBLE_FRACTION,
+    COMM_BYTES,
+    COMM_BYTES_PER_GPU,
+    FITS,
+    HFU,
+    HIGH,
+    INTERVAL,
+    LOW,
+    MEM,
+    MEMORY_BYTES,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_LABELS,
+    MEMORY_TERMS,
+    MFU,
+    MODEL_TFLOPS_PER_GPU,
+    NUM_MICROBATCHES,
+    PARAMS_PER_GPU,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    STEP_TIME_S,
+    SUPPORT,
+    TIME,
+    TIME_LABELS,
+    TIME_S,
+    TIME_TERMS,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+)
 from autopar.report.trial_tables import trial_name
 from autopar.spec.hardware import GIB
 
@@ -22,14 +51,14 @@ from autopar.spec.hardware import GIB
 #: counts the recomputed forward (autopar.cost.flops), so more recompute raises it with no work
 #: done; and the interval's optimistic end.
 BETTER: dict[str, str] = {
-    "step_time_s": "lower",
-    "tokens_per_s": "higher",
-    "tokens_per_s_per_gpu": "higher",
-    "model_tflops_per_gpu": "higher",
-    "mfu": "higher",
-    "peak_memory_bytes": "lower",
+    STEP_TIME_S: "lower",
+    TOKENS_PER_S: "higher",
+    TOKENS_PER_S_PER_GPU: "higher",
+    MODEL_TFLOPS_PER_GPU: "higher",
+    MFU: "higher",
+    PEAK_MEMORY_BYTES: "lower",
     "headroom_bytes": "higher",
-    "step_time_s_high": "lower",
+    HIGH[STEP_TIME_S]: "lower",
 }
 
 #: (section, key, label) rows of a comparison; key is a path into Estimate.to_dict()
@@ -51,7 +80,7 @@ COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
             "sequence_parallel",
             "micro_batch_size",
             "global_batch_size",
-            "num_microbatches",
+            NUM_MICROBATCHES,
             "pp_schedule",
             "recompute",
             "recompute_layers",
@@ -63,26 +92,26 @@ COMPARE_ROWS: tuple[tuple[str, str, str], ...] = (
         )
     ),
     ("layout", "layout", "stage layout"),
-    ("verdict", "fits", "fits"),
+    ("verdict", FITS, FITS.header),
     ("verdict", "reasons", "reasons"),
-    ("time (s)", "step_time_s", "step time"),
-    *(("time (s)", f"time_s.{t}", TIME_LABELS[t]) for t in TIME_TERMS),
-    ("throughput", "tokens_per_s", "tokens/s"),
-    ("throughput", "tokens_per_s_per_gpu", "tokens/s per GPU"),
-    ("throughput", "model_tflops_per_gpu", "model TFLOP/s per GPU"),
-    ("throughput", "mfu", "MFU"),
-    ("throughput", "hfu", "HFU"),
-    ("throughput", "bubble_fraction", "bubble fraction"),
-    ("memory (GiB)", "peak_memory_bytes", "peak memory"),
-    *(("memory (GiB)", f"memory_bytes.{t}", MEMORY_LABELS[t]) for t in MEMORY_TERMS),
-    ("memory (GiB)", "memory_capacity_bytes", "capacity"),
+    ("time (s)", STEP_TIME_S, "step time"),
+    *(("time (s)", f"{TIME_S}.{t}", TIME_LABELS[t]) for t in TIME_TERMS),
+    ("throughput", TOKENS_PER_S, "tokens/s"),
+    ("throughput", TOKENS_PER_S_PER_GPU, "tokens/s per GPU"),
+    ("throughput", MODEL_TFLOPS_PER_GPU, "model TFLOP/s per GPU"),
+    ("throughput", MFU, "MFU"),
+    ("throughput", HFU, "HFU"),
+    ("throughput", BUBBLE_FRACTION, "bubble fraction"),
+    ("memory (GiB)", PEAK_MEMORY_BYTES, "peak memory"),
+    *(("memory (GiB)", f"{MEMORY_BYTES}.{t}", MEMORY_LABELS[t]) for t in MEMORY_TERMS),
+    ("memory (GiB)", MEMORY_CAPACITY_BYTES, "capacity"),
     ("memory (GiB)", "headroom_bytes", "headroom"),
-    ("memory (GiB)", "params_per_gpu", "parameters per GPU"),
-    *(("comm per GPU per step (GB)", f"comm_bytes_per_gpu.{a}", a.upper()) for a in AXES),
+    ("memory (GiB)", PARAMS_PER_GPU, "parameters per GPU"),
+    *(("comm per GPU per step (GB)", f"{COMM_BYTES_PER_GPU}.{a}", a.upper()) for a in AXES),
     # how sure (autopar.calibration.uncertainty)
-    ("how sure", "support", "support"),
-    ("how sure", "step_time_s_low", "step time, 80 % interval low"),
-    ("how sure", "step_time_s_high", "step time, 80 % interval high"),
+    ("how sure", SUPPORT, SUPPORT.header),
+    ("how sure", LOW[STEP_TIME_S], "step time, 80 % interval low"),
+    ("how sure", HIGH[STEP_TIME_S], "step time, 80 % interval high"),
 )
 #: display scale of a row's raw value, by section
 COMPARE_SCALE = {"memory (GiB)": GIB, "comm per GPU per step (GB)": 1e9}
@@ -104,9 +133,9 @@ def compare_table(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
     for e in estimates:
         e = dict(e)
         e["name"] = e.get("name") or trial_name(e.get("plan", {}), "?")
-        e["headroom_bytes"] = e["memory_capacity_bytes"] - e["peak_memory_bytes"]
+        e["headroom_bytes"] = e[MEMORY_CAPACITY_BYTES] - e[PEAK_MEMORY_BYTES]
         e["reasons"] = "; ".join(e.get("reasons") or [])
-        e["step_time_s_low"], e["step_time_s_high"] = e.get("step_time_s_interval") or (None, None)
+        e[LOW[STEP_TIME_S]], e[HIGH[STEP_TIME_S]] = e.get(INTERVAL[STEP_TIME_S]) or (None, None)
         ests.append(e)
     rows = []
     for section, key, label in COMPARE_ROWS:
@@ -139,15 +168,15 @@ def estimate_rows(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
     data = []
     for e in estimates:
         r = {
-            "plan_name": e.get("name", ""),
-            "step_time_s": e["step_time_s"],
-            "peak_memory_bytes": e["peak_memory_bytes"],
-            "memory_capacity_bytes": e["memory_capacity_bytes"],
-            "tokens_per_s": e["tokens_per_s"],
+            PLAN_NAME: e.get("name", ""),
+            STEP_TIME_S: e[STEP_TIME_S],
+            PEAK_MEMORY_BYTES: e[PEAK_MEMORY_BYTES],
+            MEMORY_CAPACITY_BYTES: e[MEMORY_CAPACITY_BYTES],
+            TOKENS_PER_S: e[TOKENS_PER_S],
         }
-        r |= {f"time_{t}": e["time_s"][t] for t in TIME_TERMS}
-        r |= {f"mem_{t}": e["memory_bytes"][t] for t in MEMORY_TERMS}
-        r |= {f"comm_bytes_{a}": e["comm_bytes_per_gpu"][a] for a in AXES}
+        r |= {TIME[t]: e[TIME_S][t] for t in TIME_TERMS}
+        r |= {MEM[t]: e[MEMORY_BYTES][t] for t in MEMORY_TERMS}
+        r |= {COMM_BYTES[a]: e[COMM_BYTES_PER_GPU][a] for a in AXES}
         data.append(r)
     return pd.DataFrame(data, index=pd.Index(labels, name="candidate"))
 
@@ -155,5 +184,5 @@ def estimate_rows(labels: list[str], estimates: list[dict]) -> pd.DataFrame:
 def comm_breakdown(rows: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
     """Bytes each GPU sends per step, per parallel axis."""
     return pd.DataFrame(
-        {a: rows[f"comm_bytes_{a}"].to_numpy(float) for a in AXES}, index=pd.Index(labels, name="candidate")
+        {a: rows[COMM_BYTES[a]].to_numpy(float) for a in AXES}, index=pd.Index(labels, name="candidate")
     )

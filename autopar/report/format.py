@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import math
 
+from autopar.figures import (
+    BUBBLE_FRACTION,
+    HFU,
+    HIGH,
+    LOW,
+    MFU,
+    MODEL_TFLOPS_PER_GPU,
+    PARAMS_PER_GPU,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+)
 from autopar.spec.hardware import GIB
 from autopar.spec.training_run import money_text, significant
 
@@ -56,18 +68,21 @@ def fmt(value, kind: str = "") -> str:
     return str(value)
 
 
-#: compare row key -> kind
-COMPARE_KINDS = {
-    "step_time_s": "s4",
-    "step_time_s_low": "s4",
-    "step_time_s_high": "s4",
-    "tokens_per_s": "count",
-    "tokens_per_s_per_gpu": "count",
-    "model_tflops_per_gpu": "tflops",
-    "mfu": "pct",
-    "hfu": "pct",
-    "bubble_fraction": "pct",
-    "params_per_gpu": "human",
+#: compare row key -> kind (the figures' own)
+COMPARE_KINDS: dict[str, str] = {
+    f: f.kind
+    for f in (
+        STEP_TIME_S,
+        LOW[STEP_TIME_S],
+        HIGH[STEP_TIME_S],
+        TOKENS_PER_S,
+        TOKENS_PER_S_PER_GPU,
+        MODEL_TFLOPS_PER_GPU,
+        MFU,
+        HFU,
+        BUBBLE_FRACTION,
+        PARAMS_PER_GPU,
+    )
 }
 
 

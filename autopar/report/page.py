@@ -93,6 +93,9 @@ DRAW_JS = """
 
 e = html.escape
 
+#: the table kind of a support column: the column, its `_reason` as a tooltip
+SUPPORT_CELL = "support"
+
 
 def page(title: str, body: str) -> str:
     return (
@@ -145,7 +148,7 @@ def _cell_of(r: pd.Series, c: str, k: str) -> str:
         return f'<td class="t">{r[c]}</td>'
     if k == "interval":  # c: the figure; the frame has c_low and c_high
         return interval_cell(r.get(f"{c}_low"), r.get(f"{c}_high"))
-    if k == "support":  # c: the support column; the frame has c_reason
+    if k == SUPPORT_CELL:  # c: the support column; the frame has c_reason
         return support_cell(r.get(c), r.get(f"{c}_reason"))
     return cell(r[c], "" if k == "t" else k, text=k == "t")
 
@@ -154,7 +157,7 @@ def table(df: pd.DataFrame, columns: list[tuple[str, str, str]], *, sortable: bo
     """columns: (frame column, header, kind); kind 't' = left-aligned text, 'html' = trusted markup
     (built and escaped by the caller), 'interval' = the column's `_low` and `_high` as 'low-high'
     (seconds), 'support' = the column and its `_reason` as a tooltip."""
-    left = ("t", "html", "support")
+    left = ("t", "html", SUPPORT_CELL)
     head = "".join(f'<th class="{"t" if k in left else ""}">{e(h)}</th>' for _, h, k in columns)
     rows = []
     for i, (_, r) in enumerate(df.iterrows()):

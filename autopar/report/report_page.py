@@ -14,6 +14,29 @@ from urllib.parse import quote
 import pandas as pd
 
 from autopar import __version__
+from autopar.figures import (
+    BUBBLE_FRACTION,
+    COST,
+    DAYS,
+    DOMINANT_COST,
+    ENERGY_MWH,
+    GOODPUT,
+    GPU_HOURS,
+    LAYOUT_TEXT,
+    LOW,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_GIB,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    STEP_TIME_S,
+    SUPPORT,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    VARIANT_OF,
+    VS_BEST,
+    VS_LEADER,
+)
 from autopar.report import answer_text as A
 from autopar.report import run_data as D
 from autopar.report import run_tables as R
@@ -23,7 +46,7 @@ from autopar.report import top_tables as T
 from autopar.report import trial_tables as X
 from autopar.report.breakdown_figures import memory_figure, run_figure, time_figure
 from autopar.report.format import fmt
-from autopar.report.page import e, fig, kv, page, table
+from autopar.report.page import SUPPORT_CELL, e, fig, kv, page, table
 from autopar.report.scatter_figures import scatter_figure
 from autopar.report.stage_figures import stage_memory_figure, timeline_figure
 from autopar.report.trial_figures import (
@@ -40,61 +63,64 @@ REPORT_FILE = "report.html"
 
 TOP_COLUMNS = [
     ("rank", "#", "int"),
-    ("plan_name", "layout", "t"),
+    (PLAN_NAME, "layout", "t"),
     ("pp_schedule", "schedule", "t"),
     ("recompute", "recompute", "t"),
     ("zero_stage", "ZeRO", "int"),
     ("micro_batch_size", "mbs", "int"),
-    ("layout_text", "stages", "t"),
-    ("memory_gib", "memory GiB", "gib"),
-    ("step_time_s", "step s", "s"),
-    ("tokens_per_s", "tokens/s", "count"),
-    ("tokens_per_s_per_gpu", "tokens/s/GPU", "count"),
-    ("mfu", "MFU", "pct"),
-    ("bubble_fraction", "bubble", "pct"),
-    ("dominant_cost", "dominant cost", "t"),
+    (LAYOUT_TEXT, "stages", "t"),
+    (MEMORY_GIB, "memory GiB", "gib"),
+    (STEP_TIME_S, "step s", "s"),
+    (TOKENS_PER_S, "tokens/s", "count"),
+    (TOKENS_PER_S_PER_GPU, "tokens/s/GPU", "count"),
+    (MFU, "MFU", "pct"),
+    (BUBBLE_FRACTION, "bubble", "pct"),
+    (DOMINANT_COST, "dominant cost", "t"),
     ("trainers", "runs on", "t"),
     ("variants", "variants", "int"),
 ]
 #: the variants folded under the top plans (autopar.report.top_tables.variant_table)
 VARIANT_COLUMNS = [
-    ("variant_of", "of #", "int"),
-    ("plan_name", "layout", "t"),
+    (VARIANT_OF, "of #", "int"),
+    (PLAN_NAME, "layout", "t"),
     ("changes", "changes", "t"),
-    ("memory_gib", "memory GiB", "gib"),
-    ("step_time_s", "step s", "s"),
-    ("vs_leader", "vs its #", "pct_signed"),
+    (MEMORY_GIB, "memory GiB", "gib"),
+    (STEP_TIME_S, "step s", "s"),
+    (VS_LEADER, "vs its #", "pct_signed"),
     ("trainers", "runs on", "t"),
 ]
 #: how sure: the step time's 80 % interval and the support (after the step time), where the run has them
-SURE_COLUMNS = [("step_time_s", "80 % interval s", "interval"), ("support", "support", "support")]
+SURE_COLUMNS: list[tuple[str, str, str]] = [
+    (STEP_TIME_S, "80 % interval s", "interval"),
+    (SUPPORT, SUPPORT.header, SUPPORT_CELL),
+]
 TRAINER_COLUMNS = [
     ("trainer", "trainer", "t"),
-    ("plan_name", "layout", "t"),
+    (PLAN_NAME, "layout", "t"),
     ("pp_schedule", "schedule", "t"),
     ("recompute", "recompute", "t"),
     ("zero_stage", "ZeRO", "int"),
     ("micro_batch_size", "mbs", "int"),
-    ("memory_gib", "memory GiB", "gib"),
-    ("step_time_s", "step s", "s"),
-    ("tokens_per_s", "tokens/s", "count"),
-    ("mfu", "MFU", "pct"),
-    ("vs_best", "vs best", "pct_signed"),
+    (MEMORY_GIB, "memory GiB", "gib"),
+    (STEP_TIME_S, "step s", "s"),
+    (TOKENS_PER_S, "tokens/s", "count"),
+    (MFU, "MFU", "pct"),
+    (VS_BEST, "vs best", "pct_signed"),
 ]
 PARETO_COLUMNS = [
-    ("plan_name", "layout", "t"),
+    (PLAN_NAME, "layout", "t"),
     ("pp_schedule", "schedule", "t"),
     ("recompute", "recompute", "t"),
     ("zero_stage", "ZeRO", "int"),
     ("micro_batch_size", "mbs", "int"),
-    ("memory_gib", "memory GiB", "gib"),
-    ("tokens_per_s", "tokens/s", "count"),
-    ("step_time_s", "step s", "s"),
-    ("mfu", "MFU", "pct"),
+    (MEMORY_GIB, "memory GiB", "gib"),
+    (TOKENS_PER_S, "tokens/s", "count"),
+    (STEP_TIME_S, "step s", "s"),
+    (MFU, "MFU", "pct"),
 ]
 TRIAL_COLUMNS = [
     ("trial", "trial", "t"),
-    ("plan_name", "layout", "t"),
+    (PLAN_NAME, "layout", "t"),
     ("status", "status", "t"),
     ("kind", "ran as", "t"),
     ("predicted_step_time_s", "predicted s", "s"),
@@ -112,23 +138,17 @@ TRIAL_COLUMNS = [
     ("note", "proxy changes / why not run", "t"),
 ]
 #: the whole-run columns of the top and what-if tables (with --tokens)
-RUN_COLUMNS = [
-    ("days", "days", "days"),
-    ("goodput", "goodput", "pct"),
-    ("gpu_hours", "GPU-hours", "count"),
-    ("cost", "cost", "money"),
-    ("energy_mwh", "GPU MWh", "count"),
-]
+RUN_COLUMNS = [(f, f.header, f.kind) for f in (DAYS, GOODPUT, GPU_HOURS, COST, ENERGY_MWH)]
 WHATIF_COLUMNS = [
     ("scenario", "scenario", "t"),
-    ("plan_name", "best layout", "t"),
+    (PLAN_NAME, "best layout", "t"),
     ("pp_schedule", "schedule", "t"),
     ("recompute", "recompute", "t"),
-    ("memory_gib", "memory GiB", "gib"),
-    ("step_time_s", "step s", "s"),
-    ("tokens_per_s", "tokens/s", "count"),
-    ("tokens_per_s_per_gpu", "tokens/s/GPU", "count"),
-    ("mfu", "MFU", "pct"),
+    (MEMORY_GIB, "memory GiB", "gib"),
+    (STEP_TIME_S, "step s", "s"),
+    (TOKENS_PER_S, "tokens/s", "count"),
+    (TOKENS_PER_S_PER_GPU, "tokens/s/GPU", "count"),
+    (MFU, "MFU", "pct"),
     ("plans_fit", "plans that fit", "count"),
     ("link", "report", "html"),
 ]
@@ -136,7 +156,7 @@ STAGE_COLUMNS = [
     ("stage", "stage", "int"),
     ("layers", "layers", "int"),
     ("params", "parameters per GPU", "human"),
-    ("memory_gib", "memory GiB", "gib"),
+    (MEMORY_GIB, "memory GiB", "gib"),
     ("share_of_capacity", "of the GPU", "pct"),
     ("time_per_mb_s", "s per microbatch", "s4"),
     ("role", "", "t"),
@@ -257,7 +277,7 @@ def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
             '<h2 id="breakdown">Where the step time and the memory go</h2>'
             + (
                 '<p class="note">The black bar on each step time: its 80 % interval.</p>'
-                if rows["step_time_s_low"].notna().any()
+                if rows[LOW[STEP_TIME_S]].notna().any()
                 else ""
             )
             + fig(time_figure(T.time_breakdown(rows)), "fig-time")
@@ -269,13 +289,13 @@ def _answer_sections(run: D.RunData, why: str) -> list[tuple[str, str, str]]:
 
 def _sure_columns(df: pd.DataFrame) -> list[tuple[str, str, str]]:
     """The interval and support columns, where the frame has an interval (not a run from before)."""
-    has = "step_time_s_low" in df.columns and df["step_time_s_low"].notna().any()
+    has = LOW[STEP_TIME_S] in df.columns and df[LOW[STEP_TIME_S]].notna().any()
     return SURE_COLUMNS if has else []
 
 
 def _with_sure(columns: list[tuple[str, str, str]], sure: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
     """The columns with the sure ones right after the step time."""
-    at = next(i for i, c in enumerate(columns) if c[0] == "step_time_s") + 1
+    at = next(i for i, c in enumerate(columns) if c[0] == STEP_TIME_S) + 1
     return columns[:at] + sure + columns[at:]
 
 
@@ -303,7 +323,7 @@ def _stages_section(run: D.RunData, stages: W.WinnerStages | None) -> tuple[str,
         ""
         if stages.same_as_run
         else f'<p class="note">This autopar ({e(__version__)}) prices the winner differently from the run '
-        f"(step {fmt(est.step_time_s, 's')} s against top.json's {fmt(stages.entry.get('step_time_s'), 's')} s): "
+        f"(step {fmt(est.step_time_s, 's')} s against top.json's {fmt(stages.entry.get(STEP_TIME_S), 's')} s): "
         "the figures below are today's estimate.</p>"
     )
     return (
@@ -352,7 +372,7 @@ def _export_section(run: D.RunData, stages: W.WinnerStages | None) -> tuple[str,
 def _run_section(run: D.RunData) -> tuple[str, str, str] | None:
     """With --tokens: the winner's time and cost, and where the days of the top plans go."""
     rows = T.top_rows(run)
-    if R.training_run(run) is None or not len(rows) or "days" not in rows.columns:
+    if R.training_run(run) is None or not len(rows) or DAYS not in rows.columns:
         return None
     return (
         "run",
@@ -371,10 +391,8 @@ def _plans_section(run: D.RunData) -> tuple[str, str, str]:
     """The scatter of the plans kept (memory against throughput) and the Pareto front."""
     sc = S.scatter_frame(run.plans, keep=T.top_rows(run).index)
     w = T.winner(run)
-    win = (
-        (float(w["peak_memory_bytes"]) / GIB, float(w["tokens_per_s"]), str(w["plan_name"])) if w is not None else None
-    )
-    cap = float(run.plans["memory_capacity_bytes"].max()) / GIB if len(run.plans) else None
+    win = (float(w[PEAK_MEMORY_BYTES]) / GIB, float(w[TOKENS_PER_S]), str(w[PLAN_NAME])) if w is not None else None
+    cap = float(run.plans[MEMORY_CAPACITY_BYTES].max()) / GIB if len(run.plans) else None
     pareto = S.pareto_table(run.plans)
     note = ""
     if run.plans_evaluated > len(run.plans):
@@ -386,7 +404,7 @@ def _plans_section(run: D.RunData) -> tuple[str, str, str]:
     if sc.attrs.get("without_estimate"):
         note += f" {sc.attrs['without_estimate']:,} plans have no finite estimate and are not drawn."
     limit = f", the dotted one the search's limit ({run.headroom_gib:g} GiB headroom)" if run.headroom_gib else ""
-    if "tokens_per_s_low" in sc.columns and sc["tokens_per_s_low"].notna().any():
+    if LOW[TOKENS_PER_S] in sc.columns and sc[LOW[TOKENS_PER_S]].notna().any():
         limit += ". The faint vertical bar on each point: its 80 % interval of throughput"
     figure = (
         fig(scatter_figure(sc, S.category_order(sc["category"]), win, cap, run.headroom_gib), "fig-scatter")
@@ -472,11 +490,11 @@ def _whatif_section(
     t = R.training_run(run)
     days = (
         fig(whatif_run_figure(wt, R.deadline_days(run)), "fig-whatif-run")
-        if t is not None and wt["days"].notna().any()
+        if t is not None and wt[DAYS].notna().any()
         else ""
     )
     picks = "".join(f'<p class="answer">{e(line)}</p>' for line in R.whatif_answers(wt, t))
-    mfu = fig(whatif_mfu_figure(wt), "fig-whatif-mfu") if wt.loc[wt["mfu"].notna(), "num_gpus"].nunique() > 1 else ""
+    mfu = fig(whatif_mfu_figure(wt), "fig-whatif-mfu") if wt.loc[wt[MFU].notna(), "num_gpus"].nunique() > 1 else ""
     return (
         "whatif",
         "what-if",

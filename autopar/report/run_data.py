@@ -8,24 +8,42 @@ from pathlib import Path
 
 import pandas as pd
 
-from autopar.cost.figures import MEMORY_TERMS, TIME_TERMS
+from autopar.figures import (
+    BUBBLE_FRACTION,
+    DOMINANT_COST,
+    FITS,
+    LAYOUT_TEXT,
+    MEM,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_TERMS,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    REJECTED_BY,
+    STEP_TIME_S,
+    TIME,
+    TIME_TERMS,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    VALID,
+)
 from autopar.search.run_dir import load, read_json, read_scenarios, read_trial  # noqa: F401  (read_json: compare reads plan files)
 
 #: scatter.parquet columns the report reads
 REQUIRED_COLUMNS = (
     (
-        "plan_name",
-        "fits",
-        "valid",
-        "rejected_by",
-        "peak_memory_bytes",
-        "memory_capacity_bytes",
-        "step_time_s",
-        "tokens_per_s",
-        "tokens_per_s_per_gpu",
-        "mfu",
-        "bubble_fraction",
-        "dominant_cost",
+        PLAN_NAME,
+        FITS,
+        VALID,
+        REJECTED_BY,
+        PEAK_MEMORY_BYTES,
+        MEMORY_CAPACITY_BYTES,
+        STEP_TIME_S,
+        TOKENS_PER_S,
+        TOKENS_PER_S_PER_GPU,
+        MFU,
+        BUBBLE_FRACTION,
+        DOMINANT_COST,
         "tp",
         "cp",
         "pp",
@@ -36,10 +54,10 @@ REQUIRED_COLUMNS = (
         "micro_batch_size",
         "pp_schedule",
         "recompute",
-        "layout_text",
+        LAYOUT_TEXT,
     )
-    + tuple(f"time_{t}" for t in TIME_TERMS)
-    + tuple(f"mem_{t}" for t in MEMORY_TERMS)
+    + tuple(TIME[t] for t in TIME_TERMS)
+    + tuple(MEM[t] for t in MEMORY_TERMS)
 )
 
 
@@ -72,7 +90,7 @@ class RunData:
 
     @property
     def plans_fit(self) -> int:
-        return int(self.search.get("plans_fit", int(self.plans["fits"].sum()) if len(self.plans) else 0))
+        return int(self.search.get("plans_fit", int(self.plans[FITS].sum()) if len(self.plans) else 0))
 
     @property
     def plans_evaluated(self) -> int:

@@ -5,6 +5,19 @@ from __future__ import annotations
 
 import pandas as pd
 
+from autopar.figures import (
+    CHECKPOINT_GIB,
+    CHECKPOINT_INTERVAL_MIN,
+    COST,
+    DAYS,
+    GOODPUT,
+    GPU_HOURS,
+    LOST_TO_CHECKPOINTS,
+    LOST_TO_RESTARTS,
+    LOST_TO_REWORK,
+    PLAN_NAME,
+    TRAIN_DAYS,
+)
 from autopar.report.run_data import RunData
 from autopar.report.top_tables import candidate_labels
 
@@ -12,9 +25,9 @@ from autopar.report.top_tables import candidate_labels
 #: (autopar.cost.goodput: lost_to_*), the rest being steps
 RUN_TERMS = {
     "steps": "training steps",
-    "lost_to_checkpoints": "checkpoint writes",
-    "lost_to_rework": "rework after failures",
-    "lost_to_restarts": "restarts and checkpoint reads",
+    LOST_TO_CHECKPOINTS: "checkpoint writes",
+    LOST_TO_REWORK: "rework after failures",
+    LOST_TO_RESTARTS: "restarts and checkpoint reads",
 }
 
 
@@ -38,20 +51,20 @@ def run_panel(run: RunData, w: pd.Series) -> pd.DataFrame:
     t = training_run(run) or {}
     rows = [
         ("tokens", tokens_text(float(t.get("tokens", 0)))),
-        ("days to train", never_text(float(w["days"]), "{:,.1f}")),
-        ("days of steps (without checkpoints or failures)", f"{w['train_days']:,.1f}"),
-        ("goodput", f"{100 * w['goodput']:.2f}%"),
+        ("days to train", never_text(float(w[DAYS]), "{:,.1f}")),
+        ("days of steps (without checkpoints or failures)", f"{w[TRAIN_DAYS]:,.1f}"),
+        (GOODPUT.header, f"{100 * w[GOODPUT]:.2f}%"),
     ]
     rows += [(f"lost to {RUN_TERMS[k]}", f"{100 * w[k]:.2f}%") for k in RUN_TERMS if k != "steps"]
     rows += [
-        ("checkpoint (every rank's shard)", f"{w['checkpoint_gib']:,.0f} GiB"),
-        ("checkpoint interval (Young/Daly)", never_text(float(w["checkpoint_interval_min"]), "{:,.1f} min")),
-        ("GPU-hours", never_text(float(w["gpu_hours"]), "{:,.0f}")),
+        ("checkpoint (every rank's shard)", f"{w[CHECKPOINT_GIB]:,.0f} GiB"),
+        ("checkpoint interval (Young/Daly)", never_text(float(w[CHECKPOINT_INTERVAL_MIN]), "{:,.1f} min")),
+        (GPU_HOURS.header, never_text(float(w[GPU_HOURS]), "{:,.0f}")),
     ]
-    if pd.notna(w.get("cost")):
-        rows.append(("cost", money_text(float(w["cost"]))))
+    if pd.notna(w.get(COST)):
+        rows.append((COST.header, money_text(float(w[COST]))))
     if t.get("deadline_s"):
-        left = t["deadline_s"] / 86_400 - w["days"]
+        left = t["deadline_s"] / 86_400 - w[DAYS]
         rows.append(
             (
                 "deadline",
@@ -59,8 +72,8 @@ def run_panel(run: RunData, w: pd.Series) -> pd.DataFrame:
                 + (f"met, {left:.1f} days to spare" if left >= 0 else f"missed by {-left:.1f} days"),
             )
         )
-    if t.get("budget") and pd.notna(w.get("cost")):
-        left = t["budget"] - float(w["cost"])
+    if t.get("budget") and pd.notna(w.get(COST)):
+        left = t["budget"] - float(w[COST])
         rows.append(
             (
                 "budget",
@@ -74,13 +87,13 @@ def run_panel(run: RunData, w: pd.Series) -> pd.DataFrame:
 
 def run_breakdown(rows: pd.DataFrame) -> pd.DataFrame:
     """Days per part of the run (RUN_TERMS) per candidate; they sum to `days`."""
-    days = rows["days"].to_numpy(dtype=float)
+    days = rows[DAYS].to_numpy(dtype=float)
     out = pd.DataFrame(
         {k: days * rows[k].to_numpy(dtype=float) for k in RUN_TERMS if k != "steps"},
         index=pd.Index(candidate_labels(rows), name="candidate"),
     )
-    out.insert(0, "steps", rows["train_days"].to_numpy(dtype=float))
-    out["days"] = days
+    out.insert(0, "steps", rows[TRAIN_DAYS].to_numpy(dtype=float))
+    out[DAYS] = days
     return out
 
 
@@ -90,22 +103,22 @@ def whatif_answers(wt: pd.DataFrame, t: dict | None) -> list[str]:
     from autopar.search.training import choose
     from autopar.spec.training_run import TrainingRun, deadline_text, money_text
 
-    if t is None or not wt["days"].notna().any():
+    if t is None or not wt[DAYS].notna().any():
         return []
     run = TrainingRun(
         **{k: v for k, v in t.items() if k in ("tokens", "deadline_s", "price_per_gpu_hour", "prices_by_gpu", "budget")}
     )
-    priced = bool(wt["cost"].notna().any())
-    c = choose(wt["days"], wt["cost"] if priced else wt["gpu_hours"], run)
+    priced = bool(wt[COST].notna().any())
+    c = choose(wt[DAYS], wt[COST] if priced else wt[GPU_HOURS], run)
 
     def said(i: int | None, label: str) -> str:
         if i is None:
             return f"{label}: none."
         r = wt.iloc[i]
-        cost = f", cost {money_text(r['cost'])}" if priced else ""
+        cost = f", cost {money_text(r[COST])}" if priced else ""
         return (
-            f"{label}: {r['plan_name']} on {r['scenario']}, {r['days']:.1f} days, "
-            f"{r['gpu_hours'] / 1e6:.3g}M GPU-hours{cost}."
+            f"{label}: {r[PLAN_NAME]} on {r['scenario']}, {r[DAYS]:.1f} days, "
+            f"{r[GPU_HOURS] / 1e6:.3g}M GPU-hours{cost}."
         )
 
     deadline = f"Cheapest by {deadline_text(run.deadline_s)}" if run.deadline_s else "Cheapest"

@@ -9,9 +9,11 @@ import math
 import numpy as np
 import pandas as pd
 
+from autopar.figures import HIGH, LOW, MEMORY_GIB, TOKENS_PER_S
 from autopar.report.figure_base import figure_layout, floats, vline
+from autopar.report.scatter_tables import FIT_CLASS
 
-CATEGORY_COLOURS = {"fits": "#2ca02c", "memory": "#ff7f0e", "other rules": "#7f7f7f"}
+CATEGORY_COLOURS = {FIT_CLASS: "#2ca02c", "memory": "#ff7f0e", "other rules": "#7f7f7f"}
 RULE_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#1f77b4", "#d62728")
 
 
@@ -36,18 +38,18 @@ def _class_traces(sc: pd.DataFrame, order: list[str]) -> list[dict]:
     for cat in order:
         s = sc[sc["category"] == cat]
         colour = CATEGORY_COLOURS.get(cat) or next(rules, "#7f7f7f")
-        name = {"fits": "fits", "memory": "rejected: memory"}.get(cat, f"rejected: {cat}")
+        name = {FIT_CLASS: FIT_CLASS, "memory": "rejected: memory"}.get(cat, f"rejected: {cat}")
         data.append(
             {
                 "type": "scatter",
                 "mode": "markers",
                 "name": f"{name} ({int(s['n_plans'].sum()):,})",
-                "x": floats(s["memory_gib"]),
-                "y": floats(s["tokens_per_s"]),
+                "x": floats(s[MEMORY_GIB]),
+                "y": floats(s[TOKENS_PER_S]),
                 "text": s["hover"].tolist(),
-                "marker": {"color": colour, "size": 6, "opacity": 0.75 if cat == "fits" else 0.5},
+                "marker": {"color": colour, "size": 6, "opacity": 0.75 if cat == FIT_CLASS else 0.5},
                 "hovertemplate": "%{text}<extra></extra>",
-                **_error_y(s, colour, 0.35 if cat == "fits" else 0.15),
+                **_error_y(s, colour, 0.35 if cat == FIT_CLASS else 0.15),
             }
         )
     return data
@@ -56,10 +58,10 @@ def _class_traces(sc: pd.DataFrame, order: list[str]) -> list[dict]:
 def _error_y(s: pd.DataFrame, colour: str, alpha: float) -> dict:
     """The points' 80 % interval of throughput as asymmetric vertical error bars (tokens_per_s_low
     and _high); none where the run has no intervals (a run directory written before them)."""
-    if not {"tokens_per_s_low", "tokens_per_s_high"} <= set(s.columns):
+    if not {LOW[TOKENS_PER_S], HIGH[TOKENS_PER_S]} <= set(s.columns):
         return {}
-    y = s["tokens_per_s"].to_numpy(float)
-    lo, hi = s["tokens_per_s_low"].to_numpy(float), s["tokens_per_s_high"].to_numpy(float)
+    y = s[TOKENS_PER_S].to_numpy(float)
+    lo, hi = s[LOW[TOKENS_PER_S]].to_numpy(float), s[HIGH[TOKENS_PER_S]].to_numpy(float)
     if not np.isfinite(lo).any() and not np.isfinite(hi).any():
         return {}
     return {
@@ -83,7 +85,7 @@ def _faint(colour: str, alpha: float) -> str:
 
 def _front_traces(sc: pd.DataFrame) -> list[dict]:
     """The Pareto front as a staircase, least memory first (none without a front)."""
-    front = sc[sc["pareto"]].sort_values("memory_gib")
+    front = sc[sc["pareto"]].sort_values(MEMORY_GIB)
     if not len(front):
         return []
     return [
@@ -91,8 +93,8 @@ def _front_traces(sc: pd.DataFrame) -> list[dict]:
             "type": "scatter",
             "mode": "lines+markers",
             "name": f"Pareto front ({len(front)})",
-            "x": floats(front["memory_gib"]),
-            "y": floats(front["tokens_per_s"]),
+            "x": floats(front[MEMORY_GIB]),
+            "y": floats(front[TOKENS_PER_S]),
             "text": front["hover"].tolist(),
             "line": {"color": "#111", "width": 1.5, "shape": "hv"},
             "marker": {"color": "#111", "size": 7, "symbol": "diamond"},
@@ -133,7 +135,7 @@ def _scatter_layout(sc: pd.DataFrame, shapes: list[dict]) -> dict:
     """The title says how many plans are drawn; memory on a log axis ticked at powers of two."""
     plotted, total = sc.attrs.get("plotted_plans", len(sc)), sc.attrs.get("total", len(sc))
     sub = f" ({plotted:,} of {total:,} shown)" if plotted < total else f" ({total:,})"
-    mem = sc["memory_gib"].to_numpy(float)
+    mem = sc[MEMORY_GIB].to_numpy(float)
     mem = mem[np.isfinite(mem) & (mem > 0)]
     ticks = _pow2_ticks(float(mem.min()), float(mem.max())) if len(mem) else []
     layout = figure_layout(

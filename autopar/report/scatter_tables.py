@@ -11,12 +11,28 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from autopar.figures import (
+    FITS,
+    HIGH,
+    LAYOUT_TEXT,
+    LOW,
+    MEMORY_GIB,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    REJECTED_BY,
+    STEP_TIME_S,
+    SUPPORT_GAPS,
+    TOKENS_PER_S,
+)
 from autopar.search.results import pareto_positions
 from autopar.search.streaming import SCATTER_POINTS
 from autopar.spec.hardware import GIB
 
 #: most points drawn in the all-plans scatter (declared with the sample the search keeps for it)
 MAX_SCATTER_POINTS = SCATTER_POINTS
+#: the colour class of the plans that fit, named as the figure reads
+FIT_CLASS = FITS.header
 #: most distinct colours in the scatter: further rejection reasons share "other rules"
 MAX_CATEGORIES = 8
 
@@ -31,22 +47,22 @@ def pareto_mask(throughput: np.ndarray, memory: np.ndarray) -> np.ndarray:
 
 def pareto_table(plans: pd.DataFrame) -> pd.DataFrame:
     """Fitting plans on the throughput / memory front, least memory first."""
-    fit = plans[plans["fits"].astype(bool)]
-    front = fit[pareto_mask(fit["tokens_per_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy())].copy()
-    front["memory_gib"] = front["peak_memory_bytes"] / GIB
-    front = front.sort_values(["peak_memory_bytes", "tokens_per_s"], ascending=[True, False], kind="stable")
+    fit = plans[plans[FITS].astype(bool)]
+    front = fit[pareto_mask(fit[TOKENS_PER_S].to_numpy(), fit[PEAK_MEMORY_BYTES].to_numpy())].copy()
+    front[MEMORY_GIB] = front[PEAK_MEMORY_BYTES] / GIB
+    front = front.sort_values([PEAK_MEMORY_BYTES, TOKENS_PER_S], ascending=[True, False], kind="stable")
     cols = [
-        "plan_name",
+        PLAN_NAME,
         "pp",
         "pp_schedule",
         "recompute",
         "zero_stage",
         "micro_batch_size",
-        "peak_memory_bytes",
-        "memory_gib",
-        "tokens_per_s",
-        "step_time_s",
-        "mfu",
+        PEAK_MEMORY_BYTES,
+        MEMORY_GIB,
+        TOKENS_PER_S,
+        STEP_TIME_S,
+        MFU,
     ]
     return front[cols + (["plan_index"] if "plan_index" in front.columns else [])]
 
@@ -54,11 +70,11 @@ def pareto_table(plans: pd.DataFrame) -> pd.DataFrame:
 def categories(plans: pd.DataFrame) -> pd.Series:
     """Colour class of every plan: 'fits', 'memory' (over capacity or headroom) or the rule it breaks
     (the first one; rare rules share 'other rules')."""
-    fits = plans["fits"].astype(bool).to_numpy()
-    codes, uniques = pd.factorize(plans["rejected_by"].astype(str))  # split each distinct string once
+    fits = plans[FITS].astype(bool).to_numpy()
+    codes, uniques = pd.factorize(plans[REJECTED_BY].astype(str))  # split each distinct string once
     first = np.asarray([u.split(", ")[0] for u in uniques] or [""], dtype=object)[np.maximum(codes, 0)]
-    cat = pd.Series(np.where(fits, "fits", first), index=plans.index, dtype=object)
-    counts = cat[cat != "fits"].value_counts()
+    cat = pd.Series(np.where(fits, FIT_CLASS, first), index=plans.index, dtype=object)
+    counts = cat[cat != FIT_CLASS].value_counts()
     rare = counts.index[MAX_CATEGORIES - 2 :] if len(counts) > MAX_CATEGORIES - 1 else []
     return cat.where(~cat.isin(rare), "other rules")
 
@@ -70,7 +86,7 @@ def hover_text(plans: pd.DataFrame) -> pd.Series:
     s = lambda c: plans[c].astype(str)  # noqa: E731
     sched = np.where(plans["pp"].to_numpy() > 1, s("pp_schedule") + ", ", "")
     text = (
-        s("plan_name")
+        s(PLAN_NAME)
         + "<br>"
         + sched
         + s("recompute")
@@ -79,23 +95,23 @@ def hover_text(plans: pd.DataFrame) -> pd.Series:
         + ", mbs "
         + s("micro_batch_size")
         + "<br>layout "
-        + s("layout_text")
+        + s(LAYOUT_TEXT)
         + "<br>"
-        + (plans["peak_memory_bytes"] / GIB).map("{:.1f}".format)
+        + (plans[PEAK_MEMORY_BYTES] / GIB).map("{:.1f}".format)
         + " GiB, "
-        + plans["step_time_s"].map("{:.3f}".format)
+        + plans[STEP_TIME_S].map("{:.3f}".format)
         + " s/step, MFU "
-        + (100 * plans["mfu"]).map("{:.1f}".format)
+        + (100 * plans[MFU]).map("{:.1f}".format)
         + "%"
     )
-    if {"step_time_s_low", "step_time_s_high"} <= set(plans.columns):  # the 80 % interval and support
-        lo, hi = plans["step_time_s_low"], plans["step_time_s_high"]
+    if {LOW[STEP_TIME_S], HIGH[STEP_TIME_S]} <= set(plans.columns):  # the 80 % interval and support
+        lo, hi = plans[LOW[STEP_TIME_S]], plans[HIGH[STEP_TIME_S]]
         band = "<br>80 % interval " + lo.map("{:.3f}".format) + "-" + hi.map("{:.3f}".format) + " s/step"
-        if "support_gaps" in plans.columns:
-            gaps = plans["support_gaps"]
+        if SUPPORT_GAPS in plans.columns:
+            gaps = plans[SUPPORT_GAPS]
             band = band + np.where(gaps.isna(), "", np.where(gaps == 0, ", calibrated", ", extrapolated"))
         text = text.where(lo.isna() | hi.isna(), text + band)
-    rej = plans["rejected_by"].astype(str)
+    rej = plans[REJECTED_BY].astype(str)
     return text.where(rej == "", text + "<br>rejected: " + rej)
 
 
@@ -105,7 +121,7 @@ def _short(plans: pd.DataFrame) -> pd.Series:
     s = lambda c: plans[c].astype(str)  # noqa: E731
     sched = np.where(plans["pp"].to_numpy() > 1, s("pp_schedule") + ", ", "")
     return (
-        s("plan_name")
+        s(PLAN_NAME)
         + " ("
         + sched
         + s("recompute")
@@ -129,12 +145,12 @@ def scatter_frame(
     top-k). The frame is indexed by the first plan of each point; attrs say how many plans there
     were, how many were drawn and how many have no finite estimate. Text is built only for the
     points drawn, so millions of plans cost little more than the numbers."""
-    mem_all = plans["peak_memory_bytes"].to_numpy(float)
-    tput_all = plans["tokens_per_s"].to_numpy(float)
+    mem_all = plans[PEAK_MEMORY_BYTES].to_numpy(float)
+    tput_all = plans[TOKENS_PER_S].to_numpy(float)
     finite = np.isfinite(tput_all) & np.isfinite(mem_all)
     p = plans[finite]
     mem, tput = mem_all[finite], tput_all[finite]
-    fit = p["fits"].astype(bool).to_numpy()
+    fit = p[FITS].astype(bool).to_numpy()
     front = np.zeros(len(p), bool)
     front[fit] = pareto_mask(tput[fit], mem[fit])
     cat = categories(p).to_numpy()
@@ -155,18 +171,18 @@ def scatter_frame(
     sel = p.iloc[pos]
     out = pd.DataFrame(
         {
-            "plan_name": sel["plan_name"].astype(str).to_numpy(),
-            "peak_memory_bytes": mem[pos],
-            "memory_gib": mem[pos] / GIB,
-            "tokens_per_s": tput[pos],
-            "step_time_s": sel["step_time_s"].to_numpy(float),
+            PLAN_NAME: sel[PLAN_NAME].astype(str).to_numpy(),
+            PEAK_MEMORY_BYTES: mem[pos],
+            MEMORY_GIB: mem[pos] / GIB,
+            TOKENS_PER_S: tput[pos],
+            STEP_TIME_S: sel[STEP_TIME_S].to_numpy(float),
             "category": cat[pos],
             "pareto": on_front[g],
             "n_plans": n_plans[g],
         },
         index=sel.index,
     )
-    for c in ("step_time_s_low", "step_time_s_high", "tokens_per_s_low", "tokens_per_s_high", "support_gaps"):
+    for c in (LOW[STEP_TIME_S], HIGH[STEP_TIME_S], LOW[TOKENS_PER_S], HIGH[TOKENS_PER_S], SUPPORT_GAPS):
         if c in sel.columns:  # the point's 80 % intervals and support (a run from before them has none)
             out[c] = sel[c].to_numpy()
     out["hover"] = _hover(p, sel, gid, g, first, n_plans)
@@ -205,7 +221,7 @@ def _hover(p: pd.DataFrame, sel: pd.DataFrame, gid, g, first, n_plans) -> np.nda
     return hover
 
 
-CATEGORY_ORDER = ("fits", "memory")
+CATEGORY_ORDER = (FIT_CLASS, "memory")
 
 
 def category_order(cats: pd.Series) -> list[str]:

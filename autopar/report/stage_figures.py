@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from autopar.figures import MEMORY_GIB
 from autopar.report.breakdown_figures import CANDIDATE_AXIS, TIME_COLOURS, capacity_marks
 from autopar.report.figure_base import bar_height, figure_layout, floats
 from autopar.report.stage_tables import TIMELINE_LABELS
@@ -30,7 +31,7 @@ def stage_memory_figure(sm: pd.DataFrame, headroom_gib: float = 0.0) -> dict:
             "orientation": "h",
             "name": "peak memory per GPU",
             "y": sm["label"].tolist(),
-            "x": floats(sm["memory_gib"]),
+            "x": floats(sm[MEMORY_GIB]),
             "marker": {"color": STAGE_COLOUR},
             "customdata": floats(100 * sm["share_of_capacity"]),
             "hovertemplate": "%{y}<br>%{x:.2f} GiB (%{customdata:.1f}% of the GPU)<extra></extra>",

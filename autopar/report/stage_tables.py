@@ -21,6 +21,15 @@ import pandas as pd
 
 from autopar.calibration.estimate import Estimate, estimate
 from autopar.errors import InputError
+from autopar.figures import (
+    MEMORY_BYTES,
+    MEMORY_GIB,
+    MEMORY_RANK,
+    PACE_RANK,
+    PEAK_MEMORY_BYTES,
+    STEP_TIME_S,
+    TIME_TP_PER_STEP,
+)
 from autopar.report.compare import question_from_search
 from autopar.report.run_data import RunData
 from autopar.spec.hardware import GIB
@@ -75,7 +84,7 @@ def winner_stages(run: RunData) -> WinnerStages | None:
         return None
     same = all(
         isinstance(entry.get(k), (int, float)) and abs(getattr(est, k) - entry[k]) <= 1e-9 * abs(entry[k])
-        for k in ("step_time_s", "peak_memory_bytes")
+        for k in (STEP_TIME_S, PEAK_MEMORY_BYTES)
     )
     return WinnerStages(entry=entry, estimate=est, same_as_run=same)
 
@@ -89,13 +98,13 @@ def stage_memory(est: Estimate) -> pd.DataFrame:
             "stage": [int(s["rank"]) for s in stages],
             "layers": [int(s["layers"]) for s in stages],
             "params": [float(s["params"]) for s in stages],
-            "memory_bytes": [float(s["memory_bytes"]) for s in stages],
+            MEMORY_BYTES: [float(s[MEMORY_BYTES]) for s in stages],
             "time_per_mb_s": [float(s["time_per_mb_s"]) for s in stages],
         }
     )
-    df["memory_gib"] = df["memory_bytes"] / GIB
+    df[MEMORY_GIB] = df[MEMORY_BYTES] / GIB
     df["capacity_gib"] = est.memory_capacity_bytes / GIB
-    df["share_of_capacity"] = df["memory_bytes"] / est.memory_capacity_bytes
+    df["share_of_capacity"] = df[MEMORY_BYTES] / est.memory_capacity_bytes
     df["label"] = [f"stage {r} ({n} layers)" for r, n in zip(df["stage"], df["layers"])]
     df["role"] = [_role(r, est) for r in df["stage"]]
     return df
@@ -103,9 +112,9 @@ def stage_memory(est: Estimate) -> pd.DataFrame:
 
 def _role(rank: int, est: Estimate) -> str:
     roles = []
-    if rank == int(est.extra.get("memory_rank", -1)):
+    if rank == int(est.extra.get(MEMORY_RANK, -1)):
         roles.append("most memory")
-    if rank == int(est.extra.get("pace_rank", -1)) and est.plan.pp > 1:
+    if rank == int(est.extra.get(PACE_RANK, -1)) and est.plan.pp > 1:
         roles.append("sets the pace")
     return ", ".join(roles)
 
@@ -133,7 +142,7 @@ def timeline(est: Estimate) -> pd.DataFrame:
     fwd = forward_share(est)
     tail = {
         "dp": est.time_s["dp"],
-        "tp_step": float(est.extra.get("time_tp_per_step", 0.0)),
+        "tp_step": float(est.extra.get(TIME_TP_PER_STEP, 0.0)),
         "optimizer": est.time_s["optimizer"],
     }
     rows = []

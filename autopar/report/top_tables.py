@@ -19,9 +19,35 @@ import math
 import numpy as np
 import pandas as pd
 
-from autopar.calibration.support import GAP_BIT, SUPPORT_GAPS
-from autopar.calibration.uncertainty import INTERVAL_FIGURES, support_word
-from autopar.cost.figures import MEMORY_TERMS, TIME_TERMS
+from autopar.calibration.support import GAP_BIT, GAP_NAMES
+from autopar.calibration.uncertainty import support_word
+from autopar.figures import (
+    BUBBLE_FRACTION,
+    DOMINANT_COST,
+    HIGH,
+    INTERVAL,
+    INTERVAL_FIGURES,
+    LAYOUT_TEXT,
+    LOW,
+    MEM,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_GIB,
+    MEMORY_TERMS,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    STEP_TIME_S,
+    SUPPORT,
+    SUPPORT_GAPS,
+    SUPPORT_REASON,
+    TIME,
+    TIME_TERMS,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    VARIANT_OF,
+    VS_BEST,
+    VS_LEADER,
+)
 from autopar.report.run_data import RunData
 from autopar.search.results import STRUCTURE_KEY, best_per_trainer, ranked, top_plans
 from autopar.spec.hardware import GIB
@@ -29,12 +55,12 @@ from autopar.spec.plan import FIELDS
 
 #: the interval columns of a run's frames (scatter.parquet, plans.parquet); optional: a run
 #: directory written before the intervals has none
-INTERVAL_COLUMNS = tuple(f"{f}_{end}" for f in INTERVAL_FIGURES for end in ("low", "high"))
+INTERVAL_COLUMNS = tuple(bound[f] for f in INTERVAL_FIGURES for bound in (LOW, HIGH))
 
 TOP_COLUMNS = (
     "rank",
     "label",
-    "plan_name",
+    PLAN_NAME,
     "tp",
     "cp",
     "pp",
@@ -45,22 +71,22 @@ TOP_COLUMNS = (
     "recompute",
     "zero_stage",
     "micro_batch_size",
-    "layout_text",
-    "peak_memory_bytes",
-    "memory_gib",
+    LAYOUT_TEXT,
+    PEAK_MEMORY_BYTES,
+    MEMORY_GIB,
     "memory_capacity_gib",
-    "step_time_s",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "mfu",
-    "bubble_fraction",
-    "dominant_cost",
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    MFU,
+    BUBBLE_FRACTION,
+    DOMINANT_COST,
     "trainer",
     "trainers",
     "variants",
     *INTERVAL_COLUMNS,
-    "support",
-    "support_reason",
+    SUPPORT,
+    SUPPORT_REASON,
 )
 
 
@@ -138,7 +164,7 @@ def variant_table(run: RunData) -> pd.DataFrame:
     entries, top = _of_type(run.top, "variants", list), _of_type(run.top, "top", list)
     rows = []
     for v in entries:
-        rank = v.get("variant_of") if isinstance(v, dict) else None
+        rank = v.get(VARIANT_OF) if isinstance(v, dict) else None
         if not isinstance(rank, int) or not 1 <= rank <= len(top) or not isinstance(top[rank - 1], dict):
             continue
         lead = top[rank - 1]
@@ -148,23 +174,23 @@ def variant_table(run: RunData) -> pd.DataFrame:
             for f, name in _VARIANT_FIELDS.items()
             if plan.get(f) != lead_plan.get(f)
         ]
-        step, lead_step = float(v.get("step_time_s", math.nan)), float(lead.get("step_time_s", math.nan))
+        step, lead_step = float(v.get(STEP_TIME_S, math.nan)), float(lead.get(STEP_TIME_S, math.nan))
         rows.append(
             {
-                "variant_of": rank,
-                "plan_name": str(v.get("plan_name", "")),
+                VARIANT_OF: rank,
+                PLAN_NAME: str(v.get(PLAN_NAME, "")),
                 "changes": ", ".join(changes) or "the trainer",
-                "memory_gib": float(v.get("peak_memory_bytes", math.nan)) / GIB,
-                "step_time_s": step,
-                "vs_leader": step / lead_step - 1 if lead_step > 0 else math.nan,
+                MEMORY_GIB: float(v.get(PEAK_MEMORY_BYTES, math.nan)) / GIB,
+                STEP_TIME_S: step,
+                VS_LEADER: step / lead_step - 1 if lead_step > 0 else math.nan,
                 "trainers": ", ".join(str(t) for t in v.get("trainers") or [v.get("trainer", "")]),
             }
         )
     out = pd.DataFrame(rows, columns=VARIANT_COLUMNS)
-    return out.sort_values(["variant_of", "step_time_s"], kind="stable").reset_index(drop=True)
+    return out.sort_values([VARIANT_OF, STEP_TIME_S], kind="stable").reset_index(drop=True)
 
 
-VARIANT_COLUMNS = ("variant_of", "plan_name", "changes", "memory_gib", "step_time_s", "vs_leader", "trainers")
+VARIANT_COLUMNS = (VARIANT_OF, PLAN_NAME, "changes", MEMORY_GIB, STEP_TIME_S, VS_LEADER, "trainers")
 
 
 def _of_type(doc: dict, key: str, kind: type):
@@ -200,9 +226,9 @@ def dropped_trainers(run: RunData) -> pd.DataFrame:
 
 
 def gap_text(gaps: int) -> str:
-    """The support gaps of a bitmask (autopar.calibration.uncertainty.SUPPORT_GAPS) in a few words, for
+    """The support gaps of a bitmask (autopar.calibration.support.GAP_NAMES) in a few words, for
     rows the run's JSON does not describe."""
-    names = [n for n in SUPPORT_GAPS if gaps & GAP_BIT[n]]
+    names = [n for n in GAP_NAMES if gaps & GAP_BIT[n]]
     if not names:
         return "within the published runs of its profile"
     return "beyond every published run of its profile in: " + ", ".join(names)
@@ -229,22 +255,23 @@ def with_uncertainty(rows: pd.DataFrame, entries: list | None = None) -> pd.Data
     n = len(rows)
     out = {}
     for f in INTERVAL_FIGURES:
-        lo = rows[f"{f}_low"].to_numpy(float).copy() if f"{f}_low" in rows.columns else np.full(n, np.nan)
-        hi = rows[f"{f}_high"].to_numpy(float).copy() if f"{f}_high" in rows.columns else np.full(n, np.nan)
+        lo = rows[LOW[f]].to_numpy(float).copy() if LOW[f] in rows.columns else np.full(n, np.nan)
+        hi = rows[HIGH[f]].to_numpy(float).copy() if HIGH[f] in rows.columns else np.full(n, np.nan)
         for i, e in enumerate(entries or []):
-            if (pair := _pair(e.get(f"{f}_interval") if isinstance(e, dict) else None)) is not None:
+            if (pair := _pair(e.get(INTERVAL[f]) if isinstance(e, dict) else None)) is not None:
                 lo[i], hi[i] = pair
-        out[f"{f}_low"], out[f"{f}_high"] = lo, hi
+        out[LOW[f]], out[HIGH[f]] = lo, hi
     support, reason = [""] * n, [""] * n
-    if "support_gaps" in rows.columns:
-        for i, g in enumerate(rows["support_gaps"].tolist()):
+    if SUPPORT_GAPS in rows.columns:
+        for i, g in enumerate(rows[SUPPORT_GAPS].tolist()):
             if g is not None and g == g:  # not NaN
                 support[i] = support_word(int(g))
                 reason[i] = gap_text(int(g))
     for i, e in enumerate(entries or []):
-        if isinstance(e, dict) and isinstance(e.get("support"), str):
-            support[i], reason[i] = e["support"], str(e.get("support_reason", ""))
-    return rows.assign(**out, support=support, support_reason=reason)
+        if isinstance(e, dict) and isinstance(e.get(SUPPORT), str):
+            support[i], reason[i] = e[SUPPORT], str(e.get(SUPPORT_REASON, ""))
+    out[SUPPORT], out[SUPPORT_REASON] = support, reason
+    return rows.assign(**out)
 
 
 def trainer_table(run: RunData) -> pd.DataFrame:
@@ -259,8 +286,8 @@ def trainer_table(run: RunData) -> pd.DataFrame:
         return pd.DataFrame()
     out = pd.concat(rows, ignore_index=True)
     out = with_uncertainty(out, [_trainer_entry(run, r) for _, r in out.iterrows()])
-    out["memory_gib"] = out["peak_memory_bytes"].astype(float) / GIB
-    out["vs_best"] = out["step_time_s"].astype(float) / out["step_time_s"].astype(float).min() - 1
+    out[MEMORY_GIB] = out[PEAK_MEMORY_BYTES].astype(float) / GIB
+    out[VS_BEST] = out[STEP_TIME_S].astype(float) / out[STEP_TIME_S].astype(float).min() - 1
     return out
 
 
@@ -294,7 +321,7 @@ def _with_flags(entry: dict) -> str:
 
 def candidate_labels(top: pd.DataFrame) -> list[str]:
     """'#1 NAME', '#2 NAME', ...: the candidates' labels in the breakdowns."""
-    return [f"#{i} {n}" for i, n in enumerate(top["plan_name"].astype(str), start=1)]
+    return [f"#{i} {n}" for i, n in enumerate(top[PLAN_NAME].astype(str), start=1)]
 
 
 def top_table(run: RunData) -> pd.DataFrame:
@@ -302,8 +329,8 @@ def top_table(run: RunData) -> pd.DataFrame:
     top = top_rows(run).copy()
     top.insert(0, "rank", np.arange(1, len(top) + 1))
     top.insert(1, "label", candidate_labels(top))
-    top["memory_gib"] = top["peak_memory_bytes"] / GIB
-    top["memory_capacity_gib"] = top["memory_capacity_bytes"] / GIB
+    top[MEMORY_GIB] = top[PEAK_MEMORY_BYTES] / GIB
+    top["memory_capacity_gib"] = top[MEMORY_CAPACITY_BYTES] / GIB
     return top.loc[:, list(TOP_COLUMNS)].reset_index(drop=True)
 
 
@@ -311,22 +338,22 @@ def time_breakdown(rows: pd.DataFrame, labels: list[str] | None = None) -> pd.Da
     """Step-time terms (seconds) per candidate; the terms sum to step_time_s. Plus the step time's
     80 % interval (step_time_s_low, step_time_s_high) where the rows have one."""
     out = pd.DataFrame(
-        {t: rows[f"time_{t}"].to_numpy(dtype=float) for t in TIME_TERMS},
+        {t: rows[TIME[t]].to_numpy(dtype=float) for t in TIME_TERMS},
         index=pd.Index(labels or candidate_labels(rows), name="candidate"),
     )
-    out["step_time_s"] = rows["step_time_s"].to_numpy(dtype=float)
-    for end in ("low", "high"):  # the step time's 80 % interval, where the rows have one
-        if f"step_time_s_{end}" in rows.columns:
-            out[f"step_time_s_{end}"] = rows[f"step_time_s_{end}"].to_numpy(dtype=float)
+    out[STEP_TIME_S] = rows[STEP_TIME_S].to_numpy(dtype=float)
+    for bound in (LOW[STEP_TIME_S], HIGH[STEP_TIME_S]):  # the step time's 80 % interval, where the rows have one
+        if bound in rows.columns:
+            out[bound] = rows[bound].to_numpy(dtype=float)
     return out
 
 
 def memory_breakdown(rows: pd.DataFrame, labels: list[str] | None = None) -> pd.DataFrame:
     """Memory terms per candidate (bytes); they sum to peak_memory_bytes. Plus the capacity."""
     out = pd.DataFrame(
-        {t: rows[f"mem_{t}"].to_numpy(dtype=float) for t in MEMORY_TERMS},
+        {t: rows[MEM[t]].to_numpy(dtype=float) for t in MEMORY_TERMS},
         index=pd.Index(labels or candidate_labels(rows), name="candidate"),
     )
-    out["peak_memory_bytes"] = rows["peak_memory_bytes"].to_numpy(dtype=float)
-    out["memory_capacity_bytes"] = rows["memory_capacity_bytes"].to_numpy(dtype=float)
+    out[PEAK_MEMORY_BYTES] = rows[PEAK_MEMORY_BYTES].to_numpy(dtype=float)
+    out[MEMORY_CAPACITY_BYTES] = rows[MEMORY_CAPACITY_BYTES].to_numpy(dtype=float)
     return out

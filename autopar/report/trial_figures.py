@@ -9,6 +9,17 @@ import math
 import numpy as np
 import pandas as pd
 
+from autopar.figures import (
+    COST,
+    DAYS,
+    GPU_HOURS,
+    MEMORY_GIB,
+    MFU,
+    PLAN_NAME,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+)
 from autopar.report.figure_base import deadline, figure_layout, floats
 
 
@@ -24,7 +35,7 @@ def history_figure(h: pd.DataFrame) -> dict:
                     "mode": "markers",
                     "name": name,
                     "x": s["number"].tolist(),
-                    "y": floats(s["step_time_s"]),
+                    "y": floats(s[STEP_TIME_S]),
                     "marker": {"color": colour, "size": 6},
                     "hovertemplate": "trial %{x}: %{y:.3f} s<extra></extra>",
                 }
@@ -60,7 +71,7 @@ def _parity(tt: pd.DataFrame, pred: str, meas: str, err: str, unit: str, title: 
     text = np.array(
         [
             f"{n} ({t})<br>error {100 * e:+.1f}%" if math.isfinite(e) else f"{n} ({t})"
-            for n, t, e in zip(tt["plan_name"], tt["trial"], tt[err].to_numpy(float))
+            for n, t, e in zip(tt[PLAN_NAME], tt["trial"], tt[err].to_numpy(float))
         ],
         dtype=object,
     )
@@ -134,7 +145,7 @@ def whatif_figure(wt: pd.DataFrame) -> dict:
     """The best plan per scenario: its throughput, labelled with the layout and MFU."""
     text = [
         name if not math.isfinite(mfu) else f"{name}<br>{100 * mfu:.1f}% MFU"
-        for name, mfu in zip(wt["plan_name"], wt["mfu"].to_numpy(float))
+        for name, mfu in zip(wt[PLAN_NAME], wt[MFU].to_numpy(float))
     ]
     colours = ["#f58518" if c else "#4c78a8" for c in wt["current"]]
     data = [
@@ -142,12 +153,12 @@ def whatif_figure(wt: pd.DataFrame) -> dict:
             "type": "bar",
             "name": "best plan",
             "x": wt["scenario"].tolist(),
-            "y": floats(wt["tokens_per_s"]),
+            "y": floats(wt[TOKENS_PER_S]),
             "text": text,
             "textposition": "auto",
             "marker": {"color": colours},
             "customdata": np.column_stack(
-                [floats(wt["step_time_s"]), floats(wt["memory_gib"]), floats(wt["tokens_per_s_per_gpu"])]
+                [floats(wt[STEP_TIME_S]), floats(wt[MEMORY_GIB]), floats(wt[TOKENS_PER_S_PER_GPU])]
             ).tolist(),
             "hovertemplate": "%{x}<br>%{text}<br>%{y:,.0f} tokens/s (%{customdata[2]:,.0f} per GPU)<br>"
             "%{customdata[0]:.3f} s/step, %{customdata[1]:.1f} GiB<extra></extra>",
@@ -168,8 +179,8 @@ def whatif_figure(wt: pd.DataFrame) -> dict:
 def whatif_run_figure(wt: pd.DataFrame, deadline_days: float | None = None) -> dict:
     """Days to train (left axis) and cost or GPU-hours (right axis, dotted) against the GPU count,
     one line per GPU kind, sequence length and batch, with the deadline."""
-    priced = bool(wt["cost"].notna().any())
-    money, label = ("cost", "cost") if priced else ("gpu_hours", "GPU-hours")
+    priced = bool(wt[COST].notna().any())
+    money, label = (COST, COST.header) if priced else (GPU_HOURS, GPU_HOURS.header)
     data = []
     for name, colour, g in _gpu_count_lines(wt):
         x = g["num_gpus"].astype(float).tolist()
@@ -179,8 +190,8 @@ def whatif_run_figure(wt: pd.DataFrame, deadline_days: float | None = None) -> d
                 "mode": "lines+markers",
                 "name": f"{name}: days",
                 "x": x,
-                "y": floats(g["days"]),
-                "text": g["plan_name"].tolist(),
+                "y": floats(g[DAYS]),
+                "text": g[PLAN_NAME].tolist(),
                 "line": {"color": colour},
                 "hovertemplate": "%{x} GPUs: %{y:.1f} days<br>%{text}<extra></extra>",
             }
@@ -225,8 +236,8 @@ def whatif_mfu_figure(wt: pd.DataFrame) -> dict:
             "mode": "lines+markers",
             "name": name,
             "x": g["num_gpus"].astype(float).tolist(),
-            "y": floats(100 * g["mfu"].astype(float)),
-            "text": g["plan_name"].tolist(),
+            "y": floats(100 * g[MFU].astype(float)),
+            "text": g[PLAN_NAME].tolist(),
             "line": {"color": colour},
             "hovertemplate": "%{x} GPUs: %{y:.1f}% MFU<br>%{text}<extra></extra>",
         }

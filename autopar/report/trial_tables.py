@@ -10,6 +10,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from autopar.figures import (
+    COST,
+    DAYS,
+    GOODPUT,
+    GPU_HOURS,
+    INTERVAL,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_GIB,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+)
 from autopar.report.answer_text import scenario_label
 from autopar.report.run_data import RunData
 from autopar.report.top_tables import winner
@@ -22,10 +37,10 @@ def optuna_history(run: RunData) -> pd.DataFrame:
     """Optuna's trials in order: objective (step time), feasible, best feasible so far. Empty when
     the search was exhaustive."""
     hist = run.search.get("history") or []
-    df = pd.DataFrame(hist, columns=["number", "step_time_s", "feasible", "best_so_far"])
+    df = pd.DataFrame(hist, columns=["number", STEP_TIME_S, "feasible", "best_so_far"])
     if df.empty:
         return df
-    for c in ("step_time_s", "best_so_far"):
+    for c in (STEP_TIME_S, "best_so_far"):
         df[c] = pd.to_numeric(df[c], errors="coerce").replace([np.inf, -np.inf], np.nan)
     df["feasible"] = df["feasible"].astype(bool)
     return df.sort_values("number", kind="stable").reset_index(drop=True)
@@ -91,19 +106,19 @@ def trials_table(trials: list[dict], intervals: dict | None = None) -> pd.DataFr
         own = proxy if isinstance(proxy := meas.get("proxy"), dict) else {}
         key = str(t.get("_file", "")).removesuffix(".json")
         mine = got if isinstance(got := intervals.get(key), dict) else {}
-        before = _pair(pred.get("step_time_s_interval"))
+        before = _pair(pred.get(INTERVAL[STEP_TIME_S]))
         after = _pair(mine.get("after"))
         rows.append(
             {
                 "trial": str(t.get("_file", "")).removesuffix(".json"),
-                "plan_name": trial_name(t.get("plan") or {}, str(t.get("_file", "?"))),
+                PLAN_NAME: trial_name(t.get("plan") or {}, str(t.get("_file", "?"))),
                 "status": str(t.get("status", "ok" if meas else "")),
                 "kind": _trial_kind(t),
-                "predicted_step_time_s": _num(pred, "step_time_s"),
-                "measured_step_time_s": _num(meas, "step_time_s"),
-                "predicted_peak_memory_bytes": _num(pred, "peak_memory_bytes"),
-                "measured_peak_memory_bytes": _num(meas, "peak_memory_bytes"),
-                "proxy_step_time_s": _num(own, "step_time_s"),
+                "predicted_step_time_s": _num(pred, STEP_TIME_S),
+                "measured_step_time_s": _num(meas, STEP_TIME_S),
+                "predicted_peak_memory_bytes": _num(pred, PEAK_MEMORY_BYTES),
+                "measured_peak_memory_bytes": _num(meas, PEAK_MEMORY_BYTES),
+                "proxy_step_time_s": _num(own, STEP_TIME_S),
                 "proxy_predicted_step_time_s": _num(own, "predicted_step_time_s"),
                 "note": _trial_note(t),
                 "interval_before_low": before[0],
@@ -114,7 +129,7 @@ def trials_table(trials: list[dict], intervals: dict | None = None) -> pd.DataFr
         )
     cols = [
         "trial",
-        "plan_name",
+        PLAN_NAME,
         "status",
         "kind",
         "predicted_step_time_s",
@@ -163,28 +178,28 @@ WHATIF_COLUMNS = (
     "gpu",
     "seq_len",
     "global_batch_size",
-    "plan_name",
+    PLAN_NAME,
     "pp_schedule",
     "recompute",
     "zero_stage",
     "micro_batch_size",
-    "peak_memory_bytes",
-    "memory_gib",
+    PEAK_MEMORY_BYTES,
+    MEMORY_GIB,
     "memory_capacity_gib",
-    "step_time_s",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "mfu",
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    MFU,
     "plans_fit",
     "run_dir",
     "current",
-    "days",
-    "goodput",
-    "gpu_hours",
-    "cost",
+    DAYS,
+    GOODPUT,
+    GPU_HOURS,
+    COST,
 )
 #: the whole-run figures a scenario has with --tokens (NaN without)
-WHATIF_RUN = ("days", "goodput", "gpu_hours", "cost")
+WHATIF_RUN = (DAYS, GOODPUT, GPU_HOURS, COST)
 
 
 def whatif_table(runs: list[RunData], current: Path | None = None) -> pd.DataFrame:
@@ -194,7 +209,7 @@ def whatif_table(runs: list[RunData], current: Path | None = None) -> pd.DataFra
     for r in runs:
         q = r.question
         w = winner(r)
-        row = {
+        row: dict[str, Any] = {
             "scenario": scenario_label(q),
             "num_gpus": q.get("num_gpus"),
             "gpu": q.get("cluster", {}).get("gpu"),
@@ -205,41 +220,42 @@ def whatif_table(runs: list[RunData], current: Path | None = None) -> pd.DataFra
             "current": cur is not None and Path(r.run_dir).resolve() == cur,
         }
         if w is None:
-            row.update(
-                plan_name="nothing fits",
-                pp_schedule="",
-                recompute="",
-                zero_stage=np.nan,
-                micro_batch_size=np.nan,
-                peak_memory_bytes=np.nan,
-                memory_gib=np.nan,
-                memory_capacity_gib=np.nan,
-                step_time_s=np.nan,
-                tokens_per_s=np.nan,
-                tokens_per_s_per_gpu=np.nan,
-                mfu=np.nan,
+            nothing: dict[str, Any] = {
+                PLAN_NAME: "nothing fits",
+                "pp_schedule": "",
+                "recompute": "",
+                "zero_stage": np.nan,
+                "micro_batch_size": np.nan,
+                PEAK_MEMORY_BYTES: np.nan,
+                MEMORY_GIB: np.nan,
+                "memory_capacity_gib": np.nan,
+                STEP_TIME_S: np.nan,
+                TOKENS_PER_S: np.nan,
+                TOKENS_PER_S_PER_GPU: np.nan,
+                MFU: np.nan,
                 **{k: np.nan for k in WHATIF_RUN},
-            )
+            }
+            row.update(nothing)
         else:
             row.update(
                 {
                     k: w[k]
                     for k in (
-                        "plan_name",
+                        PLAN_NAME,
                         "pp_schedule",
                         "recompute",
                         "zero_stage",
                         "micro_batch_size",
-                        "peak_memory_bytes",
-                        "step_time_s",
-                        "tokens_per_s",
-                        "tokens_per_s_per_gpu",
-                        "mfu",
+                        PEAK_MEMORY_BYTES,
+                        STEP_TIME_S,
+                        TOKENS_PER_S,
+                        TOKENS_PER_S_PER_GPU,
+                        MFU,
                     )
                 }
             )
-            row["memory_gib"] = w["peak_memory_bytes"] / GIB
-            row["memory_capacity_gib"] = w["memory_capacity_bytes"] / GIB
+            row[MEMORY_GIB] = w[PEAK_MEMORY_BYTES] / GIB
+            row["memory_capacity_gib"] = w[MEMORY_CAPACITY_BYTES] / GIB
             row.update({k: float(w[k]) if k in w.index else np.nan for k in WHATIF_RUN})
         rows.append(row)
     return pd.DataFrame(rows, columns=list(WHATIF_COLUMNS))

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from autopar.calibration.estimate import estimate_table
+from autopar.figures import FITS, MEMORY_MISS_GIB, RANK_TIME_S, VALID
 from autopar.search.results import frame, set_rank_time
 from autopar.spec.question import Question
 from autopar.spec.table import PlanTable
@@ -44,11 +45,11 @@ def best_completion(table: PlanTable, q: Question, headroom_gib: float) -> tuple
     figures): the fastest that fits (the first of equals), else the valid one closest to fitting,
     else the first (its rejection). Only that row is priced in full (Optuna's trials)."""
     est = estimate_fitting(table, q, headroom_gib, search=True)
-    fits, valid = np.asarray(est["fits"], bool), np.asarray(est["valid"], bool)
+    fits, valid = np.asarray(est[FITS], bool), np.asarray(est[VALID], bool)
     if fits.any():
-        i = int(np.flatnonzero(fits)[np.argmin(est["rank_time_s"][fits])])
+        i = int(np.flatnonzero(fits)[np.argmin(est[RANK_TIME_S][fits])])
     elif valid.any():
-        i = int(np.flatnonzero(valid)[np.argmin(est["memory_miss_gib"][valid])])
+        i = int(np.flatnonzero(valid)[np.argmin(est[MEMORY_MISS_GIB][valid])])
     else:
         i = 0
     return evaluate(table.take(np.array([i])), q, headroom_gib), i

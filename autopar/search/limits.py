@@ -2,6 +2,8 @@
 the Optuna samplers and the rankings. Kept apart from autopar.search.run so that the CLI can show
 the default and check --sampler and --rank-by without importing pandas, the cost model or optuna."""
 
+from autopar.figures import HIGH, STEP_TIME_S
+
 #: plans a whole exhaustive search gets through per second (walk, pricing on one core, keeping,
 #: writing plans.parquet) on the 2-core reference machine: benchmarks/bench_search_scale.py measured
 #: 14.0M plans in 12.1 s of process (1.16M/s; 2.2M/s pricing alone on the 1.6M space), so 1M/s
@@ -14,4 +16,4 @@ DEFAULT_MAX_EXHAUSTIVE = 10 * MEASURED_PLANS_PER_S
 SAMPLERS = ("tpe", "nsga2", "random")
 
 #: --rank-by -> the step-time column plans are ranked by (autopar.calibration.uncertainty's intervals)
-RANK_BY = {"expected": "step_time_s", "p80": "step_time_s_high"}
+RANK_BY = {"expected": STEP_TIME_S, "p80": HIGH[STEP_TIME_S]}

@@ -22,6 +22,7 @@ import pandas as pd
 
 from autopar.calibration.margin import PAIR_KNOBS, PairedMargin, knobs_apart, unpaired_half_width
 from autopar.calibration.uncertainty import support_points
+from autopar.figures import HIGH, LOW, MEMORY_CAPACITY_BYTES, PEAK_MEMORY_BYTES, PLAN_NAME, STEP_TIME_S
 from autopar.spec.hardware import GIB
 from autopar.spec.trainers import get_trainer
 
@@ -54,7 +55,7 @@ def _knobs(row: pd.Series) -> dict:
 
 def _own_half_width(row: pd.Series) -> float:
     """A plan's own log half-width of step time (the wider side of its interval)."""
-    t, lo, hi = (float(row.get(k, math.nan)) for k in ("step_time_s", "step_time_s_low", "step_time_s_high"))
+    t, lo, hi = (float(row.get(k, math.nan)) for k in (STEP_TIME_S, LOW[STEP_TIME_S], HIGH[STEP_TIME_S]))
     if not (t > 0 and lo > 0 and hi > 0):
         return math.nan
     return max(math.log(hi / t), math.log(t / lo))
@@ -62,7 +63,7 @@ def _own_half_width(row: pd.Series) -> float:
 
 def plan_margin(a: pd.Series, b: pd.Series, margin: PairedMargin | None) -> Margin:
     """Plan b against plan a (rows of the search's results, each on its trainer)."""
-    ratio = math.log(float(b["step_time_s"]) / float(a["step_time_s"]))
+    ratio = math.log(float(b[STEP_TIME_S]) / float(a[STEP_TIME_S]))
     same_profile = get_trainer(str(a["trainer"])).profile == get_trainer(str(b["trainer"])).profile
     if same_profile and margin is not None:
         k = knobs_apart(_knobs(a), _knobs(b))
@@ -94,8 +95,8 @@ class HeadroomPick:
         room = self.usable_bytes / GIB
         usable = f"{room:.1f} GiB usable" if headroom_gib > 0 else f"{room:.1f} GiB"
         return (
-            f"{pick['plan_name']} is ranked first for headroom: {slower:.1f} % slower than {lead_text} "
-            f"({float(lead['step_time_s']):.3f} s), a difference the model cannot resolve ({self.margin.basis}: "
+            f"{pick[PLAN_NAME]} is ranked first for headroom: {slower:.1f} % slower than {lead_text} "
+            f"({float(lead[STEP_TIME_S]):.3f} s), a difference the model cannot resolve ({self.margin.basis}: "
             f"80 % interval {lo:+.1f} % to {hi:+.1f} %); it stays within memory at the top of its interval "
             f"({_memory_top(pick) / GIB:.1f} of {usable}), where the faster plan's reaches "
             f"{_memory_top(lead) / GIB:.1f} GiB."
@@ -103,7 +104,7 @@ class HeadroomPick:
 
 
 def _memory_top(row: pd.Series) -> float:
-    return float(row.get("peak_memory_bytes_high", row["peak_memory_bytes"]))
+    return float(row.get(HIGH[PEAK_MEMORY_BYTES], row[PEAK_MEMORY_BYTES]))
 
 
 #: the largest share of predicted step time the search gives up to rank a plan first for headroom,
@@ -121,14 +122,14 @@ def headroom_pick(
     GPU's memory (less the space's headroom), the fastest plan that stays inside at the top of its
     own, is at most `trade` slower, and that the margin cannot separate from the first; None
     otherwise (or without intervals)."""
-    if fit.empty or trade <= 0 or "peak_memory_bytes_high" not in fit.columns:
+    if fit.empty or trade <= 0 or HIGH[PEAK_MEMORY_BYTES] not in fit.columns:
         return None
     lead = fit.iloc[0]
-    room = fit["memory_capacity_bytes"].to_numpy(dtype=float) - headroom_gib * GIB
+    room = fit[MEMORY_CAPACITY_BYTES].to_numpy(dtype=float) - headroom_gib * GIB
     if _memory_top(lead) <= room[0]:
         return None
-    time = fit["step_time_s"].to_numpy(dtype=float)
-    safe = fit["peak_memory_bytes_high"].to_numpy(dtype=float) <= room
+    time = fit[STEP_TIME_S].to_numpy(dtype=float)
+    safe = fit[HIGH[PEAK_MEMORY_BYTES]].to_numpy(dtype=float) <= room
     for i in np.flatnonzero(safe & (time <= time[0] * (1 + trade))):
         m = plan_margin(lead, fit.iloc[i], margin)
         if not m.separated:

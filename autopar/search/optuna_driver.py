@@ -23,6 +23,21 @@ import optuna
 from optuna.trial import TrialState
 
 from autopar.errors import InputError, quoted
+from autopar.figures import (
+    BUBBLE_FRACTION,
+    FITS,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_MISS_GIB,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    RANK_TIME_S,
+    REJECTED_BY,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    VALID,
+)
 from autopar.processes import start_time
 from autopar.search.enumerate import INNER as WALK_INNER
 from autopar.search.enumerate import Enumerator, build_table
@@ -39,13 +54,13 @@ Direction = Literal["minimize", "maximize"]
 
 #: the estimate figures every trial keeps (with its plan) as user attributes
 ESTIMATE_ATTRS = (
-    "step_time_s",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "mfu",
-    "peak_memory_bytes",
-    "memory_capacity_bytes",
-    "bubble_fraction",
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    MEMORY_CAPACITY_BYTES,
+    BUBBLE_FRACTION,
 )
 INFEASIBLE_STEP_TIME = 1e9  # objective of a plan that is not a plan (divisibility) or not valid
 
@@ -372,19 +387,19 @@ def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[floa
     infeasible = [INFEASIBLE_STEP_TIME] + ([0.0] if multi_objective else [])
     if len(table) == 0:
         set_constraint(trial, 1.0)
-        trial.set_user_attr("estimate", {"rejected_by": "tp*pp*cp does not divide the GPUs", "constraint": 1.0})
+        trial.set_user_attr("estimate", {REJECTED_BY: "tp*pp*cp does not divide the GPUs", "constraint": 1.0})
         return infeasible
     df = evaluate(table)
-    fit, valid = df[df["fits"]], df[df["valid"]]
+    fit, valid = df[df[FITS]], df[df[VALID]]
     if len(fit):
-        best, constraint = fit.loc[fit["rank_time_s"].idxmin()], 0.0
+        best, constraint = fit.loc[fit[RANK_TIME_S].idxmin()], 0.0
     elif len(valid):
-        best = valid.loc[valid["memory_miss_gib"].idxmin()]
-        constraint = 1.0 + float(best["memory_miss_gib"])
+        best = valid.loc[valid[MEMORY_MISS_GIB].idxmin()]
+        constraint = 1.0 + float(best[MEMORY_MISS_GIB])
     else:
         set_constraint(trial, 1.0)
         trial.set_user_attr(
-            "estimate", {"rejected_by": str(df["rejected_by"].iloc[0]), "constraint": 1.0, "completions": len(table)}
+            "estimate", {REJECTED_BY: str(df[REJECTED_BY].iloc[0]), "constraint": 1.0, "completions": len(table)}
         )
         return infeasible
     set_constraint(trial, constraint)
@@ -393,15 +408,15 @@ def _score(trial, table, evaluate: Callable, multi_objective: bool) -> list[floa
         "estimate",
         {k: float(best[k]) for k in ESTIMATE_ATTRS}
         | {
-            "fits": bool(best["fits"]),
-            "plan_name": str(best["plan_name"]),
-            "rejected_by": str(best["rejected_by"]),
+            FITS: bool(best[FITS]),
+            PLAN_NAME: str(best[PLAN_NAME]),
+            REJECTED_BY: str(best[REJECTED_BY]),
             "completions": len(table),
             "constraint": constraint,
         },
     )
-    headroom = float((best["memory_capacity_bytes"] - best["peak_memory_bytes"]) / GIB)
-    return [float(best["rank_time_s"])] + ([headroom] if multi_objective else [])
+    headroom = float((best[MEMORY_CAPACITY_BYTES] - best[PEAK_MEMORY_BYTES]) / GIB)
+    return [float(best[RANK_TIME_S])] + ([headroom] if multi_objective else [])
 
 
 def study_history(study: optuna.Study) -> list[dict]:
@@ -414,5 +429,5 @@ def study_history(study: optuna.Study) -> list[dict]:
         feasible = t.user_attrs.get("estimate", {}).get("constraint", 1.0) <= 0
         if feasible:
             best = min(best, v)
-        out.append({"number": t.number, "step_time_s": v, "feasible": feasible, "best_so_far": best})
+        out.append({"number": t.number, STEP_TIME_S: v, "feasible": feasible, "best_so_far": best})
     return out

@@ -10,7 +10,26 @@ import pandas as pd
 
 from autopar.calibration.margin import PairedMargin
 from autopar.cost.columns import MEMORY_BIT
-from autopar.cost.figures import TIME_LABELS, TIME_TERMS
+from autopar.figures import (
+    DOMINANT_COST,
+    FITS,
+    HIGH,
+    LAYOUT_TEXT,
+    LOW,
+    MEMORY_GIB,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    RANK_TIME_S,
+    REJECTED_BY,
+    REJECTED_CODE,
+    STEP_TIME_S,
+    SUPPORT_GAPS,
+    SUPPORT_REASON,
+    TIME,
+    TIME_LABELS,
+    TIME_TERMS,
+    VARIANT_OF,
+)
 from autopar.search.limits import RANK_BY as RANK_BY  # declared apart: the CLI checks --rank-by early
 from autopar.search.margins import HEADROOM_TRADE, headroom_pick, plan_margin, stored_margin
 from autopar.spec.hardware import GIB
@@ -39,7 +58,7 @@ STRUCTURE_KEY = LAYOUT_KEY + ("pp_schedule", "dtype")
 #: (rank_group 0: autopar.search.margins.headroom_pick), then the step time ranked by (rank_time_s),
 #: then less memory, then the plan's place in the walk (the one-shot order); a frame without a
 #: column skips it (stable sorts keep its order)
-RANK_KEYS = ("rank_group", "rank_time_s", "peak_memory_bytes", "plan_index")
+RANK_KEYS = ("rank_group", RANK_TIME_S, PEAK_MEMORY_BYTES, "plan_index")
 
 
 def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None = None) -> pd.DataFrame:
@@ -51,20 +70,20 @@ def frame(table: PlanTable, est: dict[str, np.ndarray], num_layers: int | None =
     for name, arr in est.items():
         if np.ndim(arr) == 1:  # per-rank (R, n) arrays stay out of the table
             df[name] = arr
-    if "rejected_by" not in df:  # a search's estimate: the text only for the rows kept
-        df["rejected_by"] = rejection_text(est["rejected_code"], c["trainer"])
-    df["layout_text"] = df.pop("layout") if "layout" in df else layout_texts(table, num_layers)
-    df["plan_name"] = plan_names(df)
-    df["dominant_cost"] = dominant_costs(df)
-    df["memory_gib"] = df["peak_memory_bytes"] / GIB
+    if REJECTED_BY not in df:  # a search's estimate: the text only for the rows kept
+        df[REJECTED_BY] = rejection_text(est[REJECTED_CODE], c["trainer"])
+    df[LAYOUT_TEXT] = df.pop(LAYOUT_TEXT) if LAYOUT_TEXT in df else layout_texts(table, num_layers)
+    df[PLAN_NAME] = plan_names(df)
+    df[DOMINANT_COST] = dominant_costs(df)
+    df[MEMORY_GIB] = df[PEAK_MEMORY_BYTES] / GIB
     return df
 
 
 def dominant_costs(df: pd.DataFrame) -> np.ndarray:
     """Per row, the communication or bubble term (COMM_TERMS) that takes the largest share of the
     step when it takes at least DOMINANT_SHARE of it, else "" (no overhead dominates)."""
-    terms = np.stack([df[f"time_{t}"].to_numpy(dtype=float) for t in COMM_TERMS], axis=1)
-    step = df["step_time_s"].to_numpy(dtype=float)
+    terms = np.stack([df[TIME[t]].to_numpy(dtype=float) for t in COMM_TERMS], axis=1)
+    step = df[STEP_TIME_S].to_numpy(dtype=float)
     largest = terms.max(axis=1) if len(df) else np.zeros(0)
     with np.errstate(invalid="ignore", divide="ignore"):
         dominates = largest >= DOMINANT_SHARE * step
@@ -103,20 +122,20 @@ def plan_names(df: pd.DataFrame) -> np.ndarray:
 def set_rank_time(est: dict, rank_by: str) -> None:
     """rank_time_s: the step time the search ranks by (RANK_BY: the central prediction, or the
     pessimistic end of its 80 % interval)."""
-    est["rank_time_s"] = est[RANK_BY[rank_by]]
+    est[RANK_TIME_S] = est[RANK_BY[rank_by]]
 
 
 def rank_order(df: pd.DataFrame) -> pd.DataFrame:
     """The rows in RANK_KEYS order (rank_time_s, else the central prediction)."""
     keys = [k for k in RANK_KEYS if k in df.columns]
-    if "rank_time_s" not in df.columns:
-        keys.insert(int("rank_group" in keys), "step_time_s")
+    if RANK_TIME_S not in df.columns:
+        keys.insert(int("rank_group" in keys), STEP_TIME_S)
     return df.sort_values(keys, kind="stable")
 
 
 def ranked(df: pd.DataFrame) -> pd.DataFrame:
     """Plans that fit, fastest first (`rank_order`)."""
-    return rank_order(df[df["fits"]])
+    return rank_order(df[df[FITS]])
 
 
 def row_plan(row: pd.Series, layouts) -> ParallelPlan:
@@ -137,9 +156,9 @@ def top_and_variants(df: pd.DataFrame, k: int) -> tuple[pd.DataFrame, pd.DataFra
     """(top_plans(df, k), variant_plans(df, k)), the plans grouped by structure once for both."""
     leaders, variants = _distinct(df)
     best = leaders.head(k)
-    counts = variants.groupby("variant_of", sort=False).size() if len(variants) else pd.Series(dtype=int)
+    counts = variants.groupby(VARIANT_OF, sort=False).size() if len(variants) else pd.Series(dtype=int)
     top = best.assign(variants=[int(counts.get(r, 0)) for r in range(1, len(best) + 1)])
-    return top, variants[variants["variant_of"] <= k] if len(variants) else variants
+    return top, variants[variants[VARIANT_OF] <= k] if len(variants) else variants
 
 
 def variant_plans(df: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -155,7 +174,7 @@ def _distinct(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     fit = ranked(df)
     if fit.empty:
         empty = fit.assign(trainers=pd.Series(dtype=object))
-        return empty, empty.assign(variant_of=pd.Series(dtype=int))
+        return empty, empty.assign(**{VARIANT_OF: pd.Series(dtype=int)})
     keys = [c for c in PLAN_KEY if c in fit.columns]
     order = {t: i for i, t in enumerate(ALL_TRAINERS)}
     runs_on = fit.groupby(keys, sort=False, dropna=False)["trainer"].agg(
@@ -169,7 +188,7 @@ def _distinct(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     first = ~pd.Series(group).duplicated().to_numpy()
     rank_of_group = {g: r for r, g in enumerate(group[first], start=1)}
     variants = plans[~first]
-    return plans[first], variants.assign(variant_of=[rank_of_group[g] for g in group[~first]])
+    return plans[first], variants.assign(**{VARIANT_OF: [rank_of_group[g] for g in group[~first]]})
 
 
 def best_per_trainer(
@@ -224,23 +243,23 @@ def pareto_positions(cost, memory, tiebreak=None) -> np.ndarray:
 
 def pareto_front(df: pd.DataFrame) -> pd.DataFrame:
     """Plans that fit and that no other fitting plan beats on both step time and memory."""
-    fit = df[df["fits"]]
-    return fit.iloc[pareto_positions(fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy())]
+    fit = df[df[FITS]]
+    return fit.iloc[pareto_positions(fit[STEP_TIME_S].to_numpy(), fit[PEAK_MEMORY_BYTES].to_numpy())]
 
 
 def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
     """One line on why the winner beats the runner-up: the step-time terms that differ most."""
     if runner is None:
-        return f"{winner['plan_name']} is the only plan that fits."
-    gain = runner["step_time_s"] / winner["step_time_s"] - 1
+        return f"{winner[PLAN_NAME]} is the only plan that fits."
+    gain = runner[STEP_TIME_S] / winner[STEP_TIME_S] - 1
     saved, paid = _term_differences(winner, runner)
     runner_desc = _runner_text(winner, runner)
     if not saved and not paid:  # same predicted time: the tie is broken by memory, then by order
-        mem = (runner["peak_memory_bytes"] - winner["peak_memory_bytes"]) / GIB
+        mem = (runner[PEAK_MEMORY_BYTES] - winner[PEAK_MEMORY_BYTES]) / GIB
         why = f"{mem:.3g} GiB less memory" if mem > 0 else "listed first"
-        return f"{winner['plan_name']} ties the runner-up, {runner_desc}, on predicted step time; {why}."
+        return f"{winner[PLAN_NAME]} ties the runner-up, {runner_desc}, on predicted step time; {why}."
     return (
-        f"{winner['plan_name']} beats the runner-up, {runner_desc}, by {100 * gain:.1f}% per step: "
+        f"{winner[PLAN_NAME]} beats the runner-up, {runner_desc}, by {100 * gain:.1f}% per step: "
         + ", ".join(saved + paid)
         + "."
     )
@@ -249,8 +268,8 @@ def why_winner(winner: pd.Series, runner: pd.Series | None) -> str:
 def _term_differences(winner: pd.Series, other: pd.Series) -> tuple[list[str], list[str]]:
     """(the two step-time terms the winner saves most against `other`, the one it pays most), in
     words; differences below 0.01 % of the step are noise to a reader."""
-    diffs = sorted(((other[f"time_{t}"] - winner[f"time_{t}"], t) for t in TIME_TERMS), reverse=True)
-    tiny = 1e-4 * float(winner["step_time_s"])
+    diffs = sorted(((other[TIME[t]] - winner[TIME[t]], t) for t in TIME_TERMS), reverse=True)
+    tiny = 1e-4 * float(winner[STEP_TIME_S])
     saved = [f"{d:.3g} s less {TIME_LABELS[t]}" for d, t in diffs if d > tiny][:2]
     paid = [f"{-d:.3g} s more {TIME_LABELS[t]}" for d, t in diffs[::-1] if d < -tiny][:1]
     return saved, paid
@@ -262,28 +281,28 @@ def ep_choice_line(winner: pd.Series, pool: pd.DataFrame) -> str:
     differ most and the memory; '' without another EP size."""
     if "ep" not in pool.columns or not len(pool):
         return ""
-    fit = pool[pool["fits"].astype(bool) & (pool["ep"] != winner["ep"])]
+    fit = pool[pool[FITS].astype(bool) & (pool["ep"] != winner["ep"])]
     if fit.empty:
         return ""
     other = rank_order(fit.drop(columns="rank_group", errors="ignore")).iloc[0]
     saved, paid = _term_differences(winner, other)
-    gain = float(other["step_time_s"]) / float(winner["step_time_s"]) - 1
-    mem = (float(other["peak_memory_bytes"]) - float(winner["peak_memory_bytes"])) / GIB
+    gain = float(other[STEP_TIME_S]) / float(winner[STEP_TIME_S]) - 1
+    mem = (float(other[PEAK_MEMORY_BYTES]) - float(winner[PEAK_MEMORY_BYTES])) / GIB
     terms = ", ".join(saved + paid) or "the same step-time terms"
     ep, other_ep = int(winner["ep"]), int(other["ep"])
     pace = f"{abs(100 * gain):.1f}% {'slower' if gain >= 0 else 'faster'}"
     memory = f"{abs(mem):.1f} GiB {'less' if mem >= 0 else 'more'} memory"
     # the terms are the winner's against the other plan: the winner is the sentence's subject
     return (
-        f"Why EP {ep}: the fastest plan at another EP size, {other['plan_name']} (EP {other_ep}), is {pace} "
+        f"Why EP {ep}: the fastest plan at another EP size, {other[PLAN_NAME]} (EP {other_ep}), is {pace} "
         f"per step; against it EP {ep} has {terms}, and {memory}."
     )
 
 
 def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
     """The runner-up by its layout, or by what differs when it has the winner's layout."""
-    if winner["plan_name"] != runner["plan_name"]:
-        return str(runner["plan_name"])
+    if winner[PLAN_NAME] != runner[PLAN_NAME]:
+        return str(runner[PLAN_NAME])
     keys = (
         "pp_schedule",
         "recompute",
@@ -295,7 +314,7 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
         "compile",
         "optimizer_offload",
         "offload_modules",
-        "layout_text",
+        LAYOUT_TEXT,
         "trainer",
     )
     labels = {
@@ -309,7 +328,7 @@ def _runner_text(winner: pd.Series, runner: pd.Series) -> str:
         "compile": "torch.compile",
         "optimizer_offload": "optimizer offload",
         "offload_modules": "activation offload",
-        "layout_text": "stages",
+        LAYOUT_TEXT: "stages",
         "trainer": "trainer",
     }
 
@@ -333,15 +352,15 @@ def sureness_lines(top: pd.DataFrame, pool: pd.DataFrame, margin: PairedMargin |
     ground, whether the margin over the runner-up holds under the model's error (autopar.search.margins:
     `margin`, default the shipped model), and, when the winner is extrapolated, the fastest calibrated
     plan inside the winner's interval."""
-    if top.empty or "step_time_s_low" not in top.columns:
+    if top.empty or LOW[STEP_TIME_S] not in top.columns:
         return []
     w = top.iloc[0]
-    lo, hi = float(w["step_time_s_low"]), float(w["step_time_s_high"])
+    lo, hi = float(w[LOW[STEP_TIME_S]]), float(w[HIGH[STEP_TIME_S]])
     band = f"{lo:.3f}-{hi:.3f} s per step"
-    calibrated = int(w["support_gaps"]) == 0
-    reason = str(w.get("support_reason", ""))
+    calibrated = int(w[SUPPORT_GAPS]) == 0
+    reason = str(w.get(SUPPORT_REASON, ""))
     lines = [
-        f"The winner {w['plan_name']} is {'calibrated' if calibrated else 'extrapolated'}: {reason}; "
+        f"The winner {w[PLAN_NAME]} is {'calibrated' if calibrated else 'extrapolated'}: {reason}; "
         f"80 % interval {band}."
     ]
     if len(top) > 1:
@@ -349,7 +368,7 @@ def sureness_lines(top: pd.DataFrame, pool: pd.DataFrame, margin: PairedMargin |
         m = plan_margin(w, r, stored_margin() if margin is None else margin)
         lo, up = m.percent_range()
         head = (
-            f"The runner-up {_runner_text(w, r)} ({float(r['step_time_s']):.3f} s, "
+            f"The runner-up {_runner_text(w, r)} ({float(r[STEP_TIME_S]):.3f} s, "
             f"{100 * math.expm1(m.log_ratio):+.1f} %), {m.basis}: the 80 % interval of the difference "
             f"is {lo:+.1f} % to {up:+.1f} %"
         )
@@ -357,14 +376,14 @@ def sureness_lines(top: pd.DataFrame, pool: pd.DataFrame, margin: PairedMargin |
             lines.append(head + ", so the ranking holds under the model's own error.")
         else:
             lines.append(head + ": the model cannot tell them apart; measure both (--trials) before committing.")
-    if not calibrated and len(pool) and "support_gaps" in pool.columns:
-        solid = ranked(pool[(pool["support_gaps"] == 0) & (pool["step_time_s"] <= hi)])
+    if not calibrated and len(pool) and SUPPORT_GAPS in pool.columns:
+        solid = ranked(pool[(pool[SUPPORT_GAPS] == 0) & (pool[STEP_TIME_S] <= hi)])
         if len(solid):
             c = solid.iloc[0]
-            slower = float(c["step_time_s"]) / float(w["step_time_s"]) - 1
+            slower = float(c[STEP_TIME_S]) / float(w[STEP_TIME_S]) - 1
             lines.append(
-                f"Fastest predicted: {w['plan_name']} ({float(w['step_time_s']):.3f} s, extrapolated). Fastest on "
-                f"calibrated ground: {c['plan_name']} on {c['trainer']} ({float(c['step_time_s']):.3f} s, "
+                f"Fastest predicted: {w[PLAN_NAME]} ({float(w[STEP_TIME_S]):.3f} s, extrapolated). Fastest on "
+                f"calibrated ground: {c[PLAN_NAME]} on {c['trainer']} ({float(c[STEP_TIME_S]):.3f} s, "
                 f"{100 * slower:+.1f}%), inside the winner's interval."
             )
     return lines

@@ -17,8 +17,41 @@ import pandas as pd
 from autopar import __version__
 from autopar.calibration.estimate import estimate_per_trainer
 from autopar.calibration.uncertainty import interval_fields, support_text
-from autopar.cost.figures import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.cost.goodput import RUN_COLUMNS, with_null_reasons
+from autopar.figures import (
+    AXES,
+    BUBBLE_FRACTION,
+    COMM_BYTES,
+    COMM_BYTES_PER_GPU,
+    DAYS,
+    DOMINANT_COST,
+    FITS,
+    HFU,
+    LAYOUT_TEXT,
+    LOW,
+    MEETS_DEADLINE,
+    MEM,
+    MEMORY_BYTES,
+    MEMORY_CAPACITY_BYTES,
+    MEMORY_MISS_GIB,
+    MEMORY_TERMS,
+    MFU,
+    MODEL_TFLOPS_PER_GPU,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    REJECTED_BY,
+    STEP_TIME_S,
+    SUPPORT,
+    SUPPORT_GAPS,
+    SUPPORT_REASON,
+    TIME,
+    TIME_S,
+    TIME_TERMS,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    VARIANT_OF,
+    WITHIN_BUDGET,
+)
 from autopar.search.enumerate import Enumerator
 from autopar.search.evaluate import evaluate
 from autopar.search.margins import HEADROOM_TRADE, stored_margin
@@ -104,38 +137,38 @@ def row_summary(row: pd.Series | dict, layouts) -> dict:
     return (
         out
         | {
-            "plan_name": str(row["plan_name"]),
+            PLAN_NAME: str(row[PLAN_NAME]),
             "trainer": str(row["trainer"]),
             "plan": plan.to_dict(),
-            "fits": bool(row["fits"]),
-            "rejected_by": str(row["rejected_by"]),
-            "step_time_s": float(row["step_time_s"]),
-            "tokens_per_s": float(row["tokens_per_s"]),
-            "tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
-            "model_tflops_per_gpu": float(row["model_tflops_per_gpu"]),
-            "mfu": float(row["mfu"]),
-            "hfu": float(row["hfu"]),
-            "bubble_fraction": float(row["bubble_fraction"]),
-            "peak_memory_bytes": float(row["peak_memory_bytes"]),
-            "memory_capacity_bytes": float(row["memory_capacity_bytes"]),
-            "memory_bytes": {t: float(row[f"mem_{t}"]) for t in MEMORY_TERMS},
-            "time_s": {t: float(row[f"time_{t}"]) for t in TIME_TERMS},
-            "comm_bytes_per_gpu": {a: float(row[f"comm_bytes_{a}"]) for a in AXES},
-            "dominant_cost": str(row["dominant_cost"]),
-            "layout": str(row["layout_text"]),
+            FITS: bool(row[FITS]),
+            REJECTED_BY: str(row[REJECTED_BY]),
+            STEP_TIME_S: float(row[STEP_TIME_S]),
+            TOKENS_PER_S: float(row[TOKENS_PER_S]),
+            TOKENS_PER_S_PER_GPU: float(row[TOKENS_PER_S_PER_GPU]),
+            MODEL_TFLOPS_PER_GPU: float(row[MODEL_TFLOPS_PER_GPU]),
+            MFU: float(row[MFU]),
+            HFU: float(row[HFU]),
+            BUBBLE_FRACTION: float(row[BUBBLE_FRACTION]),
+            PEAK_MEMORY_BYTES: float(row[PEAK_MEMORY_BYTES]),
+            MEMORY_CAPACITY_BYTES: float(row[MEMORY_CAPACITY_BYTES]),
+            MEMORY_BYTES: {t: float(row[MEM[t]]) for t in MEMORY_TERMS},
+            TIME_S: {t: float(row[TIME[t]]) for t in TIME_TERMS},
+            COMM_BYTES_PER_GPU: {a: float(row[COMM_BYTES[a]]) for a in AXES},
+            DOMINANT_COST: str(row[DOMINANT_COST]),
+            "layout": str(row[LAYOUT_TEXT]),
         }
         | _interval_summary(row)
         | (
             {
                 "run": with_null_reasons(
                     {
-                        c: float(row[c]) if c not in ("meets_deadline", "within_budget") else bool(row[c])
-                        for c in RUN_COLUMNS + ("meets_deadline", "within_budget")
+                        c: float(row[c]) if c not in (MEETS_DEADLINE, WITHIN_BUDGET) else bool(row[c])
+                        for c in RUN_COLUMNS + (MEETS_DEADLINE, WITHIN_BUDGET)
                         if c in row
                     }
                 )
             }
-            if "days" in row
+            if DAYS in row
             else {}
         )
     )
@@ -143,21 +176,21 @@ def row_summary(row: pd.Series | dict, layouts) -> dict:
 
 def _interval_summary(row: dict) -> dict:
     """The plan's 80 % intervals and support (autopar.calibration.uncertainty), as `estimate --json` has them."""
-    if "step_time_s_low" not in row:
+    if LOW[STEP_TIME_S] not in row:
         return {}
-    return interval_fields(row, str(row["support_reason"]) if "support_reason" in row else None)
+    return interval_fields(row, str(row[SUPPORT_REASON]) if SUPPORT_REASON in row else None)
 
 
 def with_support(df: pd.DataFrame, q: Question, layouts: list) -> pd.DataFrame:
     """The plans shown with `support` and `support_reason`: the gaps in words and the nearest
     published run (autopar.calibration.uncertainty.support_text)."""
-    if df.empty or "support_gaps" not in df.columns:
+    if df.empty or SUPPORT_GAPS not in df.columns:
         return df
     texts = [
-        support_text(int(r["support_gaps"]), row_plan(r, layouts), q.model, q.cluster, q.seq_len)
+        support_text(int(r[SUPPORT_GAPS]), row_plan(r, layouts), q.model, q.cluster, q.seq_len)
         for _, r in df.iterrows()
     ]
-    return df.assign(support=[t[0] for t in texts], support_reason=[t[1] for t in texts])
+    return df.assign(**{SUPPORT: [t[0] for t in texts], SUPPORT_REASON: [t[1] for t in texts]})
 
 
 def run_search(
@@ -315,7 +348,7 @@ def _fits_per_trainer(table: PlanTable, q: Question, headroom: float) -> np.ndar
         recipes=q.recipe_trainers,
         routing_imbalance=q.routing_imbalance,
     )
-    return np.stack([e["fits"] for e in ests], axis=1) if ests else np.zeros((len(table), 0), dtype=bool)
+    return np.stack([e[FITS] for e in ests], axis=1) if ests else np.zeros((len(table), 0), dtype=bool)
 
 
 def _runs_with_fp8_flags(table: PlanTable, fits: np.ndarray, q: Question, headroom: float) -> tuple[list, list]:
@@ -354,8 +387,8 @@ def _no_fit_reason(counts: dict, rejections: dict, closest: pd.DataFrame) -> str
         return f"No plan is valid; the most common broken rules: {top3}."
     best = closest.iloc[0]
     return (
-        f"No plan fits in memory; the closest is {best['plan_name']} ({best['recompute']} recompute, "
-        f"zero {best['zero_stage']}), {best['memory_miss_gib']:.1f} GiB over. Add GPUs, or widen the space "
+        f"No plan fits in memory; the closest is {best[PLAN_NAME]} ({best['recompute']} recompute, "
+        f"zero {best['zero_stage']}), {best[MEMORY_MISS_GIB]:.1f} GiB over. Add GPUs, or widen the space "
         f"(more pp/tp, full recompute, zero 3)."
     )
 
@@ -373,15 +406,15 @@ def offload_hint(q: Question, closest: pd.DataFrame, layouts: list, headroom: fl
     stages = dict.fromkeys((plan.zero_stage, 1))
     tried = [plan.with_(optimizer_offload=1.0, zero_stage=z, trainer=t) for z in stages for t in q.trainers]
     est = evaluate(PlanTable.from_plans(tried), q, headroom)
-    fits = est[est["fits"].to_numpy(dtype=bool)]
+    fits = est[est[FITS].to_numpy(dtype=bool)]
     if not len(fits):
         return ""
-    best = fits.sort_values("step_time_s").iloc[0]
+    best = fits.sort_values(STEP_TIME_S).iloc[0]
     zero = f" --zero {best['zero_stage']}" if best["zero_stage"] != plan.zero_stage else ""
     return (
         f" Offloading its optimizer states to host memory would fit it (--optimizer-offload 1{zero} "
-        f"--trainer {best['trainer']}: {best['peak_memory_bytes'] / 2**30:.1f} GiB, "
-        f"{best['step_time_s']:.3g} s per step)."
+        f"--trainer {best['trainer']}: {best[PEAK_MEMORY_BYTES] / 2**30:.1f} GiB, "
+        f"{best[STEP_TIME_S]:.3g} s per step)."
     )
 
 
@@ -423,7 +456,7 @@ def top_entries(result: SearchResult) -> tuple[list[dict], list[dict]]:
         for i, r in enumerate(result.top.to_dict("records"))
     ]
     variants = [
-        row_summary(r, result.layouts) | {"variant_of": int(r["variant_of"]), "trainers": _trainer_list(r)}
+        row_summary(r, result.layouts) | {VARIANT_OF: int(r[VARIANT_OF]), "trainers": _trainer_list(r)}
         for r in result.variants.to_dict("records")
     ]
     return top, variants
@@ -473,7 +506,7 @@ def _write_search_json(result: SearchResult) -> None:
         "plans_evaluated": result.counts.get("evaluated", 0),
         "plans_valid": result.counts.get("valid", 0),
         "plans_fit": result.counts.get("fit", 0),
-        "rejected_by": result.rejections,
+        REJECTED_BY: result.rejections,
         "rule_bits": rejection_bits(),
         "why": result.why,
         "sureness": result.sureness,

@@ -40,6 +40,25 @@ import pyarrow.parquet as pq
 from autopar.atomic import publish, temp_path, write_atomic, write_with
 from autopar.calibration.uncertainty import INTERVAL_COLUMNS
 from autopar.errors import InputError, quoted
+from autopar.figures import (
+    BUBBLE_FRACTION,
+    DOMINANT_COST,
+    FITS,
+    HIGH,
+    LAYOUT_TEXT,
+    LOW,
+    MEMORY_MISS_GIB,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    PLAN_NAME,
+    REJECTED_BY,
+    REJECTED_CODE,
+    STEP_TIME_S,
+    SUPPORT_GAPS,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    VALID,
+)
 from autopar.json_out import dumps
 from autopar.secrets import mask_values
 from autopar.spec import read_file
@@ -72,16 +91,16 @@ BOOLEANS = tuple(f.column for f in RESULT_FIELDS if f.kind == BOOL)
 #: numbers, stored as float32
 FLOATS = tuple(f.column for f in RESULT_FIELDS if f.kind == FLOAT)
 FIGURES = (
-    "valid",
-    "fits",
-    "rejected_code",
-    "step_time_s",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "mfu",
-    "peak_memory_bytes",
-    "memory_miss_gib",
-    "bubble_fraction",
+    VALID,
+    FITS,
+    REJECTED_CODE,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    TOKENS_PER_S_PER_GPU,
+    MFU,
+    PEAK_MEMORY_BYTES,
+    MEMORY_MISS_GIB,
+    BUBBLE_FRACTION,
 ) + INTERVAL_COLUMNS
 
 
@@ -115,7 +134,7 @@ class PlansWriter:
                 batch.schema,
                 compression="zstd",
                 use_dictionary=list(CATEGORIES),
-                write_statistics=["plan_index", "step_time_s", "peak_memory_bytes", "fits", "valid"],
+                write_statistics=["plan_index", STEP_TIME_S, PEAK_MEMORY_BYTES, FITS, VALID],
             )
         self._in_flight = self._thread.submit(self.writer.write_table, batch)
         self.rows += batch.num_rows
@@ -383,18 +402,18 @@ def load(run_dir: str | Path, required_columns: tuple[str, ...] = ()) -> RunFile
 #: scatter.parquet columns a reader uses where this version writes them (an older run has none):
 #: the 80 % intervals and the support gaps
 _FIGURE_COLUMNS = (
-    "step_time_s_low",
-    "step_time_s_high",
-    "tokens_per_s_low",
-    "tokens_per_s_high",
-    "peak_memory_bytes_low",
-    "peak_memory_bytes_high",
-    "support_gaps",
+    LOW[STEP_TIME_S],
+    HIGH[STEP_TIME_S],
+    LOW[TOKENS_PER_S],
+    HIGH[TOKENS_PER_S],
+    LOW[PEAK_MEMORY_BYTES],
+    HIGH[PEAK_MEMORY_BYTES],
+    SUPPORT_GAPS,
 )
 
 #: scatter.parquet columns that hold text (the plan's names and categories, the rejection, the why)
 _TEXT_COLUMNS = frozenset(
-    {"plan_name", "rejected_by", "dominant_cost", "pp_schedule", "recompute", "layout_text", "trainer", "dtype"}
+    {PLAN_NAME, REJECTED_BY, DOMINANT_COST, "pp_schedule", "recompute", LAYOUT_TEXT, "trainer", "dtype"}
 )
 
 
@@ -407,7 +426,7 @@ def _check_scatter_types(scatter: pd.DataFrame, columns: tuple[str, ...], path: 
     from autopar.spec.plan import FIELDS
     from autopar.spec.plan_fields import BOOL, INT
 
-    flags = {"valid", "fits"} | {f.column for f in FIELDS if f.kind == BOOL}
+    flags = {VALID, FITS} | {f.column for f in FIELDS if f.kind == BOOL}
     whole = {f.column for f in FIELDS if f.kind == INT}  # a plan's knob: every row holds one
     for c in columns:
         col = scatter[c]
@@ -422,7 +441,7 @@ def _check_scatter_types(scatter: pd.DataFrame, columns: tuple[str, ...], path: 
             raise InputError(f"'{path}' column '{c}' holds {col.dtype} where this autopar writes {want}; {fix}")
         if c in whole and not np.isfinite(col.to_numpy(dtype=float)).all():
             raise InputError(f"'{path}' column '{c}' is missing for some plans (a knob every plan has); {fix}")
-    if "step_time_s" in columns and len(scatter) and scatter["step_time_s"].isna().all():
+    if STEP_TIME_S in columns and len(scatter) and scatter[STEP_TIME_S].isna().all():
         raise InputError(f"'{path}' has no step time for any plan (every figure is missing); {fix}")
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from autopar import forked
 from autopar.errors import InputError
+from autopar.figures import MFU, PLAN_NAME, STEP_TIME_S
 from autopar.search.enumerate import knob_choices
 from autopar.search.run import SearchOptions, SearchResult, row_summary, run_search, top_entries, trainers_ruled_out
 from autopar.search.space import SearchSpace, chosen_space
@@ -204,8 +205,8 @@ def batch_forces_model_parallel(space: SearchSpace, r: SearchResult) -> str | No
     if there is None:
         return line
     return (
-        f"{line}. What it costs: {100 * float(r.winner['mfu']):.1f} % MFU here against "
-        f"{100 * float(there['mfu']):.1f} % for {there['plan_name']} at --gbs {gbs:,} ({why}); the what-if: "
+        f"{line}. What it costs: {100 * float(r.winner[MFU]):.1f} % MFU here against "
+        f"{100 * float(there[MFU]):.1f} % for {there[PLAN_NAME]} at --gbs {gbs:,} ({why}); the what-if: "
         f"--gbs {q.batch},{gbs}. autopar keeps the batch you train with: it is a training choice"
     )
 
@@ -325,7 +326,7 @@ def space_bounds(r: SearchResult) -> list[str]:
     if r.winner is None:
         return []
     # the winner, and the fastest plan where the headroom rule ranked a slower one first
-    shown = [r.winner, r.top.iloc[int(np.argmin(r.top["step_time_s"].to_numpy(dtype=float)))]]
+    shown = [r.winner, r.top.iloc[int(np.argmin(r.top[STEP_TIME_S].to_numpy(dtype=float)))]]
     out = []
     for knob, column in BOUNDED_KNOBS.items():
         largest = _largest(space, q, knob)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from autopar.calibration.estimate import estimate_per_trainer
+from autopar.figures import FITS, MEMORY_MISS_GIB, PEAK_MEMORY_BYTES, RANK_TIME_S, REJECTED_CODE, STEP_TIME_S, VALID
 from autopar.search.enumerate import Enumerator
 from autopar.search.evaluate import estimate_fitting
 from autopar.search.results import MEMORY_BIT, frame, pareto_positions, rank_order, set_rank_time
@@ -31,7 +32,7 @@ from autopar.spec.trainers import ALL_TRAINERS
 #: plans priced at once: the working set is a few hundred bytes per plan and costed rank
 DEFAULT_CHUNK = 1 << 16
 #: the figures a kept row carries until the end of the walk (then it is priced in full)
-LIGHT_FIGURES = ("valid", "fits", "step_time_s", "rank_time_s", "peak_memory_bytes", "memory_miss_gib")
+LIGHT_FIGURES = (VALID, FITS, STEP_TIME_S, RANK_TIME_S, PEAK_MEMORY_BYTES, MEMORY_MISS_GIB)
 #: a kept row's bitmask of the trainers (bit = autopar.spec.table TRAINER code) that can run its plan
 #: and fit it, from the walk's per-trainer pricing (the walk's rows only, not Optuna's)
 FIT_MASK = "fit_mask"
@@ -88,14 +89,14 @@ class _Keeper:
         self.sample_bar = [np.uint64(2**64 - 1)] * 3
 
     def add(self, table, est: dict, index: np.ndarray) -> None:
-        fits, valid = est["fits"], est["valid"]
+        fits, valid = est[FITS], est[VALID]
         self.evaluated += len(index)
         self.valid += int(valid.sum())
         self.fit += int(fits.sum())
         bad = np.flatnonzero(~fits)
         for t in np.unique(table.trainer[bad]) if len(bad) else ():
             mine = bad[table.trainer[bad] == t] if len(np.unique(table.trainer)) > 1 else bad
-            codes, counts = np.unique(est["rejected_code"][mine], return_counts=True)
+            codes, counts = np.unique(est[REJECTED_CODE][mine], return_counts=True)
             self.pairs.update({(int(c), int(t)): int(n) for c, n in zip(codes, counts)})
         rows = np.unique(
             np.concatenate(
@@ -122,13 +123,13 @@ class _Keeper:
     def _pool_rows(self, table, est, index) -> np.ndarray:
         out = []
         for t in np.unique(table.trainer):
-            ok = est["fits"] & (table.trainer == t) & (est["rank_time_s"] <= self.pool_bar.get(int(t), np.inf))
-            out.append(_smallest(np.flatnonzero(ok), est["rank_time_s"], self.opts.pool))
+            ok = est[FITS] & (table.trainer == t) & (est[RANK_TIME_S] <= self.pool_bar.get(int(t), np.inf))
+            out.append(_smallest(np.flatnonzero(ok), est[RANK_TIME_S], self.opts.pool))
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     def _layout_rows(self, table, est, index) -> np.ndarray:
         """The `per_layout` fastest fitting rows of each layout (ties by place in the walk)."""
-        rows = np.flatnonzero(est["fits"])
+        rows = np.flatnonzero(est[FITS])
         if not len(rows):
             return rows
         key = np.zeros(len(rows), dtype=np.int64)
@@ -136,23 +137,23 @@ class _Keeper:
             v = table.columns[c][rows].astype(np.int64)
             key = key * (int(v.max()) + 1) + v
         _, group = np.unique(key, return_inverse=True)
-        order = np.lexsort((index[rows], est["peak_memory_bytes"][rows], est["rank_time_s"][rows], group))
+        order = np.lexsort((index[rows], est[PEAK_MEMORY_BYTES][rows], est[RANK_TIME_S][rows], group))
         g = group[order]
         rank = np.arange(len(g)) - np.searchsorted(g, g)  # place within its layout, fastest first
         return rows[order[rank < self.opts.per_layout]]
 
     def _pareto_rows(self, est, index) -> np.ndarray:
-        rows = np.flatnonzero(est["fits"])
-        return rows[pareto_positions(est["step_time_s"][rows], est["peak_memory_bytes"][rows], index[rows])]
+        rows = np.flatnonzero(est[FITS])
+        return rows[pareto_positions(est[STEP_TIME_S][rows], est[PEAK_MEMORY_BYTES][rows], index[rows])]
 
     def _closest_rows(self, est) -> np.ndarray:
         """The valid plan that misses memory by the least (the answer when nothing fits)."""
-        rows = np.flatnonzero(est["valid"] & ~est["fits"])
-        return rows[np.argmin(est["memory_miss_gib"][rows])][None] if len(rows) else np.zeros(0, np.int64)
+        rows = np.flatnonzero(est[VALID] & ~est[FITS])
+        return rows[np.argmin(est[MEMORY_MISS_GIB][rows])][None] if len(rows) else np.zeros(0, np.int64)
 
     def _sample_rows(self, est, index) -> np.ndarray:
         key = _hash(index, self.opts.seed)
-        cat = np.where(est["fits"], 0, np.where(est["valid"], 1, 2))
+        cat = np.where(est[FITS], 0, np.where(est[VALID], 1, 2))
         out = []
         for c in range(3):
             rows = np.flatnonzero((cat == c) & (key <= self.sample_bar[c]))
@@ -167,27 +168,27 @@ class _Keeper:
         if not self.pool:
             return
         df = pd.concat(self.pool, ignore_index=True).drop_duplicates("plan_index")
-        fit = df[df["fits"]]
+        fit = df[df[FITS]]
         keep = set(_ranked(fit).groupby("trainer", sort=False).head(self.opts.pool)["plan_index"])
         front = fit.iloc[
             pareto_positions(
-                fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(), fit["plan_index"].to_numpy()
+                fit[STEP_TIME_S].to_numpy(), fit[PEAK_MEMORY_BYTES].to_numpy(), fit["plan_index"].to_numpy()
             )
         ]
         keep |= set(front["plan_index"])
         keep |= set(_ranked(fit).groupby(list(LAYOUT_KEY), sort=False).head(self.opts.per_layout)["plan_index"])
-        cat = np.where(df["fits"], 0, np.where(df["valid"], 1, 2))
+        cat = np.where(df[FITS], 0, np.where(df[VALID], 1, 2))
         for c in range(3):
             part = df[cat == c].nsmallest(self.opts.sample, "sample_key", keep="first")
             keep |= set(part["plan_index"])
-        near = df[df["valid"] & ~df["fits"]]
+        near = df[df[VALID] & ~df[FITS]]
         if len(near):
-            keep.add(near.sort_values(["memory_miss_gib", "plan_index"])["plan_index"].iloc[0])
+            keep.add(near.sort_values([MEMORY_MISS_GIB, "plan_index"])["plan_index"].iloc[0])
         self.pool = [df[df["plan_index"].isin(keep)]]
         self.held = self.kept = len(self.pool[0])
         for t, mine in fit.groupby("trainer", sort=False):
             if len(mine) >= self.opts.pool:
-                self.pool_bar[int(t)] = float(mine["rank_time_s"].nsmallest(self.opts.pool).iloc[-1])
+                self.pool_bar[int(t)] = float(mine[RANK_TIME_S].nsmallest(self.opts.pool).iloc[-1])
         for c in range(3):
             keys = df.loc[cat == c, "sample_key"]
             if len(keys) >= self.opts.sample:
@@ -198,7 +199,7 @@ class _Keeper:
         df = self._priced(self.pool[0], layouts) if self.pool else pd.DataFrame()
         if df.empty:
             return Streamed(df, df, df, df, self.evaluated, self.valid, self.fit, self._labels(), layouts)
-        fits, valid = df["fits"].to_numpy(bool), df["valid"].to_numpy(bool)
+        fits, valid = df[FITS].to_numpy(bool), df[VALID].to_numpy(bool)
         fit = df[fits]  # the wide frame is filtered once; the sample and the nearest miss by position
         ranked = _ranked(fit)
         pool = pd.concat(
@@ -210,7 +211,7 @@ class _Keeper:
         pool = _ranked(pool.drop_duplicates("plan_index"))
         pareto = fit.iloc[
             pareto_positions(
-                fit["step_time_s"].to_numpy(), fit["peak_memory_bytes"].to_numpy(), fit["plan_index"].to_numpy()
+                fit[STEP_TIME_S].to_numpy(), fit[PEAK_MEMORY_BYTES].to_numpy(), fit["plan_index"].to_numpy()
             )
         ]
         cat = np.where(fits, 0, np.where(valid, 1, 2))
@@ -222,11 +223,11 @@ class _Keeper:
         ]
         sample = df.take(np.concatenate(picked))
         missed = np.flatnonzero(valid & ~fits)
-        order = np.lexsort((df["plan_index"].to_numpy()[missed], df["memory_miss_gib"].to_numpy()[missed]))
+        order = np.lexsort((df["plan_index"].to_numpy()[missed], df[MEMORY_MISS_GIB].to_numpy()[missed]))
         near = df.take(missed[order[:1]])
         return Streamed(
             pool.reset_index(drop=True),
-            pareto.sort_values("step_time_s").reset_index(drop=True),
+            pareto.sort_values(STEP_TIME_S).reset_index(drop=True),
             sample.sort_values("plan_index").reset_index(drop=True),
             near.reset_index(drop=True),
             self.evaluated,
@@ -341,7 +342,7 @@ def stream(
             # pricing again (autopar.search.run.runs_on)
             mask = np.zeros(len(table), dtype=np.int64)
             for code, est in zip(enumerator.trainer_codes, ests):
-                mask |= est["fits"].astype(np.int64) << int(code)
+                mask |= est[FITS].astype(np.int64) << int(code)
             parts = []
             for j, (code, est) in enumerate(zip(enumerator.trainer_codes, ests)):
                 set_rank_time(est, q.rank_by)

@@ -13,6 +13,19 @@ import pandas as pd
 
 from autopar.cost.goodput import finish_problem, run_time_columns
 from autopar.errors import InputError, UnmetGoal
+from autopar.figures import (
+    COST,
+    DAYS,
+    ENERGY_MWH,
+    GOODPUT,
+    GPU_HOURS,
+    LOST_TO_CHECKPOINTS,
+    LOST_TO_RESTARTS,
+    LOST_TO_REWORK,
+    PLAN_NAME,
+    TOKENS_PER_S,
+    TRAIN_DAYS,
+)
 from autopar.spec.plan import DTYPES
 from autopar.spec.training_run import TrainingRun, deadline_text, gpu_hours_text, money_text, tokens_text
 
@@ -39,7 +52,7 @@ def with_run_columns(df: pd.DataFrame, question, run: TrainingRun | None) -> pd.
     """`df` (plans priced for `question`) with the run columns when a run is given."""
     if run is None or df is None or not len(df):
         return df
-    return df.assign(**run_columns(question, run, df["tokens_per_s"].to_numpy(), df["dtype"].to_numpy()))
+    return df.assign(**run_columns(question, run, df[TOKENS_PER_S].to_numpy(), df["dtype"].to_numpy()))
 
 
 def check_question_run(questions: list, run: TrainingRun | None, dtypes) -> None:
@@ -58,7 +71,7 @@ def check_question_run(questions: list, run: TrainingRun | None, dtypes) -> None
 
 
 #: the run columns plans.parquet gets for every plan (the rows shown get all of RUN_COLUMNS)
-PLAN_FILE_COLUMNS = ("days", "goodput", "gpu_hours", "cost")
+PLAN_FILE_COLUMNS = (DAYS, GOODPUT, GPU_HOURS, COST)
 
 
 def plan_file_columns(question, run: TrainingRun | None):
@@ -70,7 +83,7 @@ def plan_file_columns(question, run: TrainingRun | None):
     dtypes = np.asarray(DTYPES, dtype=object)
 
     def columns(table, est: dict) -> dict:
-        cols = run_columns(question, run, est["tokens_per_s"], dtypes[table.columns["dtype"]], verdicts=False)
+        cols = run_columns(question, run, est[TOKENS_PER_S], dtypes[table.columns["dtype"]], verdicts=False)
         return {k: cols[k] for k in PLAN_FILE_COLUMNS}
 
     return columns
@@ -91,32 +104,32 @@ class RunAnswer:
 
 def _where(r) -> str:
     q, w = r.question, r.winner
-    return f"{w['plan_name']} on {q.num_gpus:,} x {q.cluster.gpu.key}"
+    return f"{w[PLAN_NAME]} on {q.num_gpus:,} x {q.cluster.gpu.key}"
 
 
 def _with(r) -> str:
     q, w = r.question, r.winner
-    return f"with {w['plan_name']} on {q.num_gpus:,} x {q.cluster.gpu.key}"
+    return f"with {w[PLAN_NAME]} on {q.num_gpus:,} x {q.cluster.gpu.key}"
 
 
 def _costs(r, run: TrainingRun) -> str:
     w = r.winner
-    cost = f", cost {money_text(w['cost'])}" if run.priced else ""
-    return f"{w['days']:.1f} days, {gpu_hours_text(w['gpu_hours'])} GPU-hours{cost}"
+    cost = f", cost {money_text(w[COST])}" if run.priced else ""
+    return f"{w[DAYS]:.1f} days, {gpu_hours_text(w[GPU_HOURS])} GPU-hours{cost}"
 
 
 def summary_line(r, run: TrainingRun) -> str:
     """'Training 15T tokens with dp256 on 256 x h100-sxm takes 535.9 days (530.4 days of steps at 99.0 %
     goodput: ...): 3.29M GPU-hours, cost 8.23M.'"""
     w = r.winner
-    cost = f", cost {money_text(w['cost'])}" if run.priced else ""
-    energy = w.get("energy_mwh", math.nan)
+    cost = f", cost {money_text(w[COST])}" if run.priced else ""
+    energy = w.get(ENERGY_MWH, math.nan)
     cost += f", {energy:,.0f} MWh of GPU energy" if energy is not None and math.isfinite(energy) else ""
     return (
-        f"Training {tokens_text(run.tokens)} tokens {_with(r)} takes {w['days']:.1f} days ({w['train_days']:.1f} "
-        f"days of steps at {100 * w['goodput']:.1f} % goodput: checkpoints {100 * w['lost_to_checkpoints']:.1f} %, "
-        f"rework {100 * w['lost_to_rework']:.1f} %, restarts {100 * w['lost_to_restarts']:.1f} %): "
-        f"{gpu_hours_text(w['gpu_hours'])} GPU-hours{cost}."
+        f"Training {tokens_text(run.tokens)} tokens {_with(r)} takes {w[DAYS]:.1f} days ({w[TRAIN_DAYS]:.1f} "
+        f"days of steps at {100 * w[GOODPUT]:.1f} % goodput: checkpoints {100 * w[LOST_TO_CHECKPOINTS]:.1f} %, "
+        f"rework {100 * w[LOST_TO_REWORK]:.1f} %, restarts {100 * w[LOST_TO_RESTARTS]:.1f} %): "
+        f"{gpu_hours_text(w[GPU_HOURS])} GPU-hours{cost}."
     )
 
 
@@ -148,8 +161,8 @@ def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
         return None
     answer = RunAnswer(run)
     nan = float("nan")
-    days = [nan if r.winner is None else r.winner["days"] for r in results]
-    money = "cost" if run.priced else "gpu_hours"
+    days = [nan if r.winner is None else r.winner[DAYS] for r in results]
+    money = COST if run.priced else GPU_HOURS
     c = choose(days, [nan if r.winner is None else r.winner[money] for r in results], run)
     deadline = None if run.deadline_s is None else deadline_text(run.deadline_s)
     budget = None if run.budget is None else f"the budget of {money_text(run.budget)}"
@@ -160,14 +173,14 @@ def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
         more = "" if len(results) > 1 else f"; try a what-if with more GPUs, e.g. --gpus {_more(fastest)}"
         raise UnmetGoal(
             f"no plan meets {deadline}: the fastest, {_where(fastest)}, needs "
-            f"{fastest.winner['days']:.1f} days for {tokens} tokens{more}"
+            f"{fastest.winner[DAYS]:.1f} days for {tokens} tokens{more}"
         )
     if budget and c["fastest_within_budget"] is None:
         assert c["cheapest"] is not None  # some scenario has a best plan
         cheapest = results[c["cheapest"]]
         raise UnmetGoal(
             f"no plan fits {budget}: the cheapest, {_where(cheapest)}, costs "
-            f"{money_text(cheapest.winner['cost'])} for {tokens} tokens; raise --budget or train on "
+            f"{money_text(cheapest.winner[COST])} for {tokens} tokens; raise --budget or train on "
             f"fewer tokens"
         )
     if deadline and budget and c["both"] is None:
@@ -175,8 +188,8 @@ def check_run(results: list, run: TrainingRun | None) -> RunAnswer | None:
         assert c["cheapest_by_deadline"] is not None and c["fastest_within_budget"] is not None
         raise UnmetGoal(
             f"no plan meets both {deadline} and {budget}: the cheapest by the deadline costs "
-            f"{money_text(results[c['cheapest_by_deadline']].winner['cost'])}, the fastest within the "
-            f"budget needs {results[c['fastest_within_budget']].winner['days']:.1f} days"
+            f"{money_text(results[c['cheapest_by_deadline']].winner[COST])}, the fastest within the "
+            f"budget needs {results[c['fastest_within_budget']].winner[DAYS]:.1f} days"
         )
     answer.lines = answer_lines(results, c, run, deadline, budget)
     answer.picks = {k: v for k, v in c.items() if v is not None}
@@ -192,9 +205,9 @@ def answer_lines(results: list, c: dict, run: TrainingRun, deadline: str | None,
         margins = []
         if deadline:
             assert run.deadline_s is not None  # `deadline` is its text
-            margins.append(f"{(run.deadline_s / 86_400 - w['days']):.1f} days to spare")
+            margins.append(f"{(run.deadline_s / 86_400 - w[DAYS]):.1f} days to spare")
         if budget:
-            margins.append(f"{money_text(run.budget - w['cost'])} under budget")
+            margins.append(f"{money_text(run.budget - w[COST])} under budget")
         if margins:
             lines.append("Meets " + " and ".join(x for x in (deadline, budget) if x) + ": " + ", ".join(margins) + ".")
         return lines

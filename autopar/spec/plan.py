@@ -25,6 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from autopar.errors import InputError
+from autopar.figures import NUM_MICROBATCHES
 from autopar.spec.fp8_recipes import FP8_RECIPES, PARAM_GATHER, RECIPE_CHOICES, param_gather_used, recipe_name
 from autopar.spec.layout import PipelineLayout, auto_layout
 from autopar.spec.offload_modules import OFFLOAD_MODULES, OffloadModulesError, parse_offload_modules
@@ -472,7 +473,7 @@ class ParallelPlan:
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["layout"] = list(self.layout.stages) if self.layout else None
-        out["num_microbatches"] = self.num_microbatches
+        out[NUM_MICROBATCHES] = self.num_microbatches
         return out
 
     @classmethod

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from autopar.cost.flops import model_flops_per_step, padded_vocab
+from autopar.figures import MODEL_FLOPS_PER_STEP, NUM_MICROBATCHES, STEP_TIME_S, TOKENS_PER_S
 from autopar.measured.config import TrialConfig
 from autopar.measured.features import plan_problems
 from autopar.spec.plan import MESH_ORDER
@@ -279,13 +280,13 @@ def _result(
         "vocab_rows": config.vocab_rows,
         "seq_len": seq,
         "world_size": plan.num_gpus,
-        "num_microbatches": plan.num_microbatches,
-        "step_time_s": step_time,
+        NUM_MICROBATCHES: plan.num_microbatches,
+        STEP_TIME_S: step_time,
         "timed_steps": timed,
         "mean_step_time_s": mean_time,
         "tokens_per_step": tokens,
-        "tokens_per_s": tokens / mean_time,
-        "model_flops_per_step": float(model_flops_per_step(config.spec, plan.global_batch_size, seq, plan.tp)),
+        TOKENS_PER_S: tokens / mean_time,
+        MODEL_FLOPS_PER_STEP: float(model_flops_per_step(config.spec, plan.global_batch_size, seq, plan.tp)),
         "losses": losses,
         "final_loss": losses[-1],
         "ranks": reports,

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.atomic import write_atomic
+from autopar.figures import PEAK_MEMORY_BYTES, TOKENS_PER_S
 from autopar.json_out import dumps
 
 if __name__ == "__main__":  # before torch's import (seconds): a worker whose launcher dies meanwhile ends too
@@ -70,7 +71,7 @@ def environment(runtime: Runtime) -> dict:
 
 def summary_line(result: dict) -> str:
     """One line per trial on stdout: step time, throughput, loss, peak memory, bytes per axis."""
-    peak = max(r["peak_memory_bytes"] for r in result["ranks"]) / 2**20
+    peak = max(r[PEAK_MEMORY_BYTES] for r in result["ranks"]) / 2**20
     comm: dict[str, float] = {}
     for r in result["ranks"]:
         for axis, n in ((r.get("comm") or {}).get("bytes_by_axis") or {}).items():
@@ -78,7 +79,7 @@ def summary_line(result: dict) -> str:
     axes = " ".join(f"{a}={n / 2**20:.2f}MiB" for a, n in sorted(comm.items())) or "-"
     line = (
         f"[autopar.trial] {result['name']}: {result['mean_step_time_s']:.3f} s/step, "
-        f"{result['tokens_per_s']:.0f} tokens/s, loss {result['final_loss']:.4f}, "
+        f"{result[TOKENS_PER_S]:.0f} tokens/s, loss {result['final_loss']:.4f}, "
         f"peak {peak:.0f} MiB/rank, bytes/step/rank {axes}"
     )
     if "parity" in result:

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from autopar.cli.render import PIPED_WIDTH, Col, console, fitted_table
-from autopar.cost.figures import TIME_TERMS
+from autopar.figures import TIME_TERMS
 from autopar.search.results import STRUCTURE_KEY, dominant_costs, top_plans, variant_plans, why_winner
 
 COMPARE = [

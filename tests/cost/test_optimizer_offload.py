@@ -26,7 +26,7 @@ import pytest
 from autopar.calibration.estimate import estimate
 from autopar.calibration.run_cases import build_cases
 from autopar.calibration.run_rows import load_runs
-from autopar.cost.figures import TIME_TERMS
+from autopar.figures import TIME_TERMS
 from autopar.spec.hardware import default_cluster
 from autopar.spec.plan import ParallelPlan, PlanError
 from autopar.spec.presets import resolve_model

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autopar.cost.figures import AXES, MEMORY_TERMS, TIME_TERMS
+from autopar.figures import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.report import answer_text as A
 from autopar.report import compare_tables as C
 from autopar.report import run_data as D

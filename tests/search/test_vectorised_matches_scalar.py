@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from autopar.calibration.estimate import estimate, estimate_table
-from autopar.cost.figures import AXES, MEMORY_TERMS, TIME_TERMS
+from autopar.figures import AXES, MEMORY_TERMS, TIME_TERMS
 from autopar.search.enumerate import enumerate_plans
 
 RTOL = 1e-9
@@ -103,7 +103,7 @@ def test_every_column_matches_scalar_estimate(case):
         ):
             check(i, name, cols[name][i], getattr(e, name))
         check(i, "num_microbatches", int(cols["num_microbatches"][i]), e.num_microbatches)
-        check(i, "layout", cols["layout"][i], e.layout)
+        check(i, "layout", cols["layout_text"][i], e.layout)
         for name in ("memory_rank", "pace_rank", "stage_imbalance", "model_flops_per_step"):
             check(i, name, cols[name][i], e.extra[name])
         # the rejection: a valid plan that does not fit names memory; an invalid one has reasons
