@@ -1,5 +1,6 @@
 """Every figure autopar answers with, declared once: its name (the estimate's column, the key in
-top.json, search.json and the parquet files), unit, format, header and meaning.
+top.json, search.json and the parquet files), unit, format, header, meaning and the module that
+computes it.
 
 A `Figure` is a `str` (its name), so it keys numpy column dicts, pandas frames and JSON as the
 plain name does; the tables, the report and the JSON writers take the header and the format kind
