@@ -244,6 +244,15 @@ def _divisor_near(n: int, want: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - want), -d))
 
 
+#: Megatron-Bridge releases whose performance-summary rows state no recompute, and the models whose
+#: library recipe (on which the release's performance scripts build each workload) recomputes every
+#: layer in full: megatron-bridge 0.2.0rc6 (NeMo 25.11) and 0.3.0 (26.02)
+#: `recipes/qwen/qwen3_moe.py` `qwen3_30b_a3b_pretrain_config` set `enable_recompute=True`
+#: (recompute_granularity "full", method "uniform", 1 layer per chunk). 0.1.0rc4 (25.09) has no
+#: Qwen3-MoE recipe; the Qwen3-235B, GPT-OSS and Llama recipes of these releases enable none.
+BRIDGE_RECIPE_FULL_RECOMPUTE = (frozenset({"bridge-25.11", "bridge-26.02"}), re.compile(r"qwen3.?30b", re.I))
+
+
 def _recompute(r: PublishedRow, model, pp, vpp) -> tuple[str, int | None, tuple[str, ...] | None]:
     """(recompute, recompute layers, recompute modules) from the source's words: full; selective =
     the attention core (Megatron's default modules, torchtitan 'op' SAC); torchtitan 'selective
@@ -274,6 +283,10 @@ def _recompute(r: PublishedRow, model, pp, vpp) -> tuple[str, int | None, tuple[
         return "none", None, None
     if 10 <= r.row_id <= 19:
         r.notes.append("recompute not stated: assumed full (Narayanan et al. 2021 used activation recomputation)")
+        return "full", None, None
+    releases, models = BRIDGE_RECIPE_FULL_RECOMPUTE
+    if r.source in releases and models.search(r.text("model")):
+        r.notes.append("recompute not stated: full, every layer (the release's Megatron-Bridge library recipe)")
         return "full", None, None
     r.notes.append("recompute not stated: assumed none")
     return "none", None, None

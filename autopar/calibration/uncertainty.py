@@ -504,24 +504,23 @@ def inside(p: CalibrationPoint, support: Support, gaps: int | None = None) -> bo
 
 
 def _shares(intervals: Iterable[tuple[CalibrationPoint, tuple[float, float]]]) -> dict[str, dict]:
-    """{category: {rows, covered, median_width}} of (point, its log interval) pairs, every run in
-    "all rows" too; a width is the throughput interval's span over the estimate, exp(high) - exp(low)
-    (0.3: the interval spans 30 % of the estimate)."""
-    by: dict[str, list[tuple[bool, float]]] = {}
+    """{category: {rows, covered, covered_by_source, sources, median_width}} of (point, its log
+    interval) pairs, every run in "all rows" too: `covered` counts runs, `covered_by_source` weighs
+    each source equally (what a new source, one draw of the source effect `fit_new_source` fits, can
+    expect); a width is exp(high) - exp(low) (0.3: the interval spans 30 % of the estimate)."""
+    by: dict[str, dict[str, list[tuple[bool, float]]]] = {}
     for p, (low, high) in intervals:
-        hit = low <= p.residual <= high
         with np.errstate(over="ignore"):
-            width = float(np.exp(high) - np.exp(low))
+            cell = (bool(low <= p.residual <= high), float(np.exp(high) - np.exp(low)))
         for c in (*p.categories, "all rows"):
-            by.setdefault(c, []).append((hit, width))
-    return {
-        c: {
-            "rows": len(h),
-            "covered": float(np.mean([hit for hit, _ in h])),
-            "median_width": float(np.median([w for _, w in h])),
-        }
-        for c, h in by.items()
-    }
+            by.setdefault(c, {}).setdefault(p.source, []).append(cell)
+    out = {}
+    for c, per in by.items():
+        runs = [x for v in per.values() for x in v]
+        out[c] = {"rows": len(runs), "covered": float(np.mean([hit for hit, _ in runs]))}
+        out[c]["covered_by_source"] = float(np.mean([np.mean([hit for hit, _ in v]) for v in per.values()]))
+        out[c] |= {"sources": len(per), "median_width": float(np.median([w for _, w in runs]))}
+    return out
 
 
 def _memory_misses(

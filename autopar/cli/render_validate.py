@@ -187,24 +187,30 @@ def new_ground_table(report: ValidationReport) -> Table | None:
 
 def coverage_table(report: ValidationReport) -> Table | None:
     """How often the 80 % interval holds per category, by how far from the fit a run is (left out by
-    source, by group, chronologically; a user's runs never seen: inside the shipped intervals), and
-    how wide it is (the median span over the estimate of the first split's intervals); None
-    without either."""
+    source, by group, chronologically; a user's runs never seen: inside the shipped intervals), the
+    first split's with each source weighed alike, and how wide it is (the median span over the
+    estimate of the first split's intervals); None without either."""
     u = report.uncertainty() or {}
     first = "the shipped intervals" if report.judged_by_shipped else "leave one source out"
     splits = [(first, u.get("coverage") or {})]
     splits += [(name, c) for name, c in (u.get("coverage_on_new_ground") or {}).items() if c]
     if not splits[0][1]:
         return None
-    t = Table(title="Runs inside their 80 % interval (rows in brackets) and its median width", title_justify="left")
+    t = Table(
+        title="Runs inside their 80 % interval (rows in brackets), the first split's with each source weighed "
+        "alike (sources in brackets), and its median width",
+        title_justify="left",
+    )
     t.add_column("category", justify="left")
     for name, _ in splits:
         t.add_column(name, justify="right")
+    t.add_column("each source alike", justify="right")
     t.add_column("median width", justify="right")
     for g in ("all rows", *CATEGORIES):
         cells = [f"{_pct(c[g]['covered'])} ({c[g]['rows']})" if g in c else "-" for _, c in splits]
-        width = splits[0][1].get(g, {}).get("median_width")
-        t.add_row(g, *cells, _pct(width), style="bold" if g == "all rows" else None)
+        first = splits[0][1].get(g, {})
+        by_source = f"{_pct(first['covered_by_source'])} ({first['sources']})" if "sources" in first else "-"
+        t.add_row(g, *cells, by_source, _pct(first.get("median_width")), style="bold" if g == "all rows" else None)
     return t
 
 

@@ -149,7 +149,14 @@ def test_coverage_leaves_each_source_out():
     points = [point(i, 0.0) for i in range(10)] + [point(10, 0.5), point(11, -0.5)]
     got = U.coverage(points, widening=0.0)["dense Megatron-family"]
     span = math.exp(0.2) - math.exp(-0.2)
-    assert got == {"rows": 12, "covered": pytest.approx(10 / 12), "median_width": pytest.approx(span / 2)}
+    by_source = (1 + 1 + 2 / 3 + 2 / 3) / 4  # s0, s1: all three inside; s2, s3: two of three
+    assert got == {
+        "rows": 12,
+        "covered": pytest.approx(10 / 12),
+        "covered_by_source": pytest.approx(by_source),
+        "sources": 4,
+        "median_width": pytest.approx(span / 2),
+    }
 
 
 def test_widening_is_the_80th_percentile_of_what_extrapolated_runs_needed():
@@ -180,6 +187,8 @@ def test_runs_the_model_never_saw_are_judged_by_the_shipped_intervals():
     assert got["dense Megatron-family"] == {
         "rows": 3,
         "covered": pytest.approx(2 / 3),
+        "covered_by_source": pytest.approx(2 / 3),  # one source, "new"
+        "sources": 1,
         "median_width": pytest.approx(span),
     }
     assert got["all rows"]["rows"] == 3
