@@ -20,7 +20,8 @@ from typing import Any
 class Figure(str):
     """An output figure: its name, with unit ("s", "bytes", "1" for a ratio, "" for text or a
     flag), format kind (autopar.report.format.KINDS), header, meaning and source (the module that
-    computes it). Pickled and copied as its plain name."""
+    computes it). Pickled and copied as its plain name; PyYAML's safe dumper refuses a str subclass,
+    so a YAML writer passes str(figure)."""
 
     unit: str
     kind: str
