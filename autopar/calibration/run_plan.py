@@ -246,10 +246,11 @@ def _divisor_near(n: int, want: int) -> int:
 
 #: Megatron-Bridge releases whose performance-summary rows state no recompute, and the models whose
 #: library recipe (on which the release's performance scripts build each workload) recomputes every
-#: layer in full: megatron-bridge 0.2.0rc6 (NeMo 25.11) and 0.3.0 (26.02)
-#: `recipes/qwen/qwen3_moe.py` `qwen3_30b_a3b_pretrain_config` set `enable_recompute=True`
-#: (recompute_granularity "full", method "uniform", 1 layer per chunk). 0.1.0rc4 (25.09) has no
-#: Qwen3-MoE recipe; the Qwen3-235B, GPT-OSS and Llama recipes of these releases enable none.
+#: layer in full: megatron-bridge 0.2.0rc6 (2025-10-06, the last 0.2 build on PyPI before NeMo
+#: 25.11) and 0.3.0 (2026-02-26, NeMo 26.02) `recipes/qwen/qwen3_moe.py`
+#: `qwen3_30b_a3b_pretrain_config` set `enable_recompute=True` (recompute_granularity "full",
+#: method "uniform", 1 layer per chunk). The 25.09 branch (0.1.0rc4) has no Qwen3 recipe; the
+#: Qwen3-235B and Llama recipes of both, and 0.3.0's GPT-OSS recipe, enable none.
 BRIDGE_RECIPE_FULL_RECOMPUTE = (frozenset({"bridge-25.11", "bridge-26.02"}), re.compile(r"qwen3.?30b", re.I))
 
 

@@ -1,10 +1,11 @@
 """A published run's plan where its row is silent: the recompute of Megatron-Bridge's library recipe.
 
-megatron-bridge 0.2.0rc6 (NeMo 25.11) and 0.3.0 (26.02), `recipes/qwen/qwen3_moe.py`:
+megatron-bridge 0.2.0rc6 (2025-10-06, the last 0.2 build on PyPI before NeMo 25.11) and 0.3.0
+(NeMo 26.02), `recipes/qwen/qwen3_moe.py`:
 `qwen3_30b_a3b_pretrain_config` passes `enable_recompute=True`, and `_qwen3_moe_common` then sets
 `recompute_granularity = "full"`, `recompute_method = "uniform"`, `recompute_num_layers = 1`
 (every layer recomputed); the Qwen3-235B-A22B recipe leaves `enable_recompute` at its default,
-False; 0.1.0rc4 (25.09) has no Qwen3-MoE recipe at all.
+False; the 25.09 branch (0.1.0rc4) has no Qwen3 recipe at all.
 """
 
 from __future__ import annotations
