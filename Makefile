@@ -45,7 +45,7 @@ lint: setup-test
 
 # the suite on every core (pytest-xdist): about half the serial time on 2 cores
 test: test-deps setup-test lint
-	$(PY) -m pytest -n auto --dist worksteal
+	$(PY) -m pytest -n auto
 
 bench: setup
 	$(PY) benchmarks/bench_estimate.py

@@ -15,10 +15,9 @@ def pytest_configure(config) -> None:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """The tests that share the torchrun launches (tests/trial/conftest.py `launches`) first, in
-    their order: pytest-xdist hands the first items to one worker (`make test`'s worksteal
-    scheduling: each worker starts with a contiguous share, and an idle one steals from the far end
-    of another's queue; load scheduling: one first batch), so that worker runs the launches one
-    after another while the other works through the suite. Spread over both, one waited on the
+    their order: pytest-xdist's load scheduling hands the first items to one worker as one batch
+    (about a quarter of its share), so that worker runs the launches one after another while the
+    other works through the suite. Spread over both, one waited on the
     lock of a launch the other was running: about 100 s of a core per `make test` on 2 cores (the
     durations of tests/trial/test_distributed.py's cases matched their launches')."""
     shared = [item for item in items if "launches" in getattr(item, "fixturenames", ())]
