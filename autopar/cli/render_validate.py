@@ -197,20 +197,22 @@ def coverage_table(report: ValidationReport) -> Table | None:
     if not splits[0][1]:
         return None
     t = Table(
-        title="Runs inside their 80 % interval (rows in brackets), the first split's with each source weighed "
-        "alike (sources in brackets), and its median width",
+        title="Runs inside their 80 % interval (rows in brackets; the first split's also with each source "
+        "weighed alike, sources in brackets) and its median width",
         title_justify="left",
     )
     t.add_column("category", justify="left")
-    for name, _ in splits:
-        t.add_column(name, justify="right")
+    t.add_column(splits[0][0], justify="right")
     t.add_column("each source alike", justify="right")
+    for name, _ in splits[1:]:
+        t.add_column(name, justify="right")
     t.add_column("median width", justify="right")
     for g in ("all rows", *CATEGORIES):
         cells = [f"{_pct(c[g]['covered'])} ({c[g]['rows']})" if g in c else "-" for _, c in splits]
         first = splits[0][1].get(g, {})
         by_source = f"{_pct(first['covered_by_source'])} ({first['sources']})" if "sources" in first else "-"
-        t.add_row(g, *cells, by_source, _pct(first.get("median_width")), style="bold" if g == "all rows" else None)
+        row = (g, cells[0], by_source, *cells[1:], _pct(first.get("median_width")))
+        t.add_row(*row, style="bold" if g == "all rows" else None)
     return t
 
 

@@ -208,7 +208,7 @@ def test_validate_prints_coverage_per_category_for_each_split_and_the_median_wid
             f"{100 * c[category]['covered']:.1f}% ({c[category]['rows']})" if category in c else "-" for c in splits
         ]
         first = out["coverage"][category]
-        want.append(f"{100 * first['covered_by_source']:.1f}% ({first['sources']})")
+        want.insert(1, f"{100 * first['covered_by_source']:.1f}% ({first['sources']})")
         want.append(f"{100 * first['median_width']:.1f}%")
         table = text[text.index("Runs inside their 80 % interval") :].splitlines()
         line = next(ln for ln in table if re.match(rf"│ {re.escape(category)} +│ +\d", ln))
