@@ -39,24 +39,21 @@ import pyarrow.parquet as pq
 
 from autopar.atomic import publish, temp_path, write_atomic, write_with
 from autopar.calibration.uncertainty import INTERVAL_COLUMNS
+from autopar.cost.columns import RANKING_COLUMNS
 from autopar.errors import InputError, quoted
 from autopar.figures import (
-    BUBBLE_FRACTION,
     DOMINANT_COST,
     FITS,
     HIGH,
     LAYOUT_TEXT,
     LOW,
-    MEMORY_MISS_GIB,
-    MFU,
+    MEMORY_CAPACITY_BYTES,
     PEAK_MEMORY_BYTES,
     PLAN_NAME,
     REJECTED_BY,
-    REJECTED_CODE,
     STEP_TIME_S,
     SUPPORT_GAPS,
     TOKENS_PER_S,
-    TOKENS_PER_S_PER_GPU,
     VALID,
 )
 from autopar.json_out import dumps
@@ -90,18 +87,8 @@ CATEGORIES = {
 BOOLEANS = tuple(f.column for f in RESULT_FIELDS if f.kind == BOOL)
 #: numbers, stored as float32
 FLOATS = tuple(f.column for f in RESULT_FIELDS if f.kind == FLOAT)
-FIGURES = (
-    VALID,
-    FITS,
-    REJECTED_CODE,
-    STEP_TIME_S,
-    TOKENS_PER_S,
-    TOKENS_PER_S_PER_GPU,
-    MFU,
-    PEAK_MEMORY_BYTES,
-    MEMORY_MISS_GIB,
-    BUBBLE_FRACTION,
-) + INTERVAL_COLUMNS
+#: the search's ranking figures but the GPU's capacity (one number, in search.json), then the intervals
+FIGURES = tuple(f for f in RANKING_COLUMNS if f != MEMORY_CAPACITY_BYTES) + INTERVAL_COLUMNS
 
 
 class PlansWriter:
